@@ -1,0 +1,393 @@
+"""The operator graph: ops with named output dimensions, inputs, parameters and FLOPs.
+
+An `OpGraph` is immutable and validated on construction: unknown op kinds, dangling inputs,
+cycles and shape mismatches raise `GraphError` naming the op. Ops are kept in a topological
+order; edges are (producer, consumer, input position) triples, so an op may read the same
+tensor twice (parallel edges).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from planner.errors import GraphError
+from planner.opkinds import SAMPLE, DimMap, input_dim_map, kind_spec
+
+GRAPH_FORMAT = "layerwise.opgraph"
+GRAPH_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A tensor shape with named dimensions, e.g. (("sample", 64), ("channel", 96), ...)."""
+
+    shape: tuple[tuple[str, int], ...]
+    dtype_bytes: int = 4
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        return tuple(d for d, _ in self.shape)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(s for _, s in self.shape)
+
+    def size(self, dim: str) -> int:
+        for d, s in self.shape:
+            if d == dim:
+                return s
+        raise KeyError(f"tensor {self.dims} has no dimension {dim!r}")
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.sizes)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype_bytes
+
+    @classmethod
+    def of(cls, dtype_bytes: int = 4, **dims: int) -> Tensor:
+        """Tensor.of(sample=8, channel=3, height=32, width=32)."""
+        return cls(tuple(dims.items()), dtype_bytes)
+
+
+@dataclass(frozen=True)
+class Param:
+    """A trainable parameter tensor of an op."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype_bytes: int = 4
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype_bytes
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operator. `flops` counts the forward pass of the whole batch (2 per multiply-add);
+    `mem_bytes` the bytes it moves through device memory in the forward pass (0: derive it)."""
+
+    name: str
+    kind: str
+    inputs: tuple[str, ...]
+    output: Tensor
+    params: tuple[Param, ...] = ()
+    flops: float = 0.0
+    mem_bytes: float = 0.0
+    param_group: str | None = None
+    attrs: tuple[tuple[str, Any], ...] = ()
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        for k, v in self.attrs:
+            if k == key:
+                return v
+        return default
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(p.nbytes for p in self.params)
+
+    @staticmethod
+    def make_attrs(attrs: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+        return tuple(sorted((k, _freeze(v)) for k, v in attrs.items()))
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A tensor edge: the output of ops[src] is input `position` of ops[dst]."""
+
+    src: int
+    dst: int
+    position: int
+
+
+@dataclass(frozen=True, eq=False)
+class OpGraph:
+    """Operators in topological order. Build with `OpGraph(name, ops)`; validated eagerly."""
+
+    name: str
+    ops: tuple[Op, ...]
+    _index: dict[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ops = _topological(tuple(self.ops))
+        object.__setattr__(self, "ops", ops)
+        object.__setattr__(self, "_index", {op.name: i for i, op in enumerate(ops)})
+        for op in ops:
+            _check_op(op, [ops[self._index[n]].output for n in op.inputs])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OpGraph) and (self.name, self.ops) == (other.name, other.ops)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.ops))
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def index(self, name: str) -> int:
+        try:
+            return self._index[name]
+        except KeyError:
+            raise GraphError(f"graph {self.name!r} has no op named {name!r}") from None
+
+    def op(self, name: str) -> Op:
+        return self.ops[self.index(name)]
+
+    @cached_property
+    def edges(self) -> tuple[Edge, ...]:
+        return tuple(
+            Edge(self._index[src], dst, pos)
+            for dst, op in enumerate(self.ops)
+            for pos, src in enumerate(op.inputs)
+        )
+
+    def input_tensor(self, edge: Edge) -> Tensor:
+        return self.ops[edge.src].output
+
+    def input_maps(self, edge: Edge) -> tuple[DimMap, ...]:
+        """How each dim of the edge's tensor follows the consumer's output region."""
+        return input_dim_map(self.ops[edge.dst], edge.position, self.ops[edge.src].output)
+
+    @cached_property
+    def consumers(self) -> tuple[tuple[int, ...], ...]:
+        out: list[list[int]] = [[] for _ in self.ops]
+        for e in self.edges:
+            out[e.src].append(e.dst)
+        return tuple(tuple(c) for c in out)
+
+    @property
+    def forward_flops(self) -> float:
+        return float(sum(op.flops for op in self.ops))
+
+    @property
+    def parameter_bytes(self) -> int:
+        """Bytes of trainable parameters, counting each shared parameter group once."""
+        seen: set[str] = set()
+        total = 0
+        for op in self.ops:
+            if op.param_group is not None:
+                if op.param_group in seen:
+                    continue
+                seen.add(op.param_group)
+            total += op.param_bytes
+        return total
+
+    def to_networkx(self) -> nx.MultiDiGraph:
+        g = nx.MultiDiGraph()
+        g.add_nodes_from(range(len(self.ops)))
+        for e in self.edges:
+            g.add_edge(e.src, e.dst, key=e.position)
+        return g
+
+    # -- JSON -------------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": GRAPH_FORMAT,
+            "version": GRAPH_VERSION,
+            "name": self.name,
+            "ops": [_op_to_json(op) for op in self.ops],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> OpGraph:
+        if not isinstance(data, Mapping) or data.get("format") != GRAPH_FORMAT:
+            raise GraphError(f'not a layerwise graph: expected "format": "{GRAPH_FORMAT}"')
+        if data.get("version") != GRAPH_VERSION:
+            raise GraphError(
+                f"graph format version {data.get('version')!r} is not supported "
+                f"(this layerwise reads version {GRAPH_VERSION})"
+            )
+        ops = [_op_from_json(o, i) for i, o in enumerate(data.get("ops", []))]
+        return cls(str(data.get("name", "graph")), tuple(ops))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> OpGraph:
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise GraphError(f"graph file {path} does not exist") from None
+        except json.JSONDecodeError as exc:
+            raise GraphError(f"graph file {path} is not valid JSON: {exc}") from None
+        return cls.from_json(data)
+
+    def fingerprint(self) -> str:
+        """A short hash of the graph's content (names, kinds, shapes, edges, FLOPs)."""
+        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def summary(self) -> dict[str, Any]:
+        kinds: dict[str, int] = {}
+        for op in self.ops:
+            kinds[op.kind] = kinds.get(op.kind, 0) + 1
+        return {
+            "name": self.name,
+            "ops": len(self.ops),
+            "edges": len(self.edges),
+            "forward_flops": self.forward_flops,
+            "parameter_bytes": self.parameter_bytes,
+            "kinds": dict(sorted(kinds.items())),
+        }
+
+
+# -- validation -----------------------------------------------------------------------------
+
+
+def _topological(ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    names: dict[str, Op] = {}
+    for op in ops:
+        if not isinstance(op, Op):
+            raise GraphError(f"graph ops must be Op objects, got {type(op).__name__}")
+        if op.name in names:
+            raise GraphError(f"two ops are named {op.name!r}")
+        names[op.name] = op
+    for op in ops:
+        for src in op.inputs:
+            if src not in names:
+                raise GraphError(f"op {op.name!r} reads {src!r}, which is not an op of the graph")
+    order = {op.name: i for i, op in enumerate(ops)}
+    if all(order[src] < order[op.name] for op in ops for src in op.inputs):
+        return ops
+    g = nx.DiGraph()
+    g.add_nodes_from(op.name for op in ops)
+    g.add_edges_from((src, op.name) for op in ops for src in op.inputs)
+    try:
+        cycle = nx.find_cycle(g)
+    except nx.NetworkXNoCycle:
+        sorted_names = nx.lexicographical_topological_sort(g, key=order.__getitem__)
+        return tuple(names[n] for n in sorted_names)
+    path = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
+    raise GraphError(f"the graph has a cycle: {path}")
+
+
+def _window_out(size: int, m: DimMap) -> int:
+    return (size + 2 * m.pad - m.dilation * (m.kernel - 1) - 1) // m.stride + 1
+
+
+def _check_op(op: Op, inputs: Sequence[Tensor]) -> None:
+    kind_spec(op.kind)  # unknown kinds raise here, naming the known ones
+    out = op.output
+    if len(set(out.dims)) != len(out.dims):
+        raise GraphError(f"op {op.name!r}: repeated dimension names in output {out.dims}")
+    if any(s <= 0 for s in out.sizes):
+        raise GraphError(f"op {op.name!r}: output sizes must be positive, got {out.shape}")
+    if out.dims[:1] != (SAMPLE,):
+        raise GraphError(
+            f"op {op.name!r}: the first output dimension must be 'sample', got {out.dims}"
+        )
+    if op.kind == "input" and inputs:
+        raise GraphError(f"op {op.name!r}: an input op takes no inputs")
+    if op.kind != "input" and not inputs:
+        raise GraphError(f"op {op.name!r} of kind {op.kind!r} has no inputs")
+    if op.flops < 0 or op.mem_bytes < 0:
+        raise GraphError(f"op {op.name!r}: flops and mem_bytes must be >= 0")
+    for pos, tensor in enumerate(inputs):
+        for dim, size, m in zip(tensor.dims, tensor.sizes, _maps(op, pos, tensor), strict=True):
+            _check_dim(op, pos, dim, size, m)
+
+
+def _maps(op: Op, pos: int, tensor: Tensor) -> tuple[DimMap, ...]:
+    try:
+        return input_dim_map(op, pos, tensor)
+    except (TypeError, IndexError, KeyError, ValueError) as exc:
+        raise GraphError(f"op {op.name!r}: missing or malformed attributes ({exc})") from None
+
+
+def _check_dim(op: Op, pos: int, dim: str, size: int, m: DimMap) -> None:
+    if m.kind == "full":
+        return
+    if m.out_dim not in op.output.dims:
+        raise GraphError(
+            f"op {op.name!r}: input {pos} ({op.inputs[pos]!r}) has dimension {dim!r} "
+            f"but the output {op.output.dims} has no {m.out_dim!r}"
+        )
+    out_size = op.output.size(m.out_dim)
+    expected = {
+        "same": size,
+        "window": _window_out(size, m),
+    }.get(m.kind)
+    if m.kind == "offset":
+        ok = m.offset >= 0 and m.offset + size <= out_size
+    else:
+        ok = expected == out_size
+    if not ok:
+        raise GraphError(
+            f"op {op.name!r}: shape mismatch on input {pos} ({op.inputs[pos]!r}) dimension "
+            f"{dim!r}: input size {size} does not give output size {out_size} ({m.kind})"
+        )
+
+
+# -- JSON helpers ---------------------------------------------------------------------------
+
+
+def _op_to_json(op: Op) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "name": op.name,
+        "kind": op.kind,
+        "inputs": list(op.inputs),
+        "output": {dim: size for dim, size in op.output.shape},
+    }
+    if op.output.dtype_bytes != 4:
+        d["dtype_bytes"] = op.output.dtype_bytes
+    if op.params:
+        d["params"] = [{"name": p.name, "shape": list(p.shape)} for p in op.params]
+    if op.flops:
+        d["flops"] = op.flops
+    if op.mem_bytes:
+        d["mem_bytes"] = op.mem_bytes
+    if op.param_group is not None:
+        d["param_group"] = op.param_group
+    if op.attrs:
+        d["attrs"] = {k: _thaw(v) for k, v in op.attrs}
+    return d
+
+
+def _thaw(value: Any) -> Any:
+    return [_thaw(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _op_from_json(d: Any, i: int) -> Op:
+    if not isinstance(d, Mapping) or "name" not in d or "kind" not in d or "output" not in d:
+        raise GraphError(f"op #{i} in the graph JSON needs at least name, kind and output")
+    try:
+        output = Tensor(
+            tuple((str(k), int(v)) for k, v in d["output"].items()), int(d.get("dtype_bytes", 4))
+        )
+        params = tuple(
+            Param(str(p["name"]), tuple(int(s) for s in p["shape"])) for p in d.get("params", [])
+        )
+        return Op(
+            name=str(d["name"]),
+            kind=str(d["kind"]),
+            inputs=tuple(str(s) for s in d.get("inputs", [])),
+            output=output,
+            params=params,
+            flops=float(d.get("flops", 0.0)),
+            mem_bytes=float(d.get("mem_bytes", 0.0)),
+            param_group=d.get("param_group"),
+            attrs=Op.make_attrs(d.get("attrs", {})),
+        )
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise GraphError(f"op {d.get('name', i)!r} in the graph JSON is malformed: {exc}") from None

@@ -1,0 +1,228 @@
+"""Operator kinds: their parallelizable dimensions (SOAP) and how output regions map to inputs.
+
+The parallelizable dimensions follow Table 1 of OptCNN (000, Sec. 4) and of FlexFlow (002,
+Sec. 4): every op can split its *output* tensor along some named dimensions; each dimension is
+tagged Sample, Attribute (no parameter split) or Parameter (splits the op's weights).
+
+A task owns a box of the output tensor. `input_dim_map` tells, per dimension of an input
+tensor, which input range the task needs: the same range of an output dimension ("same"), the
+whole dimension ("full"), a sliding window as in convolution and pooling ("window", with the
+halo that follows from kernel, stride and padding), or a shifted range ("offset", concat).
+Region overlaps in the cost model and the runtime's transfer plan both come from this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from planner.opgraph import Op, Tensor
+
+SAMPLE, CHANNEL, HEIGHT, WIDTH, LENGTH = "sample", "channel", "height", "width", "length"
+
+Tag = Literal["S", "A", "P"]
+
+
+@dataclass(frozen=True)
+class DimMap:
+    """How one dimension of an input tensor follows the op's output region.
+
+    kind "same": input range == output range of `out_dim`;
+    "full": the whole input dimension;
+    "window": output index o needs inputs [o*stride - pad, o*stride - pad + extent) (clipped),
+    with extent = dilation*(kernel-1)+1;
+    "offset": input range = output range of `out_dim` shifted by -offset, clipped to the input
+    (the input occupies [offset, offset + size) of the output, as in concat).
+    """
+
+    kind: Literal["same", "full", "window", "offset"]
+    out_dim: str = ""
+    kernel: int = 1
+    stride: int = 1
+    pad: int = 0
+    dilation: int = 1
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """What layerwise knows about one op kind."""
+
+    name: str
+    soap: dict[str, Tag]  # parallelizable output dims and their SOAP tag
+    compute: Literal["flops", "bytes"]  # what dominates its cost: matmul-like or memory-bound
+    description: str
+
+
+def _spec(name: str, soap: dict[str, Tag], compute: str, description: str) -> KindSpec:
+    return KindSpec(name, soap, compute, description)  # type: ignore[arg-type]
+
+
+# Dimensions that appear in an op's output but are absent from its soap dict are not split.
+# Dims not present in a particular op's output tensor are simply ignored.
+KINDS: dict[str, KindSpec] = {
+    k.name: k
+    for k in [
+        _spec(
+            "input",
+            {SAMPLE: "S", HEIGHT: "A", WIDTH: "A", LENGTH: "A"},
+            "bytes",
+            "training data fed to the network",
+        ),
+        _spec(
+            "conv2d",
+            {SAMPLE: "S", HEIGHT: "A", WIDTH: "A", CHANNEL: "P"},
+            "flops",
+            "2D convolution (attrs: kernel, stride, padding, dilation, groups)",
+        ),
+        _spec(
+            "pool2d",
+            {SAMPLE: "S", HEIGHT: "A", WIDTH: "A", CHANNEL: "A"},
+            "bytes",
+            "2D max/avg pooling, adaptive pooling (attrs: kernel, stride, padding, mode)",
+        ),
+        _spec(
+            "linear",
+            {SAMPLE: "S", LENGTH: "A", CHANNEL: "P"},
+            "flops",
+            "fully-connected layer over the last dimension; other non-sample dims are read whole",
+        ),
+        _spec(
+            "embedding",
+            {SAMPLE: "S", LENGTH: "A", CHANNEL: "P"},
+            "bytes",
+            "embedding lookup of integer tokens",
+        ),
+        _spec(
+            "lstm",
+            {SAMPLE: "S", CHANNEL: "P"},
+            "flops",
+            "one time step of an LSTM cell (inputs: x_t, then the previous step's state)",
+        ),
+        _spec(
+            "attention",
+            {SAMPLE: "S", LENGTH: "A", CHANNEL: "A"},
+            "flops",
+            "scaled dot-product attention over (sample, length, channel) q, k, v; channel splits by heads",
+        ),
+        _spec(
+            "rnn_attention",
+            {SAMPLE: "S", CHANNEL: "P"},
+            "flops",
+            "attention of a decoder state over encoder states, with its output projection",
+        ),
+        _spec(
+            "norm",
+            {SAMPLE: "S", HEIGHT: "A", WIDTH: "A", LENGTH: "A", CHANNEL: "P"},
+            "bytes",
+            "batch norm (per channel) or layer norm (over channel: channel not split)",
+        ),
+        _spec(
+            "elementwise",
+            {SAMPLE: "S", HEIGHT: "A", WIDTH: "A", LENGTH: "A", CHANNEL: "A"},
+            "bytes",
+            "pointwise ops: activations, dropout, add, mul",
+        ),
+        _spec(
+            "concat",
+            {SAMPLE: "S", HEIGHT: "A", WIDTH: "A", LENGTH: "A", CHANNEL: "A"},
+            "bytes",
+            "concatenation along attr 'dim'",
+        ),
+        _spec("flatten", {SAMPLE: "S"}, "bytes", "reshape to (sample, channel)"),
+        _spec(
+            "softmax",
+            {SAMPLE: "S", LENGTH: "A"},
+            "bytes",
+            "softmax with cross-entropy loss over channel",
+        ),
+    ]
+}
+
+
+def kind_spec(kind: str) -> KindSpec:
+    """The spec of `kind`; raises GraphError naming the known kinds when it is unknown."""
+    from planner.errors import GraphError
+
+    try:
+        return KINDS[kind]
+    except KeyError:
+        raise GraphError(
+            f"unknown op kind {kind!r}; known kinds: {', '.join(sorted(KINDS))}"
+        ) from None
+
+
+def parallel_dims(op: Op) -> tuple[str, ...]:
+    """The output dims `op` may split, in the order of its output tensor."""
+    soap = kind_spec(op.kind).soap
+    dims = [d for d in op.output.dims if d in soap]
+    if op.kind == "norm" and op.attr("norm") == "layer":
+        dims = [d for d in dims if d != CHANNEL]
+    return tuple(dims)
+
+
+def parameter_dims(op: Op) -> tuple[str, ...]:
+    """Parallel dims tagged P: splitting them splits the op's parameters."""
+    soap = kind_spec(op.kind).soap
+    return tuple(d for d in parallel_dims(op) if soap[d] == "P")
+
+
+def split_unit(op: Op, dim: str) -> int:
+    """The granularity of a split along `dim` (attention splits channel by whole heads)."""
+    if op.kind == "attention" and dim == CHANNEL:
+        return op.output.size(CHANNEL) // int(op.attr("heads", 1))
+    if op.kind == "conv2d" and dim == CHANNEL:
+        groups = int(op.attr("groups", 1))
+        return op.output.size(CHANNEL) // groups if groups > 1 else 1
+    return 1
+
+
+def input_dim_map(op: Op, index: int, tensor: Tensor) -> tuple[DimMap, ...]:
+    """Per dimension of input `index` (shaped `tensor`), how it follows op's output region."""
+    out = op.output.dims
+    maps: list[DimMap] = []
+    for dim in tensor.dims:
+        maps.append(_dim_map(op, index, dim, out))
+    return tuple(maps)
+
+
+def _window(op: Op, axis: int) -> DimMap:
+    kernel = op.attr("kernel", (1, 1))
+    stride = op.attr("stride", (1, 1))
+    padding = op.attr("padding", (0, 0))
+    dilation = op.attr("dilation", (1, 1))
+    return DimMap(
+        "window",
+        (HEIGHT, WIDTH)[axis],
+        kernel=int(kernel[axis]),
+        stride=int(stride[axis]),
+        pad=int(padding[axis]),
+        dilation=int(dilation[axis]),
+    )
+
+
+def _dim_map(op: Op, index: int, dim: str, out: tuple[str, ...]) -> DimMap:
+    kind = op.kind
+    if dim == SAMPLE:
+        return DimMap("same", SAMPLE)
+    if kind in ("conv2d", "pool2d") and dim in (HEIGHT, WIDTH):
+        return _window(op, 0 if dim == HEIGHT else 1)
+    if kind == "conv2d" and dim == CHANNEL:
+        return DimMap("full")
+    if kind == "concat" and dim == op.attr("dim"):
+        return DimMap("offset", dim, offset=int(op.attr("offsets")[index]))
+    if kind == "attention":
+        # q rows follow the output rows; k and v are read whole along length.
+        if dim == LENGTH and index > 0:
+            return DimMap("full")
+        return DimMap("same", dim) if dim in out else DimMap("full")
+    if kind in ("linear", "lstm", "rnn_attention", "flatten", "softmax") and dim == CHANNEL:
+        return DimMap("full")
+    if kind == "norm" and dim == CHANNEL and op.attr("norm") == "layer":
+        return DimMap("full")
+    if kind in ("linear", "lstm", "rnn_attention", "flatten") and dim not in (LENGTH,):
+        return DimMap("full")
+    if dim in out:
+        return DimMap("same", dim)
+    return DimMap("full")

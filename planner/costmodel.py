@@ -1,0 +1,285 @@
+"""Cost functions of OptCNN Sec. 5.1: t_c (compute), t_s (parameter sync), t_x (transfers).
+
+- t_c(op, c): forward + backward time of the slowest task of `op` under config `c`. Analytic:
+  a roofline per task, max(FLOPs / (peak * compute_efficiency), bytes / (memory bandwidth *
+  memory_efficiency)), times (1 + backward_factor), plus a fixed overhead per task. Measured:
+  the median time profiled on this machine for the task's shape (`planner.profile`), falling
+  back to analytic for shapes that were not profiled.
+- t_s(op, c): synchronizing the gradients of replicated parameter shards. Parameters split
+  along the op's Parameter dims; every shard is replicated on the tasks that share its
+  parameter index. "ps": each replica sends its gradients to a parameter server (the first
+  replica's device) and receives the parameters back (OptCNN). "ring": ring all-reduce,
+  2 (r - 1) / r of the shard over the slowest ring link plus 2 (r - 1) latencies. Ops sharing
+  a parameter group (unrolled RNN steps) each carry 1/|group| of the group's sync.
+- t_x(e, c_u, c_v): the forward activations producer tasks send to consumer tasks (volume of
+  the overlap of their regions, `planner.regions`), serialized per receiving device, plus the
+  backward gradients sent back the same way; the slowest receiver counts in each direction.
+  Transfers between tasks on the same device are free. Each message pays the route latency.
+
+`edge_table` and `node_table` build the cost tables for all config pairs at once (vectorized
+per dimension and per group of partitions); `transfer_time` is an independent, direct
+task-by-task computation for one config pair, used to re-score strategies and in tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import numpy as np
+
+from planner.config import OpConfigs, ParallelConfig
+from planner.errors import LayerwiseError
+from planner.opkinds import DimMap, parameter_dims
+from planner.regions import needed_boxes, overlap_volume, task_boxes
+
+if TYPE_CHECKING:
+    from planner.devices import DeviceGraph
+    from planner.opgraph import Edge, Op, OpGraph
+
+
+class MeasuredTimes(Protocol):
+    """A source of measured forward+backward times per task (see planner.profile)."""
+
+    def task_time(self, op: Op, cfg: ParallelConfig) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class CostOptions:
+    sync: Literal["ring", "ps"] = "ring"
+    compute_efficiency: float = 0.5
+    memory_efficiency: float = 0.8
+    backward_factor: float = 2.0
+    task_overhead: float = 0.0
+    param_copies: float = 2.0  # weights and gradients held per parameter byte
+
+    def __post_init__(self) -> None:
+        if self.sync not in ("ring", "ps"):
+            raise LayerwiseError(f"sync must be 'ring' or 'ps', got {self.sync!r}")
+        if not 0 < self.compute_efficiency <= 1 or not 0 < self.memory_efficiency <= 1:
+            raise LayerwiseError("compute_efficiency and memory_efficiency must be in (0, 1]")
+        if self.backward_factor < 0 or self.task_overhead < 0 or self.param_copies < 0:
+            raise LayerwiseError("backward_factor, task_overhead and param_copies must be >= 0")
+
+
+class CostModel:
+    """t_c, t_s, t_x and per-device memory for ops of `graph` on `devices`."""
+
+    def __init__(
+        self,
+        graph: OpGraph,
+        devices: DeviceGraph,
+        options: CostOptions | None = None,
+        measured: MeasuredTimes | None = None,
+    ):
+        self.graph = graph
+        self.devices = devices
+        self.options = options or CostOptions()
+        self.measured = measured
+        self.num_devices = devices.num_devices
+        self.inv_bw = np.asarray(devices.inv_bandwidth, dtype=np.float64)
+        self.latency = np.asarray(devices.latency, dtype=np.float64)
+        self.flops = np.array([d.flops for d in devices.devices], dtype=np.float64)
+        self.mem_bw = np.array([d.mem_bandwidth for d in devices.devices], dtype=np.float64)
+        groups = Counter(op.param_group for op in graph.ops if op.param_group is not None)
+        self._group_size = dict(groups)
+
+    @property
+    def source(self) -> str:
+        return "measured" if self.measured is not None else "analytic"
+
+    # -- t_c ------------------------------------------------------------------------------
+
+    def _task_work(self, op: Op) -> tuple[float, float]:
+        """(FLOPs, bytes) of the whole op's forward pass."""
+        nbytes = op.mem_bytes
+        if not nbytes:
+            ins = sum(self.graph.op(n).output.nbytes for n in op.inputs)
+            nbytes = ins + op.output.nbytes + op.param_bytes
+        return op.flops, float(nbytes)
+
+    def compute_time(self, i: int, cfg: ParallelConfig) -> float:
+        """t_c: forward + backward seconds of the slowest task of op i under cfg."""
+        op = self.graph.ops[i]
+        if op.kind == "input":
+            return 0.0
+        if self.measured is not None:
+            t = self.measured.task_time(op, cfg)
+            if t is not None:
+                return t
+        flops, nbytes = self._task_work(op)
+        k = cfg.num_tasks
+        dev = np.asarray(cfg.devices)
+        o = self.options
+        fwd = np.maximum(
+            flops / k / (self.flops[dev] * o.compute_efficiency),
+            nbytes / k / (self.mem_bw[dev] * o.memory_efficiency),
+        )
+        return float(fwd.max() * (1.0 + o.backward_factor) + o.task_overhead)
+
+    # -- t_s ------------------------------------------------------------------------------
+
+    def replica_groups(self, op: Op, cfg: ParallelConfig) -> list[list[int]]:
+        """Device lists that hold the same parameter shard (one list per shard)."""
+        pdims = [op.output.dims.index(d) for d in parameter_dims(op)]
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for t, dev in enumerate(cfg.devices):
+            idx = np.unravel_index(t, cfg.degrees)
+            groups.setdefault(tuple(int(idx[d]) for d in pdims), []).append(dev)
+        return list(groups.values())
+
+    def sync_time(self, i: int, cfg: ParallelConfig) -> float:
+        """t_s: seconds to synchronize op i's replicated parameter gradients under cfg."""
+        op = self.graph.ops[i]
+        if not op.params or cfg.num_tasks == 1:
+            return 0.0
+        groups = self.replica_groups(op, cfg)
+        shard = op.param_bytes / len(groups)
+        if op.param_group is not None:
+            shard /= self._group_size[op.param_group]
+        return max(self._sync_group(g, shard) for g in groups)
+
+    def _sync_group(self, devs: list[int], nbytes: float) -> float:
+        r = len(devs)
+        if r == 1 or nbytes == 0:
+            return 0.0
+        d = np.asarray(devs)
+        if self.options.sync == "ps":
+            ps, rest = d[0], d[1:]
+            return float(2.0 * (nbytes * self.inv_bw[rest, ps] + self.latency[rest, ps]).sum())
+        nxt = np.roll(d, -1)
+        slow = float(self.inv_bw[d, nxt].max())
+        lat = float(self.latency[d, nxt].max())
+        return 2.0 * (r - 1) / r * nbytes * slow + 2.0 * (r - 1) * lat
+
+    # -- memory ---------------------------------------------------------------------------
+
+    def memory(self, i: int, cfg: ParallelConfig) -> np.ndarray:
+        """Bytes op i keeps on each device under cfg: parameter shards and output activations."""
+        op = self.graph.ops[i]
+        out = np.zeros(self.num_devices)
+        shards = len(self.replica_groups(op, cfg)) if op.params else 1
+        per_task = op.param_bytes / shards * self.options.param_copies
+        per_task += op.output.nbytes / cfg.num_tasks
+        out[list(cfg.devices)] = per_task
+        return out
+
+    # -- t_x (direct, task by task) -------------------------------------------------------
+
+    def transfer_time(self, edge: Edge, cu: ParallelConfig, cv: ParallelConfig) -> float:
+        """t_x of one edge for one config pair, computed task pair by task pair."""
+        src, dst = self.graph.ops[edge.src], self.graph.ops[edge.dst]
+        maps = self.graph.input_maps(edge)
+        esize = src.output.dtype_bytes
+        fwd_recv: dict[int, float] = {}
+        bwd_recv: dict[int, float] = {}
+        prod_boxes = [
+            (dev, _box(src.output.sizes, cu.degrees, t)) for t, dev in enumerate(cu.devices)
+        ]
+        for tq, dq in enumerate(cv.devices):
+            out_box = _box(dst.output.sizes, cv.degrees, tq)
+            need = [
+                _need(m, s, dst.output.dims, out_box)
+                for m, s in zip(maps, src.output.sizes, strict=True)
+            ]
+            for dp, pbox in prod_boxes:
+                if dp == dq:
+                    continue
+                vol = math.prod(
+                    max(0, min(b1, b2) - max(a1, a2))
+                    for (a1, b1), (a2, b2) in zip(pbox, need, strict=True)
+                )
+                if vol == 0:
+                    continue
+                nbytes = vol * esize
+                fwd_recv[dq] = (
+                    fwd_recv.get(dq, 0.0) + nbytes * self.inv_bw[dp, dq] + self.latency[dp, dq]
+                )
+                bwd_recv[dp] = (
+                    bwd_recv.get(dp, 0.0) + nbytes * self.inv_bw[dq, dp] + self.latency[dq, dp]
+                )
+        return max(fwd_recv.values(), default=0.0) + max(bwd_recv.values(), default=0.0)
+
+    # -- vectorized tables ----------------------------------------------------------------
+
+    def node_table(self, i: int, configs: OpConfigs) -> np.ndarray:
+        """t_c + t_s for every config of op i."""
+        return np.array([self.compute_time(i, c) + self.sync_time(i, c) for c in configs.configs])
+
+    def memory_table(self, i: int, configs: OpConfigs) -> np.ndarray:
+        """(C, D) bytes per device for every config of op i."""
+        return (
+            np.stack([self.memory(i, c) for c in configs.configs])
+            if len(configs)
+            else np.zeros((0, self.num_devices))
+        )
+
+    def edge_table(self, edge: Edge, cu: OpConfigs, cv: OpConfigs) -> np.ndarray:
+        """t_x for every (producer config, consumer config) pair: (C_u, C_v)."""
+        src, dst = self.graph.ops[edge.src], self.graph.ops[edge.dst]
+        D = self.num_devices
+        parts_u = np.array([g[0] for g in cu.groups], dtype=np.int64)
+        parts_v = np.array([g[0] for g in cv.groups], dtype=np.int64)
+        plo, phi = task_boxes(src.output.sizes, parts_u, D)
+        olo, ohi = task_boxes(dst.output.sizes, parts_v, D)
+        nlo, nhi = needed_boxes(
+            self.graph.input_maps(edge), src.output.sizes, dst.output.dims, olo, ohi
+        )
+        nbytes = overlap_volume(plo, phi, nlo, nhi) * src.output.dtype_bytes  # (Pu, D, Pv, D)
+        table = np.zeros((len(cu), len(cv)))
+        for ku, a_idx, sets_u, cfg_u in _batches(cu):
+            for kv, b_idx, sets_v, cfg_v in _batches(cv):
+                b = nbytes[np.ix_(a_idx, np.arange(ku), b_idx, np.arange(kv))]
+                table[np.ix_(cfg_u.ravel(), cfg_v.ravel())] = self._combine(b, sets_u, sets_v)
+        return table
+
+    def _combine(self, nbytes: np.ndarray, sets_u: np.ndarray, sets_v: np.ndarray) -> np.ndarray:
+        """Bytes (A, ku, B, kv) on device sets (Ou, ku), (Ov, kv) -> t_x (A*Ou, B*Ov)."""
+        A, _, B, _ = nbytes.shape
+        su, sv = sets_u[:, :, None, None], sets_v[None, None, :, :]
+        w_f, w_b = self.inv_bw[su, sv], self.inv_bw[sv, su]  # (Ou, ku, Ov, kv)
+        l_f, l_b = self.latency[su, sv], self.latency[sv, su]
+        msg = (nbytes > 0).astype(np.float64)
+        fwd = np.einsum("apbq,opwq->aobwq", nbytes, w_f) + np.einsum("apbq,opwq->aobwq", msg, l_f)
+        bwd = np.einsum("apbq,opwq->aobwp", nbytes, w_b) + np.einsum("apbq,opwq->aobwp", msg, l_b)
+        t = fwd.max(axis=4) + bwd.max(axis=4)
+        return t.reshape(A * sets_u.shape[0], B * sets_v.shape[0])
+
+
+def _batches(c: OpConfigs) -> Iterable[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+    """Groups of partitions that share task count and device sets, for one vectorized step.
+
+    Yields (tasks k, partition indices (A,), device sets (O, k), config indices (A, O)).
+    """
+    batches: dict[tuple[int, int], list[int]] = {}
+    for g, (part, sets, _) in enumerate(c.groups):
+        batches.setdefault((math.prod(part), len(sets)), []).append(g)
+    for (k, _), gs in batches.items():
+        sets = c.groups[gs[0]][1]
+        cfg_idx = np.stack([c.groups[g][2] for g in gs])
+        yield k, np.array(gs), sets, cfg_idx
+
+
+def _box(sizes: tuple[int, ...], degrees: tuple[int, ...], task: int) -> list[tuple[int, int]]:
+    idx = np.unravel_index(task, degrees)
+    return [
+        (int(i) * (s // g), (int(i) + 1) * (s // g))
+        for i, s, g in zip(idx, sizes, degrees, strict=True)
+    ]
+
+
+def _need(
+    m: DimMap, size: int, out_dims: tuple[str, ...], out_box: list[tuple[int, int]]
+) -> tuple[int, int]:
+    if m.kind == "full":
+        return 0, size
+    a, b = out_box[out_dims.index(m.out_dim)]
+    if m.kind == "window":
+        a, b = a * m.stride - m.pad, (b - 1) * m.stride - m.pad + m.dilation * (m.kernel - 1) + 1
+    elif m.kind == "offset":
+        a, b = a - m.offset, b - m.offset
+    a, b = min(max(a, 0), size), min(max(b, 0), size)
+    return a, max(a, b)

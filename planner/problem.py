@@ -1,0 +1,194 @@
+"""The Problem: cost tables that every exact backend consumes.
+
+`node_cost[i]` (C_i,) holds t_c + t_s per config of node i; `edge_cost[e]` (C_u, C_v) holds
+t_x per config pair of edge e = (u, v); a forbidden choice costs `inf`. Memory: `usage[i]`
+(C_i, M) bytes per config in M memory pools (one per device for DNN problems, one for
+cost-table problems), live over `intervals[i]` = [start, end); a choice vector is feasible
+when at every time the live usages sum to at most `usage_limit` in every pool.
+
+A Problem built from a DNN keeps its graph, devices, config space and cost model, so choices
+map back to a `Strategy`. A Problem read from a cost-table JSON (`planner.costtable`) has no
+DNN behind it: it is the shape of the public IOPDDL auto-sharding problems.
+
+For DNN problems the liveness of node i in the forward/backward order is [i, 2n - i): its
+output and parameters are live from its forward until its backward, so the peak (all nodes
+live at the turn from forward to backward) is the sum of every node's usage.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from planner.errors import ProblemError
+
+if TYPE_CHECKING:
+    from planner.config import ConfigSpace
+    from planner.costmodel import CostModel
+    from planner.devices import DeviceGraph
+    from planner.opgraph import OpGraph
+    from planner.strategy import Strategy
+
+FORBIDDEN = 1e18  # cost-table convention: a cost >= 1e18 forbids the choice
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    name: str
+    node_names: tuple[str, ...]
+    node_cost: tuple[np.ndarray, ...]
+    edges: tuple[tuple[int, int], ...]
+    edge_cost: tuple[np.ndarray, ...]
+    usage: tuple[np.ndarray, ...] | None = None
+    intervals: np.ndarray | None = None
+    usage_limit: np.ndarray | None = None
+    graph: OpGraph | None = None
+    devices: DeviceGraph | None = None
+    space: ConfigSpace | None = None
+    cost_model: CostModel | None = None
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_cost)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(len(c) for c in self.node_cost)
+
+    @property
+    def has_memory_limit(self) -> bool:
+        return self.usage_limit is not None
+
+    def check_choices(self, choices: Sequence[int]) -> tuple[int, ...]:
+        """Validate a choice vector (one config index per node) and return it as a tuple."""
+        ch = tuple(int(c) for c in choices)
+        if len(ch) != self.num_nodes:
+            raise ProblemError(f"{len(ch)} choices for {self.num_nodes} nodes")
+        for i, (c, n) in enumerate(zip(ch, self.sizes, strict=True)):
+            if not 0 <= c < n:
+                raise ProblemError(f"choice {c} for node {self.node_names[i]!r} is not in [0, {n})")
+        return ch
+
+    def strategy(self, choices: Sequence[int]) -> Strategy:
+        """The Strategy for a choice vector (DNN problems only)."""
+        from planner.strategy import Strategy
+
+        if self.graph is None or self.devices is None or self.space is None:
+            raise ProblemError(f"problem {self.name!r} has no DNN behind it: use choices")
+        ch = self.check_choices(choices)
+        configs = tuple(self.space[i].configs[c] for i, c in enumerate(ch))
+        return Strategy(self.graph, self.devices, configs)
+
+    def choices_of(self, strategy: Strategy) -> tuple[int, ...]:
+        """Config indices of a strategy's configs (each must be in the config space)."""
+        if self.space is None:
+            raise ProblemError(f"problem {self.name!r} has no config space")
+        return tuple(self.space[i].index(c) for i, c in enumerate(strategy.configs))
+
+
+def _validate(p: Problem) -> None:
+    n = len(p.node_cost)
+    if len(p.node_names) != n:
+        raise ProblemError(f"{len(p.node_names)} node names for {n} nodes")
+    for i, c in enumerate(p.node_cost):
+        if c.ndim != 1 or len(c) == 0:
+            raise ProblemError(f"node {p.node_names[i]!r} needs a non-empty 1-D cost vector")
+        if np.isnan(c).any() or (c < 0).any():
+            raise ProblemError(f"node {p.node_names[i]!r} has a negative or NaN cost")
+    if len(p.edges) != len(p.edge_cost):
+        raise ProblemError(f"{len(p.edges)} edges but {len(p.edge_cost)} edge cost tables")
+    for (u, v), t in zip(p.edges, p.edge_cost, strict=True):
+        if not (0 <= u < n and 0 <= v < n) or u == v:
+            raise ProblemError(f"edge ({u}, {v}) does not join two different nodes of {n}")
+        if t.shape != (len(p.node_cost[u]), len(p.node_cost[v])):
+            raise ProblemError(
+                f"edge ({u}, {v}) cost table is {t.shape}, expected "
+                f"({len(p.node_cost[u])}, {len(p.node_cost[v])})"
+            )
+        if np.isnan(t).any() or (t < 0).any():
+            raise ProblemError(f"edge ({u}, {v}) has a negative or NaN cost")
+    if p.usage is not None:
+        if len(p.usage) != n or p.intervals is None or p.intervals.shape != (n, 2):
+            raise ProblemError("usage needs one (C_i, M) table and one interval per node")
+        pools = {u.shape[1] for u in p.usage if u.ndim == 2}
+        if len(pools) > 1 or any(
+            u.shape[0] != len(c) for u, c in zip(p.usage, p.node_cost, strict=True)
+        ):
+            raise ProblemError("usage tables must be (C_i, M) with the same M for every node")
+    if p.usage_limit is not None and p.usage is None:
+        raise ProblemError("a usage limit needs usage tables")
+
+
+def forbid(costs: np.ndarray) -> np.ndarray:
+    """Map the cost-table convention (>= 1e18) to inf."""
+    out = np.asarray(costs, dtype=np.float64).copy()
+    out[out >= FORBIDDEN] = np.inf
+    return out
+
+
+def build_problem(
+    graph: OpGraph,
+    devices: DeviceGraph,
+    cost_model: CostModel | None = None,
+    max_configs: int | None = None,
+    memory_limit: float | str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Problem:
+    """Cost tables for every op and edge of `graph` on `devices`.
+
+    memory_limit: None (no limit), "device" (each device's own memory), or bytes per device.
+    """
+    from planner.config import ConfigSpace
+    from planner.costmodel import CostModel
+
+    t0 = time.perf_counter()
+    cm = cost_model or CostModel(graph, devices)
+    space = ConfigSpace(graph, devices, max_configs=max_configs)
+    node_cost = tuple(cm.node_table(i, space[i]) for i in range(len(graph.ops)))
+    usage = tuple(cm.memory_table(i, space[i]) for i in range(len(graph.ops)))
+    t1 = time.perf_counter()
+    edges, edge_cost = [], []
+    for k, e in enumerate(graph.edges):
+        edges.append((e.src, e.dst))
+        edge_cost.append(cm.edge_table(e, space[e.src], space[e.dst]))
+        if progress is not None:
+            progress(k + 1, len(graph.edges))
+    n = len(graph.ops)
+    intervals = np.array([[i, 2 * n - i] for i in range(n)], dtype=np.int64)
+    limit = _memory_limit(memory_limit, devices)
+    t2 = time.perf_counter()
+    return Problem(
+        name=graph.name,
+        node_names=tuple(op.name for op in graph.ops),
+        node_cost=node_cost,
+        edges=tuple(edges),
+        edge_cost=tuple(edge_cost),
+        usage=usage,
+        intervals=intervals,
+        usage_limit=limit,
+        graph=graph,
+        devices=devices,
+        space=space,
+        cost_model=cm,
+        stats={"node_seconds": t1 - t0, "edge_seconds": t2 - t1, "build_seconds": t2 - t0},
+    )
+
+
+def _memory_limit(limit: float | str | None, devices: DeviceGraph) -> np.ndarray | None:
+    if limit is None:
+        return None
+    if limit == "device":
+        return np.array([float(d.memory) for d in devices.devices])
+    if isinstance(limit, str):
+        raise ProblemError(f"memory limit must be 'device' or a number of bytes, got {limit!r}")
+    if not limit > 0:
+        raise ProblemError(f"memory limit must be positive, got {limit}")
+    return np.full(devices.num_devices, float(limit))

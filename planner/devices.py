@@ -1,0 +1,372 @@
+"""DeviceGraph: devices, links and switches, with derived routes (DLPlacer's hardware graph)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+from planner.errors import DeviceGraphError
+
+__all__ = ["FORMAT", "VERSION", "Device", "DeviceGraph", "Link"]
+
+FORMAT = "layerwise.devicegraph"
+VERSION = 1
+DEVICE_KINDS = ("gpu", "cpu")
+# A route minimises the sum over its links of (latency + ROUTE_PROBE_BYTES / bandwidth):
+# the time a 1 MiB message would take if every link forwarded it in turn.
+ROUTE_PROBE_BYTES = 2**20
+_PICOSECONDS = 1e12  # route weights are integers in ps, so equal-cost ties are exact
+
+
+@dataclass(frozen=True)
+class Device:
+    """One compute device: peak FP32 FLOP/s, memory bandwidth (bytes/s), memory (bytes)."""
+
+    name: str
+    kind: str
+    flops: float
+    mem_bandwidth: float
+    memory: int
+    host: str
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise DeviceGraphError("a device has an empty name")
+        if self.kind not in DEVICE_KINDS:
+            raise DeviceGraphError(
+                f"device {self.name}: kind must be one of {DEVICE_KINDS}, got {self.kind!r}"
+            )
+        for field in ("flops", "mem_bandwidth", "memory"):
+            value = getattr(self, field)
+            if not (math.isfinite(value) and value > 0):
+                raise DeviceGraphError(f"device {self.name}: {field} must be > 0, got {value}")
+
+
+@dataclass(frozen=True)
+class Link:
+    """A full-duplex link between two endpoints (devices or switches)."""
+
+    a: str
+    b: str
+    bandwidth: float  # bytes/s in each direction
+    latency: float  # seconds
+    kind: str = ""
+
+    def __post_init__(self) -> None:
+        if self.a == self.b:
+            raise DeviceGraphError(f"link {self.a}-{self.b} connects {self.a!r} to itself")
+        if not (math.isfinite(self.bandwidth) and self.bandwidth > 0):
+            raise DeviceGraphError(
+                f"link {self.a}-{self.b}: bandwidth must be finite and > 0, got {self.bandwidth}"
+            )
+        if not (math.isfinite(self.latency) and self.latency >= 0):
+            raise DeviceGraphError(
+                f"link {self.a}-{self.b}: latency must be finite and >= 0, got {self.latency}"
+            )
+
+    @property
+    def route_weight(self) -> int:
+        """Routing cost of this link in integer picoseconds (at least 1)."""
+        seconds = self.latency + ROUTE_PROBE_BYTES / self.bandwidth
+        return max(1, round(seconds * _PICOSECONDS))
+
+
+class DeviceGraph:
+    """Devices and switches joined by links; routes and their costs are derived at construction.
+
+    Immutable; equality and hash are on (name, devices, switches, links).
+    """
+
+    __slots__ = (
+        "_devices",
+        "_inv_bandwidth",
+        "_latency",
+        "_links",
+        "_name",
+        "_routes",
+        "_switches",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        devices: Sequence[Device],
+        links: Sequence[Link],
+        switches: Sequence[str] = (),
+    ) -> None:
+        self._name = name
+        self._devices = tuple(devices)
+        self._switches = tuple(switches)
+        self._links = tuple(links)
+        self._validate()
+        self._routes = self._derive_routes()
+        self._inv_bandwidth, self._latency = self._route_costs()
+
+    # -- construction -------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        if not self._devices:
+            raise DeviceGraphError(f"device graph {self._name!r} has no devices")
+        names = [d.name for d in self._devices] + list(self._switches)
+        duplicates = sorted(n for n, c in Counter(names).items() if c > 1)
+        if duplicates:
+            raise DeviceGraphError(
+                f"device graph {self._name!r}: duplicate device/switch name(s) {duplicates}"
+            )
+        known = set(names)
+        for link in self._links:
+            for end in (link.a, link.b):
+                if end not in known:
+                    raise DeviceGraphError(
+                        f"link {link.a}-{link.b}: endpoint {end!r} is neither a device nor a switch"
+                    )
+
+    def _routing_graph(self) -> nx.Graph:
+        """One edge per connected pair, keeping the cheapest of parallel links (lowest index on ties)."""
+        graph = nx.Graph()
+        graph.add_nodes_from(sorted(d.name for d in self._devices))
+        graph.add_nodes_from(sorted(self._switches))
+        for index, link in enumerate(self._links):
+            key = (link.route_weight, index)
+            current = graph.get_edge_data(link.a, link.b)
+            if current is None or key < current["key"]:
+                graph.add_edge(link.a, link.b, weight=link.route_weight, key=key, link=index)
+        return graph
+
+    def _derive_routes(self) -> list[list[tuple[int, ...]]]:
+        """Routes from each device to the later ones; the reverse direction reuses them reversed."""
+        graph = self._routing_graph()
+        names = [d.name for d in self._devices]
+        routes: list[list[tuple[int, ...]]] = [[() for _ in names] for _ in names]
+        for i, source in enumerate(names[:-1]):
+            paths = _deterministic_shortest_paths(graph, source)
+            for j, target in enumerate(names[i + 1 :], start=i + 1):
+                if target not in paths:
+                    raise DeviceGraphError(
+                        f"device graph {self._name!r}: no route from {source} to {target}"
+                    )
+                route = tuple(graph[u][v]["link"] for u, v in pairwise(paths[target]))
+                routes[i][j], routes[j][i] = route, route[::-1]
+        return routes
+
+    def _route_costs(self) -> tuple[np.ndarray, np.ndarray]:
+        n = self.num_devices
+        bandwidth = np.array([link.bandwidth for link in self._links], dtype=np.float64)
+        link_latency = np.array([link.latency for link in self._links], dtype=np.float64)
+        inv_bandwidth = np.zeros((n, n))
+        latency = np.zeros((n, n))
+        for i in range(n):
+            for j in range(i + 1, n):
+                route = list(self._routes[i][j])
+                inv_bandwidth[i, j] = inv_bandwidth[j, i] = 1.0 / bandwidth[route].min()
+                latency[i, j] = latency[j, i] = link_latency[route].sum()
+        inv_bandwidth.setflags(write=False)
+        latency.setflags(write=False)
+        return inv_bandwidth, latency
+
+    # -- read-only attributes -----------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        return self._devices
+
+    @property
+    def switches(self) -> tuple[str, ...]:
+        return self._switches
+
+    @property
+    def links(self) -> tuple[Link, ...]:
+        return self._links
+
+    @property
+    def num_devices(self) -> int:
+        return len(self._devices)
+
+    @property
+    def inv_bandwidth(self) -> np.ndarray:
+        """(D, D) seconds per byte from i to j: 1 / bottleneck bandwidth of the route."""
+        return self._inv_bandwidth
+
+    @property
+    def latency(self) -> np.ndarray:
+        """(D, D) seconds: sum of link latencies along the route from i to j."""
+        return self._latency
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def device_index(self, name: str) -> int:
+        """Index of the device called `name`."""
+        for index, device in enumerate(self._devices):
+            if device.name == name:
+                return index
+        raise DeviceGraphError(f"device graph {self._name!r} has no device {name!r}")
+
+    def route(self, i: int, j: int) -> tuple[int, ...]:
+        """Indices into `links`, in path order from device i to device j; () when i == j."""
+        n = self.num_devices
+        if not (0 <= i < n and 0 <= j < n):
+            raise DeviceGraphError(f"device index out of range 0..{n - 1}: ({i}, {j})")
+        return self._routes[i][j]
+
+    def transfer_time(self, i: int, j: int, nbytes: float) -> float:
+        """Seconds to move nbytes from device i to device j (latency + nbytes / bottleneck)."""
+        if i == j or nbytes == 0:
+            return 0.0
+        return float(self._latency[i, j] + nbytes * self._inv_bandwidth[i, j])
+
+    # -- identity and JSON --------------------------------------------------------------------
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self._name, self._devices, self._switches, self._links)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DeviceGraph):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (
+            f"DeviceGraph({self._name!r}, {self.num_devices} devices, "
+            f"{len(self._switches)} switches, {len(self._links)} links)"
+        )
+
+    def fingerprint(self) -> str:
+        """First 16 hex chars of the sha256 of the canonical JSON, without the name.
+
+        Renaming a machine keeps its fingerprint; any change of device, link or switch changes it.
+        """
+        content = {k: v for k, v in self.to_json().items() if k != "name"}
+        canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def to_json(self) -> dict[str, Any]:
+        """A versioned, JSON-serialisable dict."""
+        devices = [
+            asdict(d) | {"flops": float(d.flops), "mem_bandwidth": float(d.mem_bandwidth)}
+            for d in self._devices
+        ]
+        links = [
+            asdict(link) | {"bandwidth": float(link.bandwidth), "latency": float(link.latency)}
+            for link in self._links
+        ]
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "name": self._name,
+            "devices": devices,
+            "switches": list(self._switches),
+            "links": links,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DeviceGraph:
+        """Inverse of `to_json`; raises DeviceGraphError on a wrong format, version or field."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise DeviceGraphError(f"not a device graph: expected 'format': {FORMAT!r}")
+        if data.get("version") != VERSION:
+            raise DeviceGraphError(
+                f"unsupported device graph version {data.get('version')!r} (expected {VERSION})"
+            )
+        try:
+            devices = [
+                Device(
+                    name=str(d["name"]),
+                    kind=str(d["kind"]),
+                    flops=float(d["flops"]),
+                    mem_bandwidth=float(d["mem_bandwidth"]),
+                    memory=int(d["memory"]),
+                    host=str(d["host"]),
+                )
+                for d in data["devices"]
+            ]
+            links = [
+                Link(
+                    a=str(e["a"]),
+                    b=str(e["b"]),
+                    bandwidth=float(e["bandwidth"]),
+                    latency=float(e["latency"]),
+                    kind=str(e.get("kind", "")),
+                )
+                for e in data["links"]
+            ]
+            return cls(
+                str(data["name"]), devices, links, [str(s) for s in data.get("switches", [])]
+            )
+        except DeviceGraphError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DeviceGraphError(f"malformed device graph JSON: {exc!r}") from exc
+
+    def save(self, path: str | Path) -> None:
+        """Write the JSON form to `path`."""
+        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> DeviceGraph:
+        """Read a graph written by `save`."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise DeviceGraphError(f"cannot read device graph {path}: {exc}") from exc
+        return cls.from_json(data)
+
+    def summary(self) -> str:
+        """A few human-readable lines: devices, link kinds, route statistics."""
+        hosts = {d.host for d in self._devices}
+        lines = [
+            f"{self._name}: {self.num_devices} devices on {len(hosts)} host(s), "
+            f"{len(self._switches)} switches, {len(self._links)} links"
+        ]
+        for (kind, flops, mem_bw, memory), count in Counter(
+            (d.kind, d.flops, d.mem_bandwidth, d.memory) for d in self._devices
+        ).items():
+            lines.append(
+                f"  {count} x {kind}: {flops / 1e12:.3g} TFLOP/s, {memory / 2**30:.3g} GiB, "
+                f"{mem_bw / 1e9:.3g} GB/s memory"
+            )
+        for (kind, bw, lat), count in sorted(
+            Counter(
+                (link.kind or "?", link.bandwidth, link.latency) for link in self._links
+            ).items()
+        ):
+            lines.append(f"  {count} x {kind} link: {bw / 1e9:.3g} GB/s, {lat * 1e6:.3g} us")
+        if self.num_devices > 1:
+            off = ~np.eye(self.num_devices, dtype=bool)
+            route_bw = 1.0 / self._inv_bandwidth[off]
+            hops = [len(r) for row in self._routes for r in row if r]
+            lines.append(
+                f"  routes: {route_bw.min() / 1e9:.3g}-{route_bw.max() / 1e9:.3g} GB/s, "
+                f"{self._latency[off].min() * 1e6:.3g}-{self._latency[off].max() * 1e6:.3g} us, "
+                f"{min(hops)}-{max(hops)} hops"
+            )
+        return "\n".join(lines)
+
+
+def _deterministic_shortest_paths(graph: nx.Graph, source: str) -> dict[str, list[str]]:
+    """Shortest paths from source; equal-weight ties go to fewer hops, then smaller node names."""
+    preds, dist = nx.dijkstra_predecessor_and_distance(graph, source, weight="weight")
+    best: dict[str, tuple[int, list[str]]] = {source: (0, [source])}
+    for node in sorted(dist, key=lambda v: (dist[v], v)):
+        if node == source:
+            continue
+        # Predecessors are strictly closer (weights >= 1), so they are already settled.
+        hops, path = min(best[p] for p in preds[node])
+        best[node] = (hops + 1, [*path, node])
+    return {node: path for node, (_, path) in best.items()}

@@ -1,0 +1,349 @@
+"""Device graph presets: the papers' GPU clusters, a DGX-1, and this machine's CPU workers.
+
+Figures and their sources are in docs/devices.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from planner.devices import Device, DeviceGraph, Link
+from planner.errors import DeviceGraphError
+
+__all__ = [
+    "CPU_LOCAL_DEFAULTS",
+    "cpu_local",
+    "cpu_local_cache_path",
+    "get_preset",
+    "k80_cluster",
+    "list_presets",
+    "load_devices",
+    "measure_cpu_local",
+    "p100_cluster",
+    "v100_dgx1",
+]
+
+GiB = 2**30
+
+# Links: bytes/s per direction, seconds per link traversal.
+NVLINK1_BANDWIDTH = 20e9  # NVLink 1.0 (P100), per link
+NVLINK2_BANDWIDTH = 25e9  # NVLink 2.0 (V100), per link
+PCIE3_BANDWIDTH = 12e9  # PCIe 3.0 x16, achievable (15.75 GB/s raw)
+IB_EDR_BANDWIDTH = 12.5e9  # 100 Gb/s EDR InfiniBand
+IB_FDR_BANDWIDTH = 7e9  # 56 Gb/s FDR InfiniBand
+QPI_BANDWIDTH = 19.2e9  # Xeon E5 v4 QPI at 9.6 GT/s
+NVLINK_LATENCY = 5e-6
+PCIE_LATENCY = 5e-6
+IB_LATENCY = 2e-6
+QPI_LATENCY = 1e-6
+
+# Devices: peak FP32 FLOP/s, memory bandwidth (bytes/s), memory (bytes).
+P100 = {"flops": 10.6e12, "mem_bandwidth": 732e9, "memory": 16 * GiB}
+K80_DIE = {"flops": 4.37e12 / 2, "mem_bandwidth": 240e9, "memory": 12 * GiB}
+V100 = {"flops": 15.7e12, "mem_bandwidth": 900e9, "memory": 16 * GiB}
+
+# DGX-1 (V100) hybrid cube-mesh: GPU pair -> number of NVLink 2.0 links (6 per GPU).
+DGX1_NVLINKS = {
+    (0, 1): 1, (0, 2): 1, (0, 3): 2, (0, 4): 2, (1, 2): 2, (1, 3): 1, (1, 5): 2, (2, 3): 2,
+    (2, 6): 1, (3, 7): 1, (4, 5): 1, (4, 6): 1, (4, 7): 2, (5, 6): 2, (5, 7): 1, (6, 7): 2,
+}  # fmt: skip
+DGX1_SIZES = (1, 2, 3, 4, 8)
+
+# cpu-local figures used when no measurement is cached (gloo on these machines, 1 thread).
+CPU_LOCAL_DEFAULTS: dict[str, float] = {
+    "bandwidth": 3e9,
+    "latency": 60e-6,
+    "flops": 3e10,
+    "mem_bandwidth": 1e10,
+}
+CPU_LOCAL_FALLBACK_MEMORY = 24 * GiB
+
+VALID_FORMS = (
+    "p100-NxG (N >= 1 nodes, G in 1..8 GPUs), k80-NxG (N >= 1, G in 1..8), "
+    "v100-dgx1-G (G in 1,2,3,4,8), cpu-local-N (N >= 1)"
+)
+
+
+def _gpus(count: int, spec: dict[str, Any], host: str, first: int = 0) -> list[Device]:
+    return [Device(f"gpu{first + g}", "gpu", host=host, **spec) for g in range(count)]
+
+
+def p100_cluster(nodes: int, gpus: int) -> DeviceGraph:
+    """`nodes` x `gpus` P100s: all-pairs NVLink in a node, PCIe to a NIC, EDR InfiniBand between."""
+    devices: list[Device] = []
+    links: list[Link] = []
+    switches: list[str] = ["ib"] if nodes > 1 else []
+    for k in range(nodes):
+        node = _gpus(gpus, P100, f"node{k}", first=k * gpus)
+        nic = f"node{k}/nic"
+        switches.append(nic)
+        for x, gx in enumerate(node):
+            links += [
+                Link(gx.name, gy.name, NVLINK1_BANDWIDTH, NVLINK_LATENCY, "nvlink")
+                for gy in node[x + 1 :]
+            ]
+            links.append(Link(gx.name, nic, PCIE3_BANDWIDTH, PCIE_LATENCY, "pcie"))
+        if nodes > 1:
+            links.append(Link(nic, "ib", IB_EDR_BANDWIDTH, IB_LATENCY, "infiniband"))
+        devices += node
+    return DeviceGraph(f"p100-{nodes}x{gpus}", devices, links, switches)
+
+
+def k80_cluster(nodes: int, gpus: int) -> DeviceGraph:
+    """`nodes` x `gpus` K80 dies: a PCIe switch per pair, a node PCIe switch, FDR InfiniBand."""
+    devices: list[Device] = []
+    links: list[Link] = []
+    switches: list[str] = ["ib"] if nodes > 1 else []
+    for k in range(nodes):
+        host = f"node{k}/host"
+        switches.append(host)
+        node = _gpus(gpus, K80_DIE, f"node{k}", first=k * gpus)
+        for m in range(math.ceil(gpus / 2)):
+            pair = f"node{k}/pcie{m}"
+            switches.append(pair)
+            links.append(Link(pair, host, PCIE3_BANDWIDTH, PCIE_LATENCY, "pcie"))
+            links += [
+                Link(g.name, pair, PCIE3_BANDWIDTH, PCIE_LATENCY, "pcie")
+                for g in node[2 * m : 2 * m + 2]
+            ]
+        if nodes > 1:
+            links.append(Link(host, "ib", IB_FDR_BANDWIDTH, IB_LATENCY, "infiniband"))
+        devices += node
+    return DeviceGraph(f"k80-{nodes}x{gpus}", devices, links, switches)
+
+
+def v100_dgx1(gpus: int) -> DeviceGraph:
+    """The first `gpus` V100s of a DGX-1: hybrid cube-mesh NVLink 2.0 plus the PCIe tree."""
+    if gpus not in DGX1_SIZES:
+        raise DeviceGraphError(f"v100-dgx1-{gpus}: G must be one of {DGX1_SIZES}")
+    devices = _gpus(gpus, V100, "node0")
+    # A doubled NVLink is one 50 GB/s link, so routes see its full bandwidth.
+    links = [
+        Link(f"gpu{x}", f"gpu{y}", count * NVLINK2_BANDWIDTH, NVLINK_LATENCY, "nvlink")
+        for (x, y), count in DGX1_NVLINKS.items()
+        if y < gpus
+    ]
+    # PCIe: GPUs 2m and 2m+1 share switch pcie{m}; pcie0-1 hang off cpu0, pcie2-3 off cpu1.
+    switches: list[str] = []
+    for m in range(math.ceil(gpus / 2)):
+        cpu = f"cpu{m // 2}"
+        if cpu not in switches:
+            switches.append(cpu)
+        switches.append(f"pcie{m}")
+        links.append(Link(f"pcie{m}", cpu, PCIE3_BANDWIDTH, PCIE_LATENCY, "pcie"))
+        links += [
+            Link(f"gpu{g}", f"pcie{m}", PCIE3_BANDWIDTH, PCIE_LATENCY, "pcie")
+            for g in range(2 * m, min(2 * m + 2, gpus))
+        ]
+    if "cpu1" in switches:
+        links.append(Link("cpu0", "cpu1", QPI_BANDWIDTH, QPI_LATENCY, "qpi"))
+    return DeviceGraph(f"v100-dgx1-{gpus}", devices, links, switches)
+
+
+def cpu_local(workers: int, figures: dict[str, float] | None = None) -> DeviceGraph:
+    """`workers` CPU processes on this machine, each pair joined through a loopback switch.
+
+    `figures` (bandwidth, latency, flops, mem_bandwidth) default to the cached measurement,
+    else to CPU_LOCAL_DEFAULTS. The pair latency is split evenly over the route's two links.
+    """
+    fig = figures if figures is not None else _cpu_local_figures()
+    memory = _machine_memory() // workers
+    devices = [
+        Device(f"cpu{w}", "cpu", fig["flops"], fig["mem_bandwidth"], memory, "localhost")
+        for w in range(workers)
+    ]
+    links = [
+        Link(d.name, "loopback", fig["bandwidth"], fig["latency"] / 2, "loopback") for d in devices
+    ]
+    return DeviceGraph(f"cpu-local-{workers}", devices, links, ["loopback"])
+
+
+def _ranged(name: str, value: str, low: int, high: float = math.inf) -> int:
+    number = int(value)
+    if not low <= number <= high:
+        raise DeviceGraphError(
+            f"preset {name!r}: {number} is out of range; valid forms: {VALID_FORMS}"
+        )
+    return number
+
+
+_PATTERNS: list[tuple[re.Pattern[str], Callable[[str, re.Match[str]], DeviceGraph]]] = [
+    (
+        re.compile(r"p100-(\d+)x(\d+)"),
+        lambda n, m: p100_cluster(_ranged(n, m[1], 1), _ranged(n, m[2], 1, 8)),
+    ),
+    (
+        re.compile(r"k80-(\d+)x(\d+)"),
+        lambda n, m: k80_cluster(_ranged(n, m[1], 1), _ranged(n, m[2], 1, 8)),
+    ),
+    (re.compile(r"v100-dgx1-(\d+)"), lambda n, m: v100_dgx1(int(m[1]))),
+    (re.compile(r"cpu-local-(\d+)"), lambda n, m: cpu_local(_ranged(n, m[1], 1))),
+]
+
+
+def get_preset(name: str) -> DeviceGraph:
+    """The DeviceGraph of a preset name such as "p100-4x4"; see `list_presets`."""
+    for pattern, build in _PATTERNS:
+        match = pattern.fullmatch(name)
+        if match:
+            return build(name, match)
+    raise DeviceGraphError(f"unknown device preset {name!r}; valid forms: {VALID_FORMS}")
+
+
+def list_presets() -> list[str]:
+    """Example preset names (the forms accept other sizes too)."""
+    return [
+        *(f"p100-{n}x4" for n in (1, 2, 4, 8, 16)),
+        "k80-1x4",
+        "k80-4x4",
+        "k80-16x4",
+        *(f"v100-dgx1-{g}" for g in DGX1_SIZES),
+        "cpu-local-2",
+        "cpu-local-4",
+    ]
+
+
+def load_devices(spec: str) -> DeviceGraph:
+    """A preset name, or a path to a DeviceGraph JSON file (ends with .json or exists)."""
+    if spec.endswith(".json") or Path(spec).exists():
+        return DeviceGraph.load(spec)
+    return get_preset(spec)
+
+
+# -- cpu-local: cache and measurement ---------------------------------------------------------
+
+
+def cpu_local_cache_path() -> Path:
+    """$LAYERWISE_CACHE_DIR/cpu-local.json (default ~/.cache/layerwise/cpu-local.json)."""
+    root = os.environ.get("LAYERWISE_CACHE_DIR") or Path.home() / ".cache" / "layerwise"
+    return Path(root) / "cpu-local.json"
+
+
+def _cpu_local_figures() -> dict[str, float]:
+    path = cpu_local_cache_path()
+    if not path.exists():
+        return dict(CPU_LOCAL_DEFAULTS)
+    try:
+        cached = json.loads(path.read_text())
+        figures = {key: float(cached[key]) for key in CPU_LOCAL_DEFAULTS}
+        if not all(math.isfinite(v) and v > 0 for v in figures.values()):
+            raise ValueError("non-positive figure")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        warnings.warn(
+            f"ignoring unreadable cpu-local cache {path} ({exc}); using defaults. "
+            "Re-measure with planner.presets.measure_cpu_local().",
+            stacklevel=3,
+        )
+        return dict(CPU_LOCAL_DEFAULTS)
+    return figures
+
+
+def _machine_memory() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return CPU_LOCAL_FALLBACK_MEMORY
+
+
+def measure_cpu_local(n: int = 2, path: Path | None = None) -> dict[str, Any]:
+    """Measure gloo point-to-point bandwidth/latency and 1-thread FLOP/s with `n` processes.
+
+    Writes the figures to `path` (default `cpu_local_cache_path()`) and returns them.
+    """
+    if n < 2:
+        raise DeviceGraphError(f"measure_cpu_local needs n >= 2 processes, got {n}")
+    import torch
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="layerwise-measure-") as tmp:
+        mp.spawn(_measure_worker, args=(n, tmp), nprocs=n, join=True)
+        figures: dict[str, Any] = json.loads((Path(tmp) / "result.json").read_text())
+    figures |= {
+        "processes": n,
+        "torch": torch.__version__,
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    target = path or cpu_local_cache_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(figures, indent=2) + "\n")
+    return figures
+
+
+def _measure_worker(rank: int, n: int, tmp: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    store = dist.FileStore(os.path.join(tmp, "store"), n)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=n, timeout=timedelta(seconds=60)
+    )
+    try:
+        small = _one_way_times(rank, torch.zeros(2), repeats=50)
+        big = torch.zeros(4 * 2**20)  # 16 MB of float32
+        large = _one_way_times(rank, big, repeats=8)
+        latency = statistics.median(small)
+        nbytes = big.numel() * big.element_size()
+        figures = {
+            "latency": latency,
+            "bandwidth": nbytes / max(statistics.median(large) - latency, 1e-9),
+            "flops": _matmul_flops(torch),
+            "mem_bandwidth": _copy_bandwidth(torch),
+        }
+        dist.barrier()
+        if rank == 0:
+            (Path(tmp) / "result.json").write_text(json.dumps(figures))
+    finally:
+        dist.destroy_process_group()
+
+
+def _one_way_times(rank: int, tensor: Any, repeats: int) -> list[float]:
+    """Half round-trip times of ping-pongs between ranks 0 and 1 (after one warm-up)."""
+    import torch.distributed as dist
+
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        if rank == 0:
+            dist.send(tensor, 1)
+            dist.recv(tensor, 1)
+        elif rank == 1:
+            dist.recv(tensor, 0)
+            dist.send(tensor, 0)
+        times.append((time.perf_counter() - start) / 2)
+    return times[1:]
+
+
+def _median_seconds(fn: Callable[[], object], warmup: int = 3, repeats: int = 10) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _matmul_flops(torch: Any, size: int = 512) -> float:
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    return 2 * size**3 / _median_seconds(lambda: torch.mm(a, b))
+
+
+def _copy_bandwidth(torch: Any, numel: int = 16 * 2**20) -> float:
+    src, dst = torch.ones(numel), torch.empty(numel)
+    return 2 * src.numel() * src.element_size() / _median_seconds(lambda: dst.copy_(src))

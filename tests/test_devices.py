@@ -1,0 +1,331 @@
+"""DeviceGraph: presets, derived routes, JSON, validation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from itertools import pairwise
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.devices import Device, DeviceGraph, Link
+from planner.errors import DeviceGraphError
+from planner.presets import (
+    CPU_LOCAL_DEFAULTS,
+    DGX1_NVLINKS,
+    get_preset,
+    list_presets,
+    load_devices,
+    measure_cpu_local,
+)
+
+EXPECTED_DEVICES = {
+    "p100-1x4": 4,
+    "p100-2x4": 8,
+    "p100-4x4": 16,
+    "p100-8x4": 32,
+    "p100-16x4": 64,
+    "k80-1x4": 4,
+    "k80-4x4": 16,
+    "k80-16x4": 64,
+    "v100-dgx1-1": 1,
+    "v100-dgx1-2": 2,
+    "v100-dgx1-3": 3,
+    "v100-dgx1-4": 4,
+    "v100-dgx1-8": 8,
+    "cpu-local-2": 2,
+    "cpu-local-4": 4,
+}
+SAMPLE = ["p100-4x4", "k80-4x4", "v100-dgx1-8", "cpu-local-4", "p100-2x3", "k80-2x3"]
+
+
+@pytest.fixture(autouse=True)
+def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """cpu-local presets read no user cache unless a test writes one."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LAYERWISE_CACHE_DIR", str(cache))
+    return cache
+
+
+def gpu(name: str, host: str = "node0") -> Device:
+    return Device(name, "gpu", 1e12, 1e11, 2**30, host)
+
+
+def two_gpus(**link: float) -> DeviceGraph:
+    bandwidth, latency = link.get("bandwidth", 1e9), link.get("latency", 1e-6)
+    return DeviceGraph("pair", [gpu("g0"), gpu("g1")], [Link("g0", "g1", bandwidth, latency)])
+
+
+def endpoints(g: DeviceGraph, route: tuple[int, ...]) -> list[tuple[str, str]]:
+    return [(g.links[k].a, g.links[k].b) for k in route]
+
+
+def assert_chains(g: DeviceGraph, i: int, j: int) -> None:
+    """The links of route(i, j) lead, endpoint to endpoint, from device i to device j."""
+    node = g.devices[i].name
+    for a, b in endpoints(g, g.route(i, j)):
+        assert node in (a, b)
+        node = b if node == a else a
+    assert node == g.devices[j].name
+
+
+# -- presets ----------------------------------------------------------------------------------
+
+
+def test_list_presets_covers_every_family() -> None:
+    assert set(list_presets()) == set(EXPECTED_DEVICES)
+
+
+@pytest.mark.parametrize("name", list(EXPECTED_DEVICES))
+def test_preset_builds_with_right_device_count(name: str) -> None:
+    g = get_preset(name)
+    assert g.name == name
+    assert g.num_devices == EXPECTED_DEVICES[name] == len(g.devices)
+    assert g.inv_bandwidth.shape == g.latency.shape == (g.num_devices, g.num_devices)
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_route_costs_symmetric_positive(name: str) -> None:
+    g = get_preset(name)
+    off = ~np.eye(g.num_devices, dtype=bool)
+    for matrix in (g.inv_bandwidth, g.latency):
+        assert np.array_equal(matrix, matrix.T)
+        assert np.all(np.diag(matrix) == 0)
+        assert np.all(matrix[off] > 0)
+    assert not g.inv_bandwidth.flags.writeable
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_routes_chain_from_i_to_j(name: str) -> None:
+    g = get_preset(name)
+    for i in range(g.num_devices):
+        assert g.route(i, i) == ()
+        for j in set(range(g.num_devices)) - {i}:
+            assert_chains(g, i, j)
+            route = g.route(i, j)
+            assert g.latency[i, j] == pytest.approx(sum(g.links[k].latency for k in route))
+            assert g.inv_bandwidth[i, j] == 1 / min(g.links[k].bandwidth for k in route)
+
+
+def test_p100_intra_node_faster_than_inter_node() -> None:
+    g = get_preset("p100-4x4")
+    assert g.devices[1].host == g.devices[0].host != g.devices[4].host
+    assert g.transfer_time(0, 1, 1e8) < g.transfer_time(0, 4, 1e8)
+    assert g.inv_bandwidth[0, 1] == 1 / 20e9  # NVLink
+    assert g.inv_bandwidth[0, 4] == 1 / 12e9  # PCIe to the NIC is the bottleneck
+    kinds = [g.links[k].kind for k in g.route(0, 4)]
+    assert kinds == ["pcie", "infiniband", "infiniband", "pcie"]
+
+
+def test_k80_pair_switch_is_closer_than_other_pair() -> None:
+    g = get_preset("k80-1x4")
+    assert len(g.route(0, 1)) == 2 and len(g.route(0, 2)) == 4
+    assert g.latency[0, 1] < g.latency[0, 2]
+
+
+def test_dgx1_nvlink_topology() -> None:
+    per_gpu = np.zeros(8, dtype=int)
+    for (x, y), count in DGX1_NVLINKS.items():
+        per_gpu[[x, y]] += count
+    assert list(per_gpu) == [6] * 8  # six NVLink 2.0 ports per V100
+    g = get_preset("v100-dgx1-8")
+    assert g.inv_bandwidth[0, 3] == 1 / 50e9 and g.inv_bandwidth[0, 1] == 1 / 25e9
+    assert all(g.links[k].kind == "nvlink" for k in g.route(0, 5))
+    assert endpoints(g, g.route(0, 5)) == [("gpu0", "gpu1"), ("gpu1", "gpu5")]  # name tie-break
+
+
+@pytest.mark.parametrize("name", ["p100-4x9", "p100-0x4", "k80-1x0", "v100-dgx1-5", "cpu-local-0"])
+def test_out_of_range_preset_sizes(name: str) -> None:
+    with pytest.raises(DeviceGraphError, match=name):
+        get_preset(name)
+
+
+def test_unknown_preset_lists_valid_forms() -> None:
+    with pytest.raises(DeviceGraphError, match=r"'a100-4x4'.*p100-NxG.*cpu-local-N"):
+        get_preset("a100-4x4")
+
+
+def test_cpu_local_defaults_and_cache(empty_cache: Path) -> None:
+    g = get_preset("cpu-local-2")
+    assert g.devices[0].flops == CPU_LOCAL_DEFAULTS["flops"]
+    assert g.transfer_time(0, 1, 3e9) == pytest.approx(1 + 60e-6)
+    empty_cache.mkdir()
+    figures = {"bandwidth": 1e9, "latency": 1e-4, "flops": 5e10, "mem_bandwidth": 2e10}
+    (empty_cache / "cpu-local.json").write_text(json.dumps(figures))
+    g = get_preset("cpu-local-2")
+    assert g.devices[1].flops == 5e10 and g.latency[0, 1] == pytest.approx(1e-4)
+
+
+def test_cpu_local_bad_cache_warns_and_uses_defaults(empty_cache: Path) -> None:
+    empty_cache.mkdir()
+    (empty_cache / "cpu-local.json").write_text("{not json")
+    with pytest.warns(UserWarning, match="cpu-local cache"):
+        g = get_preset("cpu-local-2")
+    assert g.devices[0].flops == CPU_LOCAL_DEFAULTS["flops"]
+
+
+def test_planner_import_does_not_import_torch() -> None:
+    code = "import sys, planner.presets; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
+
+
+# -- queries, identity, JSON -----------------------------------------------------------------
+
+
+def test_transfer_time() -> None:
+    g = two_gpus(bandwidth=2e9, latency=1e-5)
+    assert g.transfer_time(0, 1, 4e9) == pytest.approx(2 + 1e-5)
+    assert g.transfer_time(0, 0, 4e9) == 0 and g.transfer_time(0, 1, 0) == 0
+    with pytest.raises(DeviceGraphError, match="out of range"):
+        g.route(0, 2)
+
+
+def test_parallel_links_route_picks_the_faster_one() -> None:
+    links = [Link("g0", "g1", 1e9, 1e-6), Link("g0", "g1", 4e9, 1e-6), Link("g1", "g0", 4e9, 1e-6)]
+    g = DeviceGraph("parallel", [gpu("g0"), gpu("g1")], links)
+    assert g.route(0, 1) == g.route(1, 0) == (1,)
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_json_round_trip(name: str, tmp_path: Path) -> None:
+    g = get_preset(name)
+    assert DeviceGraph.from_json(json.loads(json.dumps(g.to_json()))) == g
+    path = tmp_path / f"{name}.json"
+    g.save(path)
+    loaded = DeviceGraph.load(path)
+    assert loaded == g and hash(loaded) == hash(g) and loaded.fingerprint() == g.fingerprint()
+    assert load_devices(str(path)) == g == load_devices(name)
+    assert g.to_json()["format"] == "layerwise.devicegraph" and g.to_json()["version"] == 1
+
+
+def test_fingerprint_stable_and_sensitive() -> None:
+    g = get_preset("p100-2x4")
+    assert g.fingerprint() == get_preset("p100-2x4").fingerprint()
+    assert len(g.fingerprint()) == 16
+    links = list(g.links)
+    links[0] = replace(links[0], bandwidth=links[0].bandwidth * 2)
+    changed = DeviceGraph(g.name, g.devices, links, g.switches)
+    assert changed != g and changed.fingerprint() != g.fingerprint()
+    renamed = DeviceGraph("other", g.devices, g.links, g.switches)
+    assert renamed != g and renamed.fingerprint() == g.fingerprint()
+
+
+def test_summary_mentions_devices_and_links() -> None:
+    text = get_preset("p100-4x4").summary()
+    assert "16 devices" in text and "nvlink" in text and "infiniband" in text
+
+
+# -- validation -------------------------------------------------------------------------------
+
+
+def test_zero_bandwidth() -> None:
+    with pytest.raises(DeviceGraphError, match="g0-g1: bandwidth"):
+        two_gpus(bandwidth=0)
+    with pytest.raises(DeviceGraphError, match="g0-g1: bandwidth"):
+        two_gpus(bandwidth=float("inf"))
+
+
+def test_negative_latency() -> None:
+    with pytest.raises(DeviceGraphError, match="g0-g1: latency"):
+        two_gpus(latency=-1e-6)
+
+
+def test_unreachable_device() -> None:
+    devices = [gpu("g0"), gpu("g1"), gpu("g2")]
+    with pytest.raises(DeviceGraphError, match="no route from g0 to g2"):
+        DeviceGraph("island", devices, [Link("g0", "g1", 1e9, 0)])
+
+
+def test_unknown_endpoint() -> None:
+    with pytest.raises(DeviceGraphError, match="'sw9' is neither a device nor a switch"):
+        DeviceGraph("bad", [gpu("g0"), gpu("g1")], [Link("g0", "sw9", 1e9, 0)], ["sw0"])
+
+
+def test_duplicate_name() -> None:
+    with pytest.raises(DeviceGraphError, match="duplicate.*'g0'"):
+        DeviceGraph("dup", [gpu("g0"), gpu("g1")], [Link("g0", "g1", 1e9, 0)], ["g0"])
+
+
+def test_no_devices_and_bad_device_figures() -> None:
+    with pytest.raises(DeviceGraphError, match="no devices"):
+        DeviceGraph("empty", [], [])
+    with pytest.raises(DeviceGraphError, match="g0: flops"):
+        replace(gpu("g0"), flops=0.0)
+    with pytest.raises(DeviceGraphError, match="g0: memory"):
+        replace(gpu("g0"), memory=0)
+    with pytest.raises(DeviceGraphError, match="g0: kind"):
+        replace(gpu("g0"), kind="tpu")
+
+
+def test_bad_json() -> None:
+    data = two_gpus().to_json()
+    with pytest.raises(DeviceGraphError, match="version"):
+        DeviceGraph.from_json(data | {"version": 99})
+    with pytest.raises(DeviceGraphError, match="format"):
+        DeviceGraph.from_json(data | {"format": "other"})
+    with pytest.raises(DeviceGraphError, match="malformed"):
+        DeviceGraph.from_json({k: v for k, v in data.items() if k != "links"})
+
+
+# -- property: routes on random graphs --------------------------------------------------------
+
+
+@st.composite
+def random_graphs(draw: st.DrawFn) -> DeviceGraph:
+    n_devices = draw(st.integers(2, 5))
+    n_switches = draw(st.integers(0, 2))
+    names = [f"g{i}" for i in range(n_devices)] + [f"s{i}" for i in range(n_switches)]
+    order = draw(st.permutations(names))
+    pairs = list(pairwise(order))  # a spanning chain keeps the graph connected
+    pairs += draw(st.lists(st.tuples(*[st.sampled_from(names)] * 2), max_size=8))
+    links = [
+        Link(
+            a,
+            b,
+            draw(st.sampled_from([1e9, 5e9, 12e9, 25e9])),
+            draw(st.sampled_from([0, 1e-6, 5e-6])),
+        )
+        for a, b in pairs
+        if a != b
+    ]
+    devices = [gpu(name) for name in names[:n_devices]]
+    return DeviceGraph("random", devices, links, names[n_devices:])
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_graphs())
+def test_routes_are_cheapest_and_costs_match(g: DeviceGraph) -> None:
+    graph = nx.MultiGraph()
+    for link in g.links:
+        graph.add_edge(link.a, link.b, weight=link.route_weight)
+    assert DeviceGraph.from_json(g.to_json()) == g
+    for i, src in enumerate(g.devices):
+        for j, dst in enumerate(g.devices):
+            assert_chains(g, i, j)
+            route = g.route(i, j)
+            assert g.route(j, i) == route[::-1]
+            assert g.latency[i, j] == pytest.approx(sum(g.links[k].latency for k in route))
+            if i != j:
+                best = nx.shortest_path_length(graph, src.name, dst.name, weight="weight")
+                assert sum(g.links[k].route_weight for k in route) == best
+
+
+# -- the real measurement ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_measure_cpu_local(empty_cache: Path) -> None:
+    figures = measure_cpu_local(2)
+    for key in CPU_LOCAL_DEFAULTS:
+        assert figures[key] > 0
+    assert (empty_cache / "cpu-local.json").exists()
+    g = get_preset("cpu-local-2")
+    assert g.devices[0].flops == pytest.approx(figures["flops"])
+    assert g.latency[0, 1] == pytest.approx(figures["latency"])

@@ -1,0 +1,53 @@
+"""`baselines`: the best of the expert strategies (planner.baselines) under the objective.
+
+For cost-table problems with no DNN behind them the candidates are the cheapest choice per
+node and, per node, the first allowed choice. Never proves optimality: status FEASIBLE.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from backends.base import Backend, SolveOptions, SolveResult, Status, evaluate_objective
+from planner.baselines import BASELINES, applicable
+from planner.errors import ConfigError
+from planner.evaluate import memory_feasible
+from planner.problem import Problem
+
+
+class BaselinesBackend(Backend):
+    name = "baselines"
+    objectives = ("additive", "makespan")
+    exact = False
+
+    def _candidates(self, problem: Problem) -> dict[str, tuple[int, ...]]:
+        if problem.graph is None or problem.devices is None:
+            return {
+                "cheapest_node": tuple(int(np.argmin(c)) for c in problem.node_cost),
+                "first_allowed": tuple(int(np.argmax(np.isfinite(c))) for c in problem.node_cost),
+            }
+        out = {}
+        for name in applicable(problem.graph):
+            strategy = BASELINES[name](problem.graph, problem.devices)
+            try:
+                out[name] = problem.choices_of(strategy)
+            except ConfigError:
+                continue  # not in the (capped) config space
+        return out
+
+    def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
+        values: dict[str, float] = {}
+        best: tuple[float, str, tuple[int, ...]] | None = None
+        for name, choices in self._candidates(problem).items():
+            value = evaluate_objective(problem, choices, options.objective)
+            values[name] = value
+            if not math.isfinite(value) or not memory_feasible(problem, choices):
+                continue
+            if best is None or value < best[0]:
+                best = (value, name, choices)
+        stats = {"candidates": values}
+        if best is None:
+            return SolveResult(self.name, Status.NO_SOLUTION, stats=stats)
+        return SolveResult(self.name, Status.FEASIBLE, best[2], stats={**stats, "chosen": best[1]})

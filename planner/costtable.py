@@ -1,0 +1,508 @@
+"""Cost-table problems in the format of the public IOPDDL auto-sharding contest.
+
+```
+{"problem": {"name": str,
+  "nodes": {"intervals": [[start, end), ...], "costs": [[cost per strategy], ...],
+            "usages": [[memory per strategy], ...]},
+  "edges": {"nodes": [[u, v], ...], "costs": [[|S_u| x |S_v| costs, row-major by u], ...]},
+  "usage_limit": optional number}}
+```
+
+A cost >= 1e18 (`FORBIDDEN`) forbids the choice: it is `inf` in the Problem and written back
+as 1e18. A node is live at time t when start <= t < end (an empty interval is never live);
+a choice vector fits in memory when the live usages sum to at most `usage_limit` at every t.
+`random_problem` makes seeded instances of the same shape and `brute_force` is the exhaustive
+reference optimum for small ones. See docs/costtable.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from planner.errors import ProblemError
+from planner.problem import FORBIDDEN, Problem, forbid
+
+__all__ = [
+    "BRUTE_FORCE_LIMIT",
+    "brute_force",
+    "load_problem",
+    "problem_from_json",
+    "problem_to_json",
+    "random_problem",
+    "save_problem",
+]
+
+BRUTE_FORCE_LIMIT = 2_000_000  # most choice vectors brute_force will enumerate
+_NUMBER = (int, float)  # bool is a subclass of int but type(True) is bool, so it is refused
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def problem_from_json(data: Mapping[str, Any]) -> Problem:
+    """A Problem from a parsed cost-table document (`{"problem": {...}}` or the inner object)."""
+    if not isinstance(data, Mapping):
+        raise ProblemError(f"a cost-table problem is a JSON object, not {type(data).__name__}")
+    p = data.get("problem", data)
+    if not isinstance(p, Mapping):
+        raise ProblemError('"problem" must be a JSON object')
+    name = p.get("name", "costtable")
+    if not isinstance(name, str):
+        raise ProblemError(f'"name" must be a string, not {name!r}')
+    try:
+        return _read(p, name)
+    except ProblemError as exc:
+        raise ProblemError(f"cost-table problem {name!r}: {exc}") from None
+
+
+def _read(p: Mapping[str, Any], name: str) -> Problem:
+    nodes = _field(p, "nodes", Mapping, "problem")
+    edges = _field(p, "edges", Mapping, "problem")
+    costs, sizes = _ragged(_field(nodes, "costs", list, "nodes"), "nodes.costs", "node")
+    n = len(sizes)
+    empty = np.flatnonzero(sizes == 0)
+    if len(empty):
+        raise ProblemError(f"node {empty[0]} has no strategies (an empty cost list)")
+    _check_nonnegative(costs, sizes, "nodes.costs", "node")
+    node_off = _offsets(sizes)
+
+    pairs = _pairs(_field(edges, "nodes", list, "edges"), n)
+    ecosts, elens = _ragged(_field(edges, "costs", list, "edges"), "edges.costs", "edge")
+    if len(elens) != len(pairs):
+        raise ProblemError(f"edges.costs has {len(elens)} tables for {len(pairs)} edges.nodes")
+    expected = sizes[pairs[:, 0]] * sizes[pairs[:, 1]] if len(pairs) else elens
+    bad = np.flatnonzero(elens != expected)
+    if len(bad):
+        e = bad[0]
+        u, v = pairs[e]
+        raise ProblemError(
+            f"edge {e} ({u} -> {v}) has {elens[e]} costs, expected "
+            f"{sizes[u]} x {sizes[v]} = {expected[e]} (row-major by node {u}'s strategy)"
+            + (f"; {len(bad) - 1} more edges are mis-sized" if len(bad) > 1 else "")
+        )
+    _check_nonnegative(ecosts, elens, "edges.costs", "edge")
+    edge_off = _offsets(elens)
+
+    node_cost = _split(forbid(costs), node_off)
+    flat_e = forbid(ecosts)
+    edge_cost = tuple(
+        flat_e[edge_off[e] : edge_off[e + 1]].reshape(sizes[u], sizes[v])
+        for e, (u, v) in enumerate(pairs.tolist())
+    )
+    usage, intervals, limit = _memory(p, nodes, sizes, node_off)
+    names = nodes.get("names")
+    if names is None:
+        node_names = tuple(str(i) for i in range(n))
+    elif isinstance(names, list) and len(names) == n and all(isinstance(s, str) for s in names):
+        node_names = tuple(names)
+    else:
+        raise ProblemError(f"nodes.names must be a list of {n} strings")
+    return Problem(
+        name=name,
+        node_names=node_names,
+        node_cost=node_cost,
+        edges=tuple((int(u), int(v)) for u, v in pairs.tolist()),
+        edge_cost=edge_cost,
+        usage=usage,
+        intervals=intervals,
+        usage_limit=limit,
+    )
+
+
+def _memory(
+    p: Mapping[str, Any], nodes: Mapping[str, Any], sizes: np.ndarray, node_off: np.ndarray
+) -> tuple[tuple[np.ndarray, ...] | None, np.ndarray | None, np.ndarray | None]:
+    """Usage tables (C_i, 1), intervals (n, 2) and the limit (1,); all None without usages."""
+    has_usage, has_intervals = "usages" in nodes, "intervals" in nodes
+    limit_value = p.get("usage_limit")
+    if not has_usage:
+        if has_intervals or limit_value is not None:
+            raise ProblemError(
+                '"intervals" and "usage_limit" need nodes.usages (memory per strategy)'
+            )
+        return None, None, None
+    n = len(sizes)
+    usage, ulens = _ragged(_field(nodes, "usages", list, "nodes"), "nodes.usages", "node")
+    if len(ulens) != n:
+        raise ProblemError(f"nodes.usages has {len(ulens)} rows, expected one per node ({n})")
+    bad = np.flatnonzero(ulens != sizes)
+    if len(bad):
+        i = bad[0]
+        raise ProblemError(
+            f"node {i} has {ulens[i]} usages, expected {sizes[i]} (one per strategy)"
+        )
+    if not np.isfinite(usage).all():
+        raise ProblemError("nodes.usages must be finite numbers")
+    _check_nonnegative(usage, ulens, "nodes.usages", "node")
+    intervals = _intervals(_field(nodes, "intervals", list, "nodes"), n)
+    limit = None
+    if limit_value is not None:
+        if type(limit_value) not in _NUMBER or not 0 <= limit_value < math.inf:
+            raise ProblemError(f"usage_limit must be a finite number >= 0, not {limit_value!r}")
+        limit = np.array([float(limit_value)])
+    tables = tuple(u.reshape(-1, 1) for u in _split(usage, node_off))
+    return tables, intervals, limit
+
+
+def _field(obj: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
+    if key not in obj:
+        raise ProblemError(f'{where} has no "{key}"')
+    value = obj[key]
+    if not isinstance(value, kind):
+        expected = "a list" if kind is list else "an object"
+        raise ProblemError(f"{where}.{key} must be {expected}, not {type(value).__name__}")
+    return value
+
+
+def _ragged(rows: list[Any], where: str, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Flatten a list of number lists in one pass: (values, length of each row)."""
+    if all(type(r) is list for r in rows):
+        flat = list(itertools.chain.from_iterable(rows))
+        if set(map(type, flat)) <= set(_NUMBER):
+            try:
+                values = np.array(flat, dtype=np.float64)
+            except OverflowError:
+                raise ProblemError(f"{where} holds a number too large for a float") from None
+            lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+            return values, lengths
+    for i, row in enumerate(rows):  # slow path, only to say what is wrong
+        if type(row) is not list:
+            raise ProblemError(f"{where}[{i}] ({what} {i}) must be a list of numbers, not {row!r}")
+        for k, x in enumerate(row):
+            if type(x) not in _NUMBER:
+                raise ProblemError(f"{where}[{i}][{k}] ({what} {i}) is {x!r}, not a number")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _check_nonnegative(values: np.ndarray, lengths: np.ndarray, where: str, what: str) -> None:
+    bad = np.flatnonzero(~(values >= 0))  # catches NaN too
+    if len(bad):
+        row = int(np.searchsorted(np.cumsum(lengths), bad[0], side="right"))
+        raise ProblemError(f"{what} {row} has a negative or NaN value {values[bad[0]]} in {where}")
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def _split(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, ...]:
+    return tuple(values[a:b] for a, b in itertools.pairwise(offsets.tolist()))
+
+
+def _int_array(rows: list[Any], n: int, where: str, what: str) -> np.ndarray:
+    """An (n, 2) int array from a list of [a, b] pairs of integers."""
+    if len(rows) != n:
+        raise ProblemError(f"{where} has {len(rows)} entries, expected {n}")
+    ok = all(type(r) is list and len(r) == 2 for r in rows)
+    flat = list(itertools.chain.from_iterable(rows)) if ok else []
+    if ok and set(map(type, flat)) <= set(_NUMBER):
+        with contextlib.suppress(OverflowError):  # an enormous int: said below
+            arr = np.array(flat, dtype=np.float64).reshape(n, 2)
+            if (arr == np.round(arr)).all() and (np.abs(arr) < 2**62).all():
+                return arr.astype(np.int64)
+    for i, r in enumerate(rows):
+        if not (
+            type(r) is list
+            and len(r) == 2
+            and all(type(x) is int or (type(x) is float and x.is_integer()) for x in r)
+        ):
+            raise ProblemError(f"{where}[{i}] ({what} {i}) must be a pair of integers, not {r!r}")
+    raise ProblemError(f"{where} holds an integer out of range")
+
+
+def _pairs(rows: list[Any], n: int) -> np.ndarray:
+    pairs = _int_array(rows, len(rows), "edges.nodes", "edge").reshape(-1, 2)
+    bad = np.flatnonzero((pairs < 0).any(axis=1) | (pairs >= n).any(axis=1))
+    if len(bad):
+        e = bad[0]
+        raise ProblemError(
+            f"edge {e} ({pairs[e, 0]} -> {pairs[e, 1]}) names a node that does not exist "
+            f"(nodes are 0..{n - 1})"
+        )
+    loops = np.flatnonzero(pairs[:, 0] == pairs[:, 1])
+    if len(loops):
+        raise ProblemError(f"edge {loops[0]} joins node {pairs[loops[0], 0]} to itself")
+    return pairs
+
+
+def _intervals(rows: list[Any], n: int) -> np.ndarray:
+    iv = _int_array(rows, n, "nodes.intervals", "node")
+    bad = np.flatnonzero(iv[:, 1] < iv[:, 0])
+    if len(bad):
+        i = bad[0]
+        raise ProblemError(
+            f"node {i} has interval [{iv[i, 0]}, {iv[i, 1]}) whose end is before its start"
+        )
+    return iv
+
+
+def load_problem(path: str | Path) -> Problem:
+    """Read a cost-table problem file; every defect is a ProblemError naming the file."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ProblemError(f"cost-table file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProblemError(f"cannot read cost-table file {path}: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProblemError(f"cost-table file {path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ProblemError(f"cost-table file {path} is nested too deeply") from None
+    try:
+        return problem_from_json(data)
+    except ProblemError as exc:
+        raise ProblemError(f"{path}: {exc}") from None
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def problem_to_json(problem: Problem) -> dict[str, Any]:
+    """The cost-table document of a problem with one memory pool (or none).
+
+    Forbidden (inf) costs are written as 1e18; integral tables are written as integers.
+    Node names other than "0", "1", ... go to the extra key nodes.names.
+    """
+    p = problem
+    pools = _pools(p)
+    if pools > 1:
+        raise ProblemError(
+            f"problem {p.name!r} has {pools} memory pools (one per device); the cost-table "
+            "format holds one: build it for a single device or drop the memory tables"
+        )
+    nodes: dict[str, Any] = {}
+    if p.usage is not None and p.intervals is not None:
+        nodes["intervals"] = np.asarray(p.intervals, dtype=np.int64).tolist()
+    nodes["costs"] = _rows([_writable(c, p.name) for c in p.node_cost])
+    if p.usage is not None:
+        usages = [np.asarray(u, dtype=np.float64).reshape(-1) for u in p.usage]
+        if not all(np.isfinite(u).all() for u in usages):
+            raise ProblemError(f"problem {p.name!r} has a non-finite memory usage")
+        nodes["usages"] = _rows(usages)
+    if p.node_names != tuple(str(i) for i in range(p.num_nodes)):
+        nodes["names"] = list(p.node_names)
+    edges = {
+        "nodes": [[u, v] for u, v in p.edges],
+        "costs": _rows([_writable(t, p.name).reshape(-1) for t in p.edge_cost]),
+    }
+    out: dict[str, Any] = {"name": p.name, "nodes": nodes, "edges": edges}
+    if p.usage_limit is not None:
+        limit = float(np.asarray(p.usage_limit).reshape(-1)[0])
+        if not math.isfinite(limit):
+            raise ProblemError(f"problem {p.name!r} has a non-finite usage limit")
+        out["usage_limit"] = int(limit) if limit.is_integer() else limit
+    return {"problem": out}
+
+
+def _pools(p: Problem) -> int:
+    pools = {np.asarray(u).reshape(len(u), -1).shape[1] for u in p.usage or ()}
+    if p.usage_limit is not None:
+        pools.add(np.asarray(p.usage_limit).size)
+    return max(pools, default=0)
+
+
+def _writable(table: np.ndarray, name: str) -> np.ndarray:
+    t = np.asarray(table, dtype=np.float64)
+    if np.isnan(t).any():
+        raise ProblemError(f"problem {name!r} has a NaN cost")
+    return np.where(t >= FORBIDDEN, FORBIDDEN, t)
+
+
+def _rows(tables: Sequence[np.ndarray]) -> list[list[Any]]:
+    """Tables as JSON rows: integers when every value is integral (as IOPDDL writes them)."""
+    if not tables:
+        return []
+    flat = np.concatenate([np.asarray(t).reshape(-1) for t in tables])
+    if len(flat) and (flat == np.floor(flat)).all() and (np.abs(flat) < 2**63).all():
+        values: list[Any] = flat.astype(np.int64).tolist()
+    else:
+        values = flat.tolist()
+    off = _offsets(np.array([np.asarray(t).size for t in tables], dtype=np.int64)).tolist()
+    return [values[a:b] for a, b in itertools.pairwise(off)]
+
+
+def save_problem(problem: Problem, path: str | Path) -> None:
+    """Write a problem as a cost-table file (compact JSON, no inf or NaN)."""
+    text = json.dumps(problem_to_json(problem), separators=(",", ":"), allow_nan=False)
+    Path(path).write_text(text + "\n")
+
+
+# ----------------------------------------------------------------------------- random
+
+
+def random_problem(
+    num_nodes: int,
+    max_strategies: int,
+    seed: int,
+    edge_prob: float = 0.3,
+    forbid_prob: float = 0.05,
+    memory: bool = True,
+    name: str | None = None,
+) -> Problem:
+    """A seeded random cost-table problem shaped like IOPDDL's instances.
+
+    A DAG in node order (each node usually consumes a recent node; with probability
+    `edge_prob`, repeatedly, one more input: a nearby node (diamonds), a hub (fan-out) or a
+    repeated input (parallel edges)); 1..max_strategies strategies per node; integer costs,
+    each forbidden with probability `forbid_prob` but never every strategy of a node. With
+    `memory`, usages, intervals from each node to its last consumer, and a usage limit between
+    the peak of the least-memory choice vector (which is kept feasible, edges included) and
+    the peak of the most-memory one. The tables do not depend on `memory`.
+    """
+    if num_nodes < 1 or max_strategies < 1:
+        raise ProblemError(
+            f"random_problem needs num_nodes >= 1 and max_strategies >= 1, "
+            f"got {num_nodes} and {max_strategies}"
+        )
+    if not (0 <= edge_prob < 1 and 0 <= forbid_prob < 1):
+        raise ProblemError(
+            f"edge_prob and forbid_prob must be in [0, 1), got {edge_prob} and {forbid_prob}"
+        )
+    rng = np.random.default_rng(seed)
+    n = num_nodes
+    sizes = rng.integers(1, max_strategies + 1, size=n)
+    pairs = _random_dag(rng, n, edge_prob)
+
+    node_off = _offsets(sizes)
+    scale = np.repeat(np.round(10 ** rng.uniform(1, 4, n)), sizes)
+    costs = np.floor(rng.random(node_off[-1]) * scale)
+    banned = rng.random(node_off[-1]) < forbid_prob
+    for i in np.flatnonzero(np.add.reduceat(~banned, node_off[:-1]) == 0):
+        banned[node_off[i] + rng.integers(sizes[i])] = False  # keep one strategy per node
+    costs[banned] = np.inf
+    usage = np.floor(rng.random(node_off[-1]) * np.repeat(10 ** rng.uniform(0, 3, n), sizes))
+    allowed_use = np.where(banned, np.inf, usage)
+    least = np.array([np.argmin(allowed_use[a:b]) for a, b in itertools.pairwise(node_off)])
+
+    elens = sizes[pairs[:, 0]] * sizes[pairs[:, 1]]
+    edge_off = _offsets(elens)
+    ecosts = np.floor(
+        rng.random(edge_off[-1]) * np.repeat(10 ** rng.uniform(1, 4, len(elens)), elens)
+    )
+    ecosts[rng.random(edge_off[-1]) < 0.3] = 0.0  # matching shardings need no resharding
+    ebanned = rng.random(edge_off[-1]) < forbid_prob
+    ebanned[edge_off[:-1] + least[pairs[:, 0]] * sizes[pairs[:, 1]] + least[pairs[:, 1]]] = False
+    ecosts[ebanned] = np.inf
+
+    intervals = _random_intervals(rng, n, pairs)
+    peak_min = _peak(np.array([usage[node_off[i] + least[i]] for i in range(n)]), intervals, n)
+    most = np.maximum.reduceat(np.where(banned, -np.inf, usage), node_off[:-1])
+    peak_max = _peak(most, intervals, n)
+    limit = math.floor(peak_min + rng.uniform(0.2, 0.6) * (peak_max - peak_min))
+
+    return Problem(
+        name=name or f"random-n{num_nodes}-s{max_strategies}-seed{seed}",
+        node_names=tuple(str(i) for i in range(n)),
+        node_cost=_split(costs, node_off),
+        edges=tuple((int(u), int(v)) for u, v in pairs.tolist()),
+        edge_cost=tuple(
+            ecosts[edge_off[e] : edge_off[e + 1]].reshape(sizes[u], sizes[v])
+            for e, (u, v) in enumerate(pairs.tolist())
+        ),
+        usage=tuple(u.reshape(-1, 1) for u in _split(usage, node_off)) if memory else None,
+        intervals=intervals if memory else None,
+        usage_limit=np.array([float(limit)]) if memory else None,
+    )
+
+
+def _random_dag(rng: np.random.Generator, n: int, edge_prob: float) -> np.ndarray:
+    edges: list[tuple[int, int]] = []
+    hubs = [0]
+    for v in range(1, n):
+        preds: list[int] = []
+        if rng.random() >= 0.03:  # else v starts a new chain (a source)
+            preds.append(v - min(int(rng.geometric(0.5)), v))
+        while rng.random() < edge_prob:
+            r = rng.random()
+            if r < 0.15 and preds:
+                preds.append(preds[int(rng.integers(len(preds)))])  # parallel edge
+            elif r < 0.35:
+                preds.append(hubs[int(rng.integers(len(hubs)))])  # fan-out of a hub
+            else:
+                preds.append(v - min(int(rng.geometric(0.3)), v))  # fan-in: diamonds
+        edges.extend((u, v) for u in preds)
+        if rng.random() < 0.02:
+            hubs.append(v)
+    return np.array(edges, dtype=np.int64).reshape(-1, 2)
+
+
+def _random_intervals(rng: np.random.Generator, n: int, pairs: np.ndarray) -> np.ndarray:
+    """Node i is live from i until past its last consumer (or longer); a few never live."""
+    start = np.arange(n, dtype=np.int64)
+    last = start.copy()
+    np.maximum.at(last, pairs[:, 0], pairs[:, 1])
+    extra = rng.geometric(1 / max(2.0, n / 16), n)
+    end = np.minimum(np.maximum(start + extra, last + 1), n)
+    end[rng.random(n) < 0.05] = n  # long-lived (parameters)
+    empty = rng.random(n) < 0.05
+    end[empty] = start[empty]
+    return np.stack([start, end], axis=1)
+
+
+def _peak(use: np.ndarray, intervals: np.ndarray, horizon: int) -> float:
+    delta = np.zeros(horizon + 1)
+    np.add.at(delta, intervals[:, 0], use)
+    np.add.at(delta, intervals[:, 1], -use)
+    return float(np.cumsum(delta).max())
+
+
+# ----------------------------------------------------------------------------- brute force
+
+
+def brute_force(
+    problem: Problem, respect_memory: bool = True
+) -> tuple[tuple[int, ...] | None, float]:
+    """The exhaustive optimum of the additive objective: (choices, cost), (None, inf) if none.
+
+    Enumerates every choice vector in `itertools.product` order (vectorized in blocks), so
+    among tied optima the first in that order wins. Costs are summed in the same order as
+    `planner.evaluate.additive_cost`; memory uses its liveness rule and tolerance.
+    """
+    sizes = problem.sizes
+    total = math.prod(sizes)
+    if total > BRUTE_FORCE_LIMIT:
+        raise ProblemError(
+            f"problem {problem.name!r} has {total:.3g} choice vectors; brute_force enumerates "
+            f"at most {BRUTE_FORCE_LIMIT:.0e}: use an exact backend"
+        )
+    if problem.num_nodes == 0:
+        return (), 0.0
+    memory = respect_memory and problem.usage_limit is not None and problem.usage is not None
+    if memory:
+        assert problem.usage is not None and problem.intervals is not None
+        start, end = problem.intervals[:, 0], problem.intervals[:, 1]
+        times = np.unique(start)
+        live = ((start[None, :] <= times[:, None]) & (times[:, None] < end[None, :])).astype(
+            np.float64
+        )
+        usage = [np.asarray(u, dtype=np.float64).reshape(len(u), -1) for u in problem.usage]
+        limit = np.asarray(problem.usage_limit, dtype=np.float64).reshape(-1) * (1 + 1e-9)
+    best, best_cost = None, math.inf
+    block = max(1, (1 << 22) // (problem.num_nodes + len(problem.edges)))
+    for lo in range(0, total, block):
+        ch = np.unravel_index(np.arange(lo, min(total, lo + block)), sizes)
+        cost = np.zeros(len(ch[0]))
+        for i, c in enumerate(problem.node_cost):
+            cost += c[ch[i]]
+        for (u, v), t in zip(problem.edges, problem.edge_cost, strict=True):
+            cost += t[ch[u], ch[v]]
+        if memory:
+            for m in range(len(limit)):
+                use = np.stack([u[ch[i], m] for i, u in enumerate(usage)])  # (n, block)
+                cost[((live @ use) > limit[m]).any(axis=0)] = math.inf
+        k = int(np.argmin(cost))
+        if cost[k] < best_cost:
+            best, best_cost = lo + k, float(cost[k])
+    if best is None:
+        return None, math.inf
+    return tuple(int(x) for x in np.unravel_index(best, sizes)), best_cost

@@ -1,0 +1,193 @@
+"""A conformance suite that any backend runs through (pytest).
+
+Subclass `BackendConformance` in a test module and set `backend_name`; every test below then
+runs against that backend. The reference optimum comes from brute force, and every answer is
+re-scored by planner's evaluators, never trusted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from backends import BackendError, SolveOptions, Status, get_backend
+from backends.base import evaluate_objective
+from planner.costtable import brute_force, random_problem
+from planner.evaluate import memory_feasible
+from planner.opgraph import Op, OpGraph, Param, Tensor
+from planner.presets import get_preset
+from planner.problem import Problem, build_problem
+
+RTOL = 1e-9
+
+
+def tiny_cnn() -> OpGraph:
+    """A small CNN with a branch and a concat: enough structure for every backend."""
+    attrs = Op.make_attrs
+    conv = attrs({"kernel": (3, 3), "stride": (1, 1), "padding": (1, 1)})
+    t4 = Tensor.of(sample=8, channel=8, height=8, width=8)
+    return OpGraph(
+        "tiny_cnn",
+        (
+            Op("x", "input", (), Tensor.of(sample=8, channel=3, height=8, width=8)),
+            Op(
+                "a",
+                "conv2d",
+                ("x",),
+                t4,
+                (Param("w", (8, 3, 3, 3)),),
+                2 * 8 * 8 * 64 * 27,
+                attrs=conv,
+            ),
+            Op(
+                "b",
+                "conv2d",
+                ("a",),
+                t4,
+                (Param("w", (8, 8, 3, 3)),),
+                2 * 8 * 8 * 64 * 72,
+                attrs=conv,
+            ),
+            Op(
+                "c",
+                "pool2d",
+                ("a",),
+                t4,
+                attrs=attrs({"kernel": (3, 3), "stride": (1, 1), "padding": (1, 1)}),
+            ),
+            Op(
+                "cat",
+                "concat",
+                ("b", "c"),
+                Tensor.of(sample=8, channel=16, height=8, width=8),
+                attrs=attrs({"dim": "channel", "offsets": (0, 8)}),
+            ),
+            Op(
+                "fc",
+                "linear",
+                ("cat",),
+                Tensor.of(sample=8, channel=16),
+                (Param("w", (16, 1024)),),
+                2 * 8 * 16 * 1024,
+            ),
+            Op("loss", "softmax", ("fc",), Tensor.of(sample=8, channel=16)),
+        ),
+    )
+
+
+def reference_problems() -> list[Problem]:
+    """Small problems with brute-forceable optima: cost tables and a DNN."""
+    problems = [random_problem(6, 4, seed=s, memory=s % 2 == 0) for s in range(6)]
+    problems.append(build_problem(tiny_cnn(), get_preset("p100-1x2"), max_configs=4))
+    return problems
+
+
+class BackendConformance:
+    backend_name: ClassVar[str]
+    objective: ClassVar[str] = "additive"
+    time_limit: ClassVar[float] = 20.0
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def solved(cls) -> list[tuple[Problem, object]]:
+        backend = get_backend(cls.backend_name)
+        opts = SolveOptions(objective=cls.objective, time_limit=cls.time_limit, seed=0)
+        return [(p, backend.solve(p, opts)) for p in reference_problems()]
+
+    def test_answers_are_valid_and_rescored(self, solved: list) -> None:
+        for problem, result in solved:
+            assert result.backend == self.backend_name
+            assert isinstance(result.status, Status)
+            if result.choices is None:
+                assert result.status in (Status.NO_SOLUTION, Status.INFEASIBLE)
+                continue
+            value = evaluate_objective(problem, result.choices, self.objective)
+            assert math.isclose(result.objective, value, rel_tol=RTOL)
+            assert memory_feasible(problem, result.choices)
+            assert result.status in (Status.OPTIMAL, Status.FEASIBLE)
+
+    def test_never_below_the_optimum(self, solved: list) -> None:
+        exact = get_backend(self.backend_name).exact
+        for problem, result in solved:
+            best, value = brute_force(problem)
+            if best is None:
+                assert result.choices is None
+                continue
+            if result.choices is None:
+                assert not exact, f"{self.backend_name} found nothing on {problem.name}"
+                continue
+            assert result.objective >= value * (1 - RTOL) - 1e-12
+            if result.status is Status.OPTIMAL:
+                assert math.isclose(result.objective, value, rel_tol=RTOL, abs_tol=1e-12)
+            if result.bound is not None:
+                assert result.bound <= value * (1 + RTOL) + 1e-12
+
+    def test_exact_backends_prove_the_optimum(self, solved: list) -> None:
+        if not get_backend(self.backend_name).exact:
+            pytest.skip("not an exact backend")
+        for problem, result in solved:
+            best, _ = brute_force(problem)
+            expected = Status.INFEASIBLE if best is None else Status.OPTIMAL
+            assert result.status is expected, problem.name
+
+    def test_dnn_answers_come_with_a_strategy(self, solved: list) -> None:
+        problem, result = solved[-1]
+        assert problem.graph is not None and result.strategy is not None
+        assert problem.choices_of(result.strategy) == result.choices
+
+    def test_same_seed_same_answer(self) -> None:
+        backend = get_backend(self.backend_name)
+        problem = random_problem(12, 5, seed=7)
+        opts = SolveOptions(objective=self.objective, time_limit=self.time_limit, seed=3)
+        assert backend.solve(problem, opts).choices == backend.solve(problem, opts).choices
+
+    def test_same_seed_in_a_fresh_process(self) -> None:
+        code = (
+            "import json;from backends import get_backend, SolveOptions;"
+            "from planner.costtable import random_problem;"
+            f"r=get_backend({self.backend_name!r}).solve(random_problem(12, 5, seed=7),"
+            f"SolveOptions(objective={self.objective!r}, time_limit={self.time_limit}, seed=3));"
+            "print(json.dumps(r.choices))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+        )
+        backend = get_backend(self.backend_name)
+        opts = SolveOptions(objective=self.objective, time_limit=self.time_limit, seed=3)
+        here = backend.solve(random_problem(12, 5, seed=7), opts).choices
+        assert json.loads(out.stdout) == (list(here) if here is not None else None)
+
+    def test_short_time_limit_still_answers_validly(self) -> None:
+        backend = get_backend(self.backend_name)
+        problem = random_problem(60, 8, seed=1, memory=False)
+        result = backend.solve(problem, SolveOptions(objective=self.objective, time_limit=0.2))
+        assert result.status in (Status.OPTIMAL, Status.FEASIBLE, Status.NO_SOLUTION)
+        if result.choices is not None:
+            assert math.isfinite(result.objective)
+
+    def test_impossible_memory_limit_is_a_status(self) -> None:
+        problem = random_problem(6, 4, seed=2, memory=True)
+        assert problem.usage is not None
+        assert problem.intervals is not None
+        live = problem.intervals[:, 1] > problem.intervals[:, 0]
+        need = max(float(np.min(u)) for u, ok in zip(problem.usage, live, strict=True) if ok)
+        assert need > 0
+        tight = dataclasses.replace(problem, usage_limit=np.array([need * 0.5]))
+        result = get_backend(self.backend_name).solve(tight, SolveOptions(objective=self.objective))
+        assert result.choices is None
+        assert result.status in (Status.INFEASIBLE, Status.NO_SOLUTION)
+
+    def test_unsupported_objective_is_an_error(self) -> None:
+        backend = get_backend(self.backend_name)
+        missing = [o for o in ("additive", "makespan") if o not in backend.objectives]
+        if not missing:
+            pytest.skip("supports every objective")
+        with pytest.raises(BackendError, match="objective"):
+            backend.solve(random_problem(4, 3, seed=0), SolveOptions(objective=missing[0]))

@@ -157,7 +157,7 @@ def parallel_dims(op: Op) -> tuple[str, ...]:
     """The output dims `op` may split, in the order of its output tensor."""
     soap = kind_spec(op.kind).soap
     dims = [d for d in op.output.dims if d in soap]
-    if op.kind == "norm" and op.attr("norm") == "layer":
+    if op.attr("norm") == "layer":  # layer norm (alone or folded) normalizes over channel
         dims = [d for d in dims if d != CHANNEL]
     return tuple(dims)
 

@@ -1,0 +1,122 @@
+"""Coarsening: fold cheap single-input ops into their producers so the search sees layers.
+
+A conv followed by its batch norm and ReLU becomes one conv op carrying all three ops'
+FLOPs, memory traffic and parameters; a flatten feeding a linear disappears (the linear
+reads the 4D tensor whole along its non-sample dims). Total forward FLOPs and parameter
+bytes are preserved exactly; the merged op keeps the producer's name, kind and output and
+lists what it absorbed in attr "fused".
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import replace
+
+from planner.errors import GraphError
+from planner.opgraph import Op, OpGraph
+
+__all__ = ["coarsen"]
+
+
+def coarsen(
+    graph: OpGraph,
+    fold_kinds: Iterable[str] = ("elementwise", "norm"),
+    fold_flatten: bool = True,
+) -> OpGraph:
+    """Return a coarser, equivalent OpGraph (see the module docstring for the rules).
+
+    An op folds into its producer when its kind is in `fold_kinds`, it has one input, the
+    producer is not an `input` op and has no other consumer, and their output shapes are
+    equal. Batch norm folds into any producer (attr norm="batch"), layer norm only into a
+    linear (attr norm="layer"). Ops with parameters fold only where neither side belongs to
+    a shared parameter group. Multi-input ops (a residual add) stay."""
+    kinds = frozenset(fold_kinds)
+    n_consumers = Counter(src for op in graph.ops for src in op.inputs)
+    own_mem = {op.name: op.mem_bytes for op in graph.ops}
+    kept: dict[str, Op] = {}
+    alias: dict[str, str] = {}
+    for op in graph.ops:
+        op = replace(op, inputs=tuple(alias.get(i, i) for i in op.inputs))
+        producer = kept.get(op.inputs[0]) if len(op.inputs) == 1 else None
+        if producer is not None and _can_fold(op, producer, kinds, n_consumers):
+            kept[producer.name] = _merge(producer, op)
+            alias[op.name] = producer.name
+            n_consumers[producer.name] = n_consumers[op.name]
+            continue
+        if fold_flatten and producer is not None and _can_drop_flatten(op, producer, n_consumers):
+            del kept[producer.name]
+            op = _absorb_flatten(op, producer, own_mem[producer.name])
+        kept[op.name] = op
+    result = OpGraph(graph.name, tuple(kept.values()))
+    _check_preserved(graph, result)
+    return result
+
+
+def _can_fold(op: Op, producer: Op, kinds: frozenset[str], n_consumers: Counter[str]) -> bool:
+    if op.kind not in kinds or producer.kind == "input" or n_consumers[producer.name] != 1:
+        return False
+    if op.output.shape != producer.output.shape:
+        return False
+    if op.params and (op.param_group is not None or producer.param_group is not None):
+        return False
+    if op.kind == "norm":
+        norm = op.attr("norm")
+        if producer.attr("norm") is not None:
+            return False
+        if norm == "layer":  # layer norm needs the whole channel: only a linear absorbs it
+            return producer.kind == "linear"
+        return norm == "batch"
+    return True
+
+
+def _merge(producer: Op, op: Op) -> Op:
+    attrs = dict(producer.attrs)
+    if op.kind == "norm":
+        attrs["norm"] = op.attr("norm")
+    attrs["fused"] = tuple(attrs.get("fused", ())) + (op.name,)
+    return replace(
+        producer,
+        params=producer.params + op.params,
+        flops=producer.flops + op.flops,
+        mem_bytes=producer.mem_bytes + op.mem_bytes,
+        attrs=Op.make_attrs(attrs),
+    )
+
+
+def _can_drop_flatten(op: Op, flatten: Op, n_consumers: Counter[str]) -> bool:
+    if op.kind != "linear" or flatten.kind != "flatten" or len(flatten.inputs) != 1:
+        return False
+    if n_consumers[flatten.name] != 1:
+        return False
+    return not flatten.params or (flatten.param_group is None and op.param_group is None)
+
+
+def _absorb_flatten(linear: Op, flatten: Op, flatten_own_mem: float) -> Op:
+    """The linear reads the flatten's input; it keeps what other ops had folded into the
+    flatten (the reshape's own traffic is a view and is dropped)."""
+    attrs = dict(linear.attrs)
+    attrs["flatten"] = True
+    absorbed = (flatten.name, *flatten.attr("fused", ()), *attrs.get("fused", ()))
+    attrs["fused"] = absorbed
+    return replace(
+        linear,
+        inputs=flatten.inputs,
+        params=flatten.params + linear.params,
+        flops=linear.flops + flatten.flops,
+        mem_bytes=linear.mem_bytes + max(0.0, flatten.mem_bytes - flatten_own_mem),
+        attrs=Op.make_attrs(attrs),
+    )
+
+
+def _check_preserved(before: OpGraph, after: OpGraph) -> None:
+    if before.forward_flops != after.forward_flops:
+        raise GraphError(
+            f"coarsening {before.name!r} changed forward FLOPs "
+            f"({before.forward_flops} -> {after.forward_flops})"
+        )
+    if before.parameter_bytes != after.parameter_bytes:
+        raise GraphError(
+            f"coarsening {before.name!r} changed parameter bytes "
+            f"({before.parameter_bytes} -> {after.parameter_bytes})"
+        )

@@ -170,7 +170,7 @@ class BackendConformance:
         result = backend.solve(problem, SolveOptions(objective=self.objective, time_limit=0.2))
         assert result.status in (Status.OPTIMAL, Status.FEASIBLE, Status.NO_SOLUTION)
         if result.choices is not None:
-            assert math.isfinite(result.objective)
+            assert math.isfinite(result.objective_value())
 
     def test_impossible_memory_limit_is_a_status(self) -> None:
         problem = random_problem(6, 4, seed=2, memory=True)

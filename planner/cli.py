@@ -211,8 +211,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "search_seconds": result.stats.get("search_seconds"),
         "build_seconds": problem.stats.get("build_seconds"),
     }
-    if result.strategy is not None:
-        cm = problem.cost_model
+    cm = problem.cost_model
+    if result.strategy is not None and cm is not None:
         cost = {**dataclasses.asdict(cm.options), "source": cm.source}
         data = result.strategy.to_json(model=model, extra={**out, "cost": cost})
         _print_plan(out, result.strategy.describe())

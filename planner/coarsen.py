@@ -30,7 +30,8 @@ def coarsen(
     producer is not an `input` op and has no other consumer, and their output shapes are
     equal. Batch norm folds into any producer (attr norm="batch"), layer norm only into a
     linear (attr norm="layer"). Ops with parameters fold only where neither side belongs to
-    a shared parameter group. Multi-input ops (a residual add) stay."""
+    a shared parameter group. Multi-input ops (a residual add) stay. A concat read only by
+    another concat along the same dim is inlined into it."""
     kinds = frozenset(fold_kinds)
     n_consumers = Counter(src for op in graph.ops for src in op.inputs)
     own_mem = {op.name: op.mem_bytes for op in graph.ops}
@@ -44,6 +45,8 @@ def coarsen(
             alias[op.name] = producer.name
             n_consumers[producer.name] = n_consumers[op.name]
             continue
+        if op.kind == "concat":
+            op = _inline_concats(op, kept, n_consumers)
         if fold_flatten and producer is not None and _can_drop_flatten(op, producer, n_consumers):
             del kept[producer.name]
             op = _absorb_flatten(op, producer, own_mem[producer.name])
@@ -82,6 +85,36 @@ def _merge(producer: Op, op: Op) -> Op:
         mem_bytes=producer.mem_bytes + op.mem_bytes,
         attrs=Op.make_attrs(attrs),
     )
+
+
+def _inline_concats(op: Op, kept: dict[str, Op], n_consumers: Counter[str]) -> Op:
+    """A concat whose input is another concat along the same dim, read by nothing else,
+    takes that concat's inputs directly (Inception-E's nested concats)."""
+    dim = op.attr("dim")
+    inputs: list[str] = []
+    offsets: list[int] = []
+    fused = list(op.attr("fused", ()))
+    mem = op.mem_bytes
+    for name, off in zip(op.inputs, op.attr("offsets"), strict=True):
+        inner = kept.get(name)
+        if (
+            inner is None
+            or inner.kind != "concat"
+            or inner.attr("dim") != dim
+            or n_consumers[name] != 1
+        ):
+            inputs.append(name)
+            offsets.append(int(off))
+            continue
+        del kept[name]
+        inputs.extend(inner.inputs)
+        offsets.extend(int(off) + int(o) for o in inner.attr("offsets"))
+        fused.extend((*inner.attr("fused", ()), inner.name))
+        mem += inner.mem_bytes
+    if len(inputs) == len(op.inputs):
+        return op
+    attrs = {**dict(op.attrs), "offsets": tuple(offsets), "fused": tuple(fused)}
+    return replace(op, inputs=tuple(inputs), mem_bytes=mem, attrs=Op.make_attrs(attrs))
 
 
 def _can_drop_flatten(op: Op, flatten: Op, n_consumers: Counter[str]) -> bool:

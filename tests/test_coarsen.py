@@ -184,3 +184,42 @@ def test_batch_norm_does_not_stack_on_a_normalized_op() -> None:
     c = coarsen(g2)
     assert [op.name for op in c.ops] == ["x", "fc", "bn2"]
     assert c.op("fc").attr("fused") == ("bn1",)
+
+
+def test_nested_concat_is_inlined_with_shifted_offsets() -> None:
+    def t4(c: int) -> Tensor:
+        return Tensor.of(sample=2, channel=c, height=4, width=4)
+
+    x = Op("x", "input", (), t4(3))
+    convs = [
+        Op(
+            n,
+            "conv2d",
+            ("x",),
+            t4(c),
+            (Param("w", (c, 3, 1, 1)),),
+            1.0,
+            attrs=Op.make_attrs({"kernel": (1, 1)}),
+        )
+        for n, c in (("a", 2), ("b", 3), ("c", 5))
+    ]
+    inner = Op(
+        "inner",
+        "concat",
+        ("b", "c"),
+        t4(8),
+        attrs=Op.make_attrs({"dim": "channel", "offsets": (0, 3)}),
+    )
+    outer = Op(
+        "outer",
+        "concat",
+        ("a", "inner"),
+        t4(10),
+        attrs=Op.make_attrs({"dim": "channel", "offsets": (0, 2)}),
+    )
+    g = coarsen(OpGraph("nested", (x, *convs, inner, outer)))
+    assert [op.name for op in g.ops if op.kind == "concat"] == ["outer"]
+    out = g.op("outer")
+    assert out.inputs == ("a", "b", "c")
+    assert out.attr("offsets") == (0, 2, 5)
+    assert "inner" in out.attr("fused")

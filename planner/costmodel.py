@@ -138,9 +138,11 @@ class CostModel:
             return 0.0
         groups = self.replica_groups(op, cfg)
         shard = op.param_bytes / len(groups)
-        if op.param_group is not None:
-            shard /= self._group_size[op.param_group]
-        return max(self._sync_group(g, shard) for g in groups)
+        return max(self._sync_group(g, shard) for g in groups) / self._share(op)
+
+    def _share(self, op: Op) -> int:
+        """Ops of a shared parameter group each carry 1/|group| of its sync and memory."""
+        return self._group_size[op.param_group] if op.param_group is not None else 1
 
     def _sync_group(self, devs: list[int], nbytes: float) -> float:
         r = len(devs)
@@ -162,7 +164,7 @@ class CostModel:
         op = self.graph.ops[i]
         out = np.zeros(self.num_devices)
         shards = len(self.replica_groups(op, cfg)) if op.params else 1
-        per_task = op.param_bytes / shards * self.options.param_copies
+        per_task = op.param_bytes / shards * self.options.param_copies / self._share(op)
         per_task += op.output.nbytes / cfg.num_tasks
         out[list(cfg.devices)] = per_task
         return out

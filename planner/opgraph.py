@@ -306,6 +306,36 @@ def _check_op(op: Op, inputs: Sequence[Tensor]) -> None:
     for pos, tensor in enumerate(inputs):
         for dim, size, m in zip(tensor.dims, tensor.sizes, _maps(op, pos, tensor), strict=True):
             _check_dim(op, pos, dim, size, m)
+    if op.kind == "concat":
+        _check_concat(op, inputs)
+    _check_split_units(op)
+
+
+def _check_concat(op: Op, inputs: Sequence[Tensor]) -> None:
+    """Concat inputs must tile the output along `dim`: offsets are the running sums."""
+    dim = op.attr("dim")
+    offsets = list(op.attr("offsets"))
+    sizes = [t.size(dim) for t in inputs]
+    expected = [sum(sizes[:k]) for k in range(len(sizes))]
+    if offsets != expected or sum(sizes) != op.output.size(dim):
+        raise GraphError(
+            f"op {op.name!r}: concat inputs of sizes {sizes} along {dim!r} at offsets "
+            f"{offsets} do not tile the output size {op.output.size(dim)} "
+            f"(offsets must be {expected}, total {sum(sizes)})"
+        )
+
+
+def _check_split_units(op: Op) -> None:
+    """Attention heads and conv groups must divide the channels they split."""
+    for key, kind in (("heads", "attention"), ("groups", "conv2d")):
+        if op.kind != kind or "channel" not in op.output.dims:
+            continue
+        n = op.attr(key, 1)
+        if not isinstance(n, int) or n < 1 or op.output.size("channel") % n:
+            raise GraphError(
+                f"op {op.name!r}: {key}={n!r} must be a positive divisor of its "
+                f"{op.output.size('channel')} output channels"
+            )
 
 
 def _maps(op: Op, pos: int, tensor: Tensor) -> tuple[DimMap, ...]:
@@ -352,7 +382,7 @@ def _op_to_json(op: Op) -> dict[str, Any]:
     if op.output.dtype_bytes != 4:
         d["dtype_bytes"] = op.output.dtype_bytes
     if op.params:
-        d["params"] = [{"name": p.name, "shape": list(p.shape)} for p in op.params]
+        d["params"] = [_param_to_json(p) for p in op.params]
     if op.flops:
         d["flops"] = op.flops
     if op.mem_bytes:
@@ -361,6 +391,13 @@ def _op_to_json(op: Op) -> dict[str, Any]:
         d["param_group"] = op.param_group
     if op.attrs:
         d["attrs"] = {k: _thaw(v) for k, v in op.attrs}
+    return d
+
+
+def _param_to_json(p: Param) -> dict[str, Any]:
+    d: dict[str, Any] = {"name": p.name, "shape": list(p.shape)}
+    if p.dtype_bytes != 4:
+        d["dtype_bytes"] = p.dtype_bytes
     return d
 
 
@@ -376,7 +413,8 @@ def _op_from_json(d: Any, i: int) -> Op:
             tuple((str(k), int(v)) for k, v in d["output"].items()), int(d.get("dtype_bytes", 4))
         )
         params = tuple(
-            Param(str(p["name"]), tuple(int(s) for s in p["shape"])) for p in d.get("params", [])
+            Param(str(p["name"]), tuple(int(s) for s in p["shape"]), int(p.get("dtype_bytes", 4)))
+            for p in d.get("params", [])
         )
         return Op(
             name=str(d["name"]),

@@ -7,7 +7,10 @@ cost-table problems), live over `intervals[i]` = [start, end); a choice vector i
 when at every time the live usages sum to at most `usage_limit` in every pool.
 
 A Problem built from a DNN keeps its graph, devices, config space and cost model, so choices
-map back to a `Strategy`. A Problem read from a cost-table JSON (`planner.costtable`) has no
+map back to a `Strategy`. Ops that share a parameter group (unrolled RNN steps) are tied into
+one node by default, one decision for the whole group, as FlexFlow did to run OptCNN on RNNs:
+the node's cost sums its ops' costs, edges inside the group add their diagonal (both ends take
+the same config) and `node_ops[k]` lists the ops of node k. A Problem read from a cost-table JSON (`planner.costtable`) has no
 DNN behind it: it is the shape of the public IOPDDL auto-sharding problems.
 
 For DNN problems the liveness of node i in the forward/backward order is [i, 2n - i): its
@@ -20,11 +23,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from planner.errors import ProblemError
+from planner.config import ParallelConfig
+from planner.errors import ConfigError, ProblemError
 
 if TYPE_CHECKING:
     from planner.config import ConfigSpace
@@ -50,6 +54,7 @@ class Problem:
     devices: DeviceGraph | None = None
     space: ConfigSpace | None = None
     cost_model: CostModel | None = None
+    node_ops: tuple[tuple[int, ...], ...] | None = None
     stats: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -84,14 +89,31 @@ class Problem:
         if self.graph is None or self.devices is None or self.space is None:
             raise ProblemError(f"problem {self.name!r} has no DNN behind it: use choices")
         ch = self.check_choices(choices)
-        configs = tuple(self.space[i].configs[c] for i, c in enumerate(ch))
-        return Strategy(self.graph, self.devices, configs)
+        configs: list[ParallelConfig | None] = [None] * len(self.graph.ops)
+        for ops, c in zip(self.ops_of_nodes, ch, strict=True):
+            for i in ops:
+                configs[i] = self.space[i].configs[c]
+        return Strategy(self.graph, self.devices, tuple(c for c in configs if c is not None))
+
+    @property
+    def ops_of_nodes(self) -> tuple[tuple[int, ...], ...]:
+        """The ops each node decides for (one op per node unless groups are tied)."""
+        return self.node_ops or tuple((i,) for i in range(self.num_nodes))
 
     def choices_of(self, strategy: Strategy) -> tuple[int, ...]:
         """Config indices of a strategy's configs (each must be in the config space)."""
-        if self.space is None:
+        if self.space is None or self.graph is None:
             raise ProblemError(f"problem {self.name!r} has no config space")
-        return tuple(self.space[i].index(c) for i, c in enumerate(strategy.configs))
+        out = []
+        for ops in self.ops_of_nodes:
+            cfgs = {strategy.configs[i] for i in ops}
+            if len(cfgs) > 1:
+                raise ConfigError(
+                    f"the strategy gives different configs to the ops of parameter group "
+                    f"{self.graph.ops[ops[0]].param_group!r}, which this problem ties together"
+                )
+            out.append(self.space[ops[0]].index(strategy.configs[ops[0]]))
+        return tuple(out)
 
 
 def _validate(p: Problem) -> None:
@@ -141,10 +163,12 @@ def build_problem(
     max_configs: int | None = None,
     memory_limit: float | str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    tie_groups: bool = True,
 ) -> Problem:
     """Cost tables for every op and edge of `graph` on `devices`.
 
     memory_limit: None (no limit), "device" (each device's own memory), or bytes per device.
+    tie_groups: one decision per shared parameter group (see the module docstring).
     """
     from planner.config import ConfigSpace
     from planner.costmodel import CostModel
@@ -163,23 +187,75 @@ def build_problem(
             progress(k + 1, len(graph.edges))
     n = len(graph.ops)
     intervals = np.array([[i, 2 * n - i] for i in range(n)], dtype=np.int64)
+    node_ops = _tied_nodes(graph, space) if tie_groups else [[i] for i in range(n)]
+    tables = _tie(node_ops, node_cost, usage, intervals, edges, edge_cost)
     limit = _memory_limit(memory_limit, devices)
     t2 = time.perf_counter()
     return Problem(
         name=graph.name,
-        node_names=tuple(op.name for op in graph.ops),
-        node_cost=node_cost,
-        edges=tuple(edges),
-        edge_cost=tuple(edge_cost),
-        usage=usage,
-        intervals=intervals,
+        node_names=tuple(_node_name(graph, ops) for ops in node_ops),
+        node_cost=tables[0],
+        edges=tables[3],
+        edge_cost=tables[4],
+        usage=tables[1],
+        intervals=tables[2],
         usage_limit=limit,
         graph=graph,
         devices=devices,
         space=space,
         cost_model=cm,
+        node_ops=tuple(tuple(ops) for ops in node_ops),
         stats={"node_seconds": t1 - t0, "edge_seconds": t2 - t1, "build_seconds": t2 - t0},
     )
+
+
+def _node_name(graph: OpGraph, ops: list[int]) -> str:
+    op = graph.ops[ops[0]]
+    return op.name if len(ops) == 1 else f"{op.param_group} (x{len(ops)})"
+
+
+def _tied_nodes(graph: OpGraph, space: ConfigSpace) -> list[list[int]]:
+    """Ops grouped by parameter group (where their candidate configs are identical)."""
+    nodes: list[list[int]] = []
+    first: dict[str, int] = {}
+    for i, op in enumerate(graph.ops):
+        g = op.param_group
+        if g is not None and g in first:
+            k = first[g]
+            if space[nodes[k][0]].configs == space[i].configs:
+                nodes[k].append(i)
+                continue
+        if g is not None and g not in first:
+            first[g] = len(nodes)
+        nodes.append([i])
+    return nodes
+
+
+def _tie(
+    node_ops: list[list[int]],
+    node_cost: tuple[np.ndarray, ...],
+    usage: tuple[np.ndarray, ...],
+    intervals: np.ndarray,
+    edges: list[tuple[int, int]],
+    edge_cost: list[np.ndarray],
+) -> tuple[Any, ...]:
+    """Node and edge tables of the tied problem: sums over each node's ops."""
+    if all(len(ops) == 1 for ops in node_ops):  # nothing tied: keep parallel edges apart
+        return node_cost, usage, intervals, tuple(edges), tuple(edge_cost)
+    node_of = {i: k for k, ops in enumerate(node_ops) for i in ops}
+    costs = [sum((node_cost[i] for i in ops[1:]), node_cost[ops[0]].copy()) for ops in node_ops]
+    uses = tuple(sum((usage[i] for i in ops[1:]), usage[ops[0]].copy()) for ops in node_ops)
+    spans = np.array([[intervals[ops, 0].min(), intervals[ops, 1].max()] for ops in node_ops])
+    merged: dict[tuple[int, int], np.ndarray] = {}
+    for (a, b), t in zip(edges, edge_cost, strict=True):
+        u, v = node_of[a], node_of[b]
+        if u == v:
+            costs[u] = costs[u] + np.diagonal(t)
+        elif (v, u) in merged:
+            merged[(v, u)] = merged[(v, u)] + t.T
+        else:
+            merged[(u, v)] = merged[(u, v)] + t if (u, v) in merged else t
+    return tuple(costs), uses, spans, tuple(merged), tuple(merged.values())
 
 
 def _memory_limit(limit: float | str | None, devices: DeviceGraph) -> np.ndarray | None:

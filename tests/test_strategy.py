@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from planner.config import ParallelConfig
 from planner.costmodel import CostModel, CostOptions
-from planner.errors import ProblemError, StrategyError
+from planner.errors import ConfigError, ProblemError, StrategyError
 from planner.evaluate import additive_cost, memory_feasible, memory_peak, score_strategy
 from planner.opgraph import OpGraph
 from planner.presets import get_preset
@@ -22,10 +22,13 @@ from planner.strategy import Strategy, load_strategy, strategy_from_json
 
 
 @functools.cache
-def _problem(name: str, preset: str, cap: int | None = None, sync: str = "ring") -> Problem:
+def _problem(
+    name: str, preset: str, cap: int | None = None, sync: str = "ring", tie: bool = False
+) -> Problem:
     g = GRAPHS[name]()
     dg = get_preset(preset)
-    return build_problem(g, dg, CostModel(g, dg, CostOptions(sync=sync)), max_configs=cap)
+    cm = CostModel(g, dg, CostOptions(sync=sync))
+    return build_problem(g, dg, cm, max_configs=cap, tie_groups=tie)
 
 
 def _choices(problem: Problem, seed: int) -> list[int]:
@@ -323,3 +326,32 @@ def test_score_strategy_for_another_graph():
     other = GRAPHS["residual"]()
     with pytest.raises(StrategyError, match="another graph"):
         score_strategy(CostModel(other, s.devices), s)
+
+
+@pytest.mark.parametrize("preset", ["p100-1x4", "p100-2x4"])
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_tied_groups_score_like_the_strategy_they_stand_for(preset, seed):
+    """Tying a parameter group into one node is exact for strategies whose group ops agree."""
+    tied = _problem("shared_steps", preset, tie=True)
+    g = GRAPHS["shared_steps"]()
+    assert tied.num_nodes < len(g.ops)
+    assert sorted(i for ops in tied.ops_of_nodes for i in ops) == list(range(len(g.ops)))
+    choices = _choices(tied, seed)
+    strategy = tied.strategy(choices)
+    assert tied.choices_of(strategy) == tuple(choices)
+    direct = score_strategy(tied.cost_model, strategy).total
+    assert additive_cost(tied, choices) == pytest.approx(direct, rel=1e-9)
+    untied = _problem("shared_steps", preset)
+    assert additive_cost(untied, untied.choices_of(strategy)) == pytest.approx(direct, rel=1e-9)
+
+
+def test_tied_problem_rejects_a_strategy_that_splits_a_group():
+    tied = _problem("shared_steps", "p100-1x4", tie=True)
+    untied = _problem("shared_steps", "p100-1x4")
+    choices = [0] * untied.num_nodes
+    first, second = untied.ops_of_nodes[1][0], untied.ops_of_nodes[2][0]
+    assert untied.graph.ops[first].param_group == untied.graph.ops[second].param_group
+    choices[second] = 1
+    with pytest.raises(ConfigError, match="parameter group"):
+        tied.choices_of(untied.strategy(choices))

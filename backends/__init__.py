@@ -16,6 +16,8 @@ from backends.base import (
 # name -> "module:Class"; modules are imported on first use so heavy solvers stay lazy.
 REGISTRY: dict[str, str] = {
     "baselines": "backends.baselines:BaselinesBackend",
+    "elimination": "backends.elimination:EliminationBackend",
+    "search": "backends.search:SearchBackend",
 }
 
 

@@ -12,7 +12,7 @@ import json
 import math
 import subprocess
 import sys
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -93,13 +93,22 @@ class BackendConformance:
     backend_name: ClassVar[str]
     objective: ClassVar[str] = "additive"
     time_limit: ClassVar[float] = 20.0
+    extra: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def opts(cls, **kwargs: Any) -> SolveOptions:
+        args = {"objective": cls.objective, "time_limit": cls.time_limit, "extra": cls.extra}
+        return SolveOptions(**{**args, **kwargs})
 
     @pytest.fixture(scope="class")
     @classmethod
     def solved(cls) -> list[tuple[Problem, object]]:
+        """Every reference problem the backend says it can run, with its answer."""
         backend = get_backend(cls.backend_name)
-        opts = SolveOptions(objective=cls.objective, time_limit=cls.time_limit, seed=0)
-        return [(p, backend.solve(p, opts)) for p in reference_problems()]
+        opts = cls.opts(seed=0)
+        runnable = [p for p in reference_problems() if backend.can_run(p, opts) is None]
+        assert runnable, f"{cls.backend_name} can run none of the reference problems"
+        return [(p, backend.solve(p, opts)) for p in runnable]
 
     def test_answers_are_valid_and_rescored(self, solved: list) -> None:
         for problem, result in solved:
@@ -144,30 +153,30 @@ class BackendConformance:
 
     def test_same_seed_same_answer(self) -> None:
         backend = get_backend(self.backend_name)
-        problem = random_problem(12, 5, seed=7)
-        opts = SolveOptions(objective=self.objective, time_limit=self.time_limit, seed=3)
+        problem = random_problem(12, 5, seed=7, memory=False)
+        opts = self.opts(seed=3)
         assert backend.solve(problem, opts).choices == backend.solve(problem, opts).choices
 
     def test_same_seed_in_a_fresh_process(self) -> None:
         code = (
             "import json;from backends import get_backend, SolveOptions;"
             "from planner.costtable import random_problem;"
-            f"r=get_backend({self.backend_name!r}).solve(random_problem(12, 5, seed=7),"
-            f"SolveOptions(objective={self.objective!r}, time_limit={self.time_limit}, seed=3));"
+            f"r=get_backend({self.backend_name!r}).solve(random_problem(12, 5, seed=7, memory=False),"
+            f"SolveOptions(objective={self.objective!r}, time_limit={self.time_limit}, seed=3,"
+            f"extra={self.extra!r}));"
             "print(json.dumps(r.choices))"
         )
         out = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
         )
         backend = get_backend(self.backend_name)
-        opts = SolveOptions(objective=self.objective, time_limit=self.time_limit, seed=3)
-        here = backend.solve(random_problem(12, 5, seed=7), opts).choices
+        here = backend.solve(random_problem(12, 5, seed=7, memory=False), self.opts(seed=3)).choices
         assert json.loads(out.stdout) == (list(here) if here is not None else None)
 
     def test_short_time_limit_still_answers_validly(self) -> None:
         backend = get_backend(self.backend_name)
         problem = random_problem(60, 8, seed=1, memory=False)
-        result = backend.solve(problem, SolveOptions(objective=self.objective, time_limit=0.2))
+        result = backend.solve(problem, self.opts(time_limit=0.2))
         assert result.status in (Status.OPTIMAL, Status.FEASIBLE, Status.NO_SOLUTION)
         if result.choices is not None:
             assert math.isfinite(result.objective_value())
@@ -180,7 +189,14 @@ class BackendConformance:
         need = max(float(np.min(u)) for u, ok in zip(problem.usage, live, strict=True) if ok)
         assert need > 0
         tight = dataclasses.replace(problem, usage_limit=np.array([need * 0.5]))
-        result = get_backend(self.backend_name).solve(tight, SolveOptions(objective=self.objective))
+        backend = get_backend(self.backend_name)
+        reason = backend.can_run(tight, self.opts())
+        if reason is not None:  # a backend may refuse memory limits, saying so
+            assert "memory" in reason
+            with pytest.raises(BackendError, match="memory"):
+                backend.solve(tight, self.opts())
+            return
+        result = backend.solve(tight, self.opts())
         assert result.choices is None
         assert result.status in (Status.INFEASIBLE, Status.NO_SOLUTION)
 
@@ -190,4 +206,4 @@ class BackendConformance:
         if not missing:
             pytest.skip("supports every objective")
         with pytest.raises(BackendError, match="objective"):
-            backend.solve(random_problem(4, 3, seed=0), SolveOptions(objective=missing[0]))
+            backend.solve(random_problem(4, 3, seed=0), self.opts(objective=missing[0]))

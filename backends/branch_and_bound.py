@@ -1,0 +1,237 @@
+"""Exact search over pairwise cost tables: depth-first branch and bound, and A*.
+
+Shared by the `search` backend (on a whole problem) and the `elimination` backend (on the
+final graph its eliminations leave). Minimizes
+
+    sum_i node_cost[i][c_i] + sum_(u,v) edge_cost[u,v][c_u, c_v]
+
+over one choice per node, optionally under the liveness memory rule of the cost-table format.
+
+Nodes are assigned in a fixed order. The admissible bound charges every edge to its later
+endpoint: an unassigned node i costs at least min_c acc_i[c], where acc_i[c] = node cost +
+the exact cost of edges from assigned neighbours + the column minimum of edges from
+unassigned earlier neighbours. Assigning a node replaces those column minima by exact rows,
+so the bound only grows along a path (consistent). Children are tried cheapest first, so the
+first dive is a greedy solution. With a memory limit, unassigned nodes count with their
+smallest usage, so a partial assignment whose live usage already exceeds the limit is cut.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+CHECK_EVERY = 256  # expansions between two looks at the clock
+
+
+@dataclass(frozen=True)
+class Memory:
+    usage: Sequence[np.ndarray]  # (C_i, M) per node
+    intervals: np.ndarray  # (n, 2) [start, end)
+    limit: np.ndarray  # (M,)
+
+
+@dataclass
+class Outcome:
+    choices: tuple[int, ...] | None
+    value: float
+    complete: bool  # the whole tree was searched (so `choices` is optimal, or none exists)
+    bound: float  # a proven lower bound on the optimum
+    expanded: int
+
+
+class _Search:
+    def __init__(
+        self,
+        node_cost: Sequence[np.ndarray],
+        edges: Sequence[tuple[int, int, np.ndarray]],
+        order: Sequence[int] | None,
+        memory: Memory | None,
+        deadline: float,
+    ):
+        n = len(node_cost)
+        self.order = list(order) if order is not None else list(range(n))
+        pos = {node: k for k, node in enumerate(self.order)}
+        self.node_cost = [np.asarray(c, dtype=np.float64) for c in node_cost]
+        # forward[a]: (b, diff) for edges to later neighbours b, where diff[c_a] is what
+        # assigning c_a adds to acc_b: the exact row minus the column minimum already in acc_b
+        # (0 where that minimum is inf: acc_b is inf there already).
+        self.forward: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(n)]
+        self.base = [c.copy() for c in self.node_cost]
+        for u, v, t in edges:
+            a, b, rows = (u, v, t) if pos[u] < pos[v] else (v, u, t.T)
+            colmin = rows.min(axis=0)
+            with np.errstate(invalid="ignore"):
+                diff = rows - colmin[None, :]
+            diff[:, np.isinf(colmin)] = 0.0
+            self.forward[a].append((b, diff))
+            self.base[b] = self.base[b] + colmin
+        self.deadline = deadline
+        self.expanded = 0
+        self.timed_out = False
+        self.memory = memory
+        if memory is not None:
+            starts = np.unique(memory.intervals[:, 0])
+            lo, hi = memory.intervals[:, 0], memory.intervals[:, 1]
+            self.live = ((lo[None, :] <= starts[:, None]) & (starts[:, None] < hi[None, :])).T
+            self.min_use = [u.min(axis=0) for u in memory.usage]
+            self.extra = [
+                np.asarray(u) - m for u, m in zip(memory.usage, self.min_use, strict=True)
+            ]
+            floor = sum(
+                (np.outer(self.live[i], self.min_use[i]) for i in range(n)),
+                np.zeros((len(starts), len(memory.limit))),
+            )
+            self.floor = floor
+            self.limit = np.asarray(memory.limit, dtype=np.float64) * (1 + 1e-9)
+
+    def root_bound(self) -> float:
+        return float(sum(c.min() for c in self.base))
+
+    def _out_of_time(self) -> bool:
+        self.expanded += 1
+        if self.expanded % CHECK_EVERY == 0 and time.perf_counter() > self.deadline:
+            self.timed_out = True
+        return self.timed_out
+
+    # -- depth-first branch and bound -----------------------------------------------------
+
+    def dfs(self, best_value: float, best: tuple[int, ...] | None) -> Outcome:
+        n = len(self.order)
+        acc = [c.copy() for c in self.base]
+        mins = np.array([c.min() for c in acc])
+        choice = [0] * n
+        self.best_value, self.best = best_value, best
+        use = self.floor.copy() if self.memory is not None else None
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), 4 * n + 100))
+
+        def visit(depth: int, g: float, h: float) -> None:
+            if depth == n:
+                if g < self.best_value:
+                    self.best_value = g
+                    self.best = tuple(choice)
+                return
+            if self._out_of_time():
+                return
+            a = self.order[depth]
+            h_rest = h - mins[a]
+            row = acc[a]
+            for c in np.argsort(row, kind="stable"):
+                gc = g + row[c]
+                if not gc + h_rest < self.best_value:
+                    break  # children are sorted: no later c can do better
+                if use is not None and not self._fits(use, a, c):
+                    continue
+                delta = 0.0
+                saved = []
+                for b, diff in self.forward[a]:
+                    saved.append((b, acc[b], mins[b]))
+                    acc[b] = acc[b] + diff[c]
+                    new_min = acc[b].min()
+                    delta = math.inf if new_min == math.inf else delta + new_min - mins[b]
+                    mins[b] = new_min
+                if gc + h_rest + delta < self.best_value:
+                    choice[a] = int(c)
+                    visit(depth + 1, gc, h_rest + delta)
+                for b, row_b, min_b in reversed(saved):  # parallel edges: undo in order
+                    acc[b], mins[b] = row_b, min_b
+                if use is not None:
+                    self._release(use, a, c)
+                if self.timed_out:
+                    return
+
+        visit(0, 0.0, float(mins.sum()))
+        complete = not self.timed_out
+        bound = self.best_value if complete else self.root_bound()
+        return Outcome(self.best, self.best_value, complete, bound, self.expanded)
+
+    def _fits(self, use: np.ndarray, a: int, c: int) -> bool:
+        """Charge node a's choice c to the live usage if it stays within the limit."""
+        use += np.outer(self.live[a], self.extra[a][c])
+        if (use <= self.limit).all():
+            return True
+        self._release(use, a, c)
+        return False
+
+    def _release(self, use: np.ndarray, a: int, c: int) -> None:
+        use -= np.outer(self.live[a], self.extra[a][c])
+
+    # -- A* -------------------------------------------------------------------------------
+
+    def astar(self, best_value: float, best: tuple[int, ...] | None) -> Outcome:
+        """Best-first over partial assignments (priority, counter, ...): small problems."""
+        n = len(self.order)
+        counter = itertools.count()
+        heap: list[tuple[float, int, float, tuple[int, ...]]] = []
+        heapq.heappush(heap, (self.root_bound(), next(counter), 0.0, ()))
+        bound = self.root_bound()
+        while heap:
+            f, _, g, partial = heapq.heappop(heap)
+            bound = f
+            if f >= best_value:
+                return Outcome(best, best_value, True, best_value, self.expanded)
+            if len(partial) == n:
+                return Outcome(self._reorder(partial), g, True, g, self.expanded)
+            if self._out_of_time():
+                return Outcome(best, best_value, False, min(bound, best_value), self.expanded)
+            acc, use = self._state(partial)
+            depth = len(partial)
+            a = self.order[depth]
+            for c in range(len(acc[a])):
+                gc = g + acc[a][c]
+                if not math.isfinite(gc):
+                    continue
+                if use is not None and not self._fits(use.copy(), a, c):
+                    continue
+                child = (*partial, c)
+                h = self._h(acc, a, c, depth)
+                heapq.heappush(heap, (gc + h, next(counter), gc, child))
+        return Outcome(best, best_value, True, best_value, self.expanded)
+
+    def _state(self, partial: tuple[int, ...]) -> tuple[list[np.ndarray], np.ndarray | None]:
+        acc = [c.copy() for c in self.base]
+        use = self.floor.copy() if self.memory is not None else None
+        for node, c in zip(self.order, partial, strict=False):
+            for b, diff in self.forward[node]:
+                acc[b] = acc[b] + diff[c]
+            if use is not None:
+                use += np.outer(self.live[node], self.extra[node][c])
+        return acc, use
+
+    def _h(self, acc: list[np.ndarray], a: int, c: int, depth: int) -> float:
+        changed = {b: diff[c] for b, diff in self.forward[a]}
+        total = 0.0
+        for node in self.order[depth + 1 :]:
+            row = acc[node] + changed[node] if node in changed else acc[node]
+            total += float(row.min())
+        return total
+
+    def _reorder(self, partial: tuple[int, ...]) -> tuple[int, ...]:
+        out = [0] * len(self.order)
+        for node, c in zip(self.order, partial, strict=True):
+            out[node] = c
+        return tuple(out)
+
+
+def solve_exact(
+    node_cost: Sequence[np.ndarray],
+    edges: Sequence[tuple[int, int, np.ndarray]],
+    time_limit: float,
+    memory: Memory | None = None,
+    incumbent: tuple[tuple[int, ...], float] | None = None,
+    order: Sequence[int] | None = None,
+    mode: str = "dfs",
+) -> Outcome:
+    """Minimize node + edge costs exactly, within `time_limit` seconds (then best-so-far)."""
+    search = _Search(node_cost, edges, order, memory, time.perf_counter() + time_limit)
+    best, value = (incumbent[0], incumbent[1]) if incumbent else (None, math.inf)
+    if mode == "astar":
+        return search.astar(value, best)
+    return search.dfs(value, best)

@@ -55,6 +55,7 @@ class _Search:
         order: Sequence[int] | None,
         memory: Memory | None,
         deadline: float,
+        lookahead: bool = True,
     ):
         n = len(node_cost)
         self.order = list(order) if order is not None else list(range(n))
@@ -71,6 +72,9 @@ class _Search:
             with np.errstate(invalid="ignore"):
                 diff = rows - colmin[None, :]
             diff[:, np.isinf(colmin)] = 0.0
+            if not lookahead:  # plain DFS: only assigned nodes and edges count
+                colmin = np.zeros_like(colmin)
+                diff = rows
             self.forward[a].append((b, diff))
             self.base[b] = self.base[b] + colmin
         self.deadline = deadline
@@ -91,6 +95,8 @@ class _Search:
             )
             self.floor = floor
             self.limit = np.asarray(memory.limit, dtype=np.float64) * (1 + 1e-9)
+
+        self.lookahead = lookahead
 
     def root_bound(self) -> float:
         return float(sum(c.min() for c in self.base))
@@ -121,7 +127,7 @@ class _Search:
             if self._out_of_time():
                 return
             a = self.order[depth]
-            h_rest = h - mins[a]
+            h_rest = h - mins[a] if self.lookahead else 0.0
             row = acc[a]
             for c in np.argsort(row, kind="stable"):
                 gc = g + row[c]
@@ -134,9 +140,10 @@ class _Search:
                 for b, diff in self.forward[a]:
                     saved.append((b, acc[b], mins[b]))
                     acc[b] = acc[b] + diff[c]
-                    new_min = acc[b].min()
-                    delta = math.inf if new_min == math.inf else delta + new_min - mins[b]
-                    mins[b] = new_min
+                    if self.lookahead:
+                        new_min = acc[b].min()
+                        delta = math.inf if new_min == math.inf else delta + new_min - mins[b]
+                        mins[b] = new_min
                 if gc + h_rest + delta < self.best_value:
                     choice[a] = int(c)
                     visit(depth + 1, gc, h_rest + delta)
@@ -147,7 +154,7 @@ class _Search:
                 if self.timed_out:
                     return
 
-        visit(0, 0.0, float(mins.sum()))
+        visit(0, 0.0, float(mins.sum()) if self.lookahead else 0.0)
         complete = not self.timed_out
         bound = self.best_value if complete else self.root_bound()
         return Outcome(self.best, self.best_value, complete, bound, self.expanded)
@@ -229,8 +236,12 @@ def solve_exact(
     order: Sequence[int] | None = None,
     mode: str = "dfs",
 ) -> Outcome:
-    """Minimize node + edge costs exactly, within `time_limit` seconds (then best-so-far)."""
-    search = _Search(node_cost, edges, order, memory, time.perf_counter() + time_limit)
+    """Minimize node + edge costs exactly, within `time_limit` seconds (then best-so-far).
+
+    mode: "dfs" (branch and bound with the admissible bound), "astar", or "plain" (the
+    depth-first search OptCNN compares against: pruned only by the cost so far)."""
+    deadline = time.perf_counter() + time_limit
+    search = _Search(node_cost, edges, order, memory, deadline, lookahead=mode != "plain")
     best, value = (incumbent[0], incumbent[1]) if incumbent else (None, math.inf)
     if mode == "astar":
         return search.astar(value, best)

@@ -4,7 +4,8 @@ OptCNN's baseline (Sec. 5.2, Table 3) is a depth-first search over the original 
 one prunes with an admissible bound (`backends.branch_and_bound`), so it is exact and much
 faster than plain DFS, yet still exponential: use it on small graphs or with a time limit,
 after which it returns its best-so-far answer as FEASIBLE with limit TIME. Memory limits are
-honoured exactly. Options (`SolveOptions.extra`): mode "dfs" (default) or "astar".
+honoured exactly. Options (`SolveOptions.extra`): mode "dfs" (default), "astar", or "plain"
+(no lookahead bound: the DFS baseline of OptCNN Table 3).
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ class SearchBackend(Backend):
 
     def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
         mode = options.extra.get("mode", "dfs")
-        if mode not in ("dfs", "astar"):
-            raise BackendError(f"search mode must be 'dfs' or 'astar', got {mode!r}")
+        if mode not in ("dfs", "astar", "plain"):
+            raise BackendError(f"search mode must be 'dfs', 'astar' or 'plain', got {mode!r}")
         edges = [(u, v, t) for (u, v), t in zip(problem.edges, problem.edge_cost, strict=True)]
         incumbent = warm_incumbent(problem, options)
         out = solve_exact(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import sys
@@ -22,15 +23,20 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+from rich.text import Text
 
 from backends import BackendError, SolveOptions, backend_names, get_backend
+from backends.base import evaluate_objective
 from planner.baselines import BASELINES, applicable
+from planner.cli import OneLineArgumentParser, nonnegative_int, positive_int, positive_seconds
 from planner.errors import LayerwiseError
-from planner.evaluate import additive_cost
 
 QUICK_MODELS = ["lenet5", "alexnet", "vgg16", "inception_v3", "rnnlm"]
 QUICK_PRESETS = ["p100-1x4", "p100-2x4"]
 RTOL = 1e-6
+EXIT_DISAGREEMENT = 1
+EXIT_BAD_INPUT = 2
+PROBLEM_VERDICTS = ("DISAGREES", "BELOW PROVEN OPTIMUM")
 
 
 @dataclass
@@ -47,21 +53,59 @@ class Row:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = OneLineArgumentParser(
         prog="python -m experiments.compare",
-        description="Compare parallelization strategies found by every backend.",
+        description="Compare the parallelization strategies of every backend and the expert "
+        "baselines on models x device presets: one table, plus JSON/CSV (and a plot) in a "
+        "results folder. Exit status 1 when backends disagree, 2 on bad input.",
     )
-    p.add_argument("--models", nargs="+", default=QUICK_MODELS, help="zoo models")
-    p.add_argument("--presets", nargs="+", default=QUICK_PRESETS, help="device presets")
+    p.add_argument(
+        "--models", nargs="+", default=QUICK_MODELS, help=f"zoo models (default {QUICK_MODELS})"
+    )
+    p.add_argument(
+        "--presets",
+        nargs="+",
+        default=QUICK_PRESETS,
+        help=f"device presets (default {QUICK_PRESETS})",
+    )
     p.add_argument("--backends", nargs="+", default=None, help="default: every registered one")
-    p.add_argument("--objective", default="additive", choices=["additive", "makespan"])
-    p.add_argument("--time-limit", type=float, default=10.0, help="seconds per backend run")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch", type=int, default=None, help="global batch (default per model)")
-    p.add_argument("--max-configs", type=int, default=None, help="cap on configs per op")
-    p.add_argument("--out", type=Path, default=Path("results"), help="results folder")
-    p.add_argument("--no-plot", action="store_true")
+    p.add_argument(
+        "--objective",
+        default="additive",
+        choices=["additive", "makespan"],
+        help="additive: OptCNN Eq. 1 (default); makespan: simulated iteration time",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=positive_seconds,
+        default=10.0,
+        help="seconds per backend run (default 10)",
+    )
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="random seed (default 0)")
+    p.add_argument(
+        "--batch", type=positive_int, default=None, help="global batch (default per model)"
+    )
+    p.add_argument("--max-configs", type=positive_int, default=None, help="cap on configs per op")
+    p.add_argument(
+        "--out", type=Path, default=Path("results"), help="results folder (default results/)"
+    )
+    p.add_argument("--no-plot", action="store_true", help="skip the speedup plot")
     return p.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> list[Any]:
+    """Fail fast on an unknown model, preset or backend; return the backends."""
+    from planner.presets import get_preset
+    from planner.zoo import MODELS
+
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown:
+        raise LayerwiseError(
+            f"unknown model(s) {', '.join(map(repr, unknown))}; available: {', '.join(MODELS)}"
+        )
+    for preset in args.presets:
+        get_preset(preset)
+    return [get_backend(n) for n in (args.backends or backend_names())]
 
 
 def run(args: argparse.Namespace, console: Console) -> list[Row]:
@@ -69,8 +113,7 @@ def run(args: argparse.Namespace, console: Console) -> list[Row]:
     from planner.problem import build_problem
     from planner.zoo import model_graph
 
-    names = args.backends or backend_names()
-    backends = [get_backend(n) for n in names]
+    backends = check_args(args)
     opts = SolveOptions(objective=args.objective, time_limit=args.time_limit, seed=args.seed)
     rows: list[Row] = []
     cases = [(m, p) for m in args.models for p in args.presets]
@@ -81,7 +124,7 @@ def run(args: argparse.Namespace, console: Console) -> list[Row]:
             graph = model_graph(model, batch=args.batch)
             devices = get_preset(preset)
             problem = build_problem(graph, devices, max_configs=args.max_configs)
-            case_rows = _baseline_rows(model, preset, problem)
+            case_rows = _baseline_rows(model, preset, problem, args.objective)
             for backend in backends:
                 progress.update(task, description=f"{model} on {preset}: {backend.name}")
                 case_rows.append(_solve_row(model, preset, problem, backend, opts))
@@ -91,20 +134,21 @@ def run(args: argparse.Namespace, console: Console) -> list[Row]:
     return rows
 
 
-def _baseline_rows(model: str, preset: str, problem: Any) -> list[Row]:
+def _baseline_rows(model: str, preset: str, problem: Any, objective: str) -> list[Row]:
+    """The expert strategies (planner.baselines) scored under `objective`."""
     rows = []
-    dp = None
     for name in applicable(problem.graph):
+        method = f"[{name}]"
         try:
             choices = problem.choices_of(BASELINES[name](problem.graph, problem.devices))
         except LayerwiseError:
+            continue  # not in the (capped) config space
+        try:
+            value = evaluate_objective(problem, choices, objective)
+        except BackendError as exc:
+            rows.append(Row(model, preset, method, "cannot run", None, None, None, None, str(exc)))
             continue
-        value = additive_cost(problem, choices)
-        if name == "data_parallel":
-            dp = value
-        rows.append(Row(model, preset, f"[{name}]", "baseline", value, None, None, None))
-    for r in rows:
-        r.speedup = dp / r.objective if dp and r.objective else None
+        rows.append(Row(model, preset, method, "baseline", value, None, None, None))
     return rows
 
 
@@ -127,26 +171,30 @@ def _solve_row(model: str, preset: str, problem: Any, backend: Any, opts: SolveO
 
 
 def _judge(rows: list[Row]) -> None:
-    """Speedups over data parallelism and agreement verdicts between backends."""
+    """Speedups over data parallelism and agreement verdicts for the rows of one case.
+
+    Proven optima (status OPTIMAL) must agree to RTOL: if they do not, every OPTIMAL row is
+    "DISAGREES" (which proof is wrong is not known). No answer may be below the smallest
+    proven optimum ("BELOW PROVEN OPTIMUM"); other answers get their excess over it.
+    """
     dp = next((r.objective for r in rows if r.method == "[data_parallel]"), None)
     proven = [
         r.objective for r in rows if r.status.startswith("OPTIMAL") and r.objective is not None
     ]
     optimum = min(proven) if proven else None
+    agree = optimum is None or all(math.isclose(v, optimum, rel_tol=RTOL) for v in proven)
     for r in rows:
         if r.objective is None:
             continue
         if dp:
-            r.speedup = dp / r.objective
+            r.speedup = dp / r.objective if r.objective > 0 else None
         if optimum is None or r.verdict:
             continue
-        if r.objective < optimum * (1 - RTOL):
+        if r.status.startswith("OPTIMAL"):
+            r.verdict = "agrees" if agree else "DISAGREES"
+        elif r.objective < optimum * (1 - RTOL):
             r.verdict = "BELOW PROVEN OPTIMUM"
-        elif r.status.startswith("OPTIMAL"):
-            r.verdict = (
-                "agrees" if math.isclose(r.objective, optimum, rel_tol=RTOL) else "DISAGREES"
-            )
-        else:
+        elif optimum > 0:
             r.verdict = f"+{(r.objective / optimum - 1) * 100:.1f}% vs optimum"
 
 
@@ -170,7 +218,7 @@ def table(rows: list[Row], objective: str) -> Table:
             else "left",
         )
     for r in rows:
-        t.add_row(
+        cells = (
             r.model,
             r.preset,
             r.method,
@@ -181,13 +229,20 @@ def table(rows: list[Row], objective: str) -> Table:
             f"{r.gap:.2%}" if r.gap is not None else "-",
             r.verdict,
         )
+        # Text, not markup: "[data_parallel]" is a method name, not a rich style tag.
+        t.add_row(*(Text(c, style="bold red" if c in PROBLEM_VERDICTS else "") for c in cells))
     return t
 
 
 def save(rows: list[Row], out: Path, plot: bool) -> Path:
-    folder = out / time.strftime("compare-%Y%m%d-%H%M%S")
-    folder.mkdir(parents=True, exist_ok=True)
-    data = [r.__dict__ for r in rows]
+    stamp = time.strftime("compare-%Y%m%d-%H%M%S")
+    folder = out / stamp
+    k = 1
+    while folder.exists():  # two runs in the same second keep both results
+        k += 1
+        folder = out / f"{stamp}-{k}"
+    folder.mkdir(parents=True)
+    data = [dataclasses.asdict(r) for r in rows]
     (folder / "results.json").write_text(json.dumps(data, indent=1))
     with open(folder / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(data[0]) if data else ["model"])
@@ -225,20 +280,23 @@ def _plot(rows: list[Row], path: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
     console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 160)  # a log file gets the whole table
     try:
+        args = parse_args(argv)
         rows = run(args, console)
-    except LayerwiseError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
-    console.print(table(rows, args.objective))
-    folder = save(rows, args.out, not args.no_plot)
+        console.print(table(rows, args.objective))
+        folder = save(rows, args.out, not args.no_plot)
+    except (LayerwiseError, OSError) as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        print(f"error: {lines[0] if lines else type(exc).__name__}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     console.print(f"results written to {folder}")
-    bad = [r for r in rows if r.verdict in ("DISAGREES", "BELOW PROVEN OPTIMUM")]
+    bad = [r for r in rows if r.verdict in PROBLEM_VERDICTS]
     if bad:
         console.print(f"[red]{len(bad)} disagreement(s) between backends[/red]")
-        return 1
+        return EXIT_DISAGREEMENT
     return 0
 
 

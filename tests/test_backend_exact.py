@@ -66,7 +66,8 @@ def problems(draw: st.DrawFn) -> Problem:
 
 def _check_agreement(p: Problem) -> None:
     best, value = brute_force(_no_memory(p))
-    for name, extra in (("elimination", {}), ("search", {}), ("search", {"mode": "astar"})):
+    modes = ({}, {"mode": "astar"}, {"mode": "plain"})
+    for name, extra in [("elimination", {}), *(("search", m) for m in modes)]:
         r = _solve(name, _no_memory(p), **extra)
         if best is None:
             assert r.status is Status.INFEASIBLE, (name, extra)

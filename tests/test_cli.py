@@ -1,0 +1,351 @@
+"""`python -m planner`: every command's success path, and one-line errors for bad input.
+
+Commands run in-process through `planner.cli.main` (fast); one subprocess proves the
+`python -m planner` entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner.cli import build_parser, main
+from planner.costtable import load_problem, random_problem, save_problem
+from planner.devices import DeviceGraph
+from planner.evaluate import additive_cost
+from planner.opgraph import OpGraph
+from planner.presets import get_preset
+from planner.strategy import load_strategy
+from planner.zoo import MODELS, model_graph
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ["lenet5", "--batch", "8"]
+DEVICES = ["--devices", "p100-1x4"]
+LENET5_PARAMETER_BYTES = 4 * 61706  # float32 weights and biases of LeNet-5 (10 classes)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def ok(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    code, out, err = run(capsys, *argv)
+    assert code == 0, err
+    assert "error" not in err
+    return out
+
+
+def last_json(out: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return data
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Good and bad input files, written once for the module."""
+    d = tmp_path_factory.mktemp("cli")
+    graph = model_graph("lenet5", batch=8)
+    graph.save(d / "graph.json")
+    get_preset("p100-1x4").save(d / "devices.json")
+
+    cyclic = json.loads((d / "graph.json").read_text())
+    for op in cyclic["ops"]:
+        if op["name"] == "conv2":
+            op["inputs"] = ["pool2"]  # conv2 -> pool2 -> conv2
+    (d / "cycle.json").write_text(json.dumps(cyclic))
+
+    dev = json.loads((d / "devices.json").read_text())
+    dev["links"][0]["bandwidth"] = 0
+    (d / "zero_bandwidth.json").write_text(json.dumps(dev))
+    (d / "not_json.json").write_text("this is { not JSON")
+    (d / "binary.json").write_bytes(bytes(range(256)))
+
+    save_problem(random_problem(6, 3, seed=0), d / "problem.json")
+    (d / "malformed_problem.json").write_text(json.dumps({"problem": {"nodes": {"costs": [[1]]}}}))
+
+    assert main(["plan", *MODEL, *DEVICES, "-o", str(d / "plan.json")]) == 0
+    plan = json.loads((d / "plan.json").read_text())
+    tampered = json.loads(json.dumps(plan))
+    tampered["graph"]["fingerprint"] = "0" * len(plan["graph"]["fingerprint"])
+    (d / "tampered.json").write_text(json.dumps(tampered))
+    changes: dict[str, dict[str, Any]] = {
+        "embedded_graph_list": {"graph": [1]},
+        "bad_cost": {"cost": [1]},
+        "bad_cost_source": {"cost": {"source": "guessed"}},
+        "bad_cost_option": {"cost": {"compute_efficiency": "high", "source": "analytic"}},
+    }
+    for name, change in changes.items():
+        (d / f"{name}.json").write_text(json.dumps({**plan, **change}))
+    return {p.stem: str(p) for p in d.iterdir()} | {"missing": str(d / "missing.json")}
+
+
+# -- success paths ------------------------------------------------------------------------
+
+
+def test_models_lists_every_zoo_model_with_its_arguments(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = ok(capsys, "models")
+    for name in MODELS:
+        assert any(line.startswith(name) for line in out.splitlines()), name
+    assert "image_size=32" in out
+
+
+def test_graph_summary_is_one_json_object(capsys: pytest.CaptureFixture[str]) -> None:
+    small = json.loads(ok(capsys, "graph", *MODEL, "--summary"))
+    assert small["ops"] == len(model_graph("lenet5", batch=8).ops) > 0
+    assert small["parameter_bytes"] == LENET5_PARAMETER_BYTES
+    assert small["forward_flops"] > 0
+    big = json.loads(ok(capsys, "graph", "lenet5", "--batch", "16", "--summary"))
+    assert big["forward_flops"] == pytest.approx(2 * small["forward_flops"], rel=1e-12)
+    assert big["parameter_bytes"] == small["parameter_bytes"]
+    wide = json.loads(ok(capsys, "graph", *MODEL, "--set", "num_classes=20", "--summary"))
+    assert wide["parameter_bytes"] == LENET5_PARAMETER_BYTES + 4 * 10 * (84 + 1)
+
+
+def test_graph_json_round_trips_through_opgraph_load(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = ok(capsys, "graph", *MODEL, "--json", str(tmp_path / "g.json"))
+    assert out.startswith("lenet5: ") and "kinds: " in out
+    loaded = OpGraph.load(tmp_path / "g.json")
+    assert loaded.fingerprint() == model_graph("lenet5", batch=8).fingerprint()
+
+
+def test_devices_json_round_trips_through_devicegraph_load(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = ok(capsys, "devices", "p100-1x4", "--json", str(tmp_path / "d.json"))
+    assert "4 devices" in out
+    assert DeviceGraph.load(tmp_path / "d.json") == get_preset("p100-1x4")
+    assert "4 devices" in ok(capsys, "devices", str(tmp_path / "d.json"))
+
+
+def test_plan_a_model_writes_a_strategy_that_evaluate_rescores(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    plan_path = tmp_path / "plan.json"
+    code, out, err = run(
+        capsys, "plan", *MODEL, *DEVICES, "--backend", "baselines", "-o", str(plan_path)
+    )
+    assert code == 0 and err.strip() == f"plan written to {plan_path}"
+    printed = last_json(out)
+    saved = json.loads(plan_path.read_text())
+    for key in ("status", "objective", "bound", "backend", "search_seconds"):
+        assert key in saved and saved[key] == printed[key], key
+    assert saved["status"] == "FEASIBLE" and saved["backend"] == "baselines"
+    assert saved["objective"] > 0 and saved["search_seconds"] >= 0
+    assert saved["graph"]["model"]["name"] == "lenet5" and saved["graph"]["model"]["batch"] == 8
+    strategy, _ = load_strategy(plan_path)  # OUT is itself a strategy file
+    assert len(strategy.configs) == len(model_graph("lenet5", batch=8).ops)
+
+    scored = json.loads(ok(capsys, "evaluate", str(plan_path), "--json"))
+    assert math.isclose(scored["additive"], saved["objective"], rel_tol=1e-9)
+    assert scored["additive"] == pytest.approx(
+        scored["compute"] + scored["sync"] + scored["transfer"], rel=1e-9
+    )
+    text = ok(capsys, "evaluate", str(plan_path))
+    assert text.startswith("additive") and f"{saved['objective'] * 1e3:.3f} ms" in text
+
+
+def test_plan_from_a_graph_file_matches_the_model_plan(
+    capsys: pytest.CaptureFixture[str], files: dict[str, str]
+) -> None:
+    from_graph = last_json(ok(capsys, "plan", "--graph", files["graph"], *DEVICES))
+    from_model = json.loads(Path(files["plan"]).read_text())
+    assert from_graph["status"] == "FEASIBLE"
+    assert math.isclose(from_graph["objective"], from_model["objective"], rel_tol=1e-9)
+    # a device-graph JSON file works as --devices too
+    from_json = last_json(ok(capsys, "plan", *MODEL, "--devices", files["devices"]))
+    assert math.isclose(from_json["objective"], from_model["objective"], rel_tol=1e-9)
+
+
+def test_plan_a_cost_table_problem_writes_its_choices(
+    capsys: pytest.CaptureFixture[str], files: dict[str, str], tmp_path: Path
+) -> None:
+    out_path = tmp_path / "choices.json"
+    out = ok(capsys, "plan", "--problem", files["problem"], "-o", str(out_path))
+    saved = json.loads(out_path.read_text())
+    assert saved["status"] == "FEASIBLE" and saved["backend"] == "baselines"
+    assert last_json(out)["objective"] == saved["objective"]
+    problem = load_problem(files["problem"])
+    assert len(saved["choices"]) == problem.num_nodes
+    assert math.isclose(additive_cost(problem, saved["choices"]), saved["objective"], rel_tol=1e-9)
+    assert {"bound", "search_seconds"} <= set(saved)
+
+
+def test_plan_with_a_batch_no_device_count_divides_still_plans(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # 7 samples cannot be split over 4 GPUs: legal input, the planner uses smaller degrees.
+    out = last_json(ok(capsys, "plan", "lenet5", "--batch", "7", *DEVICES))
+    assert out["status"] == "FEASIBLE" and out["objective"] > 0
+
+
+def test_plan_options_are_accepted(capsys: pytest.CaptureFixture[str]) -> None:
+    out = ok(
+        capsys, "plan", "lenet5", "--set", "batch=8", *DEVICES, "--max-configs", "3",
+        "--memory-limit", "device", "--sync", "ps", "--seed", "3", "--time-limit", "0.5",
+    )  # fmt: skip
+    assert last_json(out)["status"] == "FEASIBLE"
+    ring = last_json(ok(capsys, "plan", *MODEL, *DEVICES, "--max-configs", "3"))
+    assert last_json(out)["objective"] != ring["objective"]  # --sync ps changes the costs
+
+
+def test_plan_that_finds_no_solution_exits_1_and_writes_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out_path = tmp_path / "none.json"
+    code, out, err = run(
+        capsys, "plan", *MODEL, *DEVICES, "--memory-limit", "1", "-o", str(out_path)
+    )
+    assert code == 1 and not out_path.exists()
+    assert last_json(out)["status"] in ("NO_SOLUTION", "INFEASIBLE")
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ")
+
+
+@pytest.mark.parametrize(
+    "command", ["", "models", "graph", "devices", "plan", "evaluate", "profile"]
+)
+def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"] if command else ["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m planner")
+    assert len(out.splitlines()) > 3
+
+
+def test_every_subcommand_has_a_one_line_help_in_the_listing() -> None:
+    text = build_parser().format_help()
+    for command in ("models", "graph", "devices", "plan", "evaluate", "profile"):
+        line = next(line for line in text.splitlines() if line.strip().startswith(command))
+        assert len(line.split()) > 2, line
+
+
+def test_python_dash_m_planner_entry_point(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner", "devices", "p100-2x4", "--json", str(tmp_path / "d.json")],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("p100-2x4: 8 devices") and proc.stderr == ""
+    assert DeviceGraph.load(tmp_path / "d.json") == get_preset("p100-2x4")
+
+
+# -- bad input: one `error:` line on stderr, non-zero exit, no traceback ------------------
+
+BAD: dict[str, tuple[list[str], str]] = {
+    # command line
+    "no command": ([], "required"),
+    "unknown command": (["frob"], "invalid choice"),
+    "unknown option": (["models", "--frob"], "unrecognized arguments"),
+    # graph
+    "unknown model": (["graph", "nope"], "unknown model 'nope'"),
+    "unknown model argument": (["graph", "lenet5", "--set", "nope=1"], "no option 'nope'"),
+    "--set without =": (["graph", "lenet5", "--set", "nope"], "KEY=VALUE"),
+    "model argument of the wrong type": (
+        ["graph", "lenet5", "--set", "image_size=big"],
+        "image_size must be a positive integer",
+    ),
+    "model argument too small to run": (["graph", "lenet5", "--set", "image_size=3"], "lenet5"),
+    "batch 0": (["graph", "lenet5", "--batch", "0"], "--batch: expected a positive integer"),
+    "negative batch": (["graph", "lenet5", "--batch", "-3"], "positive integer"),
+    "fractional batch": (["graph", "lenet5", "--batch", "2.5"], "positive integer"),
+    "batch given twice": (["graph", *MODEL, "--set", "batch=4"], "batch size once"),
+    "negative --set batch": (["graph", "lenet5", "--set", "batch=-1"], "positive integer"),
+    "graph --json into a missing folder": (
+        ["graph", *MODEL, "--json", "{missing}/g.json"],
+        "No such file",
+    ),
+    # devices
+    "unknown preset": (["devices", "nope-1x4"], "unknown device preset"),
+    "preset out of range": (["devices", "p100-0x4"], "out of range"),
+    "device JSON that is not JSON": (["devices", "{not_json}"], "not_json"),
+    "device JSON with a zero bandwidth": (["devices", "{zero_bandwidth}"], "bandwidth"),
+    "missing device JSON": (["devices", "{missing}"], "missing.json"),
+    "binary device file": (["devices", "{binary}"], "UTF-8"),
+    "--measure on a GPU preset": (["devices", "p100-1x4", "--measure"], "cpu-local"),
+    "--measure on a malformed cpu-local name": (
+        ["devices", "cpu-local-x", "--measure"],
+        "cpu-local",
+    ),
+    # plan
+    "plan without --devices": (["plan", *MODEL], "--devices is required"),
+    "plan a graph without --devices": (["plan", "--graph", "{graph}"], "--devices is required"),
+    "plan with no input": (["plan", *DEVICES], "one of the arguments"),
+    "plan a model and a graph": (["plan", *MODEL, "--graph", "{graph}", *DEVICES], "not allowed"),
+    "plan an unknown model": (["plan", "nope", *DEVICES], "unknown model"),
+    "plan with an unknown preset": (["plan", *MODEL, "--devices", "nope"], "unknown device"),
+    "plan with a zero-bandwidth device file": (
+        ["plan", *MODEL, "--devices", "{zero_bandwidth}"],
+        "bandwidth",
+    ),
+    "unknown backend": (["plan", *MODEL, *DEVICES, "--backend", "nope"], "unknown backend"),
+    "makespan with a backend that cannot": (
+        ["plan", *MODEL, *DEVICES, "--backend", "baselines", "--objective", "makespan"],
+        "makespan",
+    ),
+    "unknown objective": (["plan", *MODEL, *DEVICES, "--objective", "fastest"], "invalid choice"),
+    "zero time limit": (["plan", *MODEL, *DEVICES, "--time-limit", "0"], "--time-limit"),
+    "negative time limit": (["plan", *MODEL, *DEVICES, "--time-limit", "-1"], "--time-limit"),
+    "infinite time limit": (["plan", *MODEL, *DEVICES, "--time-limit", "inf"], "--time-limit"),
+    "negative seed": (["plan", *MODEL, *DEVICES, "--seed", "-1"], "--seed"),
+    "memory limit nonsense": (["plan", *MODEL, *DEVICES, "--memory-limit", "lots"], "memory"),
+    "negative memory limit": (["plan", *MODEL, *DEVICES, "--memory-limit", "-5"], "memory"),
+    "NaN memory limit": (["plan", *MODEL, *DEVICES, "--memory-limit", "nan"], "memory"),
+    "max configs 0": (["plan", *MODEL, *DEVICES, "--max-configs", "0"], "--max-configs"),
+    "missing problem file": (["plan", "--problem", "{missing}"], "does not exist"),
+    "problem that is not JSON": (["plan", "--problem", "{not_json}"], "not valid JSON"),
+    "malformed problem": (["plan", "--problem", "{malformed_problem}"], "edges"),
+    "problem with --devices": (["plan", "--problem", "{problem}", *DEVICES], "--problem"),
+    "problem with --batch": (["plan", "--problem", "{problem}", "--batch", "8"], "zoo model"),
+    "graph with --set": (["plan", "--graph", "{graph}", *DEVICES, "--set", "x=1"], "zoo model"),
+    "graph with a cycle": (["plan", "--graph", "{cycle}", *DEVICES], "cycle"),
+    "graph file that is a device graph": (["plan", "--graph", "{devices}", *DEVICES], "format"),
+    "missing graph file": (["plan", "--graph", "{missing}", *DEVICES], "does not exist"),
+    "binary graph file": (["plan", "--graph", "{binary}", *DEVICES], "UTF-8"),
+    "binary problem file": (["plan", "--problem", "{binary}"], "binary.json"),
+    "plan -o into a missing folder": (
+        ["plan", *MODEL, *DEVICES, "-o", "{missing}/plan.json"],
+        "No such file",
+    ),
+    # evaluate
+    "evaluate a graph file": (["evaluate", "{graph}"], "not a layerwise strategy"),
+    "evaluate a cost-table problem": (["evaluate", "{problem}"], "not a layerwise strategy"),
+    "evaluate a tampered fingerprint": (["evaluate", "{tampered}"], "fingerprint"),
+    "evaluate a missing file": (["evaluate", "{missing}"], "does not exist"),
+    "evaluate a file that is not JSON": (["evaluate", "{not_json}"], "not valid JSON"),
+    "evaluate a binary file": (["evaluate", "{binary}"], "UTF-8"),
+    "evaluate a malformed strategy": (["evaluate", "{embedded_graph_list}"], "malformed"),
+    "evaluate a strategy with a bad cost section": (["evaluate", "{bad_cost}"], "cost"),
+    "evaluate an unknown cost source": (["evaluate", "{bad_cost_source}"], "guessed"),
+    "evaluate a non-numeric cost option": (["evaluate", "{bad_cost_option}"], "compute_eff"),
+    # profile (argument checks only: the profiler itself is tested elsewhere)
+    "profile an unknown model": (["profile", "nope"], "unknown model"),
+    "profile zero repeats": (["profile", "lenet5", "--repeats", "0"], "--repeats"),
+    "profile max configs 0": (["profile", "lenet5", "--max-configs", "0"], "--max-configs"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_one_error_line(
+    capsys: pytest.CaptureFixture[str], files: dict[str, str], case: str
+) -> None:
+    argv, expected = BAD[case]
+    code, out, err = run(capsys, *(a.format(**files) for a in argv))
+    lines = err.strip().splitlines()
+    assert code == 2, (code, err)
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err + out
+    assert expected in lines[0], lines[0]

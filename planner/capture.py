@@ -207,7 +207,8 @@ def _run_on_meta(
         raise
     except Exception as exc:
         raise GraphError(
-            f"running {name!r} on meta tensors failed: {type(exc).__name__}: {exc}"
+            f"running {name!r} on meta tensors failed: {type(exc).__name__}: "
+            + (str(exc).splitlines() or [""])[0]
         ) from exc
     finally:
         for m, flag in training.items():

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.errors import ProblemError
+from planner.errors import ProblemError, read_json
 from planner.problem import FORBIDDEN, Problem, forbid
 
 __all__ = [
@@ -246,18 +246,7 @@ def _intervals(rows: list[Any], n: int) -> np.ndarray:
 
 def load_problem(path: str | Path) -> Problem:
     """Read a cost-table problem file; every defect is a ProblemError naming the file."""
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise ProblemError(f"cost-table file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProblemError(f"cannot read cost-table file {path}: {exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProblemError(f"cost-table file {path} is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ProblemError(f"cost-table file {path} is nested too deeply") from None
+    data = read_json(path, "cost-table", ProblemError)
     try:
         return problem_from_json(data)
     except ProblemError as exc:

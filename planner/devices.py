@@ -15,7 +15,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from planner.errors import DeviceGraphError
+from planner.errors import DeviceGraphError, read_json
 
 __all__ = ["FORMAT", "VERSION", "Device", "DeviceGraph", "Link"]
 
@@ -321,11 +321,7 @@ class DeviceGraph:
     @classmethod
     def load(cls, path: str | Path) -> DeviceGraph:
         """Read a graph written by `save`."""
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise DeviceGraphError(f"cannot read device graph {path}: {exc}") from exc
-        return cls.from_json(data)
+        return cls.from_json(read_json(path, "device graph", DeviceGraphError))
 
     def summary(self) -> str:
         """A few human-readable lines: devices, link kinds, route statistics."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import networkx as nx
 
-from planner.errors import GraphError
+from planner.errors import GraphError, read_json
 from planner.opkinds import SAMPLE, DimMap, input_dim_map, kind_spec
 
 GRAPH_FORMAT = "layerwise.opgraph"
@@ -128,6 +128,8 @@ class OpGraph:
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if not self.ops:
+            raise GraphError(f"graph {self.name!r} has no ops")
         ops = _topological(tuple(self.ops))
         object.__setattr__(self, "ops", ops)
         object.__setattr__(self, "_index", {op.name: i for i, op in enumerate(ops)})
@@ -217,7 +219,10 @@ class OpGraph:
                 f"graph format version {data.get('version')!r} is not supported "
                 f"(this layerwise reads version {GRAPH_VERSION})"
             )
-        ops = [_op_from_json(o, i) for i, o in enumerate(data.get("ops", []))]
+        raw = data.get("ops")
+        if not isinstance(raw, list) or not raw:
+            raise GraphError('a graph JSON needs "ops": a non-empty list of op objects')
+        ops = [_op_from_json(o, i) for i, o in enumerate(raw)]
         return cls(str(data.get("name", "graph")), tuple(ops))
 
     def save(self, path: str | Path) -> None:
@@ -225,13 +230,7 @@ class OpGraph:
 
     @classmethod
     def load(cls, path: str | Path) -> OpGraph:
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise GraphError(f"graph file {path} does not exist") from None
-        except json.JSONDecodeError as exc:
-            raise GraphError(f"graph file {path} is not valid JSON: {exc}") from None
-        return cls.from_json(data)
+        return cls.from_json(read_json(path, "graph", GraphError))
 
     def fingerprint(self) -> str:
         """A short hash of the graph's content (names, kinds, shapes, edges, FLOPs)."""
@@ -394,6 +393,12 @@ def _op_to_json(op: Op) -> dict[str, Any]:
     return d
 
 
+def _names(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f'"inputs" must be a list of op names, got {value!r}')
+    return tuple(value)
+
+
 def _param_to_json(p: Param) -> dict[str, Any]:
     d: dict[str, Any] = {"name": p.name, "shape": list(p.shape)}
     if p.dtype_bytes != 4:
@@ -419,7 +424,7 @@ def _op_from_json(d: Any, i: int) -> Op:
         return Op(
             name=str(d["name"]),
             kind=str(d["kind"]),
-            inputs=tuple(str(s) for s in d.get("inputs", [])),
+            inputs=_names(d.get("inputs", [])),
             output=output,
             params=params,
             flops=float(d.get("flops", 0.0)),

@@ -17,7 +17,7 @@ from typing import Any
 
 from planner.config import ParallelConfig, check_config
 from planner.devices import DeviceGraph
-from planner.errors import ConfigError, LayerwiseError, StrategyError
+from planner.errors import ConfigError, LayerwiseError, StrategyError, read_json
 from planner.opgraph import OpGraph
 
 STRATEGY_FORMAT = "layerwise.strategy"
@@ -92,6 +92,8 @@ def strategy_from_json(
     if data.get("version") != STRATEGY_VERSION:
         raise StrategyError(f"strategy version {data.get('version')!r} is not supported")
     gmeta, dmeta = data.get("graph", {}), data.get("devices", {})
+    if not isinstance(gmeta, Mapping) or not isinstance(dmeta, Mapping):
+        raise StrategyError('the strategy file\'s "graph" and "devices" must be objects')
     try:
         graph = graph or OpGraph.from_json(gmeta["json"])
         devices = devices or DeviceGraph.from_json(dmeta["json"])
@@ -135,10 +137,5 @@ def load_strategy(
     path: str | Path, graph: OpGraph | None = None, devices: DeviceGraph | None = None
 ) -> tuple[Strategy, dict[str, Any]]:
     """Strategy and the raw file contents (status, objective, model, ... of a plan)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise StrategyError(f"strategy file {path} does not exist") from None
-    except json.JSONDecodeError as exc:
-        raise StrategyError(f"strategy file {path} is not valid JSON: {exc}") from None
+    data = read_json(path, "strategy", StrategyError)
     return strategy_from_json(data, graph, devices), data

@@ -327,7 +327,7 @@ BAD: dict[str, tuple[list[str], str]] = {
     "evaluate a missing file": (["evaluate", "{missing}"], "does not exist"),
     "evaluate a file that is not JSON": (["evaluate", "{not_json}"], "not valid JSON"),
     "evaluate a binary file": (["evaluate", "{binary}"], "UTF-8"),
-    "evaluate a malformed strategy": (["evaluate", "{embedded_graph_list}"], "malformed"),
+    "evaluate a malformed strategy": (["evaluate", "{embedded_graph_list}"], "must be objects"),
     "evaluate a strategy with a bad cost section": (["evaluate", "{bad_cost}"], "cost"),
     "evaluate an unknown cost source": (["evaluate", "{bad_cost_source}"], "guessed"),
     "evaluate a non-numeric cost option": (["evaluate", "{bad_cost_option}"], "compute_eff"),

@@ -230,11 +230,19 @@ class CostModel:
         nlo, nhi = needed_boxes(
             self.graph.input_maps(edge), src.output.sizes, dst.output.dims, olo, ohi
         )
-        nbytes = overlap_volume(plo, phi, nlo, nhi) * src.output.dtype_bytes  # (Pu, D, Pv, D)
+        # Only real tasks, flattened partition by partition: rows[p] = first row of partition p.
+        real_u, real_v = plo[..., 0] < phi[..., 0], ohi[..., 0] > olo[..., 0]
+        rows_u, rows_v = _first_rows(real_u), _first_rows(real_v)
+        vol = overlap_volume(
+            plo[real_u][None], phi[real_u][None], nlo[real_v][None], nhi[real_v][None]
+        )
+        nbytes = vol[0, :, 0, :] * src.output.dtype_bytes  # (tasks of all u partitions, ... v)
         table = np.zeros((len(cu), len(cv)))
         for ku, a_idx, sets_u, cfg_u in _batches(cu):
+            r = (rows_u[a_idx][:, None] + np.arange(ku)).ravel()
             for kv, b_idx, sets_v, cfg_v in _batches(cv):
-                b = nbytes[np.ix_(a_idx, np.arange(ku), b_idx, np.arange(kv))]
+                c = (rows_v[b_idx][:, None] + np.arange(kv)).ravel()
+                b = nbytes[np.ix_(r, c)].reshape(len(a_idx), ku, len(b_idx), kv)
                 table[np.ix_(cfg_u.ravel(), cfg_v.ravel())] = self._combine(b, sets_u, sets_v)
         return table
 
@@ -249,6 +257,12 @@ class CostModel:
         bwd = np.einsum("apbq,opwq->aobwp", nbytes, w_b) + np.einsum("apbq,opwq->aobwp", msg, l_b)
         t = fwd.max(axis=4) + bwd.max(axis=4)
         return t.reshape(A * sets_u.shape[0], B * sets_v.shape[0])
+
+
+def _first_rows(real: np.ndarray) -> np.ndarray:
+    """Row of each partition's first task once the real tasks (P, slots) are flattened."""
+    counts = real.sum(axis=1)
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
 
 def _batches(c: OpConfigs) -> Iterable[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:

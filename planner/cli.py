@@ -279,7 +279,7 @@ def _cost_model(graph: Any, devices: Any, options: dict[str, Any], source: str) 
     if source == "measured":
         from planner.profile import MeasuredTimes
 
-        measured = MeasuredTimes.load(devices)
+        measured = MeasuredTimes.load(devices, graph=graph)
     return CostModel(graph, devices, opts, measured=measured)
 
 

@@ -3,8 +3,10 @@
 A conv followed by its batch norm and ReLU becomes one conv op carrying all three ops'
 FLOPs, memory traffic and parameters; a flatten feeding a linear disappears (the linear
 reads the 4D tensor whole along its non-sample dims). Total forward FLOPs and parameter
-bytes are preserved exactly; the merged op keeps the producer's name, kind and output and
-lists what it absorbed in attr "fused".
+bytes are preserved exactly; the merged op keeps the producer's name, kind and output, lists
+the ops it absorbed in attr "fused" and what they compute, in order, in attr "fused_ops"
+(applied to its output) and "pre_ops" (applied to its input: ops that had been folded into
+an absorbed flatten).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ def _merge(producer: Op, op: Op) -> Op:
     if op.kind == "norm":
         attrs["norm"] = op.attr("norm")
     attrs["fused"] = tuple(attrs.get("fused", ())) + (op.name,)
+    attrs["fused_ops"] = tuple(attrs.get("fused_ops", ())) + (_function(op),)
     return replace(
         producer,
         params=producer.params + op.params,
@@ -117,6 +120,13 @@ def _inline_concats(op: Op, kept: dict[str, Op], n_consumers: Counter[str]) -> O
     return replace(op, inputs=tuple(inputs), mem_bytes=mem, attrs=Op.make_attrs(attrs))
 
 
+def _function(op: Op) -> str:
+    """What a folded op computes, for attr "fused_ops" (e.g. relu, dropout, batch_norm)."""
+    if op.kind == "norm":
+        return f"{op.attr('norm')}_norm"
+    return str(op.attr("op", "identity"))  # hand-built graphs may not say which function
+
+
 def _can_drop_flatten(op: Op, flatten: Op, n_consumers: Counter[str]) -> bool:
     if op.kind != "linear" or flatten.kind != "flatten" or len(flatten.inputs) != 1:
         return False
@@ -132,6 +142,9 @@ def _absorb_flatten(linear: Op, flatten: Op, flatten_own_mem: float) -> Op:
     attrs["flatten"] = True
     absorbed = (flatten.name, *flatten.attr("fused", ()), *attrs.get("fused", ()))
     attrs["fused"] = absorbed
+    pre = tuple(flatten.attr("fused_ops", ()))  # folded into the flatten: run on the input
+    if pre:
+        attrs["pre_ops"] = pre
     return replace(
         linear,
         inputs=flatten.inputs,

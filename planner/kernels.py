@@ -167,6 +167,7 @@ class TaskPlan:
     roles: tuple[ParamRole, ...]
     param_shapes: tuple[tuple[int, ...], ...]  # the task's parameter shards
     fused: tuple[str, ...]  # folded functions applied after the op, in order
+    pre: tuple[str, ...] = ()  # folded functions applied to the (single) input first
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -292,6 +293,7 @@ def _plan(
         roles=roles,
         param_shapes=param_shapes,
         fused=fused_ops(op),
+        pre=tuple(str(f) for f in op.attr("pre_ops", ())),
     )
 
 
@@ -517,6 +519,8 @@ def run_task(
     if len(inputs) != expected:
         raise GraphError(f"op {op.name!r}: task needs {expected} inputs, got {len(inputs)}")
     xs = [_select(plan, pos, x) for pos, x in enumerate(inputs)]
+    for fn in plan.pre:
+        xs[0] = _unary(op, fn)(xs[0])
     own = [p for p, r in zip(params, plan.roles, strict=True) if r.role == "own"]
     norm = [p for p, r in zip(params, plan.roles, strict=True) if r.role == "norm"]
     extras = [

@@ -101,24 +101,31 @@ class CostModel:
             nbytes = ins + op.output.nbytes + op.param_bytes
         return op.flops, float(nbytes)
 
-    def compute_time(self, i: int, cfg: ParallelConfig) -> float:
-        """t_c: forward + backward seconds of the slowest task of op i under cfg."""
+    def task_times(self, i: int, cfg: ParallelConfig) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward seconds of each task of op i under cfg (two (k,) arrays).
+
+        Measured times (forward + backward) are split in the analytic ratio 1 : backward_factor;
+        the per-task overhead is charged to the forward task."""
         op = self.graph.ops[i]
+        k, o = cfg.num_tasks, self.options
         if op.kind == "input":
-            return 0.0
-        if self.measured is not None:
-            t = self.measured.task_time(op, cfg)
-            if t is not None:
-                return t
+            return np.zeros(k), np.zeros(k)
+        measured = self.measured.task_time(op, cfg) if self.measured is not None else None
+        if measured is not None:
+            fwd = np.full(k, measured / (1.0 + o.backward_factor))
+            return fwd, fwd * o.backward_factor
         flops, nbytes = self._task_work(op)
-        k = cfg.num_tasks
         dev = np.asarray(cfg.devices)
-        o = self.options
         fwd = np.maximum(
             flops / k / (self.flops[dev] * o.compute_efficiency),
             nbytes / k / (self.mem_bw[dev] * o.memory_efficiency),
         )
-        return float(fwd.max() * (1.0 + o.backward_factor) + o.task_overhead)
+        return fwd + o.task_overhead, fwd * o.backward_factor
+
+    def compute_time(self, i: int, cfg: ParallelConfig) -> float:
+        """t_c: forward + backward seconds of the slowest task of op i under cfg."""
+        fwd, bwd = self.task_times(i, cfg)
+        return float((fwd + bwd).max())
 
     # -- t_s ------------------------------------------------------------------------------
 

@@ -1,0 +1,418 @@
+"""FlexFlow's execution simulator (Jia et al. 2019, Sec. 5): task graph, full and delta simulation.
+
+Task graph (Sec. 5.1). For every op and its config: a forward and a backward task per
+partition on its device. For every tensor edge and every pair of producer/consumer tasks that
+share a sub-tensor (`planner.regions`, the same overlaps the cost model prices): a dependency
+when they are on one device, else a communication task on each link of the route (links are
+devices of their own, one per direction, so transfers overlap with compute), forward for the
+activations and backward for the gradients. Parameter synchronization of replicated shards
+(FlexFlow's public code priced it at 0; we do not): ring all-reduce as one transfer of
+2 (r - 1) / r of the shard on each hop of the ring, or a parameter server (each replica sends
+its gradients to the first replica and receives the parameters back), then an update task on
+every device that holds the shard. Ops sharing a parameter group synchronize once.
+
+Order on a device (assumption A3, FIFO): tasks run in program order: forward ops in
+topological order (an op's incoming transfers just before it), then backward ops in reverse,
+each followed by its outgoing gradient transfers and its parameter sync, then the updates.
+A task starts when its dependencies are done and the task before it on its device is done.
+
+Full simulation (Algorithm 1) builds the graph and sets every task's start and end in that
+order. Delta simulation (Algorithm 2) changes one op's config: it replaces the op's tasks,
+the transfers of its edges and its group's sync, and re-propagates times only from the tasks
+that changed, in program order (a topological order), until nothing changes further. Since
+the order on every device is fixed, both give the same timeline, bit for bit (tested).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from planner.regions import needed_boxes, overlap_volume, task_boxes
+
+if TYPE_CHECKING:
+    from planner.config import ParallelConfig
+    from planner.costmodel import CostModel
+    from planner.strategy import Strategy
+
+Key = tuple[int, int, int, int, int, int]
+FWD, BWD, UPDATE = 0, 1, 2  # phases of the program order
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    key: Key
+    name: str  # e.g. "fwd conv1 #2", "xfer fc->loss 0->1 link 3"
+    resource: int  # device index, or num_devices + 2 * link + direction
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    tasks: tuple[TaskInfo, ...]
+    makespan: float
+    num_devices: int
+    resource_names: tuple[str, ...]
+    memory: np.ndarray  # bytes per device
+
+    def by_key(self) -> dict[Key, tuple[float, float]]:
+        return {t.key: (t.start, t.end) for t in self.tasks}
+
+
+class Simulator:
+    """A task graph and its timeline for a strategy; `change` re-simulates incrementally."""
+
+    def __init__(self, cost_model: CostModel, configs: Sequence[ParallelConfig]):
+        self.cm = cost_model
+        self.graph = cost_model.graph
+        self.devices = cost_model.devices
+        self.n = len(self.graph.ops)
+        self.configs = list(configs)
+        self._routes = _routes(self.devices)
+        self._bytes_cache: dict[tuple[int, tuple[int, ...], tuple[int, ...]], np.ndarray] = {}
+        self._sync_op = _sync_ops(self.graph)
+        self._sync_of = {i: s for s, members in self._sync_op.items() for i in members}
+        self._incident: list[list[int]] = [[] for _ in range(self.n)]
+        for k, e in enumerate(self.graph.edges):
+            self._incident[e.src].append(k)
+            if e.dst != e.src:
+                self._incident[e.dst].append(k)
+        # Task storage (ids never reused; removed tasks leave holes).
+        self.key: list[Key] = []
+        self.res: list[int] = []
+        self.dur: list[float] = []
+        self.label: list[str] = []
+        self.preds: list[set[int]] = []
+        self.succs: list[set[int]] = []
+        self.end: list[float] = []
+        self.alive: list[bool] = []
+        self.order: dict[int, list[tuple[Key, int]]] = {}  # resource -> sorted (key, task)
+        self.owned: list[list[int]] = [[] for _ in range(self.n)]  # op -> its F/B tasks
+        self.edge_tasks: dict[int, list[int]] = {}  # edge index -> its transfer tasks
+        self.sync_tasks: dict[int, list[int]] = {}  # sync op -> sync and update tasks
+        self._fb: dict[tuple[int, int, int], int] = {}  # (phase, op, task index) -> id
+        self.full()
+
+    # -- building ------------------------------------------------------------------------
+
+    def _add(self, key: Key, res: int, dur: float, label: str, preds: Iterable[int]) -> int:
+        t = len(self.key)
+        self.key.append(key)
+        self.res.append(res)
+        self.dur.append(float(dur))
+        self.label.append(label)
+        ps = set(preds)
+        self.preds.append(ps)
+        self.succs.append(set())
+        for p in ps:
+            self.succs[p].add(t)
+        self.end.append(0.0)
+        self.alive.append(True)
+        return t
+
+    def _remove(self, tasks: Iterable[int]) -> set[int]:
+        """Delete tasks; return the live tasks whose inputs changed because of it."""
+        touched: set[int] = set()
+        for t in tasks:
+            self.alive[t] = False
+            for p in self.preds[t]:
+                self.succs[p].discard(t)
+            for s in self.succs[t]:
+                self.preds[s].discard(t)
+                touched.add(s)
+            lst = self.order[self.res[t]]
+            k = bisect.bisect_left(lst, (self.key[t], t))
+            if k + 1 < len(lst):
+                touched.add(lst[k + 1][1])
+            del lst[k]
+        return {t for t in touched if self.alive[t]}
+
+    def _insert_order(self, t: int) -> None:
+        bisect.insort(self.order.setdefault(self.res[t], []), (self.key[t], t))
+
+    def _build_op(self, i: int) -> list[int]:
+        op, cfg = self.graph.ops[i], self.configs[i]
+        fwd, bwd = self.cm.task_times(i, cfg)
+        made = []
+        for t, dev in enumerate(cfg.devices):
+            f = self._add((FWD, i, 2, t, 0, 0), dev, fwd[t], f"fwd {op.name} #{t}", ())
+            b = self._add(
+                (BWD, self.n - 1 - i, 0, t, 0, 0), dev, bwd[t], f"bwd {op.name} #{t}", (f,)
+            )
+            self._fb[(FWD, i, t)], self._fb[(BWD, i, t)] = f, b
+            made += [f, b]
+        self.owned[i] = made
+        return made
+
+    def _edge_bytes(self, e: int) -> np.ndarray:
+        edge = self.graph.edges[e]
+        cu, cv = self.configs[edge.src], self.configs[edge.dst]
+        key = (e, cu.degrees, cv.degrees)
+        if key not in self._bytes_cache:
+            src, dst = self.graph.ops[edge.src], self.graph.ops[edge.dst]
+            plo, phi = task_boxes(src.output.sizes, np.array([cu.degrees]), cu.num_tasks)
+            olo, ohi = task_boxes(dst.output.sizes, np.array([cv.degrees]), cv.num_tasks)
+            maps = self.graph.input_maps(edge)
+            nlo, nhi = needed_boxes(maps, src.output.sizes, dst.output.dims, olo, ohi)
+            vol = overlap_volume(plo, phi, nlo, nhi)[0, :, 0, :]
+            self._bytes_cache[key] = vol * src.output.dtype_bytes
+        return self._bytes_cache[key]
+
+    def _build_edge(self, e: int) -> list[int]:
+        edge = self.graph.edges[e]
+        u, v = edge.src, edge.dst
+        cu, cv = self.configs[u], self.configs[v]
+        nbytes = self._edge_bytes(e)
+        made: list[int] = []
+        names = self.graph.ops[u].name, self.graph.ops[v].name
+        for p, q in zip(*np.nonzero(nbytes), strict=True):
+            dp, dq = cu.devices[p], cv.devices[q]
+            fu, fv = self._fb[(FWD, u, p)], self._fb[(FWD, v, q)]
+            bu, bv = self._fb[(BWD, u, p)], self._fb[(BWD, v, q)]
+            if dp == dq:
+                self.preds[fv].add(fu)
+                self.succs[fu].add(fv)
+                self.preds[bu].add(bv)
+                self.succs[bv].add(bu)
+                continue
+            size = float(nbytes[p, q])
+            pair = int(p) * 65536 + int(q)
+            last = self._transfer(
+                (FWD, v, 1, e, pair, 0), dp, dq, size, fu, f"{names[0]}->{names[1]}", made
+            )
+            self.preds[fv].add(last)
+            self.succs[last].add(fv)
+            pair = int(q) * 65536 + int(p)
+            last = self._transfer(
+                (BWD, self.n - 1 - v, 1, e, pair, 0),
+                dq,
+                dp,
+                size,
+                bv,
+                f"grad {names[1]}->{names[0]}",
+                made,
+            )
+            self.preds[bu].add(last)
+            self.succs[last].add(bu)
+        self.edge_tasks[e] = made
+        return made
+
+    def _transfer(
+        self, key: Key, a: int, b: int, size: float, after: int, what: str, made: list[int]
+    ) -> int:
+        """Transfer `size` bytes from device a to b hop by hop after task `after`; last hop id."""
+        prev = after
+        for h, (res, inv_bw, lat) in enumerate(self._routes[(a, b)]):
+            k = (*key[:5], h)
+            prev = self._add(k, res, size * inv_bw + lat, f"xfer {what} {a}->{b} hop {h}", (prev,))  # type: ignore[arg-type]
+            made.append(prev)
+        return prev
+
+    def _build_sync(self, s: int) -> list[int]:
+        """Gradient sync and update of the parameter group whose sync op is s."""
+        op, cfg = self.graph.ops[s], self.configs[s]
+        members = self._sync_op[s]
+        made: list[int] = []
+        if not op.params:
+            self.sync_tasks[s] = made
+            return made
+        groups = self.cm.replica_groups(op, cfg)
+        shard = op.param_bytes / len(groups)
+        copies = self.cm.options.param_copies
+        for g, devs in enumerate(groups):
+            ready = [
+                self._fb[(BWD, j, t)]
+                for j in members
+                for t, d in enumerate(self.configs[j].devices)
+                if d in devs
+            ]
+            done: list[int] = ready
+            if len(devs) > 1:
+                done = self._sync_transfers(s, g, devs, shard, ready, made)
+            for d in devs:
+                dur = copies * shard / (self.cm.mem_bw[d] * self.cm.options.memory_efficiency)
+                made.append(
+                    self._add((UPDATE, s, g, d, 0, 0), d, dur, f"update {op.name} shard {g}", done)
+                )
+        self.sync_tasks[s] = made
+        return made
+
+    def _sync_transfers(
+        self, s: int, g: int, devs: list[int], shard: float, ready: list[int], made: list[int]
+    ) -> list[int]:
+        r = len(devs)
+        base = (BWD, self.n - 1 - s, 2, g)
+        name = self.graph.ops[s].name
+        if self.cm.options.sync == "ring":
+            ends = []
+            for j, a in enumerate(devs):
+                b = devs[(j + 1) % r]
+                gate = self._add((*base, 2 * j, 0), a, 0.0, f"sync {name} ready", ready)  # type: ignore[arg-type]
+                made.append(gate)
+                size = 2 * (r - 1) / r * shard
+                ends.append(
+                    self._transfer(
+                        (*base, 2 * j + 1, 0), a, b, size, gate, f"allreduce {name}", made
+                    )
+                )  # type: ignore[arg-type]
+            return ends
+        ps, rest = devs[0], devs[1:]
+        gate = self._add((*base, 0, 0), ps, 0.0, f"sync {name} ready", ready)  # type: ignore[arg-type]
+        made.append(gate)
+        ins = [
+            self._transfer((*base, 2 * j + 1, 0), a, ps, shard, gate, f"push {name}", made)  # type: ignore[arg-type]
+            for j, a in enumerate(rest)
+        ]
+        arrived = self._add((*base, 2 * r, 0), ps, 0.0, f"ps {name} has all", ins)  # type: ignore[arg-type]
+        made.append(arrived)
+        return [
+            self._transfer((*base, 2 * (r + j) + 1, 0), ps, a, shard, arrived, f"pull {name}", made)  # type: ignore[arg-type]
+            for j, a in enumerate(rest)
+        ]
+
+    # -- simulation ----------------------------------------------------------------------
+
+    def full(self) -> float:
+        """Algorithm 1: build the whole task graph and time every task."""
+        for lst in self.order.values():
+            lst.clear()
+        self.key.clear(), self.res.clear(), self.dur.clear(), self.label.clear()
+        self.preds.clear(), self.succs.clear(), self.end.clear(), self.alive.clear()
+        self._fb.clear()
+        for i in range(self.n):
+            self._build_op(i)
+        for e in range(len(self.graph.edges)):
+            self._build_edge(e)
+        for s in self._sync_op:
+            self._build_sync(s)
+        self.order = {}
+        for t in range(len(self.key)):
+            self.order.setdefault(self.res[t], []).append((self.key[t], t))
+        prev: dict[int, int] = {}
+        for lst in self.order.values():
+            lst.sort()
+        for _, t in sorted((self.key[t], t) for t in range(len(self.key))):
+            self._time(t, prev.get(self.res[t]))
+            prev[self.res[t]] = t
+        return self.makespan
+
+    def _time(self, t: int, before: int | None) -> float:
+        ready = max((self.end[p] for p in self.preds[t]), default=0.0)
+        if before is not None and self.end[before] > ready:
+            ready = self.end[before]
+        self.end[t] = ready + self.dur[t]
+        return self.end[t]
+
+    def _before(self, t: int) -> int | None:
+        lst = self.order[self.res[t]]
+        k = bisect.bisect_left(lst, (self.key[t], t))
+        return lst[k - 1][1] if k > 0 else None
+
+    def _after(self, t: int) -> int | None:
+        lst = self.order[self.res[t]]
+        k = bisect.bisect_left(lst, (self.key[t], t))
+        return lst[k + 1][1] if k + 1 < len(lst) else None
+
+    def change(self, i: int, cfg: ParallelConfig) -> float:
+        """Algorithm 2: give op i config `cfg` and re-simulate only what changes."""
+        edges = self._incident[i]
+        s = self._sync_of[i]
+        old = self.owned[i] + [t for k in edges for t in self.edge_tasks[k]] + self.sync_tasks[s]
+        dirty = self._remove(old)
+        self.configs[i] = cfg
+        new = list(self._build_op(i))
+        for k in edges:
+            new += self._build_edge(k)
+        new += self._build_sync(s)
+        for t in new:
+            self._insert_order(t)
+        for t in new:
+            nxt = self._after(t)
+            if nxt is not None:
+                dirty.add(nxt)
+        self._propagate(set(new), dirty)
+        return self.makespan
+
+    def _propagate(self, new: set[int], dirty: set[int]) -> None:
+        heap = [(self.key[t], t) for t in new | dirty]
+        heapq.heapify(heap)
+        queued = new | dirty
+        while heap:
+            _, t = heapq.heappop(heap)
+            before = self.end[t]
+            after = self._time(t, self._before(t))
+            if after == before and t not in new:
+                continue
+            nxt = self._after(t)
+            for s in (*self.succs[t], *((nxt,) if nxt is not None else ())):
+                if s not in queued:
+                    queued.add(s)
+                    heapq.heappush(heap, (self.key[s], s))
+
+    # -- results -------------------------------------------------------------------------
+
+    @property
+    def makespan(self) -> float:
+        """The last end on any device or link (ends grow along each FIFO order)."""
+        return max((self.end[lst[-1][1]] for lst in self.order.values() if lst), default=0.0)
+
+    def timeline(self) -> Timeline:
+        D = self.devices.num_devices
+        tasks = tuple(
+            TaskInfo(
+                self.key[t], self.label[t], self.res[t], self.end[t] - self.dur[t], self.end[t]
+            )
+            for t in range(len(self.key))
+            if self.alive[t]
+        )
+        memory = sum((self.cm.memory(i, c) for i, c in enumerate(self.configs)), np.zeros(D))
+        names = [d.name for d in self.devices.devices]
+        for link in self.devices.links:
+            names += [f"{link.a}->{link.b}", f"{link.b}->{link.a}"]
+        return Timeline(tasks, self.makespan, D, tuple(names), memory)
+
+
+def simulate(cost_model: CostModel, strategy: Strategy) -> Timeline:
+    """The full simulation of a strategy: its timeline and makespan (per-iteration time)."""
+    return Simulator(cost_model, strategy.configs).timeline()
+
+
+def _sync_ops(graph) -> dict[int, list[int]]:  # type: ignore[no-untyped-def]
+    """Each parameter group (or op) -> its ops; keyed by the group's first op."""
+    first: dict[str, int] = {}
+    out: dict[int, list[int]] = {}
+    for i, op in enumerate(graph.ops):
+        g = op.param_group
+        if g is None:
+            out[i] = [i]
+        elif g in first:
+            out[first[g]].append(i)
+        else:
+            first[g] = i
+            out[i] = [i]
+    return out
+
+
+def _routes(devices) -> dict[tuple[int, int], list[tuple[int, float, float]]]:  # type: ignore[no-untyped-def]
+    """(a, b) -> hops (resource id, seconds per byte, latency) along the route a -> b."""
+    D = devices.num_devices
+    names = [d.name for d in devices.devices]
+    out = {}
+    for a in range(D):
+        for b in range(D):
+            if a == b:
+                continue
+            hops, here = [], names[a]
+            for li in devices.route(a, b):
+                link = devices.links[li]
+                direction = 0 if link.a == here else 1
+                here = link.b if direction == 0 else link.a
+                hops.append((D + 2 * li + direction, 1.0 / link.bandwidth, link.latency))
+            out[(a, b)] = hops
+    return out

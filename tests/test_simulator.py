@@ -1,0 +1,129 @@
+"""The execution simulator: task graph, full simulation, delta simulation."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+import pytest
+from graphs import GRAPHS
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.baselines import data_parallel, model_parallel
+from planner.config import ParallelConfig
+from planner.costmodel import CostModel, CostOptions
+from planner.presets import get_preset
+from planner.problem import Problem, build_problem
+from planner.simulator import Simulator, simulate
+from planner.strategy import Strategy
+from planner.zoo import model_graph
+
+
+@cache
+def problem(name: str, preset: str, sync: str = "ring") -> Problem:
+    graph = GRAPHS[name]() if name in GRAPHS else model_graph(name, batch=8, **_small(name))
+    devices = get_preset(preset)
+    cm = CostModel(graph, devices, CostOptions(sync=sync))
+    return build_problem(graph, devices, cm, tie_groups=False)
+
+
+def _small(name: str) -> dict[str, int]:
+    return {
+        "inception_v3": {"image_size": 75, "aux_logits": False},
+        "rnnlm": {"steps": 3, "hidden": 64, "vocab": 100},
+        "transformer": {"seq": 16, "width": 32, "layers": 2, "heads": 4, "vocab": 100},
+    }.get(name, {})
+
+
+def _single_device(p: Problem, device: int) -> Strategy:
+    assert p.graph is not None and p.devices is not None
+    cfgs = tuple(ParallelConfig((1,) * len(op.output.dims), (device,)) for op in p.graph.ops)
+    return Strategy(p.graph, p.devices, cfgs)
+
+
+def test_one_device_runs_every_task_back_to_back() -> None:
+    p = problem("chain_cnn", "p100-1x4")
+    cm = p.cost_model
+    t = simulate(cm, _single_device(p, 2))
+    total = sum(
+        float(sum(cm.task_times(i, c)[0] + cm.task_times(i, c)[1]))
+        for i, c in enumerate(_single_device(p, 2).configs)
+    )
+    updates = sum(task.end - task.start for task in t.tasks if task.name.startswith("update"))
+    assert t.makespan == pytest.approx(total + updates, rel=1e-12)
+    busy = [task for task in t.tasks if task.end > task.start]
+    assert {task.resource for task in busy} == {2}
+    spans = sorted((task.start, task.end) for task in busy)
+    assert all(a[1] <= b[0] + 1e-15 for a, b in zip(spans, spans[1:], strict=False))
+
+
+def test_tasks_respect_their_dependencies_and_fifo_devices() -> None:
+    p = problem("inception", "p100-2x4")
+    sim = Simulator(p.cost_model, model_parallel(p.graph, p.devices).configs)
+    for t in range(len(sim.key)):
+        for q in sim.preds[t]:
+            assert sim.end[q] <= sim.end[t] - sim.dur[t] + 1e-15
+    for lst in sim.order.values():
+        ends = [sim.end[t] for _, t in lst]
+        starts = [sim.end[t] - sim.dur[t] for _, t in lst]
+        assert all(e <= s + 1e-15 for e, s in zip(ends, starts[1:], strict=False))
+
+
+def test_data_parallel_synchronizes_parameters_on_links() -> None:
+    p = problem("chain_cnn", "p100-1x4")
+    t = simulate(p.cost_model, data_parallel(p.graph, p.devices))
+    sync = [task for task in t.tasks if "allreduce" in task.name]
+    assert sync and all(task.resource >= t.num_devices for task in sync)
+    ps = simulate(
+        problem("chain_cnn", "p100-1x4", "ps").cost_model, data_parallel(p.graph, p.devices)
+    )
+    assert any("push" in task.name for task in ps.tasks)
+
+
+def test_makespan_is_below_the_additive_cost_for_data_parallel() -> None:
+    """Overlap can only help: the simulated step is at most the sum of Eq. 1's parts."""
+    from planner.evaluate import score_strategy
+
+    for name in ("chain_cnn", "inception", "residual"):
+        p = problem(name, "p100-1x4")
+        s = data_parallel(p.graph, p.devices)
+        assert simulate(p.cost_model, s).makespan <= score_strategy(p.cost_model, s).total * 1.5
+
+
+CASES = [
+    ("chain_cnn", "p100-1x4"),
+    ("inception", "p100-2x4"),
+    ("residual", "p100-1x4"),
+    ("shared_steps", "p100-2x4"),
+    ("attention_block", "p100-1x4"),
+    ("lenet5", "p100-2x4"),
+    ("inception_v3", "p100-1x4"),
+    ("rnnlm", "p100-1x4"),
+    ("transformer", "p100-1x2"),
+]
+
+
+@pytest.mark.parametrize("name, preset", CASES)
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), sync=st.sampled_from(["ring", "ps"]))
+def test_delta_equals_full_after_random_changes(
+    name: str, preset: str, seed: int, sync: str
+) -> None:
+    p = problem(name, preset, sync)
+    rng = np.random.default_rng(seed)
+    start = [p.space[i].configs[int(rng.integers(len(p.space[i])))] for i in range(p.num_nodes)]
+    sim = Simulator(p.cost_model, start)
+    for step in range(12):
+        i = int(rng.integers(p.num_nodes))
+        sim.change(i, p.space[i].configs[int(rng.integers(len(p.space[i])))])
+        if step % 4 == 3:
+            full = Simulator(p.cost_model, sim.configs)
+            assert sim.timeline().by_key() == full.timeline().by_key()
+            assert sim.makespan == full.makespan
+
+
+def test_memory_is_reported_per_device() -> None:
+    p = problem("chain_cnn", "p100-1x4")
+    t = simulate(p.cost_model, _single_device(p, 1))
+    assert t.memory[1] > 0 and t.memory[0] == t.memory[2] == t.memory[3] == 0

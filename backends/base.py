@@ -90,10 +90,18 @@ class SolveResult:
 
 
 def evaluate_objective(problem: Problem, choices: Sequence[int], objective: str) -> float:
-    """The requested objective of a choice vector, from planner's evaluators."""
+    """The requested objective of a choice vector, from planner's evaluators: OptCNN's Eq. 1
+    on the tables, or the makespan of FlexFlow's full simulation of the strategy."""
     if objective == "additive":
         return additive_cost(problem, choices)
-    raise BackendError("the makespan objective needs the execution simulator (not built yet)")
+    if problem.cost_model is None or problem.space is None:
+        raise BackendError(
+            f"the makespan objective needs a problem built from a DNN; {problem.name!r} is "
+            "a cost-table problem (use the additive objective)"
+        )
+    from planner.simulator import simulate
+
+    return simulate(problem.cost_model, problem.strategy(choices)).makespan
 
 
 class Backend(ABC):
@@ -115,6 +123,11 @@ class Backend(ABC):
             return f"backend {self.name!r} needs the package(s) {missing}: pip install them"
         if options.objective not in self.objectives:
             return f"backend {self.name!r} does not optimize the {options.objective!r} objective"
+        if options.objective == "makespan" and problem.cost_model is None:
+            return (
+                f"the makespan objective needs a problem built from a DNN; {problem.name!r} is "
+                "a cost-table problem (use the additive objective)"
+            )
         return None
 
     def solve(self, problem: Problem, options: SolveOptions | None = None) -> SolveResult:

@@ -19,7 +19,7 @@ from planner.problem import Problem
 
 class BaselinesBackend(Backend):
     name = "baselines"
-    objectives = ("additive",)
+    objectives = ("additive", "makespan")
     exact = False
 
     def _candidates(self, problem: Problem) -> dict[str, tuple[int, ...]]:

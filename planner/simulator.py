@@ -38,6 +38,8 @@ from planner.regions import needed_boxes, overlap_volume, task_boxes
 if TYPE_CHECKING:
     from planner.config import ParallelConfig
     from planner.costmodel import CostModel
+    from planner.devices import DeviceGraph
+    from planner.opgraph import OpGraph
     from planner.strategy import Strategy
 
 Key = tuple[int, int, int, int, int, int]
@@ -210,7 +212,7 @@ class Simulator:
         prev = after
         for h, (res, inv_bw, lat) in enumerate(self._routes[(a, b)]):
             k = (*key[:5], h)
-            prev = self._add(k, res, size * inv_bw + lat, f"xfer {what} {a}->{b} hop {h}", (prev,))  # type: ignore[arg-type]
+            prev = self._add(k, res, size * inv_bw + lat, f"xfer {what} {a}->{b} hop {h}", (prev,))
             made.append(prev)
         return prev
 
@@ -253,26 +255,26 @@ class Simulator:
             ends = []
             for j, a in enumerate(devs):
                 b = devs[(j + 1) % r]
-                gate = self._add((*base, 2 * j, 0), a, 0.0, f"sync {name} ready", ready)  # type: ignore[arg-type]
+                gate = self._add((*base, 2 * j, 0), a, 0.0, f"sync {name} ready", ready)
                 made.append(gate)
                 size = 2 * (r - 1) / r * shard
                 ends.append(
                     self._transfer(
                         (*base, 2 * j + 1, 0), a, b, size, gate, f"allreduce {name}", made
                     )
-                )  # type: ignore[arg-type]
+                )
             return ends
         ps, rest = devs[0], devs[1:]
-        gate = self._add((*base, 0, 0), ps, 0.0, f"sync {name} ready", ready)  # type: ignore[arg-type]
+        gate = self._add((*base, 0, 0), ps, 0.0, f"sync {name} ready", ready)
         made.append(gate)
         ins = [
-            self._transfer((*base, 2 * j + 1, 0), a, ps, shard, gate, f"push {name}", made)  # type: ignore[arg-type]
+            self._transfer((*base, 2 * j + 1, 0), a, ps, shard, gate, f"push {name}", made)
             for j, a in enumerate(rest)
         ]
-        arrived = self._add((*base, 2 * r, 0), ps, 0.0, f"ps {name} has all", ins)  # type: ignore[arg-type]
+        arrived = self._add((*base, 2 * r, 0), ps, 0.0, f"ps {name} has all", ins)
         made.append(arrived)
         return [
-            self._transfer((*base, 2 * (r + j) + 1, 0), ps, a, shard, arrived, f"pull {name}", made)  # type: ignore[arg-type]
+            self._transfer((*base, 2 * (r + j) + 1, 0), ps, a, shard, arrived, f"pull {name}", made)
             for j, a in enumerate(rest)
         ]
 
@@ -282,8 +284,10 @@ class Simulator:
         """Algorithm 1: build the whole task graph and time every task."""
         for lst in self.order.values():
             lst.clear()
-        self.key.clear(), self.res.clear(), self.dur.clear(), self.label.clear()
-        self.preds.clear(), self.succs.clear(), self.end.clear(), self.alive.clear()
+        for store in (self.key, self.res, self.dur, self.label, self.preds, self.succs):
+            store.clear()
+        self.end.clear()
+        self.alive.clear()
         self._fb.clear()
         for i in range(self.n):
             self._build_op(i)
@@ -383,7 +387,7 @@ def simulate(cost_model: CostModel, strategy: Strategy) -> Timeline:
     return Simulator(cost_model, strategy.configs).timeline()
 
 
-def _sync_ops(graph) -> dict[int, list[int]]:  # type: ignore[no-untyped-def]
+def _sync_ops(graph: OpGraph) -> dict[int, list[int]]:
     """Each parameter group (or op) -> its ops; keyed by the group's first op."""
     first: dict[str, int] = {}
     out: dict[int, list[int]] = {}
@@ -399,7 +403,7 @@ def _sync_ops(graph) -> dict[int, list[int]]:  # type: ignore[no-untyped-def]
     return out
 
 
-def _routes(devices) -> dict[tuple[int, int], list[tuple[int, float, float]]]:  # type: ignore[no-untyped-def]
+def _routes(devices: DeviceGraph) -> dict[tuple[int, int], list[tuple[int, float, float]]]:
     """(a, b) -> hops (resource id, seconds per byte, latency) along the route a -> b."""
     D = devices.num_devices
     names = [d.name for d in devices.devices]

@@ -293,7 +293,7 @@ BAD: dict[str, tuple[list[str], str]] = {
     ),
     "unknown backend": (["plan", *MODEL, *DEVICES, "--backend", "nope"], "unknown backend"),
     "makespan with a backend that cannot": (
-        ["plan", *MODEL, *DEVICES, "--backend", "baselines", "--objective", "makespan"],
+        ["plan", *MODEL, *DEVICES, "--backend", "elimination", "--objective", "makespan"],
         "makespan",
     ),
     "unknown objective": (["plan", *MODEL, *DEVICES, "--objective", "fastest"], "invalid choice"),

@@ -18,6 +18,7 @@ REGISTRY: dict[str, str] = {
     "baselines": "backends.baselines:BaselinesBackend",
     "elimination": "backends.elimination:EliminationBackend",
     "search": "backends.search:SearchBackend",
+    "mcmc": "backends.mcmc:McmcBackend",
 }
 
 

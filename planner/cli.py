@@ -183,14 +183,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "evaluate",
         help="re-score a strategy file",
-        description="Re-score a strategy file (e.g. `plan -o`) with the additive evaluator.",
+        description="Re-score a strategy file (e.g. `plan -o`): OptCNN's additive cost and "
+        "FlexFlow's simulated per-iteration time (makespan).",
     )
     p.add_argument("strategy", type=Path, help="a strategy JSON file")
     p.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object (additive, compute, sync, transfer in seconds; memory)",
+        help="print one JSON object (additive, makespan, compute, sync, transfer in seconds; "
+        "memory)",
     )
+    p.add_argument("--trace", type=Path, help="write the simulated timeline as a Chrome trace")
+    p.add_argument("--plot", type=Path, help="write a Gantt chart of the timeline (e.g. T.png)")
 
     p = sub.add_parser(
         "profile",
@@ -454,15 +458,28 @@ def _print_plan(out: dict[str, Any], rows: list[tuple[str, str, str]]) -> None:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from planner.evaluate import score_strategy
+    from planner.simulator import simulate
     from planner.strategy import load_strategy
+    from planner.trace import save_chrome_trace, save_gantt
 
     path = args.strategy
     strategy, data = _malformed("strategy file", path, lambda: load_strategy(path))
     cost = _check_cost_section(data.get("cost", {}))
     cm = _cost_model(strategy.graph, strategy.devices, cost, cost.get("source", "analytic"))
     b = score_strategy(cm, strategy)
+    timeline = simulate(cm, strategy)
+    if args.trace:
+        save_chrome_trace(timeline, args.trace)
+    if args.plot:
+        save_gantt(
+            timeline,
+            args.plot,
+            f"{strategy.graph.name} on {strategy.devices.name}: "
+            f"{timeline.makespan * 1e3:.3f} ms simulated",
+        )
     result = {
         "additive": b.total,
+        "makespan": timeline.makespan,
         "compute": b.compute,
         "sync": b.sync,
         "transfer": b.transfer,
@@ -476,6 +493,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             f"+ sync {b.sync * 1e3:.3f} + transfer {b.transfer * 1e3:.3f}; "
             f"peak memory per device {b.memory.max() / 2**20:.1f} MiB"
         )
+        print(f"makespan (FlexFlow simulation): {timeline.makespan * 1e3:.3f} ms")
     return 0
 
 

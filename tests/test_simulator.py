@@ -127,3 +127,20 @@ def test_memory_is_reported_per_device() -> None:
     p = problem("chain_cnn", "p100-1x4")
     t = simulate(p.cost_model, _single_device(p, 1))
     assert t.memory[1] > 0 and t.memory[0] == t.memory[2] == t.memory[3] == 0
+
+
+def test_chrome_trace_and_gantt(tmp_path) -> None:
+    import json
+
+    from planner.trace import chrome_trace, save_chrome_trace, save_gantt
+
+    p = problem("inception", "p100-2x4")
+    t = simulate(p.cost_model, data_parallel(p.graph, p.devices))
+    trace = chrome_trace(t)
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert spans and max(e["ts"] + e["dur"] for e in spans) == pytest.approx(t.makespan * 1e6)
+    assert {e["cat"] for e in spans} >= {"fwd", "bwd", "sync", "update"}
+    save_chrome_trace(t, tmp_path / "t.json")
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    save_gantt(t, tmp_path / "t.png")
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"

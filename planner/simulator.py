@@ -26,7 +26,6 @@ the order on every device is fixed, both give the same timeline, bit for bit (te
 from __future__ import annotations
 
 import bisect
-import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -94,7 +93,11 @@ class Simulator:
         self.succs: list[set[int]] = []
         self.end: list[float] = []
         self.alive: list[bool] = []
+        self.prev: list[int] = []  # the task before on the same resource (-1: none)
+        self.next: list[int] = []  # the task after on the same resource (-1: none)
+        self.affected: list[bool] = []  # delta simulation: waiting to be re-timed
         self.order: dict[int, list[tuple[Key, int]]] = {}  # resource -> sorted (key, task)
+        self.gorder: list[tuple[Key, int]] = []  # every live task in program order
         self.owned: list[list[int]] = [[] for _ in range(self.n)]  # op -> its F/B tasks
         self.edge_tasks: dict[int, list[int]] = {}  # edge index -> its transfer tasks
         self.sync_tasks: dict[int, list[int]] = {}  # sync op -> sync and update tasks
@@ -116,6 +119,9 @@ class Simulator:
             self.succs[p].add(t)
         self.end.append(0.0)
         self.alive.append(True)
+        self.prev.append(-1)
+        self.next.append(-1)
+        self.affected.append(False)
         return t
 
     def _remove(self, tasks: Iterable[int]) -> set[int]:
@@ -128,15 +134,31 @@ class Simulator:
             for s in self.succs[t]:
                 self.preds[s].discard(t)
                 touched.add(s)
+            before, after = self.prev[t], self.next[t]
+            if before >= 0:
+                self.next[before] = after
+            if after >= 0:
+                self.prev[after] = before
+                touched.add(after)
             lst = self.order[self.res[t]]
-            k = bisect.bisect_left(lst, (self.key[t], t))
-            if k + 1 < len(lst):
-                touched.add(lst[k + 1][1])
-            del lst[k]
+            del lst[bisect.bisect_left(lst, (self.key[t], t))]
+            del self.gorder[bisect.bisect_left(self.gorder, (self.key[t], t))]
         return {t for t in touched if self.alive[t]}
 
-    def _insert_order(self, t: int) -> None:
-        bisect.insort(self.order.setdefault(self.res[t], []), (self.key[t], t))
+    def _insert(self, t: int) -> None:
+        """Put a new task in program order on its resource and globally."""
+        item = (self.key[t], t)
+        lst = self.order.setdefault(self.res[t], [])
+        k = bisect.bisect_left(lst, item)
+        before = lst[k - 1][1] if k > 0 else -1
+        after = lst[k][1] if k < len(lst) else -1
+        lst.insert(k, item)
+        self.prev[t], self.next[t] = before, after
+        if before >= 0:
+            self.next[before] = t
+        if after >= 0:
+            self.prev[after] = t
+        bisect.insort(self.gorder, item)
 
     def _build_op(self, i: int) -> list[int]:
         op, cfg = self.graph.ops[i], self.configs[i]
@@ -282,12 +304,10 @@ class Simulator:
 
     def full(self) -> float:
         """Algorithm 1: build the whole task graph and time every task."""
-        for lst in self.order.values():
-            lst.clear()
         for store in (self.key, self.res, self.dur, self.label, self.preds, self.succs):
             store.clear()
-        self.end.clear()
-        self.alive.clear()
+        for flags in (self.end, self.alive, self.prev, self.next, self.affected):
+            flags.clear()
         self._fb.clear()
         for i in range(self.n):
             self._build_op(i)
@@ -295,33 +315,23 @@ class Simulator:
             self._build_edge(e)
         for s in self._sync_op:
             self._build_sync(s)
+        self.gorder = sorted((k, t) for t, k in enumerate(self.key))
         self.order = {}
-        for t in range(len(self.key)):
-            self.order.setdefault(self.res[t], []).append((self.key[t], t))
-        prev: dict[int, int] = {}
-        for lst in self.order.values():
-            lst.sort()
-        for _, t in sorted((self.key[t], t) for t in range(len(self.key))):
-            self._time(t, prev.get(self.res[t]))
-            prev[self.res[t]] = t
+        for item in self.gorder:
+            t = item[1]
+            lst = self.order.setdefault(self.res[t], [])
+            if lst:
+                self.prev[t] = lst[-1][1]
+                self.next[lst[-1][1]] = t
+            lst.append(item)
+        end, dur, preds, prev = self.end, self.dur, self.preds, self.prev
+        for _, t in self.gorder:
+            ready = max([end[p] for p in preds[t]], default=0.0)
+            before = prev[t]
+            if before >= 0 and end[before] > ready:
+                ready = end[before]
+            end[t] = ready + dur[t]
         return self.makespan
-
-    def _time(self, t: int, before: int | None) -> float:
-        ready = max((self.end[p] for p in self.preds[t]), default=0.0)
-        if before is not None and self.end[before] > ready:
-            ready = self.end[before]
-        self.end[t] = ready + self.dur[t]
-        return self.end[t]
-
-    def _before(self, t: int) -> int | None:
-        lst = self.order[self.res[t]]
-        k = bisect.bisect_left(lst, (self.key[t], t))
-        return lst[k - 1][1] if k > 0 else None
-
-    def _after(self, t: int) -> int | None:
-        lst = self.order[self.res[t]]
-        k = bisect.bisect_left(lst, (self.key[t], t))
-        return lst[k + 1][1] if k + 1 < len(lst) else None
 
     def change(self, i: int, cfg: ParallelConfig) -> float:
         """Algorithm 2: give op i config `cfg` and re-simulate only what changes."""
@@ -335,29 +345,45 @@ class Simulator:
             new += self._build_edge(k)
         new += self._build_sync(s)
         for t in new:
-            self._insert_order(t)
+            self._insert(t)
         for t in new:
-            nxt = self._after(t)
-            if nxt is not None:
-                dirty.add(nxt)
+            dirty.add(t)
+            if self.next[t] >= 0:
+                dirty.add(self.next[t])
         self._propagate(set(new), dirty)
         return self.makespan
 
     def _propagate(self, new: set[int], dirty: set[int]) -> None:
-        heap = [(self.key[t], t) for t in new | dirty]
-        heapq.heapify(heap)
-        queued = new | dirty
-        while heap:
-            _, t = heapq.heappop(heap)
-            before = self.end[t]
-            after = self._time(t, self._before(t))
-            if after == before and t not in new:
+        """Re-time affected tasks in program order; a task whose end moves affects its
+        successors and the next task on its resource. Stops when none is left."""
+        end, dur, preds, prev, nxt = self.end, self.dur, self.preds, self.prev, self.next
+        affected = self.affected
+        for t in dirty:
+            affected[t] = True
+        pending = len(dirty)
+        start = (
+            bisect.bisect_left(self.gorder, min((self.key[t], t) for t in dirty)) if dirty else 0
+        )
+        for k in range(start, len(self.gorder)):
+            if not pending:
+                break
+            t = self.gorder[k][1]
+            if not affected[t]:
                 continue
-            nxt = self._after(t)
-            for s in (*self.succs[t], *((nxt,) if nxt is not None else ())):
-                if s not in queued:
-                    queued.add(s)
-                    heapq.heappush(heap, (self.key[s], s))
+            affected[t] = False
+            pending -= 1
+            ready = max([end[p] for p in preds[t]], default=0.0)
+            before = prev[t]
+            if before >= 0 and end[before] > ready:
+                ready = end[before]
+            value = ready + dur[t]
+            if value == end[t] and t not in new:
+                continue
+            end[t] = value
+            for s in (*self.succs[t], nxt[t]):
+                if s >= 0 and not affected[s]:
+                    affected[s] = True
+                    pending += 1
 
     # -- results -------------------------------------------------------------------------
 

@@ -69,12 +69,12 @@ class Timeline:
 class Simulator:
     """A task graph and its timeline for a strategy; `change` re-simulates incrementally."""
 
-    def __init__(self, cost_model: CostModel, configs: Sequence[ParallelConfig]):
+    def __init__(self, cost_model: CostModel, configs: Sequence[ParallelConfig | None]):
         self.cm = cost_model
         self.graph = cost_model.graph
         self.devices = cost_model.devices
         self.n = len(self.graph.ops)
-        self.configs = list(configs)
+        self.configs: list[ParallelConfig | None] = list(configs)  # None: op left out
         self._routes = _routes(self.devices)
         self._bytes_cache: dict[tuple[int, tuple[int, ...], tuple[int, ...]], np.ndarray] = {}
         self._sync_op = _sync_ops(self.graph)
@@ -162,8 +162,11 @@ class Simulator:
 
     def _build_op(self, i: int) -> list[int]:
         op, cfg = self.graph.ops[i], self.configs[i]
+        made: list[int] = []
+        self.owned[i] = made
+        if cfg is None:  # absent from a partial strategy
+            return made
         fwd, bwd = self.cm.task_times(i, cfg)
-        made = []
         for t, dev in enumerate(cfg.devices):
             f = self._add((FWD, i, 2, t, 0, 0), dev, fwd[t], f"fwd {op.name} #{t}", ())
             b = self._add(
@@ -171,12 +174,14 @@ class Simulator:
             )
             self._fb[(FWD, i, t)], self._fb[(BWD, i, t)] = f, b
             made += [f, b]
-        self.owned[i] = made
         return made
 
-    def _edge_bytes(self, e: int) -> np.ndarray:
+    def _devices_of(self, i: int) -> tuple[int, ...]:
+        cfg = self.configs[i]
+        return () if cfg is None else cfg.devices
+
+    def _edge_bytes(self, e: int, cu: ParallelConfig, cv: ParallelConfig) -> np.ndarray:
         edge = self.graph.edges[e]
-        cu, cv = self.configs[edge.src], self.configs[edge.dst]
         key = (e, cu.degrees, cv.degrees)
         if key not in self._bytes_cache:
             src, dst = self.graph.ops[edge.src], self.graph.ops[edge.dst]
@@ -192,8 +197,11 @@ class Simulator:
         edge = self.graph.edges[e]
         u, v = edge.src, edge.dst
         cu, cv = self.configs[u], self.configs[v]
-        nbytes = self._edge_bytes(e)
         made: list[int] = []
+        self.edge_tasks[e] = made
+        if cu is None or cv is None:
+            return made
+        nbytes = self._edge_bytes(e, cu, cv)
         names = self.graph.ops[u].name, self.graph.ops[v].name
         for p, q in zip(*np.nonzero(nbytes), strict=True):
             dp, dq = cu.devices[p], cv.devices[q]
@@ -224,7 +232,6 @@ class Simulator:
             )
             self.preds[bu].add(last)
             self.succs[last].add(bu)
-        self.edge_tasks[e] = made
         return made
 
     def _transfer(
@@ -241,10 +248,10 @@ class Simulator:
     def _build_sync(self, s: int) -> list[int]:
         """Gradient sync and update of the parameter group whose sync op is s."""
         op, cfg = self.graph.ops[s], self.configs[s]
-        members = self._sync_op[s]
+        members = [j for j in self._sync_op[s] if self.configs[j] is not None]
         made: list[int] = []
-        if not op.params:
-            self.sync_tasks[s] = made
+        self.sync_tasks[s] = made
+        if not op.params or cfg is None:
             return made
         groups = self.cm.replica_groups(op, cfg)
         shard = op.param_bytes / len(groups)
@@ -253,7 +260,7 @@ class Simulator:
             ready = [
                 self._fb[(BWD, j, t)]
                 for j in members
-                for t, d in enumerate(self.configs[j].devices)
+                for t, d in enumerate(self._devices_of(j))
                 if d in devs
             ]
             done: list[int] = ready
@@ -264,7 +271,6 @@ class Simulator:
                 made.append(
                     self._add((UPDATE, s, g, d, 0, 0), d, dur, f"update {op.name} shard {g}", done)
                 )
-        self.sync_tasks[s] = made
         return made
 
     def _sync_transfers(
@@ -333,8 +339,11 @@ class Simulator:
             end[t] = ready + dur[t]
         return self.makespan
 
-    def change(self, i: int, cfg: ParallelConfig) -> float:
-        """Algorithm 2: give op i config `cfg` and re-simulate only what changes."""
+    def change(self, i: int, cfg: ParallelConfig | None) -> float:
+        """Algorithm 2: give op i config `cfg` and re-simulate only what changes.
+
+        `None` leaves the op out (a partial strategy); since ops only add tasks and
+        dependencies, a partial strategy's makespan is a lower bound for every completion."""
         edges = self._incident[i]
         s = self._sync_of[i]
         old = self.owned[i] + [t for k in edges for t in self.edge_tasks[k]] + self.sync_tasks[s]
@@ -401,7 +410,10 @@ class Simulator:
             for t in range(len(self.key))
             if self.alive[t]
         )
-        memory = sum((self.cm.memory(i, c) for i, c in enumerate(self.configs)), np.zeros(D))
+        memory = sum(
+            (self.cm.memory(i, c) for i, c in enumerate(self.configs) if c is not None),
+            np.zeros(D),
+        )
         names = [d.name for d in self.devices.devices]
         for link in self.devices.links:
             names += [f"{link.a}->{link.b}", f"{link.b}->{link.a}"]

@@ -99,3 +99,31 @@ def test_exact_backends_agree_with_brute_force(p: Problem) -> None:
 @given(problems())
 def test_exact_backends_agree_with_brute_force_many(p: Problem) -> None:
     _check_agreement(p)
+
+
+def _brute_force_makespan(p: Problem) -> float:
+    import itertools
+
+    from backends.base import evaluate_objective
+
+    return min(
+        evaluate_objective(p, choices, "makespan")
+        for choices in itertools.product(*(range(n) for n in p.sizes))
+    )
+
+
+@pytest.mark.parametrize("preset, cap", [("p100-1x2", 3), ("p100-2x2", 2)])
+def test_search_proves_the_makespan_optimum_of_small_graphs(preset: str, cap: int) -> None:
+    from backends.testing import tiny_cnn
+    from planner.presets import get_preset
+    from planner.problem import build_problem
+
+    p = build_problem(tiny_cnn(), get_preset(preset), max_configs=cap)
+    best = _brute_force_makespan(p)
+    r = get_backend("search").solve(p, SolveOptions(objective="makespan", time_limit=60))
+    assert r.status is Status.OPTIMAL
+    assert math.isclose(r.objective, best, rel_tol=1e-12)
+    m = get_backend("mcmc").solve(
+        p, SolveOptions(objective="makespan", time_limit=60, extra={"iterations": 300})
+    )
+    assert m.objective >= best * (1 - 1e-12)

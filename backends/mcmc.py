@@ -19,9 +19,12 @@ Options (`SolveOptions.extra`): "iterations" (proposals per chain, default 1000)
 "beta" (per second of cost; default 50 / cost of the chain's start, so a proposal 2% worse
 than the start is accepted with probability 1/e), "inits" (a subset of "data_parallel",
 "expert", "warm_start", "random"), "simulation" ("delta", default, or "full": rebuild and
-re-simulate every proposal from scratch, FlexFlow's baseline in its Table 4). Deterministic for a seed within the iteration budget;
-the time limit stops it earlier with limit TIME. `stats["trace"]` holds (seconds, best cost)
-each time the best improves.
+re-simulate every proposal from scratch, FlexFlow's baseline in its Table 4), "polish"
+(default False: after the chains, a first-improvement local search over single-node changes
+until none improves; `stats["locally_optimal"]` says whether it finished in time).
+
+Deterministic for a seed within the iteration budget; the time limit stops it earlier with
+limit TIME. `stats["trace"]` holds (seconds, best cost) each time the best improves.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -152,7 +156,18 @@ class McmcBackend(Backend):
                 best = (value, found)
                 trace.append((time.perf_counter() - t0, value))
             timed_out = timed_out or stop
-        stats = {"chains": chains, "trace": trace, "iterations_per_chain": iterations}
+        stats: dict[str, Any] = {
+            "chains": chains,
+            "trace": trace,
+            "iterations_per_chain": iterations,
+        }
+        if best is not None and extra.get("polish", False) and not timed_out:
+            value, found, complete = self._polish(problem, options, best[1], deadline)
+            stats["locally_optimal"] = complete
+            if value < best[0]:
+                best = (value, found)
+                trace.append((time.perf_counter() - t0, value))
+            timed_out = not complete
         limit = Limit.TIME if timed_out else Limit.ITERATIONS
         if best is None:
             return SolveResult(self.name, Status.NO_SOLUTION, limit=limit, stats=stats)
@@ -190,6 +205,39 @@ class McmcBackend(Backend):
                 out.append(("cheapest_node", tuple(int(np.argmin(c)) for c in problem.node_cost)))
         return out
 
+    def _polish(
+        self, problem: Problem, options: SolveOptions, choices: tuple[int, ...], deadline: float
+    ) -> tuple[float, tuple[int, ...], bool]:
+        """First-improvement local search until no single-node change improves the cost
+        (then the answer is locally optimal: complete=True) or time runs out."""
+        state = self._state(problem, options, choices)
+        improved = True
+        while improved:
+            improved = False
+            for i in range(problem.num_nodes):
+                for c in range(problem.sizes[i]):
+                    if time.perf_counter() > deadline:
+                        return state.cost, tuple(state.choices), False
+                    old = state.choices[i]
+                    if c == old:
+                        continue
+                    new = state.propose(i, c)
+                    ok = problem.usage_limit is None or memory_feasible(problem, state.choices)
+                    if ok and new < state.cost * (1 - 1e-12):
+                        state.commit(new)
+                        improved = True
+                    else:
+                        state.revert(i, old)
+        return state.cost, tuple(state.choices), True
+
+    @staticmethod
+    def _state(
+        problem: Problem, options: SolveOptions, choices: Sequence[int]
+    ) -> _Makespan | _Additive:
+        if options.objective == "makespan":
+            return _Makespan(problem, choices, options.extra.get("simulation", "delta") == "delta")
+        return _Additive(problem, choices)
+
     def _chain(
         self,
         problem: Problem,
@@ -199,11 +247,7 @@ class McmcBackend(Backend):
         rng: np.random.Generator,
         deadline: float,
     ) -> tuple[float, tuple[int, ...] | None, int, int, bool]:
-        state = (
-            _Makespan(problem, choices)
-            if options.objective == "makespan"
-            else _Additive(problem, choices)
-        )
+        state = self._state(problem, options, choices)
         valid = math.isfinite(state.cost) and memory_feasible(problem, state.choices)
         best_value = state.cost if valid else math.inf
         best = tuple(state.choices) if valid else None

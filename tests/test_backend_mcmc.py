@@ -61,3 +61,19 @@ def test_bad_options_are_errors() -> None:
         get_backend("mcmc").solve(
             random_problem(4, 3, seed=0), SolveOptions(extra={"inits": ["x"]})
         )
+
+
+def test_polish_leaves_no_improving_single_node_change() -> None:
+    from backends.base import evaluate_objective
+
+    p = _tiny_problem()
+    opts = SolveOptions(
+        objective="makespan", time_limit=60, extra={"iterations": 20, "polish": True}
+    )
+    r = get_backend("mcmc").solve(p, opts)
+    assert r.stats["locally_optimal"] is True
+    for i, n in enumerate(p.sizes):
+        for c in range(n):
+            moved = list(r.choices)
+            moved[i] = c
+            assert evaluate_objective(p, moved, "makespan") >= r.objective * (1 - 1e-9)

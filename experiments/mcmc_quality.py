@@ -24,20 +24,10 @@ from backends.base import evaluate_objective
 from planner.baselines import data_parallel
 from planner.presets import get_preset
 from planner.problem import build_problem
-from planner.zoo import model_graph
+from planner.zoo import list_models, model_graph
 
 SMALL = [("lenet5", {}), ("rnnlm", {"steps": 2})]
-MODELS = [
-    "lenet5",
-    "alexnet",
-    "vgg16",
-    "inception_v3",
-    "resnet101",
-    "rnntc",
-    "rnnlm",
-    "nmt",
-    "transformer",
-]
+MODELS = list_models()
 
 
 def exact_vs_mcmc(console: Console, preset: str, cap: float) -> Table:

@@ -36,24 +36,22 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 # -- argument types -------------------------------------------------------------------------
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, low: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+    return _int_at_least(text, 0, "an integer >= 0")
 
 
 def positive_seconds(text: str) -> float:

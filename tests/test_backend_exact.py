@@ -127,3 +127,17 @@ def test_search_proves_the_makespan_optimum_of_small_graphs(preset: str, cap: in
         p, SolveOptions(objective="makespan", time_limit=60, extra={"iterations": 300})
     )
     assert m.objective >= best * (1 - 1e-12)
+
+
+def test_cost_table_files_go_through_the_exact_backends(tmp_path) -> None:
+    from planner.costtable import load_problem, save_problem
+
+    for seed in range(5):
+        path = tmp_path / f"p{seed}.json"
+        save_problem(_no_memory(random_problem(8, 4, seed=seed)), path)
+        p = load_problem(path)
+        _, value = brute_force(p)
+        for name in ("elimination", "search"):
+            r = _solve(name, p)
+            assert r.status is Status.OPTIMAL
+            assert math.isclose(r.objective, value, rel_tol=1e-9)

@@ -2,6 +2,9 @@
 
 Every command ends bad input with a one-line `error: ...` on stderr and exit status 2 (usage
 errors included: no argparse usage block). A plan that finds no solution exits with status 1.
+
+The library in planner/ never imports a backend; only this entry point does, lazily, in
+`plan`, because the issue asks for `python -m planner plan --backend NAME`.
 """
 
 from __future__ import annotations

@@ -111,9 +111,7 @@ class _Makespan:
         if not self.delta:  # Algorithm 1 from scratch, for comparison
             self.sim = Simulator(cm, self.p.strategy(self.choices).configs)
             return self.sim.makespan
-        for op in self.p.ops_of_nodes[i]:
-            self.sim.change(op, space[op].configs[c])
-        return self.sim.makespan
+        return self.sim.change_many([(op, space[op].configs[c]) for op in self.p.ops_of_nodes[i]])
 
     def propose(self, i: int, c: int) -> float:
         return self._set(i, c)

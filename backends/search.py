@@ -100,8 +100,9 @@ class SearchBackend(Backend):
         timed_out = [False]
 
         def assign(node: int, c: int | None) -> None:
-            for op in ops_of[node]:
-                sim.change(op, None if c is None else space[op].configs[c])
+            sim.change_many(
+                [(op, None if c is None else space[op].configs[c]) for op in ops_of[node]]
+            )
 
         def visit(depth: int) -> None:
             if depth == problem.num_nodes:

@@ -344,21 +344,34 @@ class Simulator:
 
         `None` leaves the op out (a partial strategy); since ops only add tasks and
         dependencies, a partial strategy's makespan is a lower bound for every completion."""
-        edges = self._incident[i]
-        s = self._sync_of[i]
-        old = self.owned[i] + [t for k in edges for t in self.edge_tasks[k]] + self.sync_tasks[s]
+        return self.change_many([(i, cfg)])
+
+    def change_many(self, changes: Sequence[tuple[int, ParallelConfig | None]]) -> float:
+        """Several ops' configs at once (e.g. every op of a tied parameter group), with one
+        re-propagation: the same timeline as changing them one by one."""
+        ops = sorted({i for i, _ in changes})
+        edges = sorted({k for i in ops for k in self._incident[i]})
+        syncs = sorted({self._sync_of[i] for i in ops})
+        old = [t for i in ops for t in self.owned[i]]
+        old += [t for k in edges for t in self.edge_tasks[k]]
+        old += [t for s in syncs for t in self.sync_tasks[s]]
         dirty = self._remove(old)
-        self.configs[i] = cfg
-        new = list(self._build_op(i))
+        for i, cfg in changes:
+            self.configs[i] = cfg
+        new: list[int] = []
+        for i in ops:
+            new += self._build_op(i)
         for k in edges:
             new += self._build_edge(k)
-        new += self._build_sync(s)
+        for s in syncs:
+            new += self._build_sync(s)
         for t in new:
             self._insert(t)
         for t in new:
             dirty.add(t)
             if self.next[t] >= 0:
                 dirty.add(self.next[t])
+        dirty = {t for t in dirty if self.alive[t]}
         self._propagate(set(new), dirty)
         return self.makespan
 

@@ -144,3 +144,24 @@ def test_chrome_trace_and_gantt(tmp_path) -> None:
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     save_gantt(t, tmp_path / "t.png")
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    "name, preset", [("shared_steps", "p100-2x4"), ("inception", "p100-1x4"), ("rnnlm", "p100-1x4")]
+)
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_changing_several_ops_at_once_equals_full(name: str, preset: str, seed: int) -> None:
+    p = problem(name, preset)
+    rng = np.random.default_rng(seed)
+    sim = Simulator(p.cost_model, data_parallel(p.graph, p.devices).configs)
+    for _ in range(4):
+        ops = rng.choice(p.num_nodes, size=min(3, p.num_nodes), replace=False)
+        changes = [
+            (int(i), p.space[int(i)].configs[int(rng.integers(len(p.space[int(i)])))]) for i in ops
+        ]
+        if rng.random() < 0.3:
+            changes[0] = (changes[0][0], None)  # partial strategies too
+        sim.change_many(changes)
+        full = Simulator(p.cost_model, sim.configs)
+        assert sim.timeline().by_key() == full.timeline().by_key()

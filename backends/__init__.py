@@ -19,6 +19,8 @@ REGISTRY: dict[str, str] = {
     "elimination": "backends.elimination:EliminationBackend",
     "search": "backends.search:SearchBackend",
     "mcmc": "backends.mcmc:McmcBackend",
+    "ilp": "backends.ilp:IlpBackend",
+    "cpsat": "backends.cpsat:CpsatBackend",
 }
 
 

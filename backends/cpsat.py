@@ -1,0 +1,686 @@
+"""`cpsat`: OR-Tools CP-SAT on both objectives, as encode / solve / decode.
+
+Additive (OptCNN Eq. 1) on `backends.placement.Selection`: a Boolean x[i, c] per allowed
+choice with ExactlyOne per node; each remaining edge gets a Boolean y[e, a, b] per finite
+pair, tied to its ends by row and column sums (sum_b y[e, a, b] = x[u, a], sum_a y[e, a, b]
+= x[v, b]: the local marginal polytope, exact on trees, so the LP bound is strong), or with
+extra={"edges": "implied"} only y >= x[u, a] + x[v, b] - 1 for pairs of positive cost (fewer
+constraints, a weak LP). Forbidden pairs get no y (or a clause); memory rows are linear.
+
+CP-SAT needs integers: costs are multiplied by a power of two S (1 when they are integers
+already) and rounded down, so every encoded objective is <= S x the real one and the solver's
+bound / S is a proven bound in real units; the answer is at most (nodes + edges) / S worse
+than the real optimum (`stats["rounding_slack"]`, ~1e-12 relative). Memory usages are exact
+when integral, else rounded up with the limit rounded down (never accepts too much memory).
+
+Makespan (DLPlacer Eqs. 7-13) on `backends.placement.PlacementProblem`: a Boolean P[k, d] per
+node and allowed device (ExactlyOne, Eq. 7); a start per task; per device an optional
+interval per task that takes time there, with NoOverlap (Eq. 12) ("fifo": the program order
+instead, as conditional precedences); precedences with the route's transfer delay enforced
+when producer and consumer are apart (Eqs. 10-11, routes precomputed: without link
+contention the best route of each tensor does not depend on the others, so Eqs. 8-9's
+routing variables are not needed); memory rows (Eq. 13); makespan >= every sink's end and
+>= every device's load; lexicographic-leader constraints over the device symmetries. Times
+are integers in units of 1/S s, rounded up, so decoded schedules are valid in real time.
+
+Seeds and warm starts: random_seed = seed, num_workers = threads; a hint from
+SolveOptions.warm_start (additive: the choices; makespan: a single-device placement,
+canonicalized under the symmetries) or else from a construction heuristic
+(`seed_choices` / `greedy_placement`); `stats["hint"]` says which.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status
+from backends.placement import (
+    PlacementError,
+    PlacementOutcome,
+    PlacementProblem,
+    Schedule,
+    Selection,
+    horizon,
+    list_schedule,
+    placement_lower_bound,
+    placement_problem,
+    retime,
+    seed_choices,
+    selection,
+    solve_placement_problem,
+    warm_schedule,
+)
+from planner.evaluate import additive_cost, memory_feasible
+from planner.problem import Problem
+
+__all__ = ["CpsatBackend", "CpsatModel", "decode", "encode", "solve_encoded"]
+
+COST_BITS = 52  # the sum of every encoded cost coefficient stays below 2**COST_BITS
+TIME_BITS = 30  # the makespan upper bound is about 2**TIME_BITS time units (larger values
+# made CP-SAT 9.15's presolve return wrong optima on small placement problems)
+SYMMETRY_DEPTH = 64  # nodes covered by the lexicographic-leader constraints
+CHECK_EVERY = 512  # encoded items between two looks at the clock
+ALWAYS = True  # a literal fixed to true (a node with one allowed choice or device)
+EDGE_MODES = ("auto", "marginal", "implied", "rows")
+LARGE_PAIRS = 100_000  # above this many edge variables CP-SAT's presolve costs more than it gives
+
+
+class _OutOfTime(Exception):
+    pass
+
+
+@dataclass
+class CpsatModel:
+    """An encoded problem: the CP-SAT model and what decoding needs."""
+
+    objective: str
+    model: cp_model.CpModel
+    scale: float  # integer units per real unit
+    sel: Selection | None = None
+    x: list[list[Any]] = field(default_factory=list)  # per node, per allowed choice (or device)
+    y: list[list[tuple[int, int, Any]]] = field(default_factory=list)  # per edge: (a, b, var)
+    pp: PlacementProblem | None = None
+    order: str = "free"
+    start: list[Any] = field(default_factory=list)
+    makespan: Any = None
+    slack: float = 0.0  # real units the rounding can hide
+    hint: str | None = None  # where the hint came from: "warm_start", "heuristic" or None
+    warm: tuple[int, ...] | None = None  # the hinted choice vector (additive)
+    presolve: bool = True
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CpsatRun:
+    status: str
+    values: dict[str, Any]
+    bound: float | None  # integer units
+    wall: float
+    timed_out: bool
+
+
+class _Clock:
+    def __init__(self, deadline: float):
+        self.deadline, self.count = deadline, 0
+
+    def tick(self) -> None:
+        self.count += 1
+        if self.count % CHECK_EVERY == 0 and time.perf_counter() > self.deadline:
+            raise _OutOfTime
+
+
+# ------------------------------------------------------------------------------ encode
+
+
+def encode(problem: Problem, options: SolveOptions, deadline: float = math.inf) -> CpsatModel:
+    """The CP-SAT model of `problem` under options.objective (raises _OutOfTime past deadline)."""
+    if options.objective == "additive":
+        sel = selection(problem)
+        warm = _warm_choices(problem, sel, options)
+        return encode_selection(sel, options, warm, deadline)
+    pp = _placement(problem, options)
+    return encode_placement(pp, options, warm_schedule(pp, options), deadline)
+
+
+def _warm_choices(
+    problem: Problem, sel: Selection, options: SolveOptions, deadline: float = math.inf
+) -> tuple[tuple[int, ...], str] | None:
+    if options.warm_start is not None:
+        ch = problem.check_choices(options.warm_start)
+        if math.isfinite(additive_cost(problem, ch)) and memory_feasible(problem, ch):
+            return ch, "warm_start"
+    if options.extra.get("seed_heuristic", True):
+        seed = seed_choices(problem, sel, deadline)
+        if seed is not None:
+            return seed[0], "heuristic"
+    return None
+
+
+def _int_costs(tables: list[np.ndarray]) -> float:
+    """The power-of-two scale of the cost tables (1 when integral and small enough)."""
+    finite = [t[np.isfinite(t)] for t in tables]
+    total = float(sum(np.abs(f).sum() for f in finite))
+    if total < 2.0**COST_BITS and all((f == np.floor(f)).all() for f in finite):
+        return 1.0
+    return 2.0 ** math.floor(math.log2(2.0**COST_BITS / max(total, 1e-300)))
+
+
+def encode_selection(
+    sel: Selection,
+    options: SolveOptions,
+    warm: tuple[tuple[int, ...], str] | None = None,
+    deadline: float = math.inf,
+) -> CpsatModel:
+    """The additive selection model (see the module docstring); `warm` is a valid choice
+    vector and where it came from, hinted to the solver."""
+    mode = options.extra.get("edges", "auto")
+    if mode not in EDGE_MODES:
+        raise BackendError(f"cpsat edges must be one of {EDGE_MODES}, got {mode!r}")
+    if mode == "auto":
+        mode = "marginal"
+    clock = _Clock(deadline)
+    m = cp_model.CpModel()
+    scale = _int_costs([*sel.node_cost, *sel.edge_cost])
+    out = CpsatModel("additive", m, scale, sel=sel)
+    if sel.infeasible:
+        m.add_bool_or([])  # the reductions proved it: an empty clause
+        return out
+    terms: list[Any] = []
+    coefs: list[int] = []
+    const = 0
+    for c in sel.node_cost:
+        ic = np.floor(c * scale).astype(np.int64)
+        if len(c) == 1:
+            out.x.append([ALWAYS])
+            const += int(ic[0])
+            continue
+        xs = [m.new_bool_var("") for _ in c]
+        m.add_exactly_one(xs)
+        out.x.append(xs)
+        terms += xs
+        coefs += ic.tolist()
+    edge = {"marginal": _edge_marginal, "implied": _edge_implied, "rows": _edge_rows}[mode]
+    for (u, v), t in zip(sel.edges, sel.edge_cost, strict=True):
+        finite = np.isfinite(t)
+        it = np.where(finite, np.floor(np.where(finite, t, 0) * scale), -1).astype(np.int64)
+        ys = edge(m, out.x[u], out.x[v], it, terms, coefs)
+        out.y.append(ys)
+        for _ in range(len(ys)):
+            clock.tick()
+    _selection_memory(m, sel, out.x)
+    m.minimize(cp_model.LinearExpr.weighted_sum(terms, coefs) + const)
+    exact = scale == 1.0 and all(
+        (t[np.isfinite(t)] == np.floor(t[np.isfinite(t)])).all()
+        for t in (*sel.node_cost, *sel.edge_cost)
+    )
+    out.slack = 0.0 if exact else (sel.num_nodes + len(sel.edges)) / scale
+    npairs = sum(len(ys) for ys in out.y)
+    out.presolve = bool(options.extra.get("presolve", npairs <= LARGE_PAIRS))
+    out.stats = {"edges": mode, "edge_variables": npairs, "memory_rows": len(sel.memory)}
+    if warm is not None:
+        _hint_selection(m, out, warm[0])
+        out.hint, out.warm = warm[1], warm[0]
+    return out
+
+
+def _edge_marginal(
+    m: cp_model.CpModel, xu: list[Any], xv: list[Any], it: np.ndarray, terms: list, coefs: list
+) -> list[tuple[int, int, Any]]:
+    """y[a, b] per finite pair; row sums = x[u, a], column sums = x[v, b]."""
+    ys = []
+    rows: list[list[Any]] = [[] for _ in xu]
+    cols: list[list[Any]] = [[] for _ in xv]
+    for a, b in zip(*np.nonzero(it >= 0), strict=True):
+        y = m.new_bool_var("")
+        ys.append((int(a), int(b), y))
+        rows[a].append(y)
+        cols[b].append(y)
+        terms.append(y)
+        coefs.append(int(it[a, b]))
+    for a, row in enumerate(rows):
+        m.add(sum(row) == xu[a])
+    for b, col in enumerate(cols):
+        m.add(sum(col) == xv[b])
+    return ys
+
+
+def _edge_implied(
+    m: cp_model.CpModel, xu: list[Any], xv: list[Any], it: np.ndarray, terms: list, coefs: list
+) -> list[tuple[int, int, Any]]:
+    """y[a, b] >= x[u, a] + x[v, b] - 1 for pairs of positive cost; forbidden pairs a clause."""
+    ys = []
+    for a, b in zip(*np.nonzero(it != 0), strict=True):
+        if it[a, b] < 0:
+            m.add_bool_or([xu[a].Not(), xv[b].Not()])
+            continue
+        y = m.new_bool_var("")
+        ys.append((int(a), int(b), y))
+        m.add_bool_or([xu[a].Not(), xv[b].Not(), y])
+        terms.append(y)
+        coefs.append(int(it[a, b]))
+    return ys
+
+
+def _edge_rows(
+    m: cp_model.CpModel, xu: list[Any], xv: list[Any], it: np.ndarray, terms: list, coefs: list
+) -> list[tuple[int, int, Any]]:
+    """One cost variable e per edge: e >= sum_b t[a, b] x[v, b] whenever x[u, a] (rows of the
+    shorter side); forbidden pairs a clause. Few variables, for large problems."""
+    if len(xu) > len(xv):
+        xu, xv, it = xv, xu, it.T
+    finite = it >= 0
+    e = m.new_int_var(int(it[finite].min()), int(it[finite].max()), "")
+    for a in range(len(xu)):
+        for b in np.flatnonzero(~finite[a]):
+            m.add_bool_or([xu[a].Not(), xv[b].Not()])
+        ok = np.flatnonzero(finite[a] & (it[a] > 0))
+        if len(ok):
+            expr = cp_model.LinearExpr.weighted_sum([xv[b] for b in ok], it[a, ok].tolist())
+            m.add(e >= expr).only_enforce_if(xu[a])
+    terms.append(e)
+    coefs.append(1)
+    return [(-1, -1, e)]
+
+
+def _selection_memory(m: cp_model.CpModel, sel: Selection, x: list[list[Any]]) -> None:
+    coefs = [c for row in sel.memory for c in row.coef]
+    integral = all((c == np.floor(c)).all() for c in coefs)
+    total = float(sum(c.max() for c in coefs)) if coefs else 0.0
+    f = 1.0 if integral and total < 2.0**60 else 2.0 ** math.floor(math.log2(2.0**50 / total))
+    for row in sel.memory:
+        terms, ws = [], []
+        rhs = math.floor(row.rhs * f)
+        for i, c in zip(row.nodes, row.coef, strict=True):
+            ic = np.ceil(c * f).astype(np.int64)
+            if len(c) == 1:
+                rhs -= int(ic[0])
+                continue
+            terms += x[i]
+            ws += ic.tolist()
+        m.add(cp_model.LinearExpr.weighted_sum(terms, ws) <= rhs)
+
+
+def _hint_selection(m: cp_model.CpModel, out: CpsatModel, choices: tuple[int, ...]) -> None:
+    """A complete hint: every x and every pair variable."""
+    assert out.sel is not None
+    pos = out.sel.positions(choices)
+    if pos is None:
+        return
+    for xs, k in zip(out.x, pos, strict=True):
+        if len(xs) > 1:
+            for j, var in enumerate(xs):
+                m.add_hint(var, j == k)
+    for (u, v), t, ys in zip(out.sel.edges, out.sel.edge_cost, out.y, strict=True):
+        for a, b, var in ys:
+            if a < 0:  # the cost variable of a "rows" edge
+                m.add_hint(var, int(np.floor(t[pos[u], pos[v]] * out.scale)))
+            else:
+                m.add_hint(var, a == pos[u] and b == pos[v])
+
+
+def _placement(problem: Problem, options: SolveOptions) -> PlacementProblem:
+    try:
+        return placement_problem(
+            problem,
+            phases=options.extra.get("phases", "training"),
+            routing=options.extra.get("routing", "fixed"),
+        )
+    except PlacementError as exc:
+        raise BackendError(str(exc)) from None
+
+
+def encode_placement(
+    pp: PlacementProblem,
+    options: SolveOptions,
+    warm: tuple[Schedule, str] | None = None,
+    deadline: float = math.inf,
+) -> CpsatModel:
+    """DLPlacer's placement model (see the module docstring)."""
+    order = options.extra.get("order", "free")
+    if order not in ("free", "fifo"):
+        raise BackendError(f"order must be 'free' or 'fifo', got {order!r}")
+    clock = _Clock(deadline)
+    top = warm[0].makespan if warm else horizon(pp)
+    scale = 2.0 ** math.floor(math.log2(2.0**TIME_BITS / max(top, 1e-300)))
+    dur, delay = pp.scaled(scale)
+    span_max = int(dur.max(axis=1).sum() + delay.max(axis=(1, 2)).sum()) + 1
+    m = cp_model.CpModel()
+    out = CpsatModel("makespan", m, scale, pp=pp, order=order)
+    allowed = pp.allowed
+    for k in range(pp.num_nodes):
+        ds = np.flatnonzero(allowed[k])
+        lits: list[Any] = [None] * pp.num_devices
+        if len(ds) == 1:
+            lits[ds[0]] = ALWAYS
+        else:
+            for dv in ds:
+                lits[dv] = m.new_bool_var("")
+            m.add_exactly_one([lits[dv] for dv in ds])
+        out.x.append(lits)
+    start = [m.new_int_var(0, span_max, "") for _ in range(pp.num_tasks)]
+    out.start = start
+    ends = [_end(out, t, dur) for t in range(pp.num_tasks)]
+    node = pp.task_node
+    for p, (x, y) in enumerate(pp.prec):
+        m.add(start[y] >= ends[x])
+        if node[x] == node[y]:
+            continue
+        for a, b in zip(*np.nonzero(delay[p]), strict=True):
+            lits = [out.x[node[x]][a], out.x[node[y]][b]]
+            if lits[0] is None or lits[1] is None:
+                continue
+            # x is on a here, so its end is start + dur[x, a] (no literal in the expression)
+            gap = int(dur[x, a] + delay[p, a, b])
+            m.add(start[y] >= start[x] + gap).only_enforce_if(
+                [lit for lit in lits if lit is not ALWAYS]
+            )
+            clock.tick()
+    for d in range(pp.num_devices):
+        intervals = []
+        for t in range(pp.num_tasks):
+            lit = out.x[node[t]][d]
+            if lit is None or dur[t, d] == 0:
+                continue
+            if lit is ALWAYS:
+                intervals.append(m.new_fixed_size_interval_var(start[t], int(dur[t, d]), ""))
+            else:
+                intervals.append(
+                    m.new_optional_fixed_size_interval_var(start[t], int(dur[t, d]), lit, "")
+                )
+        m.add_no_overlap(intervals)
+    _cumulative(m, pp, start, dur)
+    if order == "fifo":
+        for x, y in pp.exclusive_pairs("fifo"):
+            first, second = (x, y) if pp.order_key[x] <= pp.order_key[y] else (y, x)
+            for shared in np.flatnonzero(allowed[node[x]] & allowed[node[y]]):
+                lits = [out.x[node[first]][shared], out.x[node[second]][shared]]
+                gap = int(dur[first, shared])
+                m.add(start[second] >= start[first] + gap).only_enforce_if(
+                    [lit for lit in dict.fromkeys(lits) if lit is not ALWAYS]
+                )
+                clock.tick()
+    span = m.new_int_var(0, span_max, "makespan")
+    out.makespan = span
+    sinks = set(range(pp.num_tasks)) - {int(x) for x in pp.prec[:, 0]}
+    for t in sorted(sinks):
+        m.add(span >= ends[t])
+    for dev in range(pp.num_devices):
+        load = [(out.x[node[t]][dev], int(dur[t, dev])) for t in range(pp.num_tasks)]
+        load = [(lit, w) for lit, w in load if lit is not None and w > 0]
+        m.add(span >= sum(w if lit is ALWAYS else w * lit for lit, w in load))
+    _placement_memory(m, pp, out.x)
+    _lex_leader(m, pp, out.x)
+    m.minimize(span)
+    n_items = pp.num_tasks + len(pp.prec)
+    out.slack = n_items / scale
+    out.stats = {"order": order, "routing": pp.routing, "symmetries": len(pp.symmetries)}
+    if warm is not None:
+        _hint_placement(m, out, warm[0], dur, delay)
+        out.hint = warm[1]
+    return out
+
+
+def _cumulative(
+    m: cp_model.CpModel, pp: PlacementProblem, start: list[Any], dur: np.ndarray
+) -> None:
+    """Redundant: all tasks at their shortest duration on D devices at once (a relaxation
+    whose energetic reasoning bounds the makespan far better than the precedences alone)."""
+    shortest = np.where(pp.allowed[pp.task_node], dur, np.iinfo(np.int64).max).min(axis=1)
+    busy = [t for t in range(pp.num_tasks) if shortest[t] > 0]
+    intervals = [m.new_fixed_size_interval_var(start[t], int(shortest[t]), "") for t in busy]
+    m.add_cumulative(intervals, [1] * len(busy), pp.num_devices)
+
+
+def _end(out: CpsatModel, t: int, dur: np.ndarray) -> Any:
+    assert out.pp is not None
+    lits = out.x[out.pp.task_node[t]]
+    ds = [d for d, lit in enumerate(lits) if lit is not None]
+    if len({int(dur[t, d]) for d in ds}) == 1:
+        return out.start[t] + int(dur[t, ds[0]])
+    return out.start[t] + sum(int(dur[t, d]) * lits[d] for d in ds)
+
+
+def _placement_memory(m: cp_model.CpModel, pp: PlacementProblem, x: list[list[Any]]) -> None:
+    for row in pp.memory:
+        integral = bool((row.coef == np.floor(row.coef)).all())
+        total = float(row.coef.max(axis=1).sum())
+        f = 1.0 if integral and total < 2.0**60 else 2.0 ** math.floor(math.log2(2.0**50 / total))
+        rhs = math.floor(row.limit * (1 + 1e-9) * f)
+        terms, ws = [], []
+        for k, d in zip(*np.nonzero(row.coef), strict=True):
+            lit, w = x[k][d], int(math.ceil(row.coef[k, d] * f))
+            if lit is None:
+                continue
+            if lit is ALWAYS:
+                rhs -= w
+            else:
+                terms.append(lit)
+                ws.append(w)
+        m.add(cp_model.LinearExpr.weighted_sum(terms, ws) <= rhs)
+
+
+def _lex_leader(m: cp_model.CpModel, pp: PlacementProblem, x: list[list[Any]]) -> None:
+    """For every symmetry sigma: the placement is lexicographically <= its image, truncated to
+    the first SYMMETRY_DEPTH nodes. f_k: every node before k is on a device sigma fixes."""
+
+    def clause(*lits: Any) -> None:  # (not a) or (not b) ..., skipping literals always true
+        m.add_bool_or([lit.Not() for lit in lits if lit is not ALWAYS])
+
+    for sigma in pp.symmetries:
+        fixed = [d for d in range(pp.num_devices) if sigma[d] == d]
+        f: Any = ALWAYS
+        for k in range(min(pp.num_nodes, SYMMETRY_DEPTH)):
+            for b in range(pp.num_devices):
+                if sigma[b] < b and x[k][b] is not None:
+                    clause(f, x[k][b])  # f_k and d_k = b would make the image smaller
+            if not fixed:
+                break
+            nxt = m.new_bool_var("")
+            for a in fixed:
+                if x[k][a] is not None:
+                    clause(f, x[k][a], nxt.Not())  # f_k and d_k = a imply f_k+1
+            f = nxt
+
+
+def _hint_placement(
+    m: cp_model.CpModel, out: CpsatModel, warm: Schedule, dur: np.ndarray, delay: np.ndarray
+) -> None:
+    assert out.pp is not None
+    pp = out.pp
+    for k, d in enumerate(warm.placement):
+        for e, lit in enumerate(out.x[k]):
+            if lit is not None and lit is not ALWAYS:
+                m.add_hint(lit, e == d)
+    priority = sorted(range(pp.num_tasks), key=lambda t: (warm.start[t], t))
+    timed = list_schedule(pp, warm.placement, out.order, priority, dur, delay)
+    for t, var in enumerate(out.start):
+        m.add_hint(var, int(timed.start[t]))
+    m.add_hint(out.makespan, int(timed.end.max()))
+
+
+# ------------------------------------------------------------------------------- solve
+
+
+_STATUS = {
+    cp_model.OPTIMAL: "OPTIMAL",
+    cp_model.FEASIBLE: "FEASIBLE",
+    cp_model.INFEASIBLE: "INFEASIBLE",
+    cp_model.UNKNOWN: "UNKNOWN",
+    cp_model.MODEL_INVALID: "MODEL_INVALID",
+}
+
+
+def solve_encoded(model: CpsatModel, options: SolveOptions, time_limit: float) -> CpsatRun:
+    """Run CP-SAT for at most `time_limit` seconds with options.seed and options.threads."""
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(time_limit, 1e-3)
+    solver.parameters.num_workers = options.threads
+    solver.parameters.random_seed = options.seed
+    solver.parameters.cp_model_presolve = model.presolve
+    if options.threads > 1:
+        solver.parameters.interleave_search = bool(options.extra.get("interleave", False))
+    start = time.perf_counter()
+    code = solver.solve(model.model)
+    wall = time.perf_counter() - start
+    status = _STATUS.get(code, "UNKNOWN")
+    if status == "MODEL_INVALID":
+        raise BackendError(f"cpsat built an invalid model: {model.model.validate()}")
+    values: dict[str, Any] = {}
+    if status in ("OPTIMAL", "FEASIBLE"):
+        values["x"] = [
+            [lit if lit is None or lit is ALWAYS else solver.boolean_value(lit) for lit in xs]
+            for xs in model.x
+        ]
+        values["objective"] = solver.objective_value
+        if model.objective == "makespan":
+            values["start"] = [solver.value(s) for s in model.start]
+    bound = solver.best_objective_bound if status != "INFEASIBLE" else None
+    timed_out = status in ("FEASIBLE", "UNKNOWN")
+    return CpsatRun(status, values, bound, wall, timed_out)
+
+
+# ------------------------------------------------------------------------------ decode
+
+
+def decode_selection(
+    model: CpsatModel, run: CpsatRun
+) -> tuple[tuple[int, ...] | None, float | None]:
+    """The choice vector of a run and its proven bound in real units."""
+    sel = model.sel
+    assert sel is not None
+    bound = run.bound / model.scale if run.bound is not None else None
+    if "x" not in run.values:
+        return None, bound
+    choices = []
+    for a, xs in zip(sel.allowed, run.values["x"], strict=True):
+        k = next(j for j, v in enumerate(xs) if v is True)
+        choices.append(int(a[k]))
+    return tuple(choices), bound
+
+
+def decode_placement(model: CpsatModel, run: CpsatRun) -> PlacementOutcome:
+    """The placement, its re-timed schedule, and the model's bound in seconds."""
+    pp = model.pp
+    assert pp is not None
+    stats = {"solver_status": run.status, "solver_seconds": run.wall, "hint": model.hint}
+    bound = None
+    if run.bound is not None:
+        bound = max(
+            placement_lower_bound(pp), (run.bound - model.slack * model.scale) / model.scale
+        )
+    if "x" not in run.values:
+        status = "INFEASIBLE" if run.status == "INFEASIBLE" else "NO_SOLUTION"
+        return PlacementOutcome(status, None, None, bound, run.timed_out, stats)
+    place = [next(d for d, v in enumerate(xs) if v is True) for xs in run.values["x"]]
+    start = np.asarray(run.values["start"], dtype=np.float64) / model.scale
+    schedule = retime(pp, place, start, model.order)
+    status = "OPTIMAL" if run.status == "OPTIMAL" else "FEASIBLE"
+    if status == "OPTIMAL":
+        bound = min(bound, schedule.makespan) if bound is not None else schedule.makespan
+    model_span = run.values["objective"] / model.scale
+    return PlacementOutcome(status, schedule, model_span, bound, run.timed_out, stats)
+
+
+def solve_placement(
+    pp: PlacementProblem, options: SolveOptions, warm: tuple[Schedule, str] | None = None
+) -> PlacementOutcome:
+    """Warm start, series bound and the whole model within options.time_limit (see
+    `backends.placement.solve_placement_problem`)."""
+    return solve_placement_problem(pp, options, _solve_model, warm)
+
+
+def _solve_model(
+    pp: PlacementProblem, options: SolveOptions, warm: Schedule | None, seconds: float
+) -> PlacementOutcome:
+    model = encode_placement(pp, options, (warm, "hint") if warm is not None else None)
+    return decode_placement(model, solve_encoded(model, options, seconds))
+
+
+def decode(problem: Problem, model: CpsatModel, run: CpsatRun, name: str = "cpsat") -> SolveResult:
+    """The SolveResult of a run (objective re-scored later by the Backend base class)."""
+    stats: dict[str, Any] = {
+        **model.stats,
+        "solver_status": run.status,
+        "solver_seconds": run.wall,
+        "hint": model.hint,
+        "warm_start_used": model.hint == "warm_start",
+        "scale": model.scale,
+        "rounding_slack": model.slack,
+    }
+    limit = Limit.TIME if run.timed_out else None
+    if model.objective == "makespan":
+        return placement_result(model.pp, decode_placement(model, run), limit, stats, name)
+    choices, bound = decode_selection(model, run)
+    if run.status == "INFEASIBLE":
+        stats["reason"] = (model.sel.infeasible if model.sel else None) or "proven by CP-SAT"
+        return SolveResult(name, Status.INFEASIBLE, bound=math.inf, stats=stats)
+    if choices is None and model.warm is not None:  # the solver found nothing better in time
+        stats["answer"] = model.hint
+        return SolveResult(name, Status.FEASIBLE, model.warm, bound=bound, limit=limit, stats=stats)
+    if choices is None:
+        return SolveResult(name, Status.NO_SOLUTION, bound=bound, limit=limit, stats=stats)
+    status = Status.OPTIMAL if run.status == "OPTIMAL" else Status.FEASIBLE
+    return SolveResult(name, status, choices, bound=bound, limit=limit, stats=stats)
+
+
+def placement_result(
+    pp: PlacementProblem | None, out: PlacementOutcome, limit: Limit | None, stats: dict, name: str
+) -> SolveResult:
+    """Makespan answers are FEASIBLE: the placement model is exact only over single-device
+    placements and its schedule is not the simulator's (see docs/solvers.md); the model's
+    own status, makespan, bound and gap are in the stats."""
+    assert pp is not None
+    stats.update(out.stats)
+    stats.update(
+        model_status=out.status,
+        model_makespan=out.model_makespan,
+        model_bound=out.bound,
+        model_gap=out.gap,
+        schedule_makespan=out.schedule.makespan if out.schedule else None,
+    )
+    if out.schedule is None:
+        status = Status.INFEASIBLE if out.status == "INFEASIBLE" else Status.NO_SOLUTION
+        return SolveResult(name, status, limit=limit, stats=stats)
+    stats["placement"] = {
+        pp.node_names[k]: pp.devices.devices[d].name for k, d in enumerate(out.schedule.placement)
+    }
+    return SolveResult(
+        name, Status.FEASIBLE, pp.choices(out.schedule.placement), limit=limit, stats=stats
+    )
+
+
+# ----------------------------------------------------------------------------- backend
+
+
+class CpsatBackend(Backend):
+    name = "cpsat"
+    objectives = ("additive", "makespan")
+    exact = True
+    REQUIRED_MODULES = ("ortools",)
+
+    def can_run(self, problem: Problem, options: SolveOptions) -> str | None:
+        reason = super().can_run(problem, options)
+        if reason is None and options.objective == "makespan" and problem.graph is None:
+            reason = (
+                f"the makespan objective places the ops of a DNN; problem {problem.name!r} "
+                "is a cost table"
+            )
+        return reason
+
+    def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
+        if options.objective == "makespan":
+            pp = _placement(problem, options)
+            out = solve_placement(pp, options)
+            limit = Limit.TIME if out.timed_out else None
+            return placement_result(pp, out, limit, {}, self.name)
+        t0 = time.perf_counter()
+        deadline = t0 + options.time_limit
+        sel = selection(problem)
+        warm = _warm_choices(problem, sel, options, deadline)
+        try:
+            model = encode_selection(sel, options, warm, deadline)
+        except _OutOfTime:
+            return _out_of_time(sel, warm, self.name)
+        encoded = time.perf_counter()
+        model.stats["encode_seconds"] = encoded - t0
+        run = solve_encoded(model, options, deadline - encoded)
+        return decode(problem, model, run, self.name)
+
+
+def _out_of_time(
+    sel: Selection, warm: tuple[tuple[int, ...], str] | None, name: str
+) -> SolveResult:
+    """The time limit passed while encoding: the start, if there is one."""
+    stats: dict[str, Any] = {"solver_status": "not run (time limit while encoding)"}
+    if warm is None:
+        return SolveResult(name, Status.NO_SOLUTION, limit=Limit.TIME, stats=stats)
+    stats["hint"] = warm[1]
+    return SolveResult(
+        name, Status.FEASIBLE, warm[0], bound=sel.trivial_bound(), limit=Limit.TIME, stats=stats
+    )

@@ -1,0 +1,803 @@
+"""`ilp`: integer linear programs solved by CBC through pulp, as encode / solve / decode.
+
+Additive (OptCNN Eq. 1) on `backends.placement.Selection`: binary x[i, c] per allowed choice,
+sum_c x[i, c] = 1; per remaining edge a continuous y[e, a, b] in [0, 1] per finite pair with
+sum_b y[e, a, b] = x[u, a] and sum_a y[e, a, b] = x[v, b] (integral once x is; the local
+marginal polytope, exact on trees), or with extra={"edges": "implied"} only
+y >= x[u, a] + x[v, b] - 1 for pairs of positive cost (valid since costs are >= 0; fewer
+constraints, a weak LP). Forbidden pairs have no y (or x[u, a] + x[v, b] <= 1). Memory rows
+sum usage x <= limit for every non-dominated live set and pool.
+
+Makespan: DLPlacer's formulation (Pal et al. 2019, Eqs. 7-13) on
+`backends.placement.PlacementProblem`: binary P[k, d] with sum_d P[k, d] = 1 (Eq. 7);
+starts T_t >= 0; end E_t = T_t + sum_d dur[t, d] P[k, d]; a precedence x -> y is
+T_y >= E_x + delta_p with delta_p >= delay[p, a, b] (P[u, a] + P[v, b] - 1) for a != b
+(Eqs. 10-11); with extra={"route_variables": True} (needs routing="shortest") delta_p is
+instead sum over directed links of C[p, l] (bytes / bandwidth + latency) with flow
+conservation sum_out C - sum_in C = P[u, n] - P[v, n] at every device n and 0 at switches
+(Eqs. 8-9). Two tasks that may share a device and that no path orders get an order binary o
+and a same-device s >= P[u, d] + P[v, d] - 1 with the big-M disjunction of Eq. 12,
+T_y >= E_x - M (1 - o) - M (1 - s) and T_x >= E_y - M o - M (1 - s) ("fifo": the program order,
+T_y >= E_x - M (1 - s)); M is the makespan of the warm start, an upper bound of the optimum
+(C <= M). Memory rows (Eq. 13); C >= every sink's end and >= every device's load;
+lexicographic-leader symmetry breaking over the device permutations that preserve the data.
+
+Scaling: CBC's tolerances are absolute, so costs and times are multiplied by a power of ten
+that makes the warm start (or the trivial bound) about 1e6 (costs) or 1e4 (times).
+
+CBC: threads = SolveOptions.threads, "randomSeed" and "randomCbcSeed" = seed + 1 (0 would mean
+"from the clock"), "sec" = what is left of the time limit after encoding. A warm start
+(SolveOptions.warm_start, else a construction heuristic) is set as the variables' initial
+values and passed with warmStart=True (CBC's -mips); `stats["warm_start_accepted"]` is what
+CBC's log says about it. Status, objective and lower bound are read from CBC's log.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pulp
+
+from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status
+from backends.placement import (
+    PlacementError,
+    PlacementOutcome,
+    PlacementProblem,
+    Schedule,
+    Selection,
+    hardware_graph,
+    horizon,
+    placement_lower_bound,
+    placement_problem,
+    retime,
+    seed_choices,
+    selection,
+    solve_placement_problem,
+    warm_schedule,
+)
+from planner.evaluate import additive_cost, memory_feasible
+from planner.problem import Problem
+
+__all__ = [
+    "IlpBackend",
+    "IlpModel",
+    "constraints",
+    "decode",
+    "encode",
+    "encoded_objective",
+    "solve_encoded",
+]
+
+ALWAYS = True  # a variable fixed to 1 (a node with one allowed choice or device)
+EDGE_MODES = ("marginal", "implied")
+COST_MAGNITUDE = 1e6  # scaled additive objectives are about this large
+TIME_MAGNITUDE = 1e4  # scaled makespans are about this large
+SYMMETRY_DEPTH = 64
+CHECK_EVERY = 512
+IO_SECONDS_PER_VARIABLE = 2e-5  # pulp writing the MPS file or reading the solution
+NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"  # a number in CBC's log
+OVERRUN_FRACTION = 0.1  # CBC is killed this far past the time limit (plus a second)
+
+
+class _OutOfTime(Exception):
+    pass
+
+
+@dataclass
+class IlpModel:
+    """An encoded problem: the pulp model and what decoding needs."""
+
+    objective: str
+    lp: pulp.LpProblem
+    scale: float
+    sel: Selection | None = None
+    x: list[list[Any]] = field(default_factory=list)  # per node, per allowed choice or device
+    y: list[list[tuple[int, int, Any]]] = field(default_factory=list)
+    pp: PlacementProblem | None = None
+    order: str = "free"
+    start: list[Any] = field(default_factory=list)
+    makespan: Any = None
+    hint: str | None = None  # "warm_start", "heuristic" or None
+    warm: tuple[int, ...] | None = None
+    routes: dict[int, tuple[list, list]] = field(default_factory=dict)  # Eqs. 8-9 arcs, C vars
+    offset: float = 0.0  # scaled objective constant, kept out of the LP (CBC's log omits it)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class IlpRun:
+    status: str  # "OPTIMAL" | "FEASIBLE" | "INFEASIBLE" | "UNKNOWN"
+    objective: float | None  # scaled
+    bound: float | None  # scaled
+    wall: float
+    timed_out: bool
+    log: dict[str, Any]
+
+
+class _Clock:
+    def __init__(self, deadline: float):
+        self.deadline, self.count = deadline, 0
+
+    def tick(self) -> None:
+        self.count += 1
+        if self.count % CHECK_EVERY == 0 and time.perf_counter() > self.deadline:
+            raise _OutOfTime
+
+
+def _var(
+    lp: pulp.LpProblem, name: str, binary: bool = False, low: float = 0.0, up: float | None = 1.0
+) -> Any:
+    cat = pulp.LpBinary if binary else pulp.LpContinuous
+    if hasattr(lp, "add_variable"):  # pulp >= 3.3 (the pulp 4 API)
+        return lp.add_variable(name, lowBound=low, upBound=up, cat=cat)
+    return pulp.LpVariable(name, lowBound=low, upBound=up, cat=cat)
+
+
+def constraints(lp: pulp.LpProblem) -> list[Any]:
+    """The model's constraints (pulp 4's list, or pulp 3's dict values)."""
+    found = lp.constraints
+    return list(found()) if callable(found) else list(found.values())
+
+
+def _expr(pairs: list[tuple[Any, float]], const: float = 0.0) -> pulp.LpAffineExpression:
+    """sum coef * var (+ const), with variables fixed to one folded into the constant."""
+    e = pulp.LpAffineExpression()
+    for var, c in pairs:
+        if var is ALWAYS:
+            const += c
+        elif c:
+            e.addterm(var, c)
+    e.constant = const
+    return e
+
+
+def _power_of_ten(value: float, magnitude: float) -> float:
+    return 10.0 ** round(math.log10(magnitude / value)) if value > 0 else 1.0
+
+
+# ------------------------------------------------------------------------------ encode
+
+
+def encode(problem: Problem, options: SolveOptions, deadline: float = math.inf) -> IlpModel:
+    """The pulp model of `problem` under options.objective (raises _OutOfTime past deadline)."""
+    if options.objective == "additive":
+        sel = selection(problem)
+        return encode_selection(sel, options, _warm_choices(problem, sel, options), deadline)
+    pp = _placement(problem, options)
+    return encode_placement(pp, options, warm_schedule(pp, options), deadline)
+
+
+def _warm_choices(
+    problem: Problem, sel: Selection, options: SolveOptions, deadline: float = math.inf
+) -> tuple[tuple[int, ...], str] | None:
+    if options.warm_start is not None:
+        ch = problem.check_choices(options.warm_start)
+        if math.isfinite(additive_cost(problem, ch)) and memory_feasible(problem, ch):
+            return ch, "warm_start"
+    if options.extra.get("seed_heuristic", True):
+        seed = seed_choices(problem, sel, deadline)
+        if seed is not None:
+            return seed[0], "heuristic"
+    return None
+
+
+def encode_selection(
+    sel: Selection,
+    options: SolveOptions,
+    warm: tuple[tuple[int, ...], str] | None = None,
+    deadline: float = math.inf,
+) -> IlpModel:
+    """The additive selection model (see the module docstring)."""
+    mode = options.extra.get("edges", "marginal")
+    if mode not in EDGE_MODES:
+        raise BackendError(f"ilp edges must be one of {EDGE_MODES}, got {mode!r}")
+    clock = _Clock(deadline)
+    lp = pulp.LpProblem("additive", pulp.LpMinimize)
+    reference = sel.cost(warm[0]) if warm is not None else sel.trivial_bound()
+    scale = _power_of_ten(reference if math.isfinite(reference) else 0.0, COST_MAGNITUDE)
+    out = IlpModel("additive", lp, scale, sel=sel)
+    if sel.infeasible:
+        z = _var(lp, "infeasible")
+        lp += _expr([(z, 1.0)])
+        lp += _expr([(z, 1.0)]) >= 2  # the reductions proved it
+        return out
+    objective: list[tuple[Any, float]] = []
+    for i, c in enumerate(sel.node_cost):
+        if len(c) == 1:
+            out.x.append([ALWAYS])
+            objective.append((ALWAYS, float(c[0]) * scale))
+            continue
+        xs = [_var(lp, f"x{i}_{k}", binary=True) for k in range(len(c))]
+        lp += _expr([(v, 1.0) for v in xs]) == 1
+        out.x.append(xs)
+        objective += [(v, float(w) * scale) for v, w in zip(xs, c, strict=True)]
+    for e, ((u, v), t) in enumerate(zip(sel.edges, sel.edge_cost, strict=True)):
+        ys: list[tuple[int, int, Any]] = []
+        xu, xv = out.x[u], out.x[v]
+        if mode == "marginal":
+            rows: list[list[tuple[Any, float]]] = [[(xu[a], -1.0)] for a in range(len(xu))]
+            cols: list[list[tuple[Any, float]]] = [[(xv[b], -1.0)] for b in range(len(xv))]
+            for a, b in zip(*np.nonzero(np.isfinite(t)), strict=True):
+                y = _var(lp, f"y{e}_{a}_{b}")
+                ys.append((int(a), int(b), y))
+                rows[a].append((y, 1.0))
+                cols[b].append((y, 1.0))
+                objective.append((y, float(t[a, b]) * scale))
+                clock.tick()
+            for terms in (*rows, *cols):
+                lp += _expr(terms) == 0
+        else:
+            for a, b in zip(*np.nonzero(~np.isfinite(t) | (t > 0)), strict=True):
+                if not np.isfinite(t[a, b]):
+                    lp += _expr([(xu[a], 1.0), (xv[b], 1.0)]) <= 1
+                    continue
+                y = _var(lp, f"y{e}_{a}_{b}")
+                ys.append((int(a), int(b), y))
+                lp += _expr([(y, 1.0), (xu[a], -1.0), (xv[b], -1.0)]) >= -1
+                objective.append((y, float(t[a, b]) * scale))
+                clock.tick()
+        out.y.append(ys)
+    for row in sel.memory:
+        norm = max(row.rhs, max(float(c.max()) for c in row.coef), 1e-300)
+        terms = [
+            (out.x[i][k], float(w) / norm)
+            for i, c in zip(row.nodes, row.coef, strict=True)
+            for k, w in enumerate(c)
+        ]
+        lp += _expr(terms) <= row.rhs / norm
+    out.offset = sum(c for v, c in objective if v is ALWAYS)
+    lp += _expr([(v, c) for v, c in objective if v is not ALWAYS])
+    npairs = sum(len(ys) for ys in out.y)
+    out.stats = {"edges": mode, "edge_variables": npairs, "memory_rows": len(sel.memory)}
+    if warm is not None:
+        _warm_selection(out, warm[0])
+        out.hint, out.warm = warm[1], warm[0]
+    return out
+
+
+def _warm_selection(out: IlpModel, choices: tuple[int, ...]) -> None:
+    assert out.sel is not None
+    pos = out.sel.positions(choices)
+    if pos is None:
+        return
+    for xs, k in zip(out.x, pos, strict=True):
+        for j, var in enumerate(xs):
+            if var is not ALWAYS:
+                var.setInitialValue(1 if j == k else 0)
+    for (u, v), ys in zip(out.sel.edges, out.y, strict=True):
+        for a, b, var in ys:
+            var.setInitialValue(1 if (a == pos[u] and b == pos[v]) else 0)
+
+
+def encoded_objective(model: IlpModel, choices: tuple[int, ...]) -> float:
+    """The encoded objective of a choice vector, in real units, after checking that the
+    assignment it implies satisfies every constraint of the model (additive only)."""
+    sel = model.sel
+    assert sel is not None and model.objective == "additive"
+    pos = sel.positions(choices)
+    if pos is None:
+        return math.inf
+    for xs, k in zip(model.x, pos, strict=True):
+        for j, var in enumerate(xs):
+            if var is not ALWAYS:
+                var.varValue = 1 if j == k else 0
+    for (u, v), ys in zip(sel.edges, model.y, strict=True):
+        for a, b, var in ys:
+            var.varValue = 1 if (a == pos[u] and b == pos[v]) else 0
+    broken = [c.name for c in constraints(model.lp) if not c.valid(1e-9)]
+    if broken:
+        raise BackendError(f"the choices violate {len(broken)} constraints, e.g. {broken[0]}")
+    return (float(pulp.value(model.lp.objective) or 0.0) + model.offset) / model.scale
+
+
+def _placement(problem: Problem, options: SolveOptions) -> PlacementProblem:
+    try:
+        return placement_problem(
+            problem,
+            phases=options.extra.get("phases", "training"),
+            routing=options.extra.get("routing", "fixed"),
+        )
+    except PlacementError as exc:
+        raise BackendError(str(exc)) from None
+
+
+def encode_placement(
+    pp: PlacementProblem,
+    options: SolveOptions,
+    warm: tuple[Schedule, str] | None = None,
+    deadline: float = math.inf,
+) -> IlpModel:
+    """DLPlacer's placement ILP (see the module docstring). `warm` gives big-M and the start."""
+    order = options.extra.get("order", "free")
+    if order not in ("free", "fifo"):
+        raise BackendError(f"order must be 'free' or 'fifo', got {order!r}")
+    flow = bool(options.extra.get("route_variables", False))
+    if flow and pp.routing != "shortest":
+        raise BackendError("route_variables model Eqs. 8-9's free routing: use routing='shortest'")
+    clock = _Clock(deadline)
+    top = warm[0].makespan if warm is not None else horizon(pp)
+    scale = _power_of_ten(top, TIME_MAGNITUDE)
+    big_m = top * scale * (1 + 1e-9)
+    dur, delay = pp.duration * scale, pp.delay * scale
+    lp = pulp.LpProblem("placement", pulp.LpMinimize)
+    out = IlpModel("makespan", lp, scale, pp=pp, order=order)
+    for k in range(pp.num_nodes):
+        ds = np.flatnonzero(pp.allowed[k])
+        xs: list[Any] = [None] * pp.num_devices
+        if len(ds) == 1:
+            xs[ds[0]] = ALWAYS
+        else:
+            for d in ds:
+                xs[d] = _var(lp, f"P{k}_{d}", binary=True)
+            lp += _expr([(xs[d], 1.0) for d in ds]) == 1  # Eq. 7
+        out.x.append(xs)
+    node = pp.task_node
+    out.start = [_var(lp, f"T{t}", up=big_m) for t in range(pp.num_tasks)]
+    ends = [_end_terms(out, t, dur) for t in range(pp.num_tasks)]
+    span = _var(lp, "C", up=big_m)
+    out.makespan = span
+    routes = _flow_routes(lp, out) if flow else None
+    for p, (x, y) in enumerate(pp.prec):
+        if node[x] == node[y] or not pp.nbytes[p]:
+            lp += _expr([(out.start[y], 1.0)] + [(v, -c) for v, c in ends[x]]) >= 0
+            continue
+        if routes is not None:
+            delta = routes(p, x, y)
+        else:
+            delta = _var(lp, f"delta{p}", up=None)
+            for a, b in zip(*np.nonzero(delay[p]), strict=True):
+                pu, pv = out.x[node[x]][a], out.x[node[y]][b]
+                if pu is not None and pv is not None:
+                    w = float(delay[p, a, b])
+                    lp += _expr([(delta, 1.0), (pu, -w), (pv, -w)]) >= -w
+        lp += _expr([(out.start[y], 1.0), (delta, -1.0)] + [(v, -c) for v, c in ends[x]]) >= 0
+        clock.tick()
+    for x, y in pp.exclusive_pairs(order):
+        _exclusive(lp, out, x, y, ends, big_m, order)
+        clock.tick()
+    sinks = sorted(set(range(pp.num_tasks)) - {int(x) for x in pp.prec[:, 0]})
+    for t in sinks:
+        lp += _expr([(span, 1.0)] + [(v, -c) for v, c in ends[t]]) >= 0
+    for dev in range(pp.num_devices):
+        load = [(out.x[node[t]][dev], -float(dur[t, dev])) for t in range(pp.num_tasks)]
+        lp += _expr([(span, 1.0)] + [(v, c) for v, c in load if v is not None]) >= 0
+    for r, row in enumerate(pp.memory):
+        norm = max(row.limit, float(row.coef.max()), 1e-300)
+        terms = [
+            (out.x[k][d], float(row.coef[k, d]) / norm)
+            for k, d in zip(*np.nonzero(row.coef), strict=True)
+            if out.x[k][d] is not None
+        ]
+        lp.addConstraint(_expr(terms) <= row.limit * (1 + 1e-9) / norm, f"memory{r}")
+    _lex_leader(lp, pp, out.x)
+    lp += _expr([(span, 1.0)])
+    out.stats = {
+        "order": order,
+        "routing": pp.routing,
+        "route_variables": flow,
+        "symmetries": len(pp.symmetries),
+        "big_m": top,
+    }
+    if warm is not None:
+        _warm_placement(out, warm[0], routes is not None)
+        out.hint = warm[1]
+    return out
+
+
+def _end_terms(out: IlpModel, t: int, dur: np.ndarray) -> list[tuple[Any, float]]:
+    """E_t = T_t + sum_d dur[t, d] P[k, d] as (variable, coefficient) terms."""
+    assert out.pp is not None
+    xs = out.x[out.pp.task_node[t]]
+    return [(out.start[t], 1.0)] + [
+        (v, float(dur[t, d])) for d, v in enumerate(xs) if v is not None and dur[t, d]
+    ]
+
+
+def _exclusive(
+    lp: pulp.LpProblem,
+    out: IlpModel,
+    x: int,
+    y: int,
+    ends: list[list[tuple[Any, float]]],
+    big_m: float,
+    order: str,
+) -> None:
+    """Eq. 12 for one pair of tasks (or the program order in "fifo")."""
+    assert out.pp is not None
+    pp = out.pp
+    u, v = pp.task_node[x], pp.task_node[y]
+    same: Any = ALWAYS
+    if u != v:
+        same = _var(lp, f"s{x}_{y}")
+        for d in np.flatnonzero(pp.allowed[u] & pp.allowed[v]):
+            lp += _expr([(same, 1.0), (out.x[u][d], -1.0), (out.x[v][d], -1.0)]) >= -1
+    apart = [(same, big_m)] if same is not ALWAYS else []
+    const = -big_m if same is not ALWAYS else 0.0
+
+    def after(first: int, second: int, extra: list[tuple[Any, float]], c: float) -> None:
+        # T_second - E_first + M (1 - same) [+ M (1 - o) or M o] >= 0
+        terms = [(out.start[second], 1.0)] + [(w, -k) for w, k in ends[first]]
+        lp.addConstraint(_expr(terms + [(w, -k) for w, k in apart] + extra) >= const + c)
+
+    if order == "fifo":
+        first, second = (x, y) if pp.order_key[x] <= pp.order_key[y] else (y, x)
+        after(first, second, [], 0.0)
+        return
+    o = _var(lp, f"o{x}_{y}", binary=True)
+    after(x, y, [(o, -big_m)], -big_m)  # o = 1: x before y
+    after(y, x, [(o, big_m)], 0.0)
+
+
+def _flow_routes(lp: pulp.LpProblem, out: IlpModel) -> Callable[[int, int, int], Any]:
+    """Eqs. 8-9: a routing of each transfer over the hardware graph's directed links."""
+    assert out.pp is not None
+    pp = out.pp
+    g = hardware_graph(pp.devices)
+    arcs = [(a, b, data["links"]) for a, b, data in g.edges(data=True)]
+    arcs += [(b, a, links) for a, b, links in arcs]
+    device_index = {d.name: k for k, d in enumerate(pp.devices.devices)}
+
+    def route(p: int, x: int, y: int) -> Any:
+        size = float(pp.nbytes[p])
+        c = [_var(lp, f"C{p}_{j}", binary=True) for j in range(len(arcs))]
+        out.routes[p] = (arcs, c)
+        for h in g.nodes:
+            terms = [(c[j], 1.0) for j, (a, _, _) in enumerate(arcs) if a == h]
+            terms += [(c[j], -1.0) for j, (_, b, _) in enumerate(arcs) if b == h]
+            if h in device_index:
+                d = device_index[h]
+                for var, sign in (
+                    (out.x[pp.task_node[x]][d], -1.0),
+                    (out.x[pp.task_node[y]][d], 1.0),
+                ):
+                    if var is not None:
+                        terms.append((var, sign))
+            lp.addConstraint(_expr(terms) == 0)
+        weight = [min(size / bw + lat for bw, lat in links) * out.scale for _, _, links in arcs]
+        delta = _var(lp, f"delta{p}", up=None)
+        lp.addConstraint(
+            _expr([(delta, 1.0)] + [(v, -w) for v, w in zip(c, weight, strict=True)]) == 0
+        )
+        return delta
+
+    return route
+
+
+def _lex_leader(lp: pulp.LpProblem, pp: PlacementProblem, x: list[list[Any]]) -> None:
+    """As in the cpsat backend: f_k (continuous) >= 1 when nodes before k are all on devices
+    sigma fixes; then node k may not be on a device b with sigma(b) < b."""
+    for s, sigma in enumerate(pp.symmetries):
+        fixed = [d for d in range(pp.num_devices) if sigma[d] == d]
+        f: Any = ALWAYS
+        for k in range(min(pp.num_nodes, SYMMETRY_DEPTH)):
+            for b in range(pp.num_devices):
+                if sigma[b] < b and x[k][b] is not None:
+                    lp += _expr([(f, 1.0), (x[k][b], 1.0)]) <= 1
+            if not fixed:
+                break
+            nxt = _var(lp, f"f{s}_{k}")
+            terms = [(nxt, 1.0), (f, -1.0)] + [
+                (x[k][a], -1.0) for a in fixed if x[k][a] is not None
+            ]
+            lp += _expr(terms) >= -1
+            f = nxt
+
+
+def _warm_placement(out: IlpModel, warm: Schedule, flow: bool) -> None:
+    """Initial values: placement, starts, order and same-device variables of the warm start."""
+    assert out.pp is not None
+    pp = out.pp
+    for k, d in enumerate(warm.placement):
+        for e, var in enumerate(out.x[k]):
+            if var is not None and var is not ALWAYS:
+                var.setInitialValue(1 if e == d else 0)
+    values = {v.name: v for v in out.lp.variables()}
+    dev = np.asarray(warm.placement)[pp.task_node]
+    for name, var in values.items():
+        if name[0] == "o" and "_" in name:
+            x, y = (int(z) for z in name[1:].split("_"))
+            var.setInitialValue(1 if (warm.start[x], x) <= (warm.start[y], y) else 0)
+    for t, var in enumerate(out.start):
+        var.setInitialValue(float(warm.start[t] * out.scale))
+    if flow:
+        names = [d.name for d in pp.devices.devices]
+        for p, (arcs, c) in out.routes.items():
+            a, b = dev[pp.prec[p, 0]], dev[pp.prec[p, 1]]
+            path = _shortest_path(pp, names[a], names[b], float(pp.nbytes[p])) if a != b else []
+            used = set(zip(path, path[1:], strict=False))
+            for j, (h1, h2, _) in enumerate(arcs):
+                c[j].setInitialValue(1 if (h1, h2) in used else 0)
+
+
+def _shortest_path(pp: PlacementProblem, a: str, b: str, size: float) -> list[str]:
+    import networkx as nx
+
+    g = hardware_graph(pp.devices)
+    for _, _, data in g.edges(data=True):
+        data["w"] = min(size / bw + lat for bw, lat in data["links"])
+    return list(nx.shortest_path(g, a, b, weight="w"))
+
+
+# ------------------------------------------------------------------------------- solve
+
+
+def solve_encoded(model: IlpModel, options: SolveOptions, time_limit: float) -> IlpRun:
+    """Run CBC on the model for at most `time_limit` seconds, file writing included."""
+    nvars = len(model.lp.variables())
+    if nvars == 0:  # every node has a single choice: nothing to search
+        return IlpRun("OPTIMAL", 0.0, 0.0, 0.0, False, {"cbc_result": "not run (no variables)"})
+    deadline = time.perf_counter() + time_limit
+    io_seconds = IO_SECONDS_PER_VARIABLE * nvars
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PULP_CBC_CMD's notice about pulp 4
+        solver = pulp.PULP_CBC_CMD(
+            msg=False,
+            timeLimit=max(0.5, time_limit - 2 * io_seconds),
+            threads=options.threads,
+            warmStart=model.hint is not None,
+            options=[f"randomS {options.seed + 1}", f"randomC {options.seed + 1}"],
+        )
+    grace = OVERRUN_FRACTION * time_limit + 1.0
+    with tempfile.TemporaryDirectory(prefix="layerwise-cbc-") as tmp:
+        solver.tmpDir = tmp
+        start = time.perf_counter()
+        text, killed = _run_cbc(model.lp, solver, deadline - io_seconds, deadline + grace)
+        wall = time.perf_counter() - start
+    log = _parse_log(text)
+    if killed:
+        log.update(result="UNKNOWN", stopped=True, cbc_result="stopped at the time limit")
+    status = log["result"]
+    objective = log.get("objective")
+    bound = log.get("bound", objective if status == "OPTIMAL" else None)
+    return IlpRun(status, objective, bound, wall, bool(log["stopped"]), log)
+
+
+def _run_cbc(lp: pulp.LpProblem, solver: Any, stop_at: float, kill_at: float) -> tuple[str, bool]:
+    """pulp's COIN_CMD.solve_CBC (same files, options and -mips warm start), with a stop:
+    CBC looks at its time limit only between phases and can overrun it at the root node, so
+    at `stop_at` it gets SIGINT (it then stops and writes its best solution at its next
+    check) and at `kill_at` it is killed. Returns CBC's output and whether it was killed
+    (then nothing is read: CBC's buffered output and its solution are lost)."""
+    mps, sol, mst, log_path = solver.create_tmp_files(lp.name, "mps", "sol", "mst", "log")
+    vs, var_names, con_names, _ = lp.writeMPS(mps, rename=1)
+    args = [solver.path, mps]
+    if solver.optionsDict.get("warmStart"):
+        solver.writesol(mst, lp, vs, var_names, con_names)
+        args += ["-mips", mst]
+    args += ["-sec", str(solver.timeLimit)]
+    for option in solver.options + solver.getOptions():
+        args += ["-" + option.split()[0], *option.split()[1:]]
+    args += ["-solve", "-printingOptions", "all", "-solution", sol]
+    killed = False
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+        try:
+            proc.wait(timeout=max(0.1, stop_at - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)  # our own child, by its handle
+            try:
+                proc.wait(timeout=max(0.1, kill_at - time.perf_counter()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                killed = True
+    with open(log_path) as f:
+        text = f.read()
+    if not killed:
+        if proc.returncode != 0 or not os.path.exists(sol):
+            raise BackendError(f"CBC failed (exit {proc.returncode}): {text[-500:]}")
+        status, values, _, _, _, sol_status = solver.readsol_MPS(sol, lp, vs, var_names, con_names)
+        lp.assignVarsVals(values)
+        lp.assignStatus(status, sol_status)
+    return text, killed
+
+
+def _parse_log(text: str) -> dict[str, Any]:
+    """Status, objective, lower bound and the warm start's fate from CBC's output."""
+    out: dict[str, Any] = {"stopped": False}
+    result = re.search(r"Result - (.*)", text)
+    line = result.group(1) if result else "no result line"
+    out["cbc_result"] = line
+    if "Problem is infeasible" in text or "infeasible" in line.lower():
+        out["result"] = "INFEASIBLE"
+    elif "ctrl-c" in line:
+        out["stopped"] = True
+        out["result"] = "FEASIBLE"
+    elif line.startswith("Optimal"):
+        out["result"] = "OPTIMAL"
+    else:
+        out["stopped"] = "Stopped" in line
+        out["result"] = "FEASIBLE"
+    if "No feasible solution found" in text or "no integer solution" in text.lower():
+        out["result"] = "UNKNOWN" if out["result"] != "INFEASIBLE" else "INFEASIBLE"
+    for key, pattern in (
+        ("objective", rf"Objective value:\s+({NUMBER})"),
+        ("bound", rf"Lower bound:\s+({NUMBER})"),
+    ):
+        found = re.search(pattern, text)
+        if found and abs(float(found.group(1))) < 1e30:  # CBC prints -1e50 for "none"
+            out[key] = float(found.group(1))
+    if out["result"] == "FEASIBLE" and "objective" not in out:
+        out["result"] = "UNKNOWN"
+    if "bound" not in out and out["result"] != "OPTIMAL":  # stopped early: the last bound seen
+        seen = re.findall(rf"best possible ({NUMBER})", text) or re.findall(
+            rf"Continuous objective value is ({NUMBER})", text
+        )
+        if seen:
+            out["bound"] = float(seen[-1])
+    if "MIPStart provided solution" in text:
+        out["warm_start_accepted"] = True
+    elif "mipstart" in text.lower() or "MIPStart" in text:
+        out["warm_start_accepted"] = False
+    return out
+
+
+# ------------------------------------------------------------------------------ decode
+
+
+def _values(model: IlpModel) -> list[list[Any]]:
+    return [
+        [v if v is None or v is ALWAYS else (v.varValue or 0.0) > 0.5 for v in xs] for xs in model.x
+    ]
+
+
+def decode_placement(model: IlpModel, run: IlpRun) -> PlacementOutcome:
+    """The placement, re-timed, and the model's bound in seconds."""
+    pp = model.pp
+    assert pp is not None
+    stats = {"solver_status": run.status, "solver_seconds": run.wall, "hint": model.hint, **run.log}
+    bound = None
+    if run.bound is not None:
+        bound = max(placement_lower_bound(pp), run.bound / model.scale * (1 - 1e-9))
+    if run.status in ("INFEASIBLE", "UNKNOWN"):
+        status = "INFEASIBLE" if run.status == "INFEASIBLE" else "NO_SOLUTION"
+        return PlacementOutcome(status, None, None, bound, run.timed_out, stats)
+    place = [next(d for d, v in enumerate(xs) if v is ALWAYS or v is True) for xs in _values(model)]
+    start = np.array([(v.varValue or 0.0) / model.scale for v in model.start])
+    schedule = retime(pp, place, start, model.order)
+    status = "OPTIMAL" if run.status == "OPTIMAL" else "FEASIBLE"
+    if status == "OPTIMAL":
+        bound = min(bound, schedule.makespan) if bound is not None else schedule.makespan
+    model_span = run.objective / model.scale if run.objective is not None else None
+    return PlacementOutcome(status, schedule, model_span, bound, run.timed_out, stats)
+
+
+def solve_placement(
+    pp: PlacementProblem, options: SolveOptions, warm: tuple[Schedule, str] | None = None
+) -> PlacementOutcome:
+    """Warm start, series bound and the whole model within options.time_limit (see
+    `backends.placement.solve_placement_problem`)."""
+    return solve_placement_problem(pp, options, _solve_model, warm)
+
+
+def _solve_model(
+    pp: PlacementProblem, options: SolveOptions, warm: Schedule | None, seconds: float
+) -> PlacementOutcome:
+    model = encode_placement(pp, options, (warm, "hint") if warm is not None else None)
+    return decode_placement(model, solve_encoded(model, options, seconds))
+
+
+def decode(problem: Problem, model: IlpModel, run: IlpRun, name: str = "ilp") -> SolveResult:
+    """The SolveResult of a run (objective re-scored later by the Backend base class)."""
+    stats: dict[str, Any] = {
+        **model.stats,
+        "solver_status": run.status,
+        "solver_seconds": run.wall,
+        "hint": model.hint,
+        "warm_start_used": model.hint == "warm_start",
+        "scale": model.scale,
+        **{k: v for k, v in run.log.items() if k in ("cbc_result", "warm_start_accepted")},
+    }
+    limit = Limit.TIME if run.timed_out else None
+    if model.objective == "makespan":
+        return placement_result(model.pp, decode_placement(model, run), limit, stats, name)
+    sel = model.sel
+    assert sel is not None
+    bound = (run.bound + model.offset) / model.scale if run.bound is not None else None
+    if run.status == "INFEASIBLE":
+        stats["reason"] = sel.infeasible or "proven by CBC"
+        return SolveResult(name, Status.INFEASIBLE, bound=math.inf, stats=stats)
+    if run.status == "UNKNOWN":
+        if model.warm is not None:
+            stats["answer"] = model.hint
+            return SolveResult(
+                name, Status.FEASIBLE, model.warm, bound=bound or sel.trivial_bound(),
+                limit=limit, stats=stats,
+            )  # fmt: skip
+        return SolveResult(name, Status.NO_SOLUTION, bound=bound, limit=limit, stats=stats)
+    choices = tuple(
+        int(a[next(k for k, v in enumerate(xs) if v is ALWAYS or v is True)])
+        for a, xs in zip(sel.allowed, _values(model), strict=True)
+    )
+    status = Status.OPTIMAL if run.status == "OPTIMAL" else Status.FEASIBLE
+    if bound is not None:
+        bound = min(bound, sel.cost(choices)) * (1 - 1e-12)
+    return SolveResult(name, status, choices, bound=bound, limit=limit, stats=stats)
+
+
+def placement_result(
+    pp: PlacementProblem | None, out: PlacementOutcome, limit: Limit | None, stats: dict, name: str
+) -> SolveResult:
+    """Makespan answers are FEASIBLE: the placement model is exact only over single-device
+    placements and its schedule is not the simulator's (see docs/solvers.md); the model's
+    own status, makespan, bound and gap are in the stats."""
+    assert pp is not None
+    stats.update(out.stats)
+    stats.update(
+        model_status=out.status,
+        model_makespan=out.model_makespan,
+        model_bound=out.bound,
+        model_gap=out.gap,
+        schedule_makespan=out.schedule.makespan if out.schedule else None,
+    )
+    if out.schedule is None:
+        status = Status.INFEASIBLE if out.status == "INFEASIBLE" else Status.NO_SOLUTION
+        return SolveResult(name, status, limit=limit, stats=stats)
+    stats["placement"] = {
+        pp.node_names[k]: pp.devices.devices[d].name for k, d in enumerate(out.schedule.placement)
+    }
+    return SolveResult(
+        name, Status.FEASIBLE, pp.choices(out.schedule.placement), limit=limit, stats=stats
+    )
+
+
+# ----------------------------------------------------------------------------- backend
+
+
+class IlpBackend(Backend):
+    name = "ilp"
+    objectives = ("additive", "makespan")
+    exact = True
+    REQUIRED_MODULES = ("pulp",)
+
+    def can_run(self, problem: Problem, options: SolveOptions) -> str | None:
+        reason = super().can_run(problem, options)
+        if reason is None and options.objective == "makespan" and problem.graph is None:
+            reason = (
+                f"the makespan objective places the ops of a DNN; problem {problem.name!r} "
+                "is a cost table"
+            )
+        return reason
+
+    def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
+        if options.objective == "makespan":
+            pp = _placement(problem, options)
+            out = solve_placement(pp, options)
+            limit = Limit.TIME if out.timed_out else None
+            return placement_result(pp, out, limit, {}, self.name)
+        t0 = time.perf_counter()
+        deadline = t0 + options.time_limit
+        sel = selection(problem)
+        warm = _warm_choices(problem, sel, options, deadline)
+        try:
+            model = encode_selection(sel, options, warm, deadline)
+        except _OutOfTime:
+            return _out_of_time(sel, warm, self.name)
+        encoded = time.perf_counter()
+        model.stats["encode_seconds"] = encoded - t0
+        run = solve_encoded(model, options, deadline - encoded)
+        return decode(problem, model, run, self.name)
+
+
+def _out_of_time(
+    sel: Selection, warm: tuple[tuple[int, ...], str] | None, name: str
+) -> SolveResult:
+    """The time limit passed while encoding: the start, if there is one."""
+    stats: dict[str, Any] = {"solver_status": "not run (time limit while encoding)"}
+    if warm is None:
+        return SolveResult(name, Status.NO_SOLUTION, limit=Limit.TIME, stats=stats)
+    stats["hint"] = warm[1]
+    return SolveResult(
+        name, Status.FEASIBLE, warm[0], bound=sel.trivial_bound(), limit=Limit.TIME, stats=stats
+    )

@@ -1,0 +1,391 @@
+"""`python -m experiments.accuracy`: simulated against measured step time (FlexFlow Fig. 11).
+
+For each model (small sizes that run in seconds on this machine) on `cpu-local-2`:
+
+1. profile the op costs of every config on this machine (`planner.profile`, cached; done
+   before any worker starts, so nothing else computes while it measures);
+2. build the cost model from those measured costs and plan: data parallelism, model
+   parallelism, OWT (and the GNMT expert for RNNs), everything on one worker, the elimination
+   backend's optimum (OptCNN's additive objective), MCMC on the simulated makespan, then
+   random strategies from the ConfigSpace up to `--strategies`;
+3. predict each strategy's step time with the simulator (`planner.simulator.simulate`; the
+   additive objective with `--prediction additive`), run it with `runtime.run_strategy` on 2
+   worker processes and take the median step time after the warm-up steps;
+4. print per strategy the simulated and measured times and the relative error
+   (simulated - measured) / measured, and per model the median absolute error and the
+   Spearman rank correlation. Results go to results/accuracy-<time>/ as CSV and JSON with a
+   scatter plot (simulated vs measured, log-log, y = x).
+
+The machine must be otherwise idle: the load average is recorded and a warning printed when
+other processes compete for the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from planner.cli import OneLineArgumentParser, nonnegative_int, positive_int
+from planner.errors import LayerwiseError
+from runtime.reference import ModelSpec
+
+# Sizes for this 2-core machine: compute-bound enough that a step takes tens to hundreds of
+# milliseconds, small enough that ten strategies run in minutes.
+MODELS: dict[str, ModelSpec] = {
+    "lenet5": ModelSpec("lenet5", 64, {}),
+    "alexnet": ModelSpec("alexnet", 8, {"num_classes": 100}),
+    "vgg16": ModelSpec("vgg16", 2, {"num_classes": 100}),
+    "inception_v3": ModelSpec("inception_v3", 4, {"num_classes": 100}),
+    "resnet101": ModelSpec("resnet101", 8, {"image_size": 64, "num_classes": 100}),
+    "rnnlm": ModelSpec("rnnlm", 32, {"steps": 8, "hidden": 256, "layers": 2, "vocab": 2000}),
+    "transformer": ModelSpec(
+        "transformer", 8, {"seq": 64, "width": 128, "layers": 2, "heads": 4, "vocab": 2000}
+    ),
+}
+QUICK = ["lenet5", "alexnet", "rnnlm"]
+# The simulator is planner's FlexFlow execution simulator; `additive` (OptCNN Eq. 1) is the
+# fallback switch for comparison (and for checkouts where the simulator is missing).
+PREDICTIONS = ("simulator", "additive")
+EXIT_BAD_INPUT = 2
+
+
+@dataclass
+class Row:
+    model: str
+    strategy: str
+    simulated: float  # seconds per step
+    measured: float  # median seconds per step after warm-up
+    error: float  # (simulated - measured) / measured
+    transfer_bytes: int
+    idle_before: float | None  # fraction of CPU time idle just before the run (1.0: quiet)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = OneLineArgumentParser(
+        prog="python -m experiments.accuracy",
+        description="Simulated vs measured step time of planned strategies on this machine.",
+    )
+    p.add_argument("--models", nargs="+", default=list(MODELS), help="zoo models (default all)")
+    p.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
+    p.add_argument("--preset", default="cpu-local-2", help="cpu-local-N preset (default 2)")
+    p.add_argument("--strategies", type=positive_int, default=10, help="per model (>= 10)")
+    p.add_argument("--steps", type=positive_int, default=7, help="training steps per run")
+    p.add_argument("--warmup", type=nonnegative_int, default=2, help="steps left out")
+    p.add_argument("--repeats", type=positive_int, default=5, help="profiling repeats")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="random strategies' seed")
+    p.add_argument("--prediction", choices=PREDICTIONS, default="simulator")
+    p.add_argument("--mcmc-seconds", type=float, default=10.0, help="MCMC budget per model")
+    p.add_argument("--timeout", type=float, default=300.0, help="hang timeout per run (s)")
+    p.add_argument(
+        "--wait-idle",
+        type=float,
+        default=120.0,
+        help="seconds to wait for idle cores before profiling and each run (default 120)",
+    )
+    p.add_argument(
+        "--cache",
+        type=Path,
+        help="measured-cost cache folder (default: $LAYERWISE_CACHE_DIR or ~/.cache/layerwise)",
+    )
+    p.add_argument(
+        "--refresh", action="store_true", help="profile again even where the cache has a time"
+    )
+    p.add_argument("--out", type=Path, default=Path("results"), help="results folder")
+    p.add_argument("--no-plot", action="store_true")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.models = QUICK
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown:
+        p.error(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}")
+    if not args.preset.startswith("cpu-local-"):
+        p.error("the runtime executes on this machine's workers: use a cpu-local-N preset")
+    return args
+
+
+# -- strategies ------------------------------------------------------------------------------------
+
+
+def candidates(problem: Any, count: int, seed: int, mcmc_seconds: float) -> list[tuple[str, Any]]:
+    """Named strategies: baselines, one worker, backend results, then random ones (distinct)."""
+    from backends import SolveOptions, backend_names, get_backend
+    from planner.baselines import BASELINES, applicable
+    from planner.config import ParallelConfig
+    from planner.strategy import Strategy
+    from runtime.strategies import random_strategy
+
+    graph, devices = problem.graph, problem.devices
+    out: list[tuple[str, Any]] = [
+        (name, BASELINES[name](graph, devices)) for name in applicable(graph)
+    ]
+    single = tuple(ParallelConfig((1,) * len(op.output.dims), (0,)) for op in graph.ops)
+    out.append(("one_worker", Strategy(graph, devices, single)))
+    solves = [("elimination", SolveOptions(objective="additive", time_limit=60.0))]
+    if "mcmc" in backend_names():
+        solves.append(("mcmc", SolveOptions(objective="makespan", time_limit=mcmc_seconds)))
+    for name, opts in solves:
+        result = get_backend(name).solve(problem, opts)
+        if result.strategy is not None:
+            out.append((name, result.strategy))
+    k = 0
+    while len(_distinct(out)) < count and k < 50 * count:
+        out.append((f"random{k}", random_strategy(graph, devices, seed + k)))
+        k += 1
+    return _distinct(out)
+
+
+def _distinct(named: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """One entry per distinct strategy; a repeat adds its name: "owt+elimination"."""
+    index: dict[Any, int] = {}
+    out: list[tuple[str, Any]] = []
+    for name, s in named:
+        k = index.get(s.configs)
+        if k is None:
+            index[s.configs] = len(out)
+            out.append((name, s))
+        elif name not in out[k][0].split("+"):
+            out[k] = (f"{out[k][0]}+{name}", out[k][1])
+    return out
+
+
+def predict(cost_model: Any, strategy: Any, how: str) -> float:
+    if how == "simulator":
+        from planner.simulator import simulate
+
+        return float(simulate(cost_model, strategy).makespan)
+    from planner.evaluate import score_strategy
+
+    return float(score_strategy(cost_model, strategy).total)
+
+
+# -- statistics -------------------------------------------------------------------------------------
+
+
+def ranks(values: Sequence[float]) -> np.ndarray:
+    """Ranks 1..n, ties getting their average rank."""
+    a = np.asarray(values, dtype=np.float64)
+    order = np.argsort(a, kind="mergesort")
+    r = np.empty(len(a))
+    i = 0
+    while i < len(a):
+        j = i
+        while j + 1 < len(a) and a[order[j + 1]] == a[order[i]]:
+            j += 1
+        r[order[i : j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return r
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman rank correlation (nan with fewer than 3 points or a constant side)."""
+    if len(x) < 3:
+        return math.nan
+    rx, ry = ranks(x), ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return math.nan
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def summarize(rows: list[Row]) -> list[dict[str, Any]]:
+    out = []
+    for model in dict.fromkeys(r.model for r in rows):
+        mine = [r for r in rows if r.model == model]
+        planned = [r for r in mine if {"elimination", "mcmc"} & set(r.strategy.split("+"))]
+        best = min(planned, key=lambda r: r.simulated) if planned else None
+        dp = next((r for r in mine if "data_parallel" in r.strategy.split("+")), None)
+        out.append(
+            {
+                "model": model,
+                "strategies": len(mine),
+                "median_abs_error": statistics.median(abs(r.error) for r in mine),
+                "spearman": spearman([r.simulated for r in mine], [r.measured for r in mine]),
+                "best_planned": best.strategy if best else None,
+                "predicted_speedup_over_dp": dp.simulated / best.simulated if best and dp else None,
+                "measured_speedup_over_dp": dp.measured / best.measured if best and dp else None,
+            }
+        )
+    return out
+
+
+# -- running ----------------------------------------------------------------------------------------
+
+
+def run_model(model: str, args: argparse.Namespace, say: Any) -> list[Row]:
+    from planner.costmodel import CostModel
+    from planner.presets import load_devices
+    from planner.problem import build_problem
+    from planner.profile import MeasuredTimes, profile_graph
+    from runtime.launch import RunOptions, run_strategy
+
+    spec = MODELS[model]
+    graph = spec.graph()
+    devices = load_devices(args.preset)
+    _wait_for_idle(args.wait_idle, say, f"profiling {model}")
+    t0 = time.perf_counter()
+    profile_graph(
+        graph, devices, repeats=args.repeats, progress=lambda *a: None, refresh=args.refresh
+    )
+    say(f"{model}: op costs profiled in {time.perf_counter() - t0:.0f} s")
+    cm = CostModel(graph, devices, measured=MeasuredTimes.load(devices, graph=graph))
+    problem = build_problem(graph, devices, cm)
+    named = candidates(problem, args.strategies, args.seed, args.mcmc_seconds)
+    options = RunOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout)
+    rows = []
+    for name, strategy in named:
+        simulated = predict(cm, strategy, args.prediction)
+        idle = _wait_for_idle(args.wait_idle, say, f"running {name}")
+        result = run_strategy(strategy, spec, options)
+        measured = result.median_step_seconds
+        row = Row(
+            model,
+            name,
+            simulated,
+            measured,
+            (simulated - measured) / measured,
+            result.transfer_bytes,
+            idle,
+        )
+        rows.append(row)
+        say(
+            f"  {model:12s} {name:16s} simulated {simulated * 1e3:9.2f} ms  measured "
+            f"{measured * 1e3:9.2f} ms  error {row.error * 100:+7.1f}%"
+        )
+    return rows
+
+
+IDLE_ENOUGH = 0.9  # fraction of idle CPU time over 1 s that counts as a quiet machine
+
+
+def idle_fraction(seconds: float = 1.0) -> float | None:
+    """Fraction of all cores' time idle over the next `seconds` (Linux /proc/stat)."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    return (idle1 - idle0) / max(total1 - total0, 1)
+
+
+def _wait_for_idle(limit: float, say: Any, what: str) -> float | None:
+    """Wait up to `limit` seconds for the other processes to leave the cores idle."""
+    deadline = time.monotonic() + limit
+    idle = idle_fraction()
+    while idle is not None and idle < IDLE_ENOUGH and time.monotonic() < deadline:
+        idle = idle_fraction()
+    if idle is not None and idle < IDLE_ENOUGH:
+        say(f"warning: cores only {idle:.0%} idle before {what}: other processes compete")
+    return None if idle is None else round(idle, 3)
+
+
+def save(rows: list[Row], summary: list[dict[str, Any]], args: argparse.Namespace) -> Path:
+    stamp = time.strftime("accuracy-%Y%m%d-%H%M%S")
+    folder = args.out / stamp
+    k = 1
+    while folder.exists():
+        k += 1
+        folder = args.out / f"{stamp}-{k}"
+    folder.mkdir(parents=True)
+    data = [asdict(r) for r in rows]
+    meta = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    (folder / "accuracy.json").write_text(
+        json.dumps({"args": meta, "rows": data, "summary": summary}, indent=1)
+    )
+    with open(folder / "accuracy.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(data[0]))
+        w.writeheader()
+        w.writerows(data)
+    if not args.no_plot:
+        plot(rows, folder / "accuracy.png")
+    return folder
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 5.5))
+    for model in dict.fromkeys(r.model for r in rows):
+        mine = [r for r in rows if r.model == model]
+        ax.scatter([r.simulated * 1e3 for r in mine], [r.measured * 1e3 for r in mine], label=model)
+    lo = min(min(r.simulated, r.measured) for r in rows) * 1e3 / 1.5
+    hi = max(max(r.simulated, r.measured) for r in rows) * 1e3 * 1.5
+    xs = np.array([lo, hi])
+    ax.plot(xs, xs, color="black", lw=0.8, label="simulated = measured")
+    ax.fill_between(xs, xs / 1.3, xs * 1.3, color="grey", alpha=0.15, label="within 30%")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("simulated step time (ms)")
+    ax.set_ylabel("measured step time (ms)")
+    ax.set_title("simulator accuracy on cpu-local-2 (gloo, 1 thread per worker)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def print_summary(summary: list[dict[str, Any]], say: Any) -> None:
+    say(
+        f"{'model':12s} {'n':>3s} {'median |error|':>15s} {'spearman':>9s}  planner vs data parallel"
+    )
+    for s in summary:
+        speed = ""
+        if s["predicted_speedup_over_dp"] is not None:
+            speed = (
+                f"{s['best_planned']}: predicted {s['predicted_speedup_over_dp']:.2f}x, "
+                f"measured {s['measured_speedup_over_dp']:.2f}x"
+            )
+        say(
+            f"{s['model']:12s} {s['strategies']:3d} {s['median_abs_error'] * 100:14.1f}% "
+            f"{s['spearman']:9.2f}  {speed}"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.cache is not None:
+        os.environ["LAYERWISE_CACHE_DIR"] = str(args.cache)
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+
+    try:
+        rows: list[Row] = []
+        for model in args.models:
+            rows += run_model(model, args, say)
+        summary = summarize(rows)
+        print_summary(summary, say)
+        folder = save(rows, summary, args)
+    except (LayerwiseError, OSError) as exc:
+        print(
+            f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    say(f"results written to {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,452 @@
+"""One rank's share of a training step: its tasks forward and backward, and the transfers.
+
+Every op task is an autograd island: its input boxes are fresh leaves, its output the result
+of `planner.kernels.run_task` on them and on the rank's parameter shards. The forward pass
+walks the ops in graph order; as soon as a task has computed its output box it sends the
+regions that consumer tasks on other ranks need (non-blocking), and a task waits only for the
+regions it reads. Receives are posted at the start of each pass. The backward pass walks the
+ops in reverse: a task sums the gradient pieces of its output box (from local consumers and
+received), back-propagates through its island, and sends each producer the gradient of the
+region it sent. Gradient sums and SGD: `runtime.sync.GradientSync`.
+
+All ranks visit the ops in the same order and block only on data that an earlier op (in that
+order) produces, so the exchange cannot deadlock. Message tags are the transfers' indices
+(backward: plus `plan.backward_offset`). With `ordered=True` each edge's messages are instead
+exchanged by all its ranks together, in one global order (see `_exchange`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from planner.kernels import TaskPlan, run_task
+from planner.opkinds import CHANNEL
+from runtime.plan import ExecPlan, OpExec, ShardKey, Transfer
+from runtime.reference import nll_part
+from runtime.sync import GradientSync, sync_batch_norm
+
+__all__ = ["Executor", "Status"]
+
+Box = tuple[tuple[int, int], ...]
+Message = tuple[Any, torch.Tensor]  # (work or None, buffer)
+
+# Phases reported in the shared status array (see runtime.launch).
+INIT, FORWARD, BACKWARD, SYNC, DONE = 0, 1, 2, 3, 4
+PHASES = {INIT: "step setup", FORWARD: "forward", BACKWARD: "backward", SYNC: "sync", DONE: "done"}
+
+_POINTWISE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": F.relu,
+    "relu6": F.relu6,
+    "gelu": F.gelu,
+    "silu": F.silu,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "identity": lambda x: x,
+}
+BN_EPS = 1e-5
+
+
+class Status:
+    """Where a rank is (step, phase, op, waiting), in shared memory the launcher reads to
+    name a hung rank. Slots per rank: step, phase, op, waiting, heartbeat."""
+
+    SLOTS = 5
+
+    def __init__(self, array: Any | None, rank: int):
+        self.array = array
+        self.base = rank * self.SLOTS
+
+    def set(self, step: int, phase: int, op: int = -1) -> None:
+        a = self.array
+        if a is not None:
+            b = self.base
+            a[b], a[b + 1], a[b + 2] = step, phase, op
+            a[b + 4] += 1
+
+    def waiting(self, flag: bool) -> None:
+        if self.array is not None:
+            self.array[self.base + 3] = int(flag)
+            self.array[self.base + 4] += 1
+
+
+def _rel(box: Box, base: Box) -> tuple[slice, ...]:
+    """Slices of `box` inside a tensor that holds `base` (both absolute)."""
+    return tuple(slice(a - lo, b - lo) for (a, b), (lo, _) in zip(box, base, strict=True))
+
+
+def _shape(box: Box) -> tuple[int, ...]:
+    return tuple(b - a for a, b in box)
+
+
+class Executor:
+    """Runs rank `rank`'s tasks of `plan`; `params` are the full initial parameters."""
+
+    def __init__(
+        self,
+        plan: ExecPlan,
+        rank: int,
+        params: dict[str, torch.Tensor],
+        lr: float,
+        dtype: torch.dtype,
+        device: torch.device,
+        groups: dict[tuple[int, ...], Any],
+        timeout: float = 60.0,
+        status: Status | None = None,
+        norm_eps: dict[int, float] | None = None,
+        ordered: bool = False,
+    ):
+        self.plan = plan
+        self.graph = plan.graph
+        self.rank = rank
+        self.lr = lr
+        self.dtype = dtype
+        self.device = device
+        self.groups = groups
+        self.timeout = timedelta(seconds=timeout)
+        self.status = status or Status(None, rank)
+        self.norm_eps = norm_eps or {}
+        self.ordered = ordered
+        self.task: list[int | None] = [o.task_of(rank) for o in plan.ops]
+        self.in_edges: list[list[int]] = [[] for _ in plan.ops]
+        for k, e in sorted(enumerate(self.graph.edges), key=lambda ke: ke[1].position):
+            self.in_edges[e.dst].append(k)
+        self.edge_transfers: dict[int, list[Transfer]] = {}
+        for tr in plan.transfers:
+            self.edge_transfers.setdefault(tr.edge, []).append(tr)
+        self.sync = GradientSync(plan, rank, params, device, dtype, groups, self._wait)
+        self.recv_plan = {False: self._recv_plan(False), True: self._recv_plan(True)}
+        self.msg_spec = {
+            tag: (shape, dtype) for p in self.recv_plan.values() for tag, _, shape, dtype in p
+        }
+        self.sink_index = {i: k for k, i in enumerate(plan.sinks)}
+        self.step_index = 0
+        self.sends: list[Message] = []
+        self.recvs: dict[int, Message] = {}
+        self.outbox: dict[int, torch.Tensor] = {}  # ordered mode: gradients waiting to go
+
+    def step(self, inputs: Sequence[torch.Tensor], targets: Sequence[torch.Tensor]) -> float:
+        """Forward, backward, gradient sync and SGD; returns this rank's part of the loss.
+
+        `inputs`: the full input tensors (one per input op, needed on ranks that hold input
+        tasks); `targets`: the full targets of each loss op (on ranks that hold loss tasks)."""
+        loss = self.forward(inputs, targets)
+        self.backward()
+        self.status.set(self.step_index, SYNC)
+        for work, _ in self.sends:
+            self._wait(work)
+        self.sends = []
+        self.sync.finish_and_update(self.lr)
+        self.step_index += 1
+        return loss
+
+    def shard_state(self) -> dict[ShardKey, torch.Tensor]:
+        return self.sync.state()
+
+    # -- forward -------------------------------------------------------------------------------
+
+    def forward(self, inputs: Sequence[torch.Tensor], targets: Sequence[torch.Tensor]) -> float:
+        self.out: dict[int, tuple[torch.Tensor, ...]] = {}
+        self.leaves: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
+        self.losses: dict[int, torch.Tensor] = {}
+        self.recvs = {} if self.ordered else self._post_recvs(backward=False)
+        input_k = 0
+        for o in self.plan.ops:
+            i, t = o.index, self.task[o.index]
+            if o.op.kind == "input":
+                input_k += 1
+            if self.ordered:
+                self._exchange(o, backward=False)
+            if t is None:
+                continue
+            self.status.set(self.step_index, FORWARD, i)
+            if o.op.kind == "input":
+                full = tuple((0, s) for s in o.op.output.sizes)
+                x = inputs[input_k - 1][_rel(o.plans[t].out_box, full)]
+                outs: tuple[torch.Tensor, ...] = (x.to(self.device),)
+            else:
+                outs = self._forward_task(o, t, targets)
+            self.out[i] = outs
+            if not self.ordered:
+                self._send(self.plan.out_of.get((i, t), ()), outs, o.plans[t].out_box)
+        return float(sum(float(v.detach()) for v in self.losses.values()))
+
+    def _forward_task(
+        self, o: OpExec, t: int, targets: Sequence[torch.Tensor]
+    ) -> tuple[torch.Tensor, ...]:
+        plan = o.plans[t]
+        xs: list[torch.Tensor] = []
+        slots: list[tuple[int, int, torch.Tensor]] = []  # (input position, component, leaf)
+        for pos, k in enumerate(self.in_edges[o.index]):
+            comps = 2 if o.op.kind == "lstm" and pos == 1 else 1
+            for c in range(comps):
+                x = self._gather(k, t, plan.in_boxes[pos], c)
+                if x.is_floating_point():
+                    x = x.detach().requires_grad_()
+                    slots.append((pos, c, x))
+                xs.append(x)
+        self.leaves[o.index] = slots
+        params = self.sync.params_of(o.index)
+        outs: tuple[torch.Tensor, ...]
+        with torch.enable_grad():
+            if o.op.kind == "lstm":
+                outs = _lstm(plan, xs, params)
+            elif o.batch_norm:
+                outs = (self._batch_norm_task(o, t, xs, params),)
+            else:
+                outs = (run_task(plan, xs, params),)
+            sink = self.sink_index.get(o.index)
+            if sink is not None:
+                self.losses[o.index] = self._loss(o, plan, outs[0], targets[sink])
+        return outs
+
+    def _loss(self, o: OpExec, plan: TaskPlan, y: torch.Tensor, target: torch.Tensor) -> Any:
+        dims = o.op.output.dims
+        box = tuple(r for d, r in zip(dims, plan.out_box, strict=True) if d != CHANNEL)
+        tbox = target[tuple(slice(a, b) for a, b in box)].to(self.device)
+        return nll_part(y, tbox, dims.index(CHANNEL), target.numel())
+
+    def _gather(self, edge: int, task: int, need: Box, c: int) -> torch.Tensor:
+        """The consumer task's box `need` of the edge's tensor, from its pieces."""
+        trs = self.plan.into.get((edge, task), ())
+        src = self.plan.ops[self.graph.edges[edge].src]
+        if len(trs) == 1 and trs[0].box == need:
+            return self._piece(trs[0], src, c)
+        buf = torch.empty(_shape(need), dtype=self._dtype(src), device=self.device)
+        for tr in trs:
+            buf[_rel(tr.box, need)] = self._piece(tr, src, c)
+        return buf
+
+    def _piece(self, tr: Transfer, src: OpExec, c: int) -> torch.Tensor:
+        if tr.local:
+            return self.out[src.index][c][_rel(tr.box, src.plans[tr.src_task].out_box)]
+        work, buf = self.recvs.pop(tr.tag + c)
+        self._wait(work)
+        return buf
+
+    def _dtype(self, o: OpExec) -> torch.dtype:
+        """Token inputs are integers; everything else has the run's dtype."""
+        if o.op.kind == "input" and any(
+            self.graph.ops[c].kind == "embedding" for c in self.graph.consumers[o.index]
+        ):
+            return torch.int64
+        return self.dtype
+
+    def _batch_norm_task(
+        self, o: OpExec, t: int, xs: list[torch.Tensor], params: list[torch.Tensor]
+    ) -> torch.Tensor:
+        """Batch norm (an op's own or folded) with the model's epsilon; statistics summed
+        over the tasks that hold the same channels when samples, height or width are split."""
+        plan = o.plans[t]
+        roles = [r.role for r in plan.roles]
+        axis = o.op.output.dims.index(CHANNEL)
+        eps = self.norm_eps.get(o.index, BN_EPS)
+        ranks = o.norm_groups[t]
+        rest: tuple[str, ...] = ()
+        if o.op.kind == "norm":
+            y = xs[0]
+            wb = [p for p, r in zip(params, roles, strict=True) if r == "own"]
+        else:
+            k = plan.fused.index("batch_norm")
+            y = run_task(replace(plan, fused=plan.fused[:k]), xs, params)
+            wb = [p for p, r in zip(params, roles, strict=True) if r == "norm"]
+            rest = plan.fused[k + 1 :]
+        w, b = (wb[0], wb[1]) if len(wb) == 2 else (None, None)
+        if len(ranks) == 1:
+            x = y.movedim(axis, 1)
+            y = torch.batch_norm(x, w, b, None, None, True, 0.1, eps, False).movedim(1, axis)
+        else:
+            count = o.op.output.numel // o.op.output.size(CHANNEL)
+            group = self.groups[ranks]
+            y = sync_batch_norm(y, w, b, axis, count, eps, group, self.status.waiting)
+        for fn in rest:
+            y = _POINTWISE[fn](y)
+        return y
+
+    # -- backward ------------------------------------------------------------------------------
+
+    def backward(self) -> None:
+        self.recvs = {} if self.ordered else self._post_recvs(backward=True)
+        self.grads: dict[int, list[torch.Tensor | None]] = {}  # op -> its output components
+        for o in reversed(self.plan.ops):
+            i, t = o.index, self.task[o.index]
+            if t is not None and o.op.kind != "input":
+                self.status.set(self.step_index, BACKWARD, i)
+                self._backward_task(o, t)
+            if self.ordered:
+                self._exchange(o, backward=True)
+            self.sync.launch(i)
+
+    def _backward_task(self, o: OpExec, t: int) -> None:
+        i = o.index
+        outs = self.out.pop(i)
+        if i in self.losses:
+            self.losses[i].backward()
+        else:
+            grads = self._output_grads(o, t, len(outs))
+            pairs = [(y, g) for y, g in zip(outs, grads, strict=True) if g is not None]
+            pairs = [(y, g) for y, g in pairs if y.requires_grad]
+            if pairs:
+                torch.autograd.backward([y for y, _ in pairs], [g for _, g in pairs])
+        self._send_input_grads(o, t)
+
+    def _output_grads(self, o: OpExec, t: int, comps: int) -> list[torch.Tensor | None]:
+        grads = self.grads.pop(o.index, [None, None])[:comps]
+        box = o.plans[t].out_box
+        for tr in self.plan.out_of.get((o.index, t), ()):
+            if tr.local:
+                continue
+            for c in range(tr.components):
+                work, buf = self.recvs.pop(self.plan.backward_offset + tr.tag + c)
+                self._wait(work)
+                grads[c] = self._accumulate(grads[c], box, tr.box, buf)
+        return grads
+
+    def _accumulate(
+        self, acc: torch.Tensor | None, base: Box, box: Box, piece: torch.Tensor
+    ) -> torch.Tensor:
+        if acc is None:
+            if box == base:
+                return piece  # a received buffer, or a finished consumer's leaf gradient
+            acc = torch.zeros(_shape(base), dtype=piece.dtype, device=self.device)
+        acc[_rel(box, base)] += piece
+        return acc
+
+    def _send_input_grads(self, o: OpExec, t: int) -> None:
+        """Each producer gets the gradient of the region it sent (every transfer has its
+        backward message, zeros when the input did not matter)."""
+        plan = o.plans[t]
+        for pos, c, leaf in self.leaves.pop(o.index):
+            k = self.in_edges[o.index][pos]
+            src = self.plan.ops[self.graph.edges[k].src]
+            if src.op.kind == "input":
+                continue
+            need = plan.in_boxes[pos]
+            grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+            for tr in self.plan.into.get((k, t), ()):
+                piece = grad[_rel(tr.box, need)]
+                if tr.local:
+                    acc = self.grads.setdefault(src.index, [None, None])
+                    base = src.plans[tr.src_task].out_box
+                    acc[c] = self._accumulate(acc[c], base, tr.box, piece)
+                    continue
+                tag = self.plan.backward_offset + tr.tag + c
+                buf = piece.contiguous()
+                if self.ordered:
+                    self.outbox[tag] = buf
+                else:
+                    self.sends.append((dist.isend(buf, tr.src_rank, tag=tag), buf))
+
+    # -- communication ---------------------------------------------------------------------------
+
+    def _recv_plan(self, backward: bool) -> list[tuple[int, int, tuple[int, ...], torch.dtype]]:
+        """(tag, peer, shape, dtype) of every message this rank receives in a pass (forward:
+        regions its tasks read; backward: gradients of the regions its tasks sent)."""
+        out = []
+        offset = self.plan.backward_offset if backward else 0
+        for tr in self.plan.transfers:
+            if tr.local:
+                continue
+            src = self.plan.ops[self.graph.edges[tr.edge].src]
+            if backward:
+                if tr.src_rank != self.rank or src.op.kind == "input":
+                    continue
+                peer, dtype = tr.dst_rank, self.dtype
+            else:
+                if tr.dst_rank != self.rank:
+                    continue
+                peer, dtype = tr.src_rank, self._dtype(src)
+            for c in range(tr.components):
+                out.append((offset + tr.tag + c, peer, _shape(tr.box), dtype))
+        return out
+
+    def _post_recvs(self, backward: bool) -> dict[int, Message]:
+        """Eager mode: post every receive of the pass at its start."""
+        out: dict[int, Message] = {}
+        for tag, peer, shape, dtype in self.recv_plan[backward]:
+            buf = torch.empty(shape, dtype=dtype, device=self.device)
+            out[tag] = (dist.irecv(buf, peer, tag=tag), buf)
+        return out
+
+    def _send(self, trs: Sequence[Transfer], outs: Sequence[torch.Tensor], base: Box) -> None:
+        """Eager mode: send a task's output regions to the consumer tasks on other ranks."""
+        for tr in trs:
+            if tr.local:
+                continue
+            for c in range(tr.components):
+                buf = outs[c].detach()[_rel(tr.box, base)].contiguous()
+                self.sends.append((dist.isend(buf, tr.dst_rank, tag=tr.tag + c), buf))
+
+    def _exchange(self, o: OpExec, backward: bool) -> None:
+        """Ordered mode: every rank posts its sends and receives of op o's input edges
+        together (forward: before o runs; backward: after), in the same global order on all
+        ranks. Slower than eager sends (no overlap), but it keeps each pair's messages in
+        one order on both sides, which NCCL's in-order point-to-point streams need."""
+        ops = []
+        offset = self.plan.backward_offset if backward else 0
+        for k in self.in_edges[o.index]:
+            src = self.plan.ops[self.graph.edges[k].src]
+            if backward and src.op.kind == "input":
+                continue
+            for tr in self.edge_transfers.get(k, ()):
+                if tr.local:
+                    continue
+                sender, receiver = tr.src_rank, tr.dst_rank
+                if backward:
+                    sender, receiver = receiver, sender
+                for c in range(tr.components):
+                    tag = offset + tr.tag + c
+                    if sender == self.rank:
+                        if backward:
+                            buf = self.outbox.pop(tag)
+                        else:
+                            box = _rel(tr.box, src.plans[tr.src_task].out_box)
+                            buf = self.out[src.index][c].detach()[box].contiguous()
+                        ops.append(dist.P2POp(dist.isend, buf, receiver, tag=tag))
+                    elif receiver == self.rank:
+                        shape, dtype = self.msg_spec[tag]
+                        buf = torch.empty(shape, dtype=dtype, device=self.device)
+                        ops.append(dist.P2POp(dist.irecv, buf, sender, tag=tag))
+                        self.recvs[tag] = (None, buf)
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                self._wait(work)
+
+    def _wait(self, work: Any) -> None:
+        if work is None:
+            return
+        self.status.waiting(True)
+        work.wait(self.timeout)
+        self.status.waiting(False)
+
+
+def _lstm(
+    plan: TaskPlan, xs: list[torch.Tensor], params: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """An LSTM step's task: (h, c) of its hidden units (`planner.kernels` computes only h).
+
+    xs: x, then (h_prev, c_prev) over all hidden units; params: the rows of its units in each
+    gate of weight_ih, weight_hh, bias_ih, bias_hh."""
+    w_ih, w_hh = params[0], params[1]
+    bias = params[2] + params[3] if len(params) >= 4 else None
+    x = xs[0]
+    sel = plan.select(0)
+    if sel is not None:
+        x = x.select(sel[0], sel[1])
+    gates = F.linear(x, w_ih, bias)
+    c_prev = None
+    if len(xs) == 3:
+        gates = gates + F.linear(xs[1], w_hh)
+        lo, hi = plan.out_range(CHANNEL)
+        c_prev = xs[2].narrow(1, lo, hi - lo)
+    i, f, g, o = gates.chunk(4, dim=1)
+    c = torch.sigmoid(i) * torch.tanh(g)
+    if c_prev is not None:
+        c = c + torch.sigmoid(f) * c_prev
+    return torch.sigmoid(o) * torch.tanh(c), c

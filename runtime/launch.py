@@ -1,0 +1,400 @@
+"""Start the workers of a run, watch them, collect their results, and compare with the reference.
+
+Locally, `run_strategy` starts one process per rank (a forkserver with torch preloaded, so a
+run starts in a fraction of a second after the first), rendezvous through a FileStore in a
+temporary directory, and watches the workers: a worker that raises is reported by rank with
+its exception, one that dies by rank with its exit code or signal, and when no rank makes
+progress for `timeout` seconds the run is declared hung and each rank's position (step,
+phase, op, computing or waiting for a peer) is reported. In every case all workers are
+terminated and joined before `WorkerError` is raised: no process is left behind. A worker
+also exits when the launching process disappears.
+
+Across machines, `torchrun ... -m runtime.run STRATEGY.json` runs `torchrun_main` in every
+process (env:// rendezvous); rank 0 prints the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from planner.errors import LayerwiseError
+from planner.strategy import Strategy
+from runtime.executor import PHASES, Status
+from runtime.plan import ExecPlan, RuntimeConfigError, ShardKey, build_plan
+from runtime.reference import DTYPES, ModelSpec, ReferenceResult, deviation, reference_train
+from runtime.worker import Job, RunOptions, session, worker_entry
+
+__all__ = [
+    "RunOptions",
+    "RunResult",
+    "WorkerError",
+    "assemble_params",
+    "prepare",
+    "run_strategy",
+    "torchrun_main",
+]
+
+
+class WorkerError(LayerwiseError):
+    """A worker raised, died or hung; `failures` maps rank -> what happened."""
+
+    def __init__(self, message: str, failures: Mapping[int, str], pids: Sequence[int] = ()):
+        super().__init__(message)
+        self.failures = dict(failures)
+        self.pids = tuple(pids)  # the worker processes (all ended and joined)
+
+
+@dataclass
+class RunResult:
+    world: int
+    step_seconds: list[float]  # per step, the slowest rank's time
+    losses: list[float]  # the total loss of each step (before its update)
+    warmup: int
+    transfer_bytes: int  # bytes sent between ranks per forward pass
+    deviation: dict[str, Any] | None = None
+    params: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def median_step_seconds(self) -> float:
+        timed = self.step_seconds[self.warmup :] or self.step_seconds
+        return statistics.median(timed)
+
+    @property
+    def max_deviation(self) -> float | None:
+        return None if self.deviation is None else float(self.deviation["max_deviation"])
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "median_step_seconds": self.median_step_seconds,
+            "max_deviation": self.max_deviation,
+            "step_seconds": self.step_seconds,
+            "losses": self.losses,
+            "world": self.world,
+            "warmup": self.warmup,
+            "transfer_bytes": self.transfer_bytes,
+            "deviation": self.deviation,
+        }
+
+
+# -- before any process starts -------------------------------------------------------------------
+
+
+def prepare(
+    strategy: Strategy, model: ModelSpec | None, options: RunOptions, world: int | None = None
+) -> tuple[int, ExecPlan]:
+    """Every check that can fail before spawning: options, world size, model, the plan."""
+    options.validate()
+    n = strategy.devices.num_devices
+    world = n if world is None else world
+    if world != n:
+        raise RuntimeConfigError(
+            f"the strategy is for {n} devices ({strategy.devices.name}) but the world size is "
+            f"{world}: run it with {n} workers, or plan for cpu-local-{world}"
+        )
+    if options.check and model is None:
+        raise RuntimeConfigError(
+            "--check needs the zoo model the strategy was planned for; this strategy file "
+            'records none (plan it with `python -m planner plan MODEL ...`, which writes "model")'
+        )
+    if model is not None:
+        fingerprint = _model_fingerprint(model)
+        if fingerprint != strategy.graph.fingerprint():
+            raise RuntimeConfigError(
+                f"the strategy's graph (fingerprint {strategy.graph.fingerprint()}) is not the "
+                f"graph of model {model.name!r} with {dict(model.kwargs)}, batch {model.batch} "
+                f"(fingerprint {fingerprint})"
+            )
+    if options.backend == "nccl" and torch.cuda.device_count() < 1:
+        raise RuntimeConfigError("backend nccl needs CUDA devices; this machine has none")
+    return world, build_plan(strategy)
+
+
+_FINGERPRINTS: dict[str, str] = {}
+_REFERENCES: dict[tuple[Any, ...], ReferenceResult] = {}
+
+
+def _spec_key(model: ModelSpec) -> str:
+    return json.dumps(model.to_json(), sort_keys=True)
+
+
+def _model_fingerprint(model: ModelSpec) -> str:
+    """The fingerprint of the model's graph (captured once per process)."""
+    key = _spec_key(model)
+    if key not in _FINGERPRINTS:
+        _FINGERPRINTS[key] = model.graph().fingerprint()
+    return _FINGERPRINTS[key]
+
+
+def _reference(model: ModelSpec, plan: ExecPlan, options: RunOptions) -> ReferenceResult:
+    """Single-process training (computed once per process for the same model and options)."""
+    key = (_spec_key(model), options.steps, options.lr, options.seed, options.dtype)
+    if key not in _REFERENCES:
+        dtype = DTYPES[options.dtype]
+        ref = reference_train(model, plan.graph, options.steps, options.lr, options.seed, dtype)
+        _REFERENCES.clear()  # keep one: references of big models are big
+        _REFERENCES[key] = ref
+    return _REFERENCES[key]
+
+
+def run_strategy(
+    strategy: Strategy,
+    model: ModelSpec | None = None,
+    options: RunOptions | None = None,
+    world: int | None = None,
+) -> RunResult:
+    """Train `options.steps` steps of `strategy` on local worker processes."""
+    options = options or RunOptions()
+    world, plan = prepare(strategy, model, options, world)
+    job = Job(strategy.to_json(), model.to_json() if model else None, options)
+    with tempfile.TemporaryDirectory(prefix="layerwise-run-") as tmp:
+        _launch_local(job, world, Path(tmp))
+        results = [
+            torch.load(Path(tmp) / f"result-{r}.pt", weights_only=False) for r in range(world)
+        ]
+    return _finish(plan, model, options, results)
+
+
+def _finish(
+    plan: ExecPlan, model: ModelSpec | None, options: RunOptions, results: Sequence[dict[str, Any]]
+) -> RunResult:
+    steps = options.steps
+    losses = [sum(r["losses"][s] for r in results) for s in range(steps)]
+    step_seconds = [max(r["seconds"][s] for r in results) for s in range(steps)]
+    out = RunResult(
+        world=len(results),
+        step_seconds=step_seconds,
+        losses=losses,
+        warmup=min(options.warmup, max(steps - 1, 0)),
+        transfer_bytes=plan.transfer_bytes(torch.finfo(DTYPES[options.dtype]).bits // 8),
+    )
+    if options.check:
+        assert model is not None
+        params, replica_dev = assemble_params(plan, [r["shards"] for r in results])
+        ref = _reference(model, plan, options)
+        out.params = params
+        out.deviation = {**deviation(losses, params, ref), "replica_deviation": replica_dev}
+    return out
+
+
+def assemble_params(
+    plan: ExecPlan, shards: Sequence[Mapping[ShardKey, torch.Tensor]]
+) -> tuple[dict[str, torch.Tensor], float]:
+    """Full parameters from every rank's shards, and the largest difference between two
+    replicas of the same element (0 when the replicas were kept in sync)."""
+    full: dict[str, torch.Tensor] = {}
+    seen: dict[str, torch.Tensor] = {}
+    worst = 0.0
+    for rank_shards in shards:
+        for key, value in rank_shards.items():
+            info = plan.params[key.name]
+            if key.name not in full:
+                full[key.name] = torch.zeros(info.shape, dtype=value.dtype)
+                seen[key.name] = torch.zeros(info.shape, dtype=torch.bool)
+            dst, mask = full[key.name], seen[key.name]
+            for d, m, v in _block_views(dst, mask, value, info.axis, info.blocks, info.extent, key):
+                if m.any():
+                    worst = max(worst, float((d[m] - v[m]).abs().max()))
+                d.copy_(v)
+                m.fill_(True)
+    missing = [n for n, m in seen.items() if not bool(m.all())]
+    if missing or set(full) != set(plan.params):
+        raise LayerwiseError(
+            f"no rank holds (all of) parameters {missing or set(plan.params) - set(full)}"
+        )
+    return full, worst
+
+
+def _block_views(
+    full: torch.Tensor,
+    mask: torch.Tensor,
+    shard: torch.Tensor,
+    axis: int | None,
+    blocks: int,
+    extent: int,
+    key: ShardKey,
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    if axis is None:
+        return [(full, mask, shard)]
+    width = key.hi - key.lo
+    return [
+        (
+            full.narrow(axis, b * extent + key.lo, width),
+            mask.narrow(axis, b * extent + key.lo, width),
+            shard.narrow(axis, b * width, width),
+        )
+        for b in range(blocks)
+    ]
+
+
+# -- local processes -----------------------------------------------------------------------------
+
+_CONTEXT: Any = None
+
+
+def _context() -> Any:
+    """A forkserver that has imported torch and the runtime once (spawn where unavailable)."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        ctx: Any
+        try:
+            ctx = mp.get_context("forkserver")
+            # symbolic_shapes: the first backward of a matmul imports it (0.5 s, sympy).
+            ctx.set_forkserver_preload(
+                [
+                    "torch",
+                    "torch.distributed",
+                    "torch.fx.experimental.symbolic_shapes",
+                    "runtime.launch",
+                    "runtime.worker",
+                ]
+            )
+        except ValueError:
+            ctx = mp.get_context("spawn")
+        _CONTEXT = ctx
+    return _CONTEXT
+
+
+def _launch_local(job: Job, world: int, tmp: Path) -> None:
+    ctx = _context()
+    status = ctx.Array("d", world * Status.SLOTS, lock=False)
+    procs = [
+        ctx.Process(
+            target=worker_entry,
+            args=(r, world, job, str(tmp), status, os.getpid()),
+            name=f"layerwise-rank{r}",
+            daemon=True,
+        )
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        _watch(procs, status, tmp, job)
+    except WorkerError as exc:
+        _stop(procs)
+        exc.pids = tuple(p.pid for p in procs)
+        raise
+    finally:
+        _stop(procs)
+
+
+def _watch(procs: list[Any], status: Any, tmp: Path, job: Job) -> None:
+    timeout = job.options.timeout
+    last_beat, last_change = -1.0, time.monotonic()
+    while True:
+        codes = [p.exitcode for p in procs]
+        if any(c not in (None, 0) for c in codes):
+            _fail(procs, tmp, job)
+        if all(c == 0 for c in codes):
+            return
+        beat = sum(status[r * Status.SLOTS + 4] for r in range(len(procs)))
+        now = time.monotonic()
+        if beat != last_beat:
+            last_beat, last_change = beat, now
+        elif now - last_change > timeout:
+            _hung(procs, status, job)
+        time.sleep(0.01)
+
+
+def _fail(procs: list[Any], tmp: Path, job: Job) -> None:
+    """A worker ended with an error: wait briefly for the others' reports, then stop all."""
+    first = {r for r, p in enumerate(procs) if p.exitcode not in (None, 0)}
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline and any(p.exitcode is None for p in procs):
+        time.sleep(0.02)
+    _stop(procs)
+    failures = {
+        r: _failure(r, p.exitcode, tmp) for r, p in enumerate(procs) if p.exitcode not in (0,)
+    }
+    order = sorted(failures, key=lambda r: (r not in first, r))
+    lines = [f"rank {r}: {failures[r]}" for r in order]
+    raise WorkerError("worker failed: " + "; then ".join(lines), failures)
+
+
+def _failure(rank: int, code: int | None, tmp: Path) -> str:
+    path = tmp / f"error-{rank}.txt"
+    if path.exists():
+        text = path.read_text()
+        first = text.splitlines()[0] if text else "raised"
+        return first.split(" This is typically caused")[0]  # gloo's long advice
+    if code is None:
+        return "stopped (still running when the run failed)"
+    if code < 0:
+        import signal
+
+        with contextlib.suppress(ValueError):
+            return f"died (killed by {signal.Signals(-code).name})"
+        return f"died (signal {-code})"
+    return f"exited with code {code} without an error message"
+
+
+def _hung(procs: list[Any], status: Any, job: Job) -> None:
+    graph_ops = job.strategy["graph"]["json"]["ops"]
+    failures = {}
+    for r, p in enumerate(procs):
+        if p.exitcode is not None:
+            continue
+        step, phase, op, waiting = (int(status[r * Status.SLOTS + k]) for k in range(4))
+        where = PHASES.get(phase, "?")
+        name = f" of op {graph_ops[op]['name']!r}" if 0 <= op < len(graph_ops) else ""
+        doing = "waiting for a peer" if waiting else "computing"
+        failures[r] = f"{doing} in {where}{name} at step {step}"
+    _stop(procs)
+    culprits = [r for r, f in failures.items() if f.startswith("computing")] or list(failures)
+    lines = [f"rank {r}: {failures[r]}" for r in sorted(failures, key=lambda r: r not in culprits)]
+    raise WorkerError(
+        f"no progress for {job.options.timeout:g} s (hung): " + "; ".join(lines), failures
+    )
+
+
+def _stop(procs: list[Any]) -> None:
+    """Terminate and join every worker still alive (SIGTERM, then SIGKILL)."""
+    for p in procs:
+        if p.exitcode is None:
+            p.terminate()
+    deadline = time.monotonic() + 3.0
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.exitcode is None:
+            p.kill()
+            p.join()
+
+
+# -- torchrun --------------------------------------------------------------------------------------
+
+
+def torchrun_main(
+    strategy: Strategy, model: ModelSpec | None, options: RunOptions
+) -> RunResult | None:
+    """One process of a torchrun launch; returns the result on rank 0, None elsewhere."""
+    world = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    _, plan = prepare(strategy, model, options, world)
+    torch.set_num_threads(int(os.environ.get("LAYERWISE_THREADS", "1")))
+    dist.init_process_group(options.backend, timeout=timedelta(seconds=2 * options.timeout + 10))
+    try:
+        job = Job(strategy.to_json(), model.to_json() if model else None, options)
+        result = session(job, rank, world, Status(None, rank))
+        gathered: list[Any] | None = [None] * world if rank == 0 else None
+        dist.gather_object(result, gathered, dst=0)
+    finally:
+        dist.destroy_process_group()
+    if rank != 0:
+        return None
+    assert gathered is not None
+    return _finish(plan, model, options, gathered)

@@ -1,0 +1,382 @@
+"""The static execution plan of a Strategy: what each rank computes, sends and synchronizes.
+
+Every rank derives the same `ExecPlan` from the strategy alone (no communication):
+
+- tasks: op i under its config has tasks numbered row-major over the degrees
+  (`planner.regions.task_boxes`); task t runs on rank `cfg.devices[t]` with the
+  `planner.kernels.TaskPlan` of `plan_task` (its output box, the input boxes it reads, halos
+  included, its parameter shards).
+- transfers: for each edge and each (producer task p, consumer task q), the intersection of
+  p's output box with q's needed box (`planner.regions.needed_boxes`) is one `Transfer`,
+  exactly the overlaps whose volume `planner.regions.overlap_volume` gives the cost model's
+  t_x. Forward, the producer's rank sends that region to the consumer's rank (a local slice
+  when both are the same rank); backward, the consumer sends the gradient of the region back
+  and the producer sums the pieces. An LSTM step passes its state (h, c) to the next step:
+  both travel with the same boxes (2 components).
+- parameter sync: each task holds its shards of the op's parameters (`ShardKey`: a channel
+  interval of the parameter's split axis, or the whole tensor). The gradient of every
+  element of a parameter is the sum over all tasks, on all ranks, whose shards hold it
+  (replicas of a sample or spatial split, the steps of an unrolled RNN that share the
+  weights). The channel axis is cut into elementary intervals at every shard boundary; each
+  interval held by several ranks is one all-reduce item in the group of those ranks
+  (`SyncItem`), launched as soon as the backward pass has passed every op that uses it.
+- batch norm over a split sample/height/width dimension: the tasks that hold the same
+  channels form a statistics group whose per-channel sums are all-reduced, forward and
+  backward, so the normalization equals the single-process one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from planner.config import ParallelConfig
+from planner.errors import LayerwiseError
+from planner.kernels import TaskPlan, fused_ops, plan_task
+from planner.opgraph import Op, OpGraph
+from planner.opkinds import CHANNEL, parameter_dims
+from planner.regions import needed_boxes, overlap_volume, task_boxes
+from planner.strategy import Strategy
+
+__all__ = [
+    "ExecPlan",
+    "RuntimeConfigError",
+    "ShardKey",
+    "SyncItem",
+    "Transfer",
+    "build_plan",
+]
+
+Box = tuple[tuple[int, int], ...]
+
+# Pointwise functions the runtime computes as the identity: dropout, so that a run is
+# deterministic and comparable with single-process training (see docs/runtime.md).
+IDENTITY_FUNCTIONS = ("dropout",)
+# Pointwise functions that may follow a synchronized batch norm inside a fused op.
+POST_NORM_FUNCTIONS = ("relu", "relu6", "gelu", "silu", "tanh", "sigmoid", "identity")
+
+
+class RuntimeConfigError(LayerwiseError):
+    """A strategy, graph or option that the runtime cannot execute (raised before spawning)."""
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One region of an edge's tensor moving from a producer task to a consumer task."""
+
+    edge: int  # index into graph.edges
+    src_task: int
+    dst_task: int
+    src_rank: int
+    dst_rank: int
+    box: Box  # absolute region of the producer's output tensor
+    components: int  # 2 for an LSTM state (h, c), else 1
+    tag: int  # message tag of component 0 forward; component c adds c; backward adds offset
+
+    @property
+    def local(self) -> bool:
+        return self.src_rank == self.dst_rank
+
+    @property
+    def numel(self) -> int:
+        return math.prod(b - a for a, b in self.box)
+
+
+@dataclass(frozen=True)
+class ShardKey:
+    """A task's shard of parameter `name`: channels [lo, hi) of its split axis (the whole
+    parameter when the axis is None or not split: lo, hi = 0, extent)."""
+
+    name: str
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """How the tasks of the ops that use parameter `name` cut it."""
+
+    name: str
+    shape: tuple[int, ...]
+    axis: int | None  # the axis a channel split slices
+    blocks: int  # stacked channel-sized blocks along that axis (4 LSTM gates)
+    extent: int  # channels along the axis (1 when the parameter is never sliced)
+
+
+@dataclass(frozen=True)
+class SyncItem:
+    """Channels [lo, hi) of parameter `param`, whose gradient is summed over `ranks`."""
+
+    param: str
+    lo: int
+    hi: int
+    ranks: tuple[int, ...]
+    ready: int  # the op index after whose backward (reverse order) the sum can start
+
+
+@dataclass(frozen=True)
+class OpExec:
+    """Op `index` under its config: one TaskPlan per task and the rank of each task."""
+
+    index: int
+    op: Op
+    cfg: ParallelConfig
+    plans: tuple[TaskPlan, ...]
+    shards: tuple[tuple[ShardKey, ...], ...]  # per task, one key per op parameter
+    norm_groups: tuple[tuple[int, ...], ...]  # per task: ranks sharing its batch statistics
+
+    @property
+    def batch_norm(self) -> bool:
+        """Whether the op normalizes with batch statistics (a norm op or a folded one)."""
+        return _is_batch_norm(self.op)
+
+    def task_of(self, rank: int) -> int | None:
+        try:
+            return self.cfg.devices.index(rank)
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True)
+class ExecPlan:
+    graph: OpGraph
+    world: int
+    ops: tuple[OpExec, ...]
+    transfers: tuple[Transfer, ...]
+    backward_offset: int  # backward message tags are the forward ones plus this
+    params: dict[str, ParamInfo]
+    sync: tuple[SyncItem, ...]
+    sinks: tuple[int, ...]  # the loss ops (softmax ops nothing reads), in graph order
+    groups: tuple[tuple[int, ...], ...]  # rank sets that need a process group, sorted
+    into: dict[tuple[int, int], tuple[Transfer, ...]] = field(repr=False)  # (edge, dst task)
+    out_of: dict[tuple[int, int], tuple[Transfer, ...]] = field(repr=False)  # (op, src task)
+
+    def transfer_bytes(self, dtype_bytes: int = 4) -> int:
+        """Bytes moved between different ranks in one forward pass (components included)."""
+        return sum(t.numel * t.components * dtype_bytes for t in self.transfers if not t.local)
+
+
+def build_plan(strategy: Strategy) -> ExecPlan:
+    """The execution plan of `strategy` on `strategy.devices.num_devices` ranks."""
+    graph = strategy.graph
+    world = strategy.devices.num_devices
+    _check_graph(graph)
+    ops = tuple(_op_exec(graph, i, cfg) for i, cfg in enumerate(strategy.configs))
+    transfers, n_msgs = _transfers(graph, strategy.configs, ops)
+    params = _param_infos(ops)
+    sync = _sync_items(ops, params)
+    sinks = tuple(
+        i for i, op in enumerate(graph.ops) if op.kind == "softmax" and _is_sink(graph, i)
+    )
+    groups = sorted(
+        {it.ranks for it in sync if len(it.ranks) > 1}
+        | {g for o in ops for g in o.norm_groups if len(g) > 1}
+    )
+    into: dict[tuple[int, int], list[Transfer]] = {}
+    out_of: dict[tuple[int, int], list[Transfer]] = {}
+    for t in transfers:
+        into.setdefault((t.edge, t.dst_task), []).append(t)
+        out_of.setdefault((graph.edges[t.edge].src, t.src_task), []).append(t)
+    return ExecPlan(
+        graph=graph,
+        world=world,
+        ops=ops,
+        transfers=transfers,
+        backward_offset=n_msgs,
+        params=params,
+        sync=sync,
+        sinks=sinks,
+        groups=tuple(groups),
+        into={k: tuple(v) for k, v in into.items()},
+        out_of={k: tuple(v) for k, v in out_of.items()},
+    )
+
+
+# -- checks ------------------------------------------------------------------------------------
+
+
+def _is_sink(graph: OpGraph, i: int) -> bool:
+    return not graph.consumers[i]
+
+
+def _check_graph(graph: OpGraph) -> None:
+    """Refuse what the runtime cannot compute, naming the op and why."""
+    for i, op in enumerate(graph.ops):
+        if _is_sink(graph, i) and op.kind != "softmax":
+            raise RuntimeConfigError(
+                f"op {op.name!r} ({op.kind}) is a graph output but not a softmax: the runtime "
+                "trains with the cross-entropy of every softmax output, so every output must "
+                "be a softmax op"
+            )
+        if op.kind == "lstm" and (op.attr("pre_ops") or fused_ops(op)):
+            raise RuntimeConfigError(
+                f"LSTM op {op.name!r} has folded ops {fused_ops(op)}; the runtime computes "
+                "LSTM steps with their cell state and does not fold ops into them"
+            )
+        if op.kind == "lstm" and len(op.inputs) == 2:
+            prev = graph.op(op.inputs[1])
+            if prev.kind != "lstm":
+                raise RuntimeConfigError(
+                    f"LSTM op {op.name!r} reads its state from {prev.name!r}, not an LSTM step"
+                )
+        fns = fused_ops(op)
+        if "batch_norm" in fns:
+            rest = fns[fns.index("batch_norm") + 1 :]
+            bad = [f for f in rest if f not in (*POST_NORM_FUNCTIONS, *IDENTITY_FUNCTIONS)]
+            if bad or op.kind in ("embedding", "lstm"):
+                raise RuntimeConfigError(
+                    f"op {op.name!r}: the runtime computes a folded batch norm followed by "
+                    f"pointwise functions {POST_NORM_FUNCTIONS} only, not {bad}"
+                )
+
+
+# -- tasks ---------------------------------------------------------------------------------------
+
+
+def _op_exec(graph: OpGraph, i: int, cfg: ParallelConfig) -> OpExec:
+    op = graph.ops[i]
+    if op.kind == "input":
+        plans = tuple(_input_plan(graph, i, cfg, t) for t in range(cfg.num_tasks))
+    else:
+        plans = tuple(_deterministic(plan_task(graph, i, cfg, t)) for t in range(cfg.num_tasks))
+    shards = tuple(_shard_keys(p) for p in plans)
+    return OpExec(i, op, cfg, plans, shards, _norm_groups(op, cfg))
+
+
+def _input_plan(graph: OpGraph, i: int, cfg: ParallelConfig, t: int) -> TaskPlan:
+    """Input ops have no kernel: a plan that only records the task's output box."""
+    op = graph.ops[i]
+    lo, hi = task_boxes(op.output.sizes, np.array([cfg.degrees]), cfg.num_tasks)
+    box = tuple((int(a), int(b)) for a, b in zip(lo[0, t], hi[0, t], strict=True))
+    return TaskPlan(op, tuple(cfg.degrees), t, box, (), (), (), (), (), ())
+
+
+def _deterministic(plan: TaskPlan) -> TaskPlan:
+    """The plan with dropout computed as the identity (see IDENTITY_FUNCTIONS)."""
+    fused = tuple("identity" if f in IDENTITY_FUNCTIONS else f for f in plan.fused)
+    pre = tuple("identity" if f in IDENTITY_FUNCTIONS else f for f in plan.pre)
+    op = plan.op
+    if op.kind == "elementwise" and str(op.attr("op", op.attr("fn", ""))) in IDENTITY_FUNCTIONS:
+        attrs = {**dict(op.attrs), "op": "identity"}
+        op = replace(op, attrs=Op.make_attrs(attrs))
+    if (fused, pre, op) == (plan.fused, plan.pre, plan.op):
+        return plan
+    return replace(plan, fused=fused, pre=pre, op=op)
+
+
+def _channel_split(op: Op) -> bool:
+    return CHANNEL in parameter_dims(op)
+
+
+def _shard_keys(plan: TaskPlan) -> tuple[ShardKey, ...]:
+    op = plan.op
+    keys = []
+    for p, role in zip(op.params, plan.roles, strict=True):
+        if role.axis is None:
+            keys.append(ShardKey(p.name, 0, 1))
+            continue
+        extent = p.shape[role.axis] // role.blocks
+        if _channel_split(op):
+            lo, hi = plan.out_range(CHANNEL)
+        else:
+            lo, hi = 0, extent
+        keys.append(ShardKey(p.name, lo, hi))
+    return tuple(keys)
+
+
+def _is_batch_norm(op: Op) -> bool:
+    if op.kind == "norm":
+        return bool(op.attr("norm", "batch") == "batch")
+    return "batch_norm" in fused_ops(op)
+
+
+def _norm_groups(op: Op, cfg: ParallelConfig) -> tuple[tuple[int, ...], ...]:
+    """Per task, the ranks of the tasks with the same channels (batch norm ops only)."""
+    if not _is_batch_norm(op):
+        return tuple((d,) for d in cfg.devices)
+    c = op.output.dims.index(CHANNEL)
+    index = [int(np.unravel_index(t, cfg.degrees)[c]) for t in range(cfg.num_tasks)]
+    members: dict[int, list[int]] = {}
+    for t, k in enumerate(index):
+        members.setdefault(k, []).append(cfg.devices[t])
+    return tuple(tuple(members[k]) for k in index)
+
+
+# -- transfers ---------------------------------------------------------------------------------
+
+
+def _transfers(
+    graph: OpGraph, configs: Sequence[ParallelConfig], ops: Sequence[OpExec]
+) -> tuple[tuple[Transfer, ...], int]:
+    """Every (edge, producer task, consumer task) overlap, from planner.regions."""
+    out: list[Transfer] = []
+    tag = 0
+    for k, e in enumerate(graph.edges):
+        src, dst = graph.ops[e.src], graph.ops[e.dst]
+        cu, cv = configs[e.src], configs[e.dst]
+        plo, phi = task_boxes(src.output.sizes, np.array([cu.degrees]), cu.num_tasks)
+        olo, ohi = task_boxes(dst.output.sizes, np.array([cv.degrees]), cv.num_tasks)
+        nlo, nhi = needed_boxes(graph.input_maps(e), src.output.sizes, dst.output.dims, olo, ohi)
+        vol = overlap_volume(plo, phi, nlo, nhi)[0, :, 0, :]
+        components = 2 if dst.kind == "lstm" and e.position == 1 else 1
+        for q in range(cv.num_tasks):
+            need = tuple(zip(nlo[0, q].tolist(), nhi[0, q].tolist(), strict=True))
+            if need != ops[e.dst].plans[q].in_boxes[e.position]:
+                raise AssertionError(f"needed box of {dst.name!r} differs from its TaskPlan")
+            for p in range(cu.num_tasks):
+                if vol[p, q] <= 0:
+                    continue
+                lo = np.maximum(plo[0, p], nlo[0, q])
+                hi = np.minimum(phi[0, p], nhi[0, q])
+                box = tuple((int(a), int(b)) for a, b in zip(lo, hi, strict=True))
+                t = Transfer(k, p, q, cu.devices[p], cv.devices[q], box, components, tag)
+                out.append(t)
+                if not t.local:
+                    tag += components
+    return tuple(out), tag
+
+
+# -- parameters --------------------------------------------------------------------------------
+
+
+def _param_infos(ops: Sequence[OpExec]) -> dict[str, ParamInfo]:
+    infos: dict[str, ParamInfo] = {}
+    for o in ops:
+        if not o.op.params:
+            continue
+        roles = o.plans[0].roles
+        for p, role in zip(o.op.params, roles, strict=True):
+            extent = 1 if role.axis is None else p.shape[role.axis] // role.blocks
+            info = ParamInfo(p.name, tuple(p.shape), role.axis, role.blocks, extent)
+            if infos.setdefault(p.name, info) != info:
+                raise RuntimeConfigError(
+                    f"parameter {p.name!r} is used by ops that cut it differently "
+                    f"({infos[p.name]} vs {info})"
+                )
+    return infos
+
+
+def _sync_items(ops: Sequence[OpExec], params: dict[str, ParamInfo]) -> tuple[SyncItem, ...]:
+    """Gradient sums per elementary channel interval of every parameter (module doc)."""
+    holders: dict[str, list[tuple[int, int, int, int]]] = {}  # name -> (rank, lo, hi, op)
+    for o in ops:
+        for t, keys in enumerate(o.shards):
+            for key in keys:
+                holders.setdefault(key.name, []).append((o.cfg.devices[t], key.lo, key.hi, o.index))
+    items: list[SyncItem] = []
+    for name in params:
+        hs = holders[name]
+        cuts = sorted({h[1] for h in hs} | {h[2] for h in hs})
+        for a, b in zip(cuts, cuts[1:], strict=False):
+            covering = [h for h in hs if h[1] <= a and b <= h[2]]
+            ranks = tuple(sorted({h[0] for h in covering}))
+            # Several ranks hold it (replicas) or one rank holds it in several shards
+            # (steps of a shared group with different splits): sum the gradients.
+            distinct = {(h[0], h[1], h[2]) for h in covering}
+            if len(ranks) > 1 or len(distinct) > len(ranks):
+                ready = min(h[3] for h in covering)
+                items.append(SyncItem(name, a, b, ranks, ready))
+    return tuple(items)

@@ -1,0 +1,279 @@
+"""What a training step computes, defined once for the runtime and its single-process reference.
+
+- parameters: the zoo model built on the CPU under `torch.manual_seed(seed)` (every rank
+  builds the same model, so every rank has the same full parameters); a graph without a zoo
+  model gets seeded random parameters per name.
+- data: step s reads inputs and targets drawn from a generator seeded by (seed, s): float
+  inputs standard normal, token inputs uniform over the vocabulary of the embeddings that
+  read them, one class per output position of every softmax output.
+- loss: the sum over the graph's softmax outputs of the mean over output positions (samples,
+  and sequence positions) of -log p[target]. A task of a softmax op holding part of the
+  positions contributes its part of that sum, so the parts add up to the loss.
+- dropout runs as the identity (p = 0) on both sides, so runs are deterministic.
+- update: plain SGD, p <- p - lr * grad.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner.errors import LayerwiseError
+from planner.opgraph import OpGraph
+from planner.opkinds import CHANNEL
+
+__all__ = [
+    "ModelSpec",
+    "ReferenceResult",
+    "deviation",
+    "init_params",
+    "make_inputs",
+    "make_targets",
+    "nll_part",
+    "reference_train",
+]
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+PARAM_FLOOR = 1e-2  # parameter scale below which deviations are absolute (see `deviation`)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A zoo model and the arguments that size it (what `Strategy.to_json(model=...)` records)."""
+
+    name: str
+    batch: int | None = None
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    coarsen: bool = True
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> ModelSpec | None:
+        """From a strategy file's data["graph"]["model"] (None when there is none)."""
+        if data is None:
+            return None
+        if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
+            raise LayerwiseError(f'the strategy file\'s graph "model" is malformed: {data!r}')
+        kwargs = dict(data.get("kwargs") or {})
+        batch = data.get("batch", kwargs.pop("batch", None))
+        return cls(str(data["name"]), batch, kwargs, bool(data.get("coarsen", True)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "batch": self.batch,
+            "kwargs": dict(self.kwargs),
+            "coarsen": self.coarsen,
+        }
+
+    def graph(self) -> OpGraph:
+        from planner.zoo import model_graph
+
+        return model_graph(self.name, batch=self.batch, coarsen=self.coarsen, **self.kwargs)
+
+    def build(self, seed: int, dtype: torch.dtype) -> nn.Module:
+        """The model on the CPU with its seeded initial parameters, dropout off."""
+        from planner.zoo import build_model
+
+        kwargs = dict(self.kwargs)
+        if self.batch is not None:
+            kwargs["batch"] = self.batch
+        torch.manual_seed(seed)
+        module, _ = build_model(self.name, device="cpu", **kwargs)
+        for m in module.modules():
+            if isinstance(m, nn.Dropout):
+                m.p = 0.0
+        return module.to(dtype)
+
+
+def init_params(
+    graph: OpGraph, spec: ModelSpec | None, seed: int, dtype: torch.dtype
+) -> tuple[dict[str, torch.Tensor], dict[int, float]]:
+    """Full initial parameters by graph parameter name, and the epsilon of every batch norm
+    op (by op index) that differs from the kernels' default 1e-5.
+
+    The graph does not record a norm's epsilon (Inception-v3 uses 1e-3): it is read from the
+    model's BatchNorm2d modules, found by the names of the norm's parameters."""
+    names = {p.name: p.shape for op in graph.ops for p in op.params}
+    if spec is None:
+        out = {}
+        for k, (name, shape) in enumerate(sorted(names.items())):
+            g = torch.Generator().manual_seed(_mix(seed, 0, k))
+            out[name] = (torch.randn(shape, generator=g, dtype=torch.float64) * 0.1).to(dtype)
+        return out, {}
+    module = spec.build(seed, dtype)
+    have = dict(module.named_parameters())
+    missing = sorted(set(names) - set(have))
+    if missing:
+        raise LayerwiseError(
+            f"model {spec.name!r} has no parameters named {missing[:3]}: the graph does not "
+            "come from this model"
+        )
+    return {n: have[n].detach() for n in names}, _norm_eps(graph, module)
+
+
+def _norm_eps(graph: OpGraph, module: nn.Module) -> dict[int, float]:
+    eps: dict[int, float] = {}
+    for i, op in enumerate(graph.ops):
+        for p in op.params:
+            path = p.name.rsplit(".", 1)[0] if "." in p.name else ""
+            try:
+                m = module.get_submodule(path) if path else None
+            except AttributeError:
+                m = None
+            if isinstance(m, nn.BatchNorm2d) and m.eps != 1e-5:
+                eps[i] = float(m.eps)
+    return eps
+
+
+def _mix(seed: int, step: int, k: int) -> int:
+    return (seed * 1_000_003 + step * 7919 + k * 104_729) % (2**63 - 1)
+
+
+def input_vocab(graph: OpGraph, i: int) -> int:
+    """Token range of integer input op i: the smallest vocabulary of the embeddings reading it."""
+    vocabs = [
+        graph.ops[c].params[0].shape[0]
+        for c in graph.consumers[i]
+        if graph.ops[c].kind == "embedding" and graph.ops[c].params
+    ]
+    if not vocabs:
+        raise LayerwiseError(f"integer input {graph.ops[i].name!r} is read by no embedding")
+    return min(vocabs)
+
+
+def make_inputs(graph: OpGraph, step: int, seed: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Full input tensors of step `step`, one per input op in graph order."""
+    out = []
+    for k, (i, op) in enumerate((i, op) for i, op in enumerate(graph.ops) if op.kind == "input"):
+        g = torch.Generator().manual_seed(_mix(seed, step, k))
+        shape = op.output.sizes
+        if any(graph.ops[c].kind == "embedding" for c in graph.consumers[i]):
+            out.append(torch.randint(0, input_vocab(graph, i), shape, generator=g))
+        else:
+            out.append(torch.randn(shape, generator=g, dtype=torch.float64).to(dtype))
+    return out
+
+
+def make_targets(graph: OpGraph, sinks: Sequence[int], step: int, seed: int) -> list[torch.Tensor]:
+    """Target classes of step `step` for each loss op: its output shape without channel."""
+    out = []
+    for k, i in enumerate(sinks):
+        op = graph.ops[i]
+        g = torch.Generator().manual_seed(_mix(seed + 1, step, k))
+        shape = tuple(s for d, s in op.output.shape if d != CHANNEL)
+        out.append(torch.randint(0, op.output.size(CHANNEL), shape, generator=g))
+    return out
+
+
+def nll_part(probs: torch.Tensor, target: torch.Tensor, axis: int, count: int) -> torch.Tensor:
+    """-sum log probs[target] over the given positions, divided by the output's positions."""
+    picked = probs.gather(axis, target.unsqueeze(axis))
+    return -torch.log(picked).sum() / count
+
+
+def loss_sinks(graph: OpGraph) -> tuple[int, ...]:
+    return tuple(
+        i for i, op in enumerate(graph.ops) if op.kind == "softmax" and not graph.consumers[i]
+    )
+
+
+@dataclass
+class ReferenceResult:
+    losses: list[float]
+    params: dict[str, torch.Tensor]
+    initial: dict[str, torch.Tensor]
+
+
+def reference_train(
+    spec: ModelSpec,
+    graph: OpGraph,
+    steps: int,
+    lr: float,
+    seed: int,
+    dtype: torch.dtype,
+) -> ReferenceResult:
+    """Single-process training of the zoo model: the runtime must reproduce it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        module = spec.build(seed, dtype)
+        named = dict(module.named_parameters())
+        initial = {n: p.detach().clone() for n, p in named.items()}
+        sinks = loss_sinks(graph)
+        losses = []
+        for s in range(steps):
+            inputs = make_inputs(graph, s, seed, dtype)
+            targets = make_targets(graph, sinks, s, seed)
+            outs = module(*inputs)
+            outs = tuple(outs) if isinstance(outs, tuple | list) else (outs,)
+            if len(outs) != len(sinks):
+                raise LayerwiseError(
+                    f"model {spec.name!r} returns {len(outs)} outputs but its graph has "
+                    f"{len(sinks)} softmax outputs"
+                )
+            loss = sum(
+                (
+                    nll_part(o, t, graph.ops[i].output.dims.index(CHANNEL), t.numel())
+                    for o, t, i in zip(outs, targets, sinks, strict=True)
+                ),
+                torch.zeros((), dtype=dtype),
+            )
+            module.zero_grad(set_to_none=True)
+            loss.backward()
+            with torch.no_grad():
+                for p in module.parameters():
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-lr)
+            losses.append(float(loss.detach()))
+        params = {n: p.detach().clone() for n, p in named.items()}
+        return ReferenceResult(losses, params, initial)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def deviation(
+    losses: Sequence[float],
+    params: Mapping[str, torch.Tensor],
+    ref: ReferenceResult,
+) -> dict[str, Any]:
+    """Largest relative deviations from the reference.
+
+    loss: max over steps |l - l_ref| / |l_ref|; params: max over tensors of
+    max|p - p_ref| / max(max|p_ref|, PARAM_FLOOR): a bias that starts at zero is compared on
+    the scale of a typical weight, not of its own tiny value (its gradient is a sum with
+    heavy cancellation in deep batch-normalized nets, so its relative rounding error is far
+    above machine precision whatever the summation order). update: max|p - p_ref| relative
+    to how far the reference moved the tensor, max|p_ref - p_0| (strict, for information: it
+    sees an error in a gradient even when the parameters barely moved). max_deviation is the
+    larger of the first two (what the CLI reports)."""
+    if len(losses) != len(ref.losses):
+        raise LayerwiseError(f"{len(losses)} losses but the reference has {len(ref.losses)}")
+    loss_dev = max(
+        (abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, ref.losses, strict=True)),
+        default=0.0,
+    )
+    param_dev, update_dev, worst = 0.0, 0.0, ""
+    for name, p in params.items():
+        r = ref.params[name].to(p.dtype)
+        diff = float((p - r).abs().max()) if p.numel() else 0.0
+        scale = float(r.abs().max()) if r.numel() else 0.0
+        moved = float((r - ref.initial[name].to(p.dtype)).abs().max()) if r.numel() else 0.0
+        d = diff / max(scale, PARAM_FLOOR)
+        u = diff / moved if moved > 0 else diff
+        if d > param_dev:
+            param_dev, worst = d, name
+        update_dev = max(update_dev, u)
+    if not math.isfinite(loss_dev) or any(not math.isfinite(x) for x in losses):
+        loss_dev = math.inf
+    return {
+        "max_deviation": max(loss_dev, param_dev),
+        "loss_deviation": loss_dev,
+        "param_deviation": param_dev,
+        "update_deviation": update_dev,
+        "worst_param": worst,
+    }

@@ -1,0 +1,162 @@
+"""`python -m runtime.run STRATEGY.json --steps K [--world N] [--check] [--json]`.
+
+Trains K steps of a strategy file (`python -m planner plan ... -o STRATEGY.json`) on N local
+worker processes, or on the processes of a torchrun launch, and prints the median step time
+after the warm-up steps; with --check also the largest relative deviation of the loss and
+parameters from single-process training of the same model. Everything that can be wrong with
+the file, its fingerprints, the model or the world size is reported before any process starts
+(exit status 2); a worker that fails is reported by rank (exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from planner.errors import LayerwiseError
+
+EXIT_WORKER_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m runtime.run",
+        description="Execute a strategy file with torch.distributed and measure its step time.",
+    )
+    p.add_argument("strategy", type=Path, help="a strategy JSON file (planner plan -o)")
+    p.add_argument("--steps", type=_positive_int, default=5, help="training steps (default 5)")
+    p.add_argument(
+        "--warmup",
+        type=_nonnegative_int,
+        default=1,
+        help="first steps left out of the median (default 1)",
+    )
+    p.add_argument(
+        "--world",
+        type=_positive_int,
+        help="number of worker processes (default: the strategy's device count; must match)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="also train single-process and report the largest relative deviation",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--lr", type=_positive_float, default=0.05, help="SGD step (default 0.05)")
+    p.add_argument("--seed", type=_nonnegative_int, default=0, help="model and data seed")
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=120.0,
+        help="seconds without progress before the run is declared hung (default 120)",
+    )
+    p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    return p
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def under_torchrun() -> bool:
+    """Whether this process was started by torchrun (or another env:// launcher)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except LayerwiseError as exc:
+        from runtime.launch import WorkerError
+
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_WORKER_FAILED if isinstance(exc, WorkerError) else EXIT_BAD_INPUT
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    from planner.strategy import load_strategy
+    from runtime.launch import RunOptions, run_strategy, torchrun_main
+    from runtime.reference import ModelSpec
+
+    try:
+        strategy, data = load_strategy(args.strategy)
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise LayerwiseError(f"strategy file {args.strategy} is malformed: {exc}") from None
+    model = ModelSpec.from_json(data.get("graph", {}).get("model"))
+    options = RunOptions(
+        steps=args.steps,
+        warmup=args.warmup,
+        lr=args.lr,
+        dtype=args.dtype,
+        seed=args.seed,
+        timeout=args.timeout,
+        backend=args.backend,
+        check=args.check,
+    )
+    if under_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        if args.world is not None and args.world != world:
+            raise LayerwiseError(f"--world {args.world} but torchrun started {world} processes")
+        result = torchrun_main(strategy, model, options)
+        if result is None:
+            return 0
+    else:
+        result = run_strategy(strategy, model, options, args.world)
+    _report(result.summary(), strategy.graph.name, args)
+    return 0
+
+
+def _report(summary: dict[str, Any], name: str, args: argparse.Namespace) -> None:
+    if args.json:
+        print(json.dumps(summary))
+        return
+    timed = len(summary["step_seconds"]) - summary["warmup"]
+    print(
+        f"{name} on {summary['world']} workers ({args.backend}, {args.dtype}): median step "
+        f"{summary['median_step_seconds'] * 1e3:.2f} ms over {timed} steps after "
+        f"{summary['warmup']} warm-up"
+    )
+    losses = summary["losses"]
+    line = f"loss {losses[0]:.6g} -> {losses[-1]:.6g}"
+    if summary["max_deviation"] is not None:
+        dev = summary["deviation"]
+        line += (
+            f"; max relative deviation from single-process training {dev['max_deviation']:.2e} "
+            f"(loss {dev['loss_deviation']:.1e}, parameters {dev['param_deviation']:.1e})"
+        )
+    print(line)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

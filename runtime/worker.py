@@ -1,0 +1,203 @@
+"""What every worker process of a run executes, and the options of a run.
+
+`worker_entry` is the target of a local worker process (started by `runtime.launch`);
+`session` is what every rank runs between rendezvous and results, locally or under torchrun:
+build the execution plan, the model's parameters and the process groups, then train
+`options.steps` steps, timing each one between a barrier and the end of its SGD update.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from planner.strategy import strategy_from_json
+from runtime.executor import DONE, INIT, Executor, Status
+from runtime.plan import ExecPlan, RuntimeConfigError, build_plan
+from runtime.reference import DTYPES, ModelSpec, init_params, make_inputs, make_targets
+
+__all__ = ["Job", "RunOptions", "session", "worker_entry"]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    steps: int = 5
+    warmup: int = 1  # steps left out of the median step time
+    lr: float = 0.05
+    dtype: str = "float32"
+    seed: int = 0
+    timeout: float = 120.0  # seconds without progress on any rank before the run is hung
+    backend: str = "gloo"
+    check: bool = False  # compare loss and parameters with single-process training
+    # "eager": sends as soon as a region is computed, receives posted ahead (gloo);
+    # "ordered": every edge's messages exchanged in one global order (safe for NCCL);
+    # "auto": ordered for nccl, eager otherwise.
+    exchange: str = "auto"
+    fault: Mapping[str, Any] | None = None  # tests: {"rank", "step", "kind": raise|exit|hang}
+
+    def validate(self) -> None:
+        if self.steps < 1:
+            raise RuntimeConfigError(f"steps must be >= 1, got {self.steps}")
+        if self.warmup < 0:
+            raise RuntimeConfigError(f"warmup must be >= 0, got {self.warmup}")
+        if self.dtype not in DTYPES:
+            raise RuntimeConfigError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if not self.lr > 0 or not self.timeout > 0:
+            raise RuntimeConfigError("lr and timeout must be positive")
+        if self.backend not in ("gloo", "nccl"):
+            raise RuntimeConfigError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
+        if self.exchange not in ("auto", "eager", "ordered"):
+            raise RuntimeConfigError(
+                f"exchange must be 'auto', 'eager' or 'ordered', got {self.exchange!r}"
+            )
+
+    @property
+    def ordered(self) -> bool:
+        return self.exchange == "ordered" or (self.exchange == "auto" and self.backend == "nccl")
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every worker of a run needs: picklable, sent to each process."""
+
+    strategy: dict[str, Any]  # Strategy.to_json()
+    model: dict[str, Any] | None
+    options: RunOptions
+
+
+def worker_entry(
+    rank: int, world: int, job: Job, tmp: str, status_array: Any, launcher: int
+) -> None:
+    """A local worker: rendezvous in `tmp`, run, write result-<rank>.pt or error-<rank>.txt."""
+    _exit_with(launcher)
+    status = Status(status_array, rank)
+    try:
+        torch.set_num_threads(1)
+        store = dist.FileStore(os.path.join(tmp, "store"), world)
+        dist.init_process_group(
+            job.options.backend,
+            store=store,
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=2 * job.options.timeout + 10),
+        )
+        result = session(job, rank, world, status)
+        torch.save(result, os.path.join(tmp, f"result-{rank}.pt"))
+        status.set(job.options.steps, DONE)
+    except BaseException as exc:  # noqa: BLE001 - everything is reported by rank
+        text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+        Path(tmp, f"error-{rank}.txt").write_text(text + "\n" + traceback.format_exc())
+        os._exit(1)
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+
+
+def _exit_with(launcher: int) -> None:
+    """Exit this worker if the launching process goes away (no orphans)."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(launcher, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:
+                pass
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
+    """What every rank runs between rendezvous and results."""
+    opts = job.options
+    status.set(0, INIT)
+    strategy = strategy_from_json(job.strategy)
+    plan = build_plan(strategy)
+    model = ModelSpec.from_json(job.model)
+    dtype = DTYPES[opts.dtype]
+    device = _device(opts.backend)
+    groups = _groups(plan, world)
+    params, eps = init_params(plan.graph, model, opts.seed, dtype)
+    ex = Executor(
+        plan,
+        rank,
+        params,
+        opts.lr,
+        dtype,
+        device,
+        groups,
+        opts.timeout * 2,
+        status,
+        eps,
+        opts.ordered,
+    )
+    del params
+    needs_inputs = any(o.op.kind == "input" and o.task_of(rank) is not None for o in plan.ops)
+    needs_targets = any(plan.ops[i].task_of(rank) is not None for i in plan.sinks)
+    losses, seconds = [], []
+    for s in range(opts.steps):
+        status.set(s, INIT)
+        inputs = make_inputs(plan.graph, s, opts.seed, dtype) if needs_inputs else []
+        targets = make_targets(plan.graph, plan.sinks, s, opts.seed) if needs_targets else []
+        _inject(opts.fault, rank, s)
+        status.waiting(True)
+        dist.barrier()
+        status.waiting(False)
+        t0 = time.perf_counter()
+        losses.append(ex.step(inputs, targets))
+        if device.type == "cuda":  # pragma: no cover - no GPU here
+            torch.cuda.synchronize(device)
+        seconds.append(time.perf_counter() - t0)
+    result: dict[str, Any] = {"losses": losses, "seconds": seconds}
+    if opts.check:
+        result["shards"] = ex.shard_state()
+    return result
+
+
+def _device(backend: str) -> torch.device:
+    if backend == "nccl":  # pragma: no cover - no GPU here
+        local = int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count()))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def _groups(plan: ExecPlan, world: int) -> dict[tuple[int, ...], Any]:
+    """A process group per rank set of the plan, created in the same order on every rank."""
+    groups: dict[tuple[int, ...], Any] = {(r,): None for r in range(world)}
+    for ranks in plan.groups:
+        if ranks == tuple(range(world)):
+            groups[ranks] = dist.group.WORLD
+        else:
+            groups[ranks] = dist.new_group(list(ranks))
+    return groups
+
+
+def _inject(fault: Mapping[str, Any] | None, rank: int, step: int) -> None:
+    """Test hook: fail on purpose at the start of a step."""
+    if not fault or fault.get("rank") != rank or fault.get("step", 0) != step:
+        return
+    kind = fault.get("kind")
+    if kind == "raise":
+        raise RuntimeError(f"injected fault on rank {rank} at step {step}")
+    if kind == "exit":
+        os._exit(3)
+    if kind == "kill":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "hang":
+        while True:
+            time.sleep(0.1)

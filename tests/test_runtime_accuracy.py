@@ -1,0 +1,81 @@
+"""experiments.accuracy: statistics, candidate strategies, and a tiny end-to-end run."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from experiments.accuracy import MODELS, Row, candidates, main, ranks, spearman, summarize
+from planner.costmodel import CostModel
+from planner.presets import get_preset
+from planner.problem import build_problem
+
+
+@pytest.fixture(autouse=True)
+def time_budget() -> Iterator[None]:
+    def expire(signum: int, frame: Any) -> None:
+        raise TimeoutError("test exceeded its 120 s budget")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(120)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_ranks_average_ties() -> None:
+    assert list(ranks([10.0, 30.0, 20.0, 20.0])) == [1.0, 4.0, 2.5, 2.5]
+
+
+def test_spearman() -> None:
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert math.isnan(spearman([1, 2], [1, 2]))
+    assert math.isnan(spearman([1, 2, 3], [5, 5, 5]))
+
+
+def test_summary_compares_the_planner_with_data_parallelism() -> None:
+    rows = [
+        Row("m", "data_parallel", 2.0, 4.0, -0.5, 0, None),
+        Row("m", "elimination", 1.0, 2.0, -0.5, 0, None),
+        Row("m", "mcmc", 1.5, 1.0, 0.5, 0, None),
+        Row("m", "random0", 3.0, 3.0, 0.0, 0, None),
+    ]
+    (s,) = summarize(rows)
+    assert s["median_abs_error"] == 0.5 and s["best_planned"] == "elimination"
+    assert s["predicted_speedup_over_dp"] == 2.0 and s["measured_speedup_over_dp"] == 2.0
+
+
+def test_candidates_are_distinct_and_include_the_planners() -> None:
+    spec = MODELS["lenet5"]
+    devices = get_preset("cpu-local-2")
+    graph = spec.graph()
+    problem = build_problem(graph, devices, CostModel(graph, devices))
+    named = candidates(problem, 12, seed=0, mcmc_seconds=1.0)
+    names = [n for n, _ in named]
+    assert len(named) == 12 and len({s.configs for _, s in named}) == 12
+    parts = {part for n in names for part in n.split("+")}
+    assert {"data_parallel", "model_parallel", "owt", "one_worker", "elimination"} <= parts
+
+
+def test_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A tiny run: lenet5 profiled into a private cache, 10 strategies, CSV/JSON/plot."""
+    args = ["--models", "lenet5", "--steps", "2", "--warmup", "1", "--repeats", "1"]
+    args += ["--mcmc-seconds", "1", "--cache", str(tmp_path / "cache"), "--out", str(tmp_path)]
+    args += ["--wait-idle", "0"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "median |error|" in out and "spearman" in out
+    (folder,) = tmp_path.glob("accuracy-*")
+    data = json.loads((folder / "accuracy.json").read_text())
+    assert len(data["rows"]) == 10 and data["summary"][0]["model"] == "lenet5"
+    assert (folder / "accuracy.csv").exists() and (folder / "accuracy.png").exists()

@@ -1,0 +1,153 @@
+"""`python -m runtime.run`: output, --check, and every bad input refused before spawning."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner.baselines import owt
+from planner.presets import get_preset
+from runtime.reference import ModelSpec
+from runtime.run import EXIT_BAD_INPUT, EXIT_WORKER_FAILED, main
+
+LENET = ModelSpec("lenet5", 8, {})
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def time_budget() -> Iterator[None]:
+    def expire(signum: int, frame: Any) -> None:
+        raise TimeoutError("test exceeded its 120 s budget")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(120)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("plans") / "lenet-owt.json"
+    strategy = owt(LENET.graph(), get_preset("cpu-local-2"))
+    strategy.save(path, model=LENET.to_json())
+    return path
+
+
+def edited(src: Path, dst: Path, edit: Any) -> Path:
+    data = json.loads(src.read_text())
+    edit(data)
+    dst.write_text(json.dumps(data))
+    return dst
+
+
+def test_json_with_check(plan_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = [str(plan_file), "--steps", "3", "--check", "--json", "--dtype", "float64"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["median_step_seconds"] > 0 and out["world"] == 2
+    assert out["max_deviation"] < 1e-9 and len(out["losses"]) == 3
+
+
+def test_text_output(plan_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(plan_file), "--steps", "2", "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "lenet5 on 2 workers (gloo, float32): median step" in out
+    assert "over 1 steps after 1 warm-up" in out and "loss " in out
+
+
+def _refused(args: list[str], capsys: pytest.CaptureFixture[str], match: str) -> None:
+    start = time.monotonic()
+    assert main(args) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and match in err, err
+    assert time.monotonic() - start < 10  # refused before any worker started
+
+
+def test_world_mismatch(plan_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _refused([str(plan_file), "--world", "4"], capsys, "world size is 4")
+
+
+def test_missing_and_bad_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _refused([str(tmp_path / "nope.json")], capsys, "nope.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    _refused([str(tmp_path / "bad.json")], capsys, "JSON")
+    (tmp_path / "other.json").write_text('{"format": "something"}')
+    _refused([str(tmp_path / "other.json")], capsys, "not a layerwise strategy file")
+
+
+def test_fingerprints_checked(
+    plan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def graph_print(d: dict[str, Any]) -> None:
+        d["graph"]["fingerprint"] = "0" * 16
+
+    def device_print(d: dict[str, Any]) -> None:
+        d["devices"]["fingerprint"] = "0" * 16
+
+    _refused([str(edited(plan_file, tmp_path / "g.json", graph_print))], capsys, "made for graph")
+    path = edited(plan_file, tmp_path / "d.json", device_print)
+    _refused([str(path)], capsys, "made for device graph")
+
+
+def test_model_must_match_the_graph(
+    plan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def other_batch(d: dict[str, Any]) -> None:
+        d["graph"]["model"]["batch"] = 4
+
+    path = edited(plan_file, tmp_path / "m.json", other_batch)
+    _refused([str(path)], capsys, "is not the graph of model 'lenet5'")
+
+
+def test_check_without_model(
+    plan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = edited(plan_file, tmp_path / "nomodel.json", lambda d: d["graph"].pop("model"))
+    _refused([str(path), "--check"], capsys, "needs the zoo model")
+
+
+def test_bad_config(plan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def three_way(d: dict[str, Any]) -> None:
+        d["configs"]["fc1"] = {"degrees": {"channel": 7}, "devices": [0, 1, 2, 3, 4, 5, 6]}
+
+    path = edited(plan_file, tmp_path / "cfg.json", three_way)
+    _refused([str(path)], capsys, "bad config for op 'fc1'")
+
+
+def test_entry_point_runs_as_a_module(plan_file: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime.run", str(plan_file), "--steps", "2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["max_deviation"] is None
+
+
+def test_worker_failure_exit_status(
+    plan_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import runtime.launch as launch
+
+    real = launch.run_strategy
+
+    def faulty(strategy: Any, model: Any, options: Any, world: Any = None) -> Any:
+        fault = {"rank": 0, "step": 0, "kind": "raise"}
+        return real(strategy, model, launch.RunOptions(**{**vars(options), "fault": fault}))
+
+    monkeypatch.setattr(launch, "run_strategy", faulty)
+    assert main([str(plan_file), "--steps", "2"]) == EXIT_WORKER_FAILED
+    assert "rank 0: RuntimeError: injected fault" in capsys.readouterr().err

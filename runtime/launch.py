@@ -65,6 +65,8 @@ class RunResult:
     losses: list[float]  # the total loss of each step (before its update)
     warmup: int
     transfer_bytes: int  # bytes sent between ranks per forward pass
+    # per rank, median over the timed steps of (forward, backward, sync + update, waiting)
+    phase_seconds: list[tuple[float, ...]] = field(default_factory=list)
     deviation: dict[str, Any] | None = None
     params: dict[str, torch.Tensor] | None = field(default=None, repr=False)
 
@@ -86,6 +88,12 @@ class RunResult:
             "world": self.world,
             "warmup": self.warmup,
             "transfer_bytes": self.transfer_bytes,
+            "phase_seconds": {
+                "forward": [p[0] for p in self.phase_seconds],
+                "backward": [p[1] for p in self.phase_seconds],
+                "sync_update": [p[2] for p in self.phase_seconds],
+                "waiting": [p[3] for p in self.phase_seconds],
+            },
             "deviation": self.deviation,
         }
 
@@ -174,12 +182,18 @@ def _finish(
     steps = options.steps
     losses = [sum(r["losses"][s] for r in results) for s in range(steps)]
     step_seconds = [max(r["seconds"][s] for r in results) for s in range(steps)]
+    skip = min(options.warmup, max(steps - 1, 0))
+    phases = [
+        tuple(statistics.median(p[k] for p in r["phases"][skip:]) for k in range(4))
+        for r in results
+    ]
     out = RunResult(
         world=len(results),
         step_seconds=step_seconds,
         losses=losses,
-        warmup=min(options.warmup, max(steps - 1, 0)),
+        warmup=skip,
         transfer_bytes=plan.transfer_bytes(torch.finfo(DTYPES[options.dtype]).bits // 8),
+        phase_seconds=phases,
     )
     if options.check:
         assert model is not None

@@ -150,7 +150,10 @@ class ExecPlan:
     params: dict[str, ParamInfo]
     sync: tuple[SyncItem, ...]
     sinks: tuple[int, ...]  # the loss ops (softmax ops nothing reads), in graph order
-    groups: tuple[tuple[int, ...], ...]  # rank sets that need a process group, sorted
+    # rank sets that need a process group, sorted, per use: "sync" (gradient sums), "norm"
+    # (batch-norm statistics); each use has its own groups, so its messages do not queue
+    # behind another's on the same connections
+    groups: dict[str, tuple[tuple[int, ...], ...]]
     into: dict[tuple[int, int], tuple[Transfer, ...]] = field(repr=False)  # (edge, dst task)
     out_of: dict[tuple[int, int], tuple[Transfer, ...]] = field(repr=False)  # (op, src task)
 
@@ -171,10 +174,8 @@ def build_plan(strategy: Strategy) -> ExecPlan:
     sinks = tuple(
         i for i, op in enumerate(graph.ops) if op.kind == "softmax" and _is_sink(graph, i)
     )
-    groups = sorted(
-        {it.ranks for it in sync if len(it.ranks) > 1}
-        | {g for o in ops for g in o.norm_groups if len(g) > 1}
-    )
+    sync_groups = sorted({it.ranks for it in sync if len(it.ranks) > 1})
+    norm_groups = sorted({g for o in ops for g in o.norm_groups if len(g) > 1})
     into: dict[tuple[int, int], list[Transfer]] = {}
     out_of: dict[tuple[int, int], list[Transfer]] = {}
     for t in transfers:
@@ -189,7 +190,7 @@ def build_plan(strategy: Strategy) -> ExecPlan:
         params=params,
         sync=sync,
         sinks=sinks,
-        groups=tuple(groups),
+        groups={"sync": tuple(sync_groups), "norm": tuple(norm_groups)},
         into={k: tuple(v) for k, v in into.items()},
         out_of={k: tuple(v) for k, v in out_of.items()},
     )

@@ -160,7 +160,7 @@ def session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
         if device.type == "cuda":  # pragma: no cover - no GPU here
             torch.cuda.synchronize(device)
         seconds.append(time.perf_counter() - t0)
-    result: dict[str, Any] = {"losses": losses, "seconds": seconds}
+    result: dict[str, Any] = {"losses": losses, "seconds": seconds, "phases": ex.phase_seconds}
     if opts.check:
         result["shards"] = ex.shard_state()
     return result
@@ -174,14 +174,13 @@ def _device(backend: str) -> torch.device:
     return torch.device("cpu")
 
 
-def _groups(plan: ExecPlan, world: int) -> dict[tuple[int, ...], Any]:
-    """A process group per rank set of the plan, created in the same order on every rank."""
-    groups: dict[tuple[int, ...], Any] = {(r,): None for r in range(world)}
-    for ranks in plan.groups:
-        if ranks == tuple(range(world)):
-            groups[ranks] = dist.group.WORLD
-        else:
-            groups[ranks] = dist.new_group(list(ranks))
+def _groups(plan: ExecPlan, world: int) -> dict[tuple[str, tuple[int, ...]], Any]:
+    """A process group per (use, rank set) of the plan, created in the same order on every
+    rank; point-to-point transfers use the default group."""
+    groups: dict[tuple[str, tuple[int, ...]], Any] = {}
+    for use in ("sync", "norm"):
+        for ranks in plan.groups[use]:
+            groups[(use, ranks)] = dist.new_group(list(ranks))
     return groups
 
 

@@ -187,7 +187,7 @@ def test_batch_norm_tasks_share_statistics_over_sample_splits() -> None:
     plan = build_plan(data_parallel(graph, devices(2)))
     bn = [o for o in plan.ops if o.batch_norm]
     assert bn and all(o.norm_groups == ((0, 1), (0, 1)) for o in bn)
-    assert (0, 1) in plan.groups
+    assert plan.groups["norm"] == ((0, 1),) and plan.groups["sync"] == ((0, 1),)
 
 
 # -- numerical equivalence -------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """`cpsat`: OR-Tools CP-SAT on both objectives, as encode / solve / decode.
 
-Additive (OptCNN Eq. 1) on `backends.placement.Selection`: a Boolean x[i, c] per allowed
+Additive (OptCNN Eq. 1) on `backends.selection.Selection`: a Boolean x[i, c] per allowed
 choice with ExactlyOne per node; each remaining edge gets a Boolean y[e, a, b] per finite
 pair, tied to its ends by row and column sums (sum_b y[e, a, b] = x[u, a], sum_a y[e, a, b]
 = x[v, b]: the local marginal polytope, exact on trees, so the LP bound is strong), or with
@@ -45,17 +45,14 @@ from backends.placement import (
     PlacementOutcome,
     PlacementProblem,
     Schedule,
-    Selection,
     horizon,
     list_schedule,
     placement_lower_bound,
     placement_problem,
     retime,
-    seed_choices,
-    selection,
-    solve_placement_problem,
-    warm_schedule,
 )
+from backends.selection import Selection, seed_choices, selection
+from backends.series import solve_placement_problem, warm_schedule
 from planner.evaluate import additive_cost, memory_feasible
 from planner.problem import Problem
 
@@ -571,7 +568,7 @@ def solve_placement(
     pp: PlacementProblem, options: SolveOptions, warm: tuple[Schedule, str] | None = None
 ) -> PlacementOutcome:
     """Warm start, series bound and the whole model within options.time_limit (see
-    `backends.placement.solve_placement_problem`)."""
+    `backends.series.solve_placement_problem`)."""
     return solve_placement_problem(pp, options, _solve_model, warm)
 
 

@@ -1,6 +1,6 @@
 """`ilp`: integer linear programs solved by CBC through pulp, as encode / solve / decode.
 
-Additive (OptCNN Eq. 1) on `backends.placement.Selection`: binary x[i, c] per allowed choice,
+Additive (OptCNN Eq. 1) on `backends.selection.Selection`: binary x[i, c] per allowed choice,
 sum_c x[i, c] = 1; per remaining edge a continuous y[e, a, b] in [0, 1] per finite pair with
 sum_b y[e, a, b] = x[u, a] and sum_a y[e, a, b] = x[v, b] (integral once x is; the local
 marginal polytope, exact on trees), or with extra={"edges": "implied"} only
@@ -55,17 +55,14 @@ from backends.placement import (
     PlacementOutcome,
     PlacementProblem,
     Schedule,
-    Selection,
     hardware_graph,
     horizon,
     placement_lower_bound,
     placement_problem,
     retime,
-    seed_choices,
-    selection,
-    solve_placement_problem,
-    warm_schedule,
 )
+from backends.selection import Selection, seed_choices, selection
+from backends.series import solve_placement_problem, warm_schedule
 from planner.evaluate import additive_cost, memory_feasible
 from planner.problem import Problem
 
@@ -677,7 +674,7 @@ def solve_placement(
     pp: PlacementProblem, options: SolveOptions, warm: tuple[Schedule, str] | None = None
 ) -> PlacementOutcome:
     """Warm start, series bound and the whole model within options.time_limit (see
-    `backends.placement.solve_placement_problem`)."""
+    `backends.series.solve_placement_problem`)."""
     return solve_placement_problem(pp, options, _solve_model, warm)
 
 

@@ -34,10 +34,10 @@ from backends.placement import (
     placement_lower_bound,
     placement_problem,
     random_placement_problem,
-    selection,
-    series_bound,
 )
 from backends.search import SearchBackend
+from backends.selection import selection
+from backends.series import series_bound
 from backends.testing import BackendConformance, tiny_cnn
 from planner.costtable import brute_force, random_problem
 from planner.evaluate import additive_cost, memory_feasible

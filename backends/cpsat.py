@@ -27,6 +27,9 @@ Seeds and warm starts: random_seed = seed, num_workers = threads; a hint from
 SolveOptions.warm_start (additive: the choices; makespan: a single-device placement,
 canonicalized under the symmetries) or else from a construction heuristic
 (`seed_choices` / `greedy_placement`); `stats["hint"]` says which.
+
+What does not depend on the solver (warm starts, the time limit while encoding, the makespan
+solve's wrapper, the Backend class body) is shared with `ilp` in `backends.solver_common`.
 """
 
 from __future__ import annotations
@@ -39,21 +42,18 @@ from typing import Any
 import numpy as np
 from ortools.sat.python import cp_model
 
-from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status
+from backends.base import BackendError, Limit, SolveOptions, SolveResult, Status
 from backends.placement import (
-    PlacementError,
     PlacementOutcome,
     PlacementProblem,
     Schedule,
     horizon,
     list_schedule,
     placement_lower_bound,
-    placement_problem,
     retime,
 )
-from backends.selection import Selection, seed_choices, selection
-from backends.series import solve_placement_problem, warm_schedule
-from planner.evaluate import additive_cost, memory_feasible
+from backends.selection import Selection
+from backends.solver_common import Clock, SolverBackend, SolverSteps, Warm, placement_result
 from planner.problem import Problem
 
 __all__ = ["CpsatBackend", "CpsatModel", "decode", "encode", "solve_encoded"]
@@ -62,14 +62,9 @@ COST_BITS = 52  # the sum of every encoded cost coefficient stays below 2**COST_
 TIME_BITS = 30  # the makespan upper bound is about 2**TIME_BITS time units (larger values
 # made CP-SAT 9.15's presolve return wrong optima on small placement problems)
 SYMMETRY_DEPTH = 64  # nodes covered by the lexicographic-leader constraints
-CHECK_EVERY = 512  # encoded items between two looks at the clock
 ALWAYS = True  # a literal fixed to true (a node with one allowed choice or device)
 EDGE_MODES = ("auto", "marginal", "implied", "rows")
 LARGE_PAIRS = 100_000  # above this many edge variables CP-SAT's presolve costs more than it gives
-
-
-class _OutOfTime(Exception):
-    pass
 
 
 @dataclass
@@ -102,41 +97,7 @@ class CpsatRun:
     timed_out: bool
 
 
-class _Clock:
-    def __init__(self, deadline: float):
-        self.deadline, self.count = deadline, 0
-
-    def tick(self) -> None:
-        self.count += 1
-        if self.count % CHECK_EVERY == 0 and time.perf_counter() > self.deadline:
-            raise _OutOfTime
-
-
 # ------------------------------------------------------------------------------ encode
-
-
-def encode(problem: Problem, options: SolveOptions, deadline: float = math.inf) -> CpsatModel:
-    """The CP-SAT model of `problem` under options.objective (raises _OutOfTime past deadline)."""
-    if options.objective == "additive":
-        sel = selection(problem)
-        warm = _warm_choices(problem, sel, options)
-        return encode_selection(sel, options, warm, deadline)
-    pp = _placement(problem, options)
-    return encode_placement(pp, options, warm_schedule(pp, options), deadline)
-
-
-def _warm_choices(
-    problem: Problem, sel: Selection, options: SolveOptions, deadline: float = math.inf
-) -> tuple[tuple[int, ...], str] | None:
-    if options.warm_start is not None:
-        ch = problem.check_choices(options.warm_start)
-        if math.isfinite(additive_cost(problem, ch)) and memory_feasible(problem, ch):
-            return ch, "warm_start"
-    if options.extra.get("seed_heuristic", True):
-        seed = seed_choices(problem, sel, deadline)
-        if seed is not None:
-            return seed[0], "heuristic"
-    return None
 
 
 def _int_costs(tables: list[np.ndarray]) -> float:
@@ -151,7 +112,7 @@ def _int_costs(tables: list[np.ndarray]) -> float:
 def encode_selection(
     sel: Selection,
     options: SolveOptions,
-    warm: tuple[tuple[int, ...], str] | None = None,
+    warm: Warm | None = None,
     deadline: float = math.inf,
 ) -> CpsatModel:
     """The additive selection model (see the module docstring); `warm` is a valid choice
@@ -161,7 +122,7 @@ def encode_selection(
         raise BackendError(f"cpsat edges must be one of {EDGE_MODES}, got {mode!r}")
     if mode == "auto":
         mode = "marginal"
-    clock = _Clock(deadline)
+    clock = Clock(deadline)
     m = cp_model.CpModel()
     scale = _int_costs([*sel.node_cost, *sel.edge_cost])
     out = CpsatModel("additive", m, scale, sel=sel)
@@ -301,17 +262,6 @@ def _hint_selection(m: cp_model.CpModel, out: CpsatModel, choices: tuple[int, ..
                 m.add_hint(var, a == pos[u] and b == pos[v])
 
 
-def _placement(problem: Problem, options: SolveOptions) -> PlacementProblem:
-    try:
-        return placement_problem(
-            problem,
-            phases=options.extra.get("phases", "training"),
-            routing=options.extra.get("routing", "fixed"),
-        )
-    except PlacementError as exc:
-        raise BackendError(str(exc)) from None
-
-
 def encode_placement(
     pp: PlacementProblem,
     options: SolveOptions,
@@ -322,7 +272,7 @@ def encode_placement(
     order = options.extra.get("order", "free")
     if order not in ("free", "fifo"):
         raise BackendError(f"order must be 'free' or 'fifo', got {order!r}")
-    clock = _Clock(deadline)
+    clock = Clock(deadline)
     top = warm[0].makespan if warm else horizon(pp)
     scale = 2.0 ** math.floor(math.log2(2.0**TIME_BITS / max(top, 1e-300)))
     dur, delay = pp.scaled(scale)
@@ -564,21 +514,6 @@ def decode_placement(model: CpsatModel, run: CpsatRun) -> PlacementOutcome:
     return PlacementOutcome(status, schedule, model_span, bound, run.timed_out, stats)
 
 
-def solve_placement(
-    pp: PlacementProblem, options: SolveOptions, warm: tuple[Schedule, str] | None = None
-) -> PlacementOutcome:
-    """Warm start, series bound and the whole model within options.time_limit (see
-    `backends.series.solve_placement_problem`)."""
-    return solve_placement_problem(pp, options, _solve_model, warm)
-
-
-def _solve_model(
-    pp: PlacementProblem, options: SolveOptions, warm: Schedule | None, seconds: float
-) -> PlacementOutcome:
-    model = encode_placement(pp, options, (warm, "hint") if warm is not None else None)
-    return decode_placement(model, solve_encoded(model, options, seconds))
-
-
 def decode(problem: Problem, model: CpsatModel, run: CpsatRun, name: str = "cpsat") -> SolveResult:
     """The SolveResult of a run (objective re-scored later by the Backend base class)."""
     stats: dict[str, Any] = {
@@ -606,78 +541,15 @@ def decode(problem: Problem, model: CpsatModel, run: CpsatRun, name: str = "cpsa
     return SolveResult(name, status, choices, bound=bound, limit=limit, stats=stats)
 
 
-def placement_result(
-    pp: PlacementProblem | None, out: PlacementOutcome, limit: Limit | None, stats: dict, name: str
-) -> SolveResult:
-    """Makespan answers are FEASIBLE: the placement model is exact only over single-device
-    placements and its schedule is not the simulator's (see docs/solvers.md); the model's
-    own status, makespan, bound and gap are in the stats."""
-    assert pp is not None
-    stats.update(out.stats)
-    stats.update(
-        model_status=out.status,
-        model_makespan=out.model_makespan,
-        model_bound=out.bound,
-        model_gap=out.gap,
-        schedule_makespan=out.schedule.makespan if out.schedule else None,
-    )
-    if out.schedule is None:
-        status = Status.INFEASIBLE if out.status == "INFEASIBLE" else Status.NO_SOLUTION
-        return SolveResult(name, status, limit=limit, stats=stats)
-    stats["placement"] = {
-        pp.node_names[k]: pp.devices.devices[d].name for k, d in enumerate(out.schedule.placement)
-    }
-    return SolveResult(
-        name, Status.FEASIBLE, pp.choices(out.schedule.placement), limit=limit, stats=stats
-    )
-
-
 # ----------------------------------------------------------------------------- backend
 
 
-class CpsatBackend(Backend):
+class CpsatBackend(SolverBackend[CpsatModel, CpsatRun]):
     name = "cpsat"
-    objectives = ("additive", "makespan")
-    exact = True
     REQUIRED_MODULES = ("ortools",)
-
-    def can_run(self, problem: Problem, options: SolveOptions) -> str | None:
-        reason = super().can_run(problem, options)
-        if reason is None and options.objective == "makespan" and problem.graph is None:
-            reason = (
-                f"the makespan objective places the ops of a DNN; problem {problem.name!r} "
-                "is a cost table"
-            )
-        return reason
-
-    def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
-        if options.objective == "makespan":
-            pp = _placement(problem, options)
-            out = solve_placement(pp, options)
-            limit = Limit.TIME if out.timed_out else None
-            return placement_result(pp, out, limit, {}, self.name)
-        t0 = time.perf_counter()
-        deadline = t0 + options.time_limit
-        sel = selection(problem)
-        warm = _warm_choices(problem, sel, options, deadline)
-        try:
-            model = encode_selection(sel, options, warm, deadline)
-        except _OutOfTime:
-            return _out_of_time(sel, warm, self.name)
-        encoded = time.perf_counter()
-        model.stats["encode_seconds"] = encoded - t0
-        run = solve_encoded(model, options, deadline - encoded)
-        return decode(problem, model, run, self.name)
+    steps = SolverSteps(encode_selection, encode_placement, solve_encoded, decode_placement, decode)
 
 
-def _out_of_time(
-    sel: Selection, warm: tuple[tuple[int, ...], str] | None, name: str
-) -> SolveResult:
-    """The time limit passed while encoding: the start, if there is one."""
-    stats: dict[str, Any] = {"solver_status": "not run (time limit while encoding)"}
-    if warm is None:
-        return SolveResult(name, Status.NO_SOLUTION, limit=Limit.TIME, stats=stats)
-    stats["hint"] = warm[1]
-    return SolveResult(
-        name, Status.FEASIBLE, warm[0], bound=sel.trivial_bound(), limit=Limit.TIME, stats=stats
-    )
+_BACKEND = CpsatBackend()
+encode = _BACKEND.encode  # the CP-SAT model of a Problem under options.objective
+solve_placement = _BACKEND.solve_placement  # the makespan solve on a PlacementProblem

@@ -30,6 +30,9 @@ CBC: threads = SolveOptions.threads, "randomSeed" and "randomCbcSeed" = seed + 1
 (SolveOptions.warm_start, else a construction heuristic) is set as the variables' initial
 values and passed with warmStart=True (CBC's -mips); `stats["warm_start_accepted"]` is what
 CBC's log says about it. Status, objective and lower bound are read from CBC's log.
+
+What does not depend on the solver (warm starts, the time limit while encoding, the makespan
+solve's wrapper, the Backend class body) is shared with `cpsat` in `backends.solver_common`.
 """
 
 from __future__ import annotations
@@ -49,21 +52,18 @@ from typing import Any
 import numpy as np
 import pulp
 
-from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status
+from backends.base import BackendError, Limit, SolveOptions, SolveResult, Status
 from backends.placement import (
-    PlacementError,
     PlacementOutcome,
     PlacementProblem,
     Schedule,
     hardware_graph,
     horizon,
     placement_lower_bound,
-    placement_problem,
     retime,
 )
-from backends.selection import Selection, seed_choices, selection
-from backends.series import solve_placement_problem, warm_schedule
-from planner.evaluate import additive_cost, memory_feasible
+from backends.selection import Selection
+from backends.solver_common import Clock, SolverBackend, SolverSteps, Warm, placement_result
 from planner.problem import Problem
 
 __all__ = [
@@ -81,14 +81,9 @@ EDGE_MODES = ("marginal", "implied")
 COST_MAGNITUDE = 1e6  # scaled additive objectives are about this large
 TIME_MAGNITUDE = 1e4  # scaled makespans are about this large
 SYMMETRY_DEPTH = 64
-CHECK_EVERY = 512
 IO_SECONDS_PER_VARIABLE = 2e-5  # pulp writing the MPS file or reading the solution
 NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"  # a number in CBC's log
 OVERRUN_FRACTION = 0.1  # CBC is killed this far past the time limit (plus a second)
-
-
-class _OutOfTime(Exception):
-    pass
 
 
 @dataclass
@@ -120,16 +115,6 @@ class IlpRun:
     wall: float
     timed_out: bool
     log: dict[str, Any]
-
-
-class _Clock:
-    def __init__(self, deadline: float):
-        self.deadline, self.count = deadline, 0
-
-    def tick(self) -> None:
-        self.count += 1
-        if self.count % CHECK_EVERY == 0 and time.perf_counter() > self.deadline:
-            raise _OutOfTime
 
 
 def _var(
@@ -166,40 +151,17 @@ def _power_of_ten(value: float, magnitude: float) -> float:
 # ------------------------------------------------------------------------------ encode
 
 
-def encode(problem: Problem, options: SolveOptions, deadline: float = math.inf) -> IlpModel:
-    """The pulp model of `problem` under options.objective (raises _OutOfTime past deadline)."""
-    if options.objective == "additive":
-        sel = selection(problem)
-        return encode_selection(sel, options, _warm_choices(problem, sel, options), deadline)
-    pp = _placement(problem, options)
-    return encode_placement(pp, options, warm_schedule(pp, options), deadline)
-
-
-def _warm_choices(
-    problem: Problem, sel: Selection, options: SolveOptions, deadline: float = math.inf
-) -> tuple[tuple[int, ...], str] | None:
-    if options.warm_start is not None:
-        ch = problem.check_choices(options.warm_start)
-        if math.isfinite(additive_cost(problem, ch)) and memory_feasible(problem, ch):
-            return ch, "warm_start"
-    if options.extra.get("seed_heuristic", True):
-        seed = seed_choices(problem, sel, deadline)
-        if seed is not None:
-            return seed[0], "heuristic"
-    return None
-
-
 def encode_selection(
     sel: Selection,
     options: SolveOptions,
-    warm: tuple[tuple[int, ...], str] | None = None,
+    warm: Warm | None = None,
     deadline: float = math.inf,
 ) -> IlpModel:
     """The additive selection model (see the module docstring)."""
     mode = options.extra.get("edges", "marginal")
     if mode not in EDGE_MODES:
         raise BackendError(f"ilp edges must be one of {EDGE_MODES}, got {mode!r}")
-    clock = _Clock(deadline)
+    clock = Clock(deadline)
     lp = pulp.LpProblem("additive", pulp.LpMinimize)
     reference = sel.cost(warm[0]) if warm is not None else sel.trivial_bound()
     scale = _power_of_ten(reference if math.isfinite(reference) else 0.0, COST_MAGNITUDE)
@@ -298,17 +260,6 @@ def encoded_objective(model: IlpModel, choices: tuple[int, ...]) -> float:
     return (float(pulp.value(model.lp.objective) or 0.0) + model.offset) / model.scale
 
 
-def _placement(problem: Problem, options: SolveOptions) -> PlacementProblem:
-    try:
-        return placement_problem(
-            problem,
-            phases=options.extra.get("phases", "training"),
-            routing=options.extra.get("routing", "fixed"),
-        )
-    except PlacementError as exc:
-        raise BackendError(str(exc)) from None
-
-
 def encode_placement(
     pp: PlacementProblem,
     options: SolveOptions,
@@ -322,7 +273,7 @@ def encode_placement(
     flow = bool(options.extra.get("route_variables", False))
     if flow and pp.routing != "shortest":
         raise BackendError("route_variables model Eqs. 8-9's free routing: use routing='shortest'")
-    clock = _Clock(deadline)
+    clock = Clock(deadline)
     top = warm[0].makespan if warm is not None else horizon(pp)
     scale = _power_of_ten(top, TIME_MAGNITUDE)
     big_m = top * scale * (1 + 1e-9)
@@ -670,21 +621,6 @@ def decode_placement(model: IlpModel, run: IlpRun) -> PlacementOutcome:
     return PlacementOutcome(status, schedule, model_span, bound, run.timed_out, stats)
 
 
-def solve_placement(
-    pp: PlacementProblem, options: SolveOptions, warm: tuple[Schedule, str] | None = None
-) -> PlacementOutcome:
-    """Warm start, series bound and the whole model within options.time_limit (see
-    `backends.series.solve_placement_problem`)."""
-    return solve_placement_problem(pp, options, _solve_model, warm)
-
-
-def _solve_model(
-    pp: PlacementProblem, options: SolveOptions, warm: Schedule | None, seconds: float
-) -> PlacementOutcome:
-    model = encode_placement(pp, options, (warm, "hint") if warm is not None else None)
-    return decode_placement(model, solve_encoded(model, options, seconds))
-
-
 def decode(problem: Problem, model: IlpModel, run: IlpRun, name: str = "ilp") -> SolveResult:
     """The SolveResult of a run (objective re-scored later by the Backend base class)."""
     stats: dict[str, Any] = {
@@ -723,78 +659,15 @@ def decode(problem: Problem, model: IlpModel, run: IlpRun, name: str = "ilp") ->
     return SolveResult(name, status, choices, bound=bound, limit=limit, stats=stats)
 
 
-def placement_result(
-    pp: PlacementProblem | None, out: PlacementOutcome, limit: Limit | None, stats: dict, name: str
-) -> SolveResult:
-    """Makespan answers are FEASIBLE: the placement model is exact only over single-device
-    placements and its schedule is not the simulator's (see docs/solvers.md); the model's
-    own status, makespan, bound and gap are in the stats."""
-    assert pp is not None
-    stats.update(out.stats)
-    stats.update(
-        model_status=out.status,
-        model_makespan=out.model_makespan,
-        model_bound=out.bound,
-        model_gap=out.gap,
-        schedule_makespan=out.schedule.makespan if out.schedule else None,
-    )
-    if out.schedule is None:
-        status = Status.INFEASIBLE if out.status == "INFEASIBLE" else Status.NO_SOLUTION
-        return SolveResult(name, status, limit=limit, stats=stats)
-    stats["placement"] = {
-        pp.node_names[k]: pp.devices.devices[d].name for k, d in enumerate(out.schedule.placement)
-    }
-    return SolveResult(
-        name, Status.FEASIBLE, pp.choices(out.schedule.placement), limit=limit, stats=stats
-    )
-
-
 # ----------------------------------------------------------------------------- backend
 
 
-class IlpBackend(Backend):
+class IlpBackend(SolverBackend[IlpModel, IlpRun]):
     name = "ilp"
-    objectives = ("additive", "makespan")
-    exact = True
     REQUIRED_MODULES = ("pulp",)
-
-    def can_run(self, problem: Problem, options: SolveOptions) -> str | None:
-        reason = super().can_run(problem, options)
-        if reason is None and options.objective == "makespan" and problem.graph is None:
-            reason = (
-                f"the makespan objective places the ops of a DNN; problem {problem.name!r} "
-                "is a cost table"
-            )
-        return reason
-
-    def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
-        if options.objective == "makespan":
-            pp = _placement(problem, options)
-            out = solve_placement(pp, options)
-            limit = Limit.TIME if out.timed_out else None
-            return placement_result(pp, out, limit, {}, self.name)
-        t0 = time.perf_counter()
-        deadline = t0 + options.time_limit
-        sel = selection(problem)
-        warm = _warm_choices(problem, sel, options, deadline)
-        try:
-            model = encode_selection(sel, options, warm, deadline)
-        except _OutOfTime:
-            return _out_of_time(sel, warm, self.name)
-        encoded = time.perf_counter()
-        model.stats["encode_seconds"] = encoded - t0
-        run = solve_encoded(model, options, deadline - encoded)
-        return decode(problem, model, run, self.name)
+    steps = SolverSteps(encode_selection, encode_placement, solve_encoded, decode_placement, decode)
 
 
-def _out_of_time(
-    sel: Selection, warm: tuple[tuple[int, ...], str] | None, name: str
-) -> SolveResult:
-    """The time limit passed while encoding: the start, if there is one."""
-    stats: dict[str, Any] = {"solver_status": "not run (time limit while encoding)"}
-    if warm is None:
-        return SolveResult(name, Status.NO_SOLUTION, limit=Limit.TIME, stats=stats)
-    stats["hint"] = warm[1]
-    return SolveResult(
-        name, Status.FEASIBLE, warm[0], bound=sel.trivial_bound(), limit=Limit.TIME, stats=stats
-    )
+_BACKEND = IlpBackend()
+encode = _BACKEND.encode  # the pulp model of a Problem under options.objective
+solve_placement = _BACKEND.solve_placement  # the makespan solve on a PlacementProblem

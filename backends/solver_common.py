@@ -1,0 +1,222 @@
+"""What the `ilp` and `cpsat` backends share: the clock, the starts, the `SolverBackend` base.
+
+Both backends are split into encode / solve / decode (see docs/solvers.md). Everything
+around those three steps is the same for both and lives here:
+
+- the additive objective (OptCNN Eq. 1): `backends.selection.Selection` is encoded with a
+  warm start (`warm_choices`: SolveOptions.warm_start when it is valid, else
+  `seed_choices`); if the time limit passes while encoding (`Clock` raises `OutOfTime`),
+  the answer is that start (`out_of_time`);
+- the makespan objective (DLPlacer, Pal et al. 2019, Eqs. 7-13): `placement_for` builds the
+  `backends.placement.PlacementProblem`, `SolverBackend.solve_placement` runs
+  `backends.series.solve_placement_problem` with the backend's model as the whole-problem
+  solve, and `placement_result` turns its outcome into a SolveResult.
+
+A subclass gives its solver's steps as `SolverSteps` (`encode_selection`, `encode_placement`,
+`solve_encoded`, `decode_placement`, `decode`: the module's functions); `SolverBackend._solve`
+calls them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status
+from backends.placement import (
+    PlacementError,
+    PlacementOutcome,
+    PlacementProblem,
+    Schedule,
+    placement_problem,
+)
+from backends.selection import Selection, seed_choices, selection
+from backends.series import solve_placement_problem, warm_schedule
+from planner.evaluate import additive_cost, memory_feasible
+from planner.problem import Problem
+
+__all__ = [
+    "CHECK_EVERY",
+    "Clock",
+    "OutOfTime",
+    "SolverBackend",
+    "SolverSteps",
+    "Warm",
+    "out_of_time",
+    "placement_for",
+    "placement_result",
+    "warm_choices",
+]
+
+CHECK_EVERY = 512  # encoded items between two looks at the clock
+
+Warm = tuple[tuple[int, ...], str]  # a valid choice vector and where it came from
+
+
+class _Model(Protocol):
+    stats: dict[str, Any]
+
+
+ModelT = TypeVar("ModelT", bound=_Model)
+RunT = TypeVar("RunT")
+
+
+class OutOfTime(Exception):
+    """The deadline passed while encoding."""
+
+
+class Clock:
+    """Counts encoded items and raises OutOfTime past the deadline (looks every CHECK_EVERY)."""
+
+    def __init__(self, deadline: float):
+        self.deadline, self.count = deadline, 0
+
+    def tick(self) -> None:
+        self.count += 1
+        if self.count % CHECK_EVERY == 0 and time.perf_counter() > self.deadline:
+            raise OutOfTime
+
+
+def warm_choices(
+    problem: Problem, sel: Selection, options: SolveOptions, deadline: float = math.inf
+) -> Warm | None:
+    """SolveOptions.warm_start when it is valid, else `seed_choices` (unless extra
+    "seed_heuristic" is False), with where it came from; None when there is neither."""
+    if options.warm_start is not None:
+        ch = problem.check_choices(options.warm_start)
+        if math.isfinite(additive_cost(problem, ch)) and memory_feasible(problem, ch):
+            return ch, "warm_start"
+    if options.extra.get("seed_heuristic", True):
+        seed = seed_choices(problem, sel, deadline)
+        if seed is not None:
+            return seed[0], "heuristic"
+    return None
+
+
+def placement_for(problem: Problem, options: SolveOptions) -> PlacementProblem:
+    """The placement problem of `problem` under extra "phases" and "routing"."""
+    try:
+        return placement_problem(
+            problem,
+            phases=options.extra.get("phases", "training"),
+            routing=options.extra.get("routing", "fixed"),
+        )
+    except PlacementError as exc:
+        raise BackendError(str(exc)) from None
+
+
+def placement_result(
+    pp: PlacementProblem | None, out: PlacementOutcome, limit: Limit | None, stats: dict, name: str
+) -> SolveResult:
+    """Makespan answers are FEASIBLE: the placement model is exact only over single-device
+    placements and its schedule is not the simulator's (see docs/solvers.md); the model's
+    own status, makespan, bound and gap are in the stats."""
+    assert pp is not None
+    stats.update(out.stats)
+    stats.update(
+        model_status=out.status,
+        model_makespan=out.model_makespan,
+        model_bound=out.bound,
+        model_gap=out.gap,
+        schedule_makespan=out.schedule.makespan if out.schedule else None,
+    )
+    if out.schedule is None:
+        status = Status.INFEASIBLE if out.status == "INFEASIBLE" else Status.NO_SOLUTION
+        return SolveResult(name, status, limit=limit, stats=stats)
+    stats["placement"] = {
+        pp.node_names[k]: pp.devices.devices[d].name for k, d in enumerate(out.schedule.placement)
+    }
+    return SolveResult(
+        name, Status.FEASIBLE, pp.choices(out.schedule.placement), limit=limit, stats=stats
+    )
+
+
+def out_of_time(sel: Selection, warm: Warm | None, name: str) -> SolveResult:
+    """The time limit passed while encoding: the start, if there is one."""
+    stats: dict[str, Any] = {"solver_status": "not run (time limit while encoding)"}
+    if warm is None:
+        return SolveResult(name, Status.NO_SOLUTION, limit=Limit.TIME, stats=stats)
+    stats["hint"] = warm[1]
+    return SolveResult(
+        name, Status.FEASIBLE, warm[0], bound=sel.trivial_bound(), limit=Limit.TIME, stats=stats
+    )
+
+
+@dataclass(frozen=True)
+class SolverSteps(Generic[ModelT, RunT]):
+    """A solver's encode / solve / decode functions (the `ilp` or `cpsat` module's)."""
+
+    encode_selection: Callable[[Selection, SolveOptions, Warm | None, float], ModelT]
+    encode_placement: Callable[
+        [PlacementProblem, SolveOptions, tuple[Schedule, str] | None, float], ModelT
+    ]
+    solve_encoded: Callable[[ModelT, SolveOptions, float], RunT]  # at most that many seconds
+    decode_placement: Callable[[ModelT, RunT], PlacementOutcome]
+    decode: Callable[[Problem, ModelT, RunT, str], SolveResult]  # str: the backend's name
+
+
+class SolverBackend(Backend, Generic[ModelT, RunT]):
+    """A backend that encodes a model, runs a solver on it and decodes the run, on both
+    objectives. Subclasses set `name`, `REQUIRED_MODULES` and `steps`, their solver's
+    encode / solve / decode functions."""
+
+    objectives = ("additive", "makespan")
+    exact = True
+    steps: SolverSteps[ModelT, RunT]
+
+    def encode(self, problem: Problem, options: SolveOptions, deadline: float = math.inf) -> ModelT:
+        """The model of `problem` under options.objective (raises OutOfTime past deadline)."""
+        if options.objective == "additive":
+            sel = selection(problem)
+            warm = warm_choices(problem, sel, options)
+            return self.steps.encode_selection(sel, options, warm, deadline)
+        pp = placement_for(problem, options)
+        return self.steps.encode_placement(pp, options, warm_schedule(pp, options), deadline)
+
+    def solve_placement(
+        self, pp: PlacementProblem, options: SolveOptions, warm: tuple[Schedule, str] | None = None
+    ) -> PlacementOutcome:
+        """Warm start, series bound and the whole model within options.time_limit (see
+        `backends.series.solve_placement_problem`)."""
+        return solve_placement_problem(pp, options, self._solve_model, warm)
+
+    def _solve_model(
+        self, pp: PlacementProblem, options: SolveOptions, warm: Schedule | None, seconds: float
+    ) -> PlacementOutcome:
+        """One solve of the whole placement model (the last step of `solve_placement`)."""
+        steps = self.steps
+        model = steps.encode_placement(
+            pp, options, (warm, "hint") if warm is not None else None, math.inf
+        )
+        return steps.decode_placement(model, steps.solve_encoded(model, options, seconds))
+
+    def can_run(self, problem: Problem, options: SolveOptions) -> str | None:
+        reason = super().can_run(problem, options)
+        if reason is None and options.objective == "makespan" and problem.graph is None:
+            reason = (
+                f"the makespan objective places the ops of a DNN; problem {problem.name!r} "
+                "is a cost table"
+            )
+        return reason
+
+    def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
+        if options.objective == "makespan":
+            pp = placement_for(problem, options)
+            out = self.solve_placement(pp, options)
+            limit = Limit.TIME if out.timed_out else None
+            return placement_result(pp, out, limit, {}, self.name)
+        t0 = time.perf_counter()
+        deadline = t0 + options.time_limit
+        sel = selection(problem)
+        warm = warm_choices(problem, sel, options, deadline)
+        try:
+            model = self.steps.encode_selection(sel, options, warm, deadline)
+        except OutOfTime:
+            return out_of_time(sel, warm, self.name)
+        encoded = time.perf_counter()
+        model.stats["encode_seconds"] = encoded - t0
+        run = self.steps.solve_encoded(model, options, deadline - encoded)
+        return self.steps.decode(problem, model, run, self.name)

@@ -14,7 +14,14 @@
 - t_x(e, c_u, c_v): the forward activations producer tasks send to consumer tasks (volume of
   the overlap of their regions, `planner.regions`), serialized per receiving device, plus the
   backward gradients sent back the same way; the slowest receiver counts in each direction.
-  Transfers between tasks on the same device are free. Each message pays the route latency.
+  Transfers between tasks on the same device are free. Each message pays the route latency
+  and the message overhead of both endpoint devices (`Device.message_overhead`: processor
+  time per message of host-driven transports such as gloo on CPU workers; 0 for GPUs).
+- Synchronized batch norm: a batch-norm op (its own or folded into a conv) whose config splits
+  samples, height or width sums its per-channel statistics over the tasks that hold the same
+  channels, once forward and once backward, before it can go on (`norm_exchange`): a blocking
+  exchange of 2 x channels float64 sums, priced like one message each way (two ranks) or a
+  ring all-reduce (more), and charged to t_c. FlexFlow and OptCNN do not price it.
 
 `edge_table` and `node_table` build the cost tables for all config pairs at once (vectorized
 per dimension and per group of partitions); `transfer_time` is an independent, direct
@@ -33,7 +40,7 @@ import numpy as np
 
 from planner.config import OpConfigs, ParallelConfig
 from planner.errors import LayerwiseError
-from planner.opkinds import DimMap, parameter_dims
+from planner.opkinds import CHANNEL, DimMap, is_batch_norm, parameter_dims
 from planner.regions import needed_boxes, overlap_volume, task_boxes
 
 if TYPE_CHECKING:
@@ -84,6 +91,10 @@ class CostModel:
         self.latency = np.asarray(devices.latency, dtype=np.float64)
         self.flops = np.array([d.flops for d in devices.devices], dtype=np.float64)
         self.mem_bw = np.array([d.mem_bandwidth for d in devices.devices], dtype=np.float64)
+        self.overhead = np.array([d.message_overhead for d in devices.devices], dtype=np.float64)
+        # Fixed seconds per message from i to j: route latency + both endpoints' overheads.
+        self.msg_cost = self.latency + self.overhead[:, None] + self.overhead[None, :]
+        np.fill_diagonal(self.msg_cost, 0.0)  # no message within a device
         groups = Counter(op.param_group for op in graph.ops if op.param_group is not None)
         self._group_size = dict(groups)
 
@@ -123,9 +134,57 @@ class CostModel:
         return fwd + o.task_overhead, fwd * o.backward_factor
 
     def compute_time(self, i: int, cfg: ParallelConfig) -> float:
-        """t_c: forward + backward seconds of the slowest task of op i under cfg."""
+        """t_c: forward + backward seconds of the slowest task of op i under cfg, with its
+        batch-norm statistics exchanges (one forward, one backward)."""
         fwd, bwd = self.task_times(i, cfg)
-        return float((fwd + bwd).max())
+        total = fwd + bwd
+        exchange = self.norm_exchange(i, cfg)
+        if exchange is not None:
+            total = total + 2.0 * exchange
+        return float(total.max())
+
+    def norm_groups(self, i: int, cfg: ParallelConfig) -> list[list[int]] | None:
+        """Per task, the task indices that hold the same channels of a batch-norm op whose
+        config splits its samples, height or width (they sum their statistics); None when
+        op i needs no such exchange."""
+        op = self.graph.ops[i]
+        if cfg.num_tasks == 1 or not is_batch_norm(op) or CHANNEL not in op.output.dims:
+            return None
+        c = op.output.dims.index(CHANNEL)
+        if cfg.degrees[c] == cfg.num_tasks:
+            return None
+        index = [int(np.unravel_index(t, cfg.degrees)[c]) for t in range(cfg.num_tasks)]
+        members: dict[int, list[int]] = {}
+        for t, k in enumerate(index):
+            members.setdefault(k, []).append(t)
+        return [members[k] for k in index]
+
+    def norm_exchange(self, i: int, cfg: ParallelConfig) -> np.ndarray | None:
+        """Seconds of one batch-norm statistics exchange per task of op i under cfg (the
+        forward and the backward pass each make one), or None when it needs none.
+
+        2 x (channels of the task) float64 sums; two tasks swap them (one message each way:
+        latency, bytes / bandwidth and both overheads), larger groups all-reduce in a ring."""
+        groups = self.norm_groups(i, cfg)
+        if groups is None:
+            return None
+        op = self.graph.ops[i]
+        nbytes = 2 * 8 * op.output.size(CHANNEL) / cfg.degrees[op.output.dims.index(CHANNEL)]
+        out = np.zeros(cfg.num_tasks)
+        for t, members in enumerate(groups):
+            devs = sorted({cfg.devices[m] for m in members})
+            if len(devs) == 2:
+                a, b = devs
+                out[t] = max(
+                    nbytes * self.inv_bw[a, b] + self.msg_cost[a, b],
+                    nbytes * self.inv_bw[b, a] + self.msg_cost[b, a],
+                )
+            elif len(devs) > 2:
+                r = len(devs)
+                out[t] = (
+                    self._sync_group(devs, nbytes) + 2 * (r - 1) * 2 * self.overhead[devs].max()
+                )
+        return out
 
     # -- t_s ------------------------------------------------------------------------------
 
@@ -205,10 +264,10 @@ class CostModel:
                     continue
                 nbytes = vol * esize
                 fwd_recv[dq] = (
-                    fwd_recv.get(dq, 0.0) + nbytes * self.inv_bw[dp, dq] + self.latency[dp, dq]
+                    fwd_recv.get(dq, 0.0) + nbytes * self.inv_bw[dp, dq] + self.msg_cost[dp, dq]
                 )
                 bwd_recv[dp] = (
-                    bwd_recv.get(dp, 0.0) + nbytes * self.inv_bw[dq, dp] + self.latency[dq, dp]
+                    bwd_recv.get(dp, 0.0) + nbytes * self.inv_bw[dq, dp] + self.msg_cost[dq, dp]
                 )
         return max(fwd_recv.values(), default=0.0) + max(bwd_recv.values(), default=0.0)
 
@@ -258,7 +317,7 @@ class CostModel:
         A, _, B, _ = nbytes.shape
         su, sv = sets_u[:, :, None, None], sets_v[None, None, :, :]
         w_f, w_b = self.inv_bw[su, sv], self.inv_bw[sv, su]  # (Ou, ku, Ov, kv)
-        l_f, l_b = self.latency[su, sv], self.latency[sv, su]
+        l_f, l_b = self.msg_cost[su, sv], self.msg_cost[sv, su]
         msg = (nbytes > 0).astype(np.float64)
         fwd = np.einsum("apbq,opwq->aobwq", nbytes, w_f) + np.einsum("apbq,opwq->aobwq", msg, l_f)
         bwd = np.einsum("apbq,opwq->aobwp", nbytes, w_b) + np.einsum("apbq,opwq->aobwp", msg, l_b)

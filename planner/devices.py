@@ -30,7 +30,12 @@ _PICOSECONDS = 1e12  # route weights are integers in ps, so equal-cost ties are 
 
 @dataclass(frozen=True)
 class Device:
-    """One compute device: peak FP32 FLOP/s, memory bandwidth (bytes/s), memory (bytes)."""
+    """One compute device: peak FP32 FLOP/s, memory bandwidth (bytes/s), memory (bytes).
+
+    `message_overhead` (seconds) is the processor time the device spends on each message it
+    sends or receives when its own processor drives the transport (CPU workers with gloo: the
+    send runs on the worker's thread and every arrival wakes it); 0 for devices whose copy
+    engines move the data (GPUs)."""
 
     name: str
     kind: str
@@ -38,6 +43,7 @@ class Device:
     mem_bandwidth: float
     memory: int
     host: str
+    message_overhead: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -50,6 +56,11 @@ class Device:
             value = getattr(self, field)
             if not (math.isfinite(value) and value > 0):
                 raise DeviceGraphError(f"device {self.name}: {field} must be > 0, got {value}")
+        if not (math.isfinite(self.message_overhead) and self.message_overhead >= 0):
+            raise DeviceGraphError(
+                f"device {self.name}: message_overhead must be finite and >= 0, "
+                f"got {self.message_overhead}"
+            )
 
 
 @dataclass(frozen=True)
@@ -258,10 +269,7 @@ class DeviceGraph:
 
     def to_json(self) -> dict[str, Any]:
         """A versioned, JSON-serialisable dict."""
-        devices = [
-            asdict(d) | {"flops": float(d.flops), "mem_bandwidth": float(d.mem_bandwidth)}
-            for d in self._devices
-        ]
+        devices = [_device_json(d) for d in self._devices]
         links = [
             asdict(link) | {"bandwidth": float(link.bandwidth), "latency": float(link.latency)}
             for link in self._links
@@ -293,6 +301,7 @@ class DeviceGraph:
                     mem_bandwidth=float(d["mem_bandwidth"]),
                     memory=int(d["memory"]),
                     host=str(d["host"]),
+                    message_overhead=float(d.get("message_overhead", 0.0)),
                 )
                 for d in data["devices"]
             ]
@@ -366,3 +375,14 @@ def _deterministic_shortest_paths(graph: nx.Graph, source: str) -> dict[str, lis
         hops, path = min(best[p] for p in preds[node])
         best[node] = (hops + 1, [*path, node])
     return {node: path for node, (_, path) in best.items()}
+
+
+def _device_json(d: Device) -> dict[str, Any]:
+    """A device's JSON fields; a zero message_overhead is left out (older files, same
+    fingerprints)."""
+    out = asdict(d) | {"flops": float(d.flops), "mem_bandwidth": float(d.mem_bandwidth)}
+    if d.message_overhead:
+        out["message_overhead"] = float(d.message_overhead)
+    else:
+        del out["message_overhead"]
+    return out

@@ -69,7 +69,9 @@ from planner.opkinds import (
     SAMPLE,
     WIDTH,
     DimMap,
+    fused_ops,
     input_dim_map,
+    is_batch_norm,
     parameter_dims,
 )
 from planner.regions import needed_boxes, task_boxes
@@ -114,19 +116,7 @@ _BINARY: dict[str, Callable[[Any, Any], torch.Tensor]] = {
     "truediv": torch.div,
 }
 _NORMS = ("batch_norm", "layer_norm")
-# Name fragments of folded ops, in the order they are tried (see `fused_ops`).
-_GUESSES = (
-    ("drop", "dropout"),
-    ("gelu", "gelu"),
-    ("silu", "silu"),
-    ("sigmoid", "sigmoid"),
-    ("tanh", "tanh"),
-    ("relu", "relu"),
-    ("add", "add"),
-    ("mul", "mul"),
-    ("sub", "sub"),
-    ("div", "div"),
-)
+BN_EPS = 1e-5  # torch's default; the runtime passes the model's own (Inception-v3: 1e-3)
 # Parameters of the op itself (not of folded ops): per kind, at most this many, each with the
 # axis that the channel (Parameter dim) splits and how many stacked blocks that axis holds.
 _OWN_PARAMS: dict[str, tuple[tuple[int, int], ...]] = {
@@ -168,6 +158,10 @@ class TaskPlan:
     param_shapes: tuple[tuple[int, ...], ...]  # the task's parameter shards
     fused: tuple[str, ...]  # folded functions applied after the op, in order
     pre: tuple[str, ...] = ()  # folded functions applied to the (single) input first
+    # Batch norm whose config splits samples, height or width: the positions per channel over
+    # which the task's group (the tasks with the same channels) sums its statistics; 0 when
+    # the task normalizes with its own statistics.
+    stats_count: int = 0
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -294,7 +288,18 @@ def _plan(
         param_shapes=param_shapes,
         fused=fused_ops(op),
         pre=tuple(str(f) for f in op.attr("pre_ops", ())),
+        stats_count=_stats_count(op, cfg),
     )
+
+
+def _stats_count(op: Op, cfg: ParallelConfig) -> int:
+    """Positions per channel of a batch norm whose statistics several tasks share (see
+    TaskPlan.stats_count), else 0."""
+    if not is_batch_norm(op) or CHANNEL not in op.output.dims:
+        return 0
+    if cfg.num_tasks == cfg.degrees[op.output.dims.index(CHANNEL)]:
+        return 0
+    return op.output.numel // op.output.size(CHANNEL)
 
 
 def _box(lo: np.ndarray, hi: np.ndarray) -> Box:
@@ -392,31 +397,6 @@ def _shard_shape(
     return tuple(out)
 
 
-def fused_ops(op: Op) -> tuple[str, ...]:
-    """The functions of the ops folded into `op`, in the order they are applied.
-
-    From attr "fused_ops" when the graph records it; otherwise from the names in attr
-    "fused": a folded norm (attr norm) first, the absorbed flatten dropped, the rest guessed
-    from their names (default relu)."""
-    explicit = op.attr("fused_ops")
-    if explicit is not None:
-        return tuple(str(f) for f in explicit if f != "flatten")
-    names = [str(n) for n in op.attr("fused", ())]
-    if op.attr("flatten") and names:
-        names.pop(0)  # coarsen lists the absorbed flatten first
-    out: list[str] = []
-    norm = op.attr("norm")
-    if op.kind != "norm" and norm in ("batch", "layer"):
-        out.append(f"{norm}_norm")
-        if names:
-            looks = [i for i, n in enumerate(names) if any(s in n.lower() for s in ("bn", "norm"))]
-            names.pop(looks[0] if looks else 0)
-    for name in names:
-        base = name.lower()
-        out.append(next((fn for frag, fn in _GUESSES if frag in base), "relu"))
-    return tuple(out)
-
-
 # -- input sizes without the graph -------------------------------------------------------------
 
 
@@ -509,11 +489,23 @@ def shard_params(plan: TaskPlan, params: Sequence[torch.Tensor]) -> list[torch.T
 # -- running a task ----------------------------------------------------------------------------
 
 
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+
+
 def run_task(
-    plan: TaskPlan, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
+    plan: TaskPlan,
+    inputs: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor],
+    reduce: Reduce | None = None,
+    eps: float = BN_EPS,
 ) -> torch.Tensor:
     """The task's output box from its input boxes (`plan.in_boxes`, plus c_prev for an LSTM
-    step) and its parameter shards (`plan.param_shapes`)."""
+    step) and its parameter shards (`plan.param_shapes`).
+
+    Batch norm uses epsilon `eps`; when the plan's statistics are shared (`stats_count`),
+    `reduce` sums a tensor over the task's group (the runtime's exchange; None: this task
+    alone, which computes the same arithmetic, as the profiler measures it)."""
+    norm_args = (reduce, eps)
     op = plan.op
     expected = len(plan.in_boxes) + (1 if op.kind == "lstm" and len(plan.in_boxes) == 2 else 0)
     if len(inputs) != expected:
@@ -530,8 +522,10 @@ def run_task(
         kernel = KERNELS[op.kind]
     except KeyError:
         raise GraphError(f"no kernel for op kind {op.kind!r}") from None
+    if op.kind == "norm":
+        return _normalize(plan, xs[0], _norm_fn(plan.op), own, norm_args)
     y = kernel(plan, xs, own, extras)
-    return _epilogue(plan, y, norm, extras)
+    return _epilogue(plan, y, norm, extras, norm_args)
 
 
 def _select(plan: TaskPlan, pos: int, x: torch.Tensor) -> torch.Tensor:
@@ -553,13 +547,16 @@ def _align_extra(plan: TaskPlan, p: torch.Tensor) -> torch.Tensor:
 
 
 def _epilogue(
-    plan: TaskPlan, y: torch.Tensor, norm: list[torch.Tensor], extras: list[torch.Tensor]
+    plan: TaskPlan,
+    y: torch.Tensor,
+    norm: list[torch.Tensor],
+    extras: list[torch.Tensor],
+    norm_args: tuple[Reduce | None, float] = (None, BN_EPS),
 ) -> torch.Tensor:
     extras = list(extras)
     for fn in plan.fused:
         if fn in _NORMS:
-            w, b = (norm[0], norm[1]) if len(norm) == 2 else (None, None)
-            y = _normalize(plan.op, y, fn, w, b)
+            y = _normalize(plan, y, fn, norm, norm_args)
         elif fn in _BINARY:
             y = _BINARY[fn](y, extras.pop(0) if extras else 1.0)
         else:
@@ -580,17 +577,101 @@ def _unary(op: Op, fn: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def _normalize(
-    op: Op, x: torch.Tensor, fn: str, w: torch.Tensor | None, b: torch.Tensor | None
+    plan: TaskPlan,
+    x: torch.Tensor,
+    fn: str,
+    wb: list[torch.Tensor],
+    norm_args: tuple[Reduce | None, float],
 ) -> torch.Tensor:
-    axis = op.output.dims.index(CHANNEL)
+    w, b = (wb[0], wb[1]) if len(wb) == 2 else (None, None)
+    axis = plan.op.output.dims.index(CHANNEL)
     if fn == "layer_norm":
         x = x.movedim(axis, -1)
         y = F.layer_norm(x, (x.shape[-1],), w, b)
         return y.movedim(-1, axis)
+    reduce, eps = norm_args
+    if plan.stats_count:
+        return shared_batch_norm(x, w, b, axis, plan.stats_count, eps, reduce)
     x = x.movedim(axis, 1)
     # torch.batch_norm, not F.batch_norm: a task may hold one value per channel (F refuses).
-    y = torch.batch_norm(x, w, b, None, None, True, 0.1, 1e-5, False)
+    y = torch.batch_norm(x, w, b, None, None, True, 0.1, eps, False)
     return y.movedim(1, axis)
+
+
+def _norm_fn(op: Op) -> str:
+    norm = op.attr("norm", "batch")
+    if norm not in ("batch", "layer"):
+        raise GraphError(f"norm {op.name!r}: norm must be 'batch' or 'layer', got {norm!r}")
+    return f"{norm}_norm"
+
+
+def shared_batch_norm(
+    x: torch.Tensor,
+    w: torch.Tensor | None,
+    b: torch.Tensor | None,
+    axis: int,
+    count: int,
+    eps: float,
+    reduce: Reduce | None,
+) -> torch.Tensor:
+    """Batch norm of x over all dims but `axis` with the statistics of `count` positions per
+    channel, summed over a group of tasks by `reduce` (biased variance, as torch's training
+    mode). One reduction forward (the sums of x and x^2) and one backward (the sums of the
+    output gradient and of it times x), of 2 x channels float64 values each."""
+    return _SharedBatchNorm.apply(x, w, b, axis, count, eps, reduce or (lambda t: t))
+
+
+class _SharedBatchNorm(torch.autograd.Function):
+    """Forward: per-channel sums accumulated in float64 (so that E[x^2] - E[x]^2 keeps a
+    float32 variance), reduced over the group, then torch's fused batch norm with those
+    statistics. Backward: the textbook batch-norm gradient with the group's sums,
+    dx = w / sigma (dy - sum(dy) / N - x_hat sum(dy x_hat) / N), in two fused passes."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        w: torch.Tensor | None,
+        b: torch.Tensor | None,
+        axis: int,
+        count: int,
+        eps: float,
+        reduce: Reduce,
+    ) -> torch.Tensor:
+        dims = [d for d in range(x.dim()) if d != axis]
+        wide = torch.float64
+        sums = reduce(torch.stack([x.sum(dims, dtype=wide), (x * x).sum(dims, dtype=wide)]))
+        mean = sums[0] / count
+        var = (sums[1] / count - mean * mean).clamp_min(0)
+        invstd = torch.rsqrt(var + eps)
+        xc = x.movedim(axis, 1)
+        y = torch.batch_norm(
+            xc, w, b, mean.to(x.dtype), var.to(x.dtype), False, 0.0, eps, False
+        ).movedim(1, axis)
+        ctx.save_for_backward(x, w, mean, invstd)
+        ctx.axis, ctx.count, ctx.reduce, ctx.has_b = axis, count, reduce, b is not None
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, gy: torch.Tensor) -> Any:
+        x, w, mean, invstd = ctx.saved_tensors
+        axis, count = ctx.axis, ctx.count
+        dims = [d for d in range(x.dim()) if d != axis]
+        shape = [1] * x.dim()
+        shape[axis] = x.shape[axis]
+        wide = torch.float64
+        g_sum = gy.sum(dims, dtype=wide)
+        g_xmu = (gy * x).sum(dims, dtype=wide) - mean * g_sum  # sum dy (x - mean)
+        gw = (g_xmu * invstd).to(x.dtype) if w is not None else None
+        gb = g_sum.to(x.dtype) if ctx.has_b else None
+        total = ctx.reduce(torch.stack([g_sum, g_xmu]))
+        scale = invstd * (w.to(wide) if w is not None else 1.0)
+        # dx = scale (dy - total0 / N - (x - mean) invstd^2 total1 / N) = a dy + c x + d
+        c = -scale * invstd * invstd * total[1] / count
+        d = -scale * total[0] / count - c * mean
+        gx = torch.addcmul(d.to(x.dtype).view(shape), x, c.to(x.dtype).view(shape))
+        gx.addcmul_(gy, scale.to(x.dtype).view(shape))
+        return gx, gw, gb, None, None, None, None
 
 
 # -- kernels per op kind -----------------------------------------------------------------------
@@ -780,11 +861,7 @@ def _rnn_attention(
 
 
 def _norm(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], extras: Any) -> Any:
-    norm = plan.op.attr("norm", "batch")
-    if norm not in ("batch", "layer"):
-        raise GraphError(f"norm {plan.op.name!r}: norm must be 'batch' or 'layer', got {norm!r}")
-    w, b = (own[0], own[1]) if len(own) == 2 else (None, None)
-    return _normalize(plan.op, xs[0], f"{norm}_norm", w, b)
+    return _normalize(plan, xs[0], _norm_fn(plan.op), own, (None, BN_EPS))
 
 
 def _align(plan: TaskPlan, pos: int, x: torch.Tensor) -> torch.Tensor:

@@ -226,3 +226,54 @@ def _dim_map(op: Op, index: int, dim: str, out: tuple[str, ...]) -> DimMap:
     if dim in out:
         return DimMap("same", dim)
     return DimMap("full")
+
+
+# -- folded ops ------------------------------------------------------------------------------
+
+# Name fragments of folded ops, in the order they are tried (see `fused_ops`).
+_GUESSES = (
+    ("drop", "dropout"),
+    ("gelu", "gelu"),
+    ("silu", "silu"),
+    ("sigmoid", "sigmoid"),
+    ("tanh", "tanh"),
+    ("relu", "relu"),
+    ("add", "add"),
+    ("mul", "mul"),
+    ("sub", "sub"),
+    ("div", "div"),
+)
+
+
+def fused_ops(op: Op) -> tuple[str, ...]:
+    """The functions of the ops folded into `op`, in the order they are applied.
+
+    From attr "fused_ops" when the graph records it; otherwise from the names in attr
+    "fused": a folded norm (attr norm) first, the absorbed flatten dropped, the rest guessed
+    from their names (default relu)."""
+    explicit = op.attr("fused_ops")
+    if explicit is not None:
+        return tuple(str(f) for f in explicit if f != "flatten")
+    names = [str(n) for n in op.attr("fused", ())]
+    if op.attr("flatten") and names:
+        names.pop(0)  # coarsen lists the absorbed flatten first
+    out: list[str] = []
+    norm = op.attr("norm")
+    if op.kind != "norm" and norm in ("batch", "layer"):
+        out.append(f"{norm}_norm")
+        if names:
+            looks = [i for i, n in enumerate(names) if any(s in n.lower() for s in ("bn", "norm"))]
+            names.pop(looks[0] if looks else 0)
+    for name in names:
+        base = name.lower()
+        out.append(next((fn for frag, fn in _GUESSES if frag in base), "relu"))
+    return tuple(out)
+
+
+def is_batch_norm(op: Op) -> bool:
+    """Whether `op` normalizes with batch statistics (a batch norm of its own or folded in):
+    a task that holds part of its samples, height or width must sum its statistics with the
+    tasks that hold the same channels."""
+    if op.kind == "norm":
+        return bool(op.attr("norm", "batch") == "batch")
+    return "batch_norm" in fused_ops(op)

@@ -66,6 +66,7 @@ CPU_LOCAL_DEFAULTS: dict[str, float] = {
     "latency": 60e-6,
     "flops": 3e10,
     "mem_bandwidth": 1e10,
+    "message_overhead": 5e-4,
 }
 CPU_LOCAL_FALLBACK_MEMORY = 24 * GiB
 
@@ -152,21 +153,32 @@ def v100_dgx1(gpus: int) -> DeviceGraph:
 
 
 def cpu_local(workers: int, figures: dict[str, float] | None = None) -> DeviceGraph:
-    """`workers` CPU processes on this machine, each pair joined through a loopback switch.
+    """`workers` CPU processes on this machine, every pair joined by its own loopback link
+    (gloo opens one connection per pair; a message crosses it once).
 
-    `figures` (bandwidth, latency, flops, mem_bandwidth) default to the cached measurement,
-    else to CPU_LOCAL_DEFAULTS. The pair latency is split evenly over the route's two links.
-    """
-    fig = figures if figures is not None else _cpu_local_figures()
+    `figures` (bandwidth, latency, flops, mem_bandwidth, message_overhead) default to the
+    cached measurement, else to CPU_LOCAL_DEFAULTS; a figure missing from either comes from
+    CPU_LOCAL_DEFAULTS."""
+    fig = dict(CPU_LOCAL_DEFAULTS) | (figures if figures is not None else _cpu_local_figures())
     memory = _machine_memory() // workers
     devices = [
-        Device(f"cpu{w}", "cpu", fig["flops"], fig["mem_bandwidth"], memory, "localhost")
+        Device(
+            f"cpu{w}",
+            "cpu",
+            fig["flops"],
+            fig["mem_bandwidth"],
+            memory,
+            "localhost",
+            message_overhead=fig["message_overhead"],
+        )
         for w in range(workers)
     ]
     links = [
-        Link(d.name, "loopback", fig["bandwidth"], fig["latency"] / 2, "loopback") for d in devices
+        Link(a.name, b.name, fig["bandwidth"], fig["latency"], "loopback")
+        for k, a in enumerate(devices)
+        for b in devices[k + 1 :]
     ]
-    return DeviceGraph(f"cpu-local-{workers}", devices, links, ["loopback"])
+    return DeviceGraph(f"cpu-local-{workers}", devices, links, [])
 
 
 def _ranged(name: str, value: str, low: int, high: float = math.inf) -> int:
@@ -236,7 +248,9 @@ def _cpu_local_figures() -> dict[str, float]:
         return dict(CPU_LOCAL_DEFAULTS)
     try:
         cached = json.loads(path.read_text())
-        figures = {key: float(cached[key]) for key in CPU_LOCAL_DEFAULTS}
+        figures = {
+            key: float(cached.get(key, CPU_LOCAL_DEFAULTS[key])) for key in CPU_LOCAL_DEFAULTS
+        }
         if not all(math.isfinite(v) and v > 0 for v in figures.values()):
             raise ValueError("non-positive figure")
     except (OSError, ValueError, KeyError, TypeError) as exc:

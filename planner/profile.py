@@ -77,7 +77,8 @@ def op_task_key(op: Op, cfg: ParallelConfig) -> str:
 def plan_key(plan: TaskPlan) -> str:
     """Kind, the attrs that change the computation, the task's compute shapes (inputs after
     border padding, selection and flattening; output box; parameter shards), the folded
-    functions and the dtype, as canonical JSON. The op's name and the task's position are
+    functions, whether batch-norm statistics are shared across tasks, and the dtype, as
+    canonical JSON. The op's name and the task's position are
     not part of it: identical layers and configs with the same task shape share a key."""
     op = plan.op
     attrs: dict[str, Any] = {}
@@ -113,6 +114,8 @@ def plan_key(plan: TaskPlan) -> str:
         "fused": list(plan.fused),
         "dtype": KEY_DTYPE,
     }
+    if plan.stats_count:  # batch norm with statistics shared across tasks: its own kernel
+        record["shared_stats"] = True
     return json.dumps(record, sort_keys=True, separators=(",", ":"))
 
 

@@ -11,6 +11,14 @@ activations and backward for the gradients. Parameter synchronization of replica
 its gradients to the first replica and receives the parameters back), then an update task on
 every device that holds the shard. Ops sharing a parameter group synchronize once.
 
+Host-driven messages (`Device.message_overhead` > 0, CPU workers with gloo): a transfer also
+occupies the sending device for the overhead right after the producer task (the send runs on
+its thread) and the receiving device just before the consumer task (the arrival is handled
+on its processor). Synchronized batch norm: a batch-norm op whose config splits samples,
+height or width gets an exchange task after its forward and after its backward task on every
+device (`CostModel.norm_exchange`), which waits for every task holding the same channels;
+the op's consumers and gradient transfers wait for it.
+
 Order on a device (assumption A3, FIFO): tasks run in program order: forward ops in
 topological order (an op's incoming transfers just before it), then backward ops in reverse,
 each followed by its outgoing gradient transfers and its parameter sync, then the updates.
@@ -43,6 +51,7 @@ if TYPE_CHECKING:
 
 Key = tuple[int, int, int, int, int, int]
 FWD, BWD, UPDATE = 0, 1, 2  # phases of the program order
+_AFTER = 1 << 20  # task-index offset that orders an op's exchange tasks after its own tasks
 
 
 @dataclass(frozen=True)
@@ -174,6 +183,29 @@ class Simulator:
             )
             self._fb[(FWD, i, t)], self._fb[(BWD, i, t)] = f, b
             made += [f, b]
+        groups = self.cm.norm_groups(i, cfg)
+        exchange = self.cm.norm_exchange(i, cfg)
+        if groups is not None and exchange is not None:
+            # The statistics exchange: every task of a group waits for all of its members.
+            fwd_tasks = [self._fb[(FWD, i, t)] for t in range(cfg.num_tasks)]
+            bwd_tasks = [self._fb[(BWD, i, t)] for t in range(cfg.num_tasks)]
+            for t, dev in enumerate(cfg.devices):
+                f = self._add(
+                    (FWD, i, 3, t, 0, 0),
+                    dev,
+                    exchange[t],
+                    f"bn stats {op.name} #{t}",
+                    [fwd_tasks[m] for m in groups[t]],
+                )
+                b = self._add(
+                    (BWD, self.n - 1 - i, 0, _AFTER + t, 0, 0),
+                    dev,
+                    exchange[t],
+                    f"bn grad stats {op.name} #{t}",
+                    [bwd_tasks[m] for m in groups[t]],
+                )
+                self._fb[(FWD, i, t)], self._fb[(BWD, i, t)] = f, b
+                made += [f, b]
         return made
 
     def _devices_of(self, i: int) -> tuple[int, ...]:
@@ -215,24 +247,31 @@ class Simulator:
                 continue
             size = float(nbytes[p, q])
             pair = int(p) * 65536 + int(q)
-            last = self._transfer(
-                (FWD, v, 1, e, pair, 0), dp, dq, size, fu, f"{names[0]}->{names[1]}", made
-            )
+            what = f"{names[0]}->{names[1]}"
+            after = self._overhead((FWD, u, 4, e, pair, 0), dp, fu, f"send {what}", made)
+            last = self._transfer((FWD, v, 1, e, pair, 0), dp, dq, size, after, what, made)
+            hops = len(self._routes[(dp, dq)])
+            last = self._overhead((FWD, v, 1, e, pair, hops), dq, last, f"recv {what}", made)
             self.preds[fv].add(last)
             self.succs[last].add(fv)
             pair = int(q) * 65536 + int(p)
-            last = self._transfer(
-                (BWD, self.n - 1 - v, 1, e, pair, 0),
-                dq,
-                dp,
-                size,
-                bv,
-                f"grad {names[1]}->{names[0]}",
-                made,
-            )
+            what = f"grad {names[1]}->{names[0]}"
+            back = self.n - 1 - v
+            after = self._overhead((BWD, back, 1, e, pair, -1), dq, bv, f"send {what}", made)
+            last = self._transfer((BWD, back, 1, e, pair, 0), dq, dp, size, after, what, made)
+            key = (BWD, self.n - 1 - u, -1, e, pair, 0)
+            last = self._overhead(key, dp, last, f"recv {what}", made)
             self.preds[bu].add(last)
             self.succs[last].add(bu)
         return made
+
+    def _overhead(self, key: Key, dev: int, after: int, what: str, made: list[int]) -> int:
+        """A message's processor time on device `dev` after task `after` (none: `after`)."""
+        cost = self.cm.overhead[dev]
+        if cost <= 0:
+            return after
+        made.append(self._add(key, dev, cost, what, (after,)))
+        return made[-1]
 
     def _transfer(
         self, key: Key, a: int, b: int, size: float, after: int, what: str, made: list[int]

@@ -14,14 +14,19 @@ COLORS = {
     "xfer": "tab:green",
     "sync": "tab:red",
     "update": "tab:purple",
+    "msg": "tab:olive",
+    "bn": "tab:brown",
 }
 
 
 def _kind(name: str) -> str:
-    """fwd, bwd, xfer (activations and gradients), sync (parameter sync traffic), update."""
+    """fwd, bwd, xfer (activations and gradients), sync (parameter sync traffic), update,
+    msg (a message's processor time on a device), bn (batch-norm statistics exchange)."""
     kind = name.split(" ", 1)[0]
     if kind == "xfer" and any(w in name for w in (" allreduce ", " push ", " pull ")):
         return "sync"
+    if kind in ("send", "recv"):
+        return "msg"
     return "sync" if kind == "ps" else kind
 
 

@@ -18,8 +18,7 @@ exchanged by all its ranks together, in one global order (see `_exchange`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -31,7 +30,7 @@ from planner.kernels import TaskPlan, run_task
 from planner.opkinds import CHANNEL
 from runtime.plan import ExecPlan, OpExec, ShardKey, Transfer
 from runtime.reference import nll_part
-from runtime.sync import GradientSync, sync_batch_norm
+from runtime.sync import GradientSync, group_sum
 
 __all__ = ["Executor", "Status"]
 
@@ -42,15 +41,6 @@ Message = tuple[Any, torch.Tensor]  # (work or None, buffer)
 INIT, FORWARD, BACKWARD, SYNC, DONE = 0, 1, 2, 3, 4
 PHASES = {INIT: "step setup", FORWARD: "forward", BACKWARD: "backward", SYNC: "sync", DONE: "done"}
 
-_POINTWISE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "relu": F.relu,
-    "relu6": F.relu6,
-    "gelu": F.gelu,
-    "silu": F.silu,
-    "tanh": torch.tanh,
-    "sigmoid": torch.sigmoid,
-    "identity": lambda x: x,
-}
 BN_EPS = 1e-5
 
 
@@ -252,33 +242,22 @@ class Executor:
         self, o: OpExec, t: int, xs: list[torch.Tensor], params: list[torch.Tensor]
     ) -> torch.Tensor:
         """Batch norm (an op's own or folded) with the model's epsilon; statistics summed
-        over the tasks that hold the same channels when samples, height or width are split."""
+        over the tasks that hold the same channels when samples, height or width are split
+        (`planner.kernels.shared_batch_norm`, the computation the profiler measures)."""
         plan = o.plans[t]
-        roles = [r.role for r in plan.roles]
-        axis = o.op.output.dims.index(CHANNEL)
         eps = self.norm_eps.get(o.index, BN_EPS)
         ranks = o.norm_groups[t]
-        rest: tuple[str, ...] = ()
-        if o.op.kind == "norm":
-            y = xs[0]
-            wb = [p for p, r in zip(params, roles, strict=True) if r == "own"]
-        else:
-            k = plan.fused.index("batch_norm")
-            y = run_task(replace(plan, fused=plan.fused[:k]), xs, params)
-            wb = [p for p, r in zip(params, roles, strict=True) if r == "norm"]
-            rest = plan.fused[k + 1 :]
-        w, b = (wb[0], wb[1]) if len(wb) == 2 else (None, None)
-        if len(ranks) == 1:
-            x = y.movedim(axis, 1)
-            y = torch.batch_norm(x, w, b, None, None, True, 0.1, eps, False).movedim(1, axis)
-        else:
-            count = o.op.output.numel // o.op.output.size(CHANNEL)
-            group = self.groups[("norm", ranks)]
-            where = (ranks, group, self.rank)
-            y = sync_batch_norm(y, w, b, axis, count, eps, where, self.status.waiting)
-        for fn in rest:
-            y = _POINTWISE[fn](y)
-        return y
+        if not plan.stats_count or len(ranks) == 1:
+            return run_task(plan, xs, params, eps=eps)
+        group = self.groups[("norm", ranks)]
+
+        def reduce(x: torch.Tensor) -> torch.Tensor:
+            self.status.waiting(True)
+            y = group_sum(x.contiguous(), ranks, group, self.rank)
+            self.status.waiting(False)
+            return y
+
+        return run_task(plan, xs, params, reduce, eps)
 
     # -- backward ------------------------------------------------------------------------------
 

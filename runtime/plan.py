@@ -37,7 +37,7 @@ from planner.config import ParallelConfig
 from planner.errors import LayerwiseError
 from planner.kernels import TaskPlan, fused_ops, plan_task
 from planner.opgraph import Op, OpGraph
-from planner.opkinds import CHANNEL, parameter_dims
+from planner.opkinds import CHANNEL, is_batch_norm, parameter_dims
 from planner.regions import needed_boxes, overlap_volume, task_boxes
 from planner.strategy import Strategy
 
@@ -55,8 +55,6 @@ Box = tuple[tuple[int, int], ...]
 # Pointwise functions the runtime computes as the identity: dropout, so that a run is
 # deterministic and comparable with single-process training (see docs/runtime.md).
 IDENTITY_FUNCTIONS = ("dropout",)
-# Pointwise functions that may follow a synchronized batch norm inside a fused op.
-POST_NORM_FUNCTIONS = ("relu", "relu6", "gelu", "silu", "tanh", "sigmoid", "identity")
 
 
 class RuntimeConfigError(LayerwiseError):
@@ -131,7 +129,7 @@ class OpExec:
     @property
     def batch_norm(self) -> bool:
         """Whether the op normalizes with batch statistics (a norm op or a folded one)."""
-        return _is_batch_norm(self.op)
+        return is_batch_norm(self.op)
 
     def task_of(self, rank: int) -> int | None:
         try:
@@ -223,15 +221,6 @@ def _check_graph(graph: OpGraph) -> None:
                 raise RuntimeConfigError(
                     f"LSTM op {op.name!r} reads its state from {prev.name!r}, not an LSTM step"
                 )
-        fns = fused_ops(op)
-        if "batch_norm" in fns:
-            rest = fns[fns.index("batch_norm") + 1 :]
-            bad = [f for f in rest if f not in (*POST_NORM_FUNCTIONS, *IDENTITY_FUNCTIONS)]
-            if bad or op.kind in ("embedding", "lstm"):
-                raise RuntimeConfigError(
-                    f"op {op.name!r}: the runtime computes a folded batch norm followed by "
-                    f"pointwise functions {POST_NORM_FUNCTIONS} only, not {bad}"
-                )
 
 
 # -- tasks ---------------------------------------------------------------------------------------
@@ -288,15 +277,9 @@ def _shard_keys(plan: TaskPlan) -> tuple[ShardKey, ...]:
     return tuple(keys)
 
 
-def _is_batch_norm(op: Op) -> bool:
-    if op.kind == "norm":
-        return bool(op.attr("norm", "batch") == "batch")
-    return "batch_norm" in fused_ops(op)
-
-
 def _norm_groups(op: Op, cfg: ParallelConfig) -> tuple[tuple[int, ...], ...]:
     """Per task, the ranks of the tasks with the same channels (batch norm ops only)."""
-    if not _is_batch_norm(op):
+    if not is_batch_norm(op):
         return tuple((d,) for d in cfg.devices)
     c = op.output.dims.index(CHANNEL)
     index = [int(np.unravel_index(t, cfg.degrees)[c]) for t in range(cfg.num_tasks)]

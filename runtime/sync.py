@@ -11,8 +11,8 @@ depends on the plan only, so every member of a group forms the same buckets. A g
 BUCKET_NUMEL elements or more that is one whole shard is summed in place. `finish_and_update`
 waits, writes the sums back into every shard that holds the interval, and takes the SGD step.
 
-`sync_batch_norm` is batch norm over the tasks that hold the same channels: per-channel sums
-summed over the group forward, and (autograd through `_GroupSum`) backward.
+`group_sum` sums a tensor over a group's ranks: the batch-norm statistics of tasks that hold
+the same channels (`planner.kernels.shared_batch_norm` calls it forward and backward).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch.distributed as dist
 from planner.kernels import shard_params
 from runtime.plan import ExecPlan, ShardKey, SyncItem
 
-__all__ = ["GradientSync", "sync_batch_norm"]
+__all__ = ["GradientSync", "group_sum"]
 
 Waiter = Callable[[Any], None]
 BUCKET_NUMEL = 1 << 20  # elements per all-reduce bucket (4 MB of float32)
@@ -220,52 +220,3 @@ def group_sum(t: torch.Tensor, ranks: tuple[int, ...], group: Any, rank: int) ->
     out = t.clone()
     dist.all_reduce(out, group=group)
     return out
-
-
-class _GroupSum(torch.autograd.Function):
-    """`group_sum` whose backward sums the gradients over the group."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, where: Any, waiting: Callable[[bool], None]) -> Any:
-        ctx.where, ctx.waiting = where, waiting
-        waiting(True)
-        y = group_sum(x.contiguous(), *where)
-        waiting(False)
-        return y
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> Any:
-        ctx.waiting(True)
-        g = group_sum(g.contiguous(), *ctx.where)
-        ctx.waiting(False)
-        return g, None, None
-
-
-def sync_batch_norm(
-    x: torch.Tensor,
-    w: torch.Tensor | None,
-    b: torch.Tensor | None,
-    axis: int,
-    count: int,
-    eps: float,
-    where: tuple[tuple[int, ...], Any, int],
-    waiting: Callable[[bool], None],
-) -> torch.Tensor:
-    """Batch norm of x over all dims but `axis`, with the statistics of the whole group's
-    `count` positions per channel (biased variance, as torch's training mode); `where` is
-    (the group's ranks, its process group, this rank).
-
-    One all-reduce forward and one backward: the per-channel sums of x and x^2, accumulated
-    in float64 (so that E[x^2] - E[x]^2 does not cancel away a float32 variance)."""
-    dims = [d for d in range(x.dim()) if d != axis]
-    shape = [1] * x.dim()
-    shape[axis] = x.shape[axis]
-    wide = x.to(torch.float64)
-    sums = _GroupSum.apply(torch.stack([wide.sum(dims), (wide * wide).sum(dims)]), where, waiting)
-    mean = sums[0] / count
-    var = sums[1] / count - mean * mean
-    xc = x - mean.to(x.dtype).view(shape)
-    y = xc * torch.rsqrt(var + eps).to(x.dtype).view(shape)
-    if w is not None and b is not None:
-        y = y * w.view(shape) + b.view(shape)
-    return y

@@ -12,6 +12,7 @@ import pytest
 from graphs import (
     GRAPHS,
     INCEPTION_BRANCHES,
+    chain_cnn,
     conv2d,
     elementwise,
     input_op,
@@ -266,7 +267,10 @@ def test_conv_halo_by_hand(kernel, stride, pad, rows0, rows1, preset, devs):
     prod_cfg = ParallelConfig((1, 1, 2, 1), devs)  # relu split in height
     cons_cfg = ParallelConfig((1, 1, 2, 1), devs)  # conv split in height
     row = 2 * 4 * 8 * 4  # sample * channel * width * 4 bytes
-    w, lat = dg.inv_bandwidth, dg.latency
+    w = dg.inv_bandwidth
+    # Per message: the route latency and both endpoints' processor overheads (cpu-local).
+    ovh = [d.message_overhead for d in dg.devices]
+    lat = dg.latency + np.add.outer(ovh, ovh)
 
     def t(rows, a, b):  # rows sent from device a to device b
         return rows * row * w[a, b] + lat[a, b] if rows else 0.0
@@ -400,6 +404,34 @@ def test_edge_table_on_concat_edges_grid(preset, stride):
 # -- t_c --------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("preset", ["p100-1x4", "cpu-local-2"])
+def test_batch_norm_exchange_by_hand(preset):
+    """A batch norm split in samples (or height) sums 2 x channels float64 statistics with
+    the tasks that hold the same channels: one message each way between two devices; a
+    channel split needs none, and neither does an op without batch norm."""
+    g = chain_cnn()
+    dg = get_preset(preset)
+    cm = CostModel(g, dg)
+    bn, relu = g.index("bn1"), g.index("relu1")
+    ovh = [d.message_overhead for d in dg.devices]
+    cases = [(2, 1, 1, 1), (1, 1, 2, 1), (2, 2, 1, 1)]
+    for degrees in [d for d in cases if math.prod(d) <= dg.num_devices]:
+        cfg = ParallelConfig(degrees, tuple(range(math.prod(degrees))))
+        exchange = cm.norm_exchange(bn, cfg)
+        assert exchange is not None and exchange.shape == (cfg.num_tasks,)
+        channels = 8 // degrees[1]
+        for t, dev in enumerate(cfg.devices):
+            peer = cfg.devices[t ^ (1 if degrees[1] == 1 else 2)]  # same channels, other half
+            by_hand = 2 * 8 * channels * dg.inv_bandwidth[dev, peer] + dg.latency[dev, peer]
+            assert exchange[t] == pytest.approx(by_hand + ovh[dev] + ovh[peer], rel=1e-12)
+        fwd, bwd = cm.task_times(bn, cfg)
+        expected = float((fwd + bwd + 2 * exchange).max())
+        assert cm.compute_time(bn, cfg) == pytest.approx(expected, rel=1e-12)
+    assert cm.norm_exchange(bn, ParallelConfig((1, 2, 1, 1), (0, 1))) is None
+    assert cm.norm_exchange(bn, ParallelConfig((1, 1, 1, 1), (0,))) is None
+    assert cm.norm_exchange(relu, ParallelConfig((2, 1, 1, 1), (0, 1))) is None
+
+
 @pytest.mark.parametrize("preset", ["p100-1x4", "p100-2x4", "cpu-local-2"])
 @pytest.mark.parametrize("name", ["chain_cnn", "inception", "linear_head"])
 def test_compute_time_halves_when_sample_degree_doubles(name, preset):
@@ -416,7 +448,12 @@ def test_compute_time_halves_when_sample_degree_doubles(name, preset):
         prev = None
         while deg <= dg.num_devices and op.output.size("sample") % deg == 0:
             degrees = tuple(deg if d == s else 1 for d in range(len(op.output.dims)))
-            t = cm.compute_time(i, ParallelConfig(degrees, tuple(range(deg))))
+            cfg = ParallelConfig(degrees, tuple(range(deg)))
+            fwd, bwd = cm.task_times(i, cfg)
+            t = float((fwd + bwd).max())  # the kernels' time; batch-norm exchanges apart
+            exchange = cm.norm_exchange(i, cfg)
+            extra = 0.0 if exchange is None else 2 * float(exchange.max())
+            assert cm.compute_time(i, cfg) == pytest.approx(t + extra, rel=1e-12)
             assert t > 0
             if prev is not None:
                 assert t == pytest.approx(prev / 2, rel=1e-9)

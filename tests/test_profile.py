@@ -25,6 +25,7 @@ from planner.kernels import (
     random_params,
     run_task,
     shard_params,
+    shared_batch_norm,
     task_fn,
 )
 from planner.opgraph import Op, OpGraph, Param, Tensor
@@ -390,3 +391,62 @@ def test_profile_alexnet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     for i, op in enumerate(graph.ops):
         for cfg in space[i].configs:
             assert op.kind == "input" or (measured.task_time(op, cfg) or 0) > 0
+
+
+@pytest.mark.parametrize("axis", [1, 3])
+def test_shared_batch_norm_halves_equal_one_batch_norm(axis):
+    """Two halves of a batch, each normalized with the other's statistics added by `reduce`
+    (forward: sums of x and x^2; backward: sums of dy and dy (x - mean)), give exactly the
+    output and input gradients of one batch norm over the whole batch, and their weight
+    gradients add up to its."""
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(4, 6, 5, 3, dtype=torch.float64, generator=gen) * 2 + 1).movedim(1, axis)
+    gy = torch.randn(x.shape, dtype=torch.float64, generator=gen)
+    w = torch.randn(6, dtype=torch.float64, generator=gen).requires_grad_()
+    b = torch.randn(6, dtype=torch.float64, generator=gen).requires_grad_()
+    xs = x.clone().requires_grad_()
+    full = torch.batch_norm(xs.movedim(axis, 1), w, b, None, None, True, 0.1, 1e-3, False)
+    gx, gw, gb = torch.autograd.grad(full.movedim(1, axis), (xs, w, b), gy)
+    dims = [d for d in range(4) if d != axis]
+    count = x.numel() // 6
+    mean = x.sum(dims) / count
+    shape = [6 if d == axis else 1 for d in range(4)]
+    got_w = torch.zeros(6, dtype=torch.float64)
+    got_b = torch.zeros(6, dtype=torch.float64)
+    for mine, other in [(slice(0, 2), slice(2, 4)), (slice(2, 4), slice(0, 2))]:
+        xo, go = x[other], gy[other]
+        addends = [
+            torch.stack([xo.sum(dims), (xo * xo).sum(dims)]),
+            torch.stack([go.sum(dims), (go * (xo - mean.view(shape))).sum(dims)]),
+        ]
+        calls = []
+
+        def reduce(t, addends=addends, calls=calls):
+            calls.append(t.dtype)
+            return t + addends[len(calls) - 1]
+
+        xm = x[mine].clone().requires_grad_()
+        y = shared_batch_norm(xm, w, b, axis, count, 1e-3, reduce)
+        assert torch.allclose(y, full.movedim(1, axis)[mine], rtol=0, atol=1e-12)
+        g_x, g_w, g_b = torch.autograd.grad(y, (xm, w, b), gy[mine])
+        assert calls == [torch.float64, torch.float64]  # one reduction each way
+        assert torch.allclose(g_x, gx[mine], rtol=0, atol=1e-12)
+        got_w += g_w
+        got_b += g_b
+    assert torch.allclose(got_w, gw, rtol=0, atol=1e-12)
+    assert torch.allclose(got_b, gb, rtol=0, atol=1e-12)
+
+
+def test_shared_batch_norm_plans_and_keys():
+    """A batch norm split in samples shares its statistics (its own profile key); split in
+    channels it does not; ops without batch norm never do."""
+    g = chain_cnn()
+    bn, conv = g.ops[g.index("bn1")], g.index("conv1")
+    by_sample = plan_task(g, g.index("bn1"), _cfg(bn, sample=2))
+    by_channel = plan_task(g, g.index("bn1"), _cfg(bn, channel=2))
+    assert by_sample.stats_count == 8 * 16 * 16 and by_channel.stats_count == 0
+    assert plan_task(g, conv, _cfg(g.ops[conv], sample=2)).stats_count == 0
+    single = plan_task(g, g.index("bn1"), _cfg(bn))
+    assert single.stats_count == 0
+    assert '"shared_stats":true' in task_key(g, g.index("bn1"), _cfg(bn, sample=2))
+    assert "shared_stats" not in task_key(g, g.index("bn1"), _cfg(bn, channel=2))

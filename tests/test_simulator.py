@@ -101,6 +101,10 @@ CASES = [
     ("inception_v3", "p100-1x4"),
     ("rnnlm", "p100-1x4"),
     ("transformer", "p100-1x2"),
+    # Message overheads on the devices and batch-norm exchanges.
+    ("chain_cnn", "cpu-local-4"),
+    ("inception_v3", "cpu-local-2"),
+    ("rnnlm", "cpu-local-2"),
 ]
 
 
@@ -165,3 +169,49 @@ def test_changing_several_ops_at_once_equals_full(name: str, preset: str, seed: 
         sim.change_many(changes)
         full = Simulator(p.cost_model, sim.configs)
         assert sim.timeline().by_key() == full.timeline().by_key()
+
+
+def test_messages_occupy_cpu_workers() -> None:
+    """On CPU workers (message_overhead > 0) every transfer has a send task on the sender
+    right after its producer and a receive task on the receiver before its consumer, each as
+    long as the device's overhead; GPUs have none."""
+    p = problem("chain_cnn", "cpu-local-2")
+    ovh = [d.message_overhead for d in p.devices.devices]
+    assert min(ovh) > 0
+    t = simulate(p.cost_model, model_parallel(p.graph, p.devices))
+    sends = [x for x in t.tasks if x.name.startswith("send ")]
+    recvs = [x for x in t.tasks if x.name.startswith("recv ")]
+    hops = [x for x in t.tasks if x.name.startswith("xfer ") and "allreduce" not in x.name]
+    assert sends and len(sends) == len(recvs) == len(hops)
+    for task in sends + recvs:
+        assert task.resource < t.num_devices
+        assert task.end - task.start == pytest.approx(ovh[task.resource], rel=1e-12)
+    gpu = problem("chain_cnn", "p100-1x4")
+    names = [x.name for x in simulate(gpu.cost_model, model_parallel(gpu.graph, gpu.devices)).tasks]
+    assert not any(n.startswith(("send ", "recv ")) for n in names)
+
+
+def test_batch_norm_exchange_waits_for_every_member() -> None:
+    """A sample-split batch norm: each device's statistics exchange starts when the slowest
+    task of its group has finished (forward and backward), lasts `norm_exchange`, and the
+    op's consumers start after it."""
+    p = problem("chain_cnn", "cpu-local-2")
+    g, cm = p.graph, p.cost_model
+    bn = g.index("bn1")
+    s = data_parallel(g, p.devices)
+    sim = Simulator(cm, s.configs)
+    exchange = cm.norm_exchange(bn, s.configs[bn])
+    assert exchange is not None
+    t = sim.timeline()
+    by_name = {x.name: x for x in t.tasks}
+    for phase, stats in (("fwd", "bn stats"), ("bwd", "bn grad stats")):
+        ends = [by_name[f"{phase} bn1 #{k}"].end for k in range(2)]
+        for k in range(2):
+            task = by_name[f"{stats} bn1 #{k}"]
+            assert task.start >= max(ends) - 1e-15
+            assert task.end - task.start == pytest.approx(exchange[k], rel=1e-12)
+    for k in range(2):
+        assert by_name[f"fwd relu1 #{k}"].start >= by_name[f"bn stats bn1 #{k}"].end - 1e-15
+    gpu = problem("chain_cnn", "p100-1x4")
+    names = [x.name for x in simulate(gpu.cost_model, model_parallel(gpu.graph, gpu.devices)).tasks]
+    assert not any("bn stats" in n for n in names)  # model parallelism: nothing shared

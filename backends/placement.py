@@ -473,7 +473,7 @@ def placement_problem(
             continue
         prec.append((index[("fwd", e.src)], index[("fwd", e.dst)]))
         nbytes.append(b)
-        if phases == "training":
+        if phases == "training" and graph.ops[e.src].kind != "input":  # data: no gradient
             prec.append((index[("bwd", e.dst)], index[("bwd", e.src)]))
             nbytes.append(b)
     if phases == "training":
@@ -570,14 +570,16 @@ def _placement_memory(problem: Problem, config_of: np.ndarray) -> tuple[Placemen
 
 def route_delays(devices: DeviceGraph, nbytes: np.ndarray, routing: str) -> np.ndarray:
     """(P, D, D) seconds to move each tensor between two devices: sum over the route's links
-    of bytes / bandwidth + latency (Eq. 11)."""
+    of bytes / bandwidth + latency (Eq. 11), plus both devices' message overheads (CPU
+    workers; DLPlacer's GPUs have none)."""
     D = devices.num_devices
     out = np.zeros((len(nbytes), D, D))
+    ovh = np.array([d.message_overhead for d in devices.devices])
     if routing == "fixed":
         for a, b in itertools.permutations(range(D), 2):
             links = [devices.links[li] for li in devices.route(a, b)]
             inv = sum(1.0 / link.bandwidth for link in links)
-            lat = sum(link.latency for link in links)
+            lat = sum(link.latency for link in links) + ovh[a] + ovh[b]
             out[:, a, b] = np.where(nbytes > 0, nbytes * inv + lat, 0.0)
         return out
     g = hardware_graph(devices)
@@ -590,7 +592,7 @@ def route_delays(devices: DeviceGraph, nbytes: np.ndarray, routing: str) -> np.n
             dist = nx.single_source_dijkstra_path_length(g, names[a], weight="w")
             for b in range(D):
                 if a != b:
-                    out[rows, a, b] = dist[names[b]]
+                    out[rows, a, b] = dist[names[b]] + ovh[a] + ovh[b]
     return out
 
 

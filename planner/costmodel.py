@@ -9,11 +9,15 @@
   along the op's Parameter dims; every shard is replicated on the tasks that share its
   parameter index. "ps": each replica sends its gradients to a parameter server (the first
   replica's device) and receives the parameters back (OptCNN). "ring": ring all-reduce,
-  2 (r - 1) / r of the shard over the slowest ring link plus 2 (r - 1) latencies. Ops sharing
-  a parameter group (unrolled RNN steps) each carry 1/|group| of the group's sync.
+  2 (r - 1) steps of shard / r bytes over the slowest ring link, each paying the latency.
+  Every message also pays its endpoints' message overheads, scaled by the shard's share of a
+  gradient bucket (`sync_bucket_bytes`: the runtime all-reduces gradients in buckets of that
+  size, as DDP does, so a small shard pays its part of a bucket's fixed cost). Ops sharing a
+  parameter group (unrolled RNN steps) each carry 1/|group| of the group's sync.
 - t_x(e, c_u, c_v): the forward activations producer tasks send to consumer tasks (volume of
   the overlap of their regions, `planner.regions`), serialized per receiving device, plus the
-  backward gradients sent back the same way; the slowest receiver counts in each direction.
+  backward gradients sent back the same way (none to the graph's input ops: data gets no
+  gradient); the slowest receiver counts in each direction.
   Transfers between tasks on the same device are free. Each message pays the route latency
   and the message overhead of both endpoint devices (`Device.message_overhead`: processor
   time per message of host-driven transports such as gloo on CPU workers; 0 for GPUs).
@@ -62,14 +66,17 @@ class CostOptions:
     backward_factor: float = 2.0
     task_overhead: float = 0.0
     param_copies: float = 2.0  # weights and gradients held per parameter byte
+    sync_bucket_bytes: float = 4 * 2**20  # gradient all-reduce bucket (runtime.sync)
 
     def __post_init__(self) -> None:
         if self.sync not in ("ring", "ps"):
             raise LayerwiseError(f"sync must be 'ring' or 'ps', got {self.sync!r}")
         if not 0 < self.compute_efficiency <= 1 or not 0 < self.memory_efficiency <= 1:
             raise LayerwiseError("compute_efficiency and memory_efficiency must be in (0, 1]")
-        if self.backward_factor < 0 or self.task_overhead < 0 or self.param_copies < 0:
+        if min(self.backward_factor, self.task_overhead, self.param_copies) < 0:
             raise LayerwiseError("backward_factor, task_overhead and param_copies must be >= 0")
+        if self.sync_bucket_bytes < 0:
+            raise LayerwiseError("sync_bucket_bytes must be >= 0 (0: no buckets)")
 
 
 class CostModel:
@@ -85,6 +92,9 @@ class CostModel:
         self.graph = graph
         self.devices = devices
         self.options = options or CostOptions()
+        bind = getattr(measured, "bind", None)
+        if bind is not None and getattr(measured, "graph", graph) is None:
+            measured = bind(graph)  # key tasks by the graph's real inputs (data: no gradient)
         self.measured = measured
         self.num_devices = devices.num_devices
         self.inv_bw = np.asarray(devices.inv_bandwidth, dtype=np.float64)
@@ -180,10 +190,7 @@ class CostModel:
                     nbytes * self.inv_bw[b, a] + self.msg_cost[b, a],
                 )
             elif len(devs) > 2:
-                r = len(devs)
-                out[t] = (
-                    self._sync_group(devs, nbytes) + 2 * (r - 1) * 2 * self.overhead[devs].max()
-                )
+                out[t] = self._sync_group(devs, nbytes, bucketed=False)
         return out
 
     # -- t_s ------------------------------------------------------------------------------
@@ -210,18 +217,26 @@ class CostModel:
         """Ops of a shared parameter group each carry 1/|group| of its sync and memory."""
         return self._group_size[op.param_group] if op.param_group is not None else 1
 
-    def _sync_group(self, devs: list[int], nbytes: float) -> float:
+    def bucket_share(self, nbytes: float) -> float:
+        """The share of a gradient bucket's fixed message costs that `nbytes` carries."""
+        bucket = self.options.sync_bucket_bytes
+        return 1.0 if bucket <= 0 else min(1.0, nbytes / bucket)
+
+    def _sync_group(self, devs: list[int], nbytes: float, bucketed: bool = True) -> float:
         r = len(devs)
         if r == 1 or nbytes == 0:
             return 0.0
         d = np.asarray(devs)
+        share = self.bucket_share(nbytes) if bucketed else 1.0
+        fixed = self.latency + share * (self.msg_cost - self.latency)
         if self.options.sync == "ps":
             ps, rest = d[0], d[1:]
-            return float(2.0 * (nbytes * self.inv_bw[rest, ps] + self.latency[rest, ps]).sum())
+            push = nbytes * self.inv_bw[rest, ps] + fixed[rest, ps]
+            pull = nbytes * self.inv_bw[ps, rest] + fixed[ps, rest]
+            return float((push + pull).sum())
         nxt = np.roll(d, -1)
-        slow = float(self.inv_bw[d, nxt].max())
-        lat = float(self.latency[d, nxt].max())
-        return 2.0 * (r - 1) / r * nbytes * slow + 2.0 * (r - 1) * lat
+        step = float((nbytes / r * self.inv_bw[d, nxt] + fixed[d, nxt]).max())
+        return 2.0 * (r - 1) * step
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -269,7 +284,8 @@ class CostModel:
                 bwd_recv[dp] = (
                     bwd_recv.get(dp, 0.0) + nbytes * self.inv_bw[dq, dp] + self.msg_cost[dq, dp]
                 )
-        return max(fwd_recv.values(), default=0.0) + max(bwd_recv.values(), default=0.0)
+        backward = 0.0 if src.kind == "input" else max(bwd_recv.values(), default=0.0)
+        return max(fwd_recv.values(), default=0.0) + backward
 
     # -- vectorized tables ----------------------------------------------------------------
 
@@ -309,10 +325,14 @@ class CostModel:
             for kv, b_idx, sets_v, cfg_v in _batches(cv):
                 c = (rows_v[b_idx][:, None] + np.arange(kv)).ravel()
                 b = nbytes[np.ix_(r, c)].reshape(len(a_idx), ku, len(b_idx), kv)
-                table[np.ix_(cfg_u.ravel(), cfg_v.ravel())] = self._combine(b, sets_u, sets_v)
+                table[np.ix_(cfg_u.ravel(), cfg_v.ravel())] = self._combine(
+                    b, sets_u, sets_v, backward=src.kind != "input"
+                )
         return table
 
-    def _combine(self, nbytes: np.ndarray, sets_u: np.ndarray, sets_v: np.ndarray) -> np.ndarray:
+    def _combine(
+        self, nbytes: np.ndarray, sets_u: np.ndarray, sets_v: np.ndarray, backward: bool = True
+    ) -> np.ndarray:
         """Bytes (A, ku, B, kv) on device sets (Ou, ku), (Ov, kv) -> t_x (A*Ou, B*Ov)."""
         A, _, B, _ = nbytes.shape
         su, sv = sets_u[:, :, None, None], sets_v[None, None, :, :]
@@ -320,8 +340,10 @@ class CostModel:
         l_f, l_b = self.msg_cost[su, sv], self.msg_cost[sv, su]
         msg = (nbytes > 0).astype(np.float64)
         fwd = np.einsum("apbq,opwq->aobwq", nbytes, w_f) + np.einsum("apbq,opwq->aobwq", msg, l_f)
-        bwd = np.einsum("apbq,opwq->aobwp", nbytes, w_b) + np.einsum("apbq,opwq->aobwp", msg, l_b)
-        t = fwd.max(axis=4) + bwd.max(axis=4)
+        t = fwd.max(axis=4)
+        if backward:
+            bwd = np.einsum("apbq,opwq->aobwp", nbytes, w_b)
+            t = t + (bwd + np.einsum("apbq,opwq->aobwp", msg, l_b)).max(axis=4)
         return t.reshape(A * sets_u.shape[0], B * sets_v.shape[0])
 
 

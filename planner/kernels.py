@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -162,6 +162,13 @@ class TaskPlan:
     # which the task's group (the tasks with the same channels) sums its statistics; 0 when
     # the task normalizes with its own statistics.
     stats_count: int = 0
+    # Inputs read from the graph's input ops (data): no gradient flows back to them, so the
+    # runtime and the profiler do not compute one (a first conv's is costly).
+    data_inputs: tuple[int, ...] = ()
+
+    def needs_grad(self, pos: int) -> bool:
+        """Whether input `pos` (c_prev of an LSTM step: the last) gets a gradient."""
+        return pos not in self.data_inputs
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -234,7 +241,9 @@ def plan_task(graph: OpGraph, index: int, cfg: ParallelConfig, task: int | None 
     edges = sorted((e for e in graph.edges if e.dst == index), key=lambda e: e.position)
     shapes = [graph.input_tensor(e) for e in edges]
     maps = [graph.input_maps(e) for e in edges]
-    return _plan(op, shapes, maps, cfg, task)
+    plan = _plan(op, shapes, maps, cfg, task)
+    data = tuple(k for k, e in enumerate(edges) if graph.ops[e.src].kind == "input")
+    return replace(plan, data_inputs=data) if data else plan
 
 
 def plan_op(op: Op, cfg: ParallelConfig, task: int | None = None) -> TaskPlan:
@@ -995,8 +1004,9 @@ def plan_fn(
         return data.clone, []
     inputs = random_inputs(plan, dtype, generator, device)
     params = random_params(plan, dtype, generator, device)
+    wanted = [x for pos, x in enumerate(inputs) if plan.needs_grad(pos)]
     leaves = [
-        t.requires_grad_() for t in inputs + params if t.is_floating_point() and t.numel() > 0
+        t.requires_grad_() for t in wanted + params if t.is_floating_point() and t.numel() > 0
     ]
 
     def forward() -> torch.Tensor:

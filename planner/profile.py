@@ -77,8 +77,8 @@ def op_task_key(op: Op, cfg: ParallelConfig) -> str:
 def plan_key(plan: TaskPlan) -> str:
     """Kind, the attrs that change the computation, the task's compute shapes (inputs after
     border padding, selection and flattening; output box; parameter shards), the folded
-    functions, whether batch-norm statistics are shared across tasks, and the dtype, as
-    canonical JSON. The op's name and the task's position are
+    functions, whether batch-norm statistics are shared across tasks, which inputs get no
+    gradient (the graph's data) and the dtype, as canonical JSON. The op's name and the task's position are
     not part of it: identical layers and configs with the same task shape share a key."""
     op = plan.op
     attrs: dict[str, Any] = {}
@@ -116,6 +116,8 @@ def plan_key(plan: TaskPlan) -> str:
     }
     if plan.stats_count:  # batch norm with statistics shared across tasks: its own kernel
         record["shared_stats"] = True
+    if plan.data_inputs:  # inputs without a gradient: a cheaper backward
+        record["data_inputs"] = list(plan.data_inputs)
     return json.dumps(record, sort_keys=True, separators=(",", ":"))
 
 

@@ -5,7 +5,7 @@ partition on its device. For every tensor edge and every pair of producer/consum
 share a sub-tensor (`planner.regions`, the same overlaps the cost model prices): a dependency
 when they are on one device, else a communication task on each link of the route (links are
 devices of their own, one per direction, so transfers overlap with compute), forward for the
-activations and backward for the gradients. Parameter synchronization of replicated shards
+activations and backward for the gradients (none to the graph's input ops). Parameter synchronization of replicated shards
 (FlexFlow's public code priced it at 0; we do not): ring all-reduce as one transfer of
 2 (r - 1) / r of the shard on each hop of the ring, or a parameter server (each replica sends
 its gradients to the first replica and receives the parameters back), then an update task on
@@ -247,27 +247,48 @@ class Simulator:
                 continue
             size = float(nbytes[p, q])
             pair = int(p) * 65536 + int(q)
-            what = f"{names[0]}->{names[1]}"
-            after = self._overhead((FWD, u, 4, e, pair, 0), dp, fu, f"send {what}", made)
-            last = self._transfer((FWD, v, 1, e, pair, 0), dp, dq, size, after, what, made)
             hops = len(self._routes[(dp, dq)])
-            last = self._overhead((FWD, v, 1, e, pair, hops), dq, last, f"recv {what}", made)
+            keys = (FWD, u, 4, e, pair, 0), (FWD, v, 1, e, pair, 0), (FWD, v, 1, e, pair, hops)
+            last = self._message(keys, dp, dq, size, fu, f"{names[0]}->{names[1]}", made)
             self.preds[fv].add(last)
             self.succs[last].add(fv)
+            if self.graph.ops[u].kind == "input":
+                continue  # data gets no gradient
             pair = int(q) * 65536 + int(p)
-            what = f"grad {names[1]}->{names[0]}"
             back = self.n - 1 - v
-            after = self._overhead((BWD, back, 1, e, pair, -1), dq, bv, f"send {what}", made)
-            last = self._transfer((BWD, back, 1, e, pair, 0), dq, dp, size, after, what, made)
-            key = (BWD, self.n - 1 - u, -1, e, pair, 0)
-            last = self._overhead(key, dp, last, f"recv {what}", made)
+            keys = (
+                (BWD, back, 1, e, pair, -1),
+                (BWD, back, 1, e, pair, 0),
+                (BWD, self.n - 1 - u, -1, e, pair, 0),
+            )
+            last = self._message(keys, dq, dp, size, bv, f"grad {names[1]}->{names[0]}", made)
             self.preds[bu].add(last)
             self.succs[last].add(bu)
         return made
 
-    def _overhead(self, key: Key, dev: int, after: int, what: str, made: list[int]) -> int:
+    def _message(
+        self,
+        keys: tuple[Key, Key, Key],
+        a: int,
+        b: int,
+        size: float,
+        after: int,
+        what: str,
+        made: list[int],
+        share: float = 1.0,
+    ) -> int:
+        """A message from device a to b after task `after`: the sender's overhead (key 0),
+        the hops (key 1, hop index last), the receiver's overhead (key 2); overheads scaled
+        by `share`. Returns the last task."""
+        after = self._overhead(keys[0], a, after, f"send {what}", made, share)
+        last = self._transfer(keys[1], a, b, size, after, what, made)
+        return self._overhead(keys[2], b, last, f"recv {what}", made, share)
+
+    def _overhead(
+        self, key: Key, dev: int, after: int, what: str, made: list[int], share: float = 1.0
+    ) -> int:
         """A message's processor time on device `dev` after task `after` (none: `after`)."""
-        cost = self.cm.overhead[dev]
+        cost = self.cm.overhead[dev] * share
         if cost <= 0:
             return after
         made.append(self._add(key, dev, cost, what, (after,)))
@@ -315,33 +336,50 @@ class Simulator:
     def _sync_transfers(
         self, s: int, g: int, devs: list[int], shard: float, ready: list[int], made: list[int]
     ) -> list[int]:
+        """Ring all-reduce: 2 (r - 1) steps; in each, every device sends shard / r bytes to
+        the next one, after its own previous step and what it received in it. Parameter
+        server: pushes to the first device, then pulls. Message overheads count the shard's
+        share of a gradient bucket (`CostModel.bucket_share`)."""
         r = len(devs)
         base = (BWD, self.n - 1 - s, 2, g)
         name = self.graph.ops[s].name
+        share = self.cm.bucket_share(shard)
+
+        def keys(k: int) -> tuple[Key, Key, Key]:  # the k-th message of this sync
+            return (*base, 3 * k + 1, 0), (*base, 3 * k + 2, 0), (*base, 3 * k + 3, 0)
+
         if self.cm.options.sync == "ring":
-            ends = []
+            last = []
             for j, a in enumerate(devs):
-                b = devs[(j + 1) % r]
-                gate = self._add((*base, 2 * j, 0), a, 0.0, f"sync {name} ready", ready)
-                made.append(gate)
-                size = 2 * (r - 1) / r * shard
-                ends.append(
-                    self._transfer(
-                        (*base, 2 * j + 1, 0), a, b, size, gate, f"allreduce {name}", made
+                made.append(self._add((*base, 0, j), a, 0.0, f"sync {name} ready", ready))
+                last.append(made[-1])
+            for step in range(2 * (r - 1)):
+                sent = [
+                    self._message(
+                        keys(step * r + j),
+                        a,
+                        devs[(j + 1) % r],
+                        shard / r,
+                        last[j],
+                        f"allreduce {name} step {step}",
+                        made,
+                        share,
                     )
-                )
-            return ends
+                    for j, a in enumerate(devs)
+                ]
+                last = [sent[(j - 1) % r] for j in range(r)]  # what device j received
+            return last
         ps, rest = devs[0], devs[1:]
         gate = self._add((*base, 0, 0), ps, 0.0, f"sync {name} ready", ready)
         made.append(gate)
         ins = [
-            self._transfer((*base, 2 * j + 1, 0), a, ps, shard, gate, f"push {name}", made)
+            self._message(keys(j), a, ps, shard, gate, f"push {name}", made, share)
             for j, a in enumerate(rest)
         ]
-        arrived = self._add((*base, 2 * r, 0), ps, 0.0, f"ps {name} has all", ins)
+        arrived = self._add((*base, 3 * r + 1, 0), ps, 0.0, f"ps {name} has all", ins)
         made.append(arrived)
         return [
-            self._transfer((*base, 2 * (r + j) + 1, 0), ps, a, shard, arrived, f"pull {name}", made)
+            self._message(keys(r + 1 + j), ps, a, shard, arrived, f"pull {name}", made, share)
             for j, a in enumerate(rest)
         ]
 

@@ -187,7 +187,7 @@ class Executor:
             comps = 2 if o.op.kind == "lstm" and pos == 1 else 1
             for c in range(comps):
                 x = self._gather(k, t, plan.in_boxes[pos], c)
-                if x.is_floating_point():
+                if x.is_floating_point() and plan.needs_grad(pos):
                     x = x.detach().requires_grad_()
                     slots.append((pos, c, x))
                 xs.append(x)

@@ -25,13 +25,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from planner.costmodel import CostOptions
 from planner.kernels import shard_params
 from runtime.plan import ExecPlan, ShardKey, SyncItem
 
 __all__ = ["GradientSync", "group_sum"]
 
 Waiter = Callable[[Any], None]
-BUCKET_NUMEL = 1 << 20  # elements per all-reduce bucket (4 MB of float32)
+# Elements per all-reduce bucket: the cost model's bucket (4 MiB) of float32.
+BUCKET_NUMEL = int(CostOptions.sync_bucket_bytes) // 4
 
 
 @dataclass(frozen=True)

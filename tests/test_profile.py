@@ -12,7 +12,16 @@ from typing import Any
 
 import pytest
 import torch
-from graphs import attention_block, chain_cnn, conv2d, inception, input_op, pool2d, softmax
+from graphs import (
+    attention_block,
+    chain_cnn,
+    conv2d,
+    elementwise,
+    inception,
+    input_op,
+    pool2d,
+    softmax,
+)
 
 from planner.coarsen import coarsen
 from planner.config import ConfigSpace, ParallelConfig
@@ -217,7 +226,14 @@ def test_task_fn_runs_forward_and_backward() -> None:
     out = fn()
     assert tuple(out.shape) == (8, 8, 8, 16)
     out.sum().backward()
+    # weight and bias: conv1 reads the graph's data, which gets no gradient
+    assert len(leaves) == 2 and all(t.grad is not None for t in leaves)
+    j = g.index("conv2")
+    fn, leaves = task_fn(g, j, _cfg(g.ops[j], height=2))
+    fn().sum().backward()
     assert len(leaves) == 3 and all(t.grad is not None for t in leaves)  # x, weight, bias
+    assert plan_task(g, i, _cfg(g.ops[i])).data_inputs == (0,)
+    assert plan_task(g, j, _cfg(g.ops[j])).data_inputs == ()
 
 
 # -- measured costs ---------------------------------------------------------------------------
@@ -268,10 +284,12 @@ def test_every_config_gets_a_measured_time(lenet_profile: dict[str, Any]) -> Non
             if op.kind == "input":
                 assert cm.compute_time(i, cfg) == 0.0
                 continue
-            t = measured.task_time(op, cfg)
+            t = measured.bind(graph).task_time(op, cfg)
             assert t is not None and t > 0, (op.name, cfg)
             assert cm.compute_time(i, cfg) == t == bound.compute_time(i, cfg)
-            assert measured.key(op, cfg) == task_key(graph, i, cfg)
+            assert measured.bind(graph).key(op, cfg) == task_key(graph, i, cfg)
+            if op.inputs != ("x",):  # without the graph, an op's inputs are not known as data
+                assert measured.task_time(op, cfg) == t
 
 
 def test_unprofiled_shapes_fall_back_to_analytic(lenet_profile: dict[str, Any]) -> None:
@@ -290,9 +308,10 @@ def test_unprofiled_shapes_fall_back_to_analytic(lenet_profile: dict[str, Any]) 
 
 def test_identical_layers_share_keys() -> None:
     x = input_op("data", sample=8, channel=8, height=8, width=8)
-    c1 = conv2d("conv1", x, 8)
+    r = elementwise("relu", x)
+    c1 = conv2d("conv1", r, 8)
     c2 = conv2d("conv2", c1, 8)
-    g = OpGraph("twins", (x, c1, c2))
+    g = OpGraph("twins", (x, r, c1, c2))
     a, b = g.index("conv1"), g.index("conv2")
     for degrees in [(2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (2, 2, 1, 1)]:
         cfg = ParallelConfig(degrees, tuple(range(math.prod(degrees))))
@@ -304,8 +323,12 @@ def test_identical_layers_share_keys() -> None:
     assert task_key(g, a, whole) != task_key(g, a, halves)
     # half of a batch of 8 is the same task as a whole batch of 4
     small = input_op("data", sample=4, channel=8, height=8, width=8)
-    half = OpGraph("half", (small, conv2d("other", small, 8)))
-    assert task_key(half, 1, whole) == task_key(g, a, halves)
+    act = elementwise("act", small)
+    half = OpGraph("half", (small, act, conv2d("other", act, 8)))
+    assert task_key(half, 2, whole) == task_key(g, a, halves)
+    # reading the data (no input gradient) is another task
+    direct = OpGraph("direct", (small, conv2d("other", small, 8)))
+    assert task_key(direct, 1, whole) != task_key(half, 2, whole)
 
 
 def test_profile_merges_and_skips_cached_shapes(

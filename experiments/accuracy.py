@@ -2,6 +2,8 @@
 
 For each model (small sizes that run in seconds on this machine) on `cpu-local-2`:
 
+0. measure the gloo figures of `cpu-local-N` (latency, bandwidth, the message overhead of
+   busy workers: `planner.presets.measure_cpu_local`, cached);
 1. profile the op costs of every config on this machine (`planner.profile`, cached; done
    before any worker starts, so nothing else computes while it measures);
 2. build the cost model from those measured costs and plan: data parallelism, model
@@ -101,6 +103,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--refresh", action="store_true", help="profile again even where the cache has a time"
+    )
+    p.add_argument(
+        "--keep-links",
+        action="store_true",
+        help="use the cached cpu-local figures instead of measuring them again",
     )
     p.add_argument("--out", type=Path, default=Path("results"), help="results folder")
     p.add_argument("--no-plot", action="store_true")
@@ -265,6 +272,24 @@ def run_model(model: str, args: argparse.Namespace, say: Any) -> list[Row]:
     return rows
 
 
+def link_figures(args: argparse.Namespace, say: Any) -> None:
+    """Measure the cpu-local figures (gloo latency, bandwidth, the message overhead of busy
+    workers; about 10 s) into the cache, unless `--keep-links` and they are there."""
+    from planner.presets import cpu_local_cache_path, measure_cpu_local
+
+    path = cpu_local_cache_path()
+    if path.exists() and args.keep_links:
+        figures = json.loads(path.read_text())
+    else:
+        _wait_for_idle(args.wait_idle, say, "measuring the cpu-local figures")
+        figures = measure_cpu_local(int(args.preset.rsplit("-", 1)[1]))
+    say(
+        f"cpu-local figures ({path}): latency {figures['latency'] * 1e6:.0f} us, bandwidth "
+        f"{figures['bandwidth'] / 1e9:.2f} GB/s, message overhead "
+        f"{figures.get('message_overhead', 0.0) * 1e6:.0f} us"
+    )
+
+
 IDLE_ENOUGH = 0.9  # fraction of idle CPU time over 1 s that counts as a quiet machine
 
 
@@ -371,6 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(text, flush=True)
 
     try:
+        link_figures(args, say)
         rows: list[Row] = []
         for model in args.models:
             rows += run_model(model, args, say)

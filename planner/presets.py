@@ -274,7 +274,15 @@ def _machine_memory() -> int:
 
 
 def measure_cpu_local(n: int = 2, path: Path | None = None) -> dict[str, Any]:
-    """Measure gloo point-to-point bandwidth/latency and 1-thread FLOP/s with `n` processes.
+    """Measure gloo point-to-point bandwidth/latency, the message overhead of busy workers and
+    1-thread FLOP/s with `n` processes (ranks 0 and 1 exchange; the others wait).
+
+    Latency and bandwidth come from ping-pongs between idle processes. The message overhead is
+    what a message costs when both workers compute, as in training: ranks 0 and 1 repeat a
+    ~1 ms matmul and then swap a small tensor (one message each way); an exchange then takes
+    latency + 2 x overhead on average (the simulator's and cost model's price), so overhead =
+    (mean exchange - latency) / 2. The mean, not the median: step times add up the slow
+    exchanges too (a woken receiver waits for a busy core).
 
     Writes the figures to `path` (default `cpu_local_cache_path()`) and returns them.
     """
@@ -312,11 +320,14 @@ def _measure_worker(rank: int, n: int, tmp: str) -> None:
         large = _one_way_times(rank, big, repeats=8)
         latency = statistics.median(small)
         nbytes = big.numel() * big.element_size()
+        exchange = _busy_exchange_seconds(torch, rank)
         figures = {
             "latency": latency,
             "bandwidth": nbytes / max(statistics.median(large) - latency, 1e-9),
             "flops": _matmul_flops(torch),
             "mem_bandwidth": _copy_bandwidth(torch),
+            "message_overhead": max((exchange - latency) / 2, 1e-6),
+            "busy_exchange": exchange,
         }
         dist.barrier()
         if rank == 0:
@@ -340,6 +351,33 @@ def _one_way_times(rank: int, tensor: Any, repeats: int) -> list[float]:
             dist.send(tensor, 0)
         times.append((time.perf_counter() - start) / 2)
     return times[1:]
+
+
+BUSY_EXCHANGES = 200
+
+
+def _busy_exchange_seconds(torch: Any, rank: int, repeats: int = BUSY_EXCHANGES) -> float:
+    """Mean seconds of a swap of 2 x 64 float64 values between ranks 0 and 1 that both
+    compute before each swap (1, 3 or 10 matmuls of 256 x 256, about 1 ms each, in turn);
+    other ranks do nothing."""
+    import torch.distributed as dist
+
+    if rank > 1:
+        return 0.0
+    peer = 1 - rank
+    a = torch.randn(256, 256)
+    mine, theirs = torch.zeros(2, 64, dtype=torch.float64), torch.empty(2, 64, dtype=torch.float64)
+    times = []
+    for k in range(repeats + 10):
+        for _ in range((1, 3, 10)[k % 3]):
+            a = torch.tanh(a @ a)  # ~1 ms of busy core, bounded values
+        start = time.perf_counter()
+        ops = [dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, theirs, peer)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        if k >= 10:
+            times.append(time.perf_counter() - start)
+    return statistics.fmean(times)
 
 
 def _median_seconds(fn: Callable[[], object], warmup: int = 3, repeats: int = 10) -> float:

@@ -18,28 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from backends import Backend, BackendError, SolveOptions, get_backend
+from backends import SolveOptions, get_backend
 from backends.placement import PlacementProblem, list_schedule, placement_problem
 from planner.presets import get_preset
 from planner.problem import Problem, build_problem
 from planner.zoo import model_graph
 
 PAPER_SPEEDUP = {2: 1.32}  # Sec. 6: "the 1.32x speedup obtained with the real silicon 2-GPU"
-CLASSES = {"ilp": "backends.ilp:IlpBackend", "cpsat": "backends.cpsat:CpsatBackend"}
-
-
-def backend(name: str) -> Backend:
-    """The registered backend, or the class itself while the registry does not list it."""
-    try:
-        return get_backend(name)
-    except BackendError:
-        if name not in CLASSES:
-            raise
-        import importlib
-
-        module, cls = CLASSES[name].split(":")
-        made: Backend = getattr(importlib.import_module(module), cls)()
-        return made
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -47,7 +32,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m experiments.dlplacer_inception", description=__doc__
     )
     p.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 3, 4], help="G of v100-dgx1-G")
-    p.add_argument("--backends", nargs="+", default=["cpsat", "ilp"], choices=sorted(CLASSES))
+    p.add_argument("--backends", nargs="+", default=["cpsat", "ilp"], choices=["cpsat", "ilp"])
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve (60)")
     p.add_argument("--threads", type=int, default=2, help="solver threads (2)")
     p.add_argument("--seed", type=int, default=0)
@@ -69,7 +54,7 @@ def solve(problem: Problem, name: str, args: argparse.Namespace) -> dict[str, An
         extra={"order": args.order},
     )
     start = time.perf_counter()
-    result = backend(name).solve(problem, options)
+    result = get_backend(name).solve(problem, options)
     stats = result.stats
     return {
         "backend": name,

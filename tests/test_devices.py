@@ -161,6 +161,24 @@ def test_cpu_local_defaults_and_cache(empty_cache: Path) -> None:
     (empty_cache / "cpu-local.json").write_text(json.dumps(figures))
     g = get_preset("cpu-local-2")
     assert g.devices[1].flops == 5e10 and g.latency[0, 1] == pytest.approx(1e-4)
+    # an older cache without the message overhead: the default one
+    assert g.devices[0].message_overhead == CPU_LOCAL_DEFAULTS["message_overhead"]
+    (empty_cache / "cpu-local.json").write_text(json.dumps(figures | {"message_overhead": 2e-3}))
+    g = get_preset("cpu-local-4")
+    assert {d.message_overhead for d in g.devices} == {2e-3}
+    assert len(g.links) == 6 and not g.switches  # one link per pair: a message crosses once
+    assert all(len(g.route(a, b)) == 1 for a in range(4) for b in range(4) if a != b)
+
+
+def test_message_overhead_is_validated_and_kept_in_json() -> None:
+    with pytest.raises(DeviceGraphError, match="message_overhead"):
+        Device("d", "cpu", 1e9, 1e9, 2**30, "h", message_overhead=-1.0)
+    g = get_preset("cpu-local-2")
+    data = g.to_json()
+    assert all("message_overhead" in d for d in data["devices"])
+    assert DeviceGraph.from_json(data) == g
+    gpu = get_preset("p100-1x2").to_json()
+    assert not any("message_overhead" in d for d in gpu["devices"])  # 0: left out
 
 
 def test_cpu_local_bad_cache_warns_and_uses_defaults(empty_cache: Path) -> None:
@@ -329,3 +347,8 @@ def test_measure_cpu_local(empty_cache: Path) -> None:
     g = get_preset("cpu-local-2")
     assert g.devices[0].flops == pytest.approx(figures["flops"])
     assert g.latency[0, 1] == pytest.approx(figures["latency"])
+    assert g.devices[1].message_overhead == pytest.approx(figures["message_overhead"])
+    # a swap between busy workers costs the latency and an overhead at each end
+    assert figures["busy_exchange"] == pytest.approx(
+        figures["latency"] + 2 * figures["message_overhead"], rel=1e-9
+    )

@@ -353,7 +353,7 @@ def _one_way_times(rank: int, tensor: Any, repeats: int) -> list[float]:
     return times[1:]
 
 
-BUSY_EXCHANGES = 200
+BUSY_EXCHANGES = 600
 
 
 def _busy_exchange_seconds(torch: Any, rank: int, repeats: int = BUSY_EXCHANGES) -> float:

@@ -30,6 +30,8 @@ from planner.opgraph import OpGraph
 from planner.opkinds import DimMap
 from planner.presets import get_preset
 from planner.regions import needed_boxes, overlap_volume, task_boxes, task_index
+from planner.simulator import Simulator
+from planner.zoo import model_graph
 
 # -- shared, cached fixtures ------------------------------------------------------------------
 
@@ -638,3 +640,27 @@ def test_node_table_is_compute_plus_sync():
         expected = [cm.compute_time(i, c) + cm.sync_time(i, c) for c in space[i].configs]
         np.testing.assert_allclose(table, expected, rtol=1e-12)
         assert cm.source == "analytic"
+
+
+def test_lstm_state_edges_carry_h_and_c() -> None:
+    """An LSTM step passes (h, c) to the next step: two messages of the same box."""
+    g = model_graph("rnnlm", batch=4, steps=2, hidden=8, layers=1, vocab=10)
+    dg = get_preset("p100-1x2")
+    cm = CostModel(g, dg)
+    state = next(e for e in g.edges if g.ops[e.dst].kind == "lstm" and e.position == 1)
+    other = next(e for e in g.edges if g.ops[e.dst].kind == "lstm" and e.position == 0)
+    assert cm.edge_components(state) == 2 and cm.edge_components(other) == 1
+    src = g.ops[state.src]
+    one = ParallelConfig((1,) * len(src.output.dims), (0,))
+    there = ParallelConfig((1,) * len(g.ops[state.dst].output.dims), (1,))
+    message = src.output.nbytes * dg.inv_bandwidth[0, 1] + dg.latency[0, 1]
+    assert cm.transfer_time(state, one, there) == pytest.approx(2 * 2 * message, rel=1e-12)
+    configs = [
+        ParallelConfig((1,) * len(op.output.dims), (0 if i == state.src else 1,))
+        for i, op in enumerate(g.ops)
+    ]
+    timeline = Simulator(cm, configs).timeline()
+    dst = g.ops[state.dst].name
+    forward = [t for t in timeline.tasks if t.name.startswith(f"xfer {src.name}->{dst} ")]
+    backward = [t for t in timeline.tasks if t.name.startswith(f"xfer grad {dst}->{src.name} ")]
+    assert len(forward) == len(backward) == 2 * len(dg.route(0, 1))

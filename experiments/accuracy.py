@@ -105,6 +105,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--refresh", action="store_true", help="profile again even where the cache has a time"
     )
     p.add_argument(
+        "--task-overhead",
+        type=float,
+        help="runtime seconds per task beyond the kernels (default: measured with a probe)",
+    )
+    p.add_argument(
         "--keep-links",
         action="store_true",
         help="use the cached cpu-local figures instead of measuring them again",
@@ -229,8 +234,8 @@ def summarize(rows: list[Row]) -> list[dict[str, Any]]:
 # -- running ----------------------------------------------------------------------------------------
 
 
-def run_model(model: str, args: argparse.Namespace, say: Any) -> list[Row]:
-    from planner.costmodel import CostModel
+def run_model(model: str, args: argparse.Namespace, say: Any, overhead: float) -> list[Row]:
+    from planner.costmodel import CostModel, CostOptions
     from planner.presets import load_devices
     from planner.problem import build_problem
     from planner.profile import MeasuredTimes, profile_graph
@@ -245,7 +250,8 @@ def run_model(model: str, args: argparse.Namespace, say: Any) -> list[Row]:
         graph, devices, repeats=args.repeats, progress=lambda *a: None, refresh=args.refresh
     )
     say(f"{model}: op costs profiled in {time.perf_counter() - t0:.0f} s")
-    cm = CostModel(graph, devices, measured=MeasuredTimes.load(devices, graph=graph))
+    costs = CostOptions(task_overhead=overhead)
+    cm = CostModel(graph, devices, costs, measured=MeasuredTimes.load(devices, graph=graph))
     problem = build_problem(graph, devices, cm)
     named = candidates(problem, args.strategies, args.seed, args.mcmc_seconds)
     options = RunOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout)
@@ -288,6 +294,59 @@ def link_figures(args: argparse.Namespace, say: Any) -> None:
         f"{figures['bandwidth'] / 1e9:.2f} GB/s, message overhead "
         f"{figures.get('message_overhead', 0.0) * 1e6:.0f} us"
     )
+
+
+PROBE_OPS = 48  # tiny linear ops of the runtime-overhead probe
+
+
+def probe_graph(ops: int = PROBE_OPS) -> Any:
+    """A chain of `ops` tiny linears (8 x 32 -> 32) ending in a softmax: almost no compute,
+    so a step measures what the runtime spends per task around the kernels."""
+    from planner.opgraph import Op, OpGraph, Param, Tensor
+
+    out = [Op("x", "input", (), Tensor.of(sample=8, channel=32))]
+    for k in range(ops):
+        out.append(
+            Op(
+                f"fc{k}",
+                "linear",
+                (out[-1].name,),
+                Tensor.of(sample=8, channel=32),
+                params=(Param(f"fc{k}.weight", (32, 32)), Param(f"fc{k}.bias", (32,))),
+                flops=2.0 * 8 * 32 * 32,
+            )
+        )
+    out.append(Op("loss", "softmax", (out[-1].name,), Tensor.of(sample=8, channel=32)))
+    return OpGraph("runtime-probe", tuple(out))
+
+
+def runtime_task_overhead(args: argparse.Namespace, say: Any) -> float:
+    """Seconds the runtime spends per task (forward + backward) beyond the profiled kernels:
+    (measured one-worker step - the sum of the probe's profiled task times) / its tasks.
+    Measured on `probe_graph`, not on the models evaluated; the cost model charges it to
+    every task (`CostOptions.task_overhead`)."""
+    from planner.config import ParallelConfig
+    from planner.presets import load_devices
+    from planner.profile import MeasuredTimes, profile_graph
+    from planner.strategy import Strategy
+    from runtime.launch import RunOptions, run_strategy
+
+    graph = probe_graph()
+    devices = load_devices("cpu-local-1")
+    _wait_for_idle(args.wait_idle, say, "the runtime-overhead probe")
+    profile_graph(graph, devices, repeats=args.repeats, progress=lambda *a: None)
+    measured = MeasuredTimes.load(devices, graph=graph)
+    single = tuple(ParallelConfig((1,) * len(op.output.dims), (0,)) for op in graph.ops)
+    kernels = sum(measured.task_time(op, c) or 0.0 for op, c in zip(graph.ops, single, strict=True))
+    options = RunOptions(steps=args.steps + 8, warmup=args.warmup + 3, timeout=args.timeout)
+    step = run_strategy(Strategy(graph, devices, single), None, options).median_step_seconds
+    tasks = sum(1 for op in graph.ops if op.kind != "input")
+    overhead = max(step - kernels, 0.0) / tasks
+    say(
+        f"runtime overhead per task: {overhead * 1e6:.0f} us (probe of {tasks} tiny ops: step "
+        f"{step * 1e3:.2f} ms, profiled kernels {kernels * 1e3:.2f} ms)"
+    )
+    return overhead
 
 
 IDLE_ENOUGH = 0.9  # fraction of idle CPU time over 1 s that counts as a quiet machine
@@ -397,9 +456,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         link_figures(args, say)
+        overhead = (
+            runtime_task_overhead(args, say) if args.task_overhead is None else args.task_overhead
+        )
         rows: list[Row] = []
         for model in args.models:
-            rows += run_model(model, args, say)
+            rows += run_model(model, args, say, overhead)
         summary = summarize(rows)
         print_summary(summary, say)
         folder = save(rows, summary, args)

@@ -127,7 +127,8 @@ class CostModel:
         """Forward and backward seconds of each task of op i under cfg (two (k,) arrays).
 
         Measured times (forward + backward) are split in the analytic ratio 1 : backward_factor;
-        the per-task overhead is charged to the forward task."""
+        the per-task overhead (what a runtime spends around the kernels) is charged to the
+        forward task, analytic or measured."""
         op = self.graph.ops[i]
         k, o = cfg.num_tasks, self.options
         if op.kind == "input":
@@ -135,7 +136,7 @@ class CostModel:
         measured = self.measured.task_time(op, cfg) if self.measured is not None else None
         if measured is not None:
             fwd = np.full(k, measured / (1.0 + o.backward_factor))
-            return fwd, fwd * o.backward_factor
+            return fwd + o.task_overhead, fwd * o.backward_factor
         flops, nbytes = self._task_work(op)
         dev = np.asarray(cfg.devices)
         fwd = np.maximum(

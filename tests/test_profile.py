@@ -25,7 +25,7 @@ from graphs import (
 
 from planner.coarsen import coarsen
 from planner.config import ConfigSpace, ParallelConfig
-from planner.costmodel import CostModel
+from planner.costmodel import CostModel, CostOptions
 from planner.errors import GraphError, LayerwiseError
 from planner.kernels import (
     plan_op,
@@ -277,6 +277,7 @@ def test_every_config_gets_a_measured_time(lenet_profile: dict[str, Any]) -> Non
         assert measured.path == lenet_profile["path"] == cache_path("cpu-1thread")
     cm = CostModel(graph, devices, measured=measured)
     bound = CostModel(graph, devices, measured=measured.bind(graph))
+    over = CostModel(graph, devices, CostOptions(task_overhead=1e-3), measured=measured)
     assert cm.source == "measured"
     space = ConfigSpace(graph, devices)
     for i, op in enumerate(graph.ops):
@@ -287,6 +288,7 @@ def test_every_config_gets_a_measured_time(lenet_profile: dict[str, Any]) -> Non
             t = measured.bind(graph).task_time(op, cfg)
             assert t is not None and t > 0, (op.name, cfg)
             assert cm.compute_time(i, cfg) == t == bound.compute_time(i, cfg)
+            assert over.compute_time(i, cfg) == pytest.approx(t + 1e-3, rel=1e-12)
             assert measured.bind(graph).key(op, cfg) == task_key(graph, i, cfg)
             if op.inputs != ("x",):  # without the graph, an op's inputs are not known as data
                 assert measured.task_time(op, cfg) == t

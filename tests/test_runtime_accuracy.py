@@ -75,7 +75,17 @@ def test_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "median |error|" in out and "spearman" in out
+    assert "runtime overhead per task" in out and "message overhead" in out
     (folder,) = tmp_path.glob("accuracy-*")
     data = json.loads((folder / "accuracy.json").read_text())
     assert len(data["rows"]) == 10 and data["summary"][0]["model"] == "lenet5"
     assert (folder / "accuracy.csv").exists() and (folder / "accuracy.png").exists()
+
+
+def test_probe_graph_is_a_chain_of_tiny_ops() -> None:
+    from experiments.accuracy import PROBE_OPS, probe_graph
+
+    g = probe_graph()
+    kinds = [op.kind for op in g.ops]
+    assert kinds == ["input"] + ["linear"] * PROBE_OPS + ["softmax"]
+    assert len(g.edges) == PROBE_OPS + 1

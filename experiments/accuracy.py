@@ -12,7 +12,9 @@ For each model (small sizes that run in seconds on this machine) on `cpu-local-2
    random strategies from the ConfigSpace up to `--strategies`;
 3. predict each strategy's step time with the simulator (`planner.simulator.simulate`; the
    additive objective with `--prediction additive`), run it with `runtime.run_strategy` on 2
-   worker processes and take the median step time after the warm-up steps;
+   worker processes and take the median step time after the warm-up steps; every strategy
+   runs `--rounds` times (all of a model's strategies in turn, so a slow spell of the shared
+   machine hits one round, not one strategy) and the fastest median counts;
 4. print per strategy the simulated and measured times and the relative error
    (simulated - measured) / measured, and per model the median absolute error and the
    Spearman rank correlation. Results go to results/accuracy-<time>/ as CSV and JSON with a
@@ -33,7 +35,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +73,8 @@ class Row:
     measured: float  # median seconds per step after warm-up
     error: float  # (simulated - measured) / measured
     transfer_bytes: int
-    idle_before: float | None  # fraction of CPU time idle just before the run (1.0: quiet)
+    idle_before: float | None  # fraction of CPU time idle before the runs (lowest; 1.0: quiet)
+    rounds: list[float] = field(default_factory=list)  # median step time of each round
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -84,6 +87,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--preset", default="cpu-local-2", help="cpu-local-N preset (default 2)")
     p.add_argument("--strategies", type=positive_int, default=10, help="per model (>= 10)")
     p.add_argument("--steps", type=positive_int, default=7, help="training steps per run")
+    p.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=2,
+        help="runs per strategy, all strategies in turn; the fastest median counts (default 2)",
+    )
     p.add_argument("--warmup", type=nonnegative_int, default=2, help="steps left out")
     p.add_argument("--repeats", type=positive_int, default=5, help="profiling repeats")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="random strategies' seed")
@@ -255,27 +264,33 @@ def run_model(model: str, args: argparse.Namespace, say: Any, overhead: float) -
     problem = build_problem(graph, devices, cm)
     named = candidates(problem, args.strategies, args.seed, args.mcmc_seconds)
     options = RunOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout)
-    rows = []
-    for name, strategy in named:
-        simulated = predict(cm, strategy, args.prediction)
-        idle = _wait_for_idle(args.wait_idle, say, f"running {name}")
-        result = run_strategy(strategy, spec, options)
-        measured = result.median_step_seconds
-        row = Row(
-            model,
-            name,
-            simulated,
-            measured,
-            (simulated - measured) / measured,
-            result.transfer_bytes,
-            idle,
-        )
-        rows.append(row)
-        say(
-            f"  {model:12s} {name:16s} simulated {simulated * 1e3:9.2f} ms  measured "
-            f"{measured * 1e3:9.2f} ms  error {row.error * 100:+7.1f}%"
-        )
-    return rows
+    simulated = [predict(cm, strategy, args.prediction) for _, strategy in named]
+    times: list[list[float]] = [[] for _ in named]
+    idle: list[float | None] = [None] * len(named)
+    sent = [0] * len(named)
+    for r in range(args.rounds):  # every strategy once per round, rounds in turn
+        for k, (name, strategy) in enumerate(named):
+            quiet = _wait_for_idle(args.wait_idle, say, f"running {name}")
+            idle[k] = quiet if idle[k] is None or quiet is None else min(idle[k], quiet)
+            result = run_strategy(strategy, spec, options)
+            times[k].append(result.median_step_seconds)
+            sent[k] = result.transfer_bytes
+            if r == args.rounds - 1:
+                say(_line(model, name, simulated[k], times[k]))
+    return [
+        Row(model, name, sim, min(ts), (sim - min(ts)) / min(ts), b, quiet, ts)
+        for (name, _), sim, ts, b, quiet in zip(named, simulated, times, sent, idle, strict=True)
+    ]
+
+
+def _line(model: str, name: str, simulated: float, times: list[float]) -> str:
+    measured = min(times)
+    rounds = "/".join(f"{t * 1e3:.1f}" for t in times)
+    return (
+        f"  {model:12s} {name:16s} simulated {simulated * 1e3:9.2f} ms  measured "
+        f"{measured * 1e3:9.2f} ms  error {(simulated - measured) / measured * 100:+7.1f}%  "
+        f"(rounds {rounds} ms)"
+    )
 
 
 def link_figures(args: argparse.Namespace, say: Any) -> None:
@@ -395,7 +410,7 @@ def save(rows: list[Row], summary: list[dict[str, Any]], args: argparse.Namespac
     with open(folder / "accuracy.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(data[0]))
         w.writeheader()
-        w.writerows(data)
+        w.writerows({**d, "rounds": "/".join(f"{t:.6f}" for t in d["rounds"])} for d in data)
     if not args.no_plot:
         plot(rows, folder / "accuracy.png")
     return folder

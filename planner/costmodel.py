@@ -19,7 +19,8 @@
   backward gradients sent back the same way (none to the graph's input ops: data gets no
   gradient); the slowest receiver counts in each direction.
   Transfers between tasks on the same device are free. An LSTM step's state edge carries two
-  tensors (h and c), two messages per task pair. Each message pays the route latency
+  tensors (h and c) back to back: one message of twice the bytes. Each message pays the route
+  latency
   and the message overhead of both endpoint devices (`Device.message_overhead`: processor
   time per message of host-driven transports such as gloo on CPU workers; 0 for GPUs).
 - Synchronized batch norm: a batch-norm op (its own or folded into a conv) whose config splits
@@ -281,18 +282,18 @@ class CostModel:
                 if vol == 0:
                     continue
                 nbytes = vol * esize
-                fwd_recv[dq] = fwd_recv.get(dq, 0.0) + k * (
-                    nbytes * self.inv_bw[dp, dq] + self.msg_cost[dp, dq]
+                fwd_recv[dq] = (
+                    fwd_recv.get(dq, 0.0) + k * nbytes * self.inv_bw[dp, dq] + self.msg_cost[dp, dq]
                 )
-                bwd_recv[dp] = bwd_recv.get(dp, 0.0) + k * (
-                    nbytes * self.inv_bw[dq, dp] + self.msg_cost[dq, dp]
+                bwd_recv[dp] = (
+                    bwd_recv.get(dp, 0.0) + k * nbytes * self.inv_bw[dq, dp] + self.msg_cost[dq, dp]
                 )
         backward = 0.0 if src.kind == "input" else max(bwd_recv.values(), default=0.0)
         return max(fwd_recv.values(), default=0.0) + backward
 
     def edge_components(self, edge: Edge) -> int:
-        """Tensors an edge carries: 2 for an LSTM step's state (h and c, each its own message
-        of the same box), else 1."""
+        """Tensors an edge carries: 2 for an LSTM step's state (h and c, the same box, sent
+        back to back: priced as one message of twice the bytes), else 1."""
         return 2 if self.graph.ops[edge.dst].kind == "lstm" and edge.position == 1 else 1
 
     # -- vectorized tables ----------------------------------------------------------------
@@ -326,15 +327,15 @@ class CostModel:
         vol = overlap_volume(
             plo[real_u][None], phi[real_u][None], nlo[real_v][None], nhi[real_v][None]
         )
-        nbytes = vol[0, :, 0, :] * src.output.dtype_bytes  # (tasks of all u partitions, ... v)
-        k = self.edge_components(edge)
+        # (tasks of all u partitions, ... v); an LSTM state carries h and c together
+        nbytes = vol[0, :, 0, :] * src.output.dtype_bytes * self.edge_components(edge)
         table = np.zeros((len(cu), len(cv)))
         for ku, a_idx, sets_u, cfg_u in _batches(cu):
             r = (rows_u[a_idx][:, None] + np.arange(ku)).ravel()
             for kv, b_idx, sets_v, cfg_v in _batches(cv):
                 c = (rows_v[b_idx][:, None] + np.arange(kv)).ravel()
                 b = nbytes[np.ix_(r, c)].reshape(len(a_idx), ku, len(b_idx), kv)
-                table[np.ix_(cfg_u.ravel(), cfg_v.ravel())] = k * self._combine(
+                table[np.ix_(cfg_u.ravel(), cfg_v.ravel())] = self._combine(
                     b, sets_u, sets_v, backward=src.kind != "input"
                 )
         return table

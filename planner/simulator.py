@@ -246,27 +246,25 @@ class Simulator:
                 self.preds[bu].add(bv)
                 self.succs[bv].add(bu)
                 continue
-            size = float(nbytes[p, q])
+            size = float(nbytes[p, q]) * components  # an LSTM state: h and c together
+            pair = int(p) * 65536 + int(q)
             hops = len(self._routes[(dp, dq)])
-            for c in range(components):  # an LSTM state: h and c, one message each
-                pair = (int(p) * 65536 + int(q)) * 2 + c
-                keys = (FWD, u, 4, e, pair, 0), (FWD, v, 1, e, pair, 0), (FWD, v, 1, e, pair, hops)
-                last = self._message(keys, dp, dq, size, fu, f"{names[0]}->{names[1]}", made)
-                self.preds[fv].add(last)
-                self.succs[last].add(fv)
-                if self.graph.ops[u].kind == "input":
-                    continue  # data gets no gradient
-                pair = (int(q) * 65536 + int(p)) * 2 + c
-                back = self.n - 1 - v
-                keys = (
-                    (BWD, back, 1, e, pair, -1),
-                    (BWD, back, 1, e, pair, 0),
-                    (BWD, self.n - 1 - u, -1, e, pair, 0),
-                )
-                what = f"grad {names[1]}->{names[0]}"
-                last = self._message(keys, dq, dp, size, bv, what, made)
-                self.preds[bu].add(last)
-                self.succs[last].add(bu)
+            keys = (FWD, u, 4, e, pair, 0), (FWD, v, 1, e, pair, 0), (FWD, v, 1, e, pair, hops)
+            last = self._message(keys, dp, dq, size, fu, f"{names[0]}->{names[1]}", made)
+            self.preds[fv].add(last)
+            self.succs[last].add(fv)
+            if self.graph.ops[u].kind == "input":
+                continue  # data gets no gradient
+            pair = int(q) * 65536 + int(p)
+            back = self.n - 1 - v
+            keys = (
+                (BWD, back, 1, e, pair, -1),
+                (BWD, back, 1, e, pair, 0),
+                (BWD, self.n - 1 - u, -1, e, pair, 0),
+            )
+            last = self._message(keys, dq, dp, size, bv, f"grad {names[1]}->{names[0]}", made)
+            self.preds[bu].add(last)
+            self.succs[last].add(bu)
         return made
 
     def _message(

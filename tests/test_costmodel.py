@@ -643,7 +643,7 @@ def test_node_table_is_compute_plus_sync():
 
 
 def test_lstm_state_edges_carry_h_and_c() -> None:
-    """An LSTM step passes (h, c) to the next step: two messages of the same box."""
+    """An LSTM step passes (h, c) to the next step: one message of both boxes."""
     g = model_graph("rnnlm", batch=4, steps=2, hidden=8, layers=1, vocab=10)
     dg = get_preset("p100-1x2")
     cm = CostModel(g, dg)
@@ -653,8 +653,8 @@ def test_lstm_state_edges_carry_h_and_c() -> None:
     src = g.ops[state.src]
     one = ParallelConfig((1,) * len(src.output.dims), (0,))
     there = ParallelConfig((1,) * len(g.ops[state.dst].output.dims), (1,))
-    message = src.output.nbytes * dg.inv_bandwidth[0, 1] + dg.latency[0, 1]
-    assert cm.transfer_time(state, one, there) == pytest.approx(2 * 2 * message, rel=1e-12)
+    message = 2 * src.output.nbytes * dg.inv_bandwidth[0, 1] + dg.latency[0, 1]
+    assert cm.transfer_time(state, one, there) == pytest.approx(2 * message, rel=1e-12)
     configs = [
         ParallelConfig((1,) * len(op.output.dims), (0 if i == state.src else 1,))
         for i, op in enumerate(g.ops)
@@ -663,4 +663,8 @@ def test_lstm_state_edges_carry_h_and_c() -> None:
     dst = g.ops[state.dst].name
     forward = [t for t in timeline.tasks if t.name.startswith(f"xfer {src.name}->{dst} ")]
     backward = [t for t in timeline.tasks if t.name.startswith(f"xfer grad {dst}->{src.name} ")]
-    assert len(forward) == len(backward) == 2 * len(dg.route(0, 1))
+    assert len(forward) == len(backward) == len(dg.route(0, 1))
+    hop = dg.links[dg.route(0, 1)[0]]
+    assert forward[0].end - forward[0].start == pytest.approx(
+        2 * src.output.nbytes / hop.bandwidth + hop.latency, rel=1e-12
+    )

@@ -79,6 +79,8 @@ def test_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (folder,) = tmp_path.glob("accuracy-*")
     data = json.loads((folder / "accuracy.json").read_text())
     assert len(data["rows"]) == 10 and data["summary"][0]["model"] == "lenet5"
+    for row in data["rows"]:  # two rounds by default; the fastest counts
+        assert len(row["rounds"]) == 2 and row["measured"] == min(row["rounds"])
     assert (folder / "accuracy.csv").exists() and (folder / "accuracy.png").exists()
 
 

@@ -614,27 +614,16 @@ def _norm_fn(op: Op) -> str:
     return f"{norm}_norm"
 
 
-def shared_batch_norm(
-    x: torch.Tensor,
-    w: torch.Tensor | None,
-    b: torch.Tensor | None,
-    axis: int,
-    count: int,
-    eps: float,
-    reduce: Reduce | None,
-) -> torch.Tensor:
-    """Batch norm of x over all dims but `axis` with the statistics of `count` positions per
-    channel, summed over a group of tasks by `reduce` (biased variance, as torch's training
-    mode). One reduction forward (the sums of x and x^2) and one backward (the sums of the
-    output gradient and of it times x), of 2 x channels float64 values each."""
-    return _SharedBatchNorm.apply(x, w, b, axis, count, eps, reduce or (lambda t: t))
+class SharedBatchNorm(torch.autograd.Function):
+    """`shared_batch_norm(x, w, b, axis, count, eps, reduce)`: batch norm of x over all dims
+    but `axis` with the statistics of `count` positions per channel, summed over a group of
+    tasks by `reduce` (None: this task alone; biased variance, as torch's training mode).
 
-
-class _SharedBatchNorm(torch.autograd.Function):
-    """Forward: per-channel sums accumulated in float64 (so that E[x^2] - E[x]^2 keeps a
-    float32 variance), reduced over the group, then torch's fused batch norm with those
-    statistics. Backward: the textbook batch-norm gradient with the group's sums,
-    dx = w / sigma (dy - sum(dy) / N - x_hat sum(dy x_hat) / N), in two fused passes."""
+    Forward: per-channel sums of x and x^2 accumulated in float64 (so that E[x^2] - E[x]^2
+    keeps a float32 variance), reduced over the group, then torch's fused batch norm with
+    those statistics. Backward: the sums of dy and dy x reduced the same way, then the
+    textbook batch-norm gradient, dx = w / sigma (dy - sum(dy) / N - x_hat sum(dy x_hat) / N),
+    in two fused passes. One reduction each way, of 2 x channels float64 values."""
 
     @staticmethod
     def forward(
@@ -645,8 +634,9 @@ class _SharedBatchNorm(torch.autograd.Function):
         axis: int,
         count: int,
         eps: float,
-        reduce: Reduce,
+        reduce: Reduce | None,
     ) -> torch.Tensor:
+        reduce = reduce or (lambda t: t)
         dims = [d for d in range(x.dim()) if d != axis]
         wide = torch.float64
         sums = reduce(torch.stack([x.sum(dims, dtype=wide), (x * x).sum(dims, dtype=wide)]))
@@ -1013,3 +1003,6 @@ def plan_fn(
         return run_task(plan, inputs, params)
 
     return forward, leaves
+
+
+shared_batch_norm = SharedBatchNorm.apply

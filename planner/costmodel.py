@@ -9,7 +9,7 @@
   along the op's Parameter dims; every shard is replicated on the tasks that share its
   parameter index. "ps": each replica sends its gradients to a parameter server (the first
   replica's device) and receives the parameters back (OptCNN). "ring": ring all-reduce,
-  2 (r - 1) steps of shard / r bytes over the slowest ring link, each paying the latency.
+  2 (r - 1) / r of the shard over the slowest ring link plus 2 (r - 1) steps' fixed costs.
   Every message also pays its endpoints' message overheads, scaled by the shard's share of a
   gradient bucket (`sync_bucket_bytes`: the runtime all-reduces gradients in buckets of that
   size, as DDP does, so a small shard pays its part of a bucket's fixed cost). Ops sharing a
@@ -238,8 +238,8 @@ class CostModel:
             pull = nbytes * self.inv_bw[ps, rest] + fixed[ps, rest]
             return float((push + pull).sum())
         nxt = np.roll(d, -1)
-        step = float((nbytes / r * self.inv_bw[d, nxt] + fixed[d, nxt]).max())
-        return 2.0 * (r - 1) * step
+        slow = float(self.inv_bw[d, nxt].max())
+        return 2.0 * (r - 1) / r * nbytes * slow + 2.0 * (r - 1) * float(fixed[d, nxt].max())
 
     # -- memory ---------------------------------------------------------------------------
 

@@ -337,10 +337,11 @@ class Simulator:
     def _sync_transfers(
         self, s: int, g: int, devs: list[int], shard: float, ready: list[int], made: list[int]
     ) -> list[int]:
-        """Ring all-reduce: 2 (r - 1) steps; in each, every device sends shard / r bytes to
-        the next one, after its own previous step and what it received in it. Parameter
-        server: pushes to the first device, then pulls. Message overheads count the shard's
-        share of a gradient bucket (`CostModel.bucket_share`)."""
+        """Ring all-reduce: every replica sends 2 (r - 1) / r of the shard to the next one
+        (its 2 (r - 1) pipelined steps as one transfer, after every replica's backward), each
+        step's message overheads before and after it. Parameter server: pushes to the first
+        device, then pulls. Overheads count the shard's share of a gradient bucket
+        (`CostModel.bucket_share`)."""
         r = len(devs)
         base = (BWD, self.n - 1 - s, 2, g)
         name = self.graph.ops[s].name
@@ -350,26 +351,17 @@ class Simulator:
             return (*base, 3 * k + 1, 0), (*base, 3 * k + 2, 0), (*base, 3 * k + 3, 0)
 
         if self.cm.options.sync == "ring":
-            last = []
+            ends = []
             for j, a in enumerate(devs):
-                made.append(self._add((*base, 0, j), a, 0.0, f"sync {name} ready", ready))
-                last.append(made[-1])
-            for step in range(2 * (r - 1)):
-                sent = [
-                    self._message(
-                        keys(step * r + j),
-                        a,
-                        devs[(j + 1) % r],
-                        shard / r,
-                        last[j],
-                        f"allreduce {name} step {step}",
-                        made,
-                        share,
-                    )
-                    for j, a in enumerate(devs)
-                ]
-                last = [sent[(j - 1) % r] for j in range(r)]  # what device j received
-            return last
+                gate = self._add((*base, 0, j), a, 0.0, f"sync {name} ready", ready)
+                made.append(gate)
+                size = 2 * (r - 1) / r * shard
+                steps = 2 * (r - 1) * share  # each step: one message to the next replica
+                what = f"allreduce {name}"
+                ends.append(
+                    self._message(keys(j), a, devs[(j + 1) % r], size, gate, what, made, steps)
+                )
+            return ends
         ps, rest = devs[0], devs[1:]
         gate = self._add((*base, 0, 0), ps, 0.0, f"sync {name} ready", ready)
         made.append(gate)

@@ -41,7 +41,13 @@ from typing import Any
 
 import numpy as np
 
-from planner.cli import OneLineArgumentParser, nonnegative_int, positive_int
+from planner.cli import (
+    OneLineArgumentParser,
+    nonnegative_int,
+    nonnegative_seconds,
+    positive_int,
+    positive_seconds,
+)
 from planner.errors import LayerwiseError
 from runtime.reference import ModelSpec
 
@@ -97,11 +103,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=positive_int, default=5, help="profiling repeats")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="random strategies' seed")
     p.add_argument("--prediction", choices=PREDICTIONS, default="simulator")
-    p.add_argument("--mcmc-seconds", type=float, default=10.0, help="MCMC budget per model")
-    p.add_argument("--timeout", type=float, default=300.0, help="hang timeout per run (s)")
+    p.add_argument(
+        "--mcmc-seconds", type=positive_seconds, default=10.0, help="MCMC budget per model"
+    )
+    p.add_argument(
+        "--timeout", type=positive_seconds, default=300.0, help="hang timeout per run (s)"
+    )
     p.add_argument(
         "--wait-idle",
-        type=float,
+        type=nonnegative_seconds,
         default=120.0,
         help="seconds to wait for idle cores before profiling and each run (default 120)",
     )
@@ -115,7 +125,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--task-overhead",
-        type=float,
+        type=nonnegative_seconds,
         help="runtime seconds per task beyond the kernels (default: measured with a probe)",
     )
     p.add_argument(
@@ -462,14 +472,13 @@ def print_summary(summary: list[dict[str, Any]], say: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.cache is not None:
-        os.environ["LAYERWISE_CACHE_DIR"] = str(args.cache)
-
     def say(text: str) -> None:
         print(text, flush=True)
 
     try:
+        args = parse_args(argv)
+        if args.cache is not None:
+            os.environ["LAYERWISE_CACHE_DIR"] = str(args.cache)
         link_figures(args, say)
         overhead = (
             runtime_task_overhead(args, say) if args.task_overhead is None else args.task_overhead

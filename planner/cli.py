@@ -57,14 +57,27 @@ def nonnegative_int(text: str) -> int:
     return _int_at_least(text, 0, "an integer >= 0")
 
 
-def positive_seconds(text: str) -> float:
+def _finite_float(text: str, what: str, positive: bool) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {text}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+        bound = "> 0" if positive else ">= 0"
+        raise argparse.ArgumentTypeError(f"expected a finite {what} {bound}, got {text}")
     return value
+
+
+def positive_seconds(text: str) -> float:
+    return _finite_float(text, "number of seconds", positive=True)
+
+
+def nonnegative_seconds(text: str) -> float:
+    return _finite_float(text, "number of seconds", positive=False)
+
+
+def positive_number(text: str) -> float:
+    return _finite_float(text, "number", positive=True)
 
 
 def _memory_limit(text: str) -> str | float:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from planner.cli import nonnegative_int, positive_int, positive_number, positive_seconds
 from planner.errors import LayerwiseError
 
 EXIT_WORKER_FAILED = 1
@@ -30,16 +31,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Execute a strategy file with torch.distributed and measure its step time.",
     )
     p.add_argument("strategy", type=Path, help="a strategy JSON file (planner plan -o)")
-    p.add_argument("--steps", type=_positive_int, default=5, help="training steps (default 5)")
+    p.add_argument("--steps", type=positive_int, default=5, help="training steps (default 5)")
     p.add_argument(
         "--warmup",
-        type=_nonnegative_int,
+        type=nonnegative_int,
         default=1,
         help="first steps left out of the median (default 1)",
     )
     p.add_argument(
         "--world",
-        type=_positive_int,
+        type=positive_int,
         help="number of worker processes (default: the strategy's device count; must match)",
     )
     p.add_argument(
@@ -49,37 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    p.add_argument("--lr", type=_positive_float, default=0.05, help="SGD step (default 0.05)")
-    p.add_argument("--seed", type=_nonnegative_int, default=0, help="model and data seed")
+    p.add_argument("--lr", type=positive_number, default=0.05, help="SGD step (default 0.05)")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="model and data seed")
     p.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=positive_seconds,
         default=120.0,
         help="seconds without progress before the run is declared hung (default 120)",
     )
     p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     return p
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _nonnegative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
 
 
 def under_torchrun() -> bool:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
+from budget import time_budget
 
 from planner.baselines import data_parallel, model_parallel, owt
 from planner.config import ParallelConfig
@@ -38,20 +38,10 @@ F32_TOL = 1e-5
 
 
 @pytest.fixture(autouse=True)
-def time_budget(request: pytest.FixtureRequest) -> Iterator[None]:
+def budget(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test that runs longer than its budget (120 s, slow tests 900 s)."""
-    seconds = 900 if request.node.get_closest_marker("slow") else 120
-
-    def expire(signum: int, frame: Any) -> None:
-        raise TimeoutError(f"test exceeded its {seconds} s budget")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
+    with time_budget(900 if request.node.get_closest_marker("slow") else 120):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def devices(n: int) -> DeviceGraph:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from budget import time_budget
 
 from experiments.accuracy import MODELS, Row, candidates, main, ranks, spearman, summarize
 from planner.costmodel import CostModel
@@ -18,17 +17,9 @@ from planner.problem import build_problem
 
 
 @pytest.fixture(autouse=True)
-def time_budget() -> Iterator[None]:
-    def expire(signum: int, frame: Any) -> None:
-        raise TimeoutError("test exceeded its 120 s budget")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(120)
-    try:
+def budget() -> Iterator[None]:
+    with time_budget(120):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def test_ranks_average_ties() -> None:
@@ -91,3 +82,20 @@ def test_probe_graph_is_a_chain_of_tiny_ops() -> None:
     kinds = [op.kind for op in g.ops]
     assert kinds == ["input"] + ["linear"] * PROBE_OPS + ["softmax"]
     assert len(g.edges) == PROBE_OPS + 1
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--timeout", "-5"], "seconds > 0"),
+        (["--wait-idle", "-1"], "seconds >= 0"),
+        (["--task-overhead", "inf"], "seconds >= 0"),
+        (["--models", "resnet50"], "unknown model"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(
+    args: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and says in err and err.count("\n") == 1, err

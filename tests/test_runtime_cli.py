@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from budget import time_budget
 
 from planner.baselines import owt
 from planner.presets import get_preset
@@ -23,17 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
-def time_budget() -> Iterator[None]:
-    def expire(signum: int, frame: Any) -> None:
-        raise TimeoutError("test exceeded its 120 s budget")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(120)
-    try:
+def budget() -> Iterator[None]:
+    with time_budget(120):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +68,24 @@ def _refused(args: list[str], capsys: pytest.CaptureFixture[str], match: str) ->
 
 def test_world_mismatch(plan_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _refused([str(plan_file), "--world", "4"], capsys, "world size is 4")
+
+
+@pytest.mark.parametrize(
+    "flag, value, says",
+    [
+        ("--steps", "0", "positive integer"),
+        ("--warmup", "-1", "integer >= 0"),
+        ("--lr", "-0.1", "number > 0"),
+        ("--timeout", "nan", "seconds > 0"),
+    ],
+)
+def test_bad_option_values(
+    plan_file: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, says: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([str(plan_file), flag, value])
+    assert exit_.value.code == EXIT_BAD_INPUT
+    assert says in capsys.readouterr().err
 
 
 def test_missing_and_bad_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

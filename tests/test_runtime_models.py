@@ -12,11 +12,11 @@ they are held to 1e-8 instead of 1e-9.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from budget import time_budget
 
 from planner.baselines import data_parallel, model_parallel, owt
 from planner.presets import get_preset
@@ -48,17 +48,9 @@ RANDOM = 2  # random strategies per model and world
 
 
 @pytest.fixture(autouse=True)
-def time_budget() -> Iterator[None]:
-    def expire(signum: int, frame: Any) -> None:
-        raise TimeoutError("test exceeded its 1800 s budget")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(1800)
-    try:
+def budget() -> Iterator[None]:
+    with time_budget(1800):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 _GRAPHS: dict[str, Any] = {}

@@ -468,7 +468,7 @@ def placement_problem(
     prec: list[tuple[int, int]] = []
     nbytes: list[float] = []
     for e in graph.edges:
-        b = _edge_bytes(graph, e)
+        b = _edge_bytes(graph, e) * cm.edge_components(e)  # an LSTM state: h and c
         if b == 0:
             continue
         prec.append((index[("fwd", e.src)], index[("fwd", e.dst)]))

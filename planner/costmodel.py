@@ -17,17 +17,19 @@
 - t_x(e, c_u, c_v): the forward activations producer tasks send to consumer tasks (volume of
   the overlap of their regions, `planner.regions`), serialized per receiving device, plus the
   backward gradients sent back the same way (none to the graph's input ops: data gets no
-  gradient); the slowest receiver counts in each direction.
-  Transfers between tasks on the same device are free. An LSTM step's state edge carries two
-  tensors (h and c) back to back: one message of twice the bytes. Each message pays the route
-  latency
-  and the message overhead of both endpoint devices (`Device.message_overhead`: processor
-  time per message of host-driven transports such as gloo on CPU workers; 0 for GPUs).
+  gradient); the slowest receiver counts in each direction. Transfers between tasks on the
+  same device are free. An LSTM step's state edge carries two tensors (h and c) back to back:
+  one message of twice the bytes. Each message pays the route latency and the message
+  overhead of both endpoint devices (`Device.message_overhead`: processor time per message of
+  host-driven transports such as gloo on CPU workers; 0 for GPUs).
 - Synchronized batch norm: a batch-norm op (its own or folded into a conv) whose config splits
   samples, height or width sums its per-channel statistics over the tasks that hold the same
   channels, once forward and once backward, before it can go on (`norm_exchange`): a blocking
-  exchange of 2 x channels float64 sums, priced like one message each way (two ranks) or a
-  ring all-reduce (more), and charged to t_c. FlexFlow and OptCNN do not price it.
+  exchange of 2 x channels float64 sums, priced like one message each way (two ranks) or an
+  all-reduce (more), and charged to t_c. FlexFlow and OptCNN do not price it.
+
+OptCNN's objective (Eq. 1) is the sum of t_c + t_s over ops and t_x over edges
+(`planner.evaluate`, `Problem`); the simulator (`planner.simulator`) uses the same task times.
 
 `edge_table` and `node_table` build the cost tables for all config pairs at once (vectorized
 per dimension and per group of partitions); `transfer_time` is an independent, direct
@@ -46,7 +48,7 @@ import numpy as np
 
 from planner.config import OpConfigs, ParallelConfig
 from planner.errors import LayerwiseError
-from planner.opkinds import CHANNEL, DimMap, is_batch_norm, parameter_dims
+from planner.opkinds import CHANNEL, DimMap, parameter_dims, stats_groups
 from planner.regions import needed_boxes, overlap_volume, task_boxes
 
 if TYPE_CHECKING:
@@ -109,6 +111,7 @@ class CostModel:
         np.fill_diagonal(self.msg_cost, 0.0)  # no message within a device
         groups = Counter(op.param_group for op in graph.ops if op.param_group is not None)
         self._group_size = dict(groups)
+        self._norm_groups: dict[tuple[int, tuple[int, ...]], list[list[int]] | None] = {}
 
     @property
     def source(self) -> str:
@@ -160,24 +163,18 @@ class CostModel:
         """Per task, the task indices that hold the same channels of a batch-norm op whose
         config splits its samples, height or width (they sum their statistics); None when
         op i needs no such exchange."""
-        op = self.graph.ops[i]
-        if cfg.num_tasks == 1 or not is_batch_norm(op) or CHANNEL not in op.output.dims:
-            return None
-        c = op.output.dims.index(CHANNEL)
-        if cfg.degrees[c] == cfg.num_tasks:
-            return None
-        index = [int(np.unravel_index(t, cfg.degrees)[c]) for t in range(cfg.num_tasks)]
-        members: dict[int, list[int]] = {}
-        for t, k in enumerate(index):
-            members.setdefault(k, []).append(t)
-        return [members[k] for k in index]
+        key = (i, cfg.degrees)
+        if key not in self._norm_groups:
+            self._norm_groups[key] = stats_groups(self.graph.ops[i], cfg.degrees)
+        return self._norm_groups[key]
 
     def norm_exchange(self, i: int, cfg: ParallelConfig) -> np.ndarray | None:
         """Seconds of one batch-norm statistics exchange per task of op i under cfg (the
         forward and the backward pass each make one), or None when it needs none.
 
         2 x (channels of the task) float64 sums; two tasks swap them (one message each way:
-        latency, bytes / bandwidth and both overheads), larger groups all-reduce in a ring."""
+        latency, bytes / bandwidth and both overheads), larger groups all-reduce as the
+        gradients do (`CostOptions.sync`), without bucket sharing."""
         groups = self.norm_groups(i, cfg)
         if groups is None:
             return None
@@ -231,15 +228,18 @@ class CostModel:
             return 0.0
         d = np.asarray(devs)
         share = self.bucket_share(nbytes) if bucketed else 1.0
-        fixed = self.latency + share * (self.msg_cost - self.latency)
+
+        def fixed(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # latency + shared overheads
+            return self.latency[a, b] + share * (self.msg_cost[a, b] - self.latency[a, b])
+
         if self.options.sync == "ps":
             ps, rest = d[0], d[1:]
-            push = nbytes * self.inv_bw[rest, ps] + fixed[rest, ps]
-            pull = nbytes * self.inv_bw[ps, rest] + fixed[ps, rest]
+            push = nbytes * self.inv_bw[rest, ps] + fixed(rest, ps)
+            pull = nbytes * self.inv_bw[ps, rest] + fixed(ps, rest)
             return float((push + pull).sum())
         nxt = np.roll(d, -1)
         slow = float(self.inv_bw[d, nxt].max())
-        return 2.0 * (r - 1) / r * nbytes * slow + 2.0 * (r - 1) * float(fixed[d, nxt].max())
+        return 2.0 * (r - 1) / r * nbytes * slow + 2.0 * (r - 1) * float(fixed(d, nxt).max())
 
     # -- memory ---------------------------------------------------------------------------
 

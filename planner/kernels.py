@@ -71,8 +71,8 @@ from planner.opkinds import (
     DimMap,
     fused_ops,
     input_dim_map,
-    is_batch_norm,
     parameter_dims,
+    stats_groups,
 )
 from planner.regions import needed_boxes, task_boxes
 
@@ -304,9 +304,7 @@ def _plan(
 def _stats_count(op: Op, cfg: ParallelConfig) -> int:
     """Positions per channel of a batch norm whose statistics several tasks share (see
     TaskPlan.stats_count), else 0."""
-    if not is_batch_norm(op) or CHANNEL not in op.output.dims:
-        return 0
-    if cfg.num_tasks == cfg.degrees[op.output.dims.index(CHANNEL)]:
+    if stats_groups(op, cfg.degrees) is None:
         return 0
     return op.output.numel // op.output.size(CHANNEL)
 
@@ -803,7 +801,20 @@ def _embedding(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], 
     return _channel_last_to_output(plan, F.embedding(xs[0], own[0]))
 
 
-def _lstm(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], extras: Any) -> Any:
+def lstm_step(
+    plan: TaskPlan, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """An LSTM step's task: (h, c) of its hidden units (`run_task` returns h only; the
+    runtime passes both to the next step). Inputs: x, then h_prev and c_prev over all hidden
+    units; params: the rows of its units in each gate of weight_ih, weight_hh, bias_ih,
+    bias_hh."""
+    xs = [_select(plan, pos, x) for pos, x in enumerate(inputs)]
+    return _lstm_cell(plan, xs, list(params))
+
+
+def _lstm_cell(
+    plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     if len(own) < 2:
         raise GraphError(f"lstm {plan.op.name!r} needs weight_ih and weight_hh")
     w_ih, w_hh = own[0], own[1]
@@ -818,7 +829,11 @@ def _lstm(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], extra
     c = torch.sigmoid(i) * torch.tanh(g)
     if c_prev is not None:
         c = c + torch.sigmoid(f) * c_prev
-    return torch.sigmoid(o) * torch.tanh(c)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+def _lstm(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], extras: Any) -> Any:
+    return _lstm_cell(plan, xs, own)[0]
 
 
 def _attention(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], extras: Any) -> Any:

@@ -13,6 +13,7 @@ Region overlaps in the cost model and the runtime's transfer plan both come from
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -277,3 +278,20 @@ def is_batch_norm(op: Op) -> bool:
     if op.kind == "norm":
         return bool(op.attr("norm", "batch") == "batch")
     return "batch_norm" in fused_ops(op)
+
+
+def stats_groups(op: Op, degrees: tuple[int, ...]) -> list[list[int]] | None:
+    """Per task (row-major over `degrees`), the tasks that hold the same channels of a batch
+    norm whose partition splits its samples, height or width: they sum their statistics
+    (synchronized batch norm). None when op needs no such sum."""
+    tasks = math.prod(degrees)
+    if tasks == 1 or not is_batch_norm(op) or CHANNEL not in op.output.dims:
+        return None
+    c = op.output.dims.index(CHANNEL)
+    if degrees[c] == tasks:
+        return None
+    index = [(t // math.prod(degrees[c + 1 :])) % degrees[c] for t in range(tasks)]
+    members: dict[int, list[int]] = {}
+    for t, k in enumerate(index):
+        members.setdefault(k, []).append(t)
+    return [members[k] for k in index]

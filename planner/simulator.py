@@ -110,7 +110,10 @@ class Simulator:
         self.owned: list[list[int]] = [[] for _ in range(self.n)]  # op -> its F/B tasks
         self.edge_tasks: dict[int, list[int]] = {}  # edge index -> its transfer tasks
         self.sync_tasks: dict[int, list[int]] = {}  # sync op -> sync and update tasks
-        self._fb: dict[tuple[int, int, int], int] = {}  # (phase, op, task index) -> id
+        # (phase, op, task index) -> the task whose end is that partition's end (the
+        # batch-norm exchange when there is one) and -> the task that starts it (its compute)
+        self._fb: dict[tuple[int, int, int], int] = {}
+        self._in: dict[tuple[int, int, int], int] = {}
         self.full()
 
     # -- building ------------------------------------------------------------------------
@@ -182,13 +185,16 @@ class Simulator:
                 (BWD, self.n - 1 - i, 0, t, 0, 0), dev, bwd[t], f"bwd {op.name} #{t}", (f,)
             )
             self._fb[(FWD, i, t)], self._fb[(BWD, i, t)] = f, b
+            self._in[(FWD, i, t)], self._in[(BWD, i, t)] = f, b
             made += [f, b]
         groups = self.cm.norm_groups(i, cfg)
-        exchange = self.cm.norm_exchange(i, cfg)
-        if groups is not None and exchange is not None:
-            # The statistics exchange: every task of a group waits for all of its members.
-            fwd_tasks = [self._fb[(FWD, i, t)] for t in range(cfg.num_tasks)]
-            bwd_tasks = [self._fb[(BWD, i, t)] for t in range(cfg.num_tasks)]
+        if groups is not None:
+            # The statistics exchange: every task of a group waits for all of its members;
+            # inputs still go to the compute tasks (self._in), outputs leave after it.
+            exchange = self.cm.norm_exchange(i, cfg)
+            assert exchange is not None
+            fwd_tasks = [self._in[(FWD, i, t)] for t in range(cfg.num_tasks)]
+            bwd_tasks = [self._in[(BWD, i, t)] for t in range(cfg.num_tasks)]
             for t, dev in enumerate(cfg.devices):
                 f = self._add(
                     (FWD, i, 3, t, 0, 0),
@@ -238,8 +244,8 @@ class Simulator:
         names = self.graph.ops[u].name, self.graph.ops[v].name
         for p, q in zip(*np.nonzero(nbytes), strict=True):
             dp, dq = cu.devices[p], cv.devices[q]
-            fu, fv = self._fb[(FWD, u, p)], self._fb[(FWD, v, q)]
-            bu, bv = self._fb[(BWD, u, p)], self._fb[(BWD, v, q)]
+            fu, fv = self._fb[(FWD, u, p)], self._in[(FWD, v, q)]
+            bu, bv = self._in[(BWD, u, p)], self._fb[(BWD, v, q)]
             if dp == dq:
                 self.preds[fv].add(fu)
                 self.succs[fu].add(fv)
@@ -385,6 +391,7 @@ class Simulator:
         for flags in (self.end, self.alive, self.prev, self.next, self.affected):
             flags.clear()
         self._fb.clear()
+        self._in.clear()
         for i in range(self.n):
             self._build_op(i)
         for e in range(len(self.graph.edges)):
@@ -441,7 +448,6 @@ class Simulator:
             dirty.add(t)
             if self.next[t] >= 0:
                 dirty.add(self.next[t])
-        dirty = {t for t in dirty if self.alive[t]}
         self._propagate(set(new), dirty)
         return self.makespan
 

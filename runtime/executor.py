@@ -24,9 +24,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from planner.kernels import TaskPlan, run_task
+from planner.kernels import TaskPlan, lstm_step, run_task
 from planner.opkinds import CHANNEL
 from runtime.plan import ExecPlan, OpExec, ShardKey, Transfer
 from runtime.reference import nll_part
@@ -196,7 +195,7 @@ class Executor:
         outs: tuple[torch.Tensor, ...]
         with torch.enable_grad():
             if o.op.kind == "lstm":
-                outs = _lstm(plan, xs, params)
+                outs = lstm_step(plan, xs, params)
             elif o.batch_norm:
                 outs = (self._batch_norm_task(o, t, xs, params),)
             else:
@@ -416,29 +415,3 @@ class Executor:
         work.wait(self.timeout)
         self.waited += time.perf_counter() - t
         self.status.waiting(False)
-
-
-def _lstm(
-    plan: TaskPlan, xs: list[torch.Tensor], params: list[torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """An LSTM step's task: (h, c) of its hidden units (`planner.kernels` computes only h).
-
-    xs: x, then (h_prev, c_prev) over all hidden units; params: the rows of its units in each
-    gate of weight_ih, weight_hh, bias_ih, bias_hh."""
-    w_ih, w_hh = params[0], params[1]
-    bias = params[2] + params[3] if len(params) >= 4 else None
-    x = xs[0]
-    sel = plan.select(0)
-    if sel is not None:
-        x = x.select(sel[0], sel[1])
-    gates = F.linear(x, w_ih, bias)
-    c_prev = None
-    if len(xs) == 3:
-        gates = gates + F.linear(xs[1], w_hh)
-        lo, hi = plan.out_range(CHANNEL)
-        c_prev = xs[2].narrow(1, lo, hi - lo)
-    i, f, g, o = gates.chunk(4, dim=1)
-    c = torch.sigmoid(i) * torch.tanh(g)
-    if c_prev is not None:
-        c = c + torch.sigmoid(f) * c_prev
-    return torch.sigmoid(o) * torch.tanh(c), c

@@ -37,7 +37,7 @@ from planner.config import ParallelConfig
 from planner.errors import LayerwiseError
 from planner.kernels import TaskPlan, fused_ops, plan_task
 from planner.opgraph import Op, OpGraph
-from planner.opkinds import CHANNEL, is_batch_norm, parameter_dims
+from planner.opkinds import CHANNEL, is_batch_norm, parameter_dims, stats_groups
 from planner.regions import needed_boxes, overlap_volume, task_boxes
 from planner.strategy import Strategy
 
@@ -279,14 +279,10 @@ def _shard_keys(plan: TaskPlan) -> tuple[ShardKey, ...]:
 
 def _norm_groups(op: Op, cfg: ParallelConfig) -> tuple[tuple[int, ...], ...]:
     """Per task, the ranks of the tasks with the same channels (batch norm ops only)."""
-    if not is_batch_norm(op):
+    groups = stats_groups(op, cfg.degrees)
+    if groups is None:
         return tuple((d,) for d in cfg.devices)
-    c = op.output.dims.index(CHANNEL)
-    index = [int(np.unravel_index(t, cfg.degrees)[c]) for t in range(cfg.num_tasks)]
-    members: dict[int, list[int]] = {}
-    for t, k in enumerate(index):
-        members.setdefault(k, []).append(cfg.devices[t])
-    return tuple(tuple(members[k]) for k in index)
+    return tuple(tuple(cfg.devices[m] for m in g) for g in groups)
 
 
 # -- transfers ---------------------------------------------------------------------------------

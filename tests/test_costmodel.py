@@ -27,7 +27,7 @@ from planner.costmodel import CostModel, CostOptions
 from planner.devices import Device, DeviceGraph, Link
 from planner.errors import LayerwiseError
 from planner.opgraph import OpGraph
-from planner.opkinds import DimMap
+from planner.opkinds import DimMap, stats_groups
 from planner.presets import get_preset
 from planner.regions import needed_boxes, overlap_volume, task_boxes, task_index
 from planner.simulator import Simulator
@@ -668,3 +668,19 @@ def test_lstm_state_edges_carry_h_and_c() -> None:
     assert forward[0].end - forward[0].start == pytest.approx(
         2 * src.output.nbytes / hop.bandwidth + hop.latency, rel=1e-12
     )
+
+
+@pytest.mark.parametrize("degrees", [(2, 1, 1, 1), (1, 2, 2, 1), (2, 2, 1, 2), (1, 4, 1, 1)])
+def test_stats_groups_are_the_tasks_with_the_same_channels(degrees) -> None:
+    g = chain_cnn()
+    bn = g.ops[g.index("bn1")]
+    groups = stats_groups(bn, degrees)
+    tasks = math.prod(degrees)
+    channel = [int(np.unravel_index(t, degrees)[1]) for t in range(tasks)]
+    if degrees[1] == tasks:
+        assert groups is None  # a channel split shares nothing
+        return
+    assert groups is not None and len(groups) == tasks
+    for t, members in enumerate(groups):
+        assert members == [m for m in range(tasks) if channel[m] == channel[t]]
+    assert stats_groups(g.ops[g.index("relu1")], degrees) is None

@@ -215,3 +215,29 @@ def test_batch_norm_exchange_waits_for_every_member() -> None:
     gpu = problem("chain_cnn", "p100-1x4")
     names = [x.name for x in simulate(gpu.cost_model, model_parallel(gpu.graph, gpu.devices)).tasks]
     assert not any("bn stats" in n for n in names)  # model parallelism: nothing shared
+
+
+def test_a_split_batch_norm_waits_for_its_inputs() -> None:
+    """The exchange task is where a split batch norm ends, not where it starts: its compute
+    still waits for the activations (forward) and gradients (backward) sent to it."""
+    p = problem("chain_cnn", "p100-1x4")
+    g = p.graph
+    conv, bn = g.index("conv1"), g.index("bn1")
+    configs = [ParallelConfig((1,) * len(op.output.dims), (0,)) for op in g.ops]
+    configs[bn] = ParallelConfig((2, 1, 1, 1), (1, 2))  # samples split over other devices
+    timeline = simulate(p.cost_model, Strategy(g, p.devices, tuple(configs)))
+    tasks = {t.name: t for t in timeline.tasks}
+    conv_name, bn_name = g.ops[conv].name, g.ops[bn].name
+    for k in range(2):
+        arrive = max(
+            t.end for t in timeline.tasks if t.name.startswith(f"xfer {conv_name}->{bn_name} ")
+        )
+        first = min(t.end for t in timeline.tasks if t.name.startswith(f"xfer {conv_name}->"))
+        assert tasks[f"fwd {bn_name} #{k}"].start >= first - 1e-15
+        assert tasks[f"bn stats {bn_name} #{k}"].start >= arrive - 1e-15
+        grads_in = [
+            t.end
+            for t in timeline.tasks
+            if t.name.startswith("xfer grad ") and f"->{bn_name} " in t.name
+        ]
+        assert grads_in and tasks[f"bwd {bn_name} #{k}"].start >= min(grads_in) - 1e-15

@@ -20,8 +20,8 @@ For each model (small sizes that run in seconds on this machine) on `cpu-local-2
    Spearman rank correlation. Results go to results/accuracy-<time>/ as CSV and JSON with a
    scatter plot (simulated vs measured, log-log, y = x).
 
-The machine must be otherwise idle: the load average is recorded and a warning printed when
-other processes compete for the cores.
+The machine must be otherwise idle: before profiling and each run it waits for idle cores,
+records the idle fraction (/proc/stat) and warns when other processes compete for them.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import csv
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -66,7 +67,7 @@ MODELS: dict[str, ModelSpec] = {
 }
 QUICK = ["lenet5", "alexnet", "rnnlm"]
 # The simulator is planner's FlexFlow execution simulator; `additive` (OptCNN Eq. 1) is the
-# fallback switch for comparison (and for checkouts where the simulator is missing).
+# alternative, for comparison.
 PREDICTIONS = ("simulator", "additive")
 EXIT_BAD_INPUT = 2
 
@@ -91,7 +92,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", default=list(MODELS), help="zoo models (default all)")
     p.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
     p.add_argument("--preset", default="cpu-local-2", help="cpu-local-N preset (default 2)")
-    p.add_argument("--strategies", type=positive_int, default=10, help="per model (>= 10)")
+    p.add_argument("--strategies", type=positive_int, default=10, help="per model (default 10)")
     p.add_argument("--steps", type=positive_int, default=7, help="training steps per run")
     p.add_argument(
         "--rounds",
@@ -141,8 +142,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
         p.error(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}")
-    if not args.preset.startswith("cpu-local-"):
-        p.error("the runtime executes on this machine's workers: use a cpu-local-N preset")
+    match = re.fullmatch(r"cpu-local-(\d+)", args.preset)
+    if match is None or int(match[1]) < 2:
+        p.error("the runtime executes on this machine's workers: use a cpu-local-N preset, N >= 2")
+    args.workers = int(match[1])
     return args
 
 
@@ -306,18 +309,17 @@ def _line(model: str, name: str, simulated: float, times: list[float]) -> str:
 def link_figures(args: argparse.Namespace, say: Any) -> None:
     """Measure the cpu-local figures (gloo latency, bandwidth, the message overhead of busy
     workers; about 10 s) into the cache, unless `--keep-links` and they are there."""
-    from planner.presets import cpu_local_cache_path, measure_cpu_local
+    from planner.presets import cpu_local_cache_path, load_devices, measure_cpu_local
 
     path = cpu_local_cache_path()
-    if path.exists() and args.keep_links:
-        figures = json.loads(path.read_text())
-    else:
+    if not (path.exists() and args.keep_links):
         _wait_for_idle(args.wait_idle, say, "measuring the cpu-local figures")
-        figures = measure_cpu_local(int(args.preset.rsplit("-", 1)[1]))
+        measure_cpu_local(args.workers)
+    devices = load_devices(args.preset)  # the cached figures, as planning will see them
     say(
-        f"cpu-local figures ({path}): latency {figures['latency'] * 1e6:.0f} us, bandwidth "
-        f"{figures['bandwidth'] / 1e9:.2f} GB/s, message overhead "
-        f"{figures.get('message_overhead', 0.0) * 1e6:.0f} us"
+        f"cpu-local figures ({path}): latency {devices.latency[0, 1] * 1e6:.0f} us, bandwidth "
+        f"{1 / devices.inv_bandwidth[0, 1] / 1e9:.2f} GB/s, message overhead "
+        f"{devices.devices[0].message_overhead * 1e6:.0f} us"
     )
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from planner.kernels import TaskPlan, lstm_step, run_task
+from planner.kernels import BN_EPS, TaskPlan, lstm_step, run_task
 from planner.opkinds import CHANNEL
 from runtime.plan import ExecPlan, OpExec, ShardKey, Transfer
 from runtime.reference import nll_part
@@ -39,8 +39,6 @@ Message = tuple[Any, torch.Tensor]  # (work or None, buffer)
 # Phases reported in the shared status array (see runtime.launch).
 INIT, FORWARD, BACKWARD, SYNC, DONE = 0, 1, 2, 3, 4
 PHASES = {INIT: "step setup", FORWARD: "forward", BACKWARD: "backward", SYNC: "sync", DONE: "done"}
-
-BN_EPS = 1e-5
 
 
 class Status:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from planner.errors import LayerwiseError
+from planner.kernels import BN_EPS
 from planner.opgraph import OpGraph
 from planner.opkinds import CHANNEL
 
@@ -58,8 +59,14 @@ class ModelSpec:
             return None
         if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
             raise LayerwiseError(f'the strategy file\'s graph "model" is malformed: {data!r}')
-        kwargs = dict(data.get("kwargs") or {})
-        batch = data.get("batch", kwargs.pop("batch", None))
+        kwargs, batch = data.get("kwargs") or {}, data.get("batch")
+        if not isinstance(kwargs, Mapping) or not (batch is None or isinstance(batch, int)):
+            raise LayerwiseError(
+                f'the strategy file\'s graph "model" is malformed: kwargs must be an object and '
+                f"batch an integer, got {data!r}"
+            )
+        kwargs = dict(kwargs)
+        batch = batch if batch is not None else kwargs.pop("batch", None)
         return cls(str(data["name"]), batch, kwargs, bool(data.get("coarsen", True)))
 
     def to_json(self) -> dict[str, Any]:
@@ -125,7 +132,7 @@ def _norm_eps(graph: OpGraph, module: nn.Module) -> dict[int, float]:
                 m = module.get_submodule(path) if path else None
             except AttributeError:
                 m = None
-            if isinstance(m, nn.BatchNorm2d) and m.eps != 1e-5:
+            if isinstance(m, nn.BatchNorm2d) and m.eps != BN_EPS:
                 eps[i] = float(m.eps)
     return eps
 

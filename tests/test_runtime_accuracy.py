@@ -91,6 +91,8 @@ def test_probe_graph_is_a_chain_of_tiny_ops() -> None:
         (["--wait-idle", "-1"], "seconds >= 0"),
         (["--task-overhead", "inf"], "seconds >= 0"),
         (["--models", "resnet50"], "unknown model"),
+        (["--preset", "cpu-local-x"], "cpu-local-N preset"),
+        (["--preset", "p100-1x4"], "cpu-local-N preset"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(

@@ -88,6 +88,15 @@ def test_bad_option_values(
     assert says in capsys.readouterr().err
 
 
+def test_malformed_model_in_the_file(
+    plan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads(plan_file.read_text())
+    data["graph"]["model"]["kwargs"] = 5
+    (tmp_path / "bad-model.json").write_text(json.dumps(data))
+    _refused([str(tmp_path / "bad-model.json")], capsys, "malformed")
+
+
 def test_missing_and_bad_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _refused([str(tmp_path / "nope.json")], capsys, "nope.json")
     (tmp_path / "bad.json").write_text("{not json")

@@ -187,7 +187,7 @@ def build_problem(
             progress(k + 1, len(graph.edges))
     n = len(graph.ops)
     intervals = np.array([[i, 2 * n - i] for i in range(n)], dtype=np.int64)
-    node_ops = _tied_nodes(graph, space) if tie_groups else [[i] for i in range(n)]
+    node_ops = tied_nodes(graph, space) if tie_groups else [[i] for i in range(n)]
     tables = _tie(node_ops, node_cost, usage, intervals, edges, edge_cost)
     limit = _memory_limit(memory_limit, devices)
     t2 = time.perf_counter()
@@ -214,7 +214,7 @@ def _node_name(graph: OpGraph, ops: list[int]) -> str:
     return op.name if len(ops) == 1 else f"{op.param_group} (x{len(ops)})"
 
 
-def _tied_nodes(graph: OpGraph, space: ConfigSpace) -> list[list[int]]:
+def tied_nodes(graph: OpGraph, space: ConfigSpace) -> list[list[int]]:
     """Ops grouped by parameter group (where their candidate configs are identical)."""
     nodes: list[list[int]] = []
     first: dict[str, int] = {}

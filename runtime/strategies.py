@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import random
 
-from planner.config import ConfigSpace
+from planner.config import ConfigSpace, ParallelConfig
 from planner.devices import DeviceGraph
 from planner.opgraph import OpGraph
+from planner.problem import tied_nodes
 from planner.strategy import Strategy
 
 __all__ = ["random_strategy"]
@@ -16,19 +17,15 @@ def random_strategy(
     graph: OpGraph, devices: DeviceGraph, seed: int, tie_groups: bool = True
 ) -> Strategy:
     """One config per op drawn uniformly from the ConfigSpace (ops of a shared parameter
-    group take the same config when `tie_groups`, as the Problem ties them)."""
+    group with the same candidates take the same config when `tie_groups`, as the Problem
+    ties them: `planner.problem.tied_nodes`)."""
     rng = random.Random(seed)
     space = ConfigSpace(graph, devices)
-    chosen: dict[str, int] = {}
-    configs = []
-    for i, op in enumerate(graph.ops):
-        options = space[i].configs
-        group = op.param_group if tie_groups else None
-        if group is not None and group in chosen and chosen[group] < len(options):
-            configs.append(options[chosen[group]])
-            continue
+    nodes = tied_nodes(graph, space) if tie_groups else [[i] for i in range(len(graph.ops))]
+    configs: list[ParallelConfig | None] = [None] * len(graph.ops)
+    for ops in nodes:
+        options = space[ops[0]].configs
         k = rng.randrange(len(options))
-        if group is not None:
-            chosen[group] = k
-        configs.append(options[k])
-    return Strategy(graph, devices, tuple(configs))
+        for i in ops:
+            configs[i] = options[k]
+    return Strategy(graph, devices, tuple(c for c in configs if c is not None))

@@ -294,3 +294,18 @@ def test_faults_are_reported_by_rank_and_leave_no_process(kind: str, expected: s
         run_strategy(data_parallel(LENET.graph(), devices(2)), LENET, options)
     assert 1 in info.value.failures
     assert len(info.value.pids) == 2 and all(_gone(pid) for pid in info.value.pids)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_strategies_tie_shared_weights_as_the_problem_does(seed: int) -> None:
+    """Ops of one parameter group with the same candidates get the same config."""
+    from planner.config import ConfigSpace
+    from planner.problem import tied_nodes
+
+    graph, dg = RNNLM.graph(), devices(2)
+    s = random_strategy(graph, dg, seed)
+    nodes = tied_nodes(graph, ConfigSpace(graph, dg))
+    assert any(len(ops) > 1 for ops in nodes)
+    for ops in nodes:
+        assert len({s.configs[i] for i in ops}) == 1
+    assert len(s.configs) == len(graph.ops)

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from planner.errors import LayerwiseError
-from planner.evaluate import additive_cost, memory_feasible
-from planner.problem import Problem
-from planner.strategy import Strategy
+from planner.problems.evaluate import additive_cost, memory_feasible
+from planner.problems.problem import Problem
+from planner.problems.strategy import Strategy
 
 OBJECTIVES = ("additive", "makespan")
 
@@ -99,7 +99,7 @@ def evaluate_objective(problem: Problem, choices: Sequence[int], objective: str)
             f"the makespan objective needs a problem built from a DNN; {problem.name!r} is "
             "a cost-table problem (use the additive objective)"
         )
-    from planner.simulator import simulate
+    from planner.sim.simulator import simulate
 
     return simulate(problem.cost_model, problem.strategy(choices)).makespan
 

@@ -1,4 +1,4 @@
-"""`baselines`: the best of the expert strategies (planner.baselines) under the objective.
+"""`baselines`: the best of the expert strategies (planner.problems.baselines) under the objective.
 
 For cost-table problems with no DNN behind them the candidates are the cheapest choice per
 node and, per node, the first allowed choice. Never proves optimality: status FEASIBLE.
@@ -11,10 +11,10 @@ import math
 import numpy as np
 
 from backends.base import Backend, SolveOptions, SolveResult, Status, evaluate_objective
-from planner.baselines import BASELINES, applicable
 from planner.errors import ConfigError
-from planner.evaluate import memory_feasible
-from planner.problem import Problem
+from planner.problems.baselines import BASELINES, applicable
+from planner.problems.evaluate import memory_feasible
+from planner.problems.problem import Problem
 
 
 class BaselinesBackend(Backend):

@@ -32,7 +32,7 @@ import numpy as np
 
 from backends.base import Backend, Limit, SolveOptions, SolveResult, Status
 from backends.branch_and_bound import solve_exact
-from planner.problem import Problem
+from planner.problems.problem import Problem
 
 CHUNK_ELEMENTS = 1 << 21  # elements of one broadcast block in the min-plus product
 

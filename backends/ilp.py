@@ -64,7 +64,7 @@ from backends.placement import (
 )
 from backends.selection import Selection
 from backends.solver_common import Clock, SolverBackend, SolverSteps, Warm, placement_result
-from planner.problem import Problem
+from planner.problems.problem import Problem
 
 __all__ = [
     "IlpBackend",

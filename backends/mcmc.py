@@ -6,12 +6,12 @@ random config (Sec. 6.2); it is accepted with probability
     alpha(S* | S) = min(1, exp(beta * (cost(S) - cost(S*))))
 
 (Sec. 6.1; the formula is from the FlexFlow slides, 004, which 002 lost in extraction).
-Costs are the simulated makespan by default (delta simulation, `planner.simulator`), or the
+Costs are the simulated makespan by default (delta simulation, `planner.sim.simulator`), or the
 additive cost (OptCNN Eq. 1, updated in O(degree) per proposal). Proposals that break the
 memory limit are rejected.
 
 The search restarts from several initial strategies (Sec. 6.2): data parallelism, the
-expert strategies (planner.baselines), the warm start when one is given (e.g. the
+expert strategies (planner.problems.baselines), the warm start when one is given (e.g. the
 `elimination` optimum of the additive model), and a random strategy. Each chain gets an equal
 share of the proposal budget and stops early after half its budget without improvement.
 
@@ -45,10 +45,10 @@ from backends.base import (
     Status,
     evaluate_objective,
 )
-from planner.baselines import BASELINES, applicable
 from planner.errors import ConfigError
-from planner.evaluate import memory_feasible
-from planner.problem import Problem
+from planner.problems.baselines import BASELINES, applicable
+from planner.problems.evaluate import memory_feasible
+from planner.problems.problem import Problem
 
 INITS = ("data_parallel", "expert", "warm_start", "random")
 
@@ -93,7 +93,7 @@ class _Makespan:
     """The simulated makespan with delta simulation (FlexFlow Alg. 2)."""
 
     def __init__(self, problem: Problem, choices: Sequence[int], delta: bool = True):
-        from planner.simulator import Simulator
+        from planner.sim.simulator import Simulator
 
         assert problem.cost_model is not None and problem.space is not None
         self.p = problem
@@ -103,7 +103,7 @@ class _Makespan:
         self.cost = self.sim.makespan
 
     def _set(self, i: int, c: int) -> float:
-        from planner.simulator import Simulator
+        from planner.sim.simulator import Simulator
 
         space, cm = self.p.space, self.p.cost_model
         assert space is not None and cm is not None

@@ -3,7 +3,7 @@
 `PlacementProblem`: DLPlacer's device placement (Pal et al. 2019, Sec. 6, Eqs. 7-13), built
 once from a `Problem` by `placement_problem` and encoded by both backends. Every op of a
 training graph has a forward, a backward and (with parameters) an update task, as in
-`planner.simulator`; each node of the Problem goes to one device (Eq. 7) and takes that
+`planner.sim.simulator`; each node of the Problem goes to one device (Eq. 7) and takes that
 device's single-device config; a tensor whose producer and consumer are apart pays the route's
 delay, sum over its links of bytes / bandwidth + latency (Eq. 11; routes over the hardware
 graph, Eqs. 8-9); tasks on one device do not overlap (Eq. 12); memory per device (Eq. 13, or
@@ -33,10 +33,10 @@ from backends.selection import MEMORY_RTOL, live_sets
 from planner.errors import LayerwiseError
 
 if TYPE_CHECKING:
-    from planner.costmodel import CostModel
-    from planner.devices import DeviceGraph
-    from planner.opgraph import Edge, OpGraph
-    from planner.problem import Problem
+    from planner.costs.costmodel import CostModel
+    from planner.graph.opgraph import Edge, OpGraph
+    from planner.hardware.devices import DeviceGraph
+    from planner.problems.problem import Problem
 
 __all__ = [
     "PlacementOutcome",
@@ -423,7 +423,7 @@ def placement_problem(
     if problem.graph is None or problem.space is None or problem.cost_model is None:
         raise PlacementError(
             f"problem {problem.name!r} has no DNN behind it: the makespan objective places ops "
-            "of a graph (build the problem with planner.problem.build_problem)"
+            "of a graph (build the problem with planner.problems.problem.build_problem)"
         )
     assert problem.devices is not None
     graph, cm, devices = problem.graph, problem.cost_model, problem.devices
@@ -517,7 +517,7 @@ def _per_device(
 
 
 def _sync_groups(graph: OpGraph) -> dict[int, list[int]]:
-    """Parameter group -> its ops, keyed by its first op (as planner.simulator)."""
+    """Parameter group -> its ops, keyed by its first op (as planner.sim.simulator)."""
     first: dict[str, int] = {}
     out: dict[int, list[int]] = {}
     for i, op in enumerate(graph.ops):
@@ -532,8 +532,8 @@ def _sync_groups(graph: OpGraph) -> dict[int, list[int]]:
 
 
 def _edge_bytes(graph: OpGraph, e: Edge) -> float:
-    """Bytes a whole consumer needs from a whole producer (the regions of planner.regions)."""
-    from planner.regions import needed_boxes, overlap_volume, task_boxes
+    """Bytes a whole consumer needs from a whole producer (the regions of planner.costs.regions)."""
+    from planner.costs.regions import needed_boxes, overlap_volume, task_boxes
 
     src, dst = graph.ops[e.src], graph.ops[e.dst]
     ones_u = np.ones((1, len(src.output.sizes)), dtype=np.int64)

@@ -25,8 +25,8 @@ import numpy as np
 
 from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status
 from backends.branch_and_bound import Memory, solve_exact
-from planner.evaluate import additive_cost, memory_feasible
-from planner.problem import Problem
+from planner.problems.evaluate import additive_cost, memory_feasible
+from planner.problems.problem import Problem
 
 
 def memory_of(problem: Problem) -> Memory | None:
@@ -81,7 +81,7 @@ class SearchBackend(Backend):
         )
 
     def _solve_makespan(self, problem: Problem, options: SolveOptions) -> SolveResult:
-        from planner.simulator import Simulator
+        from planner.sim.simulator import Simulator
 
         cm, space, graph = problem.cost_model, problem.space, problem.graph
         assert cm is not None and space is not None and graph is not None

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.evaluate import additive_cost, memory_feasible
+from planner.problems.evaluate import additive_cost, memory_feasible
 
 if TYPE_CHECKING:
-    from planner.problem import Problem
+    from planner.problems.problem import Problem
 
 __all__ = [
     "MemoryRow",
@@ -33,7 +33,7 @@ __all__ = [
     "selection",
 ]
 
-MEMORY_RTOL = 1e-9  # the tolerance of planner.evaluate.memory_feasible
+MEMORY_RTOL = 1e-9  # the tolerance of planner.problems.evaluate.memory_feasible
 
 
 def live_sets(intervals: np.ndarray) -> list[np.ndarray]:

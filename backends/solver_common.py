@@ -35,8 +35,8 @@ from backends.placement import (
 )
 from backends.selection import Selection, seed_choices, selection
 from backends.series import solve_placement_problem, warm_schedule
-from planner.evaluate import additive_cost, memory_feasible
-from planner.problem import Problem
+from planner.problems.evaluate import additive_cost, memory_feasible
+from planner.problems.problem import Problem
 
 __all__ = [
     "CHECK_EVERY",

@@ -19,11 +19,11 @@ import pytest
 
 from backends import BackendError, SolveOptions, Status, get_backend
 from backends.base import evaluate_objective
-from planner.costtable import brute_force, random_problem
-from planner.evaluate import memory_feasible
-from planner.opgraph import Op, OpGraph, Param, Tensor
-from planner.presets import get_preset
-from planner.problem import Problem, build_problem
+from planner.graph.opgraph import Op, OpGraph, Param, Tensor
+from planner.hardware.presets import get_preset
+from planner.problems.costtable import brute_force, random_problem
+from planner.problems.evaluate import memory_feasible
+from planner.problems.problem import Problem, build_problem
 
 RTOL = 1e-9
 
@@ -160,7 +160,7 @@ class BackendConformance:
     def test_same_seed_in_a_fresh_process(self) -> None:
         code = (
             "import json;from backends import get_backend, SolveOptions;"
-            "from planner.costtable import random_problem;"
+            "from planner.problems.costtable import random_problem;"
             f"r=get_backend({self.backend_name!r}).solve(random_problem(12, 5, seed=7, memory=False),"
             f"SolveOptions(objective={self.objective!r}, time_limit={self.time_limit}, seed=3,"
             f"extra={self.extra!r}));"

@@ -3,14 +3,14 @@
 For each model (small sizes that run in seconds on this machine) on `cpu-local-2`:
 
 0. measure the gloo figures of `cpu-local-N` (latency, bandwidth, the message overhead of
-   busy workers: `planner.presets.measure_cpu_local`, cached);
-1. profile the op costs of every config on this machine (`planner.profile`, cached; done
+   busy workers: `planner.hardware.presets.measure_cpu_local`, cached);
+1. profile the op costs of every config on this machine (`planner.costs.profile`, cached; done
    before any worker starts, so nothing else computes while it measures);
 2. build the cost model from those measured costs and plan: data parallelism, model
    parallelism, OWT (and the GNMT expert for RNNs), everything on one worker, the elimination
    backend's optimum (OptCNN's additive objective), MCMC on the simulated makespan, then
    random strategies from the ConfigSpace up to `--strategies`;
-3. predict each strategy's step time with the simulator (`planner.simulator.simulate`; the
+3. predict each strategy's step time with the simulator (`planner.sim.simulator.simulate`; the
    additive objective with `--prediction additive`), run it with `runtime.run_strategy` on 2
    worker processes and take the median step time after the warm-up steps; every strategy
    runs `--rounds` times (all of a model's strategies in turn, so a slow spell of the shared
@@ -155,9 +155,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def candidates(problem: Any, count: int, seed: int, mcmc_seconds: float) -> list[tuple[str, Any]]:
     """Named strategies: baselines, one worker, backend results, then random ones (distinct)."""
     from backends import SolveOptions, backend_names, get_backend
-    from planner.baselines import BASELINES, applicable
-    from planner.config import ParallelConfig
-    from planner.strategy import Strategy
+    from planner.costs.config import ParallelConfig
+    from planner.problems.baselines import BASELINES, applicable
+    from planner.problems.strategy import Strategy
     from runtime.strategies import random_strategy
 
     graph, devices = problem.graph, problem.devices
@@ -196,10 +196,10 @@ def _distinct(named: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
 
 def predict(cost_model: Any, strategy: Any, how: str) -> float:
     if how == "simulator":
-        from planner.simulator import simulate
+        from planner.sim.simulator import simulate
 
         return float(simulate(cost_model, strategy).makespan)
-    from planner.evaluate import score_strategy
+    from planner.problems.evaluate import score_strategy
 
     return float(score_strategy(cost_model, strategy).total)
 
@@ -257,10 +257,10 @@ def summarize(rows: list[Row]) -> list[dict[str, Any]]:
 
 
 def run_model(model: str, args: argparse.Namespace, say: Any, overhead: float) -> list[Row]:
-    from planner.costmodel import CostModel, CostOptions
-    from planner.presets import load_devices
-    from planner.problem import build_problem
-    from planner.profile import MeasuredTimes, profile_graph
+    from planner.costs.costmodel import CostModel, CostOptions
+    from planner.costs.profile import MeasuredTimes, profile_graph
+    from planner.hardware.presets import load_devices
+    from planner.problems.problem import build_problem
     from runtime.launch import RunOptions, run_strategy
 
     spec = MODELS[model]
@@ -309,7 +309,7 @@ def _line(model: str, name: str, simulated: float, times: list[float]) -> str:
 def link_figures(args: argparse.Namespace, say: Any) -> None:
     """Measure the cpu-local figures (gloo latency, bandwidth, the message overhead of busy
     workers; about 10 s) into the cache, unless `--keep-links` and they are there."""
-    from planner.presets import cpu_local_cache_path, load_devices, measure_cpu_local
+    from planner.hardware.presets import cpu_local_cache_path, load_devices, measure_cpu_local
 
     path = cpu_local_cache_path()
     if not (path.exists() and args.keep_links):
@@ -329,7 +329,7 @@ PROBE_OPS = 48  # tiny linear ops of the runtime-overhead probe
 def probe_graph(ops: int = PROBE_OPS) -> Any:
     """A chain of `ops` tiny linears (8 x 32 -> 32) ending in a softmax: almost no compute,
     so a step measures what the runtime spends per task around the kernels."""
-    from planner.opgraph import Op, OpGraph, Param, Tensor
+    from planner.graph.opgraph import Op, OpGraph, Param, Tensor
 
     out = [Op("x", "input", (), Tensor.of(sample=8, channel=32))]
     for k in range(ops):
@@ -352,10 +352,10 @@ def runtime_task_overhead(args: argparse.Namespace, say: Any) -> float:
     (measured one-worker step - the sum of the probe's profiled task times) / its tasks.
     Measured on `probe_graph`, not on the models evaluated; the cost model charges it to
     every task (`CostOptions.task_overhead`)."""
-    from planner.config import ParallelConfig
-    from planner.presets import load_devices
-    from planner.profile import MeasuredTimes, profile_graph
-    from planner.strategy import Strategy
+    from planner.costs.config import ParallelConfig
+    from planner.costs.profile import MeasuredTimes, profile_graph
+    from planner.hardware.presets import load_devices
+    from planner.problems.strategy import Strategy
     from runtime.launch import RunOptions, run_strategy
 
     graph = probe_graph()

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from planner.presets import get_preset
-from planner.problem import build_problem
-from planner.zoo import model_graph
+from planner.graph.zoo import model_graph
+from planner.hardware.presets import get_preset
+from planner.problems.problem import build_problem
 
 
 def main(argv: Sequence[str] | None = None) -> int:

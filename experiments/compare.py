@@ -27,9 +27,9 @@ from rich.text import Text
 
 from backends import BackendError, SolveOptions, backend_names, get_backend
 from backends.base import evaluate_objective
-from planner.baselines import BASELINES, applicable
 from planner.cli import OneLineArgumentParser, nonnegative_int, positive_int, positive_seconds
 from planner.errors import LayerwiseError
+from planner.problems.baselines import BASELINES, applicable
 
 QUICK_MODELS = ["lenet5", "alexnet", "vgg16", "inception_v3", "rnnlm"]
 QUICK_PRESETS = ["p100-1x4", "p100-2x4"]
@@ -96,8 +96,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace) -> list[Any]:
     """Fail fast on an unknown model, preset or backend; return the backends."""
-    from planner.presets import get_preset
-    from planner.zoo import MODELS
+    from planner.graph.zoo import MODELS
+    from planner.hardware.presets import get_preset
 
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
@@ -110,9 +110,9 @@ def check_args(args: argparse.Namespace) -> list[Any]:
 
 
 def run(args: argparse.Namespace, console: Console) -> list[Row]:
-    from planner.presets import get_preset
-    from planner.problem import build_problem
-    from planner.zoo import model_graph
+    from planner.graph.zoo import model_graph
+    from planner.hardware.presets import get_preset
+    from planner.problems.problem import build_problem
 
     backends = check_args(args)
     opts = SolveOptions(objective=args.objective, time_limit=args.time_limit, seed=args.seed)
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace, console: Console) -> list[Row]:
 
 
 def _baseline_rows(model: str, preset: str, problem: Any, objective: str) -> list[Row]:
-    """The expert strategies (planner.baselines) scored under `objective`."""
+    """The expert strategies (planner.problems.baselines) scored under `objective`."""
     rows = []
     for name in applicable(problem.graph):
         method = f"[{name}]"

@@ -20,9 +20,9 @@ from typing import Any
 
 from backends import SolveOptions, get_backend
 from backends.placement import PlacementProblem, list_schedule, placement_problem
-from planner.presets import get_preset
-from planner.problem import Problem, build_problem
-from planner.zoo import model_graph
+from planner.graph.zoo import model_graph
+from planner.hardware.presets import get_preset
+from planner.problems.problem import Problem, build_problem
 
 PAPER_SPEEDUP = {2: 1.32}  # Sec. 6: "the 1.32x speedup obtained with the real silicon 2-GPU"
 

@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.table import Table
 
 from backends import SolveOptions, get_backend
-from planner.presets import get_preset
-from planner.problem import build_problem
-from planner.zoo import model_graph
+from planner.graph.zoo import model_graph
+from planner.hardware.presets import get_preset
+from planner.problems.problem import build_problem
 
 MODELS = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet101"]
 PRESETS = ["p100-1x4", "p100-2x4", "p100-4x4", "p100-8x4", "p100-16x4"]

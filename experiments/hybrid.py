@@ -10,7 +10,7 @@ SU_N^M > SU_(MxN) (Eq. 6). Here:
   (OptCNN Eq. 1, the `elimination` backend's optimum) on M devices of one node of the family.
 - SE_N = T_1 / (T_1 + AR_N): T_1 is the one-device step time (the same additive optimum on one
   device, per-device batch B) and AR_N the ring all-reduce of every parameter over N devices
-  of the family's cluster preset (planner.costmodel's t_s of a data-parallel config), not
+  of the family's cluster preset (planner.costs.costmodel's t_s of a data-parallel config), not
   overlapped with compute. `--scaling one` takes SE_N = 1, the paper's assumption (Sec. 4.3).
 - E_1 / E_N from an epochs-to-converge versus global-batch CSV (global batch = N x B;
   log-linear interpolation). The default, experiments/data/epochs_vs_batch.csv, is
@@ -32,13 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from backends import SolveOptions, get_backend
-from planner.config import ParallelConfig
-from planner.costmodel import CostModel
-from planner.devices import DeviceGraph
-from planner.opgraph import OpGraph
-from planner.presets import get_preset
-from planner.problem import build_problem
-from planner.zoo import MODELS, model_graph
+from planner.costs.config import ParallelConfig
+from planner.costs.costmodel import CostModel
+from planner.graph.opgraph import OpGraph
+from planner.graph.zoo import MODELS, model_graph
+from planner.hardware.devices import DeviceGraph
+from planner.hardware.presets import get_preset
+from planner.problems.problem import build_problem
 
 DEFAULT_EPOCHS = Path(__file__).parent / "data" / "epochs_vs_batch.csv"
 

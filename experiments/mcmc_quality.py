@@ -21,10 +21,10 @@ from rich.table import Table
 
 from backends import SolveOptions, get_backend
 from backends.base import evaluate_objective
-from planner.baselines import data_parallel
-from planner.presets import get_preset
-from planner.problem import build_problem
-from planner.zoo import list_models, model_graph
+from planner.graph.zoo import list_models, model_graph
+from planner.hardware.presets import get_preset
+from planner.problems.baselines import data_parallel
+from planner.problems.problem import build_problem
 
 SMALL = [("lenet5", {}), ("rnnlm", {"steps": 2})]
 MODELS = list_models()

@@ -16,13 +16,13 @@ from rich.console import Console
 from rich.table import Table
 
 from backends import SolveOptions, get_backend
-from planner.config import ParallelConfig
-from planner.evaluate import score_strategy
-from planner.opgraph import Op, OpGraph
-from planner.presets import get_preset
-from planner.problem import build_problem
-from planner.strategy import Strategy
-from planner.zoo import model_graph
+from planner.costs.config import ParallelConfig
+from planner.graph.opgraph import Op, OpGraph
+from planner.graph.zoo import model_graph
+from planner.hardware.presets import get_preset
+from planner.problems.evaluate import score_strategy
+from planner.problems.problem import build_problem
+from planner.problems.strategy import Strategy
 
 # The paper's Table 5, per group of layers (our copy of the paper lost the fourth conv row;
 # its text says sample parallelism for the early blocks and height x width for the last

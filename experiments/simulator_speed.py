@@ -22,11 +22,11 @@ from rich.console import Console
 from rich.table import Table
 
 from backends import SolveOptions, get_backend
-from planner.baselines import data_parallel
-from planner.presets import get_preset
-from planner.problem import build_problem
-from planner.simulator import Simulator
-from planner.zoo import model_graph
+from planner.graph.zoo import model_graph
+from planner.hardware.presets import get_preset
+from planner.problems.baselines import data_parallel
+from planner.problems.problem import build_problem
+from planner.sim.simulator import Simulator
 
 MODELS = ["alexnet", "resnet101", "inception_v3", "rnntc", "rnnlm", "nmt"]
 PRESETS = ["p100-1x4", "p100-2x4", "p100-4x4"]

@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_model_kwargs(name: str, kwargs: dict[str, Any]) -> None:
     """Type-check --set values against the model's defaults (the zoo checks the names)."""
-    from planner.zoo import MODELS
+    from planner.graph.zoo import MODELS
 
     info = MODELS.get(name)
     if info is None:
@@ -255,7 +255,7 @@ def _check_model_kwargs(name: str, kwargs: dict[str, Any]) -> None:
 
 
 def _graph_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    from planner.zoo import model_graph
+    from planner.graph.zoo import model_graph
 
     kwargs = dict(args.model_kwargs)
     batch = args.batch
@@ -289,13 +289,13 @@ def _malformed(what: str, path: Path, load: Callable[[], Any]) -> Any:
 
 
 def _cost_model(graph: Any, devices: Any, options: dict[str, Any], source: str) -> Any:
-    from planner.costmodel import CostModel, CostOptions
+    from planner.costs.costmodel import CostModel, CostOptions
 
     fields = {f.name for f in dataclasses.fields(CostOptions)}
     opts = CostOptions(**{k: v for k, v in options.items() if k in fields})
     measured = None
     if source == "measured":
-        from planner.profile import MeasuredTimes
+        from planner.costs.profile import MeasuredTimes
 
         measured = MeasuredTimes.load(devices, graph=graph)
     return CostModel(graph, devices, opts, measured=measured)
@@ -303,7 +303,7 @@ def _cost_model(graph: Any, devices: Any, options: dict[str, Any], source: str) 
 
 def _check_cost_section(cost: Any) -> dict[str, Any]:
     """The `cost` object of a strategy file: the CostOptions it was planned with."""
-    from planner.costmodel import CostOptions
+    from planner.costs.costmodel import CostOptions
 
     if not isinstance(cost, dict):
         raise LayerwiseError(f'the strategy file\'s "cost" must be an object, got {cost!r}')
@@ -327,7 +327,7 @@ def _check_cost_section(cost: Any) -> dict[str, Any]:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from planner.zoo import MODELS
+    from planner.graph.zoo import MODELS
 
     for name, info in MODELS.items():
         defaults = ", ".join(f"{k}={v}" for k, v in info.defaults.items())
@@ -353,7 +353,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    from planner.presets import load_devices, measure_cpu_local
+    from planner.hardware.presets import load_devices, measure_cpu_local
 
     if args.measure:
         match = re.fullmatch(r"cpu-local-(\d+)", args.preset)
@@ -407,22 +407,22 @@ def _check_plan_args(args: argparse.Namespace) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from backends import SolveOptions, get_backend
-    from planner.problem import build_problem
+    from planner.problems.problem import build_problem
 
     _check_plan_args(args)
     backend = get_backend(args.backend)
     options = SolveOptions(objective=args.objective, time_limit=args.time_limit, seed=args.seed)
     model: dict[str, Any] | None = None
     if args.problem:
-        from planner.costtable import load_problem
+        from planner.problems.costtable import load_problem
 
         problem = load_problem(args.problem)
     else:
-        from planner.presets import load_devices
+        from planner.hardware.presets import load_devices
 
         devices = load_devices(args.devices)
         if args.graph:
-            from planner.opgraph import OpGraph
+            from planner.graph.opgraph import OpGraph
 
             path = args.graph
             graph = _malformed("graph file", path, lambda: OpGraph.load(path))
@@ -471,10 +471,10 @@ def _print_plan(out: dict[str, Any], rows: list[tuple[str, str, str]]) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from planner.evaluate import score_strategy
-    from planner.simulator import simulate
-    from planner.strategy import load_strategy
-    from planner.trace import save_chrome_trace, save_gantt
+    from planner.problems.evaluate import score_strategy
+    from planner.problems.strategy import load_strategy
+    from planner.sim.simulator import simulate
+    from planner.sim.trace import save_chrome_trace, save_gantt
 
     path = args.strategy
     strategy, data = _malformed("strategy file", path, lambda: load_strategy(path))
@@ -512,8 +512,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from planner.presets import load_devices
-    from planner.profile import profile_graph
+    from planner.costs.profile import profile_graph
+    from planner.hardware.presets import load_devices
 
     graph, _ = _graph_from_args(args)
     devices = load_devices(args.devices)

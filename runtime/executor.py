@@ -1,7 +1,7 @@
 """One rank's share of a training step: its tasks forward and backward, and the transfers.
 
 Every op task is an autograd island: its input boxes are fresh leaves, its output the result
-of `planner.kernels.run_task` on them and on the rank's parameter shards. The forward pass
+of `planner.costs.kernels.run_task` on them and on the rank's parameter shards. The forward pass
 walks the ops in graph order; as soon as a task has computed its output box it sends the
 regions that consumer tasks on other ranks need (non-blocking), and a task waits only for the
 regions it reads. Receives are posted at the start of each pass. The backward pass walks the
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from planner.kernels import BN_EPS, TaskPlan, lstm_step, run_task
-from planner.opkinds import CHANNEL
+from planner.costs.kernels import BN_EPS, TaskPlan, lstm_step, run_task
+from planner.graph.opkinds import CHANNEL
 from runtime.plan import ExecPlan, OpExec, ShardKey, Transfer
 from runtime.reference import nll_part
 from runtime.sync import GradientSync, group_sum
@@ -240,7 +240,7 @@ class Executor:
     ) -> torch.Tensor:
         """Batch norm (an op's own or folded) with the model's epsilon; statistics summed
         over the tasks that hold the same channels when samples, height or width are split
-        (`planner.kernels.shared_batch_norm`, the computation the profiler measures)."""
+        (`planner.costs.kernels.shared_batch_norm`, the computation the profiler measures)."""
         plan = o.plans[t]
         eps = self.norm_eps.get(o.index, BN_EPS)
         ranks = o.norm_groups[t]

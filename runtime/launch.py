@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from planner.errors import LayerwiseError
-from planner.strategy import Strategy
+from planner.problems.strategy import Strategy
 from runtime.executor import PHASES, Status
 from runtime.plan import ExecPlan, RuntimeConfigError, ShardKey, build_plan
 from runtime.reference import DTYPES, ModelSpec, ReferenceResult, deviation, reference_train

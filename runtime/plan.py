@@ -3,12 +3,12 @@
 Every rank derives the same `ExecPlan` from the strategy alone (no communication):
 
 - tasks: op i under its config has tasks numbered row-major over the degrees
-  (`planner.regions.task_boxes`); task t runs on rank `cfg.devices[t]` with the
-  `planner.kernels.TaskPlan` of `plan_task` (its output box, the input boxes it reads, halos
+  (`planner.costs.regions.task_boxes`); task t runs on rank `cfg.devices[t]` with the
+  `planner.costs.kernels.TaskPlan` of `plan_task` (its output box, the input boxes it reads, halos
   included, its parameter shards).
 - transfers: for each edge and each (producer task p, consumer task q), the intersection of
-  p's output box with q's needed box (`planner.regions.needed_boxes`) is one `Transfer`,
-  exactly the overlaps whose volume `planner.regions.overlap_volume` gives the cost model's
+  p's output box with q's needed box (`planner.costs.regions.needed_boxes`) is one `Transfer`,
+  exactly the overlaps whose volume `planner.costs.regions.overlap_volume` gives the cost model's
   t_x. Forward, the producer's rank sends that region to the consumer's rank (a local slice
   when both are the same rank); backward, the consumer sends the gradient of the region back
   and the producer sums the pieces. An LSTM step passes its state (h, c) to the next step:
@@ -33,13 +33,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from planner.config import ParallelConfig
+from planner.costs.config import ParallelConfig
+from planner.costs.kernels import TaskPlan, fused_ops, plan_task
+from planner.costs.regions import needed_boxes, overlap_volume, task_boxes
 from planner.errors import LayerwiseError
-from planner.kernels import TaskPlan, fused_ops, plan_task
-from planner.opgraph import Op, OpGraph
-from planner.opkinds import CHANNEL, is_batch_norm, parameter_dims, stats_groups
-from planner.regions import needed_boxes, overlap_volume, task_boxes
-from planner.strategy import Strategy
+from planner.graph.opgraph import Op, OpGraph
+from planner.graph.opkinds import CHANNEL, is_batch_norm, parameter_dims, stats_groups
+from planner.problems.strategy import Strategy
 
 __all__ = [
     "ExecPlan",
@@ -291,7 +291,7 @@ def _norm_groups(op: Op, cfg: ParallelConfig) -> tuple[tuple[int, ...], ...]:
 def _transfers(
     graph: OpGraph, configs: Sequence[ParallelConfig], ops: Sequence[OpExec]
 ) -> tuple[tuple[Transfer, ...], int]:
-    """Every (edge, producer task, consumer task) overlap, from planner.regions."""
+    """Every (edge, producer task, consumer task) overlap, from planner.costs.regions."""
     out: list[Transfer] = []
     tag = 0
     for k, e in enumerate(graph.edges):

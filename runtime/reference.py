@@ -23,10 +23,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from planner.costs.kernels import BN_EPS
 from planner.errors import LayerwiseError
-from planner.kernels import BN_EPS
-from planner.opgraph import OpGraph
-from planner.opkinds import CHANNEL
+from planner.graph.opgraph import OpGraph
+from planner.graph.opkinds import CHANNEL
 
 __all__ = [
     "ModelSpec",
@@ -78,13 +78,13 @@ class ModelSpec:
         }
 
     def graph(self) -> OpGraph:
-        from planner.zoo import model_graph
+        from planner.graph.zoo import model_graph
 
         return model_graph(self.name, batch=self.batch, coarsen=self.coarsen, **self.kwargs)
 
     def build(self, seed: int, dtype: torch.dtype) -> nn.Module:
         """The model on the CPU with its seeded initial parameters, dropout off."""
-        from planner.zoo import build_model
+        from planner.graph.zoo import build_model
 
         kwargs = dict(self.kwargs)
         if self.batch is not None:

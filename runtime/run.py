@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from planner.strategy import load_strategy
+    from planner.problems.strategy import load_strategy
     from runtime.launch import RunOptions, run_strategy, torchrun_main
     from runtime.reference import ModelSpec
 

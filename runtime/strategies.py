@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import random
 
-from planner.config import ConfigSpace, ParallelConfig
-from planner.devices import DeviceGraph
-from planner.opgraph import OpGraph
-from planner.problem import tied_nodes
-from planner.strategy import Strategy
+from planner.costs.config import ConfigSpace, ParallelConfig
+from planner.graph.opgraph import OpGraph
+from planner.hardware.devices import DeviceGraph
+from planner.problems.problem import tied_nodes
+from planner.problems.strategy import Strategy
 
 __all__ = ["random_strategy"]
 
@@ -18,7 +18,7 @@ def random_strategy(
 ) -> Strategy:
     """One config per op drawn uniformly from the ConfigSpace (ops of a shared parameter
     group with the same candidates take the same config when `tie_groups`, as the Problem
-    ties them: `planner.problem.tied_nodes`)."""
+    ties them: `planner.problems.problem.tied_nodes`)."""
     rng = random.Random(seed)
     space = ConfigSpace(graph, devices)
     nodes = tied_nodes(graph, space) if tie_groups else [[i] for i in range(len(graph.ops))]

@@ -12,7 +12,7 @@ BUCKET_NUMEL elements or more that is one whole shard is summed in place. `finis
 waits, writes the sums back into every shard that holds the interval, and takes the SGD step.
 
 `group_sum` sums a tensor over a group's ranks: the batch-norm statistics of tasks that hold
-the same channels (`planner.kernels.shared_batch_norm` calls it forward and backward).
+the same channels (`planner.costs.kernels.shared_batch_norm` calls it forward and backward).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from planner.costmodel import CostOptions
-from planner.kernels import shard_params
+from planner.costs.costmodel import CostOptions
+from planner.costs.kernels import shard_params
 from runtime.plan import ExecPlan, ShardKey, SyncItem
 
 __all__ = ["GradientSync", "group_sum"]

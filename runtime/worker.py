@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from planner.strategy import strategy_from_json
+from planner.problems.strategy import strategy_from_json
 from runtime.executor import DONE, INIT, Executor, Status
 from runtime.plan import ExecPlan, RuntimeConfigError, build_plan
 from runtime.reference import DTYPES, ModelSpec, init_params, make_inputs, make_targets

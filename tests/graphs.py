@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from planner.opgraph import Op, OpGraph, Param, Tensor
+from planner.graph.opgraph import Op, OpGraph, Param, Tensor
 
 # -- op builders ------------------------------------------------------------------------------
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from backends.testing import BackendConformance, tiny_cnn
-from planner.baselines import BASELINES, data_parallel, expert_rnn, model_parallel, owt
-from planner.presets import get_preset
-from planner.problem import build_problem
+from planner.hardware.presets import get_preset
+from planner.problems.baselines import BASELINES, data_parallel, expert_rnn, model_parallel, owt
+from planner.problems.problem import build_problem
 
 
 class TestBaselinesConformance(BackendConformance):

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from backends import BackendError, SolveOptions, Status, get_backend
 from backends.elimination import min_plus
 from backends.testing import BackendConformance
-from planner.costtable import brute_force, random_problem
-from planner.evaluate import additive_cost
-from planner.problem import Problem
+from planner.problems.costtable import brute_force, random_problem
+from planner.problems.evaluate import additive_cost
+from planner.problems.problem import Problem
 
 
 class TestEliminationConformance(BackendConformance):
@@ -115,8 +115,8 @@ def _brute_force_makespan(p: Problem) -> float:
 @pytest.mark.parametrize("preset, cap", [("p100-1x2", 3), ("p100-2x2", 2)])
 def test_search_proves_the_makespan_optimum_of_small_graphs(preset: str, cap: int) -> None:
     from backends.testing import tiny_cnn
-    from planner.presets import get_preset
-    from planner.problem import build_problem
+    from planner.hardware.presets import get_preset
+    from planner.problems.problem import build_problem
 
     p = build_problem(tiny_cnn(), get_preset(preset), max_configs=cap)
     best = _brute_force_makespan(p)
@@ -130,7 +130,7 @@ def test_search_proves_the_makespan_optimum_of_small_graphs(preset: str, cap: in
 
 
 def test_cost_table_files_go_through_the_exact_backends(tmp_path) -> None:
-    from planner.costtable import load_problem, save_problem
+    from planner.problems.costtable import load_problem, save_problem
 
     for seed in range(5):
         path = tmp_path / f"p{seed}.json"

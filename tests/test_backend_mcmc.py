@@ -8,9 +8,9 @@ import pytest
 
 from backends import SolveOptions, Status, get_backend
 from backends.testing import BackendConformance, tiny_cnn
-from planner.costtable import brute_force, random_problem
-from planner.presets import get_preset
-from planner.problem import build_problem
+from planner.hardware.presets import get_preset
+from planner.problems.costtable import brute_force, random_problem
+from planner.problems.problem import build_problem
 
 
 class TestMcmcConformance(BackendConformance):
@@ -49,7 +49,7 @@ def test_memory_limit_is_respected() -> None:
         p = random_problem(8, 4, seed=seed, memory=True)
         r = get_backend("mcmc").solve(p, SolveOptions(seed=seed, extra={"iterations": 500}))
         if r.choices is not None:
-            from planner.evaluate import memory_feasible
+            from planner.problems.evaluate import memory_feasible
 
             assert memory_feasible(p, r.choices)
 

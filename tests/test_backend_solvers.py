@@ -36,11 +36,11 @@ from backends.search import SearchBackend
 from backends.selection import selection
 from backends.series import series_bound
 from backends.testing import BackendConformance, tiny_cnn
-from planner.costtable import brute_force, random_problem
-from planner.evaluate import additive_cost, memory_feasible
-from planner.presets import get_preset
-from planner.problem import Problem, build_problem
-from planner.simulator import simulate
+from planner.hardware.presets import get_preset
+from planner.problems.costtable import brute_force, random_problem
+from planner.problems.evaluate import additive_cost, memory_feasible
+from planner.problems.problem import Problem, build_problem
+from planner.sim.simulator import simulate
 from tests.graphs import chain_cnn, linear_head
 
 REGISTRY = {"ilp": "backends.ilp:IlpBackend", "cpsat": "backends.cpsat:CpsatBackend"}

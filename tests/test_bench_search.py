@@ -7,9 +7,9 @@ from functools import cache
 import pytest
 
 from backends import SolveOptions, Status, get_backend
-from planner.presets import get_preset
-from planner.problem import Problem, build_problem
-from planner.zoo import model_graph
+from planner.graph.zoo import model_graph
+from planner.hardware.presets import get_preset
+from planner.problems.problem import Problem, build_problem
 
 pytestmark = pytest.mark.benchmark
 

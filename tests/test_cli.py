@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 
 from planner.cli import build_parser, main
-from planner.costtable import load_problem, random_problem, save_problem
-from planner.devices import DeviceGraph
-from planner.evaluate import additive_cost
-from planner.opgraph import OpGraph
-from planner.presets import get_preset
-from planner.strategy import load_strategy
-from planner.zoo import MODELS, model_graph
+from planner.graph.opgraph import OpGraph
+from planner.graph.zoo import MODELS, model_graph
+from planner.hardware.devices import DeviceGraph
+from planner.hardware.presets import get_preset
+from planner.problems.costtable import load_problem, random_problem, save_problem
+from planner.problems.evaluate import additive_cost
+from planner.problems.strategy import load_strategy
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ["lenet5", "--batch", "8"]

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from planner.coarsen import coarsen
-from planner.opgraph import Op, OpGraph, Param, Tensor
-from planner.zoo import MODELS, model_graph
+from planner.graph.coarsen import coarsen
+from planner.graph.opgraph import Op, OpGraph, Param, Tensor
+from planner.graph.zoo import MODELS, model_graph
 
 SMALL: dict[str, dict[str, Any]] = {
     "rnntc": {"steps": 5, "hidden": 32, "vocab": 100},

@@ -11,8 +11,8 @@ import pytest
 
 from backends import backend_names
 from experiments.compare import Row, _judge, main
-from planner.baselines import applicable
-from planner.zoo import model_graph
+from planner.graph.zoo import model_graph
+from planner.problems.baselines import applicable
 
 TINY = ["--models", "lenet5", "--presets", "p100-1x2", "--time-limit", "2"]
 

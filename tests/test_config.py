@@ -11,10 +11,10 @@ from graphs import GRAPHS, attention_block, conv2d, input_op
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.config import ConfigSpace, ParallelConfig, check_config, device_sets, partitions
+from planner.costs.config import ConfigSpace, ParallelConfig, check_config, device_sets, partitions
 from planner.errors import ConfigError, GraphError
-from planner.opgraph import Op, OpGraph, Tensor
-from planner.presets import get_preset
+from planner.graph.opgraph import Op, OpGraph, Tensor
+from planner.hardware.presets import get_preset
 
 PRESETS = ["p100-1x4", "p100-2x4", "p100-4x2", "cpu-local-2", "v100-dgx1-3"]
 

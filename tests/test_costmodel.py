@@ -22,16 +22,16 @@ from graphs import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.config import ConfigSpace, ParallelConfig
-from planner.costmodel import CostModel, CostOptions
-from planner.devices import Device, DeviceGraph, Link
+from planner.costs.config import ConfigSpace, ParallelConfig
+from planner.costs.costmodel import CostModel, CostOptions
+from planner.costs.regions import needed_boxes, overlap_volume, task_boxes, task_index
 from planner.errors import LayerwiseError
-from planner.opgraph import OpGraph
-from planner.opkinds import DimMap, stats_groups
-from planner.presets import get_preset
-from planner.regions import needed_boxes, overlap_volume, task_boxes, task_index
-from planner.simulator import Simulator
-from planner.zoo import model_graph
+from planner.graph.opgraph import OpGraph
+from planner.graph.opkinds import DimMap, stats_groups
+from planner.graph.zoo import model_graph
+from planner.hardware.devices import Device, DeviceGraph, Link
+from planner.hardware.presets import get_preset
+from planner.sim.simulator import Simulator
 
 # -- shared, cached fixtures ------------------------------------------------------------------
 

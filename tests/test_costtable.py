@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.costtable import (
+from planner.errors import ProblemError
+from planner.problems.costtable import (
     brute_force,
     load_problem,
     problem_from_json,
@@ -25,9 +26,8 @@ from planner.costtable import (
     random_problem,
     save_problem,
 )
-from planner.errors import ProblemError
-from planner.evaluate import additive_cost, memory_feasible, memory_peak
-from planner.problem import FORBIDDEN, Problem
+from planner.problems.evaluate import additive_cost, memory_feasible, memory_peak
+from planner.problems.problem import FORBIDDEN, Problem
 
 F = int(FORBIDDEN)
 

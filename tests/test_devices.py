@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.devices import Device, DeviceGraph, Link
 from planner.errors import DeviceGraphError
-from planner.presets import (
+from planner.hardware.devices import Device, DeviceGraph, Link
+from planner.hardware.presets import (
     CPU_LOCAL_DEFAULTS,
     DGX1_NVLINKS,
     get_preset,
@@ -190,7 +190,7 @@ def test_cpu_local_bad_cache_warns_and_uses_defaults(empty_cache: Path) -> None:
 
 
 def test_planner_import_does_not_import_torch() -> None:
-    code = "import sys, planner.presets; assert 'torch' not in sys.modules"
+    code = "import sys, planner.hardware.presets; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
 
 

@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.errors import GraphError
-from planner.opgraph import Op, OpGraph, Param, Tensor
-from planner.opkinds import KINDS
+from planner.graph.opgraph import Op, OpGraph, Param, Tensor
+from planner.graph.opkinds import KINDS
 
 
 def _vec(name: str, kind: str, inputs: tuple[str, ...], **kw) -> Op:

@@ -1,4 +1,4 @@
-"""Per-task kernels (planner.kernels) and the measured cost mode (planner.profile)."""
+"""Per-task kernels (planner.costs.kernels) and the measured cost mode (planner.costs.profile)."""
 
 from __future__ import annotations
 
@@ -23,11 +23,9 @@ from graphs import (
     softmax,
 )
 
-from planner.coarsen import coarsen
-from planner.config import ConfigSpace, ParallelConfig
-from planner.costmodel import CostModel, CostOptions
-from planner.errors import GraphError, LayerwiseError
-from planner.kernels import (
+from planner.costs.config import ConfigSpace, ParallelConfig
+from planner.costs.costmodel import CostModel, CostOptions
+from planner.costs.kernels import (
     plan_op,
     plan_task,
     random_inputs,
@@ -37,10 +35,12 @@ from planner.kernels import (
     shared_batch_norm,
     task_fn,
 )
-from planner.opgraph import Op, OpGraph, Param, Tensor
-from planner.presets import get_preset
-from planner.profile import MeasuredTimes, cache_path, profile_graph, task_key
-from planner.zoo import model_graph
+from planner.costs.profile import MeasuredTimes, cache_path, profile_graph, task_key
+from planner.errors import GraphError, LayerwiseError
+from planner.graph.coarsen import coarsen
+from planner.graph.opgraph import Op, OpGraph, Param, Tensor
+from planner.graph.zoo import model_graph
+from planner.hardware.presets import get_preset
 
 # -- kernels: a task's output is the slice of the whole op's output ---------------------------
 

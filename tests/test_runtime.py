@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from budget import time_budget
 
-from planner.baselines import data_parallel, model_parallel, owt
-from planner.config import ParallelConfig
-from planner.devices import DeviceGraph
-from planner.opgraph import Op, OpGraph, Tensor
-from planner.opkinds import CHANNEL, HEIGHT, SAMPLE, WIDTH, parallel_dims
-from planner.presets import get_preset
-from planner.strategy import Strategy
+from planner.costs.config import ParallelConfig
+from planner.graph.opgraph import Op, OpGraph, Tensor
+from planner.graph.opkinds import CHANNEL, HEIGHT, SAMPLE, WIDTH, parallel_dims
+from planner.hardware.devices import DeviceGraph
+from planner.hardware.presets import get_preset
+from planner.problems.baselines import data_parallel, model_parallel, owt
+from planner.problems.strategy import Strategy
 from runtime.launch import RunOptions, RunResult, WorkerError, run_strategy
 from runtime.plan import RuntimeConfigError, build_plan
 from runtime.reference import ModelSpec
@@ -225,7 +225,7 @@ def test_float32_within_rtol() -> None:
 
 def test_backend_strategy() -> None:
     from backends import SolveOptions, get_backend
-    from planner.problem import build_problem
+    from planner.problems.problem import build_problem
 
     graph = LENET.graph()
     for world in (2, 4):
@@ -299,8 +299,8 @@ def test_faults_are_reported_by_rank_and_leave_no_process(kind: str, expected: s
 @pytest.mark.parametrize("seed", range(4))
 def test_random_strategies_tie_shared_weights_as_the_problem_does(seed: int) -> None:
     """Ops of one parameter group with the same candidates get the same config."""
-    from planner.config import ConfigSpace
-    from planner.problem import tied_nodes
+    from planner.costs.config import ConfigSpace
+    from planner.problems.problem import tied_nodes
 
     graph, dg = RNNLM.graph(), devices(2)
     s = random_strategy(graph, dg, seed)

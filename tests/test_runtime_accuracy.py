@@ -11,9 +11,9 @@ import pytest
 from budget import time_budget
 
 from experiments.accuracy import MODELS, Row, candidates, main, ranks, spearman, summarize
-from planner.costmodel import CostModel
-from planner.presets import get_preset
-from planner.problem import build_problem
+from planner.costs.costmodel import CostModel
+from planner.hardware.presets import get_preset
+from planner.problems.problem import build_problem
 
 
 @pytest.fixture(autouse=True)

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from budget import time_budget
 
-from planner.baselines import owt
-from planner.presets import get_preset
+from planner.hardware.presets import get_preset
+from planner.problems.baselines import owt
 from runtime.reference import ModelSpec
 from runtime.run import EXIT_BAD_INPUT, EXIT_WORKER_FAILED, main
 

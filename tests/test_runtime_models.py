@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from budget import time_budget
 
-from planner.baselines import data_parallel, model_parallel, owt
-from planner.presets import get_preset
-from planner.strategy import Strategy
+from planner.hardware.presets import get_preset
+from planner.problems.baselines import data_parallel, model_parallel, owt
+from planner.problems.strategy import Strategy
 from runtime.launch import RunOptions, run_strategy
 from runtime.reference import ModelSpec
 from runtime.strategies import random_strategy
@@ -64,7 +64,7 @@ def graph_of(model: str) -> Any:
 
 def elimination(graph: Any, devices: Any) -> Strategy:
     from backends import SolveOptions, get_backend
-    from planner.problem import build_problem
+    from planner.problems.problem import build_problem
 
     result = get_backend("elimination").solve(
         build_problem(graph, devices), SolveOptions(time_limit=60.0)

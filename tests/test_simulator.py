@@ -10,14 +10,14 @@ from graphs import GRAPHS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.baselines import data_parallel, model_parallel
-from planner.config import ParallelConfig
-from planner.costmodel import CostModel, CostOptions
-from planner.presets import get_preset
-from planner.problem import Problem, build_problem
-from planner.simulator import Simulator, simulate
-from planner.strategy import Strategy
-from planner.zoo import model_graph
+from planner.costs.config import ParallelConfig
+from planner.costs.costmodel import CostModel, CostOptions
+from planner.graph.zoo import model_graph
+from planner.hardware.presets import get_preset
+from planner.problems.baselines import data_parallel, model_parallel
+from planner.problems.problem import Problem, build_problem
+from planner.problems.strategy import Strategy
+from planner.sim.simulator import Simulator, simulate
 
 
 @cache
@@ -83,7 +83,7 @@ def test_data_parallel_synchronizes_parameters_on_links() -> None:
 
 def test_makespan_is_below_the_additive_cost_for_data_parallel() -> None:
     """Overlap can only help: the simulated step is at most the sum of Eq. 1's parts."""
-    from planner.evaluate import score_strategy
+    from planner.problems.evaluate import score_strategy
 
     for name in ("chain_cnn", "inception", "residual"):
         p = problem(name, "p100-1x4")
@@ -136,7 +136,7 @@ def test_memory_is_reported_per_device() -> None:
 def test_chrome_trace_and_gantt(tmp_path) -> None:
     import json
 
-    from planner.trace import chrome_trace, save_chrome_trace, save_gantt
+    from planner.sim.trace import chrome_trace, save_chrome_trace, save_gantt
 
     p = problem("inception", "p100-2x4")
     t = simulate(p.cost_model, data_parallel(p.graph, p.devices))

@@ -11,14 +11,14 @@ from graphs import GRAPHS, chain_cnn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.config import ParallelConfig
-from planner.costmodel import CostModel, CostOptions
+from planner.costs.config import ParallelConfig
+from planner.costs.costmodel import CostModel, CostOptions
 from planner.errors import ConfigError, ProblemError, StrategyError
-from planner.evaluate import additive_cost, memory_feasible, memory_peak, score_strategy
-from planner.opgraph import OpGraph
-from planner.presets import get_preset
-from planner.problem import Problem, build_problem
-from planner.strategy import Strategy, load_strategy, strategy_from_json
+from planner.graph.opgraph import OpGraph
+from planner.hardware.presets import get_preset
+from planner.problems.evaluate import additive_cost, memory_feasible, memory_peak, score_strategy
+from planner.problems.problem import Problem, build_problem
+from planner.problems.strategy import Strategy, load_strategy, strategy_from_json
 
 
 @functools.cache

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.capture import capture
 from planner.errors import GraphError, LayerwiseError
-from planner.opgraph import OpGraph
-from planner.zoo import MODELS, LeNet5, build_model, list_models, model_graph
+from planner.graph.capture import capture
+from planner.graph.opgraph import OpGraph
+from planner.graph.zoo import MODELS, LeNet5, build_model, list_models, model_graph
 
 # Small sizes for the recurrent models and the transformer: same structure, quick to run.
 SMALL: dict[str, dict[str, Any]] = {

@@ -5,7 +5,7 @@ layers layerwise knows (conv, pool, linear, norms, activations, embedding, LSTM 
 module that declares a `layerwise_kind`), runs the traced graph once on meta tensors to get
 every node's shape and, under `FlopCounterMode`, its forward FLOPs (2 per multiply-add; only
 matmuls, convolutions and attention count, so pointwise ops get 0 FLOPs and their memory
-traffic in `mem_bytes`). Every fx node becomes an op of `planner.opkinds` or is folded away
+traffic in `mem_bytes`). Every fx node becomes an op of `planner.graph.opkinds` or is folded away
 when it carries no compute (getitem, size, identity); anything else raises `GraphError`.
 
 Dimension names: 4D activations (sample, channel, height, width), 3D (sample, length,
@@ -30,8 +30,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from planner.errors import GraphError
-from planner.opgraph import Op, OpGraph, Param, Tensor
-from planner.opkinds import CHANNEL, HEIGHT, LENGTH, SAMPLE, WIDTH
+from planner.graph.opgraph import Op, OpGraph, Param, Tensor
+from planner.graph.opkinds import CHANNEL, HEIGHT, LENGTH, SAMPLE, WIDTH
 
 __all__ = ["DEFAULT_LEAF_MODULES", "capture"]
 

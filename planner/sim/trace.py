@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from planner.simulator import Timeline
+from planner.sim.simulator import Timeline
 
 COLORS = {
     "fwd": "tab:blue",

@@ -1,10 +1,10 @@
 """Per-task kernels: one task of an op under a ParallelConfig, computed on its sub-tensors.
 
-A task owns a box of the op's output tensor (`planner.regions.task_boxes`, row-major task
-order) and reads, from each input tensor, the box that `planner.regions.needed_boxes` derives
+A task owns a box of the op's output tensor (`planner.costs.regions.task_boxes`, row-major task
+order) and reads, from each input tensor, the box that `planner.costs.regions.needed_boxes` derives
 from the op kind's `DimMap`s: exactly the regions the cost model prices in t_x. The task's
 parameters are the op's parameters sliced along its Parameter dims
-(`planner.opkinds.parameter_dims`): a channel split of a conv holds the weight rows of its
+(`planner.graph.opkinds.parameter_dims`): a channel split of a conv holds the weight rows of its
 output channels; Sample and Attribute splits hold whole replicas.
 
 `plan_task` turns (graph, op index, config, task) into a `TaskPlan`: the output box, the
@@ -13,9 +13,9 @@ border of the input (a task inside a height split gets a halo of real rows inste
 shapes of its parameter shards. `run_task(plan, inputs, params)` computes the task's output
 box from its input boxes and parameter shards with torch; `shard_params` slices full
 parameters into a task's shards; `task_fn` builds random inputs and parameters for a plan and
-returns a closure to time forward + backward (`planner.profile`).
+returns a closure to time forward + backward (`planner.costs.profile`).
 
-Conventions of the op kinds (see `planner.capture`):
+Conventions of the op kinds (see `planner.graph.capture`):
 - conv2d: params (weight (Cout, Cin/groups, kh, kw), [bias]); attrs kernel, stride, padding,
   dilation, groups. A channel split divides whole groups; a task reads the input channels of
   its groups.
@@ -35,7 +35,7 @@ Conventions of the op kinds (see `planner.capture`):
 - elementwise: attr "op" (or "fn"): add/sub/mul/div over its inputs, or a unary function.
 - concat: attrs dim, offsets. flatten: reshape to (sample, features). softmax: over channel
   (attr op softmax / log_softmax / cross_entropy: the log-softmax part of the loss).
-- Folded ops (attr "fused", set by `planner.coarsen`) are applied after the op: a folded norm
+- Folded ops (attr "fused", set by `planner.graph.coarsen`) are applied after the op: a folded norm
   (attr norm) with its two parameters, then the folded pointwise ops. The graph records
   only their names, so the function is read from attr "fused_ops" when present and guessed
   from the name otherwise (drop -> dropout, gelu, tanh, ..., default relu). Parameters that
@@ -57,11 +57,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from planner.config import ParallelConfig, check_config
+from planner.costs.config import ParallelConfig, check_config
+from planner.costs.regions import needed_boxes, task_boxes
 from planner.errors import GraphError
-from planner.opgraph import Op, OpGraph
-from planner.opgraph import Tensor as Shape
-from planner.opkinds import (
+from planner.graph.opgraph import Op, OpGraph
+from planner.graph.opgraph import Tensor as Shape
+from planner.graph.opkinds import (
     CHANNEL,
     HEIGHT,
     KINDS,
@@ -74,7 +75,6 @@ from planner.opkinds import (
     parameter_dims,
     stats_groups,
 )
-from planner.regions import needed_boxes, task_boxes
 
 __all__ = [
     "KERNELS",

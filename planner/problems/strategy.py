@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.config import ParallelConfig, check_config
-from planner.devices import DeviceGraph
+from planner.costs.config import ParallelConfig, check_config
 from planner.errors import ConfigError, LayerwiseError, StrategyError, read_json
-from planner.opgraph import OpGraph
+from planner.graph.opgraph import OpGraph
+from planner.hardware.devices import DeviceGraph
 
 STRATEGY_FORMAT = "layerwise.strategy"
 STRATEGY_VERSION = 1

@@ -18,8 +18,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from planner.devices import Device, DeviceGraph, Link
 from planner.errors import DeviceGraphError
+from planner.hardware.devices import Device, DeviceGraph, Link
 
 __all__ = [
     "CPU_LOCAL_DEFAULTS",
@@ -256,7 +256,7 @@ def _cpu_local_figures() -> dict[str, float]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         warnings.warn(
             f"ignoring unreadable cpu-local cache {path} ({exc}); using defaults. "
-            "Re-measure with planner.presets.measure_cpu_local().",
+            "Re-measure with planner.hardware.presets.measure_cpu_local().",
             stacklevel=3,
         )
         return dict(CPU_LOCAL_DEFAULTS)

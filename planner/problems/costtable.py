@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from planner.errors import ProblemError, read_json
-from planner.problem import FORBIDDEN, Problem, forbid
+from planner.problems.problem import FORBIDDEN, Problem, forbid
 
 __all__ = [
     "BRUTE_FORCE_LIMIT",
@@ -455,7 +455,7 @@ def brute_force(
 
     Enumerates every choice vector in `itertools.product` order (vectorized in blocks), so
     among tied optima the first in that order wins. Costs are summed in the same order as
-    `planner.evaluate.additive_cost`; memory uses its liveness rule and tolerance.
+    `planner.problems.evaluate.additive_cost`; memory uses its liveness rule and tolerance.
     """
     sizes = problem.sizes
     total = math.prod(sizes)

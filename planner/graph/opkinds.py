@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from planner.opgraph import Op, Tensor
+    from planner.graph.opgraph import Op, Tensor
 
 SAMPLE, CHANNEL, HEIGHT, WIDTH, LENGTH = "sample", "channel", "height", "width", "length"
 

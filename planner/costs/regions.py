@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from planner.opkinds import DimMap
+from planner.graph.opkinds import DimMap
 
 
 def task_index(partitions: np.ndarray, slots: int) -> np.ndarray:

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from planner.errors import GraphError
-from planner.opgraph import Op, OpGraph
+from planner.graph.opgraph import Op, OpGraph
 
 __all__ = ["coarsen"]
 

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from planner.errors import ConfigError
-from planner.opkinds import parallel_dims, split_unit
+from planner.graph.opkinds import parallel_dims, split_unit
 
 if TYPE_CHECKING:
-    from planner.devices import DeviceGraph
-    from planner.opgraph import Op, OpGraph
+    from planner.graph.opgraph import Op, OpGraph
+    from planner.hardware.devices import DeviceGraph
 
 
 @dataclass(frozen=True)

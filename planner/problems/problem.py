@@ -10,7 +10,7 @@ A Problem built from a DNN keeps its graph, devices, config space and cost model
 map back to a `Strategy`. Ops that share a parameter group (unrolled RNN steps) are tied into
 one node by default, one decision for the whole group, as FlexFlow did to run OptCNN on RNNs:
 the node's cost sums its ops' costs, edges inside the group add their diagonal (both ends take
-the same config) and `node_ops[k]` lists the ops of node k. A Problem read from a cost-table JSON (`planner.costtable`) has no
+the same config) and `node_ops[k]` lists the ops of node k. A Problem read from a cost-table JSON (`planner.problems.costtable`) has no
 DNN behind it: it is the shape of the public IOPDDL auto-sharding problems.
 
 For DNN problems the liveness of node i in the forward/backward order is [i, 2n - i): its
@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from planner.config import ParallelConfig
+from planner.costs.config import ParallelConfig
 from planner.errors import ConfigError, ProblemError
 
 if TYPE_CHECKING:
-    from planner.config import ConfigSpace
-    from planner.costmodel import CostModel
-    from planner.devices import DeviceGraph
-    from planner.opgraph import OpGraph
-    from planner.strategy import Strategy
+    from planner.costs.config import ConfigSpace
+    from planner.costs.costmodel import CostModel
+    from planner.graph.opgraph import OpGraph
+    from planner.hardware.devices import DeviceGraph
+    from planner.problems.strategy import Strategy
 
 FORBIDDEN = 1e18  # cost-table convention: a cost >= 1e18 forbids the choice
 
@@ -84,7 +84,7 @@ class Problem:
 
     def strategy(self, choices: Sequence[int]) -> Strategy:
         """The Strategy for a choice vector (DNN problems only)."""
-        from planner.strategy import Strategy
+        from planner.problems.strategy import Strategy
 
         if self.graph is None or self.devices is None or self.space is None:
             raise ProblemError(f"problem {self.name!r} has no DNN behind it: use choices")
@@ -170,8 +170,8 @@ def build_problem(
     memory_limit: None (no limit), "device" (each device's own memory), or bytes per device.
     tie_groups: one decision per shared parameter group (see the module docstring).
     """
-    from planner.config import ConfigSpace
-    from planner.costmodel import CostModel
+    from planner.costs.config import ConfigSpace
+    from planner.costs.costmodel import CostModel
 
     t0 = time.perf_counter()
     cm = cost_model or CostModel(graph, devices)

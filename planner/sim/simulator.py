@@ -2,7 +2,7 @@
 
 Task graph (Sec. 5.1). For every op and its config: a forward and a backward task per
 partition on its device. For every tensor edge and every pair of producer/consumer tasks that
-share a sub-tensor (`planner.regions`, the same overlaps the cost model prices): a dependency
+share a sub-tensor (`planner.costs.regions`, the same overlaps the cost model prices): a dependency
 when they are on one device, else a communication task on each link of the route (links are
 devices of their own, one per direction, so transfers overlap with compute), forward for the
 activations and backward for the gradients (none to the graph's input ops). Parameter synchronization of replicated shards
@@ -40,14 +40,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.regions import needed_boxes, overlap_volume, task_boxes
+from planner.costs.regions import needed_boxes, overlap_volume, task_boxes
 
 if TYPE_CHECKING:
-    from planner.config import ParallelConfig
-    from planner.costmodel import CostModel
-    from planner.devices import DeviceGraph
-    from planner.opgraph import OpGraph
-    from planner.strategy import Strategy
+    from planner.costs.config import ParallelConfig
+    from planner.costs.costmodel import CostModel
+    from planner.graph.opgraph import OpGraph
+    from planner.hardware.devices import DeviceGraph
+    from planner.problems.strategy import Strategy
 
 Key = tuple[int, int, int, int, int, int]
 FWD, BWD, UPDATE = 0, 1, 2  # phases of the program order

@@ -20,7 +20,7 @@ from typing import Any
 import networkx as nx
 
 from planner.errors import GraphError, read_json
-from planner.opkinds import SAMPLE, DimMap, input_dim_map, kind_spec
+from planner.graph.opkinds import SAMPLE, DimMap, input_dim_map, kind_spec
 
 GRAPH_FORMAT = "layerwise.opgraph"
 GRAPH_VERSION = 1

@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from planner.config import ParallelConfig
-from planner.devices import DeviceGraph
-from planner.opgraph import Op, OpGraph
-from planner.opkinds import CHANNEL, SAMPLE, parallel_dims, parameter_dims, split_unit
-from planner.strategy import Strategy
+from planner.costs.config import ParallelConfig
+from planner.graph.opgraph import Op, OpGraph
+from planner.graph.opkinds import CHANNEL, SAMPLE, parallel_dims, parameter_dims, split_unit
+from planner.hardware.devices import DeviceGraph
+from planner.problems.strategy import Strategy
 
 
 def _largest_degree(op: Op, dim: str, limit: int) -> int:

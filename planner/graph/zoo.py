@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from planner.errors import LayerwiseError
-from planner.opgraph import OpGraph
+from planner.graph.opgraph import OpGraph
 
 __all__ = [
     "MODELS",
@@ -794,8 +794,8 @@ def model_graph(
     name: str, batch: int | None = None, coarsen: bool = True, **kwargs: Any
 ) -> OpGraph:
     """The OpGraph of zoo model `name`, captured on the meta device (and coarsened)."""
-    from planner.capture import capture
-    from planner.coarsen import coarsen as coarsen_graph
+    from planner.graph.capture import capture
+    from planner.graph.coarsen import coarsen as coarsen_graph
 
     if batch is not None:
         kwargs["batch"] = batch

@@ -3,7 +3,7 @@
 - t_c(op, c): forward + backward time of the slowest task of `op` under config `c`. Analytic:
   a roofline per task, max(FLOPs / (peak * compute_efficiency), bytes / (memory bandwidth *
   memory_efficiency)), times (1 + backward_factor), plus a fixed overhead per task. Measured:
-  the median time profiled on this machine for the task's shape (`planner.profile`), falling
+  the median time profiled on this machine for the task's shape (`planner.costs.profile`), falling
   back to analytic for shapes that were not profiled.
 - t_s(op, c): synchronizing the gradients of replicated parameter shards. Parameters split
   along the op's Parameter dims; every shard is replicated on the tasks that share its
@@ -15,7 +15,7 @@
   size, as DDP does, so a small shard pays its part of a bucket's fixed cost). Ops sharing a
   parameter group (unrolled RNN steps) each carry 1/|group| of the group's sync.
 - t_x(e, c_u, c_v): the forward activations producer tasks send to consumer tasks (volume of
-  the overlap of their regions, `planner.regions`), serialized per receiving device, plus the
+  the overlap of their regions, `planner.costs.regions`), serialized per receiving device, plus the
   backward gradients sent back the same way (none to the graph's input ops: data gets no
   gradient); the slowest receiver counts in each direction. Transfers between tasks on the
   same device are free. An LSTM step's state edge carries two tensors (h and c) back to back:
@@ -29,7 +29,7 @@
   all-reduce (more), and charged to t_c. FlexFlow and OptCNN do not price it.
 
 OptCNN's objective (Eq. 1) is the sum of t_c + t_s over ops and t_x over edges
-(`planner.evaluate`, `Problem`); the simulator (`planner.simulator`) uses the same task times.
+(`planner.problems.evaluate`, `Problem`); the simulator (`planner.sim.simulator`) uses the same task times.
 
 `edge_table` and `node_table` build the cost tables for all config pairs at once (vectorized
 per dimension and per group of partitions); `transfer_time` is an independent, direct
@@ -46,18 +46,18 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
-from planner.config import OpConfigs, ParallelConfig
+from planner.costs.config import OpConfigs, ParallelConfig
+from planner.costs.regions import needed_boxes, overlap_volume, task_boxes
 from planner.errors import LayerwiseError
-from planner.opkinds import CHANNEL, DimMap, parameter_dims, stats_groups
-from planner.regions import needed_boxes, overlap_volume, task_boxes
+from planner.graph.opkinds import CHANNEL, DimMap, parameter_dims, stats_groups
 
 if TYPE_CHECKING:
-    from planner.devices import DeviceGraph
-    from planner.opgraph import Edge, Op, OpGraph
+    from planner.graph.opgraph import Edge, Op, OpGraph
+    from planner.hardware.devices import DeviceGraph
 
 
 class MeasuredTimes(Protocol):
-    """A source of measured forward+backward times per task (see planner.profile)."""
+    """A source of measured forward+backward times per task (see planner.costs.profile)."""
 
     def task_time(self, op: Op, cfg: ParallelConfig) -> float | None: ...
 

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from planner.costmodel import CostModel
-    from planner.problem import Problem
-    from planner.strategy import Strategy
+    from planner.costs.costmodel import CostModel
+    from planner.problems.problem import Problem
+    from planner.problems.strategy import Strategy
 
 
 def additive_cost(problem: Problem, choices: Sequence[int]) -> float:

@@ -1,7 +1,7 @@
 """Measured compute costs: profile each task shape on this machine, cache it, look it up.
 
 `profile_graph` times forward + backward of one task of every (op, config) of a graph, on
-random data built by `planner.kernels` (the task's input boxes, halos included, and its
+random data built by `planner.costs.kernels` (the task's input boxes, halos included, and its
 parameter shards), with one torch thread as the runtime's CPU workers use: 2 warm-up runs,
 then `repeats` timed runs, the median. Configs that give the same task shape share one
 measurement, and so do identical layers: the cache key (`task_key`) is the op kind, the
@@ -31,15 +31,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner.config import ConfigSpace, ParallelConfig
+from planner.costs.config import ConfigSpace, ParallelConfig
+from planner.costs.kernels import TaskPlan, conv_input_channels, plan_fn, plan_op, plan_task
 from planner.errors import GraphError, LayerwiseError
-from planner.kernels import TaskPlan, conv_input_channels, plan_fn, plan_op, plan_task
 
 if TYPE_CHECKING:
     import torch
 
-    from planner.devices import DeviceGraph
-    from planner.opgraph import Op, OpGraph
+    from planner.graph.opgraph import Op, OpGraph
+    from planner.hardware.devices import DeviceGraph
 
 __all__ = [
     "CACHE_FORMAT",

@@ -1,0 +1,1 @@
+"""Hardware: the DeviceGraph (devices, links, switches, derived routes) and its presets."""

@@ -1,19 +1,33 @@
-"""The contract every search backend follows (see DESIGN.md, Backends).
+"""The contract every search backend follows (docs/architecture.md, Backends).
 
 A backend sees only the frozen `Problem` and `SolveOptions`. `Backend.solve` checks that the
 backend can run, calls the subclass's `_solve`, and re-scores the returned choices with
 planner's evaluators: the `objective` of a result is never the backend's own number (that
 is kept in `stats["reported_objective"]` when the backend gives one).
+
+Stopping early. Every search loop looks at `past(deadline)`: true once its deadline (a
+`time.perf_counter()` value) has passed *or* the user asked to stop. While `solve` runs in
+the main thread, the first Ctrl-C (SIGINT) only asks to stop (`request_stop`): the backend
+returns its best answer so far and `solve` marks the result with limit INTERRUPTED (status
+FEASIBLE unless optimality was proven). A second Ctrl-C raises KeyboardInterrupt as usual.
+
+Progress. Long searches report best-so-far lines through the standard `logging` module
+(`logging.getLogger("backends.<name>")`), at most one every `PROGRESS_SECONDS`
+(`ProgressLog`); the command lines show them on stderr.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import importlib.util
+import logging
 import math
+import signal
+import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -39,6 +53,67 @@ class Status(enum.Enum):
 class Limit(enum.Enum):
     TIME = "TIME"
     ITERATIONS = "ITERATIONS"
+    INTERRUPTED = "INTERRUPTED"  # the user asked to stop (Ctrl-C): best answer so far
+
+
+PROGRESS_SECONDS = 5.0  # at most one progress line per search this often
+
+_STOP = threading.Event()
+
+
+def request_stop() -> None:
+    """Ask every running search to return its best answer so far (what Ctrl-C does)."""
+    _STOP.set()
+
+
+def stop_requested() -> bool:
+    return _STOP.is_set()
+
+
+def past(deadline: float) -> bool:
+    """True when `deadline` (a `time.perf_counter()` value) has passed or a stop was asked."""
+    return _STOP.is_set() or time.perf_counter() > deadline
+
+
+class ProgressLog:
+    """Best-so-far lines for a long search: `log(lambda: "...")` logs at INFO at most once
+    every `every` seconds (the message is only built when it is logged)."""
+
+    def __init__(self, name: str, every: float = PROGRESS_SECONDS):
+        self.logger = logging.getLogger(f"backends.{name}")
+        self.every = every
+        self.start = self.last = time.perf_counter()
+
+    def __call__(self, message: Callable[[], str], force: bool = False) -> None:
+        now = time.perf_counter()
+        if (force or now - self.last >= self.every) and self.logger.isEnabledFor(logging.INFO):
+            self.last = now
+            self.logger.info("%.1f s: %s", now - self.start, message())
+
+
+class _CatchInterrupt:
+    """While a search runs in the main thread: the first SIGINT asks it to stop, the second
+    raises KeyboardInterrupt. Elsewhere (a worker thread) it does nothing."""
+
+    def __enter__(self) -> _CatchInterrupt:
+        _STOP.clear()
+        self.previous: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.getsignal(signal.SIGINT)
+            signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if _STOP.is_set():
+            raise KeyboardInterrupt
+        logging.getLogger("backends").warning(
+            "interrupted: returning the best answer so far (Ctrl-C again to abort)"
+        )
+        _STOP.set()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
 
 
 @dataclass(frozen=True)
@@ -136,8 +211,15 @@ class Backend(ABC):
         if reason is not None:
             raise BackendError(reason)
         start = time.perf_counter()
-        raw = self._solve(problem, options)
+        with _CatchInterrupt():
+            raw = self._solve(problem, options)
+            interrupted = stop_requested()
+        _STOP.clear()
         elapsed = time.perf_counter() - start
+        proven = raw.status in (Status.OPTIMAL, Status.INFEASIBLE) and raw.limit is None
+        if interrupted and not proven:
+            status = Status.FEASIBLE if raw.choices is not None else Status.NO_SOLUTION
+            raw = dataclasses.replace(raw, status=status, limit=Limit.INTERRUPTED)
         return self._finish(problem, options, raw, elapsed)
 
     @abstractmethod

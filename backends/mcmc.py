@@ -44,6 +44,7 @@ from backends.base import (
     SolveResult,
     Status,
     evaluate_objective,
+    past,
 )
 from planner.errors import ConfigError
 from planner.problems.baselines import BASELINES, applicable
@@ -143,7 +144,7 @@ class McmcBackend(Backend):
         timed_out = False
         t0 = time.perf_counter()
         for name, choices in starts:
-            if time.perf_counter() > deadline:
+            if past(deadline):
                 timed_out = True
                 break
             value, found, steps, accepted, stop = self._chain(
@@ -214,7 +215,7 @@ class McmcBackend(Backend):
             improved = False
             for i in range(problem.num_nodes):
                 for c in range(problem.sizes[i]):
-                    if time.perf_counter() > deadline:
+                    if past(deadline):
                         return state.cost, tuple(state.choices), False
                     old = state.choices[i]
                     if c == old:
@@ -256,7 +257,7 @@ class McmcBackend(Backend):
         for step in range(1, iterations + 1):
             if since > iterations // 2:
                 break
-            if step % 16 == 0 and time.perf_counter() > deadline:
+            if step % 16 == 0 and past(deadline):
                 return best_value, best, step, accepted, True
             i = int(rng.integers(problem.num_nodes))
             old = state.choices[i]

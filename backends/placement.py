@@ -21,7 +21,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING
 import networkx as nx
 import numpy as np
 
+from backends.base import past
 from backends.selection import MEMORY_RTOL, live_sets
 from planner.errors import LayerwiseError
 
@@ -338,7 +338,7 @@ def improve_placement(
     current schedule's order) is shorter and fits in memory; until no move helps."""
     best = schedule
     improved = True
-    while improved and time.perf_counter() < deadline:
+    while improved and not past(deadline):
         improved = False
         for k in range(pp.num_nodes):
             for d in np.flatnonzero(pp.allowed[k]):

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status
+from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status, past
 from backends.branch_and_bound import Memory, solve_exact
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
@@ -112,7 +112,7 @@ class SearchBackend(Backend):
                 return
             for c in order[depth]:
                 stats["expanded"] += 1
-                if time.perf_counter() > deadline:
+                if past(deadline):
                     timed_out[0] = True
                     break
                 if not math.isfinite(problem.node_cost[depth][c]):

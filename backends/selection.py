@@ -13,13 +13,13 @@ reduced to its non-dominated live sets (`live_sets`, also used by `backends.plac
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from backends.base import past
 from planner.problems.evaluate import additive_cost, memory_feasible
 
 if TYPE_CHECKING:
@@ -309,7 +309,7 @@ def _local_search(
         if len(rows):
             slack[rows] -= coef[:, pos[i]]
     improved = True
-    while improved and time.perf_counter() < deadline:
+    while improved and not past(deadline):
         improved = False
         for i in range(sel.num_nodes):
             if len(sel.allowed[i]) == 1:

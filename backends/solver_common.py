@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status
+from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status, past
 from backends.placement import (
     PlacementError,
     PlacementOutcome,
@@ -76,7 +76,7 @@ class Clock:
 
     def tick(self) -> None:
         self.count += 1
-        if self.count % CHECK_EVERY == 0 and time.perf_counter() > self.deadline:
+        if self.count % CHECK_EVERY == 0 and past(self.deadline):
             raise OutOfTime
 
 

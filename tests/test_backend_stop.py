@@ -1,0 +1,49 @@
+"""Asking a search to stop (what Ctrl-C does) returns its best answer so far."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+
+from backends import Limit, SolveOptions, Status, get_backend
+from backends.base import ProgressLog, past, request_stop, stop_requested
+from planner.problems.costtable import random_problem
+
+
+def test_past_is_true_after_a_stop_request_even_before_the_deadline() -> None:
+    from backends.base import _STOP
+
+    try:
+        assert not past(time.perf_counter() + 60)
+        request_stop()
+        assert stop_requested()
+        assert past(time.perf_counter() + 60)
+    finally:
+        _STOP.clear()
+
+
+def test_a_stopped_search_returns_its_best_answer_marked_interrupted() -> None:
+    # 60 nodes of up to 12 choices with many edges: search cannot prove it in a second.
+    problem = random_problem(60, 12, seed=3, edge_prob=0.6, memory=False)
+    timer = threading.Timer(0.5, request_stop)
+    timer.start()
+    start = time.perf_counter()
+    result = get_backend("search").solve(problem, SolveOptions(time_limit=120))
+    elapsed = time.perf_counter() - start
+    timer.cancel()
+    assert result.limit is Limit.INTERRUPTED
+    assert result.status is Status.FEASIBLE
+    assert result.objective is not None
+    assert elapsed < 30  # returned long before its 120 s limit
+    assert not stop_requested()  # the next solve starts clean
+
+
+def test_progress_lines_are_throttled(caplog: pytest.LogCaptureFixture) -> None:
+    log = ProgressLog("test", every=3600)
+    with caplog.at_level(logging.INFO, logger="backends.test"):
+        log(lambda: "first", force=True)
+        log(lambda: "second")  # within the hour: not logged
+    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == ["first"]

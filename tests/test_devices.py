@@ -352,3 +352,55 @@ def test_measure_cpu_local(empty_cache: Path) -> None:
     assert figures["busy_exchange"] == pytest.approx(
         figures["latency"] + 2 * figures["message_overhead"], rel=1e-9
     )
+
+
+# -- hierarchy ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "sizes"),
+    [
+        ("p100-1x4", (4,)),
+        ("p100-4x4", (4, 4)),
+        ("p100-3x2", (3, 2)),
+        ("k80-4x4", (4, 2, 2)),  # nodes, PCIe switches, dies
+        ("cpu-local-2", (2,)),
+    ],
+)
+def test_homogeneous_clusters_have_a_hierarchy(name: str, sizes: tuple[int, ...]) -> None:
+    from planner.hardware.presets import get_preset
+
+    h = get_preset(name).hierarchy()
+    assert h is not None and h.sizes == sizes and h.num_devices == get_preset(name).num_devices
+    # costs grow outwards: the outermost level is the slowest
+    assert list(h.inv_bandwidth) == sorted(h.inv_bandwidth, reverse=True)
+
+
+def test_hierarchy_level_costs_are_the_routes_costs() -> None:
+    from planner.hardware.presets import get_preset
+
+    g = get_preset("p100-2x4")
+    h = g.hierarchy()
+    assert h is not None
+    assert h.inv_bandwidth == (g.inv_bandwidth[0, 4], g.inv_bandwidth[0, 1])
+    assert h.latency == (g.latency[0, 4], g.latency[0, 1])
+    assert h.block(0) == 8 and h.block(1) == 4 and h.block(2) == 1
+
+
+@pytest.mark.parametrize("name", ["v100-dgx1-8", "v100-dgx1-4", "k80-2x3"])
+def test_clusters_without_uniform_levels_have_none(name: str) -> None:
+    from planner.hardware.presets import get_preset
+
+    assert get_preset(name).hierarchy() is None
+
+
+def test_a_shuffled_device_order_or_a_different_device_is_not_a_hierarchy() -> None:
+    from planner.hardware.presets import get_preset
+
+    g = get_preset("p100-2x2")
+    order = [0, 2, 1, 3]  # nodes interleaved: device 0's cheapest peer is not device 1
+    shuffled = DeviceGraph("shuffled", [g.devices[i] for i in order], g.links, g.switches)
+    assert shuffled.hierarchy() is None
+    slow = replace(g.devices[3], flops=g.devices[3].flops / 2)
+    mixed = DeviceGraph("mixed", [*g.devices[:3], slow], g.links, g.switches)
+    assert mixed.hierarchy() is None

@@ -17,7 +17,7 @@ import numpy as np
 
 from planner.errors import DeviceGraphError, read_json
 
-__all__ = ["FORMAT", "VERSION", "Device", "DeviceGraph", "Link"]
+__all__ = ["FORMAT", "VERSION", "Device", "DeviceGraph", "Hierarchy", "Link"]
 
 FORMAT = "layerwise.devicegraph"
 VERSION = 1
@@ -90,6 +90,30 @@ class Link:
         """Routing cost of this link in integer picoseconds (at least 1)."""
         seconds = self.latency + ROUTE_PROBE_BYTES / self.bandwidth
         return max(1, round(seconds * _PICOSECONDS))
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """A homogeneous cluster seen as nested groups of devices (outermost level first).
+
+    `sizes[l]` groups of level l+1 make one group of level l; their product is the number of
+    devices, which are numbered group by group (device = mixed-radix digits over `sizes`).
+    Every device is identical, and the route between two devices costs `inv_bandwidth[l]`
+    seconds per byte and `latency[l]` seconds, where l is the outermost level at which their
+    digits differ. p100-16x4 is (16, 4): 16 nodes of 4 GPUs; k80-NxG has a level for the
+    PCIe switch a pair of dies shares; a DGX-1's cube-mesh is not a hierarchy (None)."""
+
+    sizes: tuple[int, ...]
+    inv_bandwidth: tuple[float, ...]
+    latency: tuple[float, ...]
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(self.sizes)
+
+    def block(self, level: int) -> int:
+        """Devices in one group of `level` (0: the whole cluster)."""
+        return math.prod(self.sizes[level:])
 
 
 class DeviceGraph:
@@ -218,6 +242,59 @@ class DeviceGraph:
         return self._latency
 
     # -- queries ------------------------------------------------------------------------------
+
+    def hierarchy(self) -> Hierarchy | None:
+        """The cluster's nested groups when it is homogeneous (see `Hierarchy`), else None.
+
+        Levels come from the distinct route costs: device 0's cheapest peers must be the
+        devices right after it, the next cheapest the block after those, and so on, and every
+        other pair of devices must cost what the level of its first differing digit says."""
+        first = self._devices[0]
+        spec = (first.kind, first.flops, first.mem_bandwidth, first.memory)
+        if any(
+            (d.kind, d.flops, d.mem_bandwidth, d.memory) != spec
+            or d.message_overhead != first.message_overhead
+            for d in self._devices
+        ):
+            return None
+        n = self.num_devices
+        if n == 1:
+            return Hierarchy((1,), (0.0,), (0.0,))
+        cost = self._inv_bandwidth * ROUTE_PROBE_BYTES + self._latency
+        row = cost[0, 1:]
+        blocks: list[int] = []  # devices per group, innermost level first
+        inv_bw: list[float] = []
+        latency: list[float] = []
+        for value in np.unique(row):
+            near = np.flatnonzero(row <= value) + 1
+            size = len(near) + 1
+            if not np.array_equal(near, np.arange(1, size)) or n % size:
+                return None
+            if blocks and size % blocks[-1]:
+                return None
+            j = int(near[-1])
+            blocks.append(size)
+            inv_bw.append(float(self._inv_bandwidth[0, j]))
+            latency.append(float(self._latency[0, j]))
+        if blocks[-1] != n:
+            return None
+        levels = len(blocks)
+        sizes = tuple(
+            blocks[levels - 1 - k] // (blocks[levels - 2 - k] if k < levels - 1 else 1)
+            for k in range(levels)
+        )
+        idx = np.arange(n)
+        shared = np.zeros((n, n), dtype=np.int64)  # levels a pair shares (levels: one device)
+        for b in [*(blocks[levels - 1 - m] for m in range(1, levels)), 1]:  # groups of 1 .. L
+            shared += (idx[:, None] // b) == (idx[None, :] // b)
+        want_bw = np.array([*inv_bw[::-1], 0.0])
+        want_lat = np.array([*latency[::-1], 0.0])
+        if not (
+            np.array_equal(self._inv_bandwidth, want_bw[shared])
+            and np.array_equal(self._latency, want_lat[shared])
+        ):
+            return None
+        return Hierarchy(sizes, tuple(inv_bw[::-1]), tuple(latency[::-1]))
 
     def device_index(self, name: str) -> int:
         """Index of the device called `name`."""

@@ -44,8 +44,14 @@ def ok(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     return out
 
 
-def last_json(out: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+def only_json(out: str) -> dict[str, Any]:
+    """The one JSON object `plan --json` prints: the whole of stdout, strict JSON."""
+    assert len(out.strip().splitlines()) == 1, out
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    data: dict[str, Any] = json.loads(out, parse_constant=refuse)
     return data
 
 
@@ -135,12 +141,12 @@ def test_plan_a_model_writes_a_strategy_that_evaluate_rescores(
 ) -> None:
     plan_path = tmp_path / "plan.json"
     code, out, err = run(
-        capsys, "plan", *MODEL, *DEVICES, "--backend", "baselines", "-o", str(plan_path)
+        capsys, "plan", *MODEL, *DEVICES, "--backend", "baselines", "-o", str(plan_path), "--json"
     )
     assert code == 0 and err.strip() == f"plan written to {plan_path}"
-    printed = last_json(out)
+    printed = only_json(out)
     saved = json.loads(plan_path.read_text())
-    for key in ("status", "objective", "bound", "backend", "search_seconds"):
+    for key in ("status", "objective", "bound", "backend", "search_seconds", "total_seconds"):
         assert key in saved and saved[key] == printed[key], key
     assert saved["status"] == "FEASIBLE" and saved["backend"] == "baselines"
     assert saved["objective"] > 0 and saved["search_seconds"] >= 0
@@ -160,12 +166,12 @@ def test_plan_a_model_writes_a_strategy_that_evaluate_rescores(
 def test_plan_from_a_graph_file_matches_the_model_plan(
     capsys: pytest.CaptureFixture[str], files: dict[str, str]
 ) -> None:
-    from_graph = last_json(ok(capsys, "plan", "--graph", files["graph"], *DEVICES))
+    from_graph = only_json(ok(capsys, "plan", "--graph", files["graph"], *DEVICES, "--json"))
     from_model = json.loads(Path(files["plan"]).read_text())
     assert from_graph["status"] == "FEASIBLE"
     assert math.isclose(from_graph["objective"], from_model["objective"], rel_tol=1e-9)
     # a device-graph JSON file works as --devices too
-    from_json = last_json(ok(capsys, "plan", *MODEL, "--devices", files["devices"]))
+    from_json = only_json(ok(capsys, "plan", *MODEL, "--devices", files["devices"], "--json"))
     assert math.isclose(from_json["objective"], from_model["objective"], rel_tol=1e-9)
 
 
@@ -173,10 +179,10 @@ def test_plan_a_cost_table_problem_writes_its_choices(
     capsys: pytest.CaptureFixture[str], files: dict[str, str], tmp_path: Path
 ) -> None:
     out_path = tmp_path / "choices.json"
-    out = ok(capsys, "plan", "--problem", files["problem"], "-o", str(out_path))
+    out = ok(capsys, "plan", "--problem", files["problem"], "-o", str(out_path), "--json")
     saved = json.loads(out_path.read_text())
     assert saved["status"] == "FEASIBLE" and saved["backend"] == "baselines"
-    assert last_json(out)["objective"] == saved["objective"]
+    assert only_json(out)["objective"] == saved["objective"]
     problem = load_problem(files["problem"])
     assert len(saved["choices"]) == problem.num_nodes
     assert math.isclose(additive_cost(problem, saved["choices"]), saved["objective"], rel_tol=1e-9)
@@ -187,18 +193,18 @@ def test_plan_with_a_batch_no_device_count_divides_still_plans(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # 7 samples cannot be split over 4 GPUs: legal input, the planner uses smaller degrees.
-    out = last_json(ok(capsys, "plan", "lenet5", "--batch", "7", *DEVICES))
+    out = only_json(ok(capsys, "plan", "lenet5", "--batch", "7", *DEVICES, "--json"))
     assert out["status"] == "FEASIBLE" and out["objective"] > 0
 
 
 def test_plan_options_are_accepted(capsys: pytest.CaptureFixture[str]) -> None:
     out = ok(
         capsys, "plan", "lenet5", "--set", "batch=8", *DEVICES, "--max-configs", "3",
-        "--memory-limit", "device", "--sync", "ps", "--seed", "3", "--time-limit", "0.5",
+        "--memory-limit", "device", "--sync", "ps", "--seed", "3", "--time-limit", "5", "--json",
     )  # fmt: skip
-    assert last_json(out)["status"] == "FEASIBLE"
-    ring = last_json(ok(capsys, "plan", *MODEL, *DEVICES, "--max-configs", "3"))
-    assert last_json(out)["objective"] != ring["objective"]  # --sync ps changes the costs
+    assert only_json(out)["status"] == "FEASIBLE"
+    ring = only_json(ok(capsys, "plan", *MODEL, *DEVICES, "--max-configs", "3", "--json"))
+    assert only_json(out)["objective"] != ring["objective"]  # --sync ps changes the costs
 
 
 def test_plan_that_finds_no_solution_exits_1_and_writes_nothing(
@@ -206,10 +212,10 @@ def test_plan_that_finds_no_solution_exits_1_and_writes_nothing(
 ) -> None:
     out_path = tmp_path / "none.json"
     code, out, err = run(
-        capsys, "plan", *MODEL, *DEVICES, "--memory-limit", "1", "-o", str(out_path)
+        capsys, "plan", *MODEL, *DEVICES, "--memory-limit", "1", "-o", str(out_path), "--json"
     )
     assert code == 1 and not out_path.exists()
-    assert last_json(out)["status"] in ("NO_SOLUTION", "INFEASIBLE")
+    assert only_json(out)["status"] in ("NO_SOLUTION", "INFEASIBLE")
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: ")
 
 
@@ -266,7 +272,7 @@ BAD: dict[str, tuple[list[str], str]] = {
     "negative --set batch": (["graph", "lenet5", "--set", "batch=-1"], "positive integer"),
     "graph --json into a missing folder": (
         ["graph", *MODEL, "--json", "{missing}/g.json"],
-        "No such file",
+        "does not exist",
     ),
     # devices
     "unknown preset": (["devices", "nope-1x4"], "unknown device preset"),
@@ -309,8 +315,14 @@ BAD: dict[str, tuple[list[str], str]] = {
     "problem that is not JSON": (["plan", "--problem", "{not_json}"], "not valid JSON"),
     "malformed problem": (["plan", "--problem", "{malformed_problem}"], "edges"),
     "problem with --devices": (["plan", "--problem", "{problem}", *DEVICES], "--problem"),
-    "problem with --batch": (["plan", "--problem", "{problem}", "--batch", "8"], "zoo model"),
-    "graph with --set": (["plan", "--graph", "{graph}", *DEVICES, "--set", "x=1"], "zoo model"),
+    "problem with --batch": (
+        ["plan", "--problem", "{problem}", "--batch", "8"],
+        "only applies to a model",
+    ),
+    "graph with --set": (
+        ["plan", "--graph", "{graph}", *DEVICES, "--set", "x=1"],
+        "only applies to a model",
+    ),
     "graph with a cycle": (["plan", "--graph", "{cycle}", *DEVICES], "cycle"),
     "graph file that is a device graph": (["plan", "--graph", "{devices}", *DEVICES], "format"),
     "missing graph file": (["plan", "--graph", "{missing}", *DEVICES], "does not exist"),
@@ -318,7 +330,7 @@ BAD: dict[str, tuple[list[str], str]] = {
     "binary problem file": (["plan", "--problem", "{binary}"], "binary.json"),
     "plan -o into a missing folder": (
         ["plan", *MODEL, *DEVICES, "-o", "{missing}/plan.json"],
-        "No such file",
+        "does not exist",
     ),
     # evaluate
     "evaluate a graph file": (["evaluate", "{graph}"], "not a layerwise strategy"),

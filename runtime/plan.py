@@ -210,6 +210,12 @@ def _check_graph(graph: OpGraph) -> None:
                 "trains with the cross-entropy of every softmax output, so every output must "
                 "be a softmax op"
             )
+        if _is_sink(graph, i) and op.attr("op") == "cross_entropy":
+            raise RuntimeConfigError(
+                f"op {op.name!r} computes a cross-entropy loss inside the model; the runtime "
+                "trains with its own NLL loss of the model's outputs: return log_softmax (or "
+                "softmax) over the classes from forward() instead"
+            )
         if op.kind == "lstm" and (op.attr("pre_ops") or fused_ops(op)):
             raise RuntimeConfigError(
                 f"LSTM op {op.name!r} has folded ops {fused_ops(op)}; the runtime computes "

@@ -144,6 +144,16 @@ class GradientSync:
                     leaf.add_(leaf.grad, alpha=-lr)
                     leaf.grad = None
 
+    def first_non_finite(self) -> str | None:
+        """The name of a parameter with a NaN or infinite element in this rank's shards."""
+        for key, leaf in self.shards.items():
+            # one reduction per shard; the exact test only when the sum is not finite
+            if not math.isfinite(float(leaf.detach().sum())) and not bool(
+                torch.isfinite(leaf.detach()).all()
+            ):
+                return key.name
+        return None
+
     def state(self) -> dict[ShardKey, torch.Tensor]:
         """This rank's parameter shards (CPU copies)."""
         return {k: v.detach().cpu().clone() for k, v in self.shards.items()}

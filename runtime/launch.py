@@ -46,6 +46,7 @@ __all__ = [
     "prepare",
     "run_strategy",
     "torchrun_main",
+    "worker_context",
 ]
 
 
@@ -267,8 +268,10 @@ def _block_views(
 _CONTEXT: Any = None
 
 
-def _context() -> Any:
-    """A forkserver that has imported torch and the runtime once (spawn where unavailable)."""
+def worker_context() -> Any:
+    """The multiprocessing context of worker processes: a forkserver that has imported torch
+    and the runtime once (spawn where unavailable). Shared by everything that starts
+    workers in this process, so they all fork from one warm server."""
     global _CONTEXT
     if _CONTEXT is None:
         ctx: Any
@@ -291,7 +294,7 @@ def _context() -> Any:
 
 
 def _launch_local(job: Job, world: int, tmp: Path) -> None:
-    ctx = _context()
+    ctx = worker_context()
     status = ctx.Array("d", world * Status.SLOTS, lock=False)
     procs = [
         ctx.Process(

@@ -325,7 +325,7 @@ def _out_of_time(
         f"{time_limit:g} s: no time was left to search. Raise the time limit, or make the "
         "problem smaller (max_configs, fewer devices, a smaller model)"
     )
-    log.warning(message)
+    log.info(message)
     stats = {**stats, "search_seconds": 0.0, "total_seconds": used}
     return PlanResult(
         Status.NO_SOLUTION,

@@ -9,14 +9,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from planner.cli import build_parser, main
+from planner.files import strict_json
 from planner.graph.opgraph import OpGraph
 from planner.graph.zoo import MODELS, model_graph
 from planner.hardware.devices import DeviceGraph
@@ -361,3 +364,108 @@ def test_bad_input_is_one_error_line(
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert "Traceback" not in err + out
     assert expected in lines[0], lines[0]
+
+
+# -- progress, Ctrl-C, output paths, strict JSON ---------------------------------------------
+
+
+def test_ctrl_c_during_a_search_writes_the_best_answer_so_far(tmp_path: Path) -> None:
+    """The first SIGINT stops the search; plan prints and writes its best answer so far."""
+    # 60 nodes of up to 12 choices with many edges: search cannot prove it in a minute.
+    save_problem(random_problem(60, 12, seed=3, edge_prob=0.6, memory=False), tmp_path / "p.json")
+    out = tmp_path / "best.json"
+    argv = ["plan", "--problem", str(tmp_path / "p.json"), "--backend", "search"]
+    argv += ["--time-limit", "120", "-o", str(out), "--json", "-v"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "planner", *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # -v: planner.api says when the search starts
+            if "searching with search" in line:
+                break
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    printed = only_json(stdout)
+    saved = json.loads(out.read_text())
+    assert saved["status"] == printed["status"] == "FEASIBLE"
+    assert saved["limit"] == printed["limit"] == "INTERRUPTED"
+    assert saved["search_seconds"] < 60 and len(saved["choices"]) == 60
+    assert "best answer found so far" in stderr
+
+
+def test_output_paths_are_checked_before_any_work(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import planner.api
+
+    def no_work(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the search started before the output path was checked")
+
+    monkeypatch.setattr(planner.api, "plan", no_work)
+    for argv in (
+        ["plan", "inception_v3", "--devices", "p100-4x4", "-o", f"{tmp_path}/no/p.json"],
+        ["plan", *MODEL, *DEVICES, "-o", str(tmp_path)],  # a directory
+        ["plan", *MODEL, *DEVICES, "--log-file", f"{tmp_path}/no/log.txt"],
+    ):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
+
+
+def test_evaluate_refuses_a_plot_format_before_any_work(
+    capsys: pytest.CaptureFixture[str], files: dict[str, str], tmp_path: Path
+) -> None:
+    code, out, err = run(capsys, "evaluate", files["plan"], "--plot", str(tmp_path / "t.xyz"))
+    assert code == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert "'t.xyz'" in err and ".png" in err and ".svg" in err
+    code, out, err = run(capsys, "evaluate", files["plan"], "--plot", str(tmp_path / "t"))
+    assert code == 2 and "cannot write a plot" in err
+    ok(capsys, "evaluate", files["plan"], "--plot", str(tmp_path / "t.svg"))
+    assert (tmp_path / "t.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_logging_goes_to_stderr_and_the_log_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import logging
+
+    log_file = tmp_path / "plan.log"
+    ok(capsys, "plan", *MODEL, *DEVICES, "--json", "--log-file", str(log_file))
+    text = log_file.read_text()
+    assert "planner.api INFO: searching with baselines" in text  # everything goes to the file
+    # default stderr: the backends' progress (INFO) and warnings, not the planner's INFO
+    logging.getLogger("backends.test").info("best so far 1.0")
+    logging.getLogger("planner.api").info("phase detail")
+    err = capsys.readouterr().err
+    assert "backends.test: best so far 1.0" in err and "phase detail" not in err
+    code, out, err = run(capsys, "plan", *MODEL, *DEVICES, "--json", "-v")
+    assert code == 0 and "planner.api: searching with baselines" in err
+    only_json(out)  # logging never goes to stdout
+
+
+def test_plan_json_is_strict_even_when_the_gap_is_infinite(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import dataclasses
+
+    from planner.api import plan
+
+    result = plan("lenet5", "p100-1x4", backend="baselines", model_kwargs={"batch": 8})
+    zero = dataclasses.replace(result, bound=0.0)  # gap = objective / 0 - 1
+    assert zero.gap == math.inf
+    assert zero.summary()["gap"] is None and zero.to_json()["gap"] is None
+    json.loads(strict_json(zero.to_json()), parse_constant=lambda c: pytest.fail(c))
+
+
+def test_the_layerwise_console_script_is_the_same_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import console_main
+
+    with pytest.raises(SystemExit):
+        main(["--help"], prog="layerwise")
+    assert capsys.readouterr().out.startswith("usage: layerwise")
+    assert console_main.__doc__ and "layerwise" in console_main.__doc__

@@ -106,6 +106,15 @@ def _kv(text: str) -> tuple[str, Any]:
         return key, value
 
 
+def zoo_model(text: str) -> str:
+    """A zoo model name (the experiments' --models)."""
+    from planner.graph.zoo import MODELS
+
+    if text not in MODELS:
+        raise argparse.ArgumentTypeError(f"unknown model {text!r}; one of {', '.join(MODELS)}")
+    return text
+
+
 def _input_spec(text: str) -> Any:
     """--input 8x3x32x32[:dtype] -> InputSpec."""
     from planner.graph.models import DTYPE_NAMES, InputSpec

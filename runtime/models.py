@@ -88,6 +88,7 @@ class ModuleModel:
         return prepare_for_training(self.module().train(), dtype)
 
     def describe(self) -> str:
+        """'module NAME', for messages."""
         return f"module {self.name!r}"
 
 

@@ -140,6 +140,9 @@ class OpExec:
 
 @dataclass(frozen=True)
 class ExecPlan:
+    """What every rank derives from a strategy: per-op tasks, the transfers between them, the
+    parameter shards and their gradient sums, the loss ops and the process groups."""
+
     graph: OpGraph
     world: int
     ops: tuple[OpExec, ...]

@@ -62,6 +62,7 @@ class InputSpec:
         return torch.empty(self.shape, dtype=getattr(torch, self.dtype), device=device)
 
     def to_json(self) -> dict[str, Any]:
+        """{"shape": [...], "dtype": "..."}, as a plan file records an input."""
         return {"shape": list(self.shape), "dtype": self.dtype}
 
 
@@ -136,6 +137,7 @@ class ModelSpec:
         return cls(str(data["name"]), None, dict(kwargs), coarsen, factory, inputs)
 
     def to_json(self) -> dict[str, Any]:
+        """The plan file's `"model"` object (the inverse of `from_json`)."""
         out: dict[str, Any] = {"name": self.name}
         if self.factory is not None:
             out["factory"] = self.factory

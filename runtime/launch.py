@@ -16,6 +16,7 @@ process (env:// rendezvous); rank 0 prints the result.
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing as mp
 import os
 import statistics
@@ -37,6 +38,8 @@ from runtime.models import as_model, model_key, model_to_job
 from runtime.plan import ExecPlan, RuntimeConfigError, ShardKey, build_plan
 from runtime.reference import DTYPES, Model, ReferenceResult, deviation, reference_train
 from runtime.worker import Job, RunOptions, session, worker_entry
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "RunOptions",
@@ -156,6 +159,7 @@ def _reference(model: Model, plan: ExecPlan, options: RunOptions) -> ReferenceRe
     key = (model_key(model), options.steps, options.lr, options.seed, options.dtype)
     if key not in _REFERENCES:
         dtype = DTYPES[options.dtype]
+        log.info("single-process reference: %s, %d steps", model.describe(), options.steps)
         ref = reference_train(model, plan.graph, options.steps, options.lr, options.seed, dtype)
         _REFERENCES.clear()  # keep one: references of big models are big
         _REFERENCES[key] = ref
@@ -177,6 +181,15 @@ def run_strategy(
     model = as_model(model, strategy.graph)
     world, plan = prepare(strategy, model, options, world)
     job = Job(strategy.to_json(), model_to_job(model), options)
+    log.info(
+        "%s on %d local workers (%s, %s): %d steps, %d transfers per forward pass",
+        strategy.graph.name,
+        world,
+        options.backend,
+        options.dtype,
+        options.steps,
+        sum(not t.local for t in plan.transfers),
+    )
     with tempfile.TemporaryDirectory(prefix="layerwise-run-") as tmp:
         _launch_local(job, world, Path(tmp))
         results = [

@@ -225,7 +225,7 @@ def plan(
             f"backend {backend!r} does not optimize the {objective!r} objective (it does: "
             f"{', '.join(solver.objectives)})"
         )
-    problem, spec, capture_seconds = _problem(
+    problem, spec, phases = _problem(
         model,
         devices,
         example_inputs=example_inputs,
@@ -237,13 +237,9 @@ def plan(
         build_options=build_options,
     )
     used = time.perf_counter() - start
-    stats: dict[str, Any] = {
-        "capture_seconds": capture_seconds,
-        "build_seconds": problem.stats.get("build_seconds", used - capture_seconds),
-    }
     left = time_limit - used
     if left <= 0:
-        return _out_of_time(problem, spec, backend, objective, time_limit, used, stats)
+        return _out_of_time(problem, spec, backend, objective, time_limit, used, phases)
     log.info(
         "searching with %s (%s objective): %.3g s left of the %.3g s time limit",
         backend,
@@ -260,7 +256,7 @@ def plan(
     search = float(result.stats.get("search_seconds", solve_seconds))
     stats = {
         **result.stats,
-        **stats,
+        **phases,
         "search_seconds": search,
         "rescore_seconds": max(0.0, solve_seconds - search),
         "total_seconds": time.perf_counter() - start,
@@ -316,7 +312,7 @@ def _out_of_time(
     objective: str,
     time_limit: float,
     used: float,
-    stats: dict[str, Any],
+    phases: dict[str, float],
 ) -> PlanResult:
     from backends.base import Limit, Status
 
@@ -326,7 +322,7 @@ def _out_of_time(
         "problem smaller (max_configs, fewer devices, a smaller model)"
     )
     log.info(message)
-    stats = {**stats, "search_seconds": 0.0, "total_seconds": used}
+    stats = {**phases, "search_seconds": 0.0, "total_seconds": used}
     return PlanResult(
         Status.NO_SOLUTION,
         Limit.TIME,
@@ -357,8 +353,9 @@ def _problem(
     options: Mapping[str, Any],
     max_configs: int | None,
     build_options: Mapping[str, Any],
-) -> tuple[Problem, ModelSpec | None, float]:
-    """The Problem to search, the model spec to record, and the seconds capture took."""
+) -> tuple[Problem, ModelSpec | None, dict[str, float]]:
+    """The Problem to search, the model spec to record, and the seconds of capture (model to
+    OpGraph, torch's import included) and build (devices, cost model, cost tables)."""
     from planner.graph.opgraph import OpGraph
     from planner.problems.problem import Problem
 
@@ -371,11 +368,9 @@ def _problem(
                 f"{', '.join(given)} do(es) not apply to a cost-table problem (it has its own "
                 "costs and memory limit)"
             )
-        if isinstance(model, Problem):
-            return model, None, 0.0
-        from planner.problems.costtable import load_problem
-
-        return load_problem(model), None, 0.0
+        t0 = time.perf_counter()
+        problem = model if isinstance(model, Problem) else _load_problem(model)
+        return problem, None, {"capture_seconds": 0.0, "build_seconds": time.perf_counter() - t0}
     t0 = time.perf_counter()
     if isinstance(model, OpGraph):
         graph, spec = model, None
@@ -400,14 +395,21 @@ def _problem(
     problem = build_problem(
         graph, device_graph, cm, max_configs, options["memory_limit"], **build_options
     )
+    build_seconds = time.perf_counter() - t0 - capture_seconds
     log.info(
         "built %d nodes, %d edges, %d configs in %.3g s",
         problem.num_nodes,
         len(problem.edges),
         sum(problem.sizes),
-        time.perf_counter() - t0 - capture_seconds,
+        build_seconds,
     )
-    return problem, spec, capture_seconds
+    return problem, spec, {"capture_seconds": capture_seconds, "build_seconds": build_seconds}
+
+
+def _load_problem(path: str | Path) -> Problem:
+    from planner.problems.costtable import load_problem
+
+    return load_problem(path)
 
 
 def _is_problem_file(model: Any) -> bool:

@@ -108,3 +108,16 @@ def test_a_module_that_is_not_the_strategys_is_refused() -> None:
     assert result.strategy is not None
     with pytest.raises(runtime.RuntimeConfigError, match="not the graph of this SmallCNN"):
         runtime.run_strategy(result.strategy, SmallCNN(width=2))
+
+
+def test_a_non_finite_parameter_is_found_and_huge_finite_ones_are_not() -> None:
+    from runtime.plan import ShardKey
+    from runtime.sync import first_non_finite
+
+    big = torch.full((4,), 3e38)  # its float32 sum overflows, every element is finite
+    shards = {ShardKey("a", 0, 4): big, ShardKey("b", 0, 2): torch.zeros(2)}
+    assert first_non_finite(shards) is None
+    shards[ShardKey("c", 0, 3)] = torch.tensor([0.0, math.inf, 1.0])
+    assert first_non_finite(shards) == "c"
+    shards[ShardKey("b", 0, 2)] = torch.tensor([math.nan, 0.0])
+    assert first_non_finite(shards) == "b"

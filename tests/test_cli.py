@@ -222,6 +222,23 @@ def test_plan_that_finds_no_solution_exits_1_and_writes_nothing(
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: ")
 
 
+def test_plan_a_factory_model_records_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "factory.json"
+    argv = ["plan", "user_models:make_cnn", "--input", "8x3x16x16", "--set", "classes=3"]
+    printed = only_json(ok(capsys, *argv, "--devices", "cpu-local-2", "-o", str(out), "--json"))
+    saved = json.loads(out.read_text())
+    assert printed["status"] == saved["status"] == "FEASIBLE"  # the default backend: baselines
+    assert saved["graph"]["model"] == {
+        "name": "make_cnn",
+        "factory": "user_models:make_cnn",
+        "inputs": [{"shape": [8, 3, 16, 16], "dtype": "float32"}],
+        "kwargs": {"classes": 3},
+        "coarsen": True,
+    }
+
+
 @pytest.mark.parametrize(
     "command", ["", "models", "graph", "devices", "plan", "evaluate", "profile"]
 )
@@ -277,6 +294,26 @@ BAD: dict[str, tuple[list[str], str]] = {
         ["graph", *MODEL, "--json", "{missing}/g.json"],
         "does not exist",
     ),
+    # user models (factories)
+    "factory without --input": (["graph", "user_models:make_cnn"], "needs --input SHAPE"),
+    "factory that does not import": (
+        ["graph", "no_such_module:make", "--input", "8x3"],
+        "cannot import model factory",
+    ),
+    "factory with a bad keyword": (
+        ["graph", "user_models:make_cnn", "--input", "8x3x16x16", "--set", "nope=3"],
+        "unexpected keyword argument 'nope'",
+    ),
+    "factory with --batch": (
+        ["graph", "user_models:make_cnn", "--input", "8x3x16x16", "--batch", "4"],
+        "--batch applies to a zoo model",
+    ),
+    "malformed --input": (["graph", "user_models:make_cnn", "--input", "8xa"], "like 8x3x32x32"),
+    "unknown --input dtype": (
+        ["graph", "user_models:make_cnn", "--input", "8x3:float8"],
+        "unknown dtype 'float8'",
+    ),
+    "--input for a zoo model": (["graph", *MODEL, "--input", "8x1x32x32"], "applies to a factory"),
     # devices
     "unknown preset": (["devices", "nope-1x4"], "unknown device preset"),
     "preset out of range": (["devices", "p100-0x4"], "out of range"),

@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "PlanResult": "planner.api",
     "Evaluation": "planner.api",
     "evaluate_strategy": "planner.api",
-    "cost_model": "planner.api",
+    "cost_model": "planner.sources",
     "parallelize": "planner.export",
     "export_plan": "planner.export",
     "ExportPlan": "planner.export",

@@ -582,8 +582,9 @@ def _print_plan(rows: list[tuple[str, str, str]], s: dict[str, Any]) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from planner.api import cost_model, evaluate_strategy
+    from planner.api import evaluate_strategy
     from planner.problems.strategy import load_strategy
+    from planner.sources import cost_model
 
     _outputs((args.trace, "trace"), (args.plot, "plot"))
     path = args.strategy

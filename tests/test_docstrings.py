@@ -26,7 +26,7 @@ OWNED_ELSEWHERE = {
     "backends.Limit",
 }
 # Modules whose every public function, class and method is documented.
-WHOLE_MODULES = ("planner.api", "planner.export", "planner.graph.models", "planner.files",
+WHOLE_MODULES = ("planner.api", "planner.sources", "planner.export", "planner.graph.models", "planner.files",
                  "planner.logs", "runtime.models")  # fmt: skip
 
 

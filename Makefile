@@ -9,7 +9,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $@
 
-.PHONY: install compare test lint slow bench
+.PHONY: install compare test lint slow bench wheel
 install: $(BIN)/.installed
 
 compare: install
@@ -28,3 +28,6 @@ slow: install
 
 bench: install
 	$(BIN)/python -m pytest -q -m benchmark --benchmark-enable
+
+wheel: install
+	$(BIN)/pip wheel --no-deps --no-build-isolation -q -w dist .

@@ -146,6 +146,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if match is None or int(match[1]) < 2:
         p.error("the runtime executes on this machine's workers: use a cpu-local-N preset, N >= 2")
     args.workers = int(match[1])
+    if args.warmup >= args.steps:
+        p.error(f"--warmup {args.warmup} leaves no step to time out of --steps {args.steps}")
     return args
 
 

@@ -6,7 +6,6 @@ the edge cost-table entries, and the seconds to build the node tables and the ed
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -15,16 +14,23 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from planner.cli import OneLineArgumentParser, positive_int, report_errors, zoo_model
 from planner.graph.zoo import model_graph
 from planner.hardware.presets import get_preset
 from planner.problems.problem import build_problem
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.build_speed", description=__doc__)
-    p.add_argument("--models", nargs="+", default=["alexnet", "vgg16", "inception_v3", "resnet101"])
+    """Run the experiment; bad arguments are one `error:` line and exit status 2."""
+    return report_errors(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    p = OneLineArgumentParser(prog="python -m experiments.build_speed", description=__doc__)
+    models = ["alexnet", "vgg16", "inception_v3", "resnet101"]
+    p.add_argument("--models", nargs="+", default=models, type=zoo_model)
     p.add_argument("--presets", nargs="+", default=["p100-1x4", "p100-4x4"])
-    p.add_argument("--max-configs", type=int, default=None)
+    p.add_argument("--max-configs", type=positive_int, default=None)
     args = p.parse_args(argv)
     t = Table(title="Problem build (cost tables) on this machine")
     for col in (

@@ -11,7 +11,6 @@ placement (link contention, FIFO order) is shown beside the model's prediction.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -20,6 +19,15 @@ from typing import Any
 
 from backends import SolveOptions, get_backend
 from backends.placement import PlacementProblem, list_schedule, placement_problem
+from planner.cli import (
+    OneLineArgumentParser,
+    UsageError,
+    nonnegative_int,
+    positive_int,
+    positive_seconds,
+    report_errors,
+)
+from planner.files import check_output_path, strict_json, write_text_atomic
 from planner.graph.zoo import model_graph
 from planner.hardware.presets import get_preset
 from planner.problems.problem import Problem, build_problem
@@ -28,21 +36,24 @@ PAPER_SPEEDUP = {2: 1.32}  # Sec. 6: "the 1.32x speedup obtained with the real s
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m experiments.dlplacer_inception", description=__doc__
+    p = OneLineArgumentParser(prog="python -m experiments.dlplacer_inception", description=__doc__)
+    p.add_argument(
+        "--gpus", type=positive_int, nargs="+", default=[1, 2, 3, 4], help="G of v100-dgx1-G"
     )
-    p.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 3, 4], help="G of v100-dgx1-G")
     p.add_argument("--backends", nargs="+", default=["cpsat", "ilp"], choices=["cpsat", "ilp"])
-    p.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve (60)")
-    p.add_argument("--threads", type=int, default=2, help="solver threads (2)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch", type=int, default=None, help="batch (the zoo's default: 64)")
+    p.add_argument("--time-limit", type=positive_seconds, default=60.0, help="seconds per solve")
+    p.add_argument("--threads", type=positive_int, default=2, help="solver threads (2)")
+    p.add_argument("--seed", type=nonnegative_int, default=0)
+    p.add_argument("--batch", type=positive_int, default=None, help="batch (the zoo's default: 64)")
     p.add_argument("--order", choices=["free", "fifo"], default="free",
                    help="schedule per device: free (DLPlacer) or fifo (the simulator's)")  # fmt: skip
-    p.add_argument("--show", type=int, nargs="*", default=None,
+    p.add_argument("--show", type=positive_int, nargs="*", default=None,
                    help="G values whose placement is printed (default: every G > 1)")  # fmt: skip
     p.add_argument("--json", type=Path, default=None, help="write the rows here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if max(args.gpus) > 8:
+        raise UsageError(f"--gpus: a DGX-1 has 8 GPUs, got {max(args.gpus)}")
+    return args
 
 
 def solve(problem: Problem, name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -123,11 +134,18 @@ def _line(row: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the experiment; bad arguments are one `error:` line and exit status 2."""
+    return report_errors(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
-    rows = run(args)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=1, default=str) + "\n")
+        check_output_path(args.json, "rows JSON")
+    rows = run(args)
+    if args.json is not None:
+        write_text_atomic(args.json, strict_json(rows, indent=1) + "\n")
     return 0
 
 

@@ -8,7 +8,6 @@ against and our branch and bound (`search`), each under a time cap.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -18,6 +17,14 @@ from rich.console import Console
 from rich.table import Table
 
 from backends import SolveOptions, get_backend
+from planner.cli import (
+    OneLineArgumentParser,
+    nonnegative_int,
+    positive_int,
+    positive_seconds,
+    report_errors,
+    zoo_model,
+)
 from planner.graph.zoo import model_graph
 from planner.hardware.presets import get_preset
 from planner.problems.problem import build_problem
@@ -36,18 +43,23 @@ def _fmt(result: object | None, cap: float) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.elimination_speed", description=__doc__)
-    p.add_argument("--models", nargs="+", default=MODELS)
+    """Run the experiment; bad arguments are one `error:` line and exit status 2."""
+    return report_errors(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    p = OneLineArgumentParser(prog="python -m experiments.elimination_speed", description=__doc__)
+    p.add_argument("--models", nargs="+", default=MODELS, type=zoo_model)
     p.add_argument("--presets", nargs="+", default=PRESETS)
     p.add_argument(
         "--large-cap",
-        type=int,
+        type=positive_int,
         default=96,
         help="max configs per op on 32 or more devices (default 96)",
     )
-    p.add_argument("--dfs-cap", type=float, default=30.0, help="seconds for each DFS run")
-    p.add_argument("--dfs-devices", type=int, default=4, help="run the DFS columns up to here")
-    p.add_argument("--repeats", type=int, default=3, help="elimination runs (median)")
+    p.add_argument("--dfs-cap", type=positive_seconds, default=30.0, help="seconds per DFS run")
+    p.add_argument("--dfs-devices", type=nonnegative_int, default=4, help="DFS columns up to here")
+    p.add_argument("--repeats", type=positive_int, default=3, help="elimination runs (median)")
     args = p.parse_args(argv)
     t = Table(title="OptCNN Table 3 on this machine: search time, analytic P100 costs")
     for col in (

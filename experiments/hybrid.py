@@ -32,8 +32,16 @@ from pathlib import Path
 import numpy as np
 
 from backends import SolveOptions, get_backend
+from planner.cli import (
+    OneLineArgumentParser,
+    UsageError,
+    positive_int,
+    positive_seconds,
+    report_errors,
+)
 from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel
+from planner.files import check_output_path
 from planner.graph.opgraph import OpGraph
 from planner.graph.zoo import MODELS, model_graph
 from planner.hardware.devices import DeviceGraph
@@ -56,18 +64,22 @@ class Point:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m experiments.hybrid", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = OneLineArgumentParser(prog="python -m experiments.hybrid", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--model", default="inception_v3", choices=sorted(MODELS))
-    p.add_argument("--m", type=int, default=2, help="devices per model-parallel worker (2)")
+    p.add_argument(
+        "--m", type=positive_int, default=2, help="devices per model-parallel worker (2)"
+    )
     p.add_argument("--family", default="p100", choices=["p100", "k80"], help="cluster presets")
-    p.add_argument("--gpus-per-node", type=int, default=4, help="devices per node (4)")
-    p.add_argument("--max-devices", type=int, default=256, help="largest M x N (256)")
-    p.add_argument("--batch", type=int, default=None, help="per-device batch B (zoo default)")
+    p.add_argument("--gpus-per-node", type=positive_int, default=4, help="devices per node (4)")
+    p.add_argument("--max-devices", type=positive_int, default=256, help="largest M x N (256)")
+    p.add_argument(
+        "--batch", type=positive_int, default=None, help="per-device batch B (zoo default)"
+    )
     p.add_argument("--epochs", type=Path, default=DEFAULT_EPOCHS, help="epochs vs batch CSV")
     p.add_argument("--scaling", choices=["model", "one"], default="model",
                    help="SE_N from the all-reduce model, or 1 as the paper assumes")  # fmt: skip
-    p.add_argument("--time-limit", type=float, default=60.0, help="elimination seconds")
+    p.add_argument("--time-limit", type=positive_seconds, default=60.0, help="elimination seconds")
     p.add_argument("--plot", type=Path, default=None, help="PNG (default results/hybrid-MODEL.png)")
     return p.parse_args(argv)
 
@@ -77,7 +89,7 @@ def preset(family: str, devices: int, per_node: int) -> DeviceGraph:
     if devices <= per_node:
         return get_preset(f"{family}-1x{devices}")
     if devices % per_node:
-        raise SystemExit(f"{devices} devices do not fill nodes of {per_node}")
+        raise UsageError(f"{devices} devices do not fill nodes of {per_node}")
     return get_preset(f"{family}-{devices // per_node}x{per_node}")
 
 
@@ -105,7 +117,7 @@ def read_epochs(path: Path) -> tuple[np.ndarray, np.ndarray]:
     with path.open() as f:
         rows = list(csv.DictReader(line for line in f if not line.lstrip().startswith("#")))
     if not rows or not {"global_batch", "epochs"} <= set(rows[0]):
-        raise SystemExit(f"{path}: needs columns global_batch,epochs")
+        raise UsageError(f"{path}: needs columns global_batch,epochs")
     data = sorted((float(r["global_batch"]), float(r["epochs"])) for r in rows)
     batch, epochs = np.array(data).T
     return batch, epochs
@@ -206,9 +218,16 @@ def plot(args: argparse.Namespace, points: list[Point], first: int | None) -> Pa
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the experiment; bad arguments are one `error:` line and exit status 2."""
+    return report_errors(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
-    if args.m < 1 or args.m > args.gpus_per_node:
-        raise SystemExit(f"--m must be in 1..{args.gpus_per_node} (one node per worker)")
+    if args.m > args.gpus_per_node:
+        raise UsageError(f"--m must be in 1..{args.gpus_per_node} (one node per worker)")
+    if args.plot is not None:
+        check_output_path(args.plot, "plot")
     su_m, points, info = project(args)
     first = report(args, su_m, points, info)
     print(f"plot: {plot(args, points, first)}")

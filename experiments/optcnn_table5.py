@@ -8,7 +8,6 @@ the choices can be read as a difference in cost.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
@@ -16,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from backends import SolveOptions, get_backend
+from planner.cli import OneLineArgumentParser, positive_int, report_errors
 from planner.costs.config import ParallelConfig
 from planner.graph.opgraph import Op, OpGraph
 from planner.graph.zoo import model_graph
@@ -78,8 +78,13 @@ def paper_strategy(graph: OpGraph, devices: object) -> Strategy:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.optcnn_table5", description=__doc__)
-    p.add_argument("--per-gpu-batch", type=int, default=32)
+    """Run the experiment; bad arguments are one `error:` line and exit status 2."""
+    return report_errors(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    p = OneLineArgumentParser(prog="python -m experiments.optcnn_table5", description=__doc__)
+    p.add_argument("--per-gpu-batch", type=positive_int, default=32)
     args = p.parse_args(argv)
     devices = get_preset("p100-1x4")
     graph = model_graph("vgg16", batch=4 * args.per_gpu_batch)

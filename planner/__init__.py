@@ -1,10 +1,15 @@
-"""layerwise's planner: the problem representation, cost model, evaluators and simulator.
+"""layerwise's planner: plan a model's parallelization, prove how good it is, export it.
 
-Layers (each a subpackage): `planner.graph` (OpGraph, op kinds, torch.fx capture, the zoo),
-`planner.hardware` (DeviceGraph, presets), `planner.costs` (configs, the config space, the
-cost model, kernels, profiling), `planner.problems` (cost tables, cost-table files,
+The entry point is `planner.plan(model, devices, backend=..., ...)` (planner/api.py): a zoo
+name, an `nn.Module` with example inputs, a "module:factory" path, an OpGraph, a Problem or
+a file, to a `PlanResult` (status, objective, bound, gap, strategy, phase seconds, the plan
+file). `planner.export` applies a strategy to a module with DTensor (`parallelize`).
+
+Layers (each a subpackage): `planner.graph` (OpGraph, op kinds, torch.fx capture, the zoo,
+model specs), `planner.hardware` (DeviceGraph, presets), `planner.costs` (configs, the config
+space, the cost model, kernels, profiling), `planner.problems` (cost tables, cost-table files,
 strategies, evaluators, baselines) and `planner.sim` (FlexFlow's simulator, traces).
-The public names below are imported lazily, so `import planner` stays cheap.
+The public names below are imported lazily, so `import planner` does not import torch.
 """
 
 from __future__ import annotations
@@ -18,6 +23,18 @@ _compat.install()
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
+    "plan": "planner.api",
+    "PlanResult": "planner.api",
+    "Evaluation": "planner.api",
+    "evaluate_strategy": "planner.api",
+    "cost_model": "planner.sources",
+    "parallelize": "planner.export",
+    "export_plan": "planner.export",
+    "ExportPlan": "planner.export",
+    "Exported": "planner.export",
+    "ExportError": "planner.export",
+    "ModelSpec": "planner.graph.models",
+    "InputSpec": "planner.graph.models",
     "LayerwiseError": "planner.errors",
     "OpGraph": "planner.graph.opgraph",
     "capture": "planner.graph.capture",

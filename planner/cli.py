@@ -1,16 +1,17 @@
-"""`python -m planner`: models, graph, devices, plan, evaluate, profile.
+"""`python -m planner` (or `layerwise`): models, graph, devices, plan, evaluate, profile.
 
 Every command ends bad input with a one-line `error: ...` on stderr and exit status 2 (usage
-errors included: no argparse usage block). A plan that finds no solution exits with status 1.
-
-The library in planner/ never imports a backend; only this entry point does, lazily, in
-`plan`, because the issue asks for `python -m planner plan --backend NAME`.
+errors included: no argparse usage block); output paths are checked before any work. A plan
+that finds no solution exits with status 1. `plan` is a thin layer over `planner.plan`
+(planner/api.py): with `--json` it prints exactly one strict JSON object on stdout.
+Logging: `-v` for DEBUG lines, `--log-file F`; by default the backends' progress lines
+(INFO) and warnings go to stderr (planner/logs.py). The first Ctrl-C during a search stops it
+and the best answer so far is printed and written (limit INTERRUPTED).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import re
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from planner.errors import LayerwiseError
+from planner.files import check_output_path, strict_json, write_text_atomic
 
 EXIT_NO_SOLUTION = 1
 EXIT_BAD_INPUT = 2
@@ -104,7 +106,56 @@ def _kv(text: str) -> tuple[str, Any]:
         return key, value
 
 
+def zoo_model(text: str) -> str:
+    """A zoo model name (the experiments' --models)."""
+    from planner.graph.zoo import MODELS
+
+    if text not in MODELS:
+        raise argparse.ArgumentTypeError(f"unknown model {text!r}; one of {', '.join(MODELS)}")
+    return text
+
+
+def _input_spec(text: str) -> Any:
+    """--input 8x3x32x32[:dtype] -> InputSpec."""
+    from planner.graph.models import DTYPE_NAMES, InputSpec
+
+    shape_text, _, dtype = text.partition(":")
+    try:
+        shape = tuple(int(s) for s in shape_text.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a shape like 8x3x32x32 (optionally :dtype), got {text!r}"
+        )
+    if dtype and dtype not in DTYPE_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"unknown dtype {dtype!r} in {text!r}; one of {', '.join(DTYPE_NAMES)}"
+        )
+    return InputSpec(shape, dtype or "float32")
+
+
+def plot_path(text: str) -> Path:
+    """A path whose suffix is a format matplotlib can write (checked before any work)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = Path(text)
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = path.suffix.lstrip(".").lower()
+    if suffix not in formats:
+        raise argparse.ArgumentTypeError(
+            f"cannot write a plot as {path.name!r}: use one of the formats matplotlib writes "
+            f"({', '.join('.' + f for f in sorted(formats))})"
+        )
+    return path
+
+
 # -- the parser -----------------------------------------------------------------------------
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--verbose", action="count", default=0, help="log DEBUG lines on stderr")
+    p.add_argument("--log-file", type=Path, help="also write every log line (DEBUG up) here")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -116,31 +167,47 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="model argument, e.g. --set image_size=64 --set steps=4 (see `planner models`)",
+        help="model argument, e.g. --set image_size=64 --set steps=4 (see `planner models`); "
+        "for a factory: its keyword arguments",
+    )
+    p.add_argument(
+        "--input",
+        dest="inputs",
+        type=_input_spec,
+        action="append",
+        default=[],
+        metavar="SHAPE[:DTYPE]",
+        help="an example input of a factory model, e.g. --input 8x3x32x32 (batch first; "
+        "dtype float32 unless given, e.g. 8x40:int64); once per forward() argument",
     )
     p.add_argument("--no-coarsen", action="store_true", help="keep every captured op")
 
 
-def build_parser() -> argparse.ArgumentParser:
+MODEL_HELP = "zoo model name, or a user model factory 'package.module:callable' (with --input)"
+
+
+def build_parser(prog: str = "python -m planner") -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(
-        prog="python -m planner",
+        prog=prog,
         description="Layer-wise parallelization planning: graphs, devices, plans, evaluation. "
         "Bad input ends with one `error: ...` line on stderr and exit status 2.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sub.add_parser(
+    p = sub.add_parser(
         "models",
         help="list the model zoo and each model's arguments",
         description="List the zoo models with their default arguments (change them with --set).",
     )
+    _common(p)
 
     p = sub.add_parser(
         "graph",
-        help="capture a zoo model into an OpGraph",
-        description="Capture a zoo model with torch.fx (on the meta device) into an OpGraph.",
+        help="capture a model into an OpGraph",
+        description="Capture a zoo or user model with torch.fx (on the meta device) into an "
+        "OpGraph.",
     )
-    p.add_argument("model", help="zoo model name (see `models`)")
+    p.add_argument("model", help=MODEL_HELP)
     _model_args(p)
     p.add_argument("--json", dest="json_out", type=Path, help="write the graph JSON here")
     p.add_argument(
@@ -148,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print one JSON object (name, ops, edges, forward_flops, parameter_bytes, kinds)",
     )
+    _common(p)
 
     p = sub.add_parser(
         "devices",
@@ -159,16 +227,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--measure", action="store_true", help="cpu-local-N only: measure links/FLOPs and cache"
     )
+    _common(p)
 
     p = sub.add_parser(
         "plan",
         help="search a strategy with a backend",
-        description="Search a parallelization strategy for a zoo model, an OpGraph JSON, or a "
-        "cost-table problem. -o writes a strategy file (for `evaluate`), or the choices of a "
-        "cost-table problem. Exit status 1 when the backend finds no solution.",
+        description="Search a parallelization strategy for a zoo or user model, an OpGraph "
+        "JSON, or a cost-table problem (planner.plan). -o writes a strategy file (for "
+        "`evaluate` and `runtime.run`), or the choices of a cost-table problem. The time limit "
+        "covers capture and build too. Ctrl-C stops the search and keeps the best answer so "
+        "far. Exit status 1 when the backend finds no solution.",
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("model", nargs="?", help="zoo model name")
+    src.add_argument("model", nargs="?", help=MODEL_HELP)
     src.add_argument("--graph", type=Path, help="an OpGraph JSON file")
     src.add_argument("--problem", type=Path, help="a cost-table problem JSON (IOPDDL format)")
     _model_args(p)
@@ -180,7 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["additive", "makespan"],
         help="additive: OptCNN Eq. 1 (default); makespan: simulated iteration time",
     )
-    p.add_argument("--time-limit", type=positive_seconds, default=10.0, help="seconds (default 10)")
+    p.add_argument(
+        "--time-limit",
+        type=positive_seconds,
+        default=10.0,
+        help="seconds for the whole plan, capture and build included (default 10)",
+    )
     p.add_argument("--seed", type=nonnegative_int, default=0, help="random seed >= 0 (default 0)")
     p.add_argument(
         "--max-configs", type=positive_int, help="cap on candidate configs per op (>= 1)"
@@ -193,6 +269,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sync", choices=["ring", "ps"], help="parameter sync model (default ring)")
     p.add_argument("--cost", choices=["analytic", "measured"], help="cost model (default analytic)")
     p.add_argument("-o", "--output", type=Path, help="write the plan (a strategy file) here")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print exactly one JSON object on stdout (status, objective, bound, gap, phase "
+        "seconds; strict JSON: null for an unknown or infinite value)",
+    )
+    _common(p)
 
     p = sub.add_parser(
         "evaluate",
@@ -208,20 +291,24 @@ def build_parser() -> argparse.ArgumentParser:
         "memory)",
     )
     p.add_argument("--trace", type=Path, help="write the simulated timeline as a Chrome trace")
-    p.add_argument("--plot", type=Path, help="write a Gantt chart of the timeline (e.g. T.png)")
+    p.add_argument(
+        "--plot", type=plot_path, help="write a Gantt chart of the timeline (e.g. T.png, T.svg)"
+    )
+    _common(p)
 
     p = sub.add_parser(
         "profile",
         help="measure op costs on this machine into the cost cache",
         description="Measure op costs of a zoo model on this machine into the cost cache.",
     )
-    p.add_argument("model", help="zoo model name")
+    p.add_argument("model", help=MODEL_HELP)
     _model_args(p)
     p.add_argument("--devices", default="cpu-local-2", help="device preset (default cpu-local-2)")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed runs per task")
     p.add_argument(
         "--max-configs", type=positive_int, help="cap on candidate configs per op (>= 1)"
     )
+    _common(p)
     return parser
 
 
@@ -254,10 +341,23 @@ def _check_model_kwargs(name: str, kwargs: dict[str, Any]) -> None:
             raise UsageError(f"model {name!r}: --set {key} must be {want}, got {value!r}")
 
 
-def _graph_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    from planner.graph.zoo import model_graph
+def _model_spec(args: argparse.Namespace) -> Any:
+    """The ModelSpec of the command line's model: a zoo name or a factory with --input."""
+    from planner.graph.models import ModelSpec
 
     kwargs = dict(args.model_kwargs)
+    coarsen = not args.no_coarsen
+    if ":" in args.model:
+        if args.batch is not None:
+            raise UsageError("--batch applies to a zoo model; a factory's batch is --input's")
+        if not args.inputs:
+            raise UsageError(
+                f"model factory {args.model!r} needs --input SHAPE for each forward() argument"
+            )
+        name = args.model.rpartition(":")[2].rpartition(".")[2].lower()
+        return ModelSpec(name, None, kwargs, coarsen, args.model, tuple(args.inputs))
+    if args.inputs:
+        raise UsageError("--input applies to a factory model ('module:callable'), not a zoo model")
     batch = args.batch
     if "batch" in kwargs:
         if batch is not None:
@@ -266,14 +366,7 @@ def _graph_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise UsageError(f"--set batch must be a positive integer, got {batch!r}")
     _check_model_kwargs(args.model, kwargs)
-    graph = model_graph(args.model, batch=batch, coarsen=not args.no_coarsen, **kwargs)
-    model = {
-        "name": args.model,
-        "batch": batch,
-        "kwargs": kwargs,
-        "coarsen": not args.no_coarsen,
-    }
-    return graph, model
+    return ModelSpec(args.model, batch, kwargs, coarsen)
 
 
 def _malformed(what: str, path: Path, load: Callable[[], Any]) -> Any:
@@ -288,21 +381,10 @@ def _malformed(what: str, path: Path, load: Callable[[], Any]) -> Any:
         raise LayerwiseError(f"{what} {path} is malformed: {type(exc).__name__}: {exc}") from None
 
 
-def _cost_model(graph: Any, devices: Any, options: dict[str, Any], source: str) -> Any:
-    from planner.costs.costmodel import CostModel, CostOptions
-
-    fields = {f.name for f in dataclasses.fields(CostOptions)}
-    opts = CostOptions(**{k: v for k, v in options.items() if k in fields})
-    measured = None
-    if source == "measured":
-        from planner.costs.profile import MeasuredTimes
-
-        measured = MeasuredTimes.load(devices, graph=graph)
-    return CostModel(graph, devices, opts, measured=measured)
-
-
 def _check_cost_section(cost: Any) -> dict[str, Any]:
     """The `cost` object of a strategy file: the CostOptions it was planned with."""
+    import dataclasses
+
     from planner.costs.costmodel import CostOptions
 
     if not isinstance(cost, dict):
@@ -323,6 +405,13 @@ def _check_cost_section(cost: Any) -> dict[str, Any]:
     return cost
 
 
+def _outputs(*paths: tuple[Path | None, str]) -> None:
+    """Every output path is writable before any work starts."""
+    for path, what in paths:
+        if path is not None:
+            check_output_path(path, what)
+
+
 # -- commands -------------------------------------------------------------------------------
 
 
@@ -336,9 +425,10 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    graph, _ = _graph_from_args(args)
+    _outputs((args.json_out, "graph JSON"))
+    graph = _model_spec(args).graph()
     if args.json_out:
-        graph.save(args.json_out)
+        write_text_atomic(args.json_out, json.dumps(graph.to_json(), indent=1))
     summary = graph.summary()
     if args.summary:
         print(json.dumps(summary))
@@ -355,6 +445,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
 def cmd_devices(args: argparse.Namespace) -> int:
     from planner.hardware.presets import load_devices, measure_cpu_local
 
+    _outputs((args.json_out, "device JSON"))
     if args.measure:
         match = re.fullmatch(r"cpu-local-(\d+)", args.preset)
         if match is None:
@@ -362,7 +453,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
         print(json.dumps(measure_cpu_local(int(match[1]))))
     devices = load_devices(args.preset)
     if args.json_out:
-        devices.save(args.json_out)
+        write_text_atomic(args.json_out, json.dumps(devices.to_json(), indent=1))
     print(devices.summary())
     return 0
 
@@ -375,6 +466,7 @@ def _check_plan_args(args: argparse.Namespace) -> None:
             for flag, value in (
                 ("--batch", args.batch),
                 ("--set", args.model_kwargs),
+                ("--input", args.inputs),
                 ("--no-coarsen", args.no_coarsen),
             )
             if value
@@ -382,7 +474,7 @@ def _check_plan_args(args: argparse.Namespace) -> None:
         if given:
             source = "--graph" if args.graph else "--problem"
             verb = "applies" if len(given) == 1 else "apply"
-            raise UsageError(f"{', '.join(given)} only {verb} to a zoo model, not to {source}")
+            raise UsageError(f"{', '.join(given)} only {verb} to a model, not to {source}")
     if args.problem:
         given = [
             flag
@@ -405,83 +497,119 @@ def _check_plan_args(args: argparse.Namespace) -> None:
         raise UsageError("--devices is required to plan a model or a graph")
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    from backends import SolveOptions, get_backend
-    from planner.problems.problem import build_problem
-
-    _check_plan_args(args)
-    backend = get_backend(args.backend)
-    options = SolveOptions(objective=args.objective, time_limit=args.time_limit, seed=args.seed)
-    model: dict[str, Any] | None = None
+def _plan_source(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """What `planner.plan` plans (a Problem, an OpGraph or a model) and its model options."""
     if args.problem:
         from planner.problems.costtable import load_problem
 
-        problem = load_problem(args.problem)
-    else:
-        from planner.hardware.presets import load_devices
+        return load_problem(args.problem), {}
+    if args.graph:
+        from planner.graph.opgraph import OpGraph
 
-        devices = load_devices(args.devices)
-        if args.graph:
-            from planner.graph.opgraph import OpGraph
+        path = args.graph
+        return _malformed("graph file", path, lambda: OpGraph.load(path)), {}
+    spec = _model_spec(args)
+    kwargs = dict(spec.kwargs)
+    if spec.factory is not None:
+        return spec.factory, {
+            "model_kwargs": kwargs,
+            "example_inputs": spec.inputs,
+            "name": spec.name,
+            "coarsen": spec.coarsen,
+        }
+    if spec.batch is not None:
+        kwargs["batch"] = spec.batch
+    return spec.name, {"model_kwargs": kwargs, "coarsen": spec.coarsen}
 
-            path = args.graph
-            graph = _malformed("graph file", path, lambda: OpGraph.load(path))
-        else:
-            graph, model = _graph_from_args(args)
-        cm = _cost_model(graph, devices, {"sync": args.sync or "ring"}, args.cost or "analytic")
-        problem = build_problem(graph, devices, cm, args.max_configs, args.memory_limit)
-    result = backend.solve(problem, options)
-    out = {
-        "status": result.status.value,
-        "limit": result.limit.value if result.limit else None,
-        "objective": result.objective,
-        "bound": result.bound,
-        "gap": result.gap,
-        "backend": result.backend,
-        "objective_kind": args.objective,
-        "search_seconds": result.stats.get("search_seconds"),
-        "build_seconds": problem.stats.get("build_seconds"),
-    }
-    if result.choices is None:
-        print(json.dumps(out))
-        print(
-            f"error: backend {result.backend!r} found no solution (status "
-            f"{result.status.value}){'; nothing written' if args.output else ''}",
-            file=sys.stderr,
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from planner.api import plan
+
+    _check_plan_args(args)
+    _outputs((args.output, "plan"))
+    source, model_options = _plan_source(args)
+    dnn = not args.problem
+    result = plan(
+        source,
+        args.devices if dnn else None,
+        backend=args.backend,
+        objective=args.objective,
+        time_limit=args.time_limit,
+        seed=args.seed,
+        max_configs=args.max_configs,
+        memory_limit=args.memory_limit,
+        cost=args.cost or "analytic",
+        sync=args.sync,
+        **model_options,
+    )
+    summary = result.summary()
+    if args.json:
+        print(strict_json(summary))
+    elif result.has_solution:
+        _print_plan(result.describe(), summary)
+    if not result.has_solution:
+        reason = result.message or (
+            f"backend {result.backend!r} found no solution (status {result.status.value})"
         )
+        print(f"error: {reason}{'; nothing written' if args.output else ''}", file=sys.stderr)
         return EXIT_NO_SOLUTION
-    cm = problem.cost_model
-    if result.strategy is not None and cm is not None:
-        cost = {**dataclasses.asdict(cm.options), "source": cm.source}
-        data = result.strategy.to_json(model=model, extra={**out, "cost": cost})
-        _print_plan(out, result.strategy.describe())
-    else:
-        data = {**out, "choices": list(result.choices)}
-        print(json.dumps(out))
     if args.output:
-        args.output.write_text(json.dumps(data, indent=1))
+        result.save(args.output)
         print(f"plan written to {args.output}", file=sys.stderr)
+    if summary["limit"] == "INTERRUPTED":
+        print("interrupted: this is the best answer found so far", file=sys.stderr)
     return 0
 
 
-def _print_plan(out: dict[str, Any], rows: list[tuple[str, str, str]]) -> None:
+def _print_plan(rows: list[tuple[str, str, str]], s: dict[str, Any]) -> None:
     for name, kind, cfg in rows:
         print(f"  {name:40s} {kind:12s} {cfg}")
-    print(json.dumps(out))
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v * 1e3:.4g} ms"
+
+    gap = "-" if s["gap"] is None else f"{s['gap'] * 100:.3g}%"
+    limit = f" ({s['limit']})" if s["limit"] else ""
+    phases = ", ".join(
+        f"{k.removesuffix('_seconds')} {s[k]:.3g} s"
+        for k in ("capture_seconds", "build_seconds", "search_seconds", "total_seconds")
+        if s.get(k) is not None
+    )
+    print(
+        f"{s['status']}{limit}: {s['objective_kind']} {ms(s['objective'])}, bound "
+        f"{ms(s['bound'])}, gap {gap} ({s['backend']}; {phases})"
+    )
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from planner.problems.evaluate import score_strategy
+    from planner.api import evaluate_strategy
     from planner.problems.strategy import load_strategy
-    from planner.sim.simulator import simulate
-    from planner.sim.trace import save_chrome_trace, save_gantt
+    from planner.sources import cost_model
 
+    _outputs((args.trace, "trace"), (args.plot, "plot"))
     path = args.strategy
     strategy, data = _malformed("strategy file", path, lambda: load_strategy(path))
     cost = _check_cost_section(data.get("cost", {}))
-    cm = _cost_model(strategy.graph, strategy.devices, cost, cost.get("source", "analytic"))
-    b = score_strategy(cm, strategy)
-    timeline = simulate(cm, strategy)
+    options = {k: v for k, v in cost.items() if k != "source"}
+    cm = cost_model(strategy.graph, strategy.devices, cost.get("source", "analytic"), **options)
+    scores = evaluate_strategy(strategy, cm)
+    _timeline_files(scores.timeline, strategy, args)
+    if args.json:
+        print(strict_json(scores.to_json()))
+    else:
+        print(
+            f"additive (OptCNN Eq. 1): {scores.additive * 1e3:.3f} ms = compute "
+            f"{scores.compute * 1e3:.3f} + sync {scores.sync * 1e3:.3f} + transfer "
+            f"{scores.transfer * 1e3:.3f}; peak memory per device "
+            f"{scores.memory_peak_bytes / 2**20:.1f} MiB"
+        )
+        print(f"makespan (FlexFlow simulation): {scores.makespan * 1e3:.3f} ms")
+    return 0
+
+
+def _timeline_files(timeline: Any, strategy: Any, args: argparse.Namespace) -> None:
+    from planner.sim.trace import save_chrome_trace, save_gantt
+
     if args.trace:
         save_chrome_trace(timeline, args.trace)
     if args.plot:
@@ -491,31 +619,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             f"{strategy.graph.name} on {strategy.devices.name}: "
             f"{timeline.makespan * 1e3:.3f} ms simulated",
         )
-    result = {
-        "additive": b.total,
-        "makespan": timeline.makespan,
-        "compute": b.compute,
-        "sync": b.sync,
-        "transfer": b.transfer,
-        "memory_peak_bytes": float(b.memory.max()),
-    }
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(
-            f"additive (OptCNN Eq. 1): {b.total * 1e3:.3f} ms = compute {b.compute * 1e3:.3f} "
-            f"+ sync {b.sync * 1e3:.3f} + transfer {b.transfer * 1e3:.3f}; "
-            f"peak memory per device {b.memory.max() / 2**20:.1f} MiB"
-        )
-        print(f"makespan (FlexFlow simulation): {timeline.makespan * 1e3:.3f} ms")
-    return 0
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from planner.costs.profile import profile_graph
     from planner.hardware.presets import load_devices
 
-    graph, _ = _graph_from_args(args)
+    graph = _model_spec(args).graph()
     devices = load_devices(args.devices)
     path = profile_graph(graph, devices, repeats=args.repeats, max_configs=args.max_configs)
     print(f"measured costs cached in {path}")
@@ -532,21 +642,21 @@ COMMANDS = {
 }
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     """The first non-empty line of an error message (some wrap a multi-line torch error)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def report_errors(run: Callable[[], int]) -> int:
+    """Run a command; bad input becomes one `error: ...` line on stderr and exit status 2."""
     try:
-        args = build_parser().parse_args(argv)
-        return COMMANDS[args.command](args)
+        return run()
     except LayerwiseError as exc:
-        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (OSError, json.JSONDecodeError) as exc:
-        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except UnicodeDecodeError as exc:  # a binary file given where JSON was expected
         print(f"error: an input file is not UTF-8 text (JSON expected): {exc}", file=sys.stderr)
@@ -554,3 +664,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m planner") -> int:
+    """Run one command of `python -m planner`; returns the exit status."""
+
+    def run() -> int:
+        from planner.logs import setup_logging
+
+        args = build_parser(prog).parse_args(argv)
+        setup_logging(args.verbose, args.log_file)
+        return COMMANDS[args.command](args)
+
+    return report_errors(run)
+
+
+def console_main() -> int:
+    """The `layerwise` console script: `python -m planner` under another name."""
+    return main(prog="layerwise")

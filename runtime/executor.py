@@ -28,7 +28,7 @@ import torch.distributed as dist
 from planner.costs.kernels import BN_EPS, TaskPlan, lstm_step, run_task
 from planner.graph.opkinds import CHANNEL
 from runtime.plan import ExecPlan, OpExec, ShardKey, Transfer
-from runtime.reference import nll_part
+from runtime.reference import log_head, nll_part
 from runtime.sync import GradientSync, group_sum
 
 __all__ = ["Executor", "Status"]
@@ -207,7 +207,7 @@ class Executor:
         dims = o.op.output.dims
         box = tuple(r for d, r in zip(dims, plan.out_box, strict=True) if d != CHANNEL)
         tbox = target[tuple(slice(a, b) for a, b in box)].to(self.device)
-        return nll_part(y, tbox, dims.index(CHANNEL), target.numel())
+        return nll_part(y, tbox, dims.index(CHANNEL), target.numel(), log_head(o.op))
 
     def _gather(self, edge: int, task: int, need: Box, c: int) -> torch.Tensor:
         """The consumer task's box `need` of the edge's tensor, from its pieces."""

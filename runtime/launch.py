@@ -16,7 +16,7 @@ process (env:// rendezvous); rank 0 prints the result.
 from __future__ import annotations
 
 import contextlib
-import json
+import logging
 import multiprocessing as mp
 import os
 import statistics
@@ -34,9 +34,12 @@ import torch.distributed as dist
 from planner.errors import LayerwiseError
 from planner.problems.strategy import Strategy
 from runtime.executor import PHASES, Status
+from runtime.models import as_model, model_key, model_to_job
 from runtime.plan import ExecPlan, RuntimeConfigError, ShardKey, build_plan
-from runtime.reference import DTYPES, ModelSpec, ReferenceResult, deviation, reference_train
+from runtime.reference import DTYPES, Model, ReferenceResult, deviation, reference_train
 from runtime.worker import Job, RunOptions, session, worker_entry
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "RunOptions",
@@ -46,6 +49,7 @@ __all__ = [
     "prepare",
     "run_strategy",
     "torchrun_main",
+    "worker_context",
 ]
 
 
@@ -60,6 +64,9 @@ class WorkerError(LayerwiseError):
 
 @dataclass
 class RunResult:
+    """What a run measured: per-step times and losses, bytes moved, per-rank phase times,
+    and with `check` the deviation from single-process training and the final parameters."""
+
     world: int
     step_seconds: list[float]  # per step, the slowest rank's time
     losses: list[float]  # the total loss of each step (before its update)
@@ -72,14 +79,17 @@ class RunResult:
 
     @property
     def median_step_seconds(self) -> float:
+        """The median step time after the warm-up steps."""
         timed = self.step_seconds[self.warmup :] or self.step_seconds
         return statistics.median(timed)
 
     @property
     def max_deviation(self) -> float | None:
+        """The largest relative deviation from single-process training (None without check)."""
         return None if self.deviation is None else float(self.deviation["max_deviation"])
 
     def summary(self) -> dict[str, Any]:
+        """The result as JSON values (what `runtime.run --json` prints)."""
         return {
             "median_step_seconds": self.median_step_seconds,
             "max_deviation": self.max_deviation,
@@ -102,7 +112,7 @@ class RunResult:
 
 
 def prepare(
-    strategy: Strategy, model: ModelSpec | None, options: RunOptions, world: int | None = None
+    strategy: Strategy, model: Model | None, options: RunOptions, world: int | None = None
 ) -> tuple[int, ExecPlan]:
     """Every check that can fail before spawning: options, world size, model, the plan."""
     options.validate()
@@ -115,16 +125,17 @@ def prepare(
         )
     if options.check and model is None:
         raise RuntimeConfigError(
-            "--check needs the zoo model the strategy was planned for; this strategy file "
-            'records none (plan it with `python -m planner plan MODEL ...`, which writes "model")'
+            "--check needs the model the strategy was planned for; this strategy file records "
+            "none (plan a zoo model or a 'module:factory' model with `planner.plan` or "
+            '`python -m planner plan`, which write "model"; or pass the nn.Module to '
+            "runtime.run_strategy)"
         )
     if model is not None:
         fingerprint = _model_fingerprint(model)
         if fingerprint != strategy.graph.fingerprint():
             raise RuntimeConfigError(
                 f"the strategy's graph (fingerprint {strategy.graph.fingerprint()}) is not the "
-                f"graph of model {model.name!r} with {dict(model.kwargs)}, batch {model.batch} "
-                f"(fingerprint {fingerprint})"
+                f"graph of {model.describe()} (fingerprint {fingerprint})"
             )
     if options.backend == "nccl" and torch.cuda.device_count() < 1:
         raise RuntimeConfigError("backend nccl needs CUDA devices; this machine has none")
@@ -135,23 +146,20 @@ _FINGERPRINTS: dict[str, str] = {}
 _REFERENCES: dict[tuple[Any, ...], ReferenceResult] = {}
 
 
-def _spec_key(model: ModelSpec) -> str:
-    return json.dumps(model.to_json(), sort_keys=True)
-
-
-def _model_fingerprint(model: ModelSpec) -> str:
+def _model_fingerprint(model: Model) -> str:
     """The fingerprint of the model's graph (captured once per process)."""
-    key = _spec_key(model)
+    key = model_key(model)
     if key not in _FINGERPRINTS:
         _FINGERPRINTS[key] = model.graph().fingerprint()
     return _FINGERPRINTS[key]
 
 
-def _reference(model: ModelSpec, plan: ExecPlan, options: RunOptions) -> ReferenceResult:
+def _reference(model: Model, plan: ExecPlan, options: RunOptions) -> ReferenceResult:
     """Single-process training (computed once per process for the same model and options)."""
-    key = (_spec_key(model), options.steps, options.lr, options.seed, options.dtype)
+    key = (model_key(model), options.steps, options.lr, options.seed, options.dtype)
     if key not in _REFERENCES:
         dtype = DTYPES[options.dtype]
+        log.info("single-process reference: %s, %d steps", model.describe(), options.steps)
         ref = reference_train(model, plan.graph, options.steps, options.lr, options.seed, dtype)
         _REFERENCES.clear()  # keep one: references of big models are big
         _REFERENCES[key] = ref
@@ -160,14 +168,28 @@ def _reference(model: ModelSpec, plan: ExecPlan, options: RunOptions) -> Referen
 
 def run_strategy(
     strategy: Strategy,
-    model: ModelSpec | None = None,
+    model: Model | Any = None,
     options: RunOptions | None = None,
     world: int | None = None,
 ) -> RunResult:
-    """Train `options.steps` steps of `strategy` on local worker processes."""
+    """Train `options.steps` steps of `strategy` on local worker processes.
+
+    model: the model the strategy was planned for: a `ModelSpec` (zoo or factory; a plan
+    file's `"model"`), the `nn.Module` itself (its current parameters are the initial ones),
+    or None (seeded random parameters; no `check`)."""
     options = options or RunOptions()
+    model = as_model(model, strategy.graph)
     world, plan = prepare(strategy, model, options, world)
-    job = Job(strategy.to_json(), model.to_json() if model else None, options)
+    job = Job(strategy.to_json(), model_to_job(model), options)
+    log.info(
+        "%s on %d local workers (%s, %s): %d steps, %d transfers per forward pass",
+        strategy.graph.name,
+        world,
+        options.backend,
+        options.dtype,
+        options.steps,
+        sum(not t.local for t in plan.transfers),
+    )
     with tempfile.TemporaryDirectory(prefix="layerwise-run-") as tmp:
         _launch_local(job, world, Path(tmp))
         results = [
@@ -177,12 +199,12 @@ def run_strategy(
 
 
 def _finish(
-    plan: ExecPlan, model: ModelSpec | None, options: RunOptions, results: Sequence[dict[str, Any]]
+    plan: ExecPlan, model: Model | None, options: RunOptions, results: Sequence[dict[str, Any]]
 ) -> RunResult:
     steps = options.steps
     losses = [sum(r["losses"][s] for r in results) for s in range(steps)]
     step_seconds = [max(r["seconds"][s] for r in results) for s in range(steps)]
-    skip = min(options.warmup, max(steps - 1, 0))
+    skip = options.warmup_steps
     phases = [
         tuple(statistics.median(p[k] for p in r["phases"][skip:]) for k in range(4))
         for r in results
@@ -259,8 +281,10 @@ def _block_views(
 _CONTEXT: Any = None
 
 
-def _context() -> Any:
-    """A forkserver that has imported torch and the runtime once (spawn where unavailable)."""
+def worker_context() -> Any:
+    """The multiprocessing context of worker processes: a forkserver that has imported torch
+    and the runtime once (spawn where unavailable). Shared by everything that starts
+    workers in this process, so they all fork from one warm server."""
     global _CONTEXT
     if _CONTEXT is None:
         ctx: Any
@@ -283,7 +307,7 @@ def _context() -> Any:
 
 
 def _launch_local(job: Job, world: int, tmp: Path) -> None:
-    ctx = _context()
+    ctx = worker_context()
     status = ctx.Array("d", world * Status.SLOTS, lock=False)
     procs = [
         ctx.Process(
@@ -392,17 +416,16 @@ def _stop(procs: list[Any]) -> None:
 # -- torchrun --------------------------------------------------------------------------------------
 
 
-def torchrun_main(
-    strategy: Strategy, model: ModelSpec | None, options: RunOptions
-) -> RunResult | None:
+def torchrun_main(strategy: Strategy, model: Model | Any, options: RunOptions) -> RunResult | None:
     """One process of a torchrun launch; returns the result on rank 0, None elsewhere."""
     world = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
+    model = as_model(model, strategy.graph)
     _, plan = prepare(strategy, model, options, world)
     torch.set_num_threads(int(os.environ.get("LAYERWISE_THREADS", "1")))
     dist.init_process_group(options.backend, timeout=timedelta(seconds=2 * options.timeout + 10))
     try:
-        job = Job(strategy.to_json(), model.to_json() if model else None, options)
+        job = Job(strategy.to_json(), model_to_job(model), options)
         result = session(job, rank, world, Status(None, rank))
         gathered: list[Any] | None = [None] * world if rank == 0 else None
         dist.gather_object(result, gathered, dst=0)

@@ -140,6 +140,9 @@ class OpExec:
 
 @dataclass(frozen=True)
 class ExecPlan:
+    """What every rank derives from a strategy: per-op tasks, the transfers between them, the
+    parameter shards and their gradient sums, the loss ops and the process groups."""
+
     graph: OpGraph
     world: int
     ops: tuple[OpExec, ...]
@@ -209,6 +212,12 @@ def _check_graph(graph: OpGraph) -> None:
                 f"op {op.name!r} ({op.kind}) is a graph output but not a softmax: the runtime "
                 "trains with the cross-entropy of every softmax output, so every output must "
                 "be a softmax op"
+            )
+        if _is_sink(graph, i) and op.attr("op") == "cross_entropy":
+            raise RuntimeConfigError(
+                f"op {op.name!r} computes a cross-entropy loss inside the model; the runtime "
+                "trains with its own NLL loss of the model's outputs: return log_softmax (or "
+                "softmax) over the classes from forward() instead"
             )
         if op.kind == "lstm" and (op.attr("pre_ops") or fused_ops(op)):
             raise RuntimeConfigError(

@@ -1,14 +1,18 @@
 """What a training step computes, defined once for the runtime and its single-process reference.
 
-- parameters: the zoo model built on the CPU under `torch.manual_seed(seed)` (every rank
-  builds the same model, so every rank has the same full parameters); a graph without a zoo
-  model gets seeded random parameters per name.
+- parameters: the model recorded with the strategy (a zoo model or a user factory,
+  `planner.graph.models.ModelSpec`) built on the CPU under `torch.manual_seed(seed)`, or a
+  user's module instance (`runtime.models.ModuleModel`): every rank builds the same model, so
+  every rank has the same full parameters; a graph without a model gets seeded random
+  parameters per name.
 - data: step s reads inputs and targets drawn from a generator seeded by (seed, s): float
   inputs standard normal, token inputs uniform over the vocabulary of the embeddings that
   read them, one class per output position of every softmax output.
 - loss: the sum over the graph's softmax outputs of the mean over output positions (samples,
-  and sequence positions) of -log p[target]. A task of a softmax op holding part of the
-  positions contributes its part of that sum, so the parts add up to the loss.
+  and sequence positions) of -log p[target]; an output that is already a log-probability
+  (`log_softmax`, `nn.LogSoftmax`: the usual classifier head) contributes -output[target]
+  (the NLL loss). A task of a softmax op holding part of the positions contributes its part
+  of that sum, so the parts add up to the loss.
 - dropout runs as the identity (p = 0) on both sides, so runs are deterministic.
 - update: plain SGD, p <- p - lr * grad.
 """
@@ -17,22 +21,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from planner.costs.kernels import BN_EPS
 from planner.errors import LayerwiseError
-from planner.graph.opgraph import OpGraph
+from planner.graph.models import ModelSpec
+from planner.graph.opgraph import Op, OpGraph
 from planner.graph.opkinds import CHANNEL
 
 __all__ = [
+    "Model",
     "ModelSpec",
+    "NonFiniteError",
     "ReferenceResult",
     "deviation",
     "init_params",
+    "log_head",
     "make_inputs",
     "make_targets",
     "nll_part",
@@ -41,64 +49,27 @@ __all__ = [
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 PARAM_FLOOR = 1e-2  # parameter scale below which deviations are absolute (see `deviation`)
+LOG_HEADS = ("log_softmax", "logsoftmax")  # softmax op attrs whose output is log p
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """A zoo model and the arguments that size it (what `Strategy.to_json(model=...)` records)."""
+class NonFiniteError(LayerwiseError):
+    """Training produced a non-finite loss or parameter (a NaN or infinite gradient)."""
+
+
+class Model(Protocol):
+    """What the runtime needs of a model: a zoo/factory `ModelSpec` or a `ModuleModel`."""
 
     name: str
-    batch: int | None = None
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-    coarsen: bool = True
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any] | None) -> ModelSpec | None:
-        """From a strategy file's data["graph"]["model"] (None when there is none)."""
-        if data is None:
-            return None
-        if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
-            raise LayerwiseError(f'the strategy file\'s graph "model" is malformed: {data!r}')
-        kwargs, batch = data.get("kwargs") or {}, data.get("batch")
-        if not isinstance(kwargs, Mapping) or not (batch is None or isinstance(batch, int)):
-            raise LayerwiseError(
-                f'the strategy file\'s graph "model" is malformed: kwargs must be an object and '
-                f"batch an integer, got {data!r}"
-            )
-        kwargs = dict(kwargs)
-        batch = batch if batch is not None else kwargs.pop("batch", None)
-        return cls(str(data["name"]), batch, kwargs, bool(data.get("coarsen", True)))
+    def graph(self) -> OpGraph: ...
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "batch": self.batch,
-            "kwargs": dict(self.kwargs),
-            "coarsen": self.coarsen,
-        }
+    def build(self, seed: int, dtype: torch.dtype) -> nn.Module: ...
 
-    def graph(self) -> OpGraph:
-        from planner.graph.zoo import model_graph
-
-        return model_graph(self.name, batch=self.batch, coarsen=self.coarsen, **self.kwargs)
-
-    def build(self, seed: int, dtype: torch.dtype) -> nn.Module:
-        """The model on the CPU with its seeded initial parameters, dropout off."""
-        from planner.graph.zoo import build_model
-
-        kwargs = dict(self.kwargs)
-        if self.batch is not None:
-            kwargs["batch"] = self.batch
-        torch.manual_seed(seed)
-        module, _ = build_model(self.name, device="cpu", **kwargs)
-        for m in module.modules():
-            if isinstance(m, nn.Dropout):
-                m.p = 0.0
-        return module.to(dtype)
+    def describe(self) -> str: ...
 
 
 def init_params(
-    graph: OpGraph, spec: ModelSpec | None, seed: int, dtype: torch.dtype
+    graph: OpGraph, spec: Model | None, seed: int, dtype: torch.dtype
 ) -> tuple[dict[str, torch.Tensor], dict[int, float]]:
     """Full initial parameters by graph parameter name, and the epsilon of every batch norm
     op (by op index) that differs from the kernels' default 1e-5.
@@ -117,7 +88,7 @@ def init_params(
     missing = sorted(set(names) - set(have))
     if missing:
         raise LayerwiseError(
-            f"model {spec.name!r} has no parameters named {missing[:3]}: the graph does not "
+            f"{spec.describe()} has no parameters named {missing[:3]}: the graph does not "
             "come from this model"
         )
     return {n: have[n].detach() for n in names}, _norm_eps(graph, module)
@@ -177,10 +148,28 @@ def make_targets(graph: OpGraph, sinks: Sequence[int], step: int, seed: int) -> 
     return out
 
 
-def nll_part(probs: torch.Tensor, target: torch.Tensor, axis: int, count: int) -> torch.Tensor:
-    """-sum log probs[target] over the given positions, divided by the output's positions."""
-    picked = probs.gather(axis, target.unsqueeze(axis))
-    return -torch.log(picked).sum() / count
+def log_head(op: Op) -> bool:
+    """Whether softmax op `op` outputs log-probabilities (log_softmax) rather than p."""
+    return str(op.attr("op", "softmax")) in LOG_HEADS
+
+
+def nll_part(
+    out: torch.Tensor, target: torch.Tensor, axis: int, count: int, log: bool = False
+) -> torch.Tensor:
+    """-sum log p[target] over the given positions, divided by the output's positions; `out`
+    holds p, or log p when `log` (a log_softmax head: taking its log again gave NaN)."""
+    picked = out.gather(axis, target.unsqueeze(axis))
+    return -(picked if log else torch.log(picked)).sum() / count
+
+
+def check_finite(loss: float, step: int, where: str) -> None:
+    """Stop training at a non-finite loss, with what to try."""
+    if not math.isfinite(loss):
+        raise NonFiniteError(
+            f"step {step}: the loss is {loss} {where}; training diverged or the model's output "
+            "is not a probability (the loss is the NLL of every softmax output: end the model "
+            "in softmax or log_softmax over the classes); try a smaller --lr or --dtype float64"
+        )
 
 
 def loss_sinks(graph: OpGraph) -> tuple[int, ...]:
@@ -197,14 +186,14 @@ class ReferenceResult:
 
 
 def reference_train(
-    spec: ModelSpec,
+    spec: Model,
     graph: OpGraph,
     steps: int,
     lr: float,
     seed: int,
     dtype: torch.dtype,
 ) -> ReferenceResult:
-    """Single-process training of the zoo model: the runtime must reproduce it."""
+    """Single-process training of the model: the runtime must reproduce it."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -220,16 +209,18 @@ def reference_train(
             outs = tuple(outs) if isinstance(outs, tuple | list) else (outs,)
             if len(outs) != len(sinks):
                 raise LayerwiseError(
-                    f"model {spec.name!r} returns {len(outs)} outputs but its graph has "
+                    f"{spec.describe()} returns {len(outs)} outputs but its graph has "
                     f"{len(sinks)} softmax outputs"
                 )
             loss = sum(
                 (
-                    nll_part(o, t, graph.ops[i].output.dims.index(CHANNEL), t.numel())
+                    nll_part(o, t, axis, t.numel(), log_head(graph.ops[i]))
                     for o, t, i in zip(outs, targets, sinks, strict=True)
+                    for axis in [graph.ops[i].output.dims.index(CHANNEL)]
                 ),
                 torch.zeros((), dtype=dtype),
             )
+            check_finite(float(loss.detach()), s, "in single-process training (the reference)")
             module.zero_grad(set_to_none=True)
             loss.backward()
             with torch.no_grad():

@@ -3,9 +3,11 @@
 Trains K steps of a strategy file (`python -m planner plan ... -o STRATEGY.json`) on N local
 worker processes, or on the processes of a torchrun launch, and prints the median step time
 after the warm-up steps; with --check also the largest relative deviation of the loss and
-parameters from single-process training of the same model. Everything that can be wrong with
-the file, its fingerprints, the model or the world size is reported before any process starts
-(exit status 2); a worker that fails is reported by rank (exit status 1).
+parameters from single-process training of the same model (a zoo model, or a user model
+rebuilt from the factory the file names). Everything that can be wrong with the arguments,
+the file, its fingerprints, the model or the world size is one `error:` line before any
+process starts (exit status 2); a worker that fails, or a loss or parameter that becomes
+non-finite, is reported by rank (exit status 1).
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from planner.cli import nonnegative_int, positive_int, positive_number, positive_seconds
+from planner.cli import (
+    OneLineArgumentParser,
+    nonnegative_int,
+    one_line,
+    positive_int,
+    positive_number,
+    positive_seconds,
+)
 from planner.errors import LayerwiseError
 
 EXIT_WORKER_FAILED = 1
@@ -26,17 +35,18 @@ EXIT_BAD_INPUT = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineArgumentParser(
         prog="python -m runtime.run",
-        description="Execute a strategy file with torch.distributed and measure its step time.",
+        description="Execute a strategy file with torch.distributed and measure its step time. "
+        "Bad input ends with one `error: ...` line and exit status 2; a failed worker with "
+        "exit status 1.",
     )
     p.add_argument("strategy", type=Path, help="a strategy JSON file (planner plan -o)")
     p.add_argument("--steps", type=positive_int, default=5, help="training steps (default 5)")
     p.add_argument(
         "--warmup",
         type=nonnegative_int,
-        default=1,
-        help="first steps left out of the median (default 1)",
+        help="first steps left out of the median, less than --steps (default 1; 0 for one step)",
     )
     p.add_argument(
         "--world",
@@ -59,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds without progress before the run is declared hung (default 120)",
     )
     p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="log DEBUG lines")
+    p.add_argument("--log-file", type=Path, help="also write every log line here")
     return p
 
 
@@ -68,16 +80,25 @@ def under_torchrun() -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run `python -m runtime.run`; returns the exit status."""
     try:
+        args = build_parser().parse_args(argv)
+        if args.warmup is not None and args.warmup >= args.steps:
+            raise LayerwiseError(
+                f"--warmup {args.warmup} leaves no step to time out of --steps {args.steps}: "
+                "give more steps or a smaller --warmup"
+            )
+        from planner.logs import setup_logging
+
+        setup_logging(args.verbose, args.log_file)
         return _run(args)
     except LayerwiseError as exc:
         from runtime.launch import WorkerError
 
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return EXIT_WORKER_FAILED if isinstance(exc, WorkerError) else EXIT_BAD_INPUT
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
@@ -85,9 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from planner.graph.models import ModelSpec
     from planner.problems.strategy import load_strategy
     from runtime.launch import RunOptions, run_strategy, torchrun_main
-    from runtime.reference import ModelSpec
 
     try:
         strategy, data = load_strategy(args.strategy)

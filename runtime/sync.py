@@ -18,7 +18,7 @@ the same channels (`planner.costs.kernels.shared_batch_norm` calls it forward an
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,7 @@ from planner.costs.costmodel import CostOptions
 from planner.costs.kernels import shard_params
 from runtime.plan import ExecPlan, ShardKey, SyncItem
 
-__all__ = ["GradientSync", "group_sum"]
+__all__ = ["GradientSync", "first_non_finite", "group_sum"]
 
 Waiter = Callable[[Any], None]
 # Elements per all-reduce bucket: the cost model's bucket (4 MiB) of float32.
@@ -144,6 +144,10 @@ class GradientSync:
                     leaf.add_(leaf.grad, alpha=-lr)
                     leaf.grad = None
 
+    def first_non_finite(self) -> str | None:
+        """The name of a parameter with a NaN or infinite element in this rank's shards."""
+        return first_non_finite(self.shards)
+
     def state(self) -> dict[ShardKey, torch.Tensor]:
         """This rank's parameter shards (CPU copies)."""
         return {k: v.detach().cpu().clone() for k, v in self.shards.items()}
@@ -172,6 +176,17 @@ class GradientSync:
             total = flat if total is None else total + flat
         assert total is not None, f"rank {self.rank} holds no shard of {item}"
         return total
+
+
+def first_non_finite(shards: Mapping[ShardKey, torch.Tensor]) -> str | None:
+    """The parameter name of the first shard with a NaN or infinite element (None if none).
+    One sum per shard; the exact element test only when the sum is not finite (it also
+    overflows for huge finite values)."""
+    for key, t in shards.items():
+        t = t.detach()
+        if not math.isfinite(float(t.sum())) and not bool(torch.isfinite(t).all()):
+            return key.name
+    return None
 
 
 def _buckets(plan: ExecPlan, items: list[SyncItem]) -> dict[int, list[_Bucket]]:

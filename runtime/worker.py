@@ -24,16 +24,28 @@ import torch.distributed as dist
 
 from planner.problems.strategy import strategy_from_json
 from runtime.executor import DONE, INIT, Executor, Status
+from runtime.models import model_from_job
 from runtime.plan import ExecPlan, RuntimeConfigError, build_plan
-from runtime.reference import DTYPES, ModelSpec, init_params, make_inputs, make_targets
+from runtime.reference import (
+    DTYPES,
+    NonFiniteError,
+    check_finite,
+    init_params,
+    make_inputs,
+    make_targets,
+)
 
 __all__ = ["Job", "RunOptions", "session", "worker_entry"]
 
 
 @dataclass(frozen=True)
 class RunOptions:
+    """How to run: steps, warm-up steps left out of the median (default 1, or 0 for one
+    step), SGD step, dtype, seed, hang timeout, gloo or nccl, and whether to compare with
+    single-process training (`check`)."""
+
     steps: int = 5
-    warmup: int = 1  # steps left out of the median step time
+    warmup: int | None = None  # steps left out of the median step time (None: 1, 0 if steps 1)
     lr: float = 0.05
     dtype: str = "float32"
     seed: int = 0
@@ -49,8 +61,11 @@ class RunOptions:
     def validate(self) -> None:
         if self.steps < 1:
             raise RuntimeConfigError(f"steps must be >= 1, got {self.steps}")
-        if self.warmup < 0:
-            raise RuntimeConfigError(f"warmup must be >= 0, got {self.warmup}")
+        if self.warmup is not None and not 0 <= self.warmup < self.steps:
+            raise RuntimeConfigError(
+                f"warmup must be >= 0 and less than steps ({self.steps}) so that some step is "
+                f"timed, got {self.warmup}"
+            )
         if self.dtype not in DTYPES:
             raise RuntimeConfigError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
         if not self.lr > 0 or not self.timeout > 0:
@@ -61,6 +76,11 @@ class RunOptions:
             raise RuntimeConfigError(
                 f"exchange must be 'auto', 'eager' or 'ordered', got {self.exchange!r}"
             )
+
+    @property
+    def warmup_steps(self) -> int:
+        """Steps left out of the median: `warmup`, by default 1 (0 when there is one step)."""
+        return self.warmup if self.warmup is not None else min(1, self.steps - 1)
 
     @property
     def ordered(self) -> bool:
@@ -125,7 +145,7 @@ def session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
     status.set(0, INIT)
     strategy = strategy_from_json(job.strategy)
     plan = build_plan(strategy)
-    model = ModelSpec.from_json(job.model)
+    model = model_from_job(job.model)
     dtype = DTYPES[opts.dtype]
     device = _device(opts.backend)
     groups = _groups(plan, world)
@@ -160,10 +180,22 @@ def session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
         if device.type == "cuda":  # pragma: no cover - no GPU here
             torch.cuda.synchronize(device)
         seconds.append(time.perf_counter() - t0)
+        _check_step(ex, losses[-1], rank, s)
     result: dict[str, Any] = {"losses": losses, "seconds": seconds, "phases": ex.phase_seconds}
     if opts.check:
         result["shards"] = ex.shard_state()
     return result
+
+
+def _check_step(ex: Executor, loss: float, rank: int, step: int) -> None:
+    """Stop at a non-finite loss part or parameter (after the timed part of the step)."""
+    check_finite(loss, step, f"on rank {rank}")
+    name = ex.sync.first_non_finite()
+    if name is not None:
+        raise NonFiniteError(
+            f"step {step}: parameter {name!r} became non-finite on rank {rank} (a NaN or "
+            "infinite gradient); try a smaller --lr or --dtype float64"
+        )
 
 
 def _device(backend: str) -> torch.device:

@@ -9,14 +9,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from planner.cli import build_parser, main
+from planner.files import strict_json
 from planner.graph.opgraph import OpGraph
 from planner.graph.zoo import MODELS, model_graph
 from planner.hardware.devices import DeviceGraph
@@ -44,8 +47,14 @@ def ok(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     return out
 
 
-def last_json(out: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+def only_json(out: str) -> dict[str, Any]:
+    """The one JSON object `plan --json` prints: the whole of stdout, strict JSON."""
+    assert len(out.strip().splitlines()) == 1, out
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    data: dict[str, Any] = json.loads(out, parse_constant=refuse)
     return data
 
 
@@ -135,12 +144,12 @@ def test_plan_a_model_writes_a_strategy_that_evaluate_rescores(
 ) -> None:
     plan_path = tmp_path / "plan.json"
     code, out, err = run(
-        capsys, "plan", *MODEL, *DEVICES, "--backend", "baselines", "-o", str(plan_path)
+        capsys, "plan", *MODEL, *DEVICES, "--backend", "baselines", "-o", str(plan_path), "--json"
     )
     assert code == 0 and err.strip() == f"plan written to {plan_path}"
-    printed = last_json(out)
+    printed = only_json(out)
     saved = json.loads(plan_path.read_text())
-    for key in ("status", "objective", "bound", "backend", "search_seconds"):
+    for key in ("status", "objective", "bound", "backend", "search_seconds", "total_seconds"):
         assert key in saved and saved[key] == printed[key], key
     assert saved["status"] == "FEASIBLE" and saved["backend"] == "baselines"
     assert saved["objective"] > 0 and saved["search_seconds"] >= 0
@@ -160,12 +169,12 @@ def test_plan_a_model_writes_a_strategy_that_evaluate_rescores(
 def test_plan_from_a_graph_file_matches_the_model_plan(
     capsys: pytest.CaptureFixture[str], files: dict[str, str]
 ) -> None:
-    from_graph = last_json(ok(capsys, "plan", "--graph", files["graph"], *DEVICES))
+    from_graph = only_json(ok(capsys, "plan", "--graph", files["graph"], *DEVICES, "--json"))
     from_model = json.loads(Path(files["plan"]).read_text())
     assert from_graph["status"] == "FEASIBLE"
     assert math.isclose(from_graph["objective"], from_model["objective"], rel_tol=1e-9)
     # a device-graph JSON file works as --devices too
-    from_json = last_json(ok(capsys, "plan", *MODEL, "--devices", files["devices"]))
+    from_json = only_json(ok(capsys, "plan", *MODEL, "--devices", files["devices"], "--json"))
     assert math.isclose(from_json["objective"], from_model["objective"], rel_tol=1e-9)
 
 
@@ -173,10 +182,10 @@ def test_plan_a_cost_table_problem_writes_its_choices(
     capsys: pytest.CaptureFixture[str], files: dict[str, str], tmp_path: Path
 ) -> None:
     out_path = tmp_path / "choices.json"
-    out = ok(capsys, "plan", "--problem", files["problem"], "-o", str(out_path))
+    out = ok(capsys, "plan", "--problem", files["problem"], "-o", str(out_path), "--json")
     saved = json.loads(out_path.read_text())
     assert saved["status"] == "FEASIBLE" and saved["backend"] == "baselines"
-    assert last_json(out)["objective"] == saved["objective"]
+    assert only_json(out)["objective"] == saved["objective"]
     problem = load_problem(files["problem"])
     assert len(saved["choices"]) == problem.num_nodes
     assert math.isclose(additive_cost(problem, saved["choices"]), saved["objective"], rel_tol=1e-9)
@@ -187,18 +196,18 @@ def test_plan_with_a_batch_no_device_count_divides_still_plans(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # 7 samples cannot be split over 4 GPUs: legal input, the planner uses smaller degrees.
-    out = last_json(ok(capsys, "plan", "lenet5", "--batch", "7", *DEVICES))
+    out = only_json(ok(capsys, "plan", "lenet5", "--batch", "7", *DEVICES, "--json"))
     assert out["status"] == "FEASIBLE" and out["objective"] > 0
 
 
 def test_plan_options_are_accepted(capsys: pytest.CaptureFixture[str]) -> None:
     out = ok(
         capsys, "plan", "lenet5", "--set", "batch=8", *DEVICES, "--max-configs", "3",
-        "--memory-limit", "device", "--sync", "ps", "--seed", "3", "--time-limit", "0.5",
+        "--memory-limit", "device", "--sync", "ps", "--seed", "3", "--time-limit", "5", "--json",
     )  # fmt: skip
-    assert last_json(out)["status"] == "FEASIBLE"
-    ring = last_json(ok(capsys, "plan", *MODEL, *DEVICES, "--max-configs", "3"))
-    assert last_json(out)["objective"] != ring["objective"]  # --sync ps changes the costs
+    assert only_json(out)["status"] == "FEASIBLE"
+    ring = only_json(ok(capsys, "plan", *MODEL, *DEVICES, "--max-configs", "3", "--json"))
+    assert only_json(out)["objective"] != ring["objective"]  # --sync ps changes the costs
 
 
 def test_plan_that_finds_no_solution_exits_1_and_writes_nothing(
@@ -206,11 +215,28 @@ def test_plan_that_finds_no_solution_exits_1_and_writes_nothing(
 ) -> None:
     out_path = tmp_path / "none.json"
     code, out, err = run(
-        capsys, "plan", *MODEL, *DEVICES, "--memory-limit", "1", "-o", str(out_path)
+        capsys, "plan", *MODEL, *DEVICES, "--memory-limit", "1", "-o", str(out_path), "--json"
     )
     assert code == 1 and not out_path.exists()
-    assert last_json(out)["status"] in ("NO_SOLUTION", "INFEASIBLE")
+    assert only_json(out)["status"] in ("NO_SOLUTION", "INFEASIBLE")
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: ")
+
+
+def test_plan_a_factory_model_records_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "factory.json"
+    argv = ["plan", "user_models:make_cnn", "--input", "8x3x16x16", "--set", "classes=3"]
+    printed = only_json(ok(capsys, *argv, "--devices", "cpu-local-2", "-o", str(out), "--json"))
+    saved = json.loads(out.read_text())
+    assert printed["status"] == saved["status"] == "FEASIBLE"  # the default backend: baselines
+    assert saved["graph"]["model"] == {
+        "name": "make_cnn",
+        "factory": "user_models:make_cnn",
+        "inputs": [{"shape": [8, 3, 16, 16], "dtype": "float32"}],
+        "kwargs": {"classes": 3},
+        "coarsen": True,
+    }
 
 
 @pytest.mark.parametrize(
@@ -266,8 +292,28 @@ BAD: dict[str, tuple[list[str], str]] = {
     "negative --set batch": (["graph", "lenet5", "--set", "batch=-1"], "positive integer"),
     "graph --json into a missing folder": (
         ["graph", *MODEL, "--json", "{missing}/g.json"],
-        "No such file",
+        "does not exist",
     ),
+    # user models (factories)
+    "factory without --input": (["graph", "user_models:make_cnn"], "needs --input SHAPE"),
+    "factory that does not import": (
+        ["graph", "no_such_module:make", "--input", "8x3"],
+        "cannot import model factory",
+    ),
+    "factory with a bad keyword": (
+        ["graph", "user_models:make_cnn", "--input", "8x3x16x16", "--set", "nope=3"],
+        "unexpected keyword argument 'nope'",
+    ),
+    "factory with --batch": (
+        ["graph", "user_models:make_cnn", "--input", "8x3x16x16", "--batch", "4"],
+        "--batch applies to a zoo model",
+    ),
+    "malformed --input": (["graph", "user_models:make_cnn", "--input", "8xa"], "like 8x3x32x32"),
+    "unknown --input dtype": (
+        ["graph", "user_models:make_cnn", "--input", "8x3:float8"],
+        "unknown dtype 'float8'",
+    ),
+    "--input for a zoo model": (["graph", *MODEL, "--input", "8x1x32x32"], "applies to a factory"),
     # devices
     "unknown preset": (["devices", "nope-1x4"], "unknown device preset"),
     "preset out of range": (["devices", "p100-0x4"], "out of range"),
@@ -309,8 +355,14 @@ BAD: dict[str, tuple[list[str], str]] = {
     "problem that is not JSON": (["plan", "--problem", "{not_json}"], "not valid JSON"),
     "malformed problem": (["plan", "--problem", "{malformed_problem}"], "edges"),
     "problem with --devices": (["plan", "--problem", "{problem}", *DEVICES], "--problem"),
-    "problem with --batch": (["plan", "--problem", "{problem}", "--batch", "8"], "zoo model"),
-    "graph with --set": (["plan", "--graph", "{graph}", *DEVICES, "--set", "x=1"], "zoo model"),
+    "problem with --batch": (
+        ["plan", "--problem", "{problem}", "--batch", "8"],
+        "only applies to a model",
+    ),
+    "graph with --set": (
+        ["plan", "--graph", "{graph}", *DEVICES, "--set", "x=1"],
+        "only applies to a model",
+    ),
     "graph with a cycle": (["plan", "--graph", "{cycle}", *DEVICES], "cycle"),
     "graph file that is a device graph": (["plan", "--graph", "{devices}", *DEVICES], "format"),
     "missing graph file": (["plan", "--graph", "{missing}", *DEVICES], "does not exist"),
@@ -318,7 +370,7 @@ BAD: dict[str, tuple[list[str], str]] = {
     "binary problem file": (["plan", "--problem", "{binary}"], "binary.json"),
     "plan -o into a missing folder": (
         ["plan", *MODEL, *DEVICES, "-o", "{missing}/plan.json"],
-        "No such file",
+        "does not exist",
     ),
     # evaluate
     "evaluate a graph file": (["evaluate", "{graph}"], "not a layerwise strategy"),
@@ -349,3 +401,108 @@ def test_bad_input_is_one_error_line(
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert "Traceback" not in err + out
     assert expected in lines[0], lines[0]
+
+
+# -- progress, Ctrl-C, output paths, strict JSON ---------------------------------------------
+
+
+def test_ctrl_c_during_a_search_writes_the_best_answer_so_far(tmp_path: Path) -> None:
+    """The first SIGINT stops the search; plan prints and writes its best answer so far."""
+    # 60 nodes of up to 12 choices with many edges: search cannot prove it in a minute.
+    save_problem(random_problem(60, 12, seed=3, edge_prob=0.6, memory=False), tmp_path / "p.json")
+    out = tmp_path / "best.json"
+    argv = ["plan", "--problem", str(tmp_path / "p.json"), "--backend", "search"]
+    argv += ["--time-limit", "120", "-o", str(out), "--json", "-v"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "planner", *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # -v: planner.api says when the search starts
+            if "searching with search" in line:
+                break
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    printed = only_json(stdout)
+    saved = json.loads(out.read_text())
+    assert saved["status"] == printed["status"] == "FEASIBLE"
+    assert saved["limit"] == printed["limit"] == "INTERRUPTED"
+    assert saved["search_seconds"] < 60 and len(saved["choices"]) == 60
+    assert "best answer found so far" in stderr
+
+
+def test_output_paths_are_checked_before_any_work(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import planner.api
+
+    def no_work(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the search started before the output path was checked")
+
+    monkeypatch.setattr(planner.api, "plan", no_work)
+    for argv in (
+        ["plan", "inception_v3", "--devices", "p100-4x4", "-o", f"{tmp_path}/no/p.json"],
+        ["plan", *MODEL, *DEVICES, "-o", str(tmp_path)],  # a directory
+        ["plan", *MODEL, *DEVICES, "--log-file", f"{tmp_path}/no/log.txt"],
+    ):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
+
+
+def test_evaluate_refuses_a_plot_format_before_any_work(
+    capsys: pytest.CaptureFixture[str], files: dict[str, str], tmp_path: Path
+) -> None:
+    code, out, err = run(capsys, "evaluate", files["plan"], "--plot", str(tmp_path / "t.xyz"))
+    assert code == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert "'t.xyz'" in err and ".png" in err and ".svg" in err
+    code, out, err = run(capsys, "evaluate", files["plan"], "--plot", str(tmp_path / "t"))
+    assert code == 2 and "cannot write a plot" in err
+    ok(capsys, "evaluate", files["plan"], "--plot", str(tmp_path / "t.svg"))
+    assert (tmp_path / "t.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_logging_goes_to_stderr_and_the_log_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import logging
+
+    log_file = tmp_path / "plan.log"
+    ok(capsys, "plan", *MODEL, *DEVICES, "--json", "--log-file", str(log_file))
+    text = log_file.read_text()
+    assert "planner.api INFO: searching with baselines" in text  # everything goes to the file
+    # default stderr: the backends' progress (INFO) and warnings, not the planner's INFO
+    logging.getLogger("backends.test").info("best so far 1.0")
+    logging.getLogger("planner.api").info("phase detail")
+    err = capsys.readouterr().err
+    assert "backends.test: best so far 1.0" in err and "phase detail" not in err
+    code, out, err = run(capsys, "plan", *MODEL, *DEVICES, "--json", "-v")
+    assert code == 0 and "planner.api: searching with baselines" in err
+    only_json(out)  # logging never goes to stdout
+
+
+def test_plan_json_is_strict_even_when_the_gap_is_infinite(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import dataclasses
+
+    from planner.api import plan
+
+    result = plan("lenet5", "p100-1x4", backend="baselines", model_kwargs={"batch": 8})
+    zero = dataclasses.replace(result, bound=0.0)  # gap = objective / 0 - 1
+    assert zero.gap == math.inf
+    assert zero.summary()["gap"] is None and zero.to_json()["gap"] is None
+    json.loads(strict_json(zero.to_json()), parse_constant=lambda c: pytest.fail(c))
+
+
+def test_the_layerwise_console_script_is_the_same_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import console_main
+
+    with pytest.raises(SystemExit):
+        main(["--help"], prog="layerwise")
+    assert capsys.readouterr().out.startswith("usage: layerwise")
+    assert console_main.__doc__ and "layerwise" in console_main.__doc__

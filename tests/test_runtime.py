@@ -267,7 +267,7 @@ def test_model_mismatch_is_refused() -> None:
 
 
 def test_check_needs_a_model() -> None:
-    with pytest.raises(RuntimeConfigError, match="needs the zoo model"):
+    with pytest.raises(RuntimeConfigError, match="needs the model"):
         run_strategy(data_parallel(LENET.graph(), devices(2)), None, F64)
 
 

@@ -62,6 +62,7 @@ def _refused(args: list[str], capsys: pytest.CaptureFixture[str], match: str) ->
     start = time.monotonic()
     assert main(args) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err  # one line, no usage block
     assert err.startswith("error: ") and match in err, err
     assert time.monotonic() - start < 10  # refused before any worker started
 
@@ -71,21 +72,27 @@ def test_world_mismatch(plan_file: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 
 @pytest.mark.parametrize(
-    "flag, value, says",
+    "args, says",
     [
-        ("--steps", "0", "positive integer"),
-        ("--warmup", "-1", "integer >= 0"),
-        ("--lr", "-0.1", "number > 0"),
-        ("--timeout", "nan", "seconds > 0"),
+        (["--steps", "0"], "positive integer"),
+        (["--warmup", "-1"], "integer >= 0"),
+        (["--lr", "-0.1"], "number > 0"),
+        (["--timeout", "nan"], "seconds > 0"),
+        (["--frob"], "unrecognized arguments"),
+        (["--dtype", "float8"], "invalid choice"),
+        (["--steps", "3", "--warmup", "3"], "leaves no step to time"),
+        (["--steps", "2", "--warmup", "5"], "leaves no step to time"),
+        (["--log-file", "/nonexistent-dir/x.log"], "does not exist"),
     ],
 )
 def test_bad_option_values(
-    plan_file: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, says: str
+    plan_file: Path, capsys: pytest.CaptureFixture[str], args: list[str], says: str
 ) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        main([str(plan_file), flag, value])
-    assert exit_.value.code == EXIT_BAD_INPUT
-    assert says in capsys.readouterr().err
+    _refused([str(plan_file), *args], capsys, says)
+
+
+def test_missing_strategy_argument(capsys: pytest.CaptureFixture[str]) -> None:
+    _refused([], capsys, "required")
 
 
 def test_malformed_model_in_the_file(
@@ -133,7 +140,7 @@ def test_check_without_model(
     plan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = edited(plan_file, tmp_path / "nomodel.json", lambda d: d["graph"].pop("model"))
-    _refused([str(path), "--check"], capsys, "needs the zoo model")
+    _refused([str(path), "--check"], capsys, "needs the model")
 
 
 def test_bad_config(plan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,339 @@
+"""`planner.plan`: from a model to a strategy in one call, the library's entry point.
+
+```python
+import planner
+result = planner.plan(net, "cpu-local-2", example_inputs=(torch.randn(8, 3, 32, 32),))
+result.status, result.objective, result.gap   # Status.OPTIMAL, seconds per step, 0.0
+result.save("plan.json")                       # the strategy file runtime.run executes
+```
+
+The time limit bounds the whole call from its start: capturing the model and building the
+cost tables count against it and the backend gets what is left (phase seconds in
+`result.stats`: capture, build, encode where the backend reports it, search, re-score,
+total). The library never imports a backend at module level (backends import planner);
+`plan` imports the one it uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from planner.errors import LayerwiseError
+from planner.files import check_output_path, finite_or_none, strict_json, write_text_atomic
+from planner.graph.models import ModelSpec
+from planner.sources import problem_of
+
+if TYPE_CHECKING:
+    from backends.base import Limit, Status
+    from planner.costs.costmodel import CostModel
+    from planner.hardware.devices import DeviceGraph
+    from planner.problems.problem import Problem
+    from planner.problems.strategy import Strategy
+
+__all__ = ["Evaluation", "PlanResult", "evaluate_strategy", "plan"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A strategy re-scored by planner's evaluators: OptCNN's Eq. 1 (additive, with its
+    compute, sync and transfer parts) and FlexFlow's simulated iteration time (makespan), in
+    seconds; the largest per-device memory of the strategy in bytes."""
+
+    additive: float
+    makespan: float
+    compute: float
+    sync: float
+    transfer: float
+    memory_peak_bytes: float
+    timeline: Any = field(default=None, repr=False, compare=False)  # the simulated Timeline
+
+    def to_json(self) -> dict[str, float]:
+        """The numbers as a JSON object (what `planner evaluate --json` prints)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)[:6]}
+
+
+def evaluate_strategy(strategy: Strategy, cost_model: CostModel | None = None) -> Evaluation:
+    """Re-score `strategy` under both objectives (analytic costs unless `cost_model` given)."""
+    from planner.costs.costmodel import CostModel
+    from planner.problems.evaluate import score_strategy
+    from planner.sim.simulator import simulate
+
+    cm = cost_model or CostModel(strategy.graph, strategy.devices)
+    b = score_strategy(cm, strategy)
+    timeline = simulate(cm, strategy)
+    return Evaluation(
+        b.total, timeline.makespan, b.compute, b.sync, b.transfer, float(b.memory.max()), timeline
+    )
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """What `plan` found: the backend's status (OPTIMAL, FEASIBLE, INFEASIBLE, NO_SOLUTION)
+    and limit (TIME, ITERATIONS, INTERRUPTED or None), the objective re-scored by planner's
+    evaluators, the proven bound where the backend has one, the strategy (None for a
+    cost-table problem: see `choices`), the Problem that was searched, and `stats` (the
+    backend's, plus the seconds of every phase: capture_seconds, build_seconds,
+    search_seconds, rescore_seconds, total_seconds, and encode_seconds where the backend
+    reports it). `message` says why there is no answer when `plan` itself knows (e.g. the
+    build used up the time limit)."""
+
+    status: Status
+    limit: Limit | None
+    objective: float | None
+    bound: float | None
+    objective_kind: str
+    backend: str
+    strategy: Strategy | None
+    choices: tuple[int, ...] | None
+    problem: Problem
+    stats: Mapping[str, Any] = field(default_factory=dict)
+    model: ModelSpec | None = None
+    message: str | None = None
+
+    @property
+    def has_solution(self) -> bool:
+        """Whether an answer was found (`choices` is not None)."""
+        return self.choices is not None
+
+    @property
+    def gap(self) -> float | None:
+        """objective / bound - 1 where both are known (0 when proven optimal)."""
+        if self.objective is None or self.bound is None:
+            return None
+        if self.bound <= 0:
+            return 0.0 if self.objective <= 0 else float("inf")
+        return max(0.0, self.objective / self.bound - 1.0)
+
+    def summary(self) -> dict[str, Any]:
+        """Status, objective, bound, gap and phase seconds as strict-JSON values (inf and
+        NaN are None): the head of a plan file and what `plan --json` prints."""
+        s = self.stats
+        out = {
+            "status": self.status.value,
+            "limit": self.limit.value if self.limit else None,
+            "objective": self.objective,
+            "bound": self.bound,
+            "gap": self.gap,
+            "backend": self.backend,
+            "objective_kind": self.objective_kind,
+            **{k: s.get(k) for k in PHASES if k in s or k in ALWAYS},
+        }
+        if self.message:
+            out["message"] = self.message
+        return {k: finite_or_none(v) for k, v in out.items()}
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan file: a strategy file (docs/strategy.md) with the summary and the cost
+        options, or for a cost-table problem the summary and the choices. Strict JSON."""
+        head = self.summary()
+        if self.strategy is None:
+            data = {**head, "choices": list(self.choices) if self.choices else None}
+        else:
+            cm = self.problem.cost_model
+            cost = {**dataclasses.asdict(cm.options), "source": cm.source} if cm else {}
+            model = self.model.to_json() if self.model else None
+            data = self.strategy.to_json(model=model, extra={**head, "cost": cost})
+        return dict(_strict(data))
+
+    def save(self, path: str | Path) -> None:
+        """Write `to_json()` to `path` atomically (a temporary file, then a rename)."""
+        path = check_output_path(path, "plan")
+        write_text_atomic(path, strict_json(self.to_json(), indent=1))
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        """(op name, kind, config) rows of the strategy (empty without one)."""
+        return self.strategy.describe() if self.strategy is not None else []
+
+    def evaluate(self) -> Evaluation:
+        """The strategy re-scored under both objectives with the cost model it was planned
+        with (LayerwiseError without a strategy)."""
+        if self.strategy is None:
+            raise LayerwiseError(
+                f"nothing to evaluate: the plan has no strategy (status {self.status.value})"
+            )
+        return evaluate_strategy(self.strategy, self.problem.cost_model)
+
+
+PHASES = (
+    "capture_seconds",
+    "build_seconds",
+    "encode_seconds",
+    "search_seconds",
+    "rescore_seconds",
+    "total_seconds",
+)
+ALWAYS = ("build_seconds", "search_seconds", "total_seconds")
+
+
+def _strict(value: Any) -> Any:
+    import json
+
+    return json.loads(strict_json(value))
+
+
+# -- the entry point --------------------------------------------------------------------------
+
+
+def plan(
+    model: Any,
+    devices: str | Path | DeviceGraph | None = None,
+    backend: str = "elimination",
+    objective: str = "additive",
+    time_limit: float = 10.0,
+    seed: int = 0,
+    *,
+    example_inputs: Any = None,
+    model_kwargs: Mapping[str, Any] | None = None,
+    name: str | None = None,
+    coarsen: bool = True,
+    memory_limit: float | str | None = None,
+    cost: str = "analytic",
+    sync: str | None = None,
+    max_configs: int | None = None,
+    backend_options: Mapping[str, Any] | None = None,
+    **build_options: Any,
+) -> PlanResult:
+    """Find a parallelization strategy for `model` on `devices` with `backend`.
+
+    model: a zoo name ("lenet5"), an `nn.Module` with `example_inputs`, a user factory
+    "package.module:callable" with `example_inputs` (recorded in the plan file so that
+    `runtime.run` can rebuild the module in other processes), an OpGraph, a Problem, or the
+    path of a graph JSON or cost-table (IOPDDL) JSON file. `model_kwargs` size a zoo model
+    (e.g. {"batch": 8}) or are passed to the factory. devices: a preset name, a device JSON
+    path or a DeviceGraph (not for cost-table problems). objective: "additive" (OptCNN
+    Eq. 1) or "makespan" (FlexFlow's simulated iteration time). time_limit: seconds for the
+    whole call, capture and build included. memory_limit: None, "device" or bytes per
+    device. cost: "analytic" or "measured" (profiled: `python -m planner profile`); sync:
+    "ring" or "ps". Further keyword arguments go to `build_problem` unchanged.
+    """
+    start = time.perf_counter()
+    _check_call(objective, time_limit, seed, build_options)
+    from backends import SolveOptions, get_backend
+
+    solver = get_backend(backend)  # an unknown name fails before any work
+    if objective not in solver.objectives:
+        raise LayerwiseError(
+            f"backend {backend!r} does not optimize the {objective!r} objective (it does: "
+            f"{', '.join(solver.objectives)})"
+        )
+    problem, spec, phases = problem_of(
+        model,
+        devices,
+        example_inputs=example_inputs,
+        model_kwargs=model_kwargs,
+        name=name,
+        coarsen=coarsen,
+        options={"memory_limit": memory_limit, "cost": cost, "sync": sync},
+        max_configs=max_configs,
+        build_options=build_options,
+    )
+    used = time.perf_counter() - start
+    left = time_limit - used
+    if left <= 0:
+        return _out_of_time(problem, spec, backend, objective, time_limit, used, phases)
+    log.info(
+        "searching with %s (%s objective): %.3g s left of the %.3g s time limit",
+        backend,
+        objective,
+        left,
+        time_limit,
+    )
+    options = SolveOptions(
+        objective=objective, time_limit=left, seed=seed, extra=dict(backend_options or {})
+    )
+    t0 = time.perf_counter()
+    result = solver.solve(problem, options)
+    solve_seconds = time.perf_counter() - t0
+    search = float(result.stats.get("search_seconds", solve_seconds))
+    stats = {
+        **result.stats,
+        **phases,
+        "search_seconds": search,
+        "rescore_seconds": max(0.0, solve_seconds - search),
+        "total_seconds": time.perf_counter() - start,
+    }
+    log.info(
+        "%s: %s%s, objective %s, bound %s (%.3g s in all)",
+        backend,
+        result.status.value,
+        f" ({result.limit.value})" if result.limit else "",
+        result.objective,
+        result.bound,
+        stats["total_seconds"],
+    )
+    return PlanResult(
+        status=result.status,
+        limit=result.limit,
+        objective=result.objective,
+        bound=result.bound,
+        objective_kind=objective,
+        backend=backend,
+        strategy=result.strategy,
+        choices=result.choices,
+        problem=problem,
+        stats=stats,
+        model=spec,
+    )
+
+
+def _check_call(objective: str, time_limit: float, seed: int, build_options: Mapping) -> None:
+    """Arguments that are wrong whatever the model: refused before any work."""
+    from planner.problems.problem import build_problem
+
+    if objective not in ("additive", "makespan"):
+        raise LayerwiseError(f"objective must be 'additive' or 'makespan', got {objective!r}")
+    if not (isinstance(time_limit, int | float) and time_limit > 0 and time_limit < float("inf")):
+        raise LayerwiseError(f"time_limit must be a positive number of seconds, got {time_limit}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise LayerwiseError(f"seed must be an integer >= 0, got {seed!r}")
+    accepted = set(inspect.signature(build_problem).parameters) - {"graph", "devices"}
+    accepted -= {"cost_model", "max_configs", "memory_limit"}
+    unknown = sorted(set(build_options) - accepted)
+    if unknown:
+        raise LayerwiseError(
+            f"plan() got unknown option(s) {', '.join(unknown)}; build_problem accepts "
+            f"{', '.join(sorted(accepted))}"
+        )
+
+
+def _out_of_time(
+    problem: Problem,
+    spec: ModelSpec | None,
+    backend: str,
+    objective: str,
+    time_limit: float,
+    used: float,
+    phases: dict[str, float],
+) -> PlanResult:
+    from backends.base import Limit, Status
+
+    message = (
+        f"capturing and building the problem took {used:.3g} s, the whole time limit of "
+        f"{time_limit:g} s: no time was left to search. Raise the time limit, or make the "
+        "problem smaller (max_configs, fewer devices, a smaller model)"
+    )
+    log.info(message)
+    stats = {**phases, "search_seconds": 0.0, "total_seconds": used}
+    return PlanResult(
+        Status.NO_SOLUTION,
+        Limit.TIME,
+        None,
+        None,
+        objective,
+        backend,
+        None,
+        None,
+        problem,
+        stats,
+        spec,
+        message,
+    )

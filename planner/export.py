@@ -1,0 +1,302 @@
+"""A strategy as PyTorch DTensor placements: a `DeviceMesh` and `parallelize_module`.
+
+`export_plan(strategy, module)` reads each op's config against a 1-D mesh of the strategy's
+D devices (mesh rank k = device k) and says how its module runs:
+
+- "data": the op splits its samples D ways over devices 0..D-1 in order (FlexFlow's Sample
+  dim): parameters `Replicate()`, input redistributed to `Shard(0)` (data parallelism; the
+  gradients of replicated parameters come back as `Partial` sums, reduced by DTensor);
+- "colwise": a linear or embedding splits its output channels D ways over devices 0..D-1
+  (the Parameter dim): `ColwiseParallel` (weight rows sharded, output `Shard(-1)`);
+- anything else is not expressible with one mesh dimension: height/width/length splits
+  (DTensor convolutions have no halo exchange), output-channel splits of convolutions
+  (DTensor on gloo does not shard conv weights), splits of several dims, and placements on a
+  subset or another order of the devices. Those ops are named in one `ExportError`, or with
+  `fallback="replicate"` run replicated on every rank (parameters `Replicate()`, input
+  redistributed to `Replicate()`) and are listed in `ExportPlan.fell_back`.
+
+The planner's config space has no row-wise split of a linear (its reduction dimension is
+never split: OptCNN Table 1 and FlexFlow Sec. 4 split the output channels, the Parameter
+dimension), so no strategy maps to `RowwiseParallel`; a channel-split linear that reads
+another one's sharded output gets its input all-gathered (`Replicate()`), exactly the
+transfer the cost model priced. Ops without parameters are not placed: DTensor's sharding
+propagation runs them in their inputs' layout, and the next module with parameters
+redistributes its input to the layout above. Module outputs stay DTensors
+(`use_local_output=False`), so layouts flow from module to module; call `.full_tensor()` on
+the model's output for the loss.
+
+`parallelize(strategy, module)` applies the plan in every rank of an initialized process
+group (torchrun, or `torch.distributed.init_process_group`): see docs/runtime.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from planner.errors import LayerwiseError
+from planner.graph.opkinds import CHANNEL, SAMPLE
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from planner.costs.config import ParallelConfig
+    from planner.graph.opgraph import Op
+    from planner.problems.strategy import Strategy
+
+__all__ = ["ExportError", "ExportPlan", "Exported", "OpPlacement", "export_plan", "parallelize"]
+
+STYLES = ("data", "colwise", "replicate")
+FALLBACKS = ("error", "replicate")
+_COLWISE_KINDS = ("linear", "embedding")
+
+
+class ExportError(LayerwiseError):
+    """A strategy cannot be expressed as DTensor placements (or the module does not match)."""
+
+
+@dataclass(frozen=True)
+class OpPlacement:
+    """How one op of the strategy runs under DTensor: its style ("data", "colwise",
+    "replicate"), its module paths, and why it fell back to replication (None if it did not)."""
+
+    op: str
+    kind: str
+    config: str
+    style: str
+    modules: tuple[str, ...] = ()
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    """Per op and per module, the DTensor style of a strategy on a 1-D mesh of `world` ranks;
+    `inputs` is the placement of the model's inputs ("shard": `Shard(0)`, or "replicate")."""
+
+    world: int
+    ops: tuple[OpPlacement, ...]
+    modules: tuple[tuple[str, str], ...]  # (module path, style), in graph order
+    inputs: str
+
+    @property
+    def fell_back(self) -> tuple[OpPlacement, ...]:
+        """The ops that are not expressible and run replicated instead (fallback="replicate")."""
+        return tuple(o for o in self.ops if o.reason is not None)
+
+    def describe(self) -> list[str]:
+        """One line per module: 'path: style'."""
+        return [f"{path}: {style}" for path, style in self.modules]
+
+
+def export_plan(strategy: Strategy, module: nn.Module, fallback: str = "error") -> ExportPlan:
+    """The DTensor styles of `strategy` for `module` (the module it was planned for).
+
+    fallback="error" raises one ExportError naming every op that DTensor cannot express;
+    fallback="replicate" runs those replicated and lists them in `fell_back`."""
+    if fallback not in FALLBACKS:
+        raise ExportError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
+    graph, world = strategy.graph, strategy.devices.num_devices
+    types = {name: type(m) for name, m in module.named_modules()}
+    _check_params(strategy, module)
+    ops: list[OpPlacement] = []
+    for op, cfg in zip(graph.ops, strategy.configs, strict=True):
+        paths = tuple(dict.fromkeys(_module_of(p.name) for p in op.params))
+        style, reason = _style(op, cfg, world, [types.get(p) for p in paths])
+        if reason is not None and not op.params and op.kind != "input":
+            reason += " (it has no parameters: DTensor runs it in its input's layout)"
+        ops.append(OpPlacement(op.name, op.kind, cfg.describe(op), style, paths, reason))
+    ops = _agree_per_module(ops)
+    bad = [o for o in ops if o.reason is not None]
+    if bad and fallback == "error":
+        listed = "; ".join(f"{o.op} ({o.kind}, {o.config}): {o.reason}" for o in bad[:6])
+        more = f"; and {len(bad) - 6} more" if len(bad) > 6 else ""
+        raise ExportError(
+            f"{len(bad)} op(s) of the strategy cannot be expressed as DTensor placements: "
+            f"{listed}{more}. Pass fallback='replicate' to run them replicated"
+        )
+    modules: dict[str, str] = {}
+    for o in ops:
+        for path in o.modules:
+            modules.setdefault(path, o.style)
+    inputs = [o for o in ops if o.kind == "input"]
+    shard = world > 1 and all(o.style == "data" for o in inputs)
+    return ExportPlan(world, tuple(ops), tuple(modules.items()), "shard" if shard else "replicate")
+
+
+def _module_of(param: str) -> str:
+    return param.rsplit(".", 1)[0] if "." in param else ""
+
+
+def _check_params(strategy: Strategy, module: nn.Module) -> None:
+    have = {name for name, _ in module.named_parameters()}
+    missing = sorted({p.name for op in strategy.graph.ops for p in op.params} - have)
+    if missing:
+        raise ExportError(
+            f"the module has no parameters named {missing[:3]}: the strategy's graph "
+            f"{strategy.graph.name!r} does not come from this module"
+        )
+
+
+def _style(op: Op, cfg: ParallelConfig, world: int, types: Sequence[Any]) -> tuple[str, str | None]:
+    """(style, None) when expressible, else ("replicate", why not)."""
+    from torch import nn
+
+    split = {d: g for d, g in zip(op.output.dims, cfg.degrees, strict=True) if g > 1}
+    if world == 1 or (split == {SAMPLE: world} and cfg.devices == tuple(range(world))):
+        return "data", None
+    if cfg.devices != tuple(range(world)):
+        where = ",".join(map(str, cfg.devices))
+        return "replicate", f"placed on devices [{where}], not on the whole mesh in order"
+    if split == {CHANNEL: world} and op.kind in _COLWISE_KINDS:
+        if all(t is not None and issubclass(t, nn.Linear | nn.Embedding) for t in types):
+            return "colwise", None
+        return "replicate", "a channel split of a module that is not nn.Linear/nn.Embedding"
+    if len(split) > 1:
+        return "replicate", f"splits {len(split)} dims; a 1-D mesh shards one"
+    (dim,) = split
+    if op.kind == "conv2d" and dim == CHANNEL:
+        return "replicate", "an output-channel split of a convolution (not on DTensor/gloo)"
+    if dim in ("height", "width"):
+        return "replicate", f"a {dim} split (DTensor convolutions have no halo exchange)"
+    return "replicate", f"a {dim} split of a {op.kind} op"
+
+
+def _agree_per_module(ops: list[OpPlacement]) -> list[OpPlacement]:
+    """A module used by several ops (unrolled steps, shared weights) takes one style: when
+    the ops disagree, all of them fall back to replication."""
+    styles: dict[str, set[str]] = {}
+    for o in ops:
+        for path in o.modules:
+            styles.setdefault(path, set()).add(o.style)
+    mixed = {path for path, s in styles.items() if len(s) > 1}
+    return [
+        o
+        if not mixed & set(o.modules)
+        else OpPlacement(
+            o.op,
+            o.kind,
+            o.config,
+            "replicate",
+            o.modules,
+            o.reason or "shares its module with ops placed differently",
+        )
+        for o in ops
+    ]
+
+
+# -- applying the plan (every rank of an initialized process group) -------------------------------
+
+
+@dataclass(frozen=True)
+class Exported:
+    """A module parallelized with DTensor: the module (changed in place), its mesh, the plan."""
+
+    module: nn.Module
+    mesh: DeviceMesh
+    plan: ExportPlan
+
+    @property
+    def fell_back(self) -> tuple[OpPlacement, ...]:
+        """The ops that run replicated because DTensor cannot express their config."""
+        return self.plan.fell_back
+
+    def distribute_inputs(self, *tensors: Any) -> tuple[Any, ...]:
+        """Full input tensors (the same on every rank) as DTensors in the plan's input
+        layout. A rank that holds only its own samples uses `DTensor.from_local(x, mesh,
+        [Shard(0)])` instead."""
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+        layout = Shard(0) if self.plan.inputs == "shard" else Replicate()
+        return tuple(distribute_tensor(t, self.mesh, [layout]) for t in tensors)
+
+
+def parallelize(
+    strategy: Strategy,
+    module: nn.Module,
+    mesh: DeviceMesh | None = None,
+    fallback: str = "error",
+) -> Exported:
+    """Apply `strategy` to `module` in place with `parallelize_module` (every rank calls it).
+
+    mesh: a 1-D DeviceMesh of the strategy's device count (default: all ranks, on "cuda"
+    with the nccl backend, else "cpu"). Parameters of modules the strategy does not place
+    are replicated."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    plan = export_plan(strategy, module, fallback)
+    if not dist.is_available() or not dist.is_initialized():
+        raise ExportError(
+            "parallelize needs an initialized process group: launch with torchrun, or call "
+            "torch.distributed.init_process_group first"
+        )
+    if mesh is None:
+        if dist.get_world_size() != plan.world:
+            raise ExportError(
+                f"the strategy is for {plan.world} devices but the process group has "
+                f"{dist.get_world_size()} ranks"
+            )
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        mesh = init_device_mesh(device, (plan.world,))
+    if mesh.ndim != 1 or mesh.size() != plan.world:
+        raise ExportError(f"the mesh must be 1-D with {plan.world} ranks, got {mesh.shape}")
+    styles = {path: _parallel_style(style) for path, style in plan.modules if path}
+    parallelize_module(module, mesh, styles)
+    _replicate_the_rest(module, mesh)
+    return Exported(module, mesh, plan)
+
+
+def _parallel_style(style: str) -> Any:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    if style == "colwise":
+        return ColwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False
+        )
+    return _placed_style(Shard(0) if style == "data" else Replicate())
+
+
+def _placed_style(layout: Any) -> Any:
+    """A ParallelStyle: parameters replicated, every tensor input redistributed to `layout`
+    (plain tensors are taken as replicated)."""
+    from torch.distributed.tensor import DTensor, Replicate, distribute_module
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    def inputs(module: Any, args: Any, mesh: Any) -> Any:
+        def place(x: Any) -> Any:
+            if isinstance(x, tuple | list):
+                return type(x)(place(v) for v in x)
+            if isinstance(x, DTensor):
+                return x.redistribute(mesh, [layout])
+            if hasattr(x, "dim"):  # a torch.Tensor
+                return DTensor.from_local(x, mesh, [Replicate()]).redistribute(mesh, [layout])
+            return x
+
+        return place(args)
+
+    class Placed(ParallelStyle):
+        def _apply(self, module: Any, device_mesh: Any) -> Any:
+            return distribute_module(module, device_mesh, _replicate_params, inputs)
+
+    return Placed()
+
+
+def _replicate_params(name: str, module: Any, mesh: Any) -> None:
+    """distribute_module's partition_fn: each direct parameter as a replicated DTensor."""
+    from torch import nn
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+    for key, p in list(module.named_parameters(recurse=False)):
+        if not isinstance(p, DTensor):
+            replicated = distribute_tensor(p.data, mesh, [Replicate()])
+            module.register_parameter(key, nn.Parameter(replicated, p.requires_grad))
+
+
+def _replicate_the_rest(module: Any, mesh: Any) -> None:
+    """Parameters no style placed (root parameters, unused modules) become replicated."""
+    for name, sub in module.named_modules():
+        _replicate_params(name, sub, mesh)

@@ -1,0 +1,71 @@
+"""Logging for the command lines: the standard `logging` module, one setup for every CLI.
+
+Library code logs under its module's name (`planner.api`, `backends.<name>` for a backend's
+best-so-far lines, `runtime.launch`, ...) and configures nothing. A command line calls
+`setup_logging`: by default stderr shows warnings and the backends' INFO progress lines
+(one every few seconds during a long search); `-v` shows everything from DEBUG up (solver
+incumbents and bounds, phase timings); `--log-file F` writes everything from DEBUG up to F.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from planner.files import check_output_path
+
+__all__ = ["PACKAGES", "setup_logging"]
+
+PACKAGES = ("planner", "backends", "runtime", "experiments")
+_FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is at the time (tests swap it)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def _default_filter(record: logging.LogRecord) -> bool:
+    """Without -v: warnings from anyone, progress (INFO) from the backends."""
+    return record.levelno >= logging.WARNING or (
+        record.levelno >= logging.INFO and record.name.startswith("backends")
+    )
+
+
+def setup_logging(verbose: int = 0, log_file: str | Path | None = None) -> None:
+    """Attach layerwise's handlers to the package loggers (again: replaces the old ones)."""
+    if log_file is not None:
+        log_file = check_output_path(log_file, "log file")
+    for name in PACKAGES:
+        logger = logging.getLogger(name)
+        for h in [h for h in logger.handlers if getattr(h, "layerwise", False)]:
+            logger.removeHandler(h)
+            h.close()
+        logger.setLevel(logging.DEBUG if verbose or log_file else logging.INFO)
+    handlers: list[logging.Handler] = []
+    err = _Stderr()
+    err.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    if verbose:
+        err.setLevel(logging.DEBUG)
+    else:
+        err.setLevel(logging.INFO)
+        err.addFilter(_default_filter)
+    handlers.append(err)
+    if log_file is not None:
+        f = logging.FileHandler(log_file, encoding="utf-8")
+        f.setFormatter(logging.Formatter(_FORMAT))
+        f.setLevel(logging.DEBUG)
+        handlers.append(f)
+    for h in handlers:
+        h.layerwise = True  # type: ignore[attr-defined]
+        for name in PACKAGES:
+            logging.getLogger(name).addHandler(h)

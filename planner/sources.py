@@ -1,0 +1,236 @@
+"""From whatever a user has to a Problem: a zoo name, an `nn.Module`, a factory path, an
+OpGraph, a graph or cost-table file, or a Problem (what `planner.plan` accepts).
+
+`problem_of` captures the model (torch.fx on the meta device, then coarsening), loads the
+devices, makes the cost model and builds the cost tables, timing capture and build apart; it
+returns the `ModelSpec` to record in the plan file when the model can be rebuilt by another
+process (a zoo model or a factory; not a module instance or a graph file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from planner.errors import LayerwiseError
+from planner.graph.models import InputSpec, ModelSpec, input_specs
+
+if TYPE_CHECKING:
+    from planner.costs.costmodel import CostModel
+    from planner.graph.opgraph import OpGraph
+    from planner.hardware.devices import DeviceGraph
+    from planner.problems.problem import Problem
+
+__all__ = ["cost_model", "problem_of"]
+
+log = logging.getLogger(__name__)
+
+
+def problem_of(
+    model: Any,
+    devices: Any,
+    *,
+    example_inputs: Any,
+    model_kwargs: Mapping[str, Any] | None,
+    name: str | None,
+    coarsen: bool,
+    options: Mapping[str, Any],
+    max_configs: int | None,
+    build_options: Mapping[str, Any],
+) -> tuple[Problem, ModelSpec | None, dict[str, float]]:
+    """The Problem to search, the model spec to record, and the seconds of capture (model to
+    OpGraph, torch's import included) and build (devices, cost model, cost tables)."""
+    from planner.graph.opgraph import OpGraph
+    from planner.problems.problem import Problem
+
+    if isinstance(model, Problem) or _is_problem_file(model):
+        given = [k for k, v in options.items() if v not in (None, "analytic")]
+        given += ["devices"] * (devices is not None) + ["max_configs"] * (max_configs is not None)
+        given += list(build_options) + ["example_inputs"] * (example_inputs is not None)
+        if given:
+            raise LayerwiseError(
+                f"{', '.join(given)} do(es) not apply to a cost-table problem (it has its own "
+                "costs and memory limit)"
+            )
+        t0 = time.perf_counter()
+        problem = model if isinstance(model, Problem) else _load_problem(model)
+        return problem, None, {"capture_seconds": 0.0, "build_seconds": time.perf_counter() - t0}
+    t0 = time.perf_counter()
+    if isinstance(model, OpGraph):
+        graph, spec = model, None
+        if example_inputs is not None or model_kwargs:
+            raise LayerwiseError("example_inputs and model_kwargs do not apply to an OpGraph")
+    else:
+        graph, spec = _capture(model, example_inputs, model_kwargs, name, coarsen)
+    capture_seconds = time.perf_counter() - t0
+    if devices is None:
+        raise LayerwiseError("plan() needs devices: a preset name, a device JSON or a DeviceGraph")
+    device_graph = _devices(devices)
+    log.info(
+        "%s: %d ops (%.3g s); building the cost tables for %s",
+        graph.name,
+        len(graph.ops),
+        capture_seconds,
+        device_graph.name,
+    )
+    cm = cost_model(graph, device_graph, options["cost"], sync=options["sync"])
+    from planner.problems.problem import build_problem
+
+    problem = build_problem(
+        graph, device_graph, cm, max_configs, options["memory_limit"], **build_options
+    )
+    build_seconds = time.perf_counter() - t0 - capture_seconds
+    log.info(
+        "built %d nodes, %d edges, %d configs in %.3g s",
+        problem.num_nodes,
+        len(problem.edges),
+        sum(problem.sizes),
+        build_seconds,
+    )
+    return problem, spec, {"capture_seconds": capture_seconds, "build_seconds": build_seconds}
+
+
+def _load_problem(path: str | Path) -> Problem:
+    from planner.problems.costtable import load_problem
+
+    return load_problem(path)
+
+
+def _is_problem_file(model: Any) -> bool:
+    """A path to a JSON file that is not an OpGraph (so a cost-table problem)."""
+    if not isinstance(model, str | Path) or not _looks_like_path(model):
+        return False
+    from planner.errors import ProblemError, read_json
+
+    data = read_json(model, "model", ProblemError)
+    return not (isinstance(data, Mapping) and data.get("format") == "layerwise.opgraph")
+
+
+def _looks_like_path(model: str | Path) -> bool:
+    from planner.graph.zoo import MODELS
+
+    if isinstance(model, Path):
+        return True
+    if model in MODELS:
+        return False
+    return Path(model).exists() or model.endswith(".json")
+
+
+def _capture(
+    model: Any,
+    example_inputs: Any,
+    model_kwargs: Mapping[str, Any] | None,
+    name: str | None,
+    coarsen: bool,
+) -> tuple[OpGraph, ModelSpec | None]:
+    """The graph of a zoo name, a graph file, a factory path or a module instance."""
+    if isinstance(model, str | Path):
+        if _looks_like_path(model):
+            from planner.graph.opgraph import OpGraph
+
+            if model_kwargs or example_inputs is not None:
+                raise LayerwiseError("example_inputs and model_kwargs do not apply to a graph file")
+            return OpGraph.load(model), None
+        spec = _spec_of_name(str(model), example_inputs, model_kwargs, name, coarsen)
+        return spec.graph(), spec
+    import torch
+    from torch import nn
+
+    if not isinstance(model, nn.Module):
+        raise LayerwiseError(
+            f"plan() takes a zoo name, an nn.Module, a 'module:factory' path, an OpGraph, a "
+            f"Problem or a file path; got {type(model).__name__}"
+        )
+    if model_kwargs:
+        raise LayerwiseError("model_kwargs apply to a zoo name or a factory, not to a module")
+    inputs = _example_inputs(example_inputs, type(model).__name__)
+    from planner.graph.capture import capture
+    from planner.graph.coarsen import coarsen as coarsen_graph
+
+    with torch.no_grad():
+        graph = capture(model, tuple(x.empty() for x in inputs), name or _default_name(model))
+    return (coarsen_graph(graph) if coarsen else graph), None
+
+
+def _spec_of_name(
+    model: str,
+    example_inputs: Any,
+    model_kwargs: Mapping[str, Any] | None,
+    name: str | None,
+    coarsen: bool,
+) -> ModelSpec:
+    kwargs = dict(model_kwargs or {})
+    if ":" in model:
+        inputs = _example_inputs(example_inputs, model)
+        default = model.rpartition(":")[2].rpartition(".")[2].lower()
+        return ModelSpec(name or default, None, kwargs, coarsen, model, inputs)
+    if example_inputs is not None:
+        raise LayerwiseError(
+            f"example_inputs do not apply to zoo model {model!r} (size it with model_kwargs)"
+        )
+    if name is not None:
+        raise LayerwiseError("name does not apply to a zoo model (its graph has the zoo name)")
+    from planner.graph.zoo import MODELS
+
+    if model not in MODELS:
+        raise LayerwiseError(
+            f"unknown model {model!r}: not a zoo model ({', '.join(MODELS)}), not a "
+            "'module:factory' path and not an existing file"
+        )
+    batch = kwargs.pop("batch", None)
+    return ModelSpec(model, batch, kwargs, coarsen)
+
+
+def _example_inputs(example_inputs: Any, what: str) -> tuple[InputSpec, ...]:
+    if example_inputs is None:
+        raise LayerwiseError(
+            f"{what}: give example_inputs (a tensor or a tuple of tensors: the shapes, batch "
+            "included, that one training step reads)"
+        )
+    if not isinstance(example_inputs, tuple | list):
+        example_inputs = (example_inputs,)
+    if all(isinstance(x, InputSpec) for x in example_inputs):
+        return tuple(example_inputs)
+    return input_specs(example_inputs)
+
+
+def _default_name(module: Any) -> str:
+    return type(module).__name__.lower()
+
+
+def _devices(devices: Any) -> DeviceGraph:
+    from planner.hardware.devices import DeviceGraph
+    from planner.hardware.presets import load_devices
+
+    if isinstance(devices, DeviceGraph):
+        return devices
+    if isinstance(devices, str | Path):
+        return load_devices(str(devices))
+    raise LayerwiseError(
+        f"devices must be a preset name, a device JSON path or a DeviceGraph, got "
+        f"{type(devices).__name__}"
+    )
+
+
+def cost_model(
+    graph: OpGraph, devices: DeviceGraph, source: str = "analytic", **options: Any
+) -> CostModel:
+    """The cost model of `graph` on `devices`: analytic, or measured (the profile cache of
+    `python -m planner profile`), with `CostOptions` fields from `options` (others ignored:
+    a strategy file's cost section also holds its source)."""
+    from planner.costs.costmodel import CostModel, CostOptions
+
+    if source not in ("analytic", "measured"):
+        raise LayerwiseError(f"cost must be 'analytic' or 'measured', got {source!r}")
+    names = {f.name for f in dataclasses.fields(CostOptions)}
+    opts = CostOptions(**{k: v for k, v in options.items() if k in names and v is not None})
+    measured = None
+    if source == "measured":
+        from planner.costs.profile import MeasuredTimes
+
+        measured = MeasuredTimes.load(devices, graph=graph)
+    return CostModel(graph, devices, opts, measured=measured)

@@ -1,0 +1,144 @@
+"""`planner.plan`: every kind of input, the time budget, forwarded options, one clear error."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from user_models import SmallCNN
+
+import planner
+from backends import SolveOptions, Status
+from backends.search import SearchBackend
+from planner.graph.zoo import model_graph
+from planner.problems.costtable import random_problem, save_problem
+
+IMAGES = (torch.randn(8, 3, 16, 16),)
+LENET = {"model_kwargs": {"batch": 8}}
+
+
+def test_every_kind_of_input_plans(tmp_path: Path) -> None:
+    zoo = planner.plan("lenet5", "p100-1x4", **LENET)
+    graph = model_graph("lenet5", batch=8)
+    graph.save(tmp_path / "g.json")
+    problem = random_problem(6, 3, seed=0, memory=False)
+    save_problem(problem, tmp_path / "p.json")
+    results = {
+        "zoo": zoo,
+        "graph": planner.plan(graph, "p100-1x4"),
+        "graph file": planner.plan(tmp_path / "g.json", "p100-1x4"),
+        "graph file name": planner.plan(str(tmp_path / "g.json"), "p100-1x4"),
+        "module": planner.plan(SmallCNN(), "p100-1x4", example_inputs=IMAGES),
+        "factory": planner.plan("user_models:make_cnn", "p100-1x4", example_inputs=IMAGES),
+        "problem": planner.plan(problem),
+        "problem file": planner.plan(tmp_path / "p.json"),
+    }
+    for name, r in results.items():
+        assert r.status is Status.OPTIMAL and r.gap == 0.0, name
+        assert {"build_seconds", "search_seconds", "total_seconds"} <= set(r.stats), name
+    for name in ("graph", "graph file", "graph file name"):
+        assert results[name].objective == pytest.approx(zoo.objective, rel=1e-12)
+    assert results["module"].objective == pytest.approx(results["factory"].objective, rel=1e-12)
+    assert zoo.model is not None and zoo.model.to_json()["batch"] == 8
+    assert results["factory"].model is not None and results["module"].model is None
+    assert results["problem"].strategy is None and results["problem"].choices is not None
+    assert results["problem file"].to_json()["choices"] == list(results["problem"].choices)
+
+
+def test_the_backend_gets_what_is_left_of_the_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[SolveOptions] = []
+    solve = SearchBackend.solve
+
+    def spy(self: Any, problem: Any, options: SolveOptions) -> Any:
+        seen.append(options)
+        return solve(self, problem, options)
+
+    monkeypatch.setattr(SearchBackend, "solve", spy)
+    r = planner.plan("lenet5", "p100-1x4", backend="search", time_limit=30, **LENET)
+    (options,) = seen
+    used = r.stats["capture_seconds"] + r.stats["build_seconds"]
+    assert options.time_limit <= 30 - used
+    assert r.stats["total_seconds"] >= used + r.stats["search_seconds"]
+
+
+def test_a_build_that_uses_up_the_time_limit_is_said_clearly() -> None:
+    r = planner.plan("lenet5", "p100-4x4", time_limit=1e-6, **LENET)
+    assert r.status is Status.NO_SOLUTION and r.limit is not None and r.limit.value == "TIME"
+    assert r.message is not None and "no time was left to search" in r.message
+    assert r.summary()["message"] == r.message and r.strategy is None
+
+
+def test_unknown_options_go_to_build_problem_or_are_refused() -> None:
+    graph = model_graph("rnnlm", batch=4, steps=3, hidden=8, layers=1, vocab=20)
+    tied = planner.plan(graph, "p100-1x2")
+    untied = planner.plan(graph, "p100-1x2", tie_groups=False)  # a build_problem option
+    assert untied.problem.num_nodes > tied.problem.num_nodes
+    with pytest.raises(planner.LayerwiseError, match="unknown option.*frob.*accepts"):
+        planner.plan(graph, "p100-1x2", frob=1)
+
+
+BAD: dict[str, tuple[dict[str, Any], str]] = {
+    "a module without example inputs": ({"model": SmallCNN()}, "give example_inputs"),
+    "a factory without example inputs": ({"model": "user_models:make_cnn"}, "example_inputs"),
+    "an unknown name": ({"model": "nope"}, "not a zoo model"),
+    "an unimportable factory": (
+        {"model": "no_such_module:f", "example_inputs": IMAGES},
+        "cannot import model factory",
+    ),
+    "no devices": ({"model": "lenet5", "devices": None}, "needs devices"),
+    "devices for a cost-table problem": (
+        {"model": random_problem(4, 2, seed=0), "devices": "p100-1x2"},
+        "devices do(es) not apply",
+    ),
+    "an objective the backend does not optimize": (
+        {"model": "lenet5", "objective": "makespan"},
+        "does not optimize",
+    ),
+    "an unknown objective": ({"model": "lenet5", "objective": "fastest"}, "objective must"),
+    "a zero time limit": ({"model": "lenet5", "time_limit": 0}, "time_limit"),
+    "a negative seed": ({"model": "lenet5", "seed": -1}, "seed"),
+    "an example input that is not a tensor": (
+        {"model": SmallCNN(), "example_inputs": ([1, 2],)},
+        "must be tensors",
+    ),
+    "example inputs for a zoo model": (
+        {"model": "lenet5", "example_inputs": IMAGES},
+        "do not apply to zoo model",
+    ),
+    "an unknown backend": ({"model": "lenet5", "backend": "nope"}, "unknown backend"),
+    "an unknown cost source": ({"model": "lenet5", "cost": "guessed"}, "cost must be"),
+    "something else": ({"model": 42}, "takes a zoo name"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_calls_are_one_clear_error(case: str) -> None:
+    kwargs, says = BAD[case]
+    kwargs = {"devices": "p100-1x2", **kwargs}
+    with pytest.raises(planner.LayerwiseError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        planner.plan(kwargs.pop("model"), **kwargs)
+
+
+def test_the_plan_file_is_strict_json_and_a_strategy_file(tmp_path: Path) -> None:
+    r = planner.plan(SmallCNN(), "p100-1x4", example_inputs=IMAGES, backend="baselines")
+    assert r.bound is None and r.gap is None
+    r.save(tmp_path / "plan.json")
+    data = json.loads((tmp_path / "plan.json").read_text(), parse_constant=pytest.fail)
+    assert data["status"] == "FEASIBLE" and data["gap"] is None
+    strategy, _ = planner.load_strategy(tmp_path / "plan.json")
+    assert strategy == r.strategy
+    assert not list(tmp_path.glob(".*.tmp"))  # the temporary file was renamed
+    scores = r.evaluate()
+    assert math.isclose(scores.additive, r.objective or 0, rel_tol=1e-9)
+
+
+def test_planner_plan_does_not_import_torch_or_a_backend_until_called() -> None:
+    code = "import sys, planner; planner.plan; planner.PlanResult; print(sorted(m for m in ('torch', 'backends', 'ortools', 'pulp') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

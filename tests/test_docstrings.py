@@ -1,0 +1,91 @@
+"""Every public name of the library has a docstring: planner's (and runtime's) exports, the
+public methods of the entry-point modules, and the backends' result types."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+# Names exported by planner whose modules belong to other work packages; their docstrings
+# are listed in the report for the lead (test_docstrings_owned_elsewhere turns red once
+# they exist, so this list is then emptied).
+OWNED_ELSEWHERE = {
+    "planner.CostOptions",
+    "planner.Problem",
+    "planner.Strategy",
+    "planner.memory_feasible",
+    "backends.SolveOptions",
+    "backends.SolveResult",
+    "backends.Status",
+    "backends.Limit",
+}
+# Modules whose every public function, class and method is documented.
+WHOLE_MODULES = ("planner.api", "planner.sources", "planner.export", "planner.graph.models", "planner.files",
+                 "planner.logs", "runtime.models")  # fmt: skip
+
+
+def documented(obj: Any) -> bool:
+    """A docstring written for `obj` (not dataclass's generated signature, not Enum's)."""
+    doc = inspect.getdoc(obj) if not inspect.isclass(obj) else obj.__doc__
+    if not doc or not doc.strip():
+        return False
+    if inspect.isclass(obj) and dataclasses.is_dataclass(obj):
+        return not doc.startswith(f"{obj.__name__}(")
+    if inspect.isclass(obj) and issubclass(obj, enum.Enum):
+        return doc != enum.Enum.__doc__
+    return True
+
+
+def exported() -> Iterator[tuple[str, Any]]:
+    """planner's and runtime's exports, and the backends' result types."""
+    for package in ("planner", "runtime"):
+        module = importlib.import_module(package)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if inspect.isclass(obj) or inspect.isfunction(obj):
+                yield f"{package}.{name}", obj
+    backends = importlib.import_module("backends")
+    for name in ("SolveOptions", "SolveResult", "Status", "Limit"):
+        yield f"backends.{name}", getattr(backends, name)
+
+
+def methods(cls: type) -> Iterator[tuple[str, Any]]:
+    for name, value in vars(cls).items():
+        if name.startswith("_"):
+            continue
+        fn = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+        if inspect.isfunction(fn):
+            yield name, fn
+
+
+def test_every_exported_name_has_a_docstring() -> None:
+    missing = [n for n, obj in exported() if n not in OWNED_ELSEWHERE and not documented(obj)]
+    assert missing == []
+
+
+def test_the_entry_point_modules_document_every_public_function_and_method() -> None:
+    missing = []
+    for module_name in WHOLE_MODULES:
+        module = importlib.import_module(module_name)
+        for name, obj in vars(module).items():
+            if name.startswith("_") or getattr(obj, "__module__", None) != module_name:
+                continue
+            if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+                continue
+            if not documented(obj):
+                missing.append(f"{module_name}.{name}")
+            if inspect.isclass(obj):
+                missing += [f"{module_name}.{name}.{m}" for m, fn in methods(obj) if not fn.__doc__]
+    assert missing == []
+
+
+@pytest.mark.xfail(strict=True, reason="modules owned by other work packages (see the report)")
+def test_docstrings_owned_elsewhere() -> None:
+    names = dict(exported())
+    assert all(documented(names[n]) for n in OWNED_ELSEWHERE)

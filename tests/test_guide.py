@@ -1,0 +1,61 @@
+"""docs/guide.md runs: its Python blocks are one script (plan, evaluate, run), and its shell
+block plans a factory model and runs the plan file with --check."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GUIDE = (ROOT / "docs" / "guide.md").read_text()
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", GUIDE, flags=re.S)
+
+
+def test_the_guide_plans_and_evaluates_in_process() -> None:
+    """Sections 1-3 (section 4 only runs as __main__: see the slow test)."""
+    namespace: dict[str, Any] = {"__name__": "guide"}
+    exec(compile("\n".join(blocks("python")), "docs/guide.md", "exec"), namespace)
+    result, scores = namespace["result"], namespace["scores"]
+    assert result.status.value == "OPTIMAL"
+    assert scores.additive == pytest.approx(result.objective)
+
+
+@pytest.mark.slow
+def test_the_guide_runs_as_a_script_and_its_shell_commands_work(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    script = tmp_path / "guide.py"
+    script.write_text("\n".join(blocks("python")))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    deviation = float(re.search(r"single-process training: (\S+)", proc.stdout)[1])  # type: ignore[index]
+    assert deviation < 1e-9, proc.stdout
+    # Section 5: Net in mymodels.py, then the shell block (with `python -m planner` for the
+    # console script, which needs an install)
+    model = blocks("python")[0]
+    (tmp_path / "mymodels.py").write_text(model.split("net = Net()")[0])
+    shell = blocks("sh")[0].replace("\\\n", " ")
+    for line in shell.splitlines():
+        command = shlex.split(line.split("#")[0])
+        if not command:
+            continue
+        if command[0] == "layerwise":
+            command = ["python", "-m", "planner", *command[1:]]
+        if "runtime.run" in command:
+            command.append("--json")
+        proc = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True,
+                              cwd=tmp_path, env=env, timeout=600)  # fmt: skip
+        assert proc.returncode == 0, (line, proc.stderr)
+        if "runtime.run" in command:
+            assert json.loads(proc.stdout)["max_deviation"] < 1e-5  # float32

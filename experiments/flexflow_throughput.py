@@ -28,13 +28,14 @@ from rich.console import Console
 from rich.table import Table
 
 from backends import SolveOptions
-from experiments.runinfo import finish, load_line, run_info
+from experiments.runinfo import finish, load_line, recorded_args, run_info
 from experiments.throughput import (
     Point,
     Setting,
     baseline_point,
     build,
     fmt,
+    load_results,
     lookup,
     plot_throughput,
     ratio,
@@ -54,6 +55,7 @@ STRATEGIES = ["data_parallel", "expert", "layer-wise", "mcmc"]
 PAPER_OVER_BASELINES = {"resnet101": "about 1x"}  # every other model: 1.3-3.3x
 PAPER_OVER_OPTCNN = {"alexnet": "same", "resnet101": "same"}  # others: 1.2-1.6x, 16 P100s
 EXIT_BAD_INPUT = 2
+NAME = "flexflow_throughput"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -93,6 +95,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--out", type=Path, default=Path("results"), help="results folder")
     p.add_argument("--plot", type=Path, help="write the figure here (default: results folder)")
+    p.add_argument(
+        "--from-results",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="print and plot a finished run's results.json again (its own settings), "
+        "computing nothing",
+    )
     args = p.parse_args(argv)
     from planner.graph.zoo import MODELS as ZOO
 
@@ -236,27 +245,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.width = max(console.width, 130)
     try:
         args = parse_args(argv)
-        info = run_info("experiments.flexflow_throughput", argv, args)
-        settings, points = run(args, console)
+        if args.from_results:
+            info, settings, points = load_results(args.from_results, NAME)
+            args = recorded_args(args, info)
+            folder = args.from_results.parent
+        else:
+            info = run_info(f"experiments.{NAME}", argv, args)
+            settings, points = run(args, console)
+            info = finish(info)
+            folder = save_results(NAME, args.out, info, settings, points)
         console.print(throughput_table(points, args.models, args.gpus))
         console.print(paper_table(points, args.models, args.gpus))
-        console.print(f"setting: {_setting(args)}; {load_line()}")
+        console.print(f"setting: {_setting(args)}; {load_line(info)}")
         spaces = sorted({s.space for s in settings if s.space != "full"})
         if spaces:
             console.print(f"config space above 16 GPUs: {', '.join(spaces)}")
-        folder = save_results("flexflow_throughput", args.out, finish(info), settings, points)
         plot_throughput(
             points,
             args.models,
             STRATEGIES,
-            args.plot or folder / "flexflow_throughput.png",
+            args.plot or folder / f"{NAME}.png",
             f"FlexFlow Sec. 8.2 setting: {_setting(args)}",
             ideal_from="data_parallel",
         )
     except (LayerwiseError, OSError) as exc:
         print(f"error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    console.print(f"results written to {folder}")
+    console.print(f"results in {folder}")
     return 0
 
 

@@ -29,13 +29,14 @@ from rich.table import Table
 
 from backends import SolveOptions
 from backends.recommend import recommend
-from experiments.runinfo import finish, load_line, run_info
+from experiments.runinfo import finish, load_line, recorded_args, run_info
 from experiments.throughput import (
     Point,
     Setting,
     baseline_point,
     build,
     fmt,
+    load_results,
     lookup,
     plot_throughput,
     ratio,
@@ -59,6 +60,7 @@ PAPER = {
     "inception_v3": {"up_to": 1.4, "scaling": 15.5, "scaling_other": 11.2},
 }
 EXIT_BAD_INPUT = 2
+NAME = "optcnn_fig7"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -98,6 +100,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--out", type=Path, default=Path("results"), help="results folder")
     p.add_argument("--plot", type=Path, help="write the figure here (default: results folder)")
+    p.add_argument(
+        "--from-results",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="print and plot a finished run's results.json again (its own settings), "
+        "computing nothing",
+    )
     args = p.parse_args(argv)
     _check(args)
     return args
@@ -240,24 +249,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.width = max(console.width, 140)
     try:
         args = parse_args(argv)
-        info = run_info("experiments.optcnn_fig7", argv, args)
-        settings, points = run(args, console)
+        if args.from_results:
+            info, settings, points = load_results(args.from_results, NAME)
+            args = recorded_args(args, info)
+            folder = args.from_results.parent
+        else:
+            info = run_info(f"experiments.{NAME}", argv, args)
+            settings, points = run(args, console)
+            info = finish(info)
+            folder = save_results(NAME, args.out, info, settings, points)
         console.print(throughput_table(points, args.models, args.gpus))
         console.print(paper_table(points, args.models, args.gpus))
-        console.print(f"setting: {_setting(args)}; {load_line()}")
-        folder = save_results("optcnn_fig7", args.out, finish(info), settings, points)
+        console.print(f"setting: {_setting(args)}; {load_line(info)}")
         plot_throughput(
             points,
             args.models,
             STRATEGIES,
-            args.plot or folder / "optcnn_fig7.png",
+            args.plot or folder / f"{NAME}.png",
             f"OptCNN Fig. 7 setting: {_setting(args)}",
             ideal_from="data_parallel",
+            score=args.score,
         )
     except (LayerwiseError, OSError) as exc:
         print(f"error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    console.print(f"results written to {folder}")
+    console.print(f"results in {folder}")
     return 0
 
 

@@ -101,8 +101,26 @@ def finish(info: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_line() -> str:
-    """`load average 0.47, 0.30, 0.26 on 2 cores`, for printed measurements."""
-    avg = load()
-    text = ", ".join(f"{x:.2f}" for x in avg) if avg else "unknown"
-    return f"load average {text} on {os.cpu_count()} cores"
+def load_line(info: dict[str, Any] | None = None) -> str:
+    """`load average 0.47, 0.30, 0.26 -> 0.52, 0.41, 0.30 on 2 cores` (at the start and the
+    end of the run `info` describes), or the load now without one: timings are only
+    comparable at a similar load."""
+
+    def text(avg: Any) -> str:
+        return ", ".join(f"{x:.2f}" for x in avg) if avg else "unknown"
+
+    if info is None:
+        return f"load average {text(load())} on {os.cpu_count()} cores"
+    m = info.get("machine", {})
+    return (
+        f"load average {text(m.get('load_start'))} -> {text(m.get('load_end'))} "
+        f"on {m.get('cores')} cores"
+    )
+
+
+def recorded_args(args: argparse.Namespace, info: dict[str, Any]) -> argparse.Namespace:
+    """`args` with the arguments a finished run recorded (what it computed), except where
+    the output goes."""
+    keep = {"plot", "from_results", "out"}
+    recorded = {k: v for k, v in info.get("args", {}).items() if k not in keep}
+    return argparse.Namespace(**{**vars(args), **recorded})

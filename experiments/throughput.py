@@ -205,6 +205,22 @@ def save_results(
     return folder
 
 
+def load_results(path: Path, name: str) -> tuple[dict[str, Any], list[Setting], list[Point]]:
+    """The run info, settings and points of a results.json that `save_results(name, ...)`
+    wrote, to print and plot a finished run again without computing it."""
+    from planner.errors import LayerwiseError, read_json
+
+    data = read_json(path, "results", LayerwiseError)
+    if not isinstance(data, dict) or data.get("format") != f"layerwise.{name}":
+        raise LayerwiseError(f"{path} is not a results file of experiments.{name}")
+    try:
+        settings = [Setting(**s) for s in data["settings"]]
+        points = [Point(**p) for p in data["points"]]
+    except (KeyError, TypeError) as exc:
+        raise LayerwiseError(f"{path} is malformed: {exc}") from None
+    return data.get("run", {}), settings, points
+
+
 def plot_throughput(
     points: Sequence[Point],
     models: Sequence[str],
@@ -212,9 +228,11 @@ def plot_throughput(
     path: Path,
     title: str,
     ideal_from: str | None = None,
+    score: str = "simulated",
 ) -> None:
-    """Throughput against GPUs, one panel per model, one line per strategy; `ideal_from`
-    draws linear scaling from that strategy's smallest setting (the papers' red/dashed line)."""
+    """Throughput against GPUs on log-log axes (linear scaling is a straight line), one panel
+    per model, one line per strategy; `ideal_from` draws linear scaling from that strategy's
+    smallest setting (the papers' red / dashed lines)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -234,11 +252,12 @@ def plot_throughput(
                 base = first.throughput / gpus[0]
                 ax.plot(gpus, [base * g for g in gpus], "r--", lw=0.8, label="linear scaling")
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xticks(gpus)
         ax.set_xticklabels([str(g) for g in gpus])
         ax.set_title(model, fontsize=9)
         ax.set_xlabel("GPUs", fontsize=8)
-        ax.set_ylabel("samples / s (simulated)", fontsize=8)
+        ax.set_ylabel(f"samples / s ({score} time)", fontsize=8)
         ax.tick_params(labelsize=7)
     axes[0][0].legend(fontsize=6)
     fig.suptitle(title, fontsize=9)

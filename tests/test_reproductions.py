@@ -67,6 +67,26 @@ def test_optcnn_fig7_on_one_and_two_gpus(tmp_path: Path) -> None:
     assert plot.read_bytes().startswith(b"\x89PNG")
 
 
+def test_a_finished_run_prints_and_plots_again_from_its_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--models", "lenet5", "--gpus", "1", "2", "--out", str(tmp_path)]
+    assert optcnn_fig7.main([*argv, "--sync", "ps"]) == 0
+    folder, _ = results(tmp_path)
+    first = capsys.readouterr().out
+    plot = tmp_path / "again.png"
+    again = ["--from-results", str(folder / "results.json"), "--plot", str(plot)]
+    assert optcnn_fig7.main(again) == 0  # its own settings (ps sync), nothing computed
+    second = capsys.readouterr().out
+    table = first[first.index("Training throughput") : first.index("setting:")]
+    assert table in second and "ps sync" in second
+    assert plot.read_bytes().startswith(b"\x89PNG")
+    assert len(list(tmp_path.iterdir())) == 2  # no new results folder (the folder + again.png)
+    assert optcnn_fig7.main(["--from-results", str(folder / "plans.json")]) == 2
+    assert flexflow_throughput.main(["--from-results", str(folder / "results.json")]) == 2
+    assert "not a results file of experiments.flexflow_throughput" in capsys.readouterr().err
+
+
 def test_optcnn_fig7_shows_the_papers_scaling_only_for_1_to_16_gpus() -> None:
     points = [
         Point("alexnet", g, s, 1.0, 1.0, float(g)) for g in (1, 2) for s in optcnn_fig7.STRATEGIES

@@ -389,28 +389,34 @@ def write_plans(folder: Path, case: Case, problem: Any, objective: str, batch: i
 
 def save(cases: list[Case], info: dict[str, Any], folder: Path, make_plot: bool) -> None:
     """results.json, results.csv and the plot in the run's folder."""
-    rows = [r for c in cases for r in c.rows]
     data = {
         "format": RESULTS_FORMAT,
         "version": RESULTS_VERSION,
         "run": info,
-        "cases": [
-            {**{k: v for k, v in dataclasses.asdict(c).items() if k != "rows"}, "rows": []}
-            for c in cases
-        ],
+        "cases": [_record(c) for c in cases],
     }
-    for c, entry in zip(cases, data["cases"], strict=True):
-        entry["rows"] = [dataclasses.asdict(r) for r in c.rows]
-    (folder / "results.json").write_text(json.dumps(data, indent=1))
-    flat = [dataclasses.asdict(r) for r in rows]
+    # strict JSON: a gap over a zero bound is null (the bound says why), never Infinity
+    (folder / "results.json").write_text(json.dumps(data, indent=1, allow_nan=False))
+    flat = [row for case in data["cases"] for row in case["rows"]]
     with open(folder / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(flat[0]) if flat else ["model"])
         w.writeheader()
         w.writerows(
             {k: json.dumps(v) if isinstance(v, list) else v for k, v in r.items()} for r in flat
         )
-    if make_plot and rows:
+    if make_plot and flat:
         plot(cases, folder / "speedup.png")
+
+
+def _record(case: Case) -> dict[str, Any]:
+    def finite(row: Row) -> dict[str, Any]:
+        d = dataclasses.asdict(row)
+        return {
+            k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()
+        }
+
+    out = {k: v for k, v in dataclasses.asdict(case).items() if k != "rows"}
+    return {**out, "rows": [finite(r) for r in case.rows]}
 
 
 def new_folder(out: Path) -> Path:

@@ -131,6 +131,23 @@ def test_a_tiny_comparison_with_its_plot(tmp_path: Path) -> None:
     assert png.startswith(b"\x89PNG") and len(png) > 1000
 
 
+def test_the_makespan_objective_is_searched_and_judged_on_the_simulated_time(
+    tmp_path: Path,
+) -> None:
+    argv = [*TINY, "--objective", "makespan", "--backends", "baselines", "elimination", "search"]
+    assert main([*argv, "--out", str(tmp_path), "--no-plot"]) == 0
+    _, data = results(tmp_path)
+    (case,) = data["cases"]
+    by_method = {r["method"]: r for r in case["rows"]}
+    assert by_method["elimination"]["status"] == "cannot run"
+    assert "does not optimize the 'makespan' objective" in case["summary"]
+    for m in ("[data_parallel]", "baselines", "search"):
+        assert by_method[m]["objective"] == by_method[m]["simulated"], m
+    assert by_method["search"]["status"] == "OPTIMAL"
+    assert by_method["search"]["simulated"] <= by_method["[data_parallel]"]["simulated"]
+    assert not case["flagged"]  # the flag is about the additive optimum
+
+
 def test_two_runs_in_the_same_second_keep_both_results(tmp_path: Path) -> None:
     argv = [*TINY, "--backends", "baselines", "--out", str(tmp_path), "--no-plot"]
     assert main(argv) == 0 and main(argv) == 0
@@ -217,6 +234,19 @@ def test_judge_accepts_optima_equal_to_the_tolerance() -> None:
     rows = [row("a", "OPTIMAL", 2.0), row("b", "OPTIMAL", 2.0 * (1 + 1e-9))]
     judge(rows)
     assert [r.verdict for r in rows] == ["agrees", "agrees"]
+
+
+def test_results_are_strict_json_without_infinity(tmp_path: Path) -> None:
+    from experiments.compare import save
+
+    rows = [
+        row("[data_parallel]", "baseline", 2.0),
+        row("cpsat", "FEASIBLE/TIME", 1.0, gap=math.inf),
+    ]
+    judge(rows)
+    save([Case("m", "p", 4, 64, 0.1, rows)], {"command": "x"}, tmp_path, make_plot=False)
+    text = (tmp_path / "results.json").read_text()
+    assert "Infinity" not in text and json.loads(text)["cases"][0]["rows"][1]["gap"] is None
 
 
 def test_gaps_never_read_inf_and_no_bound_is_not_100_percent() -> None:

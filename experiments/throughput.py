@@ -238,8 +238,12 @@ def plot_throughput(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.6), squeeze=False)
-    for ax, model in zip(axes[0], models, strict=True):
+    cols = min(3, len(models))
+    rows = math.ceil(len(models) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    for ax in axes.flat[len(models) :]:
+        ax.set_visible(False)
+    for ax, model in zip(axes.flat, models, strict=False):
         gpus = sorted({p.gpus for p in points if p.model == model})
         for s in strategies:
             ys = [getattr(lookup(points, model, g, s), "throughput", None) for g in gpus]
@@ -255,6 +259,7 @@ def plot_throughput(
         ax.set_yscale("log")
         ax.set_xticks(gpus)
         ax.set_xticklabels([str(g) for g in gpus])
+        ax.minorticks_off()
         ax.set_title(model, fontsize=9)
         ax.set_xlabel("GPUs", fontsize=8)
         ax.set_ylabel(f"samples / s ({score} time)", fontsize=8)

@@ -65,6 +65,7 @@ MODES: dict[str, dict[str, Any]] = {
 }
 EXIT_DISAGREEMENT = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
 RESULTS_FORMAT = "layerwise.compare"
 RESULTS_VERSION = 2
 
@@ -448,6 +449,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         print(f"error: {lines[0] if lines else type(exc).__name__}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # a second Ctrl-C (the first stops the running search)
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     console.print(f"results written to {folder}")
     bad = [r for c in cases for r in c.rows if r.verdict in PROBLEM_VERDICTS]
     if bad:

@@ -55,6 +55,7 @@ STRATEGIES = ["data_parallel", "expert", "layer-wise", "mcmc"]
 PAPER_OVER_BASELINES = {"resnet101": "about 1x"}  # every other model: 1.3-3.3x
 PAPER_OVER_OPTCNN = {"alexnet": "same", "resnet101": "same"}  # others: 1.2-1.6x, 16 P100s
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
 NAME = "flexflow_throughput"
 
 
@@ -271,6 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (LayerwiseError, OSError) as exc:
         print(f"error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # a second Ctrl-C (the first stops the running search)
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     console.print(f"results in {folder}")
     return 0
 

@@ -60,6 +60,7 @@ PAPER = {
     "inception_v3": {"up_to": 1.4, "scaling": 15.5, "scaling_other": 11.2},
 }
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
 NAME = "optcnn_fig7"
 
 
@@ -273,6 +274,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (LayerwiseError, OSError) as exc:
         print(f"error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # a second Ctrl-C (the first stops the running search)
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     console.print(f"results in {folder}")
     return 0
 

@@ -282,6 +282,19 @@ def test_the_summary_flags_an_optimum_that_simulates_slower_than_a_baseline() ->
     assert not flagged and "no baseline simulates faster" in text
 
 
+def test_an_interrupted_comparison_is_one_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import experiments.compare as compare
+
+    def interrupted(args: Any, console: Any, folder: Any) -> list[Case]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare, "run", interrupted)
+    assert main([*TINY, "--out", str(tmp_path), "--no-plot"]) == 130
+    assert capsys.readouterr().err == "error: interrupted\n"
+
+
 def test_a_disagreement_makes_main_exit_1(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,9 +1,18 @@
-"""`python -m experiments.compare`: models x device presets x backends, in one table.
+"""`python -m experiments.compare`: every backend and the expert baselines, side by side.
 
-For every (model, preset) the Problem is built once; each backend solves it under the same
-objective and budget; every answer is re-scored by planner's evaluators (the backend contract
-does it) and compared: exact backends that prove optimality must agree, and no answer may be
-below a proven optimum. Results go to results/compare-<time>/ as JSON and CSV, with a plot.
+For every (model, device preset) the Problem is built once. The expert strategies
+(`planner.problems.baselines`) are scored; every backend solves the problem under the same
+objective, seed and wall-clock budget (no iteration caps: an anytime backend runs until the
+budget unless it proves optimality). Every answer is scored under *both* objectives, OptCNN's
+additive Eq. 1 and FlexFlow's simulated iteration time, each with its speedup over data
+parallelism, and `backends.recommend` says what a user should run (never a strategy that
+simulates slower than a baseline). Verdicts: proven optima must agree and nothing may be
+below one (exit status 1 otherwise).
+
+`--quick` (default) fits in about two minutes on 2 cores; `--full` is the comparison of
+docs/compare.md. The results folder (results/compare-<time>/) holds results.json (the run's
+provenance, every case with its rows and summary), results.csv (one line per row), a plot,
+and plans/ with every answer as a strategy file that `python -m planner evaluate` re-scores.
 """
 
 from __future__ import annotations
@@ -16,82 +25,158 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
-from rich.text import Text
 
 from backends import BackendError, SolveOptions, backend_names, get_backend
 from backends.base import evaluate_objective
+from backends.recommend import BaselineTime, baseline_times, recommend
+from experiments.compare_report import PROBLEM_VERDICTS, RTOL, legend, plot, summary, tables
+from experiments.runinfo import finish, run_info
 from planner.cli import OneLineArgumentParser, nonnegative_int, positive_int, positive_seconds
 from planner.errors import LayerwiseError
-from planner.problems.baselines import BASELINES, applicable
 
-QUICK_MODELS = ["lenet5", "alexnet", "vgg16", "inception_v3", "rnnlm"]
-QUICK_PRESETS = ["p100-1x4", "p100-2x4"]
-RTOL = 1e-6
+MODES: dict[str, dict[str, Any]] = {
+    # Measured: about 2 minutes on 2 cores (docs/compare.md gives the command and the load).
+    "quick": {
+        "models": ["lenet5", "alexnet", "inception_v3", "rnnlm"],
+        "presets": ["p100-1x4", "p100-2x4"],
+        "time_limit": 3.0,
+    },
+    "full": {
+        "models": [
+            "lenet5",
+            "alexnet",
+            "vgg16",
+            "inception_v3",
+            "resnet101",
+            "rnntc",
+            "rnnlm",
+            "nmt",
+            "transformer",
+        ],
+        "presets": ["p100-1x4", "p100-2x4", "p100-4x4"],
+        "time_limit": 10.0,
+    },
+}
 EXIT_DISAGREEMENT = 1
 EXIT_BAD_INPUT = 2
-PROBLEM_VERDICTS = ("DISAGREES", "BELOW PROVEN OPTIMUM")
+EXIT_INTERRUPTED = 130
+RESULTS_FORMAT = "layerwise.compare"
+RESULTS_VERSION = 2
 
 
 @dataclass
 class Row:
+    """One method on one case. `objective` is the searched objective's value, `additive` and
+    `simulated` are both objectives (seconds); speedups are data parallelism's time over
+    this one's."""
+
     model: str
     preset: str
-    method: str
-    status: str
-    objective: float | None
-    speedup: float | None
-    search_seconds: float | None
-    gap: float | None
+    method: str  # a backend name, or "[name]" for an expert baseline
+    status: str  # "OPTIMAL", "FEASIBLE/TIME", ..., "baseline", "cannot run"
+    objective: float | None = None
+    speedup: float | None = None
+    search_seconds: float | None = None
+    gap: float | None = None
     verdict: str = ""
-    simulated: float | None = None  # FlexFlow simulation of the same strategy (seconds)
+    simulated: float | None = None
+    additive: float | None = None
+    additive_speedup: float | None = None
+    simulated_speedup: float | None = None
+    bound: float | None = None
+    recommended: str = ""  # "same", or the baseline `recommend` switches to ("" for baselines)
+    recommended_simulated: float | None = None
+    choices: list[int] | None = None
+    plan: str | None = None  # the strategy file, relative to the results folder
+    note: str = ""  # why a backend could not run
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.method.startswith("[")
+
+
+@dataclass
+class Case:
+    model: str
+    preset: str
+    devices: int
+    batch: int
+    build_seconds: float
+    rows: list[Row] = field(default_factory=list)
+    summary: str = ""
+    flagged: bool = False  # a proven additive optimum simulates slower than a baseline
+    seconds: float = 0.0
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = OneLineArgumentParser(
         prog="python -m experiments.compare",
-        description="Compare the parallelization strategies of every backend and the expert "
-        "baselines on models x device presets: one table, plus JSON/CSV (and a plot) in a "
-        "results folder. Exit status 1 when backends disagree, 2 on bad input.",
+        description="Compare every backend and the expert baselines on models x device "
+        "presets under one wall-clock budget: a table per setting with both objectives "
+        "(additive, simulated), a legend and a summary; results.json, results.csv, a plot "
+        "and the plans in a results folder. Exit status 1 when backends disagree, 2 on bad "
+        "input.",
     )
-    p.add_argument(
-        "--models", nargs="+", default=QUICK_MODELS, help=f"zoo models (default {QUICK_MODELS})"
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--quick",
+        dest="mode",
+        action="store_const",
+        const="quick",
+        help=f"the default: {_mode_help('quick')}; about 2 minutes on 2 cores",
     )
-    p.add_argument(
-        "--presets",
-        nargs="+",
-        default=QUICK_PRESETS,
-        help=f"device presets (default {QUICK_PRESETS})",
+    mode.add_argument(
+        "--full",
+        dest="mode",
+        action="store_const",
+        const="full",
+        help=f"the comparison of docs/compare.md: {_mode_help('full')}",
     )
+    p.add_argument("--models", nargs="+", help="zoo models (default: the mode's)")
+    p.add_argument("--presets", nargs="+", help="device presets (default: the mode's)")
     p.add_argument("--backends", nargs="+", default=None, help="default: every registered one")
     p.add_argument(
         "--objective",
         default="additive",
         choices=["additive", "makespan"],
-        help="additive: OptCNN Eq. 1 (default); makespan: simulated iteration time",
+        help="what the backends minimize: additive = OptCNN Eq. 1 (default); makespan = "
+        "FlexFlow's simulated iteration time",
     )
     p.add_argument(
         "--time-limit",
         type=positive_seconds,
-        default=10.0,
-        help="seconds per backend run (default 10)",
+        default=None,
+        help="wall-clock seconds per backend run, the same for all (default: the mode's)",
     )
     p.add_argument("--seed", type=nonnegative_int, default=0, help="random seed (default 0)")
     p.add_argument(
-        "--batch", type=positive_int, default=None, help="global batch (default per model)"
+        "--threads", type=positive_int, default=1, help="solver threads, every backend (default 1)"
+    )
+    p.add_argument(
+        "--batch", type=positive_int, default=None, help="global batch (default: the model's)"
     )
     p.add_argument("--max-configs", type=positive_int, default=None, help="cap on configs per op")
     p.add_argument(
         "--out", type=Path, default=Path("results"), help="results folder (default results/)"
     )
     p.add_argument("--no-plot", action="store_true", help="skip the speedup plot")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.mode = args.mode or "quick"
+    for key, value in MODES[args.mode].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def _mode_help(mode: str) -> str:
+    m = MODES[mode]
+    return f"{', '.join(m['models'])} on {', '.join(m['presets'])}, {m['time_limit']:g} s each"
 
 
 def check_args(args: argparse.Namespace) -> list[Any]:
@@ -109,55 +194,81 @@ def check_args(args: argparse.Namespace) -> list[Any]:
     return [get_backend(n) for n in (args.backends or backend_names())]
 
 
-def run(args: argparse.Namespace, console: Console) -> list[Row]:
+def run(args: argparse.Namespace, console: Console, folder: Path | None = None) -> list[Case]:
+    """Every case, with one progress line per finished case; each answer's plan file goes to
+    `folder`/plans when a folder is given."""
     from planner.graph.zoo import model_graph
     from planner.hardware.presets import get_preset
     from planner.problems.problem import build_problem
 
     backends = check_args(args)
-    opts = SolveOptions(objective=args.objective, time_limit=args.time_limit, seed=args.seed)
-    rows: list[Row] = []
-    cases = [(m, p) for m in args.models for p in args.presets]
+    opts = SolveOptions(
+        objective=args.objective, time_limit=args.time_limit, seed=args.seed, threads=args.threads
+    )
+    cases: list[Case] = []
+    todo = [(m, p) for m in args.models for p in args.presets]
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("comparing", total=len(cases))
-        for model, preset in cases:
+        task = progress.add_task("comparing", total=len(todo))
+        for model, preset in todo:
+            t0 = time.perf_counter()
             progress.update(task, description=f"{model} on {preset}: building cost tables")
             graph = model_graph(model, batch=args.batch)
             devices = get_preset(preset)
             problem = build_problem(graph, devices, max_configs=args.max_configs)
-            case_rows = _baseline_rows(model, preset, problem, args.objective)
+            batch = graph.ops[0].output.size("sample")
+            case = Case(model, preset, devices.num_devices, batch, problem.stats["build_seconds"])
+            times = baseline_times(problem)
+            case.rows = _baseline_rows(model, preset, problem, times, args.objective)
             warm = _additive_optimum(problem) if args.objective == "makespan" else None
             for backend in backends:
                 progress.update(task, description=f"{model} on {preset}: {backend.name}")
-                row = _solve_row(model, preset, problem, backend, replace(opts, warm_start=warm))
-                case_rows.append(row)
-            _judge(case_rows)
-            rows.extend(case_rows)
+                opts_k = replace(opts, warm_start=warm)
+                case.rows.append(_solve_row(model, preset, problem, backend, opts_k, times))
+            judge(case.rows)
+            if folder is not None:
+                write_plans(folder, case, problem, args.objective, args.batch)
+            case.seconds = time.perf_counter() - t0
+            case.summary, case.flagged = summary(case, args.objective, args.time_limit)
+            cases.append(case)
+            console.print(_progress_line(case))
             progress.advance(task)
-    return rows
+    return cases
 
 
-def _baseline_rows(model: str, preset: str, problem: Any, objective: str) -> list[Row]:
-    """The expert strategies (planner.problems.baselines) scored under `objective`."""
+def _progress_line(case: Case) -> str:
+    found = [r for r in case.rows if not r.is_baseline and r.objective is not None]
+    if not found:
+        best = "no backend found an answer"
+    else:
+        b = min(found, key=lambda r: (r.objective, r.search_seconds or 0.0))
+        best = f"best {b.method} ({b.status}, {b.search_seconds or 0:.2f} s)"
+    return (
+        f"done {case.model} on {case.preset} ({case.devices} devices): {best}; "
+        f"case {case.seconds:.1f} s"
+    )
+
+
+def _baseline_rows(
+    model: str, preset: str, problem: Any, times: dict[str, BaselineTime], objective: str
+) -> list[Row]:
+    """The expert strategies, scored under both objectives."""
     rows = []
-    for name in applicable(problem.graph):
-        method = f"[{name}]"
-        try:
-            choices = problem.choices_of(BASELINES[name](problem.graph, problem.devices))
-        except LayerwiseError:
-            continue  # not in the (capped) config space
-        try:
-            value = evaluate_objective(problem, choices, objective)
-        except BackendError as exc:
-            rows.append(Row(model, preset, method, "cannot run", None, None, None, None, str(exc)))
-            continue
-        simulated = _simulated(problem, choices)
-        rows.append(Row(model, preset, method, "baseline", value, None, None, None, "", simulated))
+    for name, b in times.items():
+        additive = evaluate_objective(problem, b.choices, "additive")
+        value = additive if objective == "additive" else b.simulated
+        rows.append(
+            Row(
+                model,
+                preset,
+                f"[{name}]",
+                "baseline",
+                value,
+                simulated=b.simulated,
+                additive=additive,
+                choices=list(b.choices),
+            )
+        )
     return rows
-
-
-def _simulated(problem: Any, choices: tuple[int, ...] | None) -> float | None:
-    return None if choices is None else evaluate_objective(problem, choices, "makespan")
 
 
 def _additive_optimum(problem: Any) -> tuple[int, ...] | None:
@@ -168,34 +279,55 @@ def _additive_optimum(problem: Any) -> tuple[int, ...] | None:
         return None
 
 
-def _solve_row(model: str, preset: str, problem: Any, backend: Any, opts: SolveOptions) -> Row:
+def _solve_row(
+    model: str,
+    preset: str,
+    problem: Any,
+    backend: Any,
+    opts: SolveOptions,
+    times: dict[str, BaselineTime],
+) -> Row:
     try:
         result = backend.solve(problem, opts)
     except BackendError as exc:
-        return Row(model, preset, backend.name, "cannot run", None, None, None, None, str(exc))
+        return Row(model, preset, backend.name, "cannot run", note=str(exc))
     status = result.status.value + (f"/{result.limit.value}" if result.limit else "")
-    return Row(
+    row = Row(
         model,
         preset,
         backend.name,
         status,
         result.objective,
-        None,
-        result.stats.get("search_seconds"),
-        result.gap,
-        "",
-        _simulated(problem, result.choices),
+        search_seconds=result.stats.get("search_seconds"),
+        gap=result.gap,
+        bound=result.bound,
     )
+    if result.choices is None:
+        return row
+    rec = recommend(problem, result, opts.objective, times)
+    decision = rec.stats["recommendation"]
+    row.choices = list(result.choices)
+    row.simulated = decision["simulated"]
+    row.additive = (
+        result.objective
+        if opts.objective == "additive"
+        else evaluate_objective(problem, result.choices, "additive")
+    )
+    row.recommended = decision["to"] if decision["switched"] else "same"
+    row.recommended_simulated = (
+        times[decision["to"]].simulated if decision["switched"] else row.simulated
+    )
+    return row
 
 
-def _judge(rows: list[Row]) -> None:
+def judge(rows: list[Row]) -> None:
     """Speedups over data parallelism and agreement verdicts for the rows of one case.
 
     Proven optima (status OPTIMAL) must agree to RTOL: if they do not, every OPTIMAL row is
     "DISAGREES" (which proof is wrong is not known). No answer may be below the smallest
     proven optimum ("BELOW PROVEN OPTIMUM"); other answers get their excess over it.
     """
-    dp = next((r.objective for r in rows if r.method == "[data_parallel]"), None)
+    dp = next((r for r in rows if r.method == "[data_parallel]"), None)
     proven = [
         r.objective for r in rows if r.status.startswith("OPTIMAL") and r.objective is not None
     ]
@@ -204,60 +336,91 @@ def _judge(rows: list[Row]) -> None:
     for r in rows:
         if r.objective is None:
             continue
-        if dp:
-            r.speedup = dp / r.objective if r.objective > 0 else None
+        if dp is not None:
+            r.speedup = _ratio(dp.objective, r.objective)
+            r.additive_speedup = _ratio(dp.additive, r.additive)
+            r.simulated_speedup = _ratio(dp.simulated, r.simulated)
         if optimum is None or r.verdict:
             continue
         if r.status.startswith("OPTIMAL"):
             r.verdict = "agrees" if agree else "DISAGREES"
         elif r.objective < optimum * (1 - RTOL):
             r.verdict = "BELOW PROVEN OPTIMUM"
+        elif r.objective <= optimum * (1 + RTOL):
+            r.verdict = "= optimum"
         elif optimum > 0:
-            r.verdict = f"+{(r.objective / optimum - 1) * 100:.1f}% vs optimum"
+            r.verdict = f"+{(r.objective / optimum - 1) * 100:.1f}%"
 
 
-def table(rows: list[Row], objective: str) -> Table:
-    t = Table(
-        title=f"layerwise: per-iteration time searched under the {objective} objective (time), "
-        "every strategy also simulated (FlexFlow); analytic cost model"
-    )
-    for col in (
-        "model",
-        "devices",
-        "method",
-        "status",
-        "time (ms)",
-        "simulated (ms)",
-        "speedup vs DP",
-        "search (s)",
-        "gap",
-        "verdict",
-    ):
-        t.add_column(
-            col,
-            justify="right"
-            if col in ("time (ms)", "simulated (ms)", "speedup vs DP", "search (s)", "gap")
-            else "left",
+def _ratio(base: float | None, value: float | None) -> float | None:
+    if base is None or value is None or not value > 0:
+        return None
+    return base / value
+
+
+# -- results --------------------------------------------------------------------------------
+
+
+def write_plans(folder: Path, case: Case, problem: Any, objective: str, batch: int | None) -> None:
+    """Every answer of `case` as a strategy file (what `python -m planner plan -o` writes), so
+    `python -m planner evaluate FILE` re-scores it without this run."""
+    cm = problem.cost_model
+    cost = {**dataclasses.asdict(cm.options), "source": cm.source}
+    model = {"name": case.model, "batch": batch, "kwargs": {}, "coarsen": True}
+    plans = folder / "plans"
+    plans.mkdir(exist_ok=True)
+    for r in case.rows:
+        if r.choices is None:
+            continue
+        name = f"{case.model}-{case.preset}-{r.method.strip('[]')}.json"
+        extra = {
+            "method": r.method,
+            "status": r.status,
+            "objective_kind": objective,
+            "objective": r.objective,
+            "bound": r.bound,
+            "additive": r.additive,
+            "makespan": r.simulated,
+            "cost": cost,
+        }
+        data = problem.strategy(r.choices).to_json(model=model, extra=extra)
+        (plans / name).write_text(json.dumps(data))
+        r.plan = f"plans/{name}"
+
+
+def save(cases: list[Case], info: dict[str, Any], folder: Path, make_plot: bool) -> None:
+    """results.json, results.csv and the plot in the run's folder."""
+    data = {
+        "format": RESULTS_FORMAT,
+        "version": RESULTS_VERSION,
+        "run": info,
+        "cases": [_record(c) for c in cases],
+    }
+    # strict JSON: a gap over a zero bound is null (the bound says why), never Infinity
+    (folder / "results.json").write_text(json.dumps(data, indent=1, allow_nan=False))
+    flat = [row for case in data["cases"] for row in case["rows"]]
+    with open(folder / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(flat[0]) if flat else ["model"])
+        w.writeheader()
+        w.writerows(
+            {k: json.dumps(v) if isinstance(v, list) else v for k, v in r.items()} for r in flat
         )
-    for r in rows:
-        cells = (
-            r.model,
-            r.preset,
-            r.method,
-            r.status,
-            f"{r.objective * 1e3:.3f}" if r.objective is not None else "-",
-            f"{r.simulated * 1e3:.3f}" if r.simulated is not None else "-",
-            f"{r.speedup:.2f}x" if r.speedup else "-",
-            f"{r.search_seconds:.3f}" if r.search_seconds is not None else "-",
-            f"{r.gap:.2%}" if r.gap is not None else "-",
-            r.verdict,
-        )
-        # Text, not markup: "[data_parallel]" is a method name, not a rich style tag.
-        t.add_row(*(Text(c, style="bold red" if c in PROBLEM_VERDICTS else "") for c in cells))
-    return t
+    if make_plot and flat:
+        plot(cases, folder / "speedup.png")
 
 
-def save(rows: list[Row], out: Path, plot: bool) -> Path:
+def _record(case: Case) -> dict[str, Any]:
+    def finite(row: Row) -> dict[str, Any]:
+        d = dataclasses.asdict(row)
+        return {
+            k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()
+        }
+
+    out = {k: v for k, v in dataclasses.asdict(case).items() if k != "rows"}
+    return {**out, "rows": [finite(r) for r in case.rows]}
+
+
+def new_folder(out: Path) -> Path:
     stamp = time.strftime("compare-%Y%m%d-%H%M%S")
     folder = out / stamp
     k = 1
@@ -265,58 +428,32 @@ def save(rows: list[Row], out: Path, plot: bool) -> Path:
         k += 1
         folder = out / f"{stamp}-{k}"
     folder.mkdir(parents=True)
-    data = [dataclasses.asdict(r) for r in rows]
-    (folder / "results.json").write_text(json.dumps(data, indent=1))
-    with open(folder / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(data[0]) if data else ["model"])
-        w.writeheader()
-        w.writerows(data)
-    if plot and rows:
-        _plot(rows, folder / "speedup.png")
     return folder
-
-
-def _plot(rows: list[Row], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cases = list(dict.fromkeys((r.model, r.preset) for r in rows))
-    methods = list(dict.fromkeys(r.method for r in rows))
-    fig, ax = plt.subplots(figsize=(max(6, len(cases) * 1.2), 4))
-    width = 0.8 / max(1, len(methods))
-    for k, m in enumerate(methods):
-        vals = []
-        for c in cases:
-            r = next((r for r in rows if (r.model, r.preset) == c and r.method == m), None)
-            vals.append(r.speedup if r and r.speedup else 0.0)
-        ax.bar([i + k * width for i in range(len(cases))], vals, width, label=m)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))])
-    ax.set_xticklabels([f"{m}\n{p}" for m, p in cases], fontsize=7)
-    ax.set_ylabel("speedup over data parallelism")
-    ax.axhline(1.0, color="grey", lw=0.5)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     if not console.is_terminal:
-        console.width = max(console.width, 160)  # a log file gets the whole table
+        console.width = max(console.width, 120)  # a log file gets the whole table
     try:
         args = parse_args(argv)
-        rows = run(args, console)
-        console.print(table(rows, args.objective))
-        folder = save(rows, args.out, not args.no_plot)
+        info = run_info("experiments.compare", argv, args)
+        check_args(args)
+        folder = new_folder(args.out)
+        cases = run(args, console, folder)
+        for t in tables(cases, args.objective, args.time_limit):
+            console.print(t)
+        console.print(legend(args.objective))
+        save(cases, finish(info), folder, not args.no_plot)
     except (LayerwiseError, OSError) as exc:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         print(f"error: {lines[0] if lines else type(exc).__name__}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # a second Ctrl-C (the first stops the running search)
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     console.print(f"results written to {folder}")
-    bad = [r for r in rows if r.verdict in PROBLEM_VERDICTS]
+    bad = [r for c in cases for r in c.rows if r.verdict in PROBLEM_VERDICTS]
     if bad:
         console.print(f"[red]{len(bad)} disagreement(s) between backends[/red]")
         return EXIT_DISAGREEMENT

@@ -1,0 +1,283 @@
+"""`python -m experiments.flexflow_throughput`: FlexFlow's per-iteration comparison (Sec. 8.2).
+
+FlexFlow (Jia et al., SysML 2019) Sec. 8.1-8.2.1: AlexNet, Inception-v3, ResNet-101, RNNTC,
+RNNLM and NMT, synchronous training, "a batch size of 64 for all DNN benchmarks, except for
+AlexNet, which uses a batch size of 256"; P100 nodes of 4 GPUs (NVLink in a node, EDR
+InfiniBand between) and K80 nodes of 4 up to 64 GPUs. Figure 7 compares the training
+throughput of data parallelism, the expert-designed strategies (OWT for CNNs, GNMT-style
+layers-on-GPUs for RNNs) and FlexFlow's MCMC search; the text quotes 1.3-3.3x over the
+baselines (ResNet-101: about the same as data parallelism) and, on 16 P100s, 1.2-1.6x over
+OptCNN's strategies except for AlexNet and ResNet-101 (the same strategy).
+
+Ours: the same models and batches on `p100-Nx4` (or `--cluster k80`) presets of 4 to 64
+GPUs; data parallelism, the expert strategy, `elimination` (OptCNN's additive optimum,
+re-simulated: "layer-wise") and `mcmc` on the simulated iteration time (time-limited, warm
+started from the elimination answer). Throughput = global batch / simulated iteration time.
+Whether FlexFlow's 64 is per GPU or global is not said; `--batch-mode per-gpu` (default, as
+OptCNN's 32 per GPU and the papers' linear "ideal" lines suggest) or `global`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from backends import SolveOptions
+from experiments.runinfo import finish, load_line, recorded_args, run_info
+from experiments.throughput import (
+    Point,
+    Setting,
+    baseline_point,
+    build,
+    fmt,
+    load_results,
+    lookup,
+    plot_throughput,
+    ratio,
+    result_point,
+    save_results,
+    solve,
+)
+from planner.cli import OneLineArgumentParser, nonnegative_int, positive_int, positive_seconds
+from planner.errors import LayerwiseError
+
+MODELS = ["alexnet", "inception_v3", "resnet101", "rnntc", "rnnlm", "nmt"]
+GPUS = [4, 8, 16, 32, 64]
+BATCH = {"alexnet": 256}  # FlexFlow Sec. 8.1; every other model 64
+DEFAULT_BATCH = 64
+STRATEGIES = ["data_parallel", "expert", "layer-wise", "mcmc"]
+# FlexFlow Sec. 8.2.1 / 8.2.3 (the figure's bars are not in the text).
+PAPER_OVER_BASELINES = {"resnet101": "about 1x"}  # every other model: 1.3-3.3x
+PAPER_OVER_OPTCNN = {"alexnet": "same", "resnet101": "same"}  # others: 1.2-1.6x, 16 P100s
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+NAME = "flexflow_throughput"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = OneLineArgumentParser(
+        prog="python -m experiments.flexflow_throughput",
+        description="FlexFlow Sec. 8.2: throughput of data parallelism, the expert strategy, "
+        "OptCNN's layer-wise optimum and MCMC on 4-64 GPUs, beside FlexFlow's speedups.",
+    )
+    p.add_argument("--models", nargs="+", default=MODELS, help=f"default {' '.join(MODELS)}")
+    p.add_argument(
+        "--gpus", nargs="+", type=positive_int, default=GPUS, help="default 4 8 16 32 64"
+    )
+    p.add_argument("--cluster", choices=["p100", "k80"], default="p100", help="nodes of 4 GPUs")
+    p.add_argument(
+        "--batch-mode",
+        choices=["per-gpu", "global"],
+        default="per-gpu",
+        help="FlexFlow's batch (64, AlexNet 256) per GPU (default) or for the whole machine",
+    )
+    p.add_argument("--batch", type=positive_int, help="another batch for every model")
+    p.add_argument("--sync", choices=["ring", "ps"], default="ring", help="parameter sync model")
+    p.add_argument(
+        "--batch-norm",
+        choices=["sync", "local"],
+        default="sync",
+        help="sync: statistics exchanged across a sample split (default); local: per device",
+    )
+    p.add_argument(
+        "--time-limit", type=positive_seconds, default=30.0, help="mcmc's budget per setting (s)"
+    )
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="mcmc's seed (default 0)")
+    p.add_argument(
+        "--max-configs",
+        type=positive_int,
+        default=96,
+        help="above 16 GPUs, until the mesh space lands: configs per op kept (default 96)",
+    )
+    p.add_argument("--out", type=Path, default=Path("results"), help="results folder")
+    p.add_argument("--plot", type=Path, help="write the figure here (default: results folder)")
+    p.add_argument(
+        "--from-results",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="print and plot a finished run's results.json again (its own settings), "
+        "computing nothing",
+    )
+    args = p.parse_args(argv)
+    from planner.graph.zoo import MODELS as ZOO
+
+    unknown = [m for m in args.models if m not in ZOO]
+    if unknown:
+        raise LayerwiseError(f"unknown model(s) {unknown}; available: {', '.join(ZOO)}")
+    bad = [g for g in args.gpus if g > 4 and g % 4]
+    if bad:
+        raise LayerwiseError(f"--gpus {bad}: above 4, GPUs come in nodes of 4 (8, 12, 16, ...)")
+    return args
+
+
+def batch_of(args: argparse.Namespace, model: str, gpus: int) -> int:
+    base = args.batch or BATCH.get(model, DEFAULT_BATCH)
+    return base * gpus if args.batch_mode == "per-gpu" else base
+
+
+def run(args: argparse.Namespace, console: Console) -> tuple[list[Setting], list[Point]]:
+    settings, points = [], []
+    with console.status("") as status:
+        for model in args.models:
+            for gpus in sorted(args.gpus):
+                status.update(f"{model} on {gpus} GPUs: building cost tables")
+                problem, setting = build(
+                    model,
+                    gpus,
+                    batch_of(args, model, gpus),
+                    args.cluster,
+                    args.sync,
+                    args.batch_norm,
+                    args.max_configs,
+                )
+                settings.append(setting)
+                expert = "expert" if any(op.kind == "lstm" for op in problem.graph.ops) else "owt"
+                new = [baseline_point(problem, setting, "data_parallel", "simulated")]
+                new.append(_renamed(baseline_point(problem, setting, expert, "simulated")))
+                status.update(f"{model} on {gpus} GPUs: elimination")
+                optimum = solve(problem, "elimination", SolveOptions(time_limit=args.time_limit))
+                new.append(result_point(problem, setting, "layer-wise", optimum, "simulated"))
+                status.update(f"{model} on {gpus} GPUs: mcmc for {args.time_limit:g} s")
+                warm = None if isinstance(optimum, str) else optimum.choices
+                opts = SolveOptions(
+                    objective="makespan",
+                    time_limit=args.time_limit,
+                    seed=args.seed,
+                    warm_start=warm,
+                )
+                mcmc = solve(problem, "mcmc", opts)
+                new.append(result_point(problem, setting, "mcmc", mcmc, "simulated"))
+                points += new
+                console.print(_line(setting, new))
+    return settings, points
+
+
+def _renamed(p: Point) -> Point:
+    """The expert strategy under one name ("expert"), whichever baseline it is."""
+    from dataclasses import replace
+
+    return replace(p, strategy="expert", note=p.strategy)
+
+
+def _line(setting: Setting, new: list[Point]) -> str:
+    dp, mcmc = new[0], new[-1]
+    return (
+        f"done {setting.model} on {setting.gpus} GPUs ({setting.preset}, batch {setting.batch}, "
+        f"{setting.space} space): mcmc {fmt(ratio(mcmc.throughput, dp.throughput), '.2f', 'x')} "
+        f"over data parallelism ({mcmc.status}, {fmt(mcmc.search_seconds, '.1f')} s)"
+    )
+
+
+def throughput_table(points: list[Point], models: list[str], gpus: list[int]) -> Table:
+    t = Table(title="Training throughput (samples/s, simulated)", title_justify="left")
+    t.add_column("model")
+    t.add_column("GPUs", justify="right")
+    for s in STRATEGIES:
+        t.add_column(s, justify="right")
+    t.add_column("mcmc / DP", justify="right")
+    t.add_column("mcmc / expert", justify="right")
+    t.add_column("mcmc / layer-wise", justify="right")
+    for model in models:
+        for g in sorted(gpus):
+            thr = {s: getattr(lookup(points, model, g, s), "throughput", None) for s in STRATEGIES}
+            t.add_row(
+                model,
+                str(g),
+                *(fmt(thr[s], ".0f") for s in STRATEGIES),
+                fmt(ratio(thr["mcmc"], thr["data_parallel"]), ".2f", "x"),
+                fmt(ratio(thr["mcmc"], thr["expert"]), ".2f", "x"),
+                fmt(ratio(thr["mcmc"], thr["layer-wise"]), ".2f", "x"),
+            )
+    return t
+
+
+def paper_table(points: list[Point], models: list[str], gpus: list[int]) -> Table:
+    """Ours (best searched strategy over the best baseline, range over the GPU counts; over
+    layer-wise at 16 GPUs) beside FlexFlow's text."""
+    t = Table(title="Ours beside FlexFlow Sec. 8.2", title_justify="left")
+    for col in (
+        "model",
+        "best searched / best baseline",
+        "paper",
+        "mcmc / layer-wise, 16 GPUs",
+        "paper (vs OptCNN)",
+    ):
+        t.add_column(col, justify="left" if col == "model" else "right")
+    for model in models:
+        gains = []
+        for g in gpus:
+            base = [lookup(points, model, g, s) for s in ("data_parallel", "expert")]
+            found = [lookup(points, model, g, s) for s in ("layer-wise", "mcmc")]
+            best_base = max((p.throughput for p in base if p and p.throughput), default=None)
+            best_found = max((p.throughput for p in found if p and p.throughput), default=None)
+            gain = ratio(best_found, best_base)
+            if gain is not None:
+                gains.append(gain)
+        mcmc16 = lookup(points, model, 16, "mcmc")
+        lw16 = lookup(points, model, 16, "layer-wise")
+        span = f"{min(gains):.2f}-{max(gains):.2f}x" if gains else "-"
+        t.add_row(
+            model,
+            span,
+            PAPER_OVER_BASELINES.get(model, "1.3-3.3x"),
+            fmt(ratio(mcmc16 and mcmc16.throughput, lw16 and lw16.throughput), ".2f", "x"),
+            PAPER_OVER_OPTCNN.get(model, "1.2-1.6x"),
+        )
+    return t
+
+
+def _setting(args: argparse.Namespace) -> str:
+    batch = f"{args.batch}" if args.batch else "64 (alexnet 256)"
+    return (
+        f"{args.cluster} nodes of 4, batch {batch} {args.batch_mode.replace('-', ' ')}, "
+        f"{args.sync} sync, {args.batch_norm} batch norm, mcmc {args.time_limit:g} s seed "
+        f"{args.seed}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 130)
+    try:
+        args = parse_args(argv)
+        if args.from_results:
+            info, settings, points = load_results(args.from_results, NAME)
+            args = recorded_args(args, info)
+            folder = args.from_results.parent
+        else:
+            info = run_info(f"experiments.{NAME}", argv, args)
+            settings, points = run(args, console)
+            info = finish(info)
+            folder = save_results(NAME, args.out, info, settings, points)
+        console.print(throughput_table(points, args.models, args.gpus))
+        console.print(paper_table(points, args.models, args.gpus))
+        console.print(f"setting: {_setting(args)}; {load_line(info)}")
+        spaces = sorted({s.space for s in settings if s.space != "full"})
+        if spaces:
+            console.print(f"config space above 16 GPUs: {', '.join(spaces)}")
+        plot_throughput(
+            points,
+            args.models,
+            STRATEGIES,
+            args.plot or folder / f"{NAME}.png",
+            f"FlexFlow Sec. 8.2 setting: {_setting(args)}",
+            ideal_from="data_parallel",
+        )
+    except (LayerwiseError, OSError) as exc:
+        print(f"error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # a second Ctrl-C (the first stops the running search)
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    console.print(f"results in {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

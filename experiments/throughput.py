@@ -1,0 +1,271 @@
+"""Shared by the paper reproductions (experiments.optcnn_fig7, experiments.flexflow_throughput):
+build a problem at a paper's setting, score named strategies under both objectives, and turn
+a simulated iteration time into training throughput (samples per second).
+
+A strategy's throughput is its global batch over its simulated iteration time (FlexFlow's
+simulator, planner/sim); `score="additive"` uses OptCNN's Eq. 1 instead (what OptCNN's
+Table 4 compares with measured step times). Expert strategies are scored straight from
+their configs (`planner.problems.evaluate.score_strategy`, `planner.sim.simulate`), so they
+need not be in a capped config space.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from backends import BackendError, SolveOptions, SolveResult, get_backend
+from backends.base import evaluate_objective
+from planner.costs.config import ParallelConfig
+from planner.costs.costmodel import CostModel, CostOptions
+from planner.problems.baselines import BASELINES
+from planner.problems.problem import Problem
+
+FULL_SPACE_MAX_DEVICES = 16  # above this the full config space is too slow to build today
+
+
+class LocalBatchNormCostModel(CostModel):
+    """Batch norm with per-device statistics, as frameworks ran it in 2018 (OptCNN, FlexFlow):
+    no statistics exchange is priced (t_c) or simulated. The default `CostModel` synchronizes
+    them so that any split trains like one device (docs/cost_model.md)."""
+
+    def norm_groups(self, i: int, cfg: ParallelConfig) -> list[list[int]] | None:
+        return None
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Where a problem comes from: a zoo model at a global batch on a device preset."""
+
+    model: str
+    gpus: int
+    preset: str
+    batch: int
+    sync: str = "ring"
+    batch_norm: str = "sync"  # "local": LocalBatchNormCostModel
+    space: str = "full"  # what config space was searched (see `build`)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One strategy at one setting: both objectives (seconds) and the throughput."""
+
+    model: str
+    gpus: int
+    strategy: str
+    additive: float | None
+    simulated: float | None
+    throughput: float | None  # samples per second, from the score chosen by the experiment
+    search_seconds: float | None = None
+    status: str = ""
+    note: str = ""
+
+
+def preset_for(gpus: int, cluster: str = "p100", per_node: int = 4) -> str:
+    """1, 2, 4 GPUs on one node; more on nodes of `per_node` (OptCNN's and FlexFlow's
+    clusters): 8 GPUs = 2 nodes, 16 = 4 nodes, 64 = 16 nodes."""
+    if gpus <= per_node:
+        return f"{cluster}-1x{gpus}"
+    if gpus % per_node:
+        raise ValueError(f"{gpus} GPUs is not a whole number of {per_node}-GPU nodes")
+    return f"{cluster}-{gpus // per_node}x{per_node}"
+
+
+def build(
+    model: str,
+    gpus: int,
+    batch: int,
+    cluster: str = "p100",
+    sync: str = "ring",
+    batch_norm: str = "sync",
+    max_configs: int = 96,
+) -> tuple[Problem, Setting]:
+    """The problem of `model` at global `batch` on `gpus` GPUs of `cluster`.
+
+    Up to 16 devices the full config space; above, `space="auto"` where `build_problem`
+    accepts it (the mesh space for large clusters), else the first `max_configs` configs per
+    op in the space's order (the most parallel ones): the Setting says which.
+    """
+    from planner.graph.zoo import model_graph
+    from planner.hardware.presets import get_preset
+    from planner.problems.problem import build_problem
+
+    preset = preset_for(gpus, cluster)
+    graph = model_graph(model, batch=batch)
+    devices = get_preset(preset)
+    model_class = LocalBatchNormCostModel if batch_norm == "local" else CostModel
+    cm = model_class(graph, devices, CostOptions(sync=sync))  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    space = "full"
+    if devices.num_devices > FULL_SPACE_MAX_DEVICES:
+        if "space" in inspect.signature(build_problem).parameters:
+            kwargs["space"], space = "auto", "auto"
+        else:
+            kwargs["max_configs"], space = max_configs, f"first {max_configs} configs per op"
+    problem = build_problem(graph, devices, cm, **kwargs)
+    return problem, Setting(model, gpus, preset, batch, sync, batch_norm, space)
+
+
+def score_baseline(problem: Problem, name: str) -> tuple[float, float]:
+    """(additive, simulated) seconds of an expert strategy, from its configs."""
+    from planner.problems.evaluate import score_strategy
+    from planner.sim.simulator import simulate
+
+    assert problem.graph is not None and problem.devices is not None
+    assert problem.cost_model is not None
+    strategy = BASELINES[name](problem.graph, problem.devices)
+    return score_strategy(problem.cost_model, strategy).total, simulate(
+        problem.cost_model, strategy
+    ).makespan
+
+
+def solve(problem: Problem, backend: str, options: SolveOptions) -> SolveResult | str:
+    """A backend's result, or why it cannot run."""
+    try:
+        return get_backend(backend).solve(problem, options)
+    except BackendError as exc:
+        return str(exc)
+
+
+def result_point(
+    problem: Problem, setting: Setting, name: str, result: SolveResult | str, score: str
+) -> Point:
+    """A backend's answer as a Point (both objectives re-scored by planner's evaluators)."""
+    if isinstance(result, str) or result.choices is None:
+        note = result if isinstance(result, str) else f"no answer ({result.status.value})"
+        return Point(setting.model, setting.gpus, name, None, None, None, note=note)
+    additive = evaluate_objective(problem, result.choices, "additive")
+    simulated = evaluate_objective(problem, result.choices, "makespan")
+    status = result.status.value + (f"/{result.limit.value}" if result.limit else "")
+    return Point(
+        setting.model,
+        setting.gpus,
+        name,
+        additive,
+        simulated,
+        throughput(setting.batch, additive if score == "additive" else simulated),
+        result.stats.get("search_seconds"),
+        status,
+    )
+
+
+def baseline_point(problem: Problem, setting: Setting, name: str, score: str) -> Point:
+    additive, simulated = score_baseline(problem, name)
+    value = additive if score == "additive" else simulated
+    return Point(
+        setting.model, setting.gpus, name, additive, simulated, throughput(setting.batch, value)
+    )
+
+
+def throughput(batch: int, seconds: float | None) -> float | None:
+    return None if seconds is None or not seconds > 0 else batch / seconds
+
+
+def lookup(points: Sequence[Point], model: str, gpus: int, strategy: str) -> Point | None:
+    return next(
+        (p for p in points if (p.model, p.gpus, p.strategy) == (model, gpus, strategy)), None
+    )
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or not b > 0 else a / b
+
+
+def fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:{spec}}{suffix}"
+
+
+def save_results(
+    name: str, out: Path, info: dict[str, Any], settings: list[Setting], points: list[Point]
+) -> Path:
+    """results/<name>-<time>/results.json with the run's provenance, settings and points."""
+    stamp = time.strftime(f"{name}-%Y%m%d-%H%M%S")
+    folder = out / stamp
+    k = 1
+    while folder.exists():
+        k += 1
+        folder = out / f"{stamp}-{k}"
+    folder.mkdir(parents=True)
+    data = {
+        "format": f"layerwise.{name}",
+        "version": 1,
+        "run": info,
+        "settings": [asdict(s) for s in settings],
+        "points": [asdict(p) for p in points],
+    }
+    (folder / "results.json").write_text(json.dumps(data, indent=1))
+    return folder
+
+
+def load_results(path: Path, name: str) -> tuple[dict[str, Any], list[Setting], list[Point]]:
+    """The run info, settings and points of a results.json that `save_results(name, ...)`
+    wrote, to print and plot a finished run again without computing it."""
+    from planner.errors import LayerwiseError, read_json
+
+    data = read_json(path, "results", LayerwiseError)
+    if not isinstance(data, dict) or data.get("format") != f"layerwise.{name}":
+        raise LayerwiseError(f"{path} is not a results file of experiments.{name}")
+    try:
+        settings = [Setting(**s) for s in data["settings"]]
+        points = [Point(**p) for p in data["points"]]
+    except (KeyError, TypeError) as exc:
+        raise LayerwiseError(f"{path} is malformed: {exc}") from None
+    return data.get("run", {}), settings, points
+
+
+def plot_throughput(
+    points: Sequence[Point],
+    models: Sequence[str],
+    strategies: Sequence[str],
+    path: Path,
+    title: str,
+    ideal_from: str | None = None,
+    score: str = "simulated",
+) -> None:
+    """Throughput against GPUs on log-log axes (linear scaling is a straight line), one panel
+    per model, one line per strategy; `ideal_from` draws linear scaling from that strategy's
+    smallest setting (the papers' red / dashed lines)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(3, len(models))
+    rows = math.ceil(len(models) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    for ax in axes.flat[len(models) :]:
+        ax.set_visible(False)
+    for ax, model in zip(axes.flat, models, strict=False):
+        gpus = sorted({p.gpus for p in points if p.model == model})
+        for s in strategies:
+            ys = [getattr(lookup(points, model, g, s), "throughput", None) for g in gpus]
+            xs = [g for g, y in zip(gpus, ys, strict=True) if y is not None]
+            if xs:
+                ax.plot(xs, [y for y in ys if y is not None], marker="o", ms=3, label=s)
+        if ideal_from is not None and gpus:
+            first = lookup(points, model, gpus[0], ideal_from)
+            if first is not None and first.throughput is not None:
+                base = first.throughput / gpus[0]
+                ax.plot(gpus, [base * g for g in gpus], "r--", lw=0.8, label="linear scaling")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(gpus)
+        ax.set_xticklabels([str(g) for g in gpus])
+        ax.minorticks_off()
+        ax.set_title(model, fontsize=9)
+        ax.set_xlabel("GPUs", fontsize=8)
+        ax.set_ylabel(f"samples / s ({score} time)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,105 @@
+"""backends.recommend: never recommend a strategy the simulator says is slower than a baseline."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cache
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backends import SolveOptions, SolveResult, Status, get_backend
+from backends.base import evaluate_objective
+from backends.recommend import baseline_times, is_switched, recommend
+from planner.graph.zoo import model_graph
+from planner.hardware.presets import get_preset
+from planner.problems.baselines import data_parallel
+from planner.problems.costtable import random_problem
+from planner.problems.problem import Problem, build_problem
+
+
+@cache
+def problem(model: str, preset: str) -> Problem:
+    return build_problem(model_graph(model), get_preset(preset))
+
+
+def test_lenet5_on_four_p100s_recommends_data_parallelism() -> None:
+    """The issue's case: elimination's additive optimum simulates slower than data
+    parallelism, so the recommendation is data parallelism, and the optimum is kept."""
+    p = problem("lenet5", "p100-1x4")
+    optimum = get_backend("elimination").solve(p, SolveOptions())
+    dp = p.choices_of(data_parallel(p.graph, p.devices))  # type: ignore[arg-type]
+    simulated_optimum = evaluate_objective(p, optimum.choices, "makespan")  # type: ignore[arg-type]
+    simulated_dp = evaluate_objective(p, dp, "makespan")
+    assert optimum.status is Status.OPTIMAL and simulated_dp < simulated_optimum
+
+    rec = recommend(p, optimum)
+    assert is_switched(rec)
+    assert rec.choices == dp and rec.strategy == p.strategy(dp)
+    assert rec.status is Status.FEASIBLE and rec.limit is None  # no longer the optimum
+    assert rec.objective == pytest.approx(evaluate_objective(p, dp, "additive"), rel=1e-12)
+    assert rec.bound == optimum.bound and rec.gap == pytest.approx(
+        rec.objective / optimum.bound - 1
+    )
+    decision = rec.stats["recommendation"]
+    assert decision["to"] == "data_parallel" and "data_parallel simulates at" in decision["reason"]
+    assert decision["simulated"] == pytest.approx(simulated_optimum, rel=1e-12)
+    searched = rec.stats["searched"]
+    assert searched["choices"] == list(optimum.choices)  # type: ignore[arg-type]
+    assert searched["status"] == "OPTIMAL" and searched["objective"] == optimum.objective
+    assert searched["additive"] == pytest.approx(optimum.objective, rel=1e-12)
+    assert searched["simulated"] == pytest.approx(simulated_optimum, rel=1e-12)
+    assert rec.stats["search_seconds"] == optimum.stats["search_seconds"]  # stats kept
+
+
+def test_an_answer_faster_than_every_baseline_is_kept() -> None:
+    p = problem("lenet5", "p100-2x4")
+    optimum = get_backend("elimination").solve(p, SolveOptions())
+    rec = recommend(p, optimum)
+    assert not is_switched(rec)
+    assert dataclasses.replace(rec, stats=optimum.stats) == optimum
+    decision = rec.stats["recommendation"]
+    assert decision["reason"] == "no baseline simulates faster"
+    assert decision["simulated"] < min(decision["baselines"].values())
+
+
+def test_the_makespan_objective_reuses_the_answers_simulated_time() -> None:
+    p = problem("lenet5", "p100-1x4")
+    result = get_backend("baselines").solve(p, SolveOptions(objective="makespan"))
+    rec = recommend(p, result, "makespan", baseline_times(p))
+    assert not is_switched(rec)  # the best baseline under the simulator: nothing is faster
+    assert rec.stats["recommendation"]["simulated"] == result.objective
+
+
+def test_cost_table_problems_and_missing_answers_are_left_alone() -> None:
+    p = random_problem(6, 3, seed=1)
+    result = get_backend("search").solve(p, SolveOptions())
+    rec = recommend(p, result)
+    assert not is_switched(rec) and rec.choices == result.choices
+    assert "cost-table problem" in rec.stats["recommendation"]["reason"]
+    none = SolveResult("x", Status.NO_SOLUTION)
+    assert recommend(problem("lenet5", "p100-1x4"), none).choices is None
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_the_recommendation_never_simulates_slower_than_a_baseline(data: st.DataObject) -> None:
+    """Any answer (random choices, under either objective): what is recommended simulates no
+    slower than the answer and than every applicable baseline."""
+    preset = data.draw(st.sampled_from(["p100-1x2", "p100-1x4", "p100-2x2"]))
+    p = problem("lenet5", preset)
+    choices = tuple(data.draw(st.integers(0, n - 1)) for n in p.sizes)
+    objective = data.draw(st.sampled_from(["additive", "makespan"]))
+    value = evaluate_objective(p, choices, objective)
+    result = SolveResult("random", Status.FEASIBLE, choices, value, strategy=p.strategy(choices))
+    times = baseline_times(p)
+    rec = recommend(p, result, objective, times)
+    assert rec.choices is not None
+    simulated = evaluate_objective(p, rec.choices, "makespan")
+    assert simulated <= evaluate_objective(p, choices, "makespan") * (1 + 1e-12)
+    assert all(simulated <= b.simulated * (1 + 1e-12) for b in times.values())
+    assert rec.objective == pytest.approx(evaluate_objective(p, rec.choices, objective), rel=1e-12)
+    if is_switched(rec):
+        assert rec.choices in [b.choices for b in times.values()]
+        assert rec.stats["searched"]["choices"] == list(choices)

@@ -129,7 +129,11 @@ class PlanResult:
         }
         if self.message:
             out["message"] = self.message
-        return {k: finite_or_none(v) for k, v in out.items()}
+        out = {k: finite_or_none(v) for k, v in out.items()}
+        for key in ("recommendation", "searched"):  # what the re-rank rule decided
+            if key in s:
+                out[key] = _strict(s[key])
+        return out
 
     def to_json(self) -> dict[str, Any]:
         """The plan file: a strategy file (docs/strategy.md) with the summary and the cost
@@ -169,6 +173,7 @@ PHASES = (
     "encode_seconds",
     "search_seconds",
     "rescore_seconds",
+    "recommend_seconds",
     "total_seconds",
 )
 ALWAYS = ("build_seconds", "search_seconds", "total_seconds")
@@ -200,6 +205,7 @@ def plan(
     sync: str | None = None,
     max_configs: int | None = None,
     backend_options: Mapping[str, Any] | None = None,
+    recommend: bool = True,
     **build_options: Any,
 ) -> PlanResult:
     """Find a parallelization strategy for `model` on `devices` with `backend`.
@@ -213,7 +219,11 @@ def plan(
     Eq. 1) or "makespan" (FlexFlow's simulated iteration time). time_limit: seconds for the
     whole call, capture and build included. memory_limit: None, "device" or bytes per
     device. cost: "analytic" or "measured" (profiled: `python -m planner profile`); sync:
-    "ring" or "ps". Further keyword arguments go to `build_problem` unchanged.
+    "ring" or "ps". recommend: never return a strategy that FlexFlow's simulator says is
+    slower than an expert baseline (docs/compare.md): when one is faster it is returned
+    instead, status FEASIBLE, and the searched answer stays in `stats["searched"]`;
+    `stats["recommendation"]` says what was decided (False: the searched answer, always).
+    Further keyword arguments go to `build_problem` unchanged.
     """
     start = time.perf_counter()
     _check_call(objective, time_limit, seed, build_options)
@@ -254,11 +264,22 @@ def plan(
     result = solver.solve(problem, options)
     solve_seconds = time.perf_counter() - t0
     search = float(result.stats.get("search_seconds", solve_seconds))
+    recommend_seconds = 0.0
+    if recommend and problem.cost_model is not None and result.has_solution:
+        from backends.recommend import recommend as rerank
+
+        t1 = time.perf_counter()
+        result = rerank(problem, result, objective)
+        recommend_seconds = time.perf_counter() - t1
+        decision = result.stats["recommendation"]
+        if decision.get("switched"):
+            log.warning("recommending %s: %s", decision["to"], decision["reason"])
     stats = {
         **result.stats,
         **phases,
         "search_seconds": search,
         "rescore_seconds": max(0.0, solve_seconds - search),
+        "recommend_seconds": recommend_seconds,
         "total_seconds": time.perf_counter() - start,
     }
     log.info(

@@ -270,6 +270,13 @@ def build_parser(prog: str = "python -m planner") -> argparse.ArgumentParser:
     p.add_argument("--cost", choices=["analytic", "measured"], help="cost model (default analytic)")
     p.add_argument("-o", "--output", type=Path, help="write the plan (a strategy file) here")
     p.add_argument(
+        "--no-recommend",
+        action="store_true",
+        help="return the searched answer even when an expert baseline simulates faster "
+        "(default: recommend that baseline instead; the searched answer stays in the plan "
+        "file under 'searched')",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="print exactly one JSON object on stdout (status, objective, bound, gap, phase "
@@ -540,6 +547,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         memory_limit=args.memory_limit,
         cost=args.cost or "analytic",
         sync=args.sync,
+        recommend=not args.no_recommend,
         **model_options,
     )
     summary = result.summary()

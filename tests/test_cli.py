@@ -25,6 +25,7 @@ from planner.graph.zoo import MODELS, model_graph
 from planner.hardware.devices import DeviceGraph
 from planner.hardware.presets import get_preset
 from planner.problems.costtable import load_problem, random_problem, save_problem
+from planner.problems.baselines import data_parallel
 from planner.problems.evaluate import additive_cost
 from planner.problems.strategy import load_strategy
 
@@ -146,7 +147,9 @@ def test_plan_a_model_writes_a_strategy_that_evaluate_rescores(
     code, out, err = run(
         capsys, "plan", *MODEL, *DEVICES, "--backend", "baselines", "-o", str(plan_path), "--json"
     )
-    assert code == 0 and err.strip() == f"plan written to {plan_path}"
+    lines = err.strip().splitlines()
+    assert code == 0 and lines[-1] == f"plan written to {plan_path}"
+    assert all("recommending data_parallel" in line for line in lines[:-1])  # the re-rank rule
     printed = only_json(out)
     saved = json.loads(plan_path.read_text())
     for key in ("status", "objective", "bound", "backend", "search_seconds", "total_seconds"):
@@ -506,3 +509,25 @@ def test_the_layerwise_console_script_is_the_same_cli(capsys: pytest.CaptureFixt
         main(["--help"], prog="layerwise")
     assert capsys.readouterr().out.startswith("usage: layerwise")
     assert console_main.__doc__ and "layerwise" in console_main.__doc__
+
+
+# -- the re-rank rule -------------------------------------------------------------------------
+
+
+def test_plan_recommends_a_baseline_that_simulates_faster(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """lenet5 on 4 P100s: the additive optimum simulates slower than data parallelism, so
+    `plan` recommends data parallelism and keeps the searched optimum in the plan file."""
+    path = tmp_path / "plan.json"
+    argv = ["plan", "lenet5", "--devices", "p100-1x4", "--backend", "elimination", "--json"]
+    s = only_json(ok(capsys, *argv, "-o", str(path)))
+    assert s["recommendation"]["switched"] and s["recommendation"]["to"] == "data_parallel"
+    assert s["status"] == "FEASIBLE" and s["searched"]["status"] == "OPTIMAL"
+    assert s["searched"]["simulated"] > s["recommendation"]["baselines"]["data_parallel"]
+    strategy, _ = load_strategy(path)
+    dp = data_parallel(strategy.graph, strategy.devices)
+    assert strategy.configs == dp.configs
+    raw = only_json(ok(capsys, *argv, "--no-recommend"))
+    assert "recommendation" not in raw and raw["status"] == "OPTIMAL"
+    assert raw["objective"] == pytest.approx(s["searched"]["objective"], rel=1e-12)

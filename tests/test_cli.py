@@ -24,8 +24,8 @@ from planner.graph.opgraph import OpGraph
 from planner.graph.zoo import MODELS, model_graph
 from planner.hardware.devices import DeviceGraph
 from planner.hardware.presets import get_preset
-from planner.problems.costtable import load_problem, random_problem, save_problem
 from planner.problems.baselines import data_parallel
+from planner.problems.costtable import load_problem, random_problem, save_problem
 from planner.problems.evaluate import additive_cost
 from planner.problems.strategy import load_strategy
 

@@ -349,21 +349,25 @@ class CostModel:
         return tables.table(cu, cv)
 
     def node_signature(self, i: int) -> tuple[Any, ...]:
-        """Everything op i's node and memory tables depend on (ops with equal signatures and
-        equal config lists have equal tables): shapes, work, parameters, attributes, the
-        folded functions and which inputs are data, never names."""
-        op = self.graph.ops[i]
-        inputs = tuple(
-            (self.graph.op(n).output, self.graph.op(n).kind == "input") for n in op.inputs
-        )
-        attrs = tuple((k, v) for k, v in op.attrs if k != "fused")  # names of folded ops
-        params = tuple((p.shape, p.dtype_bytes) for p in op.params)
-        return (op.kind, op.output, params, op.flops, op.mem_bytes, inputs, attrs,
-                fused_ops(op), self._share(op))  # fmt: skip
+        """Everything op i's node and memory tables depend on (`node_signature`)."""
+        return node_signature(self.graph, i, self._share(self.graph.ops[i]))
 
     def edge_signature(self, edge: Edge) -> EdgeGeometry:
         """Everything `edge`'s t_x table depends on besides the two config lists."""
         return self.edge_geometry(edge)
+
+
+def node_signature(graph: OpGraph, i: int, share: int = 1) -> tuple[Any, ...]:
+    """Everything op i's node and memory tables depend on, besides its configs: ops with
+    equal signatures and equal config lists have equal tables. Shapes, work, parameter shapes,
+    attributes, the folded functions, which inputs are data and the shared-group size; never
+    names (the `fused` attribute lists the folded ops' names)."""
+    op = graph.ops[i]
+    inputs = tuple((graph.op(n).output, graph.op(n).kind == "input") for n in op.inputs)
+    attrs = tuple((k, v) for k, v in op.attrs if k != "fused")
+    params = tuple((p.shape, p.dtype_bytes) for p in op.params)
+    return (op.kind, op.output, params, op.flops, op.mem_bytes, inputs, attrs, fused_ops(op),
+            share)  # fmt: skip
 
 
 def _boxes(sizes: tuple[int, ...], degrees: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:

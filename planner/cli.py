@@ -192,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--sync", choices=["ring", "ps"], help="parameter sync model (default ring)")
     p.add_argument("--cost", choices=["analytic", "measured"], help="cost model (default analytic)")
+    _space_args(p)
     p.add_argument("-o", "--output", type=Path, help="write the plan (a strategy file) here")
 
     p = sub.add_parser(
@@ -222,7 +223,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-configs", type=positive_int, help="cap on candidate configs per op (>= 1)"
     )
+    p.add_argument(
+        "--space",
+        choices=["full", "mesh"],
+        default="full",
+        help="config space whose task shapes to measure (default full, which covers mesh)",
+    )
     return parser
+
+
+def _table_budget(text: str) -> float:
+    from planner.problems.sizes import parse_bytes
+
+    try:
+        return float(parse_bytes(text))
+    except LayerwiseError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _space_args(p: argparse.ArgumentParser) -> None:
+    """plan's config-space options (docs/space.md)."""
+    p.add_argument(
+        "--space",
+        choices=["auto", "full", "mesh"],
+        help="config space: full (every config), mesh (structured, homogeneous clusters), "
+        "auto (full when small, else mesh; the default)",
+    )
+    p.add_argument(
+        "--max-split-dims", type=positive_int, help="at most this many split dims per op"
+    )
+    p.add_argument(
+        "--table-budget",
+        type=_table_budget,
+        help="memory the cost tables may take, e.g. 4GiB (the default) or 16GiB",
+    )
 
 
 # -- loading user input ---------------------------------------------------------------------
@@ -266,7 +300,15 @@ def _graph_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise UsageError(f"--set batch must be a positive integer, got {batch!r}")
     _check_model_kwargs(args.model, kwargs)
-    graph = model_graph(args.model, batch=batch, coarsen=not args.no_coarsen, **kwargs)
+    if batch is not None and batch >= 2**60:  # 4-byte samples past 2^62 bytes: int64 overflow
+        raise UsageError(f"--batch {batch} is beyond 64-bit tensor sizes: use a smaller batch")
+    try:
+        graph = model_graph(args.model, batch=batch, coarsen=not args.no_coarsen, **kwargs)
+    except (RuntimeError, OverflowError) as exc:  # e.g. torch: sizes beyond 64 bits
+        raise LayerwiseError(
+            f"model {args.model!r} cannot be captured with batch {batch}: {_one_line(exc)} "
+            "(use a smaller batch)"
+        ) from None
     model = {
         "name": args.model,
         "batch": batch,
@@ -392,6 +434,9 @@ def _check_plan_args(args: argparse.Namespace) -> None:
                 ("--memory-limit", args.memory_limit),
                 ("--sync", args.sync),
                 ("--cost", args.cost),
+                ("--space", args.space),
+                ("--max-split-dims", args.max_split_dims),
+                ("--table-budget", args.table_budget),
             )
             if value is not None
         ]
@@ -419,7 +464,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         problem = load_problem(args.problem)
     else:
         from planner.hardware.presets import load_devices
+        from planner.problems.sizes import DEFAULT_TABLE_BUDGET, check_devices_spec
 
+        budget = args.table_budget or DEFAULT_TABLE_BUDGET
+        check_devices_spec(args.devices, budget)
         devices = load_devices(args.devices)
         if args.graph:
             from planner.graph.opgraph import OpGraph
@@ -429,7 +477,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         else:
             graph, model = _graph_from_args(args)
         cm = _cost_model(graph, devices, {"sync": args.sync or "ring"}, args.cost or "analytic")
-        problem = build_problem(graph, devices, cm, args.max_configs, args.memory_limit)
+        problem = build_problem(
+            graph,
+            devices,
+            cm,
+            args.max_configs,
+            args.memory_limit,
+            space=args.space or "auto",
+            table_budget=budget,
+            max_split_dims=args.max_split_dims,
+        )
     result = backend.solve(problem, options)
     out = {
         "status": result.status.value,
@@ -441,6 +498,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "objective_kind": args.objective,
         "search_seconds": result.stats.get("search_seconds"),
         "build_seconds": problem.stats.get("build_seconds"),
+        "space": problem.space_kind,
     }
     if result.choices is None:
         print(json.dumps(out))
@@ -452,6 +510,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return EXIT_NO_SOLUTION
     cm = problem.cost_model
     if result.strategy is not None and cm is not None:
+        from planner.problems.sizes import check_strategy_memory
+
+        check_strategy_memory(cm, result.strategy)  # a plan the devices cannot hold is an error
         cost = {**dataclasses.asdict(cm.options), "source": cm.source}
         data = result.strategy.to_json(model=model, extra={**out, "cost": cost})
         _print_plan(out, result.strategy.describe())
@@ -517,7 +578,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     graph, _ = _graph_from_args(args)
     devices = load_devices(args.devices)
-    path = profile_graph(graph, devices, repeats=args.repeats, max_configs=args.max_configs)
+    path = profile_graph(
+        graph, devices, repeats=args.repeats, max_configs=args.max_configs, space=args.space
+    )
     print(f"measured costs cached in {path}")
     return 0
 

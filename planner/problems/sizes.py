@@ -38,7 +38,7 @@ DEFAULT_TABLE_BUDGET = 4 * GiB
 # `space="auto"` takes the full space when its tables would need at most this many bytes and
 # its estimated build time is at most AUTO_FULL_SECONDS, else the mesh space.
 AUTO_FULL_BYTES = 256 * 2**20
-AUTO_FULL_SECONDS = 20.0
+AUTO_FULL_SECONDS = 30.0
 SPACES = ("auto", "full", "mesh")
 INT64_BYTES = 2**62  # largest tensor (in bytes) whose offsets, halos and products fit int64
 

@@ -31,9 +31,11 @@
 OptCNN's objective (Eq. 1) is the sum of t_c + t_s over ops and t_x over edges
 (`planner.problems.evaluate`, `Problem`); the simulator (`planner.sim.simulator`) uses the same task times.
 
-`edge_table` and `node_table` build the cost tables for all config pairs at once (vectorized
-per dimension and per group of partitions); `transfer_time` is an independent, direct
-task-by-task computation for one config pair, used to re-score strategies and in tests.
+`edge_table` and `node_table` build the cost tables for all configs and config pairs
+(`planner.costs.transfer`: per hierarchy level from interval intersections on a homogeneous
+cluster, task pair by task pair per partition pair elsewhere; docs/cost_model.md);
+`transfer_time` is an independent, direct task-pair computation for one config pair, used to
+re-score strategies and in tests.
 """
 
 from __future__ import annotations

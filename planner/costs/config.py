@@ -262,6 +262,7 @@ class ConfigSpace:
         host_ids = {h: i for i, h in enumerate(dict.fromkeys(host_names))}
         self._hosts = [host_ids[h] for h in host_names]
         self._sets: dict[int, np.ndarray] = {}
+        self._tuples: dict[int, list[tuple[int, ...]]] = {}
         self._cache: dict[Any, OpConfigs] = {}
 
     def describe(self) -> dict[str, Any]:
@@ -282,6 +283,11 @@ class ConfigSpace:
                 self._sets[k] = device_sets(self.num_devices, k, self._hosts)
             self._sets[k].setflags(write=False)
         return self._sets[k]
+
+    def _set_tuples(self, k: int) -> list[tuple[int, ...]]:
+        if k not in self._tuples:
+            self._tuples[k] = [tuple(row) for row in self._device_sets(k).tolist()]
+        return self._tuples[k]
 
     @cached_property
     def ops(self) -> tuple[OpConfigs, ...]:
@@ -321,15 +327,17 @@ class ConfigSpace:
             k = math.prod(part)
             structured = self.max_split_dims is None or _splits(part) <= self.max_split_dims
             sets = self._device_sets(k) if structured else np.zeros((0, k), dtype=np.int64)
-            have = {tuple(int(d) for d in row) for row in sets}
-            more = [s for s in extra.get(part, []) if s not in have]
+            rows = self._set_tuples(k) if structured else []
+            more = [s for s in extra.get(part, []) if s not in set(rows)]
             if more:
                 sets = np.concatenate([sets, np.array(more, dtype=np.int64)])
                 sets.setflags(write=False)
+                rows = rows + more
             if self.max_configs is not None:
                 sets = sets[: self.max_configs - len(configs)]
+                rows = rows[: len(sets)]
             idx = np.arange(len(configs), len(configs) + len(sets))
-            configs.extend(ParallelConfig(part, tuple(int(d) for d in row)) for row in sets)
+            configs.extend(ParallelConfig(part, row) for row in rows)
             groups.append((part, sets, idx))
         return OpConfigs(tuple(configs), tuple(groups))
 

@@ -292,7 +292,9 @@ class EdgeTables:
             for d in range(len(geom.maps)):
                 if refs[d] >= 0:
                     widths, codes[d] = np.unique(cv.width[:, refs[d]], return_inverse=True)
-                    sums[d] = _IntervalSums(geom.maps[d], p1[d], p2[d], widths)
+                    sums[d] = _IntervalSums(
+                        geom.maps[d], p1[d], p2[d], widths, geom.out_sizes[refs[d]]
+                    )
             for vc, uc in _pair_chunks(len(cv.lays), len(members), k):
                 gid = [g[uc].ravel() for g in gids]
                 picked = {d: sums[d].pick(codes[d][vc], uc) for d in sums}
@@ -378,9 +380,13 @@ class _IntervalSums:
     """For producer intervals P = [p1, p2) along one tensor dim (arrays (B, k)) and consumers
     whose output cells of width w need [j cell + a, j cell + b) (cell = w x stride), the sum
     over consumer indices j in [j0, j1) of |P ∩ needed(j)| and how many j meet P. The parts
-    that do not depend on [j0, j1) (the divisions) are computed once per distinct width."""
+    that do not depend on [j0, j1) are computed once per distinct width: the divisions, and
+    where the needed intervals overlap (halos), prefix sums over j (few: window dims are the
+    spatial ones, split a few ways)."""
 
-    def __init__(self, m: DimMap, p1: np.ndarray, p2: np.ndarray, widths: np.ndarray):
+    def __init__(
+        self, m: DimMap, p1: np.ndarray, p2: np.ndarray, widths: np.ndarray, out_size: int
+    ):
         a, b = _affine(m)
         cell = (widths * _scale(m))[:, None, None]  # (W, 1, 1)
         self.a, self.b, self.cell = a, cell - _scale(m) + b, cell
@@ -389,9 +395,32 @@ class _IntervalSums:
         # Consumer indices whose needed interval meets P: [first, stop), per width (W, B, k).
         self.first = (p1 - self.b) // cell + 1
         self.stop = -((a - p2) // cell)
-        if not self.tiles:  # where the interval's end passes p2, where its start reaches p1
-            self.end_cut = (p2 - self.b) // cell + 1
-            self.start_cut = -((a - p1) // cell)
+        self.prefix: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        if not self.tiles:
+            self._prefix_sums(out_size // widths)
+
+    def _prefix_sums(self, degrees: np.ndarray) -> None:
+        """sums[offset[w] + task * (h_w + 1) + j] = sum of the overlaps of consumer indices
+        0 .. j-1 (h_w = the consumer's degree for width w), and the same for counts."""
+        sums, counts, offsets = [], [], []
+        at = 0
+        for w, h in enumerate(degrees.tolist()):
+            j = np.arange(h)
+            start = j * self.cell[w, 0, 0] + self.a
+            end = j * self.cell[w, 0, 0] + self.b[w, 0, 0]
+            ov = np.minimum(end, self.p2[..., None]) - np.maximum(start, self.p1[..., None])
+            np.maximum(ov, 0, out=ov)  # (B, k, h)
+            zero = np.zeros((*ov.shape[:-1], 1), dtype=np.int64)
+            sums.append(np.concatenate([zero, ov.cumsum(axis=-1)], axis=-1).ravel())
+            counts.append(np.concatenate([zero, (ov > 0).cumsum(axis=-1)], axis=-1).ravel())
+            offsets.append(at)
+            at += sums[-1].size
+        self.prefix = (
+            np.concatenate(sums),
+            np.concatenate(counts),
+            np.array(offsets, dtype=np.int64),
+            degrees.astype(np.int64) + 1,
+        )
 
     def pick(self, codes: np.ndarray, tasks: slice) -> _Picked:
         """The rows for consumer configs of width codes `codes` and producer configs `tasks`:
@@ -400,17 +429,22 @@ class _IntervalSums:
         def rows(x: np.ndarray) -> np.ndarray:
             return x[codes][:, tasks].reshape(len(codes), -1)
 
-        cell = self.cell[codes, 0]  # (c, 1)
+        base = None
+        if self.prefix is not None:
+            _, _, offsets, stride = self.prefix
+            k = self.p1.shape[1]
+            flat = np.arange(*tasks.indices(self.p1.shape[0]))[:, None] * k + np.arange(k)
+            base = offsets[codes][:, None] + flat.ravel()[None, :] * stride[codes][:, None]
         return _Picked(
             p1=self.p1[tasks].ravel(),
             p2=self.p2[tasks].ravel(),
             a=self.a,
-            b=self.b[codes, 0],
-            cell=cell,
+            cell=self.cell[codes, 0],  # (c, 1)
             first=rows(self.first),
             stop=rows(self.stop),
-            end_cut=None if self.tiles else rows(self.end_cut),
-            start_cut=None if self.tiles else rows(self.start_cut),
+            base=base,
+            sums=None if self.prefix is None else self.prefix[0],
+            counts=None if self.prefix is None else self.prefix[1],
         )
 
 
@@ -419,29 +453,27 @@ class _Picked:
     p1: np.ndarray
     p2: np.ndarray
     a: int
-    b: np.ndarray
     cell: np.ndarray
     first: np.ndarray
     stop: np.ndarray
-    end_cut: np.ndarray | None
-    start_cut: np.ndarray | None
+    base: np.ndarray | None  # (c, m) offsets into the prefix sums (overlapping windows)
+    sums: np.ndarray | None
+    counts: np.ndarray | None
 
     def at(self, j0: np.ndarray | int, j1: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
         """(sum, count) for consumer index ranges [j0, j1) (broadcast to (c, m))."""
-        if self.end_cut is None:  # the needed intervals tile: intersect P with their union
+        if self.base is None:  # the needed intervals tile: intersect P with their union
             x1 = np.maximum(self.p1, j0 * self.cell + self.a)
             x2 = np.minimum(self.p2, j1 * self.cell + self.a)
             x2 -= x1
             n = np.minimum(j1, self.stop) - np.maximum(j0, self.first)
             return np.maximum(x2, 0, out=x2), np.maximum(n, 0, out=n)
-        assert self.start_cut is not None
-        lo = np.maximum(j0, self.first)
-        hi = np.maximum(np.minimum(j1, self.stop), lo)
-        cut = np.clip(self.end_cut, lo, hi)
-        ends = _arith(lo, cut, self.cell, self.b) + self.p2 * (hi - cut)
-        cut = np.clip(self.start_cut, lo, hi)
-        starts = self.p1 * (cut - lo) + _arith(cut, hi, self.cell, self.a)
-        return ends - starts, hi - lo
+        assert self.sums is not None and self.counts is not None
+        i0, i1 = self.base + j0, self.base + j1
+        return (
+            np.take(self.sums, i1) - np.take(self.sums, i0),
+            np.take(self.counts, i1) - np.take(self.counts, i0),
+        )
 
 
 class _Side:
@@ -502,12 +534,6 @@ def _pair_chunks(na: int, nb: int, k: int) -> Iterator[tuple[slice, slice]]:
     for b in range(0, nb, step_b):
         for a in range(0, na, step_a):
             yield slice(a, a + step_a), slice(b, b + step_b)
-
-
-def _arith(x: np.ndarray, y: np.ndarray, delta: np.ndarray, c: int | np.ndarray) -> np.ndarray:
-    """sum_{j = x}^{y - 1} (j delta + c), for y >= x."""
-    n = y - x
-    return n * c + delta * (n * (x + y - 1) // 2)
 
 
 def _set_chunks(nu: int, nv: int, pair_size: int) -> Iterator[tuple[slice, slice]]:

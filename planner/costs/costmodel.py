@@ -272,39 +272,26 @@ class CostModel:
     # -- t_x (direct, task by task) -------------------------------------------------------
 
     def transfer_time(self, edge: Edge, cu: ParallelConfig, cv: ParallelConfig) -> float:
-        """t_x of one edge for one config pair, computed task pair by task pair (vectorized
-        over the pairs, in chunks of consumer tasks)."""
+        """t_x of one edge for one config pair, computed task pair by task pair over the pairs
+        whose regions overlap (vectorized; independent of the tables' per-level sums)."""
         src, dst = self.graph.ops[edge.src], self.graph.ops[edge.dst]
         maps = self.graph.input_maps(edge)
         nbytes = src.output.dtype_bytes * self.edge_components(edge)
-        plo, phi = _boxes(src.output.sizes, cu.degrees)  # (k_u, n)
-        dp = np.asarray(cu.devices, dtype=np.int64)
-        dq_all = np.asarray(cv.devices, dtype=np.int64)
         olo, ohi = _boxes(dst.output.sizes, cv.degrees)
-        nlo, nhi = _needs(maps, src.output.sizes, dst.output.dims, olo, ohi)
-        fwd = np.zeros(len(dq_all))
-        bwd = np.zeros(len(dp))
-        step = max(1, (1 << 22) // max(1, len(dp) * max(1, len(maps))))
-        for a in range(0, len(dq_all), step):
-            dq, q = dq_all[a : a + step], slice(a, a + step)
-            top = np.minimum(phi[:, None, :], nhi[None, q, :])
-            bot = np.maximum(plo[:, None, :], nlo[None, q, :])
-            vol = np.prod(np.maximum(top - bot, 0), axis=2, dtype=np.float64)  # (k_u, chunk)
-            send = (vol > 0) & (dp[:, None] != dq[None, :])
-            b = np.where(send, vol * nbytes, 0.0)
-            there = (
-                b * self.inv_bw[dp[:, None], dq[None, :]]
-                + send * self.msg_cost[dp[:, None], dq[None, :]]
-            )
-            back = (
-                b * self.inv_bw[dq[None, :], dp[:, None]]
-                + send * self.msg_cost[dq[None, :], dp[:, None]]
-            )
-            fwd[q] = there.sum(axis=0)
-            bwd += back.sum(axis=1)
-        # Receivers are devices: each config has one task per device, so tasks = receivers.
-        backward = 0.0 if src.kind == "input" else float(bwd.max(initial=0.0))
-        return float(fwd.max(initial=0.0)) + backward
+        nlo, nhi = _needs(maps, src.output.sizes, dst.output.dims, olo, ohi)  # (k_v, n)
+        q, p, vol = _overlapping_pairs(src.output.sizes, cu.degrees, nlo, nhi)
+        dp = np.asarray(cu.devices, dtype=np.int64)[p]
+        dq = np.asarray(cv.devices, dtype=np.int64)[q]
+        far = dp != dq  # transfers between tasks on the same device are free
+        q, p, dp, dq, b = q[far], p[far], dp[far], dq[far], vol[far] * nbytes
+        # Each config has one task per device: the receiving tasks are the receiving devices.
+        there = b * self.inv_bw[dp, dq] + self.msg_cost[dp, dq]
+        fwd = np.bincount(q, weights=there, minlength=cv.num_tasks)
+        if src.kind == "input":  # data gets no gradient
+            return float(fwd.max(initial=0.0))
+        back = b * self.inv_bw[dq, dp] + self.msg_cost[dq, dp]
+        bwd = np.bincount(p, weights=back, minlength=cu.num_tasks)
+        return float(fwd.max(initial=0.0)) + float(bwd.max(initial=0.0))
 
     def edge_components(self, edge: Edge) -> int:
         """Tensors an edge carries: 2 for an LSTM step's state (h and c, the same box, sent
@@ -370,6 +357,29 @@ def node_signature(graph: OpGraph, i: int, share: int = 1) -> tuple[Any, ...]:
     params = tuple((p.shape, p.dtype_bytes) for p in op.params)
     return (op.kind, op.output, params, op.flops, op.mem_bytes, inputs, attrs, fused_ops(op),
             share)  # fmt: skip
+
+
+def _overlapping_pairs(
+    sizes: tuple[int, ...], degrees: tuple[int, ...], nlo: np.ndarray, nhi: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every (consumer task, producer task) pair whose producer box (equal partition of
+    `sizes` by `degrees`) overlaps the consumer's needed box [nlo, nhi) (k_v, n), with the
+    overlap volume: the producer cells each needed range meets, enumerated per consumer."""
+    width = np.asarray(sizes, dtype=np.int64) // np.asarray(degrees, dtype=np.int64)
+    c1 = nlo // width
+    c2 = np.where(nhi > nlo, -(-nhi // width), c1)  # an empty need meets nothing
+    span = c2 - c1
+    counts = np.prod(span, axis=1)
+    q = np.repeat(np.arange(len(nlo)), counts)
+    rank = np.arange(len(q)) - np.repeat(np.cumsum(counts) - counts, counts)
+    idx = np.empty((len(q), len(sizes)), dtype=np.int64)
+    for d in range(len(sizes) - 1, -1, -1):  # row-major digits of the rank within the box
+        idx[:, d] = c1[q, d] + rank % span[q, d]
+        rank //= span[q, d]
+    top = np.minimum((idx + 1) * width, nhi[q])
+    vol = np.prod(top - np.maximum(idx * width, nlo[q]), axis=1, dtype=np.float64)
+    p = np.ravel_multi_index(tuple(idx.T), degrees) if len(sizes) else np.zeros_like(q)
+    return q, p, vol
 
 
 def _boxes(sizes: tuple[int, ...], degrees: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:

@@ -503,21 +503,15 @@ class _Side:
     ) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]], list[np.ndarray]]:
         """Per depth 1 .. levels: the index ranges' lo and hi per dim, (C, groups) contiguous
         arrays, and whether each group holds a task (C, groups) as 0/1 floats."""
-        lo, hi, occupied = [], [], []
+        lo: list[list[np.ndarray]] = []
+        hi: list[list[np.ndarray]] = []
+        occupied: list[np.ndarray] = []
         for level in range(levels):
             r = self.group_ranges(level)
             lo.append([np.ascontiguousarray(r[..., d, 0]) for d in range(r.shape[2])])
             hi.append([np.ascontiguousarray(r[..., d, 1]) for d in range(r.shape[2])])
-            occupied.append((r[..., 1] > r[..., 0]).all(axis=-1).astype(np.float64))
+            occupied.append(np.asarray((r[..., 1] > r[..., 0]).all(axis=-1), dtype=np.float64))
         return lo, hi, occupied
-
-    def group_boxes(self, level: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Element boxes [lo, hi) per device group at depth level + 1, (C, groups, n) each,
-        and whether each group holds a task (C, groups)."""
-        rng = self.group_ranges(level)
-        w = self.width[:, None, :]
-        occupied = (rng[..., 1] > rng[..., 0]).all(axis=-1).astype(np.float64)
-        return rng[..., 0] * w, rng[..., 1] * w, occupied
 
 
 def _tiles(m: DimMap) -> bool:

@@ -221,11 +221,11 @@ def build_problem(
     edges, edge_cost = [], []
     tables: dict[Any, np.ndarray] = {}
     for k, e in enumerate(graph.edges):
-        key = (cm.edge_signature(e), id(cspace[e.src]), id(cspace[e.dst]))
-        if key not in tables:
-            tables[key] = _frozen(cm.edge_table(e, cspace[e.src], cspace[e.dst]))
+        edge_key = (cm.edge_signature(e), id(cspace[e.src]), id(cspace[e.dst]))
+        if edge_key not in tables:
+            tables[edge_key] = _frozen(cm.edge_table(e, cspace[e.src], cspace[e.dst]))
         edges.append((e.src, e.dst))
-        edge_cost.append(tables[key])
+        edge_cost.append(tables[edge_key])
         if progress is not None:
             progress(k + 1, len(graph.edges))
     intervals = np.array([[i, 2 * n - i] for i in range(n)], dtype=np.int64)

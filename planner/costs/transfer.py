@@ -22,8 +22,10 @@ interval intersections. Backward, a producer task p receives from the consumer t
 group: they form a box of the consumer's degree grid, and the sum over it of p's overlaps
 with their needed boxes is a product over dimensions of sums over an index range of
 |P ∩ [j delta + a, j delta + b)| (a needed interval moves by a fixed step per consumer index:
-'same', 'offset' and 'window' maps alike), which has a closed form. A config pair then costs
-O(tasks x levels x dims), not O(tasks^2).
+'same', 'offset' and 'window' maps alike): one interval intersection when the needed
+intervals tile, a difference of prefix sums over j when windows overlap (halos). A config
+pair then costs O(tasks x levels x dims), not O(tasks^2); the work is vectorized over config
+pairs in cache-sized chunks, and the divisions are done once per distinct width.
 
 **Dense path.** Elsewhere (no hierarchy, or a block not aligned with its degrees) the bytes
 between every task pair of one partition pair are computed and combined per device set,

@@ -291,6 +291,7 @@ def choose_space(
             f"{devices.name!r} is not one: use space='full' (--space full)"
         )
     sigs = [cost_model.node_signature(i) for i in range(len(graph.ops))]
+    edge_sigs = [cost_model.edge_signature(e) for e in graph.edges]
     hosts = len({d.host for d in devices.devices})
     level_sizes = hierarchy.sizes if hierarchy is not None else None
 
@@ -298,8 +299,9 @@ def choose_space(
         seeds = len(BASELINES) if kind == "mesh" else 0
         split = max_split_dims if kind == "mesh" or max_split_dims is not None else None
         return sizes.estimate(
-            graph, devices.num_devices, kind, level_sizes, hosts, split, max_configs, seeds, sigs
-        )
+            graph, devices.num_devices, kind, level_sizes, hosts, split, max_configs, seeds,
+            sigs, edge_sigs,
+        )  # fmt: skip
 
     if space != "auto":
         return space, est(space)

@@ -160,10 +160,12 @@ def estimate(
     max_configs: int | None = None,
     seeds: int = 0,
     signatures: Sequence[Any] | None = None,
+    edge_signatures: Sequence[Any] | None = None,
 ) -> SizeEstimate:
     """The sizes of `graph`'s Problem in a `kind` space ("full" or "mesh"). signatures: each
-    op's node-table signature (`costmodel.node_signature`); ops with equal signatures and
-    config lists share tables (default: every op its own)."""
+    op's node-table signature (`CostModel.node_signature`), edge_signatures each edge's
+    (`CostModel.edge_signature`); ops (edges) with equal signatures and config lists share
+    tables (default: every op and edge its own)."""
     keys = [op_space_key(graph, i) for i in range(len(graph.ops))]
     count: dict[Any, tuple[int, float]] = {}
     for key, i in {k: i for i, k in reversed(list(enumerate(keys)))}.items():
@@ -177,8 +179,9 @@ def estimate(
     edges: dict[Any, tuple[int, int]] = {}
     hierarchical = kind == "mesh" or sizes is not None
     seconds = SECONDS_PER_CONFIG * sum(nodes.values()) + SECONDS_PER_ROUTE * num_devices**2
-    for e in graph.edges:
-        key = (sigs[e.src], sigs[e.dst], e.position, keys[e.src], keys[e.dst])
+    for n, e in enumerate(graph.edges):
+        sig = edge_signatures[n] if edge_signatures is not None else n
+        key = (sig, keys[e.src], keys[e.dst])
         if key in edges:
             continue
         cu, cv = configs[e.src], configs[e.dst]

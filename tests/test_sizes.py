@@ -52,14 +52,14 @@ def test_auto_takes_the_mesh_space_when_the_full_one_is_large(monkeypatch):
     g, dg = chain_cnn(sample=64), get_preset("p100-4x4")
     full = build_problem(g, dg)
     assert full.space_kind == "full"
-    est = estimate(g, 16, "full", (4, 4), 4)
-    assert est.configs_max == full.stats["configs_max"]
-    monkeypatch.setattr(sizes, "AUTO_FULL_BYTES", est.table_bytes - 1)
+    assert estimate(g, 16, "full", (4, 4), 4).configs_max == full.stats["configs_max"]
+    need, seconds = full.stats["estimated_bytes"], full.stats["estimated_seconds"]
+    monkeypatch.setattr(sizes, "AUTO_FULL_BYTES", need - 1)
     mesh = build_problem(g, dg)
     assert mesh.space_kind == "mesh"
-    assert mesh.stats["configs_max"] < est.configs_max
-    monkeypatch.setattr(sizes, "AUTO_FULL_BYTES", est.table_bytes)
-    monkeypatch.setattr(sizes, "AUTO_FULL_SECONDS", est.seconds / 2)
+    assert mesh.stats["configs_max"] < full.stats["configs_max"]
+    monkeypatch.setattr(sizes, "AUTO_FULL_BYTES", need)
+    monkeypatch.setattr(sizes, "AUTO_FULL_SECONDS", seconds / 2)
     assert build_problem(g, dg).space_kind == "mesh"
     # Without a hierarchy there is no mesh space: auto stays full.
     assert build_problem(g, get_preset("v100-dgx1-8")).space_kind == "full"

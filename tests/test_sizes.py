@@ -49,10 +49,10 @@ def test_preset_devices_without_building():
 def test_auto_takes_the_mesh_space_when_the_full_one_is_large(monkeypatch):
     from planner.problems import sizes
 
-    g, dg = chain_cnn(sample=64), get_preset("p100-4x4")
+    g, dg = chain_cnn(sample=64), get_preset("p100-2x4")
     full = build_problem(g, dg)
     assert full.space_kind == "full"
-    assert estimate(g, 16, "full", (4, 4), 4).configs_max == full.stats["configs_max"]
+    assert estimate(g, 8, "full", (2, 4), 2).configs_max == full.stats["configs_max"]
     need, seconds = full.stats["estimated_bytes"], full.stats["estimated_seconds"]
     monkeypatch.setattr(sizes, "AUTO_FULL_BYTES", need - 1)
     mesh = build_problem(g, dg)
@@ -62,7 +62,7 @@ def test_auto_takes_the_mesh_space_when_the_full_one_is_large(monkeypatch):
     monkeypatch.setattr(sizes, "AUTO_FULL_SECONDS", seconds / 2)
     assert build_problem(g, dg).space_kind == "mesh"
     # Without a hierarchy there is no mesh space: auto stays full.
-    assert build_problem(g, get_preset("v100-dgx1-8")).space_kind == "full"
+    assert build_problem(g, get_preset("v100-dgx1-4")).space_kind == "full"
 
 
 def test_stats_count_shared_tables():

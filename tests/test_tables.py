@@ -222,7 +222,7 @@ def _op_configs(configs: list[ParallelConfig]) -> OpConfigs:
 # -- t_x ----------------------------------------------------------------------------------------
 
 
-@settings(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=15, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=random_cnn(), preset=st.sampled_from(PRESETS), data=st.data())
 def test_edge_tables_equal_transfer_time_on_random_graphs_and_configs(graph, preset, data):
     dg = _preset(preset)
@@ -321,3 +321,13 @@ def test_layouts_decide_the_path():
     h3 = _preset("p100-3x4").hierarchy()
     assert layout((6,), np.arange(6), h3) is not None
     assert layout((2, 3), np.arange(6), h3) is None  # node 0 holds (0,0..2) and (1,0)
+
+
+@pytest.mark.slow
+@settings(deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=random_cnn(), preset=st.sampled_from(PRESETS), data=st.data())
+def test_edge_tables_equal_transfer_time_many_examples(graph, preset, data):
+    """The same property on many more random cases (-m slow)."""
+    test_edge_tables_equal_transfer_time_on_random_graphs_and_configs.hypothesis.inner_test(
+        graph, preset, data
+    )

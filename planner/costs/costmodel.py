@@ -379,7 +379,7 @@ def _overlapping_pairs(
     top = np.minimum((idx + 1) * width, nhi[q])
     vol = np.prod(top - np.maximum(idx * width, nlo[q]), axis=1, dtype=np.float64)
     p = np.ravel_multi_index(tuple(idx.T), degrees) if len(sizes) else np.zeros_like(q)
-    return q, p, vol
+    return q, np.asarray(p, dtype=np.int64), vol
 
 
 def _boxes(sizes: tuple[int, ...], degrees: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:

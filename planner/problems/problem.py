@@ -16,6 +16,11 @@ DNN behind it: it is the shape of the public IOPDDL auto-sharding problems.
 For DNN problems the liveness of node i in the forward/backward order is [i, 2n - i): its
 output and parameters are live from its forward until its backward, so the peak (all nodes
 live at the turn from forward to backward) is the sum of every node's usage.
+
+`build_problem` searches a config space of kind "full", "mesh" or "auto" (docs/space.md),
+estimates the tables' sizes and checks them against a budget and the devices' memory before
+building (`planner.problems.sizes`), and gives ops and edges with equal cost signatures the
+same read-only table; the arrays may therefore be shared between nodes and edges.
 """
 
 from __future__ import annotations

@@ -126,7 +126,10 @@ class PlanResult:
             "backend": self.backend,
             "objective_kind": self.objective_kind,
             **{k: s.get(k) for k in PHASES if k in s or k in ALWAYS},
+            **{k: s[k] for k in ("memory_peak_bytes", "memory_fits") if k in s},
         }
+        if self.problem.space is not None:  # what was searched (docs/space.md), as in the file
+            out["space"] = self.problem.space.describe()
         if self.message:
             out["message"] = self.message
         out = {k: finite_or_none(v) for k, v in out.items()}
@@ -206,6 +209,7 @@ def plan(
     max_configs: int | None = None,
     backend_options: Mapping[str, Any] | None = None,
     recommend: bool = True,
+    check_memory: bool = True,
     **build_options: Any,
 ) -> PlanResult:
     """Find a parallelization strategy for `model` on `devices` with `backend`.
@@ -223,7 +227,10 @@ def plan(
     slower than an expert baseline (docs/compare.md): when one is faster it is returned
     instead, status FEASIBLE, and the searched answer stays in `stats["searched"]`;
     `stats["recommendation"]` says what was decided (False: the searched answer, always).
-    Further keyword arguments go to `build_problem` unchanged.
+    check_memory: a strategy whose peak bytes on some device exceed that device's memory is
+    an error (`planner.problems.sizes.SizeError`: plan with memory_limit="device"); False
+    returns it anyway, with `stats["memory_fits"]` False. Further keyword arguments go to
+    `build_problem` unchanged (space, table_budget, max_split_dims: docs/space.md).
     """
     start = time.perf_counter()
     _check_call(objective, time_limit, seed, build_options)
@@ -274,9 +281,18 @@ def plan(
         decision = result.stats["recommendation"]
         if decision.get("switched"):
             log.warning("recommending %s: %s", decision["to"], decision["reason"])
+    memory: dict[str, Any] = {}
+    if result.strategy is not None and problem.cost_model is not None:
+        from planner.problems.sizes import check_strategy_memory, strategy_memory
+
+        fit = (check_strategy_memory if check_memory else strategy_memory)(
+            problem.cost_model, result.strategy
+        )
+        memory = {"memory_peak_bytes": float(fit.peak.max()), "memory_fits": fit.fits}
     stats = {
         **result.stats,
         **phases,
+        **memory,
         "search_seconds": search,
         "rescore_seconds": max(0.0, solve_seconds - search),
         "recommend_seconds": recommend_seconds,

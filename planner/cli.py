@@ -268,6 +268,7 @@ def build_parser(prog: str = "python -m planner") -> argparse.ArgumentParser:
     )
     p.add_argument("--sync", choices=["ring", "ps"], help="parameter sync model (default ring)")
     p.add_argument("--cost", choices=["analytic", "measured"], help="cost model (default analytic)")
+    _space_args(p)
     p.add_argument("-o", "--output", type=Path, help="write the plan (a strategy file) here")
     p.add_argument(
         "--no-recommend",
@@ -315,8 +316,41 @@ def build_parser(prog: str = "python -m planner") -> argparse.ArgumentParser:
     p.add_argument(
         "--max-configs", type=positive_int, help="cap on candidate configs per op (>= 1)"
     )
+    p.add_argument(
+        "--space",
+        choices=["full", "mesh"],
+        default="full",
+        help="config space whose task shapes to measure (default full, which covers mesh)",
+    )
     _common(p)
     return parser
+
+
+def _table_budget(text: str) -> float:
+    from planner.problems.sizes import parse_bytes
+
+    try:
+        return float(parse_bytes(text))
+    except LayerwiseError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _space_args(p: argparse.ArgumentParser) -> None:
+    """plan's config-space options (docs/space.md)."""
+    p.add_argument(
+        "--space",
+        choices=["auto", "full", "mesh"],
+        help="config space: full (every config), mesh (structured, homogeneous clusters), "
+        "auto (full when small, else mesh; the default)",
+    )
+    p.add_argument(
+        "--max-split-dims", type=positive_int, help="at most this many split dims per op"
+    )
+    p.add_argument(
+        "--table-budget",
+        type=_table_budget,
+        help="memory the cost tables may take, e.g. 4GiB (the default) or 16GiB",
+    )
 
 
 # -- loading user input ---------------------------------------------------------------------
@@ -491,6 +525,9 @@ def _check_plan_args(args: argparse.Namespace) -> None:
                 ("--memory-limit", args.memory_limit),
                 ("--sync", args.sync),
                 ("--cost", args.cost),
+                ("--space", args.space),
+                ("--max-split-dims", args.max_split_dims),
+                ("--table-budget", args.table_budget),
             )
             if value is not None
         ]
@@ -549,6 +586,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         sync=args.sync,
         recommend=not args.no_recommend,
         **model_options,
+        **{
+            k: v
+            for k, v in (
+                ("space", args.space),
+                ("max_split_dims", args.max_split_dims),
+                ("table_budget", args.table_budget),
+            )
+            if v is not None
+        },
     )
     summary = result.summary()
     if args.json:
@@ -635,7 +681,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     graph = _model_spec(args).graph()
     devices = load_devices(args.devices)
-    path = profile_graph(graph, devices, repeats=args.repeats, max_configs=args.max_configs)
+    path = profile_graph(
+        graph, devices, repeats=args.repeats, max_configs=args.max_configs, space=args.space
+    )
     print(f"measured costs cached in {path}")
     return 0
 

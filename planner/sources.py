@@ -69,7 +69,7 @@ def problem_of(
     capture_seconds = time.perf_counter() - t0
     if devices is None:
         raise LayerwiseError("plan() needs devices: a preset name, a device JSON or a DeviceGraph")
-    device_graph = _devices(devices)
+    device_graph = _devices(devices, build_options.get("table_budget"))
     log.info(
         "%s: %d ops (%.3g s); building the cost tables for %s",
         graph.name,
@@ -202,13 +202,15 @@ def _default_name(module: Any) -> str:
     return type(module).__name__.lower()
 
 
-def _devices(devices: Any) -> DeviceGraph:
+def _devices(devices: Any, table_budget: float | None = None) -> DeviceGraph:
     from planner.hardware.devices import DeviceGraph
     from planner.hardware.presets import load_devices
+    from planner.problems.sizes import DEFAULT_TABLE_BUDGET, check_devices_spec
 
     if isinstance(devices, DeviceGraph):
         return devices
     if isinstance(devices, str | Path):
+        check_devices_spec(str(devices), table_budget or DEFAULT_TABLE_BUDGET)  # before building
         return load_devices(str(devices))
     raise LayerwiseError(
         f"devices must be a preset name, a device JSON path or a DeviceGraph, got "

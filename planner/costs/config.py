@@ -4,13 +4,19 @@ A `ParallelConfig` (OptCNN Sec. 4, FlexFlow Sec. 4) gives a degree for every dim
 op's output tensor (1 where it is not split; the product is the number of tasks) and the
 device of each task. Tasks are numbered row-major over the degree grid; partitions are equal.
 
-The `ConfigSpace` enumerates candidates per op for a device count D:
-- every degree combination over the op's parallelizable dims whose degrees divide the
-  dimension (in whole split units, e.g. attention heads) and whose product k divides D;
-- for each, every aligned block of k consecutive devices (offsets 0, k, 2k, ...), so that ops
-  can also run side by side on different devices (the operation dimension);
-- on machines with several hosts, also the strided sets that take the same local device on
-  each host (one device per host), as the expert strategies for RNNs do.
+The `ConfigSpace` enumerates candidates per op for a device count D, in one of two kinds
+(docs/space.md):
+- "full": every degree combination over the op's parallelizable dims whose degrees divide
+  the dimension (in whole split units, e.g. attention heads) and whose product k divides D;
+  for each, every aligned block of k consecutive devices (offsets 0, k, 2k, ...), so that ops
+  can also run side by side on different devices (the operation dimension); on machines with
+  several hosts, also the strided sets that take the same local device on each host (one
+  device per host), as the expert strategies for RNNs do. Grows like ~14.5 x D configs per op.
+- "mesh" (homogeneous clusters only, `DeviceGraph.hierarchy()`): the same partitions with at
+  most `max_split_dims` split dims (default 2), each on the few device blocks of
+  `planner.costs.mesh.mesh_blocks` (contiguous from device 0, spread over every node,
+  translates inside node 0), plus any `seeds` (build_problem seeds the baseline strategies'
+  configs, so every baseline is in the space). A few hundred configs per op at 1,024 devices.
 Order is deterministic: by task count k descending, then by partition (fewest split dims
 first, then degrees), then by device set. `max_configs` truncates that order per op.
 """
@@ -26,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from planner.costs.mesh import mesh_blocks
 from planner.errors import ConfigError
 from planner.graph.opkinds import parallel_dims, split_unit
 
@@ -108,21 +115,61 @@ def check_config(op: Op, cfg: ParallelConfig, num_devices: int) -> None:
         )
 
 
-def partitions(op: Op, num_devices: int) -> list[tuple[int, ...]]:
-    """Degree tuples for `op` whose product divides `num_devices`, in enumeration order."""
+def divisors(n: int) -> list[int]:
+    """The divisors of n >= 1, ascending (trial division up to sqrt(n))."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def degree_options(op: Op, num_devices: int) -> list[list[int]]:
+    """Per output dim, the degrees it may take: divisors of num_devices that divide the dim
+    in whole split units (1 only for dims the op kind cannot split)."""
     pdims = parallel_dims(op)
+    devs = divisors(num_devices)
     options: list[list[int]] = []
     for dim, size in zip(op.output.dims, op.output.sizes, strict=True):
-        if dim not in pdims:
-            options.append([1])
-            continue
-        units = size // split_unit(op, dim)
-        options.append(
-            [g for g in range(1, num_devices + 1) if num_devices % g == 0 and units % g == 0]
-        )
-    parts = [p for p in itertools.product(*options) if num_devices % math.prod(p) == 0]
-    parts.sort(key=lambda p: (-math.prod(p), sum(g > 1 for g in p), tuple(-g for g in p)))
+        units = size // split_unit(op, dim) if dim in pdims else 1
+        options.append([g for g in devs if units % g == 0] if dim in pdims else [1])
+    return options
+
+
+def partitions(
+    op: Op, num_devices: int, max_split_dims: int | None = None
+) -> list[tuple[int, ...]]:
+    """Degree tuples for `op` whose product divides `num_devices` (with at most
+    `max_split_dims` degrees above 1), in enumeration order."""
+    parts = [
+        p
+        for p in itertools.product(*degree_options(op, num_devices))
+        if num_devices % math.prod(p) == 0
+        and (max_split_dims is None or sum(g > 1 for g in p) <= max_split_dims)
+    ]
+    parts.sort(key=partition_order)
     return parts
+
+
+def partition_order(p: tuple[int, ...]) -> tuple[Any, ...]:
+    """Sort key of partitions: more tasks first, then fewer split dims, then larger degrees."""
+    return (-math.prod(p), sum(g > 1 for g in p), tuple(-g for g in p))
+
+
+def count_partitions(op: Op, num_devices: int, max_split_dims: int | None = None) -> dict[int, int]:
+    """Partitions of `op` per task count k, counted without listing them (a dynamic program
+    over dims whose state is the product so far and the split dims used)."""
+    states: dict[tuple[int, int], int] = {(1, 0): 1}
+    for opts in degree_options(op, num_devices):
+        nxt: dict[tuple[int, int], int] = {}
+        for (k, used), n in states.items():
+            for g in opts:
+                key = (k * g, used + (g > 1))
+                if num_devices % key[0] or (max_split_dims is not None and key[1] > max_split_dims):
+                    continue
+                nxt[key] = nxt.get(key, 0) + n
+        states = nxt
+    out: dict[int, int] = {}
+    for (k, _), n in states.items():
+        out[k] = out.get(k, 0) + n
+    return out
 
 
 def device_sets(num_devices: int, k: int, hosts: Sequence[int] | None = None) -> np.ndarray:
@@ -145,7 +192,10 @@ def device_sets(num_devices: int, k: int, hosts: Sequence[int] | None = None) ->
 
 @dataclass(frozen=True)
 class OpConfigs:
-    """The candidate configs of one op, grouped by partition for vectorized cost tables."""
+    """The candidate configs of one op, grouped by partition for vectorized cost tables.
+
+    Ops whose enumeration is the same (same dims, sizes, split units and seeds) share one
+    OpConfigs object, so cost tables can be keyed by its identity."""
 
     configs: tuple[ParallelConfig, ...]
     # For each group: (partition, device sets (O, k) array, indices of its configs in `configs`).
@@ -154,36 +204,94 @@ class OpConfigs:
     def __len__(self) -> int:
         return len(self.configs)
 
+    @cached_property
+    def _positions(self) -> dict[ParallelConfig, int]:
+        return {c: i for i, c in reversed(list(enumerate(self.configs)))}
+
     def index(self, cfg: ParallelConfig) -> int:
         try:
-            return self.configs.index(cfg)
-        except ValueError:
+            return self._positions[cfg]
+        except KeyError:
             raise ConfigError(f"config {cfg} is not in the config space") from None
 
 
-class ConfigSpace:
-    """Candidate configs per op of `graph` on `devices` (deterministic; see module doc)."""
+SPACE_KINDS = ("full", "mesh")
+MESH_MAX_SPLIT_DIMS = 2  # docs/space.md: the loss this costs, measured
 
-    def __init__(self, graph: OpGraph, devices: DeviceGraph, max_configs: int | None = None):
+
+class ConfigSpace:
+    """Candidate configs per op of `graph` on `devices` (deterministic; see module doc).
+
+    kind: "full" or "mesh" (needs a homogeneous cluster). max_split_dims: at most this many
+    split dims per partition (mesh default 2, full default unlimited). seeds: extra configs
+    per op (a sequence with one sequence of configs per op) that the mesh space must hold."""
+
+    def __init__(
+        self,
+        graph: OpGraph,
+        devices: DeviceGraph,
+        max_configs: int | None = None,
+        kind: str = "full",
+        max_split_dims: int | None = None,
+        seeds: Sequence[Sequence[ParallelConfig]] | None = None,
+    ):
         if max_configs is not None and max_configs < 1:
             raise ConfigError(f"max_configs must be >= 1, got {max_configs}")
+        if kind not in SPACE_KINDS:
+            raise ConfigError(f"config space kind must be one of {SPACE_KINDS}, got {kind!r}")
+        if max_split_dims is not None and max_split_dims < 1:
+            raise ConfigError(f"max_split_dims must be >= 1, got {max_split_dims}")
+        if seeds is not None and len(seeds) != len(graph.ops):
+            raise ConfigError(f"{len(seeds)} seed lists for {len(graph.ops)} ops")
         self.graph = graph
         self.devices = devices
         self.max_configs = max_configs
+        self.kind = kind
         self.num_devices = devices.num_devices
+        self.hierarchy = devices.hierarchy() if kind == "mesh" else None
+        if kind == "mesh" and self.hierarchy is None:
+            raise ConfigError(
+                f"the mesh config space needs a homogeneous cluster of nested groups, and "
+                f"{devices.name!r} is not one (DeviceGraph.hierarchy() is None): use the full space"
+            )
+        if max_split_dims is None and kind == "mesh":
+            max_split_dims = MESH_MAX_SPLIT_DIMS
+        self.max_split_dims = max_split_dims
+        self.seeds = seeds
         host_names = [d.host for d in devices.devices]
         host_ids = {h: i for i, h in enumerate(dict.fromkeys(host_names))}
         self._hosts = [host_ids[h] for h in host_names]
         self._sets: dict[int, np.ndarray] = {}
+        self._tuples: dict[int, list[tuple[int, ...]]] = {}
+        self._cache: dict[Any, OpConfigs] = {}
+
+    def describe(self) -> dict[str, Any]:
+        """What was searched, as recorded in plan files: kind, caps and the hierarchy."""
+        return {
+            "kind": self.kind,
+            "max_split_dims": self.max_split_dims,
+            "max_configs": self.max_configs,
+            "hierarchy": list(self.hierarchy.sizes) if self.hierarchy is not None else None,
+            "seeded": self.seeds is not None,
+        }
 
     def _device_sets(self, k: int) -> np.ndarray:
         if k not in self._sets:
-            self._sets[k] = device_sets(self.num_devices, k, self._hosts)
+            if self.hierarchy is not None:
+                self._sets[k] = mesh_blocks(self.hierarchy.sizes, k)
+            else:
+                self._sets[k] = device_sets(self.num_devices, k, self._hosts)
+            self._sets[k].setflags(write=False)
         return self._sets[k]
+
+    def _set_tuples(self, k: int) -> list[tuple[int, ...]]:
+        if k not in self._tuples:
+            self._tuples[k] = [tuple(row) for row in self._device_sets(k).tolist()]
+        return self._tuples[k]
 
     @cached_property
     def ops(self) -> tuple[OpConfigs, ...]:
-        return tuple(self._enumerate(op) for op in self.graph.ops)
+        return tuple(self._op_configs(i) for i in range(len(self.graph.ops)))
 
     def __getitem__(self, i: int) -> OpConfigs:
         return self.ops[i]
@@ -191,16 +299,48 @@ class ConfigSpace:
     def sizes(self) -> list[int]:
         return [len(c) for c in self.ops]
 
-    def _enumerate(self, op: Op) -> OpConfigs:
+    def _op_configs(self, i: int) -> OpConfigs:
+        op = self.graph.ops[i]
+        seeds = tuple(dict.fromkeys(self.seeds[i])) if self.seeds is not None else ()
+        pdims = parallel_dims(op)
+        key = (
+            tuple((d, s, d in pdims, split_unit(op, d)) for d, s in op.output.shape),
+            seeds,
+        )
+        if key not in self._cache:
+            self._cache[key] = self._enumerate(op, seeds)
+        return self._cache[key]
+
+    def _enumerate(self, op: Op, seeds: tuple[ParallelConfig, ...]) -> OpConfigs:
+        extra: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        for cfg in seeds:
+            check_config(op, cfg, self.num_devices)
+            extra.setdefault(cfg.degrees, []).append(cfg.devices)
+        parts = partitions(op, self.num_devices, self.max_split_dims)
+        parts += sorted(set(extra) - set(parts), key=partition_order)
+        parts.sort(key=partition_order)
         configs: list[ParallelConfig] = []
         groups = []
-        for part in partitions(op, self.num_devices):
+        for part in parts:
             if self.max_configs is not None and len(configs) >= self.max_configs:
                 break
-            sets = self._device_sets(math.prod(part))
+            k = math.prod(part)
+            structured = self.max_split_dims is None or _splits(part) <= self.max_split_dims
+            sets = self._device_sets(k) if structured else np.zeros((0, k), dtype=np.int64)
+            rows = self._set_tuples(k) if structured else []
+            more = [s for s in extra.get(part, []) if s not in set(rows)]
+            if more:
+                sets = np.concatenate([sets, np.array(more, dtype=np.int64)])
+                sets.setflags(write=False)
+                rows = rows + more
             if self.max_configs is not None:
                 sets = sets[: self.max_configs - len(configs)]
+                rows = rows[: len(sets)]
             idx = np.arange(len(configs), len(configs) + len(sets))
-            configs.extend(ParallelConfig(part, tuple(int(d) for d in row)) for row in sets)
+            configs.extend(ParallelConfig(part, row) for row in rows)
             groups.append((part, sets, idx))
         return OpConfigs(tuple(configs), tuple(groups))
+
+
+def _splits(part: tuple[int, ...]) -> int:
+    return sum(g > 1 for g in part)

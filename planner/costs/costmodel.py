@@ -31,29 +31,31 @@
 OptCNN's objective (Eq. 1) is the sum of t_c + t_s over ops and t_x over edges
 (`planner.problems.evaluate`, `Problem`); the simulator (`planner.sim.simulator`) uses the same task times.
 
-`edge_table` and `node_table` build the cost tables for all config pairs at once (vectorized
-per dimension and per group of partitions); `transfer_time` is an independent, direct
-task-by-task computation for one config pair, used to re-score strategies and in tests.
+`edge_table` and `node_table` build the cost tables for all configs and config pairs
+(`planner.costs.transfer`: per hierarchy level from interval intersections on a homogeneous
+cluster, task pair by task pair per partition pair elsewhere; docs/cost_model.md);
+`transfer_time` is an independent, direct task-pair computation for one config pair, used to
+re-score strategies and in tests.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
 from planner.costs.config import OpConfigs, ParallelConfig
-from planner.costs.regions import needed_boxes, overlap_volume, task_boxes
+from planner.costs.transfer import EdgeGeometry, EdgeTables, Layout
 from planner.errors import LayerwiseError
-from planner.graph.opkinds import CHANNEL, DimMap, parameter_dims, stats_groups
+from planner.graph.opkinds import CHANNEL, DimMap, fused_ops, parameter_dims, stats_groups
 
 if TYPE_CHECKING:
     from planner.graph.opgraph import Edge, Op, OpGraph
-    from planner.hardware.devices import DeviceGraph
+    from planner.hardware.devices import DeviceGraph, Hierarchy
 
 
 class MeasuredTimes(Protocol):
@@ -112,6 +114,7 @@ class CostModel:
         groups = Counter(op.param_group for op in graph.ops if op.param_group is not None)
         self._group_size = dict(groups)
         self._norm_groups: dict[tuple[int, tuple[int, ...]], list[list[int]] | None] = {}
+        self._layouts: dict[tuple[tuple[int, ...], bytes], Layout | None] = {}
 
     @property
     def source(self) -> str:
@@ -174,44 +177,51 @@ class CostModel:
 
         2 x (channels of the task) float64 sums; two tasks swap them (one message each way:
         latency, bytes / bandwidth and both overheads), larger groups all-reduce as the
-        gradients do (`CostOptions.sync`), without bucket sharing."""
-        groups = self.norm_groups(i, cfg)
-        if groups is None:
+        gradients do (`CostOptions.sync`), without bucket sharing. Computed once per group of
+        tasks holding the same channels (every member waits for the same exchange)."""
+        if self.norm_groups(i, cfg) is None:
             return None
         op = self.graph.ops[i]
-        nbytes = 2 * 8 * op.output.size(CHANNEL) / cfg.degrees[op.output.dims.index(CHANNEL)]
-        out = np.zeros(cfg.num_tasks)
-        for t, members in enumerate(groups):
-            devs = sorted({cfg.devices[m] for m in members})
-            if len(devs) == 2:
-                a, b = devs
-                out[t] = max(
-                    nbytes * self.inv_bw[a, b] + self.msg_cost[a, b],
-                    nbytes * self.inv_bw[b, a] + self.msg_cost[b, a],
-                )
-            elif len(devs) > 2:
-                out[t] = self._sync_group(devs, nbytes, bucketed=False)
-        return out
+        c = op.output.dims.index(CHANNEL)
+        nbytes = 2 * 8 * op.output.size(CHANNEL) / cfg.degrees[c]
+        # Tasks with the same channel index, each group's devices ascending: (channels, r).
+        grid = np.arange(cfg.num_tasks).reshape(cfg.degrees)
+        members = np.moveaxis(grid, c, 0).reshape(cfg.degrees[c], -1)
+        devs = np.sort(np.asarray(cfg.devices, dtype=np.int64)[members], axis=1)
+        if devs.shape[1] == 2:
+            a, b = devs[:, 0], devs[:, 1]
+            per_group = np.maximum(
+                nbytes * self.inv_bw[a, b] + self.msg_cost[a, b],
+                nbytes * self.inv_bw[b, a] + self.msg_cost[b, a],
+            )
+        else:
+            per_group = self._sync_groups(devs, nbytes, bucketed=False)
+        channel_of_task = np.unravel_index(np.arange(cfg.num_tasks), cfg.degrees)[c]
+        return per_group[channel_of_task]
 
     # -- t_s ------------------------------------------------------------------------------
 
+    def replica_array(self, op: Op, cfg: ParallelConfig) -> np.ndarray:
+        """(shards, replicas) devices: row s holds the devices of the tasks that share
+        parameter shard s, in task order; shards in row-major order of the parameter index."""
+        pdims = [op.output.dims.index(d) for d in parameter_dims(op)]
+        rest = [d for d in range(len(cfg.degrees)) if d not in pdims]
+        grid = np.arange(cfg.num_tasks).reshape(cfg.degrees).transpose(pdims + rest)
+        shards = math.prod(cfg.degrees[d] for d in pdims)
+        return np.asarray(cfg.devices, dtype=np.int64)[grid.reshape(shards, -1)]
+
     def replica_groups(self, op: Op, cfg: ParallelConfig) -> list[list[int]]:
         """Device lists that hold the same parameter shard (one list per shard)."""
-        pdims = [op.output.dims.index(d) for d in parameter_dims(op)]
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for t, dev in enumerate(cfg.devices):
-            idx = np.unravel_index(t, cfg.degrees)
-            groups.setdefault(tuple(int(idx[d]) for d in pdims), []).append(dev)
-        return list(groups.values())
+        return self.replica_array(op, cfg).tolist()
 
     def sync_time(self, i: int, cfg: ParallelConfig) -> float:
         """t_s: seconds to synchronize op i's replicated parameter gradients under cfg."""
         op = self.graph.ops[i]
         if not op.params or cfg.num_tasks == 1:
             return 0.0
-        groups = self.replica_groups(op, cfg)
+        groups = self.replica_array(op, cfg)
         shard = op.param_bytes / len(groups)
-        return max(self._sync_group(g, shard) for g in groups) / self._share(op)
+        return float(self._sync_groups(groups, shard).max()) / self._share(op)
 
     def _share(self, op: Op) -> int:
         """Ops of a shared parameter group each carry 1/|group| of its sync and memory."""
@@ -223,80 +233,77 @@ class CostModel:
         return 1.0 if bucket <= 0 else min(1.0, nbytes / bucket)
 
     def _sync_group(self, devs: list[int], nbytes: float, bucketed: bool = True) -> float:
-        r = len(devs)
+        """Seconds for one replica group (devices in ring order) to synchronize nbytes."""
+        return float(self._sync_groups(np.asarray([devs]), nbytes, bucketed)[0])
+
+    def _sync_groups(self, devs: np.ndarray, nbytes: float, bucketed: bool = True) -> np.ndarray:
+        """Seconds per replica group for groups of equal size: devs (groups, r) -> (groups,)."""
+        r = devs.shape[1]
         if r == 1 or nbytes == 0:
-            return 0.0
-        d = np.asarray(devs)
+            return np.zeros(len(devs))
         share = self.bucket_share(nbytes) if bucketed else 1.0
 
         def fixed(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # latency + shared overheads
             return self.latency[a, b] + share * (self.msg_cost[a, b] - self.latency[a, b])
 
         if self.options.sync == "ps":
-            ps, rest = d[0], d[1:]
+            ps, rest = devs[:, :1], devs[:, 1:]
             push = nbytes * self.inv_bw[rest, ps] + fixed(rest, ps)
             pull = nbytes * self.inv_bw[ps, rest] + fixed(ps, rest)
-            return float((push + pull).sum())
-        nxt = np.roll(d, -1)
-        slow = float(self.inv_bw[d, nxt].max())
-        return 2.0 * (r - 1) / r * nbytes * slow + 2.0 * (r - 1) * float(fixed(d, nxt).max())
+            return (push + pull).sum(axis=1)
+        nxt = np.roll(devs, -1, axis=1)
+        slow = self.inv_bw[devs, nxt].max(axis=1)
+        return 2.0 * (r - 1) / r * nbytes * slow + 2.0 * (r - 1) * fixed(devs, nxt).max(axis=1)
 
     # -- memory ---------------------------------------------------------------------------
 
     def memory(self, i: int, cfg: ParallelConfig) -> np.ndarray:
         """Bytes op i keeps on each device under cfg: parameter shards and output activations."""
-        op = self.graph.ops[i]
         out = np.zeros(self.num_devices)
-        shards = len(self.replica_groups(op, cfg)) if op.params else 1
-        per_task = op.param_bytes / shards * self.options.param_copies / self._share(op)
-        per_task += op.output.nbytes / cfg.num_tasks
-        out[list(cfg.devices)] = per_task
+        out[list(cfg.devices)] = self._task_memory(i, cfg)
         return out
+
+    def _task_memory(self, i: int, cfg: ParallelConfig) -> float:
+        op = self.graph.ops[i]
+        shards = math.prod(cfg.degree(op, d) for d in parameter_dims(op)) if op.params else 1
+        per_task = op.param_bytes / shards * self.options.param_copies / self._share(op)
+        return per_task + op.output.nbytes / cfg.num_tasks
 
     # -- t_x (direct, task by task) -------------------------------------------------------
 
     def transfer_time(self, edge: Edge, cu: ParallelConfig, cv: ParallelConfig) -> float:
-        """t_x of one edge for one config pair, computed task pair by task pair."""
+        """t_x of one edge for one config pair, computed task pair by task pair over the pairs
+        whose regions overlap (vectorized; independent of the tables' per-level sums)."""
         src, dst = self.graph.ops[edge.src], self.graph.ops[edge.dst]
         maps = self.graph.input_maps(edge)
-        esize = src.output.dtype_bytes
-        k = self.edge_components(edge)
-        fwd_recv: dict[int, float] = {}
-        bwd_recv: dict[int, float] = {}
-        prod_boxes = [
-            (dev, _box(src.output.sizes, cu.degrees, t)) for t, dev in enumerate(cu.devices)
-        ]
-        for tq, dq in enumerate(cv.devices):
-            out_box = _box(dst.output.sizes, cv.degrees, tq)
-            need = [
-                _need(m, s, dst.output.dims, out_box)
-                for m, s in zip(maps, src.output.sizes, strict=True)
-            ]
-            for dp, pbox in prod_boxes:
-                if dp == dq:
-                    continue
-                vol = math.prod(
-                    max(0, min(b1, b2) - max(a1, a2))
-                    for (a1, b1), (a2, b2) in zip(pbox, need, strict=True)
-                )
-                if vol == 0:
-                    continue
-                nbytes = vol * esize
-                fwd_recv[dq] = (
-                    fwd_recv.get(dq, 0.0) + k * nbytes * self.inv_bw[dp, dq] + self.msg_cost[dp, dq]
-                )
-                bwd_recv[dp] = (
-                    bwd_recv.get(dp, 0.0) + k * nbytes * self.inv_bw[dq, dp] + self.msg_cost[dq, dp]
-                )
-        backward = 0.0 if src.kind == "input" else max(bwd_recv.values(), default=0.0)
-        return max(fwd_recv.values(), default=0.0) + backward
+        nbytes = src.output.dtype_bytes * self.edge_components(edge)
+        olo, ohi = _boxes(dst.output.sizes, cv.degrees)
+        nlo, nhi = _needs(maps, src.output.sizes, dst.output.dims, olo, ohi)  # (k_v, n)
+        q, p, vol = _overlapping_pairs(src.output.sizes, cu.degrees, nlo, nhi)
+        dp = np.asarray(cu.devices, dtype=np.int64)[p]
+        dq = np.asarray(cv.devices, dtype=np.int64)[q]
+        far = dp != dq  # transfers between tasks on the same device are free
+        q, p, dp, dq, b = q[far], p[far], dp[far], dq[far], vol[far] * nbytes
+        # Each config has one task per device: the receiving tasks are the receiving devices.
+        there = b * self.inv_bw[dp, dq] + self.msg_cost[dp, dq]
+        fwd = np.bincount(q, weights=there, minlength=cv.num_tasks)
+        if src.kind == "input":  # data gets no gradient
+            return float(fwd.max(initial=0.0))
+        back = b * self.inv_bw[dq, dp] + self.msg_cost[dq, dp]
+        bwd = np.bincount(p, weights=back, minlength=cu.num_tasks)
+        return float(fwd.max(initial=0.0)) + float(bwd.max(initial=0.0))
 
     def edge_components(self, edge: Edge) -> int:
         """Tensors an edge carries: 2 for an LSTM step's state (h and c, the same box, sent
         back to back: priced as one message of twice the bytes), else 1."""
         return 2 if self.graph.ops[edge.dst].kind == "lstm" and edge.position == 1 else 1
 
-    # -- vectorized tables ----------------------------------------------------------------
+    # -- tables ---------------------------------------------------------------------------
+
+    @cached_property
+    def hierarchy(self) -> Hierarchy | None:
+        """The cluster's nested groups (`DeviceGraph.hierarchy()`), or None."""
+        return self.devices.hierarchy()
 
     def node_table(self, i: int, configs: OpConfigs) -> np.ndarray:
         """t_c + t_s for every config of op i."""
@@ -304,96 +311,108 @@ class CostModel:
 
     def memory_table(self, i: int, configs: OpConfigs) -> np.ndarray:
         """(C, D) bytes per device for every config of op i."""
-        return (
-            np.stack([self.memory(i, c) for c in configs.configs])
-            if len(configs)
-            else np.zeros((0, self.num_devices))
+        out = np.zeros((len(configs), self.num_devices))
+        for _, sets, idx in configs.groups:  # one partition: the same bytes on every task
+            if len(idx):
+                out[idx[:, None], sets] = self._task_memory(i, configs.configs[int(idx[0])])
+        return out
+
+    def edge_geometry(self, edge: Edge) -> EdgeGeometry:
+        """What t_x of `edge` depends on besides the two configs."""
+        src, dst = self.graph.ops[edge.src], self.graph.ops[edge.dst]
+        return EdgeGeometry(
+            in_sizes=src.output.sizes,
+            out_sizes=dst.output.sizes,
+            out_dims=dst.output.dims,
+            maps=self.graph.input_maps(edge),
+            nbytes=src.output.dtype_bytes * self.edge_components(edge),
+            backward=src.kind != "input",
         )
 
     def edge_table(self, edge: Edge, cu: OpConfigs, cv: OpConfigs) -> np.ndarray:
-        """t_x for every (producer config, consumer config) pair: (C_u, C_v)."""
-        src, dst = self.graph.ops[edge.src], self.graph.ops[edge.dst]
-        D = self.num_devices
-        parts_u = np.array([g[0] for g in cu.groups], dtype=np.int64)
-        parts_v = np.array([g[0] for g in cv.groups], dtype=np.int64)
-        plo, phi = task_boxes(src.output.sizes, parts_u, D)
-        olo, ohi = task_boxes(dst.output.sizes, parts_v, D)
-        nlo, nhi = needed_boxes(
-            self.graph.input_maps(edge), src.output.sizes, dst.output.dims, olo, ohi
+        """t_x for every (producer config, consumer config) pair: (C_u, C_v)
+        (`planner.costs.transfer`: per-level sums on a homogeneous cluster, else dense)."""
+        tables = EdgeTables(
+            self.edge_geometry(edge), self.hierarchy, self.inv_bw, self.msg_cost, self._layouts
         )
-        # Only real tasks, flattened partition by partition: rows[p] = first row of partition p.
-        real_u, real_v = plo[..., 0] < phi[..., 0], ohi[..., 0] > olo[..., 0]
-        rows_u, rows_v = _first_rows(real_u), _first_rows(real_v)
-        vol = overlap_volume(
-            plo[real_u][None], phi[real_u][None], nlo[real_v][None], nhi[real_v][None]
-        )
-        # (tasks of all u partitions, ... v); an LSTM state carries h and c together
-        nbytes = vol[0, :, 0, :] * src.output.dtype_bytes * self.edge_components(edge)
-        table = np.zeros((len(cu), len(cv)))
-        for ku, a_idx, sets_u, cfg_u in _batches(cu):
-            r = (rows_u[a_idx][:, None] + np.arange(ku)).ravel()
-            for kv, b_idx, sets_v, cfg_v in _batches(cv):
-                c = (rows_v[b_idx][:, None] + np.arange(kv)).ravel()
-                b = nbytes[np.ix_(r, c)].reshape(len(a_idx), ku, len(b_idx), kv)
-                table[np.ix_(cfg_u.ravel(), cfg_v.ravel())] = self._combine(
-                    b, sets_u, sets_v, backward=src.kind != "input"
-                )
-        return table
+        return tables.table(cu, cv)
 
-    def _combine(
-        self, nbytes: np.ndarray, sets_u: np.ndarray, sets_v: np.ndarray, backward: bool = True
-    ) -> np.ndarray:
-        """Bytes (A, ku, B, kv) on device sets (Ou, ku), (Ov, kv) -> t_x (A*Ou, B*Ov)."""
-        A, _, B, _ = nbytes.shape
-        su, sv = sets_u[:, :, None, None], sets_v[None, None, :, :]
-        w_f, w_b = self.inv_bw[su, sv], self.inv_bw[sv, su]  # (Ou, ku, Ov, kv)
-        l_f, l_b = self.msg_cost[su, sv], self.msg_cost[sv, su]
-        msg = (nbytes > 0).astype(np.float64)
-        fwd = np.einsum("apbq,opwq->aobwq", nbytes, w_f) + np.einsum("apbq,opwq->aobwq", msg, l_f)
-        t = fwd.max(axis=4)
-        if backward:
-            bwd = np.einsum("apbq,opwq->aobwp", nbytes, w_b)
-            t = t + (bwd + np.einsum("apbq,opwq->aobwp", msg, l_b)).max(axis=4)
-        return t.reshape(A * sets_u.shape[0], B * sets_v.shape[0])
+    def node_signature(self, i: int) -> tuple[Any, ...]:
+        """Everything op i's node and memory tables depend on (`node_signature`)."""
+        return node_signature(self.graph, i, self._share(self.graph.ops[i]))
+
+    def edge_signature(self, edge: Edge) -> EdgeGeometry:
+        """Everything `edge`'s t_x table depends on besides the two config lists."""
+        return self.edge_geometry(edge)
 
 
-def _first_rows(real: np.ndarray) -> np.ndarray:
-    """Row of each partition's first task once the real tasks (P, slots) are flattened."""
-    counts = real.sum(axis=1)
-    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+def node_signature(graph: OpGraph, i: int, share: int = 1) -> tuple[Any, ...]:
+    """Everything op i's node and memory tables depend on, besides its configs: ops with
+    equal signatures and equal config lists have equal tables. Shapes, work, parameter shapes,
+    attributes, the folded functions, which inputs are data and the shared-group size; never
+    names (the `fused` attribute lists the folded ops' names)."""
+    op = graph.ops[i]
+    inputs = tuple((graph.op(n).output, graph.op(n).kind == "input") for n in op.inputs)
+    attrs = tuple((k, v) for k, v in op.attrs if k != "fused")
+    params = tuple((p.shape, p.dtype_bytes) for p in op.params)
+    return (op.kind, op.output, params, op.flops, op.mem_bytes, inputs, attrs, fused_ops(op),
+            share)  # fmt: skip
 
 
-def _batches(c: OpConfigs) -> Iterable[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
-    """Groups of partitions that share task count and device sets, for one vectorized step.
+def _overlapping_pairs(
+    sizes: tuple[int, ...], degrees: tuple[int, ...], nlo: np.ndarray, nhi: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every (consumer task, producer task) pair whose producer box (equal partition of
+    `sizes` by `degrees`) overlaps the consumer's needed box [nlo, nhi) (k_v, n), with the
+    overlap volume: the producer cells each needed range meets, enumerated per consumer."""
+    width = np.asarray(sizes, dtype=np.int64) // np.asarray(degrees, dtype=np.int64)
+    c1 = nlo // width
+    c2 = np.where(nhi > nlo, -(-nhi // width), c1)  # an empty need meets nothing
+    span = c2 - c1
+    counts = np.prod(span, axis=1)
+    q = np.repeat(np.arange(len(nlo)), counts)
+    rank = np.arange(len(q)) - np.repeat(np.cumsum(counts) - counts, counts)
+    idx = np.empty((len(q), len(sizes)), dtype=np.int64)
+    for d in range(len(sizes) - 1, -1, -1):  # row-major digits of the rank within the box
+        idx[:, d] = c1[q, d] + rank % span[q, d]
+        rank //= span[q, d]
+    top = np.minimum((idx + 1) * width, nhi[q])
+    vol = np.prod(top - np.maximum(idx * width, nlo[q]), axis=1, dtype=np.float64)
+    p = np.ravel_multi_index(tuple(idx.T), degrees) if len(sizes) else np.zeros_like(q)
+    return q, np.asarray(p, dtype=np.int64), vol
 
-    Yields (tasks k, partition indices (A,), device sets (O, k), config indices (A, O)).
-    """
-    batches: dict[tuple[int, int], list[int]] = {}
-    for g, (part, sets, _) in enumerate(c.groups):
-        batches.setdefault((math.prod(part), len(sets)), []).append(g)
-    for (k, _), gs in batches.items():
-        sets = c.groups[gs[0]][1]
-        cfg_idx = np.stack([c.groups[g][2] for g in gs])
-        yield k, np.array(gs), sets, cfg_idx
+
+def _boxes(sizes: tuple[int, ...], degrees: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Output boxes [lo, hi) of every task (row-major): two (k, n) arrays."""
+    k = math.prod(degrees)
+    idx = np.stack(np.unravel_index(np.arange(k), degrees), axis=1).reshape(k, len(degrees))
+    step = np.asarray(sizes, dtype=np.int64) // np.asarray(degrees, dtype=np.int64)
+    return idx * step, (idx + 1) * step
 
 
-def _box(sizes: tuple[int, ...], degrees: tuple[int, ...], task: int) -> list[tuple[int, int]]:
-    idx = np.unravel_index(task, degrees)
-    return [
-        (int(i) * (s // g), (int(i) + 1) * (s // g))
-        for i, s, g in zip(idx, sizes, degrees, strict=True)
-    ]
-
-
-def _need(
-    m: DimMap, size: int, out_dims: tuple[str, ...], out_box: list[tuple[int, int]]
-) -> tuple[int, int]:
-    if m.kind == "full":
-        return 0, size
-    a, b = out_box[out_dims.index(m.out_dim)]
-    if m.kind == "window":
-        a, b = a * m.stride - m.pad, (b - 1) * m.stride - m.pad + m.dilation * (m.kernel - 1) + 1
-    elif m.kind == "offset":
-        a, b = a - m.offset, b - m.offset
-    a, b = min(max(a, 0), size), min(max(b, 0), size)
-    return a, max(a, b)
+def _needs(
+    maps: tuple[DimMap, ...],
+    sizes: tuple[int, ...],
+    out_dims: tuple[str, ...],
+    olo: np.ndarray,
+    ohi: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Input boxes the consumer tasks need, from their output boxes: two (k, n_in) arrays."""
+    k = olo.shape[0]
+    lo = np.zeros((k, len(maps)), dtype=np.int64)
+    hi = np.zeros((k, len(maps)), dtype=np.int64)
+    for d, (m, size) in enumerate(zip(maps, sizes, strict=True)):
+        if m.kind == "full":
+            hi[:, d] = size
+            continue
+        a, b = olo[:, out_dims.index(m.out_dim)], ohi[:, out_dims.index(m.out_dim)]
+        if m.kind == "window":
+            a, b = (
+                a * m.stride - m.pad,
+                (b - 1) * m.stride - m.pad + m.dilation * (m.kernel - 1) + 1,
+            )
+        elif m.kind == "offset":
+            a, b = a - m.offset, b - m.offset
+        lo[:, d] = np.clip(a, 0, size)
+        hi[:, d] = np.maximum(lo[:, d], np.clip(b, 0, size))
+    return lo, hi

@@ -318,10 +318,12 @@ def profile_graph(
     max_configs: int | None = None,
     progress: Progress | None = None,
     refresh: bool = False,
+    space: str = "full",
 ) -> Path:
     """Measure every distinct task shape of `graph`'s configs on `devices` and cache them.
 
-    For each op and each config in `ConfigSpace(graph, devices, max_configs)`, the task shape
+    For each op and each config in `ConfigSpace(graph, devices, max_configs, space)` (the
+    mesh space's shapes are a subset of the full space's), the task shape
     (`task_key`) is timed once: 2 warm-up runs of forward + backward, then `repeats` timed
     runs, the median, with `torch.set_num_threads(1)` (restored after). Shapes already in the
     cache are skipped unless `refresh`. The cache file is merged, not overwritten, and written
@@ -344,7 +346,8 @@ def profile_graph(
     path = cache_path(key)
     data = _read_cache(path) if path.exists() else _new_cache(key)
     started, load_before = time.perf_counter(), _loadavg()
-    todo = _distinct_tasks(graph, devices, max_configs, set() if refresh else set(data["entries"]))
+    skip = set() if refresh else set(data["entries"])
+    todo = _distinct_tasks(graph, devices, max_configs, skip, space)
     measured: dict[str, float] = {}
     threads = torch.get_num_threads()
     torch.set_num_threads(PROFILE_THREADS)
@@ -362,6 +365,7 @@ def profile_graph(
             "fingerprint": graph.fingerprint(),
             "devices": devices.name,
             "max_configs": max_configs,
+            "space": space,
             "repeats": repeats,
             "shapes": len(todo),
             "measured": len(measured),
@@ -395,10 +399,14 @@ def _merge_and_write(path: Path, key: str, measured: dict[str, float], record: A
 
 
 def _distinct_tasks(
-    graph: OpGraph, devices: DeviceGraph, max_configs: int | None, skip: set[str]
+    graph: OpGraph,
+    devices: DeviceGraph,
+    max_configs: int | None,
+    skip: set[str],
+    kind: str = "full",
 ) -> dict[str, tuple[int, ParallelConfig]]:
     """Task key -> the first (op index, config) that has it, in graph and config order."""
-    space = ConfigSpace(graph, devices, max_configs)
+    space = ConfigSpace(graph, devices, max_configs, kind)
     todo: dict[str, tuple[int, ParallelConfig]] = {}
     for i, op in enumerate(graph.ops):
         if op.kind == "input":

@@ -790,6 +790,9 @@ def build_model(
     return module.train(), inputs
 
 
+MAX_BATCH = 2**60  # beyond it a float32 activation's byte size no longer fits in 64 bits
+
+
 def model_graph(
     name: str, batch: int | None = None, coarsen: bool = True, **kwargs: Any
 ) -> OpGraph:
@@ -798,7 +801,18 @@ def model_graph(
     from planner.graph.coarsen import coarsen as coarsen_graph
 
     if batch is not None:
+        if batch >= MAX_BATCH:  # 4-byte samples past 2^62 bytes: 64-bit sizes overflow
+            raise LayerwiseError(
+                f"batch {batch} of {name!r} is beyond 64-bit tensor sizes: use a smaller batch"
+            )
         kwargs["batch"] = batch
-    module, inputs = build_model(name, device="meta", **kwargs)
-    graph = capture(module, inputs, name)
+    try:
+        module, inputs = build_model(name, device="meta", **kwargs)
+        graph = capture(module, inputs, name)
+    except (RuntimeError, OverflowError) as exc:  # e.g. torch: a size beyond 64 bits
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        raise LayerwiseError(
+            f"model {name!r} cannot be captured with {kwargs}: "
+            f"{lines[0] if lines else type(exc).__name__} (use smaller sizes)"
+        ) from None
     return coarsen_graph(graph) if coarsen else graph

@@ -16,6 +16,11 @@ DNN behind it: it is the shape of the public IOPDDL auto-sharding problems.
 For DNN problems the liveness of node i in the forward/backward order is [i, 2n - i): its
 output and parameters are live from its forward until its backward, so the peak (all nodes
 live at the turn from forward to backward) is the sum of every node's usage.
+
+`build_problem` searches a config space of kind "full", "mesh" or "auto" (docs/space.md),
+estimates the tables' sizes and checks them against a budget and the devices' memory before
+building (`planner.problems.sizes`), and gives ops and edges with equal cost signatures the
+same read-only table; the arrays may therefore be shared between nodes and edges.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ import numpy as np
 
 from planner.costs.config import ParallelConfig
 from planner.errors import ConfigError, ProblemError
+from planner.problems import sizes
+from planner.problems.baselines import BASELINES, applicable
+from planner.problems.sizes import DEFAULT_TABLE_BUDGET
 
 if TYPE_CHECKING:
     from planner.costs.config import ConfigSpace
@@ -69,6 +77,11 @@ class Problem:
         return tuple(len(c) for c in self.node_cost)
 
     @property
+    def space_kind(self) -> str | None:
+        """The config space searched ("full" or "mesh"); None for a cost-table problem."""
+        return self.space.kind if self.space is not None else None
+
+    @property
     def has_memory_limit(self) -> bool:
         return self.usage_limit is not None
 
@@ -93,7 +106,12 @@ class Problem:
         for ops, c in zip(self.ops_of_nodes, ch, strict=True):
             for i in ops:
                 configs[i] = self.space[i].configs[c]
-        return Strategy(self.graph, self.devices, tuple(c for c in configs if c is not None))
+        return Strategy(
+            self.graph,
+            self.devices,
+            tuple(c for c in configs if c is not None),
+            space=self.space.describe(),
+        )
 
     @property
     def ops_of_nodes(self) -> tuple[tuple[int, ...], ...]:
@@ -164,49 +182,153 @@ def build_problem(
     memory_limit: float | str | None = None,
     progress: Callable[[int, int], None] | None = None,
     tie_groups: bool = True,
+    space: str = "auto",
+    table_budget: float | None = DEFAULT_TABLE_BUDGET,
+    max_split_dims: int | None = None,
 ) -> Problem:
     """Cost tables for every op and edge of `graph` on `devices`.
 
     memory_limit: None (no limit), "device" (each device's own memory), or bytes per device.
     tie_groups: one decision per shared parameter group (see the module docstring).
+    space: "full" (every config), "mesh" (structured, homogeneous clusters), or "auto" (full
+    when its tables are small, else mesh; docs/space.md). table_budget: bytes the tables may
+    take (None: no limit); past it, SizeError names the options that make the problem smaller.
+    max_split_dims: at most this many split dims per partition (mesh default 2).
+
+    Before building, the sizes are estimated and checked (`planner.problems.sizes`): tensors
+    beyond 64-bit sizes and models that fit no placement of the devices' memory are refused.
+    Ops (and edges) with equal signatures share one read-only table; `stats` counts them.
     """
     from planner.costs.config import ConfigSpace
     from planner.costs.costmodel import CostModel
 
     t0 = time.perf_counter()
     cm = cost_model or CostModel(graph, devices)
-    space = ConfigSpace(graph, devices, max_configs=max_configs)
-    node_cost = tuple(cm.node_table(i, space[i]) for i in range(len(graph.ops)))
-    usage = tuple(cm.memory_table(i, space[i]) for i in range(len(graph.ops)))
+    sizes.check_int64(graph)
+    sizes.check_memory_fits(graph, devices, cm.options)
+    kind, est = choose_space(graph, devices, cm, space, max_configs, max_split_dims)
+    if table_budget is not None:
+        sizes.check_budget(est, table_budget, f"{graph.name} on {devices.name}")
+    seeds = baseline_seeds(graph, devices) if kind == "mesh" else None
+    cspace = ConfigSpace(graph, devices, max_configs, kind, max_split_dims, seeds)
+    n = len(graph.ops)
+    node_key = [(cm.node_signature(i), id(cspace[i])) for i in range(n)]
+    nodes: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
+    for i, key in enumerate(node_key):
+        if key not in nodes:
+            nodes[key] = (
+                _frozen(cm.node_table(i, cspace[i])),
+                _frozen(cm.memory_table(i, cspace[i])),
+            )
+    node_cost = tuple(nodes[key][0] for key in node_key)
+    usage = tuple(nodes[key][1] for key in node_key)
     t1 = time.perf_counter()
     edges, edge_cost = [], []
+    tables: dict[Any, np.ndarray] = {}
     for k, e in enumerate(graph.edges):
+        edge_key = (cm.edge_signature(e), id(cspace[e.src]), id(cspace[e.dst]))
+        if edge_key not in tables:
+            tables[edge_key] = _frozen(cm.edge_table(e, cspace[e.src], cspace[e.dst]))
         edges.append((e.src, e.dst))
-        edge_cost.append(cm.edge_table(e, space[e.src], space[e.dst]))
+        edge_cost.append(tables[edge_key])
         if progress is not None:
             progress(k + 1, len(graph.edges))
-    n = len(graph.ops)
     intervals = np.array([[i, 2 * n - i] for i in range(n)], dtype=np.int64)
-    node_ops = tied_nodes(graph, space) if tie_groups else [[i] for i in range(n)]
-    tables = _tie(node_ops, node_cost, usage, intervals, edges, edge_cost)
+    node_ops = tied_nodes(graph, cspace) if tie_groups else [[i] for i in range(n)]
+    tied = _tie(node_ops, node_cost, usage, intervals, edges, edge_cost)
     limit = _memory_limit(memory_limit, devices)
     t2 = time.perf_counter()
+    configs = [len(c) for c in node_cost]
+    stats = {
+        "node_seconds": t1 - t0,
+        "edge_seconds": t2 - t1,
+        "build_seconds": t2 - t0,
+        "configs_max": float(max(configs)),
+        "configs_total": float(sum(configs)),
+        "node_tables": float(n),
+        "node_tables_distinct": float(len(nodes)),
+        "edge_tables": float(len(edge_cost)),
+        "edge_tables_distinct": float(len(tables)),
+        "edge_entries": float(sum(t.size for t in edge_cost)),
+        "edge_entries_distinct": float(sum(t.size for t in tables.values())),
+        "table_bytes": float(
+            sum(a.nbytes + b.nbytes for a, b in nodes.values())
+            + sum(t.nbytes for t in tables.values())
+        ),
+        "estimated_bytes": float(est.table_bytes),
+        "estimated_seconds": est.seconds,
+    }
     return Problem(
         name=graph.name,
         node_names=tuple(_node_name(graph, ops) for ops in node_ops),
-        node_cost=tables[0],
-        edges=tables[3],
-        edge_cost=tables[4],
-        usage=tables[1],
-        intervals=tables[2],
+        node_cost=tied[0],
+        edges=tied[3],
+        edge_cost=tied[4],
+        usage=tied[1],
+        intervals=tied[2],
         usage_limit=limit,
         graph=graph,
         devices=devices,
-        space=space,
+        space=cspace,
         cost_model=cm,
         node_ops=tuple(tuple(ops) for ops in node_ops),
-        stats={"node_seconds": t1 - t0, "edge_seconds": t2 - t1, "build_seconds": t2 - t0},
+        stats=stats,
     )
+
+
+def choose_space(
+    graph: OpGraph,
+    devices: DeviceGraph,
+    cost_model: CostModel,
+    space: str = "auto",
+    max_configs: int | None = None,
+    max_split_dims: int | None = None,
+) -> tuple[str, sizes.SizeEstimate]:
+    """The space kind `space` resolves to, and its size estimate. "auto" is the full space
+    when its tables would take at most AUTO_FULL_BYTES and AUTO_FULL_SECONDS to build, else
+    the mesh space (the full space when the cluster is not homogeneous)."""
+    if space not in sizes.SPACES:
+        raise ProblemError(f"space must be one of {sizes.SPACES}, got {space!r}")
+    hierarchy = cost_model.hierarchy
+    if space == "mesh" and hierarchy is None:
+        raise ProblemError(
+            f"the mesh config space needs a homogeneous cluster of nested groups, and "
+            f"{devices.name!r} is not one: use space='full' (--space full)"
+        )
+    sigs = [cost_model.node_signature(i) for i in range(len(graph.ops))]
+    edge_sigs = [cost_model.edge_signature(e) for e in graph.edges]
+    hosts = len({d.host for d in devices.devices})
+    level_sizes = hierarchy.sizes if hierarchy is not None else None
+
+    def est(kind: str) -> sizes.SizeEstimate:
+        seeds = len(BASELINES) if kind == "mesh" else 0
+        split = max_split_dims if kind == "mesh" or max_split_dims is not None else None
+        return sizes.estimate(
+            graph, devices.num_devices, kind, level_sizes, hosts, split, max_configs, seeds,
+            sigs, edge_sigs,
+        )  # fmt: skip
+
+    if space != "auto":
+        return space, est(space)
+    full = est("full")
+    cheap = full.table_bytes <= sizes.AUTO_FULL_BYTES and full.seconds <= sizes.AUTO_FULL_SECONDS
+    if cheap or hierarchy is None:
+        return "full", full
+    return "mesh", est("mesh")
+
+
+def baseline_seeds(graph: OpGraph, devices: DeviceGraph) -> list[list[ParallelConfig]]:
+    """Per op, the configs the baseline strategies give it (the mesh space holds them all)."""
+    seeds: list[list[ParallelConfig]] = [[] for _ in graph.ops]
+    for name in applicable(graph):
+        for i, cfg in enumerate(BASELINES[name](graph, devices).configs):
+            seeds[i].append(cfg)
+    return seeds
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
 
 
 def _node_name(graph: OpGraph, ops: list[int]) -> str:

@@ -1,6 +1,8 @@
 """A Strategy: one ParallelConfig per op, and its JSON file.
 
-The file records the configs by op name plus the graph and the device graph it was made for:
+The file records the configs by op name, the config space they were searched in ("space":
+kind, caps, hierarchy; see docs/space.md) when known, plus the graph and the device graph it
+was made for:
 their fingerprints always, and the graphs themselves embedded (so `planner evaluate` and the
 runtime need nothing else), with the zoo model name and arguments when there is one. Loading
 it against another graph or machine, a degree that does not divide, or a device out of range
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,9 @@ class Strategy:
     graph: OpGraph
     devices: DeviceGraph
     configs: tuple[ParallelConfig, ...]
+    # The config space the strategy was searched in (`ConfigSpace.describe()`), recorded in
+    # plan files; not part of the strategy's identity.
+    space: Mapping[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.configs) != len(self.graph.ops):
@@ -75,6 +80,8 @@ class Strategy:
                 op.name: c.to_json(op) for op, c in zip(self.graph.ops, self.configs, strict=True)
             },
         }
+        if self.space is not None:
+            data["space"] = dict(self.space)
         return data
 
     def save(self, path: str | Path, **kwargs: Any) -> None:
@@ -121,7 +128,10 @@ def strategy_from_json(
             out.append(ParallelConfig.from_json(op, configs[op.name], devices.num_devices))
         except (ConfigError, TypeError, ValueError, AttributeError) as exc:
             raise StrategyError(f"bad config for op {op.name!r}: {exc}") from None
-    return Strategy(graph, devices, tuple(out))
+    space = data.get("space")
+    if space is not None and not isinstance(space, Mapping):
+        raise StrategyError(f'the strategy file\'s "space" must be an object, got {space!r}')
+    return Strategy(graph, devices, tuple(out), space=space)
 
 
 def _check_fingerprint(what: str, meta: Mapping[str, Any], name: str, actual: str) -> None:

@@ -1,0 +1,344 @@
+"""Sizes before building, and the guards that use them (docs/space.md, "Guards").
+
+Every size of a Problem is known from counts before any table is built: configs per op
+(`config.count_partitions` times the device sets per task count), the distinct node, memory
+and edge tables (ops and edges with equal signatures share one table), their entries and
+bytes, the device graph's D x D route tables. `estimate` computes them (and a rough build
+time) in milliseconds with little memory; `check_budget` stops with one line that says how
+big the problem would be and which option makes it smaller. Two more guards catch absurd
+inputs before any work: `check_int64` (a tensor too large for 64-bit byte offsets) and
+`check_memory_fits` (no placement at all fits the devices' memory); `check_devices_spec`
+refuses a preset whose device graph alone would not fit, before it is built. After a search,
+`strategy_memory` reports a strategy's peak bytes per device against each device's memory.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from planner.costs.config import MESH_MAX_SPLIT_DIMS, count_partitions
+from planner.costs.mesh import mesh_blocks
+from planner.errors import ProblemError
+from planner.graph.opkinds import parallel_dims, split_unit
+
+if TYPE_CHECKING:
+    from planner.costs.costmodel import CostModel, CostOptions
+    from planner.graph.opgraph import OpGraph
+    from planner.hardware.devices import DeviceGraph
+    from planner.problems.strategy import Strategy
+
+GiB = 2**30
+DEFAULT_TABLE_BUDGET = 4 * GiB
+# `space="auto"` takes the full space when its tables would need at most this many bytes and
+# its estimated build time is at most AUTO_FULL_SECONDS, else the mesh space.
+AUTO_FULL_BYTES = 256 * 2**20
+AUTO_FULL_SECONDS = 30.0
+SPACES = ("auto", "full", "mesh")
+INT64_BYTES = 2**62  # largest tensor (in bytes) whose offsets, halos and products fit int64
+
+# Rough seconds per unit of work, measured on the 2-core development machine (docs/space.md):
+# hierarchical t_x per (config pair, task), dense t_x per (config pair, task pair), node
+# tables per config, device routes per device pair.
+SECONDS_PER_PAIR_TASK = 1.5e-7
+SECONDS_PER_TASK_PAIR = 2e-8
+SECONDS_PER_CONFIG = 1e-4
+SECONDS_PER_ROUTE = 2e-5
+ROUTE_BYTES = 3 * 8 + 64  # inv_bandwidth, latency, message cost, and the route itself
+
+
+class SizeError(ProblemError):
+    """A problem too large to build, an input beyond 64-bit sizes, or a plan too large for
+    the devices' memory."""
+
+
+def parse_bytes(text: str) -> int:
+    """'4GiB', '512MiB', '2G', '1e9' -> bytes (binary units for KiB/MiB/GiB/TiB and K/M/G/T)."""
+    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]?)(i?B)?\s*", text)
+    if match is None:
+        raise SizeError(f"expected a size such as 4GiB, 512MiB or 1e9 (bytes), got {text!r}")
+    try:
+        value = float(match[1])
+    except ValueError:
+        raise SizeError(f"expected a size such as 4GiB, got {text!r}") from None
+    value *= 1024 ** " KMGT".index(match[2] or " ")
+    if not (math.isfinite(value) and value > 0):
+        raise SizeError(f"a size must be positive, got {text!r}")
+    return int(value)
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n / 1024:.3g} KiB"
+
+
+@dataclass(frozen=True)
+class SizeEstimate:
+    """What a Problem would hold, from counts alone."""
+
+    space: str
+    num_devices: int
+    configs_max: int
+    configs_total: int
+    node_tables: int  # distinct (shared by ops with equal signatures)
+    edge_tables: int
+    edge_entries: int  # in the distinct edge tables
+    edge_entries_all: int  # if every edge had its own table
+    node_entries: int  # configs of the distinct node tables (a memory table has D per config)
+    seconds: float  # rough build time
+
+    @property
+    def table_bytes(self) -> int:
+        """float64 node, memory (C x D) and edge tables, plus the D x D route tables."""
+        return (
+            8 * (self.node_entries * (1 + self.num_devices) + self.edge_entries)
+            + ROUTE_BYTES * self.num_devices**2
+        )
+
+    def describe(self) -> str:
+        return (
+            f"{self.space} config space on {self.num_devices:,} devices: up to "
+            f"{self.configs_max:,} configs per op, {self.edge_entries:,} edge-table entries in "
+            f"{self.edge_tables} distinct tables, {format_bytes(self.table_bytes)} of tables, "
+            f"~{self.seconds:.0f} s to build"
+        )
+
+
+def op_space_key(graph: OpGraph, i: int) -> tuple[Any, ...]:
+    """What op i's candidate configs depend on (ops with equal keys share one config list)."""
+    op = graph.ops[i]
+    pdims = parallel_dims(op)
+    return tuple((d, s, d in pdims, split_unit(op, d)) for d, s in op.output.shape)
+
+
+def op_configs(
+    graph: OpGraph,
+    i: int,
+    num_devices: int,
+    kind: str,
+    sizes: Sequence[int] | None = None,
+    hosts: int = 1,
+    max_split_dims: int | None = None,
+    max_configs: int | None = None,
+    seeds: int = 0,
+) -> tuple[int, float]:
+    """(configs, task count summed over them) of op i in a `kind` space, without listing
+    them. sizes: the hierarchy (mesh); hosts: host count (the full space's strided sets)."""
+    if kind == "mesh" and max_split_dims is None:
+        max_split_dims = MESH_MAX_SPLIT_DIMS
+    parts = count_partitions(graph.ops[i], num_devices, max_split_dims)
+    configs, tasks = 0, 0.0
+    for k, n in sorted(parts.items(), reverse=True):
+        if kind == "mesh":
+            assert sizes is not None
+            sets = len(mesh_blocks(sizes, k))
+        else:
+            local = num_devices // hosts if num_devices % hosts == 0 else 0
+            sets = num_devices // k + (local if k == hosts and hosts > 1 and local > 1 else 0)
+        take = n * sets if max_configs is None else min(n * sets, max_configs - configs)
+        configs += take
+        tasks += take * k
+        if max_configs is not None and configs >= max_configs:
+            break
+    return configs + seeds, tasks + seeds * num_devices
+
+
+def estimate(
+    graph: OpGraph,
+    num_devices: int,
+    kind: str,
+    sizes: Sequence[int] | None = None,
+    hosts: int = 1,
+    max_split_dims: int | None = None,
+    max_configs: int | None = None,
+    seeds: int = 0,
+    signatures: Sequence[Any] | None = None,
+    edge_signatures: Sequence[Any] | None = None,
+) -> SizeEstimate:
+    """The sizes of `graph`'s Problem in a `kind` space ("full" or "mesh"). signatures: each
+    op's node-table signature (`CostModel.node_signature`), edge_signatures each edge's
+    (`CostModel.edge_signature`); ops (edges) with equal signatures and config lists share
+    tables (default: every op and edge its own)."""
+    keys = [op_space_key(graph, i) for i in range(len(graph.ops))]
+    count: dict[Any, tuple[int, float]] = {}
+    for key, i in {k: i for i, k in reversed(list(enumerate(keys)))}.items():
+        count[key] = op_configs(
+            graph, i, num_devices, kind, sizes, hosts, max_split_dims, max_configs, seeds
+        )
+    configs = [count[key][0] for key in keys]
+    mean_tasks = [count[key][1] / max(1, count[key][0]) for key in keys]
+    sigs = signatures if signatures is not None else list(range(len(graph.ops)))
+    nodes = {(sigs[i], keys[i]): configs[i] for i in range(len(graph.ops))}
+    edges: dict[Any, tuple[int, int]] = {}
+    hierarchical = kind == "mesh" or sizes is not None
+    seconds = SECONDS_PER_CONFIG * sum(nodes.values()) + SECONDS_PER_ROUTE * num_devices**2
+    for n, e in enumerate(graph.edges):
+        sig = edge_signatures[n] if edge_signatures is not None else n
+        key = (sig, keys[e.src], keys[e.dst])
+        if key in edges:
+            continue
+        cu, cv = configs[e.src], configs[e.dst]
+        edges[key] = (cu, cv)
+        ku, kv = mean_tasks[e.src], mean_tasks[e.dst]
+        if hierarchical:
+            seconds += SECONDS_PER_PAIR_TASK * cu * cv * (ku + kv)
+        else:
+            seconds += SECONDS_PER_TASK_PAIR * cu * cv * ku * kv
+    return SizeEstimate(
+        space=kind,
+        num_devices=num_devices,
+        configs_max=max(configs, default=0),
+        configs_total=sum(configs),
+        node_tables=len(nodes),
+        edge_tables=len(edges),
+        edge_entries=sum(a * b for a, b in edges.values()),
+        edge_entries_all=sum(configs[e.src] * configs[e.dst] for e in graph.edges),
+        node_entries=sum(nodes.values()),
+        seconds=seconds,
+    )
+
+
+def check_budget(est: SizeEstimate, budget: float, name: str) -> None:
+    """Stop with one line when the estimated tables exceed `budget` bytes."""
+    if est.table_bytes <= budget:
+        return
+    smaller = ["fewer devices", "--max-configs N"]
+    if est.space == "full":
+        smaller.insert(0, "--space mesh")
+    elif est.space == "mesh":
+        smaller.insert(0, "--max-split-dims 1")
+    raise SizeError(
+        f"{name}: the {est.describe()}, over the table budget of {format_bytes(budget)}: "
+        f"make it smaller with {', '.join(smaller)} (or raise --table-budget)"
+    )
+
+
+# -- absurd inputs ----------------------------------------------------------------------------
+
+
+def check_int64(graph: OpGraph) -> None:
+    """Every tensor must be small enough for 64-bit byte offsets, halos and products."""
+    for op in graph.ops:
+        nbytes = math.prod(op.output.sizes) * op.output.dtype_bytes
+        if nbytes >= INT64_BYTES:
+            raise SizeError(
+                f"op {op.name!r} of {graph.name!r} outputs a {format_bytes(nbytes)} tensor "
+                f"{dict(op.output.shape)}: beyond 64-bit sizes; use a smaller batch"
+            )
+
+
+def least_memory(graph: OpGraph, options: CostOptions) -> float:
+    """Bytes every placement must keep somewhere at the turn from forward to backward: each
+    op's output once and its parameters `param_copies` times (shared groups once)."""
+    groups: dict[str, int] = {}
+    for op in graph.ops:
+        if op.param_group is not None:
+            groups[op.param_group] = groups.get(op.param_group, 0) + 1
+    total = 0.0
+    for op in graph.ops:
+        share = groups.get(op.param_group, 1) if op.param_group is not None else 1
+        total += float(op.output.nbytes) + op.param_bytes * options.param_copies / share
+    return total
+
+
+def check_memory_fits(graph: OpGraph, devices: DeviceGraph, options: CostOptions) -> None:
+    """Stop when even spread evenly over every device the model cannot fit: the least bytes
+    any placement needs (`least_memory`) exceed the devices' memory summed."""
+    need = least_memory(graph, options)
+    have = float(sum(d.memory for d in devices.devices))
+    if need <= have:
+        return
+    n = devices.num_devices
+    raise SizeError(
+        f"{graph.name!r} needs at least {format_bytes(need)} of activations and parameters; "
+        f"spread evenly over the {n:,} devices of {devices.name!r} that is "
+        f"{format_bytes(need / n)} per device, more than their {format_bytes(have / n)}: "
+        f"use a smaller batch or more devices"
+    )
+
+
+_PRESET_COUNTS: list[tuple[re.Pattern[str], Any]] = [
+    (re.compile(r"(?:p100|k80)-(\d+)x(\d+)"), lambda m: int(m[1]) * int(m[2])),
+    (re.compile(r"cpu-local-(\d+)"), lambda m: int(m[1])),
+]
+
+
+def preset_devices(spec: str) -> int | None:
+    """The device count of a preset name of a scalable form (p100-NxG, k80-NxG, cpu-local-N)
+    without building it; None for other specs."""
+    for pattern, count in _PRESET_COUNTS:
+        match = pattern.fullmatch(spec)
+        if match:
+            return int(count(match))
+    return None
+
+
+def check_devices_spec(spec: str, budget: float = DEFAULT_TABLE_BUDGET) -> None:
+    """Refuse a preset whose D x D route tables alone exceed `budget`, before building it."""
+    n = preset_devices(spec)
+    if n is None or ROUTE_BYTES * n * n <= budget:
+        return
+    raise SizeError(
+        f"{spec} has {n:,} devices: its device-pair route tables alone would need "
+        f"{format_bytes(ROUTE_BYTES * n * n)}, over the table budget of {format_bytes(budget)}: "
+        f"use fewer devices (or raise --table-budget)"
+    )
+
+
+# -- after a search ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """A strategy's peak bytes per device (every op's parameters and output live at the turn
+    from forward to backward) against each device's memory."""
+
+    peak: np.ndarray  # (D,)
+    capacity: np.ndarray  # (D,)
+    names: tuple[str, ...]
+
+    @property
+    def fits(self) -> bool:
+        return bool((self.peak <= self.capacity).all())
+
+    @property
+    def worst(self) -> int:
+        """The device with the largest peak / capacity."""
+        return int(np.argmax(self.peak / self.capacity))
+
+    def describe(self) -> str:
+        d = self.worst
+        return (
+            f"peak {format_bytes(float(self.peak[d]))} on {self.names[d]} of "
+            f"{format_bytes(float(self.capacity[d]))}"
+        )
+
+
+def strategy_memory(cost_model: CostModel, strategy: Strategy) -> MemoryFit:
+    """Peak bytes per device of `strategy` (the cost model's memory rule) and the capacity."""
+    peak = np.zeros(cost_model.num_devices)
+    for i, cfg in enumerate(strategy.configs):
+        peak += cost_model.memory(i, cfg)
+    devices = cost_model.devices.devices
+    return MemoryFit(
+        peak, np.array([float(d.memory) for d in devices]), tuple(d.name for d in devices)
+    )
+
+
+def check_strategy_memory(cost_model: CostModel, strategy: Strategy) -> MemoryFit:
+    """The strategy's MemoryFit; SizeError when some device's peak exceeds its memory."""
+    fit = strategy_memory(cost_model, strategy)
+    if not fit.fits:
+        raise SizeError(
+            f"the plan does not fit the devices' memory ({fit.describe()}): plan again with "
+            f"memory_limit='device' (--memory-limit device), or use more devices or a "
+            f"smaller batch"
+        )
+    return fit

@@ -23,24 +23,23 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from backends import SolveOptions
-from experiments.runinfo import finish, load_line, recorded_args, run_info
 from experiments.throughput import (
     Point,
+    Reproduction,
     Setting,
     baseline_point,
     build,
     fmt,
-    load_results,
     lookup,
-    plot_throughput,
     ratio,
+    reproduce,
     result_point,
-    save_results,
     solve,
 )
 from planner.cli import OneLineArgumentParser, nonnegative_int, positive_int, positive_seconds
@@ -54,8 +53,6 @@ STRATEGIES = ["data_parallel", "expert", "layer-wise", "mcmc"]
 # FlexFlow Sec. 8.2.1 / 8.2.3 (the figure's bars are not in the text).
 PAPER_OVER_BASELINES = {"resnet101": "about 1x"}  # every other model: 1.3-3.3x
 PAPER_OVER_OPTCNN = {"alexnet": "same", "resnet101": "same"}  # others: 1.2-1.6x, 16 P100s
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 NAME = "flexflow_throughput"
 
 
@@ -240,43 +237,30 @@ def _setting(args: argparse.Namespace) -> str:
     )
 
 
+def _tables(args: argparse.Namespace, settings: list[Setting], points: list[Point]) -> list[Any]:
+    out: list[Any] = [
+        throughput_table(points, args.models, args.gpus),
+        paper_table(points, args.models, args.gpus),
+    ]
+    spaces = sorted({s.space for s in settings if s.space != "full"})
+    if spaces:
+        out.append(f"config space above 16 GPUs: {', '.join(spaces)}")
+    return out
+
+
+THROUGHPUT = Reproduction(
+    name=NAME,
+    title="FlexFlow Sec. 8.2 setting",
+    parse_args=lambda argv: parse_args(argv),
+    run=lambda args, console: run(args, console),
+    tables=_tables,
+    setting=lambda args: _setting(args),
+    strategies=STRATEGIES,
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    console = Console()
-    if not console.is_terminal:
-        console.width = max(console.width, 130)
-    try:
-        args = parse_args(argv)
-        if args.from_results:
-            info, settings, points = load_results(args.from_results, NAME)
-            args = recorded_args(args, info)
-            folder = args.from_results.parent
-        else:
-            info = run_info(f"experiments.{NAME}", argv, args)
-            settings, points = run(args, console)
-            info = finish(info)
-            folder = save_results(NAME, args.out, info, settings, points)
-        console.print(throughput_table(points, args.models, args.gpus))
-        console.print(paper_table(points, args.models, args.gpus))
-        console.print(f"setting: {_setting(args)}; {load_line(info)}")
-        spaces = sorted({s.space for s in settings if s.space != "full"})
-        if spaces:
-            console.print(f"config space above 16 GPUs: {', '.join(spaces)}")
-        plot_throughput(
-            points,
-            args.models,
-            STRATEGIES,
-            args.plot or folder / f"{NAME}.png",
-            f"FlexFlow Sec. 8.2 setting: {_setting(args)}",
-            ideal_from="data_parallel",
-        )
-    except (LayerwiseError, OSError) as exc:
-        print(f"error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:  # a second Ctrl-C (the first stops the running search)
-        print("error: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    console.print(f"results in {folder}")
-    return 0
+    return reproduce(THROUGHPUT, argv)
 
 
 if __name__ == "__main__":

@@ -29,19 +29,17 @@ from rich.table import Table
 
 from backends import SolveOptions
 from backends.recommend import recommend
-from experiments.runinfo import finish, load_line, recorded_args, run_info
 from experiments.throughput import (
     Point,
+    Reproduction,
     Setting,
     baseline_point,
     build,
     fmt,
-    load_results,
     lookup,
-    plot_throughput,
     ratio,
+    reproduce,
     result_point,
-    save_results,
     solve,
 )
 from planner.cli import OneLineArgumentParser, positive_int, positive_seconds
@@ -59,8 +57,6 @@ PAPER = {
     "vgg16": {"up_to": 1.5, "scaling": 14.8, "scaling_other": 10.2},
     "inception_v3": {"up_to": 1.4, "scaling": 15.5, "scaling_other": 11.2},
 }
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 NAME = "optcnn_fig7"
 
 
@@ -244,41 +240,24 @@ def _setting(args: argparse.Namespace) -> str:
     )
 
 
+FIG7 = Reproduction(
+    name=NAME,
+    title="OptCNN Fig. 7 setting",
+    parse_args=lambda argv: parse_args(argv),
+    run=lambda args, console: run(args, console),
+    tables=lambda args, settings, points: [
+        throughput_table(points, args.models, args.gpus),
+        paper_table(points, args.models, args.gpus),
+    ],
+    setting=lambda args: _setting(args),
+    strategies=STRATEGIES,
+    width=140,
+    plot_options=lambda args: {"score": args.score},
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    console = Console()
-    if not console.is_terminal:
-        console.width = max(console.width, 140)
-    try:
-        args = parse_args(argv)
-        if args.from_results:
-            info, settings, points = load_results(args.from_results, NAME)
-            args = recorded_args(args, info)
-            folder = args.from_results.parent
-        else:
-            info = run_info(f"experiments.{NAME}", argv, args)
-            settings, points = run(args, console)
-            info = finish(info)
-            folder = save_results(NAME, args.out, info, settings, points)
-        console.print(throughput_table(points, args.models, args.gpus))
-        console.print(paper_table(points, args.models, args.gpus))
-        console.print(f"setting: {_setting(args)}; {load_line(info)}")
-        plot_throughput(
-            points,
-            args.models,
-            STRATEGIES,
-            args.plot or folder / f"{NAME}.png",
-            f"OptCNN Fig. 7 setting: {_setting(args)}",
-            ideal_from="data_parallel",
-            score=args.score,
-        )
-    except (LayerwiseError, OSError) as exc:
-        print(f"error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:  # a second Ctrl-C (the first stops the running search)
-        print("error: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    console.print(f"results in {folder}")
-    return 0
+    return reproduce(FIG7, argv)
 
 
 if __name__ == "__main__":

@@ -11,21 +11,30 @@ need not be in a capped config space.
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import json
 import math
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from backends import BackendError, SolveOptions, SolveResult, get_backend
 from backends.base import evaluate_objective
+from experiments.runinfo import finish, load_line, recorded_args, run_info
 from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
+from planner.errors import LayerwiseError
 from planner.problems.baselines import BASELINES
 from planner.problems.problem import Problem
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
 
 FULL_SPACE_MAX_DEVICES = 16  # above this the full config space is too slow to build today
 
@@ -269,3 +278,57 @@ def plot_throughput(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """What differs between the paper reproductions' command lines (`reproduce` runs one)."""
+
+    name: str  # module name under experiments/, and the results' name
+    title: str  # e.g. "OptCNN Fig. 7 setting"
+    parse_args: Callable[[Sequence[str] | None], argparse.Namespace]
+    run: Callable[[argparse.Namespace, Console], tuple[list[Setting], list[Point]]]
+    tables: Callable[[argparse.Namespace, list[Setting], list[Point]], list[Any]]
+    setting: Callable[[argparse.Namespace], str]  # one line: the modelling choices of the run
+    strategies: Sequence[str]
+    width: int = 130
+    plot_options: Callable[[argparse.Namespace], dict[str, Any]] = lambda args: {}
+
+
+def reproduce(rep: Reproduction, argv: Sequence[str] | None) -> int:
+    """Run (or, with --from-results, reprint) a reproduction: tables, the setting line with the
+    load, a plot; bad input is one `error:` line (exit 2), a second Ctrl-C exit 130."""
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, rep.width)
+    try:
+        args = rep.parse_args(argv)
+        if args.from_results:
+            info, settings, points = load_results(args.from_results, rep.name)
+            args = recorded_args(args, info)
+            folder = args.from_results.parent
+        else:
+            info = run_info(f"experiments.{rep.name}", argv, args)
+            settings, points = rep.run(args, console)
+            info = finish(info)
+            folder = save_results(rep.name, args.out, info, settings, points)
+        for table in rep.tables(args, settings, points):
+            console.print(table)
+        console.print(f"setting: {rep.setting(args)}; {load_line(info)}")
+        plot_throughput(
+            points,
+            args.models,
+            rep.strategies,
+            args.plot or folder / f"{rep.name}.png",
+            f"{rep.title}: {rep.setting(args)}",
+            ideal_from="data_parallel",
+            **rep.plot_options(args),
+        )
+    except (LayerwiseError, OSError) as exc:
+        print(f"error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # a second Ctrl-C (the first stops the running search)
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    console.print(f"results in {folder}")
+    return 0

@@ -12,7 +12,6 @@ need not be in a capped config space.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 import sys
@@ -35,8 +34,6 @@ from planner.problems.problem import Problem
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
-
-FULL_SPACE_MAX_DEVICES = 16  # above this the full config space is too slow to build today
 
 
 class LocalBatchNormCostModel(CostModel):
@@ -93,14 +90,12 @@ def build(
     cluster: str = "p100",
     sync: str = "ring",
     batch_norm: str = "sync",
-    max_configs: int = 96,
+    max_configs: int | None = None,
 ) -> tuple[Problem, Setting]:
-    """The problem of `model` at global `batch` on `gpus` GPUs of `cluster`.
-
-    Up to 16 devices the full config space; above, `space="auto"` where `build_problem`
-    accepts it (the mesh space for large clusters), else the first `max_configs` configs per
-    op in the space's order (the most parallel ones): the Setting says which.
-    """
+    """The problem of `model` at global `batch` on `gpus` GPUs of `cluster`, in the config
+    space `build_problem` picks (`space="auto"`: the full space while its tables are small,
+    else the mesh space, docs/space.md), optionally capped at `max_configs` per op; the
+    Setting says which space was searched."""
     from planner.graph.zoo import model_graph
     from planner.hardware.presets import get_preset
     from planner.problems.problem import build_problem
@@ -110,14 +105,10 @@ def build(
     devices = get_preset(preset)
     model_class = LocalBatchNormCostModel if batch_norm == "local" else CostModel
     cm = model_class(graph, devices, CostOptions(sync=sync))  # type: ignore[arg-type]
-    kwargs: dict[str, Any] = {}
-    space = "full"
-    if devices.num_devices > FULL_SPACE_MAX_DEVICES:
-        if "space" in inspect.signature(build_problem).parameters:
-            kwargs["space"], space = "auto", "auto"
-        else:
-            kwargs["max_configs"], space = max_configs, f"first {max_configs} configs per op"
-    problem = build_problem(graph, devices, cm, **kwargs)
+    problem = build_problem(graph, devices, cm, max_configs, space="auto")
+    space = problem.space_kind or "full"
+    if max_configs is not None:
+        space += f", first {max_configs} configs per op"
     return problem, Setting(model, gpus, preset, batch, sync, batch_norm, space)
 
 

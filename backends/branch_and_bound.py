@@ -68,15 +68,23 @@ class _Search:
         # (0 where that minimum is inf: acc_b is inf there already).
         self.forward: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(n)]
         self.base = [c.copy() for c in self.node_cost]
+        # Tables shared between edges (a Problem shares identical ones) share their diff.
+        seen: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for u, v, t in edges:
-            a, b, rows = (u, v, t) if pos[u] < pos[v] else (v, u, t.T)
-            colmin = rows.min(axis=0)
-            with np.errstate(invalid="ignore"):
-                diff = rows - colmin[None, :]
-            diff[:, np.isinf(colmin)] = 0.0
-            if not lookahead:  # plain DFS: only assigned nodes and edges count
-                colmin = np.zeros_like(colmin)
-                diff = rows
+            flip = pos[u] > pos[v]
+            a, b = (v, u) if flip else (u, v)
+            key = (id(t), flip)
+            if key not in seen:
+                rows = t.T if flip else t
+                colmin = rows.min(axis=0)
+                with np.errstate(invalid="ignore"):
+                    diff = rows - colmin[None, :]
+                diff[:, np.isinf(colmin)] = 0.0
+                if not lookahead:  # plain DFS: only assigned nodes and edges count
+                    colmin = np.zeros_like(colmin)
+                    diff = rows
+                seen[key] = (t, colmin, diff)  # t: keeps the id from being reused
+            _, colmin, diff = seen[key]
             self.forward[a].append((b, diff))
             self.base[b] = self.base[b] + colmin
         self.deadline = deadline
@@ -103,11 +111,27 @@ class _Search:
     def root_bound(self) -> float:
         return float(sum(c.min() for c in self.base))
 
-    def _out_of_time(self) -> bool:
+    def _out_of_time(self, every: int = CHECK_EVERY) -> bool:
         self.expanded += 1
-        if self.expanded % CHECK_EVERY == 0 and past(self.deadline):
+        if self.expanded % every == 0 and past(self.deadline):
             self.timed_out = True
         return self.timed_out
+
+    def greedy(self) -> tuple[tuple[int, ...], float] | None:
+        """One dive, each node taking its cheapest config given the ones before it (the
+        first leaf of the DFS): an incumbent in O(table entries), whatever the deadline."""
+        acc = [c.copy() for c in self.base]
+        choice = [0] * len(self.order)
+        total = 0.0
+        for a in self.order:
+            c = int(np.argmin(acc[a]))
+            if not math.isfinite(acc[a][c]):
+                return None
+            choice[a] = c
+            total += float(acc[a][c])  # exact: every earlier neighbour is assigned
+            for b, diff in self.forward[a]:
+                acc[b] = acc[b] + diff[c]
+        return tuple(choice), total
 
     # -- depth-first branch and bound -----------------------------------------------------
 
@@ -188,7 +212,7 @@ class _Search:
                 return Outcome(best, best_value, True, best_value, self.expanded)
             if len(partial) == n:
                 return Outcome(self._reorder(partial), g, True, g, self.expanded)
-            if self._out_of_time():
+            if self._out_of_time(every=1):  # an A* expansion is costly: look every time
                 return Outcome(best, best_value, False, min(bound, best_value), self.expanded)
             acc, use = self._state(partial)
             depth = len(partial)
@@ -244,6 +268,8 @@ def solve_exact(
     depth-first search OptCNN compares against: pruned only by the cost so far)."""
     deadline = time.perf_counter() + time_limit
     search = _Search(node_cost, edges, order, memory, deadline, lookahead=mode != "plain")
+    if incumbent is None and memory is None:  # anytime: an answer even at a tiny limit
+        incumbent = search.greedy()
     best, value = (incumbent[0], incumbent[1]) if incumbent else (None, math.inf)
     if mode == "astar":
         return search.astar(value, best)

@@ -49,7 +49,7 @@ def speed_row(problem, changes: int, seed: int) -> tuple[int, float, float, int]
         delta_ms.append((t1 - t0) * 1e3)
         full_ms.append((t2 - t1) * 1e3)
         mismatches += sim.timeline().by_key() != ref.timeline().by_key()
-    return sum(sim.alive), statistics.median(full_ms), statistics.median(delta_ms), mismatches
+    return sim.num_tasks, statistics.median(full_ms), statistics.median(delta_ms), mismatches
 
 
 def search_row(problem, proposals: int, seed: int, cap: float) -> tuple[float, float, bool]:  # type: ignore[no-untyped-def]

@@ -151,6 +151,23 @@ def test_chrome_trace_and_gantt(tmp_path) -> None:
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_gantt_of_a_large_cluster_draws_its_busiest_rows() -> None:
+    from planner.sim.simulator import TaskInfo, Timeline
+    from planner.sim.trace import gantt_rows
+
+    tasks = tuple(
+        TaskInfo((0, r, 0, 0, 0, 0), f"fwd op{r} #0", r, 0.0, 1e-3 * (r % 7 + 1))
+        for r in range(300)
+    )
+    timeline = Timeline(tasks, 7e-3, 300, tuple(map(str, range(300))), np.zeros(300))
+    rows, bars, used = gantt_rows(timeline, limit=50)
+    assert used == 300 and len(rows) == 50 and rows == sorted(rows)
+    longest = [r for r in range(300) if r % 7 == 6]  # 42 resources busy 7 ms each
+    assert set(longest) <= set(rows)
+    assert sorted(set(rows) - set(longest)) == [r for r in range(300) if r % 7 == 5][:8]
+    assert bars[6]["fwd"] == [(0.0, 7.0)]
+
+
 @pytest.mark.parametrize(
     "name, preset", [("shared_steps", "p100-2x4"), ("inception", "p100-1x4"), ("rnnlm", "p100-1x4")]
 )

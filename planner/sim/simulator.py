@@ -60,7 +60,11 @@ FWD, BWD, UPDATE = 0, 1, 2  # phases of the program order
 _AFTER = 1 << 20  # task-index offset that orders an op's exchange tasks after its own tasks
 _JOINS = _AFTER // 2  # index offset of a backward join: after the tasks, before the exchanges
 _LAST = (1 << 39) - 1  # pair index that orders a task after every message of a sync
-COST_CACHE = 4096  # (op, config) entries of task times kept for delta simulation
+# Entries kept for delta simulation, which rebuilds the same configs again and again (each
+# cache is emptied when full, so a long search on a large cluster stays bounded).
+COST_CACHE = 4096  # (op, config) -> task times
+PAIRS_CACHE = 4096  # (edge, degrees, degrees) -> task pairs that share data
+HOPS_CACHE = 1 << 18  # (device, device) -> the route's hops
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,8 @@ class Simulator:
                 direction = 0 if link.a == here else 1
                 here = link.b if direction == 0 else link.a
                 hops.append((D + 2 * li + direction, 1.0 / link.bandwidth, link.latency))
+            if len(self._hops_cache) >= HOPS_CACHE:
+                self._hops_cache.clear()
             self._hops_cache[(a, b)] = hops
         return hops
 
@@ -219,6 +225,8 @@ class Simulator:
             )
             nbytes = vol * src.output.dtype_bytes
             found = (p.tolist(), q.tolist(), nbytes.tolist())
+            if len(self._pairs_cache) >= PAIRS_CACHE:
+                self._pairs_cache.clear()
             self._pairs_cache[key] = found
         return found
 

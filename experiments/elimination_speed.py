@@ -9,6 +9,7 @@ against and our branch and bound (`search`), each under a time cap.
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import sys
 import time
@@ -48,7 +49,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dfs-cap", type=float, default=30.0, help="seconds for each DFS run")
     p.add_argument("--dfs-devices", type=int, default=4, help="run the DFS columns up to here")
     p.add_argument("--repeats", type=int, default=3, help="elimination runs (median)")
+    p.add_argument(
+        "--space", default=None, help="config space for build_problem where it takes one"
+    )
     args = p.parse_args(argv)
+    space = {} if args.space is None else {"space": args.space}
+    if space and "space" not in inspect.signature(build_problem).parameters:
+        p.error("this build_problem takes no space= yet")
     t = Table(title="OptCNN Table 3 on this machine: search time, analytic P100 costs")
     for col in (
         "model",
@@ -69,9 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         graph = model_graph(model)
         for preset in args.presets:
             devices = get_preset(preset)
-            cap = args.large_cap if devices.num_devices >= 32 else None
+            cap = args.large_cap if devices.num_devices >= 32 and not space else None
             t0 = time.perf_counter()
-            problem = build_problem(graph, devices, max_configs=cap)
+            problem = build_problem(graph, devices, max_configs=cap, **space)
             build = time.perf_counter() - t0
             runs = [elim.solve(problem, SolveOptions(time_limit=600)) for _ in range(args.repeats)]
             secs = statistics.median(r.stats["search_seconds"] for r in runs)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.base import past
+from backends.base import ProgressLog, past
 
 CHECK_EVERY = 256  # expansions between two looks at the clock
 
@@ -58,6 +58,7 @@ class _Search:
         memory: Memory | None,
         deadline: float,
         lookahead: bool = True,
+        progress: ProgressLog | None = None,
     ):
         n = len(node_cost)
         self.order = list(order) if order is not None else list(range(n))
@@ -88,6 +89,8 @@ class _Search:
             self.forward[a].append((b, diff))
             self.base[b] = self.base[b] + colmin
         self.deadline = deadline
+        self.progress = progress
+        self.best_value = math.inf
         self.expanded = 0
         self.timed_out = False
         self.memory = memory
@@ -113,8 +116,13 @@ class _Search:
 
     def _out_of_time(self, every: int = CHECK_EVERY) -> bool:
         self.expanded += 1
-        if self.expanded % every == 0 and past(self.deadline):
-            self.timed_out = True
+        if self.expanded % every == 0:
+            if past(self.deadline):
+                self.timed_out = True
+            if self.progress is not None:
+                self.progress(
+                    lambda: f"{self.expanded} nodes expanded, best so far {self.best_value:.6g}"
+                )
         return self.timed_out
 
     def greedy(self) -> tuple[tuple[int, ...], float] | None:
@@ -212,6 +220,7 @@ class _Search:
                 return Outcome(best, best_value, True, best_value, self.expanded)
             if len(partial) == n:
                 return Outcome(self._reorder(partial), g, True, g, self.expanded)
+            self.best_value = best_value
             if self._out_of_time(every=1):  # an A* expansion is costly: look every time
                 return Outcome(best, best_value, False, min(bound, best_value), self.expanded)
             acc, use = self._state(partial)
@@ -261,13 +270,16 @@ def solve_exact(
     incumbent: tuple[tuple[int, ...], float] | None = None,
     order: Sequence[int] | None = None,
     mode: str = "dfs",
+    progress: ProgressLog | None = None,
 ) -> Outcome:
     """Minimize node + edge costs exactly, within `time_limit` seconds (then best-so-far).
 
     mode: "dfs" (branch and bound with the admissible bound), "astar", or "plain" (the
     depth-first search OptCNN compares against: pruned only by the cost so far)."""
     deadline = time.perf_counter() + time_limit
-    search = _Search(node_cost, edges, order, memory, deadline, lookahead=mode != "plain")
+    search = _Search(
+        node_cost, edges, order, memory, deadline, lookahead=mode != "plain", progress=progress
+    )
     if incumbent is None and memory is None:  # anytime: an answer even at a tiny limit
         incumbent = search.greedy()
     best, value = (incumbent[0], incumbent[1]) if incumbent else (None, math.inf)

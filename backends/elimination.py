@@ -245,7 +245,7 @@ class EliminationBackend(Backend):
         index = {node: k for k, node in enumerate(final)}
         edges = [(index[a], index[b], _view(t)) for (a, b), t in g.table.items()]
         budget = max(1e-3, deadline - time.perf_counter())
-        out = solve_exact([g.cost[n] for n in final], edges, budget)
+        out = solve_exact([g.cost[n] for n in final], edges, budget, progress=progress)
         stats = {
             "final_nodes": len(final),
             "final_edges": len(edges),

@@ -223,17 +223,23 @@ def test_a_short_time_limit_returns_an_answer_with_a_bound(backend: str, extra: 
         assert not r.stats["eliminations_finished"]
 
 
-def test_elimination_logs_progress(caplog: pytest.LogCaptureFixture, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    "backend, words", [("elimination", "eliminated"), ("search", "best so far")]
+)
+def test_long_searches_log_progress(
+    backend: str, words: str, caplog: pytest.LogCaptureFixture, monkeypatch
+) -> None:
     import functools
+    import importlib
     import logging
 
-    from backends import elimination
     from backends.base import ProgressLog
 
-    monkeypatch.setattr(elimination, "ProgressLog", functools.partial(ProgressLog, every=0.0))
-    with caplog.at_level(logging.INFO, logger="backends.elimination"):
-        _solve("elimination", _big_problem(20, 8))
-    assert any("eliminated" in r.getMessage() for r in caplog.records)
+    module = importlib.import_module(f"backends.{backend}")
+    monkeypatch.setattr(module, "ProgressLog", functools.partial(ProgressLog, every=0.0))
+    with caplog.at_level(logging.INFO, logger=f"backends.{backend}"):
+        get_backend(backend).solve(_big_problem(40, 8), SolveOptions(time_limit=0.5))
+    assert any(words in r.getMessage() for r in caplog.records)
 
 
 def _brute_force_makespan(p: Problem) -> float:

@@ -144,10 +144,24 @@ class Simulator:
         made += fs + bs
         self._starts[(FWD, i)], self._starts[(BWD, i)] = fs, bs
         self._ends[(FWD, i)], self._ends[(BWD, i)] = fs, bs
-        if groups is None or exchange is None:
-            return made
-        # The statistics exchange: each task waits for its group's join of all its members;
-        # inputs still go to the compute tasks, outputs leave after the exchange.
+        if groups is not None and exchange is not None:
+            made += self._build_exchanges(i, devs, fs, bs, groups, exchange)
+        return made
+
+    def _build_exchanges(
+        self,
+        i: int,
+        devs: list[int],
+        fs: list[int],
+        bs: list[int],
+        groups: list[list[int]],
+        exchange: list[float],
+    ) -> list[int]:
+        """Synchronized batch norm: after each forward and backward task, a statistics
+        exchange that waits for its group's join of all its members; inputs still go to the
+        compute tasks, outputs leave after the exchange."""
+        tg, name, back, k = self.tasks, self._names[i], self.n - 1 - i, len(devs)
+        made: list[int] = []
         distinct, group_of = _distinct(groups)
         for phase, tasks, label in ((FWD, fs, "bn stats"), (BWD, bs, "bn grad stats")):
             joins = []
@@ -164,7 +178,7 @@ class Simulator:
                 else [pack(BWD, back, 0, _AFTER + t, 0, 0) for t in range(k)]
             )
             preds = [[joins[g]] for g in group_of]
-            ends = tg.add_many(keys, devs, exchange, f"{label} {op.name} #", preds)
+            ends = tg.add_many(keys, devs, exchange, f"{label} {name} #", preds)
             made += joins + ends
             self._ends[(phase, i)] = ends
         return made

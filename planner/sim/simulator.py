@@ -40,13 +40,15 @@ on every resource is fixed, both give the same timeline, bit for bit (tested).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import gc
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.sim.tasks import JOIN, TaskGraph, pack, unpack
+from planner.sim.tasks import JOIN, TaskBatch, TaskGraph, pack, unpack
 from planner.sim.transfers import transfer_pairs
 
 if TYPE_CHECKING:
@@ -63,7 +65,7 @@ _LAST = (1 << 39) - 1  # pair index that orders a task after every message of a 
 # Entries kept for delta simulation, which rebuilds the same configs again and again (each
 # cache is emptied when full, so a long search on a large cluster stays bounded).
 COST_CACHE = 4096  # (op, config) -> task times
-PAIRS_CACHE = 4096  # (edge, degrees, degrees) -> task pairs that share data
+PAIRS_CACHE = 4096  # (edge shapes, maps, degrees) -> task pairs that share data
 HOPS_CACHE = 1 << 18  # (device, device) -> the route's hops
 
 
@@ -98,9 +100,10 @@ class Simulator:
         self.n = len(self.graph.ops)
         self.configs: list[ParallelConfig | None] = list(configs)  # None: op left out
         self._hops_cache: dict[tuple[int, int], list[tuple[int, float, float]]] = {}
-        self._pairs_cache: dict[tuple[int, tuple[int, ...], tuple[int, ...]], tuple] = {}
+        self._pairs_cache: dict[tuple, tuple] = {}
         self._cost_cache: dict[tuple[int, ParallelConfig], tuple] = {}
         self._names = [op.name for op in self.graph.ops]
+        self._overhead: list[float] = cost_model.overhead.tolist()  # per message, per device
         self._sync_op = _sync_ops(self.graph)
         self._sync_of = {i: s for s, members in self._sync_op.items() for i in members}
         self._incident: list[list[int]] = [[] for _ in range(self.n)]
@@ -132,13 +135,13 @@ class Simulator:
         devs = list(cfg.devices)
         k = len(devs)
         fs = tg.add_many(
-            [pack(FWD, i, 2, t, 0, 0) for t in range(k)], devs, fwd, f"fwd {op.name} #"
+            [pack(FWD, i, 2, t, 0, 0) for t in range(k)], devs, fwd, [f"fwd {op.name} #"] * k
         )
         bs = tg.add_many(
             [pack(BWD, back, 0, t, 0, 0) for t in range(k)],
             devs,
             bwd,
-            f"bwd {op.name} #",
+            [f"bwd {op.name} #"] * k,
             [[f] for f in fs],
         )
         made += fs + bs
@@ -178,7 +181,7 @@ class Simulator:
                 else [pack(BWD, back, 0, _AFTER + t, 0, 0) for t in range(k)]
             )
             preds = [[joins[g]] for g in group_of]
-            ends = tg.add_many(keys, devs, exchange, f"{label} {name} #", preds)
+            ends = tg.add_many(keys, devs, exchange, [f"{label} {name} #"] * k, preds)
             made += joins + ends
             self._ends[(phase, i)] = ends
         return made
@@ -223,21 +226,16 @@ class Simulator:
         return hops
 
     def _pairs(self, e: int, cu: ParallelConfig, cv: ParallelConfig) -> tuple:
-        """(p, q, bytes) of the task pairs of edge e that share data, as Python lists."""
-        key = (e, cu.degrees, cv.degrees)
+        """(p, q, bytes) of the task pairs of edge e that share data, as Python lists (the
+        same for every edge with the same shapes, maps and degrees: unrolled steps)."""
+        edge = self.graph.edges[e]
+        src, dst = self.graph.ops[edge.src].output, self.graph.ops[edge.dst].output
+        maps = self.graph.input_maps(edge)
+        key = (maps, src.sizes, src.dtype_bytes, cu.degrees, dst.sizes, dst.dims, cv.degrees)
         found = self._pairs_cache.get(key)
         if found is None:
-            edge = self.graph.edges[e]
-            src, dst = self.graph.ops[edge.src], self.graph.ops[edge.dst]
-            p, q, vol = transfer_pairs(
-                self.graph.input_maps(edge),
-                src.output.sizes,
-                cu.degrees,
-                dst.output.sizes,
-                dst.output.dims,
-                cv.degrees,
-            )
-            nbytes = vol * src.output.dtype_bytes
+            p, q, vol = transfer_pairs(maps, src.sizes, cu.degrees, dst.sizes, dst.dims, cv.degrees)
+            nbytes = vol * src.dtype_bytes
             found = (p.tolist(), q.tolist(), nbytes.tolist())
             if len(self._pairs_cache) >= PAIRS_CACHE:
                 self._pairs_cache.clear()
@@ -248,11 +246,10 @@ class Simulator:
         edge = self.graph.edges[e]
         u, v = edge.src, edge.dst
         cu, cv = self.configs[u], self.configs[v]
-        made: list[int] = []
-        self.edge_tasks[e] = made
         if cu is None or cv is None:
-            return made
-        tg = self.tasks
+            self.edge_tasks[e] = []
+            return []
+        tg, out = self.tasks, TaskBatch(self.tasks)
         components = self.cm.edge_components(edge)
         fwd_label = f"{self._names[u]}->{self._names[v]}"
         bwd_label = f"grad {self._names[v]}->{self._names[u]}"
@@ -260,11 +257,17 @@ class Simulator:
         u_end, v_start = self._ends[(FWD, u)], self._starts[(FWD, v)]
         u_back, v_back = self._starts[(BWD, u)], self._ends[(BWD, v)]
         back_v, back_u = self.n - 1 - v, self.n - 1 - u
+        preds, succs = tg.preds, tg.succs
+        devs_u, devs_v = cu.devices, cv.devices
         for p, q, nbytes in zip(*self._pairs(e, cu, cv), strict=True):
-            dp, dq = cu.devices[p], cv.devices[q]
-            if dp == dq:
-                tg.depend(u_end[p], v_start[q])
-                tg.depend(v_back[q], u_back[p])
+            dp, dq = devs_u[p], devs_v[q]
+            if dp == dq:  # a dependency each way (inlined: most pairs of many strategies)
+                a, b = u_end[p], v_start[q]
+                preds[b].append(a)
+                succs[a].append(b)
+                a, b = v_back[q], u_back[p]
+                preds[b].append(a)
+                succs[a].append(b)
                 continue
             size = nbytes * components  # an LSTM state: h and c together
             pair = p * 65536 + q
@@ -274,8 +277,7 @@ class Simulator:
                 (FWD, v, 1, e, pair),
                 pack(FWD, v, 1, e, pair, hops),
             )
-            last = self._message(keys, dp, dq, size, u_end[p], fwd_label, made)
-            tg.depend(last, v_start[q])
+            out.depend(self._message(out, keys, dp, dq, size, u_end[p], fwd_label), v_start[q])
             if not gradient:
                 continue
             pair = q * 65536 + p
@@ -284,71 +286,50 @@ class Simulator:
                 (BWD, back_v, 1, e, pair),
                 pack(BWD, back_u, -1, e, pair, 0),
             )
-            last = self._message(keys, dq, dp, size, v_back[q], bwd_label, made)
-            tg.depend(last, u_back[p])
+            out.depend(self._message(out, keys, dq, dp, size, v_back[q], bwd_label), u_back[p])
+        self.edge_tasks[e] = made = out.commit()
         return made
 
     def _message(
         self,
+        out: TaskBatch,
         keys: tuple[int, tuple[int, int, int, int, int], int],
         a: int,
         b: int,
         size: float,
         after: int,
         what: str,
-        made: list[int],
         share: float = 1.0,
     ) -> int:
         """A message from device a to b after task `after`: the sender's overhead (key 0),
         the hops (key prefix 1, hop index last), the receiver's overhead (key 2); overheads
         scaled by `share`. Returns the last task."""
-        after = self._overhead(keys[0], a, after, ("send", what), made, share)
-        last = self._transfer(keys[1], a, b, size, after, what, made)
-        return self._overhead(keys[2], b, last, ("recv", what), made, share)
-
-    def _overhead(
-        self, key: int, dev: int, after: int, label: tuple[str, str], made: list[int], share: float
-    ) -> int:
-        """A message's processor time on device `dev` after task `after` (none: `after`)."""
-        cost = float(self.cm.overhead[dev]) * share
-        if cost <= 0:
-            return after
-        made.append(self.tasks.add(key, dev, cost, label, (after,)))
-        return made[-1]
-
-    def _transfer(
-        self,
-        prefix: tuple[int, int, int, int, int],
-        a: int,
-        b: int,
-        size: float,
-        after: int,
-        what: str,
-        made: list[int],
-    ) -> int:
-        """Transfer `size` bytes from device a to b hop by hop after task `after`; last hop id."""
-        prev = after
+        cost = self._overhead[a] * share
+        if cost > 0:  # the send runs on the sender's processor
+            after = out.add(keys[0], a, cost, ("send", what), [after])
         label = (what, a, b)
-        for h, (res, inv_bw, lat) in enumerate(self._hops(a, b)):
-            prev = self.tasks.add(pack(*prefix, h), res, size * inv_bw + lat, label, (prev,))
-            made.append(prev)
-        return prev
+        hop_key = pack(*keys[1], -1)  # + h + 1: hop h's key (the hop is the lowest field)
+        for h, (res, inv_bw, lat) in enumerate(self._hops(a, b), start=1):
+            after = out.add(hop_key + h, res, size * inv_bw + lat, label, [after])
+        cost = self._overhead[b] * share
+        if cost > 0:  # the arrival is handled on the receiver's processor
+            after = out.add(keys[2], b, cost, ("recv", what), [after])
+        return after
 
-    def _join(self, key: int, preds: list[int], made: list[int]) -> list[int]:
+    def _join(self, out: TaskBatch, key: int, preds: list[int]) -> list[int]:
         """`preds` itself when short, else one join task that waits for all of them."""
         if len(preds) <= 2:
             return preds
-        made.append(self.tasks.add(key, JOIN, 0.0, "join", preds))
-        return [made[-1]]
+        return [out.add(key, JOIN, 0.0, "join", preds)]
 
     def _build_sync(self, s: int) -> list[int]:
         """Gradient sync and update of the parameter group whose sync op is s."""
         op, cfg = self.graph.ops[s], self.configs[s]
         members = [j for j in self._sync_op[s] if self.configs[j] is not None]
-        made: list[int] = []
-        self.sync_tasks[s] = made
         if not op.params or cfg is None:
-            return made
+            self.sync_tasks[s] = []
+            return []
+        out = TaskBatch(self.tasks)
         groups = self.cm.replica_groups(op, cfg)
         shard = op.param_bytes / len(groups)
         copies = self.cm.options.param_copies
@@ -363,17 +344,17 @@ class Simulator:
             ]
             done: list[int] = ready
             if len(devs) > 1:
-                done = self._sync_transfers(s, g, devs, shard, ready, made)
-            base = (BWD, self.n - 1 - s, 2, g)
-            done = self._join(pack(*base, _LAST, 0), done, made)
+                done = self._sync_transfers(out, s, g, devs, shard, ready)
+            done = self._join(out, pack(BWD, self.n - 1 - s, 2, g, _LAST, 0), done)
             label = f"{update}{g}"
             for d in devs:
                 dur = copies * shard / (self.cm.mem_bw[d] * self.cm.options.memory_efficiency)
-                made.append(self.tasks.add(pack(UPDATE, s, g, d, 0, 0), d, float(dur), label, done))
+                out.add(pack(UPDATE, s, g, d, 0, 0), d, float(dur), label, done)
+        self.sync_tasks[s] = made = out.commit()
         return made
 
     def _sync_transfers(
-        self, s: int, g: int, devs: list[int], shard: float, ready: list[int], made: list[int]
+        self, out: TaskBatch, s: int, g: int, devs: list[int], shard: float, ready: list[int]
     ) -> list[int]:
         """Ring all-reduce: every replica sends 2 (r - 1) / r of the shard to the next one
         (its 2 (r - 1) pipelined steps as one transfer, after every replica's backward), each
@@ -384,35 +365,31 @@ class Simulator:
         base = (BWD, self.n - 1 - s, 2, g)
         name = self._names[s]
         share = self.cm.bucket_share(shard)
-        tg = self.tasks
 
         def keys(k: int) -> tuple[int, tuple[int, int, int, int, int], int]:  # k-th message
             return pack(*base, 3 * k + 1, 0), (*base, 3 * k + 2), pack(*base, 3 * k + 3, 0)
 
-        ready = self._join(pack(*base, 0, -1), ready, made)
+        ready = self._join(out, pack(*base, 0, -1), ready)
         if self.cm.options.sync == "ring":
-            ends = []
             size = 2 * (r - 1) / r * shard
             steps = 2 * (r - 1) * share  # each step: one message to the next replica
             what, gate_label = f"allreduce {name}", f"sync {name} ready"
+            ends = []
             for j, a in enumerate(devs):
-                gate = tg.add(pack(*base, 0, j), a, 0.0, gate_label, ready)
-                made.append(gate)
+                gate = out.add(pack(*base, 0, j), a, 0.0, gate_label, ready)
                 ends.append(
-                    self._message(keys(j), a, devs[(j + 1) % r], size, gate, what, made, steps)
+                    self._message(out, keys(j), a, devs[(j + 1) % r], size, gate, what, steps)
                 )
             return ends
         ps, rest = devs[0], devs[1:]
-        gate = tg.add(pack(*base, 0, 0), ps, 0.0, f"sync {name} ready", ready)
-        made.append(gate)
+        gate = out.add(pack(*base, 0, 0), ps, 0.0, f"sync {name} ready", ready)
         ins = [
-            self._message(keys(j), a, ps, shard, gate, f"push {name}", made, share)
+            self._message(out, keys(j), a, ps, shard, gate, f"push {name}", share)
             for j, a in enumerate(rest)
         ]
-        arrived = tg.add(pack(*base, 3 * r + 1, 0), ps, 0.0, f"ps {name} has all", ins)
-        made.append(arrived)
+        arrived = out.add(pack(*base, 3 * r + 1, 0), ps, 0.0, f"ps {name} has all", ins)
         return [
-            self._message(keys(r + 1 + j), ps, a, shard, arrived, f"pull {name}", made, share)
+            self._message(out, keys(r + 1 + j), ps, a, shard, arrived, f"pull {name}", share)
             for j, a in enumerate(rest)
         ]
 
@@ -420,6 +397,10 @@ class Simulator:
 
     def full(self) -> float:
         """Algorithm 1: build the whole task graph and time every task."""
+        with _cyclic_gc_paused():
+            return self._full()
+
+    def _full(self) -> float:
         self.tasks = TaskGraph()
         self._ends.clear()
         self._starts.clear()
@@ -444,6 +425,10 @@ class Simulator:
     def change_many(self, changes: Sequence[tuple[int, ParallelConfig | None]]) -> float:
         """Several ops' configs at once (e.g. every op of a tied parameter group), with one
         re-propagation: the same timeline as changing them one by one."""
+        with _cyclic_gc_paused():
+            return self._change_many(changes)
+
+    def _change_many(self, changes: Sequence[tuple[int, ParallelConfig | None]]) -> float:
         tg = self.tasks
         ops = sorted({i for i, _ in changes})
         edges = sorted({k for i in ops for k in self._incident[i]})
@@ -522,6 +507,20 @@ def _name(tg: TaskGraph, t: int) -> str:
     if label.endswith("#"):
         return f"{label}{key[3] % _AFTER}"
     return label
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while millions of task lists are made: they
+    hold no cycles (reference counting frees them), and every full collection would walk
+    all of them (a third of a large simulation's time)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _distinct(groups: list[list[int]]) -> tuple[list[list[int]], list[int]]:

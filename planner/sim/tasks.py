@@ -25,7 +25,7 @@ import bisect
 import math
 from collections.abc import Iterable
 
-__all__ = ["JOIN", "TaskGraph", "pack", "unpack"]
+__all__ = ["JOIN", "TaskBatch", "TaskGraph", "pack", "unpack"]
 
 JOIN = -1  # the resource of a join task
 
@@ -95,16 +95,17 @@ class TaskGraph:
         keys: list[int],
         res: list[int],
         durs: list[float],
-        label: object,
+        labels: list[object],
         preds: list[list[int]] | None = None,
     ) -> list[int]:
-        """Add tasks in bulk (one list extension per field); returns their ids."""
+        """Add tasks in bulk (one list extension per field); returns their ids. A task's
+        predecessors may be tasks added in the same call."""
         t0, n = len(self.key), len(keys)
         self.key += keys
         self.res += res
         self.dur += durs
         self.end += [0.0] * n
-        self.label += [label] * n
+        self.label += labels
         self.preds += preds if preds is not None else [[] for _ in range(n)]
         self.succs += [[] for _ in range(n)]
         if preds is not None:
@@ -289,3 +290,37 @@ class TaskGraph:
         """The last end on any resource (ends grow along each FIFO chain)."""
         end = self.end
         return max((end[ids[-1]] for _, ids in self.chains.values() if ids), default=0.0)
+
+
+class TaskBatch:
+    """Tasks made for one group (an edge's messages, a parameter sync), added to the graph
+    in bulk by `commit`: ids are known as tasks are made, so they can depend on each other.
+    Nothing else may add tasks to the graph while a batch is open."""
+
+    def __init__(self, graph: TaskGraph) -> None:
+        self.graph = graph
+        self.base = len(graph)
+        self.keys: list[int] = []
+        self.res: list[int] = []
+        self.durs: list[float] = []
+        self.labels: list[object] = []
+        self.preds: list[list[int]] = []
+        self.later: list[tuple[int, int]] = []  # (new task, existing task that waits for it)
+
+    def add(self, key: int, res: int, dur: float, label: object, preds: list[int]) -> int:
+        self.keys.append(key)
+        self.res.append(res)
+        self.durs.append(dur)
+        self.labels.append(label)
+        self.preds.append(preds)
+        return self.base + len(self.keys) - 1
+
+    def depend(self, before: int, after: int) -> None:
+        """Existing task `after` also waits for `before` (made in this batch)."""
+        self.later.append((before, after))
+
+    def commit(self) -> list[int]:
+        ids = self.graph.add_many(self.keys, self.res, self.durs, self.labels, self.preds)
+        for before, after in self.later:
+            self.graph.depend(before, after)
+        return ids

@@ -58,6 +58,9 @@ if TYPE_CHECKING:
     from planner.problems.strategy import Strategy
 
 Key = tuple[int, int, int, int, int, int]
+# A message's keys: its send overhead, its hops' prefix (the hop index completes it), its
+# receive overhead (None: the hops' prefix with the hop count).
+_Keys = tuple[Key, tuple[int, int, int, int, int], Key | None]
 FWD, BWD, UPDATE = 0, 1, 2  # phases of the program order
 _AFTER = 1 << 20  # task-index offset that orders an op's exchange tasks after its own tasks
 _JOINS = _AFTER // 2  # index offset of a backward join: after the tasks, before the exchanges
@@ -271,20 +274,15 @@ class Simulator:
                 continue
             size = nbytes * components  # an LSTM state: h and c together
             pair = p * 65536 + q
-            hops = len(self._hops(dp, dq))
-            keys = (
-                pack(FWD, u, 4, e, pair, 0),
-                (FWD, v, 1, e, pair),
-                pack(FWD, v, 1, e, pair, hops),
-            )
+            keys: _Keys = ((FWD, u, 4, e, pair, 0), (FWD, v, 1, e, pair), None)
             out.depend(self._message(out, keys, dp, dq, size, u_end[p], fwd_label), v_start[q])
             if not gradient:
                 continue
             pair = q * 65536 + p
             keys = (
-                pack(BWD, back_v, 1, e, pair, -1),
+                (BWD, back_v, 1, e, pair, -1),
                 (BWD, back_v, 1, e, pair),
-                pack(BWD, back_u, -1, e, pair, 0),
+                (BWD, back_u, -1, e, pair, 0),
             )
             out.depend(self._message(out, keys, dq, dp, size, v_back[q], bwd_label), u_back[p])
         self.edge_tasks[e] = made = out.commit()
@@ -293,7 +291,7 @@ class Simulator:
     def _message(
         self,
         out: TaskBatch,
-        keys: tuple[int, tuple[int, int, int, int, int], int],
+        keys: _Keys,
         a: int,
         b: int,
         size: float,
@@ -302,18 +300,20 @@ class Simulator:
         share: float = 1.0,
     ) -> int:
         """A message from device a to b after task `after`: the sender's overhead (key 0),
-        the hops (key prefix 1, hop index last), the receiver's overhead (key 2); overheads
-        scaled by `share`. Returns the last task."""
+        the hops (key prefix 1, hop index last), the receiver's overhead (key 2; None: the
+        hop prefix with the hop count); overheads scaled by `share`. Returns the last task."""
         cost = self._overhead[a] * share
         if cost > 0:  # the send runs on the sender's processor
-            after = out.add(keys[0], a, cost, ("send", what), [after])
+            after = out.add(pack(*keys[0]), a, cost, ("send", what), [after])
         label = (what, a, b)
+        hops = self._hops(a, b)
         hop_key = pack(*keys[1], -1)  # + h + 1: hop h's key (the hop is the lowest field)
-        for h, (res, inv_bw, lat) in enumerate(self._hops(a, b), start=1):
+        for h, (res, inv_bw, lat) in enumerate(hops, start=1):
             after = out.add(hop_key + h, res, size * inv_bw + lat, label, [after])
         cost = self._overhead[b] * share
         if cost > 0:  # the arrival is handled on the receiver's processor
-            after = out.add(keys[2], b, cost, ("recv", what), [after])
+            recv = keys[2] if keys[2] is not None else (*keys[1], len(hops))
+            after = out.add(pack(*recv), b, cost, ("recv", what), [after])
         return after
 
     def _join(self, out: TaskBatch, key: int, preds: list[int]) -> list[int]:
@@ -366,8 +366,8 @@ class Simulator:
         name = self._names[s]
         share = self.cm.bucket_share(shard)
 
-        def keys(k: int) -> tuple[int, tuple[int, int, int, int, int], int]:  # k-th message
-            return pack(*base, 3 * k + 1, 0), (*base, 3 * k + 2), pack(*base, 3 * k + 3, 0)
+        def keys(k: int) -> _Keys:  # the k-th message of this sync
+            return (*base, 3 * k + 1, 0), (*base, 3 * k + 2), (*base, 3 * k + 3, 0)
 
         ready = self._join(out, pack(*base, 0, -1), ready)
         if self.cm.options.sync == "ring":

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.base import past
+from backends.base import ProgressLog, past
 
 CHECK_EVERY = 256  # expansions between two looks at the clock
 
@@ -58,6 +58,7 @@ class _Search:
         memory: Memory | None,
         deadline: float,
         lookahead: bool = True,
+        progress: ProgressLog | None = None,
     ):
         n = len(node_cost)
         self.order = list(order) if order is not None else list(range(n))
@@ -68,18 +69,28 @@ class _Search:
         # (0 where that minimum is inf: acc_b is inf there already).
         self.forward: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(n)]
         self.base = [c.copy() for c in self.node_cost]
+        # Tables shared between edges (a Problem shares identical ones) share their diff.
+        seen: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for u, v, t in edges:
-            a, b, rows = (u, v, t) if pos[u] < pos[v] else (v, u, t.T)
-            colmin = rows.min(axis=0)
-            with np.errstate(invalid="ignore"):
-                diff = rows - colmin[None, :]
-            diff[:, np.isinf(colmin)] = 0.0
-            if not lookahead:  # plain DFS: only assigned nodes and edges count
-                colmin = np.zeros_like(colmin)
-                diff = rows
+            flip = pos[u] > pos[v]
+            a, b = (v, u) if flip else (u, v)
+            key = (id(t), flip)
+            if key not in seen:
+                rows = t.T if flip else t
+                colmin = rows.min(axis=0)
+                with np.errstate(invalid="ignore"):
+                    diff = rows - colmin[None, :]
+                diff[:, np.isinf(colmin)] = 0.0
+                if not lookahead:  # plain DFS: only assigned nodes and edges count
+                    colmin = np.zeros_like(colmin)
+                    diff = rows
+                seen[key] = (t, colmin, diff)  # t: keeps the id from being reused
+            _, colmin, diff = seen[key]
             self.forward[a].append((b, diff))
             self.base[b] = self.base[b] + colmin
         self.deadline = deadline
+        self.progress = progress
+        self.best_value = math.inf
         self.expanded = 0
         self.timed_out = False
         self.memory = memory
@@ -103,11 +114,32 @@ class _Search:
     def root_bound(self) -> float:
         return float(sum(c.min() for c in self.base))
 
-    def _out_of_time(self) -> bool:
+    def _out_of_time(self, every: int = CHECK_EVERY) -> bool:
         self.expanded += 1
-        if self.expanded % CHECK_EVERY == 0 and past(self.deadline):
-            self.timed_out = True
+        if self.expanded % every == 0:
+            if past(self.deadline):
+                self.timed_out = True
+            if self.progress is not None:
+                self.progress(
+                    lambda: f"{self.expanded} nodes expanded, best so far {self.best_value:.6g}"
+                )
         return self.timed_out
+
+    def greedy(self) -> tuple[tuple[int, ...], float] | None:
+        """One dive, each node taking its cheapest config given the ones before it (the
+        first leaf of the DFS): an incumbent in O(table entries), whatever the deadline."""
+        acc = [c.copy() for c in self.base]
+        choice = [0] * len(self.order)
+        total = 0.0
+        for a in self.order:
+            c = int(np.argmin(acc[a]))
+            if not math.isfinite(acc[a][c]):
+                return None
+            choice[a] = c
+            total += float(acc[a][c])  # exact: every earlier neighbour is assigned
+            for b, diff in self.forward[a]:
+                acc[b] = acc[b] + diff[c]
+        return tuple(choice), total
 
     # -- depth-first branch and bound -----------------------------------------------------
 
@@ -188,7 +220,8 @@ class _Search:
                 return Outcome(best, best_value, True, best_value, self.expanded)
             if len(partial) == n:
                 return Outcome(self._reorder(partial), g, True, g, self.expanded)
-            if self._out_of_time():
+            self.best_value = best_value
+            if self._out_of_time(every=1):  # an A* expansion is costly: look every time
                 return Outcome(best, best_value, False, min(bound, best_value), self.expanded)
             acc, use = self._state(partial)
             depth = len(partial)
@@ -237,13 +270,18 @@ def solve_exact(
     incumbent: tuple[tuple[int, ...], float] | None = None,
     order: Sequence[int] | None = None,
     mode: str = "dfs",
+    progress: ProgressLog | None = None,
 ) -> Outcome:
     """Minimize node + edge costs exactly, within `time_limit` seconds (then best-so-far).
 
     mode: "dfs" (branch and bound with the admissible bound), "astar", or "plain" (the
     depth-first search OptCNN compares against: pruned only by the cost so far)."""
     deadline = time.perf_counter() + time_limit
-    search = _Search(node_cost, edges, order, memory, deadline, lookahead=mode != "plain")
+    search = _Search(
+        node_cost, edges, order, memory, deadline, lookahead=mode != "plain", progress=progress
+    )
+    if incumbent is None and memory is None:  # anytime: an answer even at a tiny limit
+        incumbent = search.greedy()
     best, value = (incumbent[0], incumbent[1]) if incumbent else (None, math.inf)
     if mode == "astar":
         return search.astar(value, best)

@@ -23,7 +23,16 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status, past
+from backends.base import (
+    Backend,
+    BackendError,
+    Limit,
+    ProgressLog,
+    SolveOptions,
+    SolveResult,
+    Status,
+    past,
+)
 from backends.branch_and_bound import Memory, solve_exact
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
@@ -66,6 +75,7 @@ class SearchBackend(Backend):
             memory=memory_of(problem),
             incumbent=incumbent,
             mode=mode,
+            progress=ProgressLog(self.name),
         )
         stats = {"expanded": out.expanded, "mode": mode, "warm_start_used": incumbent is not None}
         if out.complete:

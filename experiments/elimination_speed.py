@@ -60,7 +60,11 @@ def _main(argv: Sequence[str] | None) -> int:
     p.add_argument("--dfs-cap", type=positive_seconds, default=30.0, help="seconds per DFS run")
     p.add_argument("--dfs-devices", type=nonnegative_int, default=4, help="DFS columns up to here")
     p.add_argument("--repeats", type=positive_int, default=3, help="elimination runs (median)")
+    p.add_argument(
+        "--space", default=None, choices=("full", "mesh", "auto"), help="config space (default: build_problem's)"
+    )
     args = p.parse_args(argv)
+    space = {} if args.space is None else {"space": args.space}
     t = Table(title="OptCNN Table 3 on this machine: search time, analytic P100 costs")
     for col in (
         "model",
@@ -81,9 +85,9 @@ def _main(argv: Sequence[str] | None) -> int:
         graph = model_graph(model)
         for preset in args.presets:
             devices = get_preset(preset)
-            cap = args.large_cap if devices.num_devices >= 32 else None
+            cap = args.large_cap if devices.num_devices >= 32 and not space else None
             t0 = time.perf_counter()
-            problem = build_problem(graph, devices, max_configs=cap)
+            problem = build_problem(graph, devices, max_configs=cap, **space)
             build = time.perf_counter() - t0
             runs = [elim.solve(problem, SolveOptions(time_limit=600)) for _ in range(args.repeats)]
             secs = statistics.median(r.stats["search_seconds"] for r in runs)

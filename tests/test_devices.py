@@ -32,6 +32,8 @@ EXPECTED_DEVICES = {
     "p100-4x4": 16,
     "p100-8x4": 32,
     "p100-16x4": 64,
+    "p100-64x4": 256,
+    "p100-256x4": 1024,
     "k80-1x4": 4,
     "k80-4x4": 16,
     "k80-16x4": 64,
@@ -40,10 +42,22 @@ EXPECTED_DEVICES = {
     "v100-dgx1-3": 3,
     "v100-dgx1-4": 4,
     "v100-dgx1-8": 8,
+    "dgx-a100-1": 8,
+    "dgx-a100-4": 32,
+    "dgx-a100-32": 256,
+    "dgx-a100-128": 1024,
     "cpu-local-2": 2,
     "cpu-local-4": 4,
 }
-SAMPLE = ["p100-4x4", "k80-4x4", "v100-dgx1-8", "cpu-local-4", "p100-2x3", "k80-2x3"]
+SAMPLE = [
+    "p100-4x4",
+    "k80-4x4",
+    "v100-dgx1-8",
+    "cpu-local-4",
+    "p100-2x3",
+    "k80-2x3",
+    "dgx-a100-2",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -83,7 +97,7 @@ def test_list_presets_covers_every_family() -> None:
     assert set(list_presets()) == set(EXPECTED_DEVICES)
 
 
-@pytest.mark.parametrize("name", list(EXPECTED_DEVICES))
+@pytest.mark.parametrize("name", [n for n, d in EXPECTED_DEVICES.items() if d <= 256])
 def test_preset_builds_with_right_device_count(name: str) -> None:
     g = get_preset(name)
     assert g.name == name
@@ -141,7 +155,9 @@ def test_dgx1_nvlink_topology() -> None:
     assert endpoints(g, g.route(0, 5)) == [("gpu0", "gpu1"), ("gpu1", "gpu5")]  # name tie-break
 
 
-@pytest.mark.parametrize("name", ["p100-4x9", "p100-0x4", "k80-1x0", "v100-dgx1-5", "cpu-local-0"])
+@pytest.mark.parametrize(
+    "name", ["p100-4x9", "p100-0x4", "k80-1x0", "v100-dgx1-5", "cpu-local-0", "dgx-a100-0"]
+)
 def test_out_of_range_preset_sizes(name: str) -> None:
     with pytest.raises(DeviceGraphError, match=name):
         get_preset(name)
@@ -365,6 +381,8 @@ def test_measure_cpu_local(empty_cache: Path) -> None:
         ("p100-3x2", (3, 2)),
         ("k80-4x4", (4, 2, 2)),  # nodes, PCIe switches, dies
         ("cpu-local-2", (2,)),
+        ("dgx-a100-1", (8,)),
+        ("dgx-a100-3", (3, 8)),
     ],
 )
 def test_homogeneous_clusters_have_a_hierarchy(name: str, sizes: tuple[int, ...]) -> None:
@@ -404,3 +422,115 @@ def test_a_shuffled_device_order_or_a_different_device_is_not_a_hierarchy() -> N
     slow = replace(g.devices[3], flops=g.devices[3].flops / 2)
     mixed = DeviceGraph("mixed", [*g.devices[:3], slow], g.links, g.switches)
     assert mixed.hierarchy() is None
+
+
+# -- routes at scale: the same routes as one Dijkstra per device, exactly --------------------
+
+
+def reference_routes(g: DeviceGraph) -> tuple[list[list[tuple[int, ...]]], np.ndarray, np.ndarray]:
+    """The routing rule as it was first written: networkx Dijkstra from each device, ties to
+    fewer hops then to the smaller sequence of node names, costs summed over each route."""
+    graph = nx.Graph()
+    graph.add_nodes_from(sorted(d.name for d in g.devices))
+    graph.add_nodes_from(sorted(g.switches))
+    for index, link in enumerate(g.links):
+        key = (link.route_weight, index)
+        current = graph.get_edge_data(link.a, link.b)
+        if current is None or key < current["key"]:
+            graph.add_edge(link.a, link.b, weight=link.route_weight, key=key, link=index)
+    names = [d.name for d in g.devices]
+    n = len(names)
+    routes: list[list[tuple[int, ...]]] = [[() for _ in names] for _ in names]
+    for i, source in enumerate(names[:-1]):
+        preds, dist = nx.dijkstra_predecessor_and_distance(graph, source, weight="weight")
+        best: dict[str, tuple[int, list[str]]] = {source: (0, [source])}
+        for node in sorted(dist, key=lambda v: (dist[v], v)):
+            if node != source:
+                hops, path = min(best[p] for p in preds[node])
+                best[node] = (hops + 1, [*path, node])
+        for j in range(i + 1, n):
+            path = best[names[j]][1]
+            route = tuple(graph[u][v]["link"] for u, v in pairwise(path))
+            routes[i][j], routes[j][i] = route, route[::-1]
+    bandwidth = np.array([link.bandwidth for link in g.links])
+    latency = np.array([link.latency for link in g.links])
+    inv_bw, lat = np.zeros((n, n)), np.zeros((n, n))
+    for i in range(n):
+        for j in range(i + 1, n):
+            r = list(routes[i][j])
+            inv_bw[i, j] = inv_bw[j, i] = 1.0 / bandwidth[r].min()
+            lat[i, j] = lat[j, i] = latency[r].sum()
+    return routes, inv_bw, lat
+
+
+def assert_same_as_reference(g: DeviceGraph) -> None:
+    routes, inv_bw, lat = reference_routes(g)
+    n = g.num_devices
+    assert [[g.route(i, j) for j in range(n)] for i in range(n)] == routes
+    assert np.array_equal(g.inv_bandwidth, inv_bw) and np.array_equal(g.latency, lat)
+    assert all(g.hops(i, j) == len(routes[i][j]) for i in range(n) for j in range(n))
+
+
+@pytest.mark.parametrize("name", [*SAMPLE, "p100-16x4", "k80-16x4", "dgx-a100-4", "v100-dgx1-3"])
+def test_presets_route_exactly_as_the_reference(name: str) -> None:
+    assert_same_as_reference(get_preset(name))
+
+
+@st.composite
+def tied_graphs(draw: st.DrawFn) -> DeviceGraph:
+    """Random graphs whose links mostly weigh the same, so equal-cost routes abound."""
+    n_devices = draw(st.integers(2, 7))
+    n_switches = draw(st.integers(0, 4))
+    names = [f"d{i}" for i in range(n_devices)] + [f"s{i}" for i in range(n_switches)]
+    order = draw(st.permutations(names))
+    pairs = list(pairwise(order))
+    pairs += draw(st.lists(st.tuples(*[st.sampled_from(names)] * 2), max_size=14))
+    links = [
+        Link(a, b, draw(st.sampled_from([1e9, 2e9])), draw(st.sampled_from([0.0, 1e-6])))
+        for a, b in pairs
+        if a != b
+    ]
+    devices = [gpu(name) for name in names[:n_devices]]
+    return DeviceGraph("tied", devices, links, names[n_devices:])
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.one_of(random_graphs(), tied_graphs()))
+def test_random_graphs_route_exactly_as_the_reference(g: DeviceGraph) -> None:
+    assert_same_as_reference(g)
+
+
+def test_long_routes_sum_latencies_as_numpy_does() -> None:
+    """A chain of 12 devices: routes of up to 11 hops, latencies summed over the route as
+    numpy's sum does (pairwise from 8 terms on), bit for bit."""
+    names = [f"d{i:02d}" for i in range(12)]
+    links = [Link(a, b, 1e9, 1e-6 * (1 + k % 3) / 3) for k, (a, b) in enumerate(pairwise(names))]
+    g = DeviceGraph("chain", [gpu(n) for n in names], links)
+    assert g.hops(0, 11) == 11
+    assert_same_as_reference(g)
+
+
+def test_a_thousand_gpus_route_quickly_with_a_hierarchy() -> None:
+    """p100-256x4: routes from trees, not an all-pairs table (one Dijkstra per device and a
+    Python loop over a million pairs took 23 s)."""
+    g = get_preset("p100-256x4")
+    h = g.hierarchy()
+    assert h is not None and h.sizes == (256, 4)
+    kinds = [g.links[k].kind for k in g.route(5, 1022)]
+    assert kinds == ["pcie", "infiniband", "infiniband", "pcie"]
+    assert g.route(1022, 5) == g.route(5, 1022)[::-1]
+    assert g.inv_bandwidth[5, 1022] == 1 / 12e9 and g.hops(1022, 5) == 4
+    assert_chains(g, 1023, 0)
+
+
+def test_dgx_a100_nvswitch_and_a_nic_per_gpu() -> None:
+    g = get_preset("dgx-a100-2")
+    assert g.num_devices == 16 and {d.host for d in g.devices} == {"node0", "node1"}
+    assert [g.links[k].kind for k in g.route(0, 7)] == ["nvswitch", "nvswitch"]
+    assert g.inv_bandwidth[0, 7] == 1 / 300e9
+    # to another node: through this GPU's own NIC and the peer's own NIC
+    route = g.route(3, 12)
+    assert [g.links[k].kind for k in route] == ["pcie", "infiniband", "infiniband", "pcie"]
+    assert g.links[route[0]].b == "node0/nic3" and g.links[route[-1]].b == "node1/nic4"
+    assert g.inv_bandwidth[3, 12] == 1 / 25e9
+    assert g.devices[0].memory == 40 * 2**30 and g.devices[0].flops == 19.5e12

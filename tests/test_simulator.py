@@ -6,11 +6,11 @@ from functools import cache
 
 import numpy as np
 import pytest
-from graphs import GRAPHS
+from graphs import GRAPHS, chain_cnn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.costs.config import ParallelConfig
+from planner.costs.config import ConfigSpace, ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.graph.zoo import model_graph
 from planner.hardware.presets import get_preset
@@ -60,13 +60,14 @@ def test_one_device_runs_every_task_back_to_back() -> None:
 
 def test_tasks_respect_their_dependencies_and_fifo_devices() -> None:
     p = problem("inception", "p100-2x4")
-    sim = Simulator(p.cost_model, model_parallel(p.graph, p.devices).configs)
-    for t in range(len(sim.key)):
-        for q in sim.preds[t]:
-            assert sim.end[q] <= sim.end[t] - sim.dur[t] + 1e-15
-    for lst in sim.order.values():
-        ends = [sim.end[t] for _, t in lst]
-        starts = [sim.end[t] - sim.dur[t] for _, t in lst]
+    tg = Simulator(p.cost_model, model_parallel(p.graph, p.devices).configs).tasks
+    for t in tg.order:
+        for q in tg.preds[t]:
+            assert tg.end[q] <= tg.end[t] - tg.dur[t] + 1e-15
+    for keys, ids in tg.chains.values():
+        assert keys == sorted(keys)
+        ends = [tg.end[t] for t in ids]
+        starts = [tg.end[t] - tg.dur[t] for t in ids]
         assert all(e <= s + 1e-15 for e, s in zip(ends, starts[1:], strict=False))
 
 
@@ -148,6 +149,23 @@ def test_chrome_trace_and_gantt(tmp_path) -> None:
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     save_gantt(t, tmp_path / "t.png")
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_gantt_of_a_large_cluster_draws_its_busiest_rows() -> None:
+    from planner.sim.simulator import TaskInfo, Timeline
+    from planner.sim.trace import gantt_rows
+
+    tasks = tuple(
+        TaskInfo((0, r, 0, 0, 0, 0), f"fwd op{r} #0", r, 0.0, 1e-3 * (r % 7 + 1))
+        for r in range(300)
+    )
+    timeline = Timeline(tasks, 7e-3, 300, tuple(map(str, range(300))), np.zeros(300))
+    rows, bars, used = gantt_rows(timeline, limit=50)
+    assert used == 300 and len(rows) == 50 and rows == sorted(rows)
+    longest = [r for r in range(300) if r % 7 == 6]  # 42 resources busy 7 ms each
+    assert set(longest) <= set(rows)
+    assert sorted(set(rows) - set(longest)) == [r for r in range(300) if r % 7 == 5][:8]
+    assert bars[6]["fwd"] == [(0.0, 7.0)]
 
 
 @pytest.mark.parametrize(
@@ -241,3 +259,111 @@ def test_a_split_batch_norm_waits_for_its_inputs() -> None:
             if t.name.startswith("xfer grad ") and f"->{bn_name} " in t.name
         ]
         assert grads_in and tasks[f"bwd {bn_name} #{k}"].start >= min(grads_in) - 1e-15
+
+
+# -- at scale: sparse transfers, joins, packed keys --------------------------------------------
+
+
+@cache
+def scale_case(name: str, preset: str) -> tuple[CostModel, ConfigSpace]:
+    """A cost model and config space without the cost tables (cheap at 32-64 devices)."""
+    graph = chain_cnn(64) if name == "chain_cnn64" else GRAPHS[name]()
+    devices = get_preset(preset)
+    return CostModel(graph, devices), ConfigSpace(graph, devices)
+
+
+SCALE_CASES = [
+    ("chain_cnn64", "p100-4x4"),  # 16 devices over 4 nodes
+    ("chain_cnn64", "k80-4x4"),  # 6-hop routes
+    ("inception", "dgx-a100-2"),  # NVSwitch and a NIC per GPU
+    ("residual", "cpu-local-4"),  # message overheads
+]
+
+
+@pytest.mark.parametrize("name, preset", SCALE_CASES)
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_delta_equals_full_on_larger_clusters(name: str, preset: str, seed: int) -> None:
+    """Random changes, several at once and partial strategies, from data parallelism (whose
+    batch-norm and all-reduce groups span every device): every timeline equals a full
+    simulation's."""
+    cm, space = scale_case(name, preset)
+    rng = np.random.default_rng(seed)
+    sim = Simulator(cm, data_parallel(cm.graph, cm.devices).configs)
+    n = len(cm.graph.ops)
+    for _ in range(5):
+        ops = rng.choice(n, size=int(rng.integers(1, 3)), replace=False)
+        changes = [
+            (int(i), space[int(i)].configs[int(rng.integers(len(space[int(i)])))]) for i in ops
+        ]
+        if rng.random() < 0.2:
+            changes[0] = (changes[0][0], None)
+        sim.change_many(changes)
+        full = Simulator(cm, sim.configs)
+        assert sim.timeline().by_key() == full.timeline().by_key()
+        assert sim.makespan == full.makespan
+
+
+@st.composite
+def edge_configs(draw: st.DrawFn) -> tuple:
+    from planner.costs.config import partitions
+
+    name = draw(st.sampled_from(["inception", "residual", "attention_block", "chain_cnn"]))
+    graph = GRAPHS[name]()
+    edge = draw(st.sampled_from(graph.edges))
+    devices = draw(st.sampled_from([4, 8, 16]))
+    cu = draw(st.sampled_from(partitions(graph.ops[edge.src], devices)))
+    cv = draw(st.sampled_from(partitions(graph.ops[edge.dst], devices)))
+    return graph, edge, cu, cv
+
+
+@settings(max_examples=150, deadline=None)
+@given(edge_configs())
+def test_transfer_pairs_are_the_nonzero_region_overlaps(case: tuple) -> None:
+    from planner.costs.regions import needed_boxes, overlap_volume, task_boxes
+    from planner.sim.transfers import transfer_pairs
+
+    graph, edge, cu, cv = case
+    src, dst = graph.ops[edge.src], graph.ops[edge.dst]
+    maps = graph.input_maps(edge)
+    plo, phi = task_boxes(src.output.sizes, np.array([cu]), int(np.prod(cu)))
+    olo, ohi = task_boxes(dst.output.sizes, np.array([cv]), int(np.prod(cv)))
+    nlo, nhi = needed_boxes(maps, src.output.sizes, dst.output.dims, olo, ohi)
+    dense = overlap_volume(plo, phi, nlo, nhi)[0, :, 0, :]
+    p, q, vol = transfer_pairs(maps, src.output.sizes, cu, dst.output.sizes, dst.output.dims, cv)
+    want_p, want_q = np.nonzero(dense)
+    assert np.array_equal(p, want_p) and np.array_equal(q, want_q)
+    assert np.array_equal(vol, dense[want_p, want_q])
+
+
+def test_dependencies_grow_with_the_tasks_not_their_square() -> None:
+    """Data parallelism on 64 devices: a batch norm's exchange and an all-reduce wait for a
+    join of their group, not for each of its 64 members."""
+    cm, _ = scale_case("chain_cnn64", "p100-16x4")
+    sim = Simulator(cm, data_parallel(cm.graph, cm.devices).configs)
+    tg = sim.tasks
+    dependencies = sum(len(tg.preds[t]) for t in tg.order)
+    assert sim.num_tasks > 64 * 2 * len(cm.graph.ops)
+    assert dependencies < 3 * len(tg.order)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2),
+            st.integers(0, 2**24 - 1),
+            st.integers(-1, 4),
+            st.integers(0, 2**22),
+            st.integers(0, 2**39),
+            st.integers(-1, 2**12),
+        ),
+        min_size=2,
+        max_size=20,
+    )
+)
+def test_packed_keys_order_like_the_tuples(keys: list) -> None:
+    from planner.sim.tasks import pack, unpack
+
+    assert sorted(keys) == sorted(keys, key=lambda k: pack(*k))
+    assert all(unpack(pack(*k)) == k for k in keys)

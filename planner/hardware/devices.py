@@ -8,14 +8,13 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-import networkx as nx
 import numpy as np
 
 from planner.errors import DeviceGraphError, read_json
+from planner.hardware.routing import RouteTrees, route_trees, walk
 
 __all__ = ["FORMAT", "VERSION", "Device", "DeviceGraph", "Hierarchy", "Link"]
 
@@ -26,6 +25,7 @@ DEVICE_KINDS = ("gpu", "cpu")
 # the time a 1 MiB message would take if every link forwarded it in turn.
 ROUTE_PROBE_BYTES = 2**20
 _PICOSECONDS = 1e12  # route weights are integers in ps, so equal-cost ties are exact
+ROUTE_CACHE = 1 << 16  # routes kept after `route` derived them
 
 
 @dataclass(frozen=True)
@@ -124,10 +124,12 @@ class DeviceGraph:
 
     __slots__ = (
         "_devices",
+        "_ends",
         "_inv_bandwidth",
         "_latency",
         "_links",
         "_name",
+        "_route_cache",
         "_routes",
         "_switches",
     )
@@ -144,8 +146,14 @@ class DeviceGraph:
         self._switches = tuple(switches)
         self._links = tuple(links)
         self._validate()
+        names = [d.name for d in self._devices] + list(self._switches)
+        index = {name: k for k, name in enumerate(names)}
         self._routes = self._derive_routes()
-        self._inv_bandwidth, self._latency = self._route_costs()
+        self._inv_bandwidth, self._latency = self._routes.inv_bandwidth, self._routes.latency
+        self._ends = np.array(
+            [(index[link.a], index[link.b]) for link in self._links], dtype=np.int64
+        ).reshape(-1, 2)
+        self._route_cache: dict[tuple[int, int], tuple[int, ...]] = {}
 
     # -- construction -------------------------------------------------------------------------
 
@@ -166,48 +174,24 @@ class DeviceGraph:
                         f"link {link.a}-{link.b}: endpoint {end!r} is neither a device nor a switch"
                     )
 
-    def _routing_graph(self) -> nx.Graph:
-        """One edge per connected pair, keeping the cheapest of parallel links (lowest index on ties)."""
-        graph = nx.Graph()
-        graph.add_nodes_from(sorted(d.name for d in self._devices))
-        graph.add_nodes_from(sorted(self._switches))
-        for index, link in enumerate(self._links):
-            key = (link.route_weight, index)
-            current = graph.get_edge_data(link.a, link.b)
-            if current is None or key < current["key"]:
-                graph.add_edge(link.a, link.b, weight=link.route_weight, key=key, link=index)
-        return graph
-
-    def _derive_routes(self) -> list[list[tuple[int, ...]]]:
-        """Routes from each device to the later ones; the reverse direction reuses them reversed."""
-        graph = self._routing_graph()
-        names = [d.name for d in self._devices]
-        routes: list[list[tuple[int, ...]]] = [[() for _ in names] for _ in names]
-        for i, source in enumerate(names[:-1]):
-            paths = _deterministic_shortest_paths(graph, source)
-            for j, target in enumerate(names[i + 1 :], start=i + 1):
-                if target not in paths:
-                    raise DeviceGraphError(
-                        f"device graph {self._name!r}: no route from {source} to {target}"
-                    )
-                route = tuple(graph[u][v]["link"] for u, v in pairwise(paths[target]))
-                routes[i][j], routes[j][i] = route, route[::-1]
-        return routes
-
-    def _route_costs(self) -> tuple[np.ndarray, np.ndarray]:
-        n = self.num_devices
-        bandwidth = np.array([link.bandwidth for link in self._links], dtype=np.float64)
-        link_latency = np.array([link.latency for link in self._links], dtype=np.float64)
-        inv_bandwidth = np.zeros((n, n))
-        latency = np.zeros((n, n))
-        for i in range(n):
-            for j in range(i + 1, n):
-                route = list(self._routes[i][j])
-                inv_bandwidth[i, j] = inv_bandwidth[j, i] = 1.0 / bandwidth[route].min()
-                latency[i, j] = latency[j, i] = link_latency[route].sum()
-        inv_bandwidth.setflags(write=False)
-        latency.setflags(write=False)
-        return inv_bandwidth, latency
+    def _derive_routes(self) -> RouteTrees:
+        """Shortest-path trees from every device (`planner.hardware.routing`)."""
+        names = [d.name for d in self._devices] + list(self._switches)
+        index = {name: k for k, name in enumerate(names)}
+        trees = route_trees(
+            names,
+            len(self._devices),
+            [(index[link.a], index[link.b]) for link in self._links],
+            [link.route_weight for link in self._links],
+            [link.bandwidth for link in self._links],
+            [link.latency for link in self._links],
+        )
+        if trees.unreachable is not None:
+            i, j = trees.unreachable
+            raise DeviceGraphError(
+                f"device graph {self._name!r}: no route from {names[i]} to {names[j]}"
+            )
+        return trees
 
     # -- read-only attributes -----------------------------------------------------------------
 
@@ -304,11 +288,27 @@ class DeviceGraph:
         raise DeviceGraphError(f"device graph {self._name!r} has no device {name!r}")
 
     def route(self, i: int, j: int) -> tuple[int, ...]:
-        """Indices into `links`, in path order from device i to device j; () when i == j."""
+        """Indices into `links`, in path order from device i to device j; () when i == j.
+
+        Derived on demand from device min(i, j)'s shortest-path tree (and reversed when
+        i > j); the last routes asked for are cached."""
         n = self.num_devices
         if not (0 <= i < n and 0 <= j < n):
             raise DeviceGraphError(f"device index out of range 0..{n - 1}: ({i}, {j})")
-        return self._routes[i][j]
+        if i == j:
+            return ()
+        a, b = min(i, j), max(i, j)
+        route = self._route_cache.get((a, b))
+        if route is None:
+            if len(self._route_cache) >= ROUTE_CACHE:
+                self._route_cache.clear()
+            route = tuple(walk(self._routes.parent_link[a], self._ends, a, b))
+            self._route_cache[(a, b)] = route
+        return route if i < j else route[::-1]
+
+    def hops(self, i: int, j: int) -> int:
+        """Links on the route from device i to device j."""
+        return int(self._routes.hops[i, j])
 
     def transfer_time(self, i: int, j: int, nbytes: float) -> float:
         """Seconds to move nbytes from device i to device j (latency + nbytes / bottleneck)."""
@@ -432,26 +432,13 @@ class DeviceGraph:
         if self.num_devices > 1:
             off = ~np.eye(self.num_devices, dtype=bool)
             route_bw = 1.0 / self._inv_bandwidth[off]
-            hops = [len(r) for row in self._routes for r in row if r]
+            hops = self._routes.hops[off]
             lines.append(
                 f"  routes: {route_bw.min() / 1e9:.3g}-{route_bw.max() / 1e9:.3g} GB/s, "
                 f"{self._latency[off].min() * 1e6:.3g}-{self._latency[off].max() * 1e6:.3g} us, "
-                f"{min(hops)}-{max(hops)} hops"
+                f"{hops.min()}-{hops.max()} hops"
             )
         return "\n".join(lines)
-
-
-def _deterministic_shortest_paths(graph: nx.Graph, source: str) -> dict[str, list[str]]:
-    """Shortest paths from source; equal-weight ties go to fewer hops, then smaller node names."""
-    preds, dist = nx.dijkstra_predecessor_and_distance(graph, source, weight="weight")
-    best: dict[str, tuple[int, list[str]]] = {source: (0, [source])}
-    for node in sorted(dist, key=lambda v: (dist[v], v)):
-        if node == source:
-            continue
-        # Predecessors are strictly closer (weights >= 1), so they are already settled.
-        hops, path = min(best[p] for p in preds[node])
-        best[node] = (hops + 1, [*path, node])
-    return {node: path for node, (_, path) in best.items()}
 
 
 def _device_json(d: Device) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Device graph presets: the papers' GPU clusters, a DGX-1, and this machine's CPU workers.
+"""Device graph presets: the papers' GPU clusters, a DGX-1, DGX A100 clusters, and this
+machine's CPU workers.
 
 Figures and their sources are in docs/devices.md.
 """
@@ -25,6 +26,7 @@ __all__ = [
     "CPU_LOCAL_DEFAULTS",
     "cpu_local",
     "cpu_local_cache_path",
+    "dgx_a100",
     "get_preset",
     "k80_cluster",
     "list_presets",
@@ -39,11 +41,15 @@ GiB = 2**30
 # Links: bytes/s per direction, seconds per link traversal.
 NVLINK1_BANDWIDTH = 20e9  # NVLink 1.0 (P100), per link
 NVLINK2_BANDWIDTH = 25e9  # NVLink 2.0 (V100), per link
+NVLINK3_GPU_BANDWIDTH = 300e9  # NVLink 3.0 (A100): 12 links x 25 GB/s, all to the NVSwitches
+PCIE4_BANDWIDTH = 25e9  # PCIe 4.0 x16, achievable (31.5 GB/s raw)
+IB_HDR_BANDWIDTH = 25e9  # 200 Gb/s HDR InfiniBand
 PCIE3_BANDWIDTH = 12e9  # PCIe 3.0 x16, achievable (15.75 GB/s raw)
 IB_EDR_BANDWIDTH = 12.5e9  # 100 Gb/s EDR InfiniBand
 IB_FDR_BANDWIDTH = 7e9  # 56 Gb/s FDR InfiniBand
 QPI_BANDWIDTH = 19.2e9  # Xeon E5 v4 QPI at 9.6 GT/s
 NVLINK_LATENCY = 5e-6
+NVSWITCH_LATENCY = 2.5e-6  # per link: GPU -> NVSwitch -> GPU costs one NVLink hop's 5 us
 PCIE_LATENCY = 5e-6
 IB_LATENCY = 2e-6
 QPI_LATENCY = 1e-6
@@ -52,6 +58,8 @@ QPI_LATENCY = 1e-6
 P100 = {"flops": 10.6e12, "mem_bandwidth": 732e9, "memory": 16 * GiB}
 K80_DIE = {"flops": 4.37e12 / 2, "mem_bandwidth": 240e9, "memory": 12 * GiB}
 V100 = {"flops": 15.7e12, "mem_bandwidth": 900e9, "memory": 16 * GiB}
+A100 = {"flops": 19.5e12, "mem_bandwidth": 1555e9, "memory": 40 * GiB}
+DGX_A100_GPUS = 8
 
 # DGX-1 (V100) hybrid cube-mesh: GPU pair -> number of NVLink 2.0 links (6 per GPU).
 DGX1_NVLINKS = {
@@ -72,7 +80,7 @@ CPU_LOCAL_FALLBACK_MEMORY = 24 * GiB
 
 VALID_FORMS = (
     "p100-NxG (N >= 1 nodes, G in 1..8 GPUs), k80-NxG (N >= 1, G in 1..8), "
-    "v100-dgx1-G (G in 1,2,3,4,8), cpu-local-N (N >= 1)"
+    "v100-dgx1-G (G in 1,2,3,4,8), dgx-a100-N (N >= 1 nodes of 8 GPUs), cpu-local-N (N >= 1)"
 )
 
 
@@ -152,6 +160,30 @@ def v100_dgx1(gpus: int) -> DeviceGraph:
     return DeviceGraph(f"v100-dgx1-{gpus}", devices, links, switches)
 
 
+def dgx_a100(nodes: int) -> DeviceGraph:
+    """`nodes` DGX A100 systems: in each, 8 A100s joined all-to-all through NVSwitch (one
+    300 GB/s link per GPU to the switch `node{k}/nvswitch`), and every GPU with its own HDR
+    InfiniBand NIC (`node{k}/nic{g}`, over PCIe 4.0) on one non-blocking fabric switch `ib`."""
+    devices: list[Device] = []
+    links: list[Link] = []
+    switches: list[str] = ["ib"] if nodes > 1 else []
+    for k in range(nodes):
+        node = _gpus(DGX_A100_GPUS, A100, f"node{k}", first=k * DGX_A100_GPUS)
+        nvswitch = f"node{k}/nvswitch"
+        switches.append(nvswitch)
+        for g, gpu in enumerate(node):
+            links.append(
+                Link(gpu.name, nvswitch, NVLINK3_GPU_BANDWIDTH, NVSWITCH_LATENCY, "nvswitch")
+            )
+            if nodes > 1:
+                nic = f"node{k}/nic{g}"
+                switches.append(nic)
+                links.append(Link(gpu.name, nic, PCIE4_BANDWIDTH, PCIE_LATENCY, "pcie"))
+                links.append(Link(nic, "ib", IB_HDR_BANDWIDTH, IB_LATENCY, "infiniband"))
+        devices += node
+    return DeviceGraph(f"dgx-a100-{nodes}", devices, links, switches)
+
+
 def cpu_local(workers: int, figures: dict[str, float] | None = None) -> DeviceGraph:
     """`workers` CPU processes on this machine, every pair joined by its own loopback link
     (gloo opens one connection per pair; a message crosses it once).
@@ -200,6 +232,7 @@ _PATTERNS: list[tuple[re.Pattern[str], Callable[[str, re.Match[str]], DeviceGrap
         lambda n, m: k80_cluster(_ranged(n, m[1], 1), _ranged(n, m[2], 1, 8)),
     ),
     (re.compile(r"v100-dgx1-(\d+)"), lambda n, m: v100_dgx1(int(m[1]))),
+    (re.compile(r"dgx-a100-(\d+)"), lambda n, m: dgx_a100(_ranged(n, m[1], 1))),
     (re.compile(r"cpu-local-(\d+)"), lambda n, m: cpu_local(_ranged(n, m[1], 1))),
 ]
 
@@ -216,11 +249,12 @@ def get_preset(name: str) -> DeviceGraph:
 def list_presets() -> list[str]:
     """Example preset names (the forms accept other sizes too)."""
     return [
-        *(f"p100-{n}x4" for n in (1, 2, 4, 8, 16)),
+        *(f"p100-{n}x4" for n in (1, 2, 4, 8, 16, 64, 256)),
         "k80-1x4",
         "k80-4x4",
         "k80-16x4",
         *(f"v100-dgx1-{g}" for g in DGX1_SIZES),
+        *(f"dgx-a100-{n}" for n in (1, 4, 32, 128)),
         "cpu-local-2",
         "cpu-local-4",
     ]

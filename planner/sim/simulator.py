@@ -2,14 +2,16 @@
 
 Task graph (Sec. 5.1). For every op and its config: a forward and a backward task per
 partition on its device. For every tensor edge and every pair of producer/consumer tasks that
-share a sub-tensor (`planner.costs.regions`, the same overlaps the cost model prices): a dependency
-when they are on one device, else a communication task on each link of the route (links are
-devices of their own, one per direction, so transfers overlap with compute), forward for the
-activations and backward for the gradients (none to the graph's input ops). Parameter synchronization of replicated shards
-(FlexFlow's public code priced it at 0; we do not): ring all-reduce as one transfer of
-2 (r - 1) / r of the shard on each hop of the ring, or a parameter server (each replica sends
-its gradients to the first replica and receives the parameters back), then an update task on
-every device that holds the shard. Ops sharing a parameter group synchronize once.
+share a sub-tensor (`planner.sim.transfers`: the overlaps of `planner.costs.regions`, the ones
+the cost model prices, found per dimension so only pairs that move data are visited): a
+dependency when they are on one device, else a communication task on each link of the route
+(links are resources of their own, one per direction, so transfers overlap with compute),
+forward for the activations and backward for the gradients (none to the graph's input ops).
+Parameter synchronization of replicated shards (FlexFlow's public code priced it at 0; we do
+not): ring all-reduce as one transfer of 2 (r - 1) / r of the shard on each hop of the ring,
+or a parameter server (each replica sends its gradients to the first replica and receives
+the parameters back), then an update task on every device that holds the shard. Ops sharing
+a parameter group synchronize once.
 
 Host-driven messages (`Device.message_overhead` > 0, CPU workers with gloo): a transfer also
 occupies the sending device for the overhead right after the producer task (the send runs on
@@ -19,6 +21,11 @@ height or width gets an exchange task after its forward and after its backward t
 device (`CostModel.norm_exchange`), which waits for every task holding the same channels;
 the op's consumers and gradient transfers wait for it.
 
+A task that waits for a whole group (a batch-norm exchange for its group's tasks, a ring
+all-reduce for every replica's backward, an update for every ring transfer) waits for one
+zero-time join task of the group, so the dependencies grow with the tasks, not with their
+square; the times are the same (a max of the same ends).
+
 Order on a device (assumption A3, FIFO): tasks run in program order: forward ops in
 topological order (an op's incoming transfers just before it), then backward ops in reverse,
 each followed by its outgoing gradient transfers and its parameter sync, then the updates.
@@ -26,38 +33,49 @@ A task starts when its dependencies are done and the task before it on its devic
 
 Full simulation (Algorithm 1) builds the graph and sets every task's start and end in that
 order. Delta simulation (Algorithm 2) changes one op's config: it replaces the op's tasks,
-the transfers of its edges and its group's sync, and re-propagates times only from the tasks
-that changed, in program order (a topological order), until nothing changes further. Since
-the order on every device is fixed, both give the same timeline, bit for bit (tested).
+the transfers of its edges and its group's sync, and re-times only the tasks whose inputs
+moved, in program order, until nothing moves further (`planner.sim.tasks`). Since the order
+on every resource is fixed, both give the same timeline, bit for bit (tested).
 """
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Iterable, Sequence
+import gc
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.costs.regions import needed_boxes, overlap_volume, task_boxes
+from planner.sim.tasks import JOIN, TaskBatch, TaskGraph, pack, unpack
+from planner.sim.transfers import transfer_pairs
 
 if TYPE_CHECKING:
     from planner.costs.config import ParallelConfig
     from planner.costs.costmodel import CostModel
     from planner.graph.opgraph import OpGraph
-    from planner.hardware.devices import DeviceGraph
     from planner.problems.strategy import Strategy
 
 Key = tuple[int, int, int, int, int, int]
+# A message's keys: its send overhead, its hops' prefix (the hop index completes it), its
+# receive overhead (None: the hops' prefix with the hop count).
+_Keys = tuple[Key, tuple[int, int, int, int, int], Key | None]
 FWD, BWD, UPDATE = 0, 1, 2  # phases of the program order
 _AFTER = 1 << 20  # task-index offset that orders an op's exchange tasks after its own tasks
+_JOINS = _AFTER // 2  # index offset of a backward join: after the tasks, before the exchanges
+_LAST = (1 << 39) - 1  # pair index that orders a task after every message of a sync
+# Entries kept for delta simulation, which rebuilds the same configs again and again (each
+# cache is emptied when full, so a long search on a large cluster stays bounded).
+COST_CACHE = 4096  # (op, config) -> task times
+PAIRS_CACHE = 4096  # (edge shapes, maps, degrees) -> task pairs that share data
+HOPS_CACHE = 1 << 18  # (device, device) -> the route's hops
 
 
 @dataclass(frozen=True)
 class TaskInfo:
     key: Key
-    name: str  # e.g. "fwd conv1 #2", "xfer fc->loss 0->1 link 3"
+    name: str  # e.g. "fwd conv1 #2", "xfer fc->loss 0->1 hop 3"
     resource: int  # device index, or num_devices + 2 * link + direction
     start: float
     end: float
@@ -84,8 +102,11 @@ class Simulator:
         self.devices = cost_model.devices
         self.n = len(self.graph.ops)
         self.configs: list[ParallelConfig | None] = list(configs)  # None: op left out
-        self._routes = _routes(self.devices)
-        self._bytes_cache: dict[tuple[int, tuple[int, ...], tuple[int, ...]], np.ndarray] = {}
+        self._hops_cache: dict[tuple[int, int], list[tuple[int, float, float]]] = {}
+        self._pairs_cache: dict[tuple, tuple] = {}
+        self._cost_cache: dict[tuple[int, ParallelConfig], tuple] = {}
+        self._names = [op.name for op in self.graph.ops]
+        self._overhead: list[float] = cost_model.overhead.tolist()  # per message, per device
         self._sync_op = _sync_ops(self.graph)
         self._sync_of = {i: s for s, members in self._sync_op.items() for i in members}
         self._incident: list[list[int]] = [[] for _ in range(self.n)]
@@ -93,255 +114,247 @@ class Simulator:
             self._incident[e.src].append(k)
             if e.dst != e.src:
                 self._incident[e.dst].append(k)
-        # Task storage (ids never reused; removed tasks leave holes).
-        self.key: list[Key] = []
-        self.res: list[int] = []
-        self.dur: list[float] = []
-        self.label: list[str] = []
-        self.preds: list[set[int]] = []
-        self.succs: list[set[int]] = []
-        self.end: list[float] = []
-        self.alive: list[bool] = []
-        self.prev: list[int] = []  # the task before on the same resource (-1: none)
-        self.next: list[int] = []  # the task after on the same resource (-1: none)
-        self.affected: list[bool] = []  # delta simulation: waiting to be re-timed
-        self.order: dict[int, list[tuple[Key, int]]] = {}  # resource -> sorted (key, task)
-        self.gorder: list[tuple[Key, int]] = []  # every live task in program order
+        self.tasks = TaskGraph()
         self.owned: list[list[int]] = [[] for _ in range(self.n)]  # op -> its F/B tasks
         self.edge_tasks: dict[int, list[int]] = {}  # edge index -> its transfer tasks
         self.sync_tasks: dict[int, list[int]] = {}  # sync op -> sync and update tasks
-        # (phase, op, task index) -> the task whose end is that partition's end (the
-        # batch-norm exchange when there is one) and -> the task that starts it (its compute)
-        self._fb: dict[tuple[int, int, int], int] = {}
-        self._in: dict[tuple[int, int, int], int] = {}
+        # Per op and phase, per partition: the task whose end is that partition's end (the
+        # batch-norm exchange when there is one) and the task that starts it (its compute).
+        self._ends: dict[tuple[int, int], list[int]] = {}
+        self._starts: dict[tuple[int, int], list[int]] = {}
+        self.retimed = 0  # tasks the last change re-timed
         self.full()
 
     # -- building ------------------------------------------------------------------------
 
-    def _add(self, key: Key, res: int, dur: float, label: str, preds: Iterable[int]) -> int:
-        t = len(self.key)
-        self.key.append(key)
-        self.res.append(res)
-        self.dur.append(float(dur))
-        self.label.append(label)
-        ps = set(preds)
-        self.preds.append(ps)
-        self.succs.append(set())
-        for p in ps:
-            self.succs[p].add(t)
-        self.end.append(0.0)
-        self.alive.append(True)
-        self.prev.append(-1)
-        self.next.append(-1)
-        self.affected.append(False)
-        return t
-
-    def _remove(self, tasks: Iterable[int]) -> set[int]:
-        """Delete tasks; return the live tasks whose inputs changed because of it."""
-        touched: set[int] = set()
-        for t in tasks:
-            self.alive[t] = False
-            for p in self.preds[t]:
-                self.succs[p].discard(t)
-            for s in self.succs[t]:
-                self.preds[s].discard(t)
-                touched.add(s)
-            before, after = self.prev[t], self.next[t]
-            if before >= 0:
-                self.next[before] = after
-            if after >= 0:
-                self.prev[after] = before
-                touched.add(after)
-            lst = self.order[self.res[t]]
-            del lst[bisect.bisect_left(lst, (self.key[t], t))]
-            del self.gorder[bisect.bisect_left(self.gorder, (self.key[t], t))]
-        return {t for t in touched if self.alive[t]}
-
-    def _insert(self, t: int) -> None:
-        """Put a new task in program order on its resource and globally."""
-        item = (self.key[t], t)
-        lst = self.order.setdefault(self.res[t], [])
-        k = bisect.bisect_left(lst, item)
-        before = lst[k - 1][1] if k > 0 else -1
-        after = lst[k][1] if k < len(lst) else -1
-        lst.insert(k, item)
-        self.prev[t], self.next[t] = before, after
-        if before >= 0:
-            self.next[before] = t
-        if after >= 0:
-            self.prev[after] = t
-        bisect.insort(self.gorder, item)
-
     def _build_op(self, i: int) -> list[int]:
-        op, cfg = self.graph.ops[i], self.configs[i]
+        op, cfg, tg = self.graph.ops[i], self.configs[i], self.tasks
         made: list[int] = []
         self.owned[i] = made
         if cfg is None:  # absent from a partial strategy
             return made
-        fwd, bwd = self.cm.task_times(i, cfg)
-        for t, dev in enumerate(cfg.devices):
-            f = self._add((FWD, i, 2, t, 0, 0), dev, fwd[t], f"fwd {op.name} #{t}", ())
-            b = self._add(
-                (BWD, self.n - 1 - i, 0, t, 0, 0), dev, bwd[t], f"bwd {op.name} #{t}", (f,)
-            )
-            self._fb[(FWD, i, t)], self._fb[(BWD, i, t)] = f, b
-            self._in[(FWD, i, t)], self._in[(BWD, i, t)] = f, b
-            made += [f, b]
-        groups = self.cm.norm_groups(i, cfg)
-        if groups is not None:
-            # The statistics exchange: every task of a group waits for all of its members;
-            # inputs still go to the compute tasks (self._in), outputs leave after it.
-            exchange = self.cm.norm_exchange(i, cfg)
-            assert exchange is not None
-            fwd_tasks = [self._in[(FWD, i, t)] for t in range(cfg.num_tasks)]
-            bwd_tasks = [self._in[(BWD, i, t)] for t in range(cfg.num_tasks)]
-            for t, dev in enumerate(cfg.devices):
-                f = self._add(
-                    (FWD, i, 3, t, 0, 0),
-                    dev,
-                    exchange[t],
-                    f"bn stats {op.name} #{t}",
-                    [fwd_tasks[m] for m in groups[t]],
-                )
-                b = self._add(
-                    (BWD, self.n - 1 - i, 0, _AFTER + t, 0, 0),
-                    dev,
-                    exchange[t],
-                    f"bn grad stats {op.name} #{t}",
-                    [bwd_tasks[m] for m in groups[t]],
-                )
-                self._fb[(FWD, i, t)], self._fb[(BWD, i, t)] = f, b
-                made += [f, b]
+        fwd, bwd, groups, exchange = self._op_costs(i, cfg)
+        back = self.n - 1 - i
+        devs = list(cfg.devices)
+        k = len(devs)
+        fs = tg.add_many(
+            [pack(FWD, i, 2, t, 0, 0) for t in range(k)], devs, fwd, [f"fwd {op.name} #"] * k
+        )
+        bs = tg.add_many(
+            [pack(BWD, back, 0, t, 0, 0) for t in range(k)],
+            devs,
+            bwd,
+            [f"bwd {op.name} #"] * k,
+            [[f] for f in fs],
+        )
+        made += fs + bs
+        self._starts[(FWD, i)], self._starts[(BWD, i)] = fs, bs
+        self._ends[(FWD, i)], self._ends[(BWD, i)] = fs, bs
+        if groups is not None and exchange is not None:
+            made += self._build_exchanges(i, devs, fs, bs, groups, exchange)
         return made
 
-    def _devices_of(self, i: int) -> tuple[int, ...]:
-        cfg = self.configs[i]
-        return () if cfg is None else cfg.devices
+    def _build_exchanges(
+        self,
+        i: int,
+        devs: list[int],
+        fs: list[int],
+        bs: list[int],
+        groups: list[list[int]],
+        exchange: list[float],
+    ) -> list[int]:
+        """Synchronized batch norm: after each forward and backward task, a statistics
+        exchange that waits for its group's join of all its members; inputs still go to the
+        compute tasks, outputs leave after the exchange."""
+        tg, name, back, k = self.tasks, self._names[i], self.n - 1 - i, len(devs)
+        made: list[int] = []
+        distinct, group_of = _distinct(groups)
+        for phase, tasks, label in ((FWD, fs, "bn stats"), (BWD, bs, "bn grad stats")):
+            joins = []
+            for g, members in enumerate(distinct):
+                key = (
+                    pack(FWD, i, 2, _AFTER + g, 0, 0)
+                    if phase == FWD
+                    else pack(BWD, back, 0, _JOINS + g, 0, 0)
+                )
+                joins.append(tg.add(key, JOIN, 0.0, "join", [tasks[m] for m in members]))
+            keys = (
+                [pack(FWD, i, 3, t, 0, 0) for t in range(k)]
+                if phase == FWD
+                else [pack(BWD, back, 0, _AFTER + t, 0, 0) for t in range(k)]
+            )
+            preds = [[joins[g]] for g in group_of]
+            ends = tg.add_many(keys, devs, exchange, [f"{label} {name} #"] * k, preds)
+            made += joins + ends
+            self._ends[(phase, i)] = ends
+        return made
 
-    def _edge_bytes(self, e: int, cu: ParallelConfig, cv: ParallelConfig) -> np.ndarray:
+    def _op_costs(
+        self, i: int, cfg: ParallelConfig
+    ) -> tuple[list[float], list[float], list[list[int]] | None, list[float] | None]:
+        """Task times, batch-norm groups and exchange times of op i under cfg (cached: delta
+        simulation rebuilds the same configs again and again)."""
+        key = (i, cfg)
+        found = self._cost_cache.get(key)
+        if found is None:
+            fwd, bwd = self.cm.task_times(i, cfg)
+            groups = self.cm.norm_groups(i, cfg)
+            exchange = self.cm.norm_exchange(i, cfg) if groups is not None else None
+            found = (
+                fwd.tolist(),
+                bwd.tolist(),
+                groups,
+                None if exchange is None else exchange.tolist(),
+            )
+            if len(self._cost_cache) >= COST_CACHE:
+                self._cost_cache.clear()
+            self._cost_cache[key] = found
+        return found
+
+    def _hops(self, a: int, b: int) -> list[tuple[int, float, float]]:
+        """(resource, seconds per byte, latency) of each link on the route a -> b."""
+        hops = self._hops_cache.get((a, b))
+        if hops is None:
+            D, links = self.devices.num_devices, self.devices.links
+            here = self.devices.devices[a].name
+            hops = []
+            for li in self.devices.route(a, b):
+                link = links[li]
+                direction = 0 if link.a == here else 1
+                here = link.b if direction == 0 else link.a
+                hops.append((D + 2 * li + direction, 1.0 / link.bandwidth, link.latency))
+            if len(self._hops_cache) >= HOPS_CACHE:
+                self._hops_cache.clear()
+            self._hops_cache[(a, b)] = hops
+        return hops
+
+    def _pairs(self, e: int, cu: ParallelConfig, cv: ParallelConfig) -> tuple:
+        """(p, q, bytes) of the task pairs of edge e that share data, as Python lists (the
+        same for every edge with the same shapes, maps and degrees: unrolled steps)."""
         edge = self.graph.edges[e]
-        key = (e, cu.degrees, cv.degrees)
-        if key not in self._bytes_cache:
-            src, dst = self.graph.ops[edge.src], self.graph.ops[edge.dst]
-            plo, phi = task_boxes(src.output.sizes, np.array([cu.degrees]), cu.num_tasks)
-            olo, ohi = task_boxes(dst.output.sizes, np.array([cv.degrees]), cv.num_tasks)
-            maps = self.graph.input_maps(edge)
-            nlo, nhi = needed_boxes(maps, src.output.sizes, dst.output.dims, olo, ohi)
-            vol = overlap_volume(plo, phi, nlo, nhi)[0, :, 0, :]
-            self._bytes_cache[key] = vol * src.output.dtype_bytes
-        return self._bytes_cache[key]
+        src, dst = self.graph.ops[edge.src].output, self.graph.ops[edge.dst].output
+        maps = self.graph.input_maps(edge)
+        key = (maps, src.sizes, src.dtype_bytes, cu.degrees, dst.sizes, dst.dims, cv.degrees)
+        found = self._pairs_cache.get(key)
+        if found is None:
+            p, q, vol = transfer_pairs(maps, src.sizes, cu.degrees, dst.sizes, dst.dims, cv.degrees)
+            nbytes = vol * src.dtype_bytes
+            found = (p.tolist(), q.tolist(), nbytes.tolist())
+            if len(self._pairs_cache) >= PAIRS_CACHE:
+                self._pairs_cache.clear()
+            self._pairs_cache[key] = found
+        return found
 
     def _build_edge(self, e: int) -> list[int]:
         edge = self.graph.edges[e]
         u, v = edge.src, edge.dst
         cu, cv = self.configs[u], self.configs[v]
-        made: list[int] = []
-        self.edge_tasks[e] = made
         if cu is None or cv is None:
-            return made
-        nbytes = self._edge_bytes(e, cu, cv)
+            self.edge_tasks[e] = []
+            return []
+        tg, out = self.tasks, TaskBatch(self.tasks)
         components = self.cm.edge_components(edge)
-        names = self.graph.ops[u].name, self.graph.ops[v].name
-        for p, q in zip(*np.nonzero(nbytes), strict=True):
-            dp, dq = cu.devices[p], cv.devices[q]
-            fu, fv = self._fb[(FWD, u, p)], self._in[(FWD, v, q)]
-            bu, bv = self._in[(BWD, u, p)], self._fb[(BWD, v, q)]
-            if dp == dq:
-                self.preds[fv].add(fu)
-                self.succs[fu].add(fv)
-                self.preds[bu].add(bv)
-                self.succs[bv].add(bu)
+        fwd_label = f"{self._names[u]}->{self._names[v]}"
+        bwd_label = f"grad {self._names[v]}->{self._names[u]}"
+        gradient = self.graph.ops[u].kind != "input"  # data gets no gradient
+        u_end, v_start = self._ends[(FWD, u)], self._starts[(FWD, v)]
+        u_back, v_back = self._starts[(BWD, u)], self._ends[(BWD, v)]
+        back_v, back_u = self.n - 1 - v, self.n - 1 - u
+        preds, succs = tg.preds, tg.succs
+        devs_u, devs_v = cu.devices, cv.devices
+        for p, q, nbytes in zip(*self._pairs(e, cu, cv), strict=True):
+            dp, dq = devs_u[p], devs_v[q]
+            if dp == dq:  # a dependency each way (inlined: most pairs of many strategies)
+                a, b = u_end[p], v_start[q]
+                preds[b].append(a)
+                succs[a].append(b)
+                a, b = v_back[q], u_back[p]
+                preds[b].append(a)
+                succs[a].append(b)
                 continue
-            size = float(nbytes[p, q]) * components  # an LSTM state: h and c together
-            pair = int(p) * 65536 + int(q)
-            hops = len(self._routes[(dp, dq)])
-            keys = (FWD, u, 4, e, pair, 0), (FWD, v, 1, e, pair, 0), (FWD, v, 1, e, pair, hops)
-            last = self._message(keys, dp, dq, size, fu, f"{names[0]}->{names[1]}", made)
-            self.preds[fv].add(last)
-            self.succs[last].add(fv)
-            if self.graph.ops[u].kind == "input":
-                continue  # data gets no gradient
-            pair = int(q) * 65536 + int(p)
-            back = self.n - 1 - v
+            size = nbytes * components  # an LSTM state: h and c together
+            pair = p * 65536 + q
+            keys: _Keys = ((FWD, u, 4, e, pair, 0), (FWD, v, 1, e, pair), None)
+            out.depend(self._message(out, keys, dp, dq, size, u_end[p], fwd_label), v_start[q])
+            if not gradient:
+                continue
+            pair = q * 65536 + p
             keys = (
-                (BWD, back, 1, e, pair, -1),
-                (BWD, back, 1, e, pair, 0),
-                (BWD, self.n - 1 - u, -1, e, pair, 0),
+                (BWD, back_v, 1, e, pair, -1),
+                (BWD, back_v, 1, e, pair),
+                (BWD, back_u, -1, e, pair, 0),
             )
-            last = self._message(keys, dq, dp, size, bv, f"grad {names[1]}->{names[0]}", made)
-            self.preds[bu].add(last)
-            self.succs[last].add(bu)
+            out.depend(self._message(out, keys, dq, dp, size, v_back[q], bwd_label), u_back[p])
+        self.edge_tasks[e] = made = out.commit()
         return made
 
     def _message(
         self,
-        keys: tuple[Key, Key, Key],
+        out: TaskBatch,
+        keys: _Keys,
         a: int,
         b: int,
         size: float,
         after: int,
         what: str,
-        made: list[int],
         share: float = 1.0,
     ) -> int:
         """A message from device a to b after task `after`: the sender's overhead (key 0),
-        the hops (key 1, hop index last), the receiver's overhead (key 2); overheads scaled
-        by `share`. Returns the last task."""
-        after = self._overhead(keys[0], a, after, f"send {what}", made, share)
-        last = self._transfer(keys[1], a, b, size, after, what, made)
-        return self._overhead(keys[2], b, last, f"recv {what}", made, share)
+        the hops (key prefix 1, hop index last), the receiver's overhead (key 2; None: the
+        hop prefix with the hop count); overheads scaled by `share`. Returns the last task."""
+        cost = self._overhead[a] * share
+        if cost > 0:  # the send runs on the sender's processor
+            after = out.add(pack(*keys[0]), a, cost, ("send", what), [after])
+        label = (what, a, b)
+        hops = self._hops(a, b)
+        hop_key = pack(*keys[1], -1)  # + h + 1: hop h's key (the hop is the lowest field)
+        for h, (res, inv_bw, lat) in enumerate(hops, start=1):
+            after = out.add(hop_key + h, res, size * inv_bw + lat, label, [after])
+        cost = self._overhead[b] * share
+        if cost > 0:  # the arrival is handled on the receiver's processor
+            recv = keys[2] if keys[2] is not None else (*keys[1], len(hops))
+            after = out.add(pack(*recv), b, cost, ("recv", what), [after])
+        return after
 
-    def _overhead(
-        self, key: Key, dev: int, after: int, what: str, made: list[int], share: float = 1.0
-    ) -> int:
-        """A message's processor time on device `dev` after task `after` (none: `after`)."""
-        cost = self.cm.overhead[dev] * share
-        if cost <= 0:
-            return after
-        made.append(self._add(key, dev, cost, what, (after,)))
-        return made[-1]
-
-    def _transfer(
-        self, key: Key, a: int, b: int, size: float, after: int, what: str, made: list[int]
-    ) -> int:
-        """Transfer `size` bytes from device a to b hop by hop after task `after`; last hop id."""
-        prev = after
-        for h, (res, inv_bw, lat) in enumerate(self._routes[(a, b)]):
-            k = (*key[:5], h)
-            prev = self._add(k, res, size * inv_bw + lat, f"xfer {what} {a}->{b} hop {h}", (prev,))
-            made.append(prev)
-        return prev
+    def _join(self, out: TaskBatch, key: int, preds: list[int]) -> list[int]:
+        """`preds` itself when short, else one join task that waits for all of them."""
+        if len(preds) <= 2:
+            return preds
+        return [out.add(key, JOIN, 0.0, "join", preds)]
 
     def _build_sync(self, s: int) -> list[int]:
         """Gradient sync and update of the parameter group whose sync op is s."""
         op, cfg = self.graph.ops[s], self.configs[s]
         members = [j for j in self._sync_op[s] if self.configs[j] is not None]
-        made: list[int] = []
-        self.sync_tasks[s] = made
         if not op.params or cfg is None:
-            return made
+            self.sync_tasks[s] = []
+            return []
+        out = TaskBatch(self.tasks)
         groups = self.cm.replica_groups(op, cfg)
         shard = op.param_bytes / len(groups)
         copies = self.cm.options.param_copies
+        where = {j: _positions(self.configs[j]) for j in members}
+        update = f"update {op.name} shard "
         for g, devs in enumerate(groups):
             ready = [
-                self._fb[(BWD, j, t)]
+                self._ends[(BWD, j)][t]
                 for j in members
-                for t, d in enumerate(self._devices_of(j))
-                if d in devs
+                for d in devs
+                if (t := where[j].get(d)) is not None
             ]
             done: list[int] = ready
             if len(devs) > 1:
-                done = self._sync_transfers(s, g, devs, shard, ready, made)
+                done = self._sync_transfers(out, s, g, devs, shard, ready)
+            done = self._join(out, pack(BWD, self.n - 1 - s, 2, g, _LAST, 0), done)
+            label = f"{update}{g}"
             for d in devs:
                 dur = copies * shard / (self.cm.mem_bw[d] * self.cm.options.memory_efficiency)
-                made.append(
-                    self._add((UPDATE, s, g, d, 0, 0), d, dur, f"update {op.name} shard {g}", done)
-                )
+                out.add(pack(UPDATE, s, g, d, 0, 0), d, float(dur), label, done)
+        self.sync_tasks[s] = made = out.commit()
         return made
 
     def _sync_transfers(
-        self, s: int, g: int, devs: list[int], shard: float, ready: list[int], made: list[int]
+        self, out: TaskBatch, s: int, g: int, devs: list[int], shard: float, ready: list[int]
     ) -> list[int]:
         """Ring all-reduce: every replica sends 2 (r - 1) / r of the shard to the next one
         (its 2 (r - 1) pipelined steps as one transfer, after every replica's backward), each
@@ -350,35 +363,33 @@ class Simulator:
         (`CostModel.bucket_share`)."""
         r = len(devs)
         base = (BWD, self.n - 1 - s, 2, g)
-        name = self.graph.ops[s].name
+        name = self._names[s]
         share = self.cm.bucket_share(shard)
 
-        def keys(k: int) -> tuple[Key, Key, Key]:  # the k-th message of this sync
-            return (*base, 3 * k + 1, 0), (*base, 3 * k + 2, 0), (*base, 3 * k + 3, 0)
+        def keys(k: int) -> _Keys:  # the k-th message of this sync
+            return (*base, 3 * k + 1, 0), (*base, 3 * k + 2), (*base, 3 * k + 3, 0)
 
+        ready = self._join(out, pack(*base, 0, -1), ready)
         if self.cm.options.sync == "ring":
+            size = 2 * (r - 1) / r * shard
+            steps = 2 * (r - 1) * share  # each step: one message to the next replica
+            what, gate_label = f"allreduce {name}", f"sync {name} ready"
             ends = []
             for j, a in enumerate(devs):
-                gate = self._add((*base, 0, j), a, 0.0, f"sync {name} ready", ready)
-                made.append(gate)
-                size = 2 * (r - 1) / r * shard
-                steps = 2 * (r - 1) * share  # each step: one message to the next replica
-                what = f"allreduce {name}"
+                gate = out.add(pack(*base, 0, j), a, 0.0, gate_label, ready)
                 ends.append(
-                    self._message(keys(j), a, devs[(j + 1) % r], size, gate, what, made, steps)
+                    self._message(out, keys(j), a, devs[(j + 1) % r], size, gate, what, steps)
                 )
             return ends
         ps, rest = devs[0], devs[1:]
-        gate = self._add((*base, 0, 0), ps, 0.0, f"sync {name} ready", ready)
-        made.append(gate)
+        gate = out.add(pack(*base, 0, 0), ps, 0.0, f"sync {name} ready", ready)
         ins = [
-            self._message(keys(j), a, ps, shard, gate, f"push {name}", made, share)
+            self._message(out, keys(j), a, ps, shard, gate, f"push {name}", share)
             for j, a in enumerate(rest)
         ]
-        arrived = self._add((*base, 3 * r + 1, 0), ps, 0.0, f"ps {name} has all", ins)
-        made.append(arrived)
+        arrived = out.add(pack(*base, 3 * r + 1, 0), ps, 0.0, f"ps {name} has all", ins)
         return [
-            self._message(keys(r + 1 + j), ps, a, shard, arrived, f"pull {name}", made, share)
+            self._message(out, keys(r + 1 + j), ps, a, shard, arrived, f"pull {name}", share)
             for j, a in enumerate(rest)
         ]
 
@@ -386,34 +397,22 @@ class Simulator:
 
     def full(self) -> float:
         """Algorithm 1: build the whole task graph and time every task."""
-        for store in (self.key, self.res, self.dur, self.label, self.preds, self.succs):
-            store.clear()
-        for flags in (self.end, self.alive, self.prev, self.next, self.affected):
-            flags.clear()
-        self._fb.clear()
-        self._in.clear()
+        with _cyclic_gc_paused():
+            return self._full()
+
+    def _full(self) -> float:
+        self.tasks = TaskGraph()
+        self._ends.clear()
+        self._starts.clear()
         for i in range(self.n):
             self._build_op(i)
         for e in range(len(self.graph.edges)):
             self._build_edge(e)
         for s in self._sync_op:
             self._build_sync(s)
-        self.gorder = sorted((k, t) for t, k in enumerate(self.key))
-        self.order = {}
-        for item in self.gorder:
-            t = item[1]
-            lst = self.order.setdefault(self.res[t], [])
-            if lst:
-                self.prev[t] = lst[-1][1]
-                self.next[lst[-1][1]] = t
-            lst.append(item)
-        end, dur, preds, prev = self.end, self.dur, self.preds, self.prev
-        for _, t in self.gorder:
-            ready = max([end[p] for p in preds[t]], default=0.0)
-            before = prev[t]
-            if before >= 0 and end[before] > ready:
-                ready = end[before]
-            end[t] = ready + dur[t]
+        self.tasks.order_all()
+        self.tasks.time_all()
+        self.retimed = len(self.tasks.order)
         return self.makespan
 
     def change(self, i: int, cfg: ParallelConfig | None) -> float:
@@ -426,78 +425,60 @@ class Simulator:
     def change_many(self, changes: Sequence[tuple[int, ParallelConfig | None]]) -> float:
         """Several ops' configs at once (e.g. every op of a tied parameter group), with one
         re-propagation: the same timeline as changing them one by one."""
+        with _cyclic_gc_paused():
+            return self._change_many(changes)
+
+    def _change_many(self, changes: Sequence[tuple[int, ParallelConfig | None]]) -> float:
+        tg = self.tasks
         ops = sorted({i for i, _ in changes})
         edges = sorted({k for i in ops for k in self._incident[i]})
         syncs = sorted({self._sync_of[i] for i in ops})
         old = [t for i in ops for t in self.owned[i]]
         old += [t for k in edges for t in self.edge_tasks[k]]
         old += [t for s in syncs for t in self.sync_tasks[s]]
-        dirty = self._remove(old)
+        dirty = tg.remove(old)
         for i, cfg in changes:
             self.configs[i] = cfg
+        for i in ops:
+            for phase in (FWD, BWD):
+                self._ends.pop((phase, i), None)
+                self._starts.pop((phase, i), None)
         new: list[int] = []
         for i in ops:
             new += self._build_op(i)
+        # A rebuilt op's tasks are new: every edge and sync that reads them is rebuilt too.
         for k in edges:
             new += self._build_edge(k)
         for s in syncs:
             new += self._build_sync(s)
-        for t in new:
-            self._insert(t)
+        tg.insert(new)
         for t in new:
             dirty.add(t)
-            if self.next[t] >= 0:
-                dirty.add(self.next[t])
-        self._propagate(set(new), dirty)
+            if tg.nxt[t] >= 0:
+                dirty.add(tg.nxt[t])
+        self.retimed = tg.retime(dirty, new)
         return self.makespan
-
-    def _propagate(self, new: set[int], dirty: set[int]) -> None:
-        """Re-time affected tasks in program order; a task whose end moves affects its
-        successors and the next task on its resource. Stops when none is left."""
-        end, dur, preds, prev, nxt = self.end, self.dur, self.preds, self.prev, self.next
-        affected = self.affected
-        for t in dirty:
-            affected[t] = True
-        pending = len(dirty)
-        start = (
-            bisect.bisect_left(self.gorder, min((self.key[t], t) for t in dirty)) if dirty else 0
-        )
-        for k in range(start, len(self.gorder)):
-            if not pending:
-                break
-            t = self.gorder[k][1]
-            if not affected[t]:
-                continue
-            affected[t] = False
-            pending -= 1
-            ready = max([end[p] for p in preds[t]], default=0.0)
-            before = prev[t]
-            if before >= 0 and end[before] > ready:
-                ready = end[before]
-            value = ready + dur[t]
-            if value == end[t] and t not in new:
-                continue
-            end[t] = value
-            for s in (*self.succs[t], nxt[t]):
-                if s >= 0 and not affected[s]:
-                    affected[s] = True
-                    pending += 1
 
     # -- results -------------------------------------------------------------------------
 
     @property
     def makespan(self) -> float:
         """The last end on any device or link (ends grow along each FIFO order)."""
-        return max((self.end[lst[-1][1]] for lst in self.order.values() if lst), default=0.0)
+        return self.tasks.makespan()
+
+    @property
+    def num_tasks(self) -> int:
+        """Live tasks on devices and links (joins excluded)."""
+        tg = self.tasks
+        return sum(1 for t in tg.order if tg.res[t] != JOIN)
 
     def timeline(self) -> Timeline:
         D = self.devices.num_devices
+        tg = self.tasks
         tasks = tuple(
-            TaskInfo(
-                self.key[t], self.label[t], self.res[t], self.end[t] - self.dur[t], self.end[t]
-            )
-            for t in range(len(self.key))
-            if self.alive[t]
+            TaskInfo(unpack(tg.key[t]), _name(tg, t), tg.res[t], tg.end[t] - tg.dur[t], tg.end[t])
+            for t in tg.order
+            if tg.res[t] != JOIN
         )
         memory = sum(
             (self.cm.memory(i, c) for i, c in enumerate(self.configs) if c is not None),
@@ -514,6 +495,53 @@ def simulate(cost_model: CostModel, strategy: Strategy) -> Timeline:
     return Simulator(cost_model, strategy.configs).timeline()
 
 
+def _name(tg: TaskGraph, t: int) -> str:
+    """A task's display name, from its shared label and its key."""
+    label, key = tg.label[t], unpack(tg.key[t])
+    if isinstance(label, tuple):
+        if len(label) == 2:  # a message's processor time on one end
+            return f"{label[0]} {label[1]}"
+        what, a, b = label
+        return f"xfer {what} {a}->{b} hop {key[5]}"
+    assert isinstance(label, str)
+    if label.endswith("#"):
+        return f"{label}{key[3] % _AFTER}"
+    return label
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while millions of task lists are made: they
+    hold no cycles (reference counting frees them), and every full collection would walk
+    all of them (a third of a large simulation's time)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _distinct(groups: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """The distinct member lists of per-task groups, and each task's index among them."""
+    index: dict[tuple[int, ...], int] = {}
+    by_id: dict[int, int] = {}  # the groups are usually shared list objects: hash each once
+    group_of = []
+    for members in groups:
+        g = by_id.get(id(members))
+        if g is None:
+            g = index.setdefault(tuple(members), len(index))
+            by_id[id(members)] = g
+        group_of.append(g)
+    return [list(m) for m in index], group_of
+
+
+def _positions(cfg: ParallelConfig | None) -> dict[int, int]:
+    """Device -> task index of a config."""
+    return {} if cfg is None else {d: t for t, d in enumerate(cfg.devices)}
+
+
 def _sync_ops(graph: OpGraph) -> dict[int, list[int]]:
     """Each parameter group (or op) -> its ops; keyed by the group's first op."""
     first: dict[str, int] = {}
@@ -527,23 +555,4 @@ def _sync_ops(graph: OpGraph) -> dict[int, list[int]]:
         else:
             first[g] = i
             out[i] = [i]
-    return out
-
-
-def _routes(devices: DeviceGraph) -> dict[tuple[int, int], list[tuple[int, float, float]]]:
-    """(a, b) -> hops (resource id, seconds per byte, latency) along the route a -> b."""
-    D = devices.num_devices
-    names = [d.name for d in devices.devices]
-    out = {}
-    for a in range(D):
-        for b in range(D):
-            if a == b:
-                continue
-            hops, here = [], names[a]
-            for li in devices.route(a, b):
-                link = devices.links[li]
-                direction = 0 if link.a == here else 1
-                here = link.b if direction == 0 else link.a
-                hops.append((D + 2 * li + direction, 1.0 / link.bandwidth, link.latency))
-            out[(a, b)] = hops
     return out

@@ -5,7 +5,7 @@ around those three steps is the same for both and lives here:
 
 - the additive objective (OptCNN Eq. 1): `backends.selection.Selection` is encoded with a
   warm start (`warm_choices`: SolveOptions.warm_start when it is valid, else
-  `seed_choices`); if the time limit passes while encoding (`Clock` raises `OutOfTime`),
+  `backends.feasible`'s heuristic); if the time limit passes while encoding (`Clock` raises `OutOfTime`),
   the answer is that start (`out_of_time`);
 - the makespan objective (DLPlacer, Pal et al. 2019, Eqs. 7-13): `placement_for` builds the
   `backends.placement.PlacementProblem`, `SolverBackend.solve_placement` runs
@@ -22,10 +22,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status, past
+from backends.feasible import feasible_positions
 from backends.placement import (
     PlacementError,
     PlacementOutcome,
@@ -33,7 +34,7 @@ from backends.placement import (
     Schedule,
     placement_problem,
 )
-from backends.selection import Selection, seed_choices, selection
+from backends.selection import Selection, selection
 from backends.series import solve_placement_problem, warm_schedule
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
@@ -52,6 +53,7 @@ __all__ = [
 ]
 
 CHECK_EVERY = 512  # encoded items between two looks at the clock
+START_FRACTION = 0.1  # of the time limit, at most, for polishing the start before encoding
 
 Warm = tuple[tuple[int, ...], str]  # a valid choice vector and where it came from
 
@@ -81,18 +83,23 @@ class Clock:
 
 
 def warm_choices(
-    problem: Problem, sel: Selection, options: SolveOptions, deadline: float = math.inf
+    problem: Problem,
+    sel: Selection,
+    options: SolveOptions,
+    deadline: float = math.inf,
+    polish_until: float | None = None,
 ) -> Warm | None:
-    """SolveOptions.warm_start when it is valid, else `seed_choices` (unless extra
-    "seed_heuristic" is False), with where it came from; None when there is neither."""
+    """SolveOptions.warm_start when it is valid, else `backends.feasible`'s heuristic
+    (unless extra "seed_heuristic" is False; its local search stops at `polish_until`), with
+    where it came from; None when there is neither."""
     if options.warm_start is not None:
         ch = problem.check_choices(options.warm_start)
         if math.isfinite(additive_cost(problem, ch)) and memory_feasible(problem, ch):
             return ch, "warm_start"
     if options.extra.get("seed_heuristic", True):
-        seed = seed_choices(problem, sel, deadline)
-        if seed is not None:
-            return seed[0], "heuristic"
+        pos = feasible_positions(sel, deadline, options.seed, polish_until)
+        if pos is not None:
+            return sel.choices(pos), "heuristic"
     return None
 
 
@@ -211,12 +218,23 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
         t0 = time.perf_counter()
         deadline = t0 + options.time_limit
         sel = selection(problem)
-        warm = warm_choices(problem, sel, options, deadline)
+        t1 = time.perf_counter()
+        polish = t1 + START_FRACTION * options.time_limit
+        warm = warm_choices(problem, sel, options, deadline, polish)
+        t2 = time.perf_counter()
+        phases = {"selection_seconds": t1 - t0, "start_seconds": t2 - t1}
         try:
             model = self.steps.encode_selection(sel, options, warm, deadline)
         except OutOfTime:
-            return out_of_time(sel, warm, self.name)
-        encoded = time.perf_counter()
-        model.stats["encode_seconds"] = encoded - t0
-        run = self.steps.solve_encoded(model, options, deadline - encoded)
-        return self.steps.decode(problem, model, run, self.name)
+            result = out_of_time(sel, warm, self.name)
+            return replace(result, stats={**result.stats, **phases})
+        t3 = time.perf_counter()
+        run = self.steps.solve_encoded(model, options, deadline - t3)
+        t4 = time.perf_counter()
+        result = self.steps.decode(problem, model, run, self.name)
+        t5 = time.perf_counter()
+        phases.update(
+            encode_seconds=t3 - t2, search_seconds=t4 - t3, decode_seconds=t5 - t4,
+            solve_seconds=t5 - t0,
+        )  # fmt: skip
+        return replace(result, stats={**result.stats, **phases})

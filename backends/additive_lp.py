@@ -12,8 +12,8 @@ Built with numpy blocks (`backends.linear`), one block per node, edge and memory
 - memory, per pool: "rows" writes one row per binding check time (sum of usage above the
   smallest <= rhs); "chain" writes it as a running sum S_j = S_(j-1) + (usages entering at
   check time j) - (usages leaving), with S_j <= rhs_j: the same LP in O(n) terms, for
-  problems whose explicit rows would hold more than DIRECT_TERMS terms (long-lived nodes
-  appear in every row). "auto" picks.
+  problems whose explicit rows would hold many more terms (long-lived nodes appear in every
+  row). "auto" picks (`selection.memory_form`).
 
 `assignment` gives the column values of a choice vector (warm starts and tests) and
 `positions` reads a solution back.
@@ -26,10 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.linear import LinearBuilder, LinearProgram
-from backends.selection import Memory, Selection, edge_groups
+from backends.selection import Memory, Selection, edge_groups, memory_form
 
 __all__ = [
-    "DIRECT_TERMS",
     "AdditiveProgram",
     "EdgeColumns",
     "additive_program",
@@ -37,7 +36,6 @@ __all__ = [
     "positions",
 ]
 
-DIRECT_TERMS = 2_000_000  # explicit memory rows up to this many terms; above, a chain
 EDGE_MODES = ("marginal", "implied")
 MEMORY_FORMS = ("auto", "rows", "chain")
 
@@ -89,8 +87,7 @@ def additive_program(
     form = "none"
     chains: list[tuple[np.ndarray, float]] = []
     if sel.memory:
-        terms = sum(m.row_terms() for m in sel.memory)
-        form = memory if memory != "auto" else ("rows" if terms <= DIRECT_TERMS else "chain")
+        form = memory_form(sel, memory)
         for m in sel.memory:
             if form == "rows":
                 _memory_rows(b, m, x)

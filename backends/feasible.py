@@ -34,7 +34,7 @@ from backends.selection import Selection, selection
 if TYPE_CHECKING:
     from planner.problems.problem import Problem
 
-__all__ = ["LocalSearch", "feasible_choices", "feasible_positions", "improve"]
+__all__ = ["LocalSearch", "feasible_choices", "feasible_positions", "improve", "neighbourhood"]
 
 TABU_TENURE = 7  # repair moves before a node may return to a choice it left
 NOISE = 0.1  # probability that a repair move picks a random allowed choice
@@ -70,6 +70,22 @@ def improve(sel: Selection, pos: Sequence[int], deadline: float = math.inf) -> l
     search = LocalSearch(sel, np.asarray(pos, dtype=np.int64))
     search.improve(deadline)
     return search.pos.tolist()
+
+
+def neighbourhood(sel: Selection, pos: Sequence[int], k: int) -> list[np.ndarray]:
+    """Per node, the choice indices (into the problem's tables) of a restricted problem
+    around a valid answer: its own choice, its k - 1 cheapest given its neighbours' choices
+    and its least-memory one (so the answer stays inside and memory can still be freed)."""
+    search = LocalSearch(sel, np.asarray(pos, dtype=np.int64))
+    least = _least_memory(sel)
+    out = []
+    for i, allowed in enumerate(sel.allowed):
+        local = search.local(i)
+        local[~np.isfinite(local)] = np.inf
+        best = np.argsort(local, kind="stable")[: max(k - 1, 0)]
+        picked = np.unique(np.concatenate([[pos[i], least[i]], best]))
+        out.append(allowed[picked])
+    return out
 
 
 def _least_memory(sel: Selection) -> np.ndarray:
@@ -197,8 +213,10 @@ class LocalSearch:
             if freed.max() <= 0:
                 continue
             local = self.local(i)
-            worse = local - local[self.pos[i]]
-            ratio = np.where(freed > 0, worse / np.minimum(freed, need), np.inf)
+            worse = local - local[self.pos[i]]  # inf - inf when the node is on a forbidden pair
+            ratio = np.full(len(freed), np.inf)
+            helps = (freed > 0) & np.isfinite(worse)
+            ratio[helps] = worse[helps] / np.minimum(freed[helps], need)
             c = int(np.argmin(ratio))
             if np.isfinite(ratio[c]) and (best is None or ratio[c] < best[0]):
                 best = (float(ratio[c]), i, c)

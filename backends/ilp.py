@@ -642,6 +642,7 @@ def _bound(sel: Selection, bound: float | None, value: float) -> float:
 
 class IlpBackend(SolverBackend[IlpModel, IlpRun]):
     name = "ilp"
+    terms_per_second = 100_000  # numpy builds and writes ~10^6 terms per second
     REQUIRED_MODULES = ("pulp",)
     steps = SolverSteps(encode_selection, encode_placement, solve_encoded, decode_placement, decode)
 

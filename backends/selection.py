@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from planner.problems.problem import Problem
 
 __all__ = [
+    "DIRECT_TERMS",
     "MEMORY_RTOL",
     "Memory",
     "Selection",
@@ -35,6 +36,8 @@ __all__ = [
     "edge_groups",
     "live_ranges",
     "live_sets",
+    "memory_form",
+    "model_terms",
     "selection",
 ]
 
@@ -189,9 +192,14 @@ class Selection:
         return float(sum(c.min() for c in self.node_cost) + sum(t.min() for t in self.edge_cost))
 
 
-def selection(problem: Problem) -> Selection:
-    """The reduced additive tables of `problem` (exact: same optimum, same feasible set)."""
+def selection(problem: Problem, keep: Sequence[np.ndarray] | None = None) -> Selection:
+    """The reduced additive tables of `problem` (exact: same optimum, same feasible set).
+
+    `keep`: per node, the choice indices to consider (a restricted problem, for models too
+    large to solve whole; its optimum is only an upper bound of the problem's)."""
     allowed = [np.flatnonzero(np.isfinite(c)) for c in problem.node_cost]
+    if keep is not None:
+        allowed = [np.intersect1d(a, k) for a, k in zip(allowed, keep, strict=True)]
     node_cost = [np.asarray(c, dtype=np.float64)[a] for c, a in
                  zip(problem.node_cost, allowed, strict=True)]  # fmt: skip
     merged: dict[tuple[int, int], np.ndarray] = {}
@@ -327,3 +335,37 @@ def _repeats(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     keys = t.view(np.dtype((np.void, 8 * t.shape[1]))).reshape(-1)
     _, first, group = np.unique(keys, return_index=True, return_inverse=True)
     return group.reshape(-1), first
+
+
+def model_terms(sel: Selection, edges: str = "marginal") -> int:
+    """About how many terms (nonzeros) an ilp or cpsat model of `sel` has: one-hot rows,
+    edge rows over groups of equal rows and columns, and the memory rule (explicit rows or a
+    chain, whichever is smaller). What the backends check against their time before
+    building a model."""
+    total = sum(len(c) for c in sel.node_cost if len(c) > 1)
+    for t in sel.edge_cost:
+        rows, cols, table = edge_groups(t)
+        pairs = int(np.isfinite(table).sum()) if edges == "marginal" else int((table > 0).sum())
+        total += 2 * pairs + len(rows) + len(cols) if edges == "marginal" else 3 * pairs
+    form = memory_form(sel)
+    for m in sel.memory:
+        total += m.row_terms() if form == "rows" else _chain_terms(m)
+    return total
+
+
+DIRECT_TERMS = 2_000_000  # explicit memory rows up to this many terms (else a chain)
+
+
+def memory_form(sel: Selection, requested: str = "auto") -> str:
+    """How the encoders write the memory rule: "rows" (one per binding check time: the
+    strongest propagation) unless they would hold more than DIRECT_TERMS terms or four times
+    the terms of the "chain" (a running sum, O(n) terms); `requested` overrides "auto"."""
+    if requested != "auto":
+        return requested
+    rows = sum(m.row_terms() for m in sel.memory)
+    chain = sum(_chain_terms(m) for m in sel.memory)
+    return "rows" if rows <= min(DIRECT_TERMS, 4 * chain) else "chain"
+
+
+def _chain_terms(m: Memory) -> int:
+    return 2 * sum(len(c) for c in m.coef) + 3 * m.num_times

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status, past
-from backends.feasible import feasible_positions
+from backends.feasible import feasible_positions, neighbourhood
 from backends.placement import (
     PlacementError,
     PlacementOutcome,
@@ -34,7 +34,7 @@ from backends.placement import (
     Schedule,
     placement_problem,
 )
-from backends.selection import Selection, selection
+from backends.selection import Selection, model_terms, selection
 from backends.series import solve_placement_problem, warm_schedule
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
@@ -54,6 +54,7 @@ __all__ = [
 
 CHECK_EVERY = 512  # encoded items between two looks at the clock
 START_FRACTION = 0.1  # of the time limit, at most, for polishing the start before encoding
+RESTRICTED_CHOICES = (8, 4, 3, 2, 1)  # choices per node tried when the whole model is too big
 
 Warm = tuple[tuple[int, ...], str]  # a valid choice vector and where it came from
 
@@ -173,6 +174,7 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
     objectives = ("additive", "makespan")
     exact = True
     steps: SolverSteps[ModelT, RunT]
+    terms_per_second: float = 100_000  # model terms (nonzeros) worth building per second left
 
     def encode(self, problem: Problem, options: SolveOptions, deadline: float = math.inf) -> ModelT:
         """The model of `problem` under options.objective (raises OutOfTime past deadline)."""
@@ -217,24 +219,62 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
             return placement_result(pp, out, limit, {}, self.name)
         t0 = time.perf_counter()
         deadline = t0 + options.time_limit
-        sel = selection(problem)
+        full = selection(problem)
         t1 = time.perf_counter()
         polish = t1 + START_FRACTION * options.time_limit
-        warm = warm_choices(problem, sel, options, deadline, polish)
+        warm = warm_choices(problem, full, options, deadline, polish)
         t2 = time.perf_counter()
-        phases = {"selection_seconds": t1 - t0, "start_seconds": t2 - t1}
+        phases: dict[str, Any] = {"selection_seconds": t1 - t0, "start_seconds": t2 - t1}
+        sel, k = self._fit(problem, full, warm, options, deadline)  # maybe a restriction
+        t3 = time.perf_counter()
+        phases.update(size_seconds=t3 - t2, restricted=k)
+        if sel is None:  # even the smallest model is too large for the time left
+            result = out_of_time(full, warm, self.name)
+            return replace(result, stats={**result.stats, **phases})
         try:
             model = self.steps.encode_selection(sel, options, warm, deadline)
         except OutOfTime:
-            result = out_of_time(sel, warm, self.name)
+            result = out_of_time(full, warm, self.name)
             return replace(result, stats={**result.stats, **phases})
-        t3 = time.perf_counter()
-        run = self.steps.solve_encoded(model, options, deadline - t3)
         t4 = time.perf_counter()
-        result = self.steps.decode(problem, model, run, self.name)
+        run = self.steps.solve_encoded(model, options, deadline - t4)
         t5 = time.perf_counter()
+        result = self.steps.decode(problem, model, run, self.name)
+        t6 = time.perf_counter()
         phases.update(
-            encode_seconds=t3 - t2, search_seconds=t4 - t3, decode_seconds=t5 - t4,
-            solve_seconds=t5 - t0,
+            encode_seconds=t4 - t3, search_seconds=t5 - t4, decode_seconds=t6 - t5,
+            solve_seconds=t6 - t0,
         )  # fmt: skip
+        if k is not None and result.status is not Status.INFEASIBLE:
+            # the restricted model's optimum and bound say nothing about the whole problem
+            status = Status.FEASIBLE if result.has_solution else Status.NO_SOLUTION
+            result = replace(result, status=status, bound=full.trivial_bound())
         return replace(result, stats={**result.stats, **phases})
+
+    def _fit(
+        self,
+        problem: Problem,
+        sel: Selection,
+        warm: Warm | None,
+        options: SolveOptions,
+        deadline: float,
+    ) -> tuple[Selection | None, int | None]:
+        """`sel` if its model fits the time left (`terms_per_second`), else the largest
+        restriction around the start that does (k choices per node), else None."""
+        budget = options.extra.get("terms_per_second", self.terms_per_second) * max(
+            0.0, deadline - time.perf_counter()
+        )
+        edges = options.extra.get("edges", "marginal")
+        if sel.infeasible or model_terms(sel, edges) <= budget:
+            return sel, None
+        if warm is None:
+            return None, None
+        pos = sel.positions(warm[0])
+        assert pos is not None
+        for k in RESTRICTED_CHOICES:
+            if past(deadline):
+                break
+            small = selection(problem, neighbourhood(sel, pos, k))
+            if model_terms(small, edges) <= budget:
+                return small, k
+        return None, None

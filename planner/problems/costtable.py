@@ -613,11 +613,12 @@ def contest_problem(
     An edge costs the producer's bytes times a resharding factor of (output layout, wanted
     layout), zero when they match: like real resharding costs, it depends only on those
     two layouts, so strategies that share them have equal rows and columns. About 2% of the
-    operations' strategies are forbidden (never the smallest-memory one).
+    operations' strategies are forbidden, and on 30% of the edges so are the pairs whose
+    resharding is impossible (4% of the layout pairs), but a witness choice vector (every
+    node at one of its least-usage strategies) stays allowed.
 
-    The usage limit is set so that the smallest-memory choice vector (every node at its
-    least usage: the lowest possible peak, and allowed) peaks at a fraction of the limit
-    drawn from `tightness`: 0.9-1.0 leaves almost no room at the peak.
+    The usage limit is set so that the witness (the lowest possible peak) peaks at a fraction
+    of the limit drawn from `tightness`: 0.9-1.0 leaves almost no room at the peak.
     """
     lo, hi = strategies
     if num_nodes < 2 or not 1 <= lo <= hi or not 0 < tightness[0] <= tightness[1] <= 1:
@@ -640,25 +641,34 @@ def contest_problem(
     out_layout = [t if param[i] else rng.choice(t, sizes[i]) for i, t in enumerate(tensor_layouts)]
     nbytes = np.round(10 ** rng.uniform(2, 5, n))
     flops = np.where(param, 0.0, np.round(10 ** rng.uniform(2, 5, n)))
-    node_cost, usage = [], []
+    impossible = rng.random((LAYOUTS, LAYOUTS)) < 0.04  # resharding a layout cannot do
+    np.fill_diagonal(impossible, False)
+    node_cost, usage, witness = [], [], []
     for i in range(n):
         f = shard[out_layout[i]]
         cost = np.floor(flops[i] * (1 / f + rng.uniform(0, 0.5, sizes[i])))
         use = np.floor(nbytes[i] / f)
+        smallest = np.flatnonzero(use == use.min())
+        witness.append(int(smallest[rng.integers(len(smallest))]))
         if not param[i] and sizes[i] > 1:
             banned = rng.random(sizes[i]) < 0.02
-            banned[np.argmin(use + cost / (cost.max() + 1))] = False  # keep the least-memory one
+            banned[witness[i]] = False
             cost[banned] = np.inf
         node_cost.append(cost)
         usage.append(use.reshape(-1, 1))
     edge_cost = []
     for u, v in pairs.tolist():
         wanted = rng.choice(tensor_layouts[u], sizes[v])  # the layout v wants u's output in
-        edge_cost.append(np.floor(nbytes[u] * reshard[np.ix_(out_layout[u], wanted)]))
+        table = np.floor(nbytes[u] * reshard[np.ix_(out_layout[u], wanted)])
+        if rng.random() < 0.3:
+            table[impossible[np.ix_(out_layout[u], wanted)]] = np.inf
+            table[witness[u], witness[v]] = np.floor(
+                nbytes[u] * reshard[out_layout[u][witness[u]], wanted[witness[v]]]
+            )
+        edge_cost.append(table)
     intervals = _program_intervals(rng, pairs, param)
-    least = [int(np.argmin(np.where(np.isfinite(c), u[:, 0], np.inf))) for c, u in
-             zip(node_cost, usage, strict=True)]  # fmt: skip
-    peak_min = _peak(np.array([u[k, 0] for u, k in zip(usage, least, strict=True)]), intervals, n)
+    # the witness (allowed, every node at its least usage) peaks at the lowest possible peak
+    peak_min = _peak(np.array([u[k, 0] for u, k in zip(usage, witness, strict=True)]), intervals, n)
     limit = math.floor(peak_min / rng.uniform(*tightness))
     return Problem(
         name=name or f"contest-n{n}-seed{seed}",

@@ -16,7 +16,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,8 @@ from typing import Any
 __all__ = ["CbcProcess", "parse_log", "run_cbc"]
 
 NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"  # a number in CBC's log
+POLL_SECONDS = 0.1  # how often a running CBC is checked for a stop request
+EARLY_KILL_SECONDS = 5.0  # after a stop request CBC is killed at most this much later
 
 
 @dataclass(frozen=True)
@@ -37,17 +39,28 @@ class CbcProcess:
     wall: float
 
 
-def run_cbc(args: Sequence[str], log: Path, stop_at: float, kill_at: float) -> CbcProcess:
-    """Run CBC with `args`; SIGINT at `stop_at`, kill at `kill_at` (perf_counter times)."""
+def run_cbc(
+    args: Sequence[str],
+    log: Path,
+    stop_at: float,
+    kill_at: float,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> CbcProcess:
+    """Run CBC with `args`; SIGINT at `stop_at` (or as soon as `should_stop()`), kill at
+    `kill_at` (perf_counter times; kill_at moves up to a few seconds after an early stop)."""
     prefix = ["stdbuf", "-oL"] if shutil.which("stdbuf") else []
     start = time.perf_counter()
     interrupted = killed = False
     with open(log, "w") as out:
         proc = subprocess.Popen([*prefix, *args], stdout=out, stderr=out, stdin=subprocess.DEVNULL)
-        try:
-            proc.wait(timeout=max(0.05, stop_at - time.perf_counter()))
-        except subprocess.TimeoutExpired:
+        while proc.poll() is None and time.perf_counter() < stop_at and not should_stop():
+            try:
+                proc.wait(timeout=min(POLL_SECONDS, max(0.0, stop_at - time.perf_counter())))
+            except subprocess.TimeoutExpired:
+                pass
+        if proc.poll() is None:
             interrupted = True
+            kill_at = min(kill_at, time.perf_counter() + EARLY_KILL_SECONDS)
             proc.send_signal(signal.SIGINT)  # our own child, by its handle
             try:
                 proc.wait(timeout=max(0.05, kill_at - time.perf_counter()))

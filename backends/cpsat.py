@@ -35,6 +35,7 @@ solve's wrapper, the Backend class body) is shared with `ilp` in `backends.solve
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,15 @@ from typing import Any
 import numpy as np
 from ortools.sat.python import cp_model
 
-from backends.base import BackendError, Limit, SolveOptions, SolveResult, Status
+from backends.base import (
+    BackendError,
+    Limit,
+    ProgressLog,
+    SolveOptions,
+    SolveResult,
+    Status,
+    stop_requested,
+)
 from backends.placement import (
     PlacementOutcome,
     PlacementProblem,
@@ -477,6 +486,39 @@ _STATUS = {
 
 
 _DEFAULTS: dict[str, dict[str, Any]] = {"additive": {}}  # CP-SAT parameters per objective
+WATCH_SECONDS = 0.05  # how often a running solve looks for a stop request
+
+
+def _watch(solver: cp_model.CpSolver, done: threading.Event, stop: Any) -> None:
+    """Stop the search when the user asks (Ctrl-C) or `stop` (an Event) is set."""
+    while not done.wait(WATCH_SECONDS):
+        if stop_requested() or (stop is not None and stop.is_set()):
+            solver.stop_search()
+            return
+
+
+class _Report(cp_model.CpSolverSolutionCallback):
+    """Each improving solution: a throttled progress line, and for the additive objective
+    its choices to `on_incumbent(choices, "cpsat")` when the caller gave one."""
+
+    def __init__(self, model: CpsatModel, on_incumbent: Any):
+        super().__init__()
+        self.model, self.on_incumbent = model, on_incumbent
+        self.progress = ProgressLog("cpsat")
+
+    def on_solution_callback(self) -> None:
+        value = self.objective_value / self.model.scale
+        self.progress(
+            lambda: f"best {value:.6g}, bound {self.best_objective_bound / self.model.scale:.6g}"
+        )
+        sel = self.model.sel
+        if self.on_incumbent is None or sel is None:
+            return
+        pos = [
+            0 if len(xs) == 1 else next(j for j, lit in enumerate(xs) if self.boolean_value(lit))
+            for xs in self.model.x
+        ]
+        self.on_incumbent(sel.choices(pos), "cpsat")
 
 
 def solve_encoded(model: CpsatModel, options: SolveOptions, time_limit: float) -> CpsatRun:
@@ -497,7 +539,16 @@ def solve_encoded(model: CpsatModel, options: SolveOptions, time_limit: float) -
         except (AttributeError, TypeError, ValueError) as exc:
             raise BackendError(f"cpsat parameter {key}={value!r}: {exc}") from None
     start = time.perf_counter()
-    code = solver.solve(model.model)
+    report = _Report(model, options.extra.get("on_incumbent"))
+    stop = options.extra.get("stop")  # a threading.Event another thread may set
+    done = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(solver, done, stop), daemon=True)
+    watcher.start()
+    try:
+        code = solver.solve(model.model, report)
+    finally:
+        done.set()
+        watcher.join()
     wall = time.perf_counter() - start
     status = _STATUS.get(code, "UNKNOWN")
     if status == "MODEL_INVALID":

@@ -34,7 +34,14 @@ from backends.selection import Selection, selection
 if TYPE_CHECKING:
     from planner.problems.problem import Problem
 
-__all__ = ["LocalSearch", "feasible_choices", "feasible_positions", "improve", "neighbourhood"]
+__all__ = [
+    "LocalSearch",
+    "feasible_choices",
+    "feasible_positions",
+    "improve",
+    "neighbourhood",
+    "rounded_positions",
+]
 
 TABU_TENURE = 7  # repair moves before a node may return to a choice it left
 NOISE = 0.1  # probability that a repair move picks a random allowed choice
@@ -62,6 +69,19 @@ def feasible_positions(
     if not search.repair(deadline, seed):
         return None
     search.improve(min(deadline, polish_until if polish_until is not None else math.inf))
+    return search.pos.tolist()
+
+
+def rounded_positions(
+    sel: Selection, weights: Sequence[np.ndarray], deadline: float = math.inf, seed: int = 0
+) -> list[int] | None:
+    """A valid position vector from per-choice weights (e.g. an LP relaxation's x): each
+    node's heaviest choice, then repaired and improved as in `feasible_positions`."""
+    pos = np.array([int(np.argmax(w)) for w in weights], dtype=np.int64)
+    search = LocalSearch(sel, pos)
+    if not search.repair(deadline, seed):
+        return None
+    search.improve(deadline)
     return search.pos.tolist()
 
 

@@ -56,8 +56,9 @@ import numpy as np
 import pulp
 
 from backends.additive_lp import AdditiveProgram, additive_program, assignment, positions
-from backends.base import BackendError, Limit, SolveOptions, SolveResult, Status
+from backends.base import BackendError, Limit, SolveOptions, SolveResult, Status, stop_requested
 from backends.cbc import parse_log, run_cbc
+from backends.feasible import rounded_positions
 from backends.linear import read_solution, write_mps, write_start
 from backends.placement import (
     PlacementOutcome,
@@ -90,6 +91,8 @@ SYMMETRY_DEPTH = 64
 IO_SECONDS_PER_VARIABLE = 2e-5  # pulp writing the MPS file or reading the solution
 IO_SECONDS_PER_TERM = 2e-6  # writing our MPS file or reading CBC's solution, per term
 STOP_FRACTION = 0.04  # CBC's own limit and its SIGINT come this far before the deadline
+LP_FRACTION = 0.15  # of the time left, at most, for the LP-rounding start
+LP_SECONDS_PER_TERM = 3e-6  # CLP's time per term on the root LP of an additive model
 KILL_FRACTION = 0.05  # CBC is killed this far past the time limit (plus half a second)
 
 
@@ -481,31 +484,36 @@ def _solve_additive(model: IlpModel, options: SolveOptions, time_limit: float) -
                       np.zeros(0))  # fmt: skip
     deadline = start + time_limit
     io_seconds = IO_SECONDS_PER_TERM * (prog.num_terms + prog.num_columns)
+    lp_stats: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="layerwise-cbc-") as tmp:
         mps, sol, mst, log = (Path(tmp) / f for f in ("m.mps", "m.sol", "m.mst", "m.log"))
         write_mps(prog, mps)
+        written = time.perf_counter()
+        if sel is not None and options.extra.get("lp_start", True):
+            lp_stats = _lp_start(model, options, mps, Path(tmp), deadline, io_seconds)
         args = [_cbc_path(), str(mps)]
         if model.warm is not None and sel is not None:
             pos = sel.positions(model.warm)
             assert pos is not None
             x = assignment(ap, sel, pos)
-            ints = np.flatnonzero(prog.integer)
-            write_start(mst, ints, x[ints])
+            given = np.flatnonzero(prog.integer | (x != 0))  # CBC needs the chain's sums too
+            write_start(mst, given, x[given])
             args += ["-mips", str(mst)]
-        written = time.perf_counter()
+        started = time.perf_counter()
         # CBC checks its own limit only now and then (and stops late when the machine is
         # busy), so it gets less than is left, a SIGINT a little before the deadline and a
         # kill a little after it
         margin = max(io_seconds, STOP_FRACTION * options.time_limit)
-        seconds = deadline - written - margin
+        seconds = deadline - started - margin
         args += ["-timeMode", "elapsed", "-sec", f"{max(0.1, seconds - margin):.2f}",
                  "-threads", str(options.threads),
                  "-randomS", str(options.seed + 1), "-randomC", str(options.seed + 1),
                  "-solve", "-printingOptions", "normal", "-solution", str(sol)]  # fmt: skip
         stop_at = deadline - margin
         kill_at = deadline + KILL_FRACTION * options.time_limit + 0.5
-        proc = run_cbc(args, log, stop_at, kill_at)
+        proc = run_cbc(args, log, stop_at, kill_at, _should_stop(options))
         parsed = parse_log(proc.text)
+        parsed.update(lp_stats)
         values = None
         if not proc.killed and sol.exists():
             status_line, values = read_solution(sol, prog.num_columns)
@@ -522,8 +530,57 @@ def _solve_additive(model: IlpModel, options: SolveOptions, time_limit: float) -
         values = None  # CBC wrote no solution
     objective = parsed.get("objective")
     bound = parsed.get("bound", objective if status == "OPTIMAL" else None)
+    if "lp_bound" in parsed:  # the root LP, optimal: a bound even when CBC says nothing
+        bound = max(bound if bound is not None else -math.inf, parsed["lp_bound"])
     wall = time.perf_counter() - start
     return IlpRun(status, objective, bound, wall, bool(parsed["stopped"]), parsed, values)
+
+
+def _should_stop(options: SolveOptions) -> Callable[[], bool]:
+    """A stop request: the user's (Ctrl-C) or the caller's Event (extra "stop")."""
+    event = options.extra.get("stop")
+    return lambda: stop_requested() or (event is not None and event.is_set())
+
+
+def _lp_start(
+    model: IlpModel, options: SolveOptions, mps: Path, tmp: Path, deadline: float, io: float
+) -> dict[str, Any]:
+    """The LP relaxation (CBC's -initialSolve, i.e. CLP) rounded to each node's largest x,
+    repaired and improved (`backends.feasible`): the start when it beats the current one
+    (reported to extra "on_incumbent"), and the LP optimum as a bound. Skipped when it would
+    take more than LP_FRACTION of the time left."""
+    ap, sel = model.ap, model.sel
+    assert ap is not None and sel is not None
+    now = time.perf_counter()
+    left = deadline - now
+    if LP_SECONDS_PER_TERM * ap.program.num_terms > LP_FRACTION * left:
+        return {"lp_start": "skipped (too large for the time left)"}
+    sol, log = tmp / "lp.sol", tmp / "lp.log"
+    args = [_cbc_path(), str(mps), "-timeMode", "elapsed", "-sec", f"{LP_FRACTION * left:.2f}",
+            "-initialSolve", "-printingOptions", "normal", "-solution", str(sol)]  # fmt: skip
+    stop = now + LP_FRACTION * left
+    proc = run_cbc(args, log, stop, stop + 1.0, _should_stop(options))
+    out: dict[str, Any] = {"lp_seconds": time.perf_counter() - now}
+    if proc.killed or not sol.exists():
+        return {**out, "lp_start": "no LP solution in time"}
+    status, x = read_solution(sol, ap.program.num_columns)
+    if status.startswith("Optimal"):
+        value = float(status.rsplit(" ", 1)[-1])
+        out["lp_bound"] = value  # scaled, without the offset (as CBC's bound)
+    polish = min(deadline, time.perf_counter() + LP_FRACTION * left)
+    pos = rounded_positions(sel, [x[c] if c is not None else np.ones(1) for c in ap.x], polish)
+    if pos is None:
+        return {**out, "lp_start": "rounding found no valid answer"}
+    choices = sel.choices(pos)
+    value = sel.cost(choices)
+    better = model.warm is None or value < sel.cost(model.warm)
+    out["lp_start"] = f"rounded LP answer {value:.6g}" + (" (used)" if better else "")
+    if better:
+        model.warm, model.hint = choices, "lp_rounding"
+        callback = options.extra.get("on_incumbent")
+        if callback is not None:
+            callback(choices, "ilp")
+    return out
 
 
 def _cbc_path() -> str:

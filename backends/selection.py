@@ -358,13 +358,12 @@ DIRECT_TERMS = 2_000_000  # explicit memory rows up to this many terms (else a c
 
 def memory_form(sel: Selection, requested: str = "auto") -> str:
     """How the encoders write the memory rule: "rows" (one per binding check time: the
-    strongest propagation) unless they would hold more than DIRECT_TERMS terms or four times
-    the terms of the "chain" (a running sum, O(n) terms); `requested` overrides "auto"."""
+    strongest propagation, and knapsack rows for CBC's cuts) unless they would hold more than
+    DIRECT_TERMS terms, else the "chain" (a running sum, O(n) terms); `requested` overrides
+    "auto"."""
     if requested != "auto":
         return requested
-    rows = sum(m.row_terms() for m in sel.memory)
-    chain = sum(_chain_terms(m) for m in sel.memory)
-    return "rows" if rows <= min(DIRECT_TERMS, 4 * chain) else "chain"
+    return "rows" if sum(m.row_terms() for m in sel.memory) <= DIRECT_TERMS else "chain"
 
 
 def _chain_terms(m: Memory) -> int:

@@ -35,14 +35,17 @@ solve's wrapper, the Backend class body) is shared with `ilp` in `backends.solve
 from __future__ import annotations
 
 import math
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from ortools.sat.python import cp_model
 
+from backends.additive_lp import additive_program
 from backends.base import (
     BackendError,
     Limit,
@@ -52,6 +55,8 @@ from backends.base import (
     Status,
     stop_requested,
 )
+from backends.feasible import rounded_positions
+from backends.linear import write_mps
 from backends.placement import (
     PlacementOutcome,
     PlacementProblem,
@@ -73,7 +78,8 @@ TIME_BITS = 30  # the makespan upper bound is about 2**TIME_BITS time units (lar
 SYMMETRY_DEPTH = 64  # nodes covered by the lexicographic-leader constraints
 ALWAYS = True  # a literal fixed to true (a node with one allowed choice or device)
 EDGE_MODES = ("marginal", "implied", "plain")
-LARGE_PAIRS = 100_000  # above this many edge variables CP-SAT's presolve costs more than it gives
+LP_FRACTION = 0.2  # of the time left, at most, for the LP-rounding hint (GLOP)
+LP_SECONDS_PER_TERM = 1.2e-5  # GLOP's dual simplex on the root LP of an additive model
 
 
 @dataclass
@@ -95,6 +101,7 @@ class CpsatModel:
     warm: tuple[int, ...] | None = None  # the hinted choice vector (additive)
     presolve: bool = True
     edge_groups: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # additive
+    encoder: Any = None  # the additive model's _Encoder (to hint it again)
     stats: dict[str, Any] = field(default_factory=dict)
 
 
@@ -105,6 +112,7 @@ class CpsatRun:
     bound: float | None  # integer units
     wall: float
     timed_out: bool
+    lp: dict[str, Any] = field(default_factory=dict)  # the LP-rounding hint's figures
 
 
 # ------------------------------------------------------------------------------ encode
@@ -237,13 +245,14 @@ def encode_selection(
     )
     out.slack = 0.0 if exact else (sel.num_nodes + len(sel.edges)) / scale
     npairs = sum(len(ys) for ys in out.y)
-    out.presolve = bool(options.extra.get("presolve", npairs <= LARGE_PAIRS))
+    out.presolve = bool(options.extra.get("presolve", False))
     out.stats = {
         "edges": mode,
         "edge_variables": npairs,
         "memory_form": form,
         "memory_rows": int(sum(mm.binding.sum() for mm in sel.memory)),
     }
+    out.encoder = enc
     if warm is not None:
         _hint_selection(m, out, warm[0], enc)
         out.hint, out.warm = warm[1], warm[0]
@@ -522,7 +531,14 @@ class _Report(cp_model.CpSolverSolutionCallback):
 
 
 def solve_encoded(model: CpsatModel, options: SolveOptions, time_limit: float) -> CpsatRun:
-    """Run CP-SAT for at most `time_limit` seconds with options.seed and options.threads."""
+    """Run CP-SAT for at most `time_limit` seconds with options.seed and options.threads
+    (additive: first the LP-rounding hint, `_lp_hint`, unless extra "lp_start" is False)."""
+    start = time.perf_counter()
+    lp: dict[str, Any] = {}
+    if model.objective == "additive" and model.sel is not None and not model.sel.infeasible:
+        if options.extra.get("lp_start", True):
+            lp = _lp_hint(model, options, start + time_limit)
+    time_limit -= time.perf_counter() - start
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(time_limit, 1e-3)
     solver.parameters.num_workers = options.threads
@@ -563,8 +579,57 @@ def solve_encoded(model: CpsatModel, options: SolveOptions, time_limit: float) -
         if model.objective == "makespan":
             values["start"] = [solver.value(s) for s in model.start]
     bound = solver.best_objective_bound if status != "INFEASIBLE" else None
+    if bound is not None and "lp_bound" in lp:
+        bound = max(bound, math.floor(lp["lp_bound"] * model.scale))  # integer units
     timed_out = status in ("FEASIBLE", "UNKNOWN")
-    return CpsatRun(status, values, bound, wall, timed_out)
+    return CpsatRun(status, values, bound, wall, timed_out, lp)
+
+
+def _lp_hint(model: CpsatModel, options: SolveOptions, deadline: float) -> dict[str, Any]:
+    """The additive model's LP relaxation (`backends.additive_lp`, solved by GLOP) rounded to
+    each node's largest x, repaired and improved (`backends.feasible`): the hint when it is
+    better than the current one (reported to extra "on_incumbent"); the LP optimum is a
+    bound. Skipped when it would take more than LP_FRACTION of the time left."""
+    from ortools.linear_solver.python import model_builder
+
+    sel = model.sel
+    assert sel is not None
+    t0 = time.perf_counter()
+    ap = additive_program(sel, 1.0)
+    left = deadline - t0
+    if LP_SECONDS_PER_TERM * ap.program.num_terms > LP_FRACTION * left:
+        return {"lp_start": "skipped (too large for the time left)"}
+    with tempfile.TemporaryDirectory(prefix="layerwise-lp-") as tmp:
+        path = Path(tmp) / "lp.mps"
+        write_mps(ap.program, path)
+        lp = model_builder.Model()
+        lp.import_from_mps_file(str(path))
+    glop = model_builder.Solver("glop")
+    glop.set_time_limit_in_seconds(max(0.1, t0 + LP_FRACTION * left - time.perf_counter()))
+    glop.set_solver_specific_parameters("use_dual_simplex: true")
+    status = glop.solve(lp)
+    out: dict[str, Any] = {"lp_seconds": time.perf_counter() - t0}
+    if status != model_builder.SolveStatus.OPTIMAL:
+        return {**out, "lp_start": f"no LP solution in time ({status.name})"}
+    out["lp_bound"] = glop.objective_value + ap.offset
+    # every value as one array (Solver.values would need pandas)
+    x = np.asarray(glop._Solver__solve_helper.variable_values())  # type: ignore[attr-defined]
+    polish = min(deadline, time.perf_counter() + LP_FRACTION * left)
+    pos = rounded_positions(sel, [x[c] if c is not None else np.ones(1) for c in ap.x], polish)
+    if pos is None:
+        return {**out, "lp_start": "rounding found no valid answer"}
+    choices = sel.choices(pos)
+    value = sel.cost(choices)
+    better = model.warm is None or value < sel.cost(model.warm)
+    out["lp_start"] = f"rounded LP answer {value:.6g}" + (" (used)" if better else "")
+    if better:
+        model.model.clear_hints()
+        _hint_selection(model.model, model, choices, model.encoder)
+        model.warm, model.hint = choices, "lp_rounding"
+        callback = options.extra.get("on_incumbent")
+        if callback is not None:
+            callback(choices, "cpsat")
+    return out
 
 
 # ------------------------------------------------------------------------------ decode
@@ -619,6 +684,7 @@ def decode(problem: Problem, model: CpsatModel, run: CpsatRun, name: str = "cpsa
         "warm_start_used": model.hint == "warm_start",
         "scale": model.scale,
         "rounding_slack": model.slack,
+        **run.lp,
     }
     limit = Limit.TIME if run.timed_out else None
     if model.objective == "makespan":

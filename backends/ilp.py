@@ -90,7 +90,7 @@ TIME_MAGNITUDE = 1e4  # scaled makespans are about this large
 SYMMETRY_DEPTH = 64
 IO_SECONDS_PER_VARIABLE = 2e-5  # pulp writing the MPS file or reading the solution
 IO_SECONDS_PER_TERM = 2e-6  # writing our MPS file or reading CBC's solution, per term
-STOP_FRACTION = 0.04  # CBC's own limit and its SIGINT come this far before the deadline
+STOP_FRACTION = 0.08  # CBC's own limit and its SIGINT come this far before the deadline
 LP_FRACTION = 0.15  # of the time left, at most, for the LP-rounding start
 LP_SECONDS_PER_TERM = 3e-6  # CLP's time per term on the root LP of an additive model
 KILL_FRACTION = 0.05  # CBC is killed this far past the time limit (plus half a second)
@@ -658,7 +658,16 @@ def decode(problem: Problem, model: IlpModel, run: IlpRun, name: str = "ilp") ->
         **{
             k: v
             for k, v in run.log.items()
-            if k in ("cbc_result", "warm_start_accepted", "write_seconds", "last_incumbent")
+            if k
+            in (
+                "cbc_result",
+                "warm_start_accepted",
+                "write_seconds",
+                "last_incumbent",
+                "lp_start",
+                "lp_seconds",
+                "lp_bound",
+            )
         },
     }
     limit = Limit.TIME if run.timed_out else None

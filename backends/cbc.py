@@ -11,6 +11,7 @@ run's last bound and incumbent value can be read (`parse_log`).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import signal
@@ -54,10 +55,8 @@ def run_cbc(
     with open(log, "w") as out:
         proc = subprocess.Popen([*prefix, *args], stdout=out, stderr=out, stdin=subprocess.DEVNULL)
         while proc.poll() is None and time.perf_counter() < stop_at and not should_stop():
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=min(POLL_SECONDS, max(0.0, stop_at - time.perf_counter())))
-            except subprocess.TimeoutExpired:
-                pass
         if proc.poll() is None:
             interrupted = True
             kill_at = min(kill_at, time.perf_counter() + EARLY_KILL_SECONDS)

@@ -535,9 +535,10 @@ def solve_encoded(model: CpsatModel, options: SolveOptions, time_limit: float) -
     (additive: first the LP-rounding hint, `_lp_hint`, unless extra "lp_start" is False)."""
     start = time.perf_counter()
     lp: dict[str, Any] = {}
-    if model.objective == "additive" and model.sel is not None and not model.sel.infeasible:
-        if options.extra.get("lp_start", True):
-            lp = _lp_hint(model, options, start + time_limit)
+    sel = model.sel
+    additive = model.objective == "additive" and sel is not None and not sel.infeasible
+    if additive and options.extra.get("lp_start", True):
+        lp = _lp_hint(model, options, start + time_limit)
     time_limit -= time.perf_counter() - start
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(time_limit, 1e-3)

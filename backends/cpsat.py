@@ -237,7 +237,9 @@ def encode_selection(
         out.y.append(enc.edge(u, v, t, mode))
         for _ in range(1 + len(out.y[-1]) // 16):
             clock.tick()
-    form = _selection_memory(m, sel, out.x, memory) if sel.memory else "none"
+    clock.check()
+    form = _selection_memory(m, sel, out.x, memory, clock) if sel.memory else "none"
+    clock.check()
     m.minimize(cp_model.LinearExpr.weighted_sum(enc.terms, enc.coefs) + enc.const)
     exact = scale == 1.0 and all(
         (t[np.isfinite(t)] == np.floor(t[np.isfinite(t)])).all()
@@ -254,12 +256,16 @@ def encode_selection(
     }
     out.encoder = enc
     if warm is not None:
+        clock.check()
         _hint_selection(m, out, warm[0], enc)
         out.hint, out.warm = warm[1], warm[0]
+    clock.check()
     return out
 
 
-def _selection_memory(m: cp_model.CpModel, sel: Selection, x: list[list[Any]], form: str) -> str:
+def _selection_memory(
+    m: cp_model.CpModel, sel: Selection, x: list[list[Any]], form: str, clock: Clock
+) -> str:
     """The memory rule as explicit rows per binding check time, or as a running sum of
     integer variables (linear size, for many long-lived nodes); returns the form used."""
     coefs = [c for mem in sel.memory for c in mem.coef]
@@ -272,6 +278,7 @@ def _selection_memory(m: cp_model.CpModel, sel: Selection, x: list[list[Any]], f
         rhs = np.floor(mem.rhs * f).astype(np.int64)
         if form == "rows":
             for t, ks in mem.rows():
+                clock.tick()
                 terms = [lit for k in ks for lit in x[mem.nodes[k]]]
                 ws = [w for k in ks for w in ic[k].tolist()]
                 m.add(cp_model.LinearExpr.weighted_sum(terms, ws) <= int(rhs[t]))

@@ -45,7 +45,8 @@ __all__ = [
 
 TABU_TENURE = 7  # repair moves before a node may return to a choice it left
 NOISE = 0.1  # probability that a repair move picks a random allowed choice
-REPAIR_MOVES = 200_000  # repair moves at most (the deadline usually comes first)
+REPAIR_MOVES = 1000  # repair moves at most, plus REPAIR_MOVES_PER_NODE per node
+REPAIR_MOVES_PER_NODE = 100
 
 
 def feasible_choices(
@@ -186,7 +187,7 @@ class LocalSearch:
         pairs by min-conflicts, then memory by the cheapest bytes (`_free_memory`)."""
         rng = np.random.default_rng(seed)
         tabu: dict[tuple[int, int], int] = {}
-        for step in range(REPAIR_MOVES):
+        for step in range(REPAIR_MOVES + REPAIR_MOVES_PER_NODE * self.sel.num_nodes):
             if past(deadline):
                 return False
             if self.bad:

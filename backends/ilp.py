@@ -518,11 +518,12 @@ def _solve_additive(model: IlpModel, options: SolveOptions, time_limit: float) -
         if not proc.killed and sol.exists():
             status_line, values = read_solution(sol, prog.num_columns)
             parsed["solution_status"] = status_line
-        elif not proc.killed:
+        elif not proc.killed and not proc.interrupted:
             raise BackendError(f"CBC failed (exit {proc.returncode}): {proc.text[-500:]}")
     parsed["write_seconds"] = written - start
-    if proc.killed:
-        parsed.update(result="UNKNOWN", stopped=True, cbc_result="killed past the time limit")
+    if proc.killed or values is None:
+        why = "killed past the time limit" if proc.killed else "stopped before writing a solution"
+        parsed.update(result="UNKNOWN", stopped=True, cbc_result=why)
     elif proc.interrupted:
         parsed["stopped"] = True
     status = parsed["result"]

@@ -4,7 +4,8 @@
    problem: a few seconds);
 2. then at once, each warm-started with the best answer so far: `ilp` in a thread (CBC runs
    in its own process, one core; it first rounds the LP relaxation, which gives an answer
-   and a bound within seconds) and `cpsat` in a thread (one worker, the other core). Members
+   and a bound within seconds) and `cpsat` in a thread (one worker, the other core; it
+   leaves the LP to `ilp` rather than solving it again). Members
    report each better answer (SolveOptions.extra "on_incumbent"); when one beats the answer
    CP-SAT was started from by RESTART_GAIN, CP-SAT is stopped and restarted from it (CBC
    cannot take an answer once it runs, CP-SAT can only be hinted at its start);
@@ -167,6 +168,8 @@ class _Run:
                 self.restart.clear()
             extra = {**self.options.extra, "on_incumbent": self.board.offer, "stop": stop}
             extra.pop("members", None)
+            if name == "cpsat" and "ilp" in self.members:
+                extra.setdefault("lp_start", False)  # ilp's LP rounding arrives as an answer
             opts = replace(
                 self.options,
                 time_limit=max(0.05, self.deadline - time.perf_counter()),

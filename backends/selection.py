@@ -337,14 +337,17 @@ def _repeats(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return group.reshape(-1), first
 
 
-def model_terms(sel: Selection, edges: str = "marginal") -> int:
+def model_terms(sel: Selection, edges: str = "marginal", groups: bool = True) -> int:
     """About how many terms (nonzeros) an ilp or cpsat model of `sel` has: one-hot rows,
-    edge rows over groups of equal rows and columns, and the memory rule (explicit rows or a
-    chain, whichever is smaller). What the backends check against their time before
-    building a model."""
+    edge rows (over groups of equal rows and columns unless `groups` is False), and the
+    memory rule in the form `memory_form` picks. What the backends check against their time
+    before building a model."""
     total = sum(len(c) for c in sel.node_cost if len(c) > 1)
     for t in sel.edge_cost:
-        rows, cols, table = edge_groups(t)
+        if groups and edges != "plain":
+            rows, cols, table = edge_groups(t)
+        else:
+            rows, cols, table = np.arange(t.shape[0]), np.arange(t.shape[1]), t
         pairs = int(np.isfinite(table).sum()) if edges == "marginal" else int((table > 0).sum())
         total += 2 * pairs + len(rows) + len(cols) if edges == "marginal" else 3 * pairs
     form = memory_form(sel)

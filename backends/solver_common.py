@@ -82,6 +82,11 @@ class Clock:
         if self.count % CHECK_EVERY == 0 and past(self.deadline):
             raise OutOfTime
 
+    def check(self) -> None:
+        """Raise OutOfTime now if the deadline has passed (between phases)."""
+        if past(self.deadline):
+            raise OutOfTime
+
 
 def warm_choices(
     problem: Problem,
@@ -265,7 +270,8 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
             0.0, deadline - time.perf_counter()
         )
         edges = options.extra.get("edges", "marginal")
-        if sel.infeasible or model_terms(sel, edges) <= budget:
+        groups = bool(options.extra.get("groups", True))
+        if sel.infeasible or model_terms(sel, edges, groups) <= budget:
             return sel, None
         if warm is None:
             return None, None
@@ -275,6 +281,6 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
             if past(deadline):
                 break
             small = selection(problem, neighbourhood(sel, pos, k))
-            if model_terms(small, edges) <= budget:
+            if model_terms(small, edges, groups) <= budget:
                 return small, k
         return None, None

@@ -28,6 +28,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -37,6 +38,20 @@ from planner.errors import LayerwiseError
 
 EXIT_BAD_INPUT = 2
 PHASES = ("selection", "start", "encode", "search", "decode")
+# Named variants for --backends (docs/solvers.md's CP-SAT table): backend, extra, threads.
+# Each row of that table adds one change to the row before it.
+VARIANTS: dict[str, tuple[str, dict[str, Any], int]] = {
+    "cpsat-plain": ("cpsat", {"edges": "plain", "groups": False, "presolve": True,
+                              "lp_start": False}, 1),
+    "cpsat-marginal": ("cpsat", {"groups": False, "presolve": True, "lp_start": False}, 1),
+    "cpsat-groups": ("cpsat", {"presolve": True, "lp_start": False}, 1),
+    "cpsat-nopresolve": ("cpsat", {"lp_start": False}, 1),
+    "cpsat-lp": ("cpsat", {}, 1),
+    "cpsat-lin2": ("cpsat", {"parameters": {"linearization_level": 2}}, 1),
+    "cpsat-2workers": ("cpsat", {}, 2),
+    "cpsat-chain": ("cpsat", {"memory": "chain"}, 1),
+    "ilp-2threads": ("ilp", {}, 2),
+}  # fmt: skip
 
 
 @dataclass
@@ -120,11 +135,12 @@ def run_case(path: Path, backend: str, time_limit: float, seed: int, threads: in
     from planner.problems.costtable import load_problem
     from planner.problems.evaluate import additive_cost, memory_peak
 
+    name, extra, threads = VARIANTS.get(backend, (backend, {}, threads))
     t0 = time.perf_counter()
     problem = load_problem(path)
     t1 = time.perf_counter()
-    result = get_backend(backend).solve(
-        problem, SolveOptions(time_limit=time_limit, seed=seed, threads=threads)
+    result = get_backend(name).solve(
+        problem, SolveOptions(time_limit=time_limit, seed=seed, threads=threads, extra=extra)
     )
     t2 = time.perf_counter()
     valid = "-"
@@ -238,7 +254,7 @@ def save(rows: list[Row], folder: Path) -> Path:
 def run(args: argparse.Namespace, console: Console) -> list[Row]:
     from backends import backend_names
 
-    known = backend_names()
+    known = [*backend_names(), *VARIANTS]
     unknown = [b for b in args.backends if b not in known]
     if unknown:
         raise LayerwiseError(f"unknown backend {unknown[0]!r}; available: {', '.join(known)}")

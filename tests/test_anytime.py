@@ -5,6 +5,7 @@ memory rule, and backends that import only their own solver."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import subprocess
@@ -18,9 +19,11 @@ from hypothesis import strategies as st
 from backends import Limit, SolveOptions, Status, get_backend
 from backends.feasible import feasible_choices
 from backends.selection import check_times, live_sets, selection
+from backends.testing import BackendConformance, tiny_cnn
+from planner.hardware.presets import get_preset
 from planner.problems.costtable import brute_force, contest_problem, random_problem
 from planner.problems.evaluate import additive_cost, memory_feasible, memory_peak
-from planner.problems.problem import Problem
+from planner.problems.problem import Problem, build_problem
 from tests.budget import time_budget
 
 SOLVERS = ("ilp", "cpsat")
@@ -234,3 +237,31 @@ def test_a_backend_imports_only_its_own_solver(statement: str, absent: str) -> N
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     modules = json.loads(out.stdout)
     assert not any(m == absent or m.startswith(absent + ".") for m in modules)
+
+
+# ----------------------------------------------------------------------------- portfolio
+
+
+class TestPortfolioConformance(BackendConformance):
+    backend_name = "portfolio"
+
+
+def test_portfolio_says_who_found_what_and_keeps_the_best_bound() -> None:
+    p = contest_problem(150, seed=3)
+    r = get_backend("portfolio").solve(p, SolveOptions(time_limit=8.0))
+    assert r.has_solution and memory_feasible(p, r.choices)
+    events = r.stats["events"]
+    assert events[0][1] == "heuristic" and all(a[0] <= b[0] for a, b in itertools.pairwise(events))
+    assert [e[2] for e in events] == sorted((e[2] for e in events), reverse=True)
+    assert events[-1][2] == r.objective and r.stats["answer_from"] in ("heuristic", "ilp", "cpsat")
+    members = r.stats["members"]
+    assert set(members) >= {"ilp", "cpsat"}
+    bounds = [m["bound"] for runs in members.values() for m in runs if m["bound"] is not None]
+    assert r.bound is not None and r.bound >= max(bounds) * (1 - 1e-12) - 1e-9
+    assert r.bound <= r.objective
+
+
+def test_portfolio_delegates_the_makespan_objective() -> None:
+    p = build_problem(tiny_cnn(), get_preset("p100-1x2"), max_configs=3)
+    r = get_backend("portfolio").solve(p, SolveOptions(objective="makespan", time_limit=5.0))
+    assert r.stats["delegated"] == "mcmc" and r.has_solution

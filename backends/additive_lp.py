@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.linear import LinearBuilder, LinearProgram
-from backends.selection import Memory, Selection, edge_groups, memory_form
+from backends.selection import Memory, Selection, memory_form
 
 __all__ = [
     "AdditiveProgram",
@@ -81,8 +81,7 @@ def additive_program(
         sizes = [len(cols) for cols in multi]
         b.rows(np.repeat(np.arange(len(multi)), sizes), np.concatenate(multi), 1.0, "E", 1.0)
     edges = tuple(
-        _edge(b, x[u], x[v], t, scale, mode)
-        for (u, v), t in zip(sel.edges, sel.edge_cost, strict=True)
+        _edge(b, x[u], x[v], sel.groups(e), scale, mode) for e, (u, v) in enumerate(sel.edges)
     )
     form = "none"
     chains: list[tuple[np.ndarray, float]] = []
@@ -100,12 +99,12 @@ def _edge(
     b: LinearBuilder,
     xu: np.ndarray | None,
     xv: np.ndarray | None,
-    t: np.ndarray,
+    grouped: tuple[np.ndarray, np.ndarray, np.ndarray],
     scale: float,
     mode: str,
 ) -> EdgeColumns:
     assert xu is not None and xv is not None  # selection folds edges with a single-choice end
-    rows, cols, table = edge_groups(t)
+    rows, cols, table = grouped
     gu, gv = table.shape
     finite = np.isfinite(table)
     pair = np.full(table.shape, -1, dtype=np.int64)

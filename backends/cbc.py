@@ -38,6 +38,7 @@ class CbcProcess:
     killed: bool
     returncode: int
     wall: float
+    peak_mib: float  # CBC's peak resident memory, as last seen (Linux /proc), else 0
 
 
 def run_cbc(
@@ -54,7 +55,9 @@ def run_cbc(
     interrupted = killed = False
     with open(log, "w") as out:
         proc = subprocess.Popen([*prefix, *args], stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+        peak = 0.0
         while proc.poll() is None and time.perf_counter() < stop_at and not should_stop():
+            peak = max(peak, _peak_mib(proc.pid))
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=min(POLL_SECONDS, max(0.0, stop_at - time.perf_counter())))
         if proc.poll() is None:
@@ -68,7 +71,18 @@ def run_cbc(
                 proc.wait()
                 killed = True
     text = log.read_text(errors="replace")
-    return CbcProcess(text, interrupted, killed, proc.returncode, time.perf_counter() - start)
+    wall = time.perf_counter() - start
+    return CbcProcess(text, interrupted, killed, proc.returncode, wall, peak)
+
+
+def _peak_mib(pid: int) -> float:
+    """A running process's peak resident memory in MiB (VmHWM), 0 where unknown."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    found = re.search(r"VmHWM:\s+(\d+) kB", status)
+    return int(found.group(1)) / 1024 if found else 0.0
 
 
 def parse_log(text: str) -> dict[str, Any]:

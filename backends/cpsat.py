@@ -66,7 +66,7 @@ from backends.placement import (
     placement_lower_bound,
     retime,
 )
-from backends.selection import Selection, edge_groups, memory_form
+from backends.selection import Selection, memory_form
 from backends.solver_common import Clock, SolverBackend, SolverSteps, Warm, placement_result
 from planner.problems.problem import Problem
 
@@ -158,9 +158,12 @@ class _Encoder:
             self._sums[key] = lits
         return self._sums[key]
 
-    def edge(self, u: int, v: int, t: np.ndarray, mode: str) -> list[tuple[int, int, Any]]:
+    def edge(self, e: int, mode: str) -> list[tuple[int, int, Any]]:
+        sel = self.out.sel
+        assert sel is not None
+        (u, v), t = sel.edges[e], sel.edge_cost[e]
         if self.groups and mode != "plain":
-            rows, cols, table = edge_groups(t)
+            rows, cols, table = sel.groups(e)
         else:
             rows, cols, table = np.arange(t.shape[0]), np.arange(t.shape[1]), t
         self.out.edge_groups.append((rows, cols))
@@ -233,8 +236,8 @@ def encode_selection(
         enc.terms += xs
         enc.coefs += ic.tolist()
         clock.tick()
-    for (u, v), t in zip(sel.edges, sel.edge_cost, strict=True):
-        out.y.append(enc.edge(u, v, t, mode))
+    for e in range(len(sel.edges)):
+        out.y.append(enc.edge(e, mode))
         for _ in range(1 + len(out.y[-1]) // 16):
             clock.tick()
     clock.check()
@@ -719,7 +722,7 @@ def decode(problem: Problem, model: CpsatModel, run: CpsatRun, name: str = "cpsa
 
 class CpsatBackend(SolverBackend[CpsatModel, CpsatRun]):
     name = "cpsat"
-    terms_per_second = 30_000  # building the model in Python takes ~8 us per term
+    terms_per_second = 15_000  # building the model in Python takes ~8 us per term
     REQUIRED_MODULES = ("ortools",)
     steps = SolverSteps(encode_selection, encode_placement, solve_encoded, decode_placement, decode)
 

@@ -216,7 +216,8 @@ class _Run:
 
 
 def _summary(r: SolveResult) -> dict[str, Any]:
-    keep = ("solve_seconds", "search_seconds", "restricted", "hint", "answer", "cbc_result")
+    keep = ("solve_seconds", "search_seconds", "restricted", "hint", "answer", "cbc_result",
+            "cbc_peak_mib", "lp_start")  # fmt: skip
     return {
         "status": r.status.value,
         "limit": r.limit.value if r.limit else None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -37,7 +37,9 @@ __all__ = [
     "live_ranges",
     "live_sets",
     "memory_form",
+    "edge_sizes",
     "model_terms",
+    "restricted_terms",
     "selection",
 ]
 
@@ -145,6 +147,16 @@ class Selection:
     edge_cost: tuple[np.ndarray, ...]  # (allowed u, allowed v); inf: a forbidden pair
     memory: tuple[Memory, ...]  # one per pool whose rule can bind
     infeasible: str | None = None  # why no choice vector can be valid, when the reductions show it
+    _groups: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def groups(self, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`edge_groups` of edge e's table, computed once (the size estimates and both
+        encoders use it)."""
+        if e not in self._groups:
+            self._groups[e] = edge_groups(self.edge_cost[e])
+        return self._groups[e]
 
     @property
     def num_nodes(self) -> int:
@@ -285,7 +297,7 @@ def _fold_edges(node_cost: list[np.ndarray], tables: dict[tuple[int, int], np.nd
 def _separable(t: np.ndarray) -> bool:
     """t[a, b] == r[a] + c[b] (to rounding)."""
     rebuilt = (t[:, :1] - t[:1, :1]) + t[:1, :]
-    return bool(np.allclose(rebuilt, t, rtol=0, atol=1e-12 * max(1.0, float(np.abs(t).max()))))
+    return float(np.abs(rebuilt - t).max()) <= 1e-12 * max(1.0, float(np.abs(t).max()))
 
 
 def _memory(problem: Problem, allowed: list[np.ndarray]) -> tuple[tuple[Memory, ...], str | None]:
@@ -332,6 +344,16 @@ def edge_groups(t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _repeats(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(group of each row, first row of each group): equal rows compared as raw bytes."""
     t = np.ascontiguousarray(t, dtype=np.float64)
+    if t.shape[0] <= 16:  # a dict is faster than numpy's sort for a few rows
+        seen: dict[bytes, int] = {}
+        first: list[int] = []
+        group = []
+        for i, row in enumerate(t):
+            g = seen.setdefault(row.tobytes(), len(seen))
+            if g == len(first):
+                first.append(i)
+            group.append(g)
+        return np.array(group), np.array(first)
     keys = t.view(np.dtype((np.void, 8 * t.shape[1]))).reshape(-1)
     _, first, group = np.unique(keys, return_index=True, return_inverse=True)
     return group.reshape(-1), first
@@ -343,17 +365,36 @@ def model_terms(sel: Selection, edges: str = "marginal", groups: bool = True) ->
     memory rule in the form `memory_form` picks. What the backends check against their time
     before building a model."""
     total = sum(len(c) for c in sel.node_cost if len(c) > 1)
-    for t in sel.edge_cost:
-        if groups and edges != "plain":
-            rows, cols, table = edge_groups(t)
-        else:
-            rows, cols, table = np.arange(t.shape[0]), np.arange(t.shape[1]), t
-        pairs = int(np.isfinite(table).sum()) if edges == "marginal" else int((table > 0).sum())
-        total += 2 * pairs + len(rows) + len(cols) if edges == "marginal" else 3 * pairs
+    for gu, gv, finite, positive in edge_sizes(sel, groups and edges != "plain"):
+        total += 2 * finite + gu + gv if edges == "marginal" else 3 * positive
     form = memory_form(sel)
     for m in sel.memory:
         total += m.row_terms() if form == "rows" else _chain_terms(m)
     return total
+
+
+def restricted_terms(sel: Selection, k: int, sizes: np.ndarray) -> int:
+    """About how many terms a marginal model of `sel` restricted to k + 1 choices per node
+    has (`sizes`: `edge_sizes(sel)`), without building it."""
+    keep = np.array([min(len(c), k + 1) for c in sel.node_cost])
+    total = int(keep[keep > 1].sum())
+    if len(sel.edges):
+        u, v = np.array(sel.edges).T
+        gu, gv = np.minimum(sizes[:, 0], keep[u]), np.minimum(sizes[:, 1], keep[v])
+        total += int((2 * gu * gv + gu + gv).sum())
+    share = keep.sum() / max(1, sum(len(c) for c in sel.node_cost))
+    for m in sel.memory:
+        total += int(min(m.row_terms() * share, _chain_terms(m) * share + 3 * m.num_times))
+    return total
+
+
+def edge_sizes(sel: Selection, groups: bool = True) -> np.ndarray:
+    """(E, 4) per edge: row groups, column groups, finite group pairs, positive pairs."""
+    out = np.zeros((len(sel.edge_cost), 4), dtype=np.int64)
+    for e, t in enumerate(sel.edge_cost):
+        table = sel.groups(e)[2] if groups else t
+        out[e] = (*table.shape, np.isfinite(table).sum(), (table > 0).sum())
+    return out
 
 
 DIRECT_TERMS = 2_000_000  # explicit memory rows up to this many terms (else a chain)

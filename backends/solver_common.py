@@ -34,7 +34,13 @@ from backends.placement import (
     Schedule,
     placement_problem,
 )
-from backends.selection import Selection, model_terms, selection
+from backends.selection import (
+    Selection,
+    edge_sizes,
+    model_terms,
+    restricted_terms,
+    selection,
+)
 from backends.series import solve_placement_problem, warm_schedule
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
@@ -277,10 +283,13 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
             return None, None
         pos = sel.positions(warm[0])
         assert pos is not None
-        for k in RESTRICTED_CHOICES:
+        sizes = edge_sizes(sel)
+        for k in RESTRICTED_CHOICES:  # the largest k that looks small enough, built once
             if past(deadline):
                 break
+            if restricted_terms(sel, k, sizes) > budget:
+                continue
             small = selection(problem, neighbourhood(sel, pos, k))
-            if model_terms(small, edges, groups) <= budget:
+            if model_terms(small, edges, groups) <= 1.5 * budget:
                 return small, k
         return None, None

@@ -4,11 +4,13 @@
     python -m experiments.costtables --generate DIR --sizes 800,35000 --count 3
 
 Each (file, backend) case runs in its own process (`--case`), so its peak memory is its own:
-the process loads the file, solves it (additive objective, the file's memory limit), and
+the process loads the file, solves it (additive objective, the file's memory limit; as the
+command line does, the backend's time limit is what loading left of --time-limit), and
 re-checks the answer independently of the backend (`planner.problems.evaluate`: no forbidden
 choice or pair, the memory profile within the limit). The table shows objective, bound and
 gap ("no bound" when there is none), status, wall time in total and per phase, peak RSS of
-the Python process and of CBC (a child process), the check's verdict and time; the same rows
+the Python process and of CBC (a child process: its own peak, read from /proc while it
+runs), the check's verdict and time; the same rows
 go to results/costtables-<time>.csv. `--generate` writes seeded contest-like problems
 (`planner.problems.costtable.contest_problem`) to DIR, so all of this runs without outside
 data. Bad arguments end in one `error: ...` line and exit status 2.
@@ -37,7 +39,7 @@ from planner.cli import OneLineArgumentParser, nonnegative_int, positive_int, po
 from planner.errors import LayerwiseError
 
 EXIT_BAD_INPUT = 2
-PHASES = ("selection", "start", "encode", "search", "decode")
+PHASES = ("selection", "start", "size", "encode", "search", "decode")
 # Named variants for --backends (docs/solvers.md's CP-SAT table): backend, extra, threads.
 # Each row of that table adds one change to the row before it.
 VARIANTS: dict[str, tuple[str, dict[str, Any], int]] = {
@@ -139,8 +141,10 @@ def run_case(path: Path, backend: str, time_limit: float, seed: int, threads: in
     t0 = time.perf_counter()
     problem = load_problem(path)
     t1 = time.perf_counter()
+    # as the command line does, the backend gets what loading the file left of the limit
+    left = max(0.1 * time_limit, time_limit - (t1 - t0))
     result = get_backend(name).solve(
-        problem, SolveOptions(time_limit=time_limit, seed=seed, threads=threads, extra=extra)
+        problem, SolveOptions(time_limit=left, seed=seed, threads=threads, extra=extra)
     )
     t2 = time.perf_counter()
     valid = "-"
@@ -178,7 +182,7 @@ def run_case(path: Path, backend: str, time_limit: float, seed: int, threads: in
             check=t3 - t2,
             phases=phases,
             rss_mib=_rss_mib(resource.RUSAGE_SELF),
-            solver_rss_mib=_rss_mib(resource.RUSAGE_CHILDREN),
+            solver_rss_mib=_solver_mib(stats),
             valid=valid,
             answer_from=str(stats.get("answer_from", stats.get("answer", ""))),
         )
@@ -187,6 +191,14 @@ def run_case(path: Path, backend: str, time_limit: float, seed: int, threads: in
 
 def _rss_mib(who: int) -> float:
     return resource.getrusage(who).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _solver_mib(stats: Any) -> float:
+    """CBC's peak RSS (the ilp backend's, or the largest of a portfolio's ilp runs)."""
+    found = [float(stats.get("cbc_peak_mib") or 0.0)]
+    for runs in stats.get("members", {}).values():
+        found += [float(r.get("cbc_peak_mib") or 0.0) for r in runs]
+    return max(found)
 
 
 def _child(path: Path, backend: str, args: argparse.Namespace, timeout: float) -> Row:

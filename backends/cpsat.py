@@ -78,8 +78,8 @@ TIME_BITS = 30  # the makespan upper bound is about 2**TIME_BITS time units (lar
 SYMMETRY_DEPTH = 64  # nodes covered by the lexicographic-leader constraints
 ALWAYS = True  # a literal fixed to true (a node with one allowed choice or device)
 EDGE_MODES = ("marginal", "implied", "plain")
-LP_FRACTION = 0.2  # of the time left, at most, for the LP-rounding hint (GLOP)
-LP_SECONDS_PER_TERM = 1.2e-5  # GLOP's dual simplex on the root LP of an additive model
+LP_FRACTION = 0.3  # of the time left, at most, for the LP-rounding hint (GLOP)
+LP_SECONDS_PER_TERM = 1e-5  # GLOP's dual simplex on the root LP of an additive model
 
 
 @dataclass

@@ -16,8 +16,10 @@ the reduced tables (`backends.selection.Selection`) in three steps:
    first, then those that need some in order of cost saved per byte, until none helps.
 
 Steps 2-3 are O(degree + live range) per move with numpy, so a 35,000-node problem gets a
-valid, locally optimal answer in seconds. `improve` is also how the portfolio polishes an
-answer another backend found.
+valid, locally optimal answer in seconds. `rounded_positions` runs steps 2-3 from an LP
+relaxation's largest x per node (the backends' LP-rounding starts); `neighbourhood` lists
+the choices of a restricted problem around an answer (for models too large to solve whole).
+Keep `feasible_choices`'s name and signature: other backends (mcmc) call it.
 """
 
 from __future__ import annotations

@@ -25,8 +25,11 @@ answer a narrower question, see docs/solvers.md); `stats["delegated"]` says so.
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import multiprocessing
 import os
+import queue
 import threading
 import time
 from collections.abc import Sequence
@@ -53,14 +56,16 @@ from planner.problems.problem import Problem
 __all__ = ["PortfolioBackend"]
 
 MEMBERS = ("ilp", "cpsat", "mcmc")  # in tie-breaking order
-START_FRACTION = 0.05  # of the time limit for polishing the heuristic's answer
+SOLVERS = {"ilp": "pulp", "cpsat": "ortools"}  # members that need a package
+KILL_FRACTION = 0.06  # members still running this far past the limit (+ 1 s) are killed
+START_FRACTION = 0.1  # of the time limit for polishing the heuristic's answer
 RESTART_GAIN = 0.002  # CP-SAT restarts from another member's answer this much better
 POLL_SECONDS = 0.1
 
 
 @dataclass
 class _Board:
-    """The best valid answer so far and how it got there (shared by the member threads)."""
+    """The best valid answer so far and how it got there (in the portfolio's process)."""
 
     problem: Problem
     start: float
@@ -120,54 +125,97 @@ class PortfolioBackend(Backend):
         names = options.extra.get("members")
         if names is None:
             workers = int(options.extra.get("workers", os.cpu_count() or 1))
-            names = [m for m in ("ilp", "cpsat") if get_backend(m).is_installed()]
+            names = [m for m, module in SOLVERS.items() if importlib.util.find_spec(module)]
             if workers > len(names) or not names:
                 names.append("mcmc")
-        return [m for m in names if get_backend(m).can_run(problem, options) is None]
+        return list(names)
 
 
 class _Run:
-    """The member threads of one solve and the loop that coordinates them."""
+    """The member processes of one solve and the loop that coordinates them.
+
+    Members run in processes forked from this one (no lock between Python members, and the
+    problem's tables are shared until written); they send each better answer and their
+    results through one queue. CP-SAT is restarted from a better answer by setting its stop
+    event and handing it the answer."""
 
     def __init__(self, board: _Board, options: SolveOptions, deadline: float, members: list[str]):
         self.board, self.options, self.deadline = board, options, deadline
         self.members = members
+        ctx = multiprocessing.get_context("fork")
+        self.queue: Any = ctx.Queue()
+        self.stop = {m: ctx.Event() for m in members}  # the member's current search stops
+        self.done = ctx.Event()  # no member starts again
+        self.hints: dict[str, Any] = {m: ctx.Queue() for m in members}
         self.results: dict[str, list[SolveResult]] = {m: [] for m in members}
-        self.stop_all = threading.Event()
-        self.restart = threading.Event()  # CP-SAT: stop and start again from the best answer
-        self.hinted = math.inf  # the value CP-SAT was last started from
+        self.hinted = board.value()  # the value CP-SAT was last started from
         self.interrupted = False
+        with board.lock:
+            warm = board.best[2] if board.best else None
+        self.procs = {
+            m: ctx.Process(target=self._member, args=(m, warm), daemon=True) for m in members
+        }
 
     def go(self) -> None:
-        threads = [
-            threading.Thread(target=self._member, args=(m,), daemon=True) for m in self.members
-        ]
-        for t in threads:
-            t.start()
-        while any(t.is_alive() for t in threads):
-            time.sleep(POLL_SECONDS)
+        for p in self.procs.values():
+            p.start()
+        hard = self.deadline + KILL_FRACTION * self.options.time_limit + 1.0
+        while any(p.is_alive() for p in self.procs.values()) or not self.queue.empty():
+            self._drain()
             if stop_requested():
                 self.interrupted = True
-                self.stop_all.set()
-            if self._proven():
-                self.stop_all.set()
-            if "cpsat" in self.members and self.board.value() < self.hinted * (1 - RESTART_GAIN):
-                self.restart.set()
+            if self.interrupted or self._proven():
+                self.done.set()
+                for e in self.stop.values():
+                    e.set()
+            self._restart_cpsat()
+            if time.perf_counter() > hard:
+                break
+        for p in self.procs.values():
+            p.join(timeout=max(0.0, hard - time.perf_counter()))
+            if p.is_alive():
+                p.kill()  # our own child, by its handle
+        self._drain()
         if self.interrupted:
-            request_stop()  # a member's solve may have cleared it: Backend.solve reads it
+            request_stop()  # Backend.solve marks the result INTERRUPTED
 
-    def _member(self, name: str) -> None:
-        backend = get_backend(name)
-        while not self.stop_all.is_set() and not past(self.deadline):
+    def _drain(self) -> None:
+        try:
+            kind, name, item = self.queue.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            return
+        while True:
+            if kind == "answer":
+                self.board.offer(item, name)
+            else:
+                self.results[name].append(item)
+                if item.choices is not None:
+                    self.board.offer(item.choices, name)
+            try:
+                kind, name, item = self.queue.get_nowait()
+            except queue.Empty:
+                return
+
+    def _restart_cpsat(self) -> None:
+        if "cpsat" not in self.procs or not self.procs["cpsat"].is_alive() or self.done.is_set():
+            return
+        value = self.board.value()
+        if value < self.hinted * (1 - RESTART_GAIN):
             with self.board.lock:
-                warm = self.board.best[2] if self.board.best else None
-                value = self.board.best[0] if self.board.best else math.inf
-            stop = self.restart if name == "cpsat" else self.stop_all
-            if name == "cpsat":
-                self.hinted = value
-                self.restart.clear()
-            extra = {**self.options.extra, "on_incumbent": self.board.offer, "stop": stop}
+                assert self.board.best is not None
+                self.hints["cpsat"].put(self.board.best[2])
+            self.hinted = value
+            self.stop["cpsat"].set()
+
+    def _member(self, name: str, warm: tuple[int, ...] | None) -> None:
+        """In the member's process: solve, and for CP-SAT again from each better answer."""
+        backend = get_backend(name)
+        send = self.queue.put
+        while True:
+            extra = {**self.options.extra, "stop": self.stop[name]}
+            extra["on_incumbent"] = lambda ch, who: send(("answer", name, tuple(ch)))
             extra.pop("members", None)
+            extra.pop("workers", None)
             if name == "cpsat" and "ilp" in self.members:
                 extra.setdefault("lp_start", False)  # ilp's LP rounding arrives as an answer
             opts = replace(
@@ -177,13 +225,18 @@ class _Run:
                 warm_start=warm,
                 extra=extra if name != "mcmc" else {},
             )
-            result = backend.solve(self.board.problem, opts)
-            self.results[name].append(result)
-            if result.choices is not None:
-                self.board.offer(result.choices, name)
-            again = name == "cpsat" and self.restart.is_set() and not self.stop_all.is_set()
-            if not again:
+            try:
+                result = backend.solve(self.board.problem, opts)
+            except Exception as exc:  # a member's failure is reported, not raised here
+                result = SolveResult(name, Status.NO_SOLUTION, stats={"error": str(exc)})
+            send(("result", name, replace(result, stats=_summary(result))))
+            if name != "cpsat" or self.done.is_set() or past(self.deadline):
                 return
+            try:
+                warm = self.hints[name].get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                return  # it stopped for another reason
+            self.stop[name].clear()
 
     def _proven(self) -> bool:
         value = self.board.value()
@@ -202,7 +255,7 @@ class _Run:
         bound = max(bounds)
         stats: dict[str, Any] = {
             "events": list(self.board.events),
-            "members": {m: [_summary(r) for r in rs] for m, rs in self.results.items()},
+            "members": {m: [dict(r.stats) for r in rs] for m, rs in self.results.items()},
             "portfolio_seconds": elapsed,
         }
         if self.board.best is None:
@@ -217,7 +270,7 @@ class _Run:
 
 def _summary(r: SolveResult) -> dict[str, Any]:
     keep = ("solve_seconds", "search_seconds", "restricted", "hint", "answer", "cbc_result",
-            "cbc_peak_mib", "lp_start")  # fmt: skip
+            "cbc_peak_mib", "lp_start", "error")  # fmt: skip
     return {
         "status": r.status.value,
         "limit": r.limit.value if r.limit else None,

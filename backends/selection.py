@@ -346,14 +346,14 @@ def _repeats(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     t = np.ascontiguousarray(t, dtype=np.float64)
     if t.shape[0] <= 16:  # a dict is faster than numpy's sort for a few rows
         seen: dict[bytes, int] = {}
-        first: list[int] = []
-        group = []
+        starts: list[int] = []
+        groups = []
         for i, row in enumerate(t):
             g = seen.setdefault(row.tobytes(), len(seen))
-            if g == len(first):
-                first.append(i)
-            group.append(g)
-        return np.array(group), np.array(first)
+            if g == len(starts):
+                starts.append(i)
+            groups.append(g)
+        return np.array(groups), np.array(starts)
     keys = t.view(np.dtype((np.void, 8 * t.shape[1]))).reshape(-1)
     _, first, group = np.unique(keys, return_index=True, return_inverse=True)
     return group.reshape(-1), first

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status, past
-from backends.feasible import feasible_positions, neighbourhood
+from backends.feasible import feasible_positions, improve, neighbourhood
 from backends.placement import (
     PlacementError,
     PlacementOutcome,
@@ -102,11 +102,14 @@ def warm_choices(
     polish_until: float | None = None,
 ) -> Warm | None:
     """SolveOptions.warm_start when it is valid, else `backends.feasible`'s heuristic
-    (unless extra "seed_heuristic" is False; its local search stops at `polish_until`), with
-    where it came from; None when there is neither."""
+    (unless extra "seed_heuristic" is False), with where it came from; None when there is
+    neither. Either is improved by the heuristic's local search until `polish_until`."""
     if options.warm_start is not None:
         ch = problem.check_choices(options.warm_start)
         if math.isfinite(additive_cost(problem, ch)) and memory_feasible(problem, ch):
+            pos = sel.positions(ch)
+            if pos is not None and polish_until is not None:
+                ch = sel.choices(improve(sel, pos, min(deadline, polish_until)))
             return ch, "warm_start"
     if options.extra.get("seed_heuristic", True):
         pos = feasible_positions(sel, deadline, options.seed, polish_until)

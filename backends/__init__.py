@@ -21,6 +21,7 @@ REGISTRY: dict[str, str] = {
     "mcmc": "backends.mcmc:McmcBackend",
     "ilp": "backends.ilp:IlpBackend",
     "cpsat": "backends.cpsat:CpsatBackend",
+    "portfolio": "backends.portfolio:PortfolioBackend",
 }
 
 

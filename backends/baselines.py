@@ -1,16 +1,21 @@
 """`baselines`: the best of the expert strategies (planner.problems.baselines) under the objective.
 
 For cost-table problems with no DNN behind them the candidates are the cheapest choice per
-node and, per node, the first allowed choice. Never proves optimality: status FEASIBLE.
+node, per node the first allowed choice, and the answer of the feasibility heuristic
+(`backends.feasible`), which keeps forbidden pairs and the memory limit; for a DNN problem
+the heuristic is the fallback when no expert strategy is valid (under the additive
+objective). Never proves optimality: status FEASIBLE.
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
 from backends.base import Backend, SolveOptions, SolveResult, Status, evaluate_objective
+from backends.feasible import feasible_choices
 from planner.errors import ConfigError
 from planner.problems.baselines import BASELINES, applicable
 from planner.problems.evaluate import memory_feasible
@@ -38,9 +43,16 @@ class BaselinesBackend(Backend):
         return out
 
     def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
+        deadline = time.perf_counter() + options.time_limit
         values: dict[str, float] = {}
         best: tuple[float, str, tuple[int, ...]] | None = None
-        for name, choices in self._candidates(problem).items():
+        candidates = self._candidates(problem)
+        valid = [ch for ch in candidates.values() if _valid(problem, ch)]
+        if options.objective == "additive" and (problem.graph is None or not valid):
+            found = feasible_choices(problem, deadline, options.seed)
+            if found is not None:
+                candidates["feasible"] = found
+        for name, choices in candidates.items():
             value = evaluate_objective(problem, choices, options.objective)
             values[name] = value
             if not math.isfinite(value) or not memory_feasible(problem, choices):
@@ -51,3 +63,10 @@ class BaselinesBackend(Backend):
         if best is None:
             return SolveResult(self.name, Status.NO_SOLUTION, stats=stats)
         return SolveResult(self.name, Status.FEASIBLE, best[2], stats={**stats, "chosen": best[1]})
+
+
+def _valid(problem: Problem, choices: tuple[int, ...]) -> bool:
+    """No forbidden choice or pair, and within memory."""
+    return math.isfinite(evaluate_objective(problem, choices, "additive")) and memory_feasible(
+        problem, choices
+    )

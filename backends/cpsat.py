@@ -35,14 +35,28 @@ solve's wrapper, the Backend class body) is shared with `ilp` in `backends.solve
 from __future__ import annotations
 
 import math
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from ortools.sat.python import cp_model
 
-from backends.base import BackendError, Limit, SolveOptions, SolveResult, Status
+from backends.additive_lp import additive_program
+from backends.base import (
+    BackendError,
+    Limit,
+    ProgressLog,
+    SolveOptions,
+    SolveResult,
+    Status,
+    stop_requested,
+)
+from backends.feasible import rounded_positions
+from backends.linear import write_mps
 from backends.placement import (
     PlacementOutcome,
     PlacementProblem,
@@ -52,7 +66,7 @@ from backends.placement import (
     placement_lower_bound,
     retime,
 )
-from backends.selection import Selection
+from backends.selection import Selection, memory_form
 from backends.solver_common import Clock, SolverBackend, SolverSteps, Warm, placement_result
 from planner.problems.problem import Problem
 
@@ -63,8 +77,9 @@ TIME_BITS = 30  # the makespan upper bound is about 2**TIME_BITS time units (lar
 # made CP-SAT 9.15's presolve return wrong optima on small placement problems)
 SYMMETRY_DEPTH = 64  # nodes covered by the lexicographic-leader constraints
 ALWAYS = True  # a literal fixed to true (a node with one allowed choice or device)
-EDGE_MODES = ("auto", "marginal", "implied", "rows")
-LARGE_PAIRS = 100_000  # above this many edge variables CP-SAT's presolve costs more than it gives
+EDGE_MODES = ("marginal", "implied", "plain")
+LP_FRACTION = 0.3  # of the time left, at most, for the LP-rounding hint (GLOP)
+LP_SECONDS_PER_TERM = 1e-5  # GLOP's dual simplex on the root LP of an additive model
 
 
 @dataclass
@@ -85,6 +100,8 @@ class CpsatModel:
     hint: str | None = None  # where the hint came from: "warm_start", "heuristic" or None
     warm: tuple[int, ...] | None = None  # the hinted choice vector (additive)
     presolve: bool = True
+    edge_groups: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # additive
+    encoder: Any = None  # the additive model's _Encoder (to hint it again)
     stats: dict[str, Any] = field(default_factory=dict)
 
 
@@ -95,6 +112,7 @@ class CpsatRun:
     bound: float | None  # integer units
     wall: float
     timed_out: bool
+    lp: dict[str, Any] = field(default_factory=dict)  # the LP-rounding hint's figures
 
 
 # ------------------------------------------------------------------------------ encode
@@ -109,6 +127,81 @@ def _int_costs(tables: list[np.ndarray]) -> float:
     return 2.0 ** math.floor(math.log2(2.0**COST_BITS / max(total, 1e-300)))
 
 
+class _Encoder:
+    """Builds the additive model: x per choice, the edge encoding, memory, objective."""
+
+    def __init__(self, m: cp_model.CpModel, out: CpsatModel, groups: bool):
+        self.m, self.out, self.groups = m, out, groups
+        self.terms: list[Any] = []
+        self.coefs: list[int] = []
+        self.const = 0
+        self._sums: dict[tuple[int, bytes], list[Any]] = {}
+        self.new_groups: list[tuple[Any, int, np.ndarray, int]] = []  # (z, node, rows, group)
+
+    def group_literals(self, node: int, rows: np.ndarray) -> list[Any]:
+        """Per group of node's choices: a literal true when the node's choice is in it (the
+        choice's own x for a group of one, else a new Boolean equal to their sum); shared by
+        every edge that groups the node's choices alike."""
+        key = (node, rows.tobytes())
+        if key not in self._sums:
+            xs = self.out.x[node]
+            lits = []
+            for g in range(int(rows.max()) + 1):
+                members = [xs[a] for a in np.flatnonzero(rows == g)]
+                if len(members) == 1:
+                    lits.append(members[0])
+                else:
+                    z = self.m.new_bool_var("")
+                    self.m.add(sum(members) == z)
+                    lits.append(z)
+                    self.new_groups.append((z, node, rows, g))
+            self._sums[key] = lits
+        return self._sums[key]
+
+    def edge(self, e: int, mode: str) -> list[tuple[int, int, Any]]:
+        sel = self.out.sel
+        assert sel is not None
+        (u, v), t = sel.edges[e], sel.edge_cost[e]
+        if self.groups and mode != "plain":
+            rows, cols, table = sel.groups(e)
+        else:
+            rows, cols, table = np.arange(t.shape[0]), np.arange(t.shape[1]), t
+        self.out.edge_groups.append((rows, cols))
+        zu, zv = self.group_literals(u, rows), self.group_literals(v, cols)
+        finite = np.isfinite(table)
+        it = np.where(finite, np.floor(np.where(finite, table, 0) * self.out.scale), -1)
+        it = it.astype(np.int64)
+        ys: list[tuple[int, int, Any]] = []
+        m = self.m
+        if mode == "marginal":
+            by_row: list[list[Any]] = [[] for _ in zu]
+            by_col: list[list[Any]] = [[] for _ in zv]
+            for g, h in zip(*np.nonzero(finite), strict=True):
+                y = m.new_bool_var("")
+                ys.append((int(g), int(h), y))
+                by_row[g].append(y)
+                by_col[h].append(y)
+                if it[g, h]:
+                    self.terms.append(y)
+                    self.coefs.append(int(it[g, h]))
+            for z, ones in [*zip(zu, by_row, strict=True), *zip(zv, by_col, strict=True)]:
+                m.add(sum(ones) == z)
+            return ys
+        for g, h in zip(*np.nonzero(~finite | (it > 0)), strict=True):
+            if not finite[g, h]:
+                m.add_bool_or([zu[g].Not(), zv[h].Not()])
+                continue
+            y = m.new_bool_var("")
+            ys.append((int(g), int(h), y))
+            m.add_bool_or([zu[g].Not(), zv[h].Not(), y])  # y >= x_u + x_v - 1
+            if mode == "plain":  # y = x_u * x_v exactly (the pairwise product)
+                m.add_implication(y, zu[g])
+                m.add_implication(y, zv[h])
+            self.terms.append(y)
+            self.coefs.append(int(it[g, h]))
+        return ys
+
+
 def encode_selection(
     sel: Selection,
     options: SolveOptions,
@@ -117,11 +210,12 @@ def encode_selection(
 ) -> CpsatModel:
     """The additive selection model (see the module docstring); `warm` is a valid choice
     vector and where it came from, hinted to the solver."""
-    mode = options.extra.get("edges", "auto")
+    mode = options.extra.get("edges", "marginal")
     if mode not in EDGE_MODES:
         raise BackendError(f"cpsat edges must be one of {EDGE_MODES}, got {mode!r}")
-    if mode == "auto":
-        mode = "marginal"
+    memory = options.extra.get("memory", "auto")
+    if memory not in ("auto", "rows", "chain"):
+        raise BackendError(f"cpsat memory must be 'auto', 'rows' or 'chain', got {memory!r}")
     clock = Clock(deadline)
     m = cp_model.CpModel()
     scale = _int_costs([*sel.node_cost, *sel.edge_cost])
@@ -129,123 +223,90 @@ def encode_selection(
     if sel.infeasible:
         m.add_bool_or([])  # the reductions proved it: an empty clause
         return out
-    terms: list[Any] = []
-    coefs: list[int] = []
-    const = 0
+    enc = _Encoder(m, out, groups=bool(options.extra.get("groups", True)))
     for c in sel.node_cost:
         ic = np.floor(c * scale).astype(np.int64)
         if len(c) == 1:
             out.x.append([ALWAYS])
-            const += int(ic[0])
+            enc.const += int(ic[0])
             continue
         xs = [m.new_bool_var("") for _ in c]
         m.add_exactly_one(xs)
         out.x.append(xs)
-        terms += xs
-        coefs += ic.tolist()
-    edge = {"marginal": _edge_marginal, "implied": _edge_implied, "rows": _edge_rows}[mode]
-    for (u, v), t in zip(sel.edges, sel.edge_cost, strict=True):
-        finite = np.isfinite(t)
-        it = np.where(finite, np.floor(np.where(finite, t, 0) * scale), -1).astype(np.int64)
-        ys = edge(m, out.x[u], out.x[v], it, terms, coefs)
-        out.y.append(ys)
-        for _ in range(len(ys)):
+        enc.terms += xs
+        enc.coefs += ic.tolist()
+        clock.tick()
+    for e in range(len(sel.edges)):
+        out.y.append(enc.edge(e, mode))
+        for _ in range(1 + len(out.y[-1]) // 16):
             clock.tick()
-    _selection_memory(m, sel, out.x)
-    m.minimize(cp_model.LinearExpr.weighted_sum(terms, coefs) + const)
+    clock.check()
+    form = _selection_memory(m, sel, out.x, memory, clock) if sel.memory else "none"
+    clock.check()
+    m.minimize(cp_model.LinearExpr.weighted_sum(enc.terms, enc.coefs) + enc.const)
     exact = scale == 1.0 and all(
         (t[np.isfinite(t)] == np.floor(t[np.isfinite(t)])).all()
         for t in (*sel.node_cost, *sel.edge_cost)
     )
     out.slack = 0.0 if exact else (sel.num_nodes + len(sel.edges)) / scale
     npairs = sum(len(ys) for ys in out.y)
-    out.presolve = bool(options.extra.get("presolve", npairs <= LARGE_PAIRS))
-    out.stats = {"edges": mode, "edge_variables": npairs, "memory_rows": len(sel.memory)}
+    out.presolve = bool(options.extra.get("presolve", False))
+    out.stats = {
+        "edges": mode,
+        "edge_variables": npairs,
+        "memory_form": form,
+        "memory_rows": int(sum(mm.binding.sum() for mm in sel.memory)),
+    }
+    out.encoder = enc
     if warm is not None:
-        _hint_selection(m, out, warm[0])
+        clock.check()
+        _hint_selection(m, out, warm[0], enc)
         out.hint, out.warm = warm[1], warm[0]
+    clock.check()
     return out
 
 
-def _edge_marginal(
-    m: cp_model.CpModel, xu: list[Any], xv: list[Any], it: np.ndarray, terms: list, coefs: list
-) -> list[tuple[int, int, Any]]:
-    """y[a, b] per finite pair; row sums = x[u, a], column sums = x[v, b]."""
-    ys = []
-    rows: list[list[Any]] = [[] for _ in xu]
-    cols: list[list[Any]] = [[] for _ in xv]
-    for a, b in zip(*np.nonzero(it >= 0), strict=True):
-        y = m.new_bool_var("")
-        ys.append((int(a), int(b), y))
-        rows[a].append(y)
-        cols[b].append(y)
-        terms.append(y)
-        coefs.append(int(it[a, b]))
-    for a, row in enumerate(rows):
-        m.add(sum(row) == xu[a])
-    for b, col in enumerate(cols):
-        m.add(sum(col) == xv[b])
-    return ys
-
-
-def _edge_implied(
-    m: cp_model.CpModel, xu: list[Any], xv: list[Any], it: np.ndarray, terms: list, coefs: list
-) -> list[tuple[int, int, Any]]:
-    """y[a, b] >= x[u, a] + x[v, b] - 1 for pairs of positive cost; forbidden pairs a clause."""
-    ys = []
-    for a, b in zip(*np.nonzero(it != 0), strict=True):
-        if it[a, b] < 0:
-            m.add_bool_or([xu[a].Not(), xv[b].Not()])
-            continue
-        y = m.new_bool_var("")
-        ys.append((int(a), int(b), y))
-        m.add_bool_or([xu[a].Not(), xv[b].Not(), y])
-        terms.append(y)
-        coefs.append(int(it[a, b]))
-    return ys
-
-
-def _edge_rows(
-    m: cp_model.CpModel, xu: list[Any], xv: list[Any], it: np.ndarray, terms: list, coefs: list
-) -> list[tuple[int, int, Any]]:
-    """One cost variable e per edge: e >= sum_b t[a, b] x[v, b] whenever x[u, a] (rows of the
-    shorter side); forbidden pairs a clause. Few variables, for large problems."""
-    if len(xu) > len(xv):
-        xu, xv, it = xv, xu, it.T
-    finite = it >= 0
-    e = m.new_int_var(int(it[finite].min()), int(it[finite].max()), "")
-    for a in range(len(xu)):
-        for b in np.flatnonzero(~finite[a]):
-            m.add_bool_or([xu[a].Not(), xv[b].Not()])
-        ok = np.flatnonzero(finite[a] & (it[a] > 0))
-        if len(ok):
-            expr = cp_model.LinearExpr.weighted_sum([xv[b] for b in ok], it[a, ok].tolist())
-            m.add(e >= expr).only_enforce_if(xu[a])
-    terms.append(e)
-    coefs.append(1)
-    return [(-1, -1, e)]
-
-
-def _selection_memory(m: cp_model.CpModel, sel: Selection, x: list[list[Any]]) -> None:
-    coefs = [c for row in sel.memory for c in row.coef]
+def _selection_memory(
+    m: cp_model.CpModel, sel: Selection, x: list[list[Any]], form: str, clock: Clock
+) -> str:
+    """The memory rule as explicit rows per binding check time, or as a running sum of
+    integer variables (linear size, for many long-lived nodes); returns the form used."""
+    coefs = [c for mem in sel.memory for c in mem.coef]
     integral = all((c == np.floor(c)).all() for c in coefs)
     total = float(sum(c.max() for c in coefs)) if coefs else 0.0
     f = 1.0 if integral and total < 2.0**60 else 2.0 ** math.floor(math.log2(2.0**50 / total))
-    for row in sel.memory:
-        terms, ws = [], []
-        rhs = math.floor(row.rhs * f)
-        for i, c in zip(row.nodes, row.coef, strict=True):
-            ic = np.ceil(c * f).astype(np.int64)
-            if len(c) == 1:
-                rhs -= int(ic[0])
-                continue
-            terms += x[i]
-            ws += ic.tolist()
-        m.add(cp_model.LinearExpr.weighted_sum(terms, ws) <= rhs)
+    form = memory_form(sel, form)
+    for mem in sel.memory:
+        ic = [np.ceil(c * f).astype(np.int64) for c in mem.coef]
+        rhs = np.floor(mem.rhs * f).astype(np.int64)
+        if form == "rows":
+            for t, ks in mem.rows():
+                clock.tick()
+                terms = [lit for k in ks for lit in x[mem.nodes[k]]]
+                ws = [w for k in ks for w in ic[k].tolist()]
+                m.add(cp_model.LinearExpr.weighted_sum(terms, ws) <= int(rhs[t]))
+            continue
+        use = [cp_model.LinearExpr.weighted_sum(x[i], w.tolist()) for i, w in
+               zip(mem.nodes, ic, strict=True)]  # fmt: skip
+        entering: list[list[int]] = [[] for _ in range(mem.num_times)]
+        leaving: list[list[int]] = [[] for _ in range(mem.num_times)]
+        for k, (a, b) in enumerate(zip(mem.first.tolist(), mem.last.tolist(), strict=True)):
+            entering[a].append(k)
+            if b < mem.num_times:
+                leaving[b].append(k)
+        top = int(sum(int(w.max()) for w in ic))
+        prev: Any = 0
+        for t in range(mem.num_times):
+            s = m.new_int_var(0, int(rhs[t]) if mem.binding[t] else top, "")
+            m.add(s == prev + sum(use[k] for k in entering[t]) - sum(use[k] for k in leaving[t]))
+            prev = s
+    return form
 
 
-def _hint_selection(m: cp_model.CpModel, out: CpsatModel, choices: tuple[int, ...]) -> None:
-    """A complete hint: every x and every pair variable."""
+def _hint_selection(
+    m: cp_model.CpModel, out: CpsatModel, choices: tuple[int, ...], enc: _Encoder
+) -> None:
+    """A complete hint: every x, group literal and pair variable (the memory sums follow)."""
     assert out.sel is not None
     pos = out.sel.positions(choices)
     if pos is None:
@@ -254,12 +315,12 @@ def _hint_selection(m: cp_model.CpModel, out: CpsatModel, choices: tuple[int, ..
         if len(xs) > 1:
             for j, var in enumerate(xs):
                 m.add_hint(var, j == k)
-    for (u, v), t, ys in zip(out.sel.edges, out.sel.edge_cost, out.y, strict=True):
-        for a, b, var in ys:
-            if a < 0:  # the cost variable of a "rows" edge
-                m.add_hint(var, int(np.floor(t[pos[u], pos[v]] * out.scale)))
-            else:
-                m.add_hint(var, a == pos[u] and b == pos[v])
+    for z, node, rows, g in enc.new_groups:
+        m.add_hint(z, bool(rows[pos[node]] == g))
+    for (u, v), (rows, cols), ys in zip(out.sel.edges, out.edge_groups, out.y, strict=True):
+        gu, gv = rows[pos[u]], cols[pos[v]]
+        for g, h, var in ys:
+            m.add_hint(var, g == gu and h == gv)
 
 
 def encode_placement(
@@ -443,8 +504,52 @@ _STATUS = {
 }
 
 
+_DEFAULTS: dict[str, dict[str, Any]] = {"additive": {}}  # CP-SAT parameters per objective
+WATCH_SECONDS = 0.05  # how often a running solve looks for a stop request
+
+
+def _watch(solver: cp_model.CpSolver, done: threading.Event, stop: Any) -> None:
+    """Stop the search when the user asks (Ctrl-C) or `stop` (an Event) is set."""
+    while not done.wait(WATCH_SECONDS):
+        if stop_requested() or (stop is not None and stop.is_set()):
+            solver.stop_search()
+            return
+
+
+class _Report(cp_model.CpSolverSolutionCallback):
+    """Each improving solution: a throttled progress line, and for the additive objective
+    its choices to `on_incumbent(choices, "cpsat")` when the caller gave one."""
+
+    def __init__(self, model: CpsatModel, on_incumbent: Any):
+        super().__init__()
+        self.model, self.on_incumbent = model, on_incumbent
+        self.progress = ProgressLog("cpsat")
+
+    def on_solution_callback(self) -> None:
+        value = self.objective_value / self.model.scale
+        self.progress(
+            lambda: f"best {value:.6g}, bound {self.best_objective_bound / self.model.scale:.6g}"
+        )
+        sel = self.model.sel
+        if self.on_incumbent is None or sel is None:
+            return
+        pos = [
+            0 if len(xs) == 1 else next(j for j, lit in enumerate(xs) if self.boolean_value(lit))
+            for xs in self.model.x
+        ]
+        self.on_incumbent(sel.choices(pos), "cpsat")
+
+
 def solve_encoded(model: CpsatModel, options: SolveOptions, time_limit: float) -> CpsatRun:
-    """Run CP-SAT for at most `time_limit` seconds with options.seed and options.threads."""
+    """Run CP-SAT for at most `time_limit` seconds with options.seed and options.threads
+    (additive: first the LP-rounding hint, `_lp_hint`, unless extra "lp_start" is False)."""
+    start = time.perf_counter()
+    lp: dict[str, Any] = {}
+    sel = model.sel
+    additive = model.objective == "additive" and sel is not None and not sel.infeasible
+    if additive and options.extra.get("lp_start", True):
+        lp = _lp_hint(model, options, start + time_limit)
+    time_limit -= time.perf_counter() - start
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(time_limit, 1e-3)
     solver.parameters.num_workers = options.threads
@@ -452,8 +557,25 @@ def solve_encoded(model: CpsatModel, options: SolveOptions, time_limit: float) -
     solver.parameters.cp_model_presolve = model.presolve
     if options.threads > 1:
         solver.parameters.interleave_search = bool(options.extra.get("interleave", False))
+    for key, value in {
+        **_DEFAULTS.get(model.objective, {}),
+        **options.extra.get("parameters", {}),
+    }.items():
+        try:
+            setattr(solver.parameters, key, value)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise BackendError(f"cpsat parameter {key}={value!r}: {exc}") from None
     start = time.perf_counter()
-    code = solver.solve(model.model)
+    report = _Report(model, options.extra.get("on_incumbent"))
+    stop = options.extra.get("stop")  # a threading.Event another thread may set
+    done = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(solver, done, stop), daemon=True)
+    watcher.start()
+    try:
+        code = solver.solve(model.model, report)
+    finally:
+        done.set()
+        watcher.join()
     wall = time.perf_counter() - start
     status = _STATUS.get(code, "UNKNOWN")
     if status == "MODEL_INVALID":
@@ -468,8 +590,57 @@ def solve_encoded(model: CpsatModel, options: SolveOptions, time_limit: float) -
         if model.objective == "makespan":
             values["start"] = [solver.value(s) for s in model.start]
     bound = solver.best_objective_bound if status != "INFEASIBLE" else None
+    if bound is not None and "lp_bound" in lp:
+        bound = max(bound, math.floor(lp["lp_bound"] * model.scale))  # integer units
     timed_out = status in ("FEASIBLE", "UNKNOWN")
-    return CpsatRun(status, values, bound, wall, timed_out)
+    return CpsatRun(status, values, bound, wall, timed_out, lp)
+
+
+def _lp_hint(model: CpsatModel, options: SolveOptions, deadline: float) -> dict[str, Any]:
+    """The additive model's LP relaxation (`backends.additive_lp`, solved by GLOP) rounded to
+    each node's largest x, repaired and improved (`backends.feasible`): the hint when it is
+    better than the current one (reported to extra "on_incumbent"); the LP optimum is a
+    bound. Skipped when it would take more than LP_FRACTION of the time left."""
+    from ortools.linear_solver.python import model_builder
+
+    sel = model.sel
+    assert sel is not None
+    t0 = time.perf_counter()
+    ap = additive_program(sel, 1.0)
+    left = deadline - t0
+    if LP_SECONDS_PER_TERM * ap.program.num_terms > LP_FRACTION * left:
+        return {"lp_start": "skipped (too large for the time left)"}
+    with tempfile.TemporaryDirectory(prefix="layerwise-lp-") as tmp:
+        path = Path(tmp) / "lp.mps"
+        write_mps(ap.program, path)
+        lp = model_builder.Model()
+        lp.import_from_mps_file(str(path))
+    glop = model_builder.Solver("glop")
+    glop.set_time_limit_in_seconds(max(0.1, t0 + LP_FRACTION * left - time.perf_counter()))
+    glop.set_solver_specific_parameters("use_dual_simplex: true")
+    status = glop.solve(lp)
+    out: dict[str, Any] = {"lp_seconds": time.perf_counter() - t0}
+    if status != model_builder.SolveStatus.OPTIMAL:
+        return {**out, "lp_start": f"no LP solution in time ({status.name})"}
+    out["lp_bound"] = glop.objective_value + ap.offset
+    # every value as one array (Solver.values would need pandas)
+    x = np.asarray(glop._Solver__solve_helper.variable_values())  # type: ignore[attr-defined]
+    polish = min(deadline, time.perf_counter() + LP_FRACTION * left)
+    pos = rounded_positions(sel, [x[c] if c is not None else np.ones(1) for c in ap.x], polish)
+    if pos is None:
+        return {**out, "lp_start": "rounding found no valid answer"}
+    choices = sel.choices(pos)
+    value = sel.cost(choices)
+    better = model.warm is None or value < sel.cost(model.warm)
+    out["lp_start"] = f"rounded LP answer {value:.6g}" + (" (used)" if better else "")
+    if better:
+        model.model.clear_hints()
+        _hint_selection(model.model, model, choices, model.encoder)
+        model.warm, model.hint = choices, "lp_rounding"
+        callback = options.extra.get("on_incumbent")
+        if callback is not None:
+            callback(choices, "cpsat")
+    return out
 
 
 # ------------------------------------------------------------------------------ decode
@@ -524,21 +695,26 @@ def decode(problem: Problem, model: CpsatModel, run: CpsatRun, name: str = "cpsa
         "warm_start_used": model.hint == "warm_start",
         "scale": model.scale,
         "rounding_slack": model.slack,
+        **run.lp,
     }
     limit = Limit.TIME if run.timed_out else None
     if model.objective == "makespan":
         return placement_result(model.pp, decode_placement(model, run), limit, stats, name)
     choices, bound = decode_selection(model, run)
+    sel = model.sel
+    assert sel is not None
     if run.status == "INFEASIBLE":
-        stats["reason"] = (model.sel.infeasible if model.sel else None) or "proven by CP-SAT"
+        stats["reason"] = sel.infeasible or "proven by CP-SAT"
         return SolveResult(name, Status.INFEASIBLE, bound=math.inf, stats=stats)
-    if choices is None and model.warm is not None:  # the solver found nothing better in time
-        stats["answer"] = model.hint
-        return SolveResult(name, Status.FEASIBLE, model.warm, bound=bound, limit=limit, stats=stats)
+    bound = max(bound if bound is not None else -math.inf, sel.trivial_bound())
+    if model.warm is not None and (choices is None or sel.cost(model.warm) < sel.cost(choices)):
+        stats["answer"] = model.hint  # the solver found nothing better than its hint in time
+        choices = model.warm
     if choices is None:
         return SolveResult(name, Status.NO_SOLUTION, bound=bound, limit=limit, stats=stats)
     status = Status.OPTIMAL if run.status == "OPTIMAL" else Status.FEASIBLE
-    return SolveResult(name, status, choices, bound=bound, limit=limit, stats=stats)
+    return SolveResult(name, status, choices, bound=min(bound, sel.cost(choices)), limit=limit,
+                       stats=stats)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- backend
@@ -546,6 +722,7 @@ def decode(problem: Problem, model: CpsatModel, run: CpsatRun, name: str = "cpsa
 
 class CpsatBackend(SolverBackend[CpsatModel, CpsatRun]):
     name = "cpsat"
+    terms_per_second = 15_000  # building the model in Python takes ~8 us per term
     REQUIRED_MODULES = ("ortools",)
     steps = SolverSteps(encode_selection, encode_placement, solve_encoded, decode_placement, decode)
 

@@ -1,12 +1,13 @@
-"""`ilp`: integer linear programs solved by CBC through pulp, as encode / solve / decode.
+"""`ilp`: integer linear programs solved by CBC, as encode / solve / decode.
 
-Additive (OptCNN Eq. 1) on `backends.selection.Selection`: binary x[i, c] per allowed choice,
-sum_c x[i, c] = 1; per remaining edge a continuous y[e, a, b] in [0, 1] per finite pair with
-sum_b y[e, a, b] = x[u, a] and sum_a y[e, a, b] = x[v, b] (integral once x is; the local
-marginal polytope, exact on trees), or with extra={"edges": "implied"} only
-y >= x[u, a] + x[v, b] - 1 for pairs of positive cost (valid since costs are >= 0; fewer
-constraints, a weak LP). Forbidden pairs have no y (or x[u, a] + x[v, b] <= 1). Memory rows
-sum usage x <= limit for every non-dominated live set and pool.
+Additive (OptCNN Eq. 1) on `backends.selection.Selection`: the sparse program of
+`backends.additive_lp` (binary x[i, c] per allowed choice with sum_c x[i, c] = 1; per edge a
+continuous y per finite pair of its groups of equal rows and columns, tied to the x by row and
+column sums (the local marginal polytope, exact on trees), or with extra={"edges": "implied"}
+only y >= X[u, g] + X[v, h] - 1 for pairs of positive cost; memory as explicit rows per
+binding check time or, when those would be too many terms, as a running sum), built with numpy
+and written as MPS directly (`backends.linear`), then run with CBC's binary (`backends.cbc`).
+extra={"memory": "rows" | "chain"} forces a memory form.
 
 Makespan: DLPlacer's formulation (Pal et al. 2019, Eqs. 7-13) on
 `backends.placement.PlacementProblem`: binary P[k, d] with sum_d P[k, d] = 1 (Eq. 7);
@@ -22,14 +23,18 @@ T_y >= E_x - M (1 - s)); M is the makespan of the warm start, an upper bound of 
 (C <= M). Memory rows (Eq. 13); C >= every sink's end and >= every device's load;
 lexicographic-leader symmetry breaking over the device permutations that preserve the data.
 
+The makespan model is built with pulp.
+
 Scaling: CBC's tolerances are absolute, so costs and times are multiplied by a power of ten
 that makes the warm start (or the trivial bound) about 1e6 (costs) or 1e4 (times).
 
 CBC: threads = SolveOptions.threads, "randomSeed" and "randomCbcSeed" = seed + 1 (0 would mean
 "from the clock"), "sec" = what is left of the time limit after encoding. A warm start
-(SolveOptions.warm_start, else a construction heuristic) is set as the variables' initial
-values and passed with warmStart=True (CBC's -mips); `stats["warm_start_accepted"]` is what
-CBC's log says about it. Status, objective and lower bound are read from CBC's log.
+(SolveOptions.warm_start, else `backends.feasible`'s heuristic) is passed as a MIP start
+(CBC's -mips); `stats["warm_start_accepted"]` is what CBC's log says about it. Status,
+objective and lower bound are read from CBC's log. At the time limit CBC gets SIGINT (it stops
+and writes its best solution); if it has not stopped a little later it is killed and the
+start is the answer (FEASIBLE, limit TIME, with the last bound CBC printed).
 
 What does not depend on the solver (warm starts, the time limit while encoding, the makespan
 solve's wrapper, the Backend class body) is shared with `cpsat` in `backends.solver_common`.
@@ -39,20 +44,22 @@ from __future__ import annotations
 
 import math
 import os
-import re
-import signal
-import subprocess
 import tempfile
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pulp
 
-from backends.base import BackendError, Limit, SolveOptions, SolveResult, Status
+from backends.additive_lp import AdditiveProgram, additive_program, assignment, positions
+from backends.base import BackendError, Limit, SolveOptions, SolveResult, Status, stop_requested
+from backends.cbc import parse_log, run_cbc
+from backends.feasible import rounded_positions
+from backends.linear import read_solution, write_mps, write_start
 from backends.placement import (
     PlacementOutcome,
     PlacementProblem,
@@ -82,8 +89,11 @@ COST_MAGNITUDE = 1e6  # scaled additive objectives are about this large
 TIME_MAGNITUDE = 1e4  # scaled makespans are about this large
 SYMMETRY_DEPTH = 64
 IO_SECONDS_PER_VARIABLE = 2e-5  # pulp writing the MPS file or reading the solution
-NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"  # a number in CBC's log
-OVERRUN_FRACTION = 0.1  # CBC is killed this far past the time limit (plus a second)
+IO_SECONDS_PER_TERM = 2e-6  # writing our MPS file or reading CBC's solution, per term
+STOP_FRACTION = 0.08  # CBC's own limit and its SIGINT come this far before the deadline
+LP_FRACTION = 0.15  # of the time left, at most, for the LP-rounding start
+LP_SECONDS_PER_TERM = 3e-6  # CLP's time per term on the root LP of an additive model
+KILL_FRACTION = 0.05  # CBC is killed this far past the time limit (plus half a second)
 
 
 @dataclass
@@ -91,9 +101,10 @@ class IlpModel:
     """An encoded problem: the pulp model and what decoding needs."""
 
     objective: str
-    lp: pulp.LpProblem
+    lp: pulp.LpProblem | None  # the makespan model
     scale: float
     sel: Selection | None = None
+    ap: AdditiveProgram | None = None  # the additive model
     x: list[list[Any]] = field(default_factory=list)  # per node, per allowed choice or device
     y: list[list[tuple[int, int, Any]]] = field(default_factory=list)
     pp: PlacementProblem | None = None
@@ -115,6 +126,7 @@ class IlpRun:
     wall: float
     timed_out: bool
     log: dict[str, Any]
+    values: np.ndarray | None = None  # the additive model's column values
 
 
 def _var(
@@ -157,107 +169,48 @@ def encode_selection(
     warm: Warm | None = None,
     deadline: float = math.inf,
 ) -> IlpModel:
-    """The additive selection model (see the module docstring)."""
+    """The additive selection model (see the module docstring and `backends.additive_lp`)."""
     mode = options.extra.get("edges", "marginal")
     if mode not in EDGE_MODES:
         raise BackendError(f"ilp edges must be one of {EDGE_MODES}, got {mode!r}")
-    clock = Clock(deadline)
-    lp = pulp.LpProblem("additive", pulp.LpMinimize)
+    memory = options.extra.get("memory", "auto")
+    if memory not in ("auto", "rows", "chain"):
+        raise BackendError(f"ilp memory must be 'auto', 'rows' or 'chain', got {memory!r}")
     reference = sel.cost(warm[0]) if warm is not None else sel.trivial_bound()
     scale = _power_of_ten(reference if math.isfinite(reference) else 0.0, COST_MAGNITUDE)
-    out = IlpModel("additive", lp, scale, sel=sel)
+    out = IlpModel("additive", None, scale, sel=sel)
     if sel.infeasible:
-        z = _var(lp, "infeasible")
-        lp += _expr([(z, 1.0)])
-        lp += _expr([(z, 1.0)]) >= 2  # the reductions proved it
         return out
-    objective: list[tuple[Any, float]] = []
-    for i, c in enumerate(sel.node_cost):
-        if len(c) == 1:
-            out.x.append([ALWAYS])
-            objective.append((ALWAYS, float(c[0]) * scale))
-            continue
-        xs = [_var(lp, f"x{i}_{k}", binary=True) for k in range(len(c))]
-        lp += _expr([(v, 1.0) for v in xs]) == 1
-        out.x.append(xs)
-        objective += [(v, float(w) * scale) for v, w in zip(xs, c, strict=True)]
-    for e, ((u, v), t) in enumerate(zip(sel.edges, sel.edge_cost, strict=True)):
-        ys: list[tuple[int, int, Any]] = []
-        xu, xv = out.x[u], out.x[v]
-        if mode == "marginal":
-            rows: list[list[tuple[Any, float]]] = [[(xu[a], -1.0)] for a in range(len(xu))]
-            cols: list[list[tuple[Any, float]]] = [[(xv[b], -1.0)] for b in range(len(xv))]
-            for a, b in zip(*np.nonzero(np.isfinite(t)), strict=True):
-                y = _var(lp, f"y{e}_{a}_{b}")
-                ys.append((int(a), int(b), y))
-                rows[a].append((y, 1.0))
-                cols[b].append((y, 1.0))
-                objective.append((y, float(t[a, b]) * scale))
-                clock.tick()
-            for terms in (*rows, *cols):
-                lp += _expr(terms) == 0
-        else:
-            for a, b in zip(*np.nonzero(~np.isfinite(t) | (t > 0)), strict=True):
-                if not np.isfinite(t[a, b]):
-                    lp += _expr([(xu[a], 1.0), (xv[b], 1.0)]) <= 1
-                    continue
-                y = _var(lp, f"y{e}_{a}_{b}")
-                ys.append((int(a), int(b), y))
-                lp += _expr([(y, 1.0), (xu[a], -1.0), (xv[b], -1.0)]) >= -1
-                objective.append((y, float(t[a, b]) * scale))
-                clock.tick()
-        out.y.append(ys)
-    for row in sel.memory:
-        norm = max(row.rhs, max(float(c.max()) for c in row.coef), 1e-300)
-        terms = [
-            (out.x[i][k], float(w) / norm)
-            for i, c in zip(row.nodes, row.coef, strict=True)
-            for k, w in enumerate(c)
-        ]
-        lp += _expr(terms) <= row.rhs / norm
-    out.offset = sum(c for v, c in objective if v is ALWAYS)
-    lp += _expr([(v, c) for v, c in objective if v is not ALWAYS])
-    npairs = sum(len(ys) for ys in out.y)
-    out.stats = {"edges": mode, "edge_variables": npairs, "memory_rows": len(sel.memory)}
+    ap = additive_program(sel, scale, mode, memory)
+    out.ap, out.offset = ap, ap.offset
+    prog = ap.program
+    out.stats = {
+        "edges": mode,
+        "memory_form": ap.memory,
+        "columns": prog.num_columns,
+        "rows": prog.num_rows,
+        "terms": prog.num_terms,
+        "edge_variables": int(sum((e.pair >= 0).sum() for e in ap.edges)),
+        "memory_rows": int(sum(m.binding.sum() for m in sel.memory)),
+    }
     if warm is not None:
-        _warm_selection(out, warm[0])
         out.hint, out.warm = warm[1], warm[0]
     return out
 
 
-def _warm_selection(out: IlpModel, choices: tuple[int, ...]) -> None:
-    assert out.sel is not None
-    pos = out.sel.positions(choices)
-    if pos is None:
-        return
-    for xs, k in zip(out.x, pos, strict=True):
-        for j, var in enumerate(xs):
-            if var is not ALWAYS:
-                var.setInitialValue(1 if j == k else 0)
-    for (u, v), ys in zip(out.sel.edges, out.y, strict=True):
-        for a, b, var in ys:
-            var.setInitialValue(1 if (a == pos[u] and b == pos[v]) else 0)
-
-
 def encoded_objective(model: IlpModel, choices: tuple[int, ...]) -> float:
     """The encoded objective of a choice vector, in real units, after checking that the
-    assignment it implies satisfies every constraint of the model (additive only)."""
-    sel = model.sel
-    assert sel is not None and model.objective == "additive"
+    assignment it implies satisfies every row of the model (additive only)."""
+    sel, ap = model.sel, model.ap
+    assert sel is not None and ap is not None and model.objective == "additive"
     pos = sel.positions(choices)
     if pos is None:
         return math.inf
-    for xs, k in zip(model.x, pos, strict=True):
-        for j, var in enumerate(xs):
-            if var is not ALWAYS:
-                var.varValue = 1 if j == k else 0
-    for (u, v), ys in zip(sel.edges, model.y, strict=True):
-        for a, b, var in ys:
-            var.varValue = 1 if (a == pos[u] and b == pos[v]) else 0
-    broken = [c.name for c in constraints(model.lp) if not c.valid(1e-9)]
-    if broken:
-        raise BackendError(f"the choices violate {len(broken)} constraints, e.g. {broken[0]}")
-    return (float(pulp.value(model.lp.objective) or 0.0) + model.offset) / model.scale
+    x = assignment(ap, sel, pos)
+    broken = ap.program.violated(x)
+    if len(broken):
+        raise BackendError(f"the choices violate {len(broken)} rows, e.g. row {broken[0]}")
+    return (float(ap.program.obj @ x) + ap.offset) / model.scale
 
 
 def encode_placement(
@@ -450,6 +403,7 @@ def _warm_placement(out: IlpModel, warm: Schedule, flow: bool) -> None:
         for e, var in enumerate(out.x[k]):
             if var is not None and var is not ALWAYS:
                 var.setInitialValue(1 if e == d else 0)
+    assert out.lp is not None
     values = {v.name: v for v in out.lp.variables()}
     dev = np.asarray(warm.placement)[pp.task_node]
     for name, var in values.items():
@@ -482,6 +436,9 @@ def _shortest_path(pp: PlacementProblem, a: str, b: str, size: float) -> list[st
 
 def solve_encoded(model: IlpModel, options: SolveOptions, time_limit: float) -> IlpRun:
     """Run CBC on the model for at most `time_limit` seconds, file writing included."""
+    if model.objective == "additive":
+        return _solve_additive(model, options, time_limit)
+    assert model.lp is not None
     nvars = len(model.lp.variables())
     if nvars == 0:  # every node has a single choice: nothing to search
         return IlpRun("OPTIMAL", 0.0, 0.0, 0.0, False, {"cbc_result": "not run (no variables)"})
@@ -494,15 +451,19 @@ def solve_encoded(model: IlpModel, options: SolveOptions, time_limit: float) -> 
             timeLimit=max(0.5, time_limit - 2 * io_seconds),
             threads=options.threads,
             warmStart=model.hint is not None,
-            options=[f"randomS {options.seed + 1}", f"randomC {options.seed + 1}"],
+            options=[
+                f"randomS {options.seed + 1}",
+                f"randomC {options.seed + 1}",
+                "timeMode elapsed",
+            ],
         )
-    grace = OVERRUN_FRACTION * time_limit + 1.0
+    grace = KILL_FRACTION * options.time_limit + 0.5
     with tempfile.TemporaryDirectory(prefix="layerwise-cbc-") as tmp:
         solver.tmpDir = tmp
         start = time.perf_counter()
         text, killed = _run_cbc(model.lp, solver, deadline - io_seconds, deadline + grace)
         wall = time.perf_counter() - start
-    log = _parse_log(text)
+    log = parse_log(text)
     if killed:
         log.update(result="UNKNOWN", stopped=True, cbc_result="stopped at the time limit")
     status = log["result"]
@@ -511,12 +472,131 @@ def solve_encoded(model: IlpModel, options: SolveOptions, time_limit: float) -> 
     return IlpRun(status, objective, bound, wall, bool(log["stopped"]), log)
 
 
+def _solve_additive(model: IlpModel, options: SolveOptions, time_limit: float) -> IlpRun:
+    """Write the sparse model and its MIP start, run CBC's binary, read its solution."""
+    ap, sel = model.ap, model.sel
+    start = time.perf_counter()
+    if ap is None:  # the reductions proved infeasibility
+        return IlpRun("INFEASIBLE", None, None, 0.0, False, {"cbc_result": "not run (infeasible)"})
+    prog = ap.program
+    if prog.num_columns == 0:  # every node has a single choice: nothing to search
+        return IlpRun("OPTIMAL", 0.0, 0.0, 0.0, False, {"cbc_result": "not run (no variables)"},
+                      np.zeros(0))  # fmt: skip
+    deadline = start + time_limit
+    io_seconds = IO_SECONDS_PER_TERM * (prog.num_terms + prog.num_columns)
+    lp_stats: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="layerwise-cbc-") as tmp:
+        mps, sol, mst, log = (Path(tmp) / f for f in ("m.mps", "m.sol", "m.mst", "m.log"))
+        write_mps(prog, mps)
+        written = time.perf_counter()
+        if sel is not None and options.extra.get("lp_start", True):
+            lp_stats = _lp_start(model, options, mps, Path(tmp), deadline, io_seconds)
+        args = [_cbc_path(), str(mps)]
+        if model.warm is not None and sel is not None:
+            pos = sel.positions(model.warm)
+            assert pos is not None
+            x = assignment(ap, sel, pos)
+            given = np.flatnonzero(prog.integer | (x != 0))  # CBC needs the chain's sums too
+            write_start(mst, given, x[given])
+            args += ["-mips", str(mst)]
+        started = time.perf_counter()
+        # CBC checks its own limit only now and then (and stops late when the machine is
+        # busy), so it gets less than is left, a SIGINT a little before the deadline and a
+        # kill a little after it
+        margin = max(io_seconds, STOP_FRACTION * options.time_limit)
+        seconds = deadline - started - margin
+        args += ["-timeMode", "elapsed", "-sec", f"{max(0.1, seconds - margin):.2f}",
+                 "-threads", str(options.threads),
+                 "-randomS", str(options.seed + 1), "-randomC", str(options.seed + 1),
+                 "-solve", "-printingOptions", "normal", "-solution", str(sol)]  # fmt: skip
+        stop_at = deadline - margin
+        kill_at = deadline + KILL_FRACTION * options.time_limit + 0.5
+        proc = run_cbc(args, log, stop_at, kill_at, _should_stop(options))
+        parsed = parse_log(proc.text)
+        parsed.update(lp_stats, cbc_peak_mib=proc.peak_mib)
+        values = None
+        if not proc.killed and sol.exists():
+            status_line, values = read_solution(sol, prog.num_columns)
+            parsed["solution_status"] = status_line
+        elif not proc.killed and not proc.interrupted:
+            raise BackendError(f"CBC failed (exit {proc.returncode}): {proc.text[-500:]}")
+    parsed["write_seconds"] = written - start
+    if proc.killed or values is None:
+        why = "killed past the time limit" if proc.killed else "stopped before writing a solution"
+        parsed.update(result="UNKNOWN", stopped=True, cbc_result=why)
+    elif proc.interrupted:
+        parsed["stopped"] = True
+    status = parsed["result"]
+    if values is not None and status == "UNKNOWN" and "objective" not in parsed:
+        values = None  # CBC wrote no solution
+    objective = parsed.get("objective")
+    bound = parsed.get("bound", objective if status == "OPTIMAL" else None)
+    if "lp_bound" in parsed:  # the root LP, optimal: a bound even when CBC says nothing
+        bound = max(bound if bound is not None else -math.inf, parsed["lp_bound"])
+    wall = time.perf_counter() - start
+    return IlpRun(status, objective, bound, wall, bool(parsed["stopped"]), parsed, values)
+
+
+def _should_stop(options: SolveOptions) -> Callable[[], bool]:
+    """A stop request: the user's (Ctrl-C) or the caller's Event (extra "stop")."""
+    event = options.extra.get("stop")
+    return lambda: stop_requested() or (event is not None and event.is_set())
+
+
+def _lp_start(
+    model: IlpModel, options: SolveOptions, mps: Path, tmp: Path, deadline: float, io: float
+) -> dict[str, Any]:
+    """The LP relaxation (CBC's -initialSolve, i.e. CLP) rounded to each node's largest x,
+    repaired and improved (`backends.feasible`): the start when it beats the current one
+    (reported to extra "on_incumbent"), and the LP optimum as a bound. Skipped when it would
+    take more than LP_FRACTION of the time left."""
+    ap, sel = model.ap, model.sel
+    assert ap is not None and sel is not None
+    now = time.perf_counter()
+    left = deadline - now
+    if LP_SECONDS_PER_TERM * ap.program.num_terms > LP_FRACTION * left:
+        return {"lp_start": "skipped (too large for the time left)"}
+    sol, log = tmp / "lp.sol", tmp / "lp.log"
+    args = [_cbc_path(), str(mps), "-timeMode", "elapsed", "-sec", f"{LP_FRACTION * left:.2f}",
+            "-initialSolve", "-printingOptions", "normal", "-solution", str(sol)]  # fmt: skip
+    stop = now + LP_FRACTION * left
+    proc = run_cbc(args, log, stop, stop + 1.0, _should_stop(options))
+    out: dict[str, Any] = {"lp_seconds": time.perf_counter() - now}
+    if proc.killed or not sol.exists():
+        return {**out, "lp_start": "no LP solution in time"}
+    status, x = read_solution(sol, ap.program.num_columns)
+    if status.startswith("Optimal"):
+        value = float(status.rsplit(" ", 1)[-1])
+        out["lp_bound"] = value  # scaled, without the offset (as CBC's bound)
+    polish = min(deadline, time.perf_counter() + LP_FRACTION * left)
+    pos = rounded_positions(sel, [x[c] if c is not None else np.ones(1) for c in ap.x], polish)
+    if pos is None:
+        return {**out, "lp_start": "rounding found no valid answer"}
+    choices = sel.choices(pos)
+    value = sel.cost(choices)
+    better = model.warm is None or value < sel.cost(model.warm)
+    out["lp_start"] = f"rounded LP answer {value:.6g}" + (" (used)" if better else "")
+    if better:
+        model.warm, model.hint = choices, "lp_rounding"
+        callback = options.extra.get("on_incumbent")
+        if callback is not None:
+            callback(choices, "ilp")
+    return out
+
+
+def _cbc_path() -> str:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PULP_CBC_CMD's notice about pulp 4
+        path = pulp.PULP_CBC_CMD().path
+    if not path or not os.path.exists(path):
+        raise BackendError("the ilp backend needs CBC: pulp's bundled binary was not found")
+    return str(path)
+
+
 def _run_cbc(lp: pulp.LpProblem, solver: Any, stop_at: float, kill_at: float) -> tuple[str, bool]:
-    """pulp's COIN_CMD.solve_CBC (same files, options and -mips warm start), with a stop:
-    CBC looks at its time limit only between phases and can overrun it at the root node, so
-    at `stop_at` it gets SIGINT (it then stops and writes its best solution at its next
-    check) and at `kill_at` it is killed. Returns CBC's output and whether it was killed
-    (then nothing is read: CBC's buffered output and its solution are lost)."""
+    """pulp's COIN_CMD.solve_CBC (same files, options and -mips warm start) under
+    `backends.cbc.run_cbc`'s stop and kill. Returns CBC's output and whether it was killed
+    (then nothing is read: its solution is lost)."""
     mps, sol, mst, log_path = solver.create_tmp_files(lp.name, "mps", "sol", "mst", "log")
     vs, var_names, con_names, _ = lp.writeMPS(mps, rename=1)
     args = [solver.path, mps]
@@ -527,68 +607,14 @@ def _run_cbc(lp: pulp.LpProblem, solver: Any, stop_at: float, kill_at: float) ->
     for option in solver.options + solver.getOptions():
         args += ["-" + option.split()[0], *option.split()[1:]]
     args += ["-solve", "-printingOptions", "all", "-solution", sol]
-    killed = False
-    with open(log_path, "w") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
-        try:
-            proc.wait(timeout=max(0.1, stop_at - time.perf_counter()))
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGINT)  # our own child, by its handle
-            try:
-                proc.wait(timeout=max(0.1, kill_at - time.perf_counter()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                killed = True
-    with open(log_path) as f:
-        text = f.read()
-    if not killed:
+    proc = run_cbc(args, Path(log_path), stop_at, kill_at)
+    if not proc.killed:
         if proc.returncode != 0 or not os.path.exists(sol):
-            raise BackendError(f"CBC failed (exit {proc.returncode}): {text[-500:]}")
+            raise BackendError(f"CBC failed (exit {proc.returncode}): {proc.text[-500:]}")
         status, values, _, _, _, sol_status = solver.readsol_MPS(sol, lp, vs, var_names, con_names)
         lp.assignVarsVals(values)
         lp.assignStatus(status, sol_status)
-    return text, killed
-
-
-def _parse_log(text: str) -> dict[str, Any]:
-    """Status, objective, lower bound and the warm start's fate from CBC's output."""
-    out: dict[str, Any] = {"stopped": False}
-    result = re.search(r"Result - (.*)", text)
-    line = result.group(1) if result else "no result line"
-    out["cbc_result"] = line
-    if "Problem is infeasible" in text or "infeasible" in line.lower():
-        out["result"] = "INFEASIBLE"
-    elif "ctrl-c" in line:
-        out["stopped"] = True
-        out["result"] = "FEASIBLE"
-    elif line.startswith("Optimal"):
-        out["result"] = "OPTIMAL"
-    else:
-        out["stopped"] = "Stopped" in line
-        out["result"] = "FEASIBLE"
-    if "No feasible solution found" in text or "no integer solution" in text.lower():
-        out["result"] = "UNKNOWN" if out["result"] != "INFEASIBLE" else "INFEASIBLE"
-    for key, pattern in (
-        ("objective", rf"Objective value:\s+({NUMBER})"),
-        ("bound", rf"Lower bound:\s+({NUMBER})"),
-    ):
-        found = re.search(pattern, text)
-        if found and abs(float(found.group(1))) < 1e30:  # CBC prints -1e50 for "none"
-            out[key] = float(found.group(1))
-    if out["result"] == "FEASIBLE" and "objective" not in out:
-        out["result"] = "UNKNOWN"
-    if "bound" not in out and out["result"] != "OPTIMAL":  # stopped early: the last bound seen
-        seen = re.findall(rf"best possible ({NUMBER})", text) or re.findall(
-            rf"Continuous objective value is ({NUMBER})", text
-        )
-        if seen:
-            out["bound"] = float(seen[-1])
-    if "MIPStart provided solution" in text:
-        out["warm_start_accepted"] = True
-    elif "mipstart" in text.lower() or "MIPStart" in text:
-        out["warm_start_accepted"] = False
-    return out
+    return proc.text, proc.killed
 
 
 # ------------------------------------------------------------------------------ decode
@@ -630,7 +656,21 @@ def decode(problem: Problem, model: IlpModel, run: IlpRun, name: str = "ilp") ->
         "hint": model.hint,
         "warm_start_used": model.hint == "warm_start",
         "scale": model.scale,
-        **{k: v for k, v in run.log.items() if k in ("cbc_result", "warm_start_accepted")},
+        **{
+            k: v
+            for k, v in run.log.items()
+            if k
+            in (
+                "cbc_result",
+                "warm_start_accepted",
+                "write_seconds",
+                "last_incumbent",
+                "lp_start",
+                "lp_seconds",
+                "lp_bound",
+                "cbc_peak_mib",
+            )
+        },
     }
     limit = Limit.TIME if run.timed_out else None
     if model.objective == "makespan":
@@ -641,22 +681,28 @@ def decode(problem: Problem, model: IlpModel, run: IlpRun, name: str = "ilp") ->
     if run.status == "INFEASIBLE":
         stats["reason"] = sel.infeasible or "proven by CBC"
         return SolveResult(name, Status.INFEASIBLE, bound=math.inf, stats=stats)
-    if run.status == "UNKNOWN":
-        if model.warm is not None:
+    if run.values is None or model.ap is None:
+        if model.warm is not None:  # CBC returned nothing: the start is the answer
             stats["answer"] = model.hint
             return SolveResult(
-                name, Status.FEASIBLE, model.warm, bound=bound or sel.trivial_bound(),
+                name, Status.FEASIBLE, model.warm, bound=_bound(sel, bound, sel.cost(model.warm)),
                 limit=limit, stats=stats,
             )  # fmt: skip
         return SolveResult(name, Status.NO_SOLUTION, bound=bound, limit=limit, stats=stats)
-    choices = tuple(
-        int(a[next(k for k, v in enumerate(xs) if v is ALWAYS or v is True)])
-        for a, xs in zip(sel.allowed, _values(model), strict=True)
-    )
+    choices = sel.choices(positions(model.ap, run.values))
     status = Status.OPTIMAL if run.status == "OPTIMAL" else Status.FEASIBLE
-    if bound is not None:
-        bound = min(bound, sel.cost(choices)) * (1 - 1e-12)
-    return SolveResult(name, status, choices, bound=bound, limit=limit, stats=stats)
+    value = sel.cost(choices)
+    if model.warm is not None and sel.cost(model.warm) < value:
+        choices, value = model.warm, sel.cost(model.warm)  # CBC stopped before taking its start
+        stats["answer"] = model.hint
+    return SolveResult(name, status, choices, bound=_bound(sel, bound, value), limit=limit,
+                       stats=stats)  # fmt: skip
+
+
+def _bound(sel: Selection, bound: float | None, value: float) -> float:
+    """CBC's bound (or the trivial one), never above the answer's value (CBC's tolerances)."""
+    found = bound if bound is not None else sel.trivial_bound()
+    return min(max(found, sel.trivial_bound()), value) * (1 - 1e-12)
 
 
 # ----------------------------------------------------------------------------- backend
@@ -664,6 +710,7 @@ def decode(problem: Problem, model: IlpModel, run: IlpRun, name: str = "ilp") ->
 
 class IlpBackend(SolverBackend[IlpModel, IlpRun]):
     name = "ilp"
+    terms_per_second = 40_000  # what CBC still searches well in the time; numpy builds faster
     REQUIRED_MODULES = ("pulp",)
     steps = SolverSteps(encode_selection, encode_placement, solve_encoded, decode_placement, decode)
 

@@ -4,62 +4,137 @@
 `Problem` by `selection` and encoded by both backends, so the two encodings can only differ in
 how they say the same thing. The reductions are exact: forbidden (inf) choices removed, arc
 consistency over forbidden pairs, parallel edges merged, edges with a single-choice end or a
-separable table folded into node costs, and the memory rule of the cost-table format (for
-every distinct interval start t and pool m, the usages live at t sum to at most the limit)
-reduced to its non-dominated live sets (`live_sets`, also used by `backends.placement`).
-`seed_choices` finds a valid choice vector fast: the solvers' first incumbent and hint.
+separable table folded into node costs.
+
+The memory rule of the cost-table format (at every interval start t and pool m, the usages
+live at t sum to at most the limit) is kept as a sweep (`Memory`, O(n) numbers): it only
+needs checking at the starts whose live set is not inside another's (`check_times`: a live
+set only grows at a start, and the set at one start is inside the set at the next unless a
+node ends in between), and each node is live over one contiguous range of those times.
+A 35,000-node problem's rule is built in well under a second, where a dense time x node table
+took minutes and gigabytes. `live_sets` lists the sets themselves (for `backends.placement`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-
-from backends.base import past
-from planner.problems.evaluate import additive_cost, memory_feasible
 
 if TYPE_CHECKING:
     from planner.problems.problem import Problem
 
 __all__ = [
-    "MemoryRow",
+    "DIRECT_TERMS",
+    "MEMORY_RTOL",
+    "Memory",
     "Selection",
+    "check_times",
+    "edge_groups",
+    "live_ranges",
     "live_sets",
-    "seed_choices",
+    "memory_form",
+    "edge_sizes",
+    "model_terms",
+    "restricted_terms",
     "selection",
 ]
 
 MEMORY_RTOL = 1e-9  # the tolerance of planner.problems.evaluate.memory_feasible
 
 
-def live_sets(intervals: np.ndarray) -> list[np.ndarray]:
-    """Node sets live at the distinct interval starts, without those inside another set."""
+def check_times(intervals: np.ndarray) -> np.ndarray:
+    """The sorted interval starts whose live set is inside no other live set.
+
+    For each node live at some time, the last start before its end is such a time (the node
+    leaves before the next start); those are all of them, in O(n log n)."""
     start, end = intervals[:, 0], intervals[:, 1]
-    times = np.unique(start)
-    live = (start[None, :] <= times[:, None]) & (times[:, None] < end[None, :])
-    live = np.unique(live[live.any(axis=1)], axis=0)
-    live = live[np.argsort(-live.sum(axis=1), kind="stable")]
-    packed = np.packbits(live, axis=1)
-    kept: list[int] = []
-    for r in range(len(live)):
-        if kept and ((packed[r] & ~packed[kept]) == 0).all(axis=1).any():
-            continue  # a subset of a kept set: its constraint is implied (usages are >= 0)
-        kept.append(r)
-    return [np.flatnonzero(live[r]) for r in kept]
+    alive = end > start
+    if not alive.any():
+        return np.zeros(0, dtype=np.int64)
+    times = np.unique(start[alive])
+    closing = np.searchsorted(times, end[alive], side="left") - 1
+    return times[np.unique(closing)]
+
+
+def live_ranges(intervals: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per node, [first, last): the indices of `times` (sorted) at which it is live."""
+    first = np.searchsorted(times, intervals[:, 0], side="left")
+    last = np.searchsorted(times, intervals[:, 1], side="left")
+    return first, np.maximum(first, last)
+
+
+def live_sets(intervals: np.ndarray) -> list[np.ndarray]:
+    """The node sets live at `check_times` (none inside another), in time order."""
+    times = check_times(intervals)
+    first, last = live_ranges(intervals, times)
+    return list(_members(first, last, np.arange(len(first)), len(times)))
+
+
+def _members(
+    first: np.ndarray, last: np.ndarray, items: np.ndarray, count: int
+) -> Iterator[np.ndarray]:
+    """For t in range(count): the items whose range [first, last) holds t (output-sized)."""
+    spans = last - first
+    when = np.repeat(first - np.cumsum(spans) + spans, spans) + np.arange(spans.sum())
+    who = np.repeat(items, spans)
+    order = np.argsort(when, kind="stable")
+    bounds = np.searchsorted(when[order], np.arange(count + 1))
+    for t in range(count):
+        yield who[order[bounds[t] : bounds[t + 1]]]
+
+
+def _range_sum(first: np.ndarray, last: np.ndarray, values: np.ndarray, count: int) -> np.ndarray:
+    """(count,): at each t, the sum of the values whose range [first, last) holds t."""
+    delta = np.bincount(first, values, minlength=count + 1)
+    delta -= np.bincount(last, values, minlength=count + 1)
+    return np.cumsum(delta[:count])
 
 
 @dataclass(frozen=True)
-class MemoryRow:
-    """sum over listed nodes i of coef[k][position of c_i] <= rhs (one pool, one live set)."""
+class Memory:
+    """The memory rule of one pool over its check times, as a sweep.
+
+    At check time t the listed nodes live there (`first[k] <= t < last[k]`) use at most
+    `rhs[t]` above their smallest usages; `binding[t]` is False where even their largest
+    usages fit (the row is implied). Only nodes whose usage depends on their choice are
+    listed; `coef[k]` is node `nodes[k]`'s usage above its smallest, per allowed choice."""
 
     pool: int
+    rhs: np.ndarray
+    binding: np.ndarray
     nodes: np.ndarray
-    coef: tuple[np.ndarray, ...]  # per listed node: usage above its smallest, per allowed choice
-    rhs: float
+    first: np.ndarray
+    last: np.ndarray
+    coef: tuple[np.ndarray, ...]
+
+    @property
+    def num_times(self) -> int:
+        return len(self.rhs)
+
+    def rows(self) -> Iterator[tuple[int, np.ndarray]]:
+        """(t, listed indices k live at t) for every binding t: the explicit rows."""
+        for t, ks in enumerate(_members(self.first, self.last, np.arange(len(self.nodes)),
+                                        self.num_times)):  # fmt: skip
+            if self.binding[t]:
+                yield t, ks
+
+    def row_terms(self) -> int:
+        """How many (node, choice) terms the explicit binding rows hold in all."""
+        sizes = np.array([len(c) for c in self.coef], dtype=np.float64)
+        per_time = _range_sum(self.first, self.last, sizes, self.num_times)
+        return int(per_time[self.binding].sum())
+
+    def load(self, pos: Sequence[int] | np.ndarray) -> np.ndarray:
+        """(T,) usage above the smallest at every check time, for a position per node."""
+        use = np.array([c[pos[i]] for i, c in zip(self.nodes, self.coef, strict=True)])
+        return _range_sum(self.first, self.last, use.reshape(-1), self.num_times)
+
+    def fits(self, pos: Sequence[int] | np.ndarray) -> bool:
+        return bool((self.load(pos) <= self.rhs).all())
 
 
 @dataclass(frozen=True)
@@ -70,8 +145,18 @@ class Selection:
     node_cost: tuple[np.ndarray, ...]  # per node: cost per allowed choice (edges folded in)
     edges: tuple[tuple[int, int], ...]  # remaining edges, u < v, no parallel ones
     edge_cost: tuple[np.ndarray, ...]  # (allowed u, allowed v); inf: a forbidden pair
-    memory: tuple[MemoryRow, ...]
+    memory: tuple[Memory, ...]  # one per pool whose rule can bind
     infeasible: str | None = None  # why no choice vector can be valid, when the reductions show it
+    _groups: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def groups(self, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`edge_groups` of edge e's table, computed once (the size estimates and both
+        encoders use it)."""
+        if e not in self._groups:
+            self._groups[e] = edge_groups(self.edge_cost[e])
+        return self._groups[e]
 
     @property
     def num_nodes(self) -> int:
@@ -91,15 +176,26 @@ class Selection:
             out.append(k)
         return out
 
+    def choices(self, pos: Sequence[int]) -> tuple[int, ...]:
+        """The choice vector of a position per node."""
+        return tuple(int(a[k]) for a, k in zip(self.allowed, pos, strict=True))
+
     def cost(self, choices: Sequence[int]) -> float:
         """The objective of a choice vector in these tables (equals `additive_cost`)."""
         pos = self.positions(choices)
         if pos is None:
             return math.inf
+        return self.position_cost(pos)
+
+    def position_cost(self, pos: Sequence[int]) -> float:
         total = sum(float(c[k]) for c, k in zip(self.node_cost, pos, strict=True))
         for (u, v), t in zip(self.edges, self.edge_cost, strict=True):
             total += float(t[pos[u], pos[v]])
         return total
+
+    def fits(self, pos: Sequence[int]) -> bool:
+        """Whether a position per node keeps the memory rule."""
+        return all(m.fits(pos) for m in self.memory)
 
     def trivial_bound(self) -> float:
         """A proven lower bound: every node and edge at its own minimum."""
@@ -108,33 +204,48 @@ class Selection:
         return float(sum(c.min() for c in self.node_cost) + sum(t.min() for t in self.edge_cost))
 
 
-def selection(problem: Problem) -> Selection:
-    """The reduced additive tables of `problem` (exact: same optimum, same feasible set)."""
+def selection(problem: Problem, keep: Sequence[np.ndarray] | None = None) -> Selection:
+    """The reduced additive tables of `problem` (exact: same optimum, same feasible set).
+
+    `keep`: per node, the choice indices to consider (a restricted problem, for models too
+    large to solve whole; its optimum is only an upper bound of the problem's)."""
     allowed = [np.flatnonzero(np.isfinite(c)) for c in problem.node_cost]
-    node_cost = [c[a].astype(np.float64) for c, a in zip(problem.node_cost, allowed, strict=True)]
+    if keep is not None:
+        allowed = [np.intersect1d(a, k) for a, k in zip(allowed, keep, strict=True)]
+    node_cost = [np.asarray(c, dtype=np.float64)[a] for c, a in
+                 zip(problem.node_cost, allowed, strict=True)]  # fmt: skip
     merged: dict[tuple[int, int], np.ndarray] = {}
     for (u, v), t in zip(problem.edges, problem.edge_cost, strict=True):
         a, b, tab = (u, v, t) if u < v else (v, u, t.T)
-        tab = tab[np.ix_(allowed[a], allowed[b])].astype(np.float64)
+        tab = _restrict(np.asarray(tab, dtype=np.float64), allowed[a], allowed[b])
         merged[(a, b)] = merged[(a, b)] + tab if (a, b) in merged else tab
     empty = [i for i, a in enumerate(allowed) if len(a) == 0]
     reason = f"node {problem.node_names[empty[0]]!r} has only forbidden choices" if empty else None
     if reason is None:
         reason = _arc_consistency(allowed, node_cost, merged, problem.node_names)
-    memory: list[MemoryRow] = []
+    memory: tuple[Memory, ...] = ()
     if reason is None:
         _fold_edges(node_cost, merged)
         if problem.usage_limit is not None:
-            reason = _memory_rows(problem, allowed, memory)
+            memory, reason = _memory(problem, allowed)
     keys = sorted(merged)
     return Selection(
         tuple(allowed),
         tuple(node_cost),
         tuple(keys),
         tuple(merged[k] for k in keys),
-        tuple(memory),
+        memory,
         reason,
     )
+
+
+def _restrict(t: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """t[rows][:, cols], without a copy when nothing is dropped."""
+    if len(rows) < t.shape[0]:
+        t = t[rows]
+    if len(cols) < t.shape[1]:
+        t = t[:, cols]
+    return t
 
 
 def _arc_consistency(
@@ -144,24 +255,26 @@ def _arc_consistency(
     names: Sequence[str],
 ) -> str | None:
     """Drop choices with no finite partner on some edge, until nothing changes."""
-    changed = True
-    while changed:
-        changed = False
-        for key in list(tables):
+    incident: dict[int, list[tuple[int, int]]] = {}
+    for key in tables:
+        incident.setdefault(key[0], []).append(key)
+        incident.setdefault(key[1], []).append(key)
+    queue = [key for key, t in tables.items() if not np.isfinite(t).all()]
+    while queue:
+        key = queue.pop()
+        finite = np.isfinite(tables[key])
+        for node, keep in ((key[0], finite.any(axis=1)), (key[1], finite.any(axis=0))):
+            if keep.all():
+                continue
+            allowed[node], node_cost[node] = allowed[node][keep], node_cost[node][keep]
+            if len(allowed[node]) == 0:
+                return f"every choice of node {names[node]!r} meets a forbidden pair"
+            for other in incident[node]:
+                tab = tables[other]
+                tables[other] = tab[keep] if other[0] == node else tab[:, keep]
+                if not np.isfinite(tables[other]).all():
+                    queue.append(other)
             finite = np.isfinite(tables[key])
-            for node, keep in ((key[0], finite.any(axis=1)), (key[1], finite.any(axis=0))):
-                if keep.all():
-                    continue
-                changed = True
-                allowed[node], node_cost[node] = allowed[node][keep], node_cost[node][keep]
-                for (a, b), tab in tables.items():
-                    if a == node:
-                        tables[(a, b)] = tab[keep]
-                    elif b == node:
-                        tables[(a, b)] = tab[:, keep]
-                if len(allowed[node]) == 0:
-                    return f"every choice of node {names[node]!r} meets a forbidden pair"
-                finite = np.isfinite(tables[key])
     return None
 
 
@@ -184,146 +297,118 @@ def _fold_edges(node_cost: list[np.ndarray], tables: dict[tuple[int, int], np.nd
 def _separable(t: np.ndarray) -> bool:
     """t[a, b] == r[a] + c[b] (to rounding)."""
     rebuilt = (t[:, :1] - t[:1, :1]) + t[:1, :]
-    return bool(np.allclose(rebuilt, t, rtol=0, atol=1e-12 * max(1.0, float(np.abs(t).max()))))
+    return float(np.abs(rebuilt - t).max()) <= 1e-12 * max(1.0, float(np.abs(t).max()))
 
 
-def _memory_rows(problem: Problem, allowed: list[np.ndarray], out: list[MemoryRow]) -> str | None:
+def _memory(problem: Problem, allowed: list[np.ndarray]) -> tuple[tuple[Memory, ...], str | None]:
+    """The memory rule per pool as a sweep (`Memory`), or why no choice vector keeps it."""
     assert problem.usage is not None and problem.intervals is not None
     assert problem.usage_limit is not None
     limit = np.asarray(problem.usage_limit, dtype=np.float64).reshape(-1)
     usage = [np.asarray(u, dtype=np.float64).reshape(len(u), -1)[a] for u, a in
              zip(problem.usage, allowed, strict=True)]  # fmt: skip
-    base = [u.min(axis=0) for u in usage]
-    excess = [u - b for u, b in zip(usage, base, strict=True)]
-    for nodes in live_sets(problem.intervals):
-        for m in range(len(limit)):
-            rhs = limit[m] * (1 + MEMORY_RTOL) - float(sum(base[i][m] for i in nodes))
-            if rhs < 0:
-                return (
-                    f"memory limit {limit[m]:.6g} of pool {m} is below the smallest possible "
-                    f"live usage {limit[m] - rhs:.6g}"
-                )
-            keep = [i for i in nodes if excess[i][:, m].max() > 0]
-            if sum(excess[i][:, m].max() for i in keep) <= rhs:
-                continue  # cannot bind
-            coef = tuple(excess[i][:, m] for i in keep)
-            out.append(MemoryRow(m, np.array(keep, dtype=np.int64), coef, rhs))
-    return None
+    times = check_times(problem.intervals)
+    first, last = live_ranges(problem.intervals, times)
+    out = []
+    for m in range(len(limit)):
+        base = np.array([u[:, m].min() for u in usage])
+        excess = [u[:, m] - b for u, b in zip(usage, base, strict=True)]
+        rhs = limit[m] * (1 + MEMORY_RTOL) - _range_sum(first, last, base, len(times))
+        if (rhs < 0).any():
+            t = int(np.argmax(rhs < 0))
+            return (), (
+                f"memory limit {limit[m]:.6g} of pool {m} is below the smallest possible live "
+                f"usage {limit[m] - rhs[t]:.6g} (at time {times[t]})"
+            )
+        top = np.array([e.max() for e in excess])
+        listed = np.flatnonzero((top > 0) & (last > first))
+        most = _range_sum(first[listed], last[listed], top[listed], len(times))
+        binding = most > rhs
+        if binding.any():
+            coef = tuple(excess[i] for i in listed)
+            out.append(Memory(m, rhs, binding, listed, first[listed], last[listed], coef))
+    return tuple(out), None
 
 
-def seed_choices(
-    problem: Problem, sel: Selection, deadline: float = math.inf
-) -> tuple[tuple[int, ...], float] | None:
-    """A valid choice vector found fast, with its cost; None when none was found.
-
-    Greedy passes in node order (each node takes the choice cheapest with the edges to nodes
-    already chosen, among those that keep every memory row satisfiable), from scratch and
-    also each node's cheapest and smallest-memory choices, each improved by local search
-    (one node at a time to its best choice given its neighbours, within memory, until no
-    move helps). Used as the solvers' first incumbent and hint."""
-    if sel.infeasible:
-        return None
-    n = sel.num_nodes
-    nbrs: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(n)]
-    for (u, v), t in zip(sel.edges, sel.edge_cost, strict=True):
-        nbrs[u].append((v, t))
-        nbrs[v].append((u, t.T))
-    rows_of = _rows_of_nodes(sel)
-    starts = [_greedy_positions(sel, nbrs, rows_of)]
-    starts.append([int(np.argmin(c)) for c in sel.node_cost])
-    if sel.memory:
-        use = [np.zeros(len(a)) for a in sel.allowed]
-        for row in sel.memory:
-            for i, c in zip(row.nodes, row.coef, strict=True):
-                use[i] += c
-        starts.append([int(np.argmin(u)) for u in use])
-    best: tuple[tuple[int, ...], float] | None = None
-    for pos in starts:
-        if pos is None or not _fits(sel, pos):
-            continue
-        _local_search(sel, pos, nbrs, rows_of, deadline)
-        ch = tuple(int(a[k]) for a, k in zip(sel.allowed, pos, strict=True))
-        value = additive_cost(problem, ch)
-        valid = math.isfinite(value) and memory_feasible(problem, ch)
-        if valid and (best is None or value < best[1]):
-            best = (ch, value)
-    return best
+def edge_groups(t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An edge table without repeated rows and columns: (group of each row, group of each
+    column, table over groups), t[a, b] == table[rows[a], cols[b]]. Real resharding costs
+    repeat a lot (they depend only on the producer's output layout and the layout the
+    consumer wants), so encodings over groups are many times smaller, and as tight."""
+    rows, first = _repeats(t)
+    kept = t[first]
+    cols, first = _repeats(kept.T)
+    return rows, cols, kept[:, first]
 
 
-def _rows_of_nodes(sel: Selection) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per node: the memory rows it is in and its coefficients there, (R_i,) and (R_i, C_i)."""
-    rows: list[list[int]] = [[] for _ in range(sel.num_nodes)]
-    coefs: list[list[np.ndarray]] = [[] for _ in range(sel.num_nodes)]
-    for r, row in enumerate(sel.memory):
-        for i, c in zip(row.nodes, row.coef, strict=True):
-            rows[i].append(r)
-            coefs[i].append(c)
-    return [
-        (np.array(r, dtype=np.int64), np.array(c).reshape(len(r), len(sel.allowed[i])))
-        for i, (r, c) in enumerate(zip(rows, coefs, strict=True))
-    ]
+def _repeats(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(group of each row, first row of each group): equal rows compared as raw bytes."""
+    t = np.ascontiguousarray(t, dtype=np.float64)
+    if t.shape[0] <= 16:  # a dict is faster than numpy's sort for a few rows
+        seen: dict[bytes, int] = {}
+        starts: list[int] = []
+        groups = []
+        for i, row in enumerate(t):
+            g = seen.setdefault(row.tobytes(), len(seen))
+            if g == len(starts):
+                starts.append(i)
+            groups.append(g)
+        return np.array(groups), np.array(starts)
+    keys = t.view(np.dtype((np.void, 8 * t.shape[1]))).reshape(-1)
+    _, first, group = np.unique(keys, return_index=True, return_inverse=True)
+    return group.reshape(-1), first
 
 
-def _fits(sel: Selection, pos: Sequence[int]) -> bool:
-    return all(
-        sum(float(c[pos[i]]) for i, c in zip(row.nodes, row.coef, strict=True)) <= row.rhs
-        for row in sel.memory
-    )
+def model_terms(sel: Selection, edges: str = "marginal", groups: bool = True) -> int:
+    """About how many terms (nonzeros) an ilp or cpsat model of `sel` has: one-hot rows,
+    edge rows (over groups of equal rows and columns unless `groups` is False), and the
+    memory rule in the form `memory_form` picks. What the backends check against their time
+    before building a model."""
+    total = sum(len(c) for c in sel.node_cost if len(c) > 1)
+    for gu, gv, finite, positive in edge_sizes(sel, groups and edges != "plain"):
+        total += 2 * finite + gu + gv if edges == "marginal" else 3 * positive
+    form = memory_form(sel)
+    for m in sel.memory:
+        total += m.row_terms() if form == "rows" else _chain_terms(m)
+    return total
 
 
-def _greedy_positions(
-    sel: Selection,
-    nbrs: list[list[tuple[int, np.ndarray]]],
-    rows_of: list[tuple[np.ndarray, np.ndarray]],
-) -> list[int] | None:
-    """Node by node, the cheapest choice given the chosen neighbours that keeps the memory
-    rows satisfiable if the rest take no more than their smallest usage."""
-    slack = np.array([row.rhs for row in sel.memory])
-    pos = [-1] * sel.num_nodes
-    for i in range(sel.num_nodes):
-        acc = sel.node_cost[i].copy()
-        for j, t in nbrs[i]:
-            if pos[j] >= 0:
-                acc = acc + t[:, pos[j]]
-        rows, coef = rows_of[i]
-        if len(rows):
-            acc[~(coef <= slack[rows][:, None]).all(axis=0)] = math.inf
-        if not np.isfinite(acc).any():
-            return None
-        pos[i] = int(np.argmin(acc))
-        if len(rows):
-            slack[rows] -= coef[:, pos[i]]
-    return pos
+def restricted_terms(sel: Selection, k: int, sizes: np.ndarray) -> int:
+    """About how many terms a marginal model of `sel` restricted to k + 1 choices per node
+    has (`sizes`: `edge_sizes(sel)`), without building it."""
+    keep = np.array([min(len(c), k + 1) for c in sel.node_cost])
+    total = int(keep[keep > 1].sum())
+    if len(sel.edges):
+        u, v = np.array(sel.edges).T
+        gu, gv = np.minimum(sizes[:, 0], keep[u]), np.minimum(sizes[:, 1], keep[v])
+        total += int((2 * gu * gv + gu + gv).sum())
+    share = keep.sum() / max(1, sum(len(c) for c in sel.node_cost))
+    for m in sel.memory:
+        total += int(min(m.row_terms() * share, _chain_terms(m) * share + 3 * m.num_times))
+    return total
 
 
-def _local_search(
-    sel: Selection,
-    pos: list[int],
-    nbrs: list[list[tuple[int, np.ndarray]]],
-    rows_of: list[tuple[np.ndarray, np.ndarray]],
-    deadline: float,
-) -> None:
-    """Move one node at a time to its best choice given its neighbours, within memory."""
-    slack = np.array([row.rhs for row in sel.memory])
-    for i, (rows, coef) in enumerate(rows_of):
-        if len(rows):
-            slack[rows] -= coef[:, pos[i]]
-    improved = True
-    while improved and not past(deadline):
-        improved = False
-        for i in range(sel.num_nodes):
-            if len(sel.allowed[i]) == 1:
-                continue
-            acc = sel.node_cost[i].copy()
-            for j, t in nbrs[i]:
-                acc = acc + t[:, pos[j]]
-            rows, coef = rows_of[i]
-            if len(rows):
-                room = slack[rows] + coef[:, pos[i]]
-                acc[~(coef <= room[:, None]).all(axis=0)] = math.inf
-            k = int(np.argmin(acc))
-            if acc[k] < acc[pos[i]] * (1 - 1e-12) - 1e-300:
-                if len(rows):
-                    slack[rows] += coef[:, pos[i]] - coef[:, k]
-                pos[i] = k
-                improved = True
+def edge_sizes(sel: Selection, groups: bool = True) -> np.ndarray:
+    """(E, 4) per edge: row groups, column groups, finite group pairs, positive pairs."""
+    out = np.zeros((len(sel.edge_cost), 4), dtype=np.int64)
+    for e, t in enumerate(sel.edge_cost):
+        table = sel.groups(e)[2] if groups else t
+        out[e] = (*table.shape, np.isfinite(table).sum(), (table > 0).sum())
+    return out
+
+
+DIRECT_TERMS = 2_000_000  # explicit memory rows up to this many terms (else a chain)
+
+
+def memory_form(sel: Selection, requested: str = "auto") -> str:
+    """How the encoders write the memory rule: "rows" (one per binding check time: the
+    strongest propagation, and knapsack rows for CBC's cuts) unless they would hold more than
+    DIRECT_TERMS terms, else the "chain" (a running sum, O(n) terms); `requested` overrides
+    "auto"."""
+    if requested != "auto":
+        return requested
+    return "rows" if sum(m.row_terms() for m in sel.memory) <= DIRECT_TERMS else "chain"
+
+
+def _chain_terms(m: Memory) -> int:
+    return 2 * sum(len(c) for c in m.coef) + 3 * m.num_times

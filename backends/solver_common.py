@@ -5,7 +5,7 @@ around those three steps is the same for both and lives here:
 
 - the additive objective (OptCNN Eq. 1): `backends.selection.Selection` is encoded with a
   warm start (`warm_choices`: SolveOptions.warm_start when it is valid, else
-  `seed_choices`); if the time limit passes while encoding (`Clock` raises `OutOfTime`),
+  `backends.feasible`'s heuristic); if the time limit passes while encoding (`Clock` raises `OutOfTime`),
   the answer is that start (`out_of_time`);
 - the makespan objective (DLPlacer, Pal et al. 2019, Eqs. 7-13): `placement_for` builds the
   `backends.placement.PlacementProblem`, `SolverBackend.solve_placement` runs
@@ -22,10 +22,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status, past
+from backends.feasible import feasible_positions, improve, neighbourhood
 from backends.placement import (
     PlacementError,
     PlacementOutcome,
@@ -33,7 +34,13 @@ from backends.placement import (
     Schedule,
     placement_problem,
 )
-from backends.selection import Selection, seed_choices, selection
+from backends.selection import (
+    Selection,
+    edge_sizes,
+    model_terms,
+    restricted_terms,
+    selection,
+)
 from backends.series import solve_placement_problem, warm_schedule
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
@@ -52,6 +59,9 @@ __all__ = [
 ]
 
 CHECK_EVERY = 512  # encoded items between two looks at the clock
+START_FRACTION = 0.1  # of the time limit, at most, for polishing the start before encoding
+RESTRICTED_CHOICES = (8, 4, 3, 2, 1)  # choices per node tried when the whole model is too big
+LARGE_POLISH_FRACTION = 0.4  # of the time left, at most, to polish the start of a restriction
 
 Warm = tuple[tuple[int, ...], str]  # a valid choice vector and where it came from
 
@@ -79,20 +89,33 @@ class Clock:
         if self.count % CHECK_EVERY == 0 and past(self.deadline):
             raise OutOfTime
 
+    def check(self) -> None:
+        """Raise OutOfTime now if the deadline has passed (between phases)."""
+        if past(self.deadline):
+            raise OutOfTime
+
 
 def warm_choices(
-    problem: Problem, sel: Selection, options: SolveOptions, deadline: float = math.inf
+    problem: Problem,
+    sel: Selection,
+    options: SolveOptions,
+    deadline: float = math.inf,
+    polish_until: float | None = None,
 ) -> Warm | None:
-    """SolveOptions.warm_start when it is valid, else `seed_choices` (unless extra
-    "seed_heuristic" is False), with where it came from; None when there is neither."""
+    """SolveOptions.warm_start when it is valid, else `backends.feasible`'s heuristic
+    (unless extra "seed_heuristic" is False), with where it came from; None when there is
+    neither. Either is improved by the heuristic's local search until `polish_until`."""
     if options.warm_start is not None:
         ch = problem.check_choices(options.warm_start)
         if math.isfinite(additive_cost(problem, ch)) and memory_feasible(problem, ch):
+            pos = sel.positions(ch)
+            if pos is not None and polish_until is not None:
+                ch = sel.choices(improve(sel, pos, min(deadline, polish_until)))
             return ch, "warm_start"
     if options.extra.get("seed_heuristic", True):
-        seed = seed_choices(problem, sel, deadline)
-        if seed is not None:
-            return seed[0], "heuristic"
+        pos = feasible_positions(sel, deadline, options.seed, polish_until)
+        if pos is not None:
+            return sel.choices(pos), "heuristic"
     return None
 
 
@@ -166,6 +189,7 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
     objectives = ("additive", "makespan")
     exact = True
     steps: SolverSteps[ModelT, RunT]
+    terms_per_second: float = 100_000  # model terms (nonzeros) worth building per second left
 
     def encode(self, problem: Problem, options: SolveOptions, deadline: float = math.inf) -> ModelT:
         """The model of `problem` under options.objective (raises OutOfTime past deadline)."""
@@ -210,13 +234,73 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
             return placement_result(pp, out, limit, {}, self.name)
         t0 = time.perf_counter()
         deadline = t0 + options.time_limit
-        sel = selection(problem)
-        warm = warm_choices(problem, sel, options, deadline)
+        full = selection(problem)
+        t1 = time.perf_counter()
+        polish = t1 + START_FRACTION * options.time_limit
+        warm = warm_choices(problem, full, options, deadline, polish)
+        t2 = time.perf_counter()
+        phases: dict[str, Any] = {"selection_seconds": t1 - t0, "start_seconds": t2 - t1}
+        sel, k, warm = self._fit(problem, full, warm, options, deadline)  # maybe restricted
+        t3 = time.perf_counter()
+        phases.update(size_seconds=t3 - t2, restricted=k)
+        if sel is None:  # even the smallest model is too large for the time left
+            result = out_of_time(full, warm, self.name)
+            return replace(result, stats={**result.stats, **phases})
         try:
             model = self.steps.encode_selection(sel, options, warm, deadline)
         except OutOfTime:
-            return out_of_time(sel, warm, self.name)
-        encoded = time.perf_counter()
-        model.stats["encode_seconds"] = encoded - t0
-        run = self.steps.solve_encoded(model, options, deadline - encoded)
-        return self.steps.decode(problem, model, run, self.name)
+            result = out_of_time(full, warm, self.name)
+            return replace(result, stats={**result.stats, **phases})
+        t4 = time.perf_counter()
+        run = self.steps.solve_encoded(model, options, deadline - t4)
+        t5 = time.perf_counter()
+        result = self.steps.decode(problem, model, run, self.name)
+        t6 = time.perf_counter()
+        phases.update(
+            encode_seconds=t4 - t3, search_seconds=t5 - t4, decode_seconds=t6 - t5,
+            solve_seconds=t6 - t0,
+        )  # fmt: skip
+        if k is not None and result.status is not Status.INFEASIBLE:
+            # the restricted model's optimum and bound say nothing about the whole problem
+            status = Status.FEASIBLE if result.has_solution else Status.NO_SOLUTION
+            result = replace(result, status=status, bound=full.trivial_bound())
+        return replace(result, stats={**result.stats, **phases})
+
+    def _fit(
+        self,
+        problem: Problem,
+        sel: Selection,
+        warm: Warm | None,
+        options: SolveOptions,
+        deadline: float,
+    ) -> tuple[Selection | None, int | None, Warm | None]:
+        """`sel` if its model fits the time left (`terms_per_second`), else the largest
+        restriction around the (further polished) start that does (k choices per node),
+        else None; with the start."""
+        budget = options.extra.get("terms_per_second", self.terms_per_second) * max(
+            0.0, deadline - time.perf_counter()
+        )
+        edges = options.extra.get("edges", "marginal")
+        groups = bool(options.extra.get("groups", True))
+        if sel.infeasible or model_terms(sel, edges, groups) <= budget:
+            return sel, None, warm
+        if warm is None:
+            return None, None, None
+        pos = sel.positions(warm[0])
+        assert pos is not None
+        # a restricted model only searches near its start: give the start's local search
+        # more of the time first (it converges on 35,000 nodes in 10-30 s)
+        now = time.perf_counter()
+        pos = improve(sel, pos, now + LARGE_POLISH_FRACTION * (deadline - now))
+        warm = (sel.choices(pos), warm[1])
+        budget *= (deadline - time.perf_counter()) / max(1e-9, deadline - now)
+        sizes = edge_sizes(sel)
+        for k in RESTRICTED_CHOICES:  # the largest k that looks small enough, built once
+            if past(deadline):
+                break
+            if restricted_terms(sel, k, sizes) > budget:
+                continue
+            small = selection(problem, neighbourhood(sel, pos, k))
+            if model_terms(small, edges, groups) <= 1.5 * budget:
+                return small, k, warm
+        return None, None, warm

@@ -83,18 +83,22 @@ def _tiny() -> Problem:
 def test_ilp_encoding_counts_and_objective() -> None:
     p = _tiny()
     model = ilp_mod.encode(p, _opts(extra={"seed_heuristic": False}))
-    names = {v.name for v in model.lp.variables()}
-    assert sum(n.startswith("x") for n in names) == 5
-    assert sum(n.startswith("y") for n in names) == 5  # 6 pairs, 1 forbidden
-    assert len(ilp_mod.constraints(model.lp)) == 2 + 3 + 2  # one-hot + row and column sums
+    prog = model.ap.program
+    assert prog.integer.sum() == 5  # x: 3 + 2 choices
+    assert model.stats["edge_variables"] == 5  # 6 pairs, 1 forbidden
+    assert prog.num_columns == 5 + 5
+    assert prog.num_rows == 2 + 3 + 2  # one-hot + row and column sums
     for ch in itertools.product(range(3), range(2)):
         expected = additive_cost(p, ch)
         if math.isfinite(expected):
             assert math.isclose(ilp_mod.encoded_objective(model, ch), expected, rel_tol=1e-12)
     implied = ilp_mod.encode(p, _opts(extra={"edges": "implied", "seed_heuristic": False}))
-    names = {v.name for v in implied.lp.variables()}
-    assert sum(n.startswith("y") for n in names) == 3  # the pairs of positive cost
-    assert len(ilp_mod.constraints(implied.lp)) == 2 + 3 + 1  # one-hot, y rows, forbidden pair
+    assert implied.stats["edge_variables"] == 3  # the pairs of positive cost
+    assert implied.ap.program.num_rows == 2 + 3 + 1  # one-hot, y rows, forbidden pair
+    for ch in itertools.product(range(3), range(2)):
+        expected = additive_cost(p, ch)
+        if math.isfinite(expected):
+            assert math.isclose(ilp_mod.encoded_objective(implied, ch), expected, rel_tol=1e-12)
 
 
 def _cpsat_fixed_objective(model: cpsat_mod.CpsatModel, choices: tuple[int, ...]) -> float:

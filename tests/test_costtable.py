@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from planner.errors import ProblemError
 from planner.problems.costtable import (
     brute_force,
+    contest_problem,
     load_problem,
     problem_from_json,
     problem_to_json,
@@ -392,3 +393,99 @@ def test_bench_load_800x40(benchmark: Any, tmp_path: Path) -> None:
 def test_bench_random_problem_800x40(benchmark: Any) -> None:
     p = benchmark(random_problem, 800, 40, 0)
     assert p.num_nodes == 800
+
+
+# ----------------------------------------------------------------------------- large files
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(args=sizes)
+def test_the_fast_reader_gives_the_same_problem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: tuple
+) -> None:
+    import planner.problems.costtable as ct
+
+    n, k, seed, edge_prob, forbid_prob, memory = args
+    p = random_problem(n, k, seed, edge_prob=edge_prob, forbid_prob=forbid_prob, memory=memory)
+    f = tmp_path / "r.json"
+    save_problem(p, f)
+    monkeypatch.setattr(ct, "FAST_LOAD_BYTES", 0)
+    monkeypatch.setattr(ct, "_CHUNK", 7)  # many chunks, cut inside numbers
+    if len(p.edges):
+        assert ct._load_fast(f) is not None
+    same_problem(p, load_problem(f))
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        (b"[[1000000000000000000,0,12],[7]]", ([1e18, 0, 12, 7], [3, 1])),
+        (b"[ [ 1 , 2 ] ,\n [3]]", ([1, 2, 3], [2, 1])),
+        (b"[[1.5,2e3],[3]]", ([1.5, 2000, 3], [2, 1])),
+        (b"[[1,,2]]", None),
+        (b"[[1 2]]", None),
+        (b"[[1],[2]", None),
+        (b"[[1][2]]", None),
+        (b"[[]]", None),
+        (b"[[1,[2]]]", None),
+        (b"[[1,true]]", None),
+        (b"[[12345678901234567890]]", None),  # more than 19 digits: the plain reader
+    ],
+)
+def test_numeric_rows(text: bytes, parsed: tuple | None) -> None:
+    import planner.problems.costtable as ct
+
+    got = ct._numeric_rows(text)
+    if parsed is None:
+        assert got is None
+    else:
+        assert got is not None
+        np.testing.assert_array_equal(got[0], parsed[0])
+        np.testing.assert_array_equal(got[1], parsed[1])
+
+
+def test_a_large_malformed_file_gets_the_plain_readers_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import planner.problems.costtable as ct
+
+    doc = copy.deepcopy(SMALL)
+    doc["problem"]["edges"]["costs"][1][2] = "x"
+    f = tmp_path / "bad.json"
+    f.write_text(json.dumps(doc))
+    monkeypatch.setattr(ct, "FAST_LOAD_BYTES", 0)
+    with pytest.raises(ProblemError, match=r"edges.costs\[1\]\[2\] \(edge 1\) is 'x'"):
+        load_problem(f)
+
+
+# ----------------------------------------------------------------------------- contest-like
+
+
+def test_contest_problem_is_deterministic_tight_and_structured() -> None:
+    a, b = contest_problem(300, seed=5), contest_problem(300, seed=5)
+    assert problem_to_json(a) == problem_to_json(b)
+    assert a.num_nodes == 300 and 1.0 <= len(a.edges) / a.num_nodes <= 2.0
+    assert all(u < v for u, v in a.edges)
+    ops = [k for k in a.sizes if k > 12]
+    assert ops and all(20 <= k <= 60 for k in ops)
+    assert a.intervals is not None and a.usage is not None and a.usage_limit is not None
+    spans = a.intervals[:, 1] - a.intervals[:, 0]
+    assert np.median(spans) <= 5 and (a.intervals[:, 1] == 300).sum() >= 20  # parameters
+    # the least-usage peak is 90-100% of the limit, and the cheapest choices do not fit
+    least = [int(np.argmin(np.where(np.isfinite(c), u[:, 0], np.inf)))
+             for c, u in zip(a.node_cost, a.usage, strict=True)]  # fmt: skip
+    assert 0.9 * a.usage_limit[0] - 1 <= memory_peak(a, least)[0] <= a.usage_limit[0]
+    assert not memory_feasible(a, [int(np.argmin(c)) for c in a.node_cost])
+    # some pairs are forbidden, yet a valid answer exists; edge tables repeat rows and columns
+    assert any(not np.isfinite(t).all() for t in a.edge_cost)
+    big = max(a.edge_cost, key=lambda t: t.size)
+    assert len(np.unique(big, axis=0)) < big.shape[0] and len(np.unique(big, axis=1)) < big.shape[1]
+
+
+def test_contest_problem_rejects_bad_arguments() -> None:
+    with pytest.raises(ProblemError, match="num_nodes >= 2"):
+        contest_problem(1, seed=0)
+    with pytest.raises(ProblemError, match="tightness"):
+        contest_problem(10, seed=0, tightness=(0.5, 1.2))

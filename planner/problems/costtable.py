@@ -18,9 +18,12 @@ reference optimum for small ones. See docs/costtable.md.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import math
+import re
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,7 @@ from planner.problems.problem import FORBIDDEN, Problem, forbid
 __all__ = [
     "BRUTE_FORCE_LIMIT",
     "brute_force",
+    "contest_problem",
     "load_problem",
     "problem_from_json",
     "problem_to_json",
@@ -47,8 +51,13 @@ _NUMBER = (int, float)  # bool is a subclass of int but type(True) is bool, so i
 # ----------------------------------------------------------------------------- reading
 
 
-def problem_from_json(data: Mapping[str, Any]) -> Problem:
-    """A Problem from a parsed cost-table document (`{"problem": {...}}` or the inner object)."""
+def problem_from_json(
+    data: Mapping[str, Any], edge_costs: tuple[np.ndarray, np.ndarray] | None = None
+) -> Problem:
+    """A Problem from a parsed cost-table document (`{"problem": {...}}` or the inner object).
+
+    `edge_costs`: edges.costs already parsed as (flat values, length of each row), when the
+    document holds an empty list there (`load_problem`'s fast path for large files)."""
     if not isinstance(data, Mapping):
         raise ProblemError(f"a cost-table problem is a JSON object, not {type(data).__name__}")
     p = data.get("problem", data)
@@ -58,12 +67,14 @@ def problem_from_json(data: Mapping[str, Any]) -> Problem:
     if not isinstance(name, str):
         raise ProblemError(f'"name" must be a string, not {name!r}')
     try:
-        return _read(p, name)
+        return _read(p, name, edge_costs)
     except ProblemError as exc:
         raise ProblemError(f"cost-table problem {name!r}: {exc}") from None
 
 
-def _read(p: Mapping[str, Any], name: str) -> Problem:
+def _read(
+    p: Mapping[str, Any], name: str, edge_costs: tuple[np.ndarray, np.ndarray] | None
+) -> Problem:
     nodes = _field(p, "nodes", Mapping, "problem")
     edges = _field(p, "edges", Mapping, "problem")
     costs, sizes = _ragged(_field(nodes, "costs", list, "nodes"), "nodes.costs", "node")
@@ -75,7 +86,8 @@ def _read(p: Mapping[str, Any], name: str) -> Problem:
     node_off = _offsets(sizes)
 
     pairs = _pairs(_field(edges, "nodes", list, "edges"), n)
-    ecosts, elens = _ragged(_field(edges, "costs", list, "edges"), "edges.costs", "edge")
+    rows = _field(edges, "costs", list, "edges")
+    ecosts, elens = edge_costs or _ragged(rows, "edges.costs", "edge")
     if len(elens) != len(pairs):
         raise ProblemError(f"edges.costs has {len(elens)} tables for {len(pairs)} edges.nodes")
     expected = sizes[pairs[:, 0]] * sizes[pairs[:, 1]] if len(pairs) else elens
@@ -245,12 +257,131 @@ def _intervals(rows: list[Any], n: int) -> np.ndarray:
 
 
 def load_problem(path: str | Path) -> Problem:
-    """Read a cost-table problem file; every defect is a ProblemError naming the file."""
+    """Read a cost-table problem file; every defect is a ProblemError naming the file.
+
+    Files over FAST_LOAD_BYTES read edges.costs (nearly all of a large file) with numpy
+    straight from the text, in a few seconds and about twice the file's size in memory
+    (Python's json needs ~10x, and 40 s for a 35,000-node instance); anything unusual in
+    that array falls back to the plain reader, which says what is wrong."""
+    try:
+        fast = _load_fast(Path(path))
+    except ProblemError as exc:
+        raise ProblemError(f"{path}: {exc}") from None
+    if fast is not None:
+        return fast
     data = read_json(path, "cost-table", ProblemError)
     try:
         return problem_from_json(data)
     except ProblemError as exc:
         raise ProblemError(f"{path}: {exc}") from None
+
+
+FAST_LOAD_BYTES = 16 << 20
+_COSTS_KEY = re.compile(rb'"costs"\s*:\s*\[\s*\[')
+_TABLE_END = re.compile(rb"\]\s*\]")
+_NUMERIC = np.zeros(256, dtype=bool)
+_NUMERIC[np.frombuffer(b"0123456789+-.eE, \t\r\n[]", dtype=np.uint8)] = True
+
+
+def _load_fast(path: Path) -> Problem | None:
+    """The problem, with edges.costs parsed by numpy; None to use the plain reader."""
+    try:
+        if not path.is_file() or path.stat().st_size < FAST_LOAD_BYTES:
+            return None
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    spans = []
+    for m in _COSTS_KEY.finditer(raw):
+        end = _TABLE_END.search(raw, m.end())
+        if end is not None:
+            spans.append((raw.index(b"[", m.start()), end.end()))
+    for a, b in sorted(spans, key=lambda ab: ab[0] - ab[1]):  # the largest array first
+        try:
+            doc = json.loads(raw[:a] + _SENTINEL + raw[b:])
+        except (ValueError, RecursionError):
+            continue
+        inner = doc.get("problem", doc) if isinstance(doc, dict) else None
+        edges = inner.get("edges") if isinstance(inner, dict) else None
+        if not isinstance(edges, dict) or edges.get("costs") != _SENTINEL.decode().strip('"'):
+            continue  # the array cut out was not edges.costs
+        edges["costs"] = []
+        parsed = _numeric_rows(raw[a:b])
+        return None if parsed is None else problem_from_json(doc, edge_costs=parsed)
+    return None
+
+
+_SENTINEL = b'"layerwise: edges.costs read with numpy"'
+
+
+def _numeric_rows(text: bytes) -> tuple[np.ndarray, np.ndarray] | None:
+    """`[[n, ...], ...]` as (flat float64 values, row lengths); None unless exactly that."""
+    arr = np.frombuffer(text, dtype=np.uint8)
+    counts = {c: np.count_nonzero(arr == ord(c)) for c in "[], \n"}
+    digits = np.count_nonzero(arr - np.uint8(48) < 10)
+    integral = digits + sum(counts.values()) == len(arr)
+    if not integral and not _NUMERIC[arr].all():
+        return None  # true, null, NaN, strings...: the plain reader says what is wrong
+    opens = np.flatnonzero(arr == ord("["))
+    closes = np.flatnonzero(arr == ord("]"))
+    if len(opens) != len(closes) or len(opens) < 2 or opens[0] != 0 or closes[-1] != len(arr) - 1:
+        return None
+    rows_open, rows_close = opens[1:], closes[:-1]
+    if not ((rows_open < rows_close).all() and (rows_close[:-1] < rows_open[1:]).all()):
+        return None  # nested deeper than rows of numbers
+    if integral:
+        parsed = _integers(arr, rows_open)
+        if parsed is None:
+            return None
+        values, lengths = parsed
+    else:  # decimals or exponents: numpy's text parser (slower, ~8 MB/s)
+        bounds = np.stack([rows_open, rows_close], axis=1).reshape(-1)
+        lengths = np.add.reduceat(arr == ord(","), bounds, dtype=np.int64)[::2] + 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            try:
+                values = np.fromstring(text.translate(_NO_BRACKETS), sep=",")
+            except (ValueError, DeprecationWarning):
+                return None
+    # one comma between two numbers of a row and between two rows, no others (no empty
+    # entries, no numbers run together)
+    if len(values) != lengths.sum() or counts[","] != len(values) - 1:
+        return None
+    return values, lengths
+
+
+_CHUNK = 1 << 24
+
+
+def _integers(arr: np.ndarray, rows_open: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The non-negative integers in `[[...], ...]` (digits, commas, brackets, whitespace)
+    and how many fall in each row (rows start at `rows_open`), vectorized in chunks that
+    end at a separator; None if a number has more than 19 digits."""
+    out = []
+    lengths = np.zeros(len(rows_open), dtype=np.int64)
+    lo = 0
+    while lo < len(arr):
+        hi = min(len(arr), lo + _CHUNK)
+        while hi < len(arr) and int(arr[hi]) - 48 in range(10):
+            hi += 1  # end the chunk at a separator
+        digit = arr[lo:hi] - np.uint8(48)  # wraps around: separators become >= 10
+        is_digit = np.concatenate([[False], digit < 10, [False]])
+        change = np.flatnonzero(is_digit[1:] != is_digit[:-1])
+        first, size = change[::2], change[1::2] - change[::2]
+        if len(size) and size.max() > 19:
+            return None
+        value = np.zeros(len(first), dtype=np.uint64)
+        for k in range(int(size.max(initial=0))):  # Horner's rule, one digit place at a time
+            more = np.flatnonzero(size > k)
+            value[more] = value[more] * np.uint64(10) + digit[first[more] + k]
+        out.append(value.astype(np.float64))
+        row = np.searchsorted(rows_open, first + lo, side="right") - 1
+        lengths += np.bincount(row, minlength=len(rows_open))
+        lo = hi
+    return (np.concatenate(out) if out else np.zeros(0)), lengths
+
+
+_NO_BRACKETS = bytes.maketrans(b"[]", b"  ")
 
 
 # ----------------------------------------------------------------------------- writing
@@ -321,9 +452,23 @@ def _rows(tables: Sequence[np.ndarray]) -> list[list[Any]]:
 
 
 def save_problem(problem: Problem, path: str | Path) -> None:
-    """Write a problem as a cost-table file (compact JSON, no inf or NaN)."""
-    text = json.dumps(problem_to_json(problem), separators=(",", ":"), allow_nan=False)
-    Path(path).write_text(text + "\n")
+    """Write a problem as a cost-table file (compact JSON, no inf or NaN).
+
+    The edge tables are streamed row by row, so a 35,000-node instance is written without
+    holding its ~60 million costs as Python numbers."""
+    p = problem
+    doc = problem_to_json(dataclasses.replace(p, edges=(), edge_cost=()))
+    doc["problem"]["edges"] = {"nodes": [[u, v] for u, v in p.edges], "costs": []}
+    text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
+    head, tail = text.rsplit('"costs":[]', 1)
+    tables = [_writable(t, p.name).reshape(-1) for t in p.edge_cost]
+    integral = all((t == np.floor(t)).all() and (np.abs(t) < 2**63).all() for t in tables)
+    with open(path, "w") as f:
+        f.write(head + '"costs":[')
+        for e, t in enumerate(tables):
+            values = t.astype(np.int64).tolist() if integral else t.tolist()
+            f.write(("," if e else "") + "[" + ",".join(map(repr, values)) + "]")
+        f.write("]" + tail + "\n")
 
 
 # ----------------------------------------------------------------------------- random
@@ -443,6 +588,141 @@ def _peak(use: np.ndarray, intervals: np.ndarray, horizon: int) -> float:
     np.add.at(delta, intervals[:, 0], use)
     np.add.at(delta, intervals[:, 1], -use)
     return float(np.cumsum(delta).max())
+
+
+# ----------------------------------------------------------------------------- contest-like
+
+LAYOUTS = 12  # sharding layouts of a tensor in `contest_problem` (layout 0: replicated)
+
+
+def contest_problem(
+    num_nodes: int,
+    seed: int,
+    strategies: tuple[int, int] = (20, 60),
+    tightness: tuple[float, float] = (0.9, 1.0),
+    name: str | None = None,
+) -> Problem:
+    """A seeded auto-sharding problem shaped like the IOPDDL contest's real instances.
+
+    A program in node order: about 15% of the nodes are parameters (no inputs, live from
+    their definition, or from time 0, to the end of the program, with 4-12 strategies: one
+    per layout they may take); the others are operations with `strategies` (inclusive range)
+    strategies each, consuming a recent value, often a parameter, sometimes a value from
+    far back (a skip connection or a backward pass) or a second recent value. An operation is
+    live from its own time until its last consumer (most intervals are short).
+
+    A strategy fixes the layout of the node's output and the layout it wants each operand in
+    (one of `LAYOUTS` shardings, each with a shard factor); its cost is compute time under
+    that sharding plus some noise, its usage the output's bytes divided by the shard factor.
+    An edge costs the producer's bytes times a resharding factor of (output layout, wanted
+    layout), zero when they match: like real resharding costs, it depends only on those
+    two layouts, so strategies that share them have equal rows and columns. About 2% of the
+    operations' strategies are forbidden, and on 30% of the edges so are the pairs whose
+    resharding is impossible (4% of the layout pairs), but a witness choice vector (every
+    node at one of its least-usage strategies) stays allowed.
+
+    The usage limit is set so that the witness (the lowest possible peak) peaks at a fraction
+    of the limit drawn from `tightness`: 0.9-1.0 leaves almost no room at the peak.
+    """
+    lo, hi = strategies
+    if num_nodes < 2 or not 1 <= lo <= hi or not 0 < tightness[0] <= tightness[1] <= 1:
+        raise ProblemError(
+            f"contest_problem needs num_nodes >= 2, 1 <= strategies[0] <= strategies[1] and "
+            f"0 < tightness[0] <= tightness[1] <= 1; got {num_nodes}, {strategies}, {tightness}"
+        )
+    rng = np.random.default_rng(seed)
+    n = num_nodes
+    param = rng.random(n) < 0.15
+    param[:2] = [False, True]
+    pairs = _program_dag(rng, param)
+    shard = np.array([1, 2, 2, 2, 4, 4, 4, 4, 8, 8, 8, 16], dtype=np.float64)[:LAYOUTS]
+    # resharding factor from layout a to layout b: moving most of the tensor, 0 if equal
+    reshard = (1 / shard[:, None] + 1 / shard[None, :]) * rng.uniform(0.6, 1.6, (LAYOUTS,) * 2)
+    np.fill_diagonal(reshard, 0.0)
+    tensor_layouts = [np.sort(rng.choice(LAYOUTS, int(rng.integers(4, LAYOUTS + 1)),
+                                         replace=False)) for _ in range(n)]  # fmt: skip
+    sizes = np.where(param, [len(t) for t in tensor_layouts], rng.integers(lo, hi + 1, n))
+    out_layout = [t if param[i] else rng.choice(t, sizes[i]) for i, t in enumerate(tensor_layouts)]
+    nbytes = np.round(10 ** rng.uniform(2, 5, n))
+    flops = np.where(param, 0.0, np.round(10 ** rng.uniform(2, 5, n)))
+    impossible = rng.random((LAYOUTS, LAYOUTS)) < 0.04  # resharding a layout cannot do
+    np.fill_diagonal(impossible, False)
+    node_cost, usage, witness = [], [], []
+    for i in range(n):
+        f = shard[out_layout[i]]
+        cost = np.floor(flops[i] * (1 / f + rng.uniform(0, 0.5, sizes[i])))
+        use = np.floor(nbytes[i] / f)
+        smallest = np.flatnonzero(use == use.min())
+        witness.append(int(smallest[rng.integers(len(smallest))]))
+        if not param[i] and sizes[i] > 1:
+            banned = rng.random(sizes[i]) < 0.02
+            banned[witness[i]] = False
+            cost[banned] = np.inf
+        node_cost.append(cost)
+        usage.append(use.reshape(-1, 1))
+    edge_cost = []
+    for u, v in pairs.tolist():
+        wanted = rng.choice(tensor_layouts[u], sizes[v])  # the layout v wants u's output in
+        table = np.floor(nbytes[u] * reshard[np.ix_(out_layout[u], wanted)])
+        if rng.random() < 0.3:
+            table[impossible[np.ix_(out_layout[u], wanted)]] = np.inf
+            table[witness[u], witness[v]] = np.floor(
+                nbytes[u] * reshard[out_layout[u][witness[u]], wanted[witness[v]]]
+            )
+        edge_cost.append(table)
+    intervals = _program_intervals(rng, pairs, param)
+    # the witness (allowed, every node at its least usage) peaks at the lowest possible peak
+    peak_min = _peak(np.array([u[k, 0] for u, k in zip(usage, witness, strict=True)]), intervals, n)
+    limit = math.floor(peak_min / rng.uniform(*tightness))
+    return Problem(
+        name=name or f"contest-n{n}-seed{seed}",
+        node_names=tuple(str(i) for i in range(n)),
+        node_cost=tuple(node_cost),
+        edges=tuple((int(u), int(v)) for u, v in pairs.tolist()),
+        edge_cost=tuple(edge_cost),
+        usage=tuple(usage),
+        intervals=intervals,
+        usage_limit=np.array([float(limit)]),
+    )
+
+
+def _program_dag(rng: np.random.Generator, param: np.ndarray) -> np.ndarray:
+    """Edges u -> v (u < v) of a program: each operation reads a recent value, often a
+    recent parameter, sometimes a value from far back or a second recent value."""
+    edges: list[tuple[int, int]] = []
+    values: list[int] = []
+    params: list[int] = []
+    for v in range(len(param)):
+        if param[v]:
+            params.append(v)
+            continue
+        inputs = set()
+        if values:
+            inputs.add(values[-min(int(rng.geometric(0.6)), len(values))])
+            if rng.random() < 0.08:
+                inputs.add(values[-min(int(rng.geometric(0.01)), len(values))])  # skip / backward
+            if rng.random() < 0.05:
+                inputs.add(values[-min(int(rng.geometric(0.3)), len(values))])
+        if params and rng.random() < 0.5:
+            inputs.add(params[-min(int(rng.geometric(0.5)), len(params))])
+        edges.extend((u, v) for u in sorted(inputs))
+        values.append(v)
+    return np.array(edges, dtype=np.int64).reshape(-1, 2)
+
+
+def _program_intervals(
+    rng: np.random.Generator, pairs: np.ndarray, param: np.ndarray
+) -> np.ndarray:
+    """An operation lives from its time until its last consumer (one step if none); a
+    parameter from its time, or half the time from 0, to the end."""
+    n = len(param)
+    start = np.arange(n, dtype=np.int64)
+    last = start.copy()
+    np.maximum.at(last, pairs[:, 0], pairs[:, 1])
+    end = last + 1
+    end[param] = n
+    start[param & (rng.random(n) < 0.5)] = 0
+    return np.stack([start, end], axis=1)
 
 
 # ----------------------------------------------------------------------------- brute force

@@ -31,15 +31,33 @@ def additive_cost(problem: Problem, choices: Sequence[int]) -> float:
 
 
 def memory_peak(problem: Problem, choices: Sequence[int]) -> np.ndarray:
-    """Largest live usage over time, per memory pool (M,). Zeros when there is no usage."""
+    """Largest live usage over time, per memory pool (M,). Zeros when there is no usage.
+
+    A sweep over the interval events, O(n log n) time and O(n) memory: the usage live at
+    time t is the sum of the usages that started at or before t minus those that ended at
+    or before t (node i is live when start_i <= t < end_i, so an empty interval adds and
+    removes its usage at the same time and is never live). Live sets only grow at a start,
+    so the peak is the largest of these sums at the distinct start times.
+    """
     if problem.usage is None or problem.intervals is None:
         return np.zeros(1)
     ch = problem.check_choices(choices)
-    use = np.stack([u[k] for u, k in zip(problem.usage, ch, strict=True)])  # (n, M)
-    start, end = problem.intervals[:, 0], problem.intervals[:, 1]
-    times = np.unique(start)  # live sets only grow at a start, so peaks are at starts
-    live = (start[None, :] <= times[:, None]) & (times[:, None] < end[None, :])
-    return (live.astype(np.float64) @ use).max(axis=0)
+    use = np.stack([u[k] for u, k in zip(problem.usage, ch, strict=True)]).reshape(len(ch), -1)
+    return live_usage(problem.intervals, use).max(axis=0, initial=0.0)
+
+
+def live_usage(intervals: np.ndarray, use: np.ndarray) -> np.ndarray:
+    """(T, M) usage live at each distinct interval start (sorted), from (n, M) usages."""
+    start, end = intervals[:, 0], intervals[:, 1]
+    times, first = np.unique(start, return_inverse=True)
+    after = np.searchsorted(times, end, side="left")  # the first start time >= each end
+    inside = after < len(times)  # usages that end before the last start
+    delta = np.empty((len(times), use.shape[1]))
+    for m in range(use.shape[1]):
+        added = np.bincount(first, use[:, m], minlength=len(times))
+        removed = np.bincount(after[inside], use[inside, m], minlength=len(times))
+        delta[:, m] = added - removed
+    return np.cumsum(delta, axis=0)
 
 
 def memory_feasible(problem: Problem, choices: Sequence[int], rtol: float = 1e-9) -> bool:

@@ -1,0 +1,280 @@
+"""`portfolio`: the additive backends together, within one time limit, on the machine's cores.
+
+1. `backends.feasible`'s heuristic: a valid answer within a second or so (a 35,000-node
+   problem: a few seconds);
+2. then at once, each warm-started with the best answer so far: `ilp` in a thread (CBC runs
+   in its own process, one core; it first rounds the LP relaxation, which gives an answer
+   and a bound within seconds) and `cpsat` in a thread (one worker, the other core; it
+   leaves the LP to `ilp` rather than solving it again). Members
+   report each better answer (SolveOptions.extra "on_incumbent"); when one beats the answer
+   CP-SAT was started from by RESTART_GAIN, CP-SAT is stopped and restarted from it (CBC
+   cannot take an answer once it runs, CP-SAT can only be hinted at its start);
+3. `mcmc` (through `get_backend`) joins when there is a third core, or runs alone when
+   neither solver is installed.
+
+When a member proves its answer optimal the others are stopped. The answer is the best valid
+answer any member found (ties: the first member in MEMBERS order), the bound the best proven
+one; `stats["events"]` lists who found what and when, `stats["members"]` each member's
+result. Deterministic for a seed when no member is stopped early (every member finishes, or
+every one runs to the limit). Options: extra "members" (names, default by cores), "workers"
+(cores to use, default all).
+
+The makespan objective is delegated to `mcmc` (the placement models of `ilp` and `cpsat`
+answer a narrower question, see docs/solvers.md); `stats["delegated"]` says so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import multiprocessing
+import os
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from backends import get_backend
+from backends.base import (
+    Backend,
+    Limit,
+    ProgressLog,
+    SolveOptions,
+    SolveResult,
+    Status,
+    past,
+    request_stop,
+    stop_requested,
+)
+from backends.feasible import feasible_positions
+from backends.selection import selection
+from planner.problems.evaluate import additive_cost, memory_feasible
+from planner.problems.problem import Problem
+
+__all__ = ["PortfolioBackend"]
+
+MEMBERS = ("ilp", "cpsat", "mcmc")  # in tie-breaking order
+SOLVERS = {"ilp": "pulp", "cpsat": "ortools"}  # members that need a package
+KILL_FRACTION = 0.06  # members still running this far past the limit (+ 1 s) are killed
+START_FRACTION = 0.1  # of the time limit for polishing the heuristic's answer
+RESTART_GAIN = 0.002  # CP-SAT restarts from another member's answer this much better
+POLL_SECONDS = 0.1
+
+
+@dataclass
+class _Board:
+    """The best valid answer so far and how it got there (in the portfolio's process)."""
+
+    problem: Problem
+    start: float
+    best: tuple[float, int, tuple[int, ...], str] | None = None  # value, rank, choices, who
+    events: list[tuple[float, str, float]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    progress: ProgressLog = field(default_factory=lambda: ProgressLog("portfolio"))
+
+    def offer(self, choices: Sequence[int], source: str) -> bool:
+        """Record a member's answer if it is valid and the best so far."""
+        ch = tuple(int(c) for c in choices)
+        value = additive_cost(self.problem, ch)
+        if not math.isfinite(value) or not memory_feasible(self.problem, ch):
+            return False
+        rank = MEMBERS.index(source) if source in MEMBERS else len(MEMBERS)
+        with self.lock:
+            if self.best is not None and (value, rank) >= self.best[:2]:
+                return False
+            self.best = (value, rank, ch, source)
+            self.events.append((round(time.perf_counter() - self.start, 3), source, value))
+        self.progress(lambda: f"best {value:.6g} from {source}")
+        return True
+
+    def value(self) -> float:
+        with self.lock:
+            return self.best[0] if self.best else math.inf
+
+
+class PortfolioBackend(Backend):
+    name = "portfolio"
+    objectives = ("additive", "makespan")
+    exact = True  # when a member proves the optimum
+
+    def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
+        if options.objective == "makespan":
+            result = get_backend("mcmc").solve(problem, options)
+            stats = {**result.stats, "delegated": "mcmc"}
+            return replace(result, backend=self.name, objective=None, strategy=None, stats=stats)
+        t0 = time.perf_counter()
+        deadline = t0 + options.time_limit
+        sel = selection(problem)
+        if sel.infeasible:
+            stats = {"reason": sel.infeasible}
+            return SolveResult(self.name, Status.INFEASIBLE, bound=math.inf, stats=stats)
+        board = _Board(problem, t0)
+        start = feasible_positions(
+            sel, deadline, options.seed, t0 + START_FRACTION * options.time_limit
+        )
+        if start is not None:
+            board.offer(sel.choices(start), "heuristic")
+        members = self._members(problem, options)
+        run = _Run(board, options, deadline, members)
+        run.go()
+        return run.result(self.name, sel.trivial_bound(), time.perf_counter() - t0)
+
+    def _members(self, problem: Problem, options: SolveOptions) -> list[str]:
+        names = options.extra.get("members")
+        if names is None:
+            workers = int(options.extra.get("workers", os.cpu_count() or 1))
+            names = [m for m, module in SOLVERS.items() if importlib.util.find_spec(module)]
+            if workers > len(names) or not names:
+                names.append("mcmc")
+        return list(names)
+
+
+class _Run:
+    """The member processes of one solve and the loop that coordinates them.
+
+    Members run in processes forked from this one (no lock between Python members, and the
+    problem's tables are shared until written); they send each better answer and their
+    results through one queue. CP-SAT is restarted from a better answer by setting its stop
+    event and handing it the answer."""
+
+    def __init__(self, board: _Board, options: SolveOptions, deadline: float, members: list[str]):
+        self.board, self.options, self.deadline = board, options, deadline
+        self.members = members
+        ctx = multiprocessing.get_context("fork")
+        self.queue: Any = ctx.Queue()
+        self.stop = {m: ctx.Event() for m in members}  # the member's current search stops
+        self.done = ctx.Event()  # no member starts again
+        self.hints: dict[str, Any] = {m: ctx.Queue() for m in members}
+        self.results: dict[str, list[SolveResult]] = {m: [] for m in members}
+        self.hinted = board.value()  # the value CP-SAT was last started from
+        self.interrupted = False
+        with board.lock:
+            warm = board.best[2] if board.best else None
+        self.procs = {
+            m: ctx.Process(target=self._member, args=(m, warm), daemon=True) for m in members
+        }
+
+    def go(self) -> None:
+        for p in self.procs.values():
+            p.start()
+        hard = self.deadline + KILL_FRACTION * self.options.time_limit + 1.0
+        while any(p.is_alive() for p in self.procs.values()) or not self.queue.empty():
+            self._drain()
+            if stop_requested():
+                self.interrupted = True
+            if self.interrupted or self._proven():
+                self.done.set()
+                for e in self.stop.values():
+                    e.set()
+            self._restart_cpsat()
+            if time.perf_counter() > hard:
+                break
+        for p in self.procs.values():
+            p.join(timeout=max(0.0, hard - time.perf_counter()))
+            if p.is_alive():
+                p.kill()  # our own child, by its handle
+        self._drain()
+        if self.interrupted:
+            request_stop()  # Backend.solve marks the result INTERRUPTED
+
+    def _drain(self) -> None:
+        try:
+            kind, name, item = self.queue.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            return
+        while True:
+            if kind == "answer":
+                self.board.offer(item, name)
+            else:
+                self.results[name].append(item)
+                if item.choices is not None:
+                    self.board.offer(item.choices, name)
+            try:
+                kind, name, item = self.queue.get_nowait()
+            except queue.Empty:
+                return
+
+    def _restart_cpsat(self) -> None:
+        if "cpsat" not in self.procs or not self.procs["cpsat"].is_alive() or self.done.is_set():
+            return
+        value = self.board.value()
+        if value < self.hinted * (1 - RESTART_GAIN):
+            with self.board.lock:
+                assert self.board.best is not None
+                self.hints["cpsat"].put(self.board.best[2])
+            self.hinted = value
+            self.stop["cpsat"].set()
+
+    def _member(self, name: str, warm: tuple[int, ...] | None) -> None:
+        """In the member's process: solve, and for CP-SAT again from each better answer."""
+        backend = get_backend(name)
+        send = self.queue.put
+        while True:
+            extra = {**self.options.extra, "stop": self.stop[name]}
+            extra["on_incumbent"] = lambda ch, who: send(("answer", name, tuple(ch)))
+            extra.pop("members", None)
+            extra.pop("workers", None)
+            if name == "cpsat" and "ilp" in self.members:
+                extra.setdefault("lp_start", False)  # ilp's LP rounding arrives as an answer
+            opts = replace(
+                self.options,
+                time_limit=max(0.05, self.deadline - time.perf_counter()),
+                threads=1,
+                warm_start=warm,
+                extra=extra if name != "mcmc" else {},
+            )
+            try:
+                result = backend.solve(self.board.problem, opts)
+            except Exception as exc:  # a member's failure is reported, not raised here
+                result = SolveResult(name, Status.NO_SOLUTION, stats={"error": str(exc)})
+            send(("result", name, replace(result, stats=_summary(result))))
+            if name != "cpsat" or self.done.is_set() or past(self.deadline):
+                return
+            try:
+                warm = self.hints[name].get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                return  # it stopped for another reason
+            self.stop[name].clear()
+
+    def _proven(self) -> bool:
+        value = self.board.value()
+        return any(
+            r.status is Status.OPTIMAL
+            and r.objective is not None
+            and r.objective <= value * (1 + 1e-9)
+            for rs in self.results.values()
+            for r in rs
+        )
+
+    def result(self, name: str, trivial: float, elapsed: float) -> SolveResult:
+        bounds = [trivial] + [
+            r.bound for rs in self.results.values() for r in rs if r.bound is not None
+        ]
+        bound = max(bounds)
+        stats: dict[str, Any] = {
+            "events": list(self.board.events),
+            "members": {m: [dict(r.stats) for r in rs] for m, rs in self.results.items()},
+            "portfolio_seconds": elapsed,
+        }
+        if self.board.best is None:
+            return SolveResult(name, Status.NO_SOLUTION, bound=bound, limit=Limit.TIME, stats=stats)
+        value, _, choices, source = self.board.best
+        stats["answer_from"] = source
+        optimal = self._proven() or bound >= value * (1 - 1e-9)
+        status = Status.OPTIMAL if optimal else Status.FEASIBLE
+        limit = None if optimal else Limit.TIME
+        return SolveResult(name, status, choices, bound=min(bound, value), limit=limit, stats=stats)
+
+
+def _summary(r: SolveResult) -> dict[str, Any]:
+    keep = ("solve_seconds", "search_seconds", "restricted", "hint", "answer", "cbc_result",
+            "cbc_peak_mib", "lp_start", "error")  # fmt: skip
+    return {
+        "status": r.status.value,
+        "limit": r.limit.value if r.limit else None,
+        "objective": r.objective,
+        "bound": r.bound,
+        **{k: r.stats[k] for k in keep if k in r.stats},
+    }

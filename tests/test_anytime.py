@@ -1,0 +1,267 @@
+"""Anytime answers on cost-table problems: the feasibility heuristic, no NO_SOLUTION at the
+time limit when a valid answer was found, time limits that cover every phase, the linear-size
+memory rule, and backends that import only their own solver."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from backends import Limit, SolveOptions, Status, get_backend
+from backends.feasible import feasible_choices
+from backends.selection import check_times, live_sets, selection
+from backends.testing import BackendConformance, tiny_cnn
+from planner.hardware.presets import get_preset
+from planner.problems.costtable import brute_force, contest_problem, random_problem
+from planner.problems.evaluate import additive_cost, memory_feasible, memory_peak
+from planner.problems.problem import Problem, build_problem
+from tests.budget import time_budget
+
+SOLVERS = ("ilp", "cpsat")
+
+
+# ------------------------------------------------------------------------- the heuristic
+
+
+@st.composite
+def tight_problems(draw: st.DrawFn) -> Problem:
+    """Small random problems with extra forbidden pairs (also on the least-memory choices)
+    and a memory limit anywhere from the smallest possible peak to the largest."""
+    n = draw(st.integers(1, 7))
+    k = draw(st.integers(1, 4))
+    seed = draw(st.integers(0, 2**31 - 1))
+    p = random_problem(n, k, seed, edge_prob=draw(st.sampled_from([0.1, 0.5, 0.9])),
+                       forbid_prob=draw(st.sampled_from([0.0, 0.2, 0.4])))  # fmt: skip
+    rng = np.random.default_rng(seed)
+    extra = draw(st.sampled_from([0.0, 0.2, 0.5]))
+    tables = []
+    for t in p.edge_cost:
+        t = t.copy()
+        t[rng.random(t.shape) < extra] = math.inf
+        tables.append(t)
+    assert p.usage is not None and p.intervals is not None
+    lo = _peak(p, [int(np.argmin(u[:, 0])) for u in p.usage])
+    hi = _peak(p, [int(np.argmax(u[:, 0])) for u in p.usage])
+    limit = lo + draw(st.sampled_from([0.0, 0.1, 0.3, 0.6, 1.0])) * (hi - lo)
+    return dataclasses.replace(p, edge_cost=tuple(tables), usage_limit=np.array([limit]))
+
+
+def _peak(p: Problem, choices: list[int]) -> float:
+    return float(memory_peak(p, choices)[0])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tight_problems())
+def test_heuristic_finds_a_valid_answer_whenever_one_exists(p: Problem) -> None:
+    best, _ = brute_force(p)
+    found = feasible_choices(p)
+    if best is None:
+        assert found is None
+        return
+    assert found is not None, "brute force has a valid answer, the heuristic found none"
+    assert math.isfinite(additive_cost(p, found)) and memory_feasible(p, found)
+
+
+def test_heuristic_on_a_contest_problem_is_valid_and_deterministic() -> None:
+    p = contest_problem(300, seed=4)
+    a, b = feasible_choices(p, seed=1), feasible_choices(p, seed=1)
+    assert a is not None and a == b
+    assert math.isfinite(additive_cost(p, a)) and memory_feasible(p, a)
+
+
+# ----------------------------------------------- a valid answer at the limit, never nothing
+
+
+def _with_trap(p: Problem) -> Problem:
+    """`p` plus three nodes a, b, c live alone after everything else, with choices A, B
+    (no memory) and C (more memory than the limit, and the cheapest): a == b and b == c
+    (unequal pairs forbidden) and not (a = A and c = A). The only valid choices are
+    B, B, B: the least-memory vector (A, A, A) breaks a pair that no single change mends,
+    and a greedy pass in node order (A, then A, then nothing) gets stuck."""
+    assert p.usage_limit is not None and p.intervals is not None and p.usage is not None
+    n, limit = p.num_nodes, float(p.usage_limit[0])
+    big = 2 * limit + 1
+    equal = np.array([[0.0, math.inf, 0.0], [math.inf, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    not_both_a = np.array([[math.inf, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    t = int(p.intervals[:, 1].max()) + 1
+    return dataclasses.replace(
+        p,
+        node_names=(*p.node_names, "a", "b", "c"),
+        node_cost=(*p.node_cost, *(np.array([1.0, 1.0, 0.0]),) * 3),
+        edges=(*p.edges, (n, n + 1), (n + 1, n + 2), (n, n + 2)),
+        edge_cost=(*p.edge_cost, equal, equal, not_both_a),
+        usage=(*p.usage, *(np.array([[0.0], [0.0], [big]]),) * 3),
+        intervals=np.vstack([p.intervals, [[t, t + 1]] * 3]),
+    )
+
+
+def test_the_trap_has_one_valid_answer() -> None:
+    p = _with_trap(random_problem(5, 3, seed=2))
+    best, _ = brute_force(p)
+    assert best is not None and best[-3:] == (1, 1, 1)
+
+
+@pytest.mark.parametrize("name", SOLVERS)
+def test_a_valid_answer_at_the_time_limit_instead_of_no_solution(name: str) -> None:
+    # Too large to encode in 3 s before (the old start heuristic also fell into the trap, so
+    # the answer was NO_SOLUTION); now the heuristic's answer, or better, with limit TIME.
+    p = _with_trap(random_problem(1500, 40, seed=0))
+    r = get_backend(name).solve(p, SolveOptions(time_limit=3.0))
+    assert r.status is Status.FEASIBLE, r.stats
+    assert r.limit is Limit.TIME
+    assert memory_feasible(p, r.choices) and math.isfinite(r.objective_value())
+    assert r.choices[-3:] == (1, 1, 1)
+    assert r.bound is not None and r.bound <= r.objective
+
+
+@pytest.mark.parametrize("name", ["baselines", *SOLVERS])
+def test_every_backend_answers_a_memory_limited_contest_problem(name: str) -> None:
+    p = contest_problem(200, seed=1)
+    r = get_backend(name).solve(p, SolveOptions(time_limit=5.0))
+    assert r.has_solution, (r.status, r.stats)
+    assert memory_feasible(p, r.choices) and math.isfinite(r.objective_value())
+
+
+# ---------------------------------------------------------------- time limits, whole solve
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SOLVERS)
+def test_the_time_limit_covers_every_phase_on_a_large_problem(name: str) -> None:
+    # 8,000 nodes with long-lived parameters: building the memory rule as a dense time x node
+    # table and dropping contained sets pairwise took many minutes before, unwatched.
+    p = contest_problem(8000, seed=0)
+    with time_budget(40):
+        r = get_backend(name).solve(p, SolveOptions(time_limit=8.0))
+    assert r.has_solution
+    for phase in ("selection_seconds", "start_seconds", "encode_seconds", "search_seconds"):
+        assert phase in r.stats
+
+
+# --------------------------------------------------------------- the memory rule, linearly
+
+
+@st.composite
+def intervals(draw: st.DrawFn) -> np.ndarray:
+    n = draw(st.integers(1, 12))
+    start = np.array(draw(st.lists(st.integers(0, 9), min_size=n, max_size=n)))
+    span = np.array(draw(st.lists(st.integers(0, 6), min_size=n, max_size=n)))
+    return np.stack([start, start + span], axis=1)
+
+
+def _dense_live(iv: np.ndarray) -> np.ndarray:
+    start, end = iv[:, 0], iv[:, 1]
+    times = np.unique(start)
+    return (start[None, :] <= times[:, None]) & (times[:, None] < end[None, :])
+
+
+@settings(max_examples=300, deadline=None)
+@given(intervals(), st.integers(0, 2**31 - 1))
+def test_sweep_peak_equals_the_dense_table(iv: np.ndarray, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    use = rng.integers(0, 100, len(iv)).astype(np.float64)
+    p = Problem(
+        name="iv",
+        node_names=tuple(str(i) for i in range(len(iv))),
+        node_cost=tuple(np.zeros(1) for _ in iv),
+        edges=(),
+        edge_cost=(),
+        usage=tuple(np.array([[u]]) for u in use),
+        intervals=iv,
+    )
+    dense = (_dense_live(iv).astype(np.float64) @ use).max(initial=0.0)
+    assert memory_peak(p, [0] * len(iv))[0] == dense
+
+
+@settings(max_examples=300, deadline=None)
+@given(intervals())
+def test_check_times_keep_exactly_the_maximal_live_sets(iv: np.ndarray) -> None:
+    live = _dense_live(iv)
+    sets = {frozenset(np.flatnonzero(row).tolist()) for row in live if row.any()}
+    maximal = {s for s in sets if not any(s < o for o in sets)}
+    got = [frozenset(s.tolist()) for s in live_sets(iv)]
+    assert len(got) == len(set(got)) == len(check_times(iv))
+    assert set(got) == maximal
+
+
+def test_the_memory_rule_of_a_large_problem_is_linear() -> None:
+    # 35,000 nodes, 15% of them live to the end: a dense time x node table would hold ~10^9
+    # entries and dropping contained sets pairwise ~10^13 operations
+    n = 35_000
+    rng = np.random.default_rng(0)
+    start = np.arange(n)
+    end = np.where(rng.random(n) < 0.15, n, start + rng.geometric(0.3, n))
+    p = Problem(
+        name="wide",
+        node_names=tuple(map(str, range(n))),
+        node_cost=tuple(rng.random((n, 2))),
+        edges=(),
+        edge_cost=(),
+        usage=tuple(rng.integers(1, 100, (n, 2, 1)).astype(np.float64)),
+        intervals=np.stack([start, np.minimum(end, n)], axis=1),
+        usage_limit=np.array([60.0 * n * 0.15]),
+    )
+    with time_budget(30):
+        sel = selection(p)
+        choices = sel.choices([0] * sel.num_nodes)
+        memory_peak(p, choices)
+    (mem,) = sel.memory
+    assert mem.num_times > 10_000 and len(mem.nodes) <= n
+    assert mem.row_terms() > 10**7  # what explicit rows would hold
+
+
+# -------------------------------------------------------------------- imports stay apart
+
+
+@pytest.mark.parametrize(
+    ("statement", "absent"),
+    [
+        ("from backends.cpsat import CpsatBackend", "pulp"),
+        ("from backends.ilp import IlpBackend", "ortools"),
+        ("import backends.portfolio", "pulp"),
+        ("import backends.portfolio", "ortools"),
+        ("from backends.feasible import feasible_choices", "ortools"),
+    ],
+)
+def test_a_backend_imports_only_its_own_solver(statement: str, absent: str) -> None:
+    code = f"import sys, json; {statement}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    modules = json.loads(out.stdout)
+    assert not any(m == absent or m.startswith(absent + ".") for m in modules)
+
+
+# ----------------------------------------------------------------------------- portfolio
+
+
+class TestPortfolioConformance(BackendConformance):
+    backend_name = "portfolio"
+
+
+def test_portfolio_says_who_found_what_and_keeps_the_best_bound() -> None:
+    p = contest_problem(150, seed=3)
+    r = get_backend("portfolio").solve(p, SolveOptions(time_limit=8.0))
+    assert r.has_solution and memory_feasible(p, r.choices)
+    events = r.stats["events"]
+    assert events[0][1] == "heuristic" and all(a[0] <= b[0] for a, b in itertools.pairwise(events))
+    assert [e[2] for e in events] == sorted((e[2] for e in events), reverse=True)
+    assert events[-1][2] == r.objective and r.stats["answer_from"] in ("heuristic", "ilp", "cpsat")
+    members = r.stats["members"]
+    assert set(members) >= {"ilp", "cpsat"}
+    bounds = [m["bound"] for runs in members.values() for m in runs if m["bound"] is not None]
+    assert r.bound is not None and r.bound >= max(bounds) * (1 - 1e-12) - 1e-9
+    assert r.bound <= r.objective
+
+
+def test_portfolio_delegates_the_makespan_objective() -> None:
+    p = build_problem(tiny_cnn(), get_preset("p100-1x2"), max_configs=3)
+    r = get_backend("portfolio").solve(p, SolveOptions(objective="makespan", time_limit=5.0))
+    assert r.stats["delegated"] == "mcmc" and r.has_solution

@@ -69,6 +69,7 @@ from planner.problems.problem import Problem
 INITS = ("warm_start", "elimination", "data_parallel", "expert", "feasible", "random")
 ELIMINATION_SHARE = 0.2  # of the time limit, at most, for the Eq. 1 optimum as a start
 ELIMINATION_RATE = 3e8  # table entries per second of its min-plus products (measured: 5e8)
+FEASIBLE_SHARE = 0.1  # of the time limit, at most, for the memory-feasible start
 RESYNC = 1000  # accepted moves between exact recomputations of the memory sweep
 
 
@@ -233,7 +234,8 @@ class _Search:
                 if found is not None:
                     out.append((name, found))
             elif name == "feasible" and p.usage_limit is not None:
-                found = _feasible_start(p, self.deadline)
+                cap = time.perf_counter() + FEASIBLE_SHARE * self.opts.time_limit
+                found = _feasible_start(p, min(self.deadline, cap))
                 if found is not None:
                     out.append((name, found))
             elif name == "random":

@@ -121,16 +121,25 @@ class MemoryUsage:
         return np.cumsum(diff[:-1], axis=0)
 
     def proven_infeasible(self) -> str | None:
-        """Why no choice vector can fit (every node at its smallest usage overflows), or None."""
+        """Why no choice vector can fit, or None: at some start, the live nodes at their
+        smallest usage overflow one pool, or overflow all pools together (the bytes must be
+        somewhere)."""
         least = self._sweep(self.smallest, len(self.live))
         over = least > self.cap[None, :]
-        if not over.any():
-            return None
-        t, m = np.argwhere(over)[0]
-        return (
-            f"memory limit {self.limit[m]:.6g} of pool {m} is below the smallest possible live "
-            f"usage {least[t, m]:.6g}"
-        )
+        if over.any():
+            t, m = np.argwhere(over)[0]
+            return (
+                f"memory limit {self.limit[m]:.6g} of pool {m} is below the smallest possible "
+                f"live usage {least[t, m]:.6g}"
+            )
+        total = np.array([u.sum(axis=1).min() for u in self.usage])[:, None]
+        need = self._sweep(total, len(self.live))[:, 0]
+        if len(need) and need.max() > self.cap.sum():
+            return (
+                f"the memory limits sum to {self.limit.sum():.6g} bytes, below the smallest "
+                f"possible total live usage {need.max():.6g}"
+            )
+        return None
 
     def set(self, i: int, c: int) -> None:
         row = self.usage[i][c]

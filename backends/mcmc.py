@@ -323,6 +323,7 @@ class _Search:
                 screened += 1
                 continue
             before = self._energy(state.cost, state.violation, weight)
+            was = state.cost, state.violation
             undo = [(i, state.choices[i]) for i, _ in changes]
             state.move(changes)
             after = self._energy(state.cost, state.violation, weight)
@@ -336,7 +337,7 @@ class _Search:
                 if accepted % RESYNC == 0 and state.memory is not None:
                     state.memory.resync()
             else:
-                state.move(undo)
+                state.undo(undo, *was)
             if since >= s.restart and self.best is not None:
                 state.jump_to(self.best[1])
                 restarts += 1

@@ -188,6 +188,7 @@ class ChainState:
         self.additive = AdditiveCost(problem, choices)
         self.memory = MemoryUsage(problem, choices) if problem.usage_limit is not None else None
         self.sim = None
+        self.stale: set[int] = set()  # nodes whose config the simulator has not caught up on
         if objective == "makespan":
             from planner.sim.simulator import Simulator
 
@@ -213,11 +214,24 @@ class ChainState:
             if self.memory is not None:
                 self.memory.set(i, c)
         if self.sim is not None:
-            self._simulate([i for i, _ in changes])
+            self._simulate({i for i, _ in changes} | self.stale)
+            self.stale = set()
         self.cost, self.violation = self._measure()
         return self.cost, self.violation
 
-    def _simulate(self, nodes: Sequence[int]) -> None:
+    def undo(self, changes: Sequence[tuple[int, int]], cost: float, violation: float) -> None:
+        """Go back to the choices before a move (`changes` restores them), whose cost and
+        violation the caller knows. The simulator catches up at the next move: one delta
+        simulation for a rejected proposal and the next one instead of two."""
+        for i, c in changes:
+            self.choices[i] = c
+            self.additive.set(i, c)
+            if self.memory is not None:
+                self.memory.set(i, c)
+        self.stale.update(i for i, _ in changes)
+        self.cost, self.violation = cost, violation
+
+    def _simulate(self, nodes: set[int]) -> None:
         from planner.sim.simulator import Simulator
 
         p, sim = self.p, self.sim
@@ -227,7 +241,7 @@ class ChainState:
             return
         ops = p.ops_of_nodes
         sim.change_many(
-            [(op, p.space[op].configs[self.choices[i]]) for i in nodes for op in ops[i]]
+            [(op, p.space[op].configs[self.choices[i]]) for i in sorted(nodes) for op in ops[i]]
         )
 
     def jump_to(self, choices: Sequence[int]) -> None:

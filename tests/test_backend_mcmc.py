@@ -71,7 +71,7 @@ def test_never_worse_than_the_best_start_inception_v3_on_16_gpus() -> None:
 
 def test_the_best_is_kept_however_hot_the_chain() -> None:
     p = _tiny_problem()
-    hot = {"iterations": 100, "temperature": 100.0, "restart": 1000, "screen": 0}
+    hot = {"iterations": 100, "temperature": 100.0, "cycle": 1000, "screen": 0}
     r = get_backend("mcmc").solve(p, SolveOptions(objective="makespan", extra=hot))
     starts = [v for v in r.stats["starts"].values() if v is not None]
     assert r.objective <= min(starts) * (1 + 1e-12)

@@ -180,6 +180,7 @@ class _Search:
         self.stats: dict[str, Any] = {}
         self.step = self.max_level = 0  # the chain's proposal count and highest heat level
         self.scale = 1.0  # cost of the chain's first state: the unit of temperature
+        self.start_list: list[tuple[int, ...]] = []  # the simulated starts, in Eq. 1 order
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -240,6 +241,7 @@ class _Search:
             state = ChainState(self.p, choices, self.opts.objective, self.s.simulation)
             energy = state.cost + self.s.penalty[0] * state.violation * max(state.cost, 1e-300)
             scores[name] = state.cost if state.valid else None
+            self.start_list.append(tuple(choices))
             self._keep(state)
             if best is None or energy < best[0]:
                 best, self.stats["start"] = (energy, state), name
@@ -338,8 +340,12 @@ class _Search:
                 break
             step = self.step = step + 1
             if since >= s.cycle * 2**level and self.best is not None:
-                # Stuck: back to the best, and the next round hotter and longer.
-                state.jump_to(self.best[1])
+                # Stuck: back to the best, and the next round hotter and longer; once at the
+                # hottest, every other round goes back to one of the starts instead, in turn.
+                target = self.best[1]
+                if level == self.max_level and restarts % 2:
+                    target = self.start_list[(restarts // 2) % len(self.start_list)]
+                state.jump_to(target)
                 level, since, restarts = min(level + 1, self.max_level), 0, restarts + 1
             since += 1
             beta, weight = self._schedule(level)

@@ -61,18 +61,13 @@ from backends.base import (
     past,
 )
 from backends.mcmc_proposals import DNN_MIX, KINDS, TABLE_MIX, Proposer
+from backends.mcmc_starts import INITS, start_choices
 from backends.mcmc_state import ChainState
-from planner.errors import ConfigError
-from planner.problems.baselines import BASELINES, applicable
 from planner.problems.evaluate import additive_cost
 from planner.problems.problem import Problem
 
-INITS = ("warm_start", "elimination", "data_parallel", "expert", "feasible", "random")
-ELIMINATION_SHARE = 0.2  # of the time limit, at most, for the Eq. 1 optimum as a start
-ELIMINATION_RATE = 3e8  # table entries per second of its min-plus products (measured: 5e8)
 START_SHARE = 0.3  # of the time limit, at most, for simulating the starts (one at least)
 SKIP_FACTOR = 4.0  # starts whose Eq. 1 cost is over this times the best start's: not simulated
-FEASIBLE_SHARE = 0.1  # of the time limit, at most, for the memory-feasible start
 RESYNC = 1000  # accepted moves between exact recomputations of the memory sweep
 
 
@@ -144,15 +139,6 @@ def _pair(value: Any) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def _feasible_start(problem: Problem, deadline: float) -> tuple[int, ...] | None:
-    """A memory-feasible choice vector found fast, or None. The one place to switch to
-    `backends.feasible.feasible_choices(problem, deadline)` once it exists."""
-    from backends.selection import seed_choices, selection
-
-    found = seed_choices(problem, selection(problem), deadline)
-    return None if found is None else found[0]
-
-
 class McmcBackend(Backend):
     name = "mcmc"
     objectives = ("makespan", "additive")
@@ -222,20 +208,17 @@ class _Search:
         scores: dict[str, float | None] = {}
         skipped: list[str] = []
         best: tuple[float, ChainState] | None = None
-        starts = [(additive_cost(self.p, ch), k, name, ch) for k, (name, ch) in
-                  enumerate(self._start_choices())]  # fmt: skip
-        starts.sort(key=lambda s: (s[0], s[1]))
-        cheapest = starts[0][0] if starts else math.inf
+        found = start_choices(self.p, self.opts, self.s.inits, self.rng, self.deadline)
+        eq1 = [additive_cost(self.p, choices) for _, choices in found]
+        cheapest = min(eq1, default=math.inf)
         budget = self.t0 + START_SHARE * self.opts.time_limit
-        for eq1, _, name, choices in starts:
+        simulated = self.opts.objective == "makespan"
+        for k in sorted(range(len(found)), key=lambda k: (eq1[k], k)):
+            name, choices = found[k]
             if past(self.deadline):
                 break
-            simulated = self.opts.objective == "makespan"
-            if (
-                best is not None
-                and simulated
-                and (eq1 > SKIP_FACTOR * cheapest or time.perf_counter() > budget)
-            ):
+            hopeless = eq1[k] > SKIP_FACTOR * cheapest or time.perf_counter() > budget
+            if best is not None and simulated and hopeless:
                 skipped.append(name)
                 continue
             state = ChainState(self.p, choices, self.opts.objective, self.s.simulation)
@@ -248,62 +231,6 @@ class _Search:
         self.stats["starts"] = scores
         self.stats["skipped_starts"] = skipped
         return None if best is None else best[1]
-
-    def _start_choices(self) -> list[tuple[str, tuple[int, ...]]]:
-        p, out = self.p, []
-        has_dnn = p.graph is not None and p.devices is not None
-        for name in self.s.inits:
-            if name == "warm_start" and self.opts.warm_start is not None:
-                out.append((name, p.check_choices(self.opts.warm_start)))
-            elif name == "elimination" and self.opts.warm_start is None:
-                found = self._elimination()
-                if found is not None:
-                    out.append((name, found))
-            elif name == "feasible" and p.usage_limit is not None:
-                cap = time.perf_counter() + FEASIBLE_SHARE * self.opts.time_limit
-                found = _feasible_start(p, min(self.deadline, cap))
-                if found is not None:
-                    out.append((name, found))
-            elif name == "random":
-                out.append((name, tuple(int(self.rng.integers(n)) for n in p.sizes)))
-            elif name in ("data_parallel", "expert") and has_dnn:
-                out += self._baselines(name)
-            elif name == "data_parallel":
-                out.append(("cheapest_node", tuple(int(np.argmin(c)) for c in p.node_cost)))
-        return out
-
-    def _baselines(self, which: str) -> list[tuple[str, tuple[int, ...]]]:
-        p = self.p
-        assert p.graph is not None and p.devices is not None
-        names = applicable(p.graph)
-        names = ["data_parallel"] if which == "data_parallel" else names[1:]
-        out = []
-        for b in names:
-            try:
-                out.append((b, p.choices_of(BASELINES[b](p.graph, p.devices))))
-            except ConfigError:
-                continue  # not in the (capped) config space
-        return out
-
-    def _elimination(self) -> tuple[int, ...] | None:
-        """The Eq. 1 optimum (OptCNN Algorithm 1), when its estimated time fits a share of
-        the budget: its min-plus products touch about C_u C_v max(C_u, C_v) entries per edge."""
-        from backends import get_backend
-        from backends.base import request_stop
-
-        p = self.p
-        if p.usage_limit is not None:
-            return None
-        sizes = np.array(p.sizes, dtype=np.float64)
-        work = sum(sizes[u] * sizes[v] * max(sizes[u], sizes[v]) for u, v in p.edges)
-        share = ELIMINATION_SHARE * self.opts.time_limit
-        self.stats["elimination_estimate_seconds"] = work / ELIMINATION_RATE
-        if work / ELIMINATION_RATE > share:
-            return None
-        result = get_backend("elimination").solve(p, SolveOptions(time_limit=share))
-        if result.limit is Limit.INTERRUPTED:
-            request_stop()  # solve() consumed the user's Ctrl-C: pass it on to this search
-        return result.choices
 
     # -- the chain -------------------------------------------------------------------------
 

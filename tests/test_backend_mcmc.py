@@ -57,7 +57,6 @@ def test_never_worse_than_the_best_start_alexnet() -> None:
     opts = SolveOptions(objective="makespan", time_limit=120, extra={"iterations": 10})
     r = get_backend("mcmc").solve(p, opts)
     assert r.objective <= _reference_makespan(p) * (1 + 1e-12)
-    assert r.stats["start"] == "elimination"
 
 
 @pytest.mark.slow

@@ -111,7 +111,8 @@ def reference(problem: Any) -> tuple[str, float, tuple[int, ...] | None]:
             )
         except LayerwiseError:
             continue  # not in the config space
-    scored = [(evaluate_objective(problem, c, "makespan"), n, c) for n, c in found]
+    unique = {c: n for n, c in reversed(found)}  # one simulation per strategy (owt may be mp)
+    scored = [(evaluate_objective(problem, c, "makespan"), n, c) for c, n in unique.items()]
     value, name, choices = min(scored)
     return name, value, choices
 

@@ -9,32 +9,31 @@ ops) and is accepted with probability
 extraction). The cost is the simulated makespan (delta simulation, FlexFlow Alg. 2,
 `planner.sim.simulator`) or the additive cost (OptCNN Eq. 1, updated in O(degree)).
 
-Starts (Sec. 6.2 starts one chain per initial strategy, one after another; with a proposal
-costing ~0.1 s at 16 devices, a 60 s budget then never reaches the later, better starts).
-Here every start is scored first: the warm start, or else the Eq. 1 optimum of `elimination`
-(computed here, in a small share of the budget, when the problem has no memory limit), the
-expert strategies, data parallelism, a random strategy and, under a memory limit, a
-memory-feasible heuristic answer. One chain runs from the best of them; when it finds no
-new best for `restart` proposals it goes back to the best strategy seen. The answer is the
-best valid strategy seen, so never worse than the best valid start.
+Starts (`backends.mcmc_starts`). FlexFlow (Sec. 6.2) runs one chain per initial strategy,
+one after another; with a proposal costing ~0.1 s at 16 devices, a 60 s budget then never
+reaches the later, better starts. Here every start is scored first, in the order of its
+Eq. 1 cost (hopeless ones are not simulated: SKIP_FACTOR, START_SHARE), and one chain runs
+from the best. The answer is the best valid strategy seen, so never worse than the best
+valid start.
 
-Temperature. beta is set by a relative temperature T, beta = 1 / (T * cost(first state)): a
-proposal T (relative) worse than the current is accepted with probability 1/e. T falls
-geometrically from `temperature[0]` to `temperature[1]` over the budget (simulated
-annealing; with an iteration cap, over the iterations). `beta` fixes it instead.
+Temperature. beta = 1 / (T * cost(first state)): a proposal T (relative) worse than the
+current one is accepted with probability 1/e. T starts at `temperature[0]` and returns there
+at every new best; after `cycle` * 2^level proposals without one, the chain goes back to the
+best strategy and the level rises (T doubles, up to `temperature[1]`); at the hottest level
+every other round restarts from one of the starts instead. `beta` fixes beta instead.
 
-Memory (FlexFlow's code penalized memory over the limit instead of forbidding it): the
-energy is cost + w * violation * cost(first state), where violation is the peak's relative
-excess over the limit summed over pools (kept incrementally: `backends.mcmc_state`), and the
-weight w grows geometrically from `penalty[0]` to `penalty[1]` over the budget. `repair`
+Memory (FlexFlow's implementation penalized memory over the limit instead of forbidding it):
+the energy is cost + w * violation * cost(first state), where violation is the peak's
+relative excess over the limit summed over pools (kept incrementally: `backends.mcmc_state`),
+and w grows geometrically from `penalty[0]` to `penalty[1]` over the budget. `repair`
 proposals free memory on the over-full pool. Only valid strategies are ever returned.
 
-Options (`SolveOptions.extra`; see docs/simulator.md, "MCMC search"): "iterations" (cap on
+Options (`SolveOptions.extra`; docs/simulator.md, "MCMC search"): "iterations" (a cap on
 proposals; default none: run to the time limit, limit TIME), "inits", "temperature",
-"beta", "restart", "mix" (weights of the proposal kinds, `backends.mcmc_proposals`),
-"screen" (skip the simulation of proposals whose Eq. 1 increase exceeds this share of the
-current makespan; 0 disables), "penalty", "repair", "simulation" ("delta" or "full"),
-"polish" (end with a first-improvement local search over single-node changes).
+"cycle", "beta", "mix" (weights of the proposal kinds, `backends.mcmc_proposals`), "screen"
+(reject unsimulated a proposal whose Eq. 1 increase exceeds this share of the current
+makespan; 0 disables), "penalty", "repair", "simulation" ("delta" or "full"), "polish" (after
+an iteration-capped chain, a first-improvement local search over single-node changes).
 
 Deterministic for a seed under an iteration cap. `stats["trace"]` holds (seconds, best) at
 every new best.
@@ -124,8 +123,12 @@ class Settings:
             problems.append("cycle >= 1, screen >= 0 and repair in [0, 1]")
         if not all(w > 0 for w in self.penalty):
             problems.append("penalty weights > 0")
-        if not set(self.mix) <= set(KINDS) or any(w < 0 for w in self.mix.values()):
-            problems.append(f"mix weights >= 0 for kinds from {KINDS[:-1]}")
+        drawn = KINDS[:-1]  # repairs are not drawn by weight: see `repair`
+        weights = list(self.mix.values())
+        if not set(self.mix) <= set(drawn) or any(w < 0 for w in weights):
+            problems.append(f"mix weights >= 0 for kinds from {drawn}")
+        elif self.mix and sum(weights) <= 0:
+            problems.append("a mix with a positive weight")
         if self.simulation not in ("delta", "full"):
             problems.append('simulation "delta" or "full"')
         if problems:

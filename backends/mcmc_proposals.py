@@ -107,7 +107,8 @@ class Proposer:
         self.movable = np.flatnonzero(np.array(problem.sizes) > 1)
         structured = problem.space is not None and problem.graph is not None
         kinds = [k for k, w in mix.items() if w > 0 and (structured or k in ("jump", "eq1"))]
-        weights = np.array([mix[k] for k in kinds], dtype=np.float64)
+        kinds = kinds or ["jump"]  # e.g. only structured kinds asked of a cost-table problem
+        weights = np.array([mix.get(k, 1.0) for k in kinds], dtype=np.float64)
         self.kinds = kinds
         self.weights = weights / weights.sum()
         self.nbrs: list[list[int]] = [[] for _ in range(problem.num_nodes)]

@@ -129,6 +129,8 @@ def test_progress_lines(caplog: pytest.LogCaptureFixture) -> None:
         ({"iteration": 5}, "no option"),
         ({"temperature": [0.1, 0]}, "temperature"),
         ({"mix": {"teleport": 1.0}}, "mix"),
+        ({"mix": {"repair": 1.0}}, "mix"),
+        ({"mix": {"jump": 0.0}}, "positive weight"),
         ({"simulation": "fast"}, "simulation"),
         ({"penalty": "high"}, "malformed"),
     ],

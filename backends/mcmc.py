@@ -1,37 +1,50 @@
 """`mcmc`: FlexFlow's Markov chain Monte Carlo search (Jia et al. 2019, Sec. 6).
 
-Metropolis-Hastings over strategies. A proposal changes the config of one random node to a
-random config (Sec. 6.2); it is accepted with probability
+Metropolis-Hastings over strategies: a proposal changes the config of one node (several tied
+ops) and is accepted with probability
 
     alpha(S* | S) = min(1, exp(beta * (cost(S) - cost(S*))))
 
-(Sec. 6.1; the formula is from the FlexFlow slides, 004, which 002 lost in extraction).
-Costs are the simulated makespan by default (delta simulation, `planner.sim.simulator`), or the
-additive cost (OptCNN Eq. 1, updated in O(degree) per proposal). Proposals that break the
-memory limit are rejected.
+(Sec. 6.1, Eq. 2; the formula is from the FlexFlow slides, 004, which 002 lost in
+extraction). The cost is the simulated makespan (delta simulation, FlexFlow Alg. 2,
+`planner.sim.simulator`) or the additive cost (OptCNN Eq. 1, updated in O(degree)).
 
-The search restarts from several initial strategies (Sec. 6.2): data parallelism, the
-expert strategies (planner.problems.baselines), the warm start when one is given (e.g. the
-`elimination` optimum of the additive model), and a random strategy. Each chain gets an equal
-share of the proposal budget and stops early after half its budget without improvement.
+Starts (`backends.mcmc_starts`). FlexFlow (Sec. 6.2) runs one chain per initial strategy,
+one after another; with a proposal costing ~0.1 s at 16 devices, a 60 s budget then never
+reaches the later, better starts. Here every start is scored first, in the order of its
+Eq. 1 cost (hopeless ones are not simulated: SKIP_FACTOR, START_SHARE), and one chain runs
+from the best. The answer is the best valid strategy seen, so never worse than the best
+valid start.
 
-Options (`SolveOptions.extra`): "iterations" (proposals per chain, default 1000),
-"beta" (per second of cost; default 50 / cost of the chain's start, so a proposal 2% worse
-than the start is accepted with probability 1/e), "inits" (a subset of "data_parallel",
-"expert", "warm_start", "random"), "simulation" ("delta", default, or "full": rebuild and
-re-simulate every proposal from scratch, FlexFlow's baseline in its Table 4), "polish"
-(default False: after the chains, a first-improvement local search over single-node changes
-until none improves; `stats["locally_optimal"]` says whether it finished in time).
+Temperature. beta = 1 / (T * cost(first state)): a proposal T (relative) worse than the
+current one is accepted with probability 1/e. T starts at `temperature[0]` and returns there
+at every new best; after `cycle` * 2^level proposals without one, the chain goes back to the
+best strategy and the level rises (T doubles, up to `temperature[1]`); at the hottest level
+every other round restarts from one of the starts instead. `beta` fixes beta instead.
 
-Deterministic for a seed within the iteration budget; the time limit stops it earlier with
-limit TIME. `stats["trace"]` holds (seconds, best cost) each time the best improves.
+Memory (FlexFlow's implementation penalized memory over the limit instead of forbidding it):
+the energy is cost + w * violation * cost(first state), where violation is the peak's
+relative excess over the limit summed over pools (kept incrementally: `backends.mcmc_state`),
+and w grows geometrically from `penalty[0]` to `penalty[1]` over the budget. `repair`
+proposals free memory on the over-full pool. Only valid strategies are ever returned.
+
+Options (`SolveOptions.extra`; docs/simulator.md, "MCMC search"): "iterations" (a cap on
+proposals; default none: run to the time limit, limit TIME), "inits", "temperature",
+"cycle", "beta", "mix" (weights of the proposal kinds, `backends.mcmc_proposals`), "screen"
+(reject unsimulated a proposal whose Eq. 1 increase exceeds this share of the current
+makespan; 0 disables), "penalty", "repair", "simulation" ("delta" or "full"), "polish" (after
+an iteration-capped chain, a first-improvement local search over single-node changes).
+
+Deterministic for a seed under an iteration cap. `stats["trace"]` holds (seconds, best) at
+every new best.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,88 +53,93 @@ from backends.base import (
     Backend,
     BackendError,
     Limit,
+    ProgressLog,
     SolveOptions,
     SolveResult,
     Status,
-    evaluate_objective,
     past,
 )
-from planner.errors import ConfigError
-from planner.problems.baselines import BASELINES, applicable
-from planner.problems.evaluate import memory_feasible
+from backends.mcmc_proposals import DNN_MIX, KINDS, TABLE_MIX, Proposer
+from backends.mcmc_starts import INITS, start_choices
+from backends.mcmc_state import ChainState
+from planner.problems.evaluate import additive_cost
 from planner.problems.problem import Problem
 
-INITS = ("data_parallel", "expert", "warm_start", "random")
+START_SHARE = 0.3  # of the time limit, at most, for simulating the starts (one at least)
+SKIP_FACTOR = 4.0  # starts whose Eq. 1 cost is over this times the best start's: not simulated
+RESYNC = 1000  # accepted moves between exact recomputations of the memory sweep
 
 
-class _Additive:
-    """Eq. 1 with O(degree) updates."""
+@dataclass(frozen=True)
+class Settings:
+    """The search's parameters, read from `SolveOptions.extra` (module docstring)."""
 
-    def __init__(self, problem: Problem, choices: Sequence[int]):
-        self.p = problem
-        self.choices = list(choices)
-        self.incident: list[list[int]] = [[] for _ in range(problem.num_nodes)]
-        for k, (u, v) in enumerate(problem.edges):
-            self.incident[u].append(k)
-            self.incident[v].append(k)
-        self.cost = evaluate_objective(problem, self.choices, "additive")
+    iterations: int | None = None
+    inits: tuple[str, ...] = INITS
+    temperature: tuple[float, float] = (0.001, 0.02)
+    beta: float | None = None
+    cycle: int = 50
+    mix: Mapping[str, float] = field(default_factory=dict)
+    screen: float = 0.05
+    penalty: tuple[float, float] = (1.0, 1000.0)
+    repair: float = 0.5
+    simulation: str = "delta"
+    polish: bool = False
 
-    def _node_part(self, i: int, c: int) -> float:
-        total = float(self.p.node_cost[i][c])
-        for k in self.incident[i]:
-            u, v = self.p.edges[k]
-            t = self.p.edge_cost[k]
-            total += float(t[c, self.choices[v]] if u == i else t[self.choices[u], c])
-        return total
+    @classmethod
+    def of(cls, extra: Mapping[str, Any]) -> Settings:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(extra) - known)
+        if unknown:
+            raise BackendError(f"mcmc has no option(s) {unknown}; its options are {sorted(known)}")
+        try:
+            s = cls(
+                iterations=None if extra.get("iterations") is None else int(extra["iterations"]),
+                inits=tuple(extra.get("inits", INITS)),
+                temperature=_pair(extra.get("temperature", cls.temperature)),
+                beta=None if extra.get("beta") is None else float(extra["beta"]),
+                cycle=int(extra.get("cycle", cls.cycle)),
+                mix=dict(extra.get("mix", {})),
+                screen=float(extra.get("screen", cls.screen)),
+                penalty=_pair(extra.get("penalty", cls.penalty)),
+                repair=float(extra.get("repair", cls.repair)),
+                simulation=str(extra.get("simulation", cls.simulation)),
+                polish=bool(extra.get("polish", False)),
+            )
+        except (TypeError, ValueError) as exc:
+            raise BackendError(f"mcmc: a malformed option: {exc}") from None
+        s._check()
+        return s
 
-    def propose(self, i: int, c: int) -> float:
-        old = self.choices[i]
-        if not math.isfinite(self.cost):  # from a forbidden start: no delta to build on
-            self.choices[i] = c
-            return evaluate_objective(self.p, self.choices, "additive")
-        delta = self._node_part(i, c) - self._node_part(i, old)
-        self.choices[i] = c
-        return self.cost + delta if math.isfinite(delta) else math.inf
+    def _check(self) -> None:
+        problems = []
+        if self.iterations is not None and self.iterations < 1:
+            problems.append("iterations >= 1")
+        if not self.inits or not set(self.inits) <= set(INITS):
+            problems.append(f"inits from {INITS}")
+        if not all(t > 0 for t in self.temperature) or (self.beta is not None and self.beta < 0):
+            problems.append("temperatures > 0 and beta >= 0")
+        if self.cycle < 1 or self.screen < 0 or not 0 <= self.repair <= 1:
+            problems.append("cycle >= 1, screen >= 0 and repair in [0, 1]")
+        if not all(w > 0 for w in self.penalty):
+            problems.append("penalty weights > 0")
+        drawn = KINDS[:-1]  # repairs are not drawn by weight: see `repair`
+        weights = list(self.mix.values())
+        if not set(self.mix) <= set(drawn) or any(w < 0 for w in weights):
+            problems.append(f"mix weights >= 0 for kinds from {drawn}")
+        elif self.mix and sum(weights) <= 0:
+            problems.append("a mix with a positive weight")
+        if self.simulation not in ("delta", "full"):
+            problems.append('simulation "delta" or "full"')
+        if problems:
+            raise BackendError(f"mcmc needs {', '.join(problems)}")
 
-    def commit(self, cost: float) -> None:
-        self.cost = cost
 
-    def revert(self, i: int, c: int) -> None:
-        self.choices[i] = c
-
-
-class _Makespan:
-    """The simulated makespan with delta simulation (FlexFlow Alg. 2)."""
-
-    def __init__(self, problem: Problem, choices: Sequence[int], delta: bool = True):
-        from planner.sim.simulator import Simulator
-
-        assert problem.cost_model is not None and problem.space is not None
-        self.p = problem
-        self.delta = delta
-        self.choices = list(choices)
-        self.sim = Simulator(problem.cost_model, problem.strategy(choices).configs)
-        self.cost = self.sim.makespan
-
-    def _set(self, i: int, c: int) -> float:
-        from planner.sim.simulator import Simulator
-
-        space, cm = self.p.space, self.p.cost_model
-        assert space is not None and cm is not None
-        self.choices[i] = c
-        if not self.delta:  # Algorithm 1 from scratch, for comparison
-            self.sim = Simulator(cm, self.p.strategy(self.choices).configs)
-            return self.sim.makespan
-        return self.sim.change_many([(op, space[op].configs[c]) for op in self.p.ops_of_nodes[i]])
-
-    def propose(self, i: int, c: int) -> float:
-        return self._set(i, c)
-
-    def commit(self, cost: float) -> None:
-        self.cost = cost
-
-    def revert(self, i: int, c: int) -> None:
-        self._set(i, c)
+def _pair(value: Any) -> tuple[float, float]:
+    if isinstance(value, int | float):
+        return float(value), float(value)
+    a, b = value
+    return float(a), float(b)
 
 
 class McmcBackend(Backend):
@@ -130,154 +148,220 @@ class McmcBackend(Backend):
     exact = False
 
     def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
-        extra = options.extra
-        iterations = int(extra.get("iterations", 1000))
-        inits = tuple(extra.get("inits", INITS))
-        if iterations < 1 or not set(inits) <= set(INITS):
-            raise BackendError(f"mcmc needs iterations >= 1 and inits from {INITS}")
-        rng = np.random.default_rng(options.seed)
-        deadline = time.perf_counter() + options.time_limit
-        starts = self._starts(problem, options, inits, rng)
-        best: tuple[float, tuple[int, ...]] | None = None
-        trace: list[tuple[float, float]] = []
-        chains = []
-        timed_out = False
-        t0 = time.perf_counter()
-        for name, choices in starts:
-            if past(deadline):
-                timed_out = True
+        settings = Settings.of(options.extra)
+        return _Search(problem, options, settings).run()
+
+
+class _Search:
+    """One run: score the starts, then one annealing chain with restarts (module docstring)."""
+
+    def __init__(self, problem: Problem, options: SolveOptions, settings: Settings):
+        self.p = problem
+        self.opts = options
+        self.s = settings
+        self.rng = np.random.default_rng(options.seed)
+        self.t0 = time.perf_counter()
+        self.deadline = self.t0 + options.time_limit
+        self.best: tuple[float, tuple[int, ...]] | None = None
+        self.trace: list[tuple[float, float]] = []
+        self.log = ProgressLog("mcmc")
+        self.counts = {k: [0, 0, 0] for k in KINDS}  # proposed, accepted, new best
+        self.stats: dict[str, Any] = {}
+        self.step = self.max_level = 0  # the chain's proposal count and highest heat level
+        self.scale = 1.0  # cost of the chain's first state: the unit of temperature
+        self.start_list: list[tuple[int, ...]] = []  # the simulated starts, in Eq. 1 order
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def run(self) -> SolveResult:
+        from backends.mcmc_state import MemoryUsage
+
+        p = self.p
+        if p.usage_limit is not None:
+            reason = MemoryUsage(p, [0] * p.num_nodes).proven_infeasible()
+            if reason is not None:
+                return SolveResult("mcmc", Status.INFEASIBLE, stats={"infeasible": reason})
+        state = self._best_start()
+        limit = Limit.TIME if state is None else self._chain(state)
+        if self.s.polish and self.best is not None and limit is Limit.ITERATIONS:
+            limit = self._polish()
+        self.stats["trace"] = self.trace
+        self.stats["proposal_kinds"] = {k: v for k, v in self.counts.items() if v[0]}
+        if self.best is None:
+            return SolveResult("mcmc", Status.NO_SOLUTION, limit=limit, stats=self.stats)
+        best, value = self.best[1], self.best[0]
+        return SolveResult("mcmc", Status.FEASIBLE, best, value, limit=limit, stats=self.stats)
+
+    def _keep(self, state: ChainState) -> bool:
+        """Record the state if it is valid and better than the best so far."""
+        if not state.valid or (self.best is not None and state.cost >= self.best[0]):
+            return False
+        self.best = (state.cost, tuple(state.choices))
+        self.trace.append((time.perf_counter() - self.t0, state.cost))
+        return True
+
+    # -- starts ----------------------------------------------------------------------------
+
+    def _best_start(self) -> ChainState | None:
+        """Score the starts (module docstring) in the order of their Eq. 1 cost; return the
+        state of the best one. Under the makespan objective a start is not simulated when its
+        Eq. 1 cost is over SKIP_FACTOR times the best start's (its simulation can take longer
+        than the whole budget: model parallelism of nmt on 16 GPUs has 3.4 M tasks, 72 s), or
+        once the starts have used START_SHARE of the budget."""
+        scores: dict[str, float | None] = {}
+        skipped: list[str] = []
+        best: tuple[float, ChainState] | None = None
+        found = start_choices(self.p, self.opts, self.s.inits, self.rng, self.deadline)
+        eq1 = [additive_cost(self.p, choices) for _, choices in found]
+        cheapest = min(eq1, default=math.inf)
+        budget = self.t0 + START_SHARE * self.opts.time_limit
+        simulated = self.opts.objective == "makespan"
+        for k in sorted(range(len(found)), key=lambda k: (eq1[k], k)):
+            name, choices = found[k]
+            if past(self.deadline):
                 break
-            value, found, steps, accepted, stop = self._chain(
-                problem, options, choices, iterations, rng, deadline
-            )
-            chains.append({"init": name, "best": value, "proposals": steps, "accepted": accepted})
-            if found is not None and (best is None or value < best[0]):
-                best = (value, found)
-                trace.append((time.perf_counter() - t0, value))
-            timed_out = timed_out or stop
-        stats: dict[str, Any] = {
-            "chains": chains,
-            "trace": trace,
-            "iterations_per_chain": iterations,
-        }
-        if best is not None and extra.get("polish", False) and not timed_out:
-            value, found, complete = self._polish(problem, options, best[1], deadline)
-            stats["locally_optimal"] = complete
-            if value < best[0]:
-                best = (value, found)
-                trace.append((time.perf_counter() - t0, value))
-            timed_out = not complete
-        limit = Limit.TIME if timed_out else Limit.ITERATIONS
-        if best is None:
-            return SolveResult(self.name, Status.NO_SOLUTION, limit=limit, stats=stats)
-        return SolveResult(self.name, Status.FEASIBLE, best[1], limit=limit, stats=stats)
+            hopeless = eq1[k] > SKIP_FACTOR * cheapest or time.perf_counter() > budget
+            if best is not None and simulated and hopeless:
+                skipped.append(name)
+                continue
+            state = ChainState(self.p, choices, self.opts.objective, self.s.simulation)
+            energy = state.cost + self.s.penalty[0] * state.violation * max(state.cost, 1e-300)
+            scores[name] = state.cost if state.valid else None
+            self.start_list.append(tuple(choices))
+            self._keep(state)
+            if best is None or energy < best[0]:
+                best, self.stats["start"] = (energy, state), name
+        self.stats["starts"] = scores
+        self.stats["skipped_starts"] = skipped
+        return None if best is None else best[1]
 
-    def _starts(
-        self,
-        problem: Problem,
-        options: SolveOptions,
-        inits: tuple[str, ...],
-        rng: np.random.Generator,
-    ) -> list[tuple[str, tuple[int, ...]]]:
-        out: list[tuple[str, tuple[int, ...]]] = []
-        has_dnn = problem.graph is not None and problem.devices is not None
-        for name in inits:
-            if name == "warm_start" and options.warm_start is not None:
-                out.append((name, problem.check_choices(options.warm_start)))
-            elif name == "random":
-                out.append((name, tuple(int(rng.integers(n)) for n in problem.sizes)))
-            elif name in ("data_parallel", "expert") and has_dnn:
-                assert problem.graph is not None and problem.devices is not None
-                names = (
-                    ["data_parallel"]
-                    if name == "data_parallel"
-                    else [b for b in applicable(problem.graph) if b != "data_parallel"]
-                )
-                for b in names:
-                    try:
-                        out.append(
-                            (b, problem.choices_of(BASELINES[b](problem.graph, problem.devices)))
-                        )
-                    except ConfigError:
-                        continue
-            elif name == "data_parallel" and not has_dnn:
-                out.append(("cheapest_node", tuple(int(np.argmin(c)) for c in problem.node_cost)))
-        return out
+    # -- the chain -------------------------------------------------------------------------
 
-    def _polish(
-        self, problem: Problem, options: SolveOptions, choices: tuple[int, ...], deadline: float
-    ) -> tuple[float, tuple[int, ...], bool]:
-        """First-improvement local search until no single-node change improves the cost
-        (then the answer is locally optimal: complete=True) or time runs out."""
-        state = self._state(problem, options, choices)
+    def _schedule(self, level: int) -> tuple[float, float]:
+        """(beta per unit of energy, penalty weight) at this heat level and budget point."""
+        if self.s.iterations is not None:
+            frac = min(1.0, self.step / self.s.iterations)
+        else:
+            frac = min(1.0, (time.perf_counter() - self.t0) / self.opts.time_limit)
+        (first, hottest), (w0, w1) = self.s.temperature, self.s.penalty
+        temp = min(hottest, first * 2**level)
+        beta = self.s.beta if self.s.beta is not None else 1.0 / (temp * self.scale)
+        return beta, w0 * (w1 / w0) ** frac
+
+    def _energy(self, cost: float, violation: float, weight: float) -> float:
+        return cost + weight * violation * self.scale
+
+    def _chain(self, state: ChainState) -> Limit:
+        s, rng = self.s, self.rng
+        self.scale = max(state.cost, 1e-300)
+        mix = s.mix or (DNN_MIX if self.p.space is not None else TABLE_MIX)
+        proposer = Proposer(self.p, mix, rng)
+        screen = s.screen if state.sim is not None else 0.0
+        first, hottest = s.temperature
+        self.max_level = max(0, math.ceil(math.log2(hottest / first)))
+        step = accepted = screened = level = since = restarts = 0
+        beta = weight = 0.0
+        while True:
+            if s.iterations is not None and step >= s.iterations:
+                limit = Limit.ITERATIONS
+                break
+            if past(self.deadline):
+                limit = Limit.TIME
+                break
+            step = self.step = step + 1
+            if since >= s.cycle * 2**level and self.best is not None:
+                # Stuck: back to the best, and the next round hotter and longer; once at the
+                # hottest, every other round goes back to one of the starts instead, in turn.
+                target = self.best[1]
+                if level == self.max_level and restarts % 2:
+                    target = self.start_list[(restarts // 2) % len(self.start_list)]
+                state.jump_to(target)
+                level, since, restarts = min(level + 1, self.max_level), 0, restarts + 1
+            since += 1
+            beta, weight = self._schedule(level)
+            proposal = proposer.propose(state, s.repair if not state.valid else 0.0)
+            if proposal is None:
+                limit = Limit.ITERATIONS  # a single choice vector: nothing to search
+                break
+            kind, changes = proposal
+            self.counts[kind][0] += 1
+            if screen and kind != "repair" and self._screened(state, changes, screen):
+                screened += 1
+                continue
+            before = self._energy(state.cost, state.violation, weight)
+            was = state.cost, state.violation
+            undo = [(i, state.choices[i]) for i, _ in changes]
+            state.move(changes)
+            after = self._energy(state.cost, state.violation, weight)
+            u = rng.random()
+            if after <= before or u < math.exp(-beta * (after - before)):
+                accepted += 1
+                self.counts[kind][1] += 1
+                if self._keep(state):
+                    self.counts[kind][2] += 1
+                    level = since = 0  # improving: stay greedy
+                if accepted % RESYNC == 0 and state.memory is not None:
+                    state.memory.resync()
+            else:
+                state.undo(undo, *was)
+            self._progress(step, accepted, state, beta)
+        self.stats.update(
+            proposals=step,
+            accepted=accepted,
+            screened=screened,
+            simulated=step - screened,
+            acceptance_rate=accepted / max(1, step - screened),
+            restarts=restarts,
+            final_level=level,
+            final_beta=beta,
+            final_penalty=weight,
+        )
+        self._progress(step, accepted, state, beta, force=True)
+        return limit
+
+    @staticmethod
+    def _screened(state: ChainState, changes: list[tuple[int, int]], screen: float) -> bool:
+        """OptCNN Eq. 1 says the proposal is much worse: not worth a simulation."""
+        if len(changes) == 1:
+            delta = state.additive.delta(*changes[0])[0]
+        else:
+            delta = state.additive.delta_many(changes)
+        return delta > screen * state.cost
+
+    def _progress(
+        self, step: int, accepted: int, state: ChainState, beta: float, force: bool = False
+    ) -> None:
+        self.log(
+            lambda: (
+                f"{step} proposals, best {self.best[0] if self.best else math.inf:.6g}, "
+                f"current {state.cost:.6g}{'' if state.valid else ' (invalid)'}, "
+                f"beta {beta:.4g}, acceptance {accepted / max(1, step):.1%}"
+            ),
+            force=force,
+        )
+
+    def _polish(self) -> Limit:
+        """First-improvement local search until no single-node change improves the best
+        (stats["locally_optimal"]) or time runs out."""
+        assert self.best is not None
+        p = self.p
+        state = ChainState(p, self.best[1], self.opts.objective, self.s.simulation)
         improved = True
         while improved:
             improved = False
-            for i in range(problem.num_nodes):
-                for c in range(problem.sizes[i]):
-                    if past(deadline):
-                        return state.cost, tuple(state.choices), False
+            for i in range(p.num_nodes):
+                for c in range(p.sizes[i]):
+                    if past(self.deadline):
+                        self.stats["locally_optimal"] = False
+                        return Limit.TIME
                     old = state.choices[i]
                     if c == old:
                         continue
-                    new = state.propose(i, c)
-                    ok = problem.usage_limit is None or memory_feasible(problem, state.choices)
-                    if ok and new < state.cost * (1 - 1e-12):
-                        state.commit(new)
+                    value, _ = state.move([(i, c)])
+                    if state.valid and value < self.best[0] * (1 - 1e-12):
+                        self._keep(state)
                         improved = True
                     else:
-                        state.revert(i, old)
-        return state.cost, tuple(state.choices), True
-
-    @staticmethod
-    def _state(
-        problem: Problem, options: SolveOptions, choices: Sequence[int]
-    ) -> _Makespan | _Additive:
-        if options.objective == "makespan":
-            return _Makespan(problem, choices, options.extra.get("simulation", "delta") == "delta")
-        return _Additive(problem, choices)
-
-    def _chain(
-        self,
-        problem: Problem,
-        options: SolveOptions,
-        choices: tuple[int, ...],
-        iterations: int,
-        rng: np.random.Generator,
-        deadline: float,
-    ) -> tuple[float, tuple[int, ...] | None, int, int, bool]:
-        state = self._state(problem, options, choices)
-        valid = math.isfinite(state.cost) and memory_feasible(problem, state.choices)
-        best_value = state.cost if valid else math.inf
-        best = tuple(state.choices) if valid else None
-        beta = float(
-            options.extra.get("beta", 50.0 / state.cost if valid and state.cost > 0 else 1.0)
-        )
-        since, accepted, step = 0, 0, 0
-        for step in range(1, iterations + 1):
-            if since > iterations // 2:
-                break
-            if step % 16 == 0 and past(deadline):
-                return best_value, best, step, accepted, True
-            i = int(rng.integers(problem.num_nodes))
-            old = state.choices[i]
-            c = int(rng.integers(problem.sizes[i]))
-            u = rng.random()
-            if c == old:
-                since += 1
-                continue
-            new = state.propose(i, c)
-            ok = math.isfinite(new) and (
-                problem.usage_limit is None or memory_feasible(problem, state.choices)
-            )
-            current = state.cost if math.isfinite(state.cost) else math.inf
-            if ok and (new <= current or u < math.exp(beta * (current - new))):
-                state.commit(new)
-                accepted += 1
-                if new < best_value:
-                    best_value, best, since = new, tuple(state.choices), 0
-                    continue
-            else:
-                state.revert(i, old)
-            since += 1
-        return best_value, best, step, accepted, False
+                        state.move([(i, old)])
+        self.stats["locally_optimal"] = True
+        return Limit.ITERATIONS

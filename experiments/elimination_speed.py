@@ -61,7 +61,10 @@ def _main(argv: Sequence[str] | None) -> int:
     p.add_argument("--dfs-devices", type=nonnegative_int, default=4, help="DFS columns up to here")
     p.add_argument("--repeats", type=positive_int, default=3, help="elimination runs (median)")
     p.add_argument(
-        "--space", default=None, choices=("full", "mesh", "auto"), help="config space (default: build_problem's)"
+        "--space",
+        default=None,
+        choices=("full", "mesh", "auto"),
+        help="config space (default: build_problem's)",
     )
     args = p.parse_args(argv)
     space = {} if args.space is None else {"space": args.space}

@@ -37,12 +37,11 @@ Start = tuple[str, tuple[int, ...]]
 
 
 def feasible_start(problem: Problem, deadline: float) -> tuple[int, ...] | None:
-    """A memory-feasible choice vector found fast, or None. The one place to switch to
-    `backends.feasible.feasible_choices(problem, deadline)` once it exists."""
-    from backends.selection import seed_choices, selection
+    """A memory-feasible choice vector found fast (the heuristic every backend shares:
+    greedy by cost per byte, then repair and local search), or None."""
+    from backends.feasible import feasible_choices
 
-    found = seed_choices(problem, selection(problem), deadline)
-    return None if found is None else found[0]
+    return feasible_choices(problem, deadline)
 
 
 def start_choices(

@@ -117,7 +117,9 @@ def test_a_valid_answer_at_the_time_limit_instead_of_no_solution(name: str) -> N
     p = _with_trap(random_problem(1500, 40, seed=0))
     r = get_backend(name).solve(p, SolveOptions(time_limit=3.0))
     assert r.status is Status.FEASIBLE, r.stats
-    assert r.limit is Limit.TIME
+    # At the limit, or (on a fast machine) done early with a model restricted around the
+    # start to fit the limit: either way not a proof, so FEASIBLE.
+    assert r.limit is Limit.TIME or r.stats.get("restricted"), r.stats
     assert memory_feasible(p, r.choices) and math.isfinite(r.objective_value())
     assert r.choices[-3:] == (1, 1, 1)
     assert r.bound is not None and r.bound <= r.objective

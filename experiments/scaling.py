@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import inspect
 import json
 import logging
 import math
@@ -66,7 +65,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--full", action="store_true", help="the docs' run: every model and size")
     p.add_argument("--per-device-batch", type=positive_int, default=32)
     p.add_argument(
-        "--space", default=None, help="config space for build_problem (full, mesh, auto)"
+        "--space",
+        default=None,
+        choices=("full", "mesh", "auto"),
+        help="config space for build_problem (default: its auto)",
     )
     p.add_argument("--max-configs", type=positive_int, default=None)
     p.add_argument(
@@ -88,15 +90,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.models) - set(MODELS))
     if unknown:
         p.error(f"unknown model(s) {unknown}; available: {', '.join(MODELS)}")
-    if args.space is not None and not _takes_space():
-        log.warning("build_problem takes no `space` yet: --space %s is ignored", args.space)
     return args
-
-
-def _takes_space() -> bool:
-    from planner.problems.problem import build_problem
-
-    return "space" in inspect.signature(build_problem).parameters
 
 
 # -- one case, in its own process ---------------------------------------------------------------
@@ -145,15 +139,14 @@ def run_case(model: str, preset: str, args: argparse.Namespace) -> None:
     )
     del dp
     kwargs: dict[str, Any] = {"max_configs": args.max_configs}
-    if args.space is not None and _takes_space():
+    if args.space is not None:
         kwargs["space"] = args.space
     t = time.perf_counter()
     problem = build_problem(graph, devices, cm, **kwargs)
     sizes = problem.sizes
-    stats = problem.stats
     done(
         "build",
-        space=str(stats.get("space", kwargs.get("space", "full"))),
+        space=problem.space.kind if problem.space is not None else "-",
         nodes=problem.num_nodes,
         configs_max=max(sizes),
         configs_median=statistics.median(sizes),

@@ -44,6 +44,8 @@ class BackendError(LayerwiseError):
 
 
 class Status(enum.Enum):
+    """How a search ended: what its answer is worth (a proof, an answer, or nothing)."""
+
     OPTIMAL = "OPTIMAL"  # proven optimal (within the solver's gap tolerance)
     FEASIBLE = "FEASIBLE"  # a valid answer, optimality not proven
     INFEASIBLE = "INFEASIBLE"  # proven that no valid answer exists
@@ -51,6 +53,9 @@ class Status(enum.Enum):
 
 
 class Limit(enum.Enum):
+    """Why a search stopped before it could prove anything more (None in a result: it
+    finished on its own)."""
+
     TIME = "TIME"
     ITERATIONS = "ITERATIONS"
     INTERRUPTED = "INTERRUPTED"  # the user asked to stop (Ctrl-C): best answer so far
@@ -118,6 +123,13 @@ class _CatchInterrupt:
 
 @dataclass(frozen=True)
 class SolveOptions:
+    """What to solve and within what: `objective` ("additive": OptCNN's Eq. 1 cost tables;
+    "makespan": the simulated iteration time, FlexFlow Sec. 5), a wall-clock `time_limit` in
+    seconds that covers the whole `solve`, a `seed` (every search is deterministic for one
+    seed, given the same limit), `threads` for the solvers that use several, an optional
+    `warm_start` (a choice vector, used as the incumbent where supported) and
+    backend-specific `extra` settings (documented per backend; unknown keys are errors)."""
+
     objective: str = "additive"
     time_limit: float = 10.0
     seed: int = 0
@@ -136,6 +148,11 @@ class SolveOptions:
 
 @dataclass(frozen=True)
 class SolveResult:
+    """A backend's answer: `status`, the chosen config per node (`choices`, None without an
+    answer), its `objective` value, the best proven lower `bound` (None if none), the `limit`
+    that stopped the search early (None if it finished), the `strategy` for DNN problems, and
+    backend-specific `stats` (phases in seconds, counts, the solver's own status)."""
+
     backend: str
     status: Status
     choices: tuple[int, ...] | None = None

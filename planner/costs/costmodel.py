@@ -66,6 +66,12 @@ class MeasuredTimes(Protocol):
 
 @dataclass(frozen=True)
 class CostOptions:
+    """Knobs of the analytic cost model: gradient synchronization (`sync`: "ring"
+    all-reduce or a parameter server "ps"), the fraction of peak FLOP/s and memory bandwidth
+    kernels reach, the backward pass's cost relative to the forward, a fixed overhead per
+    task in seconds, the bytes held per parameter byte (weights and gradients), and the
+    gradient all-reduce bucket size (as the runtime's)."""
+
     sync: Literal["ring", "ps"] = "ring"
     compute_efficiency: float = 0.5
     memory_efficiency: float = 0.8

@@ -61,6 +61,9 @@ def live_usage(intervals: np.ndarray, use: np.ndarray) -> np.ndarray:
 
 
 def memory_feasible(problem: Problem, choices: Sequence[int], rtol: float = 1e-9) -> bool:
+    """True when the choices' memory peak (`memory_peak`: a sweep over the live intervals)
+    is within the problem's usage limit in every pool (relative tolerance `rtol`); always
+    True without a limit."""
     if problem.usage_limit is None:
         return True
     return bool((memory_peak(problem, choices) <= problem.usage_limit * (1 + rtol)).all())

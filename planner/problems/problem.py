@@ -50,6 +50,14 @@ FORBIDDEN = 1e18  # cost-table convention: a cost >= 1e18 forbids the choice
 
 @dataclass(frozen=True, eq=False)
 class Problem:
+    """One planning problem in the form every backend reads: a graph of nodes, each with a
+    cost per choice (`node_cost`, OptCNN's t_c + t_s), and edges with a cost per pair of
+    choices (`edge_cost`, t_x); optionally per-choice memory `usage` with live `intervals`
+    and a `usage_limit` per pool. DNN problems (from `build_problem`) also carry the graph,
+    the devices, the config space and the cost model, so a choice vector maps back to a
+    `Strategy`; cost-table problems (read from JSON) carry the tables only. Tables may be
+    shared (the same read-only array) between identical nodes or edges."""
+
     name: str
     node_names: tuple[str, ...]
     node_cost: tuple[np.ndarray, ...]

@@ -28,6 +28,10 @@ STRATEGY_VERSION = 1
 
 @dataclass(frozen=True)
 class Strategy:
+    """A parallelization strategy: one ParallelConfig (degrees per output dimension and the
+    devices that run the parts) per op of `graph` on `devices`; validated on creation, saved
+    and loaded as the plan file format (docs/strategy.md)."""
+
     graph: OpGraph
     devices: DeviceGraph
     configs: tuple[ParallelConfig, ...]

@@ -11,11 +11,12 @@ from hypothesis import strategies as st
 
 from backends import SolveOptions, SolveResult, Status, get_backend
 from backends.base import evaluate_objective
-from backends.recommend import baseline_times, is_switched, recommend
+from backends.recommend import HOPELESS, baseline_times, is_switched, recommend
 from planner.graph.zoo import model_graph
 from planner.hardware.presets import get_preset
 from planner.problems.baselines import data_parallel
 from planner.problems.costtable import random_problem
+from planner.problems.evaluate import additive_cost
 from planner.problems.problem import Problem, build_problem
 
 
@@ -56,7 +57,7 @@ def test_lenet5_on_four_p100s_recommends_data_parallelism() -> None:
 def test_an_answer_faster_than_every_baseline_is_kept() -> None:
     p = problem("lenet5", "p100-2x4")
     optimum = get_backend("elimination").solve(p, SolveOptions())
-    rec = recommend(p, optimum)
+    rec = recommend(p, optimum, "additive", baseline_times(p))
     assert not is_switched(rec)
     assert dataclasses.replace(rec, stats=optimum.stats) == optimum
     decision = rec.stats["recommendation"]
@@ -103,3 +104,29 @@ def test_the_recommendation_never_simulates_slower_than_a_baseline(data: st.Data
     if is_switched(rec):
         assert rec.choices in [b.choices for b in times.values()]
         assert rec.stats["searched"]["choices"] == list(choices)
+
+
+def test_hopeless_baselines_are_listed_not_simulated() -> None:
+    """lenet5 on 8 GPUs: every baseline costs over HOPELESS times the optimum under Eq. 1;
+    none is simulated, each is listed with its ratio, and the decision is the one full
+    simulation of every baseline gives."""
+    p = problem("lenet5", "p100-2x4")
+    result = get_backend("elimination").solve(p, SolveOptions())
+    rec = recommend(p, result)
+    decision = rec.stats["recommendation"]
+    assert decision["baselines"] == {} and decision["reason"] == "no baseline within 10x Eq. 1"
+    ratios = decision["not_simulated"]
+    assert set(ratios) == set(baseline_times(p)) and min(ratios.values()) > HOPELESS
+    for name, ratio in ratios.items():
+        choices = baseline_times(p)[name].choices
+        assert ratio == pytest.approx(additive_cost(p, choices) / result.objective_value())
+    assert rec.choices == recommend(p, result, "additive", baseline_times(p)).choices
+
+
+def test_a_baseline_within_the_ratio_is_simulated_and_can_win() -> None:
+    """lenet5 on 4 GPUs: data parallelism has 3.5 times the optimum's Eq. 1 cost and
+    simulates faster; it is simulated, not skipped, and recommended."""
+    p = problem("lenet5", "p100-1x4")
+    rec = recommend(p, get_backend("elimination").solve(p, SolveOptions()))
+    assert "data_parallel" in rec.stats["recommendation"]["baselines"]
+    assert rec.stats["recommendation"].get("to") == "data_parallel"

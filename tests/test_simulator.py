@@ -367,3 +367,28 @@ def test_packed_keys_order_like_the_tuples(keys: list) -> None:
 
     assert sorted(keys) == sorted(keys, key=lambda k: pack(*k))
     assert all(unpack(pack(*k)) == k for k in keys)
+
+
+def test_sixteen_parameter_shards_keep_their_updates_in_program_order() -> None:
+    """Regression: with 16 or more parameter shards an update task's key overflowed into the
+    op field, so two ops' updates shared a key (no program order): delta simulation lost
+    track of a task and crashed (IndexError), full simulation could order tasks wrongly.
+    Every linear of alexnet split 16 ways by channel on 16 GPUs, reached by delta steps."""
+    p = problem("alexnet", "p100-4x4")
+    assert p.cost_model is not None and p.space is not None
+    configs = list(data_parallel(p.graph, p.devices).configs)  # type: ignore[arg-type]
+    sim = Simulator(p.cost_model, configs)
+    split = []
+    for i, op in enumerate(p.graph.ops):  # type: ignore[union-attr]
+        if op.kind != "linear":
+            continue
+        wide = [c for c in p.space[i].configs if len(p.cost_model.replica_groups(op, c)) >= 16]
+        if not wide:
+            continue  # e.g. 1,000 classes do not split 16 ways
+        configs[i] = wide[0]
+        split.append(i)
+        sim.change(i, wide[0])
+    assert len(split) >= 2
+    keys = sim.tasks.order_keys
+    assert len(set(keys)) == len(keys)
+    assert sim.makespan == Simulator(p.cost_model, configs).makespan

@@ -349,7 +349,8 @@ class Simulator:
             label = f"{update}{g}"
             for d in devs:
                 dur = copies * shard / (self.cm.mem_bw[d] * self.cm.options.memory_efficiency)
-                out.add(pack(UPDATE, s, g, d, 0, 0), d, float(dur), label, done)
+                # g in the index field: the 4-bit sub field would overflow at 16 groups
+                out.add(pack(UPDATE, s, 0, g, d, 0), d, float(dur), label, done)
         self.sync_tasks[s] = made = out.commit()
         return made
 

@@ -35,7 +35,7 @@ from rich.table import Table
 
 from backends import SolveOptions, get_backend
 from backends.base import evaluate_objective
-from planner.cli import OneLineArgumentParser, nonnegative_int, positive_seconds
+from planner.cli import OneLineArgumentParser, nonnegative_int, one_line, positive_seconds
 from planner.errors import LayerwiseError
 from planner.problems.baselines import BASELINES, applicable
 
@@ -303,8 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = PARTS[args.part](args, lambda text: console.print(text, style="dim"))
         path = _save(rows, args.out, args.part)
     except (LayerwiseError, OSError) as exc:
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        print(f"error: {lines[0] if lines else type(exc).__name__}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     console.print(_table(f"mcmc quality: {args.part}", rows))
     if args.part == "quality":

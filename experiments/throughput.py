@@ -15,7 +15,6 @@ import argparse
 import json
 import math
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,8 +24,8 @@ from rich.console import Console
 
 from backends import BackendError, SolveOptions, SolveResult, get_backend
 from backends.base import evaluate_objective
-from experiments.runinfo import finish, load_line, recorded_args, run_info
-from planner.cli import OneLineArgumentParser, positive_int
+from experiments.runinfo import finish, load_line, new_results_folder, recorded_args, run_info
+from planner.cli import OneLineArgumentParser, one_line, positive_int
 from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.errors import LayerwiseError
@@ -188,13 +187,7 @@ def save_results(
     name: str, out: Path, info: dict[str, Any], settings: list[Setting], points: list[Point]
 ) -> Path:
     """results/<name>-<time>/results.json with the run's provenance, settings and points."""
-    stamp = time.strftime(f"{name}-%Y%m%d-%H%M%S")
-    folder = out / stamp
-    k = 1
-    while folder.exists():
-        k += 1
-        folder = out / f"{stamp}-{k}"
-    folder.mkdir(parents=True)
+    folder = new_results_folder(out, name)
     data = {
         "format": f"layerwise.{name}",
         "version": 1,
@@ -393,7 +386,7 @@ def reproduce(rep: Reproduction, argv: Sequence[str] | None) -> int:
             **rep.plot_options(args),
         )
     except (LayerwiseError, OSError) as exc:
-        print(f"error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # a second Ctrl-C (the first stops the running search)
         print("error: interrupted", file=sys.stderr)

@@ -40,9 +40,9 @@ from experiments.runinfo import finish, new_results_folder, run_info
 from planner.cli import (
     OneLineArgumentParser,
     nonnegative_int,
-    one_line,
     positive_int,
     positive_seconds,
+    report_errors,
 )
 from planner.errors import LayerwiseError
 
@@ -70,8 +70,6 @@ MODES: dict[str, dict[str, Any]] = {
     },
 }
 EXIT_DISAGREEMENT = 1
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 RESULTS_FORMAT = "layerwise.compare"
 RESULTS_VERSION = 2
 
@@ -427,25 +425,24 @@ def _record(case: Case) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the comparison; bad input is one `error:` line (exit 2), a second Ctrl-C (the
+    first stops the running search) exit 130, a disagreement between backends exit 1."""
+    return report_errors(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     console = Console()
     if not console.is_terminal:
         console.width = max(console.width, 120)  # a log file gets the whole table
-    try:
-        args = parse_args(argv)
-        info = run_info("experiments.compare", argv, args)
-        check_args(args)
-        folder = new_results_folder(args.out, "compare")
-        cases = run(args, console, folder)
-        for t in tables(cases, args.objective, args.time_limit):
-            console.print(t)
-        console.print(legend(args.objective))
-        save(cases, finish(info), folder, not args.no_plot)
-    except (LayerwiseError, OSError) as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:  # a second Ctrl-C (the first stops the running search)
-        print("error: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    args = parse_args(argv)
+    info = run_info("experiments.compare", argv, args)
+    check_args(args)
+    folder = new_results_folder(args.out, "compare")
+    cases = run(args, console, folder)
+    for t in tables(cases, args.objective, args.time_limit):
+        console.print(t)
+    console.print(legend(args.objective))
+    save(cases, finish(info), folder, not args.no_plot)
     console.print(f"results written to {folder}")
     bad = [r for c in cases for r in c.rows if r.verdict in PROBLEM_VERDICTS]
     if bad:

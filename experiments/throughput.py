@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,15 +24,12 @@ from rich.console import Console
 from backends import BackendError, SolveOptions, SolveResult, get_backend
 from backends.base import evaluate_objective
 from experiments.runinfo import finish, load_line, new_results_folder, recorded_args, run_info
-from planner.cli import OneLineArgumentParser, one_line, positive_int
+from planner.cli import OneLineArgumentParser, positive_int, report_errors
 from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.errors import LayerwiseError
 from planner.problems.baselines import BASELINES
 from planner.problems.problem import Problem
-
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 
 
 class LocalBatchNormCostModel(CostModel):
@@ -358,38 +354,36 @@ class Reproduction:
 
 def reproduce(rep: Reproduction, argv: Sequence[str] | None) -> int:
     """Run (or, with --from-results, reprint) a reproduction: tables, the setting line with the
-    load, a plot; bad input is one `error:` line (exit 2), a second Ctrl-C exit 130."""
+    load, a plot; bad input is one `error:` line (exit 2), a second Ctrl-C (the first stops
+    the running search) exit 130 (`planner.cli.report_errors`)."""
+    return report_errors(lambda: _reproduce(rep, argv))
+
+
+def _reproduce(rep: Reproduction, argv: Sequence[str] | None) -> int:
     console = Console()
     if not console.is_terminal:
         console.width = max(console.width, rep.width)
-    try:
-        args = rep.parse_args(argv)
-        if args.from_results:
-            info, settings, points = load_results(args.from_results, rep.name)
-            args = recorded_args(args, info)
-            folder = args.from_results.parent
-        else:
-            info = run_info(f"experiments.{rep.name}", argv, args)
-            settings, points = run_grid(args, console, rep.measure)
-            info = finish(info)
-            folder = save_results(rep.name, args.out, info, settings, points)
-        for table in rep.tables(args, settings, points):
-            console.print(table)
-        console.print(f"setting: {rep.setting(args)}; {load_line(info)}")
-        plot_throughput(
-            points,
-            args.models,
-            rep.strategies,
-            args.plot or folder / f"{rep.name}.png",
-            f"{rep.title}: {rep.setting(args)}",
-            ideal_from="data_parallel",
-            **rep.plot_options(args),
-        )
-    except (LayerwiseError, OSError) as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:  # a second Ctrl-C (the first stops the running search)
-        print("error: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    args = rep.parse_args(argv)
+    if args.from_results:
+        info, settings, points = load_results(args.from_results, rep.name)
+        args = recorded_args(args, info)
+        folder = args.from_results.parent
+    else:
+        info = run_info(f"experiments.{rep.name}", argv, args)
+        settings, points = run_grid(args, console, rep.measure)
+        info = finish(info)
+        folder = save_results(rep.name, args.out, info, settings, points)
+    for table in rep.tables(args, settings, points):
+        console.print(table)
+    console.print(f"setting: {rep.setting(args)}; {load_line(info)}")
+    plot_throughput(
+        points,
+        args.models,
+        rep.strategies,
+        args.plot or folder / f"{rep.name}.png",
+        f"{rep.title}: {rep.setting(args)}",
+        ideal_from="data_parallel",
+        **rep.plot_options(args),
+    )
     console.print(f"results in {folder}")
     return 0

@@ -1,6 +1,8 @@
 """Shared by the paper reproductions (experiments.optcnn_fig7, experiments.flexflow_throughput):
 build a problem at a paper's setting, score named strategies under both objectives, and turn
-a simulated iteration time into training throughput (samples per second).
+a simulated iteration time into training throughput (samples per second); the options every
+reproduction has (`reproduction_parser`), the loop over models and GPU counts (`run_grid`)
+and the command line around it (`reproduce`, given a `Reproduction`).
 
 A strategy's throughput is its global batch over its simulated iteration time (FlexFlow's
 simulator, planner/sim); `score="additive"` uses OptCNN's Eq. 1 instead (what OptCNN's

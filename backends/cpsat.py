@@ -55,7 +55,6 @@ from backends.base import (
     Status,
     stop_requested,
 )
-from backends.feasible import rounded_positions
 from backends.linear import write_mps
 from backends.placement import (
     PlacementOutcome,
@@ -67,7 +66,14 @@ from backends.placement import (
     retime,
 )
 from backends.selection import Selection, memory_form
-from backends.solver_common import Clock, SolverBackend, SolverSteps, Warm, placement_result
+from backends.solver_common import (
+    Clock,
+    SolverBackend,
+    SolverSteps,
+    Warm,
+    placement_result,
+    rounded_lp_start,
+)
 from planner.problems.problem import Problem
 
 __all__ = ["CpsatBackend", "CpsatModel", "decode", "encode", "solve_encoded"]
@@ -626,14 +632,8 @@ def _lp_hint(model: CpsatModel, options: SolveOptions, deadline: float) -> dict[
     # every value as one array (Solver.values would need pandas)
     x = np.asarray(glop._Solver__solve_helper.variable_values())  # type: ignore[attr-defined]
     polish = min(deadline, time.perf_counter() + LP_FRACTION * left)
-    pos = rounded_positions(sel, [x[c] if c is not None else np.ones(1) for c in ap.x], polish)
-    if pos is None:
-        return {**out, "lp_start": "rounding found no valid answer"}
-    choices = sel.choices(pos)
-    value = sel.cost(choices)
-    better = model.warm is None or value < sel.cost(model.warm)
-    out["lp_start"] = f"rounded LP answer {value:.6g}" + (" (used)" if better else "")
-    if better:
+    choices, out["lp_start"] = rounded_lp_start(sel, ap, x, model.warm, polish)
+    if choices is not None:
         model.model.clear_hints()
         _hint_selection(model.model, model, choices, model.encoder)
         model.warm, model.hint = choices, "lp_rounding"

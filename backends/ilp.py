@@ -59,7 +59,6 @@ import pulp
 from backends.additive_lp import AdditiveProgram, additive_program, assignment, positions
 from backends.base import BackendError, Limit, SolveOptions, SolveResult, Status, stop_requested
 from backends.cbc import parse_log, run_cbc
-from backends.feasible import rounded_positions
 from backends.linear import read_solution, write_mps, write_start
 from backends.placement import (
     PlacementOutcome,
@@ -71,7 +70,14 @@ from backends.placement import (
     retime,
 )
 from backends.selection import Selection
-from backends.solver_common import Clock, SolverBackend, SolverSteps, Warm, placement_result
+from backends.solver_common import (
+    Clock,
+    SolverBackend,
+    SolverSteps,
+    Warm,
+    placement_result,
+    rounded_lp_start,
+)
 from planner.problems.problem import Problem
 
 __all__ = [
@@ -533,14 +539,8 @@ def _lp_start(
         value = float(status.rsplit(" ", 1)[-1])
         out["lp_bound"] = value  # scaled, without the offset (as CBC's bound)
     polish = min(deadline, time.perf_counter() + LP_FRACTION * left)
-    pos = rounded_positions(sel, [x[c] if c is not None else np.ones(1) for c in ap.x], polish)
-    if pos is None:
-        return {**out, "lp_start": "rounding found no valid answer"}
-    choices = sel.choices(pos)
-    value = sel.cost(choices)
-    better = model.warm is None or value < sel.cost(model.warm)
-    out["lp_start"] = f"rounded LP answer {value:.6g}" + (" (used)" if better else "")
-    if better:
+    choices, out["lp_start"] = rounded_lp_start(sel, ap, x, model.warm, polish)
+    if choices is not None:
         model.warm, model.hint = choices, "lp_rounding"
         callback = options.extra.get("on_incumbent")
         if callback is not None:

@@ -25,8 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
+import numpy as np
+
+from backends.additive_lp import AdditiveProgram
 from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status, past
-from backends.feasible import feasible_positions, improve, neighbourhood
+from backends.feasible import feasible_positions, improve, neighbourhood, rounded_positions
 from backends.placement import (
     PlacementError,
     PlacementOutcome,
@@ -55,6 +58,7 @@ __all__ = [
     "out_of_time",
     "placement_for",
     "placement_result",
+    "rounded_lp_start",
     "warm_choices",
 ]
 
@@ -117,6 +121,27 @@ def warm_choices(
         if pos is not None:
             return sel.choices(pos), "heuristic"
     return None
+
+
+def rounded_lp_start(
+    sel: Selection,
+    ap: AdditiveProgram,
+    x: np.ndarray,
+    warm: tuple[int, ...] | None,
+    until: float,
+) -> tuple[tuple[int, ...] | None, str]:
+    """The additive model's LP relaxation solution `x` (a value per column of `ap`) rounded to
+    each node's largest x, repaired and improved until `until` (`rounded_positions`): its
+    choices when they beat `warm` (else None), and what came of it (the stats' "lp_start")."""
+    pos = rounded_positions(sel, [x[c] if c is not None else np.ones(1) for c in ap.x], until)
+    if pos is None:
+        return None, "rounding found no valid answer"
+    choices = sel.choices(pos)
+    value = sel.cost(choices)
+    better = warm is None or value < sel.cost(warm)
+    return (choices if better else None), f"rounded LP answer {value:.6g}" + (
+        " (used)" if better else ""
+    )
 
 
 def placement_for(problem: Problem, options: SolveOptions) -> PlacementProblem:

@@ -42,10 +42,12 @@ from typing import Any
 
 import numpy as np
 
+from experiments.runinfo import new_results_folder
 from planner.cli import (
     OneLineArgumentParser,
     nonnegative_int,
     nonnegative_seconds,
+    one_line,
     positive_int,
     positive_seconds,
 )
@@ -409,13 +411,7 @@ def _wait_for_idle(limit: float, say: Any, what: str) -> float | None:
 
 
 def save(rows: list[Row], summary: list[dict[str, Any]], args: argparse.Namespace) -> Path:
-    stamp = time.strftime("accuracy-%Y%m%d-%H%M%S")
-    folder = args.out / stamp
-    k = 1
-    while folder.exists():
-        k += 1
-        folder = args.out / f"{stamp}-{k}"
-    folder.mkdir(parents=True)
+    folder = new_results_folder(args.out, "accuracy")
     data = [asdict(r) for r in rows]
     meta = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     (folder / "accuracy.json").write_text(
@@ -494,10 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_summary(summary, say)
         folder = save(rows, summary, args)
     except (LayerwiseError, OSError) as exc:
-        print(
-            f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-            file=sys.stderr,
-        )
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     say(f"results written to {folder}")
     return 0

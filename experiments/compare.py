@@ -36,8 +36,14 @@ from backends import BackendError, SolveOptions, backend_names, get_backend
 from backends.base import evaluate_objective
 from backends.recommend import BaselineTime, baseline_times, recommend
 from experiments.compare_report import PROBLEM_VERDICTS, RTOL, legend, plot, summary, tables
-from experiments.runinfo import finish, run_info
-from planner.cli import OneLineArgumentParser, nonnegative_int, positive_int, positive_seconds
+from experiments.runinfo import finish, new_results_folder, run_info
+from planner.cli import (
+    OneLineArgumentParser,
+    nonnegative_int,
+    positive_int,
+    positive_seconds,
+    report_errors,
+)
 from planner.errors import LayerwiseError
 
 MODES: dict[str, dict[str, Any]] = {
@@ -64,8 +70,6 @@ MODES: dict[str, dict[str, Any]] = {
     },
 }
 EXIT_DISAGREEMENT = 1
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 RESULTS_FORMAT = "layerwise.compare"
 RESULTS_VERSION = 2
 
@@ -420,38 +424,25 @@ def _record(case: Case) -> dict[str, Any]:
     return {**out, "rows": [finite(r) for r in case.rows]}
 
 
-def new_folder(out: Path) -> Path:
-    stamp = time.strftime("compare-%Y%m%d-%H%M%S")
-    folder = out / stamp
-    k = 1
-    while folder.exists():  # two runs in the same second keep both results
-        k += 1
-        folder = out / f"{stamp}-{k}"
-    folder.mkdir(parents=True)
-    return folder
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the comparison; bad input is one `error:` line (exit 2), a second Ctrl-C (the
+    first stops the running search) exit 130, a disagreement between backends exit 1."""
+    return report_errors(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     console = Console()
     if not console.is_terminal:
         console.width = max(console.width, 120)  # a log file gets the whole table
-    try:
-        args = parse_args(argv)
-        info = run_info("experiments.compare", argv, args)
-        check_args(args)
-        folder = new_folder(args.out)
-        cases = run(args, console, folder)
-        for t in tables(cases, args.objective, args.time_limit):
-            console.print(t)
-        console.print(legend(args.objective))
-        save(cases, finish(info), folder, not args.no_plot)
-    except (LayerwiseError, OSError) as exc:
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        print(f"error: {lines[0] if lines else type(exc).__name__}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:  # a second Ctrl-C (the first stops the running search)
-        print("error: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    args = parse_args(argv)
+    info = run_info("experiments.compare", argv, args)
+    check_args(args)
+    folder = new_results_folder(args.out, "compare")
+    cases = run(args, console, folder)
+    for t in tables(cases, args.objective, args.time_limit):
+        console.print(t)
+    console.print(legend(args.objective))
+    save(cases, finish(info), folder, not args.no_plot)
     console.print(f"results written to {folder}")
     bad = [r for c in cases for r in c.rows if r.verdict in PROBLEM_VERDICTS]
     if bad:

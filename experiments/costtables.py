@@ -35,7 +35,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from planner.cli import OneLineArgumentParser, nonnegative_int, positive_int, positive_seconds
+from planner.cli import (
+    OneLineArgumentParser,
+    nonnegative_int,
+    one_line,
+    positive_int,
+    positive_seconds,
+)
 from planner.errors import LayerwiseError
 
 EXIT_BAD_INPUT = 2
@@ -310,8 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(table(rows, title))
         path = save(rows, args.out)
     except (LayerwiseError, OSError) as exc:
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        print(f"error: {lines[0] if lines else type(exc).__name__}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     console.print(f"results written to {path}")
     return 0

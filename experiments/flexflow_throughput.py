@@ -22,28 +22,28 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from backends import SolveOptions
 from experiments.throughput import (
     Point,
     Reproduction,
+    Say,
     Setting,
     baseline_point,
     build,
     fmt,
     lookup,
+    parse_reproduction_args,
     ratio,
     reproduce,
+    reproduction_parser,
     result_point,
     solve,
 )
-from planner.cli import OneLineArgumentParser, nonnegative_int, positive_int, positive_seconds
-from planner.errors import LayerwiseError
+from planner.cli import nonnegative_int, positive_int, positive_seconds
 
 MODELS = ["alexnet", "inception_v3", "resnet101", "rnntc", "rnnlm", "nmt"]
 GPUS = [4, 8, 16, 32, 64]
@@ -57,14 +57,12 @@ NAME = "flexflow_throughput"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = OneLineArgumentParser(
-        prog="python -m experiments.flexflow_throughput",
-        description="FlexFlow Sec. 8.2: throughput of data parallelism, the expert strategy, "
+    p = reproduction_parser(
+        "python -m experiments.flexflow_throughput",
+        "FlexFlow Sec. 8.2: throughput of data parallelism, the expert strategy, "
         "OptCNN's layer-wise optimum and MCMC on 4-64 GPUs, beside FlexFlow's speedups.",
-    )
-    p.add_argument("--models", nargs="+", default=MODELS, help=f"default {' '.join(MODELS)}")
-    p.add_argument(
-        "--gpus", nargs="+", type=positive_int, default=GPUS, help="default 4 8 16 32 64"
+        MODELS,
+        GPUS,
     )
     p.add_argument("--cluster", choices=["p100", "k80"], default="p100", help="nodes of 4 GPUs")
     p.add_argument(
@@ -74,13 +72,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="FlexFlow's batch (64, AlexNet 256) per GPU (default) or for the whole machine",
     )
     p.add_argument("--batch", type=positive_int, help="another batch for every model")
-    p.add_argument("--sync", choices=["ring", "ps"], default="ring", help="parameter sync model")
-    p.add_argument(
-        "--batch-norm",
-        choices=["sync", "local"],
-        default="sync",
-        help="sync: statistics exchanged across a sample split (default); local: per device",
-    )
     p.add_argument(
         "--time-limit", type=positive_seconds, default=30.0, help="mcmc's budget per setting (s)"
     )
@@ -91,25 +82,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="keep only the first N configs per op (default: the whole space build_problem "
         "picks, full or mesh)",
     )
-    p.add_argument("--out", type=Path, default=Path("results"), help="results folder")
-    p.add_argument("--plot", type=Path, help="write the figure here (default: results folder)")
-    p.add_argument(
-        "--from-results",
-        type=Path,
-        metavar="RESULTS_JSON",
-        help="print and plot a finished run's results.json again (its own settings), "
-        "computing nothing",
-    )
-    args = p.parse_args(argv)
-    from planner.graph.zoo import MODELS as ZOO
-
-    unknown = [m for m in args.models if m not in ZOO]
-    if unknown:
-        raise LayerwiseError(f"unknown model(s) {unknown}; available: {', '.join(ZOO)}")
-    bad = [g for g in args.gpus if g > 4 and g % 4]
-    if bad:
-        raise LayerwiseError(f"--gpus {bad}: above 4, GPUs come in nodes of 4 (8, 12, 16, ...)")
-    return args
+    return parse_reproduction_args(p, argv)
 
 
 def batch_of(args: argparse.Namespace, model: str, gpus: int) -> int:
@@ -117,41 +90,34 @@ def batch_of(args: argparse.Namespace, model: str, gpus: int) -> int:
     return base * gpus if args.batch_mode == "per-gpu" else base
 
 
-def run(args: argparse.Namespace, console: Console) -> tuple[list[Setting], list[Point]]:
-    settings, points = [], []
-    with console.status("") as status:
-        for model in args.models:
-            for gpus in sorted(args.gpus):
-                status.update(f"{model} on {gpus} GPUs: building cost tables")
-                problem, setting = build(
-                    model,
-                    gpus,
-                    batch_of(args, model, gpus),
-                    args.cluster,
-                    args.sync,
-                    args.batch_norm,
-                    args.max_configs,
-                )
-                settings.append(setting)
-                expert = "expert" if any(op.kind == "lstm" for op in problem.graph.ops) else "owt"
-                new = [baseline_point(problem, setting, "data_parallel", "simulated")]
-                new.append(_renamed(baseline_point(problem, setting, expert, "simulated")))
-                status.update(f"{model} on {gpus} GPUs: elimination")
-                optimum = solve(problem, "elimination", SolveOptions(time_limit=args.time_limit))
-                new.append(result_point(problem, setting, "layer-wise", optimum, "simulated"))
-                status.update(f"{model} on {gpus} GPUs: mcmc for {args.time_limit:g} s")
-                warm = None if isinstance(optimum, str) else optimum.choices
-                opts = SolveOptions(
-                    objective="makespan",
-                    time_limit=args.time_limit,
-                    seed=args.seed,
-                    warm_start=warm,
-                )
-                mcmc = solve(problem, "mcmc", opts)
-                new.append(result_point(problem, setting, "mcmc", mcmc, "simulated"))
-                points += new
-                console.print(_line(setting, new))
-    return settings, points
+def measure(
+    args: argparse.Namespace, model: str, gpus: int, say: Say
+) -> tuple[Setting, list[Point], str]:
+    """Data parallelism, the expert strategy, elimination and mcmc on one setting."""
+    say("building cost tables")
+    problem, setting = build(
+        model,
+        gpus,
+        batch_of(args, model, gpus),
+        args.cluster,
+        args.sync,
+        args.batch_norm,
+        args.max_configs,
+    )
+    expert = "expert" if any(op.kind == "lstm" for op in problem.graph.ops) else "owt"
+    new = [baseline_point(problem, setting, "data_parallel", "simulated")]
+    new.append(_renamed(baseline_point(problem, setting, expert, "simulated")))
+    say("elimination")
+    optimum = solve(problem, "elimination", SolveOptions(time_limit=args.time_limit))
+    new.append(result_point(problem, setting, "layer-wise", optimum, "simulated"))
+    say(f"mcmc for {args.time_limit:g} s")
+    warm = None if isinstance(optimum, str) else optimum.choices
+    opts = SolveOptions(
+        objective="makespan", time_limit=args.time_limit, seed=args.seed, warm_start=warm
+    )
+    mcmc = solve(problem, "mcmc", opts)
+    new.append(result_point(problem, setting, "mcmc", mcmc, "simulated"))
+    return setting, new, _line(setting, new)
 
 
 def _renamed(p: Point) -> Point:
@@ -252,7 +218,7 @@ THROUGHPUT = Reproduction(
     name=NAME,
     title="FlexFlow Sec. 8.2 setting",
     parse_args=lambda argv: parse_args(argv),
-    run=lambda args, console: run(args, console),
+    measure=lambda args, model, gpus, say: measure(args, model, gpus, say),
     tables=_tables,
     setting=lambda args: _setting(args),
     strategies=STRATEGIES,

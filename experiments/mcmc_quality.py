@@ -26,7 +26,7 @@ import argparse
 import csv
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from rich.table import Table
 
 from backends import SolveOptions, get_backend
 from backends.base import evaluate_objective
-from planner.cli import OneLineArgumentParser, nonnegative_int, positive_seconds
+from planner.cli import OneLineArgumentParser, nonnegative_int, one_line, positive_seconds
 from planner.errors import LayerwiseError
 from planner.problems.baselines import BASELINES, applicable
 
@@ -133,78 +133,83 @@ def _mcmc(problem: Any, seconds: float, seed: int, **kwargs: Any) -> Any:
     return get_backend("mcmc").solve(problem, opts)
 
 
+def _grid(args: argparse.Namespace) -> list[tuple[str, ...]]:
+    return [(m, p) for m in args.models for p in args.presets]
+
+
+def _built(
+    cases: Iterable[Sequence[str]], say: Callable[[str], None]
+) -> Iterator[tuple[str, str, Any]]:
+    """Each (model, preset) case with its problem, built when its turn comes."""
+    for model, preset in cases:
+        say(f"{model} on {preset}: building the problem")
+        yield model, preset, _problem(model, preset)
+
+
 def quality(args: argparse.Namespace, say: Callable[[str], None]) -> list[dict[str, Any]]:
     rows = []
-    for model in args.models:
-        for preset in args.presets:
-            say(f"{model} on {preset}: building the problem")
-            problem = _problem(model, preset)
-            name, ref, _ = reference(problem)
-            dp = evaluate_objective(
-                problem,
-                problem.choices_of(BASELINES["data_parallel"](problem.graph, problem.devices)),
-                "makespan",
-            )
-            say(
-                f"{model} on {preset}: mcmc for {args.budget:g} s (reference {name} {ref * 1e3:.3f} ms)"
-            )
-            r = _mcmc(problem, args.budget, args.seed)
-            rows.append(
-                {
-                    "model": model,
-                    "preset": preset,
-                    "data_parallel_ms": dp * 1e3,
-                    "reference": name,
-                    "reference_ms": ref * 1e3,
-                    "headroom_pct": 100 * (1 - work_bound(problem) / ref),
-                    "mcmc_ms": r.objective * 1e3,
-                    "gain_pct": 100 * (1 - r.objective / ref),
-                    "vs_data_parallel": dp / r.objective,
-                    "proposals": r.stats["proposals"],
-                    "acceptance": r.stats["acceptance_rate"],
-                    "start": r.stats["start"],
-                }
-            )
+    for model, preset, problem in _built(_grid(args), say):
+        name, ref, _ = reference(problem)
+        dp = evaluate_objective(
+            problem,
+            problem.choices_of(BASELINES["data_parallel"](problem.graph, problem.devices)),
+            "makespan",
+        )
+        say(
+            f"{model} on {preset}: mcmc for {args.budget:g} s (reference {name} {ref * 1e3:.3f} ms)"
+        )
+        r = _mcmc(problem, args.budget, args.seed)
+        rows.append(
+            {
+                "model": model,
+                "preset": preset,
+                "data_parallel_ms": dp * 1e3,
+                "reference": name,
+                "reference_ms": ref * 1e3,
+                "headroom_pct": 100 * (1 - work_bound(problem) / ref),
+                "mcmc_ms": r.objective * 1e3,
+                "gain_pct": 100 * (1 - r.objective / ref),
+                "vs_data_parallel": dp / r.objective,
+                "proposals": r.stats["proposals"],
+                "acceptance": r.stats["acceptance_rate"],
+                "start": r.stats["start"],
+            }
+        )
     return rows
 
 
 def proposals(args: argparse.Namespace, say: Callable[[str], None]) -> list[dict[str, Any]]:
     rows = []
-    for model in args.models:
-        for preset in args.presets:
-            say(f"{model} on {preset}: building the problem")
-            problem = _problem(model, preset)
-            _, ref, choices = reference(problem)
-            for label, extra in PROPOSALS.items():
-                say(f"{model} on {preset}: {label}, {args.budget:g} s")
-                warm = {"inits": ["warm_start"], **extra}
-                t0 = time.perf_counter()
-                r = _mcmc(problem, args.budget, args.seed, warm_start=choices, extra=warm)
-                seconds = time.perf_counter() - t0
-                gain = 100 * (1 - r.objective / ref)
-                rows.append(
-                    {
-                        "model": model,
-                        "preset": preset,
-                        "proposals": label,
-                        "proposed": r.stats["proposals"],
-                        "simulated": r.stats["simulated"],
-                        "acceptance": r.stats["acceptance_rate"],
-                        "gain_pct": gain,
-                        "gain_pct_per_s": gain / seconds,
-                    }
-                )
+    for model, preset, problem in _built(_grid(args), say):
+        _, ref, choices = reference(problem)
+        for label, extra in PROPOSALS.items():
+            say(f"{model} on {preset}: {label}, {args.budget:g} s")
+            warm = {"inits": ["warm_start"], **extra}
+            t0 = time.perf_counter()
+            r = _mcmc(problem, args.budget, args.seed, warm_start=choices, extra=warm)
+            seconds = time.perf_counter() - t0
+            gain = 100 * (1 - r.objective / ref)
+            rows.append(
+                {
+                    "model": model,
+                    "preset": preset,
+                    "proposals": label,
+                    "proposed": r.stats["proposals"],
+                    "simulated": r.stats["simulated"],
+                    "acceptance": r.stats["acceptance_rate"],
+                    "gain_pct": gain,
+                    "gain_pct_per_s": gain / seconds,
+                }
+            )
     return rows
 
 
 def schedule(args: argparse.Namespace, say: Callable[[str], None]) -> list[dict[str, Any]]:
     rows = []
-    cases = [c.split(":") for c in TUNE_CASES]
+    cases = [tuple(c.split(":")) for c in TUNE_CASES]
     if args.models != QUICK[0] or args.presets != QUICK[1]:
-        cases = [[m, p] for m in args.models for p in args.presets]
-    for model, preset in cases:
-        say(f"{model} on {preset}: building the problem")
-        problem = _problem(model, preset)
+        cases = _grid(args)
+    for model, preset, problem in _built(cases, say):
         for label, extra in POLICIES.items():
             say(f"{model} on {preset}: {label}, {args.budget:g} s")
             r = _mcmc(problem, args.budget, args.seed, extra=extra)
@@ -298,8 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = PARTS[args.part](args, lambda text: console.print(text, style="dim"))
         path = _save(rows, args.out, args.part)
     except (LayerwiseError, OSError) as exc:
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        print(f"error: {lines[0] if lines else type(exc).__name__}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     console.print(_table(f"mcmc quality: {args.part}", rows))
     if args.part == "quality":

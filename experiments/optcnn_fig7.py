@@ -22,9 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from backends import SolveOptions
@@ -32,18 +30,20 @@ from backends.recommend import recommend
 from experiments.throughput import (
     Point,
     Reproduction,
+    Say,
     Setting,
     baseline_point,
     build,
     fmt,
     lookup,
+    parse_reproduction_args,
     ratio,
     reproduce,
+    reproduction_parser,
     result_point,
     solve,
 )
-from planner.cli import OneLineArgumentParser, positive_int, positive_seconds
-from planner.errors import LayerwiseError
+from planner.cli import positive_int, positive_seconds
 
 MODELS = ["alexnet", "vgg16", "inception_v3"]
 GPUS = [1, 2, 4, 8, 16]
@@ -61,13 +61,13 @@ NAME = "optcnn_fig7"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = OneLineArgumentParser(
-        prog="python -m experiments.optcnn_fig7",
-        description="OptCNN Figure 7: training throughput of data, model, OWT and layer-wise "
+    p = reproduction_parser(
+        "python -m experiments.optcnn_fig7",
+        "OptCNN Figure 7: training throughput of data, model, OWT and layer-wise "
         "parallelism on 1-16 P100s, per-GPU batch 32, beside the paper's speedups.",
+        MODELS,
+        GPUS,
     )
-    p.add_argument("--models", nargs="+", default=MODELS, help=f"default {' '.join(MODELS)}")
-    p.add_argument("--gpus", nargs="+", type=positive_int, default=GPUS, help="default 1 2 4 8 16")
     batch = p.add_mutually_exclusive_group()
     batch.add_argument(
         "--per-gpu-batch",
@@ -78,14 +78,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     batch.add_argument(
         "--global-batch", type=positive_int, help="a fixed global batch instead (not the paper's)"
     )
-    p.add_argument("--sync", choices=["ring", "ps"], default="ring", help="parameter sync model")
-    p.add_argument(
-        "--batch-norm",
-        choices=["sync", "local"],
-        default="sync",
-        help="sync: statistics exchanged across a sample split (default); local: per-device "
-        "statistics, unpriced (as in 2018)",
-    )
     p.add_argument(
         "--score",
         choices=["simulated", "additive"],
@@ -95,56 +87,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--time-limit", type=positive_seconds, default=60.0, help="elimination's limit (s)"
     )
-    p.add_argument("--out", type=Path, default=Path("results"), help="results folder")
-    p.add_argument("--plot", type=Path, help="write the figure here (default: results folder)")
-    p.add_argument(
-        "--from-results",
-        type=Path,
-        metavar="RESULTS_JSON",
-        help="print and plot a finished run's results.json again (its own settings), "
-        "computing nothing",
+    return parse_reproduction_args(p, argv)
+
+
+def measure(
+    args: argparse.Namespace, model: str, gpus: int, say: Say
+) -> tuple[Setting, list[Point], str]:
+    """The baselines, the elimination optimum and its recommendation on one setting."""
+    say("building and solving")
+    batch = args.global_batch or args.per_gpu_batch * gpus
+    problem, setting = build(model, gpus, batch, sync=args.sync, batch_norm=args.batch_norm)
+    new = [baseline_point(problem, setting, b, args.score) for b in BASELINES]
+    optimum = solve(problem, "elimination", SolveOptions(time_limit=args.time_limit))
+    new.append(result_point(problem, setting, "layer-wise", optimum, args.score))
+    if not isinstance(optimum, str):
+        rec = recommend(problem, optimum)
+        new.append(result_point(problem, setting, "recommended", rec, args.score))
+    best = max(new, key=lambda p: p.throughput or 0.0)
+    line = (
+        f"done {model} on {gpus} GPUs ({setting.preset}, batch {batch}): "
+        f"fastest {best.strategy} {fmt(best.throughput, '.0f')} samples/s"
     )
-    args = p.parse_args(argv)
-    _check(args)
-    return args
-
-
-def _check(args: argparse.Namespace) -> None:
-    from planner.graph.zoo import MODELS as ZOO
-
-    unknown = [m for m in args.models if m not in ZOO]
-    if unknown:
-        raise LayerwiseError(f"unknown model(s) {unknown}; available: {', '.join(ZOO)}")
-    bad = [g for g in args.gpus if g > 4 and g % 4]
-    if bad:
-        raise LayerwiseError(f"--gpus {bad}: above 4, GPUs come in nodes of 4 (8, 12, 16, ...)")
-
-
-def run(args: argparse.Namespace, console: Console) -> tuple[list[Setting], list[Point]]:
-    settings, points = [], []
-    with console.status("") as status:
-        for model in args.models:
-            for gpus in sorted(args.gpus):
-                status.update(f"{model} on {gpus} GPUs")
-                batch = args.global_batch or args.per_gpu_batch * gpus
-                problem, setting = build(
-                    model, gpus, batch, sync=args.sync, batch_norm=args.batch_norm
-                )
-                settings.append(setting)
-                new = [baseline_point(problem, setting, b, args.score) for b in BASELINES]
-                opts = SolveOptions(time_limit=args.time_limit)
-                optimum = solve(problem, "elimination", opts)
-                new.append(result_point(problem, setting, "layer-wise", optimum, args.score))
-                if not isinstance(optimum, str):
-                    rec = recommend(problem, optimum)
-                    new.append(result_point(problem, setting, "recommended", rec, args.score))
-                points += new
-                best = max(new, key=lambda p: p.throughput or 0.0)
-                console.print(
-                    f"done {model} on {gpus} GPUs ({setting.preset}, batch {batch}): "
-                    f"fastest {best.strategy} {fmt(best.throughput, '.0f')} samples/s"
-                )
-    return settings, points
+    return setting, new, line
 
 
 def throughput_table(points: list[Point], models: list[str], gpus: list[int]) -> Table:
@@ -244,7 +208,7 @@ FIG7 = Reproduction(
     name=NAME,
     title="OptCNN Fig. 7 setting",
     parse_args=lambda argv: parse_args(argv),
-    run=lambda args, console: run(args, console),
+    measure=lambda args, model, gpus, say: measure(args, model, gpus, say),
     tables=lambda args, settings, points: [
         throughput_table(points, args.models, args.gpus),
         paper_table(points, args.models, args.gpus),

@@ -118,6 +118,19 @@ def load_line(info: dict[str, Any] | None = None) -> str:
     )
 
 
+def new_results_folder(out: Path, name: str) -> Path:
+    """A new folder `out/<name>-<date>-<time>` for a run's results (a second run in the same
+    second gets `-2`, `-3`, ...: both results are kept)."""
+    stamp = time.strftime(f"{name}-%Y%m%d-%H%M%S")
+    folder = out / stamp
+    k = 1
+    while folder.exists():
+        k += 1
+        folder = out / f"{stamp}-{k}"
+    folder.mkdir(parents=True)
+    return folder
+
+
 def recorded_args(args: argparse.Namespace, info: dict[str, Any]) -> argparse.Namespace:
     """`args` with the arguments a finished run recorded (what it computed), except where
     the output goes."""

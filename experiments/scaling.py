@@ -32,7 +32,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from planner.cli import OneLineArgumentParser, positive_int, positive_number, positive_seconds
+from planner.cli import (
+    OneLineArgumentParser,
+    one_line,
+    positive_int,
+    positive_number,
+    positive_seconds,
+)
 from planner.errors import LayerwiseError
 
 EXIT_BAD_INPUT = 2
@@ -361,8 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.info("  %s", report(rows[-1]))
         folder = save(rows, args)
     except (LayerwiseError, OSError) as exc:
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        print(f"error: {lines[0] if lines else type(exc).__name__}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     log.info("results written to %s", folder)
     return 0

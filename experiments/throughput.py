@@ -1,6 +1,8 @@
 """Shared by the paper reproductions (experiments.optcnn_fig7, experiments.flexflow_throughput):
 build a problem at a paper's setting, score named strategies under both objectives, and turn
-a simulated iteration time into training throughput (samples per second).
+a simulated iteration time into training throughput (samples per second); the options every
+reproduction has (`reproduction_parser`), the loop over models and GPU counts (`run_grid`)
+and the command line around it (`reproduce`, given a `Reproduction`).
 
 A strategy's throughput is its global batch over its simulated iteration time (FlexFlow's
 simulator, planner/sim); `score="additive"` uses OptCNN's Eq. 1 instead (what OptCNN's
@@ -14,8 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,15 +25,13 @@ from rich.console import Console
 
 from backends import BackendError, SolveOptions, SolveResult, get_backend
 from backends.base import evaluate_objective
-from experiments.runinfo import finish, load_line, recorded_args, run_info
+from experiments.runinfo import finish, load_line, new_results_folder, recorded_args, run_info
+from planner.cli import OneLineArgumentParser, positive_int, report_errors
 from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.errors import LayerwiseError
 from planner.problems.baselines import BASELINES
 from planner.problems.problem import Problem
-
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 
 
 class LocalBatchNormCostModel(CostModel):
@@ -187,13 +185,7 @@ def save_results(
     name: str, out: Path, info: dict[str, Any], settings: list[Setting], points: list[Point]
 ) -> Path:
     """results/<name>-<time>/results.json with the run's provenance, settings and points."""
-    stamp = time.strftime(f"{name}-%Y%m%d-%H%M%S")
-    folder = out / stamp
-    k = 1
-    while folder.exists():
-        k += 1
-        folder = out / f"{stamp}-{k}"
-    folder.mkdir(parents=True)
+    folder = new_results_folder(out, name)
     data = {
         "format": f"layerwise.{name}",
         "version": 1,
@@ -271,6 +263,82 @@ def plot_throughput(
     plt.close(fig)
 
 
+def reproduction_parser(
+    prog: str, description: str, models: Sequence[str], gpus: Sequence[int]
+) -> argparse.ArgumentParser:
+    """A parser with the options every reproduction has (`models`, `gpus`: the defaults);
+    each adds its own, then `parse_reproduction_args`."""
+    p = OneLineArgumentParser(prog=prog, description=description)
+    p.add_argument("--models", nargs="+", default=models, help=f"default {' '.join(models)}")
+    p.add_argument(
+        "--gpus",
+        nargs="+",
+        type=positive_int,
+        default=gpus,
+        help=f"default {' '.join(map(str, gpus))}",
+    )
+    p.add_argument("--sync", choices=["ring", "ps"], default="ring", help="parameter sync model")
+    p.add_argument(
+        "--batch-norm",
+        choices=["sync", "local"],
+        default="sync",
+        help="sync: statistics exchanged across a sample split (default); local: per-device "
+        "statistics, unpriced (as in 2018)",
+    )
+    p.add_argument("--out", type=Path, default=Path("results"), help="results folder")
+    p.add_argument("--plot", type=Path, help="write the figure here (default: results folder)")
+    p.add_argument(
+        "--from-results",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="print and plot a finished run's results.json again (its own settings), "
+        "computing nothing",
+    )
+    return p
+
+
+def parse_reproduction_args(
+    p: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> argparse.Namespace:
+    """`p`'s arguments, with the models checked against the zoo and the GPU counts against
+    the papers' nodes of 4 (`preset_for`)."""
+    from planner.graph.zoo import MODELS as ZOO
+
+    args = p.parse_args(argv)
+    unknown = [m for m in args.models if m not in ZOO]
+    if unknown:
+        raise LayerwiseError(f"unknown model(s) {unknown}; available: {', '.join(ZOO)}")
+    bad = [g for g in args.gpus if g > 4 and g % 4]
+    if bad:
+        raise LayerwiseError(f"--gpus {bad}: above 4, GPUs come in nodes of 4 (8, 12, 16, ...)")
+    return args
+
+
+Say = Callable[[str], None]  # shows what a measurement is doing now (the status line)
+Measure = Callable[[argparse.Namespace, str, int, Say], tuple[Setting, list[Point], str]]
+
+
+def run_grid(
+    args: argparse.Namespace, console: Console, measure: Measure
+) -> tuple[list[Setting], list[Point]]:
+    """Every model of args.models on every count of args.gpus (fewest first): `measure(args,
+    model, gpus, say)` gives the setting, its points and a line printed when it is done."""
+    settings: list[Setting] = []
+    points: list[Point] = []
+    with console.status("") as status:
+        for model in args.models:
+            for gpus in sorted(args.gpus):
+
+                def say(what: str, model: str = model, gpus: int = gpus) -> None:
+                    status.update(f"{model} on {gpus} GPUs: {what}")
+
+                setting, new, line = measure(args, model, gpus, say)
+                settings.append(setting)
+                points += new
+                console.print(line)
+    return settings, points
+
+
 @dataclass(frozen=True)
 class Reproduction:
     """What differs between the paper reproductions' command lines (`reproduce` runs one)."""
@@ -278,7 +346,7 @@ class Reproduction:
     name: str  # module name under experiments/, and the results' name
     title: str  # e.g. "OptCNN Fig. 7 setting"
     parse_args: Callable[[Sequence[str] | None], argparse.Namespace]
-    run: Callable[[argparse.Namespace, Console], tuple[list[Setting], list[Point]]]
+    measure: Measure  # one model on one GPU count (`run_grid`)
     tables: Callable[[argparse.Namespace, list[Setting], list[Point]], list[Any]]
     setting: Callable[[argparse.Namespace], str]  # one line: the modelling choices of the run
     strategies: Sequence[str]
@@ -288,38 +356,36 @@ class Reproduction:
 
 def reproduce(rep: Reproduction, argv: Sequence[str] | None) -> int:
     """Run (or, with --from-results, reprint) a reproduction: tables, the setting line with the
-    load, a plot; bad input is one `error:` line (exit 2), a second Ctrl-C exit 130."""
+    load, a plot; bad input is one `error:` line (exit 2), a second Ctrl-C (the first stops
+    the running search) exit 130 (`planner.cli.report_errors`)."""
+    return report_errors(lambda: _reproduce(rep, argv))
+
+
+def _reproduce(rep: Reproduction, argv: Sequence[str] | None) -> int:
     console = Console()
     if not console.is_terminal:
         console.width = max(console.width, rep.width)
-    try:
-        args = rep.parse_args(argv)
-        if args.from_results:
-            info, settings, points = load_results(args.from_results, rep.name)
-            args = recorded_args(args, info)
-            folder = args.from_results.parent
-        else:
-            info = run_info(f"experiments.{rep.name}", argv, args)
-            settings, points = rep.run(args, console)
-            info = finish(info)
-            folder = save_results(rep.name, args.out, info, settings, points)
-        for table in rep.tables(args, settings, points):
-            console.print(table)
-        console.print(f"setting: {rep.setting(args)}; {load_line(info)}")
-        plot_throughput(
-            points,
-            args.models,
-            rep.strategies,
-            args.plot or folder / f"{rep.name}.png",
-            f"{rep.title}: {rep.setting(args)}",
-            ideal_from="data_parallel",
-            **rep.plot_options(args),
-        )
-    except (LayerwiseError, OSError) as exc:
-        print(f"error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:  # a second Ctrl-C (the first stops the running search)
-        print("error: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    args = rep.parse_args(argv)
+    if args.from_results:
+        info, settings, points = load_results(args.from_results, rep.name)
+        args = recorded_args(args, info)
+        folder = args.from_results.parent
+    else:
+        info = run_info(f"experiments.{rep.name}", argv, args)
+        settings, points = run_grid(args, console, rep.measure)
+        info = finish(info)
+        folder = save_results(rep.name, args.out, info, settings, points)
+    for table in rep.tables(args, settings, points):
+        console.print(table)
+    console.print(f"setting: {rep.setting(args)}; {load_line(info)}")
+    plot_throughput(
+        points,
+        args.models,
+        rep.strategies,
+        args.plot or folder / f"{rep.name}.png",
+        f"{rep.title}: {rep.setting(args)}",
+        ideal_from="data_parallel",
+        **rep.plot_options(args),
+    )
     console.print(f"results in {folder}")
     return 0

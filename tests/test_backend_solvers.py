@@ -18,6 +18,7 @@ import backends
 from backends import SolveOptions, Status
 from backends import cpsat as cpsat_mod
 from backends import ilp as ilp_mod
+from backends.additive_lp import additive_program
 from backends.cpsat import CpsatBackend
 from backends.elimination import EliminationBackend
 from backends.ilp import IlpBackend
@@ -35,6 +36,7 @@ from backends.placement import (
 from backends.search import SearchBackend
 from backends.selection import selection
 from backends.series import series_bound
+from backends.solver_common import rounded_lp_start
 from backends.testing import BackendConformance, tiny_cnn
 from planner.hardware.presets import get_preset
 from planner.problems.costtable import brute_force, random_problem
@@ -239,6 +241,21 @@ def test_warm_start_is_used_and_said(name: str) -> None:
     if name == "ilp":
         assert r.stats["warm_start_accepted"] is True  # CBC's log: "MIPStart provided ..."
     assert math.isclose(r.objective, warm.objective, rel_tol=RTOL)
+
+
+def test_a_rounded_lp_start_is_taken_only_when_it_beats_the_current_one() -> None:
+    p = random_problem(12, 4, seed=3)
+    sel = selection(p)
+    ap = additive_program(sel, 1.0)
+    x = np.zeros(ap.program.num_columns)
+    for cols in ap.x:  # every node's first allowed choice: rounding repairs and improves it
+        if cols is not None:
+            x[cols[0]] = 1.0
+    choices, said = rounded_lp_start(sel, ap, x, None, math.inf)
+    assert choices is not None and said.endswith("(used)")
+    assert math.isclose(sel.cost(choices), additive_cost(p, choices), rel_tol=1e-12)
+    again, said = rounded_lp_start(sel, ap, x, choices, math.inf)
+    assert again is None and said == f"rounded LP answer {sel.cost(choices):.6g}"
 
 
 @pytest.mark.parametrize("name", SOLVERS)

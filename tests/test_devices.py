@@ -24,6 +24,7 @@ from planner.hardware.presets import (
     list_presets,
     load_devices,
     measure_cpu_local,
+    preset_device_count,
 )
 
 EXPECTED_DEVICES = {
@@ -103,6 +104,16 @@ def test_preset_builds_with_right_device_count(name: str) -> None:
     assert g.name == name
     assert g.num_devices == EXPECTED_DEVICES[name] == len(g.devices)
     assert g.inv_bandwidth.shape == g.latency.shape == (g.num_devices, g.num_devices)
+    assert preset_device_count(name) == g.num_devices  # counted from the name alone
+
+
+def test_preset_device_count_needs_no_building() -> None:
+    for name, devices in EXPECTED_DEVICES.items():
+        assert preset_device_count(name) == devices
+    assert preset_device_count("p100-100000x8") == 800_000  # building it would never finish
+    assert preset_device_count("dgx-a100-100000") == 800_000
+    for other in ("a100-4x4", "cluster.json", "p100-4x4.json", "cpu-local-"):
+        assert preset_device_count(other) is None
 
 
 @pytest.mark.parametrize("name", SAMPLE)

@@ -16,10 +16,10 @@ from planner.problems.baselines import data_parallel, model_parallel
 from planner.problems.problem import build_problem
 from planner.problems.sizes import (
     SizeError,
+    check_devices_spec,
     check_strategy_memory,
     estimate,
     parse_bytes,
-    preset_devices,
     strategy_memory,
 )
 
@@ -35,12 +35,12 @@ def test_parse_bytes():
             parse_bytes(bad)
 
 
-def test_preset_devices_without_building():
-    assert preset_devices("p100-100000x8") == 800_000
-    assert preset_devices("k80-16x4") == 64
-    assert preset_devices("cpu-local-3") == 3
-    assert preset_devices("v100-dgx1-8") is None
-    assert preset_devices("cluster.json") is None
+def test_a_preset_too_large_to_build_is_refused_by_its_name_in_every_family():
+    for spec in ("p100-100000x8", "k80-100000x8", "dgx-a100-100000", "cpu-local-800000"):
+        with pytest.raises(SizeError, match="800,000 devices"):
+            check_devices_spec(spec)
+    for spec in ("p100-16x4", "dgx-a100-128", "v100-dgx1-8", "cluster.json"):
+        check_devices_spec(spec)  # small enough, or not a preset name: nothing to refuse
 
 
 # -- the table budget -------------------------------------------------------------------------

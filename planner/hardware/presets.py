@@ -33,6 +33,7 @@ __all__ = [
     "load_devices",
     "measure_cpu_local",
     "p100_cluster",
+    "preset_device_count",
     "v100_dgx1",
 ]
 
@@ -222,28 +223,54 @@ def _ranged(name: str, value: str, low: int, high: float = math.inf) -> int:
     return number
 
 
-_PATTERNS: list[tuple[re.Pattern[str], Callable[[str, re.Match[str]], DeviceGraph]]] = [
+_Count = Callable[[re.Match[str]], int]
+_Build = Callable[[str, re.Match[str]], DeviceGraph]
+
+# Each preset form: its name pattern, its device count (cheap: nothing built, sizes not
+# range-checked) and its builder. A new family needs a line here only.
+_PATTERNS: list[tuple[re.Pattern[str], _Count, _Build]] = [
     (
         re.compile(r"p100-(\d+)x(\d+)"),
+        lambda m: int(m[1]) * int(m[2]),
         lambda n, m: p100_cluster(_ranged(n, m[1], 1), _ranged(n, m[2], 1, 8)),
     ),
     (
         re.compile(r"k80-(\d+)x(\d+)"),
+        lambda m: int(m[1]) * int(m[2]),
         lambda n, m: k80_cluster(_ranged(n, m[1], 1), _ranged(n, m[2], 1, 8)),
     ),
-    (re.compile(r"v100-dgx1-(\d+)"), lambda n, m: v100_dgx1(int(m[1]))),
-    (re.compile(r"dgx-a100-(\d+)"), lambda n, m: dgx_a100(_ranged(n, m[1], 1))),
-    (re.compile(r"cpu-local-(\d+)"), lambda n, m: cpu_local(_ranged(n, m[1], 1))),
+    (re.compile(r"v100-dgx1-(\d+)"), lambda m: int(m[1]), lambda n, m: v100_dgx1(int(m[1]))),
+    (
+        re.compile(r"dgx-a100-(\d+)"),
+        lambda m: DGX_A100_GPUS * int(m[1]),
+        lambda n, m: dgx_a100(_ranged(n, m[1], 1)),
+    ),
+    (
+        re.compile(r"cpu-local-(\d+)"),
+        lambda m: int(m[1]),
+        lambda n, m: cpu_local(_ranged(n, m[1], 1)),
+    ),
 ]
 
 
 def get_preset(name: str) -> DeviceGraph:
     """The DeviceGraph of a preset name such as "p100-4x4"; see `list_presets`."""
-    for pattern, build in _PATTERNS:
+    for pattern, _, build in _PATTERNS:
         match = pattern.fullmatch(name)
         if match:
             return build(name, match)
     raise DeviceGraphError(f"unknown device preset {name!r}; valid forms: {VALID_FORMS}")
+
+
+def preset_device_count(name: str) -> int | None:
+    """The number of devices preset `name` has, from its name alone (no devices, links or
+    routes are built, so it is cheap for any size: guards use it before building); None when
+    `name` is not of a preset form. The sizes are not range-checked (`get_preset` does)."""
+    for pattern, count, _ in _PATTERNS:
+        match = pattern.fullmatch(name)
+        if match:
+            return count(match)
+    return None
 
 
 def list_presets() -> list[str]:

@@ -26,6 +26,7 @@ from planner.costs.config import MESH_MAX_SPLIT_DIMS, count_partitions
 from planner.costs.mesh import mesh_blocks
 from planner.errors import ProblemError
 from planner.graph.opkinds import parallel_dims, split_unit
+from planner.hardware.presets import preset_device_count
 
 if TYPE_CHECKING:
     from planner.costs.costmodel import CostModel, CostOptions
@@ -264,25 +265,9 @@ def check_memory_fits(graph: OpGraph, devices: DeviceGraph, options: CostOptions
     )
 
 
-_PRESET_COUNTS: list[tuple[re.Pattern[str], Any]] = [
-    (re.compile(r"(?:p100|k80)-(\d+)x(\d+)"), lambda m: int(m[1]) * int(m[2])),
-    (re.compile(r"cpu-local-(\d+)"), lambda m: int(m[1])),
-]
-
-
-def preset_devices(spec: str) -> int | None:
-    """The device count of a preset name of a scalable form (p100-NxG, k80-NxG, cpu-local-N)
-    without building it; None for other specs."""
-    for pattern, count in _PRESET_COUNTS:
-        match = pattern.fullmatch(spec)
-        if match:
-            return int(count(match))
-    return None
-
-
 def check_devices_spec(spec: str, budget: float = DEFAULT_TABLE_BUDGET) -> None:
     """Refuse a preset whose D x D route tables alone exceed `budget`, before building it."""
-    n = preset_devices(spec)
+    n = preset_device_count(spec)
     if n is None or ROUTE_BYTES * n * n <= budget:
         return
     raise SizeError(

@@ -124,7 +124,7 @@ class Proposer:
         if repair > 0 and state.memory is not None and self.rng.random() < repair:
             found = self._repair(state)
             if found is not None:
-                return "repair", [found]
+                return "repair", found
         for _ in range(8):
             kind = self.kinds[int(self.rng.choice(len(self.kinds), p=self.weights))]
             i = int(self.movable[int(self.rng.integers(len(self.movable)))])
@@ -212,8 +212,10 @@ class Proposer:
                 frontier.pop(k)
         return changes
 
-    def _repair(self, state: ChainState) -> tuple[int, int] | None:
-        """A node live at the worst overflow takes a config using less of that pool."""
+    def _repair(self, state: ChainState) -> list[tuple[int, int]] | None:
+        """A node live at the worst overflow takes a config using less of that pool; a
+        neighbour whose current config that forbids (an inf pair) moves with it to its
+        cheapest allowed one (a single change could never get there: it would be inf)."""
         assert state.memory is not None
         spot = state.memory.overfull()
         if spot is None:
@@ -227,5 +229,18 @@ class Proposer:
         smaller = np.flatnonzero(usage < usage[state.choices[i]])
         if self.rng.random() < 0.5:
             d = state.additive.node_deltas(i)[smaller]
-            return i, int(smaller[int(np.argmin(d))])
-        return i, int(smaller[int(self.rng.integers(len(smaller)))])
+            c = int(smaller[int(np.argmin(d))])
+        else:
+            c = int(smaller[int(self.rng.integers(len(smaller)))])
+        changes = {i: c}
+        for k in state.additive.incident[i]:
+            u, v = self.p.edges[k]
+            other, costs = (
+                (v, self.p.edge_cost[k][c, :]) if u == i else (u, self.p.edge_cost[k][:, c])
+            )
+            if other in changes or np.isfinite(costs[state.choices[other]]):
+                continue
+            total = costs + np.asarray(self.p.node_cost[other], dtype=np.float64)
+            if np.isfinite(total).any():
+                changes[other] = int(np.argmin(total))
+        return list(changes.items())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -97,8 +98,30 @@ def test_repairs_free_memory_on_the_over_full_pool() -> None:
             continue
         out = Proposer(p, {"jump": 1.0}, np.random.default_rng(seed)).propose(state, repair=1.0)
         assert out is not None and out[0] == "repair"
-        ((i, c),) = out[1]
+        (i, c), *partners = out[1]
         assert p.usage[i][c, 0] < p.usage[i][worst[i], 0]
+        for j, d in partners:  # neighbours moved only off a pair the repair forbids
+            k = next(k for k, e in enumerate(p.edges) if set(e) == {i, j})
+            u, _ = p.edges[k]
+            now = p.edge_cost[k][c, worst[j]] if u == i else p.edge_cost[k][worst[j], c]
+            after = p.edge_cost[k][c, d] if u == i else p.edge_cost[k][d, c]
+            assert not np.isfinite(now) and np.isfinite(after)
+
+
+def test_a_repair_moves_a_neighbour_off_a_forbidden_pair() -> None:
+    """Node 1 must drop to its 167-byte config to fit, which node 0's cheapest config
+    forbids: one repair proposal moves both (a single change would be inf)."""
+    p = random_problem(3, 4, seed=4, memory=True)
+    assert p.usage_limit is not None
+    p = dataclasses.replace(p, usage_limit=p.usage_limit * 0.75)
+    state = ChainState(p, [2, 2, 3], "additive")
+    rng = np.random.default_rng(0)
+    seen = set()
+    for _ in range(50):
+        out = Proposer(p, {"jump": 1.0}, rng).propose(state, repair=1.0)
+        assert out is not None and out[0] == "repair"
+        seen.add(tuple(sorted(out[1])))
+    assert ((0, 0), (1, 1)) in seen
 
 
 def test_additive_bookkeeping_equals_the_evaluator() -> None:

@@ -216,15 +216,19 @@ class _Search:
         cheapest = min(eq1, default=math.inf)
         budget = self.t0 + START_SHARE * self.opts.time_limit
         simulated = self.opts.objective == "makespan"
+        longest = 0.0  # the slowest start's simulation so far
         for k in sorted(range(len(found)), key=lambda k: (eq1[k], k)):
             name, choices = found[k]
             if past(self.deadline):
                 break
-            hopeless = eq1[k] > SKIP_FACTOR * cheapest or time.perf_counter() > budget
+            began = time.perf_counter()
+            late = began + longest > budget
+            hopeless = eq1[k] > SKIP_FACTOR * cheapest or late
             if best is not None and simulated and hopeless:
                 skipped.append(name)
                 continue
             state = ChainState(self.p, choices, self.opts.objective, self.s.simulation)
+            longest = max(longest, time.perf_counter() - began)
             energy = state.cost + self.s.penalty[0] * state.violation * max(state.cost, 1e-300)
             scores[name] = state.cost if state.valid else None
             self.start_list.append(tuple(choices))
@@ -261,11 +265,16 @@ class _Search:
         self.max_level = max(0, math.ceil(math.log2(hottest / first)))
         step = accepted = screened = level = since = restarts = 0
         beta = weight = 0.0
+        longest, last = 0.0, time.perf_counter()  # the slowest step so far, and when it began
         while True:
             if s.iterations is not None and step >= s.iterations:
                 limit = Limit.ITERATIONS
                 break
-            if past(self.deadline):
+            now = time.perf_counter()
+            longest, last = max(longest, now - last), now
+            # Not a step that would end past the deadline: at 1,024 devices one (a restart's
+            # jump, a group move) can take seconds.
+            if past(self.deadline) or now + longest > self.deadline:
                 limit = Limit.TIME
                 break
             step = self.step = step + 1

@@ -23,6 +23,10 @@ from planner.problems.problem import Problem
 MEMORY_RTOL = 1e-9  # the tolerance of planner.problems.evaluate.memory_feasible
 
 
+# A change of more nodes than this share (and REBUILD_MIN) is simulated in full.
+REBUILD_SHARE, REBUILD_MIN = 0.25, 32
+
+
 class AdditiveCost:
     """Eq. 1 of the current choices: `finite` (the sum of finite terms) and `forbidden`
     (how many terms are inf)."""
@@ -236,7 +240,9 @@ class ChainState:
 
         p, sim = self.p, self.sim
         assert p.space is not None and p.cost_model is not None and sim is not None
-        if self.full:  # Algorithm 1 from scratch: FlexFlow's baseline in its Table 4
+        if self.full or len(nodes) > max(REBUILD_MIN, REBUILD_SHARE * p.num_nodes):
+            # Algorithm 1 from scratch: FlexFlow's baseline in its Table 4, and cheaper than
+            # a delta that re-times almost everything (a restart from another start)
             self.sim = Simulator(p.cost_model, p.strategy(self.choices).configs)
             return
         ops = p.ops_of_nodes

@@ -160,3 +160,28 @@ def test_lazy_undo_keeps_the_simulation_exact(problem: Problem) -> None:
         if step % 3:
             state.undo(undo, *was)
             assert state.cost == was[0]
+
+
+def test_a_large_jump_is_simulated_in_full_with_the_same_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A change of most nodes (a restart) rebuilds the simulation instead of a delta; the
+    makespan is the one a fresh simulation gives, and later deltas go on from it."""
+    import backends.mcmc_state as ms
+
+    monkeypatch.setattr(ms, "REBUILD_MIN", 0)  # tiny_cnn has fewer nodes than the default
+    p = build_problem(tiny_cnn(), get_preset("p100-1x4"))
+    rng = np.random.default_rng(3)
+    state = ChainState(p, [0] * p.num_nodes, "makespan")
+    target = [int(rng.integers(n)) for n in p.sizes]
+    sim = state.sim
+    state.jump_to(target)
+    assert state.sim is not sim  # rebuilt
+    assert state.cost == ChainState(p, target, "makespan").cost
+    i = next(k for k, n in enumerate(p.sizes) if n > 1)
+    c = (target[i] + 1) % p.sizes[i]
+    sim = state.sim
+    state.move([(i, c)])
+    assert state.sim is sim  # a one-node change is a delta
+    target[i] = c
+    assert state.cost == ChainState(p, target, "makespan").cost

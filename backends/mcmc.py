@@ -170,6 +170,7 @@ class _Search:
         self.step = self.max_level = 0  # the chain's proposal count and highest heat level
         self.scale = 1.0  # cost of the chain's first state: the unit of temperature
         self.start_list: list[tuple[int, ...]] = []  # the simulated starts, in Eq. 1 order
+        self.reserve = 0.0  # seconds kept for the re-score: the slowest full simulation seen
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -182,6 +183,8 @@ class _Search:
             if reason is not None:
                 return SolveResult("mcmc", Status.INFEASIBLE, stats={"infeasible": reason})
         state = self._best_start()
+        # Backend.solve re-scores the answer with a full simulation: keep time for it.
+        self.deadline -= min(self.reserve, 0.5 * (self.deadline - time.perf_counter()))
         limit = Limit.TIME if state is None else self._chain(state)
         if self.s.polish and self.best is not None and limit is Limit.ITERATIONS:
             limit = self._polish()
@@ -229,6 +232,8 @@ class _Search:
                 continue
             state = ChainState(self.p, choices, self.opts.objective, self.s.simulation)
             longest = max(longest, time.perf_counter() - began)
+            if simulated:  # the answer is re-simulated in full after the search (Backend.solve)
+                self.reserve = longest
             energy = state.cost + self.s.penalty[0] * state.violation * max(state.cost, 1e-300)
             scores[name] = state.cost if state.valid else None
             self.start_list.append(tuple(choices))

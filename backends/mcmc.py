@@ -183,8 +183,9 @@ class _Search:
             if reason is not None:
                 return SolveResult("mcmc", Status.INFEASIBLE, stats={"infeasible": reason})
         state = self._best_start()
-        # Backend.solve re-scores the answer with a full simulation: keep time for it.
-        self.deadline -= min(self.reserve, 0.5 * (self.deadline - time.perf_counter()))
+        # Backend.solve re-scores the answer with a full simulation: keep time for it (at
+        # 1,024 GPUs a 30 s limit may then leave the chain nothing: the answer is the best start).
+        self.deadline -= self.reserve
         limit = Limit.TIME if state is None else self._chain(state)
         if self.s.polish and self.best is not None and limit is Limit.ITERATIONS:
             limit = self._polish()

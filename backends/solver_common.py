@@ -64,7 +64,11 @@ __all__ = [
 
 CHECK_EVERY = 512  # encoded items between two looks at the clock
 START_FRACTION = 0.1  # of the time limit, at most, for polishing the start before encoding
-RESTRICTED_CHOICES = (8, 4, 3, 2, 1)  # choices per node tried when the whole model is too big
+# choices per node tried when the whole model is too big, the largest that fits first
+RESTRICTED_CHOICES = (64, 32, 16, 8, 4, 3, 2, 1)
+MAX_ROUNDS = 20  # restricted rounds at most
+ROUND_SHARE = 0.1  # a new restricted round only with this share of the time limit left
+RATE_GAIN = 2.0  # ... or when the last round ran this many times faster than assumed
 LARGE_POLISH_FRACTION = 0.4  # of the time left, at most, to polish the start of a restriction
 
 Warm = tuple[tuple[int, ...], str]  # a valid choice vector and where it came from
@@ -182,6 +186,18 @@ def placement_result(
     )
 
 
+def _better(a: SolveResult, b: SolveResult) -> bool:
+    """a has an answer and b none, or a cheaper one."""
+    if a.objective is None:
+        return False
+    return b.objective is None or a.objective < b.objective * (1 - 1e-12)
+
+
+def _add(phases: dict[str, Any], **seconds: float) -> None:
+    for key, value in seconds.items():
+        phases[key] = phases.get(key, 0.0) + value
+
+
 def out_of_time(sel: Selection, warm: Warm | None, name: str) -> SolveResult:
     """The time limit passed while encoding: the start, if there is one."""
     stats: dict[str, Any] = {"solver_status": "not run (time limit while encoding)"}
@@ -265,31 +281,77 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
         warm = warm_choices(problem, full, options, deadline, polish)
         t2 = time.perf_counter()
         phases: dict[str, Any] = {"selection_seconds": t1 - t0, "start_seconds": t2 - t1}
-        sel, k, warm = self._fit(problem, full, warm, options, deadline)  # maybe restricted
+        rate = float(options.extra.get("terms_per_second", self.terms_per_second))
+        best, k, used = self._round(problem, full, warm, options, deadline, rate, phases)
+        rounds, improved = 1, True
+        while True:
+            if rounds > 1:
+                result, k, used = self._round(problem, full, warm, options, deadline, rate, phases)
+                improved = _better(result, best)
+                whole = k is None and result.objective is not None and not _better(best, result)
+                if improved or whole:  # the whole model's answer carries its proof and bound
+                    best = result
+                elif result.limit is Limit.TIME:
+                    best = replace(best, limit=Limit.TIME)  # the last round met the limit
+            rounds += 1
+            result = best
+            if k is None or result.status is Status.INFEASIBLE or result.choices is None:
+                break  # the whole model was solved (or nothing can be)
+            # A restricted model was solved before the limit: search again around the best
+            # answer (a large-neighbourhood search), with the rate this round achieved, so a
+            # larger neighbourhood or the whole model is tried when it now looks affordable.
+            if past(deadline) or deadline - time.perf_counter() < ROUND_SHARE * options.time_limit:
+                best = replace(best, limit=Limit.TIME)
+                break
+            if rounds > int(options.extra.get("max_rounds", MAX_ROUNDS)):
+                break
+            faster = used is not None and used > rate * RATE_GAIN
+            # no gain at this size: the next round allows a larger neighbourhood
+            rate = max(rate, used or 0.0) if improved or faster else rate * RATE_GAIN
+            assert best.choices is not None
+            warm = (best.choices, "restricted round")
+        phases.update(solve_seconds=time.perf_counter() - t0, restricted_rounds=rounds - 1)
+        return replace(best, stats={**best.stats, **phases})
+
+    def _round(
+        self,
+        problem: Problem,
+        full: Selection,
+        warm: Warm | None,
+        options: SolveOptions,
+        deadline: float,
+        rate: float,
+        phases: dict[str, Any],
+    ) -> tuple[SolveResult, int | None, float | None]:
+        """Fit (maybe restricted around `warm`), encode, solve and decode once. Returns the
+        result, the restriction k (None: the whole model) and the model terms encoded and
+        solved per second (None when nothing was solved); adds to `phases`."""
+        t2 = time.perf_counter()
+        opts = replace(options, extra={**options.extra, "terms_per_second": rate})
+        sel, k, warm = self._fit(problem, full, warm, opts, deadline)  # maybe restricted
         t3 = time.perf_counter()
-        phases.update(size_seconds=t3 - t2, restricted=k)
+        _add(phases, size_seconds=t3 - t2)
+        phases["restricted"] = k
         if sel is None:  # even the smallest model is too large for the time left
-            result = out_of_time(full, warm, self.name)
-            return replace(result, stats={**result.stats, **phases})
+            return out_of_time(full, warm, self.name), k, None
         try:
             model = self.steps.encode_selection(sel, options, warm, deadline)
         except OutOfTime:
-            result = out_of_time(full, warm, self.name)
-            return replace(result, stats={**result.stats, **phases})
+            return out_of_time(full, warm, self.name), k, None
         t4 = time.perf_counter()
         run = self.steps.solve_encoded(model, options, deadline - t4)
         t5 = time.perf_counter()
         result = self.steps.decode(problem, model, run, self.name)
         t6 = time.perf_counter()
-        phases.update(
-            encode_seconds=t4 - t3, search_seconds=t5 - t4, decode_seconds=t6 - t5,
-            solve_seconds=t6 - t0,
-        )  # fmt: skip
+        _add(phases, encode_seconds=t4 - t3, search_seconds=t5 - t4, decode_seconds=t6 - t5)
         if k is not None and result.status is not Status.INFEASIBLE:
             # the restricted model's optimum and bound say nothing about the whole problem
             status = Status.FEASIBLE if result.has_solution else Status.NO_SOLUTION
             result = replace(result, status=status, bound=full.trivial_bound())
-        return replace(result, stats={**result.stats, **phases})
+        edges = options.extra.get("edges", "marginal")
+        groups = bool(options.extra.get("groups", True))
+        used = model_terms(sel, edges, groups) / max(t6 - t3, 1e-3)
+        return result, k, used
 
     def _fit(
         self,

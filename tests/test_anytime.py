@@ -267,3 +267,20 @@ def test_portfolio_delegates_the_makespan_objective() -> None:
     p = build_problem(tiny_cnn(), get_preset("p100-1x2"), max_configs=3)
     r = get_backend("portfolio").solve(p, SolveOptions(objective="makespan", time_limit=5.0))
     assert r.stats["delegated"] == "mcmc" and r.has_solution
+
+
+@pytest.mark.parametrize("name", SOLVERS)
+def test_a_restricted_model_solved_early_is_followed_by_more_rounds(name: str) -> None:
+    """A model restricted around the start (here forced by a tiny terms_per_second) and
+    solved in a moment does not end the search: rounds around the best answer, with larger
+    neighbourhoods, go on until the limit, and never end worse than the first round."""
+    p = random_problem(60, 8, seed=1)
+    tight = {"terms_per_second": 50.0}
+    first = get_backend(name).solve(
+        p, SolveOptions(time_limit=2.0, extra={**tight, "max_rounds": 1})
+    )
+    r = get_backend(name).solve(p, SolveOptions(time_limit=2.0, extra=tight))
+    assert r.stats["restricted_rounds"] >= 1
+    assert r.objective is not None and first.objective is not None
+    assert r.objective <= first.objective * (1 + 1e-12)
+    assert r.status is Status.OPTIMAL or r.limit is Limit.TIME or r.stats["restricted"] is None

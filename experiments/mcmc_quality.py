@@ -35,9 +35,10 @@ from rich.table import Table
 
 from backends import SolveOptions, get_backend
 from backends.base import evaluate_objective
+from backends.recommend import baseline_choices
 from planner.cli import OneLineArgumentParser, nonnegative_int, one_line, positive_seconds
 from planner.errors import LayerwiseError
-from planner.problems.baselines import BASELINES, applicable
+from planner.problems.baselines import BASELINES
 
 QUICK = (["alexnet", "vgg16", "inception_v3"], ["p100-1x4", "p100-2x4"], 10.0)
 FULL_MODELS = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet101"]
@@ -104,13 +105,7 @@ def reference(problem: Any) -> tuple[str, float, tuple[int, ...] | None]:
     elim = get_backend("elimination").solve(problem, SolveOptions(time_limit=60))
     if elim.choices is not None:
         found.append(("elimination", elim.choices))
-    for name in applicable(problem.graph):
-        try:
-            found.append(
-                (name, problem.choices_of(BASELINES[name](problem.graph, problem.devices)))
-            )
-        except LayerwiseError:
-            continue  # not in the config space
+    found += list(baseline_choices(problem).items())  # those in the space and memory
     unique = {c: n for n, c in reversed(found)}  # one simulation per strategy (owt may be mp)
     scored = [(evaluate_objective(problem, c, "makespan"), n, c) for c, n in unique.items()]
     value, name, choices = min(scored)

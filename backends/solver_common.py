@@ -186,6 +186,14 @@ def placement_result(
     )
 
 
+def _positive(options: SolveOptions, key: str, default: float) -> float:
+    """A positive number from SolveOptions.extra (or the default); a clear error otherwise."""
+    value = options.extra.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise BackendError(f"extra {key!r} must be a positive number, got {value!r}")
+    return float(value)
+
+
 def _better(a: SolveResult, b: SolveResult) -> bool:
     """a has an answer and b none, or a cheaper one."""
     if a.objective is None:
@@ -281,7 +289,8 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
         warm = warm_choices(problem, full, options, deadline, polish)
         t2 = time.perf_counter()
         phases: dict[str, Any] = {"selection_seconds": t1 - t0, "start_seconds": t2 - t1}
-        rate = float(options.extra.get("terms_per_second", self.terms_per_second))
+        rate = _positive(options, "terms_per_second", self.terms_per_second)
+        max_rounds = int(_positive(options, "max_rounds", MAX_ROUNDS))
         best, k, used = self._round(problem, full, warm, options, deadline, rate, phases)
         rounds, improved = 1, True
         while True:
@@ -303,7 +312,7 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
             if past(deadline) or deadline - time.perf_counter() < ROUND_SHARE * options.time_limit:
                 best = replace(best, limit=Limit.TIME)
                 break
-            if rounds > int(options.extra.get("max_rounds", MAX_ROUNDS)):
+            if rounds > max_rounds:
                 break
             faster = used is not None and used > rate * RATE_GAIN
             # no gain at this size: the next round allows a larger neighbourhood

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends import Limit, SolveOptions, Status, get_backend
+from backends import BackendError, Limit, SolveOptions, Status, get_backend
 from backends.feasible import feasible_choices
 from backends.selection import check_times, live_sets, selection
 from backends.testing import BackendConformance, tiny_cnn
@@ -284,3 +284,12 @@ def test_a_restricted_model_solved_early_is_followed_by_more_rounds(name: str) -
     assert r.objective is not None and first.objective is not None
     assert r.objective <= first.objective * (1 + 1e-12)
     assert r.status is Status.OPTIMAL or r.limit is Limit.TIME or r.stats["restricted"] is None
+
+
+@pytest.mark.parametrize("name", SOLVERS)
+@pytest.mark.parametrize("key", ["max_rounds", "terms_per_second"])
+def test_bad_round_options_are_one_clear_error(name: str, key: str) -> None:
+    p = random_problem(5, 3, seed=1)
+    for bad in (0, -1, "x", None):
+        with pytest.raises(BackendError, match=f"{key}.*positive"):
+            get_backend(name).solve(p, SolveOptions(time_limit=1.0, extra={key: bad}))

@@ -97,7 +97,8 @@ TIME_MAGNITUDE = 1e4  # scaled makespans are about this large
 SYMMETRY_DEPTH = 64
 IO_SECONDS_PER_VARIABLE = 2e-5  # pulp writing the MPS file or reading the solution
 IO_SECONDS_PER_TERM = 2e-6  # writing our MPS file or reading CBC's solution, per term
-STOP_FRACTION = 0.08  # CBC's own limit and its SIGINT come this far before the deadline
+STOP_FRACTION = 0.08  # CBC's own limit and its SIGINT come this far before the deadline ...
+STOP_SECONDS = 3.0  # ... but at most this far (plus its I/O): long runs lose little time
 LP_FRACTION = 0.15  # of the time left, at most, for the LP-rounding start
 LP_SECONDS_PER_TERM = 3e-6  # CLP's time per term on the root LP of an additive model
 KILL_FRACTION = 0.05  # CBC is killed this far past the time limit (plus half a second)
@@ -473,7 +474,7 @@ def _solve_additive(model: IlpModel, options: SolveOptions, time_limit: float) -
         # CBC checks its own limit only now and then (and stops late when the machine is
         # busy), so it gets less than is left, a SIGINT a little before the deadline and a
         # kill a little after it
-        margin = max(io_seconds, STOP_FRACTION * options.time_limit)
+        margin = max(io_seconds, min(STOP_FRACTION * options.time_limit, STOP_SECONDS))
         seconds = deadline - started - margin
         args += ["-timeMode", "elapsed", "-sec", f"{max(0.1, seconds - margin):.2f}",
                  "-threads", str(options.threads),

@@ -555,7 +555,9 @@ def solve_encoded(model: CpsatModel, options: SolveOptions, time_limit: float) -
     additive = model.objective == "additive" and sel is not None and not sel.infeasible
     if additive and options.extra.get("lp_start", True):
         lp = _lp_hint(model, options, start + time_limit)
-    time_limit -= time.perf_counter() - start
+    now = time.perf_counter()
+    # the search alone may have to end earlier (`SolverBackend`: the neighbourhoods follow)
+    time_limit = min(time_limit - (now - start), options.extra.get("search_until", math.inf) - now)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(time_limit, 1e-3)
     solver.parameters.num_workers = options.threads
@@ -723,6 +725,7 @@ def decode(problem: Problem, model: CpsatModel, run: CpsatRun, name: str = "cpsa
 class CpsatBackend(SolverBackend[CpsatModel, CpsatRun]):
     name = "cpsat"
     terms_per_second = 15_000  # building the model in Python takes ~8 us per term
+    neighbourhoods = True  # one worker: `backends.lns` after the whole model (extra "lns")
     REQUIRED_MODULES = ("ortools",)
     steps = SolverSteps(encode_selection, encode_placement, solve_encoded, decode_placement, decode)
 

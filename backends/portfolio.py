@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from backends import get_backend
@@ -49,6 +50,7 @@ from backends.base import (
     stop_requested,
 )
 from backends.feasible import feasible_positions
+from backends.lns import lns_enabled
 from backends.selection import selection
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
@@ -150,6 +152,8 @@ class _Run:
         self.results: dict[str, list[SolveResult]] = {m: [] for m in members}
         self.hinted = board.value()  # the value CP-SAT was last started from
         self.interrupted = False
+        # CP-SAT with one worker ends in `backends.lns`, which takes better answers as it goes
+        self.lns = lns_enabled(replace(options, threads=1))
         with board.lock:
             warm = board.best[2] if board.best else None
         self.procs = {
@@ -197,6 +201,8 @@ class _Run:
                 return
 
     def _restart_cpsat(self) -> None:
+        """Hand CP-SAT a better answer: its neighbourhood search takes it at its next round;
+        a search without one (extra lns False) is stopped and started again from it."""
         if "cpsat" not in self.procs or not self.procs["cpsat"].is_alive() or self.done.is_set():
             return
         value = self.board.value()
@@ -205,7 +211,8 @@ class _Run:
                 assert self.board.best is not None
                 self.hints["cpsat"].put(self.board.best[2])
             self.hinted = value
-            self.stop["cpsat"].set()
+            if not self.lns:
+                self.stop["cpsat"].set()
 
     def _member(self, name: str, warm: tuple[int, ...] | None) -> None:
         """In the member's process: solve, and for CP-SAT again from each better answer."""
@@ -218,6 +225,8 @@ class _Run:
             extra.pop("workers", None)
             if name == "cpsat" and "ilp" in self.members:
                 extra.setdefault("lp_start", False)  # ilp's LP rounding arrives as an answer
+            if name == "cpsat" and self.lns:
+                extra["incoming"] = partial(_latest, self.hints[name])
             opts = replace(
                 self.options,
                 time_limit=max(0.05, self.deadline - time.perf_counter()),
@@ -230,7 +239,7 @@ class _Run:
             except Exception as exc:  # a member's failure is reported, not raised here
                 result = SolveResult(name, Status.NO_SOLUTION, stats={"error": str(exc)})
             send(("result", name, replace(result, stats=_summary(result))))
-            if name != "cpsat" or self.done.is_set() or past(self.deadline):
+            if name != "cpsat" or self.lns or self.done.is_set() or past(self.deadline):
                 return
             try:
                 warm = self.hints[name].get(timeout=POLL_SECONDS)
@@ -268,9 +277,19 @@ class _Run:
         return SolveResult(name, status, choices, bound=min(bound, value), limit=limit, stats=stats)
 
 
+def _latest(hints: Any) -> tuple[int, ...] | None:
+    """The last answer waiting in a member's hint queue (None if there is none)."""
+    last = None
+    while True:
+        try:
+            last = hints.get_nowait()
+        except queue.Empty:
+            return last
+
+
 def _summary(r: SolveResult) -> dict[str, Any]:
     keep = ("solve_seconds", "search_seconds", "restricted", "hint", "answer", "cbc_result",
-            "cbc_peak_mib", "lp_start", "error")  # fmt: skip
+            "cbc_peak_mib", "lp_start", "lns", "error")  # fmt: skip
     return {
         "status": r.status.value,
         "limit": r.limit.value if r.limit else None,

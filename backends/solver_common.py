@@ -23,6 +23,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -30,6 +31,7 @@ import numpy as np
 from backends.additive_lp import AdditiveProgram
 from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status, past
 from backends.feasible import feasible_positions, improve, neighbourhood, rounded_positions
+from backends.lns import lns_enabled, neighbourhood_search
 from backends.placement import (
     PlacementError,
     PlacementOutcome,
@@ -69,6 +71,7 @@ RESTRICTED_CHOICES = (64, 32, 16, 8, 4, 3, 2, 1)
 MAX_ROUNDS = 20  # restricted rounds at most
 ROUND_SHARE = 0.1  # a new restricted round only with this share of the time limit left
 RATE_GAIN = 2.0  # ... or when the last round ran this many times faster than assumed
+LNS_WHOLE_SHARE = 0.3  # of the time limit for the whole model when the neighbourhoods follow
 LARGE_POLISH_FRACTION = 0.4  # of the time left, at most, to polish the start of a restriction
 
 Warm = tuple[tuple[int, ...], str]  # a valid choice vector and where it came from
@@ -239,6 +242,7 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
     exact = True
     steps: SolverSteps[ModelT, RunT]
     terms_per_second: float = 100_000  # model terms (nonzeros) worth building per second left
+    neighbourhoods: bool = False  # `backends.lns` after the whole model (extra "lns")
 
     def encode(self, problem: Problem, options: SolveOptions, deadline: float = math.inf) -> ModelT:
         """The model of `problem` under options.objective (raises OutOfTime past deadline)."""
@@ -283,6 +287,10 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
             return placement_result(pp, out, limit, {}, self.name)
         t0 = time.perf_counter()
         deadline = t0 + options.time_limit
+        lns = self.neighbourhoods and lns_enabled(options)
+        # with the neighbourhood search the whole model searches only until `until` (its
+        # LP and bound included), the neighbourhoods the rest of the time
+        until = t0 + LNS_WHOLE_SHARE * options.time_limit if lns else deadline
         full = selection(problem)
         t1 = time.perf_counter()
         polish = t1 + START_FRACTION * options.time_limit
@@ -291,11 +299,13 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
         phases: dict[str, Any] = {"selection_seconds": t1 - t0, "start_seconds": t2 - t1}
         rate = _positive(options, "terms_per_second", self.terms_per_second)
         max_rounds = int(_positive(options, "max_rounds", MAX_ROUNDS))
-        best, k, used = self._round(problem, full, warm, options, deadline, rate, phases)
+        round_ = partial(self._round, problem, full, options=options, deadline=deadline,
+                         until=until, phases=phases)  # fmt: skip
+        best, k, used = round_(warm, rate=rate)
         rounds, improved = 1, True
         while True:
             if rounds > 1:
-                result, k, used = self._round(problem, full, warm, options, deadline, rate, phases)
+                result, k, used = round_(warm, rate=rate)
                 improved = _better(result, best)
                 whole = k is None and result.objective is not None and not _better(best, result)
                 if improved or whole:  # the whole model's answer carries its proof and bound
@@ -309,7 +319,7 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
             # A restricted model was solved before the limit: search again around the best
             # answer (a large-neighbourhood search), with the rate this round achieved, so a
             # larger neighbourhood or the whole model is tried when it now looks affordable.
-            if past(deadline) or deadline - time.perf_counter() < ROUND_SHARE * options.time_limit:
+            if past(until) or until - time.perf_counter() < ROUND_SHARE * options.time_limit:
                 best = replace(best, limit=Limit.TIME)
                 break
             if rounds > max_rounds:
@@ -319,22 +329,63 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
             rate = max(rate, used or 0.0) if improved or faster else rate * RATE_GAIN
             assert best.choices is not None
             warm = (best.choices, "restricted round")
-        phases.update(solve_seconds=time.perf_counter() - t0, restricted_rounds=rounds - 1)
+        phases["restricted_rounds"] = rounds - 1
+        if lns and best.status is Status.FEASIBLE and best.choices is not None:
+            best = self._neighbourhood_search(problem, full, best, options, deadline, phases)
+        phases["solve_seconds"] = time.perf_counter() - t0
         return replace(best, stats={**best.stats, **phases})
+
+    def _neighbourhood_search(
+        self,
+        problem: Problem,
+        full: Selection,
+        best: SolveResult,
+        options: SolveOptions,
+        deadline: float,
+        phases: dict[str, Any],
+    ) -> SolveResult:
+        """`backends.lns` from the best answer until the deadline; its answer, proven optimal
+        when its last neighbourhood was the whole problem, or when it meets the bound."""
+        assert best.choices is not None
+        extra = options.extra
+        out = neighbourhood_search(
+            problem, full, best.choices, deadline, seed=options.seed, stop=extra.get("stop"),
+            incoming=extra.get("incoming"), on_incumbent=extra.get("on_incumbent"),
+        )  # fmt: skip
+        phases["lns"] = out.stats
+        current = best.objective if best.objective is not None else full.cost(best.choices)
+        if out.value >= current:
+            return best
+        bound = best.bound if best.bound is not None else full.trivial_bound()
+        optimal = out.proven or bound >= out.value * (1 - 1e-9)
+        stats = {**best.stats, "answer": "lns"}
+        return replace(
+            best,
+            status=Status.OPTIMAL if optimal else Status.FEASIBLE,
+            choices=out.choices,
+            objective=out.value,
+            bound=out.value if optimal else min(bound, out.value),
+            limit=None if optimal else Limit.TIME,
+            stats=stats,
+        )
 
     def _round(
         self,
         problem: Problem,
         full: Selection,
         warm: Warm | None,
+        *,
         options: SolveOptions,
         deadline: float,
+        until: float,
         rate: float,
         phases: dict[str, Any],
     ) -> tuple[SolveResult, int | None, float | None]:
-        """Fit (maybe restricted around `warm`), encode, solve and decode once. Returns the
-        result, the restriction k (None: the whole model) and the model terms encoded and
-        solved per second (None when nothing was solved); adds to `phases`."""
+        """Fit (maybe restricted around `warm`), encode, solve and decode once; the solver
+        searches until `until` at the latest (extra "search_until"). Returns the result (its
+        objective in `full`'s tables), the restriction k (None: the whole model) and the
+        model terms encoded and solved per second (None when nothing was solved); adds to
+        `phases`."""
         t2 = time.perf_counter()
         opts = replace(options, extra={**options.extra, "terms_per_second": rate})
         sel, k, warm = self._fit(problem, full, warm, opts, deadline)  # maybe restricted
@@ -348,9 +399,12 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
         except OutOfTime:
             return out_of_time(full, warm, self.name), k, None
         t4 = time.perf_counter()
-        run = self.steps.solve_encoded(model, options, deadline - t4)
+        searching = replace(options, extra={**options.extra, "search_until": until})
+        run = self.steps.solve_encoded(model, searching, deadline - t4)
         t5 = time.perf_counter()
         result = self.steps.decode(problem, model, run, self.name)
+        if result.choices is not None:  # compared with the other rounds' answers
+            result = replace(result, objective=full.cost(result.choices))
         t6 = time.perf_counter()
         _add(phases, encode_seconds=t4 - t3, search_seconds=t5 - t4, decode_seconds=t6 - t5)
         if k is not None and result.status is not Status.INFEASIBLE:

@@ -1,0 +1,286 @@
+"""A large-neighbourhood search over nodes for the additive objective, with CP-SAT sub-solves.
+
+`neighbourhood_search(problem, sel, choices, deadline)` improves a valid answer: each round
+frees a set of nodes, fixes every other node at its current choice and solves the small
+problem that remains exactly (`sub_selection`, encoded by `backends.cpsat.encode_selection`
+and solved by one CP-SAT worker for at most SUB_SECONDS), and keeps the answer when it is
+better. Fixing a node folds its edges into its free neighbours' costs and its memory into the
+limit, so a round costs O(free nodes, their edges and live ranges) whatever the problem's
+size (35,000 nodes included), and the sub-problem's optimum is never worse than the current
+answer (which stays inside it).
+
+Neighbourhoods alternate between a breadth-first ball in the graph of edges (nodes that share
+resharding costs) and a window of nodes that start one after the other in time (nodes that
+share memory). Their size adapts: it grows when a sub-problem was proven optimal quickly and
+shrinks when its solve ran out of time (FlexFlow's and OptCNN's searches explore one node at a
+time; this is the classic LNS of constraint programming, which CP-SAT runs internally only with
+two or more workers). When a neighbourhood holds every node and is proven optimal, so is the
+answer.
+
+The rounds are seeded (`seed`) and stop at `deadline`, at a stop request (Ctrl-C) or when the
+Event extra "stop" is set. `incoming()` (optional) returns a better answer found elsewhere (the
+portfolio's other members), which the search then continues from.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from backends.base import BackendError, ProgressLog, SolveOptions, past
+from backends.selection import Memory, Selection, _range_sum
+
+if TYPE_CHECKING:
+    from planner.problems.problem import Problem
+
+__all__ = ["LnsOutcome", "lns_enabled", "neighbourhood_search", "sub_selection"]
+
+START_SIZE = 30  # nodes freed in the first round
+MIN_SIZE = 4
+GROW, SHRINK = 1.15, 0.85  # the size after a quick proof / after a solve that ran out of time
+QUICK = 0.5  # a proof within this share of the sub-solve's limit counts as quick
+SUB_SECONDS = 1.0  # time limit of one sub-solve (less when less is left)
+MIN_SUB_SECONDS = 0.05  # no round starts with less time than this left
+
+
+@dataclass
+class LnsOutcome:
+    """The best answer of a search, whether it was proven optimal, and what the rounds did."""
+
+    choices: tuple[int, ...]
+    value: float
+    proven: bool = False
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class _Graph:
+    """Each node's neighbours (CSR) and incident edges, and the nodes in time order."""
+
+    def __init__(self, sel: Selection, starts: np.ndarray | None):
+        n = sel.num_nodes
+        ends = np.array(sel.edges, dtype=np.int64).reshape(-1, 2)
+        src = np.concatenate([ends[:, 0], ends[:, 1]])
+        dst = np.concatenate([ends[:, 1], ends[:, 0]])
+        eid = np.concatenate([np.arange(len(ends)), np.arange(len(ends))])
+        order = np.argsort(src, kind="stable")
+        self.dst, self.eid = dst[order], eid[order]
+        self.ptr = np.searchsorted(src[order], np.arange(n + 1))
+        key = np.arange(n) if starts is None else starts
+        self.order = np.argsort(key, kind="stable")
+        self.rank = np.empty(n, dtype=np.int64)
+        self.rank[self.order] = np.arange(n)
+
+    def neighbours(self, i: int) -> np.ndarray:
+        return self.dst[self.ptr[i] : self.ptr[i + 1]]
+
+    def ball(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """A breadth-first ball of `size` nodes from a random node (random jumps when the
+        component is smaller)."""
+        n = len(self.rank)
+        seen = np.zeros(n, dtype=bool)
+        picked: list[int] = []
+        while len(picked) < size:
+            root = int(rng.integers(n))
+            if seen[root]:
+                continue
+            seen[root] = True
+            picked.append(root)
+            front = [root]
+            while front and len(picked) < size:
+                nxt = []
+                for u in front:
+                    nb = self.neighbours(u)
+                    for v in rng.permutation(nb[~seen[nb]]).tolist():
+                        if len(picked) >= size:
+                            break
+                        if not seen[v]:
+                            seen[v] = True
+                            picked.append(v)
+                            nxt.append(v)
+                front = nxt
+        return np.sort(np.array(picked, dtype=np.int64))
+
+    def window(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """`size` nodes consecutive in time (or in index order) around a random node."""
+        n = len(self.rank)
+        r = int(self.rank[int(rng.integers(n))])
+        lo = max(0, min(r - size // 2, n - size))
+        return np.sort(self.order[lo : lo + size])
+
+
+def sub_selection(
+    sel: Selection, pos: np.ndarray, free: np.ndarray, graph: _Graph | None = None
+) -> tuple[Selection, list[np.ndarray]]:
+    """The problem left when every node outside `free` (sorted) keeps its position `pos`:
+    a Selection over the free nodes (renumbered in order) whose choices are the problem's,
+    and per free node the positions (into sel.allowed[i]) its sub-choices stand for.
+
+    Edges to fixed nodes are folded into node costs (choices that would meet a forbidden pair
+    are dropped), the fixed nodes' memory is taken off the limit, and the memory check times
+    are merged into the segments between the free nodes' starts and ends (the limit of a
+    segment is its lowest)."""
+    graph = graph if graph is not None else _Graph(sel, None)
+    n = sel.num_nodes
+    index = np.full(n, -1, dtype=np.int64)
+    index[free] = np.arange(len(free))
+    cost = [sel.node_cost[i].copy() for i in free]
+    inner: list[int] = []
+    for k, i in enumerate(free.tolist()):
+        lo, hi = graph.ptr[i], graph.ptr[i + 1]
+        for j, e in zip(graph.dst[lo:hi].tolist(), graph.eid[lo:hi].tolist(), strict=True):
+            u, v = sel.edges[e]
+            if index[j] >= 0:
+                if i == u:
+                    inner.append(e)  # both ends free: kept once, from its first end
+                continue
+            t = sel.edge_cost[e]
+            cost[k] += t[:, pos[j]] if i == u else t[pos[j], :]
+    keep = [np.flatnonzero(np.isfinite(c)) for c in cost]
+    allowed = tuple(sel.allowed[i][kp] for i, kp in zip(free.tolist(), keep, strict=True))
+    node_cost = tuple(c[kp] for c, kp in zip(cost, keep, strict=True))
+    edges, tables = [], []
+    for e in inner:
+        u, v = sel.edges[e]
+        edges.append((int(index[u]), int(index[v])))
+        tables.append(sel.edge_cost[e][np.ix_(keep[index[u]], keep[index[v]])])
+    memory = tuple(m for m in (_sub_memory(mem, pos, index, keep) for mem in sel.memory) if m)
+    infeasible = None
+    if any(len(kp) == 0 for kp in keep):
+        infeasible = "a free node meets a forbidden pair with every choice"
+    sub = Selection(allowed, node_cost, tuple(edges), tuple(tables), memory, infeasible)
+    return sub, keep
+
+
+def _sub_memory(
+    mem: Memory, pos: np.ndarray, index: np.ndarray, keep: list[np.ndarray]
+) -> Memory | None:
+    """One pool's memory rule over the free nodes, in segments between their events."""
+    listed = np.flatnonzero(index[mem.nodes] >= 0)
+    if len(listed) == 0:
+        return None
+    use = np.array([c[pos[i]] for i, c in zip(mem.nodes, mem.coef, strict=True)])
+    first, last = mem.first[listed], mem.last[listed]
+    fixed = _range_sum(mem.first, mem.last, use, mem.num_times)
+    fixed -= _range_sum(first, last, use[listed], mem.num_times)
+    rhs = mem.rhs - fixed
+    cuts = np.unique(np.concatenate([first, last, [0]]))
+    cuts = cuts[cuts < mem.num_times]
+    seg_rhs = np.minimum.reduceat(rhs, cuts)
+    seg_first = np.searchsorted(cuts, first)
+    seg_last = np.searchsorted(cuts, last)
+    coef = tuple(mem.coef[k][keep[index[mem.nodes[k]]]] for k in listed.tolist())
+    top = np.array([c.max() if len(c) else 0.0 for c in coef])
+    most = _range_sum(seg_first, seg_last, top, len(cuts))
+    binding = most > seg_rhs
+    if not binding.any():
+        return None
+    nodes = index[mem.nodes[listed]]
+    return Memory(mem.pool, seg_rhs, binding, nodes, seg_first, seg_last, coef)
+
+
+def neighbourhood_search(
+    problem: Problem,
+    sel: Selection,
+    choices: Sequence[int],
+    deadline: float,
+    *,
+    seed: int = 0,
+    stop: Any = None,
+    incoming: Callable[[], Sequence[int] | None] | None = None,
+    on_incumbent: Callable[[tuple[int, ...], str], None] | None = None,
+    sub_seconds: float = SUB_SECONDS,
+) -> LnsOutcome:
+    """Improve the valid answer `choices` of `problem` (reduced tables `sel`) until
+    `deadline` (a `time.perf_counter()` value); see the module docstring."""
+    from backends.cpsat import decode_selection, encode_selection, solve_encoded
+    from backends.solver_common import OutOfTime
+
+    t0 = time.perf_counter()
+    start = sel.positions(choices)
+    if start is None:
+        raise ValueError("neighbourhood_search needs a valid answer to start from")
+    pos = np.asarray(start, dtype=np.int64)
+    value = sel.position_cost(start)
+    starts = None if problem.intervals is None else np.asarray(problem.intervals)[:, 0]
+    graph = _Graph(sel, starts)
+    rng = np.random.default_rng(seed)
+    n = sel.num_nodes
+    size = min(n, START_SIZE)
+    progress = ProgressLog("lns")
+    stats: dict[str, Any] = {"rounds": 0, "improved": 0, "proofs": 0, "timeouts": 0,
+                             "taken": 0}  # fmt: skip
+    opts = SolveOptions(threads=1, extra={"lp_start": False, "stop": stop})
+    proven = False
+
+    def stopped() -> bool:
+        return past(deadline - MIN_SUB_SECONDS) or (stop is not None and stop.is_set())
+
+    while n > 0 and not stopped():
+        if incoming is not None:
+            other = incoming()
+            other_pos = sel.positions(other) if other is not None else None
+            if other_pos is not None and sel.fits(other_pos):
+                other_value = sel.position_cost(other_pos)
+                if other_value < value:
+                    pos, value = np.asarray(other_pos, dtype=np.int64), other_value
+                    stats["taken"] += 1
+        stats["rounds"] += 1
+        free = graph.ball(rng, size) if stats["rounds"] % 2 else graph.window(rng, size)
+        sub, keep = sub_selection(sel, pos, free, graph)
+        if sub.infeasible:  # cannot happen from a valid answer; skip the round
+            continue
+        hint = sub.choices([int(np.searchsorted(kp, pos[i])) for kp, i in
+                            zip(keep, free.tolist(), strict=True)])  # fmt: skip
+        limit = min(sub_seconds, deadline - time.perf_counter())
+        o = replace(opts, time_limit=max(limit, 1e-3), seed=seed + stats["rounds"])
+        try:
+            model = encode_selection(sub, o, (hint, "lns"), time.perf_counter() + limit)
+        except OutOfTime:
+            break
+        run = solve_encoded(model, o, max(1e-3, min(limit, deadline - time.perf_counter())))
+        found, _ = decode_selection(model, run)
+        whole = len(free) == n
+        if run.status == "OPTIMAL":
+            stats["proofs"] += 1
+            if whole:
+                proven = True
+        if found is not None:
+            new = pos.copy()
+            for k, i in enumerate(free.tolist()):
+                new[i] = int(np.searchsorted(sel.allowed[i], found[k]))
+            new_value = sel.position_cost(new.tolist())
+            if new_value < value - 1e-9 * max(1.0, abs(value)) and sel.fits(new.tolist()):
+                pos, value = new, new_value
+                stats["improved"] += 1
+                if on_incumbent is not None:
+                    on_incumbent(sel.choices(pos.tolist()), "lns")
+                progress(partial(_line, value, stats["rounds"], size))
+        if proven:
+            break
+        if run.status == "OPTIMAL" and run.wall < QUICK * limit:
+            size = min(n, int(size * GROW) + 1)
+        elif run.status != "OPTIMAL":
+            stats["timeouts"] += 1
+            size = max(min(n, MIN_SIZE), int(size * SHRINK))
+    stats.update(size=size, seconds=time.perf_counter() - t0)
+    return LnsOutcome(sel.choices(pos.tolist()), value, proven, stats)
+
+
+def _line(value: float, rounds: int, size: int) -> str:
+    return f"best {value:.6g} (round {rounds}, size {size})"
+
+
+def lns_enabled(options: SolveOptions) -> bool:
+    """Extra "lns": True / False, or "auto" (the default): on with one thread, where CP-SAT
+    runs no neighbourhood search of its own."""
+    setting = options.extra.get("lns", "auto")
+    if setting == "auto":
+        return options.threads <= 1
+    if isinstance(setting, bool):
+        return setting
+    raise BackendError(f"extra 'lns' must be True, False or 'auto', got {setting!r}")

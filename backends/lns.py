@@ -7,12 +7,14 @@ and solved by one CP-SAT worker for at most SUB_SECONDS), and keeps the answer w
 better. Fixing a node folds its edges into its free neighbours' costs and its memory into the
 limit, so a round costs O(free nodes, their edges and live ranges) whatever the problem's
 size (35,000 nodes included), and the sub-problem's optimum is never worse than the current
-answer (which stays inside it).
+answer (which stays inside it). A neighbourhood that has grown to every node is solved with all
+the time left (a small problem is thus solved whole, as without the search).
 
 Neighbourhoods alternate between a breadth-first ball in the graph of edges (nodes that share
 resharding costs) and a window of nodes that start one after the other in time (nodes that
-share memory). Their size adapts: it grows when a sub-problem was proven optimal quickly and
-shrinks when its solve ran out of time (FlexFlow's and OptCNN's searches explore one node at a
+share memory), both grown to a number of model terms (`backends.selection.model_terms`: what
+encoding and solving cost) that adapts: it grows when a sub-problem was proven optimal quickly
+and shrinks when its encoding or solve ran out of time (FlexFlow's and OptCNN's searches explore one node at a
 time; this is the classic LNS of constraint programming, which CP-SAT runs internally only with
 two or more workers). When a neighbourhood holds every node and is proven optimal, so is the
 answer.
@@ -33,15 +35,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from backends.base import BackendError, ProgressLog, SolveOptions, past
-from backends.selection import Memory, Selection, _range_sum
+from backends.selection import Memory, Selection, _range_sum, edge_sizes
 
 if TYPE_CHECKING:
     from planner.problems.problem import Problem
 
 __all__ = ["LnsOutcome", "lns_enabled", "neighbourhood_search", "sub_selection"]
 
-START_SIZE = 30  # nodes freed in the first round
-MIN_SIZE = 4
+START_TERMS = 20_000  # model terms of the first round's neighbourhood (about 30 nodes of a
+# contest problem; CP-SAT encodes and solves ~50,000 terms a second on one core)
+MIN_TERMS = 200
 GROW, SHRINK = 1.15, 0.85  # the size after a quick proof / after a solve that ran out of time
 QUICK = 0.5  # a proof within this share of the sub-solve's limit counts as quick
 SUB_SECONDS = 1.0  # time limit of one sub-solve (less when less is left)
@@ -59,7 +62,8 @@ class LnsOutcome:
 
 
 class _Graph:
-    """Each node's neighbours (CSR) and incident edges, and the nodes in time order."""
+    """Each node's neighbours (CSR) and incident edges, the nodes in time order, and the
+    model terms (`backends.selection.model_terms`) of each node and edge."""
 
     def __init__(self, sel: Selection, starts: np.ndarray | None):
         n = sel.num_nodes
@@ -74,43 +78,76 @@ class _Graph:
         self.order = np.argsort(key, kind="stable")
         self.rank = np.empty(n, dtype=np.int64)
         self.rank[self.order] = np.arange(n)
+        self.node_terms = np.array([len(c) for c in sel.node_cost], dtype=np.int64)
+        sizes = edge_sizes(sel).reshape(-1, 4)
+        self.edge_terms = 2 * sizes[:, 2] + sizes[:, 0] + sizes[:, 1]
+        self.total = int(self.node_terms.sum() + self.edge_terms.sum())
 
     def neighbours(self, i: int) -> np.ndarray:
         return self.dst[self.ptr[i] : self.ptr[i + 1]]
 
-    def ball(self, rng: np.random.Generator, size: int) -> np.ndarray:
-        """A breadth-first ball of `size` nodes from a random node (random jumps when the
-        component is smaller)."""
-        n = len(self.rank)
-        seen = np.zeros(n, dtype=bool)
-        picked: list[int] = []
-        while len(picked) < size:
-            root = int(rng.integers(n))
-            if seen[root]:
-                continue
-            seen[root] = True
-            picked.append(root)
-            front = [root]
-            while front and len(picked) < size:
-                nxt = []
-                for u in front:
-                    nb = self.neighbours(u)
-                    for v in rng.permutation(nb[~seen[nb]]).tolist():
-                        if len(picked) >= size:
-                            break
-                        if not seen[v]:
-                            seen[v] = True
-                            picked.append(v)
-                            nxt.append(v)
-                front = nxt
-        return np.sort(np.array(picked, dtype=np.int64))
+    def _cost(self, v: int, picked: np.ndarray) -> int:
+        """The terms node v adds to a neighbourhood: its own and its edges into `picked`."""
+        lo, hi = self.ptr[v], self.ptr[v + 1]
+        inside = picked[self.dst[lo:hi]]
+        return int(self.node_terms[v] + self.edge_terms[self.eid[lo:hi][inside]].sum())
 
-    def window(self, rng: np.random.Generator, size: int) -> np.ndarray:
-        """`size` nodes consecutive in time (or in index order) around a random node."""
+    def ball(self, rng: np.random.Generator, budget: int) -> np.ndarray:
+        """A breadth-first ball from a random node, while its model has at most `budget`
+        terms (random jumps when the component is exhausted; at least one node)."""
         n = len(self.rank)
-        r = int(self.rank[int(rng.integers(n))])
-        lo = max(0, min(r - size // 2, n - size))
-        return np.sort(self.order[lo : lo + size])
+        picked = np.zeros(n, dtype=bool)
+        out: list[int] = []
+        terms = 0
+        front: list[int] = []
+        while True:
+            if not front:
+                rest = np.flatnonzero(~picked)
+                if len(rest) == 0:
+                    break
+                front = [int(rng.choice(rest))]
+                cost = self._cost(front[0], picked)
+                if out and terms + cost > budget:
+                    break
+                picked[front[0]] = True
+                out.append(front[0])
+                terms += cost
+            nxt: list[int] = []
+            full = False
+            for u in front:
+                nb = self.neighbours(u)
+                for v in rng.permutation(nb[~picked[nb]]).tolist():
+                    if picked[v]:
+                        continue
+                    cost = self._cost(v, picked)
+                    if terms + cost > budget:
+                        full = True
+                        break
+                    picked[v] = True
+                    out.append(v)
+                    nxt.append(v)
+                    terms += cost
+                if full:
+                    break
+            if full:
+                break
+            front = nxt
+        return np.sort(np.array(out, dtype=np.int64))
+
+    def window(self, rng: np.random.Generator, budget: int) -> np.ndarray:
+        """Nodes consecutive in time (or in index order) from a random one on, while their
+        model has at most `budget` terms (at least one node)."""
+        n = len(self.rank)
+        picked = np.zeros(n, dtype=bool)
+        terms = 0
+        for r in range(int(rng.integers(n)), n):
+            v = int(self.order[r])
+            cost = self._cost(v, picked)
+            if picked.any() and terms + cost > budget:
+                break
+            picked[v] = True
+            terms += cost
+        return np.flatnonzero(picked)
 
 
 def sub_selection(
@@ -210,7 +247,7 @@ def neighbourhood_search(
     graph = _Graph(sel, starts)
     rng = np.random.default_rng(seed)
     n = sel.num_nodes
-    size = min(n, START_SIZE)
+    size = START_TERMS  # the neighbourhoods' model terms
     progress = ProgressLog("lns")
     stats: dict[str, Any] = {"rounds": 0, "improved": 0, "proofs": 0, "timeouts": 0,
                              "taken": 0}  # fmt: skip
@@ -230,21 +267,28 @@ def neighbourhood_search(
                     pos, value = np.asarray(other_pos, dtype=np.int64), other_value
                     stats["taken"] += 1
         stats["rounds"] += 1
-        free = graph.ball(rng, size) if stats["rounds"] % 2 else graph.window(rng, size)
+        whole = size >= graph.total
+        if whole:  # the whole problem, from the best answer, with all the time left
+            free = np.arange(n)
+        else:
+            free = graph.ball(rng, size) if stats["rounds"] % 2 else graph.window(rng, size)
+        stats["nodes"] = len(free)
         sub, keep = sub_selection(sel, pos, free, graph)
         if sub.infeasible:  # cannot happen from a valid answer; skip the round
             continue
         hint = sub.choices([int(np.searchsorted(kp, pos[i])) for kp, i in
                             zip(keep, free.tolist(), strict=True)])  # fmt: skip
-        limit = min(sub_seconds, deadline - time.perf_counter())
+        left = deadline - time.perf_counter()
+        limit = left if whole else min(sub_seconds, left)
         o = replace(opts, time_limit=max(limit, 1e-3), seed=seed + stats["rounds"])
         try:
             model = encode_selection(sub, o, (hint, "lns"), time.perf_counter() + limit)
-        except OutOfTime:
-            break
+        except OutOfTime:  # too large to encode in a round's time: a smaller one
+            stats["timeouts"] += 1
+            size = max(MIN_TERMS, int(size * SHRINK * SHRINK))
+            continue
         run = solve_encoded(model, o, max(1e-3, min(limit, deadline - time.perf_counter())))
         found, _ = decode_selection(model, run)
-        whole = len(free) == n
         if run.status == "OPTIMAL":
             stats["proofs"] += 1
             if whole:
@@ -263,16 +307,16 @@ def neighbourhood_search(
         if proven:
             break
         if run.status == "OPTIMAL" and run.wall < QUICK * limit:
-            size = min(n, int(size * GROW) + 1)
+            size = min(graph.total, int(size * GROW) + 1)
         elif run.status != "OPTIMAL":
             stats["timeouts"] += 1
-            size = max(min(n, MIN_SIZE), int(size * SHRINK))
-    stats.update(size=size, seconds=time.perf_counter() - t0)
+            size = max(MIN_TERMS, int(size * SHRINK))
+    stats.update(terms=size, seconds=time.perf_counter() - t0)
     return LnsOutcome(sel.choices(pos.tolist()), value, proven, stats)
 
 
-def _line(value: float, rounds: int, size: int) -> str:
-    return f"best {value:.6g} (round {rounds}, size {size})"
+def _line(value: float, rounds: int, terms: int) -> str:
+    return f"best {value:.6g} (round {rounds}, {terms} terms)"
 
 
 def lns_enabled(options: SolveOptions) -> bool:

@@ -353,18 +353,19 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
             incoming=extra.get("incoming"), on_incumbent=extra.get("on_incumbent"),
         )  # fmt: skip
         phases["lns"] = out.stats
+        phases["lns_seconds"] = out.stats["seconds"]
         current = best.objective if best.objective is not None else full.cost(best.choices)
-        if out.value >= current:
-            return best
+        improved = out.value < current
+        value = out.value if improved else current
         bound = best.bound if best.bound is not None else full.trivial_bound()
-        optimal = out.proven or bound >= out.value * (1 - 1e-9)
-        stats = {**best.stats, "answer": "lns"}
+        optimal = out.proven or best.status is Status.OPTIMAL or bound >= value * (1 - 1e-9)
+        stats = {**best.stats, "answer": "lns"} if improved else dict(best.stats)
         return replace(
             best,
             status=Status.OPTIMAL if optimal else Status.FEASIBLE,
-            choices=out.choices,
-            objective=out.value,
-            bound=out.value if optimal else min(bound, out.value),
+            choices=out.choices if improved else best.choices,
+            objective=value,
+            bound=value if optimal else min(bound, value),
             limit=None if optimal else Limit.TIME,
             stats=stats,
         )
@@ -406,7 +407,7 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
         if result.choices is not None:  # compared with the other rounds' answers
             result = replace(result, objective=full.cost(result.choices))
         t6 = time.perf_counter()
-        _add(phases, encode_seconds=t4 - t3, search_seconds=t5 - t4, decode_seconds=t6 - t5)
+        _add(phases, encode_seconds=t4 - t3, model_seconds=t5 - t4, decode_seconds=t6 - t5)
         if k is not None and result.status is not Status.INFEASIBLE:
             # the restricted model's optimum and bound say nothing about the whole problem
             status = Status.FEASIBLE if result.has_solution else Status.NO_SOLUTION

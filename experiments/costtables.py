@@ -45,7 +45,7 @@ from planner.cli import (
 from planner.errors import LayerwiseError
 
 EXIT_BAD_INPUT = 2
-PHASES = ("selection", "start", "size", "encode", "search", "decode")
+PHASES = ("selection", "start", "size", "encode", "model", "decode", "lns")
 # Named variants for --backends (docs/solvers.md's CP-SAT table): backend, extra, threads.
 # Each row of that table adds one change to the row before it.
 VARIANTS: dict[str, tuple[str, dict[str, Any], int]] = {

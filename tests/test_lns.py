@@ -142,3 +142,12 @@ def test_a_later_restricted_round_that_finds_better_is_kept(name: str) -> None:
     r = get_backend(name).solve(p, SolveOptions(time_limit=8.0, threads=1, extra=extra))
     assert r.stats["restricted_rounds"] >= 2 and r.objective is not None
     assert r.objective <= min(seen) * (1 + 1e-12)
+
+
+def test_portfolio_hands_better_answers_to_the_cpsat_neighbourhoods() -> None:
+    p = contest_problem(300, seed=2)
+    r = get_backend("portfolio").solve(p, SolveOptions(time_limit=8.0))
+    assert r.has_solution and memory_feasible(p, r.choices)
+    runs = r.stats["members"]["cpsat"]
+    assert len(runs) == 1, "with the neighbourhood search CP-SAT is never restarted"
+    assert runs[0]["lns"]["rounds"] >= 1

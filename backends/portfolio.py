@@ -2,13 +2,16 @@
 
 1. `backends.feasible`'s heuristic: a valid answer within a second or so (a 35,000-node
    problem: a few seconds);
-2. then at once, each warm-started with the best answer so far: `ilp` in a thread (CBC runs
+2. then at once, each warm-started with the best answer so far: `ilp` in a process (CBC runs
    in its own process, one core; it first rounds the LP relaxation, which gives an answer
-   and a bound within seconds) and `cpsat` in a thread (one worker, the other core; it
-   leaves the LP to `ilp` rather than solving it again). Members
-   report each better answer (SolveOptions.extra "on_incumbent"); when one beats the answer
-   CP-SAT was started from by RESTART_GAIN, CP-SAT is stopped and restarted from it (CBC
-   cannot take an answer once it runs, CP-SAT can only be hinted at its start);
+   and a bound within seconds) and `cpsat` in a process (one worker, the other core; it
+   leaves the LP to `ilp` rather than solving it again, searches its whole model for 30% of
+   the time, then runs `backends.lns`'s neighbourhood search). Members report each better
+   answer (SolveOptions.extra "on_incumbent"); when one beats the answer CP-SAT last had by
+   RESTART_GAIN, it goes to CP-SAT's neighbourhood search, which continues from it at its
+   next round (extra "incoming"). With extra "lns" False CP-SAT is stopped and restarted
+   from it instead (CBC cannot take an answer once it runs, CP-SAT's whole model only at
+   its start);
 3. `mcmc` (through `get_backend`) joins when there is a third core, or runs alone when
    neither solver is installed.
 
@@ -61,7 +64,7 @@ MEMBERS = ("ilp", "cpsat", "mcmc")  # in tie-breaking order
 SOLVERS = {"ilp": "pulp", "cpsat": "ortools"}  # members that need a package
 KILL_FRACTION = 0.06  # members still running this far past the limit (+ 1 s) are killed
 START_FRACTION = 0.1  # of the time limit for polishing the heuristic's answer
-RESTART_GAIN = 0.002  # CP-SAT restarts from another member's answer this much better
+RESTART_GAIN = 0.002  # CP-SAT gets another member's answer when it is this much better
 POLL_SECONDS = 0.1
 
 

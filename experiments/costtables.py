@@ -50,14 +50,16 @@ PHASES = ("selection", "start", "size", "encode", "model", "decode", "lns")
 # Each row of that table adds one change to the row before it.
 VARIANTS: dict[str, tuple[str, dict[str, Any], int]] = {
     "cpsat-plain": ("cpsat", {"edges": "plain", "groups": False, "presolve": True,
-                              "lp_start": False}, 1),
-    "cpsat-marginal": ("cpsat", {"groups": False, "presolve": True, "lp_start": False}, 1),
-    "cpsat-groups": ("cpsat", {"presolve": True, "lp_start": False}, 1),
-    "cpsat-nopresolve": ("cpsat", {"lp_start": False}, 1),
-    "cpsat-lp": ("cpsat", {}, 1),
-    "cpsat-lin2": ("cpsat", {"parameters": {"linearization_level": 2}}, 1),
-    "cpsat-2workers": ("cpsat", {}, 2),
-    "cpsat-chain": ("cpsat", {"memory": "chain"}, 1),
+                              "lp_start": False, "lns": False}, 1),
+    "cpsat-marginal": ("cpsat", {"groups": False, "presolve": True, "lp_start": False,
+                                 "lns": False}, 1),
+    "cpsat-groups": ("cpsat", {"presolve": True, "lp_start": False, "lns": False}, 1),
+    "cpsat-nopresolve": ("cpsat", {"lp_start": False, "lns": False}, 1),
+    "cpsat-lp": ("cpsat", {"lns": False}, 1),
+    "cpsat-lns": ("cpsat", {}, 1),  # the default with one worker
+    "cpsat-lin2": ("cpsat", {"parameters": {"linearization_level": 2}, "lns": False}, 1),
+    "cpsat-2workers": ("cpsat", {}, 2),  # CP-SAT's own neighbourhood search, both cores
+    "cpsat-chain": ("cpsat", {"memory": "chain", "lns": False}, 1),
     "ilp-2threads": ("ilp", {}, 2),
 }  # fmt: skip
 

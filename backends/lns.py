@@ -202,9 +202,8 @@ def _sub_memory(
         return None
     use = np.array([c[pos[i]] for i, c in zip(mem.nodes, mem.coef, strict=True)])
     first, last = mem.first[listed], mem.last[listed]
-    fixed = _range_sum(mem.first, mem.last, use, mem.num_times)
-    fixed -= _range_sum(first, last, use[listed], mem.num_times)
-    rhs = mem.rhs - fixed
+    out = index[mem.nodes] < 0  # the fixed nodes' usage, summed directly (no cancellation)
+    rhs = mem.rhs - _range_sum(mem.first[out], mem.last[out], use[out], mem.num_times)
     cuts = np.unique(np.concatenate([first, last, [0]]))
     cuts = cuts[cuts < mem.num_times]
     seg_rhs = np.minimum.reduceat(rhs, cuts)

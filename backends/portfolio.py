@@ -4,9 +4,9 @@
    problem: a few seconds);
 2. then at once, each warm-started with the best answer so far: `ilp` in a process (CBC runs
    in its own process, one core; it first rounds the LP relaxation, which gives an answer
-   and a bound within seconds) and `cpsat` in a process (one worker, the other core; it
-   leaves the LP to `ilp` rather than solving it again, searches its whole model for 30% of
-   the time, then runs `backends.lns`'s neighbourhood search). Members report each better
+   and a bound within seconds) and `cpsat` in a process (one worker, the other core; exactly
+   as `cpsat` alone: its own LP rounding as the hint of its whole model for 30% of the time,
+   then `backends.lns`'s neighbourhood search). Members report each better
    answer (SolveOptions.extra "on_incumbent"); when one beats the answer CP-SAT last had by
    RESTART_GAIN, it goes to CP-SAT's neighbourhood search, which continues from it at its
    next round (extra "incoming"). With extra "lns" False CP-SAT is stopped and restarted
@@ -226,7 +226,7 @@ class _Run:
             extra["on_incumbent"] = lambda ch, who: send(("answer", name, tuple(ch)))
             extra.pop("members", None)
             extra.pop("workers", None)
-            if name == "cpsat" and "ilp" in self.members:
+            if name == "cpsat" and "ilp" in self.members and not self.lns:
                 extra.setdefault("lp_start", False)  # ilp's LP rounding arrives as an answer
             if name == "cpsat" and self.lns:
                 extra["incoming"] = partial(_latest, self.hints[name])

@@ -139,11 +139,12 @@ class _Graph:
         model has at most `budget` terms (at least one node)."""
         n = len(self.rank)
         picked = np.zeros(n, dtype=bool)
+        first = int(rng.integers(n))
         terms = 0
-        for r in range(int(rng.integers(n)), n):
+        for r in range(first, n):
             v = int(self.order[r])
             cost = self._cost(v, picked)
-            if picked.any() and terms + cost > budget:
+            if r > first and terms + cost > budget:
                 break
             picked[v] = True
             terms += cost
@@ -239,7 +240,7 @@ def neighbourhood_search(
     t0 = time.perf_counter()
     start = sel.positions(choices)
     if start is None:
-        raise ValueError("neighbourhood_search needs a valid answer to start from")
+        raise BackendError("neighbourhood_search needs an answer in the reduced tables")
     pos = np.asarray(start, dtype=np.int64)
     value = sel.position_cost(start)
     starts = None if problem.intervals is None else np.asarray(problem.intervals)[:, 0]
@@ -275,8 +276,8 @@ def neighbourhood_search(
         sub, keep = sub_selection(sel, pos, free, graph)
         if sub.infeasible:  # cannot happen from a valid answer; skip the round
             continue
-        hint = sub.choices([int(np.searchsorted(kp, pos[i])) for kp, i in
-                            zip(keep, free.tolist(), strict=True)])  # fmt: skip
+        at = [int(np.searchsorted(kp, pos[i])) for kp, i in zip(keep, free.tolist(), strict=True)]
+        hint = sub.choices(at)
         left = deadline - time.perf_counter()
         limit = left if whole else min(sub_seconds, left)
         o = replace(opts, time_limit=max(limit, 1e-3), seed=seed + stats["rounds"])
@@ -292,13 +293,14 @@ def neighbourhood_search(
             stats["proofs"] += 1
             if whole:
                 proven = True
-        if found is not None:
-            new = pos.copy()
-            for k, i in enumerate(free.tolist()):
-                new[i] = int(np.searchsorted(sel.allowed[i], found[k]))
-            new_value = sel.position_cost(new.tolist())
-            if new_value < value - 1e-9 * max(1.0, abs(value)) and sel.fits(new.tolist()):
-                pos, value = new, new_value
+        moved = sub.positions(found) if found is not None else None
+        if moved is not None:
+            # the sub-problem's cost differs from the problem's by a constant and its memory
+            # rule is the problem's (tests/test_lns.py): O(neighbourhood), not O(problem)
+            delta = sub.position_cost(moved) - sub.position_cost(at)
+            if delta < -1e-9 * max(1.0, abs(value)) and sub.fits(moved):
+                pos[free] = [kp[k] for kp, k in zip(keep, moved, strict=True)]
+                value += delta
                 stats["improved"] += 1
                 if on_incumbent is not None:
                     on_incumbent(sel.choices(pos.tolist()), "lns")
@@ -311,7 +313,8 @@ def neighbourhood_search(
             stats["timeouts"] += 1
             size = max(MIN_TERMS, int(size * SHRINK))
     stats.update(terms=size, seconds=time.perf_counter() - t0)
-    return LnsOutcome(sel.choices(pos.tolist()), value, proven, stats)
+    final = pos.tolist()  # the value summed once more, without the rounds' rounding
+    return LnsOutcome(sel.choices(final), sel.position_cost(final), proven, stats)
 
 
 def _line(value: float, rounds: int, terms: int) -> str:

@@ -132,11 +132,11 @@ class TaskGraph:
         order = sorted(range(len(key)), key=key.__getitem__)
         self.order = order
         self.order_keys = keys = [key[t] for t in order]
-        if any(a == b for a, b in zip(keys, keys[1:], strict=False)):
-            # Two tasks with one key have no program order (a field of `pack` overflowed):
-            # the timing would silently be wrong, and delta simulation would lose tasks.
-            k = next(a for a, b in zip(keys, keys[1:], strict=False) if a == b)
-            raise AssertionError(f"two tasks share the program-order key {unpack(k)}")
+        for a, b in zip(keys, keys[1:], strict=False):
+            if a == b:
+                # Two tasks with one key have no program order (a field of `pack` overflowed):
+                # the timing would silently be wrong, and delta simulation would lose tasks.
+                raise AssertionError(f"two tasks share the program-order key {unpack(a)}")
         chains: dict[int, tuple[list[int], list[int]]] = {}
         prev, nxt, res = self.prev, self.nxt, self.res
         for t in order:

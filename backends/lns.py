@@ -5,23 +5,26 @@ frees a set of nodes, fixes every other node at its current choice and solves th
 problem that remains exactly (`sub_selection`, encoded by `backends.cpsat.encode_selection`
 and solved by one CP-SAT worker for at most SUB_SECONDS), and keeps the answer when it is
 better. Fixing a node folds its edges into its free neighbours' costs and its memory into the
-limit, so a round costs O(free nodes, their edges and live ranges) whatever the problem's
-size (35,000 nodes included), and the sub-problem's optimum is never worse than the current
-answer (which stays inside it). A neighbourhood that has grown to every node is solved with all
+limit, so a round's model has the size of its free nodes, their edges and live ranges,
+whatever the problem's size (building it adds O(n) vectorized work for the fixed nodes'
+memory); the sub-problem's optimum is never worse than the current answer (which stays
+inside it). A neighbourhood that has grown to every node is solved with all
 the time left (a small problem is thus solved whole, as without the search).
 
 Neighbourhoods alternate between a breadth-first ball in the graph of edges (nodes that share
 resharding costs) and a window of nodes that start one after the other in time (nodes that
 share memory), both grown to a number of model terms (`backends.selection.model_terms`: what
 encoding and solving cost) that adapts: it grows when a sub-problem was proven optimal quickly
-and shrinks when its encoding or solve ran out of time (FlexFlow's and OptCNN's searches explore one node at a
-time; this is the classic LNS of constraint programming, which CP-SAT runs internally only with
-two or more workers). When a neighbourhood holds every node and is proven optimal, so is the
-answer.
+and shrinks when its encoding or solve ran out of time. (FlexFlow's and OptCNN's searches
+change one node at a time; this is the classic large-neighbourhood search of constraint
+programming, which CP-SAT runs internally only with two or more workers.) When a
+neighbourhood holds every node and is proven optimal, so is the answer.
 
-The rounds are seeded (`seed`) and stop at `deadline`, at a stop request (Ctrl-C) or when the
-Event extra "stop" is set. `incoming()` (optional) returns a better answer found elsewhere (the
-portfolio's other members), which the search then continues from.
+The rounds are seeded (`seed`: the neighbourhoods and each sub-solve), but each sub-solve has a
+time limit, so the path depends on the machine's speed. They stop at `deadline`, at a stop
+request (Ctrl-C) or when the Event extra "stop" is set. `incoming()` (optional) returns a
+better answer found elsewhere (the portfolio's other members), which the search then
+continues from.
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@
 When a member proves its answer optimal the others are stopped. The answer is the best valid
 answer any member found (ties: the first member in MEMBERS order), the bound the best proven
 one; `stats["events"]` lists who found what and when, `stats["members"]` each member's
-result. Deterministic for a seed when no member is stopped early (every member finishes, or
-every one runs to the limit). Options: extra "members" (names, default by cores), "workers"
+result. Deterministic for a seed only when every member finishes before the limit (a search
+stopped by the clock, the neighbourhood search's rounds included, depends on the machine's
+speed). Options: extra "members" (names, default by cores), "workers"
 (cores to use, default all).
 
 The makespan objective is delegated to `mcmc` (the placement models of `ilp` and `cpsat`

@@ -1,43 +1,17 @@
-"""Search backends: one module and one class each, same contract (backends.base)."""
+"""Search backends, in families (docs/extending.md): `exact` (elimination, DFS/A*), `mcmc`,
+`mathprog` (the selection model under CBC and CP-SAT, the neighbourhood search), `placement`
+(DLPlacer's reduction), `heuristics` (feasibility, baselines) and the `portfolio`.
+
+The contract (`SolveOptions`, `SolveResult`, `Status`, `Limit`) lives in `planner.result`
+and the registry in `planner.registry`; both are re-exported here.
+"""
 
 from __future__ import annotations
 
-import importlib
-
-from backends.base import (
-    Backend,
-    BackendError,
-    Limit,
-    SolveOptions,
-    SolveResult,
-    Status,
-)
-
-# name -> "module:Class"; modules are imported on first use so heavy solvers stay lazy.
-REGISTRY: dict[str, str] = {
-    "baselines": "backends.baselines:BaselinesBackend",
-    "elimination": "backends.elimination:EliminationBackend",
-    "search": "backends.search:SearchBackend",
-    "mcmc": "backends.mcmc:McmcBackend",
-    "ilp": "backends.ilp:IlpBackend",
-    "cpsat": "backends.cpsat:CpsatBackend",
-    "portfolio": "backends.portfolio:PortfolioBackend",
-}
-
-
-def backend_names() -> list[str]:
-    return list(REGISTRY)
-
-
-def get_backend(name: str) -> Backend:
-    """An instance of the backend registered as `name`."""
-    try:
-        module, cls = REGISTRY[name].split(":")
-    except KeyError:
-        raise BackendError(f"unknown backend {name!r}; available: {', '.join(REGISTRY)}") from None
-    backend: Backend = getattr(importlib.import_module(module), cls)()
-    return backend
-
+from backends.base import Backend
+from planner.errors import BackendError
+from planner.registry import REGISTRY, backend_names, get_backend
+from planner.result import Limit, SolveOptions, SolveResult, Status
 
 __all__ = [
     "REGISTRY",

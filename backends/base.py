@@ -5,11 +5,13 @@ backend can run, calls the subclass's `_solve`, and re-scores the returned choic
 planner's evaluators: the `objective` of a result is never the backend's own number (that
 is kept in `stats["reported_objective"]` when the backend gives one).
 
-Stopping early. Every search loop looks at `past(deadline)`: true once its deadline (a
-`time.perf_counter()` value) has passed *or* the user asked to stop. While `solve` runs in
-the main thread, the first Ctrl-C (SIGINT) only asks to stop (`request_stop`): the backend
-returns its best answer so far and `solve` marks the result with limit INTERRUPTED (status
-FEASIBLE unless optimality was proven). A second Ctrl-C raises KeyboardInterrupt as usual.
+Stopping early. `solve` makes one deadline (`planner.deadline.Deadline`: the caller's, or
+`time_limit` from now), keeps a share of it for the re-score, and hands the rest to `_solve`
+as `options.deadline`; every search loop looks at `past(options.deadline.at)`: true once it
+has passed *or* the user asked to stop. While `solve` runs in the main thread, the first
+Ctrl-C (SIGINT) only asks to stop (`request_stop`): the backend returns its best answer so
+far and `solve` marks the result with limit INTERRUPTED (status FEASIBLE unless optimality
+was proven). A second Ctrl-C raises KeyboardInterrupt as usual.
 
 Progress. Long searches report best-so-far lines through the standard `logging` module
 (`logging.getLogger("backends.<name>")`), at most one every `PROGRESS_SECONDS`
@@ -19,65 +21,50 @@ Progress. Long searches report best-so-far lines through the standard `logging` 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import importlib.util
 import logging
 import math
-import signal
-import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
-from planner.errors import LayerwiseError
-from planner.problems.evaluate import additive_cost, memory_feasible
+from planner.deadline import (
+    catch_interrupt,
+    past,
+    request_stop,
+    stop_requested,
+)
+from planner.errors import BackendError
+from planner.problems.evaluate import memory_feasible
 from planner.problems.problem import Problem
-from planner.problems.strategy import Strategy
+from planner.result import (
+    OBJECTIVES,
+    Limit,
+    SolveOptions,
+    SolveResult,
+    Status,
+    evaluate_objective,
+)
 
-OBJECTIVES = ("additive", "makespan")
-
-
-class BackendError(LayerwiseError):
-    """A backend cannot run: unknown name, missing package, unsupported objective or problem."""
-
-
-class Status(enum.Enum):
-    """How a search ended: what its answer is worth (a proof, an answer, or nothing)."""
-
-    OPTIMAL = "OPTIMAL"  # proven optimal (within the solver's gap tolerance)
-    FEASIBLE = "FEASIBLE"  # a valid answer, optimality not proven
-    INFEASIBLE = "INFEASIBLE"  # proven that no valid answer exists
-    NO_SOLUTION = "NO_SOLUTION"  # nothing found, nothing proven
-
-
-class Limit(enum.Enum):
-    """Why a search stopped before it could prove anything more (None in a result: it
-    finished on its own)."""
-
-    TIME = "TIME"
-    ITERATIONS = "ITERATIONS"
-    INTERRUPTED = "INTERRUPTED"  # the user asked to stop (Ctrl-C): best answer so far
-
+__all__ = [
+    "OBJECTIVES",
+    "PROGRESS_SECONDS",
+    "Backend",
+    "BackendError",
+    "Limit",
+    "ProgressLog",
+    "SolveOptions",
+    "SolveResult",
+    "Status",
+    "evaluate_objective",
+    "past",
+    "request_stop",
+    "stop_requested",
+]
 
 PROGRESS_SECONDS = 5.0  # at most one progress line per search this often
-
-_STOP = threading.Event()
-
-
-def request_stop() -> None:
-    """Ask every running search to return its best answer so far (what Ctrl-C does)."""
-    _STOP.set()
-
-
-def stop_requested() -> bool:
-    return _STOP.is_set()
-
-
-def past(deadline: float) -> bool:
-    """True when `deadline` (a `time.perf_counter()` value) has passed or a stop was asked."""
-    return _STOP.is_set() or time.perf_counter() > deadline
+RESCORE_SHARE = 0.05  # of a makespan search's time kept for the re-score's simulation
 
 
 class ProgressLog:
@@ -94,108 +81,6 @@ class ProgressLog:
         if (force or now - self.last >= self.every) and self.logger.isEnabledFor(logging.INFO):
             self.last = now
             self.logger.info("%.1f s: %s", now - self.start, message())
-
-
-class _CatchInterrupt:
-    """While a search runs in the main thread: the first SIGINT asks it to stop, the second
-    raises KeyboardInterrupt. Elsewhere (a worker thread) it does nothing."""
-
-    def __enter__(self) -> _CatchInterrupt:
-        _STOP.clear()
-        self.previous: Any = None
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.getsignal(signal.SIGINT)
-            signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if _STOP.is_set():
-            raise KeyboardInterrupt
-        logging.getLogger("backends").warning(
-            "interrupted: returning the best answer so far (Ctrl-C again to abort)"
-        )
-        _STOP.set()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-
-
-@dataclass(frozen=True)
-class SolveOptions:
-    """What to solve and within what: `objective` ("additive": OptCNN's Eq. 1 cost tables;
-    "makespan": the simulated iteration time, FlexFlow Sec. 5), a wall-clock `time_limit` in
-    seconds that covers the whole `solve`, a `seed` (every search is deterministic for one
-    seed, given the same limit), `threads` for the solvers that use several, an optional
-    `warm_start` (a choice vector, used as the incumbent where supported) and
-    backend-specific `extra` settings (documented per backend; unknown keys are errors)."""
-
-    objective: str = "additive"
-    time_limit: float = 10.0
-    seed: int = 0
-    threads: int = 1
-    warm_start: tuple[int, ...] | None = None  # choices from another backend, where supported
-    extra: Mapping[str, Any] = field(default_factory=dict)  # backend-specific settings
-
-    def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise BackendError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if not self.time_limit > 0:
-            raise BackendError(f"time_limit must be positive, got {self.time_limit}")
-        if self.threads < 1:
-            raise BackendError(f"threads must be >= 1, got {self.threads}")
-
-
-@dataclass(frozen=True)
-class SolveResult:
-    """A backend's answer: `status`, the chosen config per node (`choices`, None without an
-    answer), its `objective` value, the best proven lower `bound` (None if none), the `limit`
-    that stopped the search early (None if it finished), the `strategy` for DNN problems, and
-    backend-specific `stats` (phases in seconds, counts, the solver's own status)."""
-
-    backend: str
-    status: Status
-    choices: tuple[int, ...] | None = None
-    objective: float | None = None
-    bound: float | None = None
-    limit: Limit | None = None
-    strategy: Strategy | None = None
-    stats: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def has_solution(self) -> bool:
-        return self.choices is not None
-
-    def objective_value(self) -> float:
-        if self.objective is None:
-            raise BackendError(f"{self.backend} returned no solution (status {self.status.value})")
-        return self.objective
-
-    @property
-    def gap(self) -> float | None:
-        """objective / bound - 1 where both are known (0 when proven optimal)."""
-        if self.objective is None or self.bound is None:
-            return None
-        if self.bound <= 0:
-            return 0.0 if self.objective <= 0 else math.inf
-        return max(0.0, self.objective / self.bound - 1.0)
-
-
-def evaluate_objective(problem: Problem, choices: Sequence[int], objective: str) -> float:
-    """The requested objective of a choice vector, from planner's evaluators: OptCNN's Eq. 1
-    on the tables, or the makespan of FlexFlow's full simulation of the strategy."""
-    if objective == "additive":
-        return additive_cost(problem, choices)
-    if problem.cost_model is None or problem.space is None:
-        raise BackendError(
-            f"the makespan objective needs a problem built from a DNN; {problem.name!r} is "
-            "a cost-table problem (use the additive objective)"
-        )
-    from planner.sim.simulator import Simulator
-
-    # The makespan only: a Timeline with every task's name costs twice the simulation
-    # (1.3 million tasks on 1,024 GPUs: 28 s of names for a 15 s simulation).
-    return Simulator(problem.cost_model, problem.strategy(choices).configs).makespan
 
 
 class Backend(ABC):
@@ -230,16 +115,22 @@ class Backend(ABC):
         if reason is not None:
             raise BackendError(reason)
         start = time.perf_counter()
-        with _CatchInterrupt():
-            raw = self._solve(problem, options)
+        clock = options.clock().within(options.time_limit)  # the earlier of the two
+        with catch_interrupt():
+            search = clock
+            if options.objective == "makespan":
+                search = clock.reserve(RESCORE_SHARE * min(options.time_limit, clock.left()))
+            inner = dataclasses.replace(
+                options, deadline=search, time_limit=max(search.left(), 1e-3)
+            )
+            raw = self._solve(problem, inner)
             interrupted = stop_requested()
-        _STOP.clear()
-        elapsed = time.perf_counter() - start
-        proven = raw.status in (Status.OPTIMAL, Status.INFEASIBLE) and raw.limit is None
-        if interrupted and not proven:
-            status = Status.FEASIBLE if raw.choices is not None else Status.NO_SOLUTION
-            raw = dataclasses.replace(raw, status=status, limit=Limit.INTERRUPTED)
-        return self._finish(problem, options, raw, elapsed)
+            elapsed = time.perf_counter() - start
+            proven = raw.status in (Status.OPTIMAL, Status.INFEASIBLE) and raw.limit is None
+            if interrupted and not proven:
+                status = Status.FEASIBLE if raw.choices is not None else Status.NO_SOLUTION
+                raw = dataclasses.replace(raw, status=status, limit=Limit.INTERRUPTED)
+            return self._finish(problem, options, raw, elapsed)
 
     @abstractmethod
     def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:

@@ -1,12 +1,12 @@
 """`portfolio`: the additive backends together, within one time limit, on the machine's cores.
 
-1. `backends.feasible`'s heuristic: a valid answer within a second or so (a 35,000-node
+1. `backends.heuristics.feasible`'s heuristic: a valid answer within a second or so (a 35,000-node
    problem: a few seconds);
 2. then at once, each warm-started with the best answer so far: `ilp` in a process (CBC runs
    in its own process, one core; it first rounds the LP relaxation, which gives an answer
    and a bound within seconds) and `cpsat` in a process (one worker, the other core; exactly
    as `cpsat` alone: its own LP rounding as the hint of its whole model for 30% of the time,
-   then `backends.lns`'s neighbourhood search). Members report each better
+   then `backends.mathprog.lns`'s neighbourhood search). Members report each better
    answer (SolveOptions.extra "on_incumbent"); when one beats the answer CP-SAT last had by
    RESTART_GAIN, it goes to CP-SAT's neighbourhood search, which continues from it at its
    next round (extra "incoming"). With extra "lns" False CP-SAT is stopped and restarted
@@ -53,9 +53,9 @@ from backends.base import (
     request_stop,
     stop_requested,
 )
-from backends.feasible import feasible_positions
-from backends.lns import lns_enabled
-from backends.selection import selection
+from backends.heuristics.feasible import feasible_positions
+from backends.mathprog.lns import lns_enabled
+from backends.mathprog.selection import selection
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
 
@@ -111,7 +111,7 @@ class PortfolioBackend(Backend):
             stats = {**result.stats, "delegated": "mcmc"}
             return replace(result, backend=self.name, objective=None, strategy=None, stats=stats)
         t0 = time.perf_counter()
-        deadline = t0 + options.time_limit
+        deadline = options.clock().at
         sel = selection(problem)
         if sel.infeasible:
             stats = {"reason": sel.infeasible}
@@ -156,7 +156,7 @@ class _Run:
         self.results: dict[str, list[SolveResult]] = {m: [] for m in members}
         self.hinted = board.value()  # the value CP-SAT was last started from
         self.interrupted = False
-        # CP-SAT with one worker ends in `backends.lns`, which takes better answers as it goes
+        # CP-SAT with one worker ends in `backends.mathprog.lns`, which takes better answers as it goes
         self.lns = lns_enabled(replace(options, threads=1))
         with board.lock:
             warm = board.best[2] if board.best else None

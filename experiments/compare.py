@@ -5,7 +5,7 @@ For every (model, device preset) the Problem is built once. The expert strategie
 objective, seed and wall-clock budget (no iteration caps: an anytime backend runs until the
 budget unless it proves optimality). Every answer is scored under *both* objectives, OptCNN's
 additive Eq. 1 and FlexFlow's simulated iteration time, each with its speedup over data
-parallelism, and `backends.recommend` says what a user should run (never a strategy that
+parallelism, and `planner.recommend` says what a user should run (never a strategy that
 simulates slower than a baseline). Verdicts: proven optima must agree and nothing may be
 below one (exit status 1 otherwise).
 
@@ -34,7 +34,6 @@ from rich.progress import Progress
 
 from backends import BackendError, SolveOptions, backend_names, get_backend
 from backends.base import evaluate_objective
-from backends.recommend import BaselineTime, baseline_times, recommend
 from experiments.compare_report import PROBLEM_VERDICTS, RTOL, legend, plot, summary, tables
 from experiments.runinfo import finish, new_results_folder, run_info
 from planner.cli import (
@@ -45,6 +44,7 @@ from planner.cli import (
     report_errors,
 )
 from planner.errors import LayerwiseError
+from planner.recommend import BaselineTime, baseline_times, recommend
 
 MODES: dict[str, dict[str, Any]] = {
     # Measured: about 2 minutes on 2 cores (docs/compare.md gives the command and the load).

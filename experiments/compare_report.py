@@ -258,7 +258,7 @@ def legend(objective: str) -> Table:
         ),
         (
             "recommend",
-            "what backends.recommend returns for the answer: 'same', or the baseline it "
+            "what planner.recommend returns for the answer: 'same', or the baseline it "
             "switches to because that baseline simulates faster (highlighted).",
         ),
     ]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from backends import SolveOptions, get_backend
-from backends.placement import PlacementProblem, list_schedule, placement_problem
+from backends.placement.problem import PlacementProblem, list_schedule, placement_problem
 from planner.cli import (
     OneLineArgumentParser,
     UsageError,

@@ -35,10 +35,10 @@ from rich.table import Table
 
 from backends import SolveOptions, get_backend
 from backends.base import evaluate_objective
-from backends.recommend import baseline_choices
 from planner.cli import OneLineArgumentParser, nonnegative_int, one_line, positive_seconds
 from planner.errors import LayerwiseError
 from planner.problems.baselines import BASELINES
+from planner.recommend import baseline_choices
 
 QUICK = (["alexnet", "vgg16", "inception_v3"], ["p100-1x4", "p100-2x4"], 10.0)
 FULL_MODELS = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet101"]

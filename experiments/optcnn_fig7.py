@@ -10,7 +10,7 @@ parallelism up to 2.2x / 1.5x / 1.4x faster than the other strategies, and 12.2x
 Ours: the throughput is the global batch over the simulated iteration time (FlexFlow's
 simulator) of each strategy on the analytic cost model; "layer-wise" is the `elimination`
 optimum of OptCNN's additive Eq. 1, re-simulated, and "recommended" is what
-`backends.recommend` makes of it (an expert strategy when one simulates faster). One choice at
+`planner.recommend` makes of it (an expert strategy when one simulates faster). One choice at
 a time can be changed to see what moves the numbers: `--sync ps` (OptCNN's parameter server
 instead of a ring all-reduce), `--score additive` (throughput from Eq. 1, the cost model
 OptCNN's Table 4 checks against measured step times), `--global-batch N` (a fixed global
@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from rich.table import Table
 
 from backends import SolveOptions
-from backends.recommend import recommend
 from experiments.throughput import (
     Point,
     Reproduction,
@@ -44,6 +43,7 @@ from experiments.throughput import (
     solve,
 )
 from planner.cli import positive_int, positive_seconds
+from planner.recommend import recommend
 
 MODELS = ["alexnet", "vgg16", "inception_v3"]
 GPUS = [1, 2, 4, 8, 16]

@@ -25,19 +25,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from planner.deadline import Deadline, OutOfTime, catch_interrupt, stop_requested
 from planner.errors import LayerwiseError
 from planner.files import check_output_path, finite_or_none, strict_json, write_text_atomic
 from planner.graph.models import ModelSpec
+from planner.result import Limit, SolveOptions, SolveResult, Status
 from planner.sources import problem_of
 
 if TYPE_CHECKING:
-    from backends.base import Limit, Status
     from planner.costs.costmodel import CostModel
     from planner.hardware.devices import DeviceGraph
     from planner.problems.problem import Problem
     from planner.problems.strategy import Strategy
 
-__all__ = ["Evaluation", "PlanResult", "evaluate_strategy", "plan"]
+__all__ = ["DEFAULT_TIME_LIMIT", "Evaluation", "PlanResult", "evaluate_strategy", "plan"]
+
+# Seconds for a whole call. Exact backends return as soon as they have proven their answer
+# (inception_v3 on 16 GPUs: a 2-15 s build, depending on the machine's load, and 5 ms of
+# elimination), so a generous default costs them nothing; mcmc and the solvers use it all.
+DEFAULT_TIME_LIMIT = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -77,47 +83,79 @@ def evaluate_strategy(strategy: Strategy, cost_model: CostModel | None = None) -
 
 @dataclass(frozen=True)
 class PlanResult:
-    """What `plan` found: the backend's status (OPTIMAL, FEASIBLE, INFEASIBLE, NO_SOLUTION)
-    and limit (TIME, ITERATIONS, INTERRUPTED or None), the objective re-scored by planner's
-    evaluators, the proven bound where the backend has one, the strategy (None for a
-    cost-table problem: see `choices`), the Problem that was searched, and `stats` (the
-    backend's, plus the seconds of every phase: capture_seconds, build_seconds,
-    search_seconds, rescore_seconds, total_seconds, and encode_seconds where the backend
-    reports it). `message` says why there is no answer when `plan` itself knows (e.g. the
-    build used up the time limit)."""
+    """What `plan` found: the backend's `result` (a `SolveResult`: status OPTIMAL, FEASIBLE,
+    INFEASIBLE or NO_SOLUTION, limit TIME, ITERATIONS, INTERRUPTED or None, the objective
+    re-scored by planner's evaluators, the proven bound where the backend has one, the
+    choices and the strategy: None for a cost-table problem), and what planning adds: the
+    objective it was searched under, the Problem that was searched, the seconds of every
+    phase (`phases`: capture_seconds, build_seconds, search_seconds, rescore_seconds,
+    recommend_seconds, total_seconds), the model spec to record in the plan file, and
+    `message`: why there is no answer when `plan` itself knows (e.g. the build used up the
+    time limit), or what a phase left out for lack of time. `stats` is the backend's
+    statistics with the phases."""
 
-    status: Status
-    limit: Limit | None
-    objective: float | None
-    bound: float | None
+    result: SolveResult
     objective_kind: str
-    backend: str
-    strategy: Strategy | None
-    choices: tuple[int, ...] | None
     problem: Problem
-    stats: Mapping[str, Any] = field(default_factory=dict)
+    phases: Mapping[str, Any] = field(default_factory=dict)
     model: ModelSpec | None = None
     message: str | None = None
 
     @property
+    def status(self) -> Status:
+        """The backend's status (OPTIMAL, FEASIBLE, INFEASIBLE, NO_SOLUTION)."""
+        return self.result.status
+
+    @property
+    def limit(self) -> Limit | None:
+        """Why the search stopped early (TIME, ITERATIONS, INTERRUPTED), or None."""
+        return self.result.limit
+
+    @property
+    def objective(self) -> float | None:
+        """The answer's value re-scored by planner's evaluators (None without one)."""
+        return self.result.objective
+
+    @property
+    def bound(self) -> float | None:
+        """The proven lower bound, where the backend has one."""
+        return self.result.bound
+
+    @property
+    def backend(self) -> str:
+        """The backend's name."""
+        return self.result.backend
+
+    @property
+    def strategy(self) -> Strategy | None:
+        """The strategy (None for a cost-table problem or without an answer)."""
+        return self.result.strategy
+
+    @property
+    def choices(self) -> tuple[int, ...] | None:
+        """One config index per node (None without an answer)."""
+        return self.result.choices
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """The backend's statistics with the phase seconds of the call."""
+        return {**self.result.stats, **self.phases}
+
+    @property
     def has_solution(self) -> bool:
         """Whether an answer was found (`choices` is not None)."""
-        return self.choices is not None
+        return self.result.has_solution
 
     @property
     def gap(self) -> float | None:
         """objective / bound - 1 where both are known (0 when proven optimal)."""
-        if self.objective is None or self.bound is None:
-            return None
-        if self.bound <= 0:
-            return 0.0 if self.objective <= 0 else float("inf")
-        return max(0.0, self.objective / self.bound - 1.0)
+        return self.result.gap
 
     def summary(self) -> dict[str, Any]:
         """Status, objective, bound, gap and phase seconds as strict-JSON values (inf and
         NaN are None): the head of a plan file and what `plan --json` prints."""
         s = self.stats
-        out = {
+        out: dict[str, Any] = {
             "status": self.status.value,
             "limit": self.limit.value if self.limit else None,
             "objective": self.objective,
@@ -196,7 +234,7 @@ def plan(
     devices: str | Path | DeviceGraph | None = None,
     backend: str = "elimination",
     objective: str = "additive",
-    time_limit: float = 10.0,
+    time_limit: float = DEFAULT_TIME_LIMIT,
     seed: int = 0,
     *,
     example_inputs: Any = None,
@@ -232,9 +270,10 @@ def plan(
     returns it anyway, with `stats["memory_fits"]` False. Further keyword arguments go to
     `build_problem` unchanged (space, table_budget, max_split_dims: docs/space.md).
     """
+    deadline = Deadline.after(time_limit) if _positive(time_limit) else Deadline.never()
     start = time.perf_counter()
     _check_call(objective, time_limit, seed, build_options)
-    from backends import SolveOptions, get_backend
+    from planner.registry import get_backend
 
     solver = get_backend(backend)  # an unknown name fails before any work
     if objective not in solver.objectives:
@@ -242,45 +281,58 @@ def plan(
             f"backend {backend!r} does not optimize the {objective!r} objective (it does: "
             f"{', '.join(solver.objectives)})"
         )
-    problem, spec, phases = problem_of(
-        model,
-        devices,
-        example_inputs=example_inputs,
-        model_kwargs=model_kwargs,
-        name=name,
-        coarsen=coarsen,
-        options={"memory_limit": memory_limit, "cost": cost, "sync": sync},
-        max_configs=max_configs,
-        build_options=build_options,
-    )
-    used = time.perf_counter() - start
-    left = time_limit - used
-    if left <= 0:
-        return _out_of_time(problem, spec, backend, objective, time_limit, used, phases)
-    log.info(
-        "searching with %s (%s objective): %.3g s left of the %.3g s time limit",
-        backend,
-        objective,
-        left,
-        time_limit,
-    )
-    options = SolveOptions(
-        objective=objective, time_limit=left, seed=seed, extra=dict(backend_options or {})
-    )
-    t0 = time.perf_counter()
-    result = solver.solve(problem, options)
-    solve_seconds = time.perf_counter() - t0
-    search = float(result.stats.get("search_seconds", solve_seconds))
-    recommend_seconds = 0.0
-    if recommend and problem.cost_model is not None and result.has_solution:
-        from backends.recommend import recommend as rerank
-
+    with catch_interrupt():
+        problem, spec, phases = _problem(
+            model,
+            devices,
+            deadline,
+            example_inputs=example_inputs,
+            model_kwargs=model_kwargs,
+            name=name,
+            coarsen=coarsen,
+            options={"memory_limit": memory_limit, "cost": cost, "sync": sync},
+            max_configs=max_configs,
+            build_options=build_options,
+        )
+        if deadline.expired():
+            return _out_of_time(problem, spec, backend, objective, deadline, start, phases)
+        dnn = problem.cost_model is not None
+        search = (
+            deadline.reserve(RECOMMEND_SHARE * deadline.left()) if recommend and dnn else deadline
+        )
+        log.info(
+            "searching with %s (%s objective): %.3g s left of the %.3g s time limit",
+            backend,
+            objective,
+            search.left(),
+            time_limit,
+        )
+        options = SolveOptions(
+            objective=objective,
+            time_limit=max(search.left(), 1e-3),
+            seed=seed,
+            extra=dict(backend_options or {}),
+            deadline=search,
+        )
+        t0 = time.perf_counter()
+        result = solver.solve(problem, options)
+        solve_seconds = time.perf_counter() - t0
+        search_seconds = float(result.stats.get("search_seconds", solve_seconds))
         t1 = time.perf_counter()
-        result = rerank(problem, result, objective)
+        if recommend and dnn and result.has_solution:
+            from planner.recommend import recommend as rerank
+
+            result = rerank(problem, result, objective, deadline=deadline)
+            decision = result.stats["recommendation"]
+            if decision.get("switched"):
+                log.warning("recommending %s: %s", decision["to"], decision["reason"])
+            if decision.get("not_simulated_for_time"):
+                log.warning(
+                    "the time limit left no time to simulate the baseline(s) %s: the "
+                    "recommendation compared the answer with the others only",
+                    ", ".join(decision["not_simulated_for_time"]),
+                )
         recommend_seconds = time.perf_counter() - t1
-        decision = result.stats["recommendation"]
-        if decision.get("switched"):
-            log.warning("recommending %s: %s", decision["to"], decision["reason"])
     memory: dict[str, Any] = {}
     if result.strategy is not None and problem.cost_model is not None:
         from planner.problems.sizes import check_strategy_memory, strategy_memory
@@ -289,12 +341,11 @@ def plan(
             problem.cost_model, result.strategy
         )
         memory = {"memory_peak_bytes": float(fit.peak.max()), "memory_fits": fit.fits}
-    stats = {
-        **result.stats,
+    phases = {
         **phases,
         **memory,
-        "search_seconds": search,
-        "rescore_seconds": max(0.0, solve_seconds - search),
+        "search_seconds": search_seconds,
+        "rescore_seconds": max(0.0, solve_seconds - search_seconds),
         "recommend_seconds": recommend_seconds,
         "total_seconds": time.perf_counter() - start,
     }
@@ -305,21 +356,28 @@ def plan(
         f" ({result.limit.value})" if result.limit else "",
         result.objective,
         result.bound,
-        stats["total_seconds"],
+        phases["total_seconds"],
     )
-    return PlanResult(
-        status=result.status,
-        limit=result.limit,
-        objective=result.objective,
-        bound=result.bound,
-        objective_kind=objective,
-        backend=backend,
-        strategy=result.strategy,
-        choices=result.choices,
-        problem=problem,
-        stats=stats,
-        model=spec,
-    )
+    return PlanResult(result, objective, problem, phases, spec)
+
+
+RECOMMEND_SHARE = 0.1  # of the time left after the build, kept for the recommendation
+
+
+def _positive(seconds: Any) -> bool:
+    return isinstance(seconds, int | float) and 0 < seconds < float("inf")
+
+
+def _problem(model: Any, devices: Any, deadline: Deadline, **kwargs: Any) -> tuple[Any, Any, Any]:
+    """`problem_of` within the deadline: a build that cannot finish in time is one error."""
+    try:
+        return problem_of(model, devices, deadline=deadline, **kwargs)
+    except OutOfTime:
+        raise LayerwiseError(
+            f"capturing the model and building its cost tables did not finish within the time "
+            f"limit of {deadline.limit:g} s (stopped at {deadline.limit:g} s): raise the time "
+            "limit, or make the problem smaller (max_configs, space='mesh', fewer devices)"
+        ) from None
 
 
 def _check_call(objective: str, time_limit: float, seed: int, build_options: Mapping) -> None:
@@ -347,30 +405,20 @@ def _out_of_time(
     spec: ModelSpec | None,
     backend: str,
     objective: str,
-    time_limit: float,
-    used: float,
+    deadline: Deadline,
+    start: float,
     phases: dict[str, float],
 ) -> PlanResult:
-    from backends.base import Limit, Status
-
+    used = time.perf_counter() - start
     message = (
         f"capturing and building the problem took {used:.3g} s, the whole time limit of "
-        f"{time_limit:g} s: no time was left to search. Raise the time limit, or make the "
+        f"{deadline.limit:g} s: no time was left to search. Raise the time limit, or make the "
         "problem smaller (max_configs, fewer devices, a smaller model)"
     )
+    limit = Limit.TIME
+    if stop_requested():
+        message, limit = "interrupted before the search began", Limit.INTERRUPTED
     log.info(message)
-    stats = {**phases, "search_seconds": 0.0, "total_seconds": used}
-    return PlanResult(
-        Status.NO_SOLUTION,
-        Limit.TIME,
-        None,
-        None,
-        objective,
-        backend,
-        None,
-        None,
-        problem,
-        stats,
-        spec,
-        message,
-    )
+    result = SolveResult(backend, Status.NO_SOLUTION, limit=limit)
+    phases = {**phases, "search_seconds": 0.0, "total_seconds": used}
+    return PlanResult(result, objective, problem, phases, spec, message)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from planner.api import DEFAULT_TIME_LIMIT
 from planner.errors import LayerwiseError
 from planner.files import check_output_path, strict_json, write_text_atomic
 
@@ -254,8 +255,9 @@ def build_parser(prog: str = "python -m planner") -> argparse.ArgumentParser:
     p.add_argument(
         "--time-limit",
         type=positive_seconds,
-        default=10.0,
-        help="seconds for the whole plan, capture and build included (default 10)",
+        default=DEFAULT_TIME_LIMIT,
+        help="seconds for the whole plan, capture and build included (default 60; exact "
+        "backends stop as soon as they have proven their answer)",
     )
     p.add_argument("--seed", type=nonnegative_int, default=0, help="random seed >= 0 (default 0)")
     p.add_argument(

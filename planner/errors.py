@@ -49,3 +49,8 @@ def read_json(path: str | Path, what: str, error: type[LayerwiseError]) -> Any:
         raise error(f"{what} file {path} is not valid JSON: {exc}") from None
     except RecursionError:
         raise error(f"{what} file {path} is nested too deeply") from None
+
+
+class BackendError(LayerwiseError):
+    """A backend cannot run: unknown name, missing package, unsupported objective or problem,
+    or settings it does not take."""

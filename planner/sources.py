@@ -21,6 +21,7 @@ from planner.graph.models import InputSpec, ModelSpec, input_specs
 
 if TYPE_CHECKING:
     from planner.costs.costmodel import CostModel
+    from planner.deadline import Deadline
     from planner.graph.opgraph import OpGraph
     from planner.hardware.devices import DeviceGraph
     from planner.problems.problem import Problem
@@ -41,9 +42,11 @@ def problem_of(
     options: Mapping[str, Any],
     max_configs: int | None,
     build_options: Mapping[str, Any],
+    deadline: Deadline | None = None,
 ) -> tuple[Problem, ModelSpec | None, dict[str, float]]:
     """The Problem to search, the model spec to record, and the seconds of capture (model to
-    OpGraph, torch's import included) and build (devices, cost model, cost tables)."""
+    OpGraph, torch's import included) and build (devices, cost model, cost tables). Past
+    `deadline` (checked after capture and while building) it raises OutOfTime."""
     from planner.graph.opgraph import OpGraph
     from planner.problems.problem import Problem
 
@@ -67,6 +70,8 @@ def problem_of(
     else:
         graph, spec = _capture(model, example_inputs, model_kwargs, name, coarsen)
     capture_seconds = time.perf_counter() - t0
+    if deadline is not None:
+        deadline.check()
     if devices is None:
         raise LayerwiseError("plan() needs devices: a preset name, a device JSON or a DeviceGraph")
     device_graph = _devices(devices, build_options.get("table_budget"))
@@ -81,7 +86,13 @@ def problem_of(
     from planner.problems.problem import build_problem
 
     problem = build_problem(
-        graph, device_graph, cm, max_configs, options["memory_limit"], **build_options
+        graph,
+        device_graph,
+        cm,
+        max_configs,
+        options["memory_limit"],
+        deadline=deadline,
+        **build_options,
     )
     build_seconds = time.perf_counter() - t0 - capture_seconds
     log.info(

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends import BackendError, Limit, SolveOptions, Status, get_backend
-from backends.feasible import feasible_choices
-from backends.selection import check_times, live_sets, selection
+from backends.heuristics.feasible import feasible_choices
+from backends.mathprog.selection import check_times, live_sets, selection
 from backends.testing import BackendConformance, tiny_cnn
 from planner.hardware.presets import get_preset
 from planner.problems.costtable import brute_force, contest_problem, random_problem
@@ -227,11 +227,11 @@ def test_the_memory_rule_of_a_large_problem_is_linear() -> None:
 @pytest.mark.parametrize(
     ("statement", "absent"),
     [
-        ("from backends.cpsat import CpsatBackend", "pulp"),
-        ("from backends.ilp import IlpBackend", "ortools"),
+        ("from backends.mathprog.cpsat import CpsatBackend", "pulp"),
+        ("from backends.mathprog.ilp import IlpBackend", "ortools"),
         ("import backends.portfolio", "pulp"),
         ("import backends.portfolio", "ortools"),
-        ("from backends.feasible import feasible_choices", "ortools"),
+        ("from backends.heuristics.feasible import feasible_choices", "ortools"),
     ],
 )
 def test_a_backend_imports_only_its_own_solver(statement: str, absent: str) -> None:

@@ -15,7 +15,7 @@ from user_models import SmallCNN
 
 import planner
 from backends import SolveOptions, Status
-from backends.search import SearchBackend
+from backends.exact.search import SearchBackend
 from planner.graph.zoo import model_graph
 from planner.problems.costtable import random_problem, save_problem
 
@@ -67,8 +67,15 @@ def test_the_backend_gets_what_is_left_of_the_time_limit(monkeypatch: pytest.Mon
     assert r.stats["total_seconds"] >= used + r.stats["search_seconds"]
 
 
-def test_a_build_that_uses_up_the_time_limit_is_said_clearly() -> None:
-    r = planner.plan("lenet5", "p100-4x4", time_limit=1e-6, **LENET)
+def test_a_build_that_cannot_finish_in_the_time_limit_stops_with_one_error() -> None:
+    with pytest.raises(planner.LayerwiseError, match="did not finish within the time limit"):
+        planner.plan("lenet5", "p100-4x4", time_limit=1e-6, **LENET)
+
+
+def test_a_load_that_uses_up_the_time_limit_is_said_clearly(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    save_problem(random_problem(30, 4, seed=1), path)
+    r = planner.plan(str(path), time_limit=1e-6)
     assert r.status is Status.NO_SOLUTION and r.limit is not None and r.limit.value == "TIME"
     assert r.message is not None and "no time was left to search" in r.message
     assert r.summary()["message"] == r.message and r.strategy is None

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends import BackendError, Limit, SolveOptions, Status, get_backend
-from backends.minplus import min_plus, min_plus_dense
+from backends.exact.minplus import min_plus, min_plus_dense
 from backends.testing import BackendConformance
 from planner.problems.costtable import brute_force, random_problem
 from planner.problems.evaluate import additive_cost
@@ -235,7 +235,7 @@ def test_long_searches_log_progress(
 
     from backends.base import ProgressLog
 
-    module = importlib.import_module(f"backends.{backend}")
+    module = importlib.import_module(f"backends.exact.{backend}")
     monkeypatch.setattr(module, "ProgressLog", functools.partial(ProgressLog, every=0.0))
     with caplog.at_level(logging.INFO, logger=f"backends.{backend}"):
         get_backend(backend).solve(_big_problem(40, 8), SolveOptions(time_limit=0.5))

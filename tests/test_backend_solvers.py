@@ -16,13 +16,16 @@ from hypothesis import strategies as st
 
 import backends
 from backends import SolveOptions, Status
-from backends import cpsat as cpsat_mod
-from backends import ilp as ilp_mod
-from backends.additive_lp import additive_program
-from backends.cpsat import CpsatBackend
-from backends.elimination import EliminationBackend
-from backends.ilp import IlpBackend
-from backends.placement import (
+from backends.exact.elimination import EliminationBackend
+from backends.exact.search import SearchBackend
+from backends.mathprog import cpsat as cpsat_mod
+from backends.mathprog import ilp as ilp_mod
+from backends.mathprog.additive_lp import additive_program
+from backends.mathprog.common import rounded_lp_start
+from backends.mathprog.cpsat import CpsatBackend
+from backends.mathprog.ilp import IlpBackend
+from backends.mathprog.selection import selection
+from backends.placement.problem import (
     PlacementProblem,
     Schedule,
     check_schedule,
@@ -33,10 +36,7 @@ from backends.placement import (
     placement_problem,
     random_placement_problem,
 )
-from backends.search import SearchBackend
-from backends.selection import selection
-from backends.series import series_bound
-from backends.solver_common import rounded_lp_start
+from backends.placement.series import series_bound
 from backends.testing import BackendConformance, tiny_cnn
 from planner.hardware.presets import get_preset
 from planner.problems.costtable import brute_force, random_problem
@@ -45,7 +45,10 @@ from planner.problems.problem import Problem, build_problem
 from planner.sim.simulator import simulate
 from tests.graphs import chain_cnn, linear_head
 
-REGISTRY = {"ilp": "backends.ilp:IlpBackend", "cpsat": "backends.cpsat:CpsatBackend"}
+REGISTRY = {
+    "ilp": "backends.mathprog.ilp:IlpBackend",
+    "cpsat": "backends.mathprog.cpsat:CpsatBackend",
+}
 SOLVERS = {"ilp": IlpBackend, "cpsat": CpsatBackend}
 RTOL = 1e-9
 

@@ -14,7 +14,7 @@ from planner.problems.costtable import random_problem
 
 
 def test_past_is_true_after_a_stop_request_even_before_the_deadline() -> None:
-    from backends.base import _STOP
+    from planner.deadline import clear_stop
 
     try:
         assert not past(time.perf_counter() + 60)
@@ -22,14 +22,14 @@ def test_past_is_true_after_a_stop_request_even_before_the_deadline() -> None:
         assert stop_requested()
         assert past(time.perf_counter() + 60)
     finally:
-        _STOP.clear()
+        clear_stop()
 
 
 def test_a_stopped_search_returns_its_best_answer_marked_interrupted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # 60 nodes of up to 12 choices with many edges: search cannot prove it in a second.
-    import backends.branch_and_bound as bb
+    import backends.exact.branch_and_bound as bb
 
     seen_stop = []  # every look at the clock that found the stop request
 

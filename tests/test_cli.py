@@ -496,7 +496,8 @@ def test_plan_json_is_strict_even_when_the_gap_is_infinite(
     from planner.api import plan
 
     result = plan("lenet5", "p100-1x4", backend="baselines", model_kwargs={"batch": 8})
-    zero = dataclasses.replace(result, bound=0.0)  # gap = objective / 0 - 1
+    zero = dataclasses.replace(result, result=dataclasses.replace(result.result, bound=0.0))
+    # gap = objective / 0 - 1
     assert zero.gap == math.inf
     assert zero.summary()["gap"] is None and zero.to_json()["gap"] is None
     json.loads(strict_json(zero.to_json()), parse_constant=lambda c: pytest.fail(c))

@@ -12,7 +12,8 @@ from typing import Any
 
 # Modules whose every public function, class and method is documented.
 WHOLE_MODULES = ("planner.api", "planner.sources", "planner.export", "planner.graph.models", "planner.files",
-                 "planner.logs", "runtime.models")  # fmt: skip
+                 "planner.logs", "planner.result", "planner.deadline", "planner.registry",
+                 "planner.recommend", "runtime.models")  # fmt: skip
 
 
 def documented(obj: Any) -> bool:

@@ -1,4 +1,4 @@
-"""The neighbourhood search (`backends.lns`): its sub-problems are the problem with the other
+"""The neighbourhood search (`backends.mathprog.lns`): its sub-problems are the problem with the other
 nodes fixed, it proves the optimum when a neighbourhood is the whole problem, and `cpsat`
 (one worker) and `portfolio` use it; the restricted rounds keep a later round's better answer."""
 
@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends import BackendError, SolveOptions, Status, get_backend
-from backends.feasible import feasible_choices
-from backends.lns import lns_enabled, neighbourhood_search, sub_selection
-from backends.selection import selection
+from backends.heuristics.feasible import feasible_choices
+from backends.mathprog.cpsat import solve_sub
+from backends.mathprog.lns import lns_enabled, neighbourhood_search, sub_selection
+from backends.mathprog.selection import selection
 from planner.problems.costtable import brute_force, contest_problem, random_problem
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
@@ -70,7 +71,7 @@ def test_a_whole_neighbourhood_proves_the_brute_force_optimum(p: Problem) -> Non
         assert best is None
         return
     sel = selection(p)
-    out = neighbourhood_search(p, sel, start, time.perf_counter() + 20.0)
+    out = neighbourhood_search(p, sel, start, time.perf_counter() + 20.0, solve_sub=solve_sub)
     assert out.proven, out.stats
     assert out.value == pytest.approx(value, rel=1e-9, abs=1e-9)
     assert additive_cost(p, out.choices) == pytest.approx(value, rel=1e-9, abs=1e-9)
@@ -85,7 +86,7 @@ def test_large_problems_improve_round_by_round_and_stay_valid() -> None:
     seen: list[float] = []
     out = neighbourhood_search(
         p, sel, start, time.perf_counter() + 4.0, seed=3,
-        on_incumbent=lambda ch, who: seen.append(additive_cost(p, ch)),
+        on_incumbent=lambda ch, who: seen.append(additive_cost(p, ch)), solve_sub=solve_sub,
     )  # fmt: skip
     assert out.stats["rounds"] > 1 and out.stats["improved"] >= 1
     assert out.value < additive_cost(p, start)
@@ -100,7 +101,7 @@ def test_an_incoming_better_answer_is_taken() -> None:
     good = get_backend("ilp").solve(p, SolveOptions(time_limit=10.0)).choices
     assert start is not None and good is not None
     handed = [good]
-    out = neighbourhood_search(p, sel, start, time.perf_counter() + 1.0,
+    out = neighbourhood_search(p, sel, start, time.perf_counter() + 1.0, solve_sub=solve_sub,
                                incoming=lambda: handed.pop() if handed else None)  # fmt: skip
     assert out.stats["taken"] == 1
     assert out.value <= additive_cost(p, good) * (1 + 1e-12)

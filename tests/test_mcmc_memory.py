@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends import SolveOptions, Status, get_backend
-from backends.mcmc_state import ChainState, MemoryUsage
+from backends.mcmc.state import ChainState, MemoryUsage
 from backends.testing import tiny_cnn
 from planner.hardware.presets import get_preset
 from planner.problems.baselines import data_parallel

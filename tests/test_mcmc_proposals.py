@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from backends.mcmc_proposals import DNN_MIX, KINDS, Proposer
-from backends.mcmc_state import AdditiveCost, ChainState
+from backends.mcmc.proposals import DNN_MIX, KINDS, Proposer
+from backends.mcmc.state import AdditiveCost, ChainState
 from backends.testing import tiny_cnn
 from planner.hardware.presets import get_preset
 from planner.problems.costtable import random_problem
@@ -167,7 +167,7 @@ def test_a_large_jump_is_simulated_in_full_with_the_same_result(
 ) -> None:
     """A change of most nodes (a restart) rebuilds the simulation instead of a delta; the
     makespan is the one a fresh simulation gives, and later deltas go on from it."""
-    import backends.mcmc_state as ms
+    import backends.mcmc.state as ms
 
     monkeypatch.setattr(ms, "REBUILD_MIN", 0)  # tiny_cnn has fewer nodes than the default
     p = build_problem(tiny_cnn(), get_preset("p100-1x4"))

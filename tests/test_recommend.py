@@ -1,4 +1,4 @@
-"""backends.recommend: never recommend a strategy the simulator says is slower than a baseline."""
+"""planner.recommend: never recommend a strategy the simulator says is slower than a baseline."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from hypothesis import strategies as st
 
 from backends import SolveOptions, SolveResult, Status, get_backend
 from backends.base import evaluate_objective
-from backends.recommend import HOPELESS, baseline_times, is_switched, recommend
 from planner.graph.zoo import model_graph
 from planner.hardware.presets import get_preset
 from planner.problems.baselines import data_parallel
 from planner.problems.costtable import random_problem
 from planner.problems.evaluate import additive_cost
 from planner.problems.problem import Problem, build_problem
+from planner.recommend import HOPELESS, baseline_times, is_switched, recommend
 
 
 @cache

@@ -36,7 +36,8 @@ def plan_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, 
     factory.save(d / "factory.json")
     instance = planner.plan(SmallCNN(), "p100-1x4", objective="makespan", backend="baselines",
                             example_inputs=images)  # fmt: skip
-    interrupted = dataclasses.replace(instance, limit=Limit.INTERRUPTED, status=Status.FEASIBLE)
+    stopped = dataclasses.replace(instance.result, limit=Limit.INTERRUPTED, status=Status.FEASIBLE)
+    interrupted = dataclasses.replace(instance, result=stopped)
     interrupted.save(d / "interrupted.json")
     graph = factory.problem.graph
     assert graph is not None

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from planner.costs.config import ParallelConfig
+from planner.deadline import Deadline
 from planner.errors import ConfigError, ProblemError
 from planner.problems import sizes
 from planner.problems.baselines import BASELINES, applicable
@@ -193,6 +194,7 @@ def build_problem(
     space: str = "auto",
     table_budget: float | None = DEFAULT_TABLE_BUDGET,
     max_split_dims: int | None = None,
+    deadline: Deadline | None = None,
 ) -> Problem:
     """Cost tables for every op and edge of `graph` on `devices`.
 
@@ -202,6 +204,7 @@ def build_problem(
     when its tables are small, else mesh; docs/space.md). table_budget: bytes the tables may
     take (None: no limit); past it, SizeError names the options that make the problem smaller.
     max_split_dims: at most this many split dims per partition (mesh default 2).
+    deadline: the caller's `planner.deadline.Deadline`; past it (or at Ctrl-C), OutOfTime.
 
     Before building, the sizes are estimated and checked (`planner.problems.sizes`): tensors
     beyond 64-bit sizes and models that fit no placement of the devices' memory are refused.
@@ -222,8 +225,10 @@ def build_problem(
     n = len(graph.ops)
     node_key = [(cm.node_signature(i), id(cspace[i])) for i in range(n)]
     nodes: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
+    clock = deadline or Deadline.never()
     for i, key in enumerate(node_key):
         if key not in nodes:
+            clock.check()
             nodes[key] = (
                 _frozen(cm.node_table(i, cspace[i])),
                 _frozen(cm.memory_table(i, cspace[i])),
@@ -236,6 +241,7 @@ def build_problem(
     for k, e in enumerate(graph.edges):
         edge_key = (cm.edge_signature(e), id(cspace[e.src]), id(cspace[e.dst]))
         if edge_key not in tables:
+            clock.check()
             tables[edge_key] = _frozen(cm.edge_table(e, cspace[e.src], cspace[e.dst]))
         edges.append((e.src, e.dst))
         edge_cost.append(tables[edge_key])

@@ -1,6 +1,6 @@
 """Running CBC (the binary pulp ships) under a time limit, and reading its log.
 
-Part of the `ilp` backend (only `backends.ilp` imports it; it imports no solver package: the
+Part of the `ilp` backend (only `backends.mathprog.ilp` imports it; it imports no solver package: the
 binary's path comes from pulp there). CBC looks at its own time limit (-sec) only between
 phases and can overrun it by many seconds at the root node, so `run_cbc` also sends SIGINT
 at a stop time (CBC then stops at its next check and writes its best solution) and kills it

@@ -3,13 +3,13 @@
 Both backends are split into encode / solve / decode (see docs/solvers.md). Everything
 around those three steps is the same for both and lives here:
 
-- the additive objective (OptCNN Eq. 1): `backends.selection.Selection` is encoded with a
+- the additive objective (OptCNN Eq. 1): `backends.mathprog.selection.Selection` is encoded with a
   warm start (`warm_choices`: SolveOptions.warm_start when it is valid, else
-  `backends.feasible`'s heuristic); if the time limit passes while encoding (`Clock` raises `OutOfTime`),
+  `backends.heuristics.feasible`'s heuristic); if the time limit passes while encoding (`Clock` raises `OutOfTime`),
   the answer is that start (`out_of_time`);
 - the makespan objective (DLPlacer, Pal et al. 2019, Eqs. 7-13): `placement_for` builds the
-  `backends.placement.PlacementProblem`, `SolverBackend.solve_placement` runs
-  `backends.series.solve_placement_problem` with the backend's model as the whole-problem
+  `backends.placement.problem.PlacementProblem`, `SolverBackend.solve_placement` runs
+  `backends.placement.series.solve_placement_problem` with the backend's model as the whole-problem
   solve, and `placement_result` turns its outcome into a SolveResult.
 
 A subclass gives its solver's steps as `SolverSteps` (`encode_selection`, `encode_placement`,
@@ -28,32 +28,35 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from backends.additive_lp import AdditiveProgram
 from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status, past
-from backends.feasible import feasible_positions, improve, neighbourhood, rounded_positions
-from backends.lns import lns_enabled, neighbourhood_search
-from backends.placement import (
-    PlacementError,
-    PlacementOutcome,
-    PlacementProblem,
-    Schedule,
-    placement_problem,
+from backends.heuristics.feasible import (
+    feasible_positions,
+    improve,
+    neighbourhood,
+    rounded_positions,
 )
-from backends.selection import (
+from backends.mathprog.additive_lp import AdditiveProgram
+from backends.mathprog.lns import SubSolve, lns_enabled, neighbourhood_search
+from backends.mathprog.selection import (
     Selection,
     edge_sizes,
     model_terms,
     restricted_terms,
     selection,
 )
-from backends.series import solve_placement_problem, warm_schedule
+from backends.placement.problem import (
+    PlacementError,
+    PlacementOutcome,
+    PlacementProblem,
+    Schedule,
+    placement_problem,
+)
+from backends.placement.series import solve_placement_problem, warm_schedule
+from planner.deadline import OutOfTime
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
 
 __all__ = [
-    "CHECK_EVERY",
-    "Clock",
-    "OutOfTime",
     "SolverBackend",
     "SolverSteps",
     "Warm",
@@ -64,7 +67,6 @@ __all__ = [
     "warm_choices",
 ]
 
-CHECK_EVERY = 512  # encoded items between two looks at the clock
 START_FRACTION = 0.1  # of the time limit, at most, for polishing the start before encoding
 # choices per node tried when the whole model is too big, the largest that fits first
 RESTRICTED_CHOICES = (64, 32, 16, 8, 4, 3, 2, 1)
@@ -85,27 +87,6 @@ ModelT = TypeVar("ModelT", bound=_Model)
 RunT = TypeVar("RunT")
 
 
-class OutOfTime(Exception):
-    """The deadline passed while encoding."""
-
-
-class Clock:
-    """Counts encoded items and raises OutOfTime past the deadline (looks every CHECK_EVERY)."""
-
-    def __init__(self, deadline: float):
-        self.deadline, self.count = deadline, 0
-
-    def tick(self) -> None:
-        self.count += 1
-        if self.count % CHECK_EVERY == 0 and past(self.deadline):
-            raise OutOfTime
-
-    def check(self) -> None:
-        """Raise OutOfTime now if the deadline has passed (between phases)."""
-        if past(self.deadline):
-            raise OutOfTime
-
-
 def warm_choices(
     problem: Problem,
     sel: Selection,
@@ -113,7 +94,7 @@ def warm_choices(
     deadline: float = math.inf,
     polish_until: float | None = None,
 ) -> Warm | None:
-    """SolveOptions.warm_start when it is valid, else `backends.feasible`'s heuristic
+    """SolveOptions.warm_start when it is valid, else `backends.heuristics.feasible`'s heuristic
     (unless extra "seed_heuristic" is False), with where it came from; None when there is
     neither. Either is improved by the heuristic's local search until `polish_until`."""
     if options.warm_start is not None:
@@ -242,7 +223,8 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
     exact = True
     steps: SolverSteps[ModelT, RunT]
     terms_per_second: float = 100_000  # model terms (nonzeros) worth building per second left
-    neighbourhoods: bool = False  # `backends.lns` after the whole model (extra "lns")
+    neighbourhoods: bool = False  # `backends.mathprog.lns` after the whole model (extra "lns")
+    solve_sub: SubSolve | None = None  # the neighbourhood search's round solver
 
     def encode(self, problem: Problem, options: SolveOptions, deadline: float = math.inf) -> ModelT:
         """The model of `problem` under options.objective (raises OutOfTime past deadline)."""
@@ -257,7 +239,7 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
         self, pp: PlacementProblem, options: SolveOptions, warm: tuple[Schedule, str] | None = None
     ) -> PlacementOutcome:
         """Warm start, series bound and the whole model within options.time_limit (see
-        `backends.series.solve_placement_problem`)."""
+        `backends.placement.series.solve_placement_problem`)."""
         return solve_placement_problem(pp, options, self._solve_model, warm)
 
     def _solve_model(
@@ -286,8 +268,8 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
             limit = Limit.TIME if out.timed_out else None
             return placement_result(pp, out, limit, {}, self.name)
         t0 = time.perf_counter()
-        deadline = t0 + options.time_limit
-        lns = self.neighbourhoods and lns_enabled(options)
+        deadline = options.clock().at
+        lns = self.neighbourhoods and self.solve_sub is not None and lns_enabled(options)
         # with the neighbourhood search the whole model searches only until `until` (its
         # LP and bound included), the neighbourhoods the rest of the time
         until = t0 + LNS_WHOLE_SHARE * options.time_limit if lns else deadline
@@ -344,13 +326,14 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
         deadline: float,
         phases: dict[str, Any],
     ) -> SolveResult:
-        """`backends.lns` from the best answer until the deadline; its answer, proven optimal
+        """`backends.mathprog.lns` from the best answer until the deadline; its answer, proven optimal
         when its last neighbourhood was the whole problem, or when it meets the bound."""
-        assert best.choices is not None
+        assert best.choices is not None and self.solve_sub is not None
         extra = options.extra
         out = neighbourhood_search(
             problem, full, best.choices, deadline, seed=options.seed, stop=extra.get("stop"),
             incoming=extra.get("incoming"), on_incumbent=extra.get("on_incumbent"),
+            solve_sub=self.solve_sub,
         )  # fmt: skip
         phases["lns"] = out.stats
         phases["lns_seconds"] = out.stats["seconds"]

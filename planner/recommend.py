@@ -33,15 +33,17 @@ worse than a baseline) and does nothing for cost-table problems (nothing to simu
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from backends.base import SolveResult, Status, evaluate_objective
+from planner.deadline import Deadline
 from planner.errors import ConfigError
 from planner.problems.baselines import BASELINES, applicable
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
+from planner.result import SolveResult, Status, evaluate_objective
 
 __all__ = [
     "HOPELESS",
@@ -95,25 +97,39 @@ def recommend(
     result: SolveResult,
     objective: str = "additive",
     baselines: Mapping[str, BaselineTime] | None = None,
+    deadline: Deadline | None = None,
 ) -> SolveResult:
     """`result` unless an expert baseline simulates faster; then that baseline (see the module
     docstring). `objective` is the one `result` was searched under; `baselines` may pass
-    `baseline_times(problem)` when the caller has it already (then none is skipped)."""
+    `baseline_times(problem)` when the caller has it already (then none is skipped). With a
+    `deadline`, a baseline whose simulation would end past it (estimated from the answer's
+    own simulation, scaled by task counts) is not simulated and is listed under
+    "not_simulated_for_time"."""
     if result.choices is None or problem.cost_model is None or problem.space is None:
         reason = "no answer" if result.choices is None else "a cost-table problem"
         return _with(result, {"switched": False, "reason": f"nothing to simulate: {reason}"})
+    clock = deadline or Deadline.never()
+    t0 = time.perf_counter()
     if objective == "makespan" and result.objective is not None:
         simulated = result.objective
     else:
         simulated = evaluate_objective(problem, result.choices, "makespan")
+    per_task = (time.perf_counter() - t0) / max(1, _tasks(problem, result.choices))
     skipped: dict[str, float] = {}
+    late: list[str] = []
     if baselines is None:
         times = {}
         eq1 = additive_cost(problem, result.choices)
-        for name, choices in baseline_choices(problem).items():
-            ratio = additive_cost(problem, choices) / eq1 if eq1 > 0 else 1.0
+        ranked = sorted(
+            (additive_cost(problem, choices) / eq1 if eq1 > 0 else 1.0, name, choices)
+            for name, choices in baseline_choices(problem).items()
+        )  # the most promising first
+        for ratio, name, choices in ranked:
             if ratio > HOPELESS:
                 skipped[name] = ratio
+                continue
+            if per_task > 0 and per_task * _tasks(problem, choices) > clock.left():
+                late.append(name)
                 continue
             value = evaluate_objective(problem, choices, "makespan")
             times[name] = BaselineTime(name, choices, value)
@@ -125,6 +141,8 @@ def recommend(
     }
     if skipped:
         decision["not_simulated"] = skipped
+    if late:
+        decision["not_simulated_for_time"] = late
     fastest = min(times.values(), key=lambda b: b.simulated, default=None)
     if fastest is None or not fastest.simulated < simulated * (1 - RTOL):
         why = "no baseline simulates faster"
@@ -161,6 +179,11 @@ def recommend(
         problem.strategy(fastest.choices),
         stats,
     )
+
+
+def _tasks(problem: Problem, choices: tuple[int, ...]) -> int:
+    """The compute tasks of a strategy: what a simulation's time grows with."""
+    return sum(config.num_tasks for config in problem.strategy(choices).configs)
 
 
 def _with(result: SolveResult, decision: dict[str, Any]) -> SolveResult:

@@ -1,7 +1,7 @@
 """The makespan solve the `ilp` and `cpsat` backends share, with its series decomposition.
 
 `solve_placement_problem` runs a backend's DLPlacer model (Pal et al. 2019, Eqs. 7-13) on a
-`backends.placement.PlacementProblem` from a warm start (`warm_schedule`: SolveOptions.
+`backends.placement.problem.PlacementProblem` from a warm start (`warm_schedule`: SolveOptions.
 warm_start when it is a placement, else the greedy placement). Before that, `series_bound`
 splits the task graph into a chain of segments (`series_segments`: dominators of the main
 sink), solves small groups of segments exactly with the same backend and combines them by
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import networkx as nx
 import numpy as np
 
-from backends.placement import (
+from backends.placement.problem import (
     PlacementOutcome,
     PlacementProblem,
     Schedule,
@@ -434,7 +434,7 @@ def solve_placement_problem(
     by local search, as a second candidate; then `solve_model` on the whole problem from the
     better candidate for the time left. The bound reported is the better of the two."""
     t0 = time.perf_counter()
-    deadline = t0 + options.time_limit
+    deadline = options.clock().at
     order = options.extra.get("order", "free")
     if warm is None:
         warm = warm_schedule(pp, options, t0 + HEURISTIC_SHARE * options.time_limit)

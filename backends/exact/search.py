@@ -1,7 +1,7 @@
 """`search`: exact depth-first branch and bound (or A*) over every op's config.
 
 OptCNN's baseline (Sec. 5.2, Table 3) is a depth-first search over the original graph; this
-one prunes with an admissible bound (`backends.branch_and_bound`), so it is exact and much
+one prunes with an admissible bound (`backends.exact.branch_and_bound`), so it is exact and much
 faster than plain DFS, yet still exponential: use it on small graphs or with a time limit,
 after which it returns its best-so-far answer as FEASIBLE with limit TIME. Memory limits are
 honoured exactly. Options (`SolveOptions.extra`): mode "dfs" (default), "astar", or "plain"
@@ -18,7 +18,6 @@ improver from a warm start.
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import numpy as np
@@ -33,7 +32,7 @@ from backends.base import (
     Status,
     past,
 )
-from backends.branch_and_bound import Memory, solve_exact
+from backends.exact.branch_and_bound import Memory, solve_exact
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
 
@@ -95,7 +94,7 @@ class SearchBackend(Backend):
 
         cm, space, graph = problem.cost_model, problem.space, problem.graph
         assert cm is not None and space is not None and graph is not None
-        deadline = time.perf_counter() + options.time_limit
+        deadline = options.clock().at
         best: list[Any] = [math.inf, None]
         if options.warm_start is not None:
             start = problem.check_choices(options.warm_start)

@@ -19,17 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.base import past
+from planner.deadline import OutOfTime, past
 
 __all__ = ["OutOfTime", "min_plus", "min_plus_dense"]
 
 CHUNK_ELEMENTS = 1 << 21  # elements of one temporary block (dense product)
 ROWS, COLS, STEP = 64, 128, 32  # tile of `out`, and the j visited per dense step
 DENSE_BELOW = 96**3  # smaller products: dense (the bounds would not pay)
-
-
-class OutOfTime(Exception):
-    """A product was stopped because its deadline passed (or a stop was requested)."""
 
 
 def min_plus_dense(

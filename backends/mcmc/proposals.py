@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backends.mcmc_state import ChainState
+from backends.mcmc.state import ChainState
 from planner.problems.problem import Problem
 
 if TYPE_CHECKING:

@@ -13,11 +13,11 @@ of an edge only depends on the configs at its two ends, whichever way the tensor
 
 Eliminations run until none applies; the final graph (K nodes; K <= 1 for the zoo's CNNs,
 whose graphs are series-parallel) is solved exactly by branch and bound
-(`backends.branch_and_bound`) within the time limit, and the eliminations are undone in
+(`backends.exact.branch_and_bound`) within the time limit, and the eliminations are undone in
 reverse order, each choosing the eliminated node's best config given its neighbours'
 (Algorithm 1, lines "undo").
 
-At scale. The min-plus product of Eq. 2 is pruned by bounds (`backends.minplus`, exact).
+At scale. The min-plus product of Eq. 2 is pruned by bounds (`backends.exact.minplus`, exact).
 An elimination is a pure function of its input tables, and a Problem shares one read-only
 array between identical ops and edges, so repeated blocks (ResNet bottlenecks, Transformer
 layers) feed the same array objects to their eliminations: results are memoized by the
@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 
 from backends.base import Backend, Limit, ProgressLog, SolveOptions, SolveResult, Status, past
-from backends.branch_and_bound import solve_exact
-from backends.minplus import OutOfTime, min_plus
+from backends.exact.branch_and_bound import solve_exact
+from backends.exact.minplus import OutOfTime, min_plus
 from planner.problems.problem import Problem
 
 __all__ = ["EliminationBackend", "min_plus"]
@@ -232,7 +232,7 @@ class EliminationBackend(Backend):
 
     def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
         start = time.perf_counter()
-        deadline = start + options.time_limit
+        deadline = options.clock().at
         g = _Graph.of(problem, deadline)
         progress = ProgressLog(self.name)
         finished = True

@@ -2,8 +2,8 @@
 
 `neighbourhood_search(problem, sel, choices, deadline)` improves a valid answer: each round
 frees a set of nodes, fixes every other node at its current choice and solves the small
-problem that remains exactly (`sub_selection`, encoded by `backends.cpsat.encode_selection`
-and solved by one CP-SAT worker for at most SUB_SECONDS), and keeps the answer when it is
+problem that remains exactly (`sub_selection`, solved by the caller's `SubSolve`: the `cpsat`
+backend gives one CP-SAT worker for at most SUB_SECONDS), and keeps the answer when it is
 better. Fixing a node folds its edges into its free neighbours' costs and its memory into the
 limit, so a round's model has the size of its free nodes, their edges and live ranges,
 whatever the problem's size (building it adds O(n) vectorized work for the fixed nodes'
@@ -13,7 +13,7 @@ the time left (a small problem is thus solved whole, as without the search).
 
 Neighbourhoods alternate between a breadth-first ball in the graph of edges (nodes that share
 resharding costs) and a window of nodes that start one after the other in time (nodes that
-share memory), both grown to a number of model terms (`backends.selection.model_terms`: what
+share memory), both grown to a number of model terms (`backends.mathprog.selection.model_terms`: what
 encoding and solving cost) that adapts: it grows when a sub-problem was proven optimal quickly
 and shrinks when its encoding or solve ran out of time. (FlexFlow's and OptCNN's searches
 change one node at a time; this is the classic large-neighbourhood search of constraint
@@ -33,17 +33,25 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from backends.base import BackendError, ProgressLog, SolveOptions, past
-from backends.selection import Memory, Selection, _range_sum, edge_sizes
+from backends.mathprog.selection import Memory, Selection, edge_sizes, range_sum
+from planner.deadline import OutOfTime
 
 if TYPE_CHECKING:
     from planner.problems.problem import Problem
 
-__all__ = ["LnsOutcome", "lns_enabled", "neighbourhood_search", "sub_selection"]
+__all__ = [
+    "LnsOutcome",
+    "SubRun",
+    "SubSolve",
+    "lns_enabled",
+    "neighbourhood_search",
+    "sub_selection",
+]
 
 START_TERMS = 20_000  # model terms of the first round's neighbourhood (about 30 nodes of a
 # contest problem; CP-SAT encodes and solves ~50,000 terms a second on one core)
@@ -52,6 +60,30 @@ GROW, SHRINK = 1.15, 0.85  # the size after a quick proof / after a solve that r
 QUICK = 0.5  # a proof within this share of the sub-solve's limit counts as quick
 SUB_SECONDS = 1.0  # time limit of one sub-solve (less when less is left)
 MIN_SUB_SECONDS = 0.05  # no round starts with less time than this left
+
+
+@dataclass(frozen=True)
+class SubRun:
+    """One round's exact sub-solve: its answer (None if none), whether it was proven optimal,
+    and the seconds its solver ran."""
+
+    choices: tuple[int, ...] | None
+    optimal: bool
+    wall: float
+
+
+class SubSolve(Protocol):
+    """Solves a round's sub-problem: encode within `seconds` (raise OutOfTime past them),
+    then search for `seconds`, never past `latest` (a `time.perf_counter()` value)."""
+
+    def __call__(
+        self,
+        sub: Selection,
+        options: SolveOptions,
+        hint: tuple[tuple[int, ...], str],
+        seconds: float,
+        latest: float,
+    ) -> SubRun: ...
 
 
 @dataclass
@@ -66,7 +98,7 @@ class LnsOutcome:
 
 class _Graph:
     """Each node's neighbours (CSR) and incident edges, the nodes in time order, and the
-    model terms (`backends.selection.model_terms`) of each node and edge."""
+    model terms (`backends.mathprog.selection.model_terms`) of each node and edge."""
 
     def __init__(self, sel: Selection, starts: np.ndarray | None):
         n = sel.num_nodes
@@ -207,7 +239,7 @@ def _sub_memory(
     use = np.array([c[pos[i]] for i, c in zip(mem.nodes, mem.coef, strict=True)])
     first, last = mem.first[listed], mem.last[listed]
     out = index[mem.nodes] < 0  # the fixed nodes' usage, summed directly (no cancellation)
-    rhs = mem.rhs - _range_sum(mem.first[out], mem.last[out], use[out], mem.num_times)
+    rhs = mem.rhs - range_sum(mem.first[out], mem.last[out], use[out], mem.num_times)
     cuts = np.unique(np.concatenate([first, last, [0]]))
     cuts = cuts[cuts < mem.num_times]
     seg_rhs = np.minimum.reduceat(rhs, cuts)
@@ -215,7 +247,7 @@ def _sub_memory(
     seg_last = np.searchsorted(cuts, last)
     coef = tuple(mem.coef[k][keep[index[mem.nodes[k]]]] for k in listed.tolist())
     top = np.array([c.max() if len(c) else 0.0 for c in coef])
-    most = _range_sum(seg_first, seg_last, top, len(cuts))
+    most = range_sum(seg_first, seg_last, top, len(cuts))
     binding = most > seg_rhs
     if not binding.any():
         return None
@@ -234,11 +266,11 @@ def neighbourhood_search(
     incoming: Callable[[], Sequence[int] | None] | None = None,
     on_incumbent: Callable[[tuple[int, ...], str], None] | None = None,
     sub_seconds: float = SUB_SECONDS,
+    solve_sub: SubSolve,
 ) -> LnsOutcome:
     """Improve the valid answer `choices` of `problem` (reduced tables `sel`) until
-    `deadline` (a `time.perf_counter()` value); see the module docstring."""
-    from backends.cpsat import decode_selection, encode_selection, solve_encoded
-    from backends.solver_common import OutOfTime
+    `deadline` (a `time.perf_counter()` value), solving each round with `solve_sub`; see the
+    module docstring."""
 
     t0 = time.perf_counter()
     start = sel.positions(choices)
@@ -285,14 +317,13 @@ def neighbourhood_search(
         limit = left if whole else min(sub_seconds, left)
         o = replace(opts, time_limit=max(limit, 1e-3), seed=seed + stats["rounds"])
         try:
-            model = encode_selection(sub, o, (hint, "lns"), time.perf_counter() + limit)
+            run = solve_sub(sub, o, (hint, "lns"), limit, deadline)
         except OutOfTime:  # too large to encode in a round's time: a smaller one
             stats["timeouts"] += 1
             size = max(MIN_TERMS, int(size * SHRINK * SHRINK))
             continue
-        run = solve_encoded(model, o, max(1e-3, min(limit, deadline - time.perf_counter())))
-        found, _ = decode_selection(model, run)
-        if run.status == "OPTIMAL":
+        found = run.choices
+        if run.optimal:
             stats["proofs"] += 1
             if whole:
                 proven = True
@@ -310,9 +341,9 @@ def neighbourhood_search(
                 progress(partial(_line, value, stats["rounds"], size))
         if proven:
             break
-        if run.status == "OPTIMAL" and run.wall < QUICK * limit:
+        if run.optimal and run.wall < QUICK * limit:
             size = min(graph.total, int(size * GROW) + 1)
-        elif run.status != "OPTIMAL":
+        elif not run.optimal:
             stats["timeouts"] += 1
             size = max(MIN_TERMS, int(size * SHRINK))
     stats.update(terms=size, seconds=time.perf_counter() - t0)

@@ -9,7 +9,7 @@ ops) and is accepted with probability
 extraction). The cost is the simulated makespan (delta simulation, FlexFlow Alg. 2,
 `planner.sim.simulator`) or the additive cost (OptCNN Eq. 1, updated in O(degree)).
 
-Starts (`backends.mcmc_starts`). FlexFlow (Sec. 6.2) runs one chain per initial strategy,
+Starts (`backends.mcmc.starts`). FlexFlow (Sec. 6.2) runs one chain per initial strategy,
 one after another; with a proposal costing ~0.1 s at 16 devices, a 60 s budget then never
 reaches the later, better starts. Here every start is scored first, in the order of its
 Eq. 1 cost (hopeless ones are not simulated: SKIP_FACTOR, START_SHARE), and one chain runs
@@ -24,13 +24,13 @@ every other round restarts from one of the starts instead. `beta` fixes beta ins
 
 Memory (FlexFlow's implementation penalized memory over the limit instead of forbidding it):
 the energy is cost + w * violation * cost(first state), where violation is the peak's
-relative excess over the limit summed over pools (kept incrementally: `backends.mcmc_state`),
+relative excess over the limit summed over pools (kept incrementally: `backends.mcmc.state`),
 and w grows geometrically from `penalty[0]` to `penalty[1]` over the budget. `repair`
 proposals free memory on the over-full pool. Only valid strategies are ever returned.
 
 Options (`SolveOptions.extra`; docs/simulator.md, "MCMC search"): "iterations" (a cap on
 proposals; default none: run to the time limit, limit TIME), "inits", "temperature",
-"cycle", "beta", "mix" (weights of the proposal kinds, `backends.mcmc_proposals`), "screen"
+"cycle", "beta", "mix" (weights of the proposal kinds, `backends.mcmc.proposals`), "screen"
 (reject unsimulated a proposal whose Eq. 1 increase exceeds this share of the current
 makespan; 0 disables), "penalty", "repair", "simulation" ("delta" or "full"), "polish" (after
 an iteration-capped chain, a first-improvement local search over single-node changes).
@@ -59,9 +59,9 @@ from backends.base import (
     Status,
     past,
 )
-from backends.mcmc_proposals import DNN_MIX, KINDS, TABLE_MIX, Proposer
-from backends.mcmc_starts import INITS, start_choices
-from backends.mcmc_state import ChainState
+from backends.mcmc.proposals import DNN_MIX, KINDS, TABLE_MIX, Proposer
+from backends.mcmc.starts import INITS, start_choices
+from backends.mcmc.state import ChainState
 from planner.problems.evaluate import additive_cost
 from planner.problems.problem import Problem
 
@@ -161,7 +161,7 @@ class _Search:
         self.s = settings
         self.rng = np.random.default_rng(options.seed)
         self.t0 = time.perf_counter()
-        self.deadline = self.t0 + options.time_limit
+        self.deadline = options.clock().at
         self.best: tuple[float, tuple[int, ...]] | None = None
         self.trace: list[tuple[float, float]] = []
         self.log = ProgressLog("mcmc")
@@ -175,7 +175,7 @@ class _Search:
     # -- the run ---------------------------------------------------------------------------
 
     def run(self) -> SolveResult:
-        from backends.mcmc_state import MemoryUsage
+        from backends.mcmc.state import MemoryUsage
 
         p = self.p
         if p.usage_limit is not None:

@@ -12,7 +12,7 @@ needs checking at the starts whose live set is not inside another's (`check_time
 set only grows at a start, and the set at one start is inside the set at the next unless a
 node ends in between), and each node is live over one contiguous range of those times.
 A 35,000-node problem's rule is built in well under a second, where a dense time x node table
-took minutes and gigabytes. `live_sets` lists the sets themselves (for `backends.placement`).
+took minutes and gigabytes. `live_sets` lists the sets themselves (for `backends.placement.problem`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ __all__ = [
     "memory_form",
     "edge_sizes",
     "model_terms",
+    "range_sum",
     "restricted_terms",
     "selection",
 ]
@@ -87,7 +88,7 @@ def _members(
         yield who[order[bounds[t] : bounds[t + 1]]]
 
 
-def _range_sum(first: np.ndarray, last: np.ndarray, values: np.ndarray, count: int) -> np.ndarray:
+def range_sum(first: np.ndarray, last: np.ndarray, values: np.ndarray, count: int) -> np.ndarray:
     """(count,): at each t, the sum of the values whose range [first, last) holds t."""
     delta = np.bincount(first, values, minlength=count + 1)
     delta -= np.bincount(last, values, minlength=count + 1)
@@ -125,13 +126,13 @@ class Memory:
     def row_terms(self) -> int:
         """How many (node, choice) terms the explicit binding rows hold in all."""
         sizes = np.array([len(c) for c in self.coef], dtype=np.float64)
-        per_time = _range_sum(self.first, self.last, sizes, self.num_times)
+        per_time = range_sum(self.first, self.last, sizes, self.num_times)
         return int(per_time[self.binding].sum())
 
     def load(self, pos: Sequence[int] | np.ndarray) -> np.ndarray:
         """(T,) usage above the smallest at every check time, for a position per node."""
         use = np.array([c[pos[i]] for i, c in zip(self.nodes, self.coef, strict=True)])
-        return _range_sum(self.first, self.last, use.reshape(-1), self.num_times)
+        return range_sum(self.first, self.last, use.reshape(-1), self.num_times)
 
     def fits(self, pos: Sequence[int] | np.ndarray) -> bool:
         return bool((self.load(pos) <= self.rhs).all())
@@ -313,7 +314,7 @@ def _memory(problem: Problem, allowed: list[np.ndarray]) -> tuple[tuple[Memory, 
     for m in range(len(limit)):
         base = np.array([u[:, m].min() for u in usage])
         excess = [u[:, m] - b for u, b in zip(usage, base, strict=True)]
-        rhs = limit[m] * (1 + MEMORY_RTOL) - _range_sum(first, last, base, len(times))
+        rhs = limit[m] * (1 + MEMORY_RTOL) - range_sum(first, last, base, len(times))
         if (rhs < 0).any():
             t = int(np.argmax(rhs < 0))
             return (), (
@@ -322,7 +323,7 @@ def _memory(problem: Problem, allowed: list[np.ndarray]) -> tuple[tuple[Memory, 
             )
         top = np.array([e.max() for e in excess])
         listed = np.flatnonzero((top > 0) & (last > first))
-        most = _range_sum(first[listed], last[listed], top[listed], len(times))
+        most = range_sum(first[listed], last[listed], top[listed], len(times))
         binding = most > rhs
         if binding.any():
             coef = tuple(excess[i] for i in listed)

@@ -2,7 +2,7 @@
 
 For cost-table problems with no DNN behind them the candidates are the cheapest choice per
 node, per node the first allowed choice, and the answer of the feasibility heuristic
-(`backends.feasible`), which keeps forbidden pairs and the memory limit; for a DNN problem
+(`backends.heuristics.feasible`), which keeps forbidden pairs and the memory limit; for a DNN problem
 the heuristic is the fallback when no expert strategy is valid (under the additive
 objective). Never proves optimality: status FEASIBLE.
 """
@@ -10,12 +10,11 @@ objective). Never proves optimality: status FEASIBLE.
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 
 from backends.base import Backend, SolveOptions, SolveResult, Status, evaluate_objective
-from backends.feasible import feasible_choices
+from backends.heuristics.feasible import feasible_choices
 from planner.errors import ConfigError
 from planner.problems.baselines import BASELINES, applicable
 from planner.problems.evaluate import memory_feasible
@@ -43,7 +42,7 @@ class BaselinesBackend(Backend):
         return out
 
     def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
-        deadline = time.perf_counter() + options.time_limit
+        deadline = options.clock().at
         values: dict[str, float] = {}
         best: tuple[float, str, tuple[int, ...]] | None = None
         candidates = self._candidates(problem)

@@ -1,8 +1,8 @@
 """The start candidates of an `mcmc` search (FlexFlow Sec. 6.2 uses existing strategies and
-random ones); `backends.mcmc` scores them all and searches from the best.
+random ones); `backends.mcmc.chain` scores them all and searches from the best.
 
 - `warm_start`: the caller's choices (e.g. another backend's answer);
-- `elimination`: the optimum of OptCNN's Eq. 1 (`backends.elimination`), computed here when no
+- `elimination`: the optimum of OptCNN's Eq. 1 (`backends.exact.elimination`), computed here when no
   warm start is given, the problem has no memory limit, and its estimated time fits a share
   of the budget;
 - `data_parallel`, `expert`: the expert strategies of `planner.problems.baselines` (for a
@@ -22,8 +22,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from backends.base import Limit, SolveOptions
+from backends.base import SolveOptions
 from planner.costs.config import ParallelConfig
+from planner.deadline import Deadline
 from planner.errors import ConfigError
 from planner.problems.baselines import BASELINES, applicable
 from planner.problems.problem import Problem
@@ -39,7 +40,7 @@ Start = tuple[str, tuple[int, ...]]
 def feasible_start(problem: Problem, deadline: float) -> tuple[int, ...] | None:
     """A memory-feasible choice vector found fast (the heuristic every backend shares:
     greedy by cost per byte, then repair and local search), or None."""
-    from backends.feasible import feasible_choices
+    from backends.heuristics.feasible import feasible_choices
 
     return feasible_choices(problem, deadline)
 
@@ -58,7 +59,7 @@ def start_choices(
         if name == "warm_start" and options.warm_start is not None:
             out.append((name, p.check_choices(options.warm_start)))
         elif name == "elimination" and options.warm_start is None:
-            found = elimination_start(p, options.time_limit)
+            found = elimination_start(p, options.time_limit, options.clock())
             out += [(name, found)] if found is not None else []
         elif name == "feasible" and p.usage_limit is not None:
             cap = time.perf_counter() + FEASIBLE_SHARE * options.time_limit
@@ -88,11 +89,12 @@ def baseline_starts(problem: Problem, which: str) -> list[Start]:
     return out
 
 
-def elimination_start(problem: Problem, time_limit: float) -> tuple[int, ...] | None:
+def elimination_start(
+    problem: Problem, time_limit: float, deadline: Deadline | None = None
+) -> tuple[int, ...] | None:
     """The Eq. 1 optimum (OptCNN Algorithm 1), when its estimated time fits a share of the
     budget: its min-plus products touch about C_u C_v max(C_u, C_v) entries per edge."""
     from backends import get_backend
-    from backends.base import request_stop
 
     if problem.usage_limit is not None:
         return None  # elimination cannot hold a memory limit
@@ -101,10 +103,8 @@ def elimination_start(problem: Problem, time_limit: float) -> tuple[int, ...] | 
     share = ELIMINATION_SHARE * time_limit
     if work / ELIMINATION_RATE > share:
         return None
-    result = get_backend("elimination").solve(problem, SolveOptions(time_limit=share))
-    if result.limit is Limit.INTERRUPTED:
-        request_stop()  # solve() consumed the user's Ctrl-C: pass it on to the search
-    return result.choices
+    options = SolveOptions(time_limit=share, deadline=deadline)
+    return get_backend("elimination").solve(problem, options).choices
 
 
 def shrunk_starts(problem: Problem, starts: Sequence[Start]) -> list[Start]:

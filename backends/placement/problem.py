@@ -12,8 +12,8 @@ the Problem's liveness rule when it has a limit). Schedules come in two orders: 
 program order on every device), and are timed by `list_schedule`. Also here: lower and upper
 bounds, the greedy placement and its local search, device symmetries, random instances, and
 `PlacementOutcome`, what a solver reached. The series decomposition and the makespan solve
-both backends share are in `backends.series`; the additive objective's data in
-`backends.selection`.
+both backends share are in `backends.placement.series`; the additive objective's data in
+`backends.mathprog.selection`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import networkx as nx
 import numpy as np
 
 from backends.base import past
-from backends.selection import MEMORY_RTOL, live_sets
+from backends.mathprog.selection import MEMORY_RTOL, live_sets
 from planner.errors import LayerwiseError
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """`cpsat`: OR-Tools CP-SAT on both objectives, as encode / solve / decode.
 
-Additive (OptCNN Eq. 1) on `backends.selection.Selection`: a Boolean x[i, c] per allowed
+Additive (OptCNN Eq. 1) on `backends.mathprog.selection.Selection`: a Boolean x[i, c] per allowed
 choice with ExactlyOne per node; each remaining edge gets a Boolean y[e, a, b] per finite
 pair, tied to its ends by row and column sums (sum_b y[e, a, b] = x[u, a], sum_a y[e, a, b]
 = x[v, b]: the local marginal polytope, exact on trees, so the LP bound is strong), or with
@@ -13,7 +13,7 @@ bound / S is a proven bound in real units; the answer is at most (nodes + edges)
 than the real optimum (`stats["rounding_slack"]`, ~1e-12 relative). Memory usages are exact
 when integral, else rounded up with the limit rounded down (never accepts too much memory).
 
-Makespan (DLPlacer Eqs. 7-13) on `backends.placement.PlacementProblem`: a Boolean P[k, d] per
+Makespan (DLPlacer Eqs. 7-13) on `backends.placement.problem.PlacementProblem`: a Boolean P[k, d] per
 node and allowed device (ExactlyOne, Eq. 7); a start per task; per device an optional
 interval per task that takes time there, with NoOverlap (Eq. 12) ("fifo": the program order
 instead, as conditional precedences); precedences with the route's transfer delay enforced
@@ -29,7 +29,7 @@ canonicalized under the symmetries) or else from a construction heuristic
 (`seed_choices` / `greedy_placement`); `stats["hint"]` says which.
 
 What does not depend on the solver (warm starts, the time limit while encoding, the makespan
-solve's wrapper, the Backend class body) is shared with `ilp` in `backends.solver_common`.
+solve's wrapper, the Backend class body) is shared with `ilp` in `backends.mathprog.common`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ from typing import Any
 import numpy as np
 from ortools.sat.python import cp_model
 
-from backends.additive_lp import additive_program
 from backends.base import (
     BackendError,
     Limit,
@@ -55,8 +54,18 @@ from backends.base import (
     Status,
     stop_requested,
 )
-from backends.linear import write_mps
-from backends.placement import (
+from backends.mathprog.additive_lp import additive_program
+from backends.mathprog.common import (
+    SolverBackend,
+    SolverSteps,
+    Warm,
+    placement_result,
+    rounded_lp_start,
+)
+from backends.mathprog.linear import write_mps
+from backends.mathprog.lns import SubRun
+from backends.mathprog.selection import Selection, memory_form
+from backends.placement.problem import (
     PlacementOutcome,
     PlacementProblem,
     Schedule,
@@ -65,15 +74,7 @@ from backends.placement import (
     placement_lower_bound,
     retime,
 )
-from backends.selection import Selection, memory_form
-from backends.solver_common import (
-    Clock,
-    SolverBackend,
-    SolverSteps,
-    Warm,
-    placement_result,
-    rounded_lp_start,
-)
+from planner.deadline import Clock
 from planner.problems.problem import Problem
 
 __all__ = ["CpsatBackend", "CpsatModel", "decode", "encode", "solve_encoded"]
@@ -605,8 +606,8 @@ def solve_encoded(model: CpsatModel, options: SolveOptions, time_limit: float) -
 
 
 def _lp_hint(model: CpsatModel, options: SolveOptions, deadline: float) -> dict[str, Any]:
-    """The additive model's LP relaxation (`backends.additive_lp`, solved by GLOP) rounded to
-    each node's largest x, repaired and improved (`backends.feasible`): the hint when it is
+    """The additive model's LP relaxation (`backends.mathprog.additive_lp`, solved by GLOP) rounded to
+    each node's largest x, repaired and improved (`backends.heuristics.feasible`): the hint when it is
     better than the current one (reported to extra "on_incumbent"); the LP optimum is a
     bound. Skipped when it would take more than LP_FRACTION of the time left."""
     from ortools.linear_solver.python import model_builder
@@ -719,15 +720,27 @@ def decode(problem: Problem, model: CpsatModel, run: CpsatRun, name: str = "cpsa
                        stats=stats)  # fmt: skip
 
 
+def solve_sub(
+    sub: Selection, options: SolveOptions, hint: Warm, seconds: float, latest: float
+) -> SubRun:
+    """A neighbourhood-search round (`backends.mathprog.lns.SubSolve`): encode within
+    `seconds` (OutOfTime past them), then search for `seconds`, never past `latest`."""
+    model = encode_selection(sub, options, hint, time.perf_counter() + seconds)
+    run = solve_encoded(model, options, max(1e-3, min(seconds, latest - time.perf_counter())))
+    found, _ = decode_selection(model, run)
+    return SubRun(found, run.status == "OPTIMAL", run.wall)
+
+
 # ----------------------------------------------------------------------------- backend
 
 
 class CpsatBackend(SolverBackend[CpsatModel, CpsatRun]):
     name = "cpsat"
     terms_per_second = 15_000  # building the model in Python takes ~8 us per term
-    neighbourhoods = True  # one worker: `backends.lns` after the whole model (extra "lns")
+    neighbourhoods = True  # one worker: `backends.mathprog.lns` after the whole model (extra "lns")
     REQUIRED_MODULES = ("ortools",)
     steps = SolverSteps(encode_selection, encode_placement, solve_encoded, decode_placement, decode)
+    solve_sub = staticmethod(solve_sub)
 
 
 _BACKEND = CpsatBackend()

@@ -1,0 +1,21 @@
+"""Mathematical programming: the selection model solved by CBC and by CP-SAT.
+
+- `selection`: the additive objective's data (OptCNN Eq. 1 reduced: allowed choices, edge
+  tables, the memory rule as live sets), shared by both solvers;
+- `linear`, `additive_lp`: the selection model as a sparse linear program (MPS);
+- `cbc`, `ilp`: CBC under a time limit, the `ilp` backend;
+- `cpsat`: OR-Tools CP-SAT, the `cpsat` backend;
+- `lns`: a large-neighbourhood search over nodes whose rounds are exact sub-solves;
+- `common`: what `ilp` and `cpsat` share (starts, restricted rounds, the `SolverBackend`).
+
+Importing the package imports no solver: `ilp` needs pulp, `cpsat` needs ortools.
+"""
+
+from __future__ import annotations
+
+from backends.lazy import lazy_exports
+
+__all__ = ["CpsatBackend", "IlpBackend"]
+__getattr__ = lazy_exports(
+    __name__, {"CpsatBackend": "backends.mathprog.cpsat", "IlpBackend": "backends.mathprog.ilp"}
+)

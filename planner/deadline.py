@@ -1,0 +1,164 @@
+"""One clock for a whole call: a `Deadline` made where the call enters, handed to every phase.
+
+`planner.plan`, the command lines and the experiments make one `Deadline` from the user's
+time limit; capture, build, search, re-score, recommendation and writing all read it, and a
+phase that cannot finish in what is left degrades and says so. Ctrl-C sets the same deadline
+to now: `request_stop()` makes every `Deadline` (and every `past(t)`) expired at once.
+
+Hot loops compare a plain `time.perf_counter()` value (`Deadline.at`) with `past(at)`, or
+count with a `Clock` that looks every `CHECK_EVERY` items and raises `OutOfTime`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+__all__ = [
+    "CHECK_EVERY",
+    "Clock",
+    "Deadline",
+    "OutOfTime",
+    "catch_interrupt",
+    "clear_stop",
+    "past",
+    "request_stop",
+    "stop_requested",
+]
+
+CHECK_EVERY = 512  # items (encoded terms, eliminated nodes) between two looks at the clock
+
+_STOP = threading.Event()
+
+
+def request_stop() -> None:
+    """Expire every deadline now: running searches return their best answer so far."""
+    _STOP.set()
+
+
+def stop_requested() -> bool:
+    """Whether a stop was asked (Ctrl-C, or `request_stop`) since the call began."""
+    return _STOP.is_set()
+
+
+def clear_stop() -> None:
+    """Forget a stop request (what the outermost `catch_interrupt` does when it ends)."""
+    _STOP.clear()
+
+
+def past(at: float) -> bool:
+    """True when `at` (a `time.perf_counter()` value) has passed or a stop was asked."""
+    return _STOP.is_set() or time.perf_counter() > at
+
+
+class OutOfTime(Exception):
+    """A deadline passed inside a phase that has no answer to return yet."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A point in time (`at`, a `time.perf_counter()` value; inf for none) and the limit in
+    seconds it was made from, for messages. Immutable: a phase's own share is a new one."""
+
+    at: float
+    limit: float = math.inf
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        """The deadline `seconds` from now."""
+        return cls(time.perf_counter() + seconds, seconds)
+
+    @classmethod
+    def never(cls) -> Deadline:
+        """No deadline (only a stop request ends it)."""
+        return cls(math.inf)
+
+    def left(self) -> float:
+        """Seconds left (0 once expired or stopped)."""
+        if _STOP.is_set():
+            return 0.0
+        return max(0.0, self.at - time.perf_counter())
+
+    def expired(self) -> bool:
+        """Whether it has passed, or a stop was asked."""
+        return past(self.at)
+
+    def within(self, seconds: float) -> Deadline:
+        """The earlier of this deadline and `seconds` from now (a phase's cap)."""
+        return Deadline(min(self.at, time.perf_counter() + max(0.0, seconds)), self.limit)
+
+    def share(self, fraction: float) -> Deadline:
+        """`fraction` of what is left, from now."""
+        return self.within(fraction * self.left()) if math.isfinite(self.at) else self
+
+    def reserve(self, seconds: float) -> Deadline:
+        """This deadline moved `seconds` earlier (time kept for a later phase)."""
+        return Deadline(self.at - max(0.0, seconds), self.limit)
+
+    def check(self) -> None:
+        """Raise OutOfTime if expired (between the steps of a phase)."""
+        if self.expired():
+            raise OutOfTime
+
+
+class Clock:
+    """Counts items and raises OutOfTime past `at` (looks every CHECK_EVERY items)."""
+
+    def __init__(self, at: float, every: int = CHECK_EVERY):
+        self.at, self.every, self.count = at, every, 0
+
+    def tick(self) -> None:
+        """Count one item; raise OutOfTime when the deadline has passed at a look."""
+        self.count += 1
+        if self.count % self.every == 0 and past(self.at):
+            raise OutOfTime
+
+    def check(self) -> None:
+        """Raise OutOfTime now if the deadline has passed (between phases)."""
+        if past(self.at):
+            raise OutOfTime
+
+
+class catch_interrupt:  # noqa: N801 - used as `with catch_interrupt():`
+    """While a call runs in the main thread: the first Ctrl-C (SIGINT) expires every deadline
+    (one warning line), a second raises KeyboardInterrupt. Nested uses and other threads do
+    nothing, so the outermost call (`planner.plan`, a command line) owns the signal: a stop
+    stays asked until it ends, and every later phase of that call sees it."""
+
+    _depth = 0
+
+    def __enter__(self) -> catch_interrupt:
+        self.previous: Any = None
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        if catch_interrupt._depth == 0:
+            _STOP.clear()
+            self.previous = signal.getsignal(signal.SIGINT)
+            signal.signal(signal.SIGINT, _handle)
+        catch_interrupt._depth += 1
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        catch_interrupt._depth -= 1
+        if catch_interrupt._depth == 0:
+            signal.signal(signal.SIGINT, self.previous)
+            _STOP.clear()
+
+
+def _handle(signum: int, frame: Any) -> None:
+    if _STOP.is_set():
+        raise KeyboardInterrupt
+    logging.getLogger("planner").warning(
+        "interrupted: returning the best answer so far (Ctrl-C again to abort)"
+    )
+    _STOP.set()

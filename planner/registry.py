@@ -1,0 +1,42 @@
+"""The backends by name: how planner reaches a backend without importing one up front.
+
+`REGISTRY` maps a name to "module:Class"; `get_backend(name)` imports that module on first
+use, so heavy solvers stay lazy and planner never imports a backend module by path.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from planner.errors import BackendError
+
+if TYPE_CHECKING:
+    from backends.base import Backend
+
+__all__ = ["REGISTRY", "backend_names", "get_backend"]
+
+REGISTRY: dict[str, str] = {
+    "baselines": "backends.heuristics.baselines:BaselinesBackend",
+    "elimination": "backends.exact.elimination:EliminationBackend",
+    "search": "backends.exact.search:SearchBackend",
+    "mcmc": "backends.mcmc.chain:McmcBackend",
+    "ilp": "backends.mathprog.ilp:IlpBackend",
+    "cpsat": "backends.mathprog.cpsat:CpsatBackend",
+    "portfolio": "backends.portfolio:PortfolioBackend",
+}
+
+
+def backend_names() -> list[str]:
+    """The registered backends' names, in the registry's order."""
+    return list(REGISTRY)
+
+
+def get_backend(name: str) -> Backend:
+    """An instance of the backend registered as `name`."""
+    try:
+        module, cls = REGISTRY[name].split(":")
+    except (KeyError, AttributeError, TypeError):
+        raise BackendError(f"unknown backend {name!r}; available: {', '.join(REGISTRY)}") from None
+    backend: Backend = getattr(importlib.import_module(module), cls)()
+    return backend

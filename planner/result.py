@@ -1,0 +1,145 @@
+"""The result contract every backend follows (docs/architecture.md, Backends): what to
+solve (`SolveOptions`), how a search ended (`Status`, `Limit`) and its answer
+(`SolveResult`), with `evaluate_objective`, the re-score no backend's own number replaces.
+
+These live in the core so that `planner.plan` and the recommendation rule use them without
+importing a backend; `backends` builds on them.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from planner.deadline import Deadline
+from planner.errors import BackendError
+from planner.problems.evaluate import additive_cost
+
+if TYPE_CHECKING:
+    from planner.problems.problem import Problem
+    from planner.problems.strategy import Strategy
+
+__all__ = [
+    "OBJECTIVES",
+    "BackendError",
+    "Limit",
+    "SolveOptions",
+    "SolveResult",
+    "Status",
+    "evaluate_objective",
+    "result_gap",
+]
+
+OBJECTIVES = ("additive", "makespan")
+
+
+class Status(enum.Enum):
+    """How a search ended: what its answer is worth (a proof, an answer, or nothing)."""
+
+    OPTIMAL = "OPTIMAL"  # proven optimal (within the solver's gap tolerance)
+    FEASIBLE = "FEASIBLE"  # a valid answer, optimality not proven
+    INFEASIBLE = "INFEASIBLE"  # proven that no valid answer exists
+    NO_SOLUTION = "NO_SOLUTION"  # nothing found, nothing proven
+
+
+class Limit(enum.Enum):
+    """Why a search stopped before it could prove anything more (None in a result: it
+    finished on its own)."""
+
+    TIME = "TIME"
+    ITERATIONS = "ITERATIONS"
+    INTERRUPTED = "INTERRUPTED"  # the user asked to stop (Ctrl-C): best answer so far
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    """What to solve and within what: `objective` ("additive": OptCNN's Eq. 1 cost tables;
+    "makespan": the simulated iteration time, FlexFlow Sec. 5), a wall-clock `time_limit` in
+    seconds that covers the whole `solve`, or a `deadline` shared with the caller's other
+    phases (the earlier of the two counts), a `seed` (every search is deterministic for one
+    seed, given the same limit), `threads` for the solvers that use several, an optional
+    `warm_start` (a choice vector, used as the incumbent where supported) and
+    backend-specific `extra` settings (each backend's `Settings`; unknown keys are errors)."""
+
+    objective: str = "additive"
+    time_limit: float = 10.0
+    seed: int = 0
+    threads: int = 1
+    warm_start: tuple[int, ...] | None = None  # choices from another backend, where supported
+    extra: Mapping[str, Any] = field(default_factory=dict)  # backend-specific settings
+    deadline: Deadline | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise BackendError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if not self.time_limit > 0:
+            raise BackendError(f"time_limit must be positive, got {self.time_limit}")
+        if self.threads < 1:
+            raise BackendError(f"threads must be >= 1, got {self.threads}")
+
+    def clock(self) -> Deadline:
+        """The deadline of this solve: `deadline`, capped at `time_limit` from now when no
+        deadline was given (Backend.solve sets it once, so every phase reads the same)."""
+        return self.deadline if self.deadline is not None else Deadline.after(self.time_limit)
+
+
+def result_gap(objective: float | None, bound: float | None) -> float | None:
+    """objective / bound - 1 where both are known (0 when proven optimal)."""
+    if objective is None or bound is None:
+        return None
+    if bound <= 0:
+        return 0.0 if objective <= 0 else math.inf
+    return max(0.0, objective / bound - 1.0)
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    """A backend's answer: `status`, the chosen config per node (`choices`, None without an
+    answer), its `objective` value, the best proven lower `bound` (None if none), the `limit`
+    that stopped the search early (None if it finished), the `strategy` for DNN problems, and
+    backend-specific `stats` (phases in seconds, counts, the solver's own status)."""
+
+    backend: str
+    status: Status
+    choices: tuple[int, ...] | None = None
+    objective: float | None = None
+    bound: float | None = None
+    limit: Limit | None = None
+    strategy: Strategy | None = None
+    stats: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def has_solution(self) -> bool:
+        """Whether an answer was found (`choices` is not None)."""
+        return self.choices is not None
+
+    def objective_value(self) -> float:
+        """The objective; BackendError when there is no answer."""
+        if self.objective is None:
+            raise BackendError(f"{self.backend} returned no solution (status {self.status.value})")
+        return self.objective
+
+    @property
+    def gap(self) -> float | None:
+        """objective / bound - 1 where both are known (0 when proven optimal)."""
+        return result_gap(self.objective, self.bound)
+
+
+def evaluate_objective(problem: Problem, choices: Sequence[int], objective: str) -> float:
+    """The requested objective of a choice vector, from planner's evaluators: OptCNN's Eq. 1
+    on the tables, or the makespan of FlexFlow's full simulation of the strategy."""
+    if objective == "additive":
+        return additive_cost(problem, choices)
+    if problem.cost_model is None or problem.space is None:
+        raise BackendError(
+            f"the makespan objective needs a problem built from a DNN; {problem.name!r} is "
+            "a cost-table problem (use the additive objective)"
+        )
+    from planner.sim.simulator import Simulator
+
+    # The makespan only: a Timeline with every task's name costs twice the simulation
+    # (1.3 million tasks on 1,024 GPUs: 28 s of names for a 15 s simulation).
+    return Simulator(problem.cost_model, problem.strategy(choices).configs).makespan

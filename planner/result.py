@@ -12,7 +12,7 @@ import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from planner.deadline import Deadline
 from planner.errors import BackendError
@@ -27,6 +27,7 @@ __all__ = [
     "BackendError",
     "Limit",
     "SolveOptions",
+    "Solver",
     "SolveResult",
     "Status",
     "evaluate_objective",
@@ -126,6 +127,23 @@ class SolveResult:
     def gap(self) -> float | None:
         """objective / bound - 1 where both are known (0 when proven optimal)."""
         return result_gap(self.objective, self.bound)
+
+
+class Solver(Protocol):
+    """A backend as planner sees it (`backends.base.Backend` implements it): its name, the
+    objectives it optimizes, whether it proves optima, `can_run` and `solve`."""
+
+    name: str
+    objectives: tuple[str, ...]
+    exact: bool
+
+    def can_run(self, problem: Problem, options: SolveOptions) -> str | None:
+        """None when it can solve `problem` as asked, else the reason it cannot."""
+        ...
+
+    def solve(self, problem: Problem, options: SolveOptions | None = None) -> SolveResult:
+        """Search `problem` as `options` say; the answer re-scored by planner's evaluators."""
+        ...
 
 
 def evaluate_objective(problem: Problem, choices: Sequence[int], objective: str) -> float:

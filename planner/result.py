@@ -146,9 +146,12 @@ class Solver(Protocol):
         ...
 
 
-def evaluate_objective(problem: Problem, choices: Sequence[int], objective: str) -> float:
+def evaluate_objective(
+    problem: Problem, choices: Sequence[int], objective: str, deadline: float = math.inf
+) -> float:
     """The requested objective of a choice vector, from planner's evaluators: OptCNN's Eq. 1
-    on the tables, or the makespan of FlexFlow's full simulation of the strategy."""
+    on the tables, or the makespan of FlexFlow's full simulation of the strategy (which
+    raises `planner.deadline.OutOfTime` past `deadline`, a perf_counter value)."""
     if objective == "additive":
         return additive_cost(problem, choices)
     if problem.cost_model is None or problem.space is None:
@@ -160,4 +163,4 @@ def evaluate_objective(problem: Problem, choices: Sequence[int], objective: str)
 
     # The makespan only: a Timeline with every task's name costs twice the simulation
     # (1.3 million tasks on 1,024 GPUs: 28 s of names for a 15 s simulation).
-    return Simulator(problem.cost_model, problem.strategy(choices).configs).makespan
+    return Simulator(problem.cost_model, problem.strategy(choices).configs, deadline).makespan

@@ -104,8 +104,9 @@ class Simulator:
         configs: Sequence[ParallelConfig | None],
         deadline: float = math.inf,
     ):
-        """Build and time the task graph of `configs`; past `deadline` (a perf_counter
-        value, checked while building and timing) or at Ctrl-C, raise OutOfTime."""
+        """Build and time the task graph of `configs`; with a finite `deadline` (a
+        perf_counter value, checked while building and timing), raise OutOfTime past it or
+        at Ctrl-C. Without one it always finishes (a re-score after Ctrl-C needs it)."""
         self.deadline = deadline
         self.cm = cost_model
         self.graph = cost_model.graph
@@ -415,13 +416,13 @@ class Simulator:
         self.tasks = TaskGraph()
         self._ends.clear()
         self._starts.clear()
-        at = self.deadline
+        at, watch = self.deadline, math.isfinite(self.deadline)
         for i in range(self.n):
-            if past(at):
+            if watch and past(at):
                 raise OutOfTime
             self._build_op(i)
         for e in range(len(self.graph.edges)):
-            if past(at):
+            if watch and past(at):
                 raise OutOfTime
             self._build_edge(e)
         for s in self._sync_op:

@@ -160,8 +160,9 @@ class TaskGraph:
         """Algorithm 1's timing: every end, in program order (OutOfTime past `deadline`,
         a perf_counter value, looked at every CHECK_TASKS tasks)."""
         end, dur, preds, prev, order = self.end, self.dur, self.preds, self.prev, self.order
+        watch = math.isfinite(deadline)  # without a deadline, Ctrl-C does not stop it either
         for first in range(0, len(order), CHECK_TASKS):
-            if past(deadline):
+            if watch and past(deadline):
                 raise OutOfTime
             for t in order[first : first + CHECK_TASKS]:
                 ready = 0.0

@@ -126,13 +126,15 @@ def test_progress_lines(caplog: pytest.LogCaptureFixture) -> None:
     "extra, match",
     [
         ({"inits": ["x"]}, "inits"),
-        ({"iteration": 5}, "no option"),
+        ({"iteration": 5}, "no setting 'iteration'"),
         ({"temperature": [0.1, 0]}, "temperature"),
         ({"mix": {"teleport": 1.0}}, "mix"),
         ({"mix": {"repair": 1.0}}, "mix"),
         ({"mix": {"jump": 0.0}}, "positive weight"),
         ({"simulation": "fast"}, "simulation"),
-        ({"penalty": "high"}, "malformed"),
+        ({"penalty": "high"}, "penalty"),
+        ({"iterations": 2.5}, "iterations"),
+        ({"polish": 1}, "polish"),
     ],
 )
 def test_bad_options_are_errors(extra: dict, match: str) -> None:

@@ -21,6 +21,16 @@ from planner.problems.problem import Problem, build_problem
 class TestMcmcConformance(BackendConformance):
     backend_name = "mcmc"
     extra = {"iterations": 300}  # noqa: RUF012
+    given_settings = {  # noqa: RUF012
+        "iterations": 300,
+        "inits": ("data_parallel", "random"),
+        "temperature": (0.01, 0.05),
+        "beta": 2.0,
+        "mix": {"jump": 1.0, "eq1": 0.5},
+        "penalty": (2.0, 20.0),
+        "simulation": "full",
+        "polish": True,
+    }
 
 
 def _tiny_problem() -> Problem:

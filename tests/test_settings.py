@@ -204,3 +204,7 @@ def test_plan_passes_backend_options_to_the_backend() -> None:
     assert r.stats["mode"] == "plain"
     with pytest.raises(LayerwiseError, match="backend 'search' has no setting 'tyop'"):
         planner.plan(problem, backend="search", backend_options={"tyop": 1})
+    # before any work: the zoo model is never built
+    with pytest.raises(LayerwiseError, match="backend 'mcmc' setting 'iterations' must be"):
+        planner.plan("lenet5", "p100-1x4", backend="mcmc", backend_options={"iterations": 0},
+                     model_kwargs={"batch": 8}, time_limit=1e-9)  # fmt: skip

@@ -35,6 +35,7 @@ import math
 import multiprocessing
 import os
 import queue
+import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -72,6 +73,7 @@ KILL_FRACTION = 0.06  # members still running this far past the limit (+ 1 s) ar
 START_FRACTION = 0.1  # of the time limit for polishing the heuristic's answer
 RESTART_GAIN = 0.002  # CP-SAT gets another member's answer when it is this much better
 POLL_SECONDS = 0.1
+INTERRUPT_GRACE_SECONDS = 0.4  # after Ctrl-C, members still running this much later are killed
 
 
 def _members_ok(names: tuple[str, ...] | None) -> bool:
@@ -220,8 +222,11 @@ class _Run:
         hard = self.deadline + KILL_FRACTION * self.options.time_limit + 1.0
         while any(p.is_alive() for p in self.procs.values()) or not self.queue.empty():
             self._drain()
-            if stop_requested():
+            if stop_requested() and not self.interrupted:
                 self.interrupted = True
+                # the members' answers so far are on the board (each sends every better
+                # one); what they would send while stopping is not worth the user's wait
+                hard = min(hard, time.perf_counter() + INTERRUPT_GRACE_SECONDS)
             if self.interrupted or self._proven():
                 self.done.set()
                 for e in self.stop.values():
@@ -270,6 +275,9 @@ class _Run:
 
     def _member(self, name: str, warm: tuple[int, ...] | None) -> None:
         """In the member's process: solve, and for CP-SAT again from each better answer."""
+        # Ctrl-C reaches every process of the terminal's group: a member stops quietly (the
+        # parent says it once and stops the others through their events)
+        signal.signal(signal.SIGINT, lambda signum, frame: request_stop())
         backend = get_backend(name)
         send = self.queue.put
         channel = Channel(

@@ -17,10 +17,6 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from planner import _compat
-
-_compat.install()
-
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
     "plan": "planner.api",

@@ -33,12 +33,11 @@ worse than a baseline) and does nothing for cost-table problems (nothing to simu
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from planner.deadline import Deadline
+from planner.deadline import Deadline, OutOfTime
 from planner.errors import ConfigError
 from planner.problems.baselines import BASELINES, applicable
 from planner.problems.evaluate import additive_cost, memory_feasible
@@ -101,20 +100,22 @@ def recommend(
 ) -> SolveResult:
     """`result` unless an expert baseline simulates faster; then that baseline (see the module
     docstring). `objective` is the one `result` was searched under; `baselines` may pass
-    `baseline_times(problem)` when the caller has it already (then none is skipped). With a
-    `deadline`, a baseline whose simulation would end past it (estimated from the answer's
-    own simulation, scaled by task counts) is not simulated and is listed under
-    "not_simulated_for_time"."""
+    `baseline_times(problem)` when the caller has it already (then none is skipped). The
+    simulations stop at `deadline` (or Ctrl-C): a baseline whose simulation did not finish is
+    listed under "not_simulated_for_time", the most promising ones are simulated first, and
+    an answer that could not be simulated in time is returned as it is, with the reason."""
     if result.choices is None or problem.cost_model is None or problem.space is None:
         reason = "no answer" if result.choices is None else "a cost-table problem"
         return _with(result, {"switched": False, "reason": f"nothing to simulate: {reason}"})
-    clock = deadline or Deadline.never()
-    t0 = time.perf_counter()
+    at = (deadline or Deadline.never()).at
     if objective == "makespan" and result.objective is not None:
         simulated = result.objective
     else:
-        simulated = evaluate_objective(problem, result.choices, "makespan")
-    per_task = (time.perf_counter() - t0) / max(1, _tasks(problem, result.choices))
+        try:
+            simulated = evaluate_objective(problem, result.choices, "makespan", at)
+        except OutOfTime:
+            why = "no time left to simulate the answer: not compared with the baselines"
+            return _with(result, {"switched": False, "reason": why})
     skipped: dict[str, float] = {}
     late: list[str] = []
     if baselines is None:
@@ -128,10 +129,11 @@ def recommend(
             if ratio > HOPELESS:
                 skipped[name] = ratio
                 continue
-            if per_task > 0 and per_task * _tasks(problem, choices) > clock.left():
+            try:
+                value = evaluate_objective(problem, choices, "makespan", at)
+            except OutOfTime:
                 late.append(name)
                 continue
-            value = evaluate_objective(problem, choices, "makespan")
             times[name] = BaselineTime(name, choices, value)
     else:
         times = dict(baselines)
@@ -167,7 +169,9 @@ def recommend(
         "additive": evaluate_objective(problem, result.choices, "additive"),
         "simulated": simulated,
     }
-    value = evaluate_objective(problem, fastest.choices, objective)
+    value = fastest.simulated
+    if objective != "makespan":
+        value = evaluate_objective(problem, fastest.choices, objective)
     stats = {**result.stats, "searched": searched, "recommendation": decision}
     return SolveResult(
         result.backend,
@@ -179,11 +183,6 @@ def recommend(
         problem.strategy(fastest.choices),
         stats,
     )
-
-
-def _tasks(problem: Problem, choices: tuple[int, ...]) -> int:
-    """The compute tasks of a strategy: what a simulation's time grows with."""
-    return sum(config.num_tasks for config in problem.strategy(choices).configs)
 
 
 def _with(result: SolveResult, decision: dict[str, Any]) -> SolveResult:

@@ -7,12 +7,10 @@ use, so heavy solvers stay lazy and planner never imports a backend module by pa
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import cast
 
 from planner.errors import BackendError
-
-if TYPE_CHECKING:
-    from backends.base import Backend
+from planner.result import Solver
 
 __all__ = ["REGISTRY", "backend_names", "get_backend"]
 
@@ -32,11 +30,10 @@ def backend_names() -> list[str]:
     return list(REGISTRY)
 
 
-def get_backend(name: str) -> Backend:
-    """An instance of the backend registered as `name`."""
+def get_backend(name: str) -> Solver:
+    """An instance of the backend registered as `name` (a `backends.base.Backend`)."""
     try:
         module, cls = REGISTRY[name].split(":")
     except (KeyError, AttributeError, TypeError):
         raise BackendError(f"unknown backend {name!r}; available: {', '.join(REGISTRY)}") from None
-    backend: Backend = getattr(importlib.import_module(module), cls)()
-    return backend
+    return cast(Solver, getattr(importlib.import_module(module), cls)())

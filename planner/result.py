@@ -28,6 +28,7 @@ __all__ = [
     "Channel",
     "Limit",
     "SolveOptions",
+    "Solver",
     "SolveResult",
     "Status",
     "StopFlag",
@@ -158,9 +159,29 @@ class SolveResult:
         return result_gap(self.objective, self.bound)
 
 
-def evaluate_objective(problem: Problem, choices: Sequence[int], objective: str) -> float:
+class Solver(Protocol):
+    """A backend as planner sees it (`backends.base.Backend` implements it): its name, the
+    objectives it optimizes, whether it proves optima, `can_run` and `solve`."""
+
+    name: str
+    objectives: tuple[str, ...]
+    exact: bool
+
+    def can_run(self, problem: Problem, options: SolveOptions) -> str | None:
+        """None when it can solve `problem` as asked, else the reason it cannot."""
+        ...
+
+    def solve(self, problem: Problem, options: SolveOptions | None = None) -> SolveResult:
+        """Search `problem` as `options` say; the answer re-scored by planner's evaluators."""
+        ...
+
+
+def evaluate_objective(
+    problem: Problem, choices: Sequence[int], objective: str, deadline: float = math.inf
+) -> float:
     """The requested objective of a choice vector, from planner's evaluators: OptCNN's Eq. 1
-    on the tables, or the makespan of FlexFlow's full simulation of the strategy."""
+    on the tables, or the makespan of FlexFlow's full simulation of the strategy (which
+    raises `planner.deadline.OutOfTime` past `deadline`, a perf_counter value)."""
     if objective == "additive":
         return additive_cost(problem, choices)
     if problem.cost_model is None or problem.space is None:
@@ -172,4 +193,4 @@ def evaluate_objective(problem: Problem, choices: Sequence[int], objective: str)
 
     # The makespan only: a Timeline with every task's name costs twice the simulation
     # (1.3 million tasks on 1,024 GPUs: 28 s of names for a 15 s simulation).
-    return Simulator(problem.cost_model, problem.strategy(choices).configs).makespan
+    return Simulator(problem.cost_model, problem.strategy(choices).configs, deadline).makespan

@@ -25,7 +25,7 @@ from planner.graph.zoo import MODELS, model_graph
 from planner.hardware.devices import DeviceGraph
 from planner.hardware.presets import get_preset
 from planner.problems.baselines import data_parallel
-from planner.problems.costtable import load_problem, random_problem, save_problem
+from planner.problems.costtable import contest_problem, load_problem, random_problem, save_problem
 from planner.problems.evaluate import additive_cost
 from planner.problems.strategy import load_strategy
 
@@ -409,34 +409,42 @@ def test_bad_input_is_one_error_line(
 # -- progress, Ctrl-C, output paths, strict JSON ---------------------------------------------
 
 
-def test_ctrl_c_during_a_search_writes_the_best_answer_so_far(tmp_path: Path) -> None:
-    """The first SIGINT stops the search; plan prints and writes its best answer so far."""
-    # 60 nodes of up to 12 choices with many edges: search cannot prove it in a minute.
-    save_problem(random_problem(60, 12, seed=3, edge_prob=0.6, memory=False), tmp_path / "p.json")
+@pytest.mark.parametrize("backend", ["search", "portfolio"])
+def test_ctrl_c_during_a_search_writes_the_best_answer_so_far(backend: str, tmp_path: Path) -> None:
+    """The first SIGINT, sent to the whole process group as a terminal does (the portfolio's
+    members too), stops the search; plan says so once, prints and writes its best answer."""
+    # search cannot prove 60 nodes of up to 12 choices with many edges in a minute, nor the
+    # portfolio a contest-like problem of 1,000 nodes
+    if backend == "search":
+        problem = random_problem(60, 12, seed=3, edge_prob=0.6, memory=False)
+    else:
+        problem = contest_problem(1000, seed=1)
+    save_problem(problem, tmp_path / "p.json")
     out = tmp_path / "best.json"
-    argv = ["plan", "--problem", str(tmp_path / "p.json"), "--backend", "search"]
+    argv = ["plan", "--problem", str(tmp_path / "p.json"), "--backend", backend]
     argv += ["--time-limit", "120", "-o", str(out), "--json", "-v"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "planner", *argv],
+        [sys.executable, "-m", "planner", *argv], start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
     try:
         assert proc.stderr is not None
         for line in proc.stderr:  # -v: planner.api says when the search starts
-            if "searching with search" in line:
+            if f"searching with {backend}" in line:
                 break
-        time.sleep(1.0)
-        proc.send_signal(signal.SIGINT)
+        time.sleep(2.0)
+        os.killpg(proc.pid, signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 0, stderr
     printed = only_json(stdout)
     saved = json.loads(out.read_text())
-    assert saved["status"] == printed["status"] == "FEASIBLE"
     assert saved["limit"] == printed["limit"] == "INTERRUPTED"
-    assert saved["search_seconds"] < 60 and len(saved["choices"]) == 60
+    assert saved["status"] == printed["status"] == "FEASIBLE"
+    assert saved["search_seconds"] < 60 and len(saved["choices"]) == problem.num_nodes
     assert "best answer found so far" in stderr
+    assert stderr.count("interrupted: returning the best answer so far") == 1, stderr
 
 
 def test_output_paths_are_checked_before_any_work(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from functools import cache
 
 import pytest
@@ -130,3 +131,51 @@ def test_a_baseline_within_the_ratio_is_simulated_and_can_win() -> None:
     rec = recommend(p, get_backend("elimination").solve(p, SolveOptions()))
     assert "data_parallel" in rec.stats["recommendation"]["baselines"]
     assert rec.stats["recommendation"].get("to") == "data_parallel"
+
+
+def test_a_simulation_past_its_deadline_stops_with_out_of_time() -> None:
+    from planner.deadline import OutOfTime
+    from planner.sim.simulator import Simulator
+
+    p = problem("lenet5", "p100-1x4")
+    dp = p.choices_of(data_parallel(p.graph, p.devices))  # type: ignore[arg-type]
+    configs = p.strategy(dp).configs
+    assert Simulator(p.cost_model, configs).makespan > 0  # type: ignore[arg-type]
+    with pytest.raises(OutOfTime):
+        Simulator(p.cost_model, configs, deadline=time.perf_counter() - 1.0)  # type: ignore[arg-type]
+
+
+def test_no_time_to_simulate_the_answer_keeps_it_and_says_why() -> None:
+    from planner.deadline import Deadline
+
+    p = problem("lenet5", "p100-1x4")
+    optimum = get_backend("elimination").solve(p, SolveOptions())
+    rec = recommend(p, optimum, deadline=Deadline(time.perf_counter() - 1.0))
+    assert not is_switched(rec) and rec.choices == optimum.choices
+    assert rec.status is Status.OPTIMAL
+    assert "no time left to simulate the answer" in rec.stats["recommendation"]["reason"]
+
+
+def test_baselines_whose_simulation_runs_out_of_time_are_listed_not_compared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lenet5 case that switches to data parallelism keeps the answer when the baselines'
+    simulations do not finish in time."""
+    import planner.recommend as rec_module
+    from planner.deadline import Deadline, OutOfTime
+
+    p = problem("lenet5", "p100-1x4")
+    optimum = get_backend("elimination").solve(p, SolveOptions())
+    real = rec_module.evaluate_objective
+
+    def late_for_baselines(problem_: Problem, choices: tuple[int, ...], objective: str,
+                           deadline: float = float("inf")) -> float:  # fmt: skip
+        if objective == "makespan" and tuple(choices) != optimum.choices:
+            raise OutOfTime
+        return real(problem_, choices, objective, deadline)
+
+    monkeypatch.setattr(rec_module, "evaluate_objective", late_for_baselines)
+    out = recommend(p, optimum, deadline=Deadline.after(60.0))
+    decision = out.stats["recommendation"]
+    assert not is_switched(out) and "data_parallel" in decision["not_simulated_for_time"]
+    assert decision["baselines"] == {}

@@ -22,11 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.deadline import stop_requested
+
 __all__ = ["CbcProcess", "parse_log", "run_cbc"]
 
 NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"  # a number in CBC's log
 POLL_SECONDS = 0.1  # how often a running CBC is checked for a stop request
 EARLY_KILL_SECONDS = 5.0  # after a stop request CBC is killed at most this much later
+INTERRUPT_KILL_SECONDS = 0.5  # ... and this much after the user's Ctrl-C (exit within 1 s)
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,8 @@ def run_cbc(
                 proc.wait(timeout=min(POLL_SECONDS, max(0.0, stop_at - time.perf_counter())))
         if proc.poll() is None:
             interrupted = True
-            kill_at = min(kill_at, time.perf_counter() + EARLY_KILL_SECONDS)
+            early = INTERRUPT_KILL_SECONDS if stop_requested() else EARLY_KILL_SECONDS
+            kill_at = min(kill_at, time.perf_counter() + early)
             proc.send_signal(signal.SIGINT)  # our own child, by its handle
             try:
                 proc.wait(timeout=max(0.05, kill_at - time.perf_counter()))

@@ -41,6 +41,7 @@ on every resource is fixed, both give the same timeline, bit for bit (tested).
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from planner.deadline import OutOfTime, past
 from planner.sim.tasks import JOIN, TaskBatch, TaskGraph, pack, unpack
 from planner.sim.transfers import transfer_pairs
 
@@ -96,7 +98,15 @@ class Timeline:
 class Simulator:
     """A task graph and its timeline for a strategy; `change` re-simulates incrementally."""
 
-    def __init__(self, cost_model: CostModel, configs: Sequence[ParallelConfig | None]):
+    def __init__(
+        self,
+        cost_model: CostModel,
+        configs: Sequence[ParallelConfig | None],
+        deadline: float = math.inf,
+    ):
+        """Build and time the task graph of `configs`; past `deadline` (a perf_counter
+        value, checked while building and timing) or at Ctrl-C, raise OutOfTime."""
+        self.deadline = deadline
         self.cm = cost_model
         self.graph = cost_model.graph
         self.devices = cost_model.devices
@@ -405,14 +415,19 @@ class Simulator:
         self.tasks = TaskGraph()
         self._ends.clear()
         self._starts.clear()
+        at = self.deadline
         for i in range(self.n):
+            if past(at):
+                raise OutOfTime
             self._build_op(i)
         for e in range(len(self.graph.edges)):
+            if past(at):
+                raise OutOfTime
             self._build_edge(e)
         for s in self._sync_op:
             self._build_sync(s)
         self.tasks.order_all()
-        self.tasks.time_all()
+        self.tasks.time_all(at)
         self.retimed = len(self.tasks.order)
         return self.makespan
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from backends import BackendError, SolveOptions, Status, get_backend
-from backends.base import BackendSettings, evaluate_objective
+from backends.base import Backend, BackendSettings, evaluate_objective
 from planner.graph.opgraph import Op, OpGraph, Param, Tensor
 from planner.hardware.presets import get_preset
 from planner.problems.costtable import brute_force, random_problem
@@ -216,12 +216,18 @@ class BackendConformance:
     # ------------------------------------------------------------------------ settings
 
     @classmethod
+    def _backend(cls) -> Backend[Any]:
+        backend = get_backend(cls.backend_name)
+        assert isinstance(backend, Backend)
+        return backend
+
+    @classmethod
     def _listing(cls) -> str:
-        names = list(get_backend(cls.backend_name).settings_type())
+        names = list(cls._backend().settings_type())
         return f"its settings are: {', '.join(names)}" if names else "it takes no settings"
 
     def test_settings_are_declared_and_the_defaults_validate(self) -> None:
-        backend = get_backend(self.backend_name)
+        backend = self._backend()
         st = backend.settings_type
         assert issubclass(st, BackendSettings) and dataclasses.is_dataclass(st)
         assert st.__dataclass_params__.frozen  # type: ignore[attr-defined]
@@ -231,7 +237,7 @@ class BackendConformance:
         assert isinstance(backend.settings(self.opts()), st)
 
     def test_an_unknown_setting_is_one_error_naming_the_valid_ones(self) -> None:
-        backend = get_backend(self.backend_name)
+        backend = self._backend()
         problem = random_problem(4, 3, seed=0)
         with pytest.raises(BackendError) as info:
             backend.solve(problem, self.opts(extra={**self.extra, "tyop": 1}))
@@ -240,7 +246,7 @@ class BackendConformance:
         assert message == f"backend {self.backend_name!r} has no setting 'tyop'; {self._listing()}"
 
     def test_an_ill_typed_setting_is_one_error_naming_it(self) -> None:
-        backend = get_backend(self.backend_name)
+        backend = self._backend()
         names = list(backend.settings_type())
         if not names:
             pytest.skip("the backend takes no settings")
@@ -256,7 +262,7 @@ class BackendConformance:
     def test_settings_round_trip(self) -> None:
         """The settings object of `SolveOptions(extra=given)` holds what was given, gives it
         back as a mapping, and is what `solve` hands to the search."""
-        backend = get_backend(self.backend_name)
+        backend = self._backend()
         st = backend.settings_type
         given = self.extra if self.given_settings is None else self.given_settings
         settings = backend.settings(SolveOptions(extra=given))

@@ -175,6 +175,11 @@ class Solver(Protocol):
         """Search `problem` as `options` say; the answer re-scored by planner's evaluators."""
         ...
 
+    def settings(self, options: SolveOptions) -> Mapping[str, Any]:
+        """`options.extra` checked as this backend's settings (its settings object, a
+        mapping of its fields); a BackendError names a bad setting and lists the valid ones."""
+        ...
+
 
 def evaluate_objective(
     problem: Problem, choices: Sequence[int], objective: str, deadline: float = math.inf

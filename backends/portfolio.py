@@ -7,11 +7,11 @@
    and a bound within seconds) and `cpsat` in a process (one worker, the other core; exactly
    as `cpsat` alone: its own LP rounding as the hint of its whole model for 30% of the time,
    then `backends.mathprog.lns`'s neighbourhood search). Members report each better
-   answer (SolveOptions.extra "on_incumbent"); when one beats the answer CP-SAT last had by
-   RESTART_GAIN, it goes to CP-SAT's neighbourhood search, which continues from it at its
-   next round (extra "incoming"). With extra "lns" False CP-SAT is stopped and restarted
-   from it instead (CBC cannot take an answer once it runs, CP-SAT's whole model only at
-   its start);
+   answer (`SolveOptions.channel.on_incumbent`); when one beats the answer CP-SAT last had
+   by RESTART_GAIN, it goes to CP-SAT's neighbourhood search, which continues from it at
+   its next round (`channel.incoming`). With cpsat's setting "lns" False CP-SAT is stopped
+   (`channel.stop`) and restarted from it instead (CBC cannot take an answer once it runs,
+   CP-SAT's whole model only at its start), and its LP start is left to `ilp`;
 3. `mcmc` (through `get_backend`) joins when there is a third core, or runs alone when
    neither solver is installed.
 
@@ -20,8 +20,9 @@ answer any member found (ties: the first member in MEMBERS order), the bound the
 one; `stats["events"]` lists who found what and when, `stats["members"]` each member's
 result. Deterministic for a seed only when every member finishes before the limit (a search
 stopped by the clock, the neighbourhood search's rounds included, depends on the machine's
-speed). Options: extra "members" (names, default by cores), "workers"
-(cores to use, default all).
+speed). Settings (`PortfolioSettings`, given as `SolveOptions.extra`): "members" (names,
+default by cores), "workers" (cores to use, default all), and each member's own settings
+("ilp", "cpsat", "mcmc": `IlpSettings`, `CpsatSettings`, `McmcSettings`, as mappings).
 
 The makespan objective is delegated to `mcmc` (the placement models of `ilp` and `cpsat`
 answer a narrower question, see docs/solvers.md); `stats["delegated"]` says so.
@@ -40,11 +41,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import Annotated, Any
 
 from backends import get_backend
 from backends.base import (
     Backend,
+    BackendSettings,
+    Channel,
+    Check,
     Limit,
     ProgressLog,
     SolveOptions,
@@ -55,12 +59,13 @@ from backends.base import (
     stop_requested,
 )
 from backends.heuristics.feasible import feasible_positions
-from backends.mathprog.lns import lns_enabled
+from backends.mathprog.common import CpsatSettings, IlpSettings
 from backends.mathprog.selection import selection
+from backends.mcmc.chain import McmcSettings
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
 
-__all__ = ["PortfolioBackend"]
+__all__ = ["PortfolioBackend", "PortfolioSettings"]
 
 MEMBERS = ("ilp", "cpsat", "mcmc")  # in tie-breaking order
 SOLVERS = {"ilp": "pulp", "cpsat": "ortools"}  # members that need a package
@@ -69,6 +74,33 @@ START_FRACTION = 0.1  # of the time limit for polishing the heuristic's answer
 RESTART_GAIN = 0.002  # CP-SAT gets another member's answer when it is this much better
 POLL_SECONDS = 0.1
 INTERRUPT_GRACE_SECONDS = 0.4  # after Ctrl-C, members still running this much later are killed
+
+
+def _members_ok(names: tuple[str, ...] | None) -> bool:
+    return names is None or (bool(names) and set(names) <= set(MEMBERS))
+
+
+def _workers_ok(workers: int | None) -> bool:
+    return workers is None or workers > 0
+
+
+@dataclass(frozen=True)
+class PortfolioSettings(BackendSettings):
+    """The `portfolio` backend's settings: which members run, and each member's settings."""
+
+    members: Annotated[
+        tuple[str, ...] | None, Check(f"None or a non-empty list from {MEMBERS}", _members_ok)
+    ] = None
+    """the members to run; None: the installed solvers, and mcmc with a core to spare"""
+    workers: Annotated[int | None, Check("None or a positive integer", _workers_ok)] = None
+    """the cores to count on when choosing the members; None: all (os.cpu_count())"""
+    ilp: IlpSettings = field(default_factory=IlpSettings)
+    """the ilp member's settings"""
+    cpsat: CpsatSettings = field(default_factory=CpsatSettings)
+    """the cpsat member's settings (its "lns" runs with one thread: "auto" is on; with it
+    off and ilp running, its LP start is off: ilp's LP rounding arrives as an answer)"""
+    mcmc: McmcSettings = field(default_factory=McmcSettings)
+    """the mcmc member's settings, and mcmc's when the makespan objective is delegated"""
 
 
 @dataclass
@@ -102,14 +134,17 @@ class _Board:
             return self.best[0] if self.best else math.inf
 
 
-class PortfolioBackend(Backend):
+class PortfolioBackend(Backend[PortfolioSettings]):
     name = "portfolio"
     objectives = ("additive", "makespan")
     exact = True  # when a member proves the optimum
+    settings_type = PortfolioSettings
 
-    def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
+    def _solve(
+        self, problem: Problem, options: SolveOptions, settings: PortfolioSettings
+    ) -> SolveResult:
         if options.objective == "makespan":
-            result = get_backend("mcmc").solve(problem, options)
+            result = get_backend("mcmc").solve(problem, replace(options, extra=settings.mcmc))
             stats = {**result.stats, "delegated": "mcmc"}
             return replace(result, backend=self.name, objective=None, strategy=None, stats=stats)
         t0 = time.perf_counter()
@@ -124,19 +159,19 @@ class PortfolioBackend(Backend):
         )
         if start is not None:
             board.offer(sel.choices(start), "heuristic")
-        members = self._members(problem, options)
-        run = _Run(board, options, deadline, members)
+        members = self._members(settings)
+        run = _Run(board, options, settings, deadline, members)
         run.go()
         return run.result(self.name, sel.trivial_bound(), time.perf_counter() - t0)
 
-    def _members(self, problem: Problem, options: SolveOptions) -> list[str]:
-        names = options.extra.get("members")
-        if names is None:
-            workers = int(options.extra.get("workers", os.cpu_count() or 1))
-            names = [m for m, module in SOLVERS.items() if importlib.util.find_spec(module)]
-            if workers > len(names) or not names:
-                names.append("mcmc")
-        return list(names)
+    def _members(self, settings: PortfolioSettings) -> list[str]:
+        if settings.members is not None:
+            return list(settings.members)
+        workers = settings.workers if settings.workers is not None else os.cpu_count() or 1
+        names = [m for m, module in SOLVERS.items() if importlib.util.find_spec(module)]
+        if workers > len(names) or not names:
+            names.append("mcmc")
+        return names
 
 
 class _Run:
@@ -147,7 +182,14 @@ class _Run:
     results through one queue. CP-SAT is restarted from a better answer by setting its stop
     event and handing it the answer."""
 
-    def __init__(self, board: _Board, options: SolveOptions, deadline: float, members: list[str]):
+    def __init__(
+        self,
+        board: _Board,
+        options: SolveOptions,
+        settings: PortfolioSettings,
+        deadline: float,
+        members: list[str],
+    ):
         self.board, self.options, self.deadline = board, options, deadline
         self.members = members
         ctx = multiprocessing.get_context("fork")
@@ -159,7 +201,15 @@ class _Run:
         self.hinted = board.value()  # the value CP-SAT was last started from
         self.interrupted = False
         # CP-SAT with one worker ends in `backends.mathprog.lns`, which takes better answers as it goes
-        self.lns = lns_enabled(replace(options, threads=1))
+        self.lns = settings.cpsat.neighbourhoods(threads=1)
+        cpsat = settings.cpsat
+        if "ilp" in members and not self.lns:
+            cpsat = replace(cpsat, lp_start=False)  # ilp's LP rounding arrives as an answer
+        self.settings: dict[str, BackendSettings] = {
+            "ilp": settings.ilp,
+            "cpsat": cpsat,
+            "mcmc": settings.mcmc,
+        }
         with board.lock:
             warm = board.best[2] if board.best else None
         self.procs = {
@@ -211,7 +261,7 @@ class _Run:
 
     def _restart_cpsat(self) -> None:
         """Hand CP-SAT a better answer: its neighbourhood search takes it at its next round;
-        a search without one (extra lns False) is stopped and started again from it."""
+        a search without one (cpsat's lns False) is stopped and started again from it."""
         if "cpsat" not in self.procs or not self.procs["cpsat"].is_alive() or self.done.is_set():
             return
         value = self.board.value()
@@ -230,21 +280,19 @@ class _Run:
         signal.signal(signal.SIGINT, lambda signum, frame: request_stop())
         backend = get_backend(name)
         send = self.queue.put
+        channel = Channel(
+            on_incumbent=lambda ch, who: send(("answer", name, tuple(ch))),
+            stop=self.stop[name],
+            incoming=partial(_latest, self.hints[name]) if name == "cpsat" and self.lns else None,
+        )
         while True:
-            extra = {**self.options.extra, "stop": self.stop[name]}
-            extra["on_incumbent"] = lambda ch, who: send(("answer", name, tuple(ch)))
-            extra.pop("members", None)
-            extra.pop("workers", None)
-            if name == "cpsat" and "ilp" in self.members and not self.lns:
-                extra.setdefault("lp_start", False)  # ilp's LP rounding arrives as an answer
-            if name == "cpsat" and self.lns:
-                extra["incoming"] = partial(_latest, self.hints[name])
             opts = replace(
                 self.options,
                 time_limit=max(0.05, self.deadline - time.perf_counter()),
                 threads=1,
                 warm_start=warm,
-                extra=extra if name != "mcmc" else {},
+                extra=self.settings[name],
+                channel=channel,
             )
             try:
                 result = backend.solve(self.board.problem, opts)

@@ -2,7 +2,9 @@
 
 Subclass `BackendConformance` in a test module and set `backend_name`; every test below then
 runs against that backend. The reference optimum comes from brute force, and every answer is
-re-scored by planner's evaluators, never trusted.
+re-scored by planner's evaluators, never trusted. The backend's settings (`settings_type`)
+are checked too: the defaults validate, an unknown or ill-typed setting is one BackendError
+line that lists the valid names, and `given_settings` (default: `extra`) round-trip.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 import pytest
 
 from backends import BackendError, SolveOptions, Status, get_backend
-from backends.base import evaluate_objective
+from backends.base import Backend, BackendSettings, evaluate_objective
 from planner.graph.opgraph import Op, OpGraph, Param, Tensor
 from planner.hardware.presets import get_preset
 from planner.problems.costtable import brute_force, random_problem
@@ -94,6 +96,9 @@ class BackendConformance:
     objective: ClassVar[str] = "additive"
     time_limit: ClassVar[float] = 20.0
     extra: ClassVar[dict[str, Any]] = {}
+    # non-default settings, in their typed form (tuples, settings objects), for the round
+    # trip; None: `extra`
+    given_settings: ClassVar[dict[str, Any] | None] = None
 
     @classmethod
     def opts(cls, **kwargs: Any) -> SolveOptions:
@@ -207,3 +212,76 @@ class BackendConformance:
             pytest.skip("supports every objective")
         with pytest.raises(BackendError, match="objective"):
             backend.solve(random_problem(4, 3, seed=0), self.opts(objective=missing[0]))
+
+    # ------------------------------------------------------------------------ settings
+
+    @classmethod
+    def _backend(cls) -> Backend[Any]:
+        backend = get_backend(cls.backend_name)
+        assert isinstance(backend, Backend)
+        return backend
+
+    @classmethod
+    def _listing(cls) -> str:
+        names = list(cls._backend().settings_type())
+        return f"its settings are: {', '.join(names)}" if names else "it takes no settings"
+
+    def test_settings_are_declared_and_the_defaults_validate(self) -> None:
+        backend = self._backend()
+        st = backend.settings_type
+        assert issubclass(st, BackendSettings) and dataclasses.is_dataclass(st)
+        assert st.__dataclass_params__.frozen  # type: ignore[attr-defined]
+        defaults = st()
+        assert st.of({}) == defaults == backend.settings(SolveOptions())
+        assert st.of(defaults) == defaults == st.of(dict(defaults))
+        assert isinstance(backend.settings(self.opts()), st)
+
+    def test_an_unknown_setting_is_one_error_naming_the_valid_ones(self) -> None:
+        backend = self._backend()
+        problem = random_problem(4, 3, seed=0)
+        with pytest.raises(BackendError) as info:
+            backend.solve(problem, self.opts(extra={**self.extra, "tyop": 1}))
+        message = str(info.value)
+        assert "\n" not in message
+        assert message == f"backend {self.backend_name!r} has no setting 'tyop'; {self._listing()}"
+
+    def test_an_ill_typed_setting_is_one_error_naming_it(self) -> None:
+        backend = self._backend()
+        names = list(backend.settings_type())
+        if not names:
+            pytest.skip("the backend takes no settings")
+        problem = random_problem(4, 3, seed=0)
+        for name in names:
+            with pytest.raises(BackendError) as info:
+                backend.solve(problem, self.opts(extra={name: object()}))
+            message = str(info.value)
+            assert "\n" not in message
+            assert message.startswith(f"backend {self.backend_name!r} setting {name!r} must be ")
+            assert message.endswith(f"; {self._listing()}")
+
+    def test_settings_round_trip(self) -> None:
+        """The settings object of `SolveOptions(extra=given)` holds what was given, gives it
+        back as a mapping, and is what `solve` hands to the search."""
+        backend = self._backend()
+        st = backend.settings_type
+        given = self.extra if self.given_settings is None else self.given_settings
+        settings = backend.settings(SolveOptions(extra=given))
+        assert settings == st(**given) == st.of(given)
+        assert {k: settings[k] for k in given} == given
+        assert st.of(dict(settings)) == settings == backend.settings(SolveOptions(extra=settings))
+
+        class Seen(Exception):
+            pass
+
+        seen: list[BackendSettings] = []
+
+        def record(problem: Problem, options: SolveOptions, settings: BackendSettings) -> Any:
+            seen.append(settings)
+            raise Seen
+
+        opts = self.opts(extra=given)
+        problem = next(p for p in reference_problems() if backend.can_run(p, opts) is None)
+        backend._solve = record  # type: ignore[method-assign]  # this instance only
+        with pytest.raises(Seen):
+            backend.solve(problem, opts)
+        assert seen == [settings]

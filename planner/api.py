@@ -267,7 +267,10 @@ def plan(
     `stats["recommendation"]` says what was decided (False: the searched answer, always).
     check_memory: a strategy whose peak bytes on some device exceed that device's memory is
     an error (`planner.problems.sizes.SizeError`: plan with memory_limit="device"); False
-    returns it anyway, with `stats["memory_fits"]` False. Further keyword arguments go to
+    returns it anyway, with `stats["memory_fits"]` False. backend_options: the backend's
+    settings (`SolveOptions.extra`: a mapping, or the backend's settings object, e.g.
+    {"mode": "astar"} for "search"; docs/architecture.md, "Settings"), checked before any
+    work: an unknown name or a bad value is a BackendError. Further keyword arguments go to
     `build_problem` unchanged (space, table_budget, max_split_dims: docs/space.md).
     """
     deadline = Deadline.after(time_limit) if _positive(time_limit) else Deadline.never()
@@ -281,6 +284,7 @@ def plan(
             f"backend {backend!r} does not optimize the {objective!r} objective (it does: "
             f"{', '.join(solver.objectives)})"
         )
+    settings = solver.settings(SolveOptions(extra=backend_options or {}))  # so do bad settings
     with catch_interrupt():
         problem, spec, phases = _problem(
             model,
@@ -311,7 +315,7 @@ def plan(
             objective=objective,
             time_limit=max(search.left(), 1e-3),
             seed=seed,
-            extra=dict(backend_options or {}),
+            extra=settings,
             deadline=search,
         )
         t0 = time.perf_counter()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,11 +25,13 @@ if TYPE_CHECKING:
 __all__ = [
     "OBJECTIVES",
     "BackendError",
+    "Channel",
     "Limit",
     "SolveOptions",
     "Solver",
     "SolveResult",
     "Status",
+    "StopFlag",
     "evaluate_objective",
     "result_gap",
 ]
@@ -55,6 +57,30 @@ class Limit(enum.Enum):
     INTERRUPTED = "INTERRUPTED"  # the user asked to stop (Ctrl-C): best answer so far
 
 
+class StopFlag(Protocol):
+    """What a search polls to know it should stop: a `threading.Event` or a
+    `multiprocessing.Event`."""
+
+    def is_set(self) -> bool:
+        """Whether the search should stop now."""
+
+
+@dataclass(frozen=True)
+class Channel:
+    """How the caller of a running search talks with it (the portfolio with its members):
+    not a setting, and not compared between options.
+
+    `on_incumbent(choices, who)` is called with each better answer a search finds (`ilp`'s
+    LP rounding; `cpsat`'s solutions, LP rounding and neighbourhood search); `stop`, once
+    set, stops the search early as Ctrl-C does (`ilp`, `cpsat`); `incoming()` returns a
+    better answer found elsewhere, or None, which `cpsat`'s neighbourhood search continues
+    from at its next round. Backends that do not take part ignore the channel."""
+
+    on_incumbent: Callable[[tuple[int, ...], str], None] | None = None
+    stop: StopFlag | None = None
+    incoming: Callable[[], Sequence[int] | None] | None = None
+
+
 @dataclass(frozen=True)
 class SolveOptions:
     """What to solve and within what: `objective` ("additive": OptCNN's Eq. 1 cost tables;
@@ -62,8 +88,11 @@ class SolveOptions:
     seconds that covers the whole `solve`, or a `deadline` shared with the caller's other
     phases (the earlier of the two counts), a `seed` (every search is deterministic for one
     seed, given the same limit), `threads` for the solvers that use several, an optional
-    `warm_start` (a choice vector, used as the incumbent where supported) and
-    backend-specific `extra` settings (each backend's `Settings`; unknown keys are errors)."""
+    `warm_start` (a choice vector, used as the incumbent where supported), the
+    backend-specific `extra` settings (a mapping of setting names to values, or the
+    backend's settings object, itself such a mapping: `Backend.solve` checks it against the
+    backend's `settings_type` once, and an unknown name or a bad value is a BackendError)
+    and the `channel` a caller talks with the running search through (`Channel`)."""
 
     objective: str = "additive"
     time_limit: float = 10.0
@@ -72,6 +101,7 @@ class SolveOptions:
     warm_start: tuple[int, ...] | None = None  # choices from another backend, where supported
     extra: Mapping[str, Any] = field(default_factory=dict)  # backend-specific settings
     deadline: Deadline | None = field(default=None, compare=False)
+    channel: Channel = field(default_factory=Channel, compare=False)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -143,6 +173,11 @@ class Solver(Protocol):
 
     def solve(self, problem: Problem, options: SolveOptions | None = None) -> SolveResult:
         """Search `problem` as `options` say; the answer re-scored by planner's evaluators."""
+        ...
+
+    def settings(self, options: SolveOptions) -> Mapping[str, Any]:
+        """`options.extra` checked as this backend's settings (its settings object, a
+        mapping of its fields); a BackendError names a bad setting and lists the valid ones."""
         ...
 
 

@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 
 from backends import BackendError, Limit, SolveOptions, Status, get_backend
 from backends.heuristics.feasible import feasible_choices
+from backends.mathprog.common import CpsatSettings, IlpSettings
 from backends.mathprog.selection import check_times, live_sets, selection
+from backends.mcmc.chain import McmcSettings
 from backends.testing import BackendConformance, tiny_cnn
 from planner.hardware.presets import get_preset
 from planner.problems.costtable import brute_force, contest_problem, random_problem
@@ -246,6 +248,13 @@ def test_a_backend_imports_only_its_own_solver(statement: str, absent: str) -> N
 
 class TestPortfolioConformance(BackendConformance):
     backend_name = "portfolio"
+    given_settings = {  # noqa: RUF012
+        "members": ("ilp", "cpsat"),
+        "workers": 2,
+        "ilp": IlpSettings(edges="implied"),
+        "cpsat": CpsatSettings(lns=False, max_rounds=2),
+        "mcmc": McmcSettings(iterations=10),
+    }
 
 
 def test_portfolio_says_who_found_what_and_keeps_the_best_bound() -> None:

@@ -24,6 +24,7 @@ class TestEliminationConformance(BackendConformance):
 
 class TestSearchConformance(BackendConformance):
     backend_name = "search"
+    given_settings = {"mode": "plain"}  # noqa: RUF012
 
 
 class TestAstarConformance(BackendConformance):

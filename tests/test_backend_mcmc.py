@@ -21,6 +21,16 @@ from planner.problems.problem import Problem, build_problem
 class TestMcmcConformance(BackendConformance):
     backend_name = "mcmc"
     extra = {"iterations": 300}  # noqa: RUF012
+    given_settings = {  # noqa: RUF012
+        "iterations": 300,
+        "inits": ("data_parallel", "random"),
+        "temperature": (0.01, 0.05),
+        "beta": 2.0,
+        "mix": {"jump": 1.0, "eq1": 0.5},
+        "penalty": (2.0, 20.0),
+        "simulation": "full",
+        "polish": True,
+    }
 
 
 def _tiny_problem() -> Problem:
@@ -126,13 +136,15 @@ def test_progress_lines(caplog: pytest.LogCaptureFixture) -> None:
     "extra, match",
     [
         ({"inits": ["x"]}, "inits"),
-        ({"iteration": 5}, "no option"),
+        ({"iteration": 5}, "no setting 'iteration'"),
         ({"temperature": [0.1, 0]}, "temperature"),
         ({"mix": {"teleport": 1.0}}, "mix"),
         ({"mix": {"repair": 1.0}}, "mix"),
         ({"mix": {"jump": 0.0}}, "positive weight"),
         ({"simulation": "fast"}, "simulation"),
-        ({"penalty": "high"}, "malformed"),
+        ({"penalty": "high"}, "penalty"),
+        ({"iterations": 2.5}, "iterations"),
+        ({"polish": 1}, "polish"),
     ],
 )
 def test_bad_options_are_errors(extra: dict, match: str) -> None:

@@ -61,10 +61,30 @@ def test_both_are_registered() -> None:
 
 class TestIlpConformance(BackendConformance):
     backend_name = "ilp"
+    given_settings = {  # noqa: RUF012
+        "edges": "implied",
+        "memory": "rows",
+        "lp_start": False,
+        "terms_per_second": 5000.0,
+        "max_rounds": 3,
+        "order": "fifo",
+        "routing": "shortest",
+        "route_variables": True,
+    }
 
 
 class TestCpsatConformance(BackendConformance):
     backend_name = "cpsat"
+    given_settings = {  # noqa: RUF012
+        "edges": "plain",
+        "groups": False,
+        "presolve": True,
+        "seed_heuristic": False,
+        "parameters": {"linearization_level": 2},
+        "lns": False,
+        "phases": "forward",
+        "series_bound": False,
+    }
 
 
 # ---------------------------------------------------------------------------------- additive

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends import BackendError, SolveOptions, Status, get_backend
+from backends.base import Channel
 from backends.heuristics.feasible import feasible_choices
 from backends.mathprog.cpsat import solve_sub
 from backends.mathprog.lns import lns_enabled, neighbourhood_search, sub_selection
@@ -110,8 +111,8 @@ def test_an_incoming_better_answer_is_taken() -> None:
 def test_cpsat_with_one_worker_ends_with_the_neighbourhoods() -> None:
     p = contest_problem(300, seed=1)
     seen: list[float] = []
-    opts = SolveOptions(time_limit=6.0, threads=1,
-                        extra={"on_incumbent": lambda ch, who: seen.append(additive_cost(p, ch))})  # fmt: skip
+    report = Channel(on_incumbent=lambda ch, who: seen.append(additive_cost(p, ch)))
+    opts = SolveOptions(time_limit=6.0, threads=1, channel=report)
     r = get_backend("cpsat").solve(p, opts)
     assert r.status in (Status.FEASIBLE, Status.OPTIMAL) and r.objective is not None
     assert memory_feasible(p, r.choices)
@@ -124,8 +125,8 @@ def test_cpsat_with_one_worker_ends_with_the_neighbourhoods() -> None:
 
 
 def test_the_lns_setting_is_checked() -> None:
-    assert lns_enabled(SolveOptions(threads=1)) and not lns_enabled(SolveOptions(threads=2))
-    assert lns_enabled(SolveOptions(threads=2, extra={"lns": True}))
+    assert lns_enabled("auto", threads=1) and not lns_enabled("auto", threads=2)
+    assert lns_enabled(True, threads=2) and not lns_enabled(False, threads=1)
     p = random_problem(5, 3, seed=1)
     with pytest.raises(BackendError, match="lns"):
         get_backend("cpsat").solve(p, SolveOptions(time_limit=1.0, extra={"lns": "yes"}))
@@ -138,9 +139,10 @@ def test_a_later_restricted_round_that_finds_better_is_kept(name: str) -> None:
     every round after the first was thrown away)."""
     p = contest_problem(300, seed=1)
     seen: list[float] = []
-    extra = {"terms_per_second": 3000.0, "lns": False,
-             "on_incumbent": lambda ch, who: seen.append(additive_cost(p, ch))}  # fmt: skip
-    r = get_backend(name).solve(p, SolveOptions(time_limit=8.0, threads=1, extra=extra))
+    extra = {"terms_per_second": 3000.0, **({"lns": False} if name == "cpsat" else {})}
+    report = Channel(on_incumbent=lambda ch, who: seen.append(additive_cost(p, ch)))
+    opts = SolveOptions(time_limit=8.0, threads=1, extra=extra, channel=report)
+    r = get_backend(name).solve(p, opts)
     assert r.stats["restricted_rounds"] >= 2 and r.objective is not None
     assert r.objective <= min(seen) * (1 + 1e-12)
 

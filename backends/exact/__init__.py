@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from backends.lazy import lazy_exports
 
-__all__ = ["EliminationBackend", "SearchBackend"]
+__all__ = ["EliminationBackend", "EliminationSettings", "SearchBackend", "SearchSettings"]
 __getattr__ = lazy_exports(
     __name__,
     {
         "EliminationBackend": "backends.exact.elimination",
+        "EliminationSettings": "backends.exact.elimination",
         "SearchBackend": "backends.exact.search",
+        "SearchSettings": "backends.exact.search",
     },
 )

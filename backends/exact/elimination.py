@@ -29,7 +29,8 @@ bound, whose greedy dive gives an answer and whose root bound is a valid lower b
 reduced graph has the original optimum), so the result is FEASIBLE with limit TIME.
 
 Exact for the additive objective (OptCNN Eq. 1). A memory limit is not separable over the
-eliminations, so `can_run` refuses problems with one (use `search`).
+eliminations, so `can_run` refuses problems with one (use `search`). No settings
+(`EliminationSettings`).
 """
 
 from __future__ import annotations
@@ -42,12 +43,21 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import Backend, Limit, ProgressLog, SolveOptions, SolveResult, Status, past
+from backends.base import (
+    Backend,
+    BackendSettings,
+    Limit,
+    ProgressLog,
+    SolveOptions,
+    SolveResult,
+    Status,
+    past,
+)
 from backends.exact.branch_and_bound import solve_exact
 from backends.exact.minplus import OutOfTime, min_plus
 from planner.problems.problem import Problem
 
-__all__ = ["EliminationBackend", "min_plus"]
+__all__ = ["EliminationBackend", "EliminationSettings", "min_plus"]
 
 # A table as stored: (array, flipped); the oriented [c_a, c_b] table of key (a, b), a < b,
 # is the array, or its transpose when flipped (no new view objects: identities stay stable).
@@ -216,10 +226,16 @@ class _Graph:
                 choice[j] = int(np.argmin(t_ij[choice[i]] + cost_j + t_jk[:, choice[k]]))
 
 
-class EliminationBackend(Backend):
+@dataclass(frozen=True)
+class EliminationSettings(BackendSettings):
+    """The `elimination` backend has no settings: the algorithm is exact and has no knobs."""
+
+
+class EliminationBackend(Backend[EliminationSettings]):
     name = "elimination"
     objectives = ("additive",)
     exact = True
+    settings_type = EliminationSettings
 
     def can_run(self, problem: Problem, options: SolveOptions) -> str | None:
         reason = super().can_run(problem, options)
@@ -230,7 +246,9 @@ class EliminationBackend(Backend):
             )
         return reason
 
-    def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
+    def _solve(
+        self, problem: Problem, options: SolveOptions, settings: EliminationSettings
+    ) -> SolveResult:
         start = time.perf_counter()
         deadline = options.clock().at
         g = _Graph.of(problem, deadline)

@@ -4,8 +4,8 @@ OptCNN's baseline (Sec. 5.2, Table 3) is a depth-first search over the original 
 one prunes with an admissible bound (`backends.exact.branch_and_bound`), so it is exact and much
 faster than plain DFS, yet still exponential: use it on small graphs or with a time limit,
 after which it returns its best-so-far answer as FEASIBLE with limit TIME. Memory limits are
-honoured exactly. Options (`SolveOptions.extra`): mode "dfs" (default), "astar", or "plain"
-(no lookahead bound: the DFS baseline of OptCNN Table 3).
+honoured exactly. Settings (`SearchSettings`, given as `SolveOptions.extra`): mode "dfs"
+(default), "astar", or "plain" (no lookahead bound: the DFS baseline of OptCNN Table 3).
 
 The makespan objective (FlexFlow's simulated iteration time) is searched depth first over
 nodes in topological order with delta simulation of the partial strategy: ops not assigned
@@ -18,13 +18,14 @@ improver from a warm start.
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 
 from backends.base import (
     Backend,
-    BackendError,
+    BackendSettings,
     Limit,
     ProgressLog,
     SolveOptions,
@@ -35,6 +36,17 @@ from backends.base import (
 from backends.exact.branch_and_bound import Memory, solve_exact
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
+
+__all__ = ["SearchBackend", "SearchSettings", "memory_of", "warm_incumbent"]
+
+
+@dataclass(frozen=True)
+class SearchSettings(BackendSettings):
+    """The `search` backend's settings (additive objective; the makespan search has none)."""
+
+    mode: Literal["dfs", "astar", "plain"] = "dfs"
+    """"dfs": depth first with the lookahead bound; "astar": best first (`(f, counter, ...)`
+    heap); "plain": depth first without the lookahead bound (OptCNN Table 3's baseline)."""
 
 
 def memory_of(problem: Problem) -> Memory | None:
@@ -54,17 +66,18 @@ def warm_incumbent(problem: Problem, options: SolveOptions) -> tuple[tuple[int, 
     return None
 
 
-class SearchBackend(Backend):
+class SearchBackend(Backend[SearchSettings]):
     name = "search"
     objectives = ("additive", "makespan")
     exact = True
+    settings_type = SearchSettings
 
-    def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
+    def _solve(
+        self, problem: Problem, options: SolveOptions, settings: SearchSettings
+    ) -> SolveResult:
         if options.objective == "makespan":
             return self._solve_makespan(problem, options)
-        mode = options.extra.get("mode", "dfs")
-        if mode not in ("dfs", "astar", "plain"):
-            raise BackendError(f"search mode must be 'dfs', 'astar' or 'plain', got {mode!r}")
+        mode = settings.mode
         edges = [(u, v, t) for (u, v), t in zip(problem.edges, problem.edge_cost, strict=True)]
         incumbent = warm_incumbent(problem, options)
         out = solve_exact(

@@ -9,5 +9,11 @@ from __future__ import annotations
 
 from backends.lazy import lazy_exports
 
-__all__ = ["BaselinesBackend"]
-__getattr__ = lazy_exports(__name__, {"BaselinesBackend": "backends.heuristics.baselines"})
+__all__ = ["BaselinesBackend", "BaselinesSettings"]
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "BaselinesBackend": "backends.heuristics.baselines",
+        "BaselinesSettings": "backends.heuristics.baselines",
+    },
+)

@@ -4,27 +4,43 @@ For cost-table problems with no DNN behind them the candidates are the cheapest 
 node, per node the first allowed choice, and the answer of the feasibility heuristic
 (`backends.heuristics.feasible`), which keeps forbidden pairs and the memory limit; for a DNN problem
 the heuristic is the fallback when no expert strategy is valid (under the additive
-objective). Never proves optimality: status FEASIBLE.
+objective). Never proves optimality: status FEASIBLE. No settings (`BaselinesSettings`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from backends.base import Backend, SolveOptions, SolveResult, Status, evaluate_objective
+from backends.base import (
+    Backend,
+    BackendSettings,
+    SolveOptions,
+    SolveResult,
+    Status,
+    evaluate_objective,
+)
 from backends.heuristics.feasible import feasible_choices
 from planner.errors import ConfigError
 from planner.problems.baselines import BASELINES, applicable
 from planner.problems.evaluate import memory_feasible
 from planner.problems.problem import Problem
 
+__all__ = ["BaselinesBackend", "BaselinesSettings"]
 
-class BaselinesBackend(Backend):
+
+@dataclass(frozen=True)
+class BaselinesSettings(BackendSettings):
+    """The `baselines` backend has no settings: it scores every applicable expert strategy."""
+
+
+class BaselinesBackend(Backend[BaselinesSettings]):
     name = "baselines"
     objectives = ("additive", "makespan")
     exact = False
+    settings_type = BaselinesSettings
 
     def _candidates(self, problem: Problem) -> dict[str, tuple[int, ...]]:
         if problem.graph is None or problem.devices is None:
@@ -41,7 +57,9 @@ class BaselinesBackend(Backend):
                 continue  # not in the (capped) config space
         return out
 
-    def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
+    def _solve(
+        self, problem: Problem, options: SolveOptions, settings: BaselinesSettings
+    ) -> SolveResult:
         deadline = options.clock().at
         values: dict[str, float] = {}
         best: tuple[float, str, tuple[int, ...]] | None = None

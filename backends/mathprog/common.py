@@ -15,20 +15,35 @@ around those three steps is the same for both and lives here:
 A subclass gives its solver's steps as `SolverSteps` (`encode_selection`, `encode_placement`,
 `solve_encoded`, `decode_placement`, `decode`: the module's functions); `SolverBackend._solve`
 calls them.
+
+Settings. `IlpSettings` and `CpsatSettings` (the backends' `settings_type`) are defined here,
+not in `ilp` and `cpsat` (which re-export them), so that the portfolio can name them without
+importing either solver. Both extend `SolverSettings` (what the additive solve here reads),
+which extends `backends.placement.series.PlacementSettings` (the makespan solve's).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Annotated, Any, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 
-from backends.base import Backend, BackendError, Limit, SolveOptions, SolveResult, Status, past
+from backends.base import (
+    POSITIVE,
+    Backend,
+    BackendError,
+    Check,
+    Limit,
+    SolveOptions,
+    SolveResult,
+    Status,
+    past,
+)
 from backends.heuristics.feasible import (
     feasible_positions,
     improve,
@@ -51,13 +66,16 @@ from backends.placement.problem import (
     Schedule,
     placement_problem,
 )
-from backends.placement.series import solve_placement_problem, warm_schedule
+from backends.placement.series import PlacementSettings, solve_placement_problem, warm_schedule
 from planner.deadline import OutOfTime
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
 
 __all__ = [
+    "CpsatSettings",
+    "IlpSettings",
     "SolverBackend",
+    "SolverSettings",
     "SolverSteps",
     "Warm",
     "out_of_time",
@@ -78,6 +96,75 @@ LARGE_POLISH_FRACTION = 0.4  # of the time left, at most, to polish the start of
 
 Warm = tuple[tuple[int, ...], str]  # a valid choice vector and where it came from
 
+POSITIVE_INT = Check("a positive integer", lambda v: v > 0)
+
+
+@dataclass(frozen=True)
+class SolverSettings(PlacementSettings):
+    """The settings `ilp` and `cpsat` share: the makespan objective's (`PlacementSettings`)
+    and the additive objective's below (docs/solvers.md)."""
+
+    edges: Literal["marginal", "implied", "plain"] = "marginal"
+    """the edge encoding: row and column sums ("marginal", a strong LP), only
+    y >= x_u + x_v - 1 for positive costs ("implied"), or ("plain", cpsat) the product"""
+    memory: Literal["auto", "rows", "chain"] = "auto"
+    """the memory rule's form: a row per binding check time, a running sum, or by size"""
+    seed_heuristic: bool = True
+    """without a valid warm start, start from `backends.heuristics.feasible`'s answer"""
+    lp_start: bool = True
+    """round the LP relaxation into a start (and a bound) before the search"""
+    terms_per_second: Annotated[float, POSITIVE] = 100_000.0
+    """model terms worth building per second left; a larger model is restricted"""
+    max_rounds: Annotated[int, POSITIVE_INT] = MAX_ROUNDS
+    """restricted rounds at most"""
+
+    def model_terms(self, sel: Selection) -> int:
+        """About how many terms this solver's model of `sel` has (`model_terms`)."""
+        return model_terms(sel, self.edges)
+
+    def neighbourhoods(self, threads: int) -> bool:
+        """Whether `backends.mathprog.lns` follows the whole model (with `threads`)."""
+        return False
+
+
+@dataclass(frozen=True)
+class IlpSettings(SolverSettings):
+    """The `ilp` backend's settings (`SolverSettings`, and `route_variables`)."""
+
+    edges: Literal["marginal", "implied"] = "marginal"
+    """row and column sums ("marginal") or only y >= x_u + x_v - 1 ("implied")"""
+    terms_per_second: Annotated[float, POSITIVE] = 40_000.0
+    """what CBC still searches well in the time (numpy builds faster)"""
+    route_variables: bool = False
+    """makespan: Eqs. 8-9's routing variables (needs routing "shortest")"""
+
+
+@dataclass(frozen=True)
+class CpsatSettings(SolverSettings):
+    """The `cpsat` backend's settings (`SolverSettings`, and CP-SAT's own below)."""
+
+    terms_per_second: Annotated[float, POSITIVE] = 15_000.0
+    """building the model in Python takes ~8 us per term"""
+    groups: bool = True
+    """edge variables per group of equal rows and columns (not per pair of choices)"""
+    presolve: bool = False
+    """CP-SAT's presolve on the additive model"""
+    interleave: bool = False
+    """interleaved (deterministic) search with several workers"""
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    """CP-SAT parameters by name (`SatParameters`), checked when the solver is set up"""
+    lns: bool | Literal["auto"] = "auto"
+    """`backends.mathprog.lns` after the whole model: "auto" with one thread"""
+
+    def model_terms(self, sel: Selection) -> int:
+        return model_terms(sel, self.edges, self.groups)
+
+    def neighbourhoods(self, threads: int) -> bool:
+        return lns_enabled(self.lns, threads)
+
+
+SettingsT = TypeVar("SettingsT", bound=SolverSettings)
+
 
 class _Model(Protocol):
     stats: dict[str, Any]
@@ -91,11 +178,12 @@ def warm_choices(
     problem: Problem,
     sel: Selection,
     options: SolveOptions,
+    settings: SolverSettings,
     deadline: float = math.inf,
     polish_until: float | None = None,
 ) -> Warm | None:
     """SolveOptions.warm_start when it is valid, else `backends.heuristics.feasible`'s heuristic
-    (unless extra "seed_heuristic" is False), with where it came from; None when there is
+    (unless `settings.seed_heuristic` is False), with where it came from; None when there is
     neither. Either is improved by the heuristic's local search until `polish_until`."""
     if options.warm_start is not None:
         ch = problem.check_choices(options.warm_start)
@@ -104,7 +192,7 @@ def warm_choices(
             if pos is not None and polish_until is not None:
                 ch = sel.choices(improve(sel, pos, min(deadline, polish_until)))
             return ch, "warm_start"
-    if options.extra.get("seed_heuristic", True):
+    if settings.seed_heuristic:
         pos = feasible_positions(sel, deadline, options.seed, polish_until)
         if pos is not None:
             return sel.choices(pos), "heuristic"
@@ -132,14 +220,10 @@ def rounded_lp_start(
     )
 
 
-def placement_for(problem: Problem, options: SolveOptions) -> PlacementProblem:
-    """The placement problem of `problem` under extra "phases" and "routing"."""
+def placement_for(problem: Problem, settings: PlacementSettings) -> PlacementProblem:
+    """The placement problem of `problem` under `settings.phases` and `settings.routing`."""
     try:
-        return placement_problem(
-            problem,
-            phases=options.extra.get("phases", "training"),
-            routing=options.extra.get("routing", "fixed"),
-        )
+        return placement_problem(problem, phases=settings.phases, routing=settings.routing)
     except PlacementError as exc:
         raise BackendError(str(exc)) from None
 
@@ -170,14 +254,6 @@ def placement_result(
     )
 
 
-def _positive(options: SolveOptions, key: str, default: float) -> float:
-    """A positive number from SolveOptions.extra (or the default); a clear error otherwise."""
-    value = options.extra.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise BackendError(f"extra {key!r} must be a positive number, got {value!r}")
-    return float(value)
-
-
 def _better(a: SolveResult, b: SolveResult) -> bool:
     """a has an answer and b none, or a cheaper one."""
     if a.objective is None:
@@ -202,55 +278,69 @@ def out_of_time(sel: Selection, warm: Warm | None, name: str) -> SolveResult:
 
 
 @dataclass(frozen=True)
-class SolverSteps(Generic[ModelT, RunT]):
+class SolverSteps(Generic[SettingsT, ModelT, RunT]):
     """A solver's encode / solve / decode functions (the `ilp` or `cpsat` module's)."""
 
-    encode_selection: Callable[[Selection, SolveOptions, Warm | None, float], ModelT]
+    encode_selection: Callable[[Selection, SolveOptions, SettingsT, Warm | None, float], ModelT]
     encode_placement: Callable[
-        [PlacementProblem, SolveOptions, tuple[Schedule, str] | None, float], ModelT
+        [PlacementProblem, SolveOptions, SettingsT, tuple[Schedule, str] | None, float], ModelT
     ]
-    solve_encoded: Callable[[ModelT, SolveOptions, float], RunT]  # at most that many seconds
+    # at most that many seconds, the search itself ending by the second float at the latest
+    solve_encoded: Callable[[ModelT, SolveOptions, SettingsT, float, float], RunT]
     decode_placement: Callable[[ModelT, RunT], PlacementOutcome]
     decode: Callable[[Problem, ModelT, RunT, str], SolveResult]  # str: the backend's name
 
 
-class SolverBackend(Backend, Generic[ModelT, RunT]):
+class SolverBackend(Backend[SettingsT], Generic[SettingsT, ModelT, RunT]):
     """A backend that encodes a model, runs a solver on it and decodes the run, on both
-    objectives. Subclasses set `name`, `REQUIRED_MODULES` and `steps`, their solver's
-    encode / solve / decode functions."""
+    objectives. Subclasses set `name`, `REQUIRED_MODULES`, `settings_type` and `steps`, their
+    solver's encode / solve / decode functions."""
 
     objectives = ("additive", "makespan")
     exact = True
-    steps: SolverSteps[ModelT, RunT]
-    terms_per_second: float = 100_000  # model terms (nonzeros) worth building per second left
-    neighbourhoods: bool = False  # `backends.mathprog.lns` after the whole model (extra "lns")
+    steps: SolverSteps[SettingsT, ModelT, RunT]
     solve_sub: SubSolve | None = None  # the neighbourhood search's round solver
 
     def encode(self, problem: Problem, options: SolveOptions, deadline: float = math.inf) -> ModelT:
-        """The model of `problem` under options.objective (raises OutOfTime past deadline)."""
+        """The model of `problem` under options.objective and the settings in options.extra
+        (raises OutOfTime past deadline)."""
+        settings = self.settings(options)
         if options.objective == "additive":
             sel = selection(problem)
-            warm = warm_choices(problem, sel, options)
-            return self.steps.encode_selection(sel, options, warm, deadline)
-        pp = placement_for(problem, options)
-        return self.steps.encode_placement(pp, options, warm_schedule(pp, options), deadline)
+            warm = warm_choices(problem, sel, options, settings)
+            return self.steps.encode_selection(sel, options, settings, warm, deadline)
+        pp = placement_for(problem, settings)
+        warm_pp = warm_schedule(pp, options, settings)
+        return self.steps.encode_placement(pp, options, settings, warm_pp, deadline)
 
     def solve_placement(
-        self, pp: PlacementProblem, options: SolveOptions, warm: tuple[Schedule, str] | None = None
+        self,
+        pp: PlacementProblem,
+        options: SolveOptions,
+        warm: tuple[Schedule, str] | None = None,
+        settings: SettingsT | None = None,
     ) -> PlacementOutcome:
         """Warm start, series bound and the whole model within options.time_limit (see
-        `backends.placement.series.solve_placement_problem`)."""
-        return solve_placement_problem(pp, options, self._solve_model, warm)
+        `backends.placement.series.solve_placement_problem`), with `settings` (default: those
+        in options.extra)."""
+        settings = settings if settings is not None else self.settings(options)
+        return solve_placement_problem(pp, options, settings, self._solve_model, warm)
 
     def _solve_model(
-        self, pp: PlacementProblem, options: SolveOptions, warm: Schedule | None, seconds: float
+        self,
+        pp: PlacementProblem,
+        options: SolveOptions,
+        settings: SettingsT,
+        warm: Schedule | None,
+        seconds: float,
     ) -> PlacementOutcome:
         """One solve of the whole placement model (the last step of `solve_placement`)."""
         steps = self.steps
         model = steps.encode_placement(
-            pp, options, (warm, "hint") if warm is not None else None, math.inf
+            pp, options, settings, (warm, "hint") if warm is not None else None, math.inf
         )
-        return steps.decode_placement(model, steps.solve_encoded(model, options, seconds))
+        run = steps.solve_encoded(model, options, settings, seconds, math.inf)
+        return steps.decode_placement(model, run)
 
     def can_run(self, problem: Problem, options: SolveOptions) -> str | None:
         reason = super().can_run(problem, options)
@@ -261,28 +351,27 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
             )
         return reason
 
-    def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
+    def _solve(self, problem: Problem, options: SolveOptions, settings: SettingsT) -> SolveResult:
         if options.objective == "makespan":
-            pp = placement_for(problem, options)
-            out = self.solve_placement(pp, options)
+            pp = placement_for(problem, settings)
+            out = self.solve_placement(pp, options, settings=settings)
             limit = Limit.TIME if out.timed_out else None
             return placement_result(pp, out, limit, {}, self.name)
         t0 = time.perf_counter()
         deadline = options.clock().at
-        lns = self.neighbourhoods and self.solve_sub is not None and lns_enabled(options)
+        lns = self.solve_sub is not None and settings.neighbourhoods(options.threads)
         # with the neighbourhood search the whole model searches only until `until` (its
         # LP and bound included), the neighbourhoods the rest of the time
         until = t0 + LNS_WHOLE_SHARE * options.time_limit if lns else deadline
         full = selection(problem)
         t1 = time.perf_counter()
         polish = t1 + START_FRACTION * options.time_limit
-        warm = warm_choices(problem, full, options, deadline, polish)
+        warm = warm_choices(problem, full, options, settings, deadline, polish)
         t2 = time.perf_counter()
         phases: dict[str, Any] = {"selection_seconds": t1 - t0, "start_seconds": t2 - t1}
-        rate = _positive(options, "terms_per_second", self.terms_per_second)
-        max_rounds = int(_positive(options, "max_rounds", MAX_ROUNDS))
-        round_ = partial(self._round, problem, full, options=options, deadline=deadline,
-                         until=until, phases=phases)  # fmt: skip
+        rate = settings.terms_per_second
+        round_ = partial(self._round, problem, full, options=options, settings=settings,
+                         deadline=deadline, until=until, phases=phases)  # fmt: skip
         best, k, used = round_(warm, rate=rate)
         rounds, improved = 1, True
         while True:
@@ -304,7 +393,7 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
             if past(until) or until - time.perf_counter() < ROUND_SHARE * options.time_limit:
                 best = replace(best, limit=Limit.TIME)
                 break
-            if rounds > max_rounds:
+            if rounds > settings.max_rounds:
                 break
             faster = used is not None and used > rate * RATE_GAIN
             # no gain at this size: the next round allows a larger neighbourhood
@@ -329,10 +418,10 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
         """`backends.mathprog.lns` from the best answer until the deadline; its answer, proven optimal
         when its last neighbourhood was the whole problem, or when it meets the bound."""
         assert best.choices is not None and self.solve_sub is not None
-        extra = options.extra
+        channel = options.channel
         out = neighbourhood_search(
-            problem, full, best.choices, deadline, seed=options.seed, stop=extra.get("stop"),
-            incoming=extra.get("incoming"), on_incumbent=extra.get("on_incumbent"),
+            problem, full, best.choices, deadline, seed=options.seed, stop=channel.stop,
+            incoming=channel.incoming, on_incumbent=channel.on_incumbent,
             solve_sub=self.solve_sub,
         )  # fmt: skip
         phases["lns"] = out.stats
@@ -360,31 +449,30 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
         warm: Warm | None,
         *,
         options: SolveOptions,
+        settings: SettingsT,
         deadline: float,
         until: float,
         rate: float,
         phases: dict[str, Any],
     ) -> tuple[SolveResult, int | None, float | None]:
-        """Fit (maybe restricted around `warm`), encode, solve and decode once; the solver
-        searches until `until` at the latest (extra "search_until"). Returns the result (its
-        objective in `full`'s tables), the restriction k (None: the whole model) and the
-        model terms encoded and solved per second (None when nothing was solved); adds to
-        `phases`."""
+        """Fit (maybe restricted around `warm`, to `rate` model terms per second left),
+        encode, solve and decode once; the solver searches until `until` at the latest.
+        Returns the result (its objective in `full`'s tables), the restriction k (None: the
+        whole model) and the model terms encoded and solved per second (None when nothing
+        was solved); adds to `phases`."""
         t2 = time.perf_counter()
-        opts = replace(options, extra={**options.extra, "terms_per_second": rate})
-        sel, k, warm = self._fit(problem, full, warm, opts, deadline)  # maybe restricted
+        sel, k, warm = self._fit(problem, full, warm, settings, rate, deadline)  # restricted?
         t3 = time.perf_counter()
         _add(phases, size_seconds=t3 - t2)
         phases["restricted"] = k
         if sel is None:  # even the smallest model is too large for the time left
             return out_of_time(full, warm, self.name), k, None
         try:
-            model = self.steps.encode_selection(sel, options, warm, deadline)
+            model = self.steps.encode_selection(sel, options, settings, warm, deadline)
         except OutOfTime:
             return out_of_time(full, warm, self.name), k, None
         t4 = time.perf_counter()
-        searching = replace(options, extra={**options.extra, "search_until": until})
-        run = self.steps.solve_encoded(model, searching, deadline - t4)
+        run = self.steps.solve_encoded(model, options, settings, deadline - t4, until)
         t5 = time.perf_counter()
         result = self.steps.decode(problem, model, run, self.name)
         if result.choices is not None:  # compared with the other rounds' answers
@@ -395,9 +483,7 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
             # the restricted model's optimum and bound say nothing about the whole problem
             status = Status.FEASIBLE if result.has_solution else Status.NO_SOLUTION
             result = replace(result, status=status, bound=full.trivial_bound())
-        edges = options.extra.get("edges", "marginal")
-        groups = bool(options.extra.get("groups", True))
-        used = model_terms(sel, edges, groups) / max(t6 - t3, 1e-3)
+        used = settings.model_terms(sel) / max(t6 - t3, 1e-3)
         return result, k, used
 
     def _fit(
@@ -405,18 +491,15 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
         problem: Problem,
         sel: Selection,
         warm: Warm | None,
-        options: SolveOptions,
+        settings: SettingsT,
+        rate: float,
         deadline: float,
     ) -> tuple[Selection | None, int | None, Warm | None]:
-        """`sel` if its model fits the time left (`terms_per_second`), else the largest
-        restriction around the (further polished) start that does (k choices per node),
-        else None; with the start."""
-        budget = options.extra.get("terms_per_second", self.terms_per_second) * max(
-            0.0, deadline - time.perf_counter()
-        )
-        edges = options.extra.get("edges", "marginal")
-        groups = bool(options.extra.get("groups", True))
-        if sel.infeasible or model_terms(sel, edges, groups) <= budget:
+        """`sel` if its model fits the time left (`rate` model terms per second), else the
+        largest restriction around the (further polished) start that does (k choices per
+        node), else None; with the start."""
+        budget = rate * max(0.0, deadline - time.perf_counter())
+        if sel.infeasible or settings.model_terms(sel) <= budget:
             return sel, None, warm
         if warm is None:
             return None, None, None
@@ -435,6 +518,6 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
             if restricted_terms(sel, k, sizes) > budget:
                 continue
             small = selection(problem, neighbourhood(sel, pos, k))
-            if model_terms(small, edges, groups) <= 1.5 * budget:
+            if settings.model_terms(small) <= 1.5 * budget:
                 return small, k, warm
         return None, None, warm

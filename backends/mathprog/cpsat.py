@@ -4,8 +4,9 @@ Additive (OptCNN Eq. 1) on `backends.mathprog.selection.Selection`: a Boolean x[
 choice with ExactlyOne per node; each remaining edge gets a Boolean y[e, a, b] per finite
 pair, tied to its ends by row and column sums (sum_b y[e, a, b] = x[u, a], sum_a y[e, a, b]
 = x[v, b]: the local marginal polytope, exact on trees, so the LP bound is strong), or with
-extra={"edges": "implied"} only y >= x[u, a] + x[v, b] - 1 for pairs of positive cost (fewer
-constraints, a weak LP). Forbidden pairs get no y (or a clause); memory rows are linear.
+the setting edges "implied" only y >= x[u, a] + x[v, b] - 1 for pairs of positive cost (fewer
+constraints, a weak LP; settings: `CpsatSettings`, given as `SolveOptions.extra`). Forbidden
+pairs get no y (or a clause); memory rows are linear.
 
 CP-SAT needs integers: costs are multiplied by a power of two S (1 when they are integers
 already) and rounded down, so every encoded objective is <= S x the real one and the solver's
@@ -56,6 +57,7 @@ from backends.base import (
 )
 from backends.mathprog.additive_lp import additive_program
 from backends.mathprog.common import (
+    CpsatSettings,
     SolverBackend,
     SolverSteps,
     Warm,
@@ -77,14 +79,13 @@ from backends.placement.problem import (
 from planner.deadline import Clock
 from planner.problems.problem import Problem
 
-__all__ = ["CpsatBackend", "CpsatModel", "decode", "encode", "solve_encoded"]
+__all__ = ["CpsatBackend", "CpsatModel", "CpsatSettings", "decode", "encode", "solve_encoded"]
 
 COST_BITS = 52  # the sum of every encoded cost coefficient stays below 2**COST_BITS
 TIME_BITS = 30  # the makespan upper bound is about 2**TIME_BITS time units (larger values
 # made CP-SAT 9.15's presolve return wrong optima on small placement problems)
 SYMMETRY_DEPTH = 64  # nodes covered by the lexicographic-leader constraints
 ALWAYS = True  # a literal fixed to true (a node with one allowed choice or device)
-EDGE_MODES = ("marginal", "implied", "plain")
 LP_FRACTION = 0.3  # of the time left, at most, for the LP-rounding hint (GLOP)
 LP_SECONDS_PER_TERM = 1e-5  # GLOP's dual simplex on the root LP of an additive model
 
@@ -212,17 +213,13 @@ class _Encoder:
 def encode_selection(
     sel: Selection,
     options: SolveOptions,
+    settings: CpsatSettings,
     warm: Warm | None = None,
     deadline: float = math.inf,
 ) -> CpsatModel:
     """The additive selection model (see the module docstring); `warm` is a valid choice
     vector and where it came from, hinted to the solver."""
-    mode = options.extra.get("edges", "marginal")
-    if mode not in EDGE_MODES:
-        raise BackendError(f"cpsat edges must be one of {EDGE_MODES}, got {mode!r}")
-    memory = options.extra.get("memory", "auto")
-    if memory not in ("auto", "rows", "chain"):
-        raise BackendError(f"cpsat memory must be 'auto', 'rows' or 'chain', got {memory!r}")
+    mode, memory = settings.edges, settings.memory
     clock = Clock(deadline)
     m = cp_model.CpModel()
     scale = _int_costs([*sel.node_cost, *sel.edge_cost])
@@ -230,7 +227,7 @@ def encode_selection(
     if sel.infeasible:
         m.add_bool_or([])  # the reductions proved it: an empty clause
         return out
-    enc = _Encoder(m, out, groups=bool(options.extra.get("groups", True)))
+    enc = _Encoder(m, out, groups=settings.groups)
     for c in sel.node_cost:
         ic = np.floor(c * scale).astype(np.int64)
         if len(c) == 1:
@@ -257,7 +254,7 @@ def encode_selection(
     )
     out.slack = 0.0 if exact else (sel.num_nodes + len(sel.edges)) / scale
     npairs = sum(len(ys) for ys in out.y)
-    out.presolve = bool(options.extra.get("presolve", False))
+    out.presolve = settings.presolve
     out.stats = {
         "edges": mode,
         "edge_variables": npairs,
@@ -333,13 +330,12 @@ def _hint_selection(
 def encode_placement(
     pp: PlacementProblem,
     options: SolveOptions,
+    settings: CpsatSettings,
     warm: tuple[Schedule, str] | None = None,
     deadline: float = math.inf,
 ) -> CpsatModel:
     """DLPlacer's placement model (see the module docstring)."""
-    order = options.extra.get("order", "free")
-    if order not in ("free", "fifo"):
-        raise BackendError(f"order must be 'free' or 'fifo', got {order!r}")
+    order = settings.order
     clock = Clock(deadline)
     top = warm[0].makespan if warm else horizon(pp)
     scale = 2.0 ** math.floor(math.log2(2.0**TIME_BITS / max(top, 1e-300)))
@@ -547,36 +543,40 @@ class _Report(cp_model.CpSolverSolutionCallback):
         self.on_incumbent(sel.choices(pos), "cpsat")
 
 
-def solve_encoded(model: CpsatModel, options: SolveOptions, time_limit: float) -> CpsatRun:
+def solve_encoded(
+    model: CpsatModel,
+    options: SolveOptions,
+    settings: CpsatSettings,
+    time_limit: float,
+    until: float = math.inf,
+) -> CpsatRun:
     """Run CP-SAT for at most `time_limit` seconds with options.seed and options.threads
-    (additive: first the LP-rounding hint, `_lp_hint`, unless extra "lp_start" is False)."""
+    (additive: first the LP-rounding hint, `_lp_hint`, unless `settings.lp_start` is False),
+    the search itself ending by `until` (a `time.perf_counter()` value) at the latest."""
     start = time.perf_counter()
     lp: dict[str, Any] = {}
     sel = model.sel
     additive = model.objective == "additive" and sel is not None and not sel.infeasible
-    if additive and options.extra.get("lp_start", True):
+    if additive and settings.lp_start:
         lp = _lp_hint(model, options, start + time_limit)
     now = time.perf_counter()
     # the search alone may have to end earlier (`SolverBackend`: the neighbourhoods follow)
-    time_limit = min(time_limit - (now - start), options.extra.get("search_until", math.inf) - now)
+    time_limit = min(time_limit - (now - start), until - now)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(time_limit, 1e-3)
     solver.parameters.num_workers = options.threads
     solver.parameters.random_seed = options.seed
     solver.parameters.cp_model_presolve = model.presolve
     if options.threads > 1:
-        solver.parameters.interleave_search = bool(options.extra.get("interleave", False))
-    for key, value in {
-        **_DEFAULTS.get(model.objective, {}),
-        **options.extra.get("parameters", {}),
-    }.items():
+        solver.parameters.interleave_search = settings.interleave
+    for key, value in {**_DEFAULTS.get(model.objective, {}), **settings.parameters}.items():
         try:
             setattr(solver.parameters, key, value)
         except (AttributeError, TypeError, ValueError) as exc:
             raise BackendError(f"cpsat parameter {key}={value!r}: {exc}") from None
     start = time.perf_counter()
-    report = _Report(model, options.extra.get("on_incumbent"))
-    stop = options.extra.get("stop")  # a threading.Event another thread may set
+    report = _Report(model, options.channel.on_incumbent)
+    stop = options.channel.stop  # an Event another thread or process may set
     done = threading.Event()
     watcher = threading.Thread(target=_watch, args=(solver, done, stop), daemon=True)
     watcher.start()
@@ -608,7 +608,7 @@ def solve_encoded(model: CpsatModel, options: SolveOptions, time_limit: float) -
 def _lp_hint(model: CpsatModel, options: SolveOptions, deadline: float) -> dict[str, Any]:
     """The additive model's LP relaxation (`backends.mathprog.additive_lp`, solved by GLOP) rounded to
     each node's largest x, repaired and improved (`backends.heuristics.feasible`): the hint when it is
-    better than the current one (reported to extra "on_incumbent"); the LP optimum is a
+    better than the current one (reported to `options.channel.on_incumbent`); the LP optimum is a
     bound. Skipped when it would take more than LP_FRACTION of the time left."""
     from ortools.linear_solver.python import model_builder
 
@@ -640,7 +640,7 @@ def _lp_hint(model: CpsatModel, options: SolveOptions, deadline: float) -> dict[
         model.model.clear_hints()
         _hint_selection(model.model, model, choices, model.encoder)
         model.warm, model.hint = choices, "lp_rounding"
-        callback = options.extra.get("on_incumbent")
+        callback = options.channel.on_incumbent
         if callback is not None:
             callback(choices, "cpsat")
     return out
@@ -720,13 +720,18 @@ def decode(problem: Problem, model: CpsatModel, run: CpsatRun, name: str = "cpsa
                        stats=stats)  # fmt: skip
 
 
+SUB_SETTINGS = CpsatSettings(lp_start=False)  # a round's sub-problem is small: no LP start
+
+
 def solve_sub(
     sub: Selection, options: SolveOptions, hint: Warm, seconds: float, latest: float
 ) -> SubRun:
     """A neighbourhood-search round (`backends.mathprog.lns.SubSolve`): encode within
-    `seconds` (OutOfTime past them), then search for `seconds`, never past `latest`."""
-    model = encode_selection(sub, options, hint, time.perf_counter() + seconds)
-    run = solve_encoded(model, options, max(1e-3, min(seconds, latest - time.perf_counter())))
+    `seconds` (OutOfTime past them), then search for `seconds`, never past `latest`, with
+    SUB_SETTINGS (the defaults without the LP start)."""
+    model = encode_selection(sub, options, SUB_SETTINGS, hint, time.perf_counter() + seconds)
+    seconds = max(1e-3, min(seconds, latest - time.perf_counter()))
+    run = solve_encoded(model, options, SUB_SETTINGS, seconds)
     found, _ = decode_selection(model, run)
     return SubRun(found, run.status == "OPTIMAL", run.wall)
 
@@ -734,11 +739,10 @@ def solve_sub(
 # ----------------------------------------------------------------------------- backend
 
 
-class CpsatBackend(SolverBackend[CpsatModel, CpsatRun]):
+class CpsatBackend(SolverBackend[CpsatSettings, CpsatModel, CpsatRun]):
     name = "cpsat"
-    terms_per_second = 15_000  # building the model in Python takes ~8 us per term
-    neighbourhoods = True  # one worker: `backends.mathprog.lns` after the whole model (extra "lns")
     REQUIRED_MODULES = ("ortools",)
+    settings_type = CpsatSettings  # its "lns": `backends.mathprog.lns` after the whole model
     steps = SolverSteps(encode_selection, encode_placement, solve_encoded, decode_placement, decode)
     solve_sub = staticmethod(solve_sub)
 

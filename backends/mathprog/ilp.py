@@ -3,17 +3,18 @@
 Additive (OptCNN Eq. 1) on `backends.mathprog.selection.Selection`: the sparse program of
 `backends.mathprog.additive_lp` (binary x[i, c] per allowed choice with sum_c x[i, c] = 1; per edge a
 continuous y per finite pair of its groups of equal rows and columns, tied to the x by row and
-column sums (the local marginal polytope, exact on trees), or with extra={"edges": "implied"}
+column sums (the local marginal polytope, exact on trees), or with the setting edges "implied"
 only y >= X[u, g] + X[v, h] - 1 for pairs of positive cost; memory as explicit rows per
 binding check time or, when those would be too many terms, as a running sum), built with numpy
 and written as MPS directly (`backends.mathprog.linear`), then run with CBC's binary (`backends.mathprog.cbc`).
-extra={"memory": "rows" | "chain"} forces a memory form.
+The setting memory "rows" | "chain" forces a memory form (settings: `IlpSettings`, given as
+`SolveOptions.extra`).
 
 Makespan: DLPlacer's formulation (Pal et al. 2019, Eqs. 7-13) on
 `backends.placement.problem.PlacementProblem`: binary P[k, d] with sum_d P[k, d] = 1 (Eq. 7);
 starts T_t >= 0; end E_t = T_t + sum_d dur[t, d] P[k, d]; a precedence x -> y is
 T_y >= E_x + delta_p with delta_p >= delay[p, a, b] (P[u, a] + P[v, b] - 1) for a != b
-(Eqs. 10-11); with extra={"route_variables": True} (needs routing="shortest") delta_p is
+(Eqs. 10-11); with the setting route_variables True (needs routing "shortest") delta_p is
 instead sum over directed links of C[p, l] (bytes / bandwidth + latency) with flow
 conservation sum_out C - sum_in C = P[u, n] - P[v, n] at every device n and 0 at switches
 (Eqs. 8-9). Two tasks that may share a device and that no path orders get an order binary o
@@ -61,6 +62,7 @@ from backends.base import BackendError, Limit, SolveOptions, SolveResult, Status
 from backends.mathprog.additive_lp import AdditiveProgram, additive_program, assignment, positions
 from backends.mathprog.cbc import parse_log, run_cbc
 from backends.mathprog.common import (
+    IlpSettings,
     SolverBackend,
     SolverSteps,
     Warm,
@@ -84,6 +86,7 @@ from planner.problems.problem import Problem
 __all__ = [
     "IlpBackend",
     "IlpModel",
+    "IlpSettings",
     "constraints",
     "decode",
     "encode",
@@ -92,7 +95,6 @@ __all__ = [
 ]
 
 ALWAYS = True  # a variable fixed to 1 (a node with one allowed choice or device)
-EDGE_MODES = ("marginal", "implied")
 COST_MAGNITUDE = 1e6  # scaled additive objectives are about this large
 TIME_MAGNITUDE = 1e4  # scaled makespans are about this large
 SYMMETRY_DEPTH = 64
@@ -176,16 +178,12 @@ def _power_of_ten(value: float, magnitude: float) -> float:
 def encode_selection(
     sel: Selection,
     options: SolveOptions,
+    settings: IlpSettings,
     warm: Warm | None = None,
     deadline: float = math.inf,
 ) -> IlpModel:
     """The additive selection model (see the module docstring and `backends.mathprog.additive_lp`)."""
-    mode = options.extra.get("edges", "marginal")
-    if mode not in EDGE_MODES:
-        raise BackendError(f"ilp edges must be one of {EDGE_MODES}, got {mode!r}")
-    memory = options.extra.get("memory", "auto")
-    if memory not in ("auto", "rows", "chain"):
-        raise BackendError(f"ilp memory must be 'auto', 'rows' or 'chain', got {memory!r}")
+    mode, memory = settings.edges, settings.memory
     reference = sel.cost(warm[0]) if warm is not None else sel.trivial_bound()
     scale = _power_of_ten(reference if math.isfinite(reference) else 0.0, COST_MAGNITUDE)
     out = IlpModel("additive", None, scale, sel=sel)
@@ -226,14 +224,13 @@ def encoded_objective(model: IlpModel, choices: tuple[int, ...]) -> float:
 def encode_placement(
     pp: PlacementProblem,
     options: SolveOptions,
+    settings: IlpSettings,
     warm: tuple[Schedule, str] | None = None,
     deadline: float = math.inf,
 ) -> IlpModel:
     """DLPlacer's placement ILP (see the module docstring). `warm` gives big-M and the start."""
-    order = options.extra.get("order", "free")
-    if order not in ("free", "fifo"):
-        raise BackendError(f"order must be 'free' or 'fifo', got {order!r}")
-    flow = bool(options.extra.get("route_variables", False))
+    order = settings.order
+    flow = settings.route_variables
     if flow and pp.routing != "shortest":
         raise BackendError("route_variables model Eqs. 8-9's free routing: use routing='shortest'")
     clock = Clock(deadline)
@@ -407,10 +404,18 @@ def _lex_leader(lp: pulp.LpProblem, pp: PlacementProblem, x: list[list[Any]]) ->
             f = nxt
 
 
-def solve_encoded(model: IlpModel, options: SolveOptions, time_limit: float) -> IlpRun:
-    """Run CBC on the model for at most `time_limit` seconds, file writing included."""
+def solve_encoded(
+    model: IlpModel,
+    options: SolveOptions,
+    settings: IlpSettings,
+    time_limit: float,
+    until: float = math.inf,
+) -> IlpRun:
+    """Run CBC on the model for at most `time_limit` seconds, file writing included, and
+    never past `until` (a `time.perf_counter()` value)."""
+    time_limit = min(time_limit, until - time.perf_counter())
     if model.objective == "additive":
-        return _solve_additive(model, options, time_limit)
+        return _solve_additive(model, options, settings, time_limit)
     assert model.lp is not None
     nvars = len(model.lp.variables())
     if nvars == 0:  # every node has a single choice: nothing to search
@@ -445,7 +450,9 @@ def solve_encoded(model: IlpModel, options: SolveOptions, time_limit: float) -> 
     return IlpRun(status, objective, bound, wall, bool(log["stopped"]), log)
 
 
-def _solve_additive(model: IlpModel, options: SolveOptions, time_limit: float) -> IlpRun:
+def _solve_additive(
+    model: IlpModel, options: SolveOptions, settings: IlpSettings, time_limit: float
+) -> IlpRun:
     """Write the sparse model and its MIP start, run CBC's binary, read its solution."""
     ap, sel = model.ap, model.sel
     start = time.perf_counter()
@@ -462,7 +469,7 @@ def _solve_additive(model: IlpModel, options: SolveOptions, time_limit: float) -
         mps, sol, mst, log = (Path(tmp) / f for f in ("m.mps", "m.sol", "m.mst", "m.log"))
         write_mps(prog, mps)
         written = time.perf_counter()
-        if sel is not None and options.extra.get("lp_start", True):
+        if sel is not None and settings.lp_start:
             lp_stats = _lp_start(model, options, mps, Path(tmp), deadline, io_seconds)
         args = [_cbc_path(), str(mps)]
         if model.warm is not None and sel is not None:
@@ -519,8 +526,8 @@ def _solve_additive(model: IlpModel, options: SolveOptions, time_limit: float) -
 
 
 def _should_stop(options: SolveOptions) -> Callable[[], bool]:
-    """A stop request: the user's (Ctrl-C) or the caller's Event (extra "stop")."""
-    event = options.extra.get("stop")
+    """A stop request: the user's (Ctrl-C) or the caller's (`options.channel.stop`)."""
+    event = options.channel.stop
     return lambda: stop_requested() or (event is not None and event.is_set())
 
 
@@ -529,7 +536,7 @@ def _lp_start(
 ) -> dict[str, Any]:
     """The LP relaxation (CBC's -initialSolve, i.e. CLP) rounded to each node's largest x,
     repaired and improved (`backends.heuristics.feasible`): the start when it beats the current one
-    (reported to extra "on_incumbent"), and the LP optimum as a bound. Skipped when it would
+    (reported to `options.channel.on_incumbent`), and the LP optimum as a bound. Skipped when it would
     take more than LP_FRACTION of the time left."""
     ap, sel = model.ap, model.sel
     assert ap is not None and sel is not None
@@ -553,7 +560,7 @@ def _lp_start(
     choices, out["lp_start"] = rounded_lp_start(sel, ap, x, model.warm, polish)
     if choices is not None:
         model.warm, model.hint = choices, "lp_rounding"
-        callback = options.extra.get("on_incumbent")
+        callback = options.channel.on_incumbent
         if callback is not None:
             callback(choices, "ilp")
     return out
@@ -683,10 +690,10 @@ def _bound(sel: Selection, bound: float | None, value: float) -> float:
 # ----------------------------------------------------------------------------- backend
 
 
-class IlpBackend(SolverBackend[IlpModel, IlpRun]):
+class IlpBackend(SolverBackend[IlpSettings, IlpModel, IlpRun]):
     name = "ilp"
-    terms_per_second = 40_000  # what CBC still searches well in the time; numpy builds faster
     REQUIRED_MODULES = ("pulp",)
+    settings_type = IlpSettings
     steps = SolverSteps(encode_selection, encode_placement, solve_encoded, decode_placement, decode)
 
 

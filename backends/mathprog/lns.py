@@ -22,9 +22,11 @@ neighbourhood holds every node and is proven optimal, so is the answer.
 
 The rounds are seeded (`seed`: the neighbourhoods and each sub-solve), but each sub-solve has a
 time limit, so the path depends on the machine's speed. They stop at `deadline`, at a stop
-request (Ctrl-C) or when the Event extra "stop" is set. `incoming()` (optional) returns a
-better answer found elsewhere (the portfolio's other members), which the search then
-continues from.
+request (Ctrl-C) or when `stop` (an Event: `SolveOptions.channel.stop`) is set.
+`incoming()` (optional: `SolveOptions.channel.incoming`) returns a better answer found
+elsewhere (the portfolio's other members), which the search then continues from. Each round
+gets SolveOptions with one thread, its seed, its time limit and the channel's `stop`; the
+round solver's settings are its own (`cpsat`: its defaults without the LP start).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from backends.base import BackendError, ProgressLog, SolveOptions, past
+from backends.base import BackendError, Channel, ProgressLog, SolveOptions, StopFlag, past
 from backends.mathprog.selection import Memory, Selection, edge_sizes, range_sum
 from planner.deadline import OutOfTime
 
@@ -262,7 +264,7 @@ def neighbourhood_search(
     deadline: float,
     *,
     seed: int = 0,
-    stop: Any = None,
+    stop: StopFlag | None = None,
     incoming: Callable[[], Sequence[int] | None] | None = None,
     on_incumbent: Callable[[tuple[int, ...], str], None] | None = None,
     sub_seconds: float = SUB_SECONDS,
@@ -286,7 +288,7 @@ def neighbourhood_search(
     progress = ProgressLog("lns")
     stats: dict[str, Any] = {"rounds": 0, "improved": 0, "proofs": 0, "timeouts": 0,
                              "taken": 0}  # fmt: skip
-    opts = SolveOptions(threads=1, extra={"lp_start": False, "stop": stop})
+    opts = SolveOptions(threads=1, channel=Channel(stop=stop))
     proven = False
 
     def stopped() -> bool:
@@ -355,12 +357,12 @@ def _line(value: float, rounds: int, terms: int) -> str:
     return f"best {value:.6g} (round {rounds}, {terms} terms)"
 
 
-def lns_enabled(options: SolveOptions) -> bool:
-    """Extra "lns": True / False, or "auto" (the default): on with one thread, where CP-SAT
-    runs no neighbourhood search of its own."""
-    setting = options.extra.get("lns", "auto")
+def lns_enabled(setting: bool | str, threads: int) -> bool:
+    """Whether the search runs, by the setting "lns" (`CpsatSettings.lns`): True / False, or
+    "auto" (the default): on with one thread, where CP-SAT runs no neighbourhood search of
+    its own."""
     if setting == "auto":
-        return options.threads <= 1
+        return threads <= 1
     if isinstance(setting, bool):
         return setting
-    raise BackendError(f"extra 'lns' must be True, False or 'auto', got {setting!r}")
+    raise BackendError(f"setting 'lns' must be True, False or 'auto', got {setting!r}")

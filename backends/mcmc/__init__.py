@@ -10,5 +10,7 @@ from __future__ import annotations
 
 from backends.lazy import lazy_exports
 
-__all__ = ["McmcBackend"]
-__getattr__ = lazy_exports(__name__, {"McmcBackend": "backends.mcmc.chain"})
+__all__ = ["McmcBackend", "McmcSettings"]
+__getattr__ = lazy_exports(
+    __name__, {"McmcBackend": "backends.mcmc.chain", "McmcSettings": "backends.mcmc.chain"}
+)

@@ -28,12 +28,13 @@ relative excess over the limit summed over pools (kept incrementally: `backends.
 and w grows geometrically from `penalty[0]` to `penalty[1]` over the budget. `repair`
 proposals free memory on the over-full pool. Only valid strategies are ever returned.
 
-Options (`SolveOptions.extra`; docs/simulator.md, "MCMC search"): "iterations" (a cap on
-proposals; default none: run to the time limit, limit TIME), "inits", "temperature",
-"cycle", "beta", "mix" (weights of the proposal kinds, `backends.mcmc.proposals`), "screen"
-(reject unsimulated a proposal whose Eq. 1 increase exceeds this share of the current
-makespan; 0 disables), "penalty", "repair", "simulation" ("delta" or "full"), "polish" (after
-an iteration-capped chain, a first-improvement local search over single-node changes).
+Settings (`McmcSettings`, given as `SolveOptions.extra`; docs/simulator.md, "MCMC search"):
+"iterations" (a cap on proposals; default none: run to the time limit, limit TIME), "inits",
+"temperature", "cycle", "beta", "mix" (weights of the proposal kinds,
+`backends.mcmc.proposals`), "screen" (reject unsimulated a proposal whose Eq. 1 increase
+exceeds this share of the current makespan; 0 disables), "penalty", "repair", "simulation"
+("delta" or "full"), "polish" (after an iteration-capped chain, a first-improvement local
+search over single-node changes).
 
 Deterministic for a seed under an iteration cap. `stats["trace"]` holds (seconds, best) at
 every new best.
@@ -45,18 +46,22 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 
 from backends.base import (
     Backend,
-    BackendError,
+    BackendSettings,
+    Check,
+    Coerce,
     Limit,
     ProgressLog,
     SolveOptions,
     SolveResult,
     Status,
+    at_least,
+    between,
     past,
 )
 from backends.mcmc.proposals import DNN_MIX, KINDS, TABLE_MIX, Proposer
@@ -69,93 +74,96 @@ START_SHARE = 0.3  # of the time limit, at most, for simulating the starts (one 
 SKIP_FACTOR = 4.0  # starts whose Eq. 1 cost is over this times the best start's: not simulated
 RESYNC = 1000  # accepted moves between exact recomputations of the memory sweep
 
+__all__ = ["McmcBackend", "McmcSettings"]
+
+
+def _positive(v: float) -> bool:
+    return v > 0
+
+
+def _none_or_positive(v: float | None) -> bool:
+    return v is None or v > 0
+
+
+def _none_or_nonnegative(v: float | None) -> bool:
+    return v is None or v >= 0
+
+
+def _all_positive(pair: tuple[float, ...]) -> bool:
+    return all(t > 0 for t in pair)
+
+
+def _inits_ok(inits: tuple[str, ...]) -> bool:
+    return bool(inits) and set(inits) <= set(INITS)
+
+
+def _pair(value: Any) -> Any:
+    """One number for a pair of equal ones (a temperature or penalty range)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value), float(value)
+    return value
+
+
+def _mix_ok(mix: Mapping[str, float]) -> bool:
+    weights = list(mix.values())
+    drawn = set(KINDS[:-1])  # repairs are not drawn by weight: see `repair`
+    return set(mix) <= drawn and all(w >= 0 for w in weights) and (not mix or sum(weights) > 0)
+
+
+Pair = Annotated[
+    tuple[float, float], Coerce(_pair), Check("a positive number or a pair of them", _all_positive)
+]
+
 
 @dataclass(frozen=True)
-class Settings:
-    """The search's parameters, read from `SolveOptions.extra` (module docstring)."""
+class McmcSettings(BackendSettings):
+    """The `mcmc` backend's settings (module docstring)."""
 
-    iterations: int | None = None
-    inits: tuple[str, ...] = INITS
-    temperature: tuple[float, float] = (0.001, 0.02)
-    beta: float | None = None
-    cycle: int = 50
-    mix: Mapping[str, float] = field(default_factory=dict)
-    screen: float = 0.05
-    penalty: tuple[float, float] = (1.0, 1000.0)
-    repair: float = 0.5
-    simulation: str = "delta"
+    iterations: Annotated[int | None, Check("a positive integer or None", _none_or_positive)] = None
+    """a cap on proposals (limit ITERATIONS); None: run to the time limit (limit TIME)"""
+    inits: Annotated[tuple[str, ...], Check(f"a non-empty list from {INITS}", _inits_ok)] = INITS
+    """the starts scored before the chain (`backends.mcmc.starts`)"""
+    temperature: Pair = (0.001, 0.02)
+    """the relative temperature T at a new best and its hottest level (one number: both)"""
+    beta: Annotated[float | None, Check("a number >= 0 or None", _none_or_nonnegative)] = None
+    """a fixed beta instead of 1 / (T * cost of the first state)"""
+    cycle: Annotated[int, Check("a positive integer", _positive)] = 50
+    """proposals without a new best before the level rises (times 2^level)"""
+    mix: Annotated[
+        Mapping[str, float],
+        Check(f"weights >= 0 of proposal kinds from {KINDS[:-1]}, a positive weight among them",
+              _mix_ok),
+    ] = field(default_factory=dict)  # fmt: skip
+    """weights of the proposal kinds (`backends.mcmc.proposals`); {}: the default mix"""
+    screen: Annotated[float, at_least(0)] = 0.05
+    """reject unsimulated a proposal whose Eq. 1 increase exceeds this share of the current
+    makespan; 0 disables"""
+    penalty: Pair = (1.0, 1000.0)
+    """the memory penalty weight at the start and at the end of the budget"""
+    repair: Annotated[float, between(0, 1)] = 0.5
+    """the share of proposals that free memory on an over-full pool while over the limit"""
+    simulation: Literal["delta", "full"] = "delta"
+    """delta simulation (FlexFlow Alg. 2) or a full simulation per proposal"""
     polish: bool = False
-
-    @classmethod
-    def of(cls, extra: Mapping[str, Any]) -> Settings:
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(extra) - known)
-        if unknown:
-            raise BackendError(f"mcmc has no option(s) {unknown}; its options are {sorted(known)}")
-        try:
-            s = cls(
-                iterations=None if extra.get("iterations") is None else int(extra["iterations"]),
-                inits=tuple(extra.get("inits", INITS)),
-                temperature=_pair(extra.get("temperature", cls.temperature)),
-                beta=None if extra.get("beta") is None else float(extra["beta"]),
-                cycle=int(extra.get("cycle", cls.cycle)),
-                mix=dict(extra.get("mix", {})),
-                screen=float(extra.get("screen", cls.screen)),
-                penalty=_pair(extra.get("penalty", cls.penalty)),
-                repair=float(extra.get("repair", cls.repair)),
-                simulation=str(extra.get("simulation", cls.simulation)),
-                polish=bool(extra.get("polish", False)),
-            )
-        except (TypeError, ValueError) as exc:
-            raise BackendError(f"mcmc: a malformed option: {exc}") from None
-        s._check()
-        return s
-
-    def _check(self) -> None:
-        problems = []
-        if self.iterations is not None and self.iterations < 1:
-            problems.append("iterations >= 1")
-        if not self.inits or not set(self.inits) <= set(INITS):
-            problems.append(f"inits from {INITS}")
-        if not all(t > 0 for t in self.temperature) or (self.beta is not None and self.beta < 0):
-            problems.append("temperatures > 0 and beta >= 0")
-        if self.cycle < 1 or self.screen < 0 or not 0 <= self.repair <= 1:
-            problems.append("cycle >= 1, screen >= 0 and repair in [0, 1]")
-        if not all(w > 0 for w in self.penalty):
-            problems.append("penalty weights > 0")
-        drawn = KINDS[:-1]  # repairs are not drawn by weight: see `repair`
-        weights = list(self.mix.values())
-        if not set(self.mix) <= set(drawn) or any(w < 0 for w in weights):
-            problems.append(f"mix weights >= 0 for kinds from {drawn}")
-        elif self.mix and sum(weights) <= 0:
-            problems.append("a mix with a positive weight")
-        if self.simulation not in ("delta", "full"):
-            problems.append('simulation "delta" or "full"')
-        if problems:
-            raise BackendError(f"mcmc needs {', '.join(problems)}")
+    """after an iteration-capped chain, a first-improvement search over single-node changes"""
 
 
-def _pair(value: Any) -> tuple[float, float]:
-    if isinstance(value, int | float):
-        return float(value), float(value)
-    a, b = value
-    return float(a), float(b)
-
-
-class McmcBackend(Backend):
+class McmcBackend(Backend[McmcSettings]):
     name = "mcmc"
     objectives = ("makespan", "additive")
     exact = False
+    settings_type = McmcSettings
 
-    def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
-        settings = Settings.of(options.extra)
+    def _solve(
+        self, problem: Problem, options: SolveOptions, settings: McmcSettings
+    ) -> SolveResult:
         return _Search(problem, options, settings).run()
 
 
 class _Search:
     """One run: score the starts, then one annealing chain with restarts (module docstring)."""
 
-    def __init__(self, problem: Problem, options: SolveOptions, settings: Settings):
+    def __init__(self, problem: Problem, options: SolveOptions, settings: McmcSettings):
         self.p = problem
         self.opts = options
         self.s = settings

@@ -7,6 +7,10 @@ splits the task graph into a chain of segments (`series_segments`: dominators of
 sink), solves small groups of segments exactly with the same backend and combines them by
 dynamic programming over the chain's devices into a lower bound on the makespan, and lays the
 segment solutions end to end into a second candidate placement.
+
+`PlacementSettings` are the makespan objective's settings of both backends (the fields of
+`backends.mathprog.common.IlpSettings` and `CpsatSettings` that this solve and
+`backends.mathprog.common.placement_for` read).
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import networkx as nx
 import numpy as np
 
+from backends.base import BackendSettings
 from backends.placement.problem import (
     PlacementOutcome,
     PlacementProblem,
@@ -37,6 +42,7 @@ if TYPE_CHECKING:
     from backends.base import SolveOptions
 
 __all__ = [
+    "PlacementSettings",
     "series_bound",
     "series_segments",
     "solve_placement_problem",
@@ -44,6 +50,25 @@ __all__ = [
 ]
 
 SEGMENT_TASKS = 40  # segments up to this many tasks are solved exactly for the bound
+
+
+@dataclass(frozen=True)
+class PlacementSettings(BackendSettings):
+    """The makespan objective's settings of `ilp` and `cpsat` (DLPlacer's placement model,
+    docs/solvers.md)."""
+
+    phases: Literal["training", "forward"] = "training"
+    """the tasks placed: forward, backward and update ("training") or forward only"""
+    routing: Literal["fixed", "shortest"] = "fixed"
+    """transfers over the device graph's routes (as the simulator) or each tensor's
+    fastest path ("shortest": what Eqs. 8-9's routing variables pick without contention)"""
+    order: Literal["free", "fifo"] = "free"
+    """tasks on a device in any order (DLPlacer) or in program order ("fifo")"""
+    series_bound: bool = True
+    """the series decomposition's bound and placement before the whole model"""
+
+
+SettingsT = TypeVar("SettingsT", bound=PlacementSettings)
 
 
 @dataclass(frozen=True)
@@ -423,29 +448,31 @@ SEGMENT_SECONDS = 2.0  # per segment solve
 def solve_placement_problem(
     pp: PlacementProblem,
     options: SolveOptions,
+    settings: SettingsT,
     solve_model: Callable[
-        [PlacementProblem, SolveOptions, Schedule | None, float], PlacementOutcome
+        [PlacementProblem, SolveOptions, SettingsT, Schedule | None, float], PlacementOutcome
     ],
     warm: tuple[Schedule, str] | None = None,
 ) -> PlacementOutcome:
     """The makespan solve both backends share: a warm start (SolveOptions.warm_start when it
-    is a valid placement, else `greedy_placement`); the series bound (extra "series_bound",
-    default on; segments solved by the same backend) and the placement it builds, improved
-    by local search, as a second candidate; then `solve_model` on the whole problem from the
-    better candidate for the time left. The bound reported is the better of the two."""
+    is a valid placement, else `greedy_placement`); the series bound (`settings.series_bound`,
+    default on; segments solved by the same backend, with the series bound off) and the
+    placement it builds, improved by local search, as a second candidate; then `solve_model`
+    on the whole problem from the better candidate for the time left. The bound reported is
+    the better of the two."""
     t0 = time.perf_counter()
     deadline = options.clock().at
-    order = options.extra.get("order", "free")
+    order = settings.order
     if warm is None:
-        warm = warm_schedule(pp, options, t0 + HEURISTIC_SHARE * options.time_limit)
+        warm = warm_schedule(pp, options, settings, t0 + HEURISTIC_SHARE * options.time_limit)
     series: float | None = None
     stats: dict[str, Any] = {}
-    if options.extra.get("series_bound", True) and pp.num_tasks > 2:
-        inner = replace(options, extra={**options.extra, "series_bound": False})
+    if settings.series_bound and pp.num_tasks > 2:
+        inner = replace(settings, series_bound=False)
 
         def segment(sub: PlacementProblem, left: float) -> tuple[float, Schedule | None]:
-            opts = replace(inner, time_limit=max(0.05, min(left, SEGMENT_SECONDS)))
-            out = solve_model(sub, opts, greedy_placement(sub, order), opts.time_limit)
+            opts = replace(options, time_limit=max(0.05, min(left, SEGMENT_SECONDS)))
+            out = solve_model(sub, opts, inner, greedy_placement(sub, order), opts.time_limit)
             bound = out.bound if out.bound is not None else placement_lower_bound(sub)
             return bound, out.schedule
 
@@ -460,7 +487,9 @@ def solve_placement_problem(
             stats["series_placement"] = built.makespan
             if warm is None or built.makespan < warm[0].makespan:
                 warm = (built, "series")
-    out = solve_model(pp, options, warm[0] if warm else None, deadline - time.perf_counter())
+    out = solve_model(
+        pp, options, settings, warm[0] if warm else None, deadline - time.perf_counter()
+    )
     stats = {**out.stats, **stats, "warm_start": warm[1] if warm else None, "series_bound": series}
     schedule, status = out.schedule, out.status
     if warm is not None and (schedule is None or warm[0].makespan < schedule.makespan):
@@ -474,11 +503,15 @@ def solve_placement_problem(
 
 
 def warm_schedule(
-    pp: PlacementProblem, options: SolveOptions, deadline: float = math.inf
+    pp: PlacementProblem,
+    options: SolveOptions,
+    settings: PlacementSettings,
+    deadline: float = math.inf,
 ) -> tuple[Schedule, str] | None:
     """SolveOptions.warm_start as a placement (canonical, re-timed) when it is one and fits
-    in memory, else the greedy placement; with where it came from."""
-    order = options.extra.get("order", "free")
+    in memory, else the greedy placement (both in `settings.order`); with where it came
+    from."""
+    order = settings.order
     if options.warm_start is not None:
         place = pp.placement_of(options.warm_start)
         if place is not None and pp.memory_ok(place):

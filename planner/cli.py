@@ -261,6 +261,16 @@ def build_parser(prog: str = "python -m planner") -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=nonnegative_int, default=0, help="random seed >= 0 (default 0)")
     p.add_argument(
+        "--option",
+        dest="backend_options",
+        type=_kv,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the backend (VALUE as JSON, else a string), e.g. --option mode=astar "
+        "for search; an unknown key is an error that lists the backend's settings",
+    )
+    p.add_argument(
         "--max-configs", type=positive_int, help="cap on candidate configs per op (>= 1)"
     )
     p.add_argument(
@@ -587,6 +597,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         cost=args.cost or "analytic",
         sync=args.sync,
         recommend=not args.no_recommend,
+        backend_options=dict(args.backend_options),
         **model_options,
         **{
             k: v

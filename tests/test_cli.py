@@ -341,6 +341,14 @@ BAD: dict[str, tuple[list[str], str]] = {
         "bandwidth",
     ),
     "unknown backend": (["plan", *MODEL, *DEVICES, "--backend", "nope"], "unknown backend"),
+    "unknown backend setting": (
+        ["plan", *MODEL, *DEVICES, "--backend", "search", "--option", "tyop=1"],
+        "has no setting 'tyop'; its settings are: mode",
+    ),
+    "ill-typed backend setting": (
+        ["plan", *MODEL, *DEVICES, "--backend", "mcmc", "--option", "cycle=x"],
+        "setting 'cycle' must be",
+    ),
     "makespan with a backend that cannot": (
         ["plan", *MODEL, *DEVICES, "--backend", "elimination", "--objective", "makespan"],
         "makespan",
@@ -540,3 +548,19 @@ def test_plan_recommends_a_baseline_that_simulates_faster(
     raw = only_json(ok(capsys, *argv, "--no-recommend"))
     assert "recommendation" not in raw and raw["status"] == "OPTIMAL"
     assert raw["objective"] == pytest.approx(s["searched"]["objective"], rel=1e-12)
+
+
+def test_backend_options_reach_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    import planner.api
+
+    seen: dict[str, Any] = {}
+    real = planner.api.plan
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.update(kwargs["backend_options"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planner.api, "plan", spy)
+    argv = ["plan", "lenet5", "--batch", "8", "--devices", "p100-1x2", "--backend", "search"]
+    assert main([*argv, "--option", "mode=astar", "--json", "--no-recommend"]) == 0
+    assert seen == {"mode": "astar"}

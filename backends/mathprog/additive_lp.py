@@ -21,12 +21,14 @@ Built with numpy blocks (`backends.mathprog.linear`), one block per node, edge a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from backends.mathprog.linear import LinearBuilder, LinearProgram
 from backends.mathprog.selection import Memory, Selection, memory_form
+from planner.deadline import Clock
 
 __all__ = [
     "AdditiveProgram",
@@ -62,9 +64,15 @@ class AdditiveProgram:
 
 
 def additive_program(
-    sel: Selection, scale: float, mode: str = "marginal", memory: str = "auto"
+    sel: Selection,
+    scale: float,
+    mode: str = "marginal",
+    memory: str = "auto",
+    deadline: float = math.inf,
 ) -> AdditiveProgram:
-    """The linear program of `sel` with its objective multiplied by `scale`."""
+    """The linear program of `sel` with its objective multiplied by `scale` (OutOfTime past
+    `deadline`, a perf_counter value, looked at between edges and memory pools)."""
+    clock = Clock(deadline)
     if mode not in EDGE_MODES or memory not in MEMORY_FORMS:
         raise ValueError(f"edges must be one of {EDGE_MODES} and memory one of {MEMORY_FORMS}")
     b = LinearBuilder()
@@ -80,19 +88,24 @@ def additive_program(
     if multi:
         sizes = [len(cols) for cols in multi]
         b.rows(np.repeat(np.arange(len(multi)), sizes), np.concatenate(multi), 1.0, "E", 1.0)
-    edges = tuple(
-        _edge(b, x[u], x[v], sel.groups(e), scale, mode) for e, (u, v) in enumerate(sel.edges)
-    )
+    edges = []
+    for e, (u, v) in enumerate(sel.edges):
+        clock.tick()
+        edges.append(_edge(b, x[u], x[v], sel.groups(e), scale, mode))
     form = "none"
     chains: list[tuple[np.ndarray, float]] = []
     if sel.memory:
         form = memory_form(sel, memory)
         for m in sel.memory:
+            clock.check()
             if form == "rows":
                 _memory_rows(b, m, x)
             else:
                 chains.append(_memory_chain(b, m, x))
-    return AdditiveProgram(b.build(), scale, offset, tuple(x), edges, mode, form, tuple(chains))
+    clock.check()
+    return AdditiveProgram(
+        b.build(), scale, offset, tuple(x), tuple(edges), mode, form, tuple(chains)
+    )
 
 
 def _edge(

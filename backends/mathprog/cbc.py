@@ -29,7 +29,7 @@ __all__ = ["CbcProcess", "parse_log", "run_cbc"]
 NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"  # a number in CBC's log
 POLL_SECONDS = 0.1  # how often a running CBC is checked for a stop request
 EARLY_KILL_SECONDS = 5.0  # after a stop request CBC is killed at most this much later
-INTERRUPT_KILL_SECONDS = 0.5  # ... and this much after the user's Ctrl-C (exit within 1 s)
+INTERRUPT_KILL_SECONDS = 0.3  # ... and this much after the user's Ctrl-C (exit within 1 s)
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,7 @@ from backends.placement.problem import (
     placement_lower_bound,
     retime,
 )
-from planner.deadline import Clock
+from planner.deadline import Clock, OutOfTime
 from planner.problems.problem import Problem
 
 __all__ = ["CpsatBackend", "CpsatModel", "CpsatSettings", "decode", "encode", "solve_encoded"]
@@ -615,7 +615,10 @@ def _lp_hint(model: CpsatModel, options: SolveOptions, deadline: float) -> dict[
     sel = model.sel
     assert sel is not None
     t0 = time.perf_counter()
-    ap = additive_program(sel, 1.0)
+    try:
+        ap = additive_program(sel, 1.0, deadline=t0 + LP_FRACTION * (deadline - t0))
+    except OutOfTime:
+        return {"lp_start": "skipped (no time left to build it)"}
     left = deadline - t0
     if LP_SECONDS_PER_TERM * ap.program.num_terms > LP_FRACTION * left:
         return {"lp_start": "skipped (too large for the time left)"}

@@ -189,7 +189,7 @@ def encode_selection(
     out = IlpModel("additive", None, scale, sel=sel)
     if sel.infeasible:
         return out
-    ap = additive_program(sel, scale, mode, memory)
+    ap = additive_program(sel, scale, mode, memory, deadline)
     out.ap, out.offset = ap, ap.offset
     prog = ap.program
     out.stats = {
@@ -471,6 +471,11 @@ def _solve_additive(
         written = time.perf_counter()
         if sel is not None and settings.lp_start:
             lp_stats = _lp_start(model, options, mps, Path(tmp), deadline, io_seconds)
+        if stop_requested():  # Ctrl-C while the LP start ran: no CBC run after it
+            parsed = {**lp_stats, "result": "UNKNOWN", "stopped": True,
+                      "cbc_result": "not run (stopped)"}  # fmt: skip
+            wall = time.perf_counter() - start
+            return IlpRun("UNKNOWN", None, lp_stats.get("lp_bound"), wall, True, parsed)
         args = [_cbc_path(), str(mps)]
         if model.warm is not None and sel is not None:
             pos = sel.positions(model.warm)

@@ -102,7 +102,7 @@ class Backend(ABC):
             return f"backend {self.name!r} needs the package(s) {missing}: pip install them"
         if options.objective not in self.objectives:
             return f"backend {self.name!r} does not optimize the {options.objective!r} objective"
-        if options.objective == "makespan" and problem.cost_model is None:
+        if options.objective == "makespan" and not problem.is_dnn:
             return (
                 f"the makespan objective needs a problem built from a DNN; {problem.name!r} is "
                 "a cost-table problem (use the additive objective)"
@@ -151,7 +151,7 @@ class Backend(ABC):
                 f"backend {self.name!r} returned an invalid answer (forbidden choice or memory "
                 "over the limit): this is a bug in the backend"
             )
-        strategy = problem.strategy(choices) if problem.space is not None else None
+        strategy = problem.strategy(choices) if problem.is_dnn else None
         return SolveResult(
             self.name, raw.status, choices, value, raw.bound, raw.limit, strategy, stats
         )

@@ -254,7 +254,7 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
 
     def can_run(self, problem: Problem, options: SolveOptions) -> str | None:
         reason = super().can_run(problem, options)
-        if reason is None and options.objective == "makespan" and problem.graph is None:
+        if reason is None and options.objective == "makespan" and not problem.is_dnn:
             reason = (
                 f"the makespan objective places the ops of a DNN; problem {problem.name!r} "
                 "is a cost table"

@@ -84,10 +84,15 @@ class ProgressLog:
 
 
 class Backend(ABC):
-    """Base class: subclasses set the class attributes and implement `_solve`."""
+    """Base class: subclasses set the class attributes and implement `_solve`.
+
+    `objectives` are the objectives the backend optimizes; `needs_dnn_for` those of them for
+    which it needs a problem built from a DNN (`Problem.is_dnn`): the makespan simulates the
+    strategy, so every backend needs a DNN for it. `can_run` refuses the rest with a reason."""
 
     name: ClassVar[str]
     objectives: ClassVar[tuple[str, ...]] = ("additive",)
+    needs_dnn_for: ClassVar[tuple[str, ...]] = ("makespan",)
     exact: ClassVar[bool] = False
     REQUIRED_MODULES: ClassVar[tuple[str, ...]] = ()
 
@@ -102,10 +107,12 @@ class Backend(ABC):
             return f"backend {self.name!r} needs the package(s) {missing}: pip install them"
         if options.objective not in self.objectives:
             return f"backend {self.name!r} does not optimize the {options.objective!r} objective"
-        if options.objective == "makespan" and not problem.is_dnn:
+        if options.objective in self.needs_dnn_for and not problem.is_dnn:
+            usable = [o for o in self.objectives if o not in self.needs_dnn_for]
+            hint = f" (use the {usable[0]} objective)" if usable else ""
             return (
-                f"the makespan objective needs a problem built from a DNN; {problem.name!r} is "
-                "a cost-table problem (use the additive objective)"
+                f"backend {self.name!r} needs a problem built from a DNN for the "
+                f"{options.objective} objective; {problem.name!r} is a cost-table problem{hint}"
             )
         return None
 

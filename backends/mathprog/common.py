@@ -252,15 +252,6 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
         )
         return steps.decode_placement(model, steps.solve_encoded(model, options, seconds))
 
-    def can_run(self, problem: Problem, options: SolveOptions) -> str | None:
-        reason = super().can_run(problem, options)
-        if reason is None and options.objective == "makespan" and not problem.is_dnn:
-            reason = (
-                f"the makespan objective places the ops of a DNN; problem {problem.name!r} "
-                "is a cost table"
-            )
-        return reason
-
     def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
         if options.objective == "makespan":
             pp = placement_for(problem, options)

@@ -120,11 +120,16 @@ SettingsT = TypeVar("SettingsT", bound=BackendSettings)
 
 class Backend(ABC, Generic[SettingsT]):
     """Base class: subclasses set the class attributes (`settings_type` among them: the
-    backend's settings) and implement `_solve`."""
+    backend's settings) and implement `_solve`.
+
+    `objectives` are the objectives the backend optimizes; `needs_dnn_for` those of them for
+    which it needs a problem built from a DNN (`Problem.is_dnn`): the makespan simulates the
+    strategy, so every backend needs a DNN for it. `can_run` refuses the rest with a reason."""
 
     name: ClassVar[str]
     settings_type: type[SettingsT]
     objectives: ClassVar[tuple[str, ...]] = ("additive",)
+    needs_dnn_for: ClassVar[tuple[str, ...]] = ("makespan",)
     exact: ClassVar[bool] = False
     REQUIRED_MODULES: ClassVar[tuple[str, ...]] = ()
 
@@ -139,10 +144,12 @@ class Backend(ABC, Generic[SettingsT]):
             return f"backend {self.name!r} needs the package(s) {missing}: pip install them"
         if options.objective not in self.objectives:
             return f"backend {self.name!r} does not optimize the {options.objective!r} objective"
-        if options.objective == "makespan" and problem.cost_model is None:
+        if options.objective in self.needs_dnn_for and not problem.is_dnn:
+            usable = [o for o in self.objectives if o not in self.needs_dnn_for]
+            hint = f" (use the {usable[0]} objective)" if usable else ""
             return (
-                f"the makespan objective needs a problem built from a DNN; {problem.name!r} is "
-                "a cost-table problem (use the additive objective)"
+                f"backend {self.name!r} needs a problem built from a DNN for the "
+                f"{options.objective} objective; {problem.name!r} is a cost-table problem{hint}"
             )
         return None
 
@@ -194,7 +201,7 @@ class Backend(ABC, Generic[SettingsT]):
                 f"backend {self.name!r} returned an invalid answer (forbidden choice or memory "
                 "over the limit): this is a bug in the backend"
             )
-        strategy = problem.strategy(choices) if problem.space is not None else None
+        strategy = problem.strategy(choices) if problem.is_dnn else None
         return SolveResult(
             self.name, raw.status, choices, value, raw.bound, raw.limit, strategy, stats
         )

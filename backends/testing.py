@@ -153,7 +153,7 @@ class BackendConformance:
 
     def test_dnn_answers_come_with_a_strategy(self, solved: list) -> None:
         problem, result = solved[-1]
-        assert problem.graph is not None and result.strategy is not None
+        assert problem.is_dnn and result.strategy is not None
         assert problem.choices_of(result.strategy) == result.choices
 
     def test_same_seed_same_answer(self) -> None:
@@ -204,6 +204,21 @@ class BackendConformance:
         result = backend.solve(tight, self.opts())
         assert result.choices is None
         assert result.status in (Status.INFEASIBLE, Status.NO_SOLUTION)
+
+    def test_refuses_a_cost_table_problem_where_it_needs_a_dnn(self) -> None:
+        backend = self._backend()
+        assert "makespan" in backend.needs_dnn_for  # the makespan simulates a DNN's strategy
+        problem = random_problem(4, 3, seed=0, memory=False)
+        assert not problem.is_dnn
+        for objective in backend.objectives:
+            reason = backend.can_run(problem, self.opts(objective=objective))
+            if objective not in backend.needs_dnn_for:
+                assert reason is None or "DNN" not in reason
+                continue
+            assert reason is not None and "needs a problem built from a DNN" in reason
+            assert "cost-table problem" in reason and "\n" not in reason
+            with pytest.raises(BackendError, match="needs a problem built from a DNN"):
+                backend.solve(problem, self.opts(objective=objective))
 
     def test_unsupported_objective_is_an_error(self) -> None:
         backend = get_backend(self.backend_name)

@@ -164,7 +164,8 @@ def candidates(problem: Any, count: int, seed: int, mcmc_seconds: float) -> list
     from planner.problems.strategy import Strategy
     from runtime.strategies import random_strategy
 
-    graph, devices = problem.graph, problem.devices
+    dnn = problem.dnn()
+    graph, devices = dnn.graph, dnn.devices
     out: list[tuple[str, Any]] = [
         (name, BASELINES[name](graph, devices)) for name in applicable(graph)
     ]

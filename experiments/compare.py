@@ -368,7 +368,7 @@ def _ratio(base: float | None, value: float | None) -> float | None:
 def write_plans(folder: Path, case: Case, problem: Any, objective: str, batch: int | None) -> None:
     """Every answer of `case` as a strategy file (what `python -m planner plan -o` writes), so
     `python -m planner evaluate FILE` re-scores it without this run."""
-    cm = problem.cost_model
+    cm = problem.dnn("a strategy file records the cost model").cost_model
     cost = {**dataclasses.asdict(cm.options), "source": cm.source}
     model = {"name": case.model, "batch": batch, "kwargs": {}, "coarsen": True}
     plans = folder / "plans"

@@ -104,7 +104,7 @@ def measure(
         args.batch_norm,
         args.max_configs,
     )
-    expert = "expert" if any(op.kind == "lstm" for op in problem.graph.ops) else "owt"
+    expert = "expert" if any(op.kind == "lstm" for op in problem.dnn().graph.ops) else "owt"
     new = [baseline_point(problem, setting, "data_parallel", "simulated")]
     new.append(_renamed(baseline_point(problem, setting, expert, "simulated")))
     say("elimination")

@@ -116,11 +116,12 @@ def work_bound(problem: Any) -> float:
     """A lower bound on the makespan of every strategy: each op's least total task time
     (forward + backward, summed over its tasks, over its configs), summed over the ops and
     divided by the device count (the busiest device has at least the average load)."""
-    cm, space = problem.cost_model, problem.space
+    dnn = problem.dnn("the work bound sums the task times of a DNN's ops")
+    cm, space = dnn.cost_model, dnn.space
     total = 0.0
-    for i in range(len(problem.graph.ops)):
+    for i in range(len(dnn.graph.ops)):
         total += min(sum(float(t.sum()) for t in cm.task_times(i, c)) for c in space[i].configs)
-    return total / problem.devices.num_devices
+    return total / dnn.devices.num_devices
 
 
 def _mcmc(problem: Any, seconds: float, seed: int, **kwargs: Any) -> Any:
@@ -145,9 +146,10 @@ def quality(args: argparse.Namespace, say: Callable[[str], None]) -> list[dict[s
     rows = []
     for model, preset, problem in _built(_grid(args), say):
         name, ref, _ = reference(problem)
+        dnn = problem.dnn()
         dp = evaluate_objective(
             problem,
-            problem.choices_of(BASELINES["data_parallel"](problem.graph, problem.devices)),
+            problem.choices_of(BASELINES["data_parallel"](dnn.graph, dnn.devices)),
             "makespan",
         )
         say(
@@ -226,7 +228,8 @@ def exact(args: argparse.Namespace, say: Callable[[str], None]) -> list[dict[str
     for model, kwargs in SMALL:
         say(f"{model} {kwargs or ''} on p100-1x4: exact search (up to {args.exact_cap:g} s)")
         problem = _problem(model, "p100-1x4", **kwargs)
-        dp = problem.choices_of(BASELINES["data_parallel"](problem.graph, problem.devices))
+        dnn = problem.dnn()
+        dp = problem.choices_of(BASELINES["data_parallel"](dnn.graph, dnn.devices))
         opts = SolveOptions(objective="makespan", time_limit=args.exact_cap, warm_start=dp)
         e = get_backend("search").solve(problem, opts)
         say(f"{model}: mcmc")

@@ -104,8 +104,7 @@ def _main(argv: Sequence[str] | None) -> int:
         )
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(t)
-    cm = problem.cost_model
-    assert cm is not None
+    cm = problem.dnn().cost_model
     b_ours, b_paper = score_strategy(cm, ours), score_strategy(cm, paper)
     for name, b in (("layerwise", b_ours), ("paper's Table 5", b_paper)):
         console.print(

@@ -152,7 +152,7 @@ def run_case(model: str, preset: str, args: argparse.Namespace) -> None:
     sizes = problem.sizes
     done(
         "build",
-        space=problem.space.kind if problem.space is not None else "-",
+        space=problem.space_kind or "-",
         nodes=problem.num_nodes,
         configs_max=max(sizes),
         configs_median=statistics.median(sizes),

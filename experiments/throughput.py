@@ -115,11 +115,10 @@ def score_baseline(problem: Problem, name: str) -> tuple[float, float]:
     from planner.problems.evaluate import score_strategy
     from planner.sim.simulator import simulate
 
-    assert problem.graph is not None and problem.devices is not None
-    assert problem.cost_model is not None
-    strategy = BASELINES[name](problem.graph, problem.devices)
-    return score_strategy(problem.cost_model, strategy).total, simulate(
-        problem.cost_model, strategy
+    dnn = problem.dnn("the expert strategies are strategies of a DNN")
+    strategy = BASELINES[name](dnn.graph, dnn.devices)
+    return score_strategy(dnn.cost_model, strategy).total, simulate(
+        dnn.cost_model, strategy
     ).makespan
 
 

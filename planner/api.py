@@ -166,8 +166,8 @@ class PlanResult:
             **{k: s.get(k) for k in PHASES if k in s or k in ALWAYS},
             **{k: s[k] for k in ("memory_peak_bytes", "memory_fits") if k in s},
         }
-        if self.problem.space is not None:  # what was searched (docs/space.md), as in the file
-            out["space"] = self.problem.space.describe()
+        if self.problem.is_dnn:  # what was searched (docs/space.md), as in the file
+            out["space"] = self.problem.dnn().space.describe()
         if self.message:
             out["message"] = self.message
         out = {k: finite_or_none(v) for k, v in out.items()}
@@ -183,8 +183,10 @@ class PlanResult:
         if self.strategy is None:
             data = {**head, "choices": list(self.choices) if self.choices else None}
         else:
-            cm = self.problem.cost_model
-            cost = {**dataclasses.asdict(cm.options), "source": cm.source} if cm else {}
+            cost: dict[str, Any] = {}
+            if self.problem.is_dnn:
+                cm = self.problem.dnn().cost_model
+                cost = {**dataclasses.asdict(cm.options), "source": cm.source}
             model = self.model.to_json() if self.model else None
             data = self.strategy.to_json(model=model, extra={**head, "cost": cost})
         return dict(_strict(data))
@@ -205,7 +207,8 @@ class PlanResult:
             raise LayerwiseError(
                 f"nothing to evaluate: the plan has no strategy (status {self.status.value})"
             )
-        return evaluate_strategy(self.strategy, self.problem.cost_model)
+        cm = self.problem.dnn().cost_model if self.problem.is_dnn else None
+        return evaluate_strategy(self.strategy, cm)
 
 
 PHASES = (
@@ -300,7 +303,7 @@ def plan(
         )
         if deadline.expired():
             return _out_of_time(problem, spec, backend, objective, deadline, start, phases)
-        dnn = problem.cost_model is not None
+        dnn = problem.is_dnn
         search = (
             deadline.reserve(RECOMMEND_SHARE * deadline.left()) if recommend and dnn else deadline
         )
@@ -338,11 +341,11 @@ def plan(
                 )
         recommend_seconds = time.perf_counter() - t1
     memory: dict[str, Any] = {}
-    if result.strategy is not None and problem.cost_model is not None:
+    if result.strategy is not None and problem.is_dnn:
         from planner.problems.sizes import check_strategy_memory, strategy_memory
 
         fit = (check_strategy_memory if check_memory else strategy_memory)(
-            problem.cost_model, result.strategy
+            problem.dnn().cost_model, result.strategy
         )
         memory = {"memory_peak_bytes": float(fit.peak.max()), "memory_fits": fit.fits}
     phases = {

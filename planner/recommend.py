@@ -70,12 +70,13 @@ class BaselineTime:
 def baseline_choices(problem: Problem) -> dict[str, tuple[int, ...]]:
     """The applicable baselines of a DNN problem that are in its config space and memory
     limit, as choice vectors. Empty for cost-table problems."""
-    if problem.graph is None or problem.devices is None or problem.cost_model is None:
+    if not problem.is_dnn:
         return {}
+    dnn = problem.dnn()
     out = {}
-    for name in applicable(problem.graph):
+    for name in applicable(dnn.graph):
         try:
-            choices = problem.choices_of(BASELINES[name](problem.graph, problem.devices))
+            choices = problem.choices_of(BASELINES[name](dnn.graph, dnn.devices))
         except ConfigError:
             continue  # not in the (capped) config space
         if memory_feasible(problem, choices):
@@ -104,7 +105,7 @@ def recommend(
     simulations stop at `deadline` (or Ctrl-C): a baseline whose simulation did not finish is
     listed under "not_simulated_for_time", the most promising ones are simulated first, and
     an answer that could not be simulated in time is returned as it is, with the reason."""
-    if result.choices is None or problem.cost_model is None or problem.space is None:
+    if result.choices is None or not problem.is_dnn:
         reason = "no answer" if result.choices is None else "a cost-table problem"
         return _with(result, {"switched": False, "reason": f"nothing to simulate: {reason}"})
     at = (deadline or Deadline.never()).at

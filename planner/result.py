@@ -189,7 +189,7 @@ def evaluate_objective(
     raises `planner.deadline.OutOfTime` past `deadline`, a perf_counter value)."""
     if objective == "additive":
         return additive_cost(problem, choices)
-    if problem.cost_model is None or problem.space is None:
+    if not problem.is_dnn:
         raise BackendError(
             f"the makespan objective needs a problem built from a DNN; {problem.name!r} is "
             "a cost-table problem (use the additive objective)"
@@ -198,4 +198,4 @@ def evaluate_objective(
 
     # The makespan only: a Timeline with every task's name costs twice the simulation
     # (1.3 million tasks on 1,024 GPUs: 28 s of names for a 15 s simulation).
-    return Simulator(problem.cost_model, problem.strategy(choices).configs, deadline).makespan
+    return Simulator(problem.dnn().cost_model, problem.strategy(choices).configs, deadline).makespan

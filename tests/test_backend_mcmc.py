@@ -39,12 +39,11 @@ def _tiny_problem() -> Problem:
 
 def _reference_makespan(problem: Problem) -> float:
     """The best of elimination's strategy re-simulated and the expert strategies."""
-    assert problem.graph is not None and problem.devices is not None
+    dnn = problem.dnn()
     elim = get_backend("elimination").solve(problem, SolveOptions(time_limit=60)).choices
     assert elim is not None
     candidates = [elim] + [
-        problem.choices_of(BASELINES[b](problem.graph, problem.devices))
-        for b in applicable(problem.graph)
+        problem.choices_of(BASELINES[b](dnn.graph, dnn.devices)) for b in applicable(dnn.graph)
     ]
     return min(evaluate_objective(problem, c, "makespan") for c in candidates)
 

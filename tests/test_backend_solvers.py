@@ -286,7 +286,7 @@ def test_dnn_problem_with_tied_groups(name: str) -> None:
     from tests.graphs import shared_steps
 
     p = build_problem(shared_steps(), get_preset("p100-1x2"), max_configs=3)
-    assert p.node_ops is not None and any(len(ops) > 1 for ops in p.node_ops)
+    assert any(len(ops) > 1 for ops in p.dnn().node_ops)
     best, value = brute_force(p)
     r = SOLVERS[name]().solve(p, _opts())
     assert r.status is Status.OPTIMAL
@@ -428,7 +428,7 @@ def test_fifo_schedules_match_the_simulator_without_contention(graph, preset: st
     for _ in range(10):
         place = [int(rng.integers(pp.num_devices)) for _ in range(pp.num_nodes)]
         ours = list_schedule(pp, place, "fifo").makespan
-        theirs = simulate(pr.cost_model, pr.strategy(pp.choices(place))).makespan
+        theirs = simulate(pr.dnn().cost_model, pr.strategy(pp.choices(place))).makespan
         assert math.isclose(ours, theirs, rel_tol=1e-12)
 
 

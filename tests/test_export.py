@@ -40,7 +40,7 @@ def budget() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def graph() -> Any:
-    return planner.plan(SmallCNN(), "cpu-local-2", example_inputs=IMAGES).problem.graph
+    return planner.plan(SmallCNN(), "cpu-local-2", example_inputs=IMAGES).problem.dnn().graph
 
 
 def with_config(strategy: Strategy, name: str, dim: str, devices: list[int]) -> Strategy:

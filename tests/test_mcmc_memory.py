@@ -74,8 +74,7 @@ def test_impossible_limits_are_proven_infeasible_at_once() -> None:
 def _dnn_with_binding_limit() -> tuple[Problem, tuple[int, ...]]:
     """tiny_cnn on 2 devices with a limit that data parallelism exceeds but others meet."""
     free = build_problem(tiny_cnn(), get_preset("p100-1x2"), max_configs=6)
-    assert free.graph is not None and free.devices is not None
-    dp = free.choices_of(data_parallel(free.graph, free.devices))
+    dp = free.choices_of(data_parallel(free.dnn().graph, free.dnn().devices))
     assert free.usage is not None
     least = tuple(int(np.argmin(u.max(axis=1))) for u in free.usage)
     limit = 0.5 * (memory_peak(free, least).max() + memory_peak(free, dp).max())

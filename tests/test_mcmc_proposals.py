@@ -23,8 +23,7 @@ def problem() -> Problem:
 
 
 def _cfg(p: Problem, i: int, c: int):
-    assert p.space is not None
-    return p.space[p.ops_of_nodes[i][0]].configs[c]
+    return p.dnn().space[p.ops_of_nodes[i][0]].configs[c]
 
 
 def test_degree_and_move_neighbours_are_one_step_away(problem: Problem) -> None:

@@ -31,7 +31,7 @@ def test_lenet5_on_four_p100s_recommends_data_parallelism() -> None:
     parallelism, so the recommendation is data parallelism, and the optimum is kept."""
     p = problem("lenet5", "p100-1x4")
     optimum = get_backend("elimination").solve(p, SolveOptions())
-    dp = p.choices_of(data_parallel(p.graph, p.devices))  # type: ignore[arg-type]
+    dp = p.choices_of(data_parallel(p.dnn().graph, p.dnn().devices))
     simulated_optimum = evaluate_objective(p, optimum.choices, "makespan")  # type: ignore[arg-type]
     simulated_dp = evaluate_objective(p, dp, "makespan")
     assert optimum.status is Status.OPTIMAL and simulated_dp < simulated_optimum

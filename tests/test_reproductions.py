@@ -131,7 +131,7 @@ def test_local_batch_norm_prices_no_statistics_exchange() -> None:
     local = simulate(LocalBatchNormCostModel(graph, devices), dp).makespan
     assert local < synced
     problem, setting = build("lenet5", 2, 64, batch_norm="local")
-    assert setting.batch_norm == "local" and isinstance(problem.cost_model, CostModel)
+    assert setting.batch_norm == "local" and isinstance(problem.dnn().cost_model, CostModel)
     additive, simulated = score_baseline(problem, "data_parallel")
     assert additive > 0 and simulated > 0
 

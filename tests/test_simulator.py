@@ -37,14 +37,13 @@ def _small(name: str) -> dict[str, int]:
 
 
 def _single_device(p: Problem, device: int) -> Strategy:
-    assert p.graph is not None and p.devices is not None
-    cfgs = tuple(ParallelConfig((1,) * len(op.output.dims), (device,)) for op in p.graph.ops)
-    return Strategy(p.graph, p.devices, cfgs)
+    cfgs = tuple(ParallelConfig((1,) * len(op.output.dims), (device,)) for op in p.dnn().graph.ops)
+    return Strategy(p.dnn().graph, p.dnn().devices, cfgs)
 
 
 def test_one_device_runs_every_task_back_to_back() -> None:
     p = problem("chain_cnn", "p100-1x4")
-    cm = p.cost_model
+    cm = p.dnn().cost_model
     t = simulate(cm, _single_device(p, 2))
     total = sum(
         float(sum(cm.task_times(i, c)[0] + cm.task_times(i, c)[1]))
@@ -60,7 +59,7 @@ def test_one_device_runs_every_task_back_to_back() -> None:
 
 def test_tasks_respect_their_dependencies_and_fifo_devices() -> None:
     p = problem("inception", "p100-2x4")
-    tg = Simulator(p.cost_model, model_parallel(p.graph, p.devices).configs).tasks
+    tg = Simulator(p.dnn().cost_model, model_parallel(p.dnn().graph, p.dnn().devices).configs).tasks
     for t in tg.order:
         for q in tg.preds[t]:
             assert tg.end[q] <= tg.end[t] - tg.dur[t] + 1e-15
@@ -73,11 +72,12 @@ def test_tasks_respect_their_dependencies_and_fifo_devices() -> None:
 
 def test_data_parallel_synchronizes_parameters_on_links() -> None:
     p = problem("chain_cnn", "p100-1x4")
-    t = simulate(p.cost_model, data_parallel(p.graph, p.devices))
+    t = simulate(p.dnn().cost_model, data_parallel(p.dnn().graph, p.dnn().devices))
     sync = [task for task in t.tasks if "allreduce" in task.name]
     assert sync and all(task.resource >= t.num_devices for task in sync)
     ps = simulate(
-        problem("chain_cnn", "p100-1x4", "ps").cost_model, data_parallel(p.graph, p.devices)
+        problem("chain_cnn", "p100-1x4", "ps").dnn().cost_model,
+        data_parallel(p.dnn().graph, p.dnn().devices),
     )
     assert any("push" in task.name for task in ps.tasks)
 
@@ -88,8 +88,11 @@ def test_makespan_is_below_the_additive_cost_for_data_parallel() -> None:
 
     for name in ("chain_cnn", "inception", "residual"):
         p = problem(name, "p100-1x4")
-        s = data_parallel(p.graph, p.devices)
-        assert simulate(p.cost_model, s).makespan <= score_strategy(p.cost_model, s).total * 1.5
+        s = data_parallel(p.dnn().graph, p.dnn().devices)
+        assert (
+            simulate(p.dnn().cost_model, s).makespan
+            <= score_strategy(p.dnn().cost_model, s).total * 1.5
+        )
 
 
 CASES = [
@@ -117,20 +120,23 @@ def test_delta_equals_full_after_random_changes(
 ) -> None:
     p = problem(name, preset, sync)
     rng = np.random.default_rng(seed)
-    start = [p.space[i].configs[int(rng.integers(len(p.space[i])))] for i in range(p.num_nodes)]
-    sim = Simulator(p.cost_model, start)
+    start = [
+        p.dnn().space[i].configs[int(rng.integers(len(p.dnn().space[i])))]
+        for i in range(p.num_nodes)
+    ]
+    sim = Simulator(p.dnn().cost_model, start)
     for step in range(12):
         i = int(rng.integers(p.num_nodes))
-        sim.change(i, p.space[i].configs[int(rng.integers(len(p.space[i])))])
+        sim.change(i, p.dnn().space[i].configs[int(rng.integers(len(p.dnn().space[i])))])
         if step % 4 == 3:
-            full = Simulator(p.cost_model, sim.configs)
+            full = Simulator(p.dnn().cost_model, sim.configs)
             assert sim.timeline().by_key() == full.timeline().by_key()
             assert sim.makespan == full.makespan
 
 
 def test_memory_is_reported_per_device() -> None:
     p = problem("chain_cnn", "p100-1x4")
-    t = simulate(p.cost_model, _single_device(p, 1))
+    t = simulate(p.dnn().cost_model, _single_device(p, 1))
     assert t.memory[1] > 0 and t.memory[0] == t.memory[2] == t.memory[3] == 0
 
 
@@ -140,7 +146,7 @@ def test_chrome_trace_and_gantt(tmp_path) -> None:
     from planner.sim.trace import chrome_trace, save_chrome_trace, save_gantt
 
     p = problem("inception", "p100-2x4")
-    t = simulate(p.cost_model, data_parallel(p.graph, p.devices))
+    t = simulate(p.dnn().cost_model, data_parallel(p.dnn().graph, p.dnn().devices))
     trace = chrome_trace(t)
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert spans and max(e["ts"] + e["dur"] for e in spans) == pytest.approx(t.makespan * 1e6)
@@ -176,16 +182,17 @@ def test_gantt_of_a_large_cluster_draws_its_busiest_rows() -> None:
 def test_changing_several_ops_at_once_equals_full(name: str, preset: str, seed: int) -> None:
     p = problem(name, preset)
     rng = np.random.default_rng(seed)
-    sim = Simulator(p.cost_model, data_parallel(p.graph, p.devices).configs)
+    sim = Simulator(p.dnn().cost_model, data_parallel(p.dnn().graph, p.dnn().devices).configs)
     for _ in range(4):
         ops = rng.choice(p.num_nodes, size=min(3, p.num_nodes), replace=False)
         changes = [
-            (int(i), p.space[int(i)].configs[int(rng.integers(len(p.space[int(i)])))]) for i in ops
+            (int(i), p.dnn().space[int(i)].configs[int(rng.integers(len(p.dnn().space[int(i)])))])
+            for i in ops
         ]
         if rng.random() < 0.3:
             changes[0] = (changes[0][0], None)  # partial strategies too
         sim.change_many(changes)
-        full = Simulator(p.cost_model, sim.configs)
+        full = Simulator(p.dnn().cost_model, sim.configs)
         assert sim.timeline().by_key() == full.timeline().by_key()
 
 
@@ -194,9 +201,9 @@ def test_messages_occupy_cpu_workers() -> None:
     right after its producer and a receive task on the receiver before its consumer, each as
     long as the device's overhead; GPUs have none."""
     p = problem("chain_cnn", "cpu-local-2")
-    ovh = [d.message_overhead for d in p.devices.devices]
+    ovh = [d.message_overhead for d in p.dnn().devices.devices]
     assert min(ovh) > 0
-    t = simulate(p.cost_model, model_parallel(p.graph, p.devices))
+    t = simulate(p.dnn().cost_model, model_parallel(p.dnn().graph, p.dnn().devices))
     sends = [x for x in t.tasks if x.name.startswith("send ")]
     recvs = [x for x in t.tasks if x.name.startswith("recv ")]
     hops = [x for x in t.tasks if x.name.startswith("xfer ") and "allreduce" not in x.name]
@@ -205,7 +212,12 @@ def test_messages_occupy_cpu_workers() -> None:
         assert task.resource < t.num_devices
         assert task.end - task.start == pytest.approx(ovh[task.resource], rel=1e-12)
     gpu = problem("chain_cnn", "p100-1x4")
-    names = [x.name for x in simulate(gpu.cost_model, model_parallel(gpu.graph, gpu.devices)).tasks]
+    names = [
+        x.name
+        for x in simulate(
+            gpu.dnn().cost_model, model_parallel(gpu.dnn().graph, gpu.dnn().devices)
+        ).tasks
+    ]
     assert not any(n.startswith(("send ", "recv ")) for n in names)
 
 
@@ -214,9 +226,9 @@ def test_batch_norm_exchange_waits_for_every_member() -> None:
     task of its group has finished (forward and backward), lasts `norm_exchange`, and the
     op's consumers start after it."""
     p = problem("chain_cnn", "cpu-local-2")
-    g, cm = p.graph, p.cost_model
+    g, cm = p.dnn().graph, p.dnn().cost_model
     bn = g.index("bn1")
-    s = data_parallel(g, p.devices)
+    s = data_parallel(g, p.dnn().devices)
     sim = Simulator(cm, s.configs)
     exchange = cm.norm_exchange(bn, s.configs[bn])
     assert exchange is not None
@@ -231,7 +243,12 @@ def test_batch_norm_exchange_waits_for_every_member() -> None:
     for k in range(2):
         assert by_name[f"fwd relu1 #{k}"].start >= by_name[f"bn stats bn1 #{k}"].end - 1e-15
     gpu = problem("chain_cnn", "p100-1x4")
-    names = [x.name for x in simulate(gpu.cost_model, model_parallel(gpu.graph, gpu.devices)).tasks]
+    names = [
+        x.name
+        for x in simulate(
+            gpu.dnn().cost_model, model_parallel(gpu.dnn().graph, gpu.dnn().devices)
+        ).tasks
+    ]
     assert not any("bn stats" in n for n in names)  # model parallelism: nothing shared
 
 
@@ -239,11 +256,11 @@ def test_a_split_batch_norm_waits_for_its_inputs() -> None:
     """The exchange task is where a split batch norm ends, not where it starts: its compute
     still waits for the activations (forward) and gradients (backward) sent to it."""
     p = problem("chain_cnn", "p100-1x4")
-    g = p.graph
+    g = p.dnn().graph
     conv, bn = g.index("conv1"), g.index("bn1")
     configs = [ParallelConfig((1,) * len(op.output.dims), (0,)) for op in g.ops]
     configs[bn] = ParallelConfig((2, 1, 1, 1), (1, 2))  # samples split over other devices
-    timeline = simulate(p.cost_model, Strategy(g, p.devices, tuple(configs)))
+    timeline = simulate(p.dnn().cost_model, Strategy(g, p.dnn().devices, tuple(configs)))
     tasks = {t.name: t for t in timeline.tasks}
     conv_name, bn_name = g.ops[conv].name, g.ops[bn].name
     for k in range(2):
@@ -375,14 +392,17 @@ def test_sixteen_parameter_shards_keep_their_updates_in_program_order() -> None:
     track of a task and crashed (IndexError), full simulation could order tasks wrongly.
     Every linear of alexnet split 16 ways by channel on 16 GPUs, reached by delta steps."""
     p = problem("alexnet", "p100-4x4")
-    assert p.cost_model is not None and p.space is not None
-    configs = list(data_parallel(p.graph, p.devices).configs)  # type: ignore[arg-type]
-    sim = Simulator(p.cost_model, configs)
+    configs = list(data_parallel(p.dnn().graph, p.dnn().devices).configs)
+    sim = Simulator(p.dnn().cost_model, configs)
     split = []
-    for i, op in enumerate(p.graph.ops):  # type: ignore[union-attr]
+    for i, op in enumerate(p.dnn().graph.ops):
         if op.kind != "linear":
             continue
-        wide = [c for c in p.space[i].configs if len(p.cost_model.replica_groups(op, c)) >= 16]
+        wide = [
+            c
+            for c in p.dnn().space[i].configs
+            if len(p.dnn().cost_model.replica_groups(op, c)) >= 16
+        ]
         if not wide:
             continue  # e.g. 1,000 classes do not split 16 ways
         configs[i] = wide[0]
@@ -391,4 +411,4 @@ def test_sixteen_parameter_shards_keep_their_updates_in_program_order() -> None:
     assert len(split) >= 2
     keys = sim.tasks.order_keys
     assert len(set(keys)) == len(keys)
-    assert sim.makespan == Simulator(p.cost_model, configs).makespan
+    assert sim.makespan == Simulator(p.dnn().cost_model, configs).makespan

@@ -55,7 +55,7 @@ def test_build_problem_shapes(name, preset, cap):
     n = len(g)
     assert p.num_nodes == n
     assert p.node_names == tuple(op.name for op in g.ops)
-    assert p.sizes == tuple(len(p.space[i]) for i in range(n))
+    assert p.sizes == tuple(len(p.dnn().space[i]) for i in range(n))
     if cap is not None:
         assert max(p.sizes) <= cap
     for i in range(n):
@@ -80,7 +80,7 @@ def test_additive_cost_equals_direct_score(case, sync, data):
     p = _problem(name, preset, None, sync)
     choices = [data.draw(st.integers(0, n - 1)) for n in p.sizes]
     strategy = p.strategy(choices)
-    score = score_strategy(p.cost_model, strategy)
+    score = score_strategy(p.dnn().cost_model, strategy)
     assert additive_cost(p, choices) == pytest.approx(score.total, rel=1e-9)
     nodes = sum(float(c[k]) for c, k in zip(p.node_cost, choices, strict=True))
     assert score.compute + score.sync == pytest.approx(nodes, rel=1e-9)
@@ -92,17 +92,17 @@ def test_additive_cost_equals_direct_score(case, sync, data):
 def test_additive_cost_by_hand_on_a_chain():
     # Everything on device 0: no transfers, no sync; the total is the sum of compute times.
     p = _problem("chain_cnn", "p100-1x4")
-    cm = p.cost_model
-    choices = [p.space[i].index(ParallelConfig((1,) * len(op.output.dims), (0,)))
-               for i, op in enumerate(p.graph.ops)]  # fmt: skip
-    expected = sum(cm.compute_time(i, p.space[i].configs[c]) for i, c in enumerate(choices))
+    cm = p.dnn().cost_model
+    choices = [p.dnn().space[i].index(ParallelConfig((1,) * len(op.output.dims), (0,)))
+               for i, op in enumerate(p.dnn().graph.ops)]  # fmt: skip
+    expected = sum(cm.compute_time(i, p.dnn().space[i].configs[c]) for i, c in enumerate(choices))
     assert additive_cost(p, choices) == pytest.approx(expected, rel=1e-12)
     # Moving only the last op (loss) to device 1 adds exactly the fc -> loss transfer.
     moved = list(choices)
     last = len(choices) - 1
-    moved[last] = p.space[last].index(ParallelConfig((1, 1), (1,)))
-    nbytes = p.graph.ops[last - 1].output.nbytes
-    dg = p.devices
+    moved[last] = p.dnn().space[last].index(ParallelConfig((1, 1), (1,)))
+    nbytes = p.dnn().graph.ops[last - 1].output.nbytes
+    dg = p.dnn().devices
     tx = nbytes * (dg.inv_bandwidth[0, 1] + dg.inv_bandwidth[1, 0]) + 2 * dg.latency[0, 1]
     assert additive_cost(p, moved) == pytest.approx(expected + tx, rel=1e-12)
 
@@ -340,7 +340,7 @@ def test_tied_groups_score_like_the_strategy_they_stand_for(preset, seed):
     choices = _choices(tied, seed)
     strategy = tied.strategy(choices)
     assert tied.choices_of(strategy) == tuple(choices)
-    direct = score_strategy(tied.cost_model, strategy).total
+    direct = score_strategy(tied.dnn().cost_model, strategy).total
     assert additive_cost(tied, choices) == pytest.approx(direct, rel=1e-9)
     untied = _problem("shared_steps", preset)
     assert additive_cost(untied, untied.choices_of(strategy)) == pytest.approx(direct, rel=1e-9)
@@ -351,7 +351,7 @@ def test_tied_problem_rejects_a_strategy_that_splits_a_group():
     untied = _problem("shared_steps", "p100-1x4")
     choices = [0] * untied.num_nodes
     first, second = untied.ops_of_nodes[1][0], untied.ops_of_nodes[2][0]
-    assert untied.graph.ops[first].param_group == untied.graph.ops[second].param_group
+    assert untied.dnn().graph.ops[first].param_group == untied.dnn().graph.ops[second].param_group
     choices[second] = 1
     with pytest.raises(ConfigError, match="parameter group"):
         tied.choices_of(untied.strategy(choices))

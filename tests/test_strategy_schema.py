@@ -39,7 +39,7 @@ def plan_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, 
     stopped = dataclasses.replace(instance.result, limit=Limit.INTERRUPTED, status=Status.FEASIBLE)
     interrupted = dataclasses.replace(instance, result=stopped)
     interrupted.save(d / "interrupted.json")
-    graph = factory.problem.graph
+    graph = factory.problem.dnn().graph
     assert graph is not None
     owt(graph, get_preset("cpu-local-2")).save(d / "bare.json")  # Strategy.save: no plan head
     return {p.stem: json.loads(p.read_text()) for p in d.glob("*.json")}

@@ -44,7 +44,9 @@ def finite_and_equal(result: runtime.RunResult) -> None:
 def test_a_log_softmax_head_trains_like_single_process(cls: type[torch.nn.Module]) -> None:
     """The issue: a log_softmax head trained on NaN (the runtime took the log of log p)."""
     module = cls()
-    graph = planner.plan(module, "cpu-local-2", example_inputs=torch.randn(8, 16)).problem.graph
+    graph = (
+        planner.plan(module, "cpu-local-2", example_inputs=torch.randn(8, 16)).problem.dnn().graph
+    )
     assert graph is not None
     cpus = get_preset("cpu-local-2")
     for baseline in (data_parallel, model_parallel):
@@ -59,9 +61,9 @@ def test_a_user_module_instance_plans_and_runs_in_process() -> None:
     assert result.status.value == "OPTIMAL" and result.strategy is not None
     assert result.model is None  # an instance cannot be rebuilt by another program
     finite_and_equal(runtime.run_strategy(result.strategy, net, F64))
-    assert result.problem.graph is not None
+    assert result.problem.is_dnn
     finite_and_equal(
-        runtime.run_strategy(owt(result.problem.graph, get_preset("cpu-local-2")), net, F64)
+        runtime.run_strategy(owt(result.problem.dnn().graph, get_preset("cpu-local-2")), net, F64)
     )
 
 

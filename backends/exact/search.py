@@ -105,8 +105,8 @@ class SearchBackend(Backend[SearchSettings]):
     def _solve_makespan(self, problem: Problem, options: SolveOptions) -> SolveResult:
         from planner.sim.simulator import Simulator
 
-        cm, space, graph = problem.cost_model, problem.space, problem.graph
-        assert cm is not None and space is not None and graph is not None
+        dnn = problem.dnn("the makespan objective simulates the DNN's strategy")
+        cm, space, graph = dnn.cost_model, dnn.space, dnn.graph
         deadline = options.clock().at
         best: list[Any] = [math.inf, None]
         if options.warm_start is not None:

@@ -43,14 +43,15 @@ class BaselinesBackend(Backend[BaselinesSettings]):
     settings_type = BaselinesSettings
 
     def _candidates(self, problem: Problem) -> dict[str, tuple[int, ...]]:
-        if problem.graph is None or problem.devices is None:
+        if not problem.is_dnn:
             return {
                 "cheapest_node": tuple(int(np.argmin(c)) for c in problem.node_cost),
                 "first_allowed": tuple(int(np.argmax(np.isfinite(c))) for c in problem.node_cost),
             }
+        dnn = problem.dnn()
         out = {}
-        for name in applicable(problem.graph):
-            strategy = BASELINES[name](problem.graph, problem.devices)
+        for name in applicable(dnn.graph):
+            strategy = BASELINES[name](dnn.graph, dnn.devices)
             try:
                 out[name] = problem.choices_of(strategy)
             except ConfigError:
@@ -65,7 +66,7 @@ class BaselinesBackend(Backend[BaselinesSettings]):
         best: tuple[float, str, tuple[int, ...]] | None = None
         candidates = self._candidates(problem)
         valid = [ch for ch in candidates.values() if _valid(problem, ch)]
-        if options.objective == "additive" and (problem.graph is None or not valid):
+        if options.objective == "additive" and (not problem.is_dnn or not valid):
             found = feasible_choices(problem, deadline, options.seed)
             if found is not None:
                 candidates["feasible"] = found

@@ -342,15 +342,6 @@ class SolverBackend(Backend[SettingsT], Generic[SettingsT, ModelT, RunT]):
         run = steps.solve_encoded(model, options, settings, seconds, math.inf)
         return steps.decode_placement(model, run)
 
-    def can_run(self, problem: Problem, options: SolveOptions) -> str | None:
-        reason = super().can_run(problem, options)
-        if reason is None and options.objective == "makespan" and problem.graph is None:
-            reason = (
-                f"the makespan objective places the ops of a DNN; problem {problem.name!r} "
-                "is a cost table"
-            )
-        return reason
-
     def _solve(self, problem: Problem, options: SolveOptions, settings: SettingsT) -> SolveResult:
         if options.objective == "makespan":
             pp = placement_for(problem, settings)

@@ -272,7 +272,7 @@ class _Search:
     def _chain(self, state: ChainState) -> Limit:
         s, rng = self.s, self.rng
         self.scale = max(state.cost, 1e-300)
-        mix = s.mix or (DNN_MIX if self.p.space is not None else TABLE_MIX)
+        mix = s.mix or (DNN_MIX if self.p.is_dnn else TABLE_MIX)
         proposer = Proposer(self.p, mix, rng)
         screen = s.screen if state.sim is not None else 0.0
         first, hottest = s.temperature

@@ -105,8 +105,7 @@ class Proposer:
         self.p = problem
         self.rng = rng
         self.movable = np.flatnonzero(np.array(problem.sizes) > 1)
-        structured = problem.space is not None and problem.graph is not None
-        kinds = [k for k, w in mix.items() if w > 0 and (structured or k in ("jump", "eq1"))]
+        kinds = [k for k, w in mix.items() if w > 0 and (problem.is_dnn or k in ("jump", "eq1"))]
         kinds = kinds or ["jump"]  # e.g. only structured kinds asked of a cost-table problem
         weights = np.array([mix.get(k, 1.0) for k in kinds], dtype=np.float64)
         self.kinds = kinds
@@ -161,8 +160,8 @@ class Proposer:
     def _neighbours(self, i: int) -> _OpNeighbours:
         op = self.p.ops_of_nodes[i][0]  # tied ops share one config list
         if op not in self._ops:
-            assert self.p.space is not None
-            self._ops[op] = _OpNeighbours(self.p.space[op], self.p.space.num_devices)
+            space = self.p.dnn("structured proposals move the configs of a DNN's ops").space
+            self._ops[op] = _OpNeighbours(space[op], space.num_devices)
         return self._ops[op]
 
     def _align(self, state: ChainState, i: int) -> int | None:
@@ -175,8 +174,8 @@ class Proposer:
     def _translate(self, j: int, c: int, i: int) -> int | None:
         """The config of node i with the degrees (by dimension name) and devices of node j's
         config c, if i has it."""
-        graph, space = self.p.graph, self.p.space
-        assert graph is not None and space is not None
+        dnn = self.p.dnn("structured proposals move the configs of a DNN's ops")
+        graph, space = dnn.graph, dnn.space
         oi, oj = self.p.ops_of_nodes[i][0], self.p.ops_of_nodes[j][0]
         if oi == oj or space[oi].configs is space[oj].configs:
             return c

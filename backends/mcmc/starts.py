@@ -54,7 +54,6 @@ def start_choices(
 ) -> list[Start]:
     """The named start candidates of `inits`, in that order, then the shrunk ones."""
     p, out = problem, []
-    has_dnn = p.graph is not None and p.devices is not None
     for name in inits:
         if name == "warm_start" and options.warm_start is not None:
             out.append((name, p.check_choices(options.warm_start)))
@@ -67,7 +66,7 @@ def start_choices(
             out += [(name, found)] if found is not None else []
         elif name == "random":
             out.append((name, tuple(int(rng.integers(n)) for n in p.sizes)))
-        elif name in ("data_parallel", "expert") and has_dnn:
+        elif name in ("data_parallel", "expert") and p.is_dnn:
             out += baseline_starts(p, name)
         elif name == "data_parallel":
             out.append(("cheapest_node", tuple(int(np.argmin(c)) for c in p.node_cost)))
@@ -76,8 +75,8 @@ def start_choices(
 
 def baseline_starts(problem: Problem, which: str) -> list[Start]:
     """Data parallelism (`which` "data_parallel") or the other expert strategies."""
-    graph, devices = problem.graph, problem.devices
-    assert graph is not None and devices is not None
+    dnn = problem.dnn("the expert strategies are strategies of a DNN")
+    graph, devices = dnn.graph, dnn.devices
     names = applicable(graph)
     names = ["data_parallel"] if which == "data_parallel" else names[1:]
     out = []
@@ -109,9 +108,9 @@ def elimination_start(
 
 def shrunk_starts(problem: Problem, starts: Sequence[Start]) -> list[Start]:
     """Each start shrunk onto the first group of every level of the cluster's hierarchy."""
-    if problem.devices is None or problem.space is None:
+    if not problem.is_dnn:
         return []
-    hierarchy = problem.devices.hierarchy()
+    hierarchy = problem.dnn().devices.hierarchy()
     if hierarchy is None:
         return []
     out, seen = [], {ch for _, ch in starts}
@@ -129,8 +128,7 @@ def shrink(problem: Problem, choices: Sequence[int], devices: int) -> tuple[int,
     """The strategy on devices 0 .. devices-1 only: every config's largest degrees divided by
     their smallest prime factors until its tasks fit, on the block that starts at device 0.
     None if a shrunk config is not in the (capped) config space."""
-    space = problem.space
-    assert space is not None
+    space = problem.dnn("shrinking a strategy needs its config space").space
     out = []
     for ops, c in zip(problem.ops_of_nodes, choices, strict=True):
         degrees = list(space[ops[0]].configs[c].degrees)

@@ -196,8 +196,8 @@ class ChainState:
         if objective == "makespan":
             from planner.sim.simulator import Simulator
 
-            assert problem.cost_model is not None
-            self.sim = Simulator(problem.cost_model, problem.strategy(choices).configs)
+            cm = problem.dnn("the makespan objective simulates the DNN's strategy").cost_model
+            self.sim = Simulator(cm, problem.strategy(choices).configs)
         self.cost, self.violation = self._measure()
 
     def _measure(self) -> tuple[float, float]:
@@ -238,16 +238,16 @@ class ChainState:
     def _simulate(self, nodes: set[int]) -> None:
         from planner.sim.simulator import Simulator
 
-        p, sim = self.p, self.sim
-        assert p.space is not None and p.cost_model is not None and sim is not None
+        p, sim, dnn = self.p, self.sim, self.p.dnn()
+        assert sim is not None
         if self.full or len(nodes) > max(REBUILD_MIN, REBUILD_SHARE * p.num_nodes):
             # Algorithm 1 from scratch: FlexFlow's baseline in its Table 4, and cheaper than
             # a delta that re-times almost everything (a restart from another start)
-            self.sim = Simulator(p.cost_model, p.strategy(self.choices).configs)
+            self.sim = Simulator(dnn.cost_model, p.strategy(self.choices).configs)
             return
-        ops = p.ops_of_nodes
+        ops = dnn.node_ops
         sim.change_many(
-            [(op, p.space[op].configs[self.choices[i]]) for i in sorted(nodes) for op in ops[i]]
+            [(op, dnn.space[op].configs[self.choices[i]]) for i in sorted(nodes) for op in ops[i]]
         )
 
     def jump_to(self, choices: Sequence[int]) -> None:

@@ -420,19 +420,19 @@ def placement_problem(
         raise PlacementError(f"phases must be 'training' or 'forward', got {phases!r}")
     if routing not in ROUTINGS:
         raise PlacementError(f"routing must be one of {ROUTINGS}, got {routing!r}")
-    if problem.graph is None or problem.space is None or problem.cost_model is None:
+    if not problem.is_dnn:
         raise PlacementError(
             f"problem {problem.name!r} has no DNN behind it: the makespan objective places ops "
             "of a graph (build the problem with planner.problems.problem.build_problem)"
         )
-    assert problem.devices is not None
-    graph, cm, devices = problem.graph, problem.cost_model, problem.devices
+    dnn = problem.dnn()
+    graph, cm, devices = dnn.graph, dnn.cost_model, dnn.devices
     D = devices.num_devices
     ops_of = problem.ops_of_nodes
     node_of = {i: k for k, ops in enumerate(ops_of) for i in ops}
     config_of = np.full((len(ops_of), D), -1, dtype=np.int64)
     for k, ops in enumerate(ops_of):
-        for c, cfg in enumerate(problem.space[ops[0]].configs):
+        for c, cfg in enumerate(dnn.space[ops[0]].configs):
             if cfg.num_tasks == 1:
                 config_of[k, cfg.devices[0]] = c
     if not (config_of >= 0).any(axis=1).all():
@@ -508,11 +508,11 @@ def _per_device(
     problem: Problem, cm: CostModel, i: int, configs: np.ndarray, phase: int
 ) -> np.ndarray:
     """Forward (phase 0) or backward (1) seconds of op i on each device (0 where not allowed)."""
-    assert problem.space is not None
+    space = problem.dnn().space
     out = np.zeros(len(configs))
     for d, c in enumerate(configs):
         if c >= 0:
-            out[d] = float(cm.task_times(i, problem.space[i].configs[c])[phase][0])
+            out[d] = float(cm.task_times(i, space[i].configs[c])[phase][0])
     return out
 
 
@@ -552,8 +552,7 @@ def _placement_memory(problem: Problem, config_of: np.ndarray) -> tuple[Placemen
         limit = np.asarray(problem.usage_limit, dtype=np.float64).reshape(-1)
         sets = live_sets(problem.intervals)
     else:
-        assert problem.devices is not None
-        limit = np.array([float(d.memory) for d in problem.devices.devices])
+        limit = np.array([float(d.memory) for d in problem.dnn().devices.devices])
         sets = [np.arange(len(config_of))]
     rows = []
     for nodes in sets:

@@ -6,12 +6,15 @@ t_x per config pair of edge e = (u, v); a forbidden choice costs `inf`. Memory: 
 cost-table problems), live over `intervals[i]` = [start, end); a choice vector is feasible
 when at every time the live usages sum to at most `usage_limit` in every pool.
 
-A Problem built from a DNN keeps its graph, devices, config space and cost model, so choices
-map back to a `Strategy`. Ops that share a parameter group (unrolled RNN steps) are tied into
-one node by default, one decision for the whole group, as FlexFlow did to run OptCNN on RNNs:
-the node's cost sums its ops' costs, edges inside the group add their diagonal (both ends take
-the same config) and `node_ops[k]` lists the ops of node k. A Problem read from a cost-table JSON (`planner.problems.costtable`) has no
-DNN behind it: it is the shape of the public IOPDDL auto-sharding problems.
+A Problem built from a DNN keeps where it came from in `origin` (a `DnnOrigin`: its graph,
+devices, config space, cost model and the ops of each node), so choices map back to a
+`Strategy`. Ops that share a parameter group (unrolled RNN steps) are tied into one node by
+default, one decision for the whole group, as FlexFlow did to run OptCNN on RNNs: the node's
+cost sums its ops' costs, edges inside the group add their diagonal (both ends take the same
+config) and `origin.node_ops[k]` lists the ops of node k. A Problem read from a cost-table JSON
+(`planner.problems.costtable`) has no DNN behind it (`origin` is None): it is the shape of the
+public IOPDDL auto-sharding problems. `Problem.is_dnn` is the one test of which kind a problem
+is; `Problem.dnn()` gives the origin, or one ProblemError for a cost-table problem.
 
 For DNN problems the liveness of node i in the forward/backward order is [i, 2n - i): its
 output and parameters are live from its forward until its backward, so the peak (all nodes
@@ -50,14 +53,28 @@ FORBIDDEN = 1e18  # cost-table convention: a cost >= 1e18 forbids the choice
 
 
 @dataclass(frozen=True, eq=False)
+class DnnOrigin:
+    """What a DNN problem was built from: the op graph, the devices, the config space searched,
+    the cost model that priced the tables, and `node_ops[k]`, the ops node k decides for (one
+    op per node unless parameter groups are tied)."""
+
+    graph: OpGraph
+    devices: DeviceGraph
+    space: ConfigSpace
+    cost_model: CostModel
+    node_ops: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, eq=False)
 class Problem:
     """One planning problem in the form every backend reads: a graph of nodes, each with a
     cost per choice (`node_cost`, OptCNN's t_c + t_s), and edges with a cost per pair of
     choices (`edge_cost`, t_x); optionally per-choice memory `usage` with live `intervals`
-    and a `usage_limit` per pool. DNN problems (from `build_problem`) also carry the graph,
-    the devices, the config space and the cost model, so a choice vector maps back to a
-    `Strategy`; cost-table problems (read from JSON) carry the tables only. Tables may be
-    shared (the same read-only array) between identical nodes or edges."""
+    and a `usage_limit` per pool. DNN problems (from `build_problem`) also carry their
+    `origin` (`DnnOrigin`: graph, devices, config space, cost model, ops per node), so a choice
+    vector maps back to a `Strategy`; cost-table problems (read from JSON) carry the tables
+    only (`origin` None). Ask `is_dnn` which kind a problem is, and `dnn()` for the origin.
+    Tables may be shared (the same read-only array) between identical nodes or edges."""
 
     name: str
     node_names: tuple[str, ...]
@@ -67,11 +84,7 @@ class Problem:
     usage: tuple[np.ndarray, ...] | None = None
     intervals: np.ndarray | None = None
     usage_limit: np.ndarray | None = None
-    graph: OpGraph | None = None
-    devices: DeviceGraph | None = None
-    space: ConfigSpace | None = None
-    cost_model: CostModel | None = None
-    node_ops: tuple[tuple[int, ...], ...] | None = None
+    origin: DnnOrigin | None = None
     stats: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -86,9 +99,24 @@ class Problem:
         return tuple(len(c) for c in self.node_cost)
 
     @property
+    def is_dnn(self) -> bool:
+        """True for a problem built from a DNN (it has an `origin`), False for a cost-table
+        problem: the one test of which kind a problem is."""
+        return self.origin is not None
+
+    def dnn(self, needed_for: str = "it has cost tables only") -> DnnOrigin:
+        """The DNN this problem was built from; for a cost-table problem, a ProblemError of one
+        line that says what needed the DNN (`needed_for`)."""
+        if self.origin is None:
+            raise ProblemError(
+                f"problem {self.name!r} has no DNN behind it (a cost-table problem): {needed_for}"
+            )
+        return self.origin
+
+    @property
     def space_kind(self) -> str | None:
         """The config space searched ("full" or "mesh"); None for a cost-table problem."""
-        return self.space.kind if self.space is not None else None
+        return self.dnn().space.kind if self.is_dnn else None
 
     @property
     def has_memory_limit(self) -> bool:
@@ -108,38 +136,36 @@ class Problem:
         """The Strategy for a choice vector (DNN problems only)."""
         from planner.problems.strategy import Strategy
 
-        if self.graph is None or self.devices is None or self.space is None:
-            raise ProblemError(f"problem {self.name!r} has no DNN behind it: use choices")
+        dnn = self.dnn("a strategy gives configs to the ops of a DNN; use the choices")
         ch = self.check_choices(choices)
-        configs: list[ParallelConfig | None] = [None] * len(self.graph.ops)
-        for ops, c in zip(self.ops_of_nodes, ch, strict=True):
+        configs: list[ParallelConfig | None] = [None] * len(dnn.graph.ops)
+        for ops, c in zip(dnn.node_ops, ch, strict=True):
             for i in ops:
-                configs[i] = self.space[i].configs[c]
+                configs[i] = dnn.space[i].configs[c]
         return Strategy(
-            self.graph,
-            self.devices,
+            dnn.graph,
+            dnn.devices,
             tuple(c for c in configs if c is not None),
-            space=self.space.describe(),
+            space=dnn.space.describe(),
         )
 
     @property
     def ops_of_nodes(self) -> tuple[tuple[int, ...], ...]:
         """The ops each node decides for (one op per node unless groups are tied)."""
-        return self.node_ops or tuple((i,) for i in range(self.num_nodes))
+        return self.dnn().node_ops if self.is_dnn else tuple((i,) for i in range(self.num_nodes))
 
     def choices_of(self, strategy: Strategy) -> tuple[int, ...]:
         """Config indices of a strategy's configs (each must be in the config space)."""
-        if self.space is None or self.graph is None:
-            raise ProblemError(f"problem {self.name!r} has no config space")
+        dnn = self.dnn("it has no config space to find a strategy's configs in")
         out = []
-        for ops in self.ops_of_nodes:
+        for ops in dnn.node_ops:
             cfgs = {strategy.configs[i] for i in ops}
             if len(cfgs) > 1:
                 raise ConfigError(
                     f"the strategy gives different configs to the ops of parameter group "
-                    f"{self.graph.ops[ops[0]].param_group!r}, which this problem ties together"
+                    f"{dnn.graph.ops[ops[0]].param_group!r}, which this problem ties together"
                 )
-            out.append(self.space[ops[0]].index(strategy.configs[ops[0]]))
+            out.append(dnn.space[ops[0]].index(strategy.configs[ops[0]]))
         return tuple(out)
 
 
@@ -174,6 +200,13 @@ def _validate(p: Problem) -> None:
             raise ProblemError("usage tables must be (C_i, M) with the same M for every node")
     if p.usage_limit is not None and p.usage is None:
         raise ProblemError("a usage limit needs usage tables")
+    if p.origin is not None:
+        ops = sorted(i for node in p.origin.node_ops for i in node)
+        if len(p.origin.node_ops) != n or ops != list(range(len(p.origin.graph.ops))):
+            raise ProblemError(
+                f"the origin's node_ops must give each of the {n} nodes its ops, every op of "
+                f"{p.origin.graph.name!r} once"
+            )
 
 
 def forbid(costs: np.ndarray) -> np.ndarray:
@@ -281,11 +314,7 @@ def build_problem(
         usage=tied[1],
         intervals=tied[2],
         usage_limit=limit,
-        graph=graph,
-        devices=devices,
-        space=cspace,
-        cost_model=cm,
-        node_ops=tuple(tuple(ops) for ops in node_ops),
+        origin=DnnOrigin(graph, devices, cspace, cm, tuple(tuple(ops) for ops in node_ops)),
         stats=stats,
     )
 

@@ -138,11 +138,11 @@ def test_a_simulation_past_its_deadline_stops_with_out_of_time() -> None:
     from planner.sim.simulator import Simulator
 
     p = problem("lenet5", "p100-1x4")
-    dp = p.choices_of(data_parallel(p.graph, p.devices))  # type: ignore[arg-type]
+    dp = p.choices_of(data_parallel(p.dnn().graph, p.dnn().devices))
     configs = p.strategy(dp).configs
-    assert Simulator(p.cost_model, configs).makespan > 0  # type: ignore[arg-type]
+    assert Simulator(p.dnn().cost_model, configs).makespan > 0
     with pytest.raises(OutOfTime):
-        Simulator(p.cost_model, configs, deadline=time.perf_counter() - 1.0)  # type: ignore[arg-type]
+        Simulator(p.dnn().cost_model, configs, deadline=time.perf_counter() - 1.0)
 
 
 def test_no_time_to_simulate_the_answer_keeps_it_and_says_why() -> None:

@@ -248,6 +248,7 @@ def plan(
     backend_options: Mapping[str, Any] | None = None,
     recommend: bool = True,
     check_memory: bool = True,
+    deadline: Deadline | None = None,
     **build_options: Any,
 ) -> PlanResult:
     """Find a parallelization strategy for `model` on `devices` with `backend`.
@@ -267,20 +268,16 @@ def plan(
     `stats["recommendation"]` says what was decided (False: the searched answer, always).
     check_memory: a strategy whose peak bytes on some device exceed that device's memory is
     an error (`planner.problems.sizes.SizeError`: plan with memory_limit="device"); False
-    returns it anyway, with `stats["memory_fits"]` False. Further keyword arguments go to
-    `build_problem` unchanged (space, table_budget, max_split_dims: docs/space.md).
+    returns it anyway, with `stats["memory_fits"]` False. deadline: a clock the caller
+    started earlier (a command line's, from its own start): the earlier of it and
+    `time_limit` from now ends the call. Further keyword arguments go to `build_problem`
+    unchanged (space, table_budget, max_split_dims: docs/space.md).
     """
-    deadline = Deadline.after(time_limit) if _positive(time_limit) else Deadline.never()
+    clock = Deadline.after(time_limit) if _positive(time_limit) else Deadline.never()
+    deadline = clock if deadline is None else deadline.within(clock.left())
     start = time.perf_counter()
     _check_call(objective, time_limit, seed, build_options)
-    from planner.registry import get_backend
-
-    solver = get_backend(backend)  # an unknown name fails before any work
-    if objective not in solver.objectives:
-        raise LayerwiseError(
-            f"backend {backend!r} does not optimize the {objective!r} objective (it does: "
-            f"{', '.join(solver.objectives)})"
-        )
+    solver = check_backend(backend, objective)  # an unknown name fails before any work
     with catch_interrupt():
         problem, spec, phases = _problem(
             model,
@@ -362,6 +359,19 @@ def plan(
 
 
 RECOMMEND_SHARE = 0.1  # of the time left after the build, kept for the recommendation
+
+
+def check_backend(backend: str, objective: str) -> Any:
+    """The backend registered as `backend` when it optimizes `objective`; else one error."""
+    from planner.registry import get_backend
+
+    solver = get_backend(backend)
+    if objective not in solver.objectives:
+        raise LayerwiseError(
+            f"backend {backend!r} does not optimize the {objective!r} objective (it does: "
+            f"{', '.join(solver.objectives)})"
+        )
+    return solver
 
 
 def _positive(seconds: Any) -> bool:

@@ -569,10 +569,14 @@ def _plan_source(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from planner.api import plan
+    from planner.deadline import Deadline
+
+    deadline = Deadline.after(args.time_limit)  # the limit counts from the command's start
+    from planner.api import check_backend, plan
 
     _check_plan_args(args)
     _outputs((args.output, "plan"))
+    check_backend(args.backend, args.objective)  # refused before torch is imported
     source, model_options = _plan_source(args)
     dnn = not args.problem
     result = plan(
@@ -587,6 +591,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         cost=args.cost or "analytic",
         sync=args.sync,
         recommend=not args.no_recommend,
+        deadline=deadline,
         **model_options,
         **{
             k: v

@@ -32,7 +32,7 @@ from backends.base import (
     Status,
     past,
 )
-from backends.exact.branch_and_bound import Memory, solve_exact
+from backends.exact.branch_and_bound import EXACT_GRACE, Memory, solve_exact
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
 
@@ -70,7 +70,7 @@ class SearchBackend(Backend):
         out = solve_exact(
             problem.node_cost,
             edges,
-            options.time_limit,
+            options.clock().at_least(EXACT_GRACE).at,
             memory=memory_of(problem),
             incumbent=incumbent,
             mode=mode,

@@ -109,7 +109,9 @@ class PortfolioBackend(Backend):
         if options.objective == "makespan":
             result = get_backend("mcmc").solve(problem, options)
             stats = {**result.stats, "delegated": "mcmc"}
-            return replace(result, backend=self.name, objective=None, strategy=None, stats=stats)
+            # mcmc's objective (the simulator's) stays the reported one: the re-score keeps it
+            # when no time is left to simulate again
+            return replace(result, backend=self.name, strategy=None, stats=stats)
         t0 = time.perf_counter()
         deadline = options.clock().at
         sel = selection(problem)

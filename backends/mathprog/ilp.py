@@ -33,8 +33,8 @@ CBC: threads = SolveOptions.threads, "randomSeed" and "randomCbcSeed" = seed + 1
 (SolveOptions.warm_start, else `backends.heuristics.feasible`'s heuristic) is passed to the additive
 model as a MIP start (CBC's -mips); `stats["warm_start_accepted"]` is what CBC's log says
 about it. The makespan model gets none (see `encode_placement`: a CBC defect). Status,
-objective and lower bound are read from CBC's log. At the time limit CBC gets SIGINT (it stops
-and writes its best solution); if it has not stopped a little later it is killed and the
+objective and lower bound are read from CBC's log. A margin before the deadline CBC gets SIGINT
+(it stops and writes its best solution); if it has not stopped by the deadline it is killed and the
 start is the answer (FEASIBLE, limit TIME, with the last bound CBC printed).
 
 What does not depend on the solver (warm starts, the time limit while encoding, the makespan
@@ -75,6 +75,7 @@ from backends.placement.problem import (
     Schedule,
     hardware_graph,
     horizon,
+    lex_symmetries,
     placement_lower_bound,
     retime,
 )
@@ -103,7 +104,15 @@ STOP_SECONDS = 3.0  # ... but at most this far (plus its I/O): long runs lose li
 LP_FRACTION = 0.15  # of the time left, at most, for the LP-rounding start
 LP_SECONDS_PER_TERM = 3e-6  # CLP's time per term on the root LP of an additive model
 logger = logging.getLogger("backends.ilp")
-KILL_FRACTION = 0.05  # CBC is killed this far past the time limit (plus half a second)
+KILL_SECONDS = 0.25  # CBC still running this long past the deadline is killed (it had its
+# SIGINT a margin before the deadline: a run that has not stopped by then loses its answer)
+
+
+def _stop_margin(options: SolveOptions, io_seconds: float) -> float:
+    """Seconds before the deadline at which CBC gets its SIGINT (its own limit one margin
+    earlier): enough to write and read its solution, STOP_FRACTION of the time limit but
+    at most STOP_SECONDS."""
+    return max(io_seconds, min(STOP_FRACTION * options.time_limit, STOP_SECONDS))
 
 
 @dataclass
@@ -272,6 +281,7 @@ def encode_placement(
                 if pu is not None and pv is not None:
                     w = float(delay[p, a, b])
                     lp += _expr([(delta, 1.0), (pu, -w), (pv, -w)]) >= -w
+                    clock.tick()  # up to D^2 rows per precedence (256 on 16 GPUs)
         lp += _expr([(out.start[y], 1.0), (delta, -1.0)] + [(v, -c) for v, c in ends[x]]) >= 0
         clock.tick()
     for x, y in pp.exclusive_pairs(order):
@@ -291,13 +301,14 @@ def encode_placement(
             if out.x[k][d] is not None
         ]
         lp.addConstraint(_expr(terms) <= row.limit * (1 + 1e-9) / norm, f"memory{r}")
-    _lex_leader(lp, pp, out.x)
+    _lex_leader(lp, pp, out.x, clock)
     lp += _expr([(span, 1.0)])
     out.stats = {
         "order": order,
         "routing": pp.routing,
         "route_variables": flow,
         "symmetries": len(pp.symmetries),
+        "symmetries_broken": len(lex_symmetries(pp)),
         "big_m": top,
     }
     # The warm start gives big-M (so it bounds C) and stays the answer when CBC finds
@@ -387,16 +398,18 @@ def _flow_routes(lp: pulp.LpProblem, out: IlpModel) -> Callable[[int, int, int],
     return route
 
 
-def _lex_leader(lp: pulp.LpProblem, pp: PlacementProblem, x: list[list[Any]]) -> None:
+def _lex_leader(lp: pulp.LpProblem, pp: PlacementProblem, x: list[list[Any]], clock: Clock) -> None:
     """As in the cpsat backend: f_k (continuous) >= 1 when nodes before k are all on devices
-    sigma fixes; then node k may not be on a device b with sigma(b) < b."""
-    for s, sigma in enumerate(pp.symmetries):
+    sigma fixes; then node k may not be on a device b with sigma(b) < b (for the symmetries
+    of `lex_symmetries`)."""
+    for s, sigma in enumerate(lex_symmetries(pp)):
         fixed = [d for d in range(pp.num_devices) if sigma[d] == d]
         f: Any = ALWAYS
         for k in range(min(pp.num_nodes, SYMMETRY_DEPTH)):
             for b in range(pp.num_devices):
                 if sigma[b] < b and x[k][b] is not None:
                     lp += _expr([(f, 1.0), (x[k][b], 1.0)]) <= 1
+                    clock.tick()
             if not fixed:
                 break
             nxt = _var(lp, f"f{s}_{k}")
@@ -415,13 +428,15 @@ def solve_encoded(model: IlpModel, options: SolveOptions, time_limit: float) -> 
     nvars = len(model.lp.variables())
     if nvars == 0:  # every node has a single choice: nothing to search
         return IlpRun("OPTIMAL", 0.0, 0.0, 0.0, False, {"cbc_result": "not run (no variables)"})
-    deadline = time.perf_counter() + time_limit
+    now = time.perf_counter()
+    deadline = min(options.clock().at, now + time_limit)
     io_seconds = IO_SECONDS_PER_VARIABLE * nvars
+    margin = _stop_margin(options, io_seconds)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # PULP_CBC_CMD's notice about pulp 4
         solver = pulp.PULP_CBC_CMD(
             msg=False,
-            timeLimit=max(0.5, time_limit - 2 * io_seconds),
+            timeLimit=max(0.1, deadline - now - 2 * margin),
             threads=options.threads,
             warmStart=False,  # see encode_placement
             options=[
@@ -430,11 +445,10 @@ def solve_encoded(model: IlpModel, options: SolveOptions, time_limit: float) -> 
                 "timeMode elapsed",
             ],
         )
-    grace = KILL_FRACTION * options.time_limit + 0.5
     with tempfile.TemporaryDirectory(prefix="layerwise-cbc-") as tmp:
         solver.tmpDir = tmp
         start = time.perf_counter()
-        text, killed = _run_cbc(model.lp, solver, deadline - io_seconds, deadline + grace)
+        text, killed = _run_cbc(model.lp, solver, deadline - margin, deadline + KILL_SECONDS)
         wall = time.perf_counter() - start
     log = parse_log(text)
     if killed:
@@ -455,7 +469,7 @@ def _solve_additive(model: IlpModel, options: SolveOptions, time_limit: float) -
     if prog.num_columns == 0:  # every node has a single choice: nothing to search
         return IlpRun("OPTIMAL", 0.0, 0.0, 0.0, False, {"cbc_result": "not run (no variables)"},
                       np.zeros(0))  # fmt: skip
-    deadline = start + time_limit
+    deadline = min(options.clock().at, start + time_limit)
     io_seconds = IO_SECONDS_PER_TERM * (prog.num_terms + prog.num_columns)
     lp_stats: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="layerwise-cbc-") as tmp:
@@ -476,14 +490,14 @@ def _solve_additive(model: IlpModel, options: SolveOptions, time_limit: float) -
         # CBC checks its own limit only now and then (and stops late when the machine is
         # busy), so it gets less than is left, a SIGINT a little before the deadline and a
         # kill a little after it
-        margin = max(io_seconds, min(STOP_FRACTION * options.time_limit, STOP_SECONDS))
+        margin = _stop_margin(options, io_seconds)
         seconds = deadline - started - margin
         args += ["-timeMode", "elapsed", "-sec", f"{max(0.1, seconds - margin):.2f}",
                  "-threads", str(options.threads),
                  "-randomS", str(options.seed + 1), "-randomC", str(options.seed + 1),
                  "-solve", "-printingOptions", "normal", "-solution", str(sol)]  # fmt: skip
         stop_at = deadline - margin
-        kill_at = deadline + KILL_FRACTION * options.time_limit + 0.5
+        kill_at = deadline + KILL_SECONDS
         proc = run_cbc(args, log, stop_at, kill_at, _should_stop(options))
         parsed = parse_log(proc.text)
         parsed.update(lp_stats, cbc_peak_mib=proc.peak_mib)

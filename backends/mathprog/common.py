@@ -77,6 +77,7 @@ LNS_WHOLE_SHARE = 0.3  # of the time limit for the whole model when the neighbou
 LARGE_POLISH_FRACTION = 0.4  # of the time left, at most, to polish the start of a restriction
 
 Warm = tuple[tuple[int, ...], str]  # a valid choice vector and where it came from
+ENCODE_TIMEOUT = "not run (time limit while encoding)"  # stats["solver_status"]
 
 
 class _Model(Protocol):
@@ -192,7 +193,7 @@ def _add(phases: dict[str, Any], **seconds: float) -> None:
 
 def out_of_time(sel: Selection, warm: Warm | None, name: str) -> SolveResult:
     """The time limit passed while encoding: the start, if there is one."""
-    stats: dict[str, Any] = {"solver_status": "not run (time limit while encoding)"}
+    stats: dict[str, Any] = {"solver_status": ENCODE_TIMEOUT}
     if warm is None:
         return SolveResult(name, Status.NO_SOLUTION, limit=Limit.TIME, stats=stats)
     stats["hint"] = warm[1]
@@ -245,12 +246,24 @@ class SolverBackend(Backend, Generic[ModelT, RunT]):
     def _solve_model(
         self, pp: PlacementProblem, options: SolveOptions, warm: Schedule | None, seconds: float
     ) -> PlacementOutcome:
-        """One solve of the whole placement model (the last step of `solve_placement`)."""
+        """One solve of the placement model within `seconds` (and options' deadline), its
+        encoding included: the last step of `solve_placement`, and each segment's solve of
+        the series bound. When the model cannot be encoded in time the solver does not run
+        (no schedule; the caller keeps its start)."""
         steps = self.steps
-        model = steps.encode_placement(
-            pp, options, (warm, "hint") if warm is not None else None, math.inf
-        )
-        return steps.decode_placement(model, steps.solve_encoded(model, options, seconds))
+        t0 = time.perf_counter()
+        until = min(options.clock().at, t0 + seconds)
+        try:
+            model = steps.encode_placement(
+                pp, options, (warm, "hint") if warm is not None else None, until
+            )
+        except OutOfTime:
+            stats = {"solver_status": ENCODE_TIMEOUT, "encode_seconds": time.perf_counter() - t0}
+            return PlacementOutcome("NO_SOLUTION", None, None, None, True, stats)
+        encoded = time.perf_counter()
+        run = steps.solve_encoded(model, options, max(1e-3, until - encoded))
+        out = steps.decode_placement(model, run)
+        return replace(out, stats={**out.stats, "encode_seconds": encoded - t0})
 
     def can_run(self, problem: Problem, options: SolveOptions) -> str | None:
         reason = super().can_run(problem, options)

@@ -171,7 +171,10 @@ class Backend(ABC):
                 raw.objective,
             )
         else:
+            t0 = time.perf_counter()
             value = evaluate_objective(problem, choices, options.objective)
+            if options.objective == "makespan":  # what a simulation of it costs (recommend)
+                stats["simulate_seconds"] = time.perf_counter() - t0
         if not math.isfinite(value) or not memory_feasible(problem, choices):
             raise BackendError(
                 f"backend {self.name!r} returned an invalid answer (forbidden choice or memory "

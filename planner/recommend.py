@@ -102,19 +102,23 @@ def recommend(
     """`result` unless an expert baseline simulates faster; then that baseline (see the module
     docstring). `objective` is the one `result` was searched under; `baselines` may pass
     `baseline_times(problem)` when the caller has it already (then none is skipped). With a
-    `deadline`, a baseline whose simulation would end past it (estimated from the answer's
-    own simulation, scaled by task counts) is not simulated and is listed under
-    "not_simulated_for_time"."""
+    `deadline`, a baseline whose simulation would end past it (estimated from the slowest
+    simulation so far, the answer's or a baseline's, scaled by task counts; none once the
+    deadline has passed) is not simulated and is listed under "not_simulated_for_time"."""
     if result.choices is None or problem.cost_model is None or problem.space is None:
         reason = "no answer" if result.choices is None else "a cost-table problem"
         return _with(result, {"switched": False, "reason": f"nothing to simulate: {reason}"})
     clock = deadline or Deadline.never()
-    t0 = time.perf_counter()
+    per_task: float | None = None  # seconds of simulation per task, the slowest seen
     if objective == "makespan" and result.objective is not None:
-        simulated = result.objective
+        simulated = result.objective  # simulated by the re-score, which timed it
+        seconds = result.stats.get("simulate_seconds")
+        if isinstance(seconds, float):
+            per_task = seconds / max(1, _tasks(problem, result.choices))
     else:
+        t0 = time.perf_counter()
         simulated = evaluate_objective(problem, result.choices, "makespan")
-    per_task = (time.perf_counter() - t0) / max(1, _tasks(problem, result.choices))
+        per_task = (time.perf_counter() - t0) / max(1, _tasks(problem, result.choices))
     skipped: dict[str, float] = {}
     late: list[str] = []
     if baselines is None:
@@ -128,10 +132,13 @@ def recommend(
             if ratio > HOPELESS:
                 skipped[name] = ratio
                 continue
-            if per_task > 0 and per_task * _tasks(problem, choices) > clock.left():
+            tasks = _tasks(problem, choices)
+            if clock.expired() or (per_task is not None and per_task * tasks > clock.left()):
                 late.append(name)
                 continue
+            t1 = time.perf_counter()
             value = evaluate_objective(problem, choices, "makespan")
+            per_task = max(per_task or 0.0, (time.perf_counter() - t1) / max(1, tasks))
             times[name] = BaselineTime(name, choices, value)
     else:
         times = dict(baselines)
@@ -167,7 +174,11 @@ def recommend(
         "additive": evaluate_objective(problem, result.choices, "additive"),
         "simulated": simulated,
     }
-    value = evaluate_objective(problem, fastest.choices, objective)
+    value = (
+        fastest.simulated
+        if objective == "makespan"
+        else evaluate_objective(problem, fastest.choices, objective)
+    )
     stats = {**result.stats, "searched": searched, "recommendation": decision}
     return SolveResult(
         result.backend,

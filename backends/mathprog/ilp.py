@@ -599,6 +599,8 @@ def _run_cbc(lp: pulp.LpProblem, solver: Any, stop_at: float, kill_at: float) ->
     proc = run_cbc(args, Path(log_path), stop_at, kill_at)
     if not proc.killed:
         if proc.returncode != 0 or not os.path.exists(sol):
+            if proc.interrupted:  # its SIGINT came before it could write a solution
+                return proc.text, True
             raise BackendError(f"CBC failed (exit {proc.returncode}): {proc.text[-500:]}")
         status, values, _, _, _, sol_status = solver.readsol_MPS(sol, lp, vs, var_names, con_names)
         lp.assignVarsVals(values)

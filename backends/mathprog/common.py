@@ -78,6 +78,7 @@ LARGE_POLISH_FRACTION = 0.4  # of the time left, at most, to polish the start of
 
 Warm = tuple[tuple[int, ...], str]  # a valid choice vector and where it came from
 ENCODE_TIMEOUT = "not run (time limit while encoding)"  # stats["solver_status"]
+SYMMETRY_SHARE = 0.1  # of the time left, at most, for finding the device symmetries
 
 
 class _Model(Protocol):
@@ -135,8 +136,10 @@ def rounded_lp_start(
 
 def placement_for(problem: Problem, options: SolveOptions) -> PlacementProblem:
     """The placement problem of `problem` under extra "phases" and "routing"."""
+    # the search for device symmetries gets a tenth of the time left
+    build = partial(placement_problem, deadline=options.clock().share(SYMMETRY_SHARE).at)
     try:
-        return placement_problem(
+        return build(
             problem,
             phases=options.extra.get("phases", "training"),
             routing=options.extra.get("routing", "fixed"),

@@ -429,7 +429,7 @@ def lex_symmetries(pp: PlacementProblem) -> tuple[tuple[int, ...], ...]:
 
 
 def placement_problem(
-    problem: Problem, phases: str = "training", routing: str = "fixed"
+    problem: Problem, phases: str = "training", routing: str = "fixed", deadline: float = math.inf
 ) -> PlacementProblem:
     """DLPlacer's placement problem of a Problem built from a DNN (see the module docstring).
 
@@ -437,7 +437,8 @@ def placement_problem(
     routing: "fixed" (the device graph's routes, as the simulator) or "shortest" (each
     tensor's fastest path over the hardware graph: what Eqs. 8-9's routing variables pick
     when links carry no contention). Memory: the Problem's liveness rule and limit when it
-    has one, else each device's capacity (Eq. 13)."""
+    has one, else each device's capacity (Eq. 13). The search for device symmetries stops at
+    `deadline` (`device_symmetries`)."""
     if phases not in ("training", "forward"):
         raise PlacementError(f"phases must be 'training' or 'forward', got {phases!r}")
     if routing not in ROUTINGS:
@@ -523,7 +524,7 @@ def placement_problem(
         routing=routing,
         memory=_placement_memory(problem, config_of),
     )
-    return replace(pp, symmetries=device_symmetries(pp))
+    return replace(pp, symmetries=device_symmetries(pp, deadline))
 
 
 def _per_device(
@@ -639,12 +640,15 @@ MAX_AUTOMORPHISMS = 5000
 LEX_SYMMETRIES = 64  # symmetries broken by the placement models' lexicographic leader
 
 
-def device_symmetries(pp: PlacementProblem) -> tuple[tuple[int, ...], ...]:
+def device_symmetries(
+    pp: PlacementProblem, deadline: float = math.inf
+) -> tuple[tuple[int, ...], ...]:
     """Device permutations (not the identity) that map the problem onto itself: automorphisms
-    of the hardware graph (the first MAX_AUTOMORPHISMS networkx's matcher finds) under which
-    durations, delays, allowed devices and memory agree. Checked on the distinct rows of
-    each array and for all permutations at once: 5,000 of them in ~0.1 s on a 16-GPU
-    problem (one at a time on every row it took 15 s)."""
+    of the hardware graph (the first MAX_AUTOMORPHISMS networkx's matcher finds, or those
+    found by `deadline`: 5,000 take 1.5-3 s on 16 GPUs; any subset is valid, a smaller one
+    breaks fewer symmetries) under which durations, delays, allowed devices and memory
+    agree. Checked on the distinct rows of each array and for all permutations at once:
+    ~0.1 s for 5,000 on a 16-GPU problem (one at a time on every row it took 15 s)."""
     g = hardware_graph(pp.devices)
     names = [d.name for d in pp.devices.devices]
     where = {name: k for k, name in enumerate(names)}
@@ -655,7 +659,9 @@ def device_symmetries(pp: PlacementProblem) -> tuple[tuple[int, ...], ...]:
         edge_match=lambda a, b: a["links"] == b["links"],
     )
     found: set[tuple[int, ...]] = set()
-    for mapping in itertools.islice(matcher.isomorphisms_iter(), MAX_AUTOMORPHISMS):
+    for k, mapping in enumerate(itertools.islice(matcher.isomorphisms_iter(), MAX_AUTOMORPHISMS)):
+        if k % 64 == 63 and past(deadline):
+            break
         sigma = tuple(where[mapping[name]] for name in names)
         if sigma != tuple(range(len(names))):
             found.add(sigma)

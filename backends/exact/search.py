@@ -123,7 +123,7 @@ class SearchBackend(Backend):
                 stats["expanded"] += 1
                 if past(deadline):
                     timed_out[0] = True
-                    break
+                    return  # no undoing on the way out: each undo re-times the simulation
                 if not math.isfinite(problem.node_cost[depth][c]):
                     continue
                 assign(depth, int(c))
@@ -131,7 +131,7 @@ class SearchBackend(Backend):
                 if sim.makespan < best[0]:
                     visit(depth + 1)
                 if timed_out[0]:
-                    break
+                    return
             assign(depth, None)
 
         visit(0)

@@ -321,3 +321,14 @@ def test_makespan_search_does_not_undo_its_simulation_after_the_deadline(
     result = get_backend("search").solve(dnn, opts)
     assert result.limit is Limit.TIME
     assert changes == []  # timed out at its first look: nothing assigned, nothing undone
+
+
+def test_no_capture_begins_with_no_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    import planner.sources
+
+    def capture(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("captured with no time left")
+
+    monkeypatch.setattr(planner.sources, "_capture", capture)
+    with pytest.raises(LayerwiseError, match="time limit of 7 s"):
+        planner.plan("lenet5", "p100-1x4", time_limit=60, deadline=Deadline(time.perf_counter(), 7))

@@ -332,3 +332,14 @@ def test_no_capture_begins_with_no_time_left(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(planner.sources, "_capture", capture)
     with pytest.raises(LayerwiseError, match="time limit of 7 s"):
         planner.plan("lenet5", "p100-1x4", time_limit=60, deadline=Deadline(time.perf_counter(), 7))
+
+
+def test_cbc_does_not_start_on_a_model_it_cannot_write_in_time() -> None:
+    from backends.mathprog import ilp
+
+    pp = random_placement_problem(8, get_preset("p100-1x4"), seed=0)
+    opts = SolveOptions(objective="makespan", time_limit=30.0)
+    model = ilp.encode_placement(pp, opts)
+    run = ilp.solve_encoded(model, opts, 1e-3)
+    assert run.log["cbc_result"].startswith("not run (writing the model")
+    assert run.status == "UNKNOWN" and run.timed_out

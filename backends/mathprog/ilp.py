@@ -98,6 +98,7 @@ COST_MAGNITUDE = 1e6  # scaled additive objectives are about this large
 TIME_MAGNITUDE = 1e4  # scaled makespans are about this large
 SYMMETRY_DEPTH = 64
 IO_SECONDS_PER_VARIABLE = 2e-5  # pulp writing the MPS file or reading the solution
+IO_SECONDS_PER_ROW = 2e-5  # ... per constraint (the placement model's: mostly 3-4 terms)
 IO_SECONDS_PER_TERM = 2e-6  # writing our MPS file or reading CBC's solution, per term
 STOP_FRACTION = 0.08  # CBC's own limit and its SIGINT come this far before the deadline ...
 STOP_SECONDS = 3.0  # ... but at most this far (plus its I/O): long runs lose little time
@@ -430,13 +431,20 @@ def solve_encoded(model: IlpModel, options: SolveOptions, time_limit: float) -> 
         return IlpRun("OPTIMAL", 0.0, 0.0, 0.0, False, {"cbc_result": "not run (no variables)"})
     now = time.perf_counter()
     deadline = min(options.clock().at, now + time_limit)
-    io_seconds = IO_SECONDS_PER_VARIABLE * nvars
-    margin = _stop_margin(options, io_seconds)
+    # pulp writes the model before CBC starts, with no look at the clock (5.5 s for DLPlacer's
+    # model of Inception-v3 on 16 GPUs: 335,000 rows), and reads the solution's columns
+    read = IO_SECONDS_PER_VARIABLE * nvars
+    write = read + IO_SECONDS_PER_ROW * model.lp.numConstraints()
+    margin = _stop_margin(options, read)
+    searching = deadline - now - write - 2 * margin
+    if searching <= 0:  # writing it would take the time that is left: the start is the answer
+        why = f"not run (writing the model takes ~{write:.2g} s)"
+        return IlpRun("UNKNOWN", None, None, 0.0, True, {"cbc_result": why, "result": "UNKNOWN"})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # PULP_CBC_CMD's notice about pulp 4
         solver = pulp.PULP_CBC_CMD(
             msg=False,
-            timeLimit=max(0.1, deadline - now - 2 * margin),
+            timeLimit=max(0.1, searching),
             threads=options.threads,
             warmStart=False,  # see encode_placement
             options=[
@@ -448,9 +456,9 @@ def solve_encoded(model: IlpModel, options: SolveOptions, time_limit: float) -> 
     with tempfile.TemporaryDirectory(prefix="layerwise-cbc-") as tmp:
         solver.tmpDir = tmp
         start = time.perf_counter()
-        text, killed = _run_cbc(model.lp, solver, deadline - margin, deadline + KILL_SECONDS)
+        text, killed, io = _run_cbc(model.lp, solver, deadline - margin, deadline + KILL_SECONDS)
         wall = time.perf_counter() - start
-    log = parse_log(text)
+    log = {**parse_log(text), **io}
     if killed:
         log.update(result="UNKNOWN", stopped=True, cbc_result="stopped at the time limit")
     status = log["result"]
@@ -582,12 +590,17 @@ def _cbc_path() -> str:
     return str(path)
 
 
-def _run_cbc(lp: pulp.LpProblem, solver: Any, stop_at: float, kill_at: float) -> tuple[str, bool]:
-    """pulp's COIN_CMD.solve_CBC (same files, options and -mips warm start) under
-    `backends.mathprog.cbc.run_cbc`'s stop and kill. Returns CBC's output and whether it was killed
-    (then nothing is read: its solution is lost)."""
+def _run_cbc(
+    lp: pulp.LpProblem, solver: Any, stop_at: float, kill_at: float
+) -> tuple[str, bool, dict[str, float]]:
+    """pulp's COIN_CMD.solve_CBC (same files, options and -mips warm start; only the nonzero
+    columns of the solution are printed and read) under `backends.mathprog.cbc.run_cbc`'s
+    stop and kill. Returns CBC's output, whether it was killed (then nothing is read: its
+    solution is lost) and the seconds spent writing the model and reading the solution."""
+    t0 = time.perf_counter()
     mps, sol, mst, log_path = solver.create_tmp_files(lp.name, "mps", "sol", "mst", "log")
     vs, var_names, con_names, _ = lp.writeMPS(mps, rename=1)
+    io = {"write_seconds": time.perf_counter() - t0}
     args = [solver.path, mps]
     if solver.optionsDict.get("warmStart"):
         solver.writesol(mst, lp, vs, var_names, con_names)
@@ -595,17 +608,19 @@ def _run_cbc(lp: pulp.LpProblem, solver: Any, stop_at: float, kill_at: float) ->
     args += ["-sec", str(solver.timeLimit)]
     for option in solver.options + solver.getOptions():
         args += ["-" + option.split()[0], *option.split()[1:]]
-    args += ["-solve", "-printingOptions", "all", "-solution", sol]
+    args += ["-solve", "-printingOptions", "normal", "-solution", sol]
     proc = run_cbc(args, Path(log_path), stop_at, kill_at)
     if not proc.killed:
         if proc.returncode != 0 or not os.path.exists(sol):
             if proc.interrupted:  # its SIGINT came before it could write a solution
-                return proc.text, True
+                return proc.text, True, io
             raise BackendError(f"CBC failed (exit {proc.returncode}): {proc.text[-500:]}")
+        t1 = time.perf_counter()
         status, values, _, _, _, sol_status = solver.readsol_MPS(sol, lp, vs, var_names, con_names)
         lp.assignVarsVals(values)
         lp.assignStatus(status, sol_status)
-    return proc.text, proc.killed
+        io["read_seconds"] = time.perf_counter() - t1
+    return proc.text, proc.killed, io
 
 
 # ------------------------------------------------------------------------------ decode

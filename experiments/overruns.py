@@ -92,7 +92,11 @@ def startup_seconds(code: Path | None = None, python: str = sys.executable) -> f
     """Seconds to start the interpreter and import planner's command line (no torch)."""
     t0 = time.perf_counter()
     subprocess.run(
-        [python, "-c", "import planner.cli"], env=_env(code), check=True, capture_output=True
+        [python, "-c", "import planner.cli"],
+        env=_env(code),
+        cwd=code,
+        check=True,
+        capture_output=True,
     )
     return time.perf_counter() - t0
 
@@ -139,6 +143,7 @@ def run_cell(
     proc = subprocess.Popen(
         argv,
         env=_env(code),
+        cwd=code,  # `python -m` puts the working directory first on the path
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -2,8 +2,11 @@
 
 A backend sees only the frozen `Problem` and `SolveOptions`. `Backend.solve` checks that the
 backend can run, calls the subclass's `_solve`, and re-scores the returned choices with
-planner's evaluators: the `objective` of a result is never the backend's own number (that
-is kept in `stats["reported_objective"]` when the backend gives one).
+planner's evaluators: the `objective` of a result is not the backend's own number (that is
+kept in `stats["reported_objective"]` when the backend gives one). One exception, so that a
+time limit holds: a makespan answer returned when no time is left for the full simulation is
+checked with the additive evaluator only (forbidden choices, memory) and keeps the backend's
+own simulated makespan, when it gave one; `stats["rescore"]` and a warning say so.
 
 Stopping early. `solve` makes one deadline (`planner.deadline.Deadline`: the caller's, or
 `time_limit` from now), keeps a share of it for the re-score, and hands the rest to `_solve`
@@ -52,13 +55,14 @@ from backends.settings import (
     between,
 )
 from planner.deadline import (
+    Deadline,
     catch_interrupt,
     past,
     request_stop,
     stop_requested,
 )
 from planner.errors import BackendError
-from planner.problems.evaluate import memory_feasible
+from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
 from planner.result import (
     OBJECTIVES,
@@ -97,6 +101,9 @@ __all__ = [
 
 PROGRESS_SECONDS = 5.0  # at most one progress line per search this often
 RESCORE_SHARE = 0.05  # of a makespan search's time kept for the re-score's simulation
+RESCORE_SKIPPED = "additive only: no time left to simulate"  # stats["rescore"]
+
+log = logging.getLogger(__name__)
 
 
 class ProgressLog:
@@ -179,7 +186,7 @@ class Backend(ABC, Generic[SettingsT]):
             if interrupted and not proven:
                 status = Status.FEASIBLE if raw.choices is not None else Status.NO_SOLUTION
                 raw = dataclasses.replace(raw, status=status, limit=Limit.INTERRUPTED)
-            return self._finish(problem, options, raw, elapsed)
+            return self._finish(problem, options, raw, elapsed, clock)
 
     @abstractmethod
     def _solve(self, problem: Problem, options: SolveOptions, settings: SettingsT) -> SolveResult:
@@ -187,15 +194,37 @@ class Backend(ABC, Generic[SettingsT]):
         limit, bound, stats; the objective is re-scored."""
 
     def _finish(
-        self, problem: Problem, options: SolveOptions, raw: SolveResult, elapsed: float
+        self,
+        problem: Problem,
+        options: SolveOptions,
+        raw: SolveResult,
+        elapsed: float,
+        clock: Deadline | None = None,
     ) -> SolveResult:
+        """Re-score `raw` (see the module docstring); `clock`: the whole solve's deadline."""
         stats = {"search_seconds": elapsed, **raw.stats}
         if raw.objective is not None:
             stats["reported_objective"] = raw.objective
         if raw.choices is None:
             return SolveResult(self.name, raw.status, None, None, raw.bound, raw.limit, None, stats)
         choices = problem.check_choices(raw.choices)
-        value = evaluate_objective(problem, choices, options.objective)
+        own = raw.objective if options.objective == "makespan" else None
+        if own is not None and clock is not None and clock.expired():
+            # no time left for the full simulation: check what the additive evaluator can
+            # check (forbidden choices, memory) and keep the backend's own makespan
+            value = own if math.isfinite(additive_cost(problem, choices)) else math.inf
+            stats["rescore"] = RESCORE_SKIPPED
+            log.warning(
+                "%s: no time left to simulate the answer: its makespan (%.6g s) is the "
+                "backend's own, checked for forbidden choices and memory only",
+                self.name,
+                raw.objective,
+            )
+        else:
+            t0 = time.perf_counter()
+            value = evaluate_objective(problem, choices, options.objective)
+            if options.objective == "makespan":  # what a simulation of it costs (recommend)
+                stats["simulate_seconds"] = time.perf_counter() - t0
         if not math.isfinite(value) or not memory_feasible(problem, choices):
             raise BackendError(
                 f"backend {self.name!r} returned an invalid answer (forbidden choice or memory "

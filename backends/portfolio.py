@@ -69,7 +69,8 @@ __all__ = ["PortfolioBackend", "PortfolioSettings"]
 
 MEMBERS = ("ilp", "cpsat", "mcmc")  # in tie-breaking order
 SOLVERS = {"ilp": "pulp", "cpsat": "ortools"}  # members that need a package
-KILL_FRACTION = 0.06  # members still running this far past the limit (+ 1 s) are killed
+KILL_SECONDS = 0.5  # members still running this long past the deadline are killed (each
+# searches until the deadline and has sent its answers as it found them)
 START_FRACTION = 0.1  # of the time limit for polishing the heuristic's answer
 RESTART_GAIN = 0.002  # CP-SAT gets another member's answer when it is this much better
 POLL_SECONDS = 0.1
@@ -146,7 +147,9 @@ class PortfolioBackend(Backend[PortfolioSettings]):
         if options.objective == "makespan":
             result = get_backend("mcmc").solve(problem, replace(options, extra=settings.mcmc))
             stats = {**result.stats, "delegated": "mcmc"}
-            return replace(result, backend=self.name, objective=None, strategy=None, stats=stats)
+            # mcmc's objective (the simulator's) stays the reported one: the re-score keeps it
+            # when no time is left to simulate again
+            return replace(result, backend=self.name, strategy=None, stats=stats)
         t0 = time.perf_counter()
         deadline = options.clock().at
         sel = selection(problem)
@@ -219,7 +222,7 @@ class _Run:
     def go(self) -> None:
         for p in self.procs.values():
             p.start()
-        hard = self.deadline + KILL_FRACTION * self.options.time_limit + 1.0
+        hard = self.deadline + KILL_SECONDS
         while any(p.is_alive() for p in self.procs.values()) or not self.queue.empty():
             self._drain()
             if stop_requested() and not self.interrupted:

@@ -1,3 +1,3 @@
-from planner.cli import main
+from planner.cli import exit_now, main
 
-raise SystemExit(main())
+exit_now(main())

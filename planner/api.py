@@ -251,6 +251,7 @@ def plan(
     backend_options: Mapping[str, Any] | None = None,
     recommend: bool = True,
     check_memory: bool = True,
+    deadline: Deadline | None = None,
     **build_options: Any,
 ) -> PlanResult:
     """Find a parallelization strategy for `model` on `devices` with `backend`.
@@ -273,20 +274,16 @@ def plan(
     returns it anyway, with `stats["memory_fits"]` False. backend_options: the backend's
     settings (`SolveOptions.extra`: a mapping, or the backend's settings object, e.g.
     {"mode": "astar"} for "search"; docs/architecture.md, "Settings"), checked before any
-    work: an unknown name or a bad value is a BackendError. Further keyword arguments go to
-    `build_problem` unchanged (space, table_budget, max_split_dims: docs/space.md).
+    work: an unknown name or a bad value is a BackendError. deadline: a clock the caller
+    started earlier (a command line's, from its own start): the earlier of it and
+    `time_limit` from now ends the call. Further keyword arguments go to `build_problem`
+    unchanged (space, table_budget, max_split_dims: docs/space.md).
     """
-    deadline = Deadline.after(time_limit) if _positive(time_limit) else Deadline.never()
+    clock = Deadline.after(time_limit) if _positive(time_limit) else Deadline.never()
+    deadline = clock if deadline is None else deadline.within(clock.left())
     start = time.perf_counter()
     _check_call(objective, time_limit, seed, build_options)
-    from planner.registry import get_backend
-
-    solver = get_backend(backend)  # an unknown name fails before any work
-    if objective not in solver.objectives:
-        raise LayerwiseError(
-            f"backend {backend!r} does not optimize the {objective!r} objective (it does: "
-            f"{', '.join(solver.objectives)})"
-        )
+    solver = check_backend(backend, objective)  # an unknown name fails before any work
     settings = solver.settings(SolveOptions(extra=backend_options or {}))  # so do bad settings
     with catch_interrupt():
         problem, spec, phases = _problem(
@@ -369,6 +366,19 @@ def plan(
 
 
 RECOMMEND_SHARE = 0.1  # of the time left after the build, kept for the recommendation
+
+
+def check_backend(backend: str, objective: str) -> Any:
+    """The backend registered as `backend` when it optimizes `objective`; else one error."""
+    from planner.registry import get_backend
+
+    solver = get_backend(backend)
+    if objective not in solver.objectives:
+        raise LayerwiseError(
+            f"backend {backend!r} does not optimize the {objective!r} objective (it does: "
+            f"{', '.join(solver.objectives)})"
+        )
+    return solver
 
 
 def _positive(seconds: Any) -> bool:

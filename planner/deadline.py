@@ -97,6 +97,13 @@ class Deadline:
         """`fraction` of what is left, from now."""
         return self.within(fraction * self.left()) if math.isfinite(self.at) else self
 
+    def at_least(self, seconds: float) -> Deadline:
+        """This deadline, or `seconds` from now if that is later: what a phase that proves
+        (an exact search) gets at the least, so that milliseconds of work started with no time
+        left finish their proof instead of stopping at the first look (a stop request still
+        ends it at once: `past` is true after one whatever the time)."""
+        return Deadline(max(self.at, time.perf_counter() + max(0.0, seconds)), self.limit)
+
     def reserve(self, seconds: float) -> Deadline:
         """This deadline moved `seconds` earlier (time kept for a later phase)."""
         return Deadline(self.at - max(0.0, seconds), self.limit)

@@ -110,7 +110,7 @@ def recommend(
         return _with(result, {"switched": False, "reason": f"nothing to simulate: {reason}"})
     at = (deadline or Deadline.never()).at
     if objective == "makespan" and result.objective is not None:
-        simulated = result.objective
+        simulated = result.objective  # simulated by the re-score
     else:
         try:
             simulated = evaluate_objective(problem, result.choices, "makespan", at)

@@ -46,7 +46,7 @@ def problem_of(
 ) -> tuple[Problem, ModelSpec | None, dict[str, float]]:
     """The Problem to search, the model spec to record, and the seconds of capture (model to
     OpGraph, torch's import included) and build (devices, cost model, cost tables). Past
-    `deadline` (checked after capture and while building) it raises OutOfTime."""
+    `deadline` (checked before and after capture and while building) it raises OutOfTime."""
     from planner.graph.opgraph import OpGraph
     from planner.problems.problem import Problem
 
@@ -68,6 +68,8 @@ def problem_of(
         if example_inputs is not None or model_kwargs:
             raise LayerwiseError("example_inputs and model_kwargs do not apply to an OpGraph")
     else:
+        if deadline is not None:  # a capture cannot stop: none begins with no time left
+            deadline.check()
         graph, spec = _capture(model, example_inputs, model_kwargs, name, coarsen)
     capture_seconds = time.perf_counter() - t0
     if deadline is not None:

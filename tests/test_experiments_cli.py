@@ -31,6 +31,9 @@ CASES: dict[str, tuple[str, list[str], str]] = {
     "accuracy: warm-up of every step": ("accuracy", ["--warmup", "7"], "no step to time"),
     "accuracy: a GPU preset": ("accuracy", ["--preset", "p100-1x4"], "cpu-local-N"),
     "accuracy: unknown model": ("accuracy", ["--models", "nope"], "unknown model"),
+    "overruns: unknown backend": ("overruns", ["--backends", "nope"], "invalid choice"),
+    "overruns: zero limit": ("overruns", ["--limits", "0"], "--limits"),
+    "overruns: no checkout": ("overruns", ["--code", "{tmp}"], "no planner package"),
 }
 
 

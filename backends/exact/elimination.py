@@ -53,7 +53,7 @@ from backends.base import (
     Status,
     past,
 )
-from backends.exact.branch_and_bound import solve_exact
+from backends.exact.branch_and_bound import EXACT_GRACE, solve_exact
 from backends.exact.minplus import OutOfTime, min_plus
 from planner.problems.problem import Problem
 
@@ -250,7 +250,7 @@ class EliminationBackend(Backend[EliminationSettings]):
         self, problem: Problem, options: SolveOptions, settings: EliminationSettings
     ) -> SolveResult:
         start = time.perf_counter()
-        deadline = options.clock().at
+        deadline = options.clock().at_least(EXACT_GRACE).at
         g = _Graph.of(problem, deadline)
         progress = ProgressLog(self.name)
         finished = True
@@ -262,8 +262,7 @@ class EliminationBackend(Backend[EliminationSettings]):
         final = sorted(g.cost)
         index = {node: k for k, node in enumerate(final)}
         edges = [(index[a], index[b], _view(t)) for (a, b), t in g.table.items()]
-        budget = max(1e-3, deadline - time.perf_counter())
-        out = solve_exact([g.cost[n] for n in final], edges, budget, progress=progress)
+        out = solve_exact([g.cost[n] for n in final], edges, deadline, progress=progress)
         stats = {
             "final_nodes": len(final),
             "final_edges": len(edges),

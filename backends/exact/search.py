@@ -33,7 +33,7 @@ from backends.base import (
     Status,
     past,
 )
-from backends.exact.branch_and_bound import Memory, solve_exact
+from backends.exact.branch_and_bound import EXACT_GRACE, Memory, solve_exact
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
 
@@ -83,7 +83,7 @@ class SearchBackend(Backend[SearchSettings]):
         out = solve_exact(
             problem.node_cost,
             edges,
-            options.time_limit,
+            options.clock().at_least(EXACT_GRACE).at,
             memory=memory_of(problem),
             incumbent=incumbent,
             mode=mode,
@@ -136,7 +136,7 @@ class SearchBackend(Backend[SearchSettings]):
                 stats["expanded"] += 1
                 if past(deadline):
                     timed_out[0] = True
-                    break
+                    return  # no undoing on the way out: each undo re-times the simulation
                 if not math.isfinite(problem.node_cost[depth][c]):
                     continue
                 assign(depth, int(c))
@@ -144,7 +144,7 @@ class SearchBackend(Backend[SearchSettings]):
                 if sim.makespan < best[0]:
                     visit(depth + 1)
                 if timed_out[0]:
-                    break
+                    return
             assign(depth, None)
 
         visit(0)

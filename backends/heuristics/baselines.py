@@ -4,23 +4,29 @@ For cost-table problems with no DNN behind them the candidates are the cheapest 
 node, per node the first allowed choice, and the answer of the feasibility heuristic
 (`backends.heuristics.feasible`), which keeps forbidden pairs and the memory limit; for a DNN problem
 the heuristic is the fallback when no expert strategy is valid (under the additive
-objective). Never proves optimality: status FEASIBLE. No settings (`BaselinesSettings`).
+objective). Never proves optimality: status FEASIBLE. The candidates are scored in turn (a full
+simulation each under the makespan objective); once the time limit has passed the ones left
+are not scored (`stats["not_scored_for_time"]`, limit TIME). No settings
+(`BaselinesSettings`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from backends.base import (
     Backend,
     BackendSettings,
+    Limit,
     SolveOptions,
     SolveResult,
     Status,
     evaluate_objective,
+    past,
 )
 from backends.heuristics.feasible import feasible_choices
 from planner.errors import ConfigError
@@ -70,17 +76,25 @@ class BaselinesBackend(Backend[BaselinesSettings]):
             found = feasible_choices(problem, deadline, options.seed)
             if found is not None:
                 candidates["feasible"] = found
+        skipped = []
         for name, choices in candidates.items():
+            if best is not None and past(deadline):  # a simulation each: keep to the limit
+                skipped.append(name)
+                continue
             value = evaluate_objective(problem, choices, options.objective)
             values[name] = value
             if not math.isfinite(value) or not memory_feasible(problem, choices):
                 continue
             if best is None or value < best[0]:
                 best = (value, name, choices)
-        stats = {"candidates": values}
+        stats: dict[str, Any] = {"candidates": values}
+        if skipped:
+            stats["not_scored_for_time"] = skipped
         if best is None:
             return SolveResult(self.name, Status.NO_SOLUTION, stats=stats)
-        return SolveResult(self.name, Status.FEASIBLE, best[2], stats={**stats, "chosen": best[1]})
+        limit = Limit.TIME if skipped else None
+        stats["chosen"] = best[1]
+        return SolveResult(self.name, Status.FEASIBLE, best[2], best[0], limit=limit, stats=stats)
 
 
 def _valid(problem: Problem, choices: tuple[int, ...]) -> bool:

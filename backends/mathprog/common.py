@@ -95,6 +95,8 @@ LNS_WHOLE_SHARE = 0.3  # of the time limit for the whole model when the neighbou
 LARGE_POLISH_FRACTION = 0.4  # of the time left, at most, to polish the start of a restriction
 
 Warm = tuple[tuple[int, ...], str]  # a valid choice vector and where it came from
+ENCODE_TIMEOUT = "not run (time limit while encoding)"  # stats["solver_status"]
+SYMMETRY_SHARE = 0.1  # of the time left, at most, for finding the device symmetries
 
 POSITIVE_INT = Check("a positive integer", lambda v: v > 0)
 
@@ -220,10 +222,15 @@ def rounded_lp_start(
     )
 
 
-def placement_for(problem: Problem, settings: PlacementSettings) -> PlacementProblem:
-    """The placement problem of `problem` under `settings.phases` and `settings.routing`."""
+def placement_for(
+    problem: Problem, settings: PlacementSettings, deadline: float = math.inf
+) -> PlacementProblem:
+    """The placement problem of `problem` under `settings.phases` and `settings.routing`
+    (the search for device symmetries stops at `deadline`)."""
     try:
-        return placement_problem(problem, phases=settings.phases, routing=settings.routing)
+        return placement_problem(
+            problem, phases=settings.phases, routing=settings.routing, deadline=deadline
+        )
     except PlacementError as exc:
         raise BackendError(str(exc)) from None
 
@@ -268,7 +275,7 @@ def _add(phases: dict[str, Any], **seconds: float) -> None:
 
 def out_of_time(sel: Selection, warm: Warm | None, name: str) -> SolveResult:
     """The time limit passed while encoding: the start, if there is one."""
-    stats: dict[str, Any] = {"solver_status": "not run (time limit while encoding)"}
+    stats: dict[str, Any] = {"solver_status": ENCODE_TIMEOUT}
     if warm is None:
         return SolveResult(name, Status.NO_SOLUTION, limit=Limit.TIME, stats=stats)
     stats["hint"] = warm[1]
@@ -309,7 +316,7 @@ class SolverBackend(Backend[SettingsT], Generic[SettingsT, ModelT, RunT]):
             sel = selection(problem)
             warm = warm_choices(problem, sel, options, settings)
             return self.steps.encode_selection(sel, options, settings, warm, deadline)
-        pp = placement_for(problem, settings)
+        pp = placement_for(problem, settings, options.clock().share(SYMMETRY_SHARE).at)
         warm_pp = warm_schedule(pp, options, settings)
         return self.steps.encode_placement(pp, options, settings, warm_pp, deadline)
 
@@ -334,17 +341,28 @@ class SolverBackend(Backend[SettingsT], Generic[SettingsT, ModelT, RunT]):
         warm: Schedule | None,
         seconds: float,
     ) -> PlacementOutcome:
-        """One solve of the whole placement model (the last step of `solve_placement`)."""
+        """One solve of the placement model within `seconds` (and options' deadline), its
+        encoding included: the last step of `solve_placement`, and each segment's solve of
+        the series bound. When the model cannot be encoded in time the solver does not run
+        (no schedule; the caller keeps its start)."""
         steps = self.steps
-        model = steps.encode_placement(
-            pp, options, settings, (warm, "hint") if warm is not None else None, math.inf
-        )
-        run = steps.solve_encoded(model, options, settings, seconds, math.inf)
-        return steps.decode_placement(model, run)
+        t0 = time.perf_counter()
+        until = min(options.clock().at, t0 + seconds)
+        try:
+            model = steps.encode_placement(
+                pp, options, settings, (warm, "hint") if warm is not None else None, until
+            )
+        except OutOfTime:
+            stats = {"solver_status": ENCODE_TIMEOUT, "encode_seconds": time.perf_counter() - t0}
+            return PlacementOutcome("NO_SOLUTION", None, None, None, True, stats)
+        encoded = time.perf_counter()
+        run = steps.solve_encoded(model, options, settings, max(1e-3, until - encoded), math.inf)
+        out = steps.decode_placement(model, run)
+        return replace(out, stats={**out.stats, "encode_seconds": encoded - t0})
 
     def _solve(self, problem: Problem, options: SolveOptions, settings: SettingsT) -> SolveResult:
         if options.objective == "makespan":
-            pp = placement_for(problem, settings)
+            pp = placement_for(problem, settings, options.clock().share(SYMMETRY_SHARE).at)
             out = self.solve_placement(pp, options, settings=settings)
             limit = Limit.TIME if out.timed_out else None
             return placement_result(pp, out, limit, {}, self.name)

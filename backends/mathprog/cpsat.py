@@ -72,6 +72,7 @@ from backends.placement.problem import (
     PlacementProblem,
     Schedule,
     horizon,
+    lex_symmetries,
     list_schedule,
     placement_lower_bound,
     retime,
@@ -406,11 +407,16 @@ def encode_placement(
         load = [(lit, w) for lit, w in load if lit is not None and w > 0]
         m.add(span >= sum(w if lit is ALWAYS else w * lit for lit, w in load))
     _placement_memory(m, pp, out.x)
-    _lex_leader(m, pp, out.x)
+    _lex_leader(m, pp, out.x, clock)
     m.minimize(span)
     n_items = pp.num_tasks + len(pp.prec)
     out.slack = n_items / scale
-    out.stats = {"order": order, "routing": pp.routing, "symmetries": len(pp.symmetries)}
+    out.stats = {
+        "order": order,
+        "routing": pp.routing,
+        "symmetries": len(pp.symmetries),
+        "symmetries_broken": len(lex_symmetries(pp)),
+    }
     if warm is not None:
         _hint_placement(m, out, warm[0], dur, delay)
         out.hint = warm[1]
@@ -456,14 +462,18 @@ def _placement_memory(m: cp_model.CpModel, pp: PlacementProblem, x: list[list[An
         m.add(cp_model.LinearExpr.weighted_sum(terms, ws) <= rhs)
 
 
-def _lex_leader(m: cp_model.CpModel, pp: PlacementProblem, x: list[list[Any]]) -> None:
-    """For every symmetry sigma: the placement is lexicographically <= its image, truncated to
-    the first SYMMETRY_DEPTH nodes. f_k: every node before k is on a device sigma fixes."""
+def _lex_leader(
+    m: cp_model.CpModel, pp: PlacementProblem, x: list[list[Any]], clock: Clock
+) -> None:
+    """For every symmetry sigma of `lex_symmetries`: the placement is lexicographically <=
+    its image, truncated to the first SYMMETRY_DEPTH nodes. f_k: every node before k is on a
+    device sigma fixes."""
 
     def clause(*lits: Any) -> None:  # (not a) or (not b) ..., skipping literals always true
         m.add_bool_or([lit.Not() for lit in lits if lit is not ALWAYS])
+        clock.tick()
 
-    for sigma in pp.symmetries:
+    for sigma in lex_symmetries(pp):
         fixed = [d for d in range(pp.num_devices) if sigma[d] == d]
         f: Any = ALWAYS
         for k in range(min(pp.num_nodes, SYMMETRY_DEPTH)):

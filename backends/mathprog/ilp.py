@@ -34,8 +34,8 @@ CBC: threads = SolveOptions.threads, "randomSeed" and "randomCbcSeed" = seed + 1
 (SolveOptions.warm_start, else `backends.heuristics.feasible`'s heuristic) is passed to the additive
 model as a MIP start (CBC's -mips); `stats["warm_start_accepted"]` is what CBC's log says
 about it. The makespan model gets none (see `encode_placement`: a CBC defect). Status,
-objective and lower bound are read from CBC's log. At the time limit CBC gets SIGINT (it stops
-and writes its best solution); if it has not stopped a little later it is killed and the
+objective and lower bound are read from CBC's log. A margin before the deadline CBC gets SIGINT
+(it stops and writes its best solution); if it has not stopped by the deadline it is killed and the
 start is the answer (FEASIBLE, limit TIME, with the last bound CBC printed).
 
 What does not depend on the solver (warm starts, the time limit while encoding, the makespan
@@ -77,6 +77,7 @@ from backends.placement.problem import (
     Schedule,
     hardware_graph,
     horizon,
+    lex_symmetries,
     placement_lower_bound,
     retime,
 )
@@ -99,13 +100,22 @@ COST_MAGNITUDE = 1e6  # scaled additive objectives are about this large
 TIME_MAGNITUDE = 1e4  # scaled makespans are about this large
 SYMMETRY_DEPTH = 64
 IO_SECONDS_PER_VARIABLE = 2e-5  # pulp writing the MPS file or reading the solution
+IO_SECONDS_PER_ROW = 2e-5  # ... per constraint (the placement model's: mostly 3-4 terms)
 IO_SECONDS_PER_TERM = 2e-6  # writing our MPS file or reading CBC's solution, per term
 STOP_FRACTION = 0.08  # CBC's own limit and its SIGINT come this far before the deadline ...
 STOP_SECONDS = 3.0  # ... but at most this far (plus its I/O): long runs lose little time
 LP_FRACTION = 0.15  # of the time left, at most, for the LP-rounding start
 LP_SECONDS_PER_TERM = 3e-6  # CLP's time per term on the root LP of an additive model
 logger = logging.getLogger("backends.ilp")
-KILL_FRACTION = 0.05  # CBC is killed this far past the time limit (plus half a second)
+KILL_SECONDS = 0.25  # CBC still running this long past the deadline is killed (it had its
+# SIGINT a margin before the deadline: a run that has not stopped by then loses its answer)
+
+
+def _stop_margin(options: SolveOptions, io_seconds: float) -> float:
+    """Seconds before the deadline at which CBC gets its SIGINT (its own limit one margin
+    earlier): enough to write and read its solution, STOP_FRACTION of the time limit but
+    at most STOP_SECONDS."""
+    return max(io_seconds, min(STOP_FRACTION * options.time_limit, STOP_SECONDS))
 
 
 @dataclass
@@ -269,6 +279,7 @@ def encode_placement(
                 if pu is not None and pv is not None:
                     w = float(delay[p, a, b])
                     lp += _expr([(delta, 1.0), (pu, -w), (pv, -w)]) >= -w
+                    clock.tick()  # up to D^2 rows per precedence (256 on 16 GPUs)
         lp += _expr([(out.start[y], 1.0), (delta, -1.0)] + [(v, -c) for v, c in ends[x]]) >= 0
         clock.tick()
     for x, y in pp.exclusive_pairs(order):
@@ -288,13 +299,14 @@ def encode_placement(
             if out.x[k][d] is not None
         ]
         lp.addConstraint(_expr(terms) <= row.limit * (1 + 1e-9) / norm, f"memory{r}")
-    _lex_leader(lp, pp, out.x)
+    _lex_leader(lp, pp, out.x, clock)
     lp += _expr([(span, 1.0)])
     out.stats = {
         "order": order,
         "routing": pp.routing,
         "route_variables": flow,
         "symmetries": len(pp.symmetries),
+        "symmetries_broken": len(lex_symmetries(pp)),
         "big_m": top,
     }
     # The warm start gives big-M (so it bounds C) and stays the answer when CBC finds
@@ -384,16 +396,18 @@ def _flow_routes(lp: pulp.LpProblem, out: IlpModel) -> Callable[[int, int, int],
     return route
 
 
-def _lex_leader(lp: pulp.LpProblem, pp: PlacementProblem, x: list[list[Any]]) -> None:
+def _lex_leader(lp: pulp.LpProblem, pp: PlacementProblem, x: list[list[Any]], clock: Clock) -> None:
     """As in the cpsat backend: f_k (continuous) >= 1 when nodes before k are all on devices
-    sigma fixes; then node k may not be on a device b with sigma(b) < b."""
-    for s, sigma in enumerate(pp.symmetries):
+    sigma fixes; then node k may not be on a device b with sigma(b) < b (for the symmetries
+    of `lex_symmetries`)."""
+    for s, sigma in enumerate(lex_symmetries(pp)):
         fixed = [d for d in range(pp.num_devices) if sigma[d] == d]
         f: Any = ALWAYS
         for k in range(min(pp.num_nodes, SYMMETRY_DEPTH)):
             for b in range(pp.num_devices):
                 if sigma[b] < b and x[k][b] is not None:
                     lp += _expr([(f, 1.0), (x[k][b], 1.0)]) <= 1
+                    clock.tick()
             if not fixed:
                 break
             nxt = _var(lp, f"f{s}_{k}")
@@ -420,13 +434,22 @@ def solve_encoded(
     nvars = len(model.lp.variables())
     if nvars == 0:  # every node has a single choice: nothing to search
         return IlpRun("OPTIMAL", 0.0, 0.0, 0.0, False, {"cbc_result": "not run (no variables)"})
-    deadline = time.perf_counter() + time_limit
-    io_seconds = IO_SECONDS_PER_VARIABLE * nvars
+    now = time.perf_counter()
+    deadline = min(options.clock().at, now + time_limit)
+    # pulp writes the model before CBC starts, with no look at the clock (5.5 s for DLPlacer's
+    # model of Inception-v3 on 16 GPUs: 335,000 rows), and reads the solution's columns
+    read = IO_SECONDS_PER_VARIABLE * nvars
+    write = read + IO_SECONDS_PER_ROW * model.lp.numConstraints()
+    margin = _stop_margin(options, read)
+    searching = deadline - now - write - 2 * margin
+    if searching <= 0:  # writing it would take the time that is left: the start is the answer
+        why = f"not run (writing the model takes ~{write:.2g} s)"
+        return IlpRun("UNKNOWN", None, None, 0.0, True, {"cbc_result": why, "result": "UNKNOWN"})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # PULP_CBC_CMD's notice about pulp 4
         solver = pulp.PULP_CBC_CMD(
             msg=False,
-            timeLimit=max(0.5, time_limit - 2 * io_seconds),
+            timeLimit=max(0.1, searching),
             threads=options.threads,
             warmStart=False,  # see encode_placement
             options=[
@@ -435,13 +458,12 @@ def solve_encoded(
                 "timeMode elapsed",
             ],
         )
-    grace = KILL_FRACTION * options.time_limit + 0.5
     with tempfile.TemporaryDirectory(prefix="layerwise-cbc-") as tmp:
         solver.tmpDir = tmp
         start = time.perf_counter()
-        text, killed = _run_cbc(model.lp, solver, deadline - io_seconds, deadline + grace)
+        text, killed, io = _run_cbc(model.lp, solver, deadline - margin, deadline + KILL_SECONDS)
         wall = time.perf_counter() - start
-    log = parse_log(text)
+    log = {**parse_log(text), **io}
     if killed:
         log.update(result="UNKNOWN", stopped=True, cbc_result="stopped at the time limit")
     status = log["result"]
@@ -462,7 +484,7 @@ def _solve_additive(
     if prog.num_columns == 0:  # every node has a single choice: nothing to search
         return IlpRun("OPTIMAL", 0.0, 0.0, 0.0, False, {"cbc_result": "not run (no variables)"},
                       np.zeros(0))  # fmt: skip
-    deadline = start + time_limit
+    deadline = min(options.clock().at, start + time_limit)
     io_seconds = IO_SECONDS_PER_TERM * (prog.num_terms + prog.num_columns)
     lp_stats: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="layerwise-cbc-") as tmp:
@@ -488,14 +510,14 @@ def _solve_additive(
         # CBC checks its own limit only now and then (and stops late when the machine is
         # busy), so it gets less than is left, a SIGINT a little before the deadline and a
         # kill a little after it
-        margin = max(io_seconds, min(STOP_FRACTION * options.time_limit, STOP_SECONDS))
+        margin = _stop_margin(options, io_seconds)
         seconds = deadline - started - margin
         args += ["-timeMode", "elapsed", "-sec", f"{max(0.1, seconds - margin):.2f}",
                  "-threads", str(options.threads),
                  "-randomS", str(options.seed + 1), "-randomC", str(options.seed + 1),
                  "-solve", "-printingOptions", "normal", "-solution", str(sol)]  # fmt: skip
         stop_at = deadline - margin
-        kill_at = deadline + KILL_FRACTION * options.time_limit + 0.5
+        kill_at = deadline + KILL_SECONDS
         proc = run_cbc(args, log, stop_at, kill_at, _should_stop(options))
         parsed = parse_log(proc.text)
         parsed.update(lp_stats, cbc_peak_mib=proc.peak_mib)
@@ -580,12 +602,17 @@ def _cbc_path() -> str:
     return str(path)
 
 
-def _run_cbc(lp: pulp.LpProblem, solver: Any, stop_at: float, kill_at: float) -> tuple[str, bool]:
-    """pulp's COIN_CMD.solve_CBC (same files, options and -mips warm start) under
-    `backends.mathprog.cbc.run_cbc`'s stop and kill. Returns CBC's output and whether it was killed
-    (then nothing is read: its solution is lost)."""
+def _run_cbc(
+    lp: pulp.LpProblem, solver: Any, stop_at: float, kill_at: float
+) -> tuple[str, bool, dict[str, float]]:
+    """pulp's COIN_CMD.solve_CBC (same files, options and -mips warm start; only the nonzero
+    columns of the solution are printed and read) under `backends.mathprog.cbc.run_cbc`'s
+    stop and kill. Returns CBC's output, whether it was killed (then nothing is read: its
+    solution is lost) and the seconds spent writing the model and reading the solution."""
+    t0 = time.perf_counter()
     mps, sol, mst, log_path = solver.create_tmp_files(lp.name, "mps", "sol", "mst", "log")
     vs, var_names, con_names, _ = lp.writeMPS(mps, rename=1)
+    io = {"write_seconds": time.perf_counter() - t0}
     args = [solver.path, mps]
     if solver.optionsDict.get("warmStart"):
         solver.writesol(mst, lp, vs, var_names, con_names)
@@ -593,15 +620,19 @@ def _run_cbc(lp: pulp.LpProblem, solver: Any, stop_at: float, kill_at: float) ->
     args += ["-sec", str(solver.timeLimit)]
     for option in solver.options + solver.getOptions():
         args += ["-" + option.split()[0], *option.split()[1:]]
-    args += ["-solve", "-printingOptions", "all", "-solution", sol]
+    args += ["-solve", "-printingOptions", "normal", "-solution", sol]
     proc = run_cbc(args, Path(log_path), stop_at, kill_at)
     if not proc.killed:
         if proc.returncode != 0 or not os.path.exists(sol):
+            if proc.interrupted:  # its SIGINT came before it could write a solution
+                return proc.text, True, io
             raise BackendError(f"CBC failed (exit {proc.returncode}): {proc.text[-500:]}")
+        t1 = time.perf_counter()
         status, values, _, _, _, sol_status = solver.readsol_MPS(sol, lp, vs, var_names, con_names)
         lp.assignVarsVals(values)
         lp.assignStatus(status, sol_status)
-    return proc.text, proc.killed
+        io["read_seconds"] = time.perf_counter() - t1
+    return proc.text, proc.killed, io
 
 
 # ------------------------------------------------------------------------------ decode

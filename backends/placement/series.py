@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import networkx as nx
 import numpy as np
 
-from backends.base import BackendSettings
+from backends.base import BackendSettings, past
 from backends.placement.problem import (
     PlacementOutcome,
     PlacementProblem,
@@ -177,28 +177,58 @@ SegmentSolver = Callable[[PlacementProblem, float], tuple[float, "Schedule | Non
 
 @dataclass
 class _Spans:
-    """Shortest spans of segment groups for pinned end devices, solved once each; with the
-    solution found: device per node and start per task (relative to the group's start)."""
+    """Shortest spans of segment groups for pinned end devices, solved once each up to the
+    device symmetries (a symmetric pinning has the same span: solved for the smallest
+    image of its pins only); with the solution found: device per node and start per task
+    (relative to the group's start). Past the deadline nothing more is solved: a group not
+    met yet counts with the longest path of its unpinned problem, one per group (`cut`
+    counts those lookups), so the DP over the chain ends at once."""
 
     pp: PlacementProblem
     solve: SegmentSolver
     deadline: float
     solves: int = 0
+    cut: int = 0
     found: dict[tuple, tuple[float, dict[int, int], dict[int, float]]] = field(default_factory=dict)
+    loose: dict[tuple[Segment, ...], float] = field(default_factory=dict)
 
     def __call__(self, segs: tuple[Segment, ...], pins: tuple[tuple[int, int], ...]) -> float:
-        key = (segs, pins)
-        if key in self.found:
-            return self.found[key][0]
-        for sigma in self.pp.symmetries:  # a symmetric pinning has the same span
-            image = (segs, tuple((t, sigma[d]) for t, d in pins))
-            if image in self.found:
-                value, place, start = self.found[image]
-                inverse = {sigma[d]: d for d in range(len(sigma))}
-                self.found[key] = (value, {k: inverse[d] for k, d in place.items()}, start)
-                return value
-        self.found[key] = self._solve(segs, dict(pins))
+        if past(self.deadline):
+            hit = self.found.get((segs, pins))  # no search for a symmetric image any more
+            if hit is not None:
+                return hit[0]
+            self.cut += 1
+            if segs not in self.loose:
+                sub = segments_problem(self.pp, segs, {})
+                self.loose[segs] = placement_lower_bound(sub) if sub is not None else 0.0
+            return self.loose[segs]
+        key, _ = self._canonical(segs, pins)
+        if key not in self.found:
+            self.found[key] = self._solve(segs, dict(key[1]))
         return self.found[key][0]
+
+    def solution(
+        self, segs: tuple[Segment, ...], pins: tuple[tuple[int, int], ...]
+    ) -> tuple[dict[int, int], dict[int, float]]:
+        """The device per node and start per task found for these pins ({} when none)."""
+        key, sigma = self._canonical(segs, pins)
+        _, place, start = self.found.get(key, (0.0, {}, {}))
+        inverse = np.argsort(sigma)  # the solution of the image, mapped back
+        return {k: int(inverse[d]) for k, d in place.items()}, start
+
+    def _canonical(
+        self, segs: tuple[Segment, ...], pins: tuple[tuple[int, int], ...]
+    ) -> tuple[tuple, np.ndarray]:
+        """(segs, the smallest image of the pins under the symmetries) and the symmetry."""
+        perms = self.pp.permutations  # identity first: ties keep the pins as they are
+        if len(perms) == 1 or not pins:
+            return (segs, pins), perms[0]
+        devices = np.array([d for _, d in pins], dtype=np.int64)
+        images = perms[:, devices]
+        codes = images @ (self.pp.num_devices ** np.arange(len(pins) - 1, -1, -1))
+        j = int(np.argmin(codes))
+        image = tuple((t, int(d)) for (t, _), d in zip(pins, images[j], strict=True))
+        return (segs, image), perms[j]
 
     def _solve(
         self, segs: tuple[Segment, ...], pins: dict[int, int]
@@ -238,10 +268,12 @@ def series_bound(
     forward blocks, then the same blocks backward): the DP is then folded, each forward
     segment solved together with its backward mirror (same ops, same devices), from the
     outside in. `solve_segment(problem, seconds)` returns a proven lower bound on a segment
-    problem's makespan and its best placement; segment groups above 2 x SEGMENT_TASKS tasks,
-    or met after the deadline, count their longest path only. The placement takes each
-    chain node's device from the DP and each segment's from its solution; -1 for the nodes
-    the segments leave out."""
+    problem's makespan and its best placement; segment groups above 2 x SEGMENT_TASKS tasks
+    count their longest path only, and once the deadline has passed (or a stop was asked)
+    every group not solved yet counts the longest path of its unpinned problem, so the DP
+    ends within moments (`stats["series_cut"]` says how many spans were cut so). The
+    placement takes each chain node's device from the DP and each segment's from its
+    solution; -1 for the nodes the segments leave out."""
     segments = series_segments(pp)
     if not segments:
         return placement_lower_bound(pp), {"segments": 0}, None, None
@@ -252,11 +284,19 @@ def series_bound(
         value, devices, groups = _chain_dp(pp, chain, segments, spans)
     else:
         value, devices, groups = _folded_dp(pp, chain, segments, spans, fold)
-    stats = {"segments": len(segments), "segment_solves": spans.solves, "folded": fold is not None}
+    stats: dict[str, Any] = {
+        "segments": len(segments),
+        "segment_solves": spans.solves,
+        "folded": fold is not None,
+    }
+    if spans.cut:
+        stats["series_cut"] = (
+            f"time limit: {spans.cut} segment spans counted with their longest path only"
+        )
     place = np.full(pp.num_nodes, -1)
     rel: dict[int, float] = {}  # task -> start relative to its group's sub-problem
     for segs, pins in groups:
-        _, sub_place, sub_start = spans.found.get((segs, pins), (0.0, {}, {}))
+        sub_place, sub_start = spans.solution(segs, pins)
         for k, d in sub_place.items():
             if place[k] < 0:
                 place[k] = d
@@ -467,16 +507,20 @@ def solve_placement_problem(
         warm = warm_schedule(pp, options, settings, t0 + HEURISTIC_SHARE * options.time_limit)
     series: float | None = None
     stats: dict[str, Any] = {}
+    start_seconds = time.perf_counter() - t0
     if settings.series_bound and pp.num_tasks > 2:
         inner = replace(settings, series_bound=False)
 
         def segment(sub: PlacementProblem, left: float) -> tuple[float, Schedule | None]:
             opts = replace(options, time_limit=max(0.05, min(left, SEGMENT_SECONDS)))
-            out = solve_model(sub, opts, inner, greedy_placement(sub, order), opts.time_limit)
+            start = greedy_placement(sub, order, time.perf_counter() + opts.time_limit)
+            out = solve_model(sub, opts, inner, start, opts.time_limit)
             bound = out.bound if out.bound is not None else placement_lower_bound(sub)
             return bound, out.schedule
 
+        t1 = time.perf_counter()
         series, stats, place, est = series_bound(pp, segment, t0 + BOUND_SHARE * options.time_limit)
+        stats["series_seconds"] = time.perf_counter() - t1
         if place is not None and warm is not None:  # nodes off the segments: as the warm start
             place = tuple(d if d >= 0 else w for d, w in zip(place, warm[0].placement, strict=True))
         if place is not None and est is not None and min(place) >= 0 and pp.memory_ok(place):
@@ -487,10 +531,10 @@ def solve_placement_problem(
             stats["series_placement"] = built.makespan
             if warm is None or built.makespan < warm[0].makespan:
                 warm = (built, "series")
-    out = solve_model(
-        pp, options, settings, warm[0] if warm else None, deadline - time.perf_counter()
-    )
+    t2 = time.perf_counter()
+    out = solve_model(pp, options, settings, warm[0] if warm else None, deadline - t2)
     stats = {**out.stats, **stats, "warm_start": warm[1] if warm else None, "series_bound": series}
+    stats.update(start_seconds=start_seconds, model_seconds=time.perf_counter() - t2)
     schedule, status = out.schedule, out.status
     if warm is not None and (schedule is None or warm[0].makespan < schedule.makespan):
         schedule, status = warm[0], "FEASIBLE"  # the solver found nothing better in time

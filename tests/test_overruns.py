@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from backends import Limit, SolveOptions, Status, get_backend
-from backends.base import RESCORE_SKIPPED, Backend, SolveResult
+from backends.base import RESCORE_SKIPPED, Backend, BackendSettings, SolveResult
 from backends.mathprog.common import ENCODE_TIMEOUT
 from backends.placement import series
 from backends.placement.problem import (
@@ -215,13 +215,19 @@ def test_elimination_still_stops_at_once_when_asked() -> None:
 # -- the re-score of makespan answers ------------------------------------------------------
 
 
-class _Reports(Backend):
+@dataclasses.dataclass(frozen=True)
+class _NoSettings(BackendSettings):
+    """No settings."""
+
+
+class _Reports(Backend[_NoSettings]):
     """Returns the first config of every node with a makespan of its own."""
 
     name = "reports"
     objectives = ("makespan",)
+    settings_type = _NoSettings
 
-    def _solve(self, problem: Problem, options: SolveOptions) -> SolveResult:
+    def _solve(self, problem: Problem, options: SolveOptions, settings: _NoSettings) -> SolveResult:
         choices = tuple(0 for _ in range(problem.num_nodes))
         return SolveResult(self.name, Status.FEASIBLE, choices, objective=123.0)
 
@@ -239,7 +245,9 @@ def test_no_time_to_simulate_keeps_the_reported_makespan(
 def test_with_time_left_the_makespan_is_simulated(dnn: Problem) -> None:
     result = _Reports().solve(dnn, SolveOptions(objective="makespan", time_limit=30.0))
     assert result.strategy is not None
-    assert result.objective == pytest.approx(simulate(dnn.cost_model, result.strategy).makespan)
+    assert result.objective == pytest.approx(
+        simulate(dnn.dnn().cost_model, result.strategy).makespan
+    )
     assert "rescore" not in result.stats
 
 
@@ -296,10 +304,6 @@ def test_the_recommendation_simulates_no_baseline_past_the_deadline(dnn: Problem
     answer = _Reports().solve(dnn, SolveOptions(objective="makespan", time_limit=30.0))
     decision = recommend(dnn, answer, "makespan", deadline=_over()).stats["recommendation"]
     assert decision["baselines"] == {} and decision["not_simulated_for_time"]
-    # the re-score's simulation says how long one takes: 60 s here, with 30 s left
-    slow = dataclasses.replace(answer, stats={**answer.stats, "simulate_seconds": 60.0})
-    decision = recommend(dnn, slow, "makespan", deadline=Deadline.after(30)).stats["recommendation"]
-    assert decision["baselines"] == {} and decision["not_simulated_for_time"]
     timed = recommend(dnn, answer, "makespan", deadline=Deadline.after(3600))
     assert timed.stats["recommendation"]["baselines"]  # with time, they are simulated
 
@@ -339,7 +343,8 @@ def test_cbc_does_not_start_on_a_model_it_cannot_write_in_time() -> None:
 
     pp = random_placement_problem(8, get_preset("p100-1x4"), seed=0)
     opts = SolveOptions(objective="makespan", time_limit=30.0)
-    model = ilp.encode_placement(pp, opts)
-    run = ilp.solve_encoded(model, opts, 1e-3)
+    settings = ilp.IlpSettings()
+    model = ilp.encode_placement(pp, opts, settings)
+    run = ilp.solve_encoded(model, opts, settings, 1e-3)
     assert run.log["cbc_result"].startswith("not run (writing the model")
     assert run.status == "UNKNOWN" and run.timed_out

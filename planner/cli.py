@@ -590,6 +590,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _check_plan_args(args)
     _outputs((args.output, "plan"))
     check_backend(args.backend, args.objective)  # refused before torch is imported
+    if not (args.problem or args.graph):  # the one step no clock can stop, bounded
+        from planner.sources import load_torch
+
+        load_torch(deadline)
     source, model_options = _plan_source(args)
     dnn = not args.problem
     result = plan(

@@ -16,9 +16,12 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 __all__ = [
     "CHECK_EVERY",
@@ -29,6 +32,7 @@ __all__ = [
     "clear_stop",
     "past",
     "request_stop",
+    "run_within",
     "stop_requested",
 ]
 
@@ -130,6 +134,34 @@ class Clock:
         """Raise OutOfTime now if the deadline has passed (between phases)."""
         if past(self.at):
             raise OutOfTime
+
+
+def run_within(fn: Callable[[], T], deadline: Deadline, poll: float = 0.05) -> T:
+    """`fn()` for a step that has no clock of its own (an import of torch's machinery): run in
+    a daemon thread while this one waits for it or for the deadline (or a stop request),
+    whichever comes first. Past the deadline it raises OutOfTime and leaves `fn` to finish
+    in the background (a daemon thread: it does not hold the process open). Its exception is
+    raised here."""
+    if deadline.expired():
+        raise OutOfTime
+    done: list[T] = []
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            done.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=work, name="layerwise-run-within", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        if deadline.expired():
+            raise OutOfTime
+        thread.join(min(poll, max(deadline.left(), 0.001)))
+    if failed:
+        raise failed[0]
+    return done[0]
 
 
 class catch_interrupt:  # noqa: N801 - used as `with catch_interrupt():`

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from planner.deadline import OutOfTime, run_within, stop_requested
 from planner.errors import LayerwiseError
 from planner.graph.models import InputSpec, ModelSpec, input_specs
 
@@ -68,9 +69,9 @@ def problem_of(
         if example_inputs is not None or model_kwargs:
             raise LayerwiseError("example_inputs and model_kwargs do not apply to an OpGraph")
     else:
-        if deadline is not None:  # a capture cannot stop: none begins with no time left
-            deadline.check()
-        graph, spec = _capture(model, example_inputs, model_kwargs, name, coarsen)
+        if deadline is not None:
+            load_torch(deadline)
+        graph, spec = _capture(model, example_inputs, model_kwargs, name, coarsen, deadline)
     capture_seconds = time.perf_counter() - t0
     if deadline is not None:
         deadline.check()
@@ -133,14 +134,38 @@ def _looks_like_path(model: str | Path) -> bool:
     return Path(model).exists() or model.endswith(".json")
 
 
+def _warm_up() -> None:
+    from planner.graph.capture import warm_up
+
+    warm_up()
+
+
+def load_torch(deadline: Deadline) -> None:
+    """torch and its tracing machinery, loaded in a thread the deadline bounds (an import
+    cannot stop itself)."""
+    start = time.perf_counter()
+    try:
+        run_within(_warm_up, deadline)
+    except OutOfTime:
+        if stop_requested():
+            raise
+        raise LayerwiseError(
+            f"loading torch's tracing machinery took the whole time limit of "
+            f"{deadline.limit:g} s (stopped after {time.perf_counter() - start:.1f} s; it takes "
+            "about 4.5 s on a quiet 2-core machine, once per process): raise the time limit"
+        ) from None
+
+
 def _capture(
     model: Any,
     example_inputs: Any,
     model_kwargs: Mapping[str, Any] | None,
     name: str | None,
     coarsen: bool,
+    deadline: Deadline | None = None,
 ) -> tuple[OpGraph, ModelSpec | None]:
-    """The graph of a zoo name, a graph file, a factory path or a module instance."""
+    """The graph of a zoo name, a graph file, a factory path or a module instance (OutOfTime
+    past `deadline`)."""
     if isinstance(model, str | Path):
         if _looks_like_path(model):
             from planner.graph.opgraph import OpGraph
@@ -149,7 +174,7 @@ def _capture(
                 raise LayerwiseError("example_inputs and model_kwargs do not apply to a graph file")
             return OpGraph.load(model), None
         spec = _spec_of_name(str(model), example_inputs, model_kwargs, name, coarsen)
-        return spec.graph(), spec
+        return spec.graph(deadline), spec
     import torch
     from torch import nn
 
@@ -165,7 +190,12 @@ def _capture(
     from planner.graph.coarsen import coarsen as coarsen_graph
 
     with torch.no_grad():
-        graph = capture(model, tuple(x.empty() for x in inputs), name or _default_name(model))
+        graph = capture(
+            model,
+            tuple(x.empty() for x in inputs),
+            name or _default_name(model),
+            deadline=deadline,
+        )
     return (coarsen_graph(graph) if coarsen else graph), None
 
 

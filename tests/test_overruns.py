@@ -348,3 +348,89 @@ def test_cbc_does_not_start_on_a_model_it_cannot_write_in_time() -> None:
     run = ilp.solve_encoded(model, opts, settings, 1e-3)
     assert run.log["cbc_result"].startswith("not run (writing the model")
     assert run.status == "UNKNOWN" and run.timed_out
+
+
+# -- steps with no clock of their own: imports, run in a thread the deadline bounds ----------
+
+
+def test_run_within_returns_the_value_and_raises_the_error() -> None:
+    from planner.deadline import run_within
+
+    assert run_within(lambda: 41 + 1, Deadline.after(60)) == 42
+    with pytest.raises(ZeroDivisionError):
+        run_within(lambda: 1 // 0, Deadline.after(60))
+
+
+def test_run_within_leaves_a_step_that_overruns_to_finish_alone() -> None:
+    import threading
+
+    from planner.deadline import OutOfTime, run_within
+
+    release, finished = threading.Event(), threading.Event()
+
+    def blocked() -> None:  # would never end if run_within waited for it
+        release.wait(60)
+        finished.set()
+
+    with pytest.raises(OutOfTime):
+        run_within(blocked, Deadline.after(0.05))
+    assert not finished.is_set()  # OutOfTime came while the step still ran
+    release.set()
+    assert finished.wait(10)  # and the step was left to finish, not killed mid-way
+
+
+def test_run_within_stops_when_asked() -> None:
+    import threading
+
+    from planner.deadline import OutOfTime, run_within
+
+    release = threading.Event()
+
+    def ask_then_wait() -> None:
+        request_stop()
+        release.wait(60)
+
+    try:
+        with pytest.raises(OutOfTime):
+            run_within(ask_then_wait, Deadline.never())
+    finally:
+        release.set()
+        clear_stop()
+
+
+def test_capture_looks_at_the_clock_between_nodes() -> None:
+    from planner.deadline import OutOfTime
+    from planner.graph.zoo import model_graph
+
+    with pytest.raises(OutOfTime):
+        model_graph("lenet5", batch=4, deadline=_over())
+    assert model_graph("lenet5", batch=4, deadline=Deadline.after(3600)).ops
+
+
+def test_loading_torch_past_the_deadline_is_one_line_that_says_so() -> None:
+    from planner.sources import load_torch
+
+    with pytest.raises(LayerwiseError, match="loading torch's tracing machinery .* time limit"):
+        load_torch(_over())
+    load_torch(Deadline.after(3600))  # with time: loads (already loaded here) and returns
+
+
+def test_capture_imports_no_torch_compile_machinery_after_the_warm_up() -> None:
+    """What `warm_up` loads is all a capture loads on its first op: nothing unbounded is
+    left for the capture itself (a fresh process, so that nothing was loaded before)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from planner.graph.capture import warm_up\n"
+        "warm_up()\n"
+        "before = set(sys.modules)\n"
+        "from planner.graph.zoo import model_graph\n"
+        "model_graph('lenet5', batch=4)\n"
+        "print(sorted(m for m in set(sys.modules) - before if m.startswith('torch._dynamo')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from planner.deadline import Deadline, OutOfTime
 from planner.errors import GraphError
 from planner.graph.opgraph import Op, OpGraph, Param, Tensor
 from planner.graph.opkinds import CHANNEL, HEIGHT, LENGTH, SAMPLE, WIDTH
@@ -112,13 +113,24 @@ def capture(
     example_inputs: tuple[torch.Tensor, ...],
     name: str,
     leaf_modules: Sequence[type[nn.Module]] = DEFAULT_LEAF_MODULES,
+    deadline: Deadline | None = None,
 ) -> OpGraph:
-    """Trace `module` on the meta device and return its validated OpGraph named `name`."""
+    """Trace `module` on the meta device and return its validated OpGraph named `name`.
+    Past `deadline` (looked at before every node's meta run) it raises OutOfTime."""
     gm = _trace(module, tuple(leaf_modules), name)
     inputs = tuple(_to_meta(x) for x in example_inputs)
-    values, flops = _run_on_meta(gm, inputs, name)
+    values, flops = _run_on_meta(gm, inputs, name, deadline)
     batch = _batch_size(inputs, name)
     return OpGraph(name, _Builder(gm, values, flops, batch).build())
+
+
+def warm_up() -> None:
+    """Load what a process's first capture loads on its first op, so that a caller with a
+    deadline can bound it (`planner.deadline.run_within`): torch runs the meta kernels of its
+    Python references, and every dispatch mode, under a guard against torch.compile that
+    imports `torch._dynamo` on first use (1.9 s on a quiet 2-core machine, beside the 2.5 s
+    of `import torch`; a zoo model's capture after it: 0.07-0.8 s)."""
+    import torch._dynamo  # noqa: F401
 
 
 # -- tracing and shape/FLOP propagation --------------------------------------------------------
@@ -163,13 +175,18 @@ def _batch_size(inputs: tuple[Any, ...], name: str) -> int:
 class _Recorder(fx.Interpreter):
     """Runs the graph on meta tensors, keeping every node's value and forward FLOPs."""
 
-    def __init__(self, gm: fx.GraphModule, counter: FlopCounterMode) -> None:
+    def __init__(
+        self, gm: fx.GraphModule, counter: FlopCounterMode, deadline: Deadline | None
+    ) -> None:
         super().__init__(gm)
         self.counter = counter
+        self.deadline = deadline
         self.values: dict[fx.Node, Any] = {}
         self.flops: dict[fx.Node, int] = {}
 
     def run_node(self, n: fx.Node) -> Any:
+        if self.deadline is not None:
+            self.deadline.check()
         before = self.counter.get_total_flops()
         out = super().run_node(n)
         self.flops[n] = self.counter.get_total_flops() - before
@@ -190,10 +207,10 @@ class _MetaRun(nn.Module):
 
 
 def _run_on_meta(
-    gm: fx.GraphModule, inputs: tuple[Any, ...], name: str
+    gm: fx.GraphModule, inputs: tuple[Any, ...], name: str, deadline: Deadline | None = None
 ) -> tuple[dict[fx.Node, Any], dict[fx.Node, int]]:
     counter = FlopCounterMode(display=False)
-    recorder = _Recorder(gm, counter)
+    recorder = _Recorder(gm, counter, deadline)
     runner = _MetaRun(gm, recorder)
     state = {k: _to_meta(v) for k, v in runner.state_dict(keep_vars=True).items()}
     # The graph was fixed when traced (train mode keeps e.g. Inception's aux head); leaves run
@@ -203,7 +220,7 @@ def _run_on_meta(
     try:
         with counter:
             torch.func.functional_call(runner, state, inputs)
-    except GraphError:
+    except (GraphError, OutOfTime):
         raise
     except Exception as exc:
         raise GraphError(

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from planner.deadline import Deadline
     from planner.graph.opgraph import OpGraph
 
 __all__ = ["InputSpec", "ModelSpec", "load_factory"]
@@ -186,16 +187,21 @@ class ModelSpec:
         """Uninitialized example inputs of the recorded shapes (factory models)."""
         return tuple(x.empty(device) for x in self.inputs)
 
-    def graph(self) -> OpGraph:
-        """The model's OpGraph, captured on the meta device (and coarsened)."""
+    def graph(self, deadline: Deadline | None = None) -> OpGraph:
+        """The model's OpGraph, captured on the meta device (and coarsened); OutOfTime past
+        `deadline`."""
         if self.factory is None:
             from planner.graph.zoo import model_graph
 
-            return model_graph(self.name, batch=self.batch, coarsen=self.coarsen, **self.kwargs)
+            return model_graph(
+                self.name, self.batch, self.coarsen, deadline=deadline, **self.kwargs
+            )
         from planner.graph.capture import capture
         from planner.graph.coarsen import coarsen
 
-        graph = capture(self.module("meta"), self.example_inputs("meta"), self.name)
+        graph = capture(
+            self.module("meta"), self.example_inputs("meta"), self.name, deadline=deadline
+        )
         return coarsen(graph) if self.coarsen else graph
 
     def build(self, seed: int, dtype: torch.dtype) -> nn.Module:

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from planner.deadline import Deadline
 from planner.errors import LayerwiseError
 from planner.graph.opgraph import OpGraph
 
@@ -794,9 +795,14 @@ MAX_BATCH = 2**60  # beyond it a float32 activation's byte size no longer fits i
 
 
 def model_graph(
-    name: str, batch: int | None = None, coarsen: bool = True, **kwargs: Any
+    name: str,
+    batch: int | None = None,
+    coarsen: bool = True,
+    deadline: Deadline | None = None,
+    **kwargs: Any,
 ) -> OpGraph:
-    """The OpGraph of zoo model `name`, captured on the meta device (and coarsened)."""
+    """The OpGraph of zoo model `name`, captured on the meta device (and coarsened);
+    OutOfTime past `deadline`."""
     from planner.graph.capture import capture
     from planner.graph.coarsen import coarsen as coarsen_graph
 
@@ -808,7 +814,7 @@ def model_graph(
         kwargs["batch"] = batch
     try:
         module, inputs = build_model(name, device="meta", **kwargs)
-        graph = capture(module, inputs, name)
+        graph = capture(module, inputs, name, deadline=deadline)
     except (RuntimeError, OverflowError) as exc:  # e.g. torch: a size beyond 64 bits
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         raise LayerwiseError(

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress
+from rich.progress import Progress, TaskID
 
 from backends import BackendError, SolveOptions, backend_names, get_backend
 from backends.base import evaluate_objective
@@ -43,8 +43,11 @@ from planner.cli import (
     positive_seconds,
     report_errors,
 )
+from planner.deadline import Deadline, OutOfTime, catch_interrupt, stop_requested
 from planner.errors import LayerwiseError
+from planner.problems.problem import Problem
 from planner.recommend import BaselineTime, baseline_times, recommend
+from planner.result import Solver
 
 MODES: dict[str, dict[str, Any]] = {
     # Measured: about 2 minutes on 2 cores (docs/compare.md gives the command and the load).
@@ -70,6 +73,7 @@ MODES: dict[str, dict[str, Any]] = {
     },
 }
 EXIT_DISAGREEMENT = 1
+EXIT_INTERRUPTED = 130
 RESULTS_FORMAT = "layerwise.compare"
 RESULTS_VERSION = 2
 
@@ -200,43 +204,72 @@ def check_args(args: argparse.Namespace) -> list[Any]:
 
 def run(args: argparse.Namespace, console: Console, folder: Path | None = None) -> list[Case]:
     """Every case, with one progress line per finished case; each answer's plan file goes to
-    `folder`/plans when a folder is given."""
-    from planner.graph.zoo import model_graph
-    from planner.hardware.presets import get_preset
-    from planner.problems.problem import build_problem
-
+    `folder`/plans when a folder is given. After a Ctrl-C, the cases finished before it
+    (fewer than asked for)."""
     backends = check_args(args)
     opts = SolveOptions(
         objective=args.objective, time_limit=args.time_limit, seed=args.seed, threads=args.threads
     )
     cases: list[Case] = []
     todo = [(m, p) for m in args.models for p in args.presets]
-    with Progress(console=console, transient=True) as progress:
+    # The experiment owns Ctrl-C: the first stops the running search (it returns its best
+    # answer) and the experiment after it; the cases done so far are reported and saved.
+    with catch_interrupt(), Progress(console=console, transient=True) as progress:
         task = progress.add_task("comparing", total=len(todo))
         for model, preset in todo:
-            t0 = time.perf_counter()
-            progress.update(task, description=f"{model} on {preset}: building cost tables")
-            graph = model_graph(model, batch=args.batch)
-            devices = get_preset(preset)
-            problem = build_problem(graph, devices, max_configs=args.max_configs)
-            batch = graph.ops[0].output.size("sample")
-            case = Case(model, preset, devices.num_devices, batch, problem.stats["build_seconds"])
-            times = baseline_times(problem)
-            case.rows = _baseline_rows(model, preset, problem, times, args.objective)
-            warm = _additive_optimum(problem) if args.objective == "makespan" else None
-            for backend in backends:
-                progress.update(task, description=f"{model} on {preset}: {backend.name}")
-                opts_k = replace(opts, warm_start=warm)
-                case.rows.append(_solve_row(model, preset, problem, backend, opts_k, times))
-            judge(case.rows)
+            try:
+                case, problem = _run_case(args, backends, opts, model, preset, progress, task)
+            except OutOfTime:  # Ctrl-C while the cost tables were being built
+                case = None
+            if case is None or stop_requested():
+                console.print(
+                    f"interrupted during {model} on {preset}: its rows are left out; "
+                    f"{len(cases)} of {len(todo)} cases done"
+                )
+                break
             if folder is not None:
                 write_plans(folder, case, problem, args.objective, args.batch)
-            case.seconds = time.perf_counter() - t0
-            case.summary, case.flagged = summary(case, args.objective, args.time_limit)
             cases.append(case)
             console.print(_progress_line(case))
             progress.advance(task)
     return cases
+
+
+def _run_case(
+    args: argparse.Namespace,
+    backends: list[Solver],
+    opts: SolveOptions,
+    model: str,
+    preset: str,
+    progress: Progress,
+    task: TaskID,
+) -> tuple[Case, Problem]:
+    """One model on one preset: the baselines and every backend (the backends after a stop
+    request are not run)."""
+    from planner.graph.zoo import model_graph
+    from planner.hardware.presets import get_preset
+    from planner.problems.problem import build_problem
+
+    t0 = time.perf_counter()
+    progress.update(task, description=f"{model} on {preset}: building cost tables")
+    graph = model_graph(model, batch=args.batch, deadline=Deadline.never())
+    devices = get_preset(preset)
+    problem = build_problem(graph, devices, max_configs=args.max_configs, deadline=Deadline.never())
+    batch = graph.ops[0].output.size("sample")
+    case = Case(model, preset, devices.num_devices, batch, problem.stats["build_seconds"])
+    times = baseline_times(problem)
+    case.rows = _baseline_rows(model, preset, problem, times, args.objective)
+    warm = _additive_optimum(problem) if args.objective == "makespan" else None
+    for backend in backends:
+        if stop_requested():
+            break
+        progress.update(task, description=f"{model} on {preset}: {backend.name}")
+        opts_k = replace(opts, warm_start=warm)
+        case.rows.append(_solve_row(model, preset, problem, backend, opts_k, times))
+    judge(case.rows)
+    case.seconds = time.perf_counter() - t0
+    case.summary, case.flagged = summary(case, args.objective, args.time_limit)
+    return case, problem
 
 
 def _progress_line(case: Case) -> str:
@@ -425,8 +458,9 @@ def _record(case: Case) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the comparison; bad input is one `error:` line (exit 2), a second Ctrl-C (the
-    first stops the running search) exit 130, a disagreement between backends exit 1."""
+    """Run the comparison; bad input is one `error:` line (exit 2), a disagreement between
+    backends exit 1. The first Ctrl-C stops the running search and the comparison after it:
+    the cases done are printed and saved, exit 130; a second Ctrl-C aborts at once (130)."""
     return report_errors(lambda: _main(argv))
 
 
@@ -448,6 +482,9 @@ def _main(argv: Sequence[str] | None) -> int:
     if bad:
         console.print(f"[red]{len(bad)} disagreement(s) between backends[/red]")
         return EXIT_DISAGREEMENT
+    if len(cases) < len(args.models) * len(args.presets):
+        print(f"error: interrupted after {len(cases)} case(s)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 

@@ -311,3 +311,34 @@ def test_a_disagreement_makes_main_exit_1(
     assert main([*TINY, "--out", str(tmp_path), "--no-plot"]) == 1
     out = capsys.readouterr().out
     assert "DISAGREES" in out and "2 disagreement(s)" in out
+
+
+def test_ctrl_c_stops_the_comparison_and_keeps_the_cases_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first Ctrl-C stops the running search and the comparison after it: the cases
+    finished before are printed and saved, the interrupted one is left out, exit 130."""
+    import signal
+
+    import experiments.compare as compare
+
+    real = compare._solve_row
+    calls: list[str] = []
+
+    def interrupted(model: str, preset: str, *args: Any) -> Any:
+        calls.append(preset)
+        if preset == "p100-1x4":
+            signal.raise_signal(signal.SIGINT)  # what a terminal sends on Ctrl-C
+        return real(model, preset, *args)
+
+    monkeypatch.setattr(compare, "_solve_row", interrupted)
+    argv = ["--models", "lenet5", "--presets", "p100-1x2", "p100-1x4"]
+    argv += ["--backends", "elimination", "search", "--time-limit", "5"]
+    status = main([*argv, "--out", str(tmp_path), "--no-plot"])
+    out, err = capsys.readouterr()
+    assert status == 130, out + err
+    assert calls == ["p100-1x2", "p100-1x2", "p100-1x4"]  # no backend after the stop
+    assert "interrupted during lenet5 on p100-1x4" in out
+    assert err.strip().splitlines() == ["error: interrupted after 1 case(s)"]
+    _, data = results(tmp_path)
+    assert [c["preset"] for c in data["cases"]] == ["p100-1x2"]

@@ -21,6 +21,7 @@ REGISTRY: dict[str, str] = {
     "mcmc": "backends.mcmc.chain:McmcBackend",
     "ilp": "backends.mathprog.ilp:IlpBackend",
     "cpsat": "backends.mathprog.cpsat:CpsatBackend",
+    "local": "backends.local.anneal:LocalBackend",
     "portfolio": "backends.portfolio:PortfolioBackend",
 }
 

@@ -1,0 +1,261 @@
+"""The `local` backend: a compiled local search for cost-table problems (additive objective).
+
+1. Flatten the Problem once (`backends.local.flat`).
+2. Compile (or load from numba's cache) the kernels in a thread the deadline bounds: the
+   compile time counts against the time limit (`stats["compile_seconds"]`); past the
+   deadline, NO_SOLUTION with the reason in `stats["reason"]`.
+3. Feasible first (`kernels.least_memory_start`, `kernels.repair`): the least-memory
+   strategies, then min-conflicts on forbidden pairs and cheapest-per-byte memory repair,
+   until the answer is valid (`stats["first_feasible_seconds"]`). With one memory pool an
+   over-full least-memory start proves that no answer exists (INFEASIBLE); a repair that
+   finds nothing in time is NO_SOLUTION, never an invalid answer.
+4. Simulated annealing over valid states (`kernels.anneal`) in rounds: each round cools
+   geometrically from its start temperature to `end_temperature` over `round_moves` moves
+   and the next restarts from the best state, a little cooler (`restart_temperature`).
+   Temperatures are relative to the median uphill single-node move at the first valid
+   state. The moves run in chunks of `chunk_moves`; the clock (and Ctrl-C) is looked at
+   between chunks. A run ends at the deadline (limit TIME), after `max_moves` (limit
+   ITERATIONS), or after `patience` rounds without a better answer (limit None): for a seed
+   and a move count the answer is always the same.
+
+The answer is FEASIBLE (never OPTIMAL: nothing is proven), with no bound.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import numpy as np
+
+from backends.base import (
+    POSITIVE,
+    Backend,
+    BackendSettings,
+    Check,
+    Limit,
+    ProgressLog,
+    SolveOptions,
+    SolveResult,
+    Status,
+    at_least,
+    between,
+    past,
+)
+from backends.local import kernels
+from backends.local.flat import FlatProblem, flatten
+from planner.deadline import OutOfTime, run_within
+from planner.problems.problem import Problem
+
+__all__ = ["LocalBackend", "LocalSettings"]
+
+REPAIR_CHUNK = 2000  # repair steps between two looks at the clock
+CALIBRATION_SAMPLES = 4000  # random single-node moves that set the temperature unit
+_NONNEGATIVE_INT = Check("an integer >= 0", lambda v: v >= 0)
+
+
+@dataclass(frozen=True)
+class LocalSettings(BackendSettings):
+    """The `local` backend's settings (module docstring)."""
+
+    start_temperature: Annotated[float, POSITIVE] = 0.3
+    """the first round's start temperature, in median uphill moves at the first valid state"""
+    restart_temperature: Annotated[float, POSITIVE] = 0.05
+    """later rounds' start temperature (a restart from the best), in the same unit"""
+    end_temperature: Annotated[float, POSITIVE] = 1e-4
+    """every round's end temperature, in the same unit"""
+    round_moves: Annotated[int, _NONNEGATIVE_INT] = 0
+    """moves per round; 0: 300 per movable node, at least 100,000"""
+    patience: Annotated[int, _NONNEGATIVE_INT] = 5
+    """rounds without a better answer before the search ends; 0: run to the time limit"""
+    max_moves: Annotated[int, _NONNEGATIVE_INT] = 0
+    """a cap on the annealing moves (limit ITERATIONS); 0: none"""
+    edge_share: Annotated[float, between(0, 1)] = 0.1
+    """the share of moves that move both ends of an edge to their best pair"""
+    repair_share: Annotated[float, between(0, 1)] = 0.2
+    """the share of moves of one node with its neighbours' best responses"""
+    chunk_moves: Annotated[int, Check("a positive integer", lambda v: v > 0)] = 20_000
+    """moves between two looks at the clock"""
+    repair_steps: Annotated[int, at_least(1, "an integer")] = 200
+    """repair steps at most per node (then NO_SOLUTION)"""
+
+
+_COMPILED: dict[str, float] = {}
+
+
+def _compile() -> float:
+    """Run every kernel once on a two-node problem (numba compiles or loads its cache); the
+    seconds it took, the first time in this process (0 after)."""
+    if "seconds" in _COMPILED:
+        return 0.0
+    t0 = time.perf_counter()
+    from planner.problems.costtable import random_problem
+
+    flat = flatten(random_problem(3, 2, seed=0, memory=True))
+    arrays = flat.arrays()
+    state = kernels.new_state(arrays, flat.num_times, 0, flat.max_size)
+    alive = np.isfinite(flat.cost).astype(np.uint8)
+    kernels.arc_consistency(arrays, alive)
+    kernels.least_memory_start(arrays, state)
+    kernels.greedy_start(arrays, state)
+    kernels.repair(arrays, state, 10)
+    kernels.take_current_as_best(arrays, state)
+    kernels.uphill_deltas(arrays, state, 10)
+    kernels.anneal(arrays, state, 100, 1.0, 0.99, 0.3, 0.3)
+    kernels.reset_to_best(arrays, state)
+    kernels.memory_ok(arrays, state)
+    _COMPILED["seconds"] = time.perf_counter() - t0
+    return _COMPILED["seconds"]
+
+
+class LocalBackend(Backend[LocalSettings]):
+    name = "local"
+    objectives = ("additive",)
+    exact = False
+    REQUIRED_MODULES = ("numba",)
+    settings_type = LocalSettings
+
+    def _solve(
+        self, problem: Problem, options: SolveOptions, settings: LocalSettings
+    ) -> SolveResult:
+        clock = options.clock()
+        t0 = time.perf_counter()
+        flat = flatten(problem)
+        stats: dict[str, Any] = {"flatten_seconds": time.perf_counter() - t0}
+        try:
+            stats["compile_seconds"] = run_within(_compile, clock)
+        except OutOfTime:
+            stats["reason"] = "out of time while compiling the kernels (numba)"
+            return SolveResult(self.name, Status.NO_SOLUTION, limit=Limit.TIME, stats=stats)
+        alive = np.isfinite(flat.cost).astype(np.uint8)
+        dropped = kernels.arc_consistency(flat.arrays(), alive)
+        if dropped < 0:
+            stats["reason"] = f"node {-1 - dropped} has no strategy left by the forbidden pairs"
+            return SolveResult(self.name, Status.INFEASIBLE, stats=stats)
+        flat = flat.restricted(alive)
+        stats["pruned_strategies"] = int(dropped)
+        arrays = flat.arrays()
+        state = kernels.new_state(arrays, flat.num_times, options.seed, flat.max_size)
+        found = self._first_feasible(flat, arrays, state, settings, clock.at, stats)
+        stats["first_feasible_seconds"] = time.perf_counter() - t0
+        if found is not None:
+            return found
+        limit = self._anneal(flat, arrays, state, settings, clock.at, stats)
+        choices = tuple(int(c) for c in state[1])
+        return SolveResult(
+            self.name,
+            Status.FEASIBLE,
+            choices,
+            objective=float(state[6][kernels.F_BEST]),
+            limit=limit,
+            stats=stats,
+        )
+
+    def _first_feasible(
+        self,
+        flat: FlatProblem,
+        arrays: tuple[np.ndarray, ...],
+        state: tuple[np.ndarray, ...],
+        settings: LocalSettings,
+        at: float,
+        stats: dict[str, Any],
+    ) -> SolveResult | None:
+        """Construct and repair (module docstring, 3.); a result when no answer was found,
+        None when the state is valid."""
+        code = kernels.least_memory_start(arrays, state)
+        if code < 0:
+            stats["reason"] = f"node {-1 - code} has no allowed strategy"
+            return SolveResult(self.name, Status.INFEASIBLE, stats=stats)
+        if not kernels.memory_ok(arrays, state) and len(flat.limit) == 1:
+            stats["reason"] = "the least memory of the nodes live at some time is over the limit"
+            return SolveResult(self.name, Status.INFEASIBLE, stats=stats)
+        kernels.greedy_start(arrays, state)
+        steps, cap = 0, settings.repair_steps * max(flat.num_nodes, 1) + 1000
+        outcome = 0
+        while True:
+            outcome = kernels.repair(arrays, state, REPAIR_CHUNK)
+            steps += REPAIR_CHUNK
+            if outcome != 0 or steps >= cap or past(at):
+                break
+        stats["repair_steps"] = int(state[7][kernels.I_STEP])
+        if outcome == 1:
+            kernels.take_current_as_best(arrays, state)
+            return None
+        if outcome == 2:
+            stats["reason"] = "the least memory of the nodes live at some time is over the limit"
+            return SolveResult(self.name, Status.INFEASIBLE, stats=stats)
+        left = int(state[7][kernels.I_NBAD])
+        stats["reason"] = (
+            f"no valid answer found ({left} forbidden pairs"
+            f"{', memory over the limit' if not kernels.memory_ok(arrays, state) else ''} left "
+            f"after {stats['repair_steps']} repair steps)"
+        )
+        limit = Limit.TIME if past(at) else Limit.ITERATIONS
+        return SolveResult(self.name, Status.NO_SOLUTION, limit=limit, stats=stats)
+
+    def _anneal(
+        self,
+        flat: FlatProblem,
+        arrays: tuple[np.ndarray, ...],
+        state: tuple[np.ndarray, ...],
+        settings: LocalSettings,
+        at: float,
+        stats: dict[str, Any],
+    ) -> Limit | None:
+        """Annealing rounds (module docstring, 4.); the limit that ended them."""
+        floats, ints = state[6], state[7]
+        uphill = kernels.uphill_deltas(arrays, state, CALIBRATION_SAMPLES)
+        unit = float(np.median(uphill)) if len(uphill) else 0.0
+        if not unit > 0:
+            unit = max(abs(float(floats[kernels.F_COST])), 1.0) / max(flat.num_nodes, 1) * 1e-3
+        per_round = settings.round_moves or max(100_000, 300 * len(flat.movable))
+        progress = ProgressLog(self.name)
+        t0 = time.perf_counter()
+        moves, rounds, stale, limit = 0, 0, 0, None
+        first = float(floats[kernels.F_BEST])
+        while True:
+            before = float(floats[kernels.F_BEST])
+            hot = settings.start_temperature if rounds == 0 else settings.restart_temperature
+            t_start, t_end = hot * unit, settings.end_temperature * unit
+            cooling = (t_end / t_start) ** (1.0 / per_round)
+            done = 0
+            while done < per_round and limit is None:
+                chunk = min(settings.chunk_moves, per_round - done)
+                if settings.max_moves:
+                    chunk = min(chunk, settings.max_moves - moves)
+                temperature = t_start * (t_end / t_start) ** (done / per_round)
+                kernels.anneal(
+                    arrays, state, chunk, temperature, cooling,
+                    settings.edge_share, settings.repair_share,
+                )  # fmt: skip
+                done += chunk
+                moves += chunk
+                progress(
+                    lambda: f"round {rounds}: best {floats[kernels.F_BEST]:.6g} after {moves} moves"
+                )
+                if settings.max_moves and moves >= settings.max_moves:
+                    limit = Limit.ITERATIONS
+                elif past(at):
+                    limit = Limit.TIME
+            rounds += 1
+            better = floats[kernels.F_BEST] < before * (1 - 1e-12) - 1e-300
+            stale = 0 if better else stale + 1
+            kernels.reset_to_best(arrays, state)
+            if limit is not None or (settings.patience and stale >= settings.patience):
+                break
+        seconds = time.perf_counter() - t0
+        stats.update(
+            moves=moves,
+            moves_per_second=moves / seconds if seconds > 0 else math.inf,
+            anneal_seconds=seconds,
+            accepted=int(ints[kernels.I_ACCEPTED]),
+            new_bests=int(ints[kernels.I_BESTS]),
+            rounds=rounds,
+            restarts=max(rounds - 1, 0),
+            round_moves=per_round,
+            temperature_unit=unit,
+            first_feasible_objective=first,
+        )
+        return limit

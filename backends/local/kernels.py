@@ -1,0 +1,896 @@
+"""The compiled inner loops of the `local` backend (numba): construction, repair, annealing.
+
+Everything here reads the problem tuple `P` (`FlatProblem.arrays()`) and changes the state
+tuple `S` (`new_state`) in place; the Python driver (`backends.local.anneal`) calls them in
+chunks of a few thousand moves and looks at the clock in between.
+
+- A choice vector `x` holds a position per node (0 .. |S_i| - 1); a node's *local cost*
+  of strategy a is its node cost plus its incident edges' costs with the neighbours as they
+  are (`local_cost`): a move's cost delta is the difference of two local costs, O(degree).
+- The memory profile of every pool is a segment tree (`backends.local.segtree`): a move of
+  node i from s to a fits when max over i's live range + usage(a) - usage(s) <= limit,
+  O(log T); the move itself is a range add.
+- `construct` starts from each node's least-memory allowed strategy (with one pool this is
+  the least profile at every time, so if it is over the limit no answer exists) and repairs:
+  min-conflicts with tabu and noise on forbidden pairs (Minton et al. 1992, "Minimizing
+  conflicts: a heuristic repair method"), preferring strategies that keep memory within the
+  limit; then, at the fullest time, the move that frees memory at the lowest cost per byte.
+- `anneal` is simulated annealing (Kirkpatrick et al. 1983) over valid states only, with
+  three moves: one node to a random strategy; both ends of an edge to their best pair
+  given the rest; one node to a random strategy with its neighbours moved to their best
+  response where that lowers their cost (always off a pair that became forbidden). The best
+  state is kept lazily: the nodes changed since the last best are listed and copied at the
+  next best, so a new best costs O(changes), not O(n).
+
+The random numbers are our own xorshift64* (Marsaglia 2003; Vigna 2016) in the state, so a
+run is deterministic for a seed and a move count whatever else uses numba's generator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from backends.local.segtree import seg_add, seg_argmax, seg_build, seg_max
+
+INF = np.inf
+TABU_TENURE = 7  # repair steps before a node may return to a strategy it left
+CHAIN = 64  # nodes an ejection chain may move beyond the first node's neighbours
+NOISE = 0.1  # probability that a repair step picks a random allowed strategy
+
+# positions in the float / int state vectors
+F_COST, F_BEST = 0, 1
+I_DIRTY, I_ACCEPTED, I_BESTS, I_STEP, I_NBAD = 0, 1, 2, 3, 4
+
+
+def new_state(arrays: tuple[np.ndarray, ...], num_times: int, seed: int, max_size: int):  # type: ignore[no-untyped-def]
+    """The state tuple for a problem: x, best, trees (mx, ad), the dirty list, float and int
+    scalars, the generator, scratch arrays, the forbidden-edge set and the tabu list."""
+    off, usage, aoff = arrays[0], arrays[2], arrays[11]
+    n = len(off) - 1
+    pools = usage.shape[1]
+    size = 1
+    while size < num_times:
+        size *= 2
+    edges = len(arrays[6])
+    degree = int(np.max(np.diff(aoff), initial=0))
+    rng = np.array([_splitmix(seed)], dtype=np.uint64)
+    return (
+        np.zeros(n, dtype=np.int64),  # x
+        np.zeros(n, dtype=np.int64),  # best
+        np.full((pools, 2 * size), -np.inf),  # mx
+        np.zeros((pools, 2 * size)),  # ad
+        np.zeros(n, dtype=np.uint8),  # dirty
+        np.zeros(n, dtype=np.int64),  # dlist
+        np.zeros(4),  # floats
+        np.zeros(8, dtype=np.int64),  # ints
+        rng,
+        np.zeros(max_size),  # cu
+        np.zeros(max_size),  # cv
+        np.zeros(degree + CHAIN + 2, dtype=np.int64),  # journal: nodes
+        np.zeros(degree + CHAIN + 2, dtype=np.int64),  # journal: old positions
+        np.zeros(edges, dtype=np.int64),  # forbidden edges
+        np.full(edges, -1, dtype=np.int64),  # their positions in that list
+        np.zeros(int(off[-1]), dtype=np.int64),  # tabu: step until which a strategy is tabu
+        np.full(n, -1, dtype=np.int64),  # position of a node in the journal (-1: not in it)
+    )
+
+
+def _splitmix(seed: int) -> int:
+    z = (seed * 0x9E3779B97F4A7C15 + 0x9E3779B97F4A7C15) & (2**64 - 1)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
+    return (z ^ (z >> 31)) or 1
+
+
+# ------------------------------------------------------------------------------ random
+
+
+@njit(cache=True)
+def rand_u64(rng: np.ndarray) -> np.uint64:
+    z = rng[0]
+    z ^= z >> np.uint64(12)
+    z ^= z << np.uint64(25)
+    z ^= z >> np.uint64(27)
+    rng[0] = z
+    return z * np.uint64(2685821657736338717)
+
+
+@njit(cache=True)
+def rand_int(rng: np.ndarray, n: int) -> int:
+    """Uniform in [0, n)."""
+    return np.int64(rand_u64(rng) >> np.uint64(11)) % n
+
+
+@njit(cache=True)
+def rand_float(rng: np.ndarray) -> float:
+    """Uniform in [0, 1)."""
+    return np.float64(rand_u64(rng) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+# ------------------------------------------------------------------------- evaluation
+
+
+@njit(cache=True)
+def local_cost(
+    off: np.ndarray,
+    cost: np.ndarray,
+    eoff: np.ndarray,
+    ncol: np.ndarray,
+    etab: np.ndarray,
+    aoff: np.ndarray,
+    aedge: np.ndarray,
+    aother: np.ndarray,
+    aside: np.ndarray,
+    x: np.ndarray,
+    i: int,
+    a: int,
+) -> float:
+    """Node i's cost at strategy a plus its edges' costs with the neighbours at x."""
+    c = cost[off[i] + a]
+    for k in range(aoff[i], aoff[i + 1]):
+        e = aedge[k]
+        j = aother[k]
+        if aside[k] == 0:
+            c += etab[eoff[e] + a * ncol[e] + x[j]]
+        else:
+            c += etab[eoff[e] + x[j] * ncol[e] + a]
+    return c
+
+
+@njit(cache=True)
+def total_cost(P, x: np.ndarray) -> float:  # type: ignore[no-untyped-def]
+    """The additive objective of x (inf when something forbidden is chosen)."""
+    off, cost, eu, ev, eoff, ncol, etab = P[0], P[1], P[6], P[7], P[8], P[9], P[10]
+    total = 0.0
+    for i in range(len(x)):
+        total += cost[off[i] + x[i]]
+    for e in range(len(eu)):
+        total += etab[eoff[e] + x[eu[e]] * ncol[e] + x[ev[e]]]
+    return total
+
+
+@njit(cache=True)
+def build_profile(P, S) -> None:  # type: ignore[no-untyped-def]
+    """Build every pool's tree from x (an exact sum, no drift from earlier moves)."""
+    off, usage, lo, hi = P[0], P[2], P[3], P[4]
+    x, mx, ad = S[0], S[2], S[3]
+    pools = usage.shape[1]
+    size = mx.shape[1] // 2
+    for p in range(pools):
+        diff = np.zeros(size + 1)
+        for i in range(len(x)):
+            if lo[i] < hi[i]:
+                u = usage[off[i] + x[i], p]
+                diff[lo[i]] += u
+                diff[hi[i]] -= u
+        values = np.cumsum(diff[:size])
+        seg_build(mx[p], ad[p], values)
+
+
+@njit(cache=True)
+def fits(P, S, i: int, a: int) -> bool:  # type: ignore[no-untyped-def]
+    """Whether node i can move to strategy a within every pool's limit."""
+    off, usage, lo, hi, limit = P[0], P[2], P[3], P[4], P[5]
+    x, mx, ad = S[0], S[2], S[3]
+    if lo[i] >= hi[i]:
+        return True
+    s, t = off[i] + x[i], off[i] + a
+    for p in range(usage.shape[1]):
+        du = usage[t, p] - usage[s, p]
+        if du > 0.0 and seg_max(mx[p], ad[p], lo[i], hi[i]) + du > limit[p]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def overflow(P, S, i: int, a: int) -> float:  # type: ignore[no-untyped-def]
+    """How far node i at strategy a would go over the limit on its range (0: it fits)."""
+    off, usage, lo, hi, limit = P[0], P[2], P[3], P[4], P[5]
+    x, mx, ad = S[0], S[2], S[3]
+    if lo[i] >= hi[i]:
+        return 0.0
+    s, t = off[i] + x[i], off[i] + a
+    worst = 0.0
+    for p in range(usage.shape[1]):
+        du = usage[t, p] - usage[s, p]
+        over = seg_max(mx[p], ad[p], lo[i], hi[i]) + du - limit[p]
+        if over > worst:
+            worst = over
+    return worst
+
+
+@njit(cache=True)
+def set_position(P, S, i: int, a: int) -> None:  # type: ignore[no-untyped-def]
+    """Move node i to strategy a: the trees follow (the cost does not: the caller's)."""
+    off, usage, lo, hi = P[0], P[2], P[3], P[4]
+    x, mx, ad = S[0], S[2], S[3]
+    if lo[i] < hi[i]:
+        s, t = off[i] + x[i], off[i] + a
+        for p in range(usage.shape[1]):
+            du = usage[t, p] - usage[s, p]
+            if du != 0.0:
+                seg_add(mx[p], ad[p], lo[i], hi[i], du)
+    x[i] = a
+
+
+@njit(cache=True)
+def _mark(S, i: int) -> None:  # type: ignore[no-untyped-def]
+    dirty, dlist, ints = S[4], S[5], S[7]
+    if dirty[i] == 0:
+        dirty[i] = 1
+        dlist[ints[I_DIRTY]] = i
+        ints[I_DIRTY] += 1
+
+
+@njit(cache=True)
+def _record_best(S) -> None:  # type: ignore[no-untyped-def]
+    """The current state is the best: copy the nodes changed since the last best."""
+    x, best, dirty, dlist, floats, ints = S[0], S[1], S[4], S[5], S[6], S[7]
+    for k in range(ints[I_DIRTY]):
+        j = dlist[k]
+        best[j] = x[j]
+        dirty[j] = 0
+    ints[I_DIRTY] = 0
+    floats[F_BEST] = floats[F_COST]
+    ints[I_BESTS] += 1
+
+
+@njit(cache=True)
+def reset_to_best(P, S) -> None:  # type: ignore[no-untyped-def]
+    """Continue from the best state (a restart): x = best, trees and cost recomputed."""
+    x, best, dirty, floats, ints = S[0], S[1], S[4], S[6], S[7]
+    for i in range(len(x)):
+        x[i] = best[i]
+        dirty[i] = 0
+    ints[I_DIRTY] = 0
+    build_profile(P, S)
+    floats[F_COST] = total_cost(P, x)
+    floats[F_BEST] = floats[F_COST]
+
+
+@njit(cache=True)
+def take_current_as_best(P, S) -> None:  # type: ignore[no-untyped-def]
+    """After construction: the current state is the first best."""
+    x, best, dirty, floats, ints = S[0], S[1], S[4], S[6], S[7]
+    for i in range(len(x)):
+        best[i] = x[i]
+        dirty[i] = 0
+    ints[I_DIRTY] = 0
+    floats[F_COST] = total_cost(P, x)
+    floats[F_BEST] = floats[F_COST]
+
+
+@njit(cache=True)
+def memory_ok(P, S) -> bool:  # type: ignore[no-untyped-def]
+    """Whether every pool's maximum is within its limit."""
+    limit, mx = P[5], S[2]
+    for p in range(len(limit)):
+        if mx[p, 1] > limit[p]:
+            return False
+    return True
+
+
+# ------------------------------------------------------------------------ construction
+
+
+@njit(cache=True)
+def least_memory_start(P, S) -> int:  # type: ignore[no-untyped-def]
+    """x = each node's least-memory allowed strategy (summed over pools; cheapest among
+    equals); -1 - i if node i has no allowed strategy, else 0."""
+    off, cost, usage = P[0], P[1], P[2]
+    x = S[0]
+    for i in range(len(x)):
+        pick = -1
+        pick_use, pick_cost = INF, INF
+        for a in range(off[i + 1] - off[i]):
+            c = cost[off[i] + a]
+            if not np.isfinite(c):
+                continue
+            u = 0.0
+            for p in range(usage.shape[1]):
+                u += usage[off[i] + a, p]
+            if u < pick_use or (u == pick_use and c < pick_cost):
+                pick, pick_use, pick_cost = a, u, c
+        if pick < 0:
+            return -1 - i
+        x[i] = pick
+    build_profile(P, S)
+    _rebuild_bad(P, S)
+    return 0
+
+
+@njit(cache=True)
+def _revise(P, alive: np.ndarray, e: int, side: int) -> bool:  # type: ignore[no-untyped-def]
+    """Drop the strategies of edge e's end `side` (0: its first node) that have no allowed
+    partner at the other end; whether any was dropped."""
+    off, eu, ev, eoff, ncol, etab = P[0], P[6], P[7], P[8], P[9], P[10]
+    u, v = eu[e], ev[e]
+    su, sv = off[u + 1] - off[u], off[v + 1] - off[v]
+    me, other, sme, sother = (u, v, su, sv) if side == 0 else (v, u, sv, su)
+    dropped = False
+    for a in range(sme):
+        if alive[off[me] + a] == 0:
+            continue
+        supported = False
+        for b in range(sother):
+            if alive[off[other] + b] == 0:
+                continue
+            entry = etab[eoff[e] + a * ncol[e] + b] if side == 0 else etab[eoff[e] + b * ncol[e] + a]
+            if np.isfinite(entry):
+                supported = True
+                break
+        if not supported:
+            alive[off[me] + a] = 0
+            dropped = True
+    return dropped
+
+
+@njit(cache=True)
+def arc_consistency(P, alive: np.ndarray) -> int:  # type: ignore[no-untyped-def]
+    """AC-3 (Mackworth 1977) over the forbidden pairs: clear `alive` (1 per allowed strategy)
+    for every strategy that has no allowed partner on some edge, until none is left; such a
+    strategy is in no valid answer. -1 - i if node i is left with none, else the number
+    dropped."""
+    off, eu, ev, aoff, aedge, aside = P[0], P[6], P[7], P[11], P[12], P[14]
+    m = len(eu)
+    queue = np.empty(2 * m + 1, dtype=np.int64)  # arc = 2 * edge + side, in a ring
+    queued = np.ones(2 * m, dtype=np.uint8)
+    for k in range(2 * m):
+        queue[k] = k
+    head, count, dropped = 0, 2 * m, 0
+    size = 2 * m + 1
+    while count > 0:
+        arc = queue[head]
+        head = (head + 1) % size
+        count -= 1
+        queued[arc] = 0
+        e, side = arc // 2, arc % 2
+        if not _revise(P, alive, e, side):
+            continue
+        node = eu[e] if side == 0 else ev[e]
+        left = 0
+        for g in range(off[node], off[node + 1]):
+            left += alive[g]
+        if left == 0:
+            return -1 - node
+        for k in range(aoff[node], aoff[node + 1]):
+            f = aedge[k]
+            back = 1 - aside[k]  # the arc of f's other end
+            if f != e and queued[2 * f + back] == 0:
+                queued[2 * f + back] = 1
+                queue[(head + count) % size] = 2 * f + back
+                count += 1
+    for g in range(len(alive)):
+        dropped += 1 - alive[g]
+    return dropped
+
+
+@njit(cache=True)
+def greedy_start(P, S) -> None:  # type: ignore[no-untyped-def]
+    """From the least-memory start, each node in turn to its strategy with the fewest
+    forbidden pairs with the nodes already placed, then no memory overflow (the others at
+    their least memory), then the lowest cost with them."""
+    off, cost, eoff, ncol, etab, aoff, aedge, aother, aside = (
+        P[0], P[1], P[8], P[9], P[10], P[11], P[12], P[13], P[14],
+    )  # fmt: skip
+    x = S[0]
+    n = len(x)
+    placed = np.zeros(n, dtype=np.uint8)
+    for i in range(n):
+        pick, pick_bad, pick_over, pick_cost = -1, 1 << 60, INF, INF
+        for a in range(off[i + 1] - off[i]):
+            c = cost[off[i] + a]
+            if not np.isfinite(c):
+                continue
+            bad = 0
+            for k in range(aoff[i], aoff[i + 1]):
+                j = aother[k]
+                if placed[j] == 0:
+                    continue
+                e = aedge[k]
+                if aside[k] == 0:
+                    v = etab[eoff[e] + a * ncol[e] + x[j]]
+                else:
+                    v = etab[eoff[e] + x[j] * ncol[e] + a]
+                if np.isfinite(v):
+                    c += v
+                else:
+                    bad += 1
+            if bad > pick_bad:
+                continue
+            over = overflow(P, S, i, a)
+            if bad < pick_bad or over < pick_over or (over == pick_over and c < pick_cost):
+                pick, pick_bad, pick_over, pick_cost = a, bad, over, c
+        if pick != x[i]:
+            set_position(P, S, i, pick)
+        placed[i] = 1
+    _rebuild_bad(P, S)
+
+
+@njit(cache=True)
+def _pair_ok(P, x: np.ndarray, e: int) -> bool:  # type: ignore[no-untyped-def]
+    eu, ev, eoff, ncol, etab = P[6], P[7], P[8], P[9], P[10]
+    return np.isfinite(etab[eoff[e] + x[eu[e]] * ncol[e] + x[ev[e]]])
+
+
+@njit(cache=True)
+def _bad_set(S, e: int, bad: bool) -> None:  # type: ignore[no-untyped-def]
+    blist, bpos, ints = S[13], S[14], S[7]
+    if bad and bpos[e] < 0:
+        bpos[e] = ints[I_NBAD]
+        blist[ints[I_NBAD]] = e
+        ints[I_NBAD] += 1
+    elif not bad and bpos[e] >= 0:
+        k = bpos[e]
+        last = blist[ints[I_NBAD] - 1]
+        blist[k] = last
+        bpos[last] = k
+        bpos[e] = -1
+        ints[I_NBAD] -= 1
+
+
+@njit(cache=True)
+def _rebuild_bad(P, S) -> None:  # type: ignore[no-untyped-def]
+    x, bpos, ints = S[0], S[14], S[7]
+    for e in range(len(bpos)):
+        bpos[e] = -1
+    ints[I_NBAD] = 0
+    for e in range(len(bpos)):
+        if not _pair_ok(P, x, e):
+            _bad_set(S, e, True)
+
+
+@njit(cache=True)
+def _move_tracking_bad(P, S, i: int, a: int) -> None:  # type: ignore[no-untyped-def]
+    aoff, aedge = P[11], P[12]
+    set_position(P, S, i, a)
+    for k in range(aoff[i], aoff[i + 1]):
+        e = aedge[k]
+        _bad_set(S, e, not _pair_ok(P, S[0], e))
+
+
+@njit(cache=True)
+def _conflicts_and_cost(P, x: np.ndarray, i: int, a: int) -> tuple[int, float]:  # type: ignore[no-untyped-def]
+    """Forbidden pairs node i at strategy a would meet, and its finite local cost."""
+    off, cost, eoff, ncol, etab, aoff, aedge, aother, aside = (
+        P[0], P[1], P[8], P[9], P[10], P[11], P[12], P[13], P[14],
+    )  # fmt: skip
+    c = cost[off[i] + a]
+    bad = 0
+    for k in range(aoff[i], aoff[i + 1]):
+        e = aedge[k]
+        j = aother[k]
+        if aside[k] == 0:
+            v = etab[eoff[e] + a * ncol[e] + x[j]]
+        else:
+            v = etab[eoff[e] + x[j] * ncol[e] + a]
+        if np.isfinite(v):
+            c += v
+        else:
+            bad += 1
+    return bad, c
+
+
+@njit(cache=True)
+def _min_conflicts_step(P, S, i: int, step: int) -> None:  # type: ignore[no-untyped-def]
+    """Move node i to its allowed strategy (not the current one, not tabu) with the fewest
+    forbidden pairs, then the least memory overflow, then the lowest cost; sometimes a
+    random allowed one."""
+    off, cost = P[0], P[1]
+    x, rng, tabu = S[0], S[8], S[15]
+    size = off[i + 1] - off[i]
+    here = x[i]
+    pick = -1
+    if rand_float(rng) < NOISE:
+        a = rand_int(rng, size)
+        if a != here and np.isfinite(cost[off[i] + a]):
+            pick = a
+    if pick < 0:
+        best_bad, best_over, best_cost = 1 << 60, INF, INF
+        for a in range(size):
+            if a == here or not np.isfinite(cost[off[i] + a]) or tabu[off[i] + a] > step:
+                continue
+            bad, c = _conflicts_and_cost(P, x, i, a)
+            if bad > best_bad:
+                continue
+            over = overflow(P, S, i, a)
+            if (
+                bad < best_bad
+                or over < best_over
+                or (over == best_over and c < best_cost)
+            ):
+                pick, best_bad, best_over, best_cost = a, bad, over, c
+    if pick >= 0:
+        tabu[off[i] + here] = step + TABU_TENURE + rand_int(rng, 3)
+        _move_tracking_bad(P, S, i, pick)
+
+
+@njit(cache=True)
+def _free_memory_step(P, S, p: int, step: int) -> int:  # type: ignore[no-untyped-def]
+    """At the fullest time t of pool p, the move of a node live at t to a strategy with less
+    usage in p, no forbidden pair and no new overflow elsewhere, of the lowest cost per byte
+    freed. 1 if one was made; 0 if none: then a live node that can free memory is moved
+    to its least-usage strategy (conflicts or not); 2 if every live node is at its least
+    usage (with one pool: no answer exists)."""
+    off, cost, usage, lo, hi, limit, movable = P[0], P[1], P[2], P[3], P[4], P[5], P[15]
+    x, mx, ad, rng = S[0], S[2], S[3], S[8]
+    t = seg_argmax(mx[p], ad[p])
+    need = mx[p, 1] - limit[p]
+    best_ratio, best_i, best_a = INF, -1, -1
+    culprits = 0
+    culprit = -1
+    for k in range(len(movable)):
+        i = movable[k]
+        if not (lo[i] <= t < hi[i]):
+            continue
+        s = off[i] + x[i]
+        _, here_cost = _conflicts_and_cost(P, x, i, x[i])
+        can_free = False
+        for a in range(off[i + 1] - off[i]):
+            g = off[i] + a
+            freed = usage[s, p] - usage[g, p]
+            if freed <= 0.0 or not np.isfinite(cost[g]):
+                continue
+            can_free = True
+            bad, c = _conflicts_and_cost(P, x, i, a)
+            if bad > 0:
+                continue
+            ok = True
+            for q in range(usage.shape[1]):
+                dq = usage[g, q] - usage[s, q]
+                if q != p and dq > 0.0 and seg_max(mx[q], ad[q], lo[i], hi[i]) + dq > limit[q]:
+                    ok = False
+            if not ok:
+                continue
+            ratio = (c - here_cost) / min(freed, need)
+            if ratio < best_ratio:
+                best_ratio, best_i, best_a = ratio, i, a
+        if can_free:
+            culprits += 1
+            if rand_int(rng, culprits) == 0:  # a uniform one among them (reservoir)
+                culprit = i
+    if best_i >= 0:
+        _move_tracking_bad(P, S, best_i, best_a)
+        return 1
+    if culprit < 0:
+        return 2
+    pick, pick_use = -1, INF
+    for a in range(off[culprit + 1] - off[culprit]):
+        g = off[culprit] + a
+        if np.isfinite(cost[g]) and usage[g, p] < pick_use:
+            pick, pick_use = a, usage[g, p]
+    _move_tracking_bad(P, S, culprit, pick)
+    return 0
+
+
+@njit(cache=True)
+def repair(P, S, steps: int) -> int:  # type: ignore[no-untyped-def]
+    """Up to `steps` repair steps; 1 once the state is valid, 2 if proven impossible (one
+    pool and every live node at its least usage at the fullest time), else 0."""
+    eu, ev, limit, movable = P[6], P[7], P[5], P[15]
+    mx, rng, ints, blist = S[2], S[8], S[7], S[13]
+    for _ in range(steps):
+        step = ints[I_STEP]
+        ints[I_STEP] += 1
+        if ints[I_NBAD] > 0:
+            e = blist[rand_int(rng, ints[I_NBAD])]
+            i = eu[e] if rand_int(rng, 2) == 0 else ev[e]
+            _min_conflicts_step(P, S, i, step)
+            continue
+        over = -1
+        for p in range(len(limit)):
+            if mx[p, 1] > limit[p]:
+                over = p
+                break
+        if over < 0:
+            return 1
+        if len(movable) == 0:
+            return 2 if len(limit) == 1 else 0
+        code = _free_memory_step(P, S, over, step)
+        if code == 2 and len(limit) == 1:
+            return 2
+    return 0
+
+
+# --------------------------------------------------------------------------- annealing
+
+
+@njit(cache=True)
+def _local(P, x: np.ndarray, i: int, a: int) -> float:  # type: ignore[no-untyped-def]
+    return local_cost(P[0], P[1], P[8], P[9], P[10], P[11], P[12], P[13], P[14], x, i, a)
+
+
+@njit(cache=True)
+def _random_strategy(P, rng: np.ndarray, i: int, here: int) -> int:  # type: ignore[no-untyped-def]
+    """A random strategy of node i other than `here`; -1 if it is forbidden."""
+    off, cost = P[0], P[1]
+    size = off[i + 1] - off[i]
+    a = rand_int(rng, size - 1)
+    if a >= here:
+        a += 1
+    return a if np.isfinite(cost[off[i] + a]) else -1
+
+
+@njit(cache=True)
+def _accept(rng: np.ndarray, delta: float, temperature: float) -> bool:
+    if delta <= 0.0:
+        return True
+    if temperature <= 0.0:
+        return False
+    return rand_float(rng) < np.exp(-delta / temperature)
+
+
+@njit(cache=True)
+def _commit(S, delta: float) -> None:  # type: ignore[no-untyped-def]
+    floats, ints = S[6], S[7]
+    floats[F_COST] += delta
+    ints[I_ACCEPTED] += 1
+    if floats[F_COST] < floats[F_BEST]:
+        _record_best(S)
+
+
+@njit(cache=True)
+def _single_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-def]
+    movable = P[15]
+    x, rng = S[0], S[8]
+    i = movable[rand_int(rng, len(movable))]
+    a = _random_strategy(P, rng, i, x[i])
+    if a < 0:
+        return
+    delta = _local(P, x, i, a) - _local(P, x, i, x[i])
+    if not np.isfinite(delta) or not _accept(rng, delta, temperature):
+        return
+    if not fits(P, S, i, a):
+        return
+    set_position(P, S, i, a)
+    _mark(S, i)
+    _commit(S, delta)
+
+
+@njit(cache=True)
+def _journal_delta(P, S, length: int) -> float:  # type: ignore[no-untyped-def]
+    """The cost change of the journal's moves (nodes `jn`, old positions `jo`, new ones in
+    x): their node costs and every edge they touch, once (at its first moved end)."""
+    off, cost, eoff, ncol, etab, aoff, aedge, aother, aside = (
+        P[0], P[1], P[8], P[9], P[10], P[11], P[12], P[13], P[14],
+    )  # fmt: skip
+    x, jn, jo, jpos = S[0], S[11], S[12], S[16]
+    delta = 0.0
+    for k in range(length):
+        m = jn[k]
+        delta += cost[off[m] + x[m]] - cost[off[m] + jo[k]]
+        for q in range(aoff[m], aoff[m + 1]):
+            w = aother[q]
+            if 0 <= jpos[w] < k:
+                continue  # counted at w
+            old_w = jo[jpos[w]] if jpos[w] >= 0 else x[w]
+            e = aedge[q]
+            if aside[q] == 0:
+                new = etab[eoff[e] + x[m] * ncol[e] + x[w]]
+                old = etab[eoff[e] + jo[k] * ncol[e] + old_w]
+            else:
+                new = etab[eoff[e] + x[w] * ncol[e] + x[m]]
+                old = etab[eoff[e] + old_w * ncol[e] + jo[k]]
+            delta += new - old
+    return delta
+
+
+@njit(cache=True)
+def _journal_add(S, length: int, j: int) -> int:  # type: ignore[no-untyped-def]
+    x, jn, jo, jpos = S[0], S[11], S[12], S[16]
+    jn[length], jo[length] = j, x[j]
+    jpos[j] = length
+    return length + 1
+
+
+@njit(cache=True)
+def _journal_clear(S, length: int) -> None:  # type: ignore[no-untyped-def]
+    jn, jpos = S[11], S[16]
+    for k in range(length):
+        jpos[jn[k]] = -1
+
+
+@njit(cache=True)
+def _edge_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-def]
+    """Both ends of a random edge to their best pair given the rest (other than the current
+    pair), accepted by the Metropolis rule on the exact delta."""
+    off, cost, eu, ev, eoff, ncol, etab = P[0], P[1], P[6], P[7], P[8], P[9], P[10]
+    x, rng, cu, cv = S[0], S[8], S[9], S[10]
+    if len(eu) == 0:
+        return
+    e = rand_int(rng, len(eu))
+    u, v = eu[e], ev[e]
+    su, sv = off[u + 1] - off[u], off[v + 1] - off[v]
+    if su * sv < 2:
+        return
+    xu, xv = x[u], x[v]
+    base, stride = eoff[e], ncol[e]
+    for a in range(su):
+        cu[a] = INF
+        if np.isfinite(cost[off[u] + a]):
+            cu[a] = _local(P, x, u, a) - etab[base + a * stride + xv]
+    for b in range(sv):
+        cv[b] = INF
+        if np.isfinite(cost[off[v] + b]):
+            cv[b] = _local(P, x, v, b) - etab[base + xu * stride + b]
+    pick_a, pick_b, pick = -1, -1, INF
+    for a in range(su):
+        if not np.isfinite(cu[a]):
+            continue
+        for b in range(sv):
+            if a == xu and b == xv:
+                continue
+            c = cu[a] + cv[b] + etab[base + a * stride + b]
+            if c < pick:
+                pick_a, pick_b, pick = a, b, c
+    if pick_a < 0:
+        return
+    length = _journal_add(S, 0, u)
+    length = _journal_add(S, length, v)
+    x[u], x[v] = pick_a, pick_b
+    delta = _journal_delta(P, S, length)
+    x[u], x[v] = xu, xv
+    _journal_clear(S, length)
+    if not np.isfinite(delta) or not _accept(rng, delta, temperature):
+        return
+    if not fits(P, S, u, pick_a):
+        return
+    set_position(P, S, u, pick_a)
+    if not fits(P, S, v, pick_b):
+        set_position(P, S, u, xu)
+        return
+    set_position(P, S, v, pick_b)
+    _mark(S, u)
+    _mark(S, v)
+    _commit(S, delta)
+
+
+@njit(cache=True)
+def _best_response(P, S, j: int) -> int:  # type: ignore[no-untyped-def]
+    """Node j's cheapest strategy given its neighbours that fits in memory (-1: none)."""
+    off, cost = P[0], P[1]
+    x = S[0]
+    pick, pick_cost = -1, INF
+    for b in range(off[j + 1] - off[j]):
+        if not np.isfinite(cost[off[j] + b]):
+            continue
+        c = _local(P, x, j, b)
+        if c < pick_cost and (b == x[j] or fits(P, S, j, b)):
+            pick, pick_cost = b, c
+    return pick
+
+
+@njit(cache=True)
+def _chain_response(P, S, j: int) -> int:  # type: ignore[no-untyped-def]
+    """Node j's strategy that fits in memory with no forbidden pair with a node already
+    moved (in the journal), the fewest with the others, then the lowest cost (-1: none)."""
+    off, cost, eoff, ncol, etab, aoff, aedge, aother, aside = (
+        P[0], P[1], P[8], P[9], P[10], P[11], P[12], P[13], P[14],
+    )  # fmt: skip
+    x, jpos = S[0], S[16]
+    pick, pick_bad, pick_cost = -1, 1 << 60, INF
+    for b in range(off[j + 1] - off[j]):
+        c = cost[off[j] + b]
+        if not np.isfinite(c):
+            continue
+        bad = 0
+        for k in range(aoff[j], aoff[j + 1]):
+            w = aother[k]
+            e = aedge[k]
+            if aside[k] == 0:
+                v = etab[eoff[e] + b * ncol[e] + x[w]]
+            else:
+                v = etab[eoff[e] + x[w] * ncol[e] + b]
+            if np.isfinite(v):
+                c += v
+            elif jpos[w] >= 0:
+                bad = 1 << 61
+                break
+            else:
+                bad += 1
+        if bad < pick_bad or (bad == pick_bad and c < pick_cost):
+            if b == x[j] or fits(P, S, j, b):
+                pick, pick_bad, pick_cost = b, bad, c
+    return pick if pick_bad < (1 << 61) else -1
+
+
+@njit(cache=True)
+def _repair_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-def]
+    """A random node to a random strategy; its neighbours to their best response where that
+    lowers their cost; then, as an ejection chain, every node left on a forbidden pair with a
+    moved node to its least-conflicting strategy (`_chain_response`), whose own conflicts
+    are handled the same way, up to the journal's length. Undone unless every pair is
+    allowed and the Metropolis rule accepts the whole."""
+    aoff, aother, movable = P[11], P[13], P[15]
+    eoff, ncol, etab, aedge, aside = P[8], P[9], P[10], P[12], P[14]
+    x, rng, jn, jo, jpos = S[0], S[8], S[11], S[12], S[16]
+    i = movable[rand_int(rng, len(movable))]
+    a = _random_strategy(P, rng, i, x[i])
+    if a < 0 or not fits(P, S, i, a):
+        return
+    length = _journal_add(S, 0, i)
+    set_position(P, S, i, a)
+    ok = True
+    for k in range(aoff[i], aoff[i + 1]):
+        j = aother[k]
+        if jpos[j] >= 0:
+            continue  # a parallel edge's end, already moved
+        b = _best_response(P, S, j)
+        if b >= 0 and b != x[j] and _local(P, x, j, b) < _local(P, x, j, x[j]):
+            length = _journal_add(S, length, j)
+            set_position(P, S, j, b)
+    head = 0
+    while ok and head < length:
+        m = jn[head]
+        head += 1
+        for k in range(aoff[m], aoff[m + 1]):
+            w = aother[k]
+            if jpos[w] >= 0:
+                continue
+            e = aedge[k]
+            if aside[k] == 0:
+                v = etab[eoff[e] + x[m] * ncol[e] + x[w]]
+            else:
+                v = etab[eoff[e] + x[w] * ncol[e] + x[m]]
+            if np.isfinite(v):
+                continue
+            b = _chain_response(P, S, w)
+            if b < 0 or length >= len(jn):
+                ok = False
+                break
+            length = _journal_add(S, length, w)
+            set_position(P, S, w, b)
+    delta = _journal_delta(P, S, length) if ok else INF
+    if np.isfinite(delta) and _accept(rng, delta, temperature):
+        for k in range(length):
+            _mark(S, jn[k])
+        _journal_clear(S, length)
+        _commit(S, delta)
+        return
+    for k in range(length - 1, -1, -1):
+        set_position(P, S, jn[k], jo[k])
+    _journal_clear(S, length)
+
+
+@njit(cache=True)
+def anneal(  # type: ignore[no-untyped-def]
+    P, S, moves: int, temperature: float, cooling: float, edge_share: float, repair_share: float
+) -> float:
+    """`moves` annealing moves from `temperature`, multiplied by `cooling` after each; the
+    temperature reached."""
+    movable = P[15]
+    rng = S[8]
+    if len(movable) == 0:
+        return temperature
+    for _ in range(moves):
+        r = rand_float(rng)
+        if r < edge_share:
+            _edge_move(P, S, temperature)
+        elif r < edge_share + repair_share:
+            _repair_move(P, S, temperature)
+        else:
+            _single_move(P, S, temperature)
+        temperature *= cooling
+    return temperature
+
+
+@njit(cache=True)
+def uphill_deltas(P, S, samples: int) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """The positive finite deltas of `samples` random single-node moves (not made)."""
+    movable = P[15]
+    x, rng = S[0], S[8]
+    out = np.empty(samples)
+    count = 0
+    if len(movable) == 0:
+        return out[:0]
+    for _ in range(samples):
+        i = movable[rand_int(rng, len(movable))]
+        a = _random_strategy(P, rng, i, x[i])
+        if a < 0:
+            continue
+        delta = _local(P, x, i, a) - _local(P, x, i, x[i])
+        if np.isfinite(delta) and delta > 0.0:
+            out[count] = delta
+            count += 1
+    return out[:count]

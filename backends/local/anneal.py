@@ -13,8 +13,8 @@
    geometrically from its start temperature to `end_temperature` over `round_moves` moves
    and the next restarts from the best state, a little cooler (`restart_temperature`).
    Temperatures are relative to the median uphill single-node move at the first valid
-   state. The moves run in chunks of `chunk_moves`; the clock (and Ctrl-C) is looked at
-   between chunks. A run ends at the deadline (limit TIME), after `max_moves` (limit
+   state. The moves run in chunks sized to take about CHUNK_SECONDS; the clock (and Ctrl-C) is
+   looked at between chunks. A run ends at the deadline (limit TIME), after `max_moves` (limit
    ITERATIONS), or after `patience` rounds without a better answer (limit None): for a seed
    and a move count the answer is always the same.
 
@@ -52,6 +52,9 @@ from planner.problems.problem import Problem
 __all__ = ["LocalBackend", "LocalSettings"]
 
 REPAIR_CHUNK = 2000  # repair steps between two looks at the clock
+FIRST_CHUNK = 1000  # annealing moves in the first chunk; then sized to CHUNK_SECONDS
+CHUNK_SECONDS = 0.05  # between two looks at the clock
+MAC_TRIES = 3  # strategies a node tries in the construction before it is left to the repair
 CALIBRATION_SAMPLES = 4000  # random single-node moves that set the temperature unit
 _NONNEGATIVE_INT = Check("an integer >= 0", lambda v: v >= 0)
 
@@ -76,8 +79,6 @@ class LocalSettings(BackendSettings):
     """the share of moves that move both ends of an edge to their best pair"""
     repair_share: Annotated[float, between(0, 1)] = 0.2
     """the share of moves of one node with its neighbours' best responses"""
-    chunk_moves: Annotated[int, Check("a positive integer", lambda v: v > 0)] = 20_000
-    """moves between two looks at the clock"""
     repair_steps: Annotated[int, at_least(1, "an integer")] = 200
     """repair steps at most per node (then NO_SOLUTION)"""
 
@@ -99,11 +100,11 @@ def _compile() -> float:
     alive = np.isfinite(flat.cost).astype(np.uint8)
     kernels.arc_consistency(arrays, alive)
     kernels.least_memory_start(arrays, state)
-    kernels.greedy_start(arrays, state)
+    kernels.mac_start(arrays, state, alive, False, 2)
     kernels.repair(arrays, state, 10)
     kernels.take_current_as_best(arrays, state)
     kernels.uphill_deltas(arrays, state, 10)
-    kernels.anneal(arrays, state, 100, 1.0, 0.99, 0.3, 0.3)
+    kernels.anneal(arrays, state, 100, 0, 100, 1.0, 0.01, 0.3, 0.3)
     kernels.reset_to_best(arrays, state)
     kernels.memory_ok(arrays, state)
     _COMPILED["seconds"] = time.perf_counter() - t0
@@ -138,7 +139,7 @@ class LocalBackend(Backend[LocalSettings]):
         stats["pruned_strategies"] = int(dropped)
         arrays = flat.arrays()
         state = kernels.new_state(arrays, flat.num_times, options.seed, flat.max_size)
-        found = self._first_feasible(flat, arrays, state, settings, clock.at, stats)
+        found = self._first_feasible(flat, arrays, state, alive, settings, clock.at, stats)
         stats["first_feasible_seconds"] = time.perf_counter() - t0
         if found is not None:
             return found
@@ -158,12 +159,14 @@ class LocalBackend(Backend[LocalSettings]):
         flat: FlatProblem,
         arrays: tuple[np.ndarray, ...],
         state: tuple[np.ndarray, ...],
+        alive: np.ndarray,
         settings: LocalSettings,
         at: float,
         stats: dict[str, Any],
     ) -> SolveResult | None:
-        """Construct and repair (module docstring, 3.); a result when no answer was found,
-        None when the state is valid."""
+        """Construct and repair (module docstring, 3.): a cost-first construction, then a
+        memory-first one if its repair fails; a result when no answer was found, None when
+        the state is valid."""
         code = kernels.least_memory_start(arrays, state)
         if code < 0:
             stats["reason"] = f"node {-1 - code} has no allowed strategy"
@@ -171,15 +174,24 @@ class LocalBackend(Backend[LocalSettings]):
         if not kernels.memory_ok(arrays, state) and len(flat.limit) == 1:
             stats["reason"] = "the least memory of the nodes live at some time is over the limit"
             return SolveResult(self.name, Status.INFEASIBLE, stats=stats)
-        kernels.greedy_start(arrays, state)
-        steps, cap = 0, settings.repair_steps * max(flat.num_nodes, 1) + 1000
+        cap = settings.repair_steps * max(flat.num_nodes, 1) + 1000
         outcome = 0
-        while True:
-            outcome = kernels.repair(arrays, state, REPAIR_CHUNK)
-            steps += REPAIR_CHUNK
-            if outcome != 0 or steps >= cap or past(at):
+        for attempt, memory_first in enumerate((True, False)):
+            if attempt:
+                kernels.least_memory_start(arrays, state)
+            stats[f"unpropagated_{attempt}"] = kernels.mac_start(
+                arrays, state, alive.copy(), memory_first, MAC_TRIES
+            )
+            steps = 0
+            while True:
+                outcome = kernels.repair(arrays, state, REPAIR_CHUNK)
+                steps += REPAIR_CHUNK
+                if outcome != 0 or steps >= cap or past(at):
+                    break
+            stats[f"repair_steps_{attempt}"] = steps
+            if outcome != 0 or past(at):
                 break
-        stats["repair_steps"] = int(state[7][kernels.I_STEP])
+        stats["construction_attempts"] = attempt + 1
         if outcome == 1:
             kernels.take_current_as_best(arrays, state)
             return None
@@ -190,7 +202,7 @@ class LocalBackend(Backend[LocalSettings]):
         stats["reason"] = (
             f"no valid answer found ({left} forbidden pairs"
             f"{', memory over the limit' if not kernels.memory_ok(arrays, state) else ''} left "
-            f"after {stats['repair_steps']} repair steps)"
+            f"after {int(state[7][kernels.I_STEP])} repair steps)"
         )
         limit = Limit.TIME if past(at) else Limit.ITERATIONS
         return SolveResult(self.name, Status.NO_SOLUTION, limit=limit, stats=stats)
@@ -214,22 +226,25 @@ class LocalBackend(Backend[LocalSettings]):
         progress = ProgressLog(self.name)
         t0 = time.perf_counter()
         moves, rounds, stale, limit = 0, 0, 0, None
+        chunk_size = FIRST_CHUNK
         first = float(floats[kernels.F_BEST])
         while True:
             before = float(floats[kernels.F_BEST])
             hot = settings.start_temperature if rounds == 0 else settings.restart_temperature
             t_start, t_end = hot * unit, settings.end_temperature * unit
-            cooling = (t_end / t_start) ** (1.0 / per_round)
             done = 0
             while done < per_round and limit is None:
-                chunk = min(settings.chunk_moves, per_round - done)
+                chunk = min(chunk_size, per_round - done)
                 if settings.max_moves:
                     chunk = min(chunk, settings.max_moves - moves)
-                temperature = t_start * (t_end / t_start) ** (done / per_round)
+                t1 = time.perf_counter()
                 kernels.anneal(
-                    arrays, state, chunk, temperature, cooling,
+                    arrays, state, chunk, done, per_round, t_start, t_end,
                     settings.edge_share, settings.repair_share,
                 )  # fmt: skip
+                took = time.perf_counter() - t1
+                # the next chunk aims at CHUNK_SECONDS (the moves do not depend on it)
+                chunk_size = int(min(max(chunk * CHUNK_SECONDS / max(took, 1e-6), 100), 10**7))
                 done += chunk
                 moves += chunk
                 progress(

@@ -36,6 +36,8 @@ from backends.local.segtree import seg_add, seg_argmax, seg_build, seg_max
 INF = np.inf
 TABU_TENURE = 7  # repair steps before a node may return to a strategy it left
 CHAIN = 64  # nodes an ejection chain may move beyond the first node's neighbours
+HUB = 64  # compound moves leave out nodes of a higher degree but as the first node of a
+# repair move, which they are HUB / degree as often as others (the move costs O(degree))
 NOISE = 0.1  # probability that a repair step picks a random allowed strategy
 
 # positions in the float / int state vectors
@@ -367,45 +369,161 @@ def arc_consistency(P, alive: np.ndarray) -> int:  # type: ignore[no-untyped-def
 
 
 @njit(cache=True)
-def greedy_start(P, S) -> None:  # type: ignore[no-untyped-def]
-    """From the least-memory start, each node in turn to its strategy with the fewest
-    forbidden pairs with the nodes already placed, then no memory overflow (the others at
-    their least memory), then the lowest cost with them."""
-    off, cost, eoff, ncol, etab, aoff, aedge, aother, aside = (
-        P[0], P[1], P[8], P[9], P[10], P[11], P[12], P[13], P[14],
-    )  # fmt: skip
-    x = S[0]
+def _revise_trail(P, alive, e: int, side: int, trail, top: int) -> int:  # type: ignore[no-untyped-def]
+    """`_revise` that pushes each dropped strategy on `trail`; the new top (-1 - top if the
+    revised node has no strategy left)."""
+    off, eu, ev, eoff, ncol, etab = P[0], P[6], P[7], P[8], P[9], P[10]
+    u, v = eu[e], ev[e]
+    me, other = (u, v) if side == 0 else (v, u)
+    left = 0
+    for a in range(off[me + 1] - off[me]):
+        if alive[off[me] + a] == 0:
+            continue
+        supported = False
+        for b in range(off[other + 1] - off[other]):
+            if alive[off[other] + b] == 0:
+                continue
+            entry = etab[eoff[e] + a * ncol[e] + b] if side == 0 else etab[eoff[e] + b * ncol[e] + a]
+            if np.isfinite(entry):
+                supported = True
+                break
+        if supported:
+            left += 1
+        else:
+            alive[off[me] + a] = 0
+            trail[top] = off[me] + a
+            top += 1
+    return top if left > 0 else -1 - top
+
+
+@njit(cache=True)
+def _propagate(P, alive, node: int, trail, top: int, queue, queued) -> int:  # type: ignore[no-untyped-def]
+    """AC-3 from the arcs into `node`'s neighbours after its domain shrank; the trail's new
+    top, or -1 - top on a wipe-out (the queue is left empty either way)."""
+    eu, ev, aoff, aedge, aside = P[6], P[7], P[11], P[12], P[14]
+    size = len(queue)
+    head, count = 0, 0
+    for k in range(aoff[node], aoff[node + 1]):
+        arc = 2 * aedge[k] + 1 - aside[k]
+        if queued[arc] == 0:
+            queued[arc] = 1
+            queue[count] = arc
+            count += 1
+    wiped = False
+    while count > 0:
+        arc = queue[head]
+        head = (head + 1) % size
+        count -= 1
+        queued[arc] = 0
+        if wiped:
+            continue
+        e, side = arc // 2, arc % 2
+        before = top
+        top = _revise_trail(P, alive, e, side, trail, top)
+        if top < 0:
+            top = -1 - top
+            wiped = True
+            continue
+        if top == before:
+            continue
+        changed = eu[e] if side == 0 else ev[e]
+        for k in range(aoff[changed], aoff[changed + 1]):
+            f = aedge[k]
+            back = 2 * f + 1 - aside[k]
+            if f != e and queued[back] == 0:
+                queued[back] = 1
+                queue[(head + count) % size] = back
+                count += 1
+    return -1 - top if wiped else top
+
+
+@njit(cache=True)
+def mac_start(P, S, alive, memory_first: bool, tries: int) -> int:  # type: ignore[no-untyped-def]
+    """Place the nodes in turn, maintaining arc consistency (MAC; Sabin and Freuder 1994):
+    node i takes its alive strategy with no memory overflow (the others where they are),
+    then the lowest cost with the nodes placed (or the least usage first, `memory_first`),
+    and the forbidden pairs are propagated; a strategy whose propagation wipes out a domain
+    is undone and the next one tried, up to `tries`; then the node takes its best strategy
+    unpropagated (the repair handles its conflicts). The nodes that could not be propagated."""
+    off, cost, usage, eu = P[0], P[1], P[2], P[6]
+    x, cu = S[0], S[9]
     n = len(x)
+    m = len(eu)
+    trail = np.empty(len(alive), dtype=np.int64)
+    queue = np.empty(2 * m + 1, dtype=np.int64)
+    queued = np.zeros(2 * m + 1, dtype=np.uint8)
     placed = np.zeros(n, dtype=np.uint8)
+    failures = 0
     for i in range(n):
-        pick, pick_bad, pick_over, pick_cost = -1, 1 << 60, INF, INF
-        for a in range(off[i + 1] - off[i]):
-            c = cost[off[i] + a]
-            if not np.isfinite(c):
+        size = off[i + 1] - off[i]
+        # score every alive strategy: overflow first, then cost (or usage) with the placed
+        for a in range(size):
+            g = off[i] + a
+            cu[a] = INF
+            if alive[g] == 0 or not np.isfinite(cost[g]):
                 continue
-            bad = 0
-            for k in range(aoff[i], aoff[i + 1]):
-                j = aother[k]
-                if placed[j] == 0:
-                    continue
-                e = aedge[k]
-                if aside[k] == 0:
-                    v = etab[eoff[e] + a * ncol[e] + x[j]]
-                else:
-                    v = etab[eoff[e] + x[j] * ncol[e] + a]
-                if np.isfinite(v):
-                    c += v
-                else:
-                    bad += 1
-            if bad > pick_bad:
-                continue
-            over = overflow(P, S, i, a)
-            if bad < pick_bad or over < pick_over or (over == pick_over and c < pick_cost):
-                pick, pick_bad, pick_over, pick_cost = a, bad, over, c
-        if pick != x[i]:
+            c = _placed_cost(P, x, placed, i, a)
+            if memory_first:
+                u = 0.0
+                for p in range(usage.shape[1]):
+                    u += usage[g, p]
+                c = u + 1e-30 * c
+            cu[a] = c + (1e300 if overflow(P, S, i, a) > 0.0 else 0.0)
+        done = False
+        for _ in range(tries):
+            pick, low = -1, INF
+            for a in range(size):
+                if cu[a] < low:
+                    pick, low = a, cu[a]
+            if pick < 0:
+                break
+            cu[pick] = INF
+            top = 0
+            for a in range(size):
+                g = off[i] + a
+                if a != pick and alive[g] == 1:
+                    alive[g] = 0
+                    trail[top] = g
+                    top += 1
+            top = _propagate(P, alive, i, trail, top, queue, queued)
+            if top >= 0:
+                set_position(P, S, i, pick)
+                done = True
+                break
+            for k in range(-1 - top):
+                alive[trail[k]] = 1
+        if not done:
+            failures += 1
+            pick, low = x[i], INF
+            for a in range(size):
+                g = off[i] + a
+                if np.isfinite(cost[g]):
+                    c = _placed_cost(P, x, placed, i, a)
+                    if c < low:
+                        pick, low = a, c
             set_position(P, S, i, pick)
         placed[i] = 1
     _rebuild_bad(P, S)
+    return failures
+
+
+@njit(cache=True)
+def _placed_cost(P, x, placed, i: int, a: int) -> float:  # type: ignore[no-untyped-def]
+    """Node i's cost at a plus its edges to placed nodes (inf on a forbidden pair)."""
+    off, cost, eoff, ncol, etab, aoff, aedge, aother, aside = (
+        P[0], P[1], P[8], P[9], P[10], P[11], P[12], P[13], P[14],
+    )  # fmt: skip
+    c = cost[off[i] + a]
+    for k in range(aoff[i], aoff[i + 1]):
+        j = aother[k]
+        if placed[j] == 0:
+            continue
+        e = aedge[k]
+        if aside[k] == 0:
+            c += etab[eoff[e] + a * ncol[e] + x[j]]
+        else:
+            c += etab[eoff[e] + x[j] * ncol[e] + a]
+    return c
 
 
 @njit(cache=True)
@@ -632,18 +750,43 @@ def _commit(S, delta: float) -> None:  # type: ignore[no-untyped-def]
 
 @njit(cache=True)
 def _single_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-def]
-    movable = P[15]
-    x, rng = S[0], S[8]
+    """A heat-bath move (Glauber 1963; Geman and Geman 1984): a random node takes strategy a
+    with probability proportional to exp(-local cost(a) / T) among its allowed ones; the
+    move is dropped if a does not fit in memory. At T -> 0 it is the best response."""
+    off, cost, movable = P[0], P[1], P[15]
+    x, rng, cu = S[0], S[8], S[9]
     i = movable[rand_int(rng, len(movable))]
-    a = _random_strategy(P, rng, i, x[i])
-    if a < 0:
+    size = off[i + 1] - off[i]
+    low = INF
+    for a in range(size):
+        cu[a] = _local(P, x, i, a) if np.isfinite(cost[off[i] + a]) else INF
+        if cu[a] < low:
+            low = cu[a]
+    here = cu[x[i]]
+    total = 0.0
+    for a in range(size):
+        if np.isfinite(cu[a]):
+            w = 1.0 if cu[a] == low else 0.0
+            if temperature > 0.0:
+                w = np.exp(-(cu[a] - low) / temperature)
+            cu[a] = w
+            total += w
+        else:
+            cu[a] = 0.0
+    r = rand_float(rng) * total
+    pick = -1
+    for a in range(size):
+        if cu[a] > 0.0:
+            pick = a
+            r -= cu[a]
+            if r < 0.0:
+                break
+    if pick < 0 or pick == x[i]:
         return
-    delta = _local(P, x, i, a) - _local(P, x, i, x[i])
-    if not np.isfinite(delta) or not _accept(rng, delta, temperature):
+    delta = _local(P, x, i, pick) - here
+    if not np.isfinite(delta) or not fits(P, S, i, pick):
         return
-    if not fits(P, S, i, a):
-        return
-    set_position(P, S, i, a)
+    set_position(P, S, i, pick)
     _mark(S, i)
     _commit(S, delta)
 
@@ -702,7 +845,8 @@ def _edge_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-def
     e = rand_int(rng, len(eu))
     u, v = eu[e], ev[e]
     su, sv = off[u + 1] - off[u], off[v + 1] - off[v]
-    if su * sv < 2:
+    aoff = P[11]
+    if su * sv < 2 or aoff[u + 1] - aoff[u] > HUB or aoff[v + 1] - aoff[v] > HUB:
         return
     xu, xv = x[u], x[v]
     base, stride = eoff[e], ncol[e]
@@ -806,6 +950,9 @@ def _repair_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-d
     eoff, ncol, etab, aedge, aside = P[8], P[9], P[10], P[12], P[14]
     x, rng, jn, jo, jpos = S[0], S[8], S[11], S[12], S[16]
     i = movable[rand_int(rng, len(movable))]
+    degree = aoff[i + 1] - aoff[i]
+    if degree > HUB and rand_float(rng) * degree > HUB:
+        return  # a hub, as often as its cost per move allows
     a = _random_strategy(P, rng, i, x[i])
     if a < 0 or not fits(P, S, i, a):
         return
@@ -814,13 +961,13 @@ def _repair_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-d
     ok = True
     for k in range(aoff[i], aoff[i + 1]):
         j = aother[k]
-        if jpos[j] >= 0:
-            continue  # a parallel edge's end, already moved
+        if jpos[j] >= 0 or aoff[j + 1] - aoff[j] > HUB:
+            continue  # a parallel edge's end, already moved; or a hub (the chain may move it)
         b = _best_response(P, S, j)
         if b >= 0 and b != x[j] and _local(P, x, j, b) < _local(P, x, j, x[j]):
             length = _journal_add(S, length, j)
             set_position(P, S, j, b)
-    head = 0
+    head, cap = 0, min(length + CHAIN, len(jn))
     while ok and head < length:
         m = jn[head]
         head += 1
@@ -835,8 +982,11 @@ def _repair_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-d
                 v = etab[eoff[e] + x[w] * ncol[e] + x[m]]
             if np.isfinite(v):
                 continue
+            if length >= cap or aoff[w + 1] - aoff[w] > HUB:
+                ok = False
+                break
             b = _chain_response(P, S, w)
-            if b < 0 or length >= len(jn):
+            if b < 0:
                 ok = False
                 break
             length = _journal_add(S, length, w)
@@ -855,15 +1005,19 @@ def _repair_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-d
 
 @njit(cache=True)
 def anneal(  # type: ignore[no-untyped-def]
-    P, S, moves: int, temperature: float, cooling: float, edge_share: float, repair_share: float
-) -> float:
-    """`moves` annealing moves from `temperature`, multiplied by `cooling` after each; the
-    temperature reached."""
+    P, S, moves: int, done: int, per_round: int, t_start: float, t_end: float,
+    edge_share: float, repair_share: float,
+) -> None:
+    """Moves `done` .. `done + moves` of a round of `per_round` moves whose temperature falls
+    geometrically from `t_start` to `t_end` (computed per move from its index, so the moves
+    do not depend on how a round is cut into chunks)."""
     movable = P[15]
     rng = S[8]
     if len(movable) == 0:
-        return temperature
-    for _ in range(moves):
+        return
+    log_ratio = np.log(t_end / t_start)
+    for k in range(done, done + moves):
+        temperature = t_start * np.exp(log_ratio * k / per_round)
         r = rand_float(rng)
         if r < edge_share:
             _edge_move(P, S, temperature)
@@ -871,8 +1025,6 @@ def anneal(  # type: ignore[no-untyped-def]
             _repair_move(P, S, temperature)
         else:
             _single_move(P, S, temperature)
-        temperature *= cooling
-    return temperature
 
 
 @njit(cache=True)

@@ -36,6 +36,7 @@ from backends.local.segtree import seg_add, seg_argmax, seg_build, seg_max
 INF = np.inf
 TABU_TENURE = 7  # repair steps before a node may return to a strategy it left
 CHAIN = 64  # nodes an ejection chain may move beyond the first node's neighbours
+REGION = 48  # nodes of a tree move
 HUB = 64  # compound moves leave out nodes of a higher degree but as the first node of a
 # repair move, which they are HUB / degree as often as others (the move costs O(degree))
 NOISE = 0.1  # probability that a repair step picks a random allowed strategy
@@ -69,12 +70,16 @@ def new_state(arrays: tuple[np.ndarray, ...], num_times: int, seed: int, max_siz
         rng,
         np.zeros(max_size),  # cu
         np.zeros(max_size),  # cv
-        np.zeros(degree + CHAIN + 2, dtype=np.int64),  # journal: nodes
-        np.zeros(degree + CHAIN + 2, dtype=np.int64),  # journal: old positions
+        np.zeros(max(degree + CHAIN, REGION) + 2, dtype=np.int64),  # journal: nodes
+        np.zeros(max(degree + CHAIN, REGION) + 2, dtype=np.int64),  # journal: old positions
         np.zeros(edges, dtype=np.int64),  # forbidden edges
         np.full(edges, -1, dtype=np.int64),  # their positions in that list
         np.zeros(int(off[-1]), dtype=np.int64),  # tabu: step until which a strategy is tabu
         np.full(n, -1, dtype=np.int64),  # position of a node in the journal (-1: not in it)
+        np.full(n, -1, dtype=np.int64),  # position of a node in the region (-1: not in it)
+        np.zeros((4, REGION), dtype=np.int64),  # region: node, parent position, edge, side
+        np.zeros((REGION, max_size)),  # region: dynamic programming values
+        np.zeros((REGION, max_size), dtype=np.int64),  # region: best child strategy per parent's
     )
 
 
@@ -1004,9 +1009,123 @@ def _repair_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-d
 
 
 @njit(cache=True)
+def _tree_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-def]
+    """A tree of up to REGION nodes grown breadth-first from a random node (hubs left out)
+    takes its best assignment given the rest, by dynamic programming over the tree (the
+    min-sum / Viterbi recursion; edges inside the region but off the tree are priced at the
+    neighbour's current strategy); accepted by the Metropolis rule on the exact delta, and
+    only if every moved node fits in memory. Moves whole chains of "same sharding" pairs
+    that one-node moves cannot break."""
+    off, cost, eoff, ncol, etab, aoff, aedge, aother, aside, movable = (
+        P[0], P[1], P[8], P[9], P[10], P[11], P[12], P[13], P[14], P[15],
+    )  # fmt: skip
+    x, rng, jn, jo, rpos, reg, f, arg = S[0], S[8], S[11], S[12], S[17], S[18], S[19], S[20]
+    root = movable[rand_int(rng, len(movable))]
+    if aoff[root + 1] - aoff[root] > HUB:
+        return
+    size = 1
+    reg[0, 0], reg[1, 0] = root, -1
+    rpos[root] = 0
+    head = 0
+    while head < size and size < REGION:
+        m = reg[0, head]
+        start = aoff[m]
+        span = aoff[m + 1] - start
+        shift = rand_int(rng, span) if span > 0 else 0  # a random side first
+        for q in range(span):
+            k = start + (q + shift) % span
+            w = aother[k]
+            if rpos[w] >= 0 or aoff[w + 1] - aoff[w] > HUB or size >= REGION:
+                continue
+            rpos[w] = size
+            reg[0, size], reg[1, size], reg[2, size], reg[3, size] = w, head, aedge[k], aside[k]
+            size += 1
+        head += 1
+    # leaves first: f[r, a] = own cost at a (edges off the tree at current strategies)
+    # + each child's best given a
+    for r in range(size - 1, -1, -1):
+        v = reg[0, r]
+        for a in range(off[v + 1] - off[v]):
+            c = cost[off[v] + a]
+            if np.isfinite(c):
+                for k in range(aoff[v], aoff[v + 1]):
+                    w = aother[k]
+                    pw = rpos[w]
+                    if pw >= 0 and (reg[1, pw] == r and reg[2, pw] == aedge[k]):
+                        continue  # a tree edge to a child: in the child's term below
+                    if r > 0 and pw == reg[1, r] and aedge[k] == reg[2, r]:
+                        continue  # the tree edge to the parent: in the parent's term
+                    e = aedge[k]
+                    if aside[k] == 0:
+                        c += etab[eoff[e] + a * ncol[e] + x[w]]
+                    else:
+                        c += etab[eoff[e] + x[w] * ncol[e] + a]
+            f[r, a] = c
+    for r in range(size - 1, 0, -1):
+        v, parent, e, side = reg[0, r], reg[0, reg[1, r]], reg[2, r], reg[3, r]
+        pr = reg[1, r]
+        for a in range(off[parent + 1] - off[parent]):
+            best, best_b = INF, 0
+            for b in range(off[v + 1] - off[v]):
+                # side: the parent's side of edge e (0: the parent is its first node)
+                if side == 0:
+                    t = etab[eoff[e] + a * ncol[e] + b]
+                else:
+                    t = etab[eoff[e] + b * ncol[e] + a]
+                c = f[r, b] + t
+                if c < best:
+                    best, best_b = c, b
+            f[pr, a] += best
+            arg[r, a] = best_b
+    pick, low = x[root], INF
+    for a in range(off[root + 1] - off[root]):
+        if f[0, a] < low:
+            pick, low = a, f[0, a]
+    # the new strategies, top down (kept in the journal's old-position slots for now)
+    jo[0] = pick
+    for r in range(1, size):
+        jo[r] = arg[r, jo[reg[1, r]]]
+    for r in range(size):
+        rpos[reg[0, r]] = -1
+    if not np.isfinite(low):
+        return
+    length = 0
+    for r in range(size):
+        v = reg[0, r]
+        if jo[r] != x[v]:
+            jn[length] = v
+            reg[1, length] = jo[r]  # the new strategy (reg[1, :r] is no longer read)
+            length += 1
+    if length == 0:
+        return
+    for k in range(length):  # x takes the new strategies, jo keeps the old ones
+        v = jn[k]
+        jo[k] = x[v]
+        x[v] = reg[1, k]
+        S[16][v] = k
+    delta = _journal_delta(P, S, length)
+    for k in range(length):
+        x[jn[k]] = jo[k]
+    if np.isfinite(delta) and _accept(rng, delta, temperature):
+        done = 0
+        while done < length and fits(P, S, jn[done], reg[1, done]):
+            set_position(P, S, jn[done], reg[1, done])
+            done += 1
+        if done == length:
+            for k in range(length):
+                _mark(S, jn[k])
+            _journal_clear(S, length)
+            _commit(S, delta)
+            return
+        for k in range(done - 1, -1, -1):
+            set_position(P, S, jn[k], jo[k])
+    _journal_clear(S, length)
+
+
+@njit(cache=True)
 def anneal(  # type: ignore[no-untyped-def]
     P, S, moves: int, done: int, per_round: int, t_start: float, t_end: float,
-    edge_share: float, repair_share: float,
+    edge_share: float, repair_share: float, tree_share: float,
 ) -> None:
     """Moves `done` .. `done + moves` of a round of `per_round` moves whose temperature falls
     geometrically from `t_start` to `t_end` (computed per move from its index, so the moves
@@ -1023,6 +1142,8 @@ def anneal(  # type: ignore[no-untyped-def]
             _edge_move(P, S, temperature)
         elif r < edge_share + repair_share:
             _repair_move(P, S, temperature)
+        elif r < edge_share + repair_share + tree_share:
+            _tree_move(P, S, temperature)
         else:
             _single_move(P, S, temperature)
 

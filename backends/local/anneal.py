@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -111,6 +112,10 @@ def _compile() -> float:
     kernels.memory_ok(arrays, state)
     _COMPILED["seconds"] = time.perf_counter() - t0
     return _COMPILED["seconds"]
+
+
+def _report(rounds: int, moves: int, floats: np.ndarray) -> Callable[[], str]:
+    return lambda: f"round {rounds}: best {floats[kernels.F_BEST]:.6g} after {moves} moves"
 
 
 class LocalBackend(Backend[LocalSettings]):
@@ -252,9 +257,7 @@ class LocalBackend(Backend[LocalSettings]):
                 chunk_size = int(min(max(chunk * CHUNK_SECONDS / max(took, 1e-6), 100), 10**7))
                 done += chunk
                 moves += chunk
-                progress(
-                    lambda: f"round {rounds}: best {floats[kernels.F_BEST]:.6g} after {moves} moves"
-                )
+                progress(_report(rounds, moves, floats))
                 if settings.max_moves and moves >= settings.max_moves:
                     limit = Limit.ITERATIONS
             rounds += 1

@@ -55,7 +55,9 @@ class FlatProblem:
     def restricted(self, alive: np.ndarray) -> FlatProblem:
         """The same problem with the strategies not `alive` forbidden (node cost inf)."""
         cost = np.where(alive.astype(bool), self.cost, np.inf)
-        allowed = np.add.reduceat(alive.astype(np.int64), self.off[:-1]) if self.num_nodes else alive
+        allowed = (
+            np.add.reduceat(alive.astype(np.int64), self.off[:-1]) if self.num_nodes else alive
+        )
         movable = np.flatnonzero(allowed >= 2).astype(np.int64)
         return dataclasses.replace(self, cost=cost, movable=movable)
 
@@ -135,7 +137,9 @@ def _memory(
         zeros = np.zeros(n, dtype=np.int64)
         return np.zeros((total, 1)), zeros, zeros.copy(), np.full(1, np.inf), 1
     pools = int(np.asarray(problem.usage_limit).reshape(-1).size)
-    usage = np.concatenate([np.asarray(u, dtype=np.float64).reshape(len(u), -1) for u in problem.usage])
+    usage = np.concatenate(
+        [np.asarray(u, dtype=np.float64).reshape(len(u), -1) for u in problem.usage]
+    )
     usage = np.ascontiguousarray(usage.reshape(total, pools))
     start = problem.intervals[:, 0].astype(np.int64)
     end = problem.intervals[:, 1].astype(np.int64)

@@ -46,7 +46,7 @@ F_COST, F_BEST = 0, 1
 I_DIRTY, I_ACCEPTED, I_BESTS, I_STEP, I_NBAD = 0, 1, 2, 3, 4
 
 
-def new_state(arrays: tuple[np.ndarray, ...], num_times: int, seed: int, max_size: int):  # type: ignore[no-untyped-def]
+def new_state(arrays: tuple[np.ndarray, ...], num_times: int, seed: int, max_size: int):
     """The state tuple for a problem: x, best, trees (mx, ad), the dirty list, float and int
     scalars, the generator, scratch arrays, the forbidden-edge set and the tabu list."""
     off, usage, aoff = arrays[0], arrays[2], arrays[11]
@@ -106,7 +106,7 @@ def rand_u64(rng: np.ndarray) -> np.uint64:
 @njit(cache=True)
 def rand_int(rng: np.ndarray, n: int) -> int:
     """Uniform in [0, n)."""
-    return np.int64(rand_u64(rng) >> np.uint64(11)) % n
+    return int(np.int64(rand_u64(rng) >> np.uint64(11)) % n)
 
 
 @njit(cache=True)
@@ -146,7 +146,7 @@ def local_cost(
 
 
 @njit(cache=True)
-def total_cost(P, x: np.ndarray) -> float:  # type: ignore[no-untyped-def]
+def total_cost(P, x: np.ndarray) -> float:
     """The additive objective of x (inf when something forbidden is chosen)."""
     off, cost, eu, ev, eoff, ncol, etab = P[0], P[1], P[6], P[7], P[8], P[9], P[10]
     total = 0.0
@@ -158,7 +158,7 @@ def total_cost(P, x: np.ndarray) -> float:  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def build_profile(P, S) -> None:  # type: ignore[no-untyped-def]
+def build_profile(P, S) -> None:
     """Build every pool's tree from x (an exact sum, no drift from earlier moves)."""
     off, usage, lo, hi = P[0], P[2], P[3], P[4]
     x, mx, ad = S[0], S[2], S[3]
@@ -176,7 +176,7 @@ def build_profile(P, S) -> None:  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def fits(P, S, i: int, a: int) -> bool:  # type: ignore[no-untyped-def]
+def fits(P, S, i: int, a: int) -> bool:
     """Whether node i can move to strategy a within every pool's limit."""
     off, usage, lo, hi, limit = P[0], P[2], P[3], P[4], P[5]
     x, mx, ad = S[0], S[2], S[3]
@@ -191,7 +191,7 @@ def fits(P, S, i: int, a: int) -> bool:  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def overflow(P, S, i: int, a: int) -> float:  # type: ignore[no-untyped-def]
+def overflow(P, S, i: int, a: int) -> float:
     """How far node i at strategy a would go over the limit on its range (0: it fits)."""
     off, usage, lo, hi, limit = P[0], P[2], P[3], P[4], P[5]
     x, mx, ad = S[0], S[2], S[3]
@@ -208,7 +208,7 @@ def overflow(P, S, i: int, a: int) -> float:  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def set_position(P, S, i: int, a: int) -> None:  # type: ignore[no-untyped-def]
+def set_position(P, S, i: int, a: int) -> None:
     """Move node i to strategy a: the trees follow (the cost does not: the caller's)."""
     off, usage, lo, hi = P[0], P[2], P[3], P[4]
     x, mx, ad = S[0], S[2], S[3]
@@ -222,7 +222,7 @@ def set_position(P, S, i: int, a: int) -> None:  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _mark(S, i: int) -> None:  # type: ignore[no-untyped-def]
+def _mark(S, i: int) -> None:
     dirty, dlist, ints = S[4], S[5], S[7]
     if dirty[i] == 0:
         dirty[i] = 1
@@ -231,7 +231,7 @@ def _mark(S, i: int) -> None:  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _record_best(S) -> None:  # type: ignore[no-untyped-def]
+def _record_best(S) -> None:
     """The current state is the best: copy the nodes changed since the last best."""
     x, best, dirty, dlist, floats, ints = S[0], S[1], S[4], S[5], S[6], S[7]
     for k in range(ints[I_DIRTY]):
@@ -244,7 +244,7 @@ def _record_best(S) -> None:  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def reset_to_best(P, S) -> None:  # type: ignore[no-untyped-def]
+def reset_to_best(P, S) -> None:
     """Continue from the best state (a restart): x = best, trees and cost recomputed."""
     x, best, dirty, floats, ints = S[0], S[1], S[4], S[6], S[7]
     for i in range(len(x)):
@@ -257,7 +257,7 @@ def reset_to_best(P, S) -> None:  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def take_current_as_best(P, S) -> None:  # type: ignore[no-untyped-def]
+def take_current_as_best(P, S) -> None:
     """After construction: the current state is the first best."""
     x, best, dirty, floats, ints = S[0], S[1], S[4], S[6], S[7]
     for i in range(len(x)):
@@ -269,10 +269,10 @@ def take_current_as_best(P, S) -> None:  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def memory_ok(P, S) -> bool:  # type: ignore[no-untyped-def]
+def memory_ok(P, S) -> bool:
     """Whether every pool's maximum is within its limit."""
     limit, mx = P[5], S[2]
-    for p in range(len(limit)):
+    for p in range(len(limit)):  # noqa: SIM110 - a loop numba compiles
         if mx[p, 1] > limit[p]:
             return False
     return True
@@ -282,7 +282,7 @@ def memory_ok(P, S) -> bool:  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def least_memory_start(P, S) -> int:  # type: ignore[no-untyped-def]
+def least_memory_start(P, S) -> int:
     """x = each node's least-memory allowed strategy (summed over pools; cheapest among
     equals); -1 - i if node i has no allowed strategy, else 0."""
     off, cost, usage = P[0], P[1], P[2]
@@ -308,7 +308,7 @@ def least_memory_start(P, S) -> int:  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _revise(P, alive: np.ndarray, e: int, side: int) -> bool:  # type: ignore[no-untyped-def]
+def _revise(P, alive: np.ndarray, e: int, side: int) -> bool:
     """Drop the strategies of edge e's end `side` (0: its first node) that have no allowed
     partner at the other end; whether any was dropped."""
     off, eu, ev, eoff, ncol, etab = P[0], P[6], P[7], P[8], P[9], P[10]
@@ -323,7 +323,9 @@ def _revise(P, alive: np.ndarray, e: int, side: int) -> bool:  # type: ignore[no
         for b in range(sother):
             if alive[off[other] + b] == 0:
                 continue
-            entry = etab[eoff[e] + a * ncol[e] + b] if side == 0 else etab[eoff[e] + b * ncol[e] + a]
+            entry = (
+                etab[eoff[e] + a * ncol[e] + b] if side == 0 else etab[eoff[e] + b * ncol[e] + a]
+            )
             if np.isfinite(entry):
                 supported = True
                 break
@@ -334,7 +336,7 @@ def _revise(P, alive: np.ndarray, e: int, side: int) -> bool:  # type: ignore[no
 
 
 @njit(cache=True)
-def arc_consistency(P, alive: np.ndarray) -> int:  # type: ignore[no-untyped-def]
+def arc_consistency(P, alive: np.ndarray) -> int:
     """AC-3 (Mackworth 1977) over the forbidden pairs: clear `alive` (1 per allowed strategy)
     for every strategy that has no allowed partner on some edge, until none is left; such a
     strategy is in no valid answer. -1 - i if node i is left with none, else the number
@@ -374,7 +376,7 @@ def arc_consistency(P, alive: np.ndarray) -> int:  # type: ignore[no-untyped-def
 
 
 @njit(cache=True)
-def _revise_trail(P, alive, e: int, side: int, trail, top: int) -> int:  # type: ignore[no-untyped-def]
+def _revise_trail(P, alive, e: int, side: int, trail, top: int) -> int:
     """`_revise` that pushes each dropped strategy on `trail`; the new top (-1 - top if the
     revised node has no strategy left)."""
     off, eu, ev, eoff, ncol, etab = P[0], P[6], P[7], P[8], P[9], P[10]
@@ -388,7 +390,9 @@ def _revise_trail(P, alive, e: int, side: int, trail, top: int) -> int:  # type:
         for b in range(off[other + 1] - off[other]):
             if alive[off[other] + b] == 0:
                 continue
-            entry = etab[eoff[e] + a * ncol[e] + b] if side == 0 else etab[eoff[e] + b * ncol[e] + a]
+            entry = (
+                etab[eoff[e] + a * ncol[e] + b] if side == 0 else etab[eoff[e] + b * ncol[e] + a]
+            )
             if np.isfinite(entry):
                 supported = True
                 break
@@ -402,7 +406,7 @@ def _revise_trail(P, alive, e: int, side: int, trail, top: int) -> int:  # type:
 
 
 @njit(cache=True)
-def _propagate(P, alive, node: int, trail, top: int, queue, queued) -> int:  # type: ignore[no-untyped-def]
+def _propagate(P, alive, node: int, trail, top: int, queue, queued) -> int:
     """AC-3 from the arcs into `node`'s neighbours after its domain shrank; the trail's new
     top, or -1 - top on a wipe-out (the queue is left empty either way)."""
     eu, ev, aoff, aedge, aside = P[6], P[7], P[11], P[12], P[14]
@@ -443,7 +447,7 @@ def _propagate(P, alive, node: int, trail, top: int, queue, queued) -> int:  # t
 
 
 @njit(cache=True)
-def mac_start(P, S, alive, memory_first: bool, tries: int) -> int:  # type: ignore[no-untyped-def]
+def mac_start(P, S, alive, memory_first: bool, tries: int) -> int:
     """Place the nodes in turn, maintaining arc consistency (MAC; Sabin and Freuder 1994):
     node i takes its alive strategy with no memory overflow (the others where they are),
     then the lowest cost with the nodes placed (or the least usage first, `memory_first`),
@@ -513,7 +517,7 @@ def mac_start(P, S, alive, memory_first: bool, tries: int) -> int:  # type: igno
 
 
 @njit(cache=True)
-def _placed_cost(P, x, placed, i: int, a: int) -> float:  # type: ignore[no-untyped-def]
+def _placed_cost(P, x, placed, i: int, a: int) -> float:
     """Node i's cost at a plus its edges to placed nodes (inf on a forbidden pair)."""
     off, cost, eoff, ncol, etab, aoff, aedge, aother, aside = (
         P[0], P[1], P[8], P[9], P[10], P[11], P[12], P[13], P[14],
@@ -532,13 +536,13 @@ def _placed_cost(P, x, placed, i: int, a: int) -> float:  # type: ignore[no-unty
 
 
 @njit(cache=True)
-def _pair_ok(P, x: np.ndarray, e: int) -> bool:  # type: ignore[no-untyped-def]
+def _pair_ok(P, x: np.ndarray, e: int) -> bool:
     eu, ev, eoff, ncol, etab = P[6], P[7], P[8], P[9], P[10]
     return np.isfinite(etab[eoff[e] + x[eu[e]] * ncol[e] + x[ev[e]]])
 
 
 @njit(cache=True)
-def _bad_set(S, e: int, bad: bool) -> None:  # type: ignore[no-untyped-def]
+def _bad_set(S, e: int, bad: bool) -> None:
     blist, bpos, ints = S[13], S[14], S[7]
     if bad and bpos[e] < 0:
         bpos[e] = ints[I_NBAD]
@@ -554,7 +558,7 @@ def _bad_set(S, e: int, bad: bool) -> None:  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _rebuild_bad(P, S) -> None:  # type: ignore[no-untyped-def]
+def _rebuild_bad(P, S) -> None:
     x, bpos, ints = S[0], S[14], S[7]
     for e in range(len(bpos)):
         bpos[e] = -1
@@ -565,7 +569,7 @@ def _rebuild_bad(P, S) -> None:  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _move_tracking_bad(P, S, i: int, a: int) -> None:  # type: ignore[no-untyped-def]
+def _move_tracking_bad(P, S, i: int, a: int) -> None:
     aoff, aedge = P[11], P[12]
     set_position(P, S, i, a)
     for k in range(aoff[i], aoff[i + 1]):
@@ -574,7 +578,7 @@ def _move_tracking_bad(P, S, i: int, a: int) -> None:  # type: ignore[no-untyped
 
 
 @njit(cache=True)
-def _conflicts_and_cost(P, x: np.ndarray, i: int, a: int) -> tuple[int, float]:  # type: ignore[no-untyped-def]
+def _conflicts_and_cost(P, x: np.ndarray, i: int, a: int) -> tuple[int, float]:
     """Forbidden pairs node i at strategy a would meet, and its finite local cost."""
     off, cost, eoff, ncol, etab, aoff, aedge, aother, aside = (
         P[0], P[1], P[8], P[9], P[10], P[11], P[12], P[13], P[14],
@@ -596,7 +600,7 @@ def _conflicts_and_cost(P, x: np.ndarray, i: int, a: int) -> tuple[int, float]: 
 
 
 @njit(cache=True)
-def _min_conflicts_step(P, S, i: int, step: int) -> None:  # type: ignore[no-untyped-def]
+def _min_conflicts_step(P, S, i: int, step: int) -> None:
     """Move node i to its allowed strategy (not the current one, not tabu) with the fewest
     forbidden pairs, then the least memory overflow, then the lowest cost; sometimes a
     random allowed one."""
@@ -618,11 +622,7 @@ def _min_conflicts_step(P, S, i: int, step: int) -> None:  # type: ignore[no-unt
             if bad > best_bad:
                 continue
             over = overflow(P, S, i, a)
-            if (
-                bad < best_bad
-                or over < best_over
-                or (over == best_over and c < best_cost)
-            ):
+            if bad < best_bad or over < best_over or (over == best_over and c < best_cost):
                 pick, best_bad, best_over, best_cost = a, bad, over, c
     if pick >= 0:
         tabu[off[i] + here] = step + TABU_TENURE + rand_int(rng, 3)
@@ -630,7 +630,7 @@ def _min_conflicts_step(P, S, i: int, step: int) -> None:  # type: ignore[no-unt
 
 
 @njit(cache=True)
-def _free_memory_step(P, S, p: int, step: int) -> int:  # type: ignore[no-untyped-def]
+def _free_memory_step(P, S, p: int, step: int) -> int:
     """At the fullest time t of pool p, the move of a node live at t to a strategy with less
     usage in p, no forbidden pair and no new overflow elsewhere, of the lowest cost per byte
     freed. 1 if one was made; 0 if none: then a live node that can free memory is moved
@@ -688,7 +688,7 @@ def _free_memory_step(P, S, p: int, step: int) -> int:  # type: ignore[no-untype
 
 
 @njit(cache=True)
-def repair(P, S, steps: int) -> int:  # type: ignore[no-untyped-def]
+def repair(P, S, steps: int) -> int:
     """Up to `steps` repair steps; 1 once the state is valid, 2 if proven impossible (one
     pool and every live node at its least usage at the fullest time), else 0."""
     eu, ev, limit, movable = P[6], P[7], P[5], P[15]
@@ -720,12 +720,12 @@ def repair(P, S, steps: int) -> int:  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _local(P, x: np.ndarray, i: int, a: int) -> float:  # type: ignore[no-untyped-def]
+def _local(P, x: np.ndarray, i: int, a: int) -> float:
     return local_cost(P[0], P[1], P[8], P[9], P[10], P[11], P[12], P[13], P[14], x, i, a)
 
 
 @njit(cache=True)
-def _random_strategy(P, rng: np.ndarray, i: int, here: int) -> int:  # type: ignore[no-untyped-def]
+def _random_strategy(P, rng: np.ndarray, i: int, here: int) -> int:
     """A random strategy of node i other than `here`; -1 if it is forbidden."""
     off, cost = P[0], P[1]
     size = off[i + 1] - off[i]
@@ -745,7 +745,7 @@ def _accept(rng: np.ndarray, delta: float, temperature: float) -> bool:
 
 
 @njit(cache=True)
-def _commit(S, delta: float) -> None:  # type: ignore[no-untyped-def]
+def _commit(S, delta: float) -> None:
     floats, ints = S[6], S[7]
     floats[F_COST] += delta
     ints[I_ACCEPTED] += 1
@@ -754,7 +754,7 @@ def _commit(S, delta: float) -> None:  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _single_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-def]
+def _single_move(P, S, temperature: float) -> None:
     """A heat-bath move (Glauber 1963; Geman and Geman 1984): a random node takes strategy a
     with probability proportional to exp(-local cost(a) / T) among its allowed ones; the
     move is dropped if a does not fit in memory. At T -> 0 it is the best response."""
@@ -797,7 +797,7 @@ def _single_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-d
 
 
 @njit(cache=True)
-def _journal_delta(P, S, length: int) -> float:  # type: ignore[no-untyped-def]
+def _journal_delta(P, S, length: int) -> float:
     """The cost change of the journal's moves (nodes `jn`, old positions `jo`, new ones in
     x): their node costs and every edge they touch, once (at its first moved end)."""
     off, cost, eoff, ncol, etab, aoff, aedge, aother, aside = (
@@ -825,7 +825,7 @@ def _journal_delta(P, S, length: int) -> float:  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _journal_add(S, length: int, j: int) -> int:  # type: ignore[no-untyped-def]
+def _journal_add(S, length: int, j: int) -> int:
     x, jn, jo, jpos = S[0], S[11], S[12], S[16]
     jn[length], jo[length] = j, x[j]
     jpos[j] = length
@@ -833,14 +833,14 @@ def _journal_add(S, length: int, j: int) -> int:  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _journal_clear(S, length: int) -> None:  # type: ignore[no-untyped-def]
+def _journal_clear(S, length: int) -> None:
     jn, jpos = S[11], S[16]
     for k in range(length):
         jpos[jn[k]] = -1
 
 
 @njit(cache=True)
-def _edge_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-def]
+def _edge_move(P, S, temperature: float) -> None:
     """Both ends of a random edge to their best pair given the rest (other than the current
     pair), accepted by the Metropolis rule on the exact delta."""
     off, cost, eu, ev, eoff, ncol, etab = P[0], P[1], P[6], P[7], P[8], P[9], P[10]
@@ -896,7 +896,7 @@ def _edge_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-def
 
 
 @njit(cache=True)
-def _best_response(P, S, j: int) -> int:  # type: ignore[no-untyped-def]
+def _best_response(P, S, j: int) -> int:
     """Node j's cheapest strategy given its neighbours that fits in memory (-1: none)."""
     off, cost = P[0], P[1]
     x = S[0]
@@ -911,7 +911,7 @@ def _best_response(P, S, j: int) -> int:  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _chain_response(P, S, j: int) -> int:  # type: ignore[no-untyped-def]
+def _chain_response(P, S, j: int) -> int:
     """Node j's strategy that fits in memory with no forbidden pair with a node already
     moved (in the journal), the fewest with the others, then the lowest cost (-1: none)."""
     off, cost, eoff, ncol, etab, aoff, aedge, aother, aside = (
@@ -938,14 +938,14 @@ def _chain_response(P, S, j: int) -> int:  # type: ignore[no-untyped-def]
                 break
             else:
                 bad += 1
-        if bad < pick_bad or (bad == pick_bad and c < pick_cost):
-            if b == x[j] or fits(P, S, j, b):
-                pick, pick_bad, pick_cost = b, bad, c
+        better = bad < pick_bad or (bad == pick_bad and c < pick_cost)
+        if better and (b == x[j] or fits(P, S, j, b)):
+            pick, pick_bad, pick_cost = b, bad, c
     return pick if pick_bad < (1 << 61) else -1
 
 
 @njit(cache=True)
-def _repair_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-def]
+def _repair_move(P, S, temperature: float) -> None:
     """A random node to a random strategy; its neighbours to their best response where that
     lowers their cost; then, as an ejection chain, every node left on a forbidden pair with a
     moved node to its least-conflicting strategy (`_chain_response`), whose own conflicts
@@ -1009,7 +1009,7 @@ def _repair_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-d
 
 
 @njit(cache=True)
-def _tree_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-def]
+def _tree_move(P, S, temperature: float) -> None:
     """A tree of up to REGION nodes grown breadth-first from a random node (hubs left out)
     takes its best assignment given the rest, by dynamic programming over the tree (the
     min-sum / Viterbi recursion; edges inside the region but off the tree are priced at the
@@ -1123,9 +1123,17 @@ def _tree_move(P, S, temperature: float) -> None:  # type: ignore[no-untyped-def
 
 
 @njit(cache=True)
-def anneal(  # type: ignore[no-untyped-def]
-    P, S, moves: int, done: int, per_round: int, t_start: float, t_end: float,
-    edge_share: float, repair_share: float, tree_share: float,
+def anneal(
+    P,
+    S,
+    moves: int,
+    done: int,
+    per_round: int,
+    t_start: float,
+    t_end: float,
+    edge_share: float,
+    repair_share: float,
+    tree_share: float,
 ) -> None:
     """Moves `done` .. `done + moves` of a round of `per_round` moves whose temperature falls
     geometrically from `t_start` to `t_end` (computed per move from its index, so the moves
@@ -1149,7 +1157,7 @@ def anneal(  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def uphill_deltas(P, S, samples: int) -> np.ndarray:  # type: ignore[no-untyped-def]
+def uphill_deltas(P, S, samples: int) -> np.ndarray:
     """The positive finite deltas of `samples` random single-node moves (not made)."""
     movable = P[15]
     x, rng = S[0], S[8]

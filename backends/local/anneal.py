@@ -53,6 +53,7 @@ from planner.problems.problem import Problem
 __all__ = ["LocalBackend", "LocalSettings"]
 
 REPAIR_CHUNK = 2000  # repair steps between two looks at the clock
+ROUNDS_IN_BUDGET = 3  # automatic rounds are sized so that this many fit in what is left
 FIRST_CHUNK = 1000  # annealing moves in the first chunk; then sized to CHUNK_SECONDS
 CHUNK_SECONDS = 0.05  # between two looks at the clock
 MAC_TRIES = 3  # strategies a node tries in the construction before it is left to the repair
@@ -71,7 +72,8 @@ class LocalSettings(BackendSettings):
     end_temperature: Annotated[float, POSITIVE] = 1e-4
     """every round's end temperature, in the same unit"""
     round_moves: Annotated[int, _NONNEGATIVE_INT] = 0
-    """moves per round; 0: 300 per movable node, at least 100,000"""
+    """moves per round; 0: 300 per movable node (at least 100,000), fewer when the rate of
+    moves so far would not fit ROUNDS_IN_BUDGET rounds in the time (or `max_moves`) left"""
     patience: Annotated[int, _NONNEGATIVE_INT] = 5
     """rounds without a better answer before the search ends; 0: run to the time limit"""
     max_moves: Annotated[int, _NONNEGATIVE_INT] = 0
@@ -80,8 +82,10 @@ class LocalSettings(BackendSettings):
     """the share of moves that move both ends of an edge to their best pair"""
     repair_share: Annotated[float, between(0, 1)] = 0.2
     """the share of moves of one node with its neighbours' best responses"""
-    tree_share: Annotated[float, between(0, 1)] = 0.2
-    """the share of moves of a tree of nodes to its best assignment given the rest"""
+    tree_share: Annotated[float, between(0, 1)] = 0.0
+    """the share of moves of a tree of nodes to its best assignment given the rest (0 by
+    default: on the contest instances 0.2 took G from 12.5 to 7.1 million but M from 1.0e11
+    to 2.4e11, see docs/solvers.md)"""
     repair_steps: Annotated[int, at_least(1, "an integer")] = 200
     """repair steps at most per node (then NO_SOLUTION)"""
 
@@ -229,7 +233,11 @@ class LocalBackend(Backend[LocalSettings]):
         unit = float(np.median(uphill)) if len(uphill) else 0.0
         if not unit > 0:
             unit = max(abs(float(floats[kernels.F_COST])), 1.0) / max(flat.num_nodes, 1) * 1e-3
-        per_round = settings.round_moves or max(100_000, 300 * len(flat.movable))
+        longest = settings.round_moves or max(100_000, 300 * len(flat.movable))
+        if settings.max_moves:  # rounds that cool within the move budget, whatever the clock
+            longest = min(longest, max(settings.max_moves // ROUNDS_IN_BUDGET, FIRST_CHUNK))
+        timed = not settings.round_moves and not settings.max_moves
+        per_round = longest
         progress = ProgressLog(self.name)
         t0 = time.perf_counter()
         moves, rounds, stale, limit = 0, 0, 0, None
@@ -237,6 +245,10 @@ class LocalBackend(Backend[LocalSettings]):
         first = float(floats[kernels.F_BEST])
         while True:
             before = float(floats[kernels.F_BEST])
+            if timed and moves:  # ROUNDS_IN_BUDGET rounds in the time left, at the rate so far
+                rate = moves / max(time.perf_counter() - t0, 1e-9)
+                left = max(at - time.perf_counter(), 0.0)
+                per_round = int(min(longest, max(rate * left / ROUNDS_IN_BUDGET, FIRST_CHUNK)))
             hot = settings.start_temperature if rounds == 0 else settings.restart_temperature
             t_start, t_end = hot * unit, settings.end_temperature * unit
             done = 0
@@ -257,6 +269,12 @@ class LocalBackend(Backend[LocalSettings]):
                 chunk_size = int(min(max(chunk * CHUNK_SECONDS / max(took, 1e-6), 100), 10**7))
                 done += chunk
                 moves += chunk
+                if timed and rounds == 0 and moves == chunk:  # the first chunk gives the rate
+                    rate = chunk / max(took, 1e-9)
+                    left = max(at - time.perf_counter(), 0.0)
+                    per_round = int(
+                        min(longest, max(rate * left / ROUNDS_IN_BUDGET, done + FIRST_CHUNK))
+                    )
                 progress(_report(rounds, moves, floats))
                 if settings.max_moves and moves >= settings.max_moves:
                     limit = Limit.ITERATIONS
@@ -275,7 +293,7 @@ class LocalBackend(Backend[LocalSettings]):
             new_bests=int(ints[kernels.I_BESTS]),
             rounds=rounds,
             restarts=max(rounds - 1, 0),
-            round_moves=per_round,
+            last_round_moves=per_round,
             temperature_unit=unit,
             first_feasible_objective=first,
         )

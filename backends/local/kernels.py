@@ -37,6 +37,7 @@ INF = np.inf
 TABU_TENURE = 7  # repair steps before a node may return to a strategy it left
 CHAIN = 64  # nodes an ejection chain may move beyond the first node's neighbours
 REGION = 48  # nodes of a tree move
+TREE_WORK = 2048  # strategy pairs a tree move's dynamic programming may look at
 HUB = 64  # compound moves leave out nodes of a higher degree but as the first node of a
 # repair move, which they are HUB / degree as often as others (the move costs O(degree))
 NOISE = 0.1  # probability that a repair step picks a random allowed strategy
@@ -1023,7 +1024,7 @@ def _tree_move(P, S, temperature: float) -> None:
     root = movable[rand_int(rng, len(movable))]
     if aoff[root + 1] - aoff[root] > HUB:
         return
-    size = 1
+    size, work = 1, 0
     reg[0, 0], reg[1, 0] = root, -1
     rpos[root] = 0
     head = 0
@@ -1037,6 +1038,10 @@ def _tree_move(P, S, temperature: float) -> None:
             w = aother[k]
             if rpos[w] >= 0 or aoff[w + 1] - aoff[w] > HUB or size >= REGION:
                 continue
+            pair = (off[m + 1] - off[m]) * (off[w + 1] - off[w])
+            if work + pair > TREE_WORK:
+                continue
+            work += pair
             rpos[w] = size
             reg[0, size], reg[1, size], reg[2, size], reg[3, size] = w, head, aedge[k], aside[k]
             size += 1

@@ -53,6 +53,7 @@ from planner.problems.problem import Problem
 __all__ = ["LocalBackend", "LocalSettings"]
 
 REPAIR_CHUNK = 2000  # repair steps between two looks at the clock
+MIN_ROUND = 20_000  # moves of an automatic round at the least (small problems end early)
 ROUNDS_IN_BUDGET = 3  # automatic rounds are sized so that this many fit in what is left
 FIRST_CHUNK = 1000  # annealing moves in the first chunk; then sized to CHUNK_SECONDS
 CHUNK_SECONDS = 0.05  # between two looks at the clock
@@ -72,7 +73,7 @@ class LocalSettings(BackendSettings):
     end_temperature: Annotated[float, POSITIVE] = 1e-4
     """every round's end temperature, in the same unit"""
     round_moves: Annotated[int, _NONNEGATIVE_INT] = 0
-    """moves per round; 0: 300 per movable node (at least 100,000), fewer when the rate of
+    """moves per round; 0: 300 per movable node (at least MIN_ROUND), fewer when the rate of
     moves so far would not fit ROUNDS_IN_BUDGET rounds in the time (or `max_moves`) left"""
     patience: Annotated[int, _NONNEGATIVE_INT] = 5
     """rounds without a better answer before the search ends; 0: run to the time limit"""
@@ -233,7 +234,7 @@ class LocalBackend(Backend[LocalSettings]):
         unit = float(np.median(uphill)) if len(uphill) else 0.0
         if not unit > 0:
             unit = max(abs(float(floats[kernels.F_COST])), 1.0) / max(flat.num_nodes, 1) * 1e-3
-        longest = settings.round_moves or max(100_000, 300 * len(flat.movable))
+        longest = settings.round_moves or max(MIN_ROUND, 300 * len(flat.movable))
         if settings.max_moves:  # rounds that cool within the move budget, whatever the clock
             longest = min(longest, max(settings.max_moves // ROUNDS_IN_BUDGET, FIRST_CHUNK))
         timed = not settings.round_moves and not settings.max_moves

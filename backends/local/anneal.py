@@ -4,19 +4,23 @@
 2. Compile (or load from numba's cache) the kernels in a thread the deadline bounds: the
    compile time counts against the time limit (`stats["compile_seconds"]`); past the
    deadline, NO_SOLUTION with the reason in `stats["reason"]`.
-3. Feasible first (`kernels.least_memory_start`, `kernels.repair`): the least-memory
-   strategies, then min-conflicts on forbidden pairs and cheapest-per-byte memory repair,
-   until the answer is valid (`stats["first_feasible_seconds"]`). With one memory pool an
-   over-full least-memory start proves that no answer exists (INFEASIBLE); a repair that
-   finds nothing in time is NO_SOLUTION, never an invalid answer.
+3. Feasible first (`kernels.arc_consistency`, `least_memory_start`, `mac_start`,
+   `repair`): forbidden pairs propagated (AC-3), the least-memory strategies, the nodes
+   placed in turn maintaining arc consistency (least usage first; then, if its repair
+   fails, lowest cost first), then min-conflicts on forbidden pairs and cheapest-per-byte
+   memory repair, until the answer is valid (`stats["first_feasible_seconds"]`). A node left
+   without strategies, or with one memory pool an over-full least-memory start, proves that
+   no answer exists (INFEASIBLE); a repair that finds nothing in time is NO_SOLUTION, never
+   an invalid answer.
 4. Simulated annealing over valid states (`kernels.anneal`) in rounds: each round cools
-   geometrically from its start temperature to `end_temperature` over `round_moves` moves
-   and the next restarts from the best state, a little cooler (`restart_temperature`).
-   Temperatures are relative to the median uphill single-node move at the first valid
-   state. The moves run in chunks sized to take about CHUNK_SECONDS; the clock (and Ctrl-C) is
-   looked at between chunks. A run ends at the deadline (limit TIME), after `max_moves` (limit
-   ITERATIONS), or after `patience` rounds without a better answer (limit None): for a seed
-   and a move count the answer is always the same.
+   geometrically from its start temperature to `end_temperature` and the next restarts from
+   the best state, cooler (`restart_temperature`). Temperatures are relative to the median
+   uphill single-node move at the first valid state; a round is `round_moves` moves or, by
+   default, sized from the rate so far so that ROUNDS_IN_BUDGET rounds fit in the time left.
+   The moves run in chunks sized to take about CHUNK_SECONDS; the clock (and Ctrl-C) is
+   looked at between chunks. A run ends at the deadline (limit TIME), after `max_moves`
+   (limit ITERATIONS), or after `patience` rounds without a better answer (limit None): for a
+   seed and a move count the answer is always the same.
 
 The answer is FEASIBLE (never OPTIMAL: nothing is proven), with no bound.
 """

@@ -10,17 +10,19 @@ chunks of a few thousand moves and looks at the clock in between.
 - The memory profile of every pool is a segment tree (`backends.local.segtree`): a move of
   node i from s to a fits when max over i's live range + usage(a) - usage(s) <= limit,
   O(log T); the move itself is a range add.
-- `construct` starts from each node's least-memory allowed strategy (with one pool this is
-  the least profile at every time, so if it is over the limit no answer exists) and repairs:
-  min-conflicts with tabu and noise on forbidden pairs (Minton et al. 1992, "Minimizing
-  conflicts: a heuristic repair method"), preferring strategies that keep memory within the
-  limit; then, at the fullest time, the move that frees memory at the lowest cost per byte.
+- Construction: `arc_consistency` (AC-3) drops strategies with no allowed partner;
+  `least_memory_start` puts each node at its least-memory strategy (with one pool the least
+  profile at every time: over the limit, no answer exists); `mac_start` places the nodes in
+  turn maintaining arc consistency; `repair` fixes what is left: min-conflicts with tabu and
+  noise on forbidden pairs (Minton et al. 1992, "Minimizing conflicts: a heuristic repair
+  method"), preferring strategies that keep memory within the limit, then, at the fullest
+  time, the move that frees memory at the lowest cost per byte.
 - `anneal` is simulated annealing (Kirkpatrick et al. 1983) over valid states only, with
-  three moves: one node to a random strategy; both ends of an edge to their best pair
-  given the rest; one node to a random strategy with its neighbours moved to their best
-  response where that lowers their cost (always off a pair that became forbidden). The best
-  state is kept lazily: the nodes changed since the last best are listed and copied at the
-  next best, so a new best costs O(changes), not O(n).
+  four moves: a heat-bath move of one node; both ends of an edge to their best pair given
+  the rest; one node to a random strategy with its neighbours' best responses and an
+  ejection chain off the pairs that became forbidden; a tree of nodes to its best
+  assignment by dynamic programming. The best state is kept lazily: the nodes changed since
+  the last best are listed and copied at the next best, so a new best costs O(changes).
 
 The random numbers are our own xorshift64* (Marsaglia 2003; Vigna 2016) in the state, so a
 run is deterministic for a seed and a move count whatever else uses numba's generator.

@@ -414,7 +414,46 @@ def test_the_fast_reader_gives_the_same_problem(
     monkeypatch.setattr(ct, "FAST_LOAD_BYTES", 0)
     monkeypatch.setattr(ct, "_CHUNK", 7)  # many chunks, cut inside numbers
     if len(p.edges):
-        assert ct._load_fast(f) is not None
+        assert ct._load_fast(f.read_bytes()) is not None
+    same_problem(p, load_problem(f))
+
+
+def test_gzipped_files_are_read_by_their_magic_bytes(tmp_path: Path) -> None:
+    import gzip
+
+    import planner.problems.costtable as ct
+
+    p = random_problem(30, 5, seed=3)
+    plain = tmp_path / "p.json"
+    save_problem(p, plain)
+    for name in ("p.json.gz", "p.json"):  # the name does not matter, the content does
+        f = tmp_path / "gz" / name
+        f.parent.mkdir(exist_ok=True)
+        f.write_bytes(gzip.compress(plain.read_bytes()))
+        assert ct.is_gzip(f)
+        same_problem(p, load_problem(f))
+    assert not ct.is_gzip(plain) and not ct.is_gzip(tmp_path / "missing")
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(gzip.compress(plain.read_bytes())[:-20])
+    with pytest.raises(ProblemError, match=r"bad\.json\.gz is not a valid gzip file"):
+        load_problem(bad)
+    with pytest.raises(ProblemError, match=r"is a directory"):
+        load_problem(tmp_path)
+
+
+def test_the_fast_reader_reads_gzipped_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gzip
+
+    import planner.problems.costtable as ct
+
+    p = contest_problem(60, seed=2)
+    f = tmp_path / "c.json"
+    save_problem(p, f)
+    f.write_bytes(gzip.compress(f.read_bytes()))
+    monkeypatch.setattr(ct, "FAST_LOAD_BYTES", 0)
+    assert ct._load_fast(ct.read_bytes(f)) is not None
     same_problem(p, load_problem(f))
 
 
@@ -422,6 +461,11 @@ def test_the_fast_reader_gives_the_same_problem(
     ("text", "parsed"),
     [
         (b"[[1000000000000000000,0,12],[7]]", ([1e18, 0, 12, 7], [3, 1])),
+        (
+            b"[[1000000000000000001,1000000000000000000],[1000000000000000000]]",
+            ([1e18 + 1, 1e18, 1e18], [2, 1]),
+        ),  # fmt: skip
+        (b"[[999999999999999999,2000000000000000000]]", ([999999999999999999, 2e18], [2])),
         (b"[ [ 1 , 2 ] ,\n [3]]", ([1, 2, 3], [2, 1])),
         (b"[[1.5,2e3],[3]]", ([1.5, 2000, 3], [2, 1])),
         (b"[[1,,2]]", None),
@@ -489,3 +533,22 @@ def test_contest_problem_rejects_bad_arguments() -> None:
         contest_problem(1, seed=0)
     with pytest.raises(ProblemError, match="tightness"):
         contest_problem(10, seed=0, tightness=(0.5, 1.2))
+
+
+def test_plan_and_the_api_read_a_gzipped_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gzip
+
+    from planner import plan
+    from planner.cli import main
+
+    p = random_problem(12, 3, seed=4)
+    f = tmp_path / "p.json.gz"
+    save_problem(p, tmp_path / "p.json")
+    f.write_bytes(gzip.compress((tmp_path / "p.json").read_bytes()))
+    assert main(["plan", "--problem", str(f), "--backend", "search", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["status"] == "OPTIMAL"
+    assert math.isclose(summary["objective"], brute_force(p)[1])
+    assert math.isclose(plan(str(f), backend="search").objective, brute_force(p)[1])

@@ -647,6 +647,11 @@ def contest_problem(
     strategies: tuple[int, int] = (20, 60),
     tightness: tuple[float, float] = (0.9, 1.0),
     name: str | None = None,
+    follow: float = 0.5,
+    saved: float = 0.1,
+    parallel: float = 0.02,
+    reverse: float = 0.2,
+    never_live: float = 0.08,
 ) -> Problem:
     """A seeded auto-sharding problem shaped like the IOPDDL contest's real instances.
 
@@ -669,6 +674,18 @@ def contest_problem(
 
     The usage limit is set so that the witness (the lowest possible peak) peaks at a fraction
     of the limit drawn from `tightness`: 0.9-1.0 leaves almost no room at the peak.
+
+    What the public instances (A, G, M, S) have besides, drawn from a second random stream
+    (all five at 0 give the problems of the first version of this generator):
+    `follow`: the fraction of edges whose consumer keeps the producer's layout (an
+    elementwise op, a reshape): the only allowed pairs, at cost 0, are those of equal layouts
+    (at least one per row), every other pair is forbidden: 35-68% of the real instances'
+    edge entries are such forbidden pairs; `saved`: the fraction of the first half's
+    operations read again near the mirrored time (an activation saved for the backward pass:
+    long live ranges); `parallel`: the fraction of edges repeated (a second table between
+    the same two nodes); `reverse`: the fraction of edges written from consumer to producer
+    (the table transposed), as in instance A; `never_live`: the fraction of operations with
+    an empty live interval (their usage never counts).
     """
     lo, hi = strategies
     if num_nodes < 2 or not 1 <= lo <= hi or not 0 < tightness[0] <= tightness[1] <= 1:
@@ -676,11 +693,16 @@ def contest_problem(
             f"contest_problem needs num_nodes >= 2, 1 <= strategies[0] <= strategies[1] and "
             f"0 < tightness[0] <= tightness[1] <= 1; got {num_nodes}, {strategies}, {tightness}"
         )
+    for what, value in (("follow", follow), ("saved", saved), ("parallel", parallel),
+                        ("reverse", reverse), ("never_live", never_live)):  # fmt: skip
+        if not 0 <= value <= 1:
+            raise ProblemError(f"contest_problem needs 0 <= {what} <= 1, got {value}")
     rng = np.random.default_rng(seed)
+    real = np.random.default_rng([seed, 20])  # the draws of the real instances' structure
     n = num_nodes
     param = rng.random(n) < 0.15
     param[:2] = [False, True]
-    pairs = _program_dag(rng, param)
+    pairs = _more_edges(real, _program_dag(rng, param), param, saved, parallel)
     shard = np.array([1, 2, 2, 2, 4, 4, 4, 4, 8, 8, 8, 16], dtype=np.float64)[:LAYOUTS]
     # resharding factor from layout a to layout b: moving most of the tensor, 0 if equal
     reshard = (1 / shard[:, None] + 1 / shard[None, :]) * rng.uniform(0.6, 1.6, (LAYOUTS,) * 2)
@@ -708,6 +730,13 @@ def contest_problem(
         usage.append(use.reshape(-1, 1))
     edge_cost = []
     for u, v in pairs.tolist():
+        if follow and real.random() < follow:  # v keeps u's layout, or cannot take u at all
+            same = out_layout[u][:, None] == out_layout[v][None, :]
+            lonely = np.flatnonzero(~same.any(axis=1))
+            same[lonely, real.integers(0, sizes[v], len(lonely))] = True
+            same[witness[u], witness[v]] = True
+            edge_cost.append(np.where(same, 0.0, np.inf))
+            continue
         wanted = rng.choice(tensor_layouts[u], sizes[v])  # the layout v wants u's output in
         table = np.floor(nbytes[u] * reshard[np.ix_(out_layout[u], wanted)])
         if rng.random() < 0.3:
@@ -717,6 +746,11 @@ def contest_problem(
             )
         edge_cost.append(table)
     intervals = _program_intervals(rng, pairs, param)
+    empty = ~param & (real.random(n) < never_live)
+    intervals[empty, 1] = intervals[empty, 0]
+    flip = real.random(len(pairs)) < reverse
+    pairs[flip] = pairs[flip][:, ::-1]
+    edge_cost = [t.T if f else t for t, f in zip(edge_cost, flip.tolist(), strict=True)]
     # the witness (allowed, every node at its least usage) peaks at the lowest possible peak
     peak_min = _peak(np.array([u[k, 0] for u, k in zip(usage, witness, strict=True)]), intervals, n)
     limit = math.floor(peak_min / rng.uniform(*tightness))
@@ -730,6 +764,24 @@ def contest_problem(
         intervals=intervals,
         usage_limit=np.array([float(limit)]),
     )
+
+
+def _more_edges(
+    rng: np.random.Generator, pairs: np.ndarray, param: np.ndarray, saved: float, parallel: float
+) -> np.ndarray:
+    """The program's edges, plus backward reads of saved activations (an operation v of the
+    first half read by the operation nearest after its mirrored time n - 1 - v) and repeated
+    edges; sorted by consumer, as a program is."""
+    n = len(param)
+    ops = np.flatnonzero(~param)
+    first_half = ops[(ops < n // 2) & (rng.random(len(ops)) < saved)]
+    later = np.searchsorted(ops, n - 1 - first_half)
+    ok = later < len(ops)
+    backward = np.stack([first_half[ok], ops[later[ok]]], axis=1)
+    backward = backward[backward[:, 0] < backward[:, 1]]
+    repeated = pairs[rng.random(len(pairs)) < parallel]
+    out = np.concatenate([pairs, backward, repeated]).reshape(-1, 2)
+    return out[np.lexsort((out[:, 0], out[:, 1]))]
 
 
 def _program_dag(rng: np.random.Generator, param: np.ndarray) -> np.ndarray:

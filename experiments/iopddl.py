@@ -356,6 +356,13 @@ def _number(x: float | None, spec: str = ".10g") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _gap(gap: float | None) -> str:
+    """A percentage, or past 1000% the ratio cost / bound (a trivial bound)."""
+    if gap is None:
+        return "-"
+    return f"{100 * gap:.2f}%" if gap < 10 else f"{gap + 1:.3g}x"
+
+
 def _line(r: Row) -> str:
     return (
         f"{r.status} cost {_number(r.cost)} valid {r.valid} score {_number(r.score, '.4f')} wall "
@@ -375,7 +382,7 @@ def table(rows: list[Row], title: str) -> Table:
     for r in rows:
         t.add_row(
             r.instance, r.backend, str(r.seed), r.status if not r.error else f"{r.status}: {r.error}",
-            _number(r.cost), _number(r.bound), "-" if r.gap is None else f"{100 * r.gap:.2f}%",
+            _number(r.cost), _number(r.bound), _gap(r.gap),
             f"{r.time_limit:g}", f"{r.wall:.1f}", f"{r.rss_mib:.0f} ({r.tree_rss_mib:.0f})",
             r.valid, _number(r.best), _number(r.ratio, ".4f"), _number(r.score, ".4f"),
             f"{r.load_start:.2f}->{r.load_end:.2f}",

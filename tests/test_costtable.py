@@ -413,9 +413,11 @@ def test_the_fast_reader_gives_the_same_problem(
     save_problem(p, f)
     monkeypatch.setattr(ct, "FAST_LOAD_BYTES", 0)
     monkeypatch.setattr(ct, "_CHUNK", 7)  # many chunks, cut inside numbers
-    if len(p.edges):
-        assert ct._load_fast(f.read_bytes()) is not None
-    same_problem(p, load_problem(f))
+    for compiled in (1 << 62, 0):  # the numpy reference, then the compiled loop
+        monkeypatch.setattr(ct, "COMPILED_BYTES", compiled)
+        if len(p.edges):
+            assert ct._load_fast(f.read_bytes()) is not None
+        same_problem(p, load_problem(f))
 
 
 def test_gzipped_files_are_read_by_their_magic_bytes(tmp_path: Path) -> None:
@@ -474,13 +476,18 @@ def test_the_fast_reader_reads_gzipped_files(
         (b"[[1][2]]", None),
         (b"[[]]", None),
         (b"[[1,[2]]]", None),
+        (b"[[1],2]", None),  # a number outside the rows
         (b"[[1,true]]", None),
         (b"[[12345678901234567890]]", None),  # more than 19 digits: the plain reader
     ],
 )
-def test_numeric_rows(text: bytes, parsed: tuple | None) -> None:
+@pytest.mark.parametrize("compiled", [False, True])
+def test_numeric_rows(
+    text: bytes, parsed: tuple | None, compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import planner.problems.costtable as ct
 
+    monkeypatch.setattr(ct, "COMPILED_BYTES", 0 if compiled else 1 << 62)
     got = ct._numeric_rows(text)
     if parsed is None:
         assert got is None

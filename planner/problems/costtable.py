@@ -321,8 +321,8 @@ def read_bytes(path: str | Path) -> bytes:
 FAST_LOAD_BYTES = 16 << 20
 _COSTS_KEY = re.compile(rb'"costs"\s*:\s*\[\s*\[')
 _TABLE_END = re.compile(rb"\]\s*\]")
-_NUMERIC = np.zeros(256, dtype=bool)
-_NUMERIC[np.frombuffer(b"0123456789+-.eE, \t\r\n[]", dtype=np.uint8)] = True
+_NUMERIC = b"0123456789+-.eE, \t\r\n[]"  # the bytes of an array of numbers
+_INTEGRAL = b"0123456789, \n[]"  # those `_integers` reads
 
 
 def _load_fast(raw: bytes) -> Problem | None:
@@ -343,7 +343,7 @@ def _load_fast(raw: bytes) -> Problem | None:
         if not isinstance(edges, dict) or edges.get("costs") != _SENTINEL.decode().strip('"'):
             continue  # the array cut out was not edges.costs
         edges["costs"] = []
-        parsed = _numeric_rows(raw[a:b])
+        parsed = _numeric_rows(memoryview(raw)[a:b])  # no copy of the array's text
         return None if parsed is None else problem_from_json(doc, edge_costs=parsed)
     return None
 
@@ -351,23 +351,37 @@ def _load_fast(raw: bytes) -> Problem | None:
 _SENTINEL = b'"layerwise: edges.costs read with numpy"'
 
 
-def _numeric_rows(text: bytes) -> tuple[np.ndarray, np.ndarray] | None:
-    """`[[n, ...], ...]` as (flat float64 values, row lengths); None unless exactly that."""
+def _numeric_rows(text: bytes | memoryview) -> tuple[np.ndarray, np.ndarray] | None:
+    """`[[n, ...], ...]` as (flat float64 values, row lengths); None unless exactly that.
+
+    The passes over the text go in chunks, so a 1 GB array needs no 1 GB temporaries."""
     arr = np.frombuffer(text, dtype=np.uint8)
-    counts = {c: np.count_nonzero(arr == ord(c)) for c in "[], \n"}
-    digits = np.count_nonzero(arr - np.uint8(48) < 10)
-    integral = digits + sum(counts.values()) == len(arr)
-    if not integral and not _NUMERIC[arr].all():
+    view = memoryview(text)
+    integral, commas = True, 0
+    for k in _chunks(arr):
+        chunk = bytes(view[k : k + _CHUNK])
+        integral = integral and not chunk.translate(None, _INTEGRAL)  # nothing else in it
+        commas += chunk.count(b",")
+    if not integral and not all(
+        not bytes(view[k : k + _CHUNK]).translate(None, _NUMERIC) for k in _chunks(arr)
+    ):
         return None  # true, null, NaN, strings...: the plain reader says what is wrong
-    opens = np.flatnonzero(arr == ord("["))
-    closes = np.flatnonzero(arr == ord("]"))
+    opens = _positions(arr, ord("["))
+    closes = _positions(arr, ord("]"))
     if len(opens) != len(closes) or len(opens) < 2 or opens[0] != 0 or closes[-1] != len(arr) - 1:
         return None
     rows_open, rows_close = opens[1:], closes[:-1]
     if not ((rows_open < rows_close).all() and (rows_close[:-1] < rows_open[1:]).all()):
         return None  # nested deeper than rows of numbers
     if integral:
-        parsed = _integers(arr, rows_open)
+        compiled = _compiled_integers() if len(arr) >= COMPILED_BYTES else None
+        if compiled is not None:
+            values = np.empty(commas + 1)
+            lengths = np.zeros(len(rows_open), dtype=np.int64)
+            found = compiled(arr, values, lengths)
+            parsed = None if found < 0 else (values[:found], lengths)
+        else:
+            parsed = _integers(arr, rows_open, rows_close)
         if parsed is None:
             return None
         values, lengths = parsed
@@ -377,23 +391,35 @@ def _numeric_rows(text: bytes) -> tuple[np.ndarray, np.ndarray] | None:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             try:
-                values = np.fromstring(text.translate(_NO_BRACKETS), sep=",")
+                values = np.fromstring(bytes(text).translate(_NO_BRACKETS), sep=",")
             except (ValueError, DeprecationWarning):
                 return None
     # one comma between two numbers of a row and between two rows, no others (no empty
     # entries, no numbers run together)
-    if len(values) != lengths.sum() or counts[","] != len(values) - 1:
+    if len(values) != lengths.sum() or commas != len(values) - 1:
         return None
     return values, lengths
+
+
+def _chunks(arr: np.ndarray) -> range:
+    return range(0, len(arr), _CHUNK)
+
+
+def _positions(arr: np.ndarray, byte: int) -> np.ndarray:
+    """Where `byte` occurs, in order."""
+    found = [np.flatnonzero(arr[k : k + _CHUNK] == byte) + k for k in _chunks(arr)]
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
 _CHUNK = 1 << 24
 
 
-def _integers(arr: np.ndarray, rows_open: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def _integers(
+    arr: np.ndarray, rows_open: np.ndarray, rows_close: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
     """The non-negative integers in `[[...], ...]` (digits, commas, brackets, whitespace)
-    and how many fall in each row (rows start at `rows_open`), vectorized in chunks that
-    end at a separator; None if a number has more than 19 digits."""
+    and how many fall in each row (`rows_open[r]` to `rows_close[r]`), vectorized in chunks
+    that end at a separator; None if a number has more than 19 digits."""
     out = []
     lengths = np.zeros(len(rows_open), dtype=np.int64)
     lo = 0
@@ -420,13 +446,72 @@ def _integers(arr: np.ndarray, rows_open: np.ndarray) -> tuple[np.ndarray, np.nd
             more = np.flatnonzero(places > k)
             value[more] = value[more] * np.uint64(10) + digit[first[more] + k]
         out.append(value.astype(np.float64))
-        row = np.searchsorted(rows_open, first + lo, side="right") - 1
-        lengths += np.bincount(row, minlength=len(rows_open))
+        # the numbers of each row met in this chunk (a number outside every row is counted
+        # in none, so the caller's total check refuses it)
+        at = first + lo
+        rows = slice(
+            max(0, int(np.searchsorted(rows_close, lo))), int(np.searchsorted(rows_open, hi))
+        )
+        lengths[rows] += np.searchsorted(at, rows_close[rows]) - np.searchsorted(
+            at, rows_open[rows]
+        )
         lo = hi
     return (np.concatenate(out) if out else np.zeros(0)), lengths
 
 
 _FORBIDDEN_DIGITS = np.frombuffer(b"%d" % FORBIDDEN, dtype=np.uint8) - np.uint8(48)
+COMPILED_BYTES = 64 << 20  # arrays this large are parsed by the compiled loop (numba)
+
+
+def _compiled_integers() -> Any:
+    """`_scan_integers` compiled by numba (cached on disk), or None without numba."""
+    global _COMPILED
+    if _COMPILED is None:
+        try:
+            import numba
+        except ImportError:  # pragma: no cover - numba is a dependency
+            _COMPILED = False
+        else:
+            _COMPILED = numba.njit(cache=True, nogil=True)(_scan_integers)
+    return _COMPILED or None
+
+
+_COMPILED: Any = None
+
+
+def _scan_integers(arr: np.ndarray, values: np.ndarray, lengths: np.ndarray) -> int:
+    """One pass over `[[n, ...], ...]` (digits, commas, brackets, whitespace only): the
+    numbers into `values`, how many each row has into `lengths`; how many numbers in all,
+    or -1 for a number outside a row or of more than 19 digits. The reference is
+    `_integers`; the tests compare the two."""
+    count, row, depth, digits, value, large = 0, -1, 0, 0, 0, 0.0
+    for k in range(len(arr)):
+        c = int(arr[k])
+        if 48 <= c <= 57:
+            if digits == 19 or depth != 2:
+                return -1
+            if digits < 18:
+                value = value * 10 + (c - 48)  # exact in int64 up to 18 digits
+            else:  # >= 1e18, forbidden: the rounding of floats is enough
+                large = float(value) * 10.0 + float(c - 48)
+            digits += 1
+            continue
+        if digits:
+            if count == len(values):
+                return -1
+            values[count] = value if digits < 19 else large
+            lengths[row] += 1
+            count += 1
+            digits, value = 0, 0
+        if c == 91:  # [
+            depth += 1
+            if depth == 2:
+                row += 1
+        elif c == 93:  # ]
+            depth -= 1
+    return count
+
+
 _NO_BRACKETS = bytes.maketrans(b"[]", b"  ")
 
 

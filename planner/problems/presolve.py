@@ -22,7 +22,9 @@ Three rules remove strategies that no optimal answer needs, iterated to a fixpoi
 Nodes and edges are kept (a node left with one strategy is "fixed": its edges are then
 linear terms of its neighbours, which the backends see as such), so the map back is a
 lookup: `expand(choices)[i] = kept[i][choices[i]]`. A node left with no strategy means the
-problem has no valid answer: a ProblemError says which node and why. See docs/costtable.md.
+problem has no valid answer: a ProblemError says which node and why. The reduced problem is
+a cost-table problem (a DNN problem's `origin` is not kept: map its answers back with
+`expand` and use the original). See docs/costtable.md.
 """
 
 from __future__ import annotations

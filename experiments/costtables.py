@@ -89,7 +89,7 @@ class Row:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = OneLineArgumentParser(
         prog="python -m experiments.costtables",
-        description="Run every cost-table file (*.json) in DIR through the chosen backends with "
+        description="Run every cost-table file (*.json, *.json.gz) in DIR through the chosen backends with "
         "one time limit, each case in its own process; re-check every answer; print a table "
         "and write a CSV to results/. Or write contest-like problems with --generate.",
     )
@@ -176,7 +176,7 @@ def run_case(path: Path, backend: str, time_limit: float, seed: int, threads: in
     )
     return asdict(
         Row(
-            problem=path.stem,
+            problem=_name(path),
             nodes=problem.num_nodes,
             backend=backend,
             status=result.status.value,
@@ -195,6 +195,10 @@ def run_case(path: Path, backend: str, time_limit: float, seed: int, threads: in
             answer_from=str(stats.get("answer_from", stats.get("answer", ""))),
         )
     )
+
+
+def _name(path: Path) -> str:
+    return path.name.removesuffix(".gz").removesuffix(".json")
 
 
 def _rss_mib(who: int) -> float:
@@ -226,7 +230,7 @@ def _child(path: Path, backend: str, args: argparse.Namespace, timeout: float) -
     finally:
         out.unlink(missing_ok=True)
     wall = time.perf_counter() - t0
-    return Row(path.stem, 0, backend, "ERROR", "", None, None, None, wall, 0, 0, 0, "", 0, 0, "-",
+    return Row(_name(path), 0, backend, "ERROR", "", None, None, None, wall, 0, 0, 0, "", 0, 0, "-",
                error=error)  # fmt: skip
 
 
@@ -280,9 +284,9 @@ def run(args: argparse.Namespace, console: Console) -> list[Row]:
         raise LayerwiseError(f"unknown backend {unknown[0]!r}; available: {', '.join(known)}")
     if not args.dir.is_dir():
         raise LayerwiseError(f"{args.dir} is not a directory of cost-table files")
-    files = sorted(args.dir.glob("*.json"))
+    files = sorted([*args.dir.glob("*.json"), *args.dir.glob("*.json.gz")])
     if not files:
-        raise LayerwiseError(f"{args.dir} holds no *.json cost-table files")
+        raise LayerwiseError(f"{args.dir} holds no *.json cost-table files (or *.json.gz)")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     timeout = 3 * args.time_limit + 600  # a case that hangs is reported, not waited for

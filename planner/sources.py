@@ -119,7 +119,10 @@ def _is_problem_file(model: Any) -> bool:
     if not isinstance(model, str | Path) or not _looks_like_path(model):
         return False
     from planner.errors import ProblemError, read_json
+    from planner.problems.costtable import is_gzip
 
+    if is_gzip(model):  # a gzipped file is a cost-table problem (IOPDDL ships them so)
+        return True
     data = read_json(model, "model", ProblemError)
     return not (isinstance(data, Mapping) and data.get("format") == "layerwise.opgraph")
 
@@ -131,7 +134,7 @@ def _looks_like_path(model: str | Path) -> bool:
         return True
     if model in MODELS:
         return False
-    return Path(model).exists() or model.endswith(".json")
+    return Path(model).exists() or model.endswith((".json", ".json.gz"))
 
 
 def _warm_up() -> None:

@@ -16,7 +16,8 @@ penalties: a price per time step and pool (the Lagrangian multipliers of `backen
 found in the first `bound_share` of the time), each node's usage priced by the sum over the
 steps it is live at. Rounds: toulbar2 solves the priced network (at most `round_seconds`, so
 a Ctrl-C is seen between rounds: one solve cannot be interrupted); the steps its answer
-overfills get their price multiplied by `growth` (or a first price), the answer is repaired
+overfills get their price multiplied by `growth` (or a first price; an answer within the
+limit lowers every price by sqrt(growth), as the prices may be too high), the answer is repaired
 greedily into the limit (`backends.wcsp.memory.repair`) and polished by single-node moves;
 the best answer is kept. The bound reported is the Lagrangian bound (and toulbar2's proof
 where it has one).
@@ -57,6 +58,8 @@ from planner.problems.problem import Problem
 __all__ = ["Toulbar2Backend", "Toulbar2Settings"]
 
 TOTAL = 1e14  # the largest total cost toulbar2 is given (its costs are 64-bit integers)
+REPAIR_MOVES = 50  # repair moves between two looks at the clock
+PROPAGATE = 200  # nodes one repair move may take along (backends.wcsp.memory.repair)
 SMALL_TABLES = 100_000  # entries a network may have to be solved with under a second left
 
 
@@ -177,20 +180,26 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
 
         def fix(labels: np.ndarray, who: str) -> float | None:
             """Repair and polish a labelling into the limit; offer it; its cost."""
+            t1 = time.perf_counter()
             x = labels.astype(np.int64).copy()
             use = net.usage[net.noff[:-1] + x]
             prof = profile(st, use, count)
             args = (st.first, st.after, st.limit, net.usage, net.noff, net.unary)
             rest = (net.eu, net.ev, net.eoff, net.binary, *inc[:3])
-            ok = repair(x, prof, *args, *rest, 20 * net.num_nodes)
-            if not ok:
+            ok = -1
+            while ok == -1 and not past(clock.at):
+                ok = repair(x, prof, *args, *rest, REPAIR_MOVES, PROPAGATE)
+            if ok != 1:
+                stats["repair_failed"] = stats.get("repair_failed", 0) + 1
                 return None
             while polish(x, prof, *args, *rest) > 0 and not past(clock.at):
                 pass
             cost = best.offer(problem, net.choices(x), who)
+            stats["fix_seconds"] = stats.get("fix_seconds", 0.0) + time.perf_counter() - t1
             return cost if math.isfinite(cost) else None
 
         t0 = time.perf_counter()
+        cpu = _CpuShare()
         share = clock.within(settings.bound_share * clock.left())
         seen = [0]
 
@@ -209,13 +218,14 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         base = float(np.mean(net.unary)) / max(float(np.mean(net.usage)), 1.0) / max(count, 1)
         timed_out = False
         for k in range(settings.max_rounds):
-            seconds = _seconds(net, min(clock.left(), settings.round_seconds))
+            seconds = _seconds(net, min(clock.left(), settings.round_seconds), cpu.share())
             if seconds is None:
                 timed_out = True
                 break
             prices = np.repeat(node_prices(st, lam), net.dom, axis=0)
             penalty = (prices * net.usage).sum(axis=1)
             run = _run(net, penalty, scale, options.seed + k, seconds, None, problem)
+            stats["build_seconds"] = stats.get("build_seconds", 0.0) + run.build
             stats["rounds"] = k + 1
             stats["toulbar2_seconds"] = stats.get("toulbar2_seconds", 0.0) + run.seconds
             timed_out = run.timed_out
@@ -227,9 +237,12 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
             fix(x, f"toulbar2 round {k + 1}")
             line = f"round {k + 1}: best {best.cost:.6g}, over-full steps {int(over.sum())}"
             progress(lambda line=line: line)  # type: ignore[misc]
-            if not over.any():
-                break  # toulbar2's answer keeps the limit under these prices
-            lam[over] = np.where(lam[over] > 0, lam[over] * settings.growth, base)
+            if not over.any() and not lam.any():
+                break  # the unpriced network's answer keeps the limit: nothing to price
+            if over.any():  # prices grow on the over-full steps
+                lam[over] = np.where(lam[over] > 0, lam[over] * settings.growth, base)
+            else:  # within the limit: the prices may be too high, lower them all a little
+                lam /= math.sqrt(settings.growth)
             if past(clock.at):
                 timed_out = True
                 break
@@ -237,7 +250,7 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         if not past(clock.at):
             lagrange.run(clock, best.cost if best.choices is not None else None, on_labelling)
         stats["bound_steps"] = lagrange.iterations
-        if best.choices is None:
+        if best.choices is None and not past(clock.at):
             decoded = trws.decode(
                 net.noff, lagrange.unary(), net.eu, net.ev, net.eoff, net.binary, *inc[:3],
                 lagrange.msg_u, lagrange.msg_v,
@@ -279,6 +292,19 @@ class _Run:
     timed_out: bool
     seconds: float
     nodes: int
+    build: float
+
+
+class _CpuShare:
+    """The share of a core this process has had since it was made: toulbar2's time limit
+    counts CPU time, so on a busy machine it must be given less than the wall time left."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def share(self) -> float:
+        wall = time.perf_counter() - self.wall
+        return (time.process_time() - self.cpu) / wall if wall > 0.5 else 1.0
 
 
 def _scale(net: Network) -> float:
@@ -297,9 +323,11 @@ def _scale(net: Network) -> float:
     return 2.0 ** math.floor(math.log2(TOTAL / max(total, 1e-300)))
 
 
-def _seconds(net: Network, left: float) -> int | None:
-    """toulbar2's time limit (whole seconds, at least 1): None when less than a second is
-    left and the network is too large to be sure it solves within a moment."""
+def _seconds(net: Network, left: float, cpu: float = 1.0) -> int | None:
+    """toulbar2's time limit (whole seconds of CPU time, at least 1) for `left` seconds of
+    wall time at a share `cpu` of a core: None when less than a second is left and the
+    network is too large to be sure it solves within a moment."""
+    left *= min(max(cpu, 0.1), 1.0)
     if left >= 1.0:
         return int(left)
     return 1 if left > 0.0 and net.binary.size <= SMALL_TABLES else None
@@ -333,6 +361,7 @@ def _run(
         + 1
     )
     binary[~np.isfinite(net.binary)] = top
+    t0 = time.perf_counter()
     cfn = pytoulbar2.CFN(ubinit=top, seed=max(seed, 0) % (2**31 - 1) + 1, verbose=-1)
     wcsp = cfn.CFN.wcsp
     for i in range(net.num_nodes):
@@ -353,9 +382,9 @@ def _run(
             wcsp.postNullaryConstraint(int(table[0]))
     if st is not None:
         _knapsacks(cfn, net, st, problem)
-    t0 = time.perf_counter()
+    t1 = time.perf_counter()
     result = cfn.Solve(timeLimit=seconds)
-    elapsed = time.perf_counter() - t0
+    elapsed = time.perf_counter() - t1
     dual = float(cfn.GetDDualBound())
     labels = None
     cost = math.inf
@@ -363,7 +392,8 @@ def _run(
         labels = np.asarray(result[0], dtype=np.int64)
         cost = float(result[1])
     proven = dual >= min(cost, top) - 0.5
-    return _Run(labels, dual, proven, not proven, elapsed, int(cfn.GetNbNodes()))
+    nodes = int(cfn.GetNbNodes())
+    return _Run(labels, dual, proven, not proven, elapsed, nodes, t1 - t0)
 
 
 def _knapsacks(cfn: Any, net: Network, st: Steps, problem: Problem) -> None:

@@ -187,7 +187,7 @@ def _propagate(
                 binary,
             )
             old = _pair(e, x[eu[e]], x[ev[e]], noff, ev, eoff, binary)
-            delta += new - old
+            delta += new - (CONFLICT if old == np.inf else old)
     return count, delta
 
 
@@ -305,6 +305,78 @@ def repair(
             if prof[t, m] > limit[m]:
                 return -1
     return 1
+
+
+@njit(cache=True)
+def unbreak(
+    x, noff, unary, eu, ev, eoff, binary, ioff, iedge, iside, cap
+):  # pragma: no cover - compiled
+    """Take a labelling off its forbidden pairs (min-conflicts): for each such pair, the
+    cheapest change of one of its ends that `_propagate` can carry through (its neighbours
+    moving along). Returns the number of forbidden pairs left."""
+    n = len(noff) - 1
+    tent = np.zeros(n, dtype=np.int64)
+    stamp = np.zeros(n, dtype=np.int64)
+    changed = np.zeros(max(cap, 1), dtype=np.int64)
+    now = 0
+    left = 0
+    for e in range(len(eu)):
+        if _pair(e, x[eu[e]], x[ev[e]], noff, ev, eoff, binary) != np.inf:
+            continue
+        best_i, best_s, best_d = -1, -1, np.inf
+        for end in range(2):
+            i = eu[e] if end == 0 else ev[e]
+            for s in range(noff[i + 1] - noff[i]):
+                if s == x[i]:
+                    continue
+                now += 1
+                count, d = _propagate(
+                    i,
+                    s,
+                    x,
+                    tent,
+                    stamp,
+                    now,
+                    changed,
+                    noff,
+                    unary,
+                    eu,
+                    ev,
+                    eoff,
+                    binary,
+                    ioff,
+                    iedge,
+                    iside,
+                    cap,
+                )
+                if count > 0 and d < best_d:
+                    best_i, best_s, best_d = i, s, d
+        if best_i < 0:
+            left += 1
+            continue
+        now += 1
+        count, d = _propagate(
+            best_i,
+            best_s,
+            x,
+            tent,
+            stamp,
+            now,
+            changed,
+            noff,
+            unary,
+            eu,
+            ev,
+            eoff,
+            binary,
+            ioff,
+            iedge,
+            iside,
+            cap,
+        )
+        for h in range(count):
+            x[changed[h]] = tent[changed[h]]
+    return left
 
 
 @njit(cache=True)

@@ -49,7 +49,7 @@ from backends.base import (
 )
 from backends.wcsp import trws
 from backends.wcsp.bound import Lagrangian
-from backends.wcsp.memory import Steps, node_prices, polish, profile, repair, steps
+from backends.wcsp.memory import Steps, node_prices, polish, profile, repair, steps, unbreak
 from backends.wcsp.network import Network, build_network
 from planner.deadline import Deadline
 from planner.problems.evaluate import additive_cost, memory_feasible
@@ -58,6 +58,7 @@ from planner.problems.problem import Problem
 __all__ = ["Toulbar2Backend", "Toulbar2Settings"]
 
 TOTAL = 1e14  # the largest total cost toulbar2 is given (its costs are 64-bit integers)
+FEW_CONFLICTS = 20  # forbidden pairs a labelling may have to be mended (memory.unbreak)
 REPAIR_MOVES = 50  # repair moves between two looks at the clock
 PROPAGATE = 200  # nodes one repair move may take along (backends.wcsp.memory.repair)
 SMALL_TABLES = 100_000  # entries a network may have to be solved with under a second left
@@ -67,9 +68,9 @@ SMALL_TABLES = 100_000  # entries a network may have to be solved with under a s
 class Toulbar2Settings(BackendSettings):
     """The `toulbar2` backend's settings."""
 
-    bound_share: Annotated[float, between(0.0, 0.9, "a share")] = 0.3
+    bound_share: Annotated[float, between(0.0, 0.9, "a share")] = 0.2
     """share of the time for the Lagrangian bound (and the first prices) before toulbar2"""
-    round_seconds: Annotated[float, POSITIVE] = 20.0
+    round_seconds: Annotated[float, POSITIVE] = 30.0
     """at most this long per toulbar2 solve (a Ctrl-C is seen between solves)"""
     max_rounds: Annotated[int, Check("a positive integer", lambda v: v > 0)] = 50
     """at most this many priced solves"""
@@ -178,10 +179,16 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         lagrange = Lagrangian(net, st)
         upper = best.cost if best.choices is not None else None
 
+        net_args = (net.noff, net.unary, net.eu, net.ev, net.eoff, net.binary)
+
         def fix(labels: np.ndarray, who: str) -> float | None:
             """Repair and polish a labelling into the limit; offer it; its cost."""
             t1 = time.perf_counter()
             x = labels.astype(np.int64).copy()
+            if _conflicts(net, x) > FEW_CONFLICTS:
+                return None  # too far from an answer to mend quickly
+            if unbreak(x, *net_args, *inc[:3], PROPAGATE) > 0:
+                return None
             use = net.usage[net.noff[:-1] + x]
             prof = profile(st, use, count)
             args = (st.first, st.after, st.limit, net.usage, net.noff, net.unary)
@@ -205,7 +212,7 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
 
         def on_labelling(x: np.ndarray) -> float | None:
             seen[0] += 1
-            if seen[0] % 10 == 1 and lagrange._valid(x):
+            if seen[0] % 10 == 1:
                 fix(x, "lagrangian")
             return best.cost if best.choices is not None else None
 
@@ -218,7 +225,10 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         base = float(np.mean(net.unary)) / max(float(np.mean(net.usage)), 1.0) / max(count, 1)
         timed_out = False
         for k in range(settings.max_rounds):
-            seconds = _seconds(net, min(clock.left(), settings.round_seconds), cpu.share())
+            # building and preprocessing are not on toulbar2's clock: keep the last
+            # round's building time twice over for them
+            spare = clock.left() - 2 * stats.get("build_seconds", 0.0) / max(k, 1)
+            seconds = _seconds(net, min(spare, settings.round_seconds), cpu.share())
             if seconds is None:
                 timed_out = True
                 break
@@ -293,6 +303,12 @@ class _Run:
     seconds: float
     nodes: int
     build: float
+
+
+def _conflicts(net: Network, x: np.ndarray) -> int:
+    """How many forbidden pairs labelling x has."""
+    dv = net.noff[net.ev + 1] - net.noff[net.ev]
+    return int((~np.isfinite(net.binary[net.eoff[:-1] + x[net.eu] * dv + x[net.ev]])).sum())
 
 
 class _CpuShare:

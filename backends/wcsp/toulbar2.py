@@ -367,8 +367,14 @@ def _run(
     problem: Problem,
 ) -> _Run:
     """One toulbar2 solve of the network, unary costs raised by `penalty` (flat, per value)
-    and, with `st`, the memory rows as knapsack constraints."""
-    unary = np.floor((net.unary + penalty) * scale)
+    and, with `st`, the memory rows as knapsack constraints. High prices lower the scale so
+    that the total stays within TOTAL (a priced round proves nothing anyway)."""
+    priced = net.unary + penalty
+    most = float(np.maximum.reduceat(priced, net.noff[:-1]).sum())
+    most += float(np.max(net.binary, where=np.isfinite(net.binary), initial=0.0)) * len(net.eu)
+    if most * scale > TOTAL:
+        scale = 2.0 ** math.floor(math.log2(TOTAL / most))
+    unary = np.floor(priced * scale)
     finite = net.binary[np.isfinite(net.binary)]
     binary = np.where(np.isfinite(net.binary), np.floor(net.binary * scale), 0.0)
     top = float(

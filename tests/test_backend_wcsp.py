@@ -107,7 +107,12 @@ def test_repair_brings_an_answer_within_the_limit() -> None:
         net = build_network(problem)
         st = steps(problem)
         assert st is not None and net.empty is None
-        x = np.array([int(np.argmin(net.unary[a:b])) for a, b in zip(net.noff[:-1], net.noff[1:])])
+        x = np.array(
+            [
+                int(np.argmin(net.unary[a:b]))
+                for a, b in zip(net.noff[:-1], net.noff[1:], strict=True)
+            ]
+        )
         if not math.isfinite(additive_cost(problem, net.choices(x))):
             continue
         prof = profile(st, net.usage[net.noff[:-1] + x], st.count)

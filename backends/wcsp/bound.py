@@ -16,7 +16,7 @@ monotonically; `star_bound` reads a valid bound off the messages at any time. So
 this module reports is a valid lower bound, whenever it stops.
 
 The multipliers follow projected subgradient steps (Polyak's step to a target: the best
-answer known, else 5% above the best bound): the subgradient is the usage profile of TRW-S's
+answer known, or 5% above the best bound if that is lower): the subgradient is the usage profile of TRW-S's
 labelling minus the limit, so steps over full gain price, the others lose it. Messages are
 kept from one lambda to the next (warm start).
 """
@@ -150,7 +150,10 @@ class Lagrangian:
         if norm == 0:
             return
         best = max(self.best, value)
-        target = upper if upper is not None and upper > best else best + 0.05 * abs(best) + 1
+        # an answer far above the bound would make Polyak's step overshoot: at most 5% above
+        target = best + 0.05 * abs(best) + 1
+        if upper is not None and upper > best:
+            target = min(target, upper)
         self.lam = np.maximum(0.0, self.lam + self.mu * (target - value) / norm * g)
 
     def run(

@@ -59,6 +59,7 @@ __all__ = ["Toulbar2Backend", "Toulbar2Settings"]
 
 TOTAL = 1e14  # the largest total cost toulbar2 is given (its costs are 64-bit integers)
 FEW_CONFLICTS = 20  # forbidden pairs a labelling may have to be mended (memory.unbreak)
+BUILD_PER_ENTRY = 1e-6  # seconds to hand toulbar2 a table entry (6 M on IOPDDL A: 5 s)
 REPAIR_MOVES = 50  # repair moves between two looks at the clock
 PROPAGATE = 200  # nodes one repair move may take along (backends.wcsp.memory.repair)
 SMALL_TABLES = 100_000  # entries a network may have to be solved with under a second left
@@ -227,7 +228,8 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         for k in range(settings.max_rounds):
             # building and preprocessing are not on toulbar2's clock: keep the last
             # round's building time twice over for them
-            spare = clock.left() - 2 * stats.get("build_seconds", 0.0) / max(k, 1)
+            built = stats.get("build_seconds", 0.0) / k if k else BUILD_PER_ENTRY * net.binary.size
+            spare = clock.left() - 2 * built
             seconds = _seconds(net, min(spare, settings.round_seconds), cpu.share())
             if seconds is None:
                 timed_out = True

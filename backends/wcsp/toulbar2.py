@@ -58,6 +58,7 @@ from planner.problems.problem import Problem
 __all__ = ["Toulbar2Backend", "Toulbar2Settings"]
 
 TOTAL = 1e14  # the largest total cost toulbar2 is given (its costs are 64-bit integers)
+MEND_NODES = 5_000  # larger: the bound's labellings are not repaired (too slow there)
 FEW_CONFLICTS = 20  # forbidden pairs a labelling may have to be mended (memory.unbreak)
 BUILD_PER_ENTRY = 1e-6  # seconds to hand toulbar2 a table entry (6 M on IOPDDL A: 5 s)
 REPAIR_MOVES = 50  # repair moves between two looks at the clock
@@ -213,7 +214,7 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
 
         def on_labelling(x: np.ndarray) -> float | None:
             seen[0] += 1
-            if seen[0] % 10 == 1:
+            if seen[0] % 10 == 1 and net.num_nodes <= MEND_NODES:
                 fix(x, "lagrangian")
             return best.cost if best.choices is not None else None
 

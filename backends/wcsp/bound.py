@@ -79,7 +79,7 @@ class Lagrangian:
         ends = (self.net.eoff[:-1], self.net.eu, self.net.ev, self.net.noff)
         self.rows = ends
 
-    def _valid(self, x: np.ndarray) -> bool:
+    def valid(self, x: np.ndarray) -> bool:
         """Whether labelling x avoids every forbidden pair."""
         eoff, eu, ev, noff = self.rows
         dv = noff[ev + 1] - noff[ev]
@@ -132,7 +132,7 @@ class Lagrangian:
                 self.msg_u, self.msg_v = (m.copy() for m in self.best_msgs)
                 self.direction = None
             else:
-                self._subgradient(x if self._valid(x) else arg, value, upper)
+                self._subgradient(x if self.valid(x) else arg, value, upper)
         return value, x
 
     def _subgradient(self, arg: np.ndarray, value: float, upper: float | None) -> None:

@@ -22,6 +22,7 @@ REGISTRY: dict[str, str] = {
     "ilp": "backends.mathprog.ilp:IlpBackend",
     "cpsat": "backends.mathprog.cpsat:CpsatBackend",
     "portfolio": "backends.portfolio:PortfolioBackend",
+    "toulbar2": "backends.wcsp.toulbar2:Toulbar2Backend",
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -146,6 +147,8 @@ def _warm_up() -> None:
 def load_torch(deadline: Deadline) -> None:
     """torch and its tracing machinery, loaded in a thread the deadline bounds (an import
     cannot stop itself)."""
+    if "torch._dynamo" in sys.modules:
+        return  # loaded already: nothing to wait for
     start = time.perf_counter()
     try:
         run_within(_warm_up, deadline)

@@ -72,6 +72,7 @@ def problem_of(
     else:
         if deadline is not None:
             load_torch(deadline)
+            deadline.check()  # no capture begins with no time left
         graph, spec = _capture(model, example_inputs, model_kwargs, name, coarsen, deadline)
     capture_seconds = time.perf_counter() - t0
     if deadline is not None:

@@ -12,7 +12,7 @@ import pytest
 from backends import SolveOptions, Status, get_backend
 from backends.testing import BackendConformance
 from backends.wcsp.bound import lower_bound
-from backends.wcsp.memory import profile, repair, steps
+from backends.wcsp.memory import kernel_arrays, profile, repair, steps
 from backends.wcsp.network import build_network
 from backends.wcsp.trws import incidence
 from planner.deadline import Deadline
@@ -116,9 +116,9 @@ def test_repair_brings_an_answer_within_the_limit() -> None:
         if not math.isfinite(additive_cost(problem, net.choices(x))):
             continue
         prof = profile(st, net.usage[net.noff[:-1] + x], st.count)
-        ioff, iedge, iside, _ = incidence(net.noff, net.eu, net.ev)
-        args = (st.first, st.after, st.limit, net.usage, net.noff, net.unary, net.eu, net.ev)
-        ok = repair(x, prof, *args, net.eoff, net.binary, ioff, iedge, iside, 1000, 50)
+        inc = incidence(net.noff, net.eu, net.ev)
+        g = kernel_arrays(net.noff, net.unary, net.eu, net.ev, net.eoff, net.binary, inc)
+        ok = repair(x, prof, st.first, st.after, st.limit, net.usage, g, 1000, 50)
         if ok == 1:
             choices = net.choices(x)
             assert memory_feasible(problem, choices)

@@ -23,7 +23,7 @@ from numba import njit
 
 from planner.problems.problem import Problem
 
-__all__ = ["Steps", "node_prices", "polish", "profile", "repair", "steps"]
+__all__ = ["Steps", "kernel_arrays", "node_prices", "polish", "profile", "repair", "steps"]
 
 CONFLICT = 1e30  # the price of a pair a neighbour must then leave
 TOL = 1e-9  # relative tolerance of the limit, as planner.problems.evaluate.memory_feasible
@@ -56,6 +56,20 @@ def steps(problem: Problem) -> Steps | None:
     return Steps(first, after, limit)
 
 
+def kernel_arrays(
+    noff: np.ndarray,
+    unary: np.ndarray,
+    eu: np.ndarray,
+    ev: np.ndarray,
+    eoff: np.ndarray,
+    binary: np.ndarray,
+    incidence: tuple[np.ndarray, ...],
+) -> tuple[np.ndarray, ...]:
+    """What the compiled moves read of a network, as one tuple `g`: (noff, unary, eu, ev,
+    eoff, binary, ioff, iedge, iside), the last three from `trws.incidence`."""
+    return (noff, unary, eu, ev, eoff, binary, *incidence[:3])
+
+
 def node_prices(st: Steps, lam: np.ndarray) -> np.ndarray:
     """(n, M) sum of the per-step prices `lam` (T, M) over each node's live steps."""
     cum = np.vstack([np.zeros((1, lam.shape[1])), np.cumsum(lam, axis=0)])
@@ -71,8 +85,9 @@ def profile(st: Steps, use: np.ndarray, count: int) -> np.ndarray:
 
 
 @njit(cache=True)
-def _delta(i, s, x, noff, unary, eu, ev, eoff, binary, ioff, iedge, iside):  # pragma: no cover
+def _delta(i, s, x, g):  # pragma: no cover - compiled
     """The change of cost when node i moves from x[i] to s (inf if s breaks a pair)."""
+    noff, unary, eu, ev, eoff, binary, ioff, iedge, iside = g
     cur = x[i]
     d = unary[noff[i] + s] - unary[noff[i] + cur]
     for k in range(ioff[i], ioff[i + 1]):
@@ -96,36 +111,20 @@ def _label(j, x, tent, stamp, now):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _pair(e, a, b, noff, ev, eoff, binary):  # pragma: no cover - compiled
+def _pair(e, a, b, g):  # pragma: no cover - compiled
     """Edge e's cost with its lower end at a and its higher end at b."""
+    noff, unary, eu, ev, eoff, binary, ioff, iedge, iside = g
     dv = noff[ev[e] + 1] - noff[ev[e]]
     return binary[eoff[e] + a * dv + b]
 
 
 @njit(cache=True)
-def _propagate(
-    i,
-    s,
-    x,
-    tent,
-    stamp,
-    now,
-    changed,
-    noff,
-    unary,
-    eu,
-    ev,
-    eoff,
-    binary,
-    ioff,
-    iedge,
-    iside,
-    cap,
-):  # pragma: no cover - compiled
+def _propagate(i, s, x, tent, stamp, now, changed, g, cap):  # pragma: no cover - compiled
     """Node i to value s, and every neighbour that now meets a forbidden pair to its best
     value that meets none, in turn (at most `cap` nodes): the count of nodes changed (listed
     in `changed`, their values in `tent` where stamp == now) and the change of cost;
     count 0 when some neighbour has no such value."""
+    noff, unary, eu, ev, eoff, binary, ioff, iedge, iside = g
     stamp[i] = now
     tent[i] = s
     changed[0] = i
@@ -139,7 +138,7 @@ def _propagate(
             other = ev[e] if iside[k] == 0 else eu[e]
             a = _label(eu[e], x, tent, stamp, now)
             b = _label(ev[e], x, tent, stamp, now)
-            if _pair(e, a, b, noff, ev, eoff, binary) != np.inf:
+            if _pair(e, a, b, g) != np.inf:
                 continue
             if stamp[other] == now or count >= cap:
                 return 0, 0.0
@@ -150,10 +149,10 @@ def _propagate(
                     f = iedge[q]
                     if iside[q] == 0:
                         far = ev[f]
-                        p = _pair(f, v, _label(far, x, tent, stamp, now), noff, ev, eoff, binary)
+                        p = _pair(f, v, _label(far, x, tent, stamp, now), g)
                     else:
                         far = eu[f]
-                        p = _pair(f, _label(far, x, tent, stamp, now), v, noff, ev, eoff, binary)
+                        p = _pair(f, _label(far, x, tent, stamp, now), v, g)
                     if p == np.inf:
                         if stamp[far] == now:
                             c = np.inf  # a node this move already set: never
@@ -177,44 +176,21 @@ def _propagate(
             other = ev[e] if iside[k] == 0 else eu[e]
             if stamp[other] == now and other < j:
                 continue  # counted from the other end
-            new = _pair(
-                e,
-                _label(eu[e], x, tent, stamp, now),
-                _label(ev[e], x, tent, stamp, now),
-                noff,
-                ev,
-                eoff,
-                binary,
-            )
-            old = _pair(e, x[eu[e]], x[ev[e]], noff, ev, eoff, binary)
+            a = _label(eu[e], x, tent, stamp, now)
+            new = _pair(e, a, _label(ev[e], x, tent, stamp, now), g)
+            old = _pair(e, x[eu[e]], x[ev[e]], g)
             delta += new - (CONFLICT if old == np.inf else old)
     return count, delta
 
 
 @njit(cache=True)
-def repair(
-    x,
-    prof,
-    first,
-    after,
-    limit,
-    usage,
-    noff,
-    unary,
-    eu,
-    ev,
-    eoff,
-    binary,
-    ioff,
-    iedge,
-    iside,
-    max_moves,
-    cap,
-):  # pragma: no cover - compiled
+def repair(x, prof, first, after, limit, usage, g, max_moves, cap):  # pragma: no cover - compiled
     """Move nodes until every step is within `limit` (module docstring); a move takes along
     the neighbours it would put on a forbidden pair (`_propagate`, at most `cap` nodes).
-    x and prof (T, M) are updated in place. Returns 1 when within the limit, 0 when no move
-    helps, -1 after `max_moves` moves (call again to go on)."""
+    x and prof (T, M) are updated in place; `g` the network's arrays (`kernel_arrays`).
+    Returns 1 when within the limit, 0 when no move helps, -1 after `max_moves` moves (call
+    again to go on)."""
+    noff = g[0]
     n = len(noff) - 1
     pools = prof.shape[1]
     tent = np.zeros(n, dtype=np.int64)
@@ -239,25 +215,7 @@ def repair(
                 if usage[cur, wm] - usage[noff[i] + s, wm] <= 0:
                     continue
                 now += 1
-                count, d = _propagate(
-                    i,
-                    s,
-                    x,
-                    tent,
-                    stamp,
-                    now,
-                    changed,
-                    noff,
-                    unary,
-                    eu,
-                    ev,
-                    eoff,
-                    binary,
-                    ioff,
-                    iedge,
-                    iside,
-                    cap,
-                )
+                count, d = _propagate(i, s, x, tent, stamp, now, changed, g, cap)
                 if count == 0:
                     continue
                 saved = 0.0
@@ -273,25 +231,7 @@ def repair(
         if best_i < 0:
             return 0
         now += 1
-        count, d = _propagate(
-            best_i,
-            best_s,
-            x,
-            tent,
-            stamp,
-            now,
-            changed,
-            noff,
-            unary,
-            eu,
-            ev,
-            eoff,
-            binary,
-            ioff,
-            iedge,
-            iside,
-            cap,
-        )
+        count, d = _propagate(best_i, best_s, x, tent, stamp, now, changed, g, cap)
         for h in range(count):
             j = changed[h]
             old = noff[j] + x[j]
@@ -308,12 +248,11 @@ def repair(
 
 
 @njit(cache=True)
-def unbreak(
-    x, noff, unary, eu, ev, eoff, binary, ioff, iedge, iside, cap
-):  # pragma: no cover - compiled
+def unbreak(x, g, cap):  # pragma: no cover - compiled
     """Take a labelling off its forbidden pairs (min-conflicts): for each such pair, the
     cheapest change of one of its ends that `_propagate` can carry through (its neighbours
     moving along). Returns the number of forbidden pairs left."""
+    noff, eu, ev = g[0], g[2], g[3]
     n = len(noff) - 1
     tent = np.zeros(n, dtype=np.int64)
     stamp = np.zeros(n, dtype=np.int64)
@@ -321,7 +260,7 @@ def unbreak(
     now = 0
     left = 0
     for e in range(len(eu)):
-        if _pair(e, x[eu[e]], x[ev[e]], noff, ev, eoff, binary) != np.inf:
+        if _pair(e, x[eu[e]], x[ev[e]], g) != np.inf:
             continue
         best_i, best_s, best_d = -1, -1, np.inf
         for end in range(2):
@@ -330,60 +269,23 @@ def unbreak(
                 if s == x[i]:
                     continue
                 now += 1
-                count, d = _propagate(
-                    i,
-                    s,
-                    x,
-                    tent,
-                    stamp,
-                    now,
-                    changed,
-                    noff,
-                    unary,
-                    eu,
-                    ev,
-                    eoff,
-                    binary,
-                    ioff,
-                    iedge,
-                    iside,
-                    cap,
-                )
+                count, d = _propagate(i, s, x, tent, stamp, now, changed, g, cap)
                 if count > 0 and d < best_d:
                     best_i, best_s, best_d = i, s, d
         if best_i < 0:
             left += 1
             continue
         now += 1
-        count, d = _propagate(
-            best_i,
-            best_s,
-            x,
-            tent,
-            stamp,
-            now,
-            changed,
-            noff,
-            unary,
-            eu,
-            ev,
-            eoff,
-            binary,
-            ioff,
-            iedge,
-            iside,
-            cap,
-        )
+        count, d = _propagate(best_i, best_s, x, tent, stamp, now, changed, g, cap)
         for h in range(count):
             x[changed[h]] = tent[changed[h]]
     return left
 
 
 @njit(cache=True)
-def polish(
-    x, prof, first, after, limit, usage, noff, unary, eu, ev, eoff, binary, ioff, iedge, iside
-):  # pragma: no cover - compiled
+def polish(x, prof, first, after, limit, usage, g):  # pragma: no cover - compiled
     """One sweep of improving single-node moves that keep the limit; returns the gain."""
+    noff = g[0]
     n = len(noff) - 1
     pools = prof.shape[1]
     gain = 0.0
@@ -393,7 +295,7 @@ def polish(
         for s in range(noff[i + 1] - noff[i]):
             if s == x[i]:
                 continue
-            d = _delta(i, s, x, noff, unary, eu, ev, eoff, binary, ioff, iedge, iside)
+            d = _delta(i, s, x, g)
             if not d < best_d:
                 continue
             fits = True

@@ -49,7 +49,16 @@ from backends.base import (
 )
 from backends.wcsp import trws
 from backends.wcsp.bound import Lagrangian
-from backends.wcsp.memory import Steps, node_prices, polish, profile, repair, steps, unbreak
+from backends.wcsp.memory import (
+    Steps,
+    kernel_arrays,
+    node_prices,
+    polish,
+    profile,
+    repair,
+    steps,
+    unbreak,
+)
 from backends.wcsp.network import Network, build_network
 from planner.deadline import Deadline
 from planner.problems.evaluate import additive_cost, memory_feasible
@@ -181,7 +190,7 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         lagrange = Lagrangian(net, st)
         upper = best.cost if best.choices is not None else None
 
-        net_args = (net.noff, net.unary, net.eu, net.ev, net.eoff, net.binary)
+        g = kernel_arrays(net.noff, net.unary, net.eu, net.ev, net.eoff, net.binary, inc)
 
         def fix(labels: np.ndarray, who: str) -> float | None:
             """Repair and polish a labelling into the limit; offer it; its cost."""
@@ -189,19 +198,18 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
             x = labels.astype(np.int64).copy()
             if _conflicts(net, x) > FEW_CONFLICTS:
                 return None  # too far from an answer to mend quickly
-            if unbreak(x, *net_args, *inc[:3], PROPAGATE) > 0:
+            if unbreak(x, g, PROPAGATE) > 0:
                 return None
             use = net.usage[net.noff[:-1] + x]
             prof = profile(st, use, count)
-            args = (st.first, st.after, st.limit, net.usage, net.noff, net.unary)
-            rest = (net.eu, net.ev, net.eoff, net.binary, *inc[:3])
+            args = (st.first, st.after, st.limit, net.usage, g)
             ok = -1
             while ok == -1 and not past(clock.at):
-                ok = repair(x, prof, *args, *rest, REPAIR_MOVES, PROPAGATE)
+                ok = repair(x, prof, *args, REPAIR_MOVES, PROPAGATE)
             if ok != 1:
                 stats["repair_failed"] = stats.get("repair_failed", 0) + 1
                 return None
-            while polish(x, prof, *args, *rest) > 0 and not past(clock.at):
+            while polish(x, prof, *args) > 0 and not past(clock.at):
                 pass
             cost = best.offer(problem, net.choices(x), who)
             stats["fix_seconds"] = stats.get("fix_seconds", 0.0) + time.perf_counter() - t1

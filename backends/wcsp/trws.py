@@ -100,33 +100,45 @@ def passes(
                 dv = noff[ev[e] + 1] - noff[ev[e]]
                 base = eoff[e]
                 if forward and side == 0:  # i = u, message to v
-                    for t in range(dv):
-                        new[t] = np.inf
-                    for s in range(du):
-                        h = g * hat[s] - msg_u[mu[e] + s]
-                        for t in range(dv):
-                            c = h + binary[base + s * dv + t]
-                            if c < new[t]:
-                                new[t] = c
-                    low = np.inf
-                    for t in range(dv):
-                        low = min(low, new[t])
-                    for t in range(dv):
-                        msg_v[mv[e] + t] = new[t] - low
+                    _send(hat, g, msg_u, mu[e], du, dv, binary, base, dv, 1, new, msg_v, mv[e])
                 elif not forward and side == 1:  # i = v, message to u
-                    for s in range(du):
-                        new[s] = np.inf
-                    for t in range(dv):
-                        h = g * hat[t] - msg_v[mv[e] + t]
-                        for s in range(du):
-                            c = h + binary[base + s * dv + t]
-                            if c < new[s]:
-                                new[s] = c
-                    low = np.inf
-                    for s in range(du):
-                        low = min(low, new[s])
-                    for s in range(du):
-                        msg_u[mu[e] + s] = new[s] - low
+                    _send(hat, g, msg_v, mv[e], dv, du, binary, base, 1, dv, new, msg_u, mu[e])
+
+
+@njit(cache=True)
+def _send(
+    hat,
+    g,
+    msg_in,
+    off_in,
+    d_from,
+    d_to,
+    binary,
+    base,
+    stride_from,
+    stride_to,
+    new,
+    msg_out,
+    off_out,
+):  # pragma: no cover - compiled
+    """One TRW-S message (Eq. 20 of the module docstring): from a node whose reparametrized
+    unaries are `hat` (weighted by `g`, less the message it received on this edge) to the
+    other end, the min over its values of the edge's table; normalized to a minimum of 0.
+    The edge's entry for (from s, to t) is binary[base + s * stride_from + t * stride_to]."""
+    for t in range(d_to):
+        new[t] = np.inf
+    for s in range(d_from):
+        h = g * hat[s] - msg_in[off_in + s]
+        row = base + s * stride_from
+        for t in range(d_to):
+            c = h + binary[row + t * stride_to]
+            if c < new[t]:
+                new[t] = c
+    low = np.inf
+    for t in range(d_to):
+        low = min(low, new[t])
+    for t in range(d_to):
+        msg_out[off_out + t] = new[t] - low
 
 
 @njit(cache=True)

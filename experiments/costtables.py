@@ -142,8 +142,8 @@ def generate(folder: Path, sizes: str, count: int, seed: int, console: Console) 
 def run_case(path: Path, backend: str, time_limit: float, seed: int, threads: int) -> dict:
     """Load, solve and check one case in this process; the row as a dict."""
     from backends import SolveOptions, get_backend
+    from experiments.iopddl import recheck
     from planner.problems.costtable import load_problem
-    from planner.problems.evaluate import additive_cost, memory_peak
 
     name, extra, threads = VARIANTS.get(backend, (backend, {}, threads))
     t0 = time.perf_counter()
@@ -155,20 +155,8 @@ def run_case(path: Path, backend: str, time_limit: float, seed: int, threads: in
         problem, SolveOptions(time_limit=left, seed=seed, threads=threads, extra=extra)
     )
     t2 = time.perf_counter()
-    valid = "-"
-    if result.choices is not None:
-        cost = additive_cost(problem, result.choices)
-        peak = memory_peak(problem, result.choices)
-        limit = problem.usage_limit
-        over = limit is not None and bool((peak > limit * (1 + 1e-9)).any())
-        if not math.isfinite(cost):
-            valid = "no: a forbidden choice or pair"
-        elif over:
-            valid = f"no: memory peak {peak.max():.6g} over the limit"
-        elif not math.isclose(cost, result.objective or math.nan, rel_tol=1e-9):
-            valid = f"no: objective {result.objective} but re-scored {cost}"
-        else:
-            valid = "yes"
+    choices = list(result.choices) if result.choices is not None else None
+    valid, _ = recheck(problem, {"choices": choices, "objective": result.objective})
     t3 = time.perf_counter()
     stats = result.stats
     phases = " ".join(

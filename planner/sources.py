@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -125,15 +126,28 @@ def _is_problem_file(model: Any) -> bool:
 
     if is_gzip(model):  # a gzipped file is a cost-table problem (IOPDDL ships them so)
         return True
+    try:
+        with open(model, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+    except OSError:
+        head = b""
+    if _OPGRAPH_FORMAT.search(head):
+        return False
+    if len(head) == SNIFF_BYTES:  # large, and not an OpGraph (which says so first): a
+        return True  # cost table, read once by its own fast reader rather than twice here
     data = read_json(model, "model", ProblemError)
     return not (isinstance(data, Mapping) and data.get("format") == "layerwise.opgraph")
 
 
+SNIFF_BYTES = 1 << 20  # a file this large that does not begin as an OpGraph is a cost table
+_OPGRAPH_FORMAT = re.compile(rb'"format"\s*:\s*"layerwise\.opgraph"')
+
+
 def _looks_like_path(model: str | Path) -> bool:
+    if isinstance(model, Path) or model.endswith((".json", ".json.gz")):
+        return True  # no zoo name ends so: decided without importing the zoo (and torch)
     from planner.graph.zoo import MODELS
 
-    if isinstance(model, Path):
-        return True
     if model in MODELS:
         return False
     return Path(model).exists() or model.endswith((".json", ".json.gz"))

@@ -145,3 +145,32 @@ def test_bound_and_answer_on_a_larger_problem() -> None:
     result = get_backend("toulbar2").solve(problem, SolveOptions(time_limit=20, seed=0))
     assert result.choices is not None and result.bound is not None
     assert result.bound <= result.objective * (1 + RTOL)
+
+
+def _never_ends(*args: object) -> None:
+    time.sleep(600)
+
+
+def test_a_toulbar2_round_that_does_not_end_is_killed_at_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A round runs in a child process: one that would never end (toulbar2 cannot be
+    interrupted in-process) is killed at the deadline and counts as a round without answer."""
+    import backends.wcsp.toulbar2 as tb
+
+    monkeypatch.setattr(tb, "_run", _never_ends)  # the forked child runs this
+    run = tb._apart(Deadline.after(0.2))
+    assert run.labels is None and run.timed_out and not run.proven
+
+
+def test_a_toulbar2_round_is_killed_at_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    import backends.wcsp.toulbar2 as tb
+    from planner.deadline import clear_stop, request_stop
+
+    monkeypatch.setattr(tb, "_run", _never_ends)
+    request_stop()  # what the first Ctrl-C does
+    try:
+        run = tb._apart(Deadline.never())
+    finally:
+        clear_stop()
+    assert run.labels is None and run.timed_out

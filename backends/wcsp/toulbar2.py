@@ -14,8 +14,9 @@ The memory rule: on a small problem with integral usages, each time step's row i
 knapsack constraint of toulbar2's, and a proof is a proof. Otherwise it is relaxed into
 penalties: a price per time step and pool (the Lagrangian multipliers of `backends.wcsp.bound`,
 found in the first `bound_share` of the time), each node's usage priced by the sum over the
-steps it is live at. Rounds: toulbar2 solves the priced network (at most `round_seconds`, so
-a Ctrl-C is seen between rounds: one solve cannot be interrupted); the steps its answer
+steps it is live at. Rounds: toulbar2 solves the priced network (at most `round_seconds`, in
+a child process that is killed at the deadline or at Ctrl-C: one solve cannot be
+interrupted in-process); the steps its answer
 overfills get their price multiplied by `growth` (or a first price; an answer within the
 limit lowers every price by sqrt(growth), as the prices may be too high), the answer is repaired
 greedily into the limit (`backends.wcsp.memory.repair`) and polished by single-node moves;
@@ -26,6 +27,9 @@ where it has one).
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
+import signal
 import time
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -46,6 +50,7 @@ from backends.base import (
     at_least,
     between,
     past,
+    stop_requested,
 )
 from backends.wcsp import trws
 from backends.wcsp.bound import Lagrangian
@@ -67,6 +72,9 @@ from planner.problems.problem import Problem
 __all__ = ["Toulbar2Backend", "Toulbar2Settings"]
 
 TOTAL = 1e14  # the largest total cost toulbar2 is given (its costs are 64-bit integers)
+KILL_SECONDS = 0.5  # a toulbar2 round still running this long past the deadline is killed
+INTERRUPT_GRACE_SECONDS = 0.3  # ... and this long after a Ctrl-C (exit within 1 s)
+POLL_SECONDS = 0.05
 MEND_NODES = 5_000  # larger: the bound's labellings are not repaired (too slow there)
 FEW_CONFLICTS = 20  # forbidden pairs a labelling may have to be mended (memory.unbreak)
 BUILD_PER_ENTRY = 1e-6  # seconds to hand toulbar2 a table entry (6 M on IOPDDL A: 5 s)
@@ -153,7 +161,9 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         seconds = _seconds(net, clock.left())
         if seconds is None:
             return self._answer(best, None, Limit.TIME, stats)
-        run = _run(net, np.zeros_like(net.unary), scale, options.seed, seconds, st, problem)
+        run = _apart(
+            clock, net, np.zeros_like(net.unary), scale, options.seed, seconds, st, problem
+        )
         stats.update(rounds=1, toulbar2_seconds=run.seconds, toulbar2_nodes=run.nodes)
         if run.labels is not None:
             best.offer(problem, net.choices(run.labels), "toulbar2")
@@ -245,7 +255,7 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
                 break
             prices = np.repeat(node_prices(st, lam), net.dom, axis=0)
             penalty = (prices * net.usage).sum(axis=1)
-            run = _run(net, penalty, scale, options.seed + k, seconds, None, problem)
+            run = _apart(clock, net, penalty, scale, options.seed + k, seconds, None, problem)
             stats["build_seconds"] = stats.get("build_seconds", 0.0) + run.build
             stats["rounds"] = k + 1
             stats["toulbar2_seconds"] = stats.get("toulbar2_seconds", 0.0) + run.seconds
@@ -323,15 +333,22 @@ def _conflicts(net: Network, x: np.ndarray) -> int:
 
 
 class _CpuShare:
-    """The share of a core this process has had since it was made: toulbar2's time limit
-    counts CPU time, so on a busy machine it must be given less than the wall time left."""
+    """The share of a core this process (and its rounds' processes) has had since it was
+    made: toulbar2's time limit counts CPU time, so on a busy machine it must be given less
+    than the wall time left."""
 
     def __init__(self) -> None:
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        self.wall, self.cpu = time.perf_counter(), _cpu_seconds()
 
     def share(self) -> float:
         wall = time.perf_counter() - self.wall
-        return (time.process_time() - self.cpu) / wall if wall > 0.5 else 1.0
+        return (_cpu_seconds() - self.cpu) / wall if wall > 0.5 else 1.0
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (the toulbar2 rounds)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def _scale(net: Network) -> float:
@@ -366,6 +383,45 @@ def _exact_memory(problem: Problem, net: Network, settings: Toulbar2Settings) ->
         return False
     limit = np.asarray(problem.usage_limit, dtype=np.float64)
     return bool(np.all(net.usage == np.round(net.usage))) and bool(np.all(np.isfinite(limit)))
+
+
+def _apart(clock: Deadline, *args: Any) -> _Run:
+    """`_run(*args)` in a forked child process: toulbar2's solve cannot be interrupted in
+    this one (it holds the interpreter, and pytoulbar2 takes over SIGINT), so the child is
+    killed at the deadline (plus KILL_SECONDS) or at Ctrl-C (plus INTERRUPT_GRACE_SECONDS),
+    and the round counts as one without an answer. The child ignores SIGINT itself."""
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(send, args), daemon=True)
+    t0 = time.perf_counter()
+    proc.start()
+    send.close()
+    hard = clock.at + KILL_SECONDS
+    try:
+        while True:
+            if receive.poll(POLL_SECONDS):
+                try:
+                    out: _Run = receive.recv()
+                    return out
+                except EOFError:  # the child died without an answer
+                    break
+            now = time.perf_counter()
+            if stop_requested():
+                hard = min(hard, now + INTERRUPT_GRACE_SECONDS)
+            if now > hard or not proc.is_alive() and not receive.poll(0):
+                break
+    finally:
+        if proc.is_alive():
+            proc.kill()  # our own child, by its handle
+        proc.join()
+        receive.close()
+    return _Run(None, 0.0, False, True, time.perf_counter() - t0, 0, 0.0)
+
+
+def _child(send: Any, args: tuple[Any, ...]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    send.send(_run(*args))
+    send.close()
 
 
 def _run(

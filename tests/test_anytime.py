@@ -341,3 +341,13 @@ def test_bad_round_options_are_one_clear_error(name: str, key: str) -> None:
     for bad in (0, -1, "x", None):
         with pytest.raises(BackendError, match=f"{key}.*positive"):
             get_backend(name).solve(p, SolveOptions(time_limit=1.0, extra={key: bad}))
+
+
+def test_backtracking_at_its_largest_size_does_not_overflow_the_stack() -> None:
+    from backends.heuristics.feasible import BACKTRACK_NODES
+
+    p = random_problem(BACKTRACK_NODES, 2, seed=0, edge_prob=0.01, memory=False)
+    found = backtrack(selection(p))
+    assert found is not None and math.isfinite(additive_cost(p, selection(p).choices(found)))
+    bigger = random_problem(BACKTRACK_NODES + 1, 2, seed=0, edge_prob=0.01, memory=False)
+    assert backtrack(selection(bigger)) is None  # left to the repair: not searched

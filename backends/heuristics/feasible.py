@@ -80,6 +80,7 @@ def feasible_positions(
 
 
 BACKTRACK_STEPS = 200_000  # assignments tried at most by `backtrack`
+BACKTRACK_NODES = 500  # larger problems are not backtracked (under Python's recursion limit)
 
 
 def backtrack(
@@ -92,6 +93,8 @@ def backtrack(
     with the nodes already chosen and the memory rule still holds with every node not yet
     chosen at its least usage (a lower bound on the final load, so no valid vector is cut)."""
     n = sel.num_nodes
+    if n > BACKTRACK_NODES:  # one recursion level per node; the repair serves large problems
+        return None
     order = sorted(range(n), key=lambda i: len(sel.allowed[i]))  # fewest choices first
     nbrs: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(n)]
     for (u, v), t in zip(sel.edges, sel.edge_cost, strict=True):
@@ -134,8 +137,6 @@ def backtrack(
                 pos[i] = -1
         return False
 
-    if n > 5000:  # recursion depth; the repair is what serves large problems
-        return None
     return pos if go(0) else None
 
 

@@ -89,7 +89,7 @@ class Row:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = OneLineArgumentParser(
         prog="python -m experiments.costtables",
-        description="Run every cost-table file (*.json) in DIR through the chosen backends with "
+        description="Run every cost-table file (*.json, *.json.gz) in DIR through the chosen backends with "
         "one time limit, each case in its own process; re-check every answer; print a table "
         "and write a CSV to results/. Or write contest-like problems with --generate.",
     )
@@ -142,8 +142,8 @@ def generate(folder: Path, sizes: str, count: int, seed: int, console: Console) 
 def run_case(path: Path, backend: str, time_limit: float, seed: int, threads: int) -> dict:
     """Load, solve and check one case in this process; the row as a dict."""
     from backends import SolveOptions, get_backend
+    from experiments.iopddl import recheck
     from planner.problems.costtable import load_problem
-    from planner.problems.evaluate import additive_cost, memory_peak
 
     name, extra, threads = VARIANTS.get(backend, (backend, {}, threads))
     t0 = time.perf_counter()
@@ -155,20 +155,8 @@ def run_case(path: Path, backend: str, time_limit: float, seed: int, threads: in
         problem, SolveOptions(time_limit=left, seed=seed, threads=threads, extra=extra)
     )
     t2 = time.perf_counter()
-    valid = "-"
-    if result.choices is not None:
-        cost = additive_cost(problem, result.choices)
-        peak = memory_peak(problem, result.choices)
-        limit = problem.usage_limit
-        over = limit is not None and bool((peak > limit * (1 + 1e-9)).any())
-        if not math.isfinite(cost):
-            valid = "no: a forbidden choice or pair"
-        elif over:
-            valid = f"no: memory peak {peak.max():.6g} over the limit"
-        elif not math.isclose(cost, result.objective or math.nan, rel_tol=1e-9):
-            valid = f"no: objective {result.objective} but re-scored {cost}"
-        else:
-            valid = "yes"
+    choices = list(result.choices) if result.choices is not None else None
+    valid, _ = recheck(problem, {"choices": choices, "objective": result.objective})
     t3 = time.perf_counter()
     stats = result.stats
     phases = " ".join(
@@ -176,7 +164,7 @@ def run_case(path: Path, backend: str, time_limit: float, seed: int, threads: in
     )
     return asdict(
         Row(
-            problem=path.stem,
+            problem=_name(path),
             nodes=problem.num_nodes,
             backend=backend,
             status=result.status.value,
@@ -195,6 +183,10 @@ def run_case(path: Path, backend: str, time_limit: float, seed: int, threads: in
             answer_from=str(stats.get("answer_from", stats.get("answer", ""))),
         )
     )
+
+
+def _name(path: Path) -> str:
+    return path.name.removesuffix(".gz").removesuffix(".json")
 
 
 def _rss_mib(who: int) -> float:
@@ -226,7 +218,7 @@ def _child(path: Path, backend: str, args: argparse.Namespace, timeout: float) -
     finally:
         out.unlink(missing_ok=True)
     wall = time.perf_counter() - t0
-    return Row(path.stem, 0, backend, "ERROR", "", None, None, None, wall, 0, 0, 0, "", 0, 0, "-",
+    return Row(_name(path), 0, backend, "ERROR", "", None, None, None, wall, 0, 0, 0, "", 0, 0, "-",
                error=error)  # fmt: skip
 
 
@@ -280,9 +272,9 @@ def run(args: argparse.Namespace, console: Console) -> list[Row]:
         raise LayerwiseError(f"unknown backend {unknown[0]!r}; available: {', '.join(known)}")
     if not args.dir.is_dir():
         raise LayerwiseError(f"{args.dir} is not a directory of cost-table files")
-    files = sorted(args.dir.glob("*.json"))
+    files = sorted([*args.dir.glob("*.json"), *args.dir.glob("*.json.gz")])
     if not files:
-        raise LayerwiseError(f"{args.dir} holds no *.json cost-table files")
+        raise LayerwiseError(f"{args.dir} holds no *.json cost-table files (or *.json.gz)")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     timeout = 3 * args.time_limit + 600  # a case that hangs is reported, not waited for

@@ -245,7 +245,9 @@ def build_parser(prog: str = "python -m planner") -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("model", nargs="?", help=MODEL_HELP)
     src.add_argument("--graph", type=Path, help="an OpGraph JSON file")
-    src.add_argument("--problem", type=Path, help="a cost-table problem JSON (IOPDDL format)")
+    src.add_argument(
+        "--problem", type=Path, help="a cost-table problem JSON (IOPDDL format), plain or gzipped"
+    )
     _model_args(p)
     p.add_argument("--devices", help="device preset or JSON (not used with --problem)")
     p.add_argument("--backend", default="baselines", help="search backend (default baselines)")

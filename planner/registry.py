@@ -23,6 +23,7 @@ REGISTRY: dict[str, str] = {
     "cpsat": "backends.mathprog.cpsat:CpsatBackend",
     "local": "backends.local.anneal:LocalBackend",
     "portfolio": "backends.portfolio:PortfolioBackend",
+    "toulbar2": "backends.wcsp.toulbar2:Toulbar2Backend",
 }
 
 

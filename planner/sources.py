@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -71,6 +73,7 @@ def problem_of(
     else:
         if deadline is not None:
             load_torch(deadline)
+            deadline.check()  # no capture begins with no time left
         graph, spec = _capture(model, example_inputs, model_kwargs, name, coarsen, deadline)
     capture_seconds = time.perf_counter() - t0
     if deadline is not None:
@@ -119,19 +122,35 @@ def _is_problem_file(model: Any) -> bool:
     if not isinstance(model, str | Path) or not _looks_like_path(model):
         return False
     from planner.errors import ProblemError, read_json
+    from planner.problems.costtable import is_gzip
 
+    if is_gzip(model):  # a gzipped file is a cost-table problem (IOPDDL ships them so)
+        return True
+    try:
+        with open(model, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+    except OSError:
+        head = b""
+    if _OPGRAPH_FORMAT.search(head):
+        return False
+    if len(head) == SNIFF_BYTES:  # large, and not an OpGraph (which says so first): a
+        return True  # cost table, read once by its own fast reader rather than twice here
     data = read_json(model, "model", ProblemError)
     return not (isinstance(data, Mapping) and data.get("format") == "layerwise.opgraph")
 
 
+SNIFF_BYTES = 1 << 20  # a file this large that does not begin as an OpGraph is a cost table
+_OPGRAPH_FORMAT = re.compile(rb'"format"\s*:\s*"layerwise\.opgraph"')
+
+
 def _looks_like_path(model: str | Path) -> bool:
+    if isinstance(model, Path) or model.endswith((".json", ".json.gz")):
+        return True  # no zoo name ends so: decided without importing the zoo (and torch)
     from planner.graph.zoo import MODELS
 
-    if isinstance(model, Path):
-        return True
     if model in MODELS:
         return False
-    return Path(model).exists() or model.endswith(".json")
+    return Path(model).exists() or model.endswith((".json", ".json.gz"))
 
 
 def _warm_up() -> None:
@@ -143,6 +162,8 @@ def _warm_up() -> None:
 def load_torch(deadline: Deadline) -> None:
     """torch and its tracing machinery, loaded in a thread the deadline bounds (an import
     cannot stop itself)."""
+    if "torch._dynamo" in sys.modules:
+        return  # loaded already: nothing to wait for
     start = time.perf_counter()
     try:
         run_within(_warm_up, deadline)

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends import BackendError, Limit, SolveOptions, Status, get_backend
-from backends.heuristics.feasible import feasible_choices
+from backends.heuristics.feasible import backtrack, feasible_choices
 from backends.mathprog.common import CpsatSettings, IlpSettings
 from backends.mathprog.selection import check_times, live_sets, selection
 from backends.mcmc.chain import McmcSettings
@@ -71,6 +71,45 @@ def test_heuristic_finds_a_valid_answer_whenever_one_exists(p: Problem) -> None:
         return
     assert found is not None, "brute force has a valid answer, the heuristic found none"
     assert math.isfinite(additive_cost(p, found)) and memory_feasible(p, found)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tight_problems())
+def test_backtracking_finds_a_valid_answer_exactly_when_one_exists(p: Problem) -> None:
+    best, _ = brute_force(p)
+    sel = selection(p)
+    found = None if sel.infeasible else backtrack(sel)
+    assert (found is None) == (best is None)
+    if found is not None:
+        ch = sel.choices(found)
+        assert math.isfinite(additive_cost(p, ch)) and memory_feasible(p, ch)
+
+
+def test_a_tight_problem_the_repair_alone_missed() -> None:
+    """Found by hypothesis: min-conflicts repair from the least-memory vector ends with no
+    valid answer; only (2, 2, 2, 1, 0) keeps memory (limit 14) and every pair allowed."""
+    inf = math.inf
+    a = np.array
+    p = Problem(
+        "random-n5-s4-seed4", ("0", "1", "2", "3", "4"),
+        (a([12., 43., 23.]), a([248., 175., 79., 254.]), a([646., 160., 385., 303.]),
+         a([1121., 1453., 6319.]), a([492., 212., 411., 23.])),
+        ((0, 1), (0, 1), (1, 2), (0, 2), (1, 3), (3, 4), (2, 4)),
+        (a([[8., 0., 38., inf], [46., 73., 46., inf], [11., 54., 25., 0.]]),
+         a([[77., 57., 111., 27.], [43., 44., inf, 137.], [0., 124., 0., inf]]),
+         a([[0., 12., 0., 9.], [13., 21., 8., 18.], [14., 13., 15., 12.], [2., 22., 24., 20.]]),
+         a([[0., 0., inf, 0.], [0., inf, 12., 3.], [0., 3., 6., inf]]),
+         a([[0., 1274., 0.], [0., 1355., 694.], [1678., 1396., 684.], [1415., 0., 1670.]]),
+         a([[1199., 566., inf, 0.], [0., 0., 719., inf], [642., 487., 829., 1311.]]),
+         a([[inf, 14., 18., 22.], [inf, 1., 14., 0.], [15., 23., 11., 21.],
+            [inf, 22., inf, 0.]])),
+        (a([[0.], [0.], [1.]]), a([[2.], [1.], [2.], [0.]]), a([[1.], [0.], [1.], [0.]]),
+         a([[9.], [5.], [7.]]), a([[9.], [17.], [15.], [17.]])),
+        a([[0, 3], [1, 4], [2, 2], [3, 5], [4, 5]]),
+        a([14.]),
+    )  # fmt: skip
+    assert brute_force(p)[0] == (2, 2, 2, 1, 0)
+    assert feasible_choices(p) == (2, 2, 2, 1, 0)
 
 
 def test_heuristic_on_a_contest_problem_is_valid_and_deterministic() -> None:
@@ -302,3 +341,13 @@ def test_bad_round_options_are_one_clear_error(name: str, key: str) -> None:
     for bad in (0, -1, "x", None):
         with pytest.raises(BackendError, match=f"{key}.*positive"):
             get_backend(name).solve(p, SolveOptions(time_limit=1.0, extra={key: bad}))
+
+
+def test_backtracking_at_its_largest_size_does_not_overflow_the_stack() -> None:
+    from backends.heuristics.feasible import BACKTRACK_NODES
+
+    p = random_problem(BACKTRACK_NODES, 2, seed=0, edge_prob=0.01, memory=False)
+    found = backtrack(selection(p))
+    assert found is not None and math.isfinite(additive_cost(p, selection(p).choices(found)))
+    bigger = random_problem(BACKTRACK_NODES + 1, 2, seed=0, edge_prob=0.01, memory=False)
+    assert backtrack(selection(bigger)) is None  # left to the repair: not searched

@@ -149,3 +149,28 @@ def test_planner_plan_does_not_import_torch_or_a_backend_until_called() -> None:
     code = "import sys, planner; planner.plan; planner.PlanResult; print(sorted(m for m in ('torch', 'backends', 'ortools', 'pulp') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_kind_of_a_large_file_is_told_without_parsing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cost table is read once, by its own reader: telling it from an OpGraph file reads
+    the file's beginning, not the whole file with Python's json (gigabytes on a contest file),
+    and imports no torch."""
+    import planner.errors
+    import planner.sources
+    from planner.graph.zoo import model_graph
+
+    monkeypatch.setattr(planner.sources, "SNIFF_BYTES", 4096)  # "large" at test scale
+    big = tmp_path / "big.json"
+    save_problem(random_problem(400, 8, seed=0), big)
+    assert big.stat().st_size > planner.sources.SNIFF_BYTES
+    graph = tmp_path / "graph.json"
+    model_graph("lenet5", batch=8).save(graph)
+
+    def parsed(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the whole file was parsed to tell its kind")
+
+    monkeypatch.setattr(planner.errors, "read_json", parsed)
+    assert planner.sources._is_problem_file(str(big))
+    assert not planner.sources._is_problem_file(str(graph))

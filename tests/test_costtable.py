@@ -413,8 +413,49 @@ def test_the_fast_reader_gives_the_same_problem(
     save_problem(p, f)
     monkeypatch.setattr(ct, "FAST_LOAD_BYTES", 0)
     monkeypatch.setattr(ct, "_CHUNK", 7)  # many chunks, cut inside numbers
-    if len(p.edges):
-        assert ct._load_fast(f) is not None
+    for compiled in (1 << 62, 0):  # the numpy reference, then the compiled loop
+        monkeypatch.setattr(ct, "COMPILED_BYTES", compiled)
+        if len(p.edges):
+            assert ct._load_fast(f.read_bytes()) is not None
+        same_problem(p, load_problem(f))
+
+
+def test_gzipped_files_are_read_by_their_magic_bytes(tmp_path: Path) -> None:
+    import gzip
+
+    import planner.problems.costtable as ct
+
+    p = random_problem(30, 5, seed=3)
+    plain = tmp_path / "p.json"
+    save_problem(p, plain)
+    for name in ("p.json.gz", "p.json"):  # the name does not matter, the content does
+        f = tmp_path / "gz" / name
+        f.parent.mkdir(exist_ok=True)
+        f.write_bytes(gzip.compress(plain.read_bytes()))
+        assert ct.is_gzip(f)
+        same_problem(p, load_problem(f))
+    assert not ct.is_gzip(plain) and not ct.is_gzip(tmp_path / "missing")
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(gzip.compress(plain.read_bytes())[:-20])
+    with pytest.raises(ProblemError, match=r"bad\.json\.gz is not a valid gzip file"):
+        load_problem(bad)
+    with pytest.raises(ProblemError, match=r"is a directory"):
+        load_problem(tmp_path)
+
+
+def test_the_fast_reader_reads_gzipped_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gzip
+
+    import planner.problems.costtable as ct
+
+    p = contest_problem(60, seed=2)
+    f = tmp_path / "c.json"
+    save_problem(p, f)
+    f.write_bytes(gzip.compress(f.read_bytes()))
+    monkeypatch.setattr(ct, "FAST_LOAD_BYTES", 0)
+    assert ct._load_fast(ct.read_bytes(f)) is not None
     same_problem(p, load_problem(f))
 
 
@@ -422,6 +463,11 @@ def test_the_fast_reader_gives_the_same_problem(
     ("text", "parsed"),
     [
         (b"[[1000000000000000000,0,12],[7]]", ([1e18, 0, 12, 7], [3, 1])),
+        (
+            b"[[1000000000000000001,1000000000000000000],[1000000000000000000]]",
+            ([1e18 + 1, 1e18, 1e18], [2, 1]),
+        ),  # fmt: skip
+        (b"[[999999999999999999,2000000000000000000]]", ([999999999999999999, 2e18], [2])),
         (b"[ [ 1 , 2 ] ,\n [3]]", ([1, 2, 3], [2, 1])),
         (b"[[1.5,2e3],[3]]", ([1.5, 2000, 3], [2, 1])),
         (b"[[1,,2]]", None),
@@ -430,13 +476,18 @@ def test_the_fast_reader_gives_the_same_problem(
         (b"[[1][2]]", None),
         (b"[[]]", None),
         (b"[[1,[2]]]", None),
+        (b"[[1],2]", None),  # a number outside the rows
         (b"[[1,true]]", None),
         (b"[[12345678901234567890]]", None),  # more than 19 digits: the plain reader
     ],
 )
-def test_numeric_rows(text: bytes, parsed: tuple | None) -> None:
+@pytest.mark.parametrize("compiled", [False, True])
+def test_numeric_rows(
+    text: bytes, parsed: tuple | None, compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import planner.problems.costtable as ct
 
+    monkeypatch.setattr(ct, "COMPILED_BYTES", 0 if compiled else 1 << 62)
     got = ct._numeric_rows(text)
     if parsed is None:
         assert got is None
@@ -467,7 +518,7 @@ def test_contest_problem_is_deterministic_tight_and_structured() -> None:
     a, b = contest_problem(300, seed=5), contest_problem(300, seed=5)
     assert problem_to_json(a) == problem_to_json(b)
     assert a.num_nodes == 300 and 1.0 <= len(a.edges) / a.num_nodes <= 2.0
-    assert all(u < v for u, v in a.edges)
+    assert 0.7 <= np.mean([u < v for u, v in a.edges]) <= 0.9  # some edges written reversed
     ops = [k for k in a.sizes if k > 12]
     assert ops and all(20 <= k <= 60 for k in ops)
     assert a.intervals is not None and a.usage is not None and a.usage_limit is not None
@@ -484,8 +535,56 @@ def test_contest_problem_is_deterministic_tight_and_structured() -> None:
     assert len(np.unique(big, axis=0)) < big.shape[0] and len(np.unique(big, axis=1)) < big.shape[1]
 
 
+def test_contest_problem_has_the_real_instances_structure() -> None:
+    from planner.problems.presolve import presolve
+
+    p = contest_problem(400, seed=2)
+    assert p.intervals is not None
+    # follow edges: many forbidden pairs, allowed ones free
+    entries = sum(t.size for t in p.edge_cost)
+    forbidden = sum(int(np.isinf(t).sum()) for t in p.edge_cost)
+    assert 0.2 < forbidden / entries < 0.8
+    follow = [t for t in p.edge_cost if np.isin(t, [0.0, np.inf]).all() and np.isinf(t).any()]
+    assert len(follow) > 0.3 * len(p.edges)
+    pairs = Counter(tuple(sorted(e)) for e in p.edges)
+    assert 1 <= sum(c - 1 for c in pairs.values()) <= 0.05 * len(p.edges)  # parallel edges
+    spans = p.intervals[:, 1] - p.intervals[:, 0]
+    assert 0.02 < np.mean(spans == 0) < 0.15  # never live
+    assert np.mean(spans > 200) > 0.05  # long live ranges (parameters, saved activations)
+    r = presolve(p)  # a valid answer exists (the witness), and presolve removes much
+    assert sum(r.problem.sizes) < 0.9 * sum(p.sizes)
+    # small enough to enumerate: the optimum is valid and the cheapest choices are not
+    q = contest_problem(8, seed=1, strategies=(2, 3))
+    choices, cost = brute_force(q)
+    assert choices is not None and math.isfinite(cost) and memory_feasible(q, choices)
+    # with the real structure turned off: the first version's problems
+    old = contest_problem(50, seed=1, follow=0, saved=0, parallel=0, reverse=0, never_live=0)
+    assert all(u < v for u, v in old.edges)
+    with pytest.raises(ProblemError, match="follow"):
+        contest_problem(10, seed=0, follow=1.5)
+
+
 def test_contest_problem_rejects_bad_arguments() -> None:
     with pytest.raises(ProblemError, match="num_nodes >= 2"):
         contest_problem(1, seed=0)
     with pytest.raises(ProblemError, match="tightness"):
         contest_problem(10, seed=0, tightness=(0.5, 1.2))
+
+
+def test_plan_and_the_api_read_a_gzipped_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gzip
+
+    from planner import plan
+    from planner.cli import main
+
+    p = random_problem(12, 3, seed=4)
+    f = tmp_path / "p.json.gz"
+    save_problem(p, tmp_path / "p.json")
+    f.write_bytes(gzip.compress((tmp_path / "p.json").read_bytes()))
+    assert main(["plan", "--problem", str(f), "--backend", "search", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["status"] == "OPTIMAL"
+    assert math.isclose(summary["objective"], brute_force(p)[1])
+    assert math.isclose(plan(str(f), backend="search").objective, brute_force(p)[1])

@@ -4,6 +4,7 @@ case, answers re-checked; bad arguments are one error line and exit status 2."""
 from __future__ import annotations
 
 import csv
+import gzip
 from pathlib import Path
 
 import pytest
@@ -35,11 +36,17 @@ def test_generate_then_run_checks_every_answer(tmp_path: Path) -> None:
     problems, out = tmp_path / "problems", tmp_path / "results"
     assert costtables.main(["--generate", str(problems), "--sizes", "40", "--count", "2"]) == 0
     assert len(list(problems.glob("*.json"))) == 2
+    first = sorted(problems.glob("*.json"))[0]  # one of them gzipped: read the same way
+    first.with_suffix(".json.gz").write_bytes(gzip.compress(first.read_bytes()))
+    first.unlink()
     argv = [str(problems), "--backends", "baselines", "ilp", "--time-limit", "5", "--out", str(out)]
     assert costtables.main(argv) == 0
     (path,) = out.glob("costtables-*.csv")
     rows = list(csv.DictReader(path.open()))
-    assert len(rows) == 4
+    assert len(rows) == 4 and {r["problem"] for r in rows} == {
+        first.name.removesuffix(".json"),
+        "contest-n40-seed1",
+    }
     for row in rows:
         assert row["valid"] == "yes", row
         assert float(row["rss_mib"]) > 0 and float(row["wall"]) > 0

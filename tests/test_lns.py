@@ -148,7 +148,9 @@ def test_a_later_restricted_round_that_finds_better_is_kept(name: str) -> None:
 
 
 def test_portfolio_hands_better_answers_to_the_cpsat_neighbourhoods() -> None:
-    p = contest_problem(300, seed=2)
+    # the generator's first shape (no follow edges, saved activations, parallel, reversed or
+    # never-live nodes): CP-SAT's whole model ends in time there and its neighbourhoods run
+    p = contest_problem(300, seed=2, follow=0, saved=0, parallel=0, reverse=0, never_live=0)
     r = get_backend("portfolio").solve(p, SolveOptions(time_limit=8.0))
     assert r.has_solution and memory_feasible(p, r.choices)
     runs = r.stats["members"]["cpsat"]

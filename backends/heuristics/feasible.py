@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LocalSearch",
+    "backtrack",
     "feasible_choices",
     "feasible_positions",
     "improve",
@@ -70,9 +71,73 @@ def feasible_positions(
         return None
     search = LocalSearch(sel, _least_memory(sel))
     if not search.repair(deadline, seed):
-        return None
+        found = backtrack(sel, deadline)  # complete where the repair is not: small problems
+        if found is None:
+            return None
+        search = LocalSearch(sel, np.asarray(found, dtype=np.int64))
     search.improve(min(deadline, polish_until if polish_until is not None else math.inf))
     return search.pos.tolist()
+
+
+BACKTRACK_STEPS = 200_000  # assignments tried at most by `backtrack`
+BACKTRACK_NODES = 500  # larger problems are not backtracked (under Python's recursion limit)
+
+
+def backtrack(
+    sel: Selection, deadline: float = math.inf, steps: int = BACKTRACK_STEPS
+) -> list[int] | None:
+    """A valid position vector by depth-first search, or None when there is none or none
+    was found within `steps` assignments or before `deadline`. The repair's min-conflicts
+    moves can miss a valid vector on a tight problem; this search cannot, on problems small
+    enough for it to finish: a node's choice is tried only if it meets no forbidden pair
+    with the nodes already chosen and the memory rule still holds with every node not yet
+    chosen at its least usage (a lower bound on the final load, so no valid vector is cut)."""
+    n = sel.num_nodes
+    if n > BACKTRACK_NODES:  # one recursion level per node; the repair serves large problems
+        return None
+    order = sorted(range(n), key=lambda i: len(sel.allowed[i]))  # fewest choices first
+    nbrs: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(n)]
+    for (u, v), t in zip(sel.edges, sel.edge_cost, strict=True):
+        nbrs[u].append((v, t))
+        nbrs[v].append((u, t.T))
+    # per pool: the load above the least usages at every check time, and per node its span
+    loads = [np.zeros(m.num_times) for m in sel.memory]
+    spans: list[list[tuple[int, int, int, np.ndarray]]] = [[] for _ in range(n)]
+    for k, m in enumerate(sel.memory):
+        for j, i in enumerate(m.nodes):
+            spans[int(i)].append((k, int(m.first[j]), int(m.last[j]), m.coef[j]))
+    pos = [-1] * n
+    tried = 0
+
+    def fits(i: int, c: int) -> bool:
+        for k, a, b, coef in spans[i]:
+            if coef[c] > 0 and (loads[k][a:b] + coef[c] > sel.memory[k].rhs[a:b] + 1e-9).any():
+                return False
+        return all(pos[j] < 0 or math.isfinite(t[c, pos[j]]) for j, t in nbrs[i])
+
+    def place(i: int, c: int, sign: int) -> None:
+        for k, a, b, coef in spans[i]:
+            loads[k][a:b] += sign * coef[c]
+
+    def go(depth: int) -> bool:
+        nonlocal tried
+        if depth == n:
+            return True
+        i = order[depth]
+        for c in np.argsort(sel.node_cost[i], kind="stable"):
+            tried += 1
+            if tried > steps or (tried % 1024 == 0 and past(deadline)):
+                return False
+            if fits(i, int(c)):
+                pos[i] = int(c)
+                place(i, int(c), 1)
+                if go(depth + 1):
+                    return True
+                place(i, int(c), -1)
+                pos[i] = -1
+        return False
+
+    return pos if go(0) else None
 
 
 def rounded_positions(

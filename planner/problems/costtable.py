@@ -19,28 +19,32 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gzip
 import itertools
 import json
 import math
 import re
 import warnings
+import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from planner.errors import ProblemError, read_json
+from planner.errors import ProblemError
 from planner.problems.problem import FORBIDDEN, Problem, forbid
 
 __all__ = [
     "BRUTE_FORCE_LIMIT",
     "brute_force",
     "contest_problem",
+    "is_gzip",
     "load_problem",
     "problem_from_json",
     "problem_to_json",
     "random_problem",
+    "read_bytes",
     "save_problem",
 ]
 
@@ -257,40 +261,73 @@ def _intervals(rows: list[Any], n: int) -> np.ndarray:
 
 
 def load_problem(path: str | Path) -> Problem:
-    """Read a cost-table problem file; every defect is a ProblemError naming the file.
+    """Read a cost-table problem file, plain or gzipped (known by its magic bytes, whatever
+    the name); every defect is a ProblemError naming the file.
 
-    Files over FAST_LOAD_BYTES read edges.costs (nearly all of a large file) with numpy
-    straight from the text, in a few seconds and about twice the file's size in memory
-    (Python's json needs ~10x, and 40 s for a 35,000-node instance); anything unusual in
-    that array falls back to the plain reader, which says what is wrong."""
+    Files over FAST_LOAD_BYTES (once decompressed) read edges.costs (nearly all of a large
+    file) with numpy straight from the text, in a few seconds and about twice the file's
+    size in memory (Python's json needs ~10x, and 40 s for a 35,000-node instance);
+    anything unusual in that array falls back to the plain reader, which says what is
+    wrong."""
+    raw = read_bytes(path)
     try:
-        fast = _load_fast(Path(path))
+        fast = _load_fast(raw) if len(raw) >= FAST_LOAD_BYTES else None
     except ProblemError as exc:
         raise ProblemError(f"{path}: {exc}") from None
     if fast is not None:
         return fast
-    data = read_json(path, "cost-table", ProblemError)
+    try:
+        data = json.loads(raw)
+    except UnicodeDecodeError:
+        raise ProblemError(f"cost-table file {path} is not text (expected UTF-8 JSON)") from None
+    except json.JSONDecodeError as exc:
+        raise ProblemError(f"cost-table file {path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ProblemError(f"cost-table file {path} is nested too deeply") from None
     try:
         return problem_from_json(data)
     except ProblemError as exc:
         raise ProblemError(f"{path}: {exc}") from None
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def is_gzip(path: str | Path) -> bool:
+    """Whether the file starts with gzip's magic bytes (False if it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == GZIP_MAGIC
+    except OSError:
+        return False
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """A cost-table file's bytes, decompressed when it is gzipped; a ProblemError naming the
+    file when it cannot be read."""
+    try:
+        raw = Path(path).read_bytes()
+        return gzip.decompress(raw) if raw[:2] == GZIP_MAGIC else raw
+    except FileNotFoundError:
+        raise ProblemError(f"cost-table file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ProblemError(f"cost-table path {path} is a directory, not a file") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise ProblemError(f"cost-table file {path} is not a valid gzip file: {exc}") from None
+    except OSError as exc:
+        raise ProblemError(f"cannot read cost-table file {path}: {exc.strerror or exc}") from None
+
+
 FAST_LOAD_BYTES = 16 << 20
 _COSTS_KEY = re.compile(rb'"costs"\s*:\s*\[\s*\[')
 _TABLE_END = re.compile(rb"\]\s*\]")
-_NUMERIC = np.zeros(256, dtype=bool)
-_NUMERIC[np.frombuffer(b"0123456789+-.eE, \t\r\n[]", dtype=np.uint8)] = True
+_NUMERIC = b"0123456789+-.eE, \t\r\n[]"  # the bytes of an array of numbers
+_INTEGRAL = b"0123456789, \n[]"  # those `_integers` reads
 
 
-def _load_fast(path: Path) -> Problem | None:
-    """The problem, with edges.costs parsed by numpy; None to use the plain reader."""
-    try:
-        if not path.is_file() or path.stat().st_size < FAST_LOAD_BYTES:
-            return None
-        raw = path.read_bytes()
-    except OSError:
-        return None
+def _load_fast(raw: bytes) -> Problem | None:
+    """The problem in the file's bytes, with edges.costs parsed by numpy; None to use the
+    plain reader."""
     spans = []
     for m in _COSTS_KEY.finditer(raw):
         end = _TABLE_END.search(raw, m.end())
@@ -306,7 +343,7 @@ def _load_fast(path: Path) -> Problem | None:
         if not isinstance(edges, dict) or edges.get("costs") != _SENTINEL.decode().strip('"'):
             continue  # the array cut out was not edges.costs
         edges["costs"] = []
-        parsed = _numeric_rows(raw[a:b])
+        parsed = _numeric_rows(memoryview(raw)[a:b])  # no copy of the array's text
         return None if parsed is None else problem_from_json(doc, edge_costs=parsed)
     return None
 
@@ -314,23 +351,37 @@ def _load_fast(path: Path) -> Problem | None:
 _SENTINEL = b'"layerwise: edges.costs read with numpy"'
 
 
-def _numeric_rows(text: bytes) -> tuple[np.ndarray, np.ndarray] | None:
-    """`[[n, ...], ...]` as (flat float64 values, row lengths); None unless exactly that."""
+def _numeric_rows(text: bytes | memoryview) -> tuple[np.ndarray, np.ndarray] | None:
+    """`[[n, ...], ...]` as (flat float64 values, row lengths); None unless exactly that.
+
+    The passes over the text go in chunks, so a 1 GB array needs no 1 GB temporaries."""
     arr = np.frombuffer(text, dtype=np.uint8)
-    counts = {c: np.count_nonzero(arr == ord(c)) for c in "[], \n"}
-    digits = np.count_nonzero(arr - np.uint8(48) < 10)
-    integral = digits + sum(counts.values()) == len(arr)
-    if not integral and not _NUMERIC[arr].all():
+    view = memoryview(text)
+    integral, commas = True, 0
+    for k in _chunks(arr):
+        chunk = bytes(view[k : k + _CHUNK])
+        integral = integral and not chunk.translate(None, _INTEGRAL)  # nothing else in it
+        commas += chunk.count(b",")
+    if not integral and not all(
+        not bytes(view[k : k + _CHUNK]).translate(None, _NUMERIC) for k in _chunks(arr)
+    ):
         return None  # true, null, NaN, strings...: the plain reader says what is wrong
-    opens = np.flatnonzero(arr == ord("["))
-    closes = np.flatnonzero(arr == ord("]"))
+    opens = _positions(arr, ord("["))
+    closes = _positions(arr, ord("]"))
     if len(opens) != len(closes) or len(opens) < 2 or opens[0] != 0 or closes[-1] != len(arr) - 1:
         return None
     rows_open, rows_close = opens[1:], closes[:-1]
     if not ((rows_open < rows_close).all() and (rows_close[:-1] < rows_open[1:]).all()):
         return None  # nested deeper than rows of numbers
     if integral:
-        parsed = _integers(arr, rows_open)
+        compiled = _compiled_integers() if len(arr) >= COMPILED_BYTES else None
+        if compiled is not None:
+            values = np.empty(commas + 1)
+            lengths = np.zeros(len(rows_open), dtype=np.int64)
+            found = compiled(arr, values, lengths)
+            parsed = None if found < 0 else (values[:found], lengths)
+        else:
+            parsed = _integers(arr, rows_open, rows_close)
         if parsed is None:
             return None
         values, lengths = parsed
@@ -340,23 +391,35 @@ def _numeric_rows(text: bytes) -> tuple[np.ndarray, np.ndarray] | None:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             try:
-                values = np.fromstring(text.translate(_NO_BRACKETS), sep=",")
+                values = np.fromstring(bytes(text).translate(_NO_BRACKETS), sep=",")
             except (ValueError, DeprecationWarning):
                 return None
     # one comma between two numbers of a row and between two rows, no others (no empty
     # entries, no numbers run together)
-    if len(values) != lengths.sum() or counts[","] != len(values) - 1:
+    if len(values) != lengths.sum() or commas != len(values) - 1:
         return None
     return values, lengths
+
+
+def _chunks(arr: np.ndarray) -> range:
+    return range(0, len(arr), _CHUNK)
+
+
+def _positions(arr: np.ndarray, byte: int) -> np.ndarray:
+    """Where `byte` occurs, in order."""
+    found = [np.flatnonzero(arr[k : k + _CHUNK] == byte) + k for k in _chunks(arr)]
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
 _CHUNK = 1 << 24
 
 
-def _integers(arr: np.ndarray, rows_open: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def _integers(
+    arr: np.ndarray, rows_open: np.ndarray, rows_close: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
     """The non-negative integers in `[[...], ...]` (digits, commas, brackets, whitespace)
-    and how many fall in each row (rows start at `rows_open`), vectorized in chunks that
-    end at a separator; None if a number has more than 19 digits."""
+    and how many fall in each row (`rows_open[r]` to `rows_close[r]`), vectorized in chunks
+    that end at a separator; None if a number has more than 19 digits."""
     out = []
     lengths = np.zeros(len(rows_open), dtype=np.int64)
     lo = 0
@@ -371,14 +434,82 @@ def _integers(arr: np.ndarray, rows_open: np.ndarray) -> tuple[np.ndarray, np.nd
         if len(size) and size.max() > 19:
             return None
         value = np.zeros(len(first), dtype=np.uint64)
-        for k in range(int(size.max(initial=0))):  # Horner's rule, one digit place at a time
-            more = np.flatnonzero(size > k)
+        places = size
+        long = np.flatnonzero(size == len(_FORBIDDEN_DIGITS))
+        if len(long):  # most bytes of a contest file are 1e18 (forbidden): compare, not sum
+            window = np.lib.stride_tricks.sliding_window_view(digit, len(_FORBIDDEN_DIGITS))
+            exact = long[(window[first[long]] == _FORBIDDEN_DIGITS).all(axis=1)]
+            value[exact] = np.uint64(FORBIDDEN)
+            places = size.copy()
+            places[exact] = 0
+        for k in range(int(places.max(initial=0))):  # Horner's rule, one digit place at a time
+            more = np.flatnonzero(places > k)
             value[more] = value[more] * np.uint64(10) + digit[first[more] + k]
         out.append(value.astype(np.float64))
-        row = np.searchsorted(rows_open, first + lo, side="right") - 1
-        lengths += np.bincount(row, minlength=len(rows_open))
+        # the numbers of each row met in this chunk (a number outside every row is counted
+        # in none, so the caller's total check refuses it)
+        at = first + lo
+        rows = slice(
+            max(0, int(np.searchsorted(rows_close, lo))), int(np.searchsorted(rows_open, hi))
+        )
+        lengths[rows] += np.searchsorted(at, rows_close[rows]) - np.searchsorted(
+            at, rows_open[rows]
+        )
         lo = hi
     return (np.concatenate(out) if out else np.zeros(0)), lengths
+
+
+_FORBIDDEN_DIGITS = np.frombuffer(b"%d" % FORBIDDEN, dtype=np.uint8) - np.uint8(48)
+COMPILED_BYTES = 64 << 20  # arrays this large are parsed by the compiled loop (numba)
+
+
+def _compiled_integers() -> Any:
+    """`_scan_integers` compiled by numba (cached on disk), or None without numba."""
+    global _COMPILED
+    if _COMPILED is None:
+        try:
+            import numba
+        except ImportError:  # pragma: no cover - numba is a dependency
+            _COMPILED = False
+        else:
+            _COMPILED = numba.njit(cache=True, nogil=True)(_scan_integers)
+    return _COMPILED or None
+
+
+_COMPILED: Any = None
+
+
+def _scan_integers(arr: np.ndarray, values: np.ndarray, lengths: np.ndarray) -> int:
+    """One pass over `[[n, ...], ...]` (digits, commas, brackets, whitespace only): the
+    numbers into `values`, how many each row has into `lengths`; how many numbers in all,
+    or -1 for a number outside a row or of more than 19 digits. The reference is
+    `_integers`; the tests compare the two."""
+    count, row, depth, digits, value, large = 0, -1, 0, 0, 0, 0.0
+    for k in range(len(arr)):
+        c = int(arr[k])
+        if 48 <= c <= 57:
+            if digits == 19 or depth != 2:
+                return -1
+            if digits < 18:
+                value = value * 10 + (c - 48)  # exact in int64 up to 18 digits
+            else:  # >= 1e18, forbidden: the rounding of floats is enough
+                large = float(value) * 10.0 + float(c - 48)
+            digits += 1
+            continue
+        if digits:
+            if count == len(values):
+                return -1
+            values[count] = value if digits < 19 else large
+            lengths[row] += 1
+            count += 1
+            digits, value = 0, 0
+        if c == 91:  # [
+            depth += 1
+            if depth == 2:
+                row += 1
+        elif c == 93:  # ]
+            depth -= 1
+    return count
 
 
 _NO_BRACKETS = bytes.maketrans(b"[]", b"  ")
@@ -601,6 +732,11 @@ def contest_problem(
     strategies: tuple[int, int] = (20, 60),
     tightness: tuple[float, float] = (0.9, 1.0),
     name: str | None = None,
+    follow: float = 0.5,
+    saved: float = 0.1,
+    parallel: float = 0.02,
+    reverse: float = 0.2,
+    never_live: float = 0.08,
 ) -> Problem:
     """A seeded auto-sharding problem shaped like the IOPDDL contest's real instances.
 
@@ -623,6 +759,18 @@ def contest_problem(
 
     The usage limit is set so that the witness (the lowest possible peak) peaks at a fraction
     of the limit drawn from `tightness`: 0.9-1.0 leaves almost no room at the peak.
+
+    What the public instances (A, G, M, S) have besides, drawn from a second random stream
+    (all five at 0 give the problems of the first version of this generator):
+    `follow`: the fraction of edges whose consumer keeps the producer's layout (an
+    elementwise op, a reshape): the only allowed pairs, at cost 0, are those of equal layouts
+    (at least one per row), every other pair is forbidden: 35-68% of the real instances'
+    edge entries are such forbidden pairs; `saved`: the fraction of the first half's
+    operations read again near the mirrored time (an activation saved for the backward pass:
+    long live ranges); `parallel`: the fraction of edges repeated (a second table between
+    the same two nodes); `reverse`: the fraction of edges written from consumer to producer
+    (the table transposed), as in instance A; `never_live`: the fraction of operations with
+    an empty live interval (their usage never counts).
     """
     lo, hi = strategies
     if num_nodes < 2 or not 1 <= lo <= hi or not 0 < tightness[0] <= tightness[1] <= 1:
@@ -630,11 +778,16 @@ def contest_problem(
             f"contest_problem needs num_nodes >= 2, 1 <= strategies[0] <= strategies[1] and "
             f"0 < tightness[0] <= tightness[1] <= 1; got {num_nodes}, {strategies}, {tightness}"
         )
+    for what, value in (("follow", follow), ("saved", saved), ("parallel", parallel),
+                        ("reverse", reverse), ("never_live", never_live)):  # fmt: skip
+        if not 0 <= value <= 1:
+            raise ProblemError(f"contest_problem needs 0 <= {what} <= 1, got {value}")
     rng = np.random.default_rng(seed)
+    real = np.random.default_rng([seed, 20])  # the draws of the real instances' structure
     n = num_nodes
     param = rng.random(n) < 0.15
     param[:2] = [False, True]
-    pairs = _program_dag(rng, param)
+    pairs = _more_edges(real, _program_dag(rng, param), param, saved, parallel)
     shard = np.array([1, 2, 2, 2, 4, 4, 4, 4, 8, 8, 8, 16], dtype=np.float64)[:LAYOUTS]
     # resharding factor from layout a to layout b: moving most of the tensor, 0 if equal
     reshard = (1 / shard[:, None] + 1 / shard[None, :]) * rng.uniform(0.6, 1.6, (LAYOUTS,) * 2)
@@ -662,6 +815,13 @@ def contest_problem(
         usage.append(use.reshape(-1, 1))
     edge_cost = []
     for u, v in pairs.tolist():
+        if follow and real.random() < follow:  # v keeps u's layout, or cannot take u at all
+            same = out_layout[u][:, None] == out_layout[v][None, :]
+            lonely = np.flatnonzero(~same.any(axis=1))
+            same[lonely, real.integers(0, sizes[v], len(lonely))] = True
+            same[witness[u], witness[v]] = True
+            edge_cost.append(np.where(same, 0.0, np.inf))
+            continue
         wanted = rng.choice(tensor_layouts[u], sizes[v])  # the layout v wants u's output in
         table = np.floor(nbytes[u] * reshard[np.ix_(out_layout[u], wanted)])
         if rng.random() < 0.3:
@@ -671,6 +831,11 @@ def contest_problem(
             )
         edge_cost.append(table)
     intervals = _program_intervals(rng, pairs, param)
+    empty = ~param & (real.random(n) < never_live)
+    intervals[empty, 1] = intervals[empty, 0]
+    flip = real.random(len(pairs)) < reverse
+    pairs[flip] = pairs[flip][:, ::-1]
+    edge_cost = [t.T if f else t for t, f in zip(edge_cost, flip.tolist(), strict=True)]
     # the witness (allowed, every node at its least usage) peaks at the lowest possible peak
     peak_min = _peak(np.array([u[k, 0] for u, k in zip(usage, witness, strict=True)]), intervals, n)
     limit = math.floor(peak_min / rng.uniform(*tightness))
@@ -684,6 +849,24 @@ def contest_problem(
         intervals=intervals,
         usage_limit=np.array([float(limit)]),
     )
+
+
+def _more_edges(
+    rng: np.random.Generator, pairs: np.ndarray, param: np.ndarray, saved: float, parallel: float
+) -> np.ndarray:
+    """The program's edges, plus backward reads of saved activations (an operation v of the
+    first half read by the operation nearest after its mirrored time n - 1 - v) and repeated
+    edges; sorted by consumer, as a program is."""
+    n = len(param)
+    ops = np.flatnonzero(~param)
+    first_half = ops[(ops < n // 2) & (rng.random(len(ops)) < saved)]
+    later = np.searchsorted(ops, n - 1 - first_half)
+    ok = later < len(ops)
+    backward = np.stack([first_half[ok], ops[later[ok]]], axis=1)
+    backward = backward[backward[:, 0] < backward[:, 1]]
+    repeated = pairs[rng.random(len(pairs)) < parallel]
+    out = np.concatenate([pairs, backward, repeated]).reshape(-1, 2)
+    return out[np.lexsort((out[:, 0], out[:, 1]))]
 
 
 def _program_dag(rng: np.random.Generator, param: np.ndarray) -> np.ndarray:

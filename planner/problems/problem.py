@@ -176,10 +176,11 @@ def _validate(p: Problem) -> None:
     for i, c in enumerate(p.node_cost):
         if c.ndim != 1 or len(c) == 0:
             raise ProblemError(f"node {p.node_names[i]!r} needs a non-empty 1-D cost vector")
-        if np.isnan(c).any() or (c < 0).any():
+        if not (c >= 0).all():  # NaN compares false too: one pass finds both
             raise ProblemError(f"node {p.node_names[i]!r} has a negative or NaN cost")
     if len(p.edges) != len(p.edge_cost):
         raise ProblemError(f"{len(p.edges)} edges but {len(p.edge_cost)} edge cost tables")
+    checked: set[int] = set()  # tables shared by identical edges are checked once
     for (u, v), t in zip(p.edges, p.edge_cost, strict=True):
         if not (0 <= u < n and 0 <= v < n) or u == v:
             raise ProblemError(f"edge ({u}, {v}) does not join two different nodes of {n}")
@@ -188,8 +189,10 @@ def _validate(p: Problem) -> None:
                 f"edge ({u}, {v}) cost table is {t.shape}, expected "
                 f"({len(p.node_cost[u])}, {len(p.node_cost[v])})"
             )
-        if np.isnan(t).any() or (t < 0).any():
-            raise ProblemError(f"edge ({u}, {v}) has a negative or NaN cost")
+        if id(t) not in checked:
+            if not (t >= 0).all():
+                raise ProblemError(f"edge ({u}, {v}) has a negative or NaN cost")
+            checked.add(id(t))
     if p.usage is not None:
         if len(p.usage) != n or p.intervals is None or p.intervals.shape != (n, 2):
             raise ProblemError("usage needs one (C_i, M) table and one interval per node")

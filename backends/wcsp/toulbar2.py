@@ -1,0 +1,505 @@
+"""`toulbar2`: the Problem as a cost function network solved by toulbar2, the memory rule
+priced into the costs, with a Lagrangian lower bound (docs/solvers.md, "toulbar2").
+
+toulbar2 (Cooper, de Givry, Schiex et al.; soft arc consistency, "Soft arc consistency
+revisited", AIJ 2010, and hybrid best-first search, Allouche et al. 2015) minimizes a sum of
+unary and binary cost functions over finite domains. The network (`backends.wcsp.network`)
+has the nodes' costs as unary functions, the edges' as binary ones, forbidden pairs as hard
+(top) costs and forbidden strategies out of the domains. Costs are integers in toulbar2:
+they are scaled by one factor (1 when every cost is an integer and the sums fit) and rounded
+down, so a proof on the rounded network is a proof, within n/scale, on the real one; the
+answer is re-scored in float from the Problem.
+
+The memory rule: on a small problem with integral usages, each time step's row is a
+knapsack constraint of toulbar2's, and a proof is a proof. Otherwise it is relaxed into
+penalties: a price per time step and pool (the Lagrangian multipliers of `backends.wcsp.bound`,
+found in the first `bound_share` of the time), each node's usage priced by the sum over the
+steps it is live at. Rounds: toulbar2 solves the priced network (at most `round_seconds`, in
+a child process that is killed at the deadline or at Ctrl-C: one solve cannot be
+interrupted in-process); the steps its answer
+overfills get their price multiplied by `growth` (or a first price; an answer within the
+limit lowers every price by sqrt(growth), as the prices may be too high), the answer is repaired
+greedily into the limit (`backends.wcsp.memory.repair`) and polished by single-node moves;
+the best answer is kept. The bound reported is the Lagrangian bound (and toulbar2's proof
+where it has one).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import numpy as np
+import pytoulbar2
+
+from backends.base import (
+    POSITIVE,
+    Backend,
+    BackendSettings,
+    Check,
+    Limit,
+    ProgressLog,
+    SolveOptions,
+    SolveResult,
+    Status,
+    at_least,
+    between,
+    past,
+    stop_requested,
+)
+from backends.wcsp import trws
+from backends.wcsp.bound import Lagrangian
+from backends.wcsp.memory import (
+    Steps,
+    kernel_arrays,
+    node_prices,
+    polish,
+    profile,
+    repair,
+    steps,
+    unbreak,
+)
+from backends.wcsp.network import Network, build_network
+from planner.deadline import Deadline
+from planner.problems.evaluate import additive_cost, memory_feasible
+from planner.problems.problem import Problem
+
+__all__ = ["Toulbar2Backend", "Toulbar2Settings"]
+
+TOTAL = 1e14  # the largest total cost toulbar2 is given (its costs are 64-bit integers)
+KILL_SECONDS = 0.5  # a toulbar2 round still running this long past the deadline is killed
+INTERRUPT_GRACE_SECONDS = 0.3  # ... and this long after a Ctrl-C (exit within 1 s)
+POLL_SECONDS = 0.05
+MEND_NODES = 5_000  # larger: the bound's labellings are not repaired (too slow there)
+FEW_CONFLICTS = 20  # forbidden pairs a labelling may have to be mended (memory.unbreak)
+BUILD_PER_ENTRY = 1e-6  # seconds to hand toulbar2 a table entry (6 M on IOPDDL A: 5 s)
+REPAIR_MOVES = 50  # repair moves between two looks at the clock
+PROPAGATE = 200  # nodes one repair move may take along (backends.wcsp.memory.repair)
+SMALL_TABLES = 100_000  # entries a network may have to be solved with under a second left
+
+
+@dataclass(frozen=True)
+class Toulbar2Settings(BackendSettings):
+    """The `toulbar2` backend's settings."""
+
+    bound_share: Annotated[float, between(0.0, 0.9, "a share")] = 0.2
+    """share of the time for the Lagrangian bound (and the first prices) before toulbar2"""
+    round_seconds: Annotated[float, POSITIVE] = 30.0
+    """at most this long per toulbar2 solve (a Ctrl-C is seen between solves)"""
+    max_rounds: Annotated[int, Check("a positive integer", lambda v: v > 0)] = 50
+    """at most this many priced solves"""
+    growth: Annotated[float, at_least(1.0, "a number")] = 2.0
+    """the factor a price grows by while its time step is over full"""
+    exact_memory_nodes: Annotated[int, at_least(0, "an integer")] = 40
+    """up to this many nodes, with integral usages: memory rows as toulbar2 constraints"""
+
+
+@dataclass
+class _Best:
+    """The best answer so far, in the Problem's strategy indices."""
+
+    choices: tuple[int, ...] | None = None
+    cost: float = math.inf
+    found_by: str = ""
+
+    def offer(self, problem: Problem, choices: tuple[int, ...], who: str) -> float:
+        cost = additive_cost(problem, choices)
+        if cost < self.cost and math.isfinite(cost) and memory_feasible(problem, choices):
+            self.choices, self.cost, self.found_by = choices, cost, who
+        return cost
+
+
+class Toulbar2Backend(Backend[Toulbar2Settings]):
+    name = "toulbar2"
+    objectives = ("additive",)
+    exact = True
+    REQUIRED_MODULES = ("pytoulbar2",)
+    settings_type = Toulbar2Settings
+
+    def _solve(
+        self, problem: Problem, options: SolveOptions, settings: Toulbar2Settings
+    ) -> SolveResult:
+        clock = options.clock()
+        stats: dict[str, Any] = {"rounds": 0}
+        if clock.expired():
+            return SolveResult(self.name, Status.NO_SOLUTION, limit=Limit.TIME, stats=stats)
+        t0 = time.perf_counter()
+        net = build_network(problem, clock)
+        stats["network_seconds"] = time.perf_counter() - t0
+        if net.empty is not None:  # no value of that node avoids every forbidden pair
+            return SolveResult(self.name, Status.INFEASIBLE, bound=math.inf, stats=stats)
+        st = steps(problem)
+        best = _Best()
+        if options.warm_start is not None:
+            best.offer(problem, problem.check_choices(options.warm_start), "warm start")
+        scale = _scale(net)
+        stats["scale"] = scale
+        exact_rows = st is not None and _exact_memory(problem, net, settings)
+        if st is None or exact_rows:
+            return self._exact(problem, options, net, st, scale, best, stats, clock)
+        return self._priced(problem, options, settings, net, st, scale, best, stats, clock)
+
+    # ----------------------------------------------------------------- exact: one solve
+
+    def _exact(
+        self,
+        problem: Problem,
+        options: SolveOptions,
+        net: Network,
+        st: Steps | None,
+        scale: float,
+        best: _Best,
+        stats: dict[str, Any],
+        clock: Deadline,
+    ) -> SolveResult:
+        """No memory rule, or its rows as knapsack constraints: one toulbar2 solve proves."""
+        seconds = _seconds(net, clock.left())
+        if seconds is None:
+            return self._answer(best, None, Limit.TIME, stats)
+        run = _apart(
+            clock, net, np.zeros_like(net.unary), scale, options.seed, seconds, st, problem
+        )
+        stats.update(rounds=1, toulbar2_seconds=run.seconds, toulbar2_nodes=run.nodes)
+        if run.labels is not None:
+            best.offer(problem, net.choices(run.labels), "toulbar2")
+        bound = run.bound / scale if run.proven else None
+        if run.proven and best.choices is None:
+            return SolveResult(self.name, Status.INFEASIBLE, bound=math.inf, stats=stats)
+        if run.proven and best.choices is not None:
+            # rounded down: the network's optimum / scale <= the real one, and the answer is
+            # within n / scale of it (the module docstring)
+            slack = 1e-9 * max(abs(best.cost), 1e-300)
+            if best.cost - run.bound / scale <= slack:
+                return self._answer(best, best.cost, None, stats, Status.OPTIMAL)
+            return self._answer(best, bound, None, stats)
+        limit = Limit.TIME if past(clock.at) or run.timed_out else None
+        return self._answer(best, bound, limit, stats)
+
+    # ----------------------------------------------------------- priced rounds
+
+    def _priced(
+        self,
+        problem: Problem,
+        options: SolveOptions,
+        settings: Toulbar2Settings,
+        net: Network,
+        st: Steps,
+        scale: float,
+        best: _Best,
+        stats: dict[str, Any],
+        clock: Deadline,
+    ) -> SolveResult:
+        progress = ProgressLog(self.name)
+        inc = trws.incidence(net.noff, net.eu, net.ev)
+        count = st.count
+        lagrange = Lagrangian(net, st)
+        upper = best.cost if best.choices is not None else None
+
+        g = kernel_arrays(net.noff, net.unary, net.eu, net.ev, net.eoff, net.binary, inc)
+
+        def fix(labels: np.ndarray, who: str) -> float | None:
+            """Repair and polish a labelling into the limit; offer it; its cost."""
+            t1 = time.perf_counter()
+            x = labels.astype(np.int64).copy()
+            if _conflicts(net, x) > FEW_CONFLICTS:
+                return None  # too far from an answer to mend quickly
+            if unbreak(x, g, PROPAGATE) > 0:
+                return None
+            use = net.usage[net.noff[:-1] + x]
+            prof = profile(st, use, count)
+            args = (st.first, st.after, st.limit, net.usage, g)
+            ok = -1
+            while ok == -1 and not past(clock.at):
+                ok = repair(x, prof, *args, REPAIR_MOVES, PROPAGATE)
+            if ok != 1:
+                stats["repair_failed"] = stats.get("repair_failed", 0) + 1
+                return None
+            while polish(x, prof, *args) > 0 and not past(clock.at):
+                pass
+            cost = best.offer(problem, net.choices(x), who)
+            stats["fix_seconds"] = stats.get("fix_seconds", 0.0) + time.perf_counter() - t1
+            return cost if math.isfinite(cost) else None
+
+        t0 = time.perf_counter()
+        cpu = _CpuShare()
+        share = clock.within(settings.bound_share * clock.left())
+        seen = [0]
+
+        def on_labelling(x: np.ndarray) -> float | None:
+            seen[0] += 1
+            if seen[0] % 10 == 1 and net.num_nodes <= MEND_NODES:
+                fix(x, "lagrangian")
+            return best.cost if best.choices is not None else None
+
+        lagrange.run(share, upper, on_labelling)
+        stats["bound_seconds"] = time.perf_counter() - t0
+        stats["bound_steps"] = lagrange.iterations
+        lam = lagrange.best_lam if lagrange.best_lam is not None else lagrange.lam
+        lam = lam.copy()
+        # a first price for a step that is over full and unpriced: the mean cost per byte
+        base = float(np.mean(net.unary)) / max(float(np.mean(net.usage)), 1.0) / max(count, 1)
+        timed_out = False
+        for k in range(settings.max_rounds):
+            # building and preprocessing are not on toulbar2's clock: keep the last
+            # round's building time twice over for them
+            built = stats.get("build_seconds", 0.0) / k if k else BUILD_PER_ENTRY * net.binary.size
+            spare = clock.left() - 2 * built
+            seconds = _seconds(net, min(spare, settings.round_seconds), cpu.share())
+            if seconds is None:
+                timed_out = True
+                break
+            prices = np.repeat(node_prices(st, lam), net.dom, axis=0)
+            penalty = (prices * net.usage).sum(axis=1)
+            run = _apart(clock, net, penalty, scale, options.seed + k, seconds, None, problem)
+            stats["build_seconds"] = stats.get("build_seconds", 0.0) + run.build
+            stats["rounds"] = k + 1
+            stats["toulbar2_seconds"] = stats.get("toulbar2_seconds", 0.0) + run.seconds
+            timed_out = run.timed_out
+            if run.labels is None:
+                break
+            x = run.labels
+            prof = profile(st, net.usage[net.noff[:-1] + x], count)
+            over = prof > st.limit
+            fix(x, f"toulbar2 round {k + 1}")
+            line = f"round {k + 1}: best {best.cost:.6g}, over-full steps {int(over.sum())}"
+            progress(lambda line=line: line)  # type: ignore[misc]
+            if not over.any() and not lam.any():
+                break  # the unpriced network's answer keeps the limit: nothing to price
+            if over.any():  # prices grow on the over-full steps
+                lam[over] = np.where(lam[over] > 0, lam[over] * settings.growth, base)
+            else:  # within the limit: the prices may be too high, lower them all a little
+                lam /= math.sqrt(settings.growth)
+            if past(clock.at):
+                timed_out = True
+                break
+        # the rest of the time, if any, to the bound
+        if not past(clock.at):
+            lagrange.run(clock, best.cost if best.choices is not None else None, on_labelling)
+        stats["bound_steps"] = lagrange.iterations
+        if best.choices is None and not past(clock.at):
+            decoded = trws.decode(
+                net.noff, lagrange.unary(), net.eu, net.ev, net.eoff, net.binary, *inc[:3],
+                lagrange.msg_u, lagrange.msg_v,
+            )  # fmt: skip
+            fix(decoded, "decoded")
+        bound = lagrange.best if math.isfinite(lagrange.best) else None
+        if lagrange.best == math.inf:
+            return SolveResult(self.name, Status.INFEASIBLE, bound=math.inf, stats=stats)
+        if bound is not None and best.choices is not None and bound >= best.cost * (1 - 1e-9):
+            return self._answer(best, best.cost, None, stats, Status.OPTIMAL)
+        limit = Limit.TIME if timed_out or past(clock.at) else Limit.ITERATIONS
+        return self._answer(best, bound, limit, stats)
+
+    def _answer(
+        self,
+        best: _Best,
+        bound: float | None,
+        limit: Limit | None,
+        stats: dict[str, Any],
+        status: Status | None = None,
+    ) -> SolveResult:
+        stats["found_by"] = best.found_by
+        if best.choices is None:
+            return SolveResult(self.name, Status.NO_SOLUTION, None, None, bound, limit, None, stats)
+        if bound is not None:
+            bound = min(bound, best.cost)
+        status = status or Status.FEASIBLE
+        return SolveResult(self.name, status, best.choices, best.cost, bound, limit, None, stats)
+
+
+# --------------------------------------------------------------------------- toulbar2
+
+
+@dataclass(frozen=True)
+class _Run:
+    labels: np.ndarray | None  # domain indices
+    bound: float  # toulbar2's dual bound, in its integer costs
+    proven: bool  # the search finished: optimal (or no answer) on the network
+    timed_out: bool
+    seconds: float
+    nodes: int
+    build: float
+
+
+def _conflicts(net: Network, x: np.ndarray) -> int:
+    """How many forbidden pairs labelling x has."""
+    dv = net.noff[net.ev + 1] - net.noff[net.ev]
+    return int((~np.isfinite(net.binary[net.eoff[:-1] + x[net.eu] * dv + x[net.ev]])).sum())
+
+
+class _CpuShare:
+    """The share of a core this process (and its rounds' processes) has had since it was
+    made: toulbar2's time limit counts CPU time, so on a busy machine it must be given less
+    than the wall time left."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), _cpu_seconds()
+
+    def share(self) -> float:
+        wall = time.perf_counter() - self.wall
+        return (_cpu_seconds() - self.cpu) / wall if wall > 0.5 else 1.0
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (the toulbar2 rounds)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _scale(net: Network) -> float:
+    """One factor for every cost: 1 when they are integers and their sum fits, else the
+    power of two that brings the largest possible total to about TOTAL."""
+    finite = net.binary[np.isfinite(net.binary)]
+    total = sum(
+        float(net.unary[a:b].max()) for a, b in zip(net.noff[:-1], net.noff[1:], strict=True)
+    )
+    total += float(finite.max(initial=0.0)) * len(net.eu)
+    integral = bool(np.all(net.unary == np.round(net.unary))) and bool(
+        np.all(finite == np.round(finite))
+    )
+    if integral and total <= TOTAL:
+        return 1.0
+    return 2.0 ** math.floor(math.log2(TOTAL / max(total, 1e-300)))
+
+
+def _seconds(net: Network, left: float, cpu: float = 1.0) -> int | None:
+    """toulbar2's time limit (whole seconds of CPU time, at least 1) for `left` seconds of
+    wall time at a share `cpu` of a core: None when less than a second is left and the
+    network is too large to be sure it solves within a moment."""
+    left *= min(max(cpu, 0.1), 1.0)
+    if left >= 1.0:
+        return int(left)
+    return 1 if left > 0.0 and net.binary.size <= SMALL_TABLES else None
+
+
+def _exact_memory(problem: Problem, net: Network, settings: Toulbar2Settings) -> bool:
+    """Whether the memory rows go to toulbar2 as knapsack constraints (exactly)."""
+    if net.num_nodes > settings.exact_memory_nodes or problem.usage_limit is None:
+        return False
+    limit = np.asarray(problem.usage_limit, dtype=np.float64)
+    return bool(np.all(net.usage == np.round(net.usage))) and bool(np.all(np.isfinite(limit)))
+
+
+def _apart(clock: Deadline, *args: Any) -> _Run:
+    """`_run(*args)` in a forked child process: toulbar2's solve cannot be interrupted in
+    this one (it holds the interpreter, and pytoulbar2 takes over SIGINT), so the child is
+    killed at the deadline (plus KILL_SECONDS) or at Ctrl-C (plus INTERRUPT_GRACE_SECONDS),
+    and the round counts as one without an answer. The child ignores SIGINT itself."""
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(send, args), daemon=True)
+    t0 = time.perf_counter()
+    proc.start()
+    send.close()
+    hard = clock.at + KILL_SECONDS
+    try:
+        while True:
+            if receive.poll(POLL_SECONDS):
+                try:
+                    out: _Run = receive.recv()
+                    return out
+                except EOFError:  # the child died without an answer
+                    break
+            now = time.perf_counter()
+            if stop_requested():
+                hard = min(hard, now + INTERRUPT_GRACE_SECONDS)
+            if now > hard or not proc.is_alive() and not receive.poll(0):
+                break
+    finally:
+        if proc.is_alive():
+            proc.kill()  # our own child, by its handle
+        proc.join()
+        receive.close()
+    return _Run(None, 0.0, False, True, time.perf_counter() - t0, 0, 0.0)
+
+
+def _child(send: Any, args: tuple[Any, ...]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    send.send(_run(*args))
+    send.close()
+
+
+def _run(
+    net: Network,
+    penalty: np.ndarray,
+    scale: float,
+    seed: int,
+    seconds: int,
+    st: Steps | None,
+    problem: Problem,
+) -> _Run:
+    """One toulbar2 solve of the network, unary costs raised by `penalty` (flat, per value)
+    and, with `st`, the memory rows as knapsack constraints. High prices lower the scale so
+    that the total stays within TOTAL (a priced round proves nothing anyway)."""
+    priced = net.unary + penalty
+    most = float(np.maximum.reduceat(priced, net.noff[:-1]).sum())
+    most += float(np.max(net.binary, where=np.isfinite(net.binary), initial=0.0)) * len(net.eu)
+    if most * scale > TOTAL:
+        scale = 2.0 ** math.floor(math.log2(TOTAL / most))
+    unary = np.floor(priced * scale)
+    finite = net.binary[np.isfinite(net.binary)]
+    binary = np.where(np.isfinite(net.binary), np.floor(net.binary * scale), 0.0)
+    top = float(
+        sum(unary[a:b].max() for a, b in zip(net.noff[:-1], net.noff[1:], strict=True))
+        + (finite.max(initial=0.0) * scale + 1) * len(net.eu)
+        + 1
+    )
+    binary[~np.isfinite(net.binary)] = top
+    t0 = time.perf_counter()
+    cfn = pytoulbar2.CFN(ubinit=top, seed=max(seed, 0) % (2**31 - 1) + 1, verbose=-1)
+    wcsp = cfn.CFN.wcsp
+    for i in range(net.num_nodes):
+        wcsp.makeEnumeratedVariable(f"x{i}", 0, int(net.dom[i]) - 1)
+    for i in range(net.num_nodes):
+        costs = unary[net.noff[i] : net.noff[i + 1]]
+        if len(costs) > 1 and costs.max() > costs.min():
+            wcsp.postUnaryConstraint(i, costs.astype(np.int64).tolist(), False)
+        elif costs[0] > 0:
+            wcsp.postNullaryConstraint(int(costs.min()))
+    for e in range(len(net.eu)):
+        table = binary[net.eoff[e] : net.eoff[e + 1]]
+        if table.max() > table.min():
+            wcsp.postBinaryConstraint(
+                int(net.eu[e]), int(net.ev[e]), table.astype(np.int64).tolist(), False
+            )
+        elif table[0] > 0:
+            wcsp.postNullaryConstraint(int(table[0]))
+    if st is not None:
+        _knapsacks(cfn, net, st, problem)
+    t1 = time.perf_counter()
+    result = cfn.Solve(timeLimit=seconds)
+    elapsed = time.perf_counter() - t1
+    dual = float(cfn.GetDDualBound())
+    labels = None
+    cost = math.inf
+    if result is not None:
+        labels = np.asarray(result[0], dtype=np.int64)
+        cost = float(result[1])
+    proven = dual >= min(cost, top) - 0.5
+    nodes = int(cfn.GetNbNodes())
+    return _Run(labels, dual, proven, not proven, elapsed, nodes, t1 - t0)
+
+
+def _knapsacks(cfn: Any, net: Network, st: Steps, problem: Problem) -> None:
+    """Each time step's memory row, per pool, as sum of usages <= limit (integers)."""
+    assert problem.usage_limit is not None
+    limit = np.asarray(problem.usage_limit, dtype=np.float64).reshape(-1)
+    for t in range(st.count):
+        live = np.flatnonzero((st.first <= t) & (t < st.after))
+        for m in range(net.usage.shape[1]):
+            rhs = math.floor(limit[m] * (1 + 1e-9))
+            most = sum(float(net.usage[net.noff[i] : net.noff[i + 1], m].max()) for i in live)
+            if most <= rhs:
+                continue
+            terms = [
+                (int(i), s, int(net.usage[net.noff[i] + s, m]))
+                for i in live
+                for s in range(int(net.dom[i]))
+                if net.usage[net.noff[i] + s, m] > 0
+            ]
+            cfn.AddGeneralizedLinearConstraint(terms, "<=", rhs)

@@ -1,0 +1,176 @@
+"""The `toulbar2` backend and the Lagrangian lower bound (backends/wcsp)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+import pytest
+
+from backends import SolveOptions, Status, get_backend
+from backends.testing import BackendConformance
+from backends.wcsp.bound import lower_bound
+from backends.wcsp.memory import kernel_arrays, profile, repair, steps
+from backends.wcsp.network import build_network
+from backends.wcsp.trws import incidence
+from planner.deadline import Deadline
+from planner.problems.costtable import brute_force, random_problem
+from planner.problems.evaluate import additive_cost, memory_feasible
+
+RTOL = 1e-9
+
+
+class TestToulbar2Conformance(BackendConformance):
+    backend_name = "toulbar2"
+    extra = {"bound_share": 0.2, "round_seconds": 5.0}
+
+
+def _problems(count: int, nodes: int = 8, memory: bool = True) -> list:
+    return [random_problem(nodes, 4, seed=s, memory=memory, forbid_prob=0.15) for s in range(count)]
+
+
+@pytest.mark.parametrize("memory", [False, True])
+def test_exact_against_brute_force(memory: bool) -> None:
+    """Small problems (knapsack rows for memory): OPTIMAL and the brute-force optimum."""
+    backend = get_backend("toulbar2")
+    for problem in _problems(25, memory=memory):
+        best, value = brute_force(problem)
+        result = backend.solve(problem, SolveOptions(time_limit=10, seed=0))
+        if best is None:
+            assert result.choices is None and result.status is Status.INFEASIBLE
+            continue
+        assert result.status is Status.OPTIMAL, problem.name
+        assert math.isclose(result.objective, value, rel_tol=RTOL)
+
+
+def test_priced_rounds_are_valid_and_bounded() -> None:
+    """Memory as prices (no knapsack rows): every answer valid, never below the optimum, the
+    bound never above it, OPTIMAL only at the optimum."""
+    backend = get_backend("toulbar2")
+    opts = SolveOptions(time_limit=5, seed=0, extra={"exact_memory_nodes": 0})
+    for problem in _problems(25, nodes=9):
+        best, value = brute_force(problem)
+        result = backend.solve(problem, opts)
+        if best is None:
+            assert result.choices is None
+            continue
+        if result.choices is None:
+            continue
+        assert memory_feasible(problem, result.choices)
+        assert result.objective >= value * (1 - RTOL)
+        if result.bound is not None:
+            assert result.bound <= value * (1 + RTOL) + 1e-9
+        if result.status is Status.OPTIMAL:
+            assert math.isclose(result.objective, value, rel_tol=RTOL)
+
+
+def test_lower_bound_never_exceeds_the_optimum() -> None:
+    """The Lagrangian bound over TRW-S, on problems with memory limits and forbidden entries."""
+    closed = 0
+    for seed in range(60):
+        problem = random_problem(8, 4, seed=seed, memory=seed % 4 != 0, forbid_prob=0.15)
+        best, value = brute_force(problem)
+        bound = lower_bound(problem, Deadline.after(5.0))
+        if best is None:
+            continue  # any bound (inf included) is valid on an infeasible problem
+        assert bound <= value * (1 + RTOL) + 1e-9, problem.name
+        closed += bound >= value * (1 - 0.05)
+    assert closed >= 20  # and it is not trivially low
+
+
+def test_lower_bound_is_exact_on_trees_without_memory() -> None:
+    """TRW-S is exact on a tree: the bound reaches the optimum."""
+    problem = random_problem(10, 4, seed=3, edge_prob=0.0, memory=False, forbid_prob=0.0)
+    assert len(problem.edges) < problem.num_nodes  # a forest
+    _, value = brute_force(problem)
+    assert lower_bound(problem, Deadline.after(5.0)) == pytest.approx(value, rel=1e-9)
+
+
+def test_expired_deadline_returns_at_once() -> None:
+    problem = random_problem(30, 5, seed=1)
+    expired = Deadline(time.perf_counter() - 1.0)
+    result = get_backend("toulbar2").solve(problem, SolveOptions(deadline=expired))
+    assert result.choices is None and result.status is Status.NO_SOLUTION
+    assert lower_bound(problem, expired) == -math.inf or lower_bound(problem, expired) <= (
+        brute_force(random_problem(30, 5, seed=1, memory=False))[1] * 10
+    )
+
+
+def test_repair_brings_an_answer_within_the_limit() -> None:
+    """From the least-cost labelling (memory ignored), the repair finds one within the limit
+    that avoids every forbidden pair."""
+    fixed = 0
+    for seed in range(20):
+        problem = random_problem(12, 4, seed=seed, forbid_prob=0.1)
+        net = build_network(problem)
+        st = steps(problem)
+        assert st is not None and net.empty is None
+        x = np.array(
+            [
+                int(np.argmin(net.unary[a:b]))
+                for a, b in zip(net.noff[:-1], net.noff[1:], strict=True)
+            ]
+        )
+        if not math.isfinite(additive_cost(problem, net.choices(x))):
+            continue
+        prof = profile(st, net.usage[net.noff[:-1] + x], st.count)
+        inc = incidence(net.noff, net.eu, net.ev)
+        g = kernel_arrays(net.noff, net.unary, net.eu, net.ev, net.eoff, net.binary, inc)
+        ok = repair(x, prof, st.first, st.after, st.limit, net.usage, g, 1000, 50)
+        if ok == 1:
+            choices = net.choices(x)
+            assert memory_feasible(problem, choices)
+            assert math.isfinite(additive_cost(problem, choices))
+            fixed += 1
+    assert fixed >= 5
+
+
+def test_a_node_with_only_forbidden_partners_is_infeasible() -> None:
+    problem = random_problem(5, 3, seed=0, memory=False, forbid_prob=0.0)
+    u, v = problem.edges[0]
+    tables = list(problem.edge_cost)
+    tables[0] = np.full_like(tables[0], np.inf)
+    blocked = dataclasses.replace(problem, edge_cost=tuple(tables))
+    assert brute_force(blocked)[0] is None
+    result = get_backend("toulbar2").solve(blocked, SolveOptions(time_limit=5))
+    assert result.status is Status.INFEASIBLE and result.choices is None
+    assert lower_bound(blocked, Deadline.after(1.0)) == math.inf
+
+
+@pytest.mark.slow
+def test_bound_and_answer_on_a_larger_problem() -> None:
+    problem = random_problem(300, 8, seed=5, forbid_prob=0.1)
+    result = get_backend("toulbar2").solve(problem, SolveOptions(time_limit=20, seed=0))
+    assert result.choices is not None and result.bound is not None
+    assert result.bound <= result.objective * (1 + RTOL)
+
+
+def _never_ends(*args: object) -> None:
+    time.sleep(600)
+
+
+def test_a_toulbar2_round_that_does_not_end_is_killed_at_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A round runs in a child process: one that would never end (toulbar2 cannot be
+    interrupted in-process) is killed at the deadline and counts as a round without answer."""
+    import backends.wcsp.toulbar2 as tb
+
+    monkeypatch.setattr(tb, "_run", _never_ends)  # the forked child runs this
+    run = tb._apart(Deadline.after(0.2))
+    assert run.labels is None and run.timed_out and not run.proven
+
+
+def test_a_toulbar2_round_is_killed_at_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    import backends.wcsp.toulbar2 as tb
+    from planner.deadline import clear_stop, request_stop
+
+    monkeypatch.setattr(tb, "_run", _never_ends)
+    request_stop()  # what the first Ctrl-C does
+    try:
+        run = tb._apart(Deadline.never())
+    finally:
+        clear_stop()
+    assert run.labels is None and run.timed_out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 
 import numpy as np
@@ -13,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends import SolveOptions, Status, get_backend
+from backends.base import Channel
 from backends.local import kernels
 from backends.local.anneal import _compile
 from backends.local.flat import flatten
@@ -193,3 +195,55 @@ def test_stats_report_the_search() -> None:
 def test_refuses_the_makespan_objective() -> None:
     backend = get_backend("local")
     assert "makespan" not in backend.objectives
+
+
+# ------------------------------------------------------------ warm start and the channel
+
+
+def test_a_valid_warm_start_replaces_the_construction() -> None:
+    problem = random_problem(200, 6, seed=21, memory=True)
+    first = solve(problem, extra={**FAST, "max_moves": 50_000})
+    assert first.choices is not None
+    gone = Deadline(time.perf_counter() - 1.0, 1.0)  # no moves: the answer is the start
+    again = solve(problem, warm_start=first.choices, deadline=gone)
+    assert again.choices == first.choices
+    assert again.stats["warm_start"] == pytest.approx(additive_cost(problem, first.choices))
+    assert "first_feasible_seconds" not in again.stats
+
+
+def test_an_invalid_warm_start_is_left_for_the_construction() -> None:
+    problem = random_problem(30, 4, seed=5, memory=True)
+    # the most memory everywhere: over the limit (random_problem's limit is below it)
+    worst = tuple(int(np.argmax(u.sum(axis=1))) for u in problem.usage)
+    assert not memory_feasible(problem, worst)
+    result = solve(problem, warm_start=worst)
+    assert "warm_start" not in result.stats
+    assert result.choices is not None and memory_feasible(problem, result.choices)
+
+
+def test_the_channel_sends_better_answers_and_adopts_better_ones() -> None:
+    """Each answer sent is valid and better than the one before; a better answer given
+    through `incoming` becomes the search's best and its answer is at least as good."""
+    problem = random_problem(120, 6, seed=8, memory=True)
+    reference = solve(problem, extra={**FAST, "patience": 0, "max_moves": 400_000})
+    assert reference.choices is not None and reference.objective is not None
+    sent: list[float] = []
+    given = [reference.choices]
+
+    def on_incumbent(choices: tuple[int, ...], who: str) -> None:
+        assert who == "local" and memory_feasible(problem, choices)
+        sent.append(additive_cost(problem, choices))
+
+    channel = Channel(on_incumbent=on_incumbent, incoming=lambda: given.pop() if given else None)
+    result = solve(problem, seed=3, channel=channel, extra={**FAST, "max_moves": 100_000})
+    assert sent and all(b < a for a, b in zip(sent, sent[1:], strict=False))
+    assert result.stats.get("adopted", 0) >= 1 or sent[0] <= reference.objective
+    assert result.objective is not None and result.objective <= reference.objective + 1e-9
+
+
+def test_the_channels_stop_flag_ends_the_search() -> None:
+    problem = random_problem(200, 6, seed=4, memory=True)
+    stop = threading.Event()
+    stop.set()
+    result = solve(problem, channel=Channel(stop=stop), extra={"patience": 0})
+    assert result.choices is not None and result.stats["moves"] == 0

@@ -12,6 +12,7 @@
    without strategies, or with one memory pool an over-full least-memory start, proves that
    no answer exists (INFEASIBLE); a repair that finds nothing in time is NO_SOLUTION, never
    an invalid answer.
+   A valid `warm_start` replaces the construction (`stats["warm_start"]` is its cost).
 4. Simulated annealing over valid states (`kernels.anneal`) in rounds: each round cools
    geometrically from its start temperature to `end_temperature` and the next restarts from
    the best state, cooler (`restart_temperature`). Temperatures are relative to the median
@@ -21,6 +22,11 @@
    looked at between chunks. A run ends at the deadline (limit TIME), after `max_moves`
    (limit ITERATIONS), or after `patience` rounds without a better answer (limit None): for a
    seed and a move count the answer is always the same.
+
+With a caller's `SolveOptions.channel` (the portfolio): each better answer goes to
+`on_incumbent` at the end of a round and at most every SEND_SECONDS within one; between two
+chunks a better answer from `incoming()` is adopted and a new round starts from it
+(`stats["adopted"]` counts them); `stop` ends the search as the deadline does.
 
 The answer is FEASIBLE (never OPTIMAL: nothing is proven), with no bound.
 """
@@ -39,6 +45,7 @@ from backends.base import (
     POSITIVE,
     Backend,
     BackendSettings,
+    Channel,
     Check,
     Limit,
     ProgressLog,
@@ -62,6 +69,7 @@ ROUNDS_IN_BUDGET = 3  # automatic rounds are sized so that this many fit in what
 FIRST_CHUNK = 1000  # annealing moves in the first chunk; then sized to CHUNK_SECONDS
 CHUNK_SECONDS = 0.05  # between two looks at the clock
 MAC_TRIES = 3  # strategies a node tries in the construction before it is left to the repair
+SEND_SECONDS = 1.0  # a better answer goes to the caller's channel at most this often mid-round
 CALIBRATION_SAMPLES = 4000  # random single-node moves that set the temperature unit
 _NONNEGATIVE_INT = Check("an integer >= 0", lambda v: v >= 0)
 
@@ -123,6 +131,63 @@ def _compile() -> float:
     return _COMPILED["seconds"]
 
 
+def _adopt(arrays: tuple[np.ndarray, ...], state: tuple[np.ndarray, ...], choices: Any) -> bool:
+    """Continue from `choices` (a valid answer found elsewhere: a warm start, another
+    backend's answer) as the best state; False, and the state as it was, if it is not valid
+    (a forbidden strategy or pair, or memory over the limit)."""
+    x = state[0]
+    kept = state[1].copy()
+    x[:] = np.asarray(choices, dtype=np.int64)
+    kernels.take_current_as_best(arrays, state)  # the best is x, its cost computed
+    kernels.reset_to_best(arrays, state)  # the trees built from it
+    if math.isfinite(float(state[6][kernels.F_BEST])) and kernels.memory_ok(arrays, state):
+        return True
+    state[1][:] = kept
+    kernels.reset_to_best(arrays, state)
+    return False
+
+
+class _Link:
+    """The search's side of `SolveOptions.channel`: each better answer sent (at most every
+    SEND_SECONDS, and at the end of every round), a better answer from elsewhere adopted,
+    the caller's stop flag."""
+
+    def __init__(
+        self, channel: Channel, arrays: tuple[np.ndarray, ...], state: tuple[np.ndarray, ...]
+    ):
+        self.channel, self.arrays, self.state = channel, arrays, state
+        self.sent = math.inf
+        self.when = -math.inf
+
+    def send(self, force: bool = False) -> None:
+        best = float(self.state[6][kernels.F_BEST])
+        now = time.perf_counter()
+        if self.channel.on_incumbent is None or not best < self.sent:
+            return
+        if force or now - self.when >= SEND_SECONDS:
+            self.channel.on_incumbent(tuple(int(c) for c in self.state[1]), "local")
+            self.sent, self.when = best, now
+
+    def receive(self) -> bool:
+        """Whether a better answer came in and is now the best state."""
+        if self.channel.incoming is None:
+            return False
+        other = self.channel.incoming()
+        if other is None:
+            return False
+        choices = np.asarray(other, dtype=np.int64)
+        value = kernels.total_cost(self.arrays, choices)
+        if not value < float(self.state[6][kernels.F_BEST]):
+            return False  # not better: the search goes on undisturbed
+        if not _adopt(self.arrays, self.state, choices):
+            return False
+        self.sent = float(self.state[6][kernels.F_BEST])  # the sender has it
+        return True
+
+    def stopped(self) -> bool:
+        return self.channel.stop is not None and self.channel.stop.is_set()
+
+
 def _report(rounds: int, moves: int, floats: np.ndarray) -> Callable[[], str]:
     return lambda: f"round {rounds}: best {floats[kernels.F_BEST]:.6g} after {moves} moves"
 
@@ -155,11 +220,17 @@ class LocalBackend(Backend[LocalSettings]):
         stats["pruned_strategies"] = int(dropped)
         arrays = flat.arrays()
         state = kernels.new_state(arrays, flat.num_times, options.seed, flat.max_size)
-        found = self._first_feasible(flat, arrays, state, alive, settings, clock.at, stats)
-        stats["first_feasible_seconds"] = time.perf_counter() - t0
-        if found is not None:
-            return found
-        limit = self._anneal(flat, arrays, state, settings, clock.at, stats)
+        warm = options.warm_start
+        if warm is not None and _adopt(arrays, state, problem.check_choices(warm)):
+            stats["warm_start"] = float(state[6][kernels.F_BEST])
+        else:
+            found = self._first_feasible(flat, arrays, state, alive, settings, clock.at, stats)
+            stats["first_feasible_seconds"] = time.perf_counter() - t0
+            if found is not None:
+                return found
+        link = _Link(options.channel, arrays, state)
+        link.send(force=True)
+        limit = self._anneal(flat, arrays, state, settings, clock.at, stats, link)
         choices = tuple(int(c) for c in state[1])
         return SolveResult(
             self.name,
@@ -231,6 +302,7 @@ class LocalBackend(Backend[LocalSettings]):
         settings: LocalSettings,
         at: float,
         stats: dict[str, Any],
+        link: _Link,
     ) -> Limit | None:
         """Annealing rounds (module docstring, 4.); the limit that ended them."""
         floats, ints = state[6], state[7]
@@ -258,8 +330,11 @@ class LocalBackend(Backend[LocalSettings]):
             t_start, t_end = hot * unit, settings.end_temperature * unit
             done = 0
             while done < per_round and limit is None:
-                if past(at):  # also before the first chunk: an expired deadline keeps the start
-                    limit = Limit.TIME
+                if past(at) or link.stopped():  # also before the first chunk: an expired
+                    limit = Limit.TIME  # deadline keeps the start
+                    break
+                if link.receive():  # a better answer from elsewhere: a new round from it
+                    stats["adopted"] = stats.get("adopted", 0) + 1
                     break
                 chunk = min(chunk_size, per_round - done)
                 if settings.max_moves:
@@ -281,12 +356,14 @@ class LocalBackend(Backend[LocalSettings]):
                         min(longest, max(rate * left / ROUNDS_IN_BUDGET, done + FIRST_CHUNK))
                     )
                 progress(_report(rounds, moves, floats))
+                link.send()
                 if settings.max_moves and moves >= settings.max_moves:
                     limit = Limit.ITERATIONS
             rounds += 1
             better = floats[kernels.F_BEST] < before * (1 - 1e-12) - 1e-300
             stale = 0 if better else stale + 1
             kernels.reset_to_best(arrays, state)
+            link.send(force=True)
             if limit is not None or (settings.patience and stale >= settings.patience):
                 break
         seconds = time.perf_counter() - t0

@@ -22,25 +22,31 @@ limit lowers every price by sqrt(growth), as the prices may be too high), the an
 greedily into the limit (`backends.wcsp.memory.repair`) and polished by single-node moves;
 the best answer is kept. The bound reported is the Lagrangian bound (and toulbar2's proof
 where it has one).
+
+With a caller's `SolveOptions.channel` (the portfolio): each better answer goes to
+`on_incumbent`, and a better answer from `incoming()` (looked at before each round and
+during the bound's iterations) becomes the best, the bound's upper value with it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import multiprocessing
 import os
 import signal
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import numpy as np
-import pytoulbar2
 
 from backends.base import (
     POSITIVE,
     Backend,
     BackendSettings,
+    Channel,
     Check,
     Limit,
     ProgressLog,
@@ -80,6 +86,7 @@ FEW_CONFLICTS = 20  # forbidden pairs a labelling may have to be mended (memory.
 BUILD_PER_ENTRY = 1e-6  # seconds to hand toulbar2 a table entry (6 M on IOPDDL A: 5 s)
 REPAIR_MOVES = 50  # repair moves between two looks at the clock
 PROPAGATE = 200  # nodes one repair move may take along (backends.wcsp.memory.repair)
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 SMALL_TABLES = 100_000  # entries a network may have to be solved with under a second left
 
 
@@ -106,12 +113,22 @@ class _Best:
     choices: tuple[int, ...] | None = None
     cost: float = math.inf
     found_by: str = ""
+    channel: Channel = field(default_factory=Channel)
 
     def offer(self, problem: Problem, choices: tuple[int, ...], who: str) -> float:
         cost = additive_cost(problem, choices)
         if cost < self.cost and math.isfinite(cost) and memory_feasible(problem, choices):
             self.choices, self.cost, self.found_by = choices, cost, who
+            if self.channel.on_incumbent is not None and who != "incoming":
+                self.channel.on_incumbent(choices, "toulbar2")
         return cost
+
+    def receive(self, problem: Problem) -> None:
+        """Take a better answer found elsewhere (`channel.incoming`), if there is one."""
+        if self.channel.incoming is not None:
+            other = self.channel.incoming()
+            if other is not None:
+                self.offer(problem, tuple(int(c) for c in other), "incoming")
 
 
 class Toulbar2Backend(Backend[Toulbar2Settings]):
@@ -134,7 +151,7 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         if net.empty is not None:  # no value of that node avoids every forbidden pair
             return SolveResult(self.name, Status.INFEASIBLE, bound=math.inf, stats=stats)
         st = steps(problem)
-        best = _Best()
+        best = _Best(channel=options.channel)
         if options.warm_start is not None:
             best.offer(problem, problem.check_choices(options.warm_start), "warm start")
         scale = _scale(net)
@@ -232,6 +249,7 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
 
         def on_labelling(x: np.ndarray) -> float | None:
             seen[0] += 1
+            best.receive(problem)
             if seen[0] % 10 == 1 and net.num_nodes <= MEND_NODES:
                 fix(x, "lagrangian")
             return best.cost if best.choices is not None else None
@@ -253,6 +271,7 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
             if seconds is None:
                 timed_out = True
                 break
+            best.receive(problem)
             prices = np.repeat(node_prices(st, lam), net.dom, axis=0)
             penalty = (prices * net.usage).sum(axis=1)
             run = _apart(clock, net, penalty, scale, options.seed + k, seconds, None, problem)
@@ -420,8 +439,22 @@ def _apart(clock: Deadline, *args: Any) -> _Run:
 
 def _child(send: Any, args: tuple[Any, ...]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    _die_with_parent()
     send.send(_run(*args))
     send.close()
+
+
+def _die_with_parent() -> None:
+    """Linux: this process is killed when its parent dies (a portfolio member killed at the
+    deadline must not leave its toulbar2 round running); elsewhere nothing."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):  # no prctl: the parent's own kill still applies
+            pass
+        if os.getppid() == 1:  # the parent died before the call
+            os._exit(1)
 
 
 def _run(
@@ -451,6 +484,8 @@ def _run(
     )
     binary[~np.isfinite(net.binary)] = top
     t0 = time.perf_counter()
+    import pytoulbar2  # here: the settings import without it (the portfolio's)
+
     cfn = pytoulbar2.CFN(ubinit=top, seed=max(seed, 0) % (2**31 - 1) + 1, verbose=-1)
     wcsp = cfn.CFN.wcsp
     for i in range(net.num_nodes):

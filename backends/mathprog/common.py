@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Annotated, Any, Generic, Literal, Protocol, TypeVar
@@ -298,6 +298,21 @@ class SolverSteps(Generic[SettingsT, ModelT, RunT]):
     decode: Callable[[Problem, ModelT, RunT, str], SolveResult]  # str: the backend's name
 
 
+class _Reported:
+    """The caller's `on_incumbent`, given only answers better than the last it was given."""
+
+    def __init__(self, problem: Problem, send: Callable[[tuple[int, ...], str], None] | None):
+        self.problem, self.send, self.value = problem, send, math.inf
+
+    def __call__(self, choices: Sequence[int], who: str) -> None:
+        if self.send is None:
+            return
+        value = additive_cost(self.problem, choices)
+        if value < self.value:
+            self.value = value
+            self.send(tuple(int(c) for c in choices), who)
+
+
 class SolverBackend(Backend[SettingsT], Generic[SettingsT, ModelT, RunT]):
     """A backend that encodes a model, runs a solver on it and decodes the run, on both
     objectives. Subclasses set `name`, `REQUIRED_MODULES`, `settings_type` and `steps`, their
@@ -368,6 +383,8 @@ class SolverBackend(Backend[SettingsT], Generic[SettingsT, ModelT, RunT]):
             return placement_result(pp, out, limit, {}, self.name)
         t0 = time.perf_counter()
         deadline = options.clock().at
+        reported = _Reported(problem, options.channel.on_incumbent)
+        options = replace(options, channel=replace(options.channel, on_incumbent=reported))
         lns = self.solve_sub is not None and settings.neighbourhoods(options.threads)
         # with the neighbourhood search the whole model searches only until `until` (its
         # LP and bound included), the neighbourhoods the rest of the time
@@ -413,6 +430,8 @@ class SolverBackend(Backend[SettingsT], Generic[SettingsT, ModelT, RunT]):
         if lns and best.status is Status.FEASIBLE and best.choices is not None:
             best = self._neighbourhood_search(problem, full, best, options, deadline, phases)
         phases["solve_seconds"] = time.perf_counter() - t0
+        if best.choices is not None:  # an answer of a restricted round is not reported by
+            reported(best.choices, self.name)  # the solver's callback: the caller gets it here
         return replace(best, stats={**best.stats, **phases})
 
     def _neighbourhood_search(

@@ -15,6 +15,14 @@
 3. `mcmc` (through `get_backend`) joins when there is a third core, or runs alone when
    neither solver is installed.
 
+On a large problem (LARGE_NODES nodes or more: real auto-sharding cost tables, where `ilp`
+and `cpsat` find no answer or a poor one in the time) the members are instead `toulbar2`
+and `local`, one core each (toulbar2's rounds run in a child process while its own waits),
+with no heuristic start (local finds a valid answer in about a second): every better
+answer either finds goes to the other (`channel.incoming`; SHARED), so local's annealing
+continues from toulbar2's repaired rounds and toulbar2's bound uses local's answers as its
+upper value. The bound is toulbar2's Lagrangian bound.
+
 When a member proves its answer optimal the others are stopped. The answer is the best valid
 answer any member found (ties: the first member in MEMBERS order), the bound the best proven
 one; `stats["events"]` lists who found what and when, `stats["members"]` each member's
@@ -22,7 +30,9 @@ result. Deterministic for a seed only when every member finishes before the limi
 stopped by the clock, the neighbourhood search's rounds included, depends on the machine's
 speed). Settings (`PortfolioSettings`, given as `SolveOptions.extra`): "members" (names,
 default by cores), "workers" (cores to use, default all), and each member's own settings
-("ilp", "cpsat", "mcmc": `IlpSettings`, `CpsatSettings`, `McmcSettings`, as mappings).
+("ilp", "cpsat", "mcmc", "toulbar2", "local": `IlpSettings`, `CpsatSettings`,
+`McmcSettings`, `Toulbar2Settings`, `LocalSettings`, as mappings; local's patience is 0 here,
+so it searches to the limit). A `warm_start` is the first answer on the board.
 
 The makespan objective is delegated to `mcmc` (the placement models of `ilp` and `cpsat`
 answer a narrower question, see docs/solvers.md); `stats["delegated"]` says so.
@@ -59,16 +69,23 @@ from backends.base import (
     stop_requested,
 )
 from backends.heuristics.feasible import feasible_positions
+from backends.local.anneal import LocalSettings
 from backends.mathprog.common import CpsatSettings, IlpSettings
 from backends.mathprog.selection import selection
 from backends.mcmc.chain import McmcSettings
+from backends.wcsp.toulbar2 import Toulbar2Settings
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
 
 __all__ = ["PortfolioBackend", "PortfolioSettings"]
 
-MEMBERS = ("ilp", "cpsat", "mcmc")  # in tie-breaking order
-SOLVERS = {"ilp": "pulp", "cpsat": "ortools"}  # members that need a package
+MEMBERS = ("ilp", "cpsat", "toulbar2", "local", "mcmc")  # in tie-breaking order
+SOLVERS = {"ilp": "pulp", "cpsat": "ortools"}  # members that need a package (small problems)
+LARGE_SOLVERS = {"toulbar2": "pytoulbar2", "local": "numba"}  # ... on large problems
+LARGE_NODES = 2_000  # from this many nodes, toulbar2 and local instead of ilp and cpsat (on
+# the contest's instances of 28,000-35,000 nodes ilp and cpsat found no answer or 3-137x
+# the best known; toulbar2 and local are within 0.4-6% and find a first answer in seconds)
+SHARED = ("local", "toulbar2")  # members that take every better answer found elsewhere
 KILL_SECONDS = 0.5  # members still running this long past the deadline are killed (each
 # searches until the deadline and has sent its answers as it found them)
 START_FRACTION = 0.1  # of the time limit for polishing the heuristic's answer
@@ -102,6 +119,10 @@ class PortfolioSettings(BackendSettings):
     off and ilp running, its LP start is off: ilp's LP rounding arrives as an answer)"""
     mcmc: McmcSettings = field(default_factory=McmcSettings)
     """the mcmc member's settings, and mcmc's when the makespan objective is delegated"""
+    toulbar2: Toulbar2Settings = field(default_factory=Toulbar2Settings)
+    """the toulbar2 member's settings"""
+    local: LocalSettings = field(default_factory=lambda: LocalSettings(patience=0))
+    """the local member's settings (by default it searches to the limit: patience 0)"""
 
 
 @dataclass
@@ -123,8 +144,8 @@ class _Board:
             return False
         rank = MEMBERS.index(source) if source in MEMBERS else len(MEMBERS)
         with self.lock:
-            if self.best is not None and (value, rank) >= self.best[:2]:
-                return False
+            if self.best is not None and ((value, rank) >= self.best[:2] or ch == self.best[2]):
+                return False  # not better (or the answer itself, handed to another member)
             self.best = (value, rank, ch, source)
             self.events.append((round(time.perf_counter() - self.start, 3), source, value))
         self.progress(lambda: f"best {value:.6g} from {source}")
@@ -152,25 +173,34 @@ class PortfolioBackend(Backend[PortfolioSettings]):
             return replace(result, backend=self.name, strategy=None, stats=stats)
         t0 = time.perf_counter()
         deadline = options.clock().at
-        sel = selection(problem)
-        if sel.infeasible:
-            stats = {"reason": sel.infeasible}
-            return SolveResult(self.name, Status.INFEASIBLE, bound=math.inf, stats=stats)
         board = _Board(problem, t0)
-        start = feasible_positions(
-            sel, deadline, options.seed, t0 + START_FRACTION * options.time_limit
-        )
-        if start is not None:
-            board.offer(sel.choices(start), "heuristic")
-        members = self._members(settings)
+        members = self._members(settings, problem)
+        trivial = 0.0
+        if "local" not in members:  # local finds a first answer sooner than the heuristic
+            sel = selection(problem)
+            if sel.infeasible:
+                stats = {"reason": sel.infeasible}
+                return SolveResult(self.name, Status.INFEASIBLE, bound=math.inf, stats=stats)
+            start = feasible_positions(
+                sel, deadline, options.seed, t0 + START_FRACTION * options.time_limit
+            )
+            if start is not None:
+                board.offer(sel.choices(start), "heuristic")
+            trivial = sel.trivial_bound()
+        if options.warm_start is not None:
+            board.offer(problem.check_choices(options.warm_start), "warm start")
         run = _Run(board, options, settings, deadline, members)
         run.go()
-        return run.result(self.name, sel.trivial_bound(), time.perf_counter() - t0)
+        return run.result(self.name, trivial, time.perf_counter() - t0)
 
-    def _members(self, settings: PortfolioSettings) -> list[str]:
+    def _members(self, settings: PortfolioSettings, problem: Problem) -> list[str]:
         if settings.members is not None:
             return list(settings.members)
         workers = settings.workers if settings.workers is not None else os.cpu_count() or 1
+        if problem.num_nodes >= LARGE_NODES:
+            large = [m for m, module in LARGE_SOLVERS.items() if importlib.util.find_spec(module)]
+            if large:
+                return large
         names = [m for m, module in SOLVERS.items() if importlib.util.find_spec(module)]
         if workers > len(names) or not names:
             names.append("mcmc")
@@ -201,7 +231,7 @@ class _Run:
         self.done = ctx.Event()  # no member starts again
         self.hints: dict[str, Any] = {m: ctx.Queue() for m in members}
         self.results: dict[str, list[SolveResult]] = {m: [] for m in members}
-        self.hinted = board.value()  # the value CP-SAT was last started from
+        self.hinted = {m: board.value() for m in members}  # the value each was last sent
         self.interrupted = False
         # CP-SAT with one worker ends in `backends.mathprog.lns`, which takes better answers as it goes
         self.lns = settings.cpsat.neighbourhoods(threads=1)
@@ -212,14 +242,28 @@ class _Run:
             "ilp": settings.ilp,
             "cpsat": cpsat,
             "mcmc": settings.mcmc,
+            "toulbar2": settings.toulbar2,
+            "local": settings.local,
         }
         with board.lock:
             warm = board.best[2] if board.best else None
         self.procs = {
-            m: ctx.Process(target=self._member, args=(m, warm), daemon=True) for m in members
+            # toulbar2 forks its rounds, which a daemonic process may not: no member is
+            # daemonic, and `go` kills every one still running however it ends
+            m: ctx.Process(target=self._member, args=(m, warm), daemon=False)
+            for m in members
         }
 
     def go(self) -> None:
+        try:
+            self._go()
+        finally:
+            for p in self.procs.values():
+                if p.is_alive():
+                    p.kill()  # our own child, by its handle
+                    p.join()
+
+    def _go(self) -> None:
         for p in self.procs.values():
             p.start()
         hard = self.deadline + KILL_SECONDS
@@ -235,6 +279,7 @@ class _Run:
                 for e in self.stop.values():
                     e.set()
             self._restart_cpsat()
+            self._share()
             if time.perf_counter() > hard:
                 break
         for p in self.procs.values():
@@ -268,13 +313,27 @@ class _Run:
         if "cpsat" not in self.procs or not self.procs["cpsat"].is_alive() or self.done.is_set():
             return
         value = self.board.value()
-        if value < self.hinted * (1 - RESTART_GAIN):
+        if value < self.hinted["cpsat"] * (1 - RESTART_GAIN):
             with self.board.lock:
                 assert self.board.best is not None
                 self.hints["cpsat"].put(self.board.best[2])
-            self.hinted = value
+            self.hinted["cpsat"] = value
             if not self.lns:
                 self.stop["cpsat"].set()
+
+    def _share(self) -> None:
+        """Hand each running member of SHARED every better answer another member found."""
+        if self.done.is_set():
+            return
+        with self.board.lock:
+            if self.board.best is None:
+                return
+            value, _, choices, source = self.board.best
+        for m in SHARED:
+            if m in self.procs and m != source and value < self.hinted[m]:
+                if self.procs[m].is_alive():
+                    self.hints[m].put(choices)
+                self.hinted[m] = value
 
     def _member(self, name: str, warm: tuple[int, ...] | None) -> None:
         """In the member's process: solve, and for CP-SAT again from each better answer."""
@@ -286,7 +345,9 @@ class _Run:
         channel = Channel(
             on_incumbent=lambda ch, who: send(("answer", name, tuple(ch))),
             stop=self.stop[name],
-            incoming=partial(_latest, self.hints[name]) if name == "cpsat" and self.lns else None,
+            incoming=partial(_latest, self.hints[name])
+            if name in SHARED or name == "cpsat" and self.lns
+            else None,
         )
         while True:
             opts = replace(
@@ -352,7 +413,8 @@ def _latest(hints: Any) -> tuple[int, ...] | None:
 
 def _summary(r: SolveResult) -> dict[str, Any]:
     keep = ("solve_seconds", "search_seconds", "restricted", "hint", "answer", "cbc_result",
-            "cbc_peak_mib", "lp_start", "lns", "error")  # fmt: skip
+            "cbc_peak_mib", "lp_start", "lns", "error", "adopted", "rounds", "moves",
+            "found_by")  # fmt: skip
     return {
         "status": r.status.value,
         "limit": r.limit.value if r.limit else None,

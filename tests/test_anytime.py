@@ -8,8 +8,10 @@ import dataclasses
 import itertools
 import json
 import math
+import queue
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from backends.heuristics.feasible import backtrack, feasible_choices
 from backends.mathprog.common import CpsatSettings, IlpSettings
 from backends.mathprog.selection import check_times, live_sets, selection
 from backends.mcmc.chain import McmcSettings
+from backends.portfolio import LARGE_NODES, PortfolioSettings, _Board, _latest, _Run
 from backends.testing import BackendConformance, tiny_cnn
 from planner.hardware.presets import get_preset
 from planner.problems.costtable import brute_force, contest_problem, random_problem
@@ -309,6 +312,49 @@ def test_portfolio_says_who_found_what_and_keeps_the_best_bound() -> None:
     bounds = [m["bound"] for runs in members.values() for m in runs if m["bound"] is not None]
     assert r.bound is not None and r.bound >= max(bounds) * (1 - 1e-12) - 1e-9
     assert r.bound <= r.objective
+
+
+def test_portfolio_on_a_large_problem_runs_toulbar2_and_local_and_shares_answers() -> None:
+    """From LARGE_NODES nodes the members are toulbar2 and local; the answer is valid and
+    no worse than any member's own; each member's answers reach the other."""
+    p = contest_problem(LARGE_NODES, seed=5)
+    r = get_backend("portfolio").solve(p, SolveOptions(time_limit=20.0))
+    assert r.has_solution and memory_feasible(p, r.choices)
+    members = r.stats["members"]
+    assert set(members) == {"toulbar2", "local"}
+    finals = [m["objective"] for runs in members.values() for m in runs if m["objective"]]
+    assert finals and r.objective <= min(finals) * (1 + 1e-12)
+    sources = {e[1] for e in r.stats["events"]}
+    assert sources <= {"toulbar2", "local"}
+    assert r.bound is not None and 0 < r.bound <= r.objective
+
+
+def test_portfolio_hands_each_better_answer_to_the_other_large_members() -> None:
+    """A better answer from one of SHARED goes to the others' hint queues, once, and never
+    back to its finder."""
+
+    class Alive:
+        def is_alive(self) -> bool:
+            return True
+
+    p = contest_problem(60, seed=2)
+    board = _Board(p, time.perf_counter())
+    run = _Run(board, SolveOptions(time_limit=5.0), PortfolioSettings(), math.inf,
+               ["toulbar2", "local"])  # fmt: skip
+    run.procs = {m: Alive() for m in run.procs}  # type: ignore[misc]
+    run.hints = {m: queue.Queue() for m in run.hints}  # at once (a process queue: a moment later)
+    first = get_backend("local").solve(p, SolveOptions(time_limit=5.0, extra={"max_moves": 1}))
+    better = get_backend("local").solve(p, SolveOptions(time_limit=5.0))
+    assert first.choices and better.choices and better.objective < first.objective
+    assert board.offer(first.choices, "toulbar2")
+    run._share()
+    run._share()  # nothing new: nothing more sent
+    assert _latest(run.hints["local"]) == first.choices
+    assert _latest(run.hints["local"]) is None and _latest(run.hints["toulbar2"]) is None
+    assert board.offer(better.choices, "local")
+    run._share()
+    assert _latest(run.hints["toulbar2"]) == better.choices
+    assert _latest(run.hints["local"]) is None
 
 
 def test_portfolio_delegates_the_makespan_objective() -> None:

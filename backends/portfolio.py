@@ -262,6 +262,11 @@ class _Run:
                 if p.is_alive():
                     p.kill()  # our own child, by its handle
                     p.join()
+            for q in self.hints.values():
+                # an answer put for a member that ended without reading it would block this
+                # process's exit (the queue's thread waits for a reader to take it): drop it
+                q.cancel_join_thread()
+                q.close()
 
     def _go(self) -> None:
         for p in self.procs.values():

@@ -357,6 +357,29 @@ def test_portfolio_hands_each_better_answer_to_the_other_large_members() -> None
     assert _latest(run.hints["local"]) is None
 
 
+def test_portfolio_exits_with_answers_no_member_read() -> None:
+    """Answers put for members that ended without reading them (more than a pipe holds)
+    do not keep the process from exiting (it hung at exit on IOPDDL A)."""
+    code = (
+        "from backends.base import SolveOptions\n"
+        "from backends.portfolio import PortfolioSettings, _Board, _Run\n"
+        "from planner.problems.costtable import contest_problem\n"
+        "import math, time\n"
+        "p = contest_problem(50, seed=1)\n"
+        "run = _Run(_Board(p, time.perf_counter()), SolveOptions(time_limit=1.0),\n"
+        "           PortfolioSettings(), math.inf, ['toulbar2', 'local'])\n"
+        "run.procs = {}\n"
+        "for _ in range(4):\n"
+        "    run.hints['local'].put(tuple(range(100_000)))\n"
+        "run.go()\n"
+        "print('done')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "done"
+
+
 def test_portfolio_delegates_the_makespan_objective() -> None:
     p = build_problem(tiny_cnn(), get_preset("p100-1x2"), max_configs=3)
     r = get_backend("portfolio").solve(p, SolveOptions(objective="makespan", time_limit=5.0))

@@ -50,12 +50,16 @@ def test_priced_rounds_are_valid_and_bounded() -> None:
     bound never above it, OPTIMAL only at the optimum."""
     backend = get_backend("toulbar2")
     opts = SolveOptions(time_limit=5, seed=0, extra={"exact_memory_nodes": 0})
+    round_bounds = 0
     for problem in _problems(25, nodes=9):
         best, value = brute_force(problem)
         result = backend.solve(problem, opts)
         if best is None:
             assert result.choices is None
             continue
+        if "round_bound" in result.stats:  # toulbar2's dual of a priced round, L(lambda)
+            round_bounds += 1
+            assert result.stats["round_bound"] <= value * (1 + RTOL) + 1e-9, problem.name
         if result.choices is None:
             continue
         assert memory_feasible(problem, result.choices)
@@ -64,6 +68,7 @@ def test_priced_rounds_are_valid_and_bounded() -> None:
             assert result.bound <= value * (1 + RTOL) + 1e-9
         if result.status is Status.OPTIMAL:
             assert math.isclose(result.objective, value, rel_tol=RTOL)
+    assert round_bounds >= 10  # the priced rounds' bounds were checked, not skipped
 
 
 def test_lower_bound_never_exceeds_the_optimum() -> None:

@@ -59,7 +59,7 @@ from backends.base import (
     stop_requested,
 )
 from backends.wcsp import trws
-from backends.wcsp.bound import Lagrangian
+from backends.wcsp.bound import MARGIN, Lagrangian
 from backends.wcsp.memory import (
     Steps,
     kernel_arrays,
@@ -184,14 +184,14 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         stats.update(rounds=1, toulbar2_seconds=run.seconds, toulbar2_nodes=run.nodes)
         if run.labels is not None:
             best.offer(problem, net.choices(run.labels), "toulbar2")
-        bound = run.bound / scale if run.proven else None
+        bound = run.bound / run.scale if run.proven else None
         if run.proven and best.choices is None:
             return SolveResult(self.name, Status.INFEASIBLE, bound=math.inf, stats=stats)
         if run.proven and best.choices is not None:
             # rounded down: the network's optimum / scale <= the real one, and the answer is
             # within n / scale of it (the module docstring)
             slack = 1e-9 * max(abs(best.cost), 1e-300)
-            if best.cost - run.bound / scale <= slack:
+            if best.cost - run.bound / run.scale <= slack:
                 return self._answer(best, best.cost, None, stats, Status.OPTIMAL)
             return self._answer(best, bound, None, stats)
         limit = Limit.TIME if past(clock.at) or run.timed_out else None
@@ -279,6 +279,12 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
             stats["rounds"] = k + 1
             stats["toulbar2_seconds"] = stats.get("toulbar2_seconds", 0.0) + run.seconds
             timed_out = run.timed_out
+            if run.labels is not None or run.nodes:  # toulbar2's dual bound of the priced
+                # network, less the prices times the limits: L(lam), a bound (module docstring)
+                value = run.bound / run.scale - float((lam.sum(axis=0) * st.limit).sum())
+                value -= MARGIN * abs(value)
+                if value > stats.get("round_bound", -math.inf):
+                    stats["round_bound"] = value
             if run.labels is None:
                 break
             x = run.labels
@@ -306,7 +312,8 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
                 lagrange.msg_u, lagrange.msg_v,
             )  # fmt: skip
             fix(decoded, "decoded")
-        bound = lagrange.best if math.isfinite(lagrange.best) else None
+        best_bound = max(lagrange.best, stats.get("round_bound", -math.inf))
+        bound = best_bound if math.isfinite(best_bound) else None
         if lagrange.best == math.inf:
             return SolveResult(self.name, Status.INFEASIBLE, bound=math.inf, stats=stats)
         if bound is not None and best.choices is not None and bound >= best.cost * (1 - 1e-9):
@@ -343,6 +350,7 @@ class _Run:
     seconds: float
     nodes: int
     build: float
+    scale: float = 1.0  # the scale the network's costs were given in (lowered for high prices)
 
 
 def _conflicts(net: Network, x: np.ndarray) -> int:
@@ -517,7 +525,7 @@ def _run(
         cost = float(result[1])
     proven = dual >= min(cost, top) - 0.5
     nodes = int(cfn.GetNbNodes())
-    return _Run(labels, dual, proven, not proven, elapsed, nodes, t1 - t0)
+    return _Run(labels, dual, proven, not proven, elapsed, nodes, t1 - t0, scale)
 
 
 def _knapsacks(cfn: Any, net: Network, st: Steps, problem: Problem) -> None:

@@ -7,6 +7,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m backends.warm
 	touch $@
 
 .PHONY: install compare test lint slow bench wheel

@@ -16,7 +16,7 @@ from backends.wcsp.memory import kernel_arrays, profile, repair, steps
 from backends.wcsp.network import build_network
 from backends.wcsp.trws import incidence
 from planner.deadline import Deadline
-from planner.problems.costtable import brute_force, random_problem
+from planner.problems.costtable import brute_force, contest_problem, random_problem
 from planner.problems.evaluate import additive_cost, memory_feasible
 
 RTOL = 1e-9
@@ -179,3 +179,27 @@ def test_a_toulbar2_round_is_killed_at_ctrl_c(monkeypatch: pytest.MonkeyPatch) -
     finally:
         clear_stop()
     assert run.labels is None and run.timed_out
+
+
+def test_a_round_without_a_labelling_is_tried_again_for_longer(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A priced round that ends without a labelling (too short for toulbar2 to find one)
+    does not end the rounds: the same prices again, twice as long (S with 10 s rounds ended
+    without an answer)."""
+    from backends.wcsp import toulbar2 as module
+
+    real = module._apart
+    asked: list[int] = []
+
+    def first_empty(clock, net, penalty, scale, seed, seconds, *rest):  # type: ignore[no-untyped-def]
+        asked.append(seconds)
+        if len(asked) == 1:
+            return module._Run(None, 0.0, False, True, 0.0, 0, 0.0)
+        return real(clock, net, penalty, scale, seed, seconds, *rest)
+
+    monkeypatch.setattr(module, "_apart", first_empty)
+    problem = contest_problem(80, seed=4)
+    extra = {"exact_memory_nodes": 0, "round_seconds": 2.0, "max_rounds": 3}
+    result = get_backend("toulbar2").solve(problem, SolveOptions(time_limit=20, extra=extra))
+    assert result.stats["empty_rounds"] == 1 and len(asked) >= 2
+    assert asked[1] >= asked[0]  # twice 2 s (whole CPU seconds, by the CPU share)
+    assert result.choices is not None and memory_feasible(problem, result.choices)

@@ -14,7 +14,8 @@ The memory rule: on a small problem with integral usages, each time step's row i
 knapsack constraint of toulbar2's, and a proof is a proof. Otherwise it is relaxed into
 penalties: a price per time step and pool (the Lagrangian multipliers of `backends.wcsp.bound`,
 found in the first `bound_share` of the time), each node's usage priced by the sum over the
-steps it is live at. Rounds: toulbar2 solves the priced network (at most `round_seconds`, in
+steps it is live at. Rounds: toulbar2 solves the priced network (at most `round_seconds`,
+twice that after a round that found no labelling, in
 a child process that is killed at the deadline or at Ctrl-C: one solve cannot be
 interrupted in-process); the steps its answer
 overfills get their price multiplied by `growth` (or a first price; an answer within the
@@ -262,12 +263,13 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         # a first price for a step that is over full and unpriced: the mean cost per byte
         base = float(np.mean(net.unary)) / max(float(np.mean(net.usage)), 1.0) / max(count, 1)
         timed_out = False
+        round_limit = settings.round_seconds
         for k in range(settings.max_rounds):
             # building and preprocessing are not on toulbar2's clock: keep the last
             # round's building time twice over for them
             built = stats.get("build_seconds", 0.0) / k if k else BUILD_PER_ENTRY * net.binary.size
             spare = clock.left() - 2 * built
-            seconds = _seconds(net, min(spare, settings.round_seconds), cpu.share())
+            seconds = _seconds(net, min(spare, round_limit), cpu.share())
             if seconds is None:
                 timed_out = True
                 break
@@ -286,7 +288,13 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
                 if value > stats.get("round_bound", -math.inf):
                     stats["round_bound"] = value
             if run.labels is None:
-                break
+                if run.proven or past(clock.at):
+                    break  # nothing avoids the forbidden pairs, or no time is left
+                # too short to find a labelling (S with 10 s rounds: none in 240 s): the
+                # same prices again, twice as long
+                stats["empty_rounds"] = stats.get("empty_rounds", 0) + 1
+                round_limit *= 2
+                continue
             x = run.labels
             prof = profile(st, net.usage[net.noff[:-1] + x], count)
             over = prof > st.limit

@@ -119,8 +119,9 @@ class PortfolioSettings(BackendSettings):
     off and ilp running, its LP start is off: ilp's LP rounding arrives as an answer)"""
     mcmc: McmcSettings = field(default_factory=McmcSettings)
     """the mcmc member's settings, and mcmc's when the makespan objective is delegated"""
-    toulbar2: Toulbar2Settings = field(default_factory=Toulbar2Settings)
-    """the toulbar2 member's settings"""
+    toulbar2: Toulbar2Settings = field(default_factory=lambda: Toulbar2Settings(overlap=False))
+    """the toulbar2 member's settings (its bound does not overlap its rounds here: `local`
+    has the other core)"""
     local: LocalSettings = field(default_factory=lambda: LocalSettings(patience=0))
     """the local member's settings (by default it searches to the limit: patience 0)"""
 

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from backends import BackendError, Limit, SolveOptions, Status, get_backend
 from backends.heuristics.feasible import backtrack, feasible_choices
+from backends.local.anneal import _compile
 from backends.mathprog.common import CpsatSettings, IlpSettings
 from backends.mathprog.selection import check_times, live_sets, selection
 from backends.mcmc.chain import McmcSettings
@@ -314,11 +315,18 @@ def test_portfolio_says_who_found_what_and_keeps_the_best_bound() -> None:
     assert r.bound <= r.objective
 
 
+@pytest.fixture
+def compiled() -> None:
+    """The local kernels compiled or loaded outside any time limit (a cold compile: a minute)."""
+    _compile()
+
+
+@pytest.mark.usefixtures("compiled")
 def test_portfolio_on_a_large_problem_runs_toulbar2_and_local_and_shares_answers() -> None:
     """From LARGE_NODES nodes the members are toulbar2 and local; the answer is valid and
     no worse than any member's own; each member's answers reach the other."""
     p = contest_problem(LARGE_NODES, seed=5)
-    r = get_backend("portfolio").solve(p, SolveOptions(time_limit=20.0))
+    r = get_backend("portfolio").solve(p, SolveOptions(time_limit=10.0))
     assert r.has_solution and memory_feasible(p, r.choices)
     members = r.stats["members"]
     assert set(members) == {"toulbar2", "local"}
@@ -329,6 +337,7 @@ def test_portfolio_on_a_large_problem_runs_toulbar2_and_local_and_shares_answers
     assert r.bound is not None and 0 < r.bound <= r.objective
 
 
+@pytest.mark.usefixtures("compiled")
 def test_portfolio_hands_each_better_answer_to_the_other_large_members() -> None:
     """A better answer from one of SHARED goes to the others' hint queues, once, and never
     back to its finder."""

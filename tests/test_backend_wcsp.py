@@ -190,11 +190,11 @@ def test_a_round_without_a_labelling_is_tried_again_for_longer(monkeypatch) -> N
     real = module._apart
     asked: list[int] = []
 
-    def first_empty(clock, net, penalty, scale, seed, seconds, *rest):  # type: ignore[no-untyped-def]
+    def first_empty(clock, net, penalty, scale, seed, seconds, *rest, **kw):  # type: ignore[no-untyped-def]
         asked.append(seconds)
         if len(asked) == 1:
             return module._Run(None, 0.0, False, True, 0.0, 0, 0.0)
-        return real(clock, net, penalty, scale, seed, seconds, *rest)
+        return real(clock, net, penalty, scale, seed, seconds, *rest, **kw)
 
     monkeypatch.setattr(module, "_apart", first_empty)
     problem = contest_problem(80, seed=4)

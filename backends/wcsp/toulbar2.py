@@ -38,6 +38,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -88,6 +89,9 @@ BUILD_PER_ENTRY = 1e-6  # seconds to hand toulbar2 a table entry (6 M on IOPDDL 
 REPAIR_MOVES = 50  # repair moves between two looks at the clock
 PROPAGATE = 200  # nodes one repair move may take along (backends.wcsp.memory.repair)
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
+FIRST_ROUND_SECONDS = 45.0  # kept for the rounds before the bound takes its share (IOPDDL
+# A, 60 s: a first round takes 20-30 s; with 12 s of bound before it one round fitted and the
+# gap was 11%, with 3 s two rounds and 7%; on S, 240 s, 48 s of bound gave a better one)
 SMALL_TABLES = 100_000  # entries a network may have to be solved with under a second left
 
 
@@ -96,7 +100,8 @@ class Toulbar2Settings(BackendSettings):
     """The `toulbar2` backend's settings."""
 
     bound_share: Annotated[float, between(0.0, 0.9, "a share")] = 0.2
-    """share of the time for the Lagrangian bound (and the first prices) before toulbar2"""
+    """share of the time for the Lagrangian bound (and the first prices) before toulbar2: of
+    the time beyond FIRST_ROUND_SECONDS, or of a quarter of the time if that is more"""
     round_seconds: Annotated[float, POSITIVE] = 30.0
     """at most this long per toulbar2 solve (a Ctrl-C is seen between solves)"""
     max_rounds: Annotated[int, Check("a positive integer", lambda v: v > 0)] = 50
@@ -105,6 +110,9 @@ class Toulbar2Settings(BackendSettings):
     """the factor a price grows by while its time step is over full"""
     exact_memory_nodes: Annotated[int, at_least(0, "an integer")] = 40
     """up to this many nodes, with integral usages: memory rows as toulbar2 constraints"""
+    overlap: bool = True
+    """the bound's steps go on in this process while a round runs in its child (a second
+    core); the portfolio turns it off (its other member has that core)"""
 
 
 @dataclass
@@ -245,7 +253,9 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
 
         t0 = time.perf_counter()
         cpu = _CpuShare()
-        share = clock.within(settings.bound_share * clock.left())
+        # the bound's share of the time beyond what a first round needs on a large network
+        left = clock.left()
+        share = clock.within(settings.bound_share * max(left - FIRST_ROUND_SECONDS, 0.25 * left))
         seen = [0]
 
         def on_labelling(x: np.ndarray) -> float | None:
@@ -257,6 +267,11 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
 
         lagrange.run(share, upper, on_labelling)
         stats["bound_seconds"] = time.perf_counter() - t0
+
+        def step() -> None:
+            """One step of the bound while a round runs (`overlap`)."""
+            lagrange.run(clock, best.cost if best.choices is not None else None, on_labelling, 1)
+
         stats["bound_steps"] = lagrange.iterations
         lam = lagrange.best_lam if lagrange.best_lam is not None else lagrange.lam
         lam = lam.copy()
@@ -276,7 +291,10 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
             best.receive(problem)
             prices = np.repeat(node_prices(st, lam), net.dom, axis=0)
             penalty = (prices * net.usage).sum(axis=1)
-            run = _apart(clock, net, penalty, scale, options.seed + k, seconds, None, problem)
+            run = _apart(
+                clock, net, penalty, scale, options.seed + k, seconds, None, problem,
+                idle=step if settings.overlap else None,
+            )  # fmt: skip
             stats["build_seconds"] = stats.get("build_seconds", 0.0) + run.build
             stats["rounds"] = k + 1
             stats["toulbar2_seconds"] = stats.get("toulbar2_seconds", 0.0) + run.seconds
@@ -420,11 +438,12 @@ def _exact_memory(problem: Problem, net: Network, settings: Toulbar2Settings) ->
     return bool(np.all(net.usage == np.round(net.usage))) and bool(np.all(np.isfinite(limit)))
 
 
-def _apart(clock: Deadline, *args: Any) -> _Run:
+def _apart(clock: Deadline, *args: Any, idle: Callable[[], Any] | None = None) -> _Run:
     """`_run(*args)` in a forked child process: toulbar2's solve cannot be interrupted in
     this one (it holds the interpreter, and pytoulbar2 takes over SIGINT), so the child is
     killed at the deadline (plus KILL_SECONDS) or at Ctrl-C (plus INTERRUPT_GRACE_SECONDS),
-    and the round counts as one without an answer. The child ignores SIGINT itself."""
+    and the round counts as one without an answer. The child ignores SIGINT itself. `idle`,
+    if given, is called again and again while the child works (a short step each time)."""
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(send, args), daemon=True)
@@ -434,12 +453,16 @@ def _apart(clock: Deadline, *args: Any) -> _Run:
     hard = clock.at + KILL_SECONDS
     try:
         while True:
-            if receive.poll(POLL_SECONDS):
+            if receive.poll(0.0 if idle is not None else POLL_SECONDS):
                 try:
                     out: _Run = receive.recv()
                     return out
                 except EOFError:  # the child died without an answer
                     break
+            if idle is not None and not past(clock.at):
+                idle()
+            elif idle is not None:
+                time.sleep(POLL_SECONDS)
             now = time.perf_counter()
             if stop_requested():
                 hard = min(hard, now + INTERRUPT_GRACE_SECONDS)

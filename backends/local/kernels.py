@@ -956,7 +956,7 @@ def _repair_move(P, S, temperature: float) -> None:
     allowed and the Metropolis rule accepts the whole."""
     aoff, aother, movable = P[11], P[13], P[15]
     eoff, ncol, etab, aedge, aside = P[8], P[9], P[10], P[12], P[14]
-    x, rng, jn, jo, jpos = S[0], S[8], S[11], S[12], S[16]
+    x, rng, jn, jpos = S[0], S[8], S[11], S[16]
     i = movable[rand_int(rng, len(movable))]
     degree = aoff[i + 1] - aoff[i]
     if degree > HUB and rand_float(rng) * degree > HUB:
@@ -1001,12 +1001,28 @@ def _repair_move(P, S, temperature: float) -> None:
             set_position(P, S, w, b)
     delta = _journal_delta(P, S, length) if ok else INF
     if np.isfinite(delta) and _accept(rng, delta, temperature):
-        for k in range(length):
-            _mark(S, jn[k])
-        _journal_clear(S, length)
-        _commit(S, delta)
+        _keep_journal(S, length, delta)
         return
-    for k in range(length - 1, -1, -1):
+    _undo_journal(P, S, length, length)
+
+
+@njit(cache=True)
+def _keep_journal(S, length: int, delta: float) -> None:
+    """A compound move is kept: its nodes marked for the best copy, the journal emptied,
+    the cost moved by delta."""
+    jn = S[11]
+    for k in range(length):
+        _mark(S, jn[k])
+    _journal_clear(S, length)
+    _commit(S, delta)
+
+
+@njit(cache=True)
+def _undo_journal(P, S, moved: int, length: int) -> None:
+    """A compound move is undone: its first `moved` nodes back to their old strategies (in
+    reverse order, so the memory trees see each change undone), the journal emptied."""
+    jn, jo = S[11], S[12]
+    for k in range(moved - 1, -1, -1):
         set_position(P, S, jn[k], jo[k])
     _journal_clear(S, length)
 
@@ -1119,13 +1135,10 @@ def _tree_move(P, S, temperature: float) -> None:
             set_position(P, S, jn[done], reg[1, done])
             done += 1
         if done == length:
-            for k in range(length):
-                _mark(S, jn[k])
-            _journal_clear(S, length)
-            _commit(S, delta)
+            _keep_journal(S, length, delta)
             return
-        for k in range(done - 1, -1, -1):
-            set_position(P, S, jn[k], jo[k])
+        _undo_journal(P, S, done, length)
+        return
     _journal_clear(S, length)
 
 

@@ -914,37 +914,41 @@ def _best_response(P, S, j: int) -> int:
 
 
 @njit(cache=True)
+def _meets_moved(P, x: np.ndarray, jpos: np.ndarray, j: int, b: int) -> bool:
+    """Whether node j at strategy b would be on a forbidden pair with a node already moved
+    (in the journal: `jpos` >= 0)."""
+    eoff, ncol, etab, aoff, aedge, aother, aside = (
+        P[8], P[9], P[10], P[11], P[12], P[13], P[14],
+    )  # fmt: skip
+    for k in range(aoff[j], aoff[j + 1]):
+        w = aother[k]
+        if jpos[w] < 0:
+            continue
+        e = aedge[k]
+        if aside[k] == 0:
+            v = etab[eoff[e] + b * ncol[e] + x[w]]
+        else:
+            v = etab[eoff[e] + x[w] * ncol[e] + b]
+        if not np.isfinite(v):
+            return True
+    return False
+
+
+@njit(cache=True)
 def _chain_response(P, S, j: int) -> int:
     """Node j's strategy that fits in memory with no forbidden pair with a node already
     moved (in the journal), the fewest with the others, then the lowest cost (-1: none)."""
-    off, cost, eoff, ncol, etab, aoff, aedge, aother, aside = (
-        P[0], P[1], P[8], P[9], P[10], P[11], P[12], P[13], P[14],
-    )  # fmt: skip
+    off, cost = P[0], P[1]
     x, jpos = S[0], S[16]
     pick, pick_bad, pick_cost = -1, 1 << 60, INF
     for b in range(off[j + 1] - off[j]):
-        c = cost[off[j] + b]
-        if not np.isfinite(c):
+        if not np.isfinite(cost[off[j] + b]) or _meets_moved(P, x, jpos, j, b):
             continue
-        bad = 0
-        for k in range(aoff[j], aoff[j + 1]):
-            w = aother[k]
-            e = aedge[k]
-            if aside[k] == 0:
-                v = etab[eoff[e] + b * ncol[e] + x[w]]
-            else:
-                v = etab[eoff[e] + x[w] * ncol[e] + b]
-            if np.isfinite(v):
-                c += v
-            elif jpos[w] >= 0:
-                bad = 1 << 61
-                break
-            else:
-                bad += 1
+        bad, c = _conflicts_and_cost(P, x, j, b)
         better = bad < pick_bad or (bad == pick_bad and c < pick_cost)
         if better and (b == x[j] or fits(P, S, j, b)):
             pick, pick_bad, pick_cost = b, bad, c
-    return pick if pick_bad < (1 << 61) else -1
+    return pick
 
 
 @njit(cache=True)

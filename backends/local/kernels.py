@@ -122,6 +122,16 @@ def rand_float(rng: np.ndarray) -> float:
 
 
 @njit(cache=True)
+def _entry(eoff, ncol, etab, aedge, aside, k: int, a: int, b: int) -> float:
+    """The cost of the edge at adjacency slot k with its node at strategy a and the other
+    end at b (the table is row-major by the edge's first end)."""
+    e = aedge[k]
+    if aside[k] == 0:
+        return etab[eoff[e] + a * ncol[e] + b]
+    return etab[eoff[e] + b * ncol[e] + a]
+
+
+@njit(cache=True)
 def local_cost(
     off: np.ndarray,
     cost: np.ndarray,
@@ -139,12 +149,8 @@ def local_cost(
     """Node i's cost at strategy a plus its edges' costs with the neighbours at x."""
     c = cost[off[i] + a]
     for k in range(aoff[i], aoff[i + 1]):
-        e = aedge[k]
         j = aother[k]
-        if aside[k] == 0:
-            c += etab[eoff[e] + a * ncol[e] + x[j]]
-        else:
-            c += etab[eoff[e] + x[j] * ncol[e] + a]
+        c += _entry(eoff, ncol, etab, aedge, aside, k, a, x[j])
     return c
 
 
@@ -530,11 +536,7 @@ def _placed_cost(P, x, placed, i: int, a: int) -> float:
         j = aother[k]
         if placed[j] == 0:
             continue
-        e = aedge[k]
-        if aside[k] == 0:
-            c += etab[eoff[e] + a * ncol[e] + x[j]]
-        else:
-            c += etab[eoff[e] + x[j] * ncol[e] + a]
+        c += _entry(eoff, ncol, etab, aedge, aside, k, a, x[j])
     return c
 
 
@@ -589,12 +591,8 @@ def _conflicts_and_cost(P, x: np.ndarray, i: int, a: int) -> tuple[int, float]:
     c = cost[off[i] + a]
     bad = 0
     for k in range(aoff[i], aoff[i + 1]):
-        e = aedge[k]
         j = aother[k]
-        if aside[k] == 0:
-            v = etab[eoff[e] + a * ncol[e] + x[j]]
-        else:
-            v = etab[eoff[e] + x[j] * ncol[e] + a]
+        v = _entry(eoff, ncol, etab, aedge, aside, k, a, x[j])
         if np.isfinite(v):
             c += v
         else:
@@ -924,11 +922,7 @@ def _meets_moved(P, x: np.ndarray, jpos: np.ndarray, j: int, b: int) -> bool:
         w = aother[k]
         if jpos[w] < 0:
             continue
-        e = aedge[k]
-        if aside[k] == 0:
-            v = etab[eoff[e] + b * ncol[e] + x[w]]
-        else:
-            v = etab[eoff[e] + x[w] * ncol[e] + b]
+        v = _entry(eoff, ncol, etab, aedge, aside, k, b, x[w])
         if not np.isfinite(v):
             return True
     return False
@@ -987,11 +981,7 @@ def _repair_move(P, S, temperature: float) -> None:
             w = aother[k]
             if jpos[w] >= 0:
                 continue
-            e = aedge[k]
-            if aside[k] == 0:
-                v = etab[eoff[e] + x[m] * ncol[e] + x[w]]
-            else:
-                v = etab[eoff[e] + x[w] * ncol[e] + x[m]]
+            v = _entry(eoff, ncol, etab, aedge, aside, k, x[m], x[w])
             if np.isfinite(v):
                 continue
             if length >= cap or aoff[w + 1] - aoff[w] > HUB:
@@ -1082,11 +1072,7 @@ def _tree_move(P, S, temperature: float) -> None:
                         continue  # a tree edge to a child: in the child's term below
                     if r > 0 and pw == reg[1, r] and aedge[k] == reg[2, r]:
                         continue  # the tree edge to the parent: in the parent's term
-                    e = aedge[k]
-                    if aside[k] == 0:
-                        c += etab[eoff[e] + a * ncol[e] + x[w]]
-                    else:
-                        c += etab[eoff[e] + x[w] * ncol[e] + a]
+                    c += _entry(eoff, ncol, etab, aedge, aside, k, a, x[w])
             f[r, a] = c
     for r in range(size - 1, 0, -1):
         v, parent, e, side = reg[0, r], reg[0, reg[1, r]], reg[2, r], reg[3, r]

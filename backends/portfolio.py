@@ -176,7 +176,7 @@ class PortfolioBackend(Backend[PortfolioSettings]):
         deadline = options.clock().at
         board = _Board(problem, t0)
         members = self._members(settings, problem)
-        trivial = 0.0
+        trivial = -math.inf  # no bound of our own unless the heuristic's tables give one
         if "local" not in members:  # local finds a first answer sooner than the heuristic
             sel = selection(problem)
             if sel.infeasible:
@@ -391,7 +391,8 @@ class _Run:
         bounds = [trivial] + [
             r.bound for rs in self.results.values() for r in rs if r.bound is not None
         ]
-        bound = max(bounds)
+        best_bound = max(bounds)
+        bound = best_bound if best_bound > -math.inf else None  # no member proved one
         stats: dict[str, Any] = {
             "events": list(self.board.events),
             "members": {m: [dict(r.stats) for r in rs] for m, rs in self.results.items()},
@@ -401,10 +402,12 @@ class _Run:
             return SolveResult(name, Status.NO_SOLUTION, bound=bound, limit=Limit.TIME, stats=stats)
         value, _, choices, source = self.board.best
         stats["answer_from"] = source
-        optimal = self._proven() or bound >= value * (1 - 1e-9)
+        optimal = self._proven() or (bound is not None and bound >= value * (1 - 1e-9))
         status = Status.OPTIMAL if optimal else Status.FEASIBLE
         limit = None if optimal else Limit.TIME
-        return SolveResult(name, status, choices, bound=min(bound, value), limit=limit, stats=stats)
+        if bound is not None:
+            bound = min(bound, value)
+        return SolveResult(name, status, choices, bound=bound, limit=limit, stats=stats)
 
 
 def _latest(hints: Any) -> tuple[int, ...] | None:

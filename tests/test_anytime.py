@@ -366,6 +366,18 @@ def test_portfolio_hands_each_better_answer_to_the_other_large_members() -> None
     assert _latest(run.hints["local"]) is None
 
 
+def test_portfolio_claims_no_bound_that_no_member_proved() -> None:
+    """On the large path (no heuristic tables) a portfolio whose members proved nothing
+    reports no bound: 0 would be wrong for tables with negative costs."""
+    p = contest_problem(40, seed=3)
+    board = _Board(p, time.perf_counter())
+    answer = get_backend("local").solve(p, SolveOptions(time_limit=5.0, extra={"max_moves": 1}))
+    assert answer.choices is not None and board.offer(answer.choices, "local")
+    run = _Run(board, SolveOptions(time_limit=1.0), PortfolioSettings(), math.inf, ["local"])
+    r = run.result("portfolio", -math.inf, 0.0)
+    assert r.bound is None and r.status is Status.FEASIBLE and r.choices == answer.choices
+
+
 def test_portfolio_exits_with_answers_no_member_read() -> None:
     """Answers put for members that ended without reading them (more than a pipe holds)
     do not keep the process from exiting (it hung at exit on IOPDDL A)."""

@@ -203,3 +203,43 @@ def test_a_round_without_a_labelling_is_tried_again_for_longer(monkeypatch) -> N
     assert result.stats["empty_rounds"] == 1 and len(asked) >= 2
     assert asked[1] >= asked[0]  # twice 2 s (whole CPU seconds, by the CPU share)
     assert result.choices is not None and memory_feasible(problem, result.choices)
+
+
+def test_rounds_after_the_first_are_as_long_as_a_first_labelling_took(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A round's length follows how long toulbar2 took to its first labelling in the round
+    before (read from its log), so the prices change more often (IOPDDL S: 11 rounds in
+    240 s instead of 5); `round_seconds` stays the cap."""
+    from backends.wcsp import toulbar2 as module
+
+    real = module._apart
+    asked: list[int] = []
+
+    def record(clock, net, penalty, scale, seed, seconds, *rest, **kw):  # type: ignore[no-untyped-def]
+        asked.append(seconds)
+        return real(clock, net, penalty, scale, seed, seconds, *rest, **kw)
+
+    monkeypatch.setattr(module, "_apart", record)
+    problem = contest_problem(60, seed=2)
+    extra = {"exact_memory_nodes": 0, "round_seconds": 9.0, "max_rounds": 3, "bound_share": 0.0}
+    result = get_backend("toulbar2").solve(problem, SolveOptions(time_limit=30, extra=extra))
+    firsts = result.stats["first_labelling_seconds"]
+    assert firsts and all(0.0 <= t < 9.0 for t in firsts)
+    assert asked[0] == 9 and len(asked) >= 2
+    assert asked[1] == max(1, int(module.FIRST_FACTOR * firsts[0] + module.FIRST_EXTRA))
+
+
+def test_the_first_labelling_time_is_read_from_toulbar2s_log(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from backends.wcsp.toulbar2 import _first_labelling
+
+    log = tmp_path / "tb2.log"
+    log.write_text(
+        "Preprocessing time: 4.255 seconds.\n"
+        "New solution: 891393839 (0 backtracks, 511 nodes, depth 513, 12.509 seconds)\n"
+        "New solution: 887665732 (489 backtracks, 1418 nodes, depth 419, 19.036 seconds)\n"
+    )
+    assert _first_labelling(str(log)) == 12.509
+    assert not log.exists()  # the log is deleted once read
+    empty = tmp_path / "none.log"
+    empty.write_text("Time limit expired... Aborting...\n")
+    assert _first_labelling(str(empty)) is None
+    assert _first_labelling(None) is None

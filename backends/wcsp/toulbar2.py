@@ -35,8 +35,10 @@ import ctypes
 import math
 import multiprocessing
 import os
+import re
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,6 +95,12 @@ FIRST_ROUND_SECONDS = 45.0  # kept for the rounds before the bound takes its sha
 # A, 60 s: a first round takes 20-30 s; with 12 s of bound before it one round fitted and the
 # gap was 11%, with 3 s two rounds and 7%; on S, 240 s, 48 s of bound gave a better one)
 SMALL_TABLES = 100_000  # entries a network may have to be solved with under a second left
+FIRST_FACTOR = 1.25  # a round after one that found its first labelling in t seconds of CPU
+FIRST_EXTRA = 1.0  # ... is FIRST_FACTOR * t + FIRST_EXTRA long (at most round_seconds): the
+# prices change more often. IOPDDL S, 240 s, portfolio: 15 s rounds (a first labelling in
+# 12.5 s, 11 rounds) gave 1.549e9, 30 s rounds (5) 1.563e9-1.594e9; a fixed 15 s gave A
+# (first labelling after more than 15 s) no round answer at all
+_SOLUTION_LINE = re.compile(r"^New solution: .*?([0-9.]+) seconds\)", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,9 @@ class Toulbar2Settings(BackendSettings):
     """share of the time for the Lagrangian bound (and the first prices) before toulbar2: of
     the time beyond FIRST_ROUND_SECONDS, or of a quarter of the time if that is more"""
     round_seconds: Annotated[float, POSITIVE] = 30.0
-    """at most this long per toulbar2 solve (a Ctrl-C is seen between solves)"""
+    """at most this long per toulbar2 solve (a Ctrl-C is seen between solves); a round after
+    one that found its first labelling in t seconds gets FIRST_FACTOR * t + FIRST_EXTRA if
+    that is less, and one after a round without a labelling twice as long as that one"""
     max_rounds: Annotated[int, Check("a positive integer", lambda v: v > 0)] = 50
     """at most this many priced solves"""
     growth: Annotated[float, at_least(1.0, "a number")] = 2.0
@@ -313,11 +323,17 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
                 stats["empty_rounds"] = stats.get("empty_rounds", 0) + 1
                 round_limit *= 2
                 continue
+            if run.first is not None:  # as long as a first labelling took, and a margin
+                stats.setdefault("first_labelling_seconds", []).append(round(run.first, 2))
+                round_limit = min(settings.round_seconds, FIRST_FACTOR * run.first + FIRST_EXTRA)
             x = run.labels
             prof = profile(st, net.usage[net.noff[:-1] + x], count)
             over = prof > st.limit
             fix(x, f"toulbar2 round {k + 1}")
-            line = f"round {k + 1}: best {best.cost:.6g}, over-full steps {int(over.sum())}"
+            line = (
+                f"round {k + 1} ({seconds} s): best {best.cost:.6g}, over-full steps "
+                f"{int(over.sum())}"
+            )
             progress(lambda line=line: line)  # type: ignore[misc]
             if not over.any() and not lam.any():
                 break  # the unpriced network's answer keeps the limit: nothing to price
@@ -377,6 +393,7 @@ class _Run:
     nodes: int
     build: float
     scale: float = 1.0  # the scale the network's costs were given in (lowered for high prices)
+    first: float | None = None  # toulbar2's CPU seconds to its first labelling (from its log)
 
 
 def _conflicts(net: Network, x: np.ndarray) -> int:
@@ -525,7 +542,8 @@ def _run(
     t0 = time.perf_counter()
     import pytoulbar2  # here: the settings import without it (the portfolio's)
 
-    cfn = pytoulbar2.CFN(ubinit=top, seed=max(seed, 0) % (2**31 - 1) + 1, verbose=-1)
+    log = _capture_stdout()  # toulbar2's log: when it found its first labelling
+    cfn = pytoulbar2.CFN(ubinit=top, seed=max(seed, 0) % (2**31 - 1) + 1, verbose=0)
     wcsp = cfn.CFN.wcsp
     for i in range(net.num_nodes):
         wcsp.makeEnumeratedVariable(f"x{i}", 0, int(net.dom[i]) - 1)
@@ -556,7 +574,37 @@ def _run(
         cost = float(result[1])
     proven = dual >= min(cost, top) - 0.5
     nodes = int(cfn.GetNbNodes())
-    return _Run(labels, dual, proven, not proven, elapsed, nodes, t1 - t0, scale)
+    first = _first_labelling(log) if labels is not None else None
+    return _Run(labels, dual, proven, not proven, elapsed, nodes, t1 - t0, scale, first)
+
+
+def _capture_stdout() -> str | None:
+    """Send this process's standard output (file descriptor 1: toulbar2 writes its log
+    there) to a new temporary file, and return its path (None if that cannot be done). Only in
+    a round's child process, which ends after the round."""
+    try:
+        fd, path = tempfile.mkstemp(prefix="layerwise-toulbar2-", suffix=".log")
+    except OSError:
+        return None
+    sys.stdout.flush()
+    os.dup2(fd, 1)
+    os.close(fd)
+    return path
+
+
+def _first_labelling(path: str | None) -> float | None:
+    """toulbar2's seconds to the first labelling of its log (None if it has none), and the
+    log deleted."""
+    if path is None:
+        return None
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read()
+        os.unlink(path)
+    except OSError:
+        return None
+    hit = _SOLUTION_LINE.search(text)
+    return float(hit.group(1)) if hit else None
 
 
 def _knapsacks(cfn: Any, net: Network, st: Steps, problem: Problem) -> None:

@@ -64,6 +64,7 @@ from backends.base import (
 )
 from backends.wcsp import trws
 from backends.wcsp.bound import MARGIN, Lagrangian
+from backends.wcsp.contract import Contraction, contract
 from backends.wcsp.memory import (
     Steps,
     kernel_arrays,
@@ -94,12 +95,16 @@ PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 FIRST_ROUND_SECONDS = 45.0  # kept for the rounds before the bound takes its share (IOPDDL
 # A, 60 s: a first round takes 20-30 s; with 12 s of bound before it one round fitted and the
 # gap was 11%, with 3 s two rounds and 7%; on S, 240 s, 48 s of bound gave a better one)
+CONTRACT_PER_ENTRY = 1e-6  # seconds to contract a network, per table entry (A: 5.8 M, 4-8 s)
+FIX_OVERFULL = 0.02  # a round's labelling over the limit at more than this share of the
+# time steps is not repaired once there is an answer (IOPDDL S's first rounds: 0.5%)
 SMALL_TABLES = 100_000  # entries a network may have to be solved with under a second left
 FIRST_FACTOR = 1.25  # a round after one that found its first labelling in t seconds of CPU
-FIRST_EXTRA = 1.0  # ... is FIRST_FACTOR * t + FIRST_EXTRA long (at most round_seconds): the
-# prices change more often. IOPDDL S, 240 s, portfolio: 15 s rounds (a first labelling in
-# 12.5 s, 11 rounds) gave 1.549e9, 30 s rounds (5) 1.563e9-1.594e9; a fixed 15 s gave A
-# (first labelling after more than 15 s) no round answer at all
+FIRST_EXTRA = 1.0  # ... is FIRST_FACTOR * t + FIRST_EXTRA long, within min_round_seconds and
+# round_seconds. IOPDDL, portfolio: S (240 s, a first labelling in 7-12 s) gave 1.549e9 with
+# 15 s rounds (11 rounds) and 1.563e9-1.594e9 with 30 s ones (5); M (180 s, first labelling in
+# 3 s) lost 0.3% with 5 s rounds (toulbar2 still improves the labelling for seconds after the
+# first) and none with 15 s ones; A (60 s) got no round answer at all with a fixed 15 s
 _SOLUTION_LINE = re.compile(r"^New solution: .*?([0-9.]+) seconds\)", re.MULTILINE)
 
 
@@ -111,10 +116,12 @@ class Toulbar2Settings(BackendSettings):
     """share of the time for the Lagrangian bound (and the first prices) before toulbar2: of
     the time beyond FIRST_ROUND_SECONDS, or of a quarter of the time if that is more"""
     round_seconds: Annotated[float, POSITIVE] = 30.0
-    """at most this long per toulbar2 solve (a Ctrl-C is seen between solves); a round after
-    one that found its first labelling in t seconds gets FIRST_FACTOR * t + FIRST_EXTRA if
-    that is less, and one after a round without a labelling twice as long as that one"""
-    max_rounds: Annotated[int, Check("a positive integer", lambda v: v > 0)] = 50
+    """at most this long per toulbar2 solve (a Ctrl-C is seen between solves), and the first
+    round's length; a round after one without a labelling is twice as long as that one"""
+    min_round_seconds: Annotated[float, POSITIVE] = 15.0
+    """a round after one that found its first labelling in t seconds is FIRST_FACTOR * t +
+    FIRST_EXTRA long, but at least this (and at most round_seconds)"""
+    max_rounds: Annotated[int, Check("a positive integer", lambda v: v > 0)] = 500
     """at most this many priced solves"""
     growth: Annotated[float, at_least(1.0, "a number")] = 2.0
     """the factor a price grows by while its time step is over full"""
@@ -289,20 +296,26 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         base = float(np.mean(net.unary)) / max(float(np.mean(net.usage)), 1.0) / max(count, 1)
         timed_out = False
         round_limit = settings.round_seconds
+        con = _contraction(net, clock, stats)
+        solved = con.net if con is not None else net  # the network toulbar2 is given
         for k in range(settings.max_rounds):
             # building and preprocessing are not on toulbar2's clock: keep the last
             # round's building time twice over for them
-            built = stats.get("build_seconds", 0.0) / k if k else BUILD_PER_ENTRY * net.binary.size
+            built = (
+                stats.get("build_seconds", 0.0) / k if k else BUILD_PER_ENTRY * solved.binary.size
+            )
             spare = clock.left() - 2 * built
-            seconds = _seconds(net, min(spare, round_limit), cpu.share())
+            seconds = _seconds(solved, min(spare, round_limit), cpu.share())
             if seconds is None:
                 timed_out = True
                 break
             best.receive(problem)
             prices = np.repeat(node_prices(st, lam), net.dom, axis=0)
             penalty = (prices * net.usage).sum(axis=1)
+            if con is not None:  # the trees' sums: `solved`'s own unary costs are zeros
+                penalty = con.unary(net.unary + penalty)
             run = _apart(
-                clock, net, penalty, scale, options.seed + k, seconds, None, problem,
+                clock, solved, penalty, scale, options.seed + k, seconds, None, problem,
                 idle=step if settings.overlap else None,
             )  # fmt: skip
             stats["build_seconds"] = stats.get("build_seconds", 0.0) + run.build
@@ -325,11 +338,16 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
                 continue
             if run.first is not None:  # as long as a first labelling took, and a margin
                 stats.setdefault("first_labelling_seconds", []).append(round(run.first, 2))
-                round_limit = min(settings.round_seconds, FIRST_FACTOR * run.first + FIRST_EXTRA)
-            x = run.labels
+                length = max(settings.min_round_seconds, FIRST_FACTOR * run.first + FIRST_EXTRA)
+                round_limit = min(settings.round_seconds, length)
+            x = run.labels if con is None else con.lift(run.labels)
             prof = profile(st, net.usage[net.noff[:-1] + x], count)
             over = prof > st.limit
-            fix(x, f"toulbar2 round {k + 1}")
+            if best.choices is None or int(over.sum()) <= FIX_OVERFULL * count:
+                fix(x, f"toulbar2 round {k + 1}")
+            else:  # far over the limit: its repair would take seconds (A: 9 s for 15,796
+                # over-full steps) and end far above the best; it only moves the prices
+                stats["unrepaired"] = stats.get("unrepaired", 0) + 1
             line = (
                 f"round {k + 1} ({seconds} s): best {best.cost:.6g}, over-full steps "
                 f"{int(over.sum())}"
@@ -394,6 +412,21 @@ class _Run:
     build: float
     scale: float = 1.0  # the scale the network's costs were given in (lowered for high prices)
     first: float | None = None  # toulbar2's CPU seconds to its first labelling (from its log)
+
+
+def _contraction(net: Network, clock: Deadline, stats: dict[str, Any]) -> Contraction | None:
+    """The network contracted along its functional edges (`backends.wcsp.contract`), for the
+    rounds: None when that would take more than a quarter of the time left (an estimate per
+    table entry), when the deadline passes during it, or when it removes nothing."""
+    if CONTRACT_PER_ENTRY * net.binary.size > 0.25 * clock.left():
+        return None
+    t0 = time.perf_counter()
+    con = contract(net, clock)
+    stats["contract_seconds"] = time.perf_counter() - t0
+    if con is None or con.removed == 0 or con.net.empty is not None:
+        return None  # (a tree without a value: the rounds on `net` find that out)
+    stats["contracted"] = f"{net.num_nodes} -> {con.net.num_nodes} nodes"
+    return con
 
 
 def _conflicts(net: Network, x: np.ndarray) -> int:

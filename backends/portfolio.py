@@ -86,8 +86,11 @@ LARGE_NODES = 2_000  # from this many nodes, toulbar2 and local instead of ilp a
 # the contest's instances of 28,000-35,000 nodes ilp and cpsat found no answer or 3-137x
 # the best known; toulbar2 and local are within 0.4-6% and find a first answer in seconds)
 SHARED = ("local", "toulbar2")  # members that take every better answer found elsewhere
-KILL_SECONDS = 0.5  # members still running this long past the deadline are killed (each
-# searches until the deadline and has sent its answers as it found them)
+WIND_DOWN_SECONDS = 1.0  # members search until this much before the deadline (or
+WIND_DOWN_SHARE = 0.1  # this share of the time limit, if less): their wind-down (a toulbar2
+# round killed up to 0.5 s past its own deadline, its bound, a re-score, the process's exit) is
+# inside the limit; members still running at the deadline are killed (each has sent its
+# answers as it found them; what is lost is a last result's bound)
 START_FRACTION = 0.1  # of the time limit for polishing the heuristic's answer
 RESTART_GAIN = 0.002  # CP-SAT gets another member's answer when it is this much better
 POLL_SECONDS = 0.1
@@ -225,6 +228,8 @@ class _Run:
         members: list[str],
     ):
         self.board, self.options, self.deadline = board, options, deadline
+        wind_down = min(WIND_DOWN_SECONDS, WIND_DOWN_SHARE * options.time_limit)
+        self.members_until = deadline - wind_down  # the members' own deadline
         self.members = members
         ctx = multiprocessing.get_context("fork")
         self.queue: Any = ctx.Queue()
@@ -272,9 +277,9 @@ class _Run:
     def _go(self) -> None:
         for p in self.procs.values():
             p.start()
-        hard = self.deadline + KILL_SECONDS
+        hard = self.deadline
         while any(p.is_alive() for p in self.procs.values()) or not self.queue.empty():
-            self._drain()
+            self._drain(min(POLL_SECONDS, hard - time.perf_counter()))
             if stop_requested() and not self.interrupted:
                 self.interrupted = True
                 # the members' answers so far are on the board (each sends every better
@@ -292,13 +297,13 @@ class _Run:
             p.join(timeout=max(0.0, hard - time.perf_counter()))
             if p.is_alive():
                 p.kill()  # our own child, by its handle
-        self._drain()
+        self._drain(0.0)  # what is in the pipe already (every member has ended or was killed)
         if self.interrupted:
             request_stop()  # Backend.solve marks the result INTERRUPTED
 
-    def _drain(self) -> None:
+    def _drain(self, timeout: float = POLL_SECONDS) -> None:
         try:
-            kind, name, item = self.queue.get(timeout=POLL_SECONDS)
+            kind, name, item = self.queue.get(timeout=max(timeout, 1e-3))
         except queue.Empty:
             return
         while True:
@@ -358,7 +363,7 @@ class _Run:
         while True:
             opts = replace(
                 self.options,
-                time_limit=max(0.05, self.deadline - time.perf_counter()),
+                time_limit=max(0.05, self.members_until - time.perf_counter()),
                 threads=1,
                 warm_start=warm,
                 extra=self.settings[name],
@@ -369,7 +374,7 @@ class _Run:
             except Exception as exc:  # a member's failure is reported, not raised here
                 result = SolveResult(name, Status.NO_SOLUTION, stats={"error": str(exc)})
             send(("result", name, replace(result, stats=_summary(result))))
-            if name != "cpsat" or self.lns or self.done.is_set() or past(self.deadline):
+            if name != "cpsat" or self.lns or self.done.is_set() or past(self.members_until):
                 return
             try:
                 warm = self.hints[name].get(timeout=POLL_SECONDS)

@@ -7,7 +7,8 @@ on its own. Times are in milliseconds; "xDP" is data parallelism's time over the
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,9 +18,12 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from experiments.compare import Case, Row
 
 NEAR = 0.01  # "within 1%"
+OVER_BUDGET = 0.01  # a solve call longer than the budget by more than this is named
 RTOL = 1e-6
 OBJECTIVE_NAMES = {"additive": "additive (OptCNN Eq. 1)", "makespan": "simulated (FlexFlow)"}
 SHORT_LIMITS = {"ITERATIONS": "ITERS", "INTERRUPTED": "STOPPED"}
@@ -63,14 +67,22 @@ def fmt_gap(row: Row) -> str:
     return f"{row.gap:.1%}" if row.gap < 0.1 else f"{row.gap:.0%}"
 
 
-def _searched_mark(objective: str, column: str) -> str:
-    return "*" if column == objective else ""
+def gap_cell(row: Row) -> str:
+    """The row's own gap, except beside "= optimum": the answer is the optimum another
+    backend proved, and a gap there would only say that this backend's own bound is weaker
+    (cpsat's restricted rounds keep only the trivial bound): "unproven" (the summary gives
+    the number)."""
+    text = fmt_gap(row)
+    weaker = row.verdict == "= optimum" and text[:1].isdigit() and text != "0%"
+    return "unproven" if weaker else text
 
 
-# -- tables ---------------------------------------------------------------------------------
+COLUMN_WORDS = {"additive": "additive", "makespan": "simulated"}  # an objective's columns
 
 
 def case_table(case: Case, objective: str) -> Table:
+    """One row per method. Each objective's columns (ms, xDP) stand together under its name;
+    the gap and the verdict follow the searched (*) objective's, the verdict naming it."""
     digits = decimals([r.additive for r in case.rows] + [r.simulated for r in case.rows])
     t = Table(
         title=f"{case.model} on {case.preset}: {case.devices} devices, batch {case.batch}",
@@ -79,36 +91,60 @@ def case_table(case: Case, objective: str) -> Table:
         show_edge=False,
         collapse_padding=True,
     )
-    columns = [
-        ("\nmethod", "left"),
-        ("\nstatus", "left"),
-        (f"additive{_searched_mark(objective, 'additive')}\nms", "right"),
-        ("\nxDP", "right"),
-        (f"simulated{_searched_mark(objective, 'makespan')}\nms", "right"),
-        ("\nxDP", "right"),
-        ("search\ns", "right"),
-        ("\ngap", "right"),
-        ("vs\noptimum", "right"),
-        ("\nrecommend", "left"),
+    cells: list[tuple[str, str, Callable[[Row], Text]]] = [
+        ("\nmethod", "left", lambda r: Text(r.method, style="italic" if r.is_baseline else "")),
+        ("\nstatus", "left", lambda r: Text(_status_cell(r))),
     ]
-    for name, justify in columns:
+    for kind, word in COLUMN_WORDS.items():
+        mark = "*" if kind == objective else ""
+        cells += [
+            (f"{word}{mark}\nms", "right", partial(_time_cell, kind, digits)),
+            ("\nxDP", "right", partial(_speedup_cell, kind)),
+        ]
+        if kind == objective:
+            cells += [
+                ("own\ngap", "right", lambda r: Text(gap_cell(r))),
+                (f"vs {word}\noptimum", "right", _verdict_cell),
+            ]
+    cells += [
+        ("search\ns", "right", lambda r: Text(_seconds(r.search_seconds))),
+        ("\nrecommend", "left", _recommend_cell),
+    ]
+    for name, justify, _ in cells:
         t.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for r in case.rows:
-        switched = r.recommended not in ("", "same")
-        cells = [
-            Text(r.method, style="italic" if r.is_baseline else ""),
-            Text(fmt_status(r.status) if r.status != "cannot run" else "n/a"),
-            Text(fmt_ms(r.additive, digits)),
-            Text(fmt_x(r.additive_speedup)),
-            Text(fmt_ms(r.simulated, digits), style="bold yellow" if switched else ""),
-            Text(fmt_x(r.simulated_speedup)),
-            Text("" if r.search_seconds is None else f"{r.search_seconds:.2f}"),
-            Text(fmt_gap(r)),
-            Text(r.verdict, style="bold red" if r.verdict in PROBLEM_VERDICTS else ""),
-            Text(r.recommended, style="bold yellow" if switched else ""),
-        ]
-        t.add_row(*cells)  # Text, not markup: "[owt]" is a method name, not a style tag
+        t.add_row(*(cell(r) for _, _, cell in cells))  # Text: "[owt]" is a name, not a style
     return t
+
+
+def _switched(row: Row) -> bool:
+    return row.recommended not in ("", "same")
+
+
+def _status_cell(row: Row) -> str:
+    return fmt_status(row.status) if row.status != "cannot run" else "n/a"
+
+
+def _time_cell(kind: str, digits: int, row: Row) -> Text:
+    if kind == "additive":
+        return Text(fmt_ms(row.additive, digits))
+    return Text(fmt_ms(row.simulated, digits), style="bold yellow" if _switched(row) else "")
+
+
+def _speedup_cell(kind: str, row: Row) -> Text:
+    return Text(fmt_x(row.additive_speedup if kind == "additive" else row.simulated_speedup))
+
+
+def _verdict_cell(row: Row) -> Text:
+    return Text(row.verdict, style="bold red" if row.verdict in PROBLEM_VERDICTS else "")
+
+
+def _recommend_cell(row: Row) -> Text:
+    return Text(row.recommended, style="bold yellow" if _switched(row) else "")
+
+
+def _seconds(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
 
 
 def tables(cases: Sequence[Case], objective: str, time_limit: float) -> list[RenderableType]:
@@ -145,7 +181,11 @@ def _value(row: Row) -> float:
 
 
 def _who(rows: Sequence[Row]) -> str:
-    return ", ".join(f"{r.method} ({r.search_seconds or 0:.2f} s)" for r in rows)
+    return ", ".join(f"{r.method} ({r.search_seconds or 0:.2f} s{_own_gap(r)})" for r in rows)
+
+
+def _own_gap(row: Row) -> str:
+    return ", own gap " + fmt_gap(row) if gap_cell(row) == "unproven" else ""
 
 
 def summary(case: Case, objective: str, time_limit: float) -> tuple[str, bool]:
@@ -184,11 +224,28 @@ def summary(case: Case, objective: str, time_limit: float) -> tuple[str, bool]:
         parts.append(f"Further: {', '.join(excess)}.")
     text, flagged = _simulated_part(case, proven if proven else found, objective)
     parts.append(text)
+    parts.append(_over_budget(searched, time_limit))
     failed = [r for r in searched if r.objective is None]
     if failed:
         why = ", ".join(f"{r.method} ({r.note or r.status})" for r in failed)
         parts.append(f"Not run or no answer: {why}.")
     return " ".join(p for p in parts if p), flagged
+
+
+def _over_budget(rows: Sequence[Row], time_limit: float) -> str:
+    """The solve calls that took more than the budget (by OVER_BUDGET), and how much of it
+    was outside the backend's own clock (the re-score)."""
+    over = [
+        r
+        for r in rows
+        if r.call_seconds is not None and r.call_seconds > time_limit * (1 + OVER_BUDGET)
+    ]
+    if not over:
+        return ""
+    calls = ", ".join(
+        f"{r.method} {r.call_seconds:.2f} s (search {r.search_seconds or 0:.2f} s)" for r in over
+    )
+    return f"Over the {time_limit:g} s budget: {calls}."
 
 
 def _simulated_part(case: Case, best: Sequence[Row], objective: str) -> tuple[str, bool]:
@@ -236,7 +293,10 @@ def legend(objective: str) -> Table:
             "FlexFlow's simulation of the same strategy's task graph, where compute, "
             "transfers and sync overlap (ms per iteration).",
         ),
-        ("xDP", "data parallelism's time / this row's, in that column's objective (> 1: faster)."),
+        (
+            "xDP",
+            "data parallelism's time / this row's, in the objective on its left (> 1: faster).",
+        ),
         ("[name]", "an expert strategy (baseline): scored, not searched."),
         (
             "status",
@@ -244,15 +304,22 @@ def legend(objective: str) -> Table:
             "/TIME: stopped at the time budget; /ITERS: stopped by its own iteration cap before "
             "the budget; /STOPPED: Ctrl-C. n/a: cannot run here (the summary says why).",
         ),
-        ("search s", "the backend's wall-clock seconds; every backend had the same budget."),
         (
-            "gap",
-            "answer / proven lower bound - 1, for the * objective. 'no bound': the method "
-            "proves none (a heuristic), which is not a 100% gap; 'bound 0': a trivial bound.",
+            "search s",
+            "the backend's wall-clock seconds, re-score excluded; every backend had the same "
+            "budget (a whole call over it is named in the summary).",
         ),
         (
-            "vs optimum",
-            "excess over the smallest proven optimum. 'agrees': a proven optimum equal to the "
+            "own gap",
+            "in the * objective: answer / the backend's own proven lower bound - 1. 'no bound': "
+            "the method proves none (a heuristic), which is not a 100% gap; 'bound 0': a trivial "
+            "bound; 'unproven': the answer is the optimum another backend proved, its own bound "
+            "is weaker (the summary gives its gap).",
+        ),
+        (
+            "vs ... optimum",
+            "in the * objective only: excess over the smallest optimum proven in it (the other "
+            "objective has no proven optimum here). 'agrees': a proven optimum equal to the "
             "others; '= optimum': reached, not proven. DISAGREES (proofs differ) and BELOW "
             "PROVEN OPTIMUM are bugs: exit status 1.",
         ),
@@ -275,8 +342,28 @@ def legend(objective: str) -> Table:
 # -- plot -----------------------------------------------------------------------------------
 
 
-def plot(cases: Sequence[Case], path: Path) -> None:
-    """Speedup over data parallelism per case and method, additive above, simulated below."""
+# tab20's strong colours, then its light ones (greys left out: the reference line is grey)
+SERIES_COLORS = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22",
+    "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2",
+    "#dbdb8d", "#9edae5",
+)  # fmt: skip
+SERIES_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "p", "h", "*", "d", "8", "H")
+
+
+def series_styles(methods: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """A colour and a marker for every method: no two share either while there are at most
+    as many methods as markers (15; the registry and the baselines make 12)."""
+    return {
+        m: (SERIES_COLORS[k % len(SERIES_COLORS)], SERIES_MARKERS[k % len(SERIES_MARKERS)])
+        for k, m in enumerate(methods)
+    }
+
+
+def speedup_figure(cases: Sequence[Case]) -> Figure:
+    """Speedup over data parallelism per case and method (log scale), additive above,
+    simulated below: one marker per method and case, each method its own colour and marker;
+    a method without a value in a case has no marker there."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -284,23 +371,38 @@ def plot(cases: Sequence[Case], path: Path) -> None:
 
     labels = [f"{c.model}\n{c.preset}" for c in cases]
     methods = list(dict.fromkeys(r.method for c in cases for r in c.rows))
-    fig, axes = plt.subplots(2, 1, figsize=(max(6.0, len(cases) * 1.3), 6.5), sharex=True)
-    width = 0.8 / max(1, len(methods))
+    styles = series_styles(methods)
+    fig, axes = plt.subplots(2, 1, figsize=(max(6.5, len(cases) * 1.4), 7.0), sharex=True)
+    step = 0.8 / max(1, len(methods))
     for ax, attr, title in (
-        (axes[0], "additive_speedup", "additive (OptCNN Eq. 1)"),
-        (axes[1], "simulated_speedup", "simulated (FlexFlow)"),
+        (axes[0], "additive_speedup", OBJECTIVE_NAMES["additive"]),
+        (axes[1], "simulated_speedup", OBJECTIVE_NAMES["makespan"]),
     ):
         for k, m in enumerate(methods):
-            vals = []
-            for c in cases:
+            xs, ys = [], []
+            for i, c in enumerate(cases):
                 r = next((r for r in c.rows if r.method == m), None)
-                vals.append(getattr(r, attr) or 0.0 if r is not None else 0.0)
-            ax.bar([i + k * width for i in range(len(cases))], vals, width, label=m)
-        ax.axhline(1.0, color="grey", lw=0.5)
+                value = getattr(r, attr) if r is not None else None
+                if value is not None and value > 0:
+                    xs.append(i - 0.4 + (k + 0.5) * step)
+                    ys.append(value)
+            color, marker = styles[m]
+            ax.plot(xs, ys, linestyle="none", marker=marker, color=color, markersize=5, label=m)
+        ax.axhline(1.0, color="grey", lw=0.6)
+        ax.set_yscale("log")
         ax.set_ylabel(f"x data parallel\n{title}", fontsize=8)
-    axes[1].set_xticks([i + 0.4 - width / 2 for i in range(len(cases))])
+        ax.grid(axis="y", which="major", color="0.9", lw=0.5)
+    axes[1].set_xticks(range(len(cases)))
     axes[1].set_xticklabels(labels, fontsize=7)
-    axes[0].legend(fontsize=6, ncol=3)
+    axes[0].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
+    return fig
+
+
+def plot(cases: Sequence[Case], path: Path) -> None:
+    """`speedup_figure` written to `path`."""
+    import matplotlib.pyplot as plt
+
+    fig = speedup_figure(cases)
     fig.savefig(path, dpi=120)
     plt.close(fig)

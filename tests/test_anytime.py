@@ -24,7 +24,14 @@ from backends.local.anneal import _compile
 from backends.mathprog.common import CpsatSettings, IlpSettings
 from backends.mathprog.selection import check_times, live_sets, selection
 from backends.mcmc.chain import McmcSettings
-from backends.portfolio import LARGE_NODES, PortfolioSettings, _Board, _latest, _Run
+from backends.portfolio import (
+    LARGE_NODES,
+    WIND_DOWN_SECONDS,
+    PortfolioSettings,
+    _Board,
+    _latest,
+    _Run,
+)
 from backends.testing import BackendConformance, tiny_cnn
 from planner.hardware.presets import get_preset
 from planner.problems.costtable import brute_force, contest_problem, random_problem
@@ -376,6 +383,17 @@ def test_portfolio_claims_no_bound_that_no_member_proved() -> None:
     run = _Run(board, SolveOptions(time_limit=1.0), PortfolioSettings(), math.inf, ["local"])
     r = run.result("portfolio", -math.inf, 0.0)
     assert r.bound is None and r.status is Status.FEASIBLE and r.choices == answer.choices
+
+
+def test_portfolio_members_wind_down_inside_the_time_limit() -> None:
+    """Members search until a wind-down before the portfolio's deadline (10% of the limit,
+    at most WIND_DOWN_SECONDS) and are killed at the deadline itself, so the limit covers
+    the whole solve (a 3 s portfolio took 3.5-3.7 s when they were killed 0.5 s past it)."""
+    board = _Board(contest_problem(40, seed=3), time.perf_counter())
+    short = _Run(board, SolveOptions(time_limit=3.0), PortfolioSettings(), 100.0, ["local"])
+    assert short.members_until == pytest.approx(100.0 - 0.3)
+    long = _Run(board, SolveOptions(time_limit=60.0), PortfolioSettings(), 100.0, ["local"])
+    assert long.members_until == pytest.approx(100.0 - WIND_DOWN_SECONDS)
 
 
 def test_portfolio_exits_with_answers_no_member_read() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,7 +31,7 @@ from experiments.overruns import FIELDS, run_cell
 from planner.deadline import Deadline, catch_interrupt, clear_stop, request_stop
 from planner.errors import LayerwiseError
 from planner.hardware.presets import get_preset
-from planner.problems.costtable import random_problem
+from planner.problems.costtable import contest_problem, random_problem
 from planner.problems.problem import Problem, build_problem
 from planner.sim.simulator import simulate
 
@@ -348,6 +349,27 @@ def test_cbc_does_not_start_on_a_model_it_cannot_write_in_time() -> None:
     run = ilp.solve_encoded(model, opts, settings, 1e-3)
     assert run.log["cbc_result"].startswith("not run (writing the model")
     assert run.status == "UNKNOWN" and run.timed_out
+
+
+def test_cbc_is_killed_no_later_than_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every CBC run (the LP start and the search) is given a kill time at or before the
+    solve's deadline, so the limit covers the whole solve (the kill came 0.25 s past it:
+    `ilp` took 3.3 s for 3 s on a busy machine)."""
+    from backends.mathprog import ilp
+
+    kills: list[float] = []
+    real = ilp.run_cbc
+
+    def recorded(args: Any, log: Any, stop_at: float, kill_at: float, *rest: Any) -> Any:
+        kills.append(kill_at)
+        return real(args, log, stop_at, kill_at, *rest)
+
+    monkeypatch.setattr(ilp, "run_cbc", recorded)
+    deadline = Deadline.after(20.0)
+    p = contest_problem(60, seed=4)
+    r = get_backend("ilp").solve(p, SolveOptions(time_limit=60.0, deadline=deadline))
+    assert r.has_solution and kills  # CBC ran
+    assert max(kills) <= deadline.at
 
 
 # -- steps with no clock of their own: imports, run in a thread the deadline bounds ----------

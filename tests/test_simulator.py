@@ -171,7 +171,53 @@ def test_gantt_of_a_large_cluster_draws_its_busiest_rows() -> None:
     longest = [r for r in range(300) if r % 7 == 6]  # 42 resources busy 7 ms each
     assert set(longest) <= set(rows)
     assert sorted(set(rows) - set(longest)) == [r for r in range(300) if r % 7 == 5][:8]
-    assert bars[6]["fwd"] == [(0.0, 7.0)]
+    assert bars[6][("fwd", "")] == [(0.0, 7.0)]
+
+
+def test_gantt_colours_by_op_kind_labels_the_longest_bars_and_has_a_legend() -> None:
+    """Back-to-back ops of one kind are told apart by their labels; kinds by colour, forward
+    and backward by hatch; the legend lists what is drawn."""
+    from planner.sim.simulator import TaskInfo, Timeline
+    from planner.sim.trace import gantt_labels, gantt_legend, gantt_rows, style_of
+
+    spans = [
+        ("fwd conv1 #0", 0, 0.0, 4.0),
+        ("fwd conv2 #0", 0, 4.0, 8.0),  # the same kind, right after conv1
+        ("fwd relu #0", 0, 8.0, 8.05),  # too short for a label
+        ("bwd conv1 #0", 0, 8.05, 12.0),
+        ("xfer conv1->conv2 0->1 hop 1", 2, 4.0, 5.0),
+        ("xfer allreduce conv1 0->1 hop 1", 2, 11.0, 13.0),
+    ]
+    tasks = tuple(TaskInfo((0, 0, 0, 0, 0, 0), n, r, a / 1e3, b / 1e3) for n, r, a, b in spans)
+    kinds = {"conv1": "conv2d", "conv2": "conv2d", "relu": "elementwise"}
+    timeline = Timeline(tasks, 13e-3, 2, ("gpu0", "gpu1", "l01", "l10"), np.zeros(2), kinds)
+    rows, bars, _ = gantt_rows(timeline)
+    assert rows == [0, 2]
+    assert bars[0][("fwd", "conv2d")] == [(0.0, 4.0), (4.0, 4.0)]
+    (fwd, fwd_hatch), (bwd, bwd_hatch) = style_of(("fwd", "conv2d")), style_of(("bwd", "conv2d"))
+    assert fwd == bwd and fwd_hatch != bwd_hatch
+    assert style_of(("fwd", "elementwise"))[0] != fwd
+    assert style_of(("xfer", ""))[0] != style_of(("sync", ""))[0]
+    labels = gantt_labels(timeline, rows)
+    assert (0, pytest.approx(2.0), "conv1") in labels and (0, pytest.approx(6.0), "conv2") in labels
+    assert (1, pytest.approx(12.0), "allreduce conv1") in labels
+    assert not any(text.startswith("relu") for _, _, text in labels)
+    drawn = {s for r in rows for s in bars[r]}
+    assert [label for label, _, _ in gantt_legend(drawn)] == [
+        "conv2d",
+        "elementwise",
+        "forward",
+        "backward",
+        "transfer",
+        "gradient sync",
+    ]
+
+
+def test_a_simulated_timeline_knows_its_op_kinds() -> None:
+    p = problem("inception", "p100-1x4")
+    graph = p.dnn().graph
+    t = simulate(p.dnn().cost_model, data_parallel(graph, p.dnn().devices))
+    assert dict(t.op_kinds) == {op.name: op.kind for op in graph.ops}
 
 
 @pytest.mark.parametrize(

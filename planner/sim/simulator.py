@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -90,6 +90,7 @@ class Timeline:
     num_devices: int
     resource_names: tuple[str, ...]
     memory: np.ndarray  # bytes per device
+    op_kinds: Mapping[str, str] = field(default_factory=dict)  # op name -> kind (charts)
 
     def by_key(self) -> dict[Key, tuple[float, float]]:
         return {t.key: (t.start, t.end) for t in self.tasks}
@@ -504,7 +505,8 @@ class Simulator:
         names = [d.name for d in self.devices.devices]
         for link in self.devices.links:
             names += [f"{link.a}->{link.b}", f"{link.b}->{link.a}"]
-        return Timeline(tasks, self.makespan, D, tuple(names), memory)
+        kinds = {op.name: op.kind for op in self.graph.ops}
+        return Timeline(tasks, self.makespan, D, tuple(names), memory, kinds)
 
 
 def simulate(cost_model: CostModel, strategy: Strategy) -> Timeline:

@@ -360,6 +360,13 @@ def build_parser(prog: str = "python -m planner") -> argparse.ArgumentParser:
         default="full",
         help="config space whose task shapes to measure (default full, which covers mesh)",
     )
+    p.add_argument(
+        "--refresh",
+        action="store_true",
+        help="time every shape again (default: only those not cached, or cached untrusted: "
+        "measured on a busy machine or at no recorded load)",
+    )
+    p.add_argument("--max-load", type=load_limit, metavar="PER_CORE", help=MAX_LOAD_HELP)
     _common(p)
     return parser
 
@@ -732,7 +739,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     graph = _model_spec(args).graph()
     devices = load_devices(args.devices)
     path = profile_graph(
-        graph, devices, repeats=args.repeats, max_configs=args.max_configs, space=args.space
+        graph,
+        devices,
+        repeats=args.repeats,
+        max_configs=args.max_configs,
+        space=args.space,
+        refresh=args.refresh,
+        max_load=args.max_load,
     )
     print(f"measured costs cached in {path}")
     return 0

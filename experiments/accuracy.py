@@ -2,10 +2,10 @@
 
 For each model (small sizes that run in seconds on this machine) on `cpu-local-2`:
 
-0. measure the gloo figures of `cpu-local-N` (latency, bandwidth, the message overhead of
+0. profile the op costs of every config on this machine (`planner.costs.profile`, cached),
+   every model's (and the runtime-overhead probe's) before any worker starts;
+1. measure the gloo figures of `cpu-local-N` (latency, bandwidth, the message overhead of
    busy workers: `planner.hardware.presets.measure_cpu_local`, cached);
-1. profile the op costs of every config on this machine (`planner.costs.profile`, cached; done
-   before any worker starts, so nothing else computes while it measures);
 2. build the cost model from those measured costs and plan: data parallelism, model
    parallelism, OWT (and the GNMT expert for RNNs), everything on one worker, the elimination
    backend's optimum (OptCNN's additive objective), MCMC on the simulated makespan, then
@@ -20,8 +20,13 @@ For each model (small sizes that run in seconds on this machine) on `cpu-local-2
    Spearman rank correlation. Results go to results/accuracy-<time>/ as CSV and JSON with a
    scatter plot (simulated vs measured, log-log, y = x).
 
-The machine must be otherwise idle: before profiling and each run it waits for idle cores,
-records the idle fraction (/proc/stat) and warns when other processes compete for them.
+The machine must be otherwise idle. Before each measurement (profiling, the cpu-local
+figures) it waits up to `--wait-idle` seconds for the load average per core to fall to
+`--max-load` (`planner.hardware.load`); a measurement refuses a machine that is still or
+becomes busy, and the experiment ends with that error. Where each measurement used comes
+from (its time and load) is printed and kept in accuracy.json ("measurements"). Before each
+run it waits for idle cores, records the idle fraction (/proc/stat) and warns when other
+processes compete for them.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +49,9 @@ import numpy as np
 
 from experiments.runinfo import new_results_folder
 from planner.cli import (
+    MAX_LOAD_HELP,
     OneLineArgumentParser,
+    load_limit,
     nonnegative_int,
     nonnegative_seconds,
     one_line,
@@ -116,8 +123,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--wait-idle",
         type=nonnegative_seconds,
         default=120.0,
-        help="seconds to wait for idle cores before profiling and each run (default 120)",
+        help="seconds to wait for a quiet machine before each measurement and for idle "
+        "cores before each run (default 120)",
     )
+    p.add_argument("--max-load", type=load_limit, metavar="PER_CORE", help=MAX_LOAD_HELP)
     p.add_argument(
         "--cache",
         type=Path,
@@ -134,7 +143,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--keep-links",
         action="store_true",
-        help="use the cached cpu-local figures instead of measuring them again",
+        help="use the cached cpu-local figures instead of measuring them again (unless they "
+        "are untrusted: measured on a busy machine or at no recorded load)",
     )
     p.add_argument("--out", type=Path, default=Path("results"), help="results folder")
     p.add_argument("--no-plot", action="store_true")
@@ -261,9 +271,58 @@ def summarize(rows: list[Row]) -> list[dict[str, Any]]:
 # -- running ----------------------------------------------------------------------------------------
 
 
-def run_model(model: str, args: argparse.Namespace, say: Any, overhead: float) -> list[Row]:
+def profile_all(args: argparse.Namespace, say: Any) -> None:
+    """Profile the probe graph (unless --task-overhead) and every model, before any worker
+    runs: a worker's load would stay in the load average for a minute."""
+    graphs = [] if args.task_overhead is not None else [(probe_graph(), "cpu-local-1")]
+    graphs += [(MODELS[model].graph(), args.preset) for model in args.models]
+    for graph, preset in graphs:
+        t0 = time.perf_counter()
+        measure_when_quiet(args, say, f"profiling {graph.name}", _profiler(graph, preset, args))
+        say(f"{graph.name}: op costs profiled in {time.perf_counter() - t0:.0f} s")
+
+
+def _profiler(graph: Any, preset: str, args: argparse.Namespace) -> Callable[[], Any]:
+    from planner.costs.profile import profile_graph
+    from planner.hardware.presets import load_devices
+
+    return lambda: profile_graph(
+        graph,
+        load_devices(preset),
+        repeats=args.repeats,
+        progress=lambda *a: None,
+        refresh=args.refresh,
+        max_load=args.max_load,
+    )
+
+
+def measure_when_quiet(
+    args: argparse.Namespace, say: Any, what: str, measure: Callable[[], Any]
+) -> Any:
+    """`measure()` once the load average per core is down to --max-load (waiting up to
+    --wait-idle seconds) and the cores are idle; a still busy machine is its error."""
+    from planner.hardware.load import wait_until_quiet
+
+    if not wait_until_quiet(args.wait_idle, args.max_load):
+        say(f"the machine stayed busy for {args.wait_idle:g} s before {what}")
+    _wait_for_idle(args.wait_idle, say, what)
+    return measure()
+
+
+def measured_times(graph: Any, devices: Any, say: Any, notes: dict[str, str]) -> Any:
+    """The cached op costs of `graph`, saying (and keeping in `notes`) where they come from."""
+    from planner.costs.profile import MeasuredTimes
+
+    measured = MeasuredTimes.load(devices, graph=graph)
+    notes[f"op costs of {graph.name}"] = measured.note
+    say(f"{graph.name}: {measured.note}")
+    return measured
+
+
+def run_model(
+    model: str, args: argparse.Namespace, say: Any, overhead: float, notes: dict[str, str]
+) -> list[Row]:
     from planner.costs.costmodel import CostModel, CostOptions
-    from planner.costs.profile import MeasuredTimes, profile_graph
     from planner.hardware.presets import load_devices
     from planner.problems.problem import build_problem
     from runtime.launch import RunOptions, run_strategy
@@ -271,14 +330,8 @@ def run_model(model: str, args: argparse.Namespace, say: Any, overhead: float) -
     spec = MODELS[model]
     graph = spec.graph()
     devices = load_devices(args.preset)
-    _wait_for_idle(args.wait_idle, say, f"profiling {model}")
-    t0 = time.perf_counter()
-    profile_graph(
-        graph, devices, repeats=args.repeats, progress=lambda *a: None, refresh=args.refresh
-    )
-    say(f"{model}: op costs profiled in {time.perf_counter() - t0:.0f} s")
     costs = CostOptions(task_overhead=overhead)
-    cm = CostModel(graph, devices, costs, measured=MeasuredTimes.load(devices, graph=graph))
+    cm = CostModel(graph, devices, costs, measured=measured_times(graph, devices, say, notes))
     problem = build_problem(graph, devices, cm)
     named = candidates(problem, args.strategies, args.seed, args.mcmc_seconds)
     options = RunOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout)
@@ -311,21 +364,24 @@ def _line(model: str, name: str, simulated: float, times: list[float]) -> str:
     )
 
 
-def link_figures(args: argparse.Namespace, say: Any) -> None:
+def link_figures(args: argparse.Namespace, say: Any, notes: dict[str, str]) -> None:
     """Measure the cpu-local figures (gloo latency, bandwidth, the message overhead of busy
-    workers; about 10 s) into the cache, unless `--keep-links` and they are there."""
-    from planner.hardware.presets import cpu_local_cache_path, load_devices, measure_cpu_local
+    workers; about 10 s) into the cache, unless `--keep-links` and they are there, trusted."""
+    from planner.hardware.presets import cpu_local_figures, measure_cpu_local
 
-    path = cpu_local_cache_path()
-    if not (path.exists() and args.keep_links):
-        _wait_for_idle(args.wait_idle, say, "measuring the cpu-local figures")
-        measure_cpu_local(args.workers)
-    devices = load_devices(args.preset)  # the cached figures, as planning will see them
-    say(
-        f"cpu-local figures ({path}): latency {devices.latency[0, 1] * 1e6:.0f} us, bandwidth "
-        f"{1 / devices.inv_bandwidth[0, 1] / 1e9:.2f} GB/s, message overhead "
-        f"{devices.devices[0].message_overhead * 1e6:.0f} us"
-    )
+    cached = cpu_local_figures() if args.keep_links else None
+    if cached is not None and cached.measured and not cached.trusted:
+        say("--keep-links: the cached cpu-local figures are untrusted; measuring them again")
+    if cached is None or not cached.trusted:
+        measure_when_quiet(
+            args,
+            say,
+            "measuring the cpu-local figures",
+            lambda: measure_cpu_local(args.workers, max_load=args.max_load),
+        )
+        cached = cpu_local_figures()
+    notes["cpu-local figures"] = cached.note
+    say(cached.note)  # the figures, where and when they were measured, at what load
 
 
 PROBE_OPS = 48  # tiny linear ops of the runtime-overhead probe
@@ -352,22 +408,20 @@ def probe_graph(ops: int = PROBE_OPS) -> Any:
     return OpGraph("runtime-probe", tuple(out))
 
 
-def runtime_task_overhead(args: argparse.Namespace, say: Any) -> float:
+def runtime_task_overhead(args: argparse.Namespace, say: Any, notes: dict[str, str]) -> float:
     """Seconds the runtime spends per task (forward + backward) beyond the profiled kernels:
     (measured one-worker step - the sum of the probe's profiled task times) / its tasks.
     Measured on `probe_graph`, not on the models evaluated; the cost model charges it to
     every task (`CostOptions.task_overhead`)."""
     from planner.costs.config import ParallelConfig
-    from planner.costs.profile import MeasuredTimes, profile_graph
     from planner.hardware.presets import load_devices
     from planner.problems.strategy import Strategy
     from runtime.launch import RunOptions, run_strategy
 
     graph = probe_graph()
     devices = load_devices("cpu-local-1")
+    measured = measured_times(graph, devices, say, notes)  # profiled by profile_all
     _wait_for_idle(args.wait_idle, say, "the runtime-overhead probe")
-    profile_graph(graph, devices, repeats=args.repeats, progress=lambda *a: None)
-    measured = MeasuredTimes.load(devices, graph=graph)
     single = tuple(ParallelConfig((1,) * len(op.output.dims), (0,)) for op in graph.ops)
     kernels = sum(measured.task_time(op, c) or 0.0 for op, c in zip(graph.ops, single, strict=True))
     options = RunOptions(steps=args.steps + 8, warmup=args.warmup + 3, timeout=args.timeout)
@@ -411,12 +465,19 @@ def _wait_for_idle(limit: float, say: Any, what: str) -> float | None:
     return None if idle is None else round(idle, 3)
 
 
-def save(rows: list[Row], summary: list[dict[str, Any]], args: argparse.Namespace) -> Path:
+def save(
+    rows: list[Row],
+    summary: list[dict[str, Any]],
+    args: argparse.Namespace,
+    notes: dict[str, str],
+) -> Path:
     folder = new_results_folder(args.out, "accuracy")
     data = [asdict(r) for r in rows]
     meta = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     (folder / "accuracy.json").write_text(
-        json.dumps({"args": meta, "rows": data, "summary": summary}, indent=1)
+        json.dumps(
+            {"args": meta, "measurements": notes, "rows": data, "summary": summary}, indent=1
+        )
     )
     with open(folder / "accuracy.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(data[0]))
@@ -480,16 +541,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(argv)
         if args.cache is not None:
             os.environ["LAYERWISE_CACHE_DIR"] = str(args.cache)
-        link_figures(args, say)
+        notes: dict[str, str] = {}  # where each measurement used comes from
+        profile_all(args, say)
+        link_figures(args, say, notes)
         overhead = (
-            runtime_task_overhead(args, say) if args.task_overhead is None else args.task_overhead
+            runtime_task_overhead(args, say, notes)
+            if args.task_overhead is None
+            else args.task_overhead
         )
         rows: list[Row] = []
         for model in args.models:
-            rows += run_model(model, args, say, overhead)
+            rows += run_model(model, args, say, overhead, notes)
         summary = summarize(rows)
         print_summary(summary, say)
-        folder = save(rows, summary, args)
+        folder = save(rows, summary, args, notes)
     except (LayerwiseError, OSError) as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -86,6 +86,26 @@ def positive_number(text: str) -> float:
     return _finite_float(text, "number", positive=True)
 
 
+def load_limit(text: str) -> float:
+    """--max-load: a load average per core >= 0; inf measures whatever the load."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a load average per core >= 0 (or inf), got {text!r}"
+        )
+    return value
+
+
+MAX_LOAD_HELP = (
+    "busy threshold: the 1-minute load average per core above which measuring is refused "
+    "(default $LAYERWISE_MAX_LOAD, else 0.3; inf measures whatever the load, and the load is "
+    "recorded)"
+)
+
+
 def _memory_limit(text: str) -> str | float:
     if text == "device":
         return text
@@ -231,6 +251,7 @@ def build_parser(prog: str = "python -m planner") -> argparse.ArgumentParser:
     p.add_argument(
         "--measure", action="store_true", help="cpu-local-N only: measure links/FLOPs and cache"
     )
+    p.add_argument("--max-load", type=load_limit, metavar="PER_CORE", help=MAX_LOAD_HELP)
     _common(p)
 
     p = sub.add_parser(
@@ -339,6 +360,13 @@ def build_parser(prog: str = "python -m planner") -> argparse.ArgumentParser:
         default="full",
         help="config space whose task shapes to measure (default full, which covers mesh)",
     )
+    p.add_argument(
+        "--refresh",
+        action="store_true",
+        help="time every shape again (default: only those not cached, or cached untrusted: "
+        "measured on a busy machine or at no recorded load)",
+    )
+    p.add_argument("--max-load", type=load_limit, metavar="PER_CORE", help=MAX_LOAD_HELP)
     _common(p)
     return parser
 
@@ -508,7 +536,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
         match = re.fullmatch(r"cpu-local-(\d+)", args.preset)
         if match is None:
             raise UsageError("--measure only applies to cpu-local-N presets")
-        print(json.dumps(measure_cpu_local(int(match[1]))))
+        print(json.dumps(measure_cpu_local(int(match[1]), max_load=args.max_load)))
+    elif args.max_load is not None:
+        raise UsageError("--max-load applies to --measure only")
     devices = load_devices(args.preset)
     if args.json_out:
         write_text_atomic(args.json_out, json.dumps(devices.to_json(), indent=1))
@@ -709,7 +739,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     graph = _model_spec(args).graph()
     devices = load_devices(args.devices)
     path = profile_graph(
-        graph, devices, repeats=args.repeats, max_configs=args.max_configs, space=args.space
+        graph,
+        devices,
+        repeats=args.repeats,
+        max_configs=args.max_configs,
+        space=args.space,
+        refresh=args.refresh,
+        max_load=args.max_load,
     )
     print(f"measured costs cached in {path}")
     return 0

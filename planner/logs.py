@@ -2,8 +2,9 @@
 
 Library code logs under its module's name (`planner.api`, `backends.<name>` for a backend's
 best-so-far lines, `runtime.launch`, ...) and configures nothing. A command line calls
-`setup_logging`: by default stderr shows warnings and the backends' INFO progress lines
-(one every few seconds during a long search); `-v` shows everything from DEBUG up (solver
+`setup_logging`: by default stderr shows warnings, the backends' INFO progress lines
+(one every few seconds during a long search) and the line that says where a cached
+measurement feeding a result comes from (`planner.hardware.load`); `-v` shows everything from DEBUG up (solver
 incumbents and bounds, phase timings); `--log-file F` writes everything from DEBUG up to F.
 """
 
@@ -34,10 +35,14 @@ class _Stderr(logging.StreamHandler):
         pass
 
 
+NOTICES = ("backends", "planner.hardware.load")  # INFO shown without -v: progress, provenance
+
+
 def _default_filter(record: logging.LogRecord) -> bool:
-    """Without -v: warnings from anyone, progress (INFO) from the backends."""
+    """Without -v: warnings from anyone, progress (INFO) from the backends, and where a cached
+    measurement that feeds a result comes from (planner.hardware.load)."""
     return record.levelno >= logging.WARNING or (
-        record.levelno >= logging.INFO and record.name.startswith("backends")
+        record.levelno >= logging.INFO and record.name.startswith(NOTICES)
     )
 
 

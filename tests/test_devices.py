@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -367,7 +368,8 @@ def test_routes_are_cheapest_and_costs_match(g: DeviceGraph) -> None:
 
 @pytest.mark.slow
 def test_measure_cpu_local(empty_cache: Path) -> None:
-    figures = measure_cpu_local(2)
+    figures = measure_cpu_local(2, max_load=math.inf)  # the suite may keep the machine busy
+    assert figures["load"]["cores"] >= 1 and figures["measured_at"]
     for key in CPU_LOCAL_DEFAULTS:
         assert figures[key] > 0
     assert (empty_cache / "cpu-local.json").exists()

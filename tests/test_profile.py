@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import replace
 from functools import cache
@@ -40,7 +42,21 @@ from planner.errors import GraphError, LayerwiseError
 from planner.graph.coarsen import coarsen
 from planner.graph.opgraph import Op, OpGraph, Param, Tensor
 from planner.graph.zoo import model_graph
+from planner.hardware import load as machine
+from planner.hardware.load import MachineBusyError
 from planner.hardware.presets import get_preset
+
+
+@pytest.fixture(autouse=True, scope="module")
+def quiet_machine() -> Iterator[None]:
+    """Profiling refuses a busy machine: these tests fake a quiet 2-core one (the timings
+    themselves are only checked for being positive)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+        mp.setattr(machine, "cores", lambda: 2)
+        mp.delenv(machine.MAX_LOAD_ENV, raising=False)
+        yield
+
 
 # -- kernels: a task's output is the slice of the whole op's output ---------------------------
 
@@ -259,11 +275,12 @@ def test_profile_writes_the_cache_file(lenet_profile: dict[str, Any]) -> None:
     path: Path = lenet_profile["path"]
     assert path == lenet_profile["dir"] / "measured-cpu-1thread.json"
     data = json.loads(path.read_text())
-    assert data["format"] == "layerwise.measured" and data["version"] == 1
+    assert data["format"] == "layerwise.measured" and data["version"] == 2
     assert data["machine"]["threads"] == 1 and data["machine"]["torch"] == torch.__version__
-    assert data["entries"] and all(v > 0 for v in data["entries"].values())
+    assert data["entries"] and all(s > 0 and run == 0 for s, run in data["entries"].values())
     (record,) = data["profiled"]
     assert record["graph"] == "lenet5" and record["measured"] == len(data["entries"])
+    assert record["load"] == {"before": 0.0, "after": 0.0, "cores": 2, "per_core": 0.0}
     calls = lenet_profile["calls"]
     assert [c[0] for c in calls] == list(range(1, len(data["entries"]) + 1))
     assert calls[-1][1] == len(data["entries"])
@@ -364,6 +381,84 @@ def test_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         MeasuredTimes.load(devices)
 
 
+def _loads(monkeypatch: pytest.MonkeyPatch, *loads: float) -> None:
+    """The load average reads `loads` in turn, then the last one for ever."""
+    values = list(loads)
+    monkeypatch.setattr(
+        os, "getloadavg", lambda: (values.pop(0) if len(values) > 1 else values[0],) * 3
+    )
+
+
+def test_profiling_records_its_load_and_refuses_a_busy_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("LAYERWISE_CACHE_DIR", str(tmp_path))
+    caplog.set_level(logging.INFO, "planner.hardware.load")
+    devices, graph = get_preset("cpu-local-2"), chain_cnn(sample=4)
+    _loads(monkeypatch, 1.2)  # 0.6 per core
+    with pytest.raises(MachineBusyError, match="busy: load average 1.20 on 2 cores"):
+        profile_graph(graph, devices, repeats=1, max_configs=1)
+    assert not cache_path("cpu-1thread").exists()
+    _loads(monkeypatch, 0.1, 2.5)  # quiet at the start, then another process starts
+    with pytest.raises(MachineBusyError, match="became busy while profiling the op costs"):
+        profile_graph(graph, devices, repeats=1, max_configs=1)
+    assert not cache_path("cpu-1thread").exists()  # nothing of that run is cached
+    _loads(monkeypatch, 1.2)
+    path = profile_graph(graph, devices, repeats=1, max_configs=1, max_load=math.inf)
+    data = json.loads(path.read_text())
+    (record,) = data["profiled"]
+    assert data["version"] == 2 and record["load"]["before"] == 1.2 and record["at"]
+    assert record["load"]["per_core"] == 0.6 and record["measured"] == len(data["entries"])
+    assert all(run == 0 for _, run in data["entries"].values())
+    measured = MeasuredTimes.load(devices)  # measured on purpose on a busy machine: said
+    assert "measured on a busy machine" in measured.note
+    assert caplog.records[-1].levelno == logging.WARNING
+    assert "python -m planner profile MODEL --devices cpu-local-2" in measured.note
+    _loads(monkeypatch, 0.2)  # quiet again: those untrusted entries are measured again
+    profile_graph(graph, devices, repeats=1, max_configs=1)
+    data = json.loads(path.read_text())
+    assert data["profiled"][1]["measured"] == record["measured"]
+    assert all(run == 1 for _, run in data["entries"].values())
+    measured = MeasuredTimes.load(devices)
+    assert caplog.records[-1].levelno == logging.INFO and "untrusted" not in measured.note
+    assert f"from {path}: {len(data['entries'])} task shapes, measured " in measured.note
+    assert "at load 0.10 per core (busy above 0.3)" in measured.note
+
+
+def test_a_version_1_cache_is_used_untrusted_and_measured_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Caches written before loads were recorded: their times feed plans with a warning."""
+    monkeypatch.setenv("LAYERWISE_CACHE_DIR", str(tmp_path))
+    caplog.set_level(logging.INFO, "planner.hardware.load")
+    devices, graph = get_preset("cpu-local-2"), chain_cnn(sample=4)
+    path = profile_graph(graph, devices, repeats=1, max_configs=1)
+    data = json.loads(path.read_text())
+    old = {k: seconds for k, (seconds, _) in data["entries"].items()}
+    record = {k: v for k, v in data["profiled"][0].items() if k != "load"}
+    path.write_text(json.dumps(data | {"version": 1, "entries": old, "profiled": [record]}))
+    measured = MeasuredTimes.load(devices)
+    assert measured.entries == old
+    assert f"untrusted: {len(old)} of {len(old)} without a recorded load" in measured.note
+    assert caplog.records[-1].levelno == logging.WARNING
+    profile_graph(graph, devices, repeats=1, max_configs=1)  # measures them all again
+    data = json.loads(path.read_text())
+    assert data["version"] == 2 and data["profiled"][1]["measured"] == len(old)
+
+
+def test_a_plan_on_measured_costs_says_where_they_come_from(
+    lenet_profile: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    from planner.cli import main
+
+    monkeypatch.setenv("LAYERWISE_CACHE_DIR", str(lenet_profile["dir"]))
+    args = ["plan", "lenet5", "--batch", "4", "--devices", "cpu-local-2", "--cost", "measured"]
+    assert main([*args, "--backend", "baselines", "--time-limit", "30"]) == 0
+    err = capsys.readouterr().err
+    assert f"planner.hardware.load: measured op costs from {lenet_profile['path']}: " in err
+    assert "at load 0.00 per core" in err
+
+
 def test_cli_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
     from planner.cli import main
 
@@ -371,6 +466,15 @@ def test_cli_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: An
     args = ["profile", "lenet5", "--batch", "2", "--devices", "cpu-local-2", "--repeats", "1"]
     assert main(args) == 0
     assert str(tmp_path / "measured-cpu-1thread.json") in capsys.readouterr().out
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.0, 1.0, 1.0))
+    assert main([*args, "--refresh"]) == 2  # every shape again, on a busy machine: refused
+    err = capsys.readouterr().err
+    assert err.startswith("error: the machine is busy") and err.count("\n") == 1
+    assert main([*args, "--max-load", "-1"]) == 2
+    assert "load average per core >= 0" in capsys.readouterr().err
+    assert main([*args, "--refresh", "--max-load", "inf"]) == 0
+    data = json.loads((tmp_path / "measured-cpu-1thread.json").read_text())
+    assert data["profiled"][1]["measured"] == len(data["entries"])
 
 
 # -- slow: bigger models --------------------------------------------------------------------------

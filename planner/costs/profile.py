@@ -12,6 +12,12 @@ The cache is one JSON file per device kind, `$LAYERWISE_CACHE_DIR/measured-<devi
 accumulate. `MeasuredTimes.load(devices)` reads it for `CostModel(measured=...)`, which falls
 back to the analytic t_c for shapes that were not profiled.
 
+Profiling refuses a busy machine, before and while it measures (`planner.hardware.load`);
+each entry records the run that measured it, and each run its load and time. Loading says
+where the times come from, how old they are and at what load they were taken (a warning for
+entries measured on a busy machine or, in a version-1 cache, at no recorded load); profiling
+measures such untrusted entries again.
+
 Only this machine's CPU workers can be measured here (device key "cpu-1thread"). The CUDA
 path (timing with torch.cuda.Event, device key from the preset's GPU) is written but untested.
 """
@@ -34,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from planner.costs.config import ConfigSpace, ParallelConfig
 from planner.costs.kernels import TaskPlan, conv_input_channels, plan_fn, plan_op, plan_task
 from planner.errors import GraphError, LayerwiseError
+from planner.hardware.load import Load, LoadWatch, MachineBusyError, note_cached, trusted
 
 if TYPE_CHECKING:
     import torch
@@ -53,7 +60,7 @@ __all__ = [
 ]
 
 CACHE_FORMAT = "layerwise.measured"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: an entry is [seconds, index of its run in "profiled"]; 1: seconds
 PROFILE_THREADS = 1  # the runtime's CPU workers run one torch thread each
 WARMUP = 2
 KEY_DTYPE = "float32"
@@ -185,23 +192,53 @@ def _cpu_model() -> str:
 
 
 def _read_cache(path: Path) -> dict[str, Any]:
+    """The cache at `path` in version 2's form (a version-1 entry gets run None)."""
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise LayerwiseError(f"measured-cost cache {path} is not valid JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT:
         raise LayerwiseError(f'{path} is not a measured-cost cache ("format": "{CACHE_FORMAT}")')
-    if data.get("version") != CACHE_VERSION:
+    version = data.get("version")
+    if version not in (1, CACHE_VERSION):
         raise LayerwiseError(
-            f"measured-cost cache {path} has version {data.get('version')!r}; this layerwise "
-            f"reads version {CACHE_VERSION}: delete it and profile again"
+            f"measured-cost cache {path} has version {version!r}; this layerwise reads versions "
+            f"1 and {CACHE_VERSION}: delete it and profile again"
         )
     entries = data.get("entries")
-    if not isinstance(entries, dict) or not all(
-        isinstance(v, int | float) and v > 0 for v in entries.values()
+    runs = data.get("profiled", [])
+    if version == 1 and isinstance(entries, dict):
+        entries = {k: [v, None] for k, v in entries.items()}
+    if not (
+        isinstance(entries, dict)
+        and isinstance(runs, list)
+        and all(_is_entry(v, len(runs)) for v in entries.values())
     ):
-        raise LayerwiseError(f"measured-cost cache {path}: entries must map keys to seconds > 0")
-    return data
+        raise LayerwiseError(
+            f"measured-cost cache {path}: entries must map keys to [seconds > 0, run index]"
+        )
+    return data | {"version": CACHE_VERSION, "entries": entries, "profiled": runs}
+
+
+def _is_entry(value: Any, runs: int) -> bool:
+    if not (isinstance(value, list) and len(value) == 2):
+        return False
+    seconds, run = value
+    good_run = run is None or (isinstance(run, int) and 0 <= run < runs)
+    return isinstance(seconds, int | float) and seconds > 0 and good_run
+
+
+def _taken(data: dict[str, Any]) -> dict[str, tuple[str | None, Load | None]]:
+    """Entry key -> (time, load) of the run that measured it; (None, None) if unknown."""
+    runs = [(r.get("at"), Load.from_json(r.get("load"))) for r in data["profiled"]]
+    return {
+        k: (None, None) if run is None else runs[run] for k, (_, run) in data["entries"].items()
+    }
+
+
+def _trusted(data: dict[str, Any]) -> set[str]:
+    """Keys measured at a known load within the busy threshold."""
+    return {k for k, (_, load) in _taken(data).items() if trusted(load)}
 
 
 def _write_cache(path: Path, data: dict[str, Any]) -> None:
@@ -238,6 +275,7 @@ class MeasuredTimes:
         self.device_key = device_key
         self.graph = graph
         self.path = path
+        self.note = ""  # where the times come from, when and at what load (set by `load`)
         self._keys: dict[tuple[Op, tuple[int, ...]], str | None] = {}
 
     def __len__(self) -> int:
@@ -248,7 +286,9 @@ class MeasuredTimes:
 
     def bind(self, graph: OpGraph) -> MeasuredTimes:
         """The same measurements, keying the ops of `graph` from its real input tensors."""
-        return MeasuredTimes(self.entries, self.device_key, graph, self.path)
+        bound = MeasuredTimes(self.entries, self.device_key, graph, self.path)
+        bound.note = self.note
+        return bound
 
     def key(self, op: Op, cfg: ParallelConfig) -> str | None:
         """The cache key of (op, cfg), or None when the op's task cannot be planned."""
@@ -278,7 +318,8 @@ class MeasuredTimes:
     def load(
         cls, devices: DeviceGraph, graph: OpGraph | None = None, path: Path | None = None
     ) -> MeasuredTimes:
-        """The cached measurements for the kind of device in `devices` (see `device_key`)."""
+        """The cached measurements for the kind of device in `devices` (see `device_key`);
+        logs one line on them (`load.note_cached`), kept in `note`."""
         key = device_key(devices)
         path = path or cache_path(key)
         if not path.exists():
@@ -288,7 +329,11 @@ class MeasuredTimes:
             )
         data = _read_cache(path)
         _check_machine(data, path)
-        return cls(data["entries"], key, graph, path)
+        remeasure = f"python -m planner profile MODEL --devices {devices.name}"
+        taken = list(_taken(data).values())
+        times = cls({k: s for k, (s, _) in data["entries"].items()}, key, graph, path)
+        times.note = note_cached("measured op costs", path, taken, remeasure, "task shapes")
+        return times
 
 
 def _names(graph: OpGraph) -> set[str]:
@@ -319,6 +364,7 @@ def profile_graph(
     progress: Progress | None = None,
     refresh: bool = False,
     space: str = "full",
+    max_load: float | None = None,
 ) -> Path:
     """Measure every distinct task shape of `graph`'s configs on `devices` and cache them.
 
@@ -326,11 +372,15 @@ def profile_graph(
     mesh space's shapes are a subset of the full space's), the task shape
     (`task_key`) is timed once: 2 warm-up runs of forward + backward, then `repeats` timed
     runs, the median, with `torch.set_num_threads(1)` (restored after). Shapes already in the
-    cache are skipped unless `refresh`. The cache file is merged, not overwritten, and written
-    even when interrupted. `progress(done, total, label)` is called after each shape; with
-    None, a rich progress bar is shown when stdout is a terminal. Returns the cache path.
+    cache are skipped unless `refresh` or untrusted (measured on a busy machine, or at no
+    recorded load). The cache file is merged, not overwritten, and written even when
+    interrupted. `progress(done, total, label)` is called after each shape; with None, a rich
+    progress bar is shown when stdout is a terminal. Returns the cache path.
 
-    Do not profile while other processes compute on this machine: they slow the timings."""
+    Other processes computing on this machine slow the timings: a busy machine (load average
+    per core above `max_load`, see `planner.hardware.load`) is refused before the first shape
+    and after each (MachineBusyError; nothing of this run is cached). The run's load and time
+    are recorded in the cache."""
     import torch
 
     if repeats < 1:
@@ -345,35 +395,44 @@ def profile_graph(
         )
     path = cache_path(key)
     data = _read_cache(path) if path.exists() else _new_cache(key)
-    started, load_before = time.perf_counter(), _loadavg()
-    skip = set() if refresh else set(data["entries"])
+    skip = set() if refresh else _trusted(data)
     todo = _distinct_tasks(graph, devices, max_configs, skip, space)
+    what = f"profiling the op costs of {graph.name}"
+    watch = LoadWatch(what, PROFILE_THREADS, max_load) if todo else None  # else nothing to time
+    started = time.perf_counter()
     measured: dict[str, float] = {}
     threads = torch.get_num_threads()
     torch.set_num_threads(PROFILE_THREADS)
     report, close = _progress(progress, len(todo))
+    busy = False
     try:
         for done, (k, (index, cfg)) in enumerate(todo.items(), start=1):
             fn, leaves = _task(graph, index, cfg, cuda)
             measured[k] = _median_time(fn, leaves, repeats, cuda)
             report(done, len(todo), f"{graph.ops[index].name} (op {index + 1}/{len(graph)})")
+            if watch is not None:
+                watch.check()
+    except MachineBusyError:
+        busy = True
+        raise
     finally:
         torch.set_num_threads(threads)
         close()
-        record = {
-            "graph": graph.name,
-            "fingerprint": graph.fingerprint(),
-            "devices": devices.name,
-            "max_configs": max_configs,
-            "space": space,
-            "repeats": repeats,
-            "shapes": len(todo),
-            "measured": len(measured),
-            "seconds": round(time.perf_counter() - started, 3),
-            "loadavg": [load_before, _loadavg()],
-            "at": datetime.now(UTC).isoformat(timespec="seconds"),
-        }
-        _merge_and_write(path, key, measured, record)
+        if not busy:  # a finished or interrupted run: what it measured, at its load
+            record = {
+                "graph": graph.name,
+                "fingerprint": graph.fingerprint(),
+                "devices": devices.name,
+                "max_configs": max_configs,
+                "space": space,
+                "repeats": repeats,
+                "shapes": len(todo),
+                "measured": len(measured),
+                "seconds": round(time.perf_counter() - started, 3),
+                "load": None if watch is None else watch.load().to_json(),
+                "at": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
+            _merge_and_write(path, key, measured, record)
     return path
 
 
@@ -392,7 +451,8 @@ def _merge_and_write(path: Path, key: str, measured: dict[str, float], record: A
     """Re-read the cache (another run may have written it) and merge this run's entries."""
     data = _read_cache(path) if path.exists() else _new_cache(key)
     data["machine"] = machine_info()
-    data["entries"].update(measured)
+    run = len(data["profiled"])
+    data["entries"].update({k: [seconds, run] for k, seconds in measured.items()})
     data["updated"] = record["at"]
     data.setdefault("profiled", []).append(record)
     _write_cache(path, data)
@@ -466,13 +526,6 @@ def _median_time(
             step()
             times.append(time.perf_counter() - t0)
     return max(statistics.median(times), 1e-9)
-
-
-def _loadavg() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
 
 
 def _progress(progress: Progress | None, total: int) -> tuple[Progress, Callable[[], None]]:

@@ -7,6 +7,7 @@ Figures and their sources are in docs/devices.md.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -15,17 +16,22 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from planner.errors import DeviceGraphError
+from planner.files import write_text_atomic
 from planner.hardware.devices import Device, DeviceGraph, Link
+from planner.hardware.load import Load, LoadWatch, note_cached, trusted
 
 __all__ = [
     "CPU_LOCAL_DEFAULTS",
+    "CpuLocalFigures",
     "cpu_local",
     "cpu_local_cache_path",
+    "cpu_local_figures",
     "dgx_a100",
     "get_preset",
     "k80_cluster",
@@ -78,6 +84,8 @@ CPU_LOCAL_DEFAULTS: dict[str, float] = {
     "message_overhead": 5e-4,
 }
 CPU_LOCAL_FALLBACK_MEMORY = 24 * GiB
+
+logger = logging.getLogger(__name__)
 
 VALID_FORMS = (
     "p100-NxG (N >= 1 nodes, G in 1..8 GPUs), k80-NxG (N >= 1, G in 1..8), "
@@ -192,7 +200,9 @@ def cpu_local(workers: int, figures: dict[str, float] | None = None) -> DeviceGr
     `figures` (bandwidth, latency, flops, mem_bandwidth, message_overhead) default to the
     cached measurement, else to CPU_LOCAL_DEFAULTS; a figure missing from either comes from
     CPU_LOCAL_DEFAULTS."""
-    fig = dict(CPU_LOCAL_DEFAULTS) | (figures if figures is not None else _cpu_local_figures())
+    fig = dict(CPU_LOCAL_DEFAULTS) | (
+        figures if figures is not None else cpu_local_figures().figures
+    )
     memory = _machine_memory() // workers
     devices = [
         Device(
@@ -303,10 +313,28 @@ def cpu_local_cache_path() -> Path:
     return Path(root) / "cpu-local.json"
 
 
-def _cpu_local_figures() -> dict[str, float]:
+MEASURE_COMMAND = "python -m planner devices cpu-local-2 --measure"
+
+
+@dataclass(frozen=True)
+class CpuLocalFigures:
+    """The cpu-local figures planning uses, and where they come from."""
+
+    figures: dict[str, float]
+    note: str  # one line: the cache, when and at what load it was measured; or the defaults
+    measured: bool  # from the cache (else CPU_LOCAL_DEFAULTS)
+    trusted: bool  # measured at a known load within the busy threshold
+
+
+def cpu_local_figures() -> CpuLocalFigures:
+    """The cached cpu-local figures, else CPU_LOCAL_DEFAULTS. Cached figures log their note
+    (`load.note_cached`: when and at what load they were measured; a warning when on a busy
+    machine or at no recorded load)."""
     path = cpu_local_cache_path()
     if not path.exists():
-        return dict(CPU_LOCAL_DEFAULTS)
+        line = f"cpu-local figures: the defaults (nothing measured in {path})"
+        logger.debug("%s; measure them with `%s`", line, MEASURE_COMMAND)
+        return CpuLocalFigures(dict(CPU_LOCAL_DEFAULTS), line, False, False)
     try:
         cached = json.loads(path.read_text())
         figures = {
@@ -314,14 +342,22 @@ def _cpu_local_figures() -> dict[str, float]:
         }
         if not all(math.isfinite(v) and v > 0 for v in figures.values()):
             raise ValueError("non-positive figure")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         warnings.warn(
             f"ignoring unreadable cpu-local cache {path} ({exc}); using defaults. "
-            "Re-measure with planner.hardware.presets.measure_cpu_local().",
+            f"Re-measure with `{MEASURE_COMMAND}`.",
             stacklevel=3,
         )
-        return dict(CPU_LOCAL_DEFAULTS)
-    return figures
+        line = f"cpu-local figures: the defaults ({path} is unreadable)"
+        return CpuLocalFigures(dict(CPU_LOCAL_DEFAULTS), line, False, False)
+    load = Load.from_json(cached.get("load"))
+    what = (
+        f"cpu-local figures (latency {figures['latency'] * 1e6:.0f} us, bandwidth "
+        f"{figures['bandwidth'] / 1e9:.2f} GB/s, message overhead "
+        f"{figures['message_overhead'] * 1e6:.0f} us)"
+    )
+    line = note_cached(what, path, [(cached.get("measured_at"), load)], MEASURE_COMMAND)
+    return CpuLocalFigures(figures, line, True, trusted(load))
 
 
 def _machine_memory() -> int:
@@ -334,7 +370,9 @@ def _machine_memory() -> int:
     return CPU_LOCAL_FALLBACK_MEMORY
 
 
-def measure_cpu_local(n: int = 2, path: Path | None = None) -> dict[str, Any]:
+def measure_cpu_local(
+    n: int = 2, path: Path | None = None, max_load: float | None = None
+) -> dict[str, Any]:
     """Measure gloo point-to-point bandwidth/latency, the message overhead of busy workers and
     1-thread FLOP/s with `n` processes (ranks 0 and 1 exchange; the others wait).
 
@@ -345,10 +383,14 @@ def measure_cpu_local(n: int = 2, path: Path | None = None) -> dict[str, Any]:
     (mean exchange - latency) / 2. The mean, not the median: step times add up the slow
     exchanges too (a woken receiver waits for a busy core).
 
-    Writes the figures to `path` (default `cpu_local_cache_path()`) and returns them.
+    Refuses a busy machine before and after (`load.LoadWatch` with the busy threshold
+    `max_load`, load average per core; MachineBusyError, nothing written), and records the
+    load and the time with the figures. Writes them to `path` (default
+    `cpu_local_cache_path()`) and returns them.
     """
     if n < 2:
         raise DeviceGraphError(f"measure_cpu_local needs n >= 2 processes, got {n}")
+    watch = LoadWatch("measuring the cpu-local figures", BUSY_WORKERS, max_load)
     import torch
     import torch.multiprocessing as mp
 
@@ -359,11 +401,15 @@ def measure_cpu_local(n: int = 2, path: Path | None = None) -> dict[str, Any]:
         "processes": n,
         "torch": torch.__version__,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "load": watch.check().to_json(),
     }
     target = path or cpu_local_cache_path()
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(figures, indent=2) + "\n")
+    write_text_atomic(target, json.dumps(figures, indent=2) + "\n")
     return figures
+
+
+BUSY_WORKERS = 2  # ranks 0 and 1 compute and exchange; the others wait
 
 
 def _measure_worker(rank: int, n: int, tmp: str) -> None:

@@ -101,6 +101,41 @@ def test_parallelize_needs_a_process_group(graph: Any) -> None:
         planner.parallelize(data_parallel(graph, get_preset("cpu-local-2")), SmallCNN())
 
 
+def test_the_process_group_ends_with_a_barrier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank that destroys the group while a peer's collectives are in flight can make gloo
+    abort at exit: `process_group` waits for every rank first (not after an exception)."""
+    import torch.distributed as dist
+
+    calls: list[str] = []
+
+    def recorded(name: str) -> Any:
+        real = getattr(dist, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return real(*args, **kwargs)
+
+        return call
+
+    for name in ("barrier", "destroy_process_group"):
+        monkeypatch.setattr(dist, name, recorded(name))
+
+    def alone(name: str) -> Any:  # a world of one rank
+        return planner.process_group(
+            "gloo", store=dist.FileStore(str(tmp_path / name), 1), rank=0, world_size=1
+        )
+
+    with alone("a"):
+        assert dist.is_initialized() and dist.get_backend() == "gloo"
+    assert not dist.is_initialized() and calls == ["barrier", "destroy_process_group"]
+    calls.clear()
+    with pytest.raises(RuntimeError, match="a failed step"), alone("b"):
+        raise RuntimeError("a failed step")
+    assert not dist.is_initialized() and calls == ["destroy_process_group"]
+
+
 # -- on gloo, world 2: the same numbers as single-process training ---------------------------
 
 
@@ -126,10 +161,9 @@ def _worker(rank: int, world: int, tmp: str, cases: dict[str, Any]) -> None:
 
     torch.set_num_threads(1)
     store = dist.FileStore(os.path.join(tmp, "store"), world)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))  # fmt: skip
     report: dict[str, Any] = {}
-    try:
+    with planner.process_group("gloo", store=store, rank=rank, world_size=world,
+                               timeout=timedelta(seconds=60)):  # fmt: skip
         g = torch.Generator().manual_seed(1)
         x = torch.randn(8, 3, 16, 16, generator=g, dtype=torch.float64)
         target = torch.randint(0, 5, (8,), generator=g)
@@ -150,8 +184,6 @@ def _worker(rank: int, world: int, tmp: str, cases: dict[str, Any]) -> None:
                 "fell_back": [o.op for o in exported.fell_back],
                 "modules": dict(exported.plan.modules),
             }
-    finally:
-        dist.destroy_process_group()
     if rank == 0:
         Path(tmp, "report.json").write_text(json.dumps(report))
 

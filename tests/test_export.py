@@ -10,6 +10,9 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -30,6 +33,7 @@ from planner.problems.strategy import Strategy, strategy_from_json
 from runtime.launch import worker_context
 
 IMAGES = (torch.randn(8, 3, 16, 16),)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -218,3 +222,28 @@ def test_parallelized_training_equals_single_process_on_gloo(graph: Any, tmp_pat
         assert r["deviation"] < 1e-12, (name, r)
     assert report["owt (colwise linears)"]["modules"]["fc1"] == "colwise"
     assert report["height split, replicated"]["fell_back"] == ["conv1"]
+
+
+@pytest.mark.slow
+def test_the_dtensor_script_of_docs_runtime_md_runs_under_torchrun(
+    graph: Any, tmp_path: Path
+) -> None:
+    """The script as written (with a `batches()` and a `mymodels`), 2 processes, a plan with
+    colwise linears: it trains and exits cleanly on both ranks."""
+    text = (ROOT / "docs" / "runtime.md").read_text()
+    script = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "train_dtensor" in b)
+    (tmp_path / "mymodels.py").write_text("from user_models import SmallCNN as make_net\n")
+    (tmp_path / "train_dtensor.py").write_text(
+        "import torch\n\n\ndef batches():\n"
+        "    for _ in range(2):\n"
+        "        yield torch.randn(8, 3, 16, 16), torch.randint(0, 5, (8,))\n\n\n" + script
+    )
+    owt(graph, get_preset("cpu-local-2")).save(tmp_path / "plan.json")
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (tmp_path, tests, ROOT)))}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", "train_dtensor.py", "plan.json"]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=100)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "terminate called" not in proc.stderr

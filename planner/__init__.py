@@ -3,7 +3,8 @@
 The entry point is `planner.plan(model, devices, backend=..., ...)` (planner/api.py): a zoo
 name, an `nn.Module` with example inputs, a "module:factory" path, an OpGraph, a Problem or
 a file, to a `PlanResult` (status, objective, bound, gap, strategy, phase seconds, the plan
-file). `planner.export` applies a strategy to a module with DTensor (`parallelize`).
+file). `planner.export` applies a strategy to a module with DTensor (`parallelize`, in the
+`process_group()` of a launch).
 
 Layers (each a subpackage): `planner.graph` (OpGraph, op kinds, torch.fx capture, the zoo,
 model specs), `planner.hardware` (DeviceGraph, presets), `planner.costs` (configs, the config
@@ -29,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "ExportPlan": "planner.export",
     "Exported": "planner.export",
     "ExportError": "planner.export",
+    "process_group": "planner.export",
     "ModelSpec": "planner.graph.models",
     "InputSpec": "planner.graph.models",
     "LayerwiseError": "planner.errors",

@@ -26,12 +26,14 @@ redistributes its input to the layout above. Module outputs stay DTensors
 the model's output for the loss.
 
 `parallelize(strategy, module)` applies the plan in every rank of an initialized process
-group (torchrun, or `torch.distributed.init_process_group`): see docs/runtime.md.
+group (torchrun, or `torch.distributed.init_process_group`); `with process_group():` sets one
+up for a block and tears it down after a barrier: see docs/runtime.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +48,15 @@ if TYPE_CHECKING:
     from planner.graph.opgraph import Op
     from planner.problems.strategy import Strategy
 
-__all__ = ["ExportError", "ExportPlan", "Exported", "OpPlacement", "export_plan", "parallelize"]
+__all__ = [
+    "ExportError",
+    "ExportPlan",
+    "Exported",
+    "OpPlacement",
+    "export_plan",
+    "parallelize",
+    "process_group",
+]
 
 STYLES = ("data", "colwise", "replicate")
 FALLBACKS = ("error", "replicate")
@@ -247,6 +257,37 @@ def parallelize(
     parallelize_module(module, mesh, styles)
     _replicate_the_rest(module, mesh)
     return Exported(module, mesh, plan)
+
+
+@contextlib.contextmanager
+def process_group(backend: str | None = None, **init: Any) -> Iterator[None]:
+    """torch.distributed's default process group for a `with` block in every process of a
+    launch: initialized on entry (torchrun's environment, or `init`: store, rank,
+    world_size, timeout, ...; backend None: nccl with CUDA, else gloo) unless one is already,
+    and at the end of the block destroyed after a barrier. Without the barrier a rank that
+    destroys the group while a peer's last collectives are in flight can make gloo abort the
+    process at exit (SIGABRT). After an exception the group is destroyed without waiting:
+    a failed peer may never reach the barrier. A group initialized before is left as it is."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, **init)
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+        raise
+    if dist.get_backend() == "nccl":  # pragma: no cover - no GPU here
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def _parallel_style(style: str) -> Any:

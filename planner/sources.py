@@ -4,12 +4,14 @@ OpGraph, a graph or cost-table file, or a Problem (what `planner.plan` accepts).
 `problem_of` captures the model (torch.fx on the meta device, then coarsening), loads the
 devices, makes the cost model and builds the cost tables, timing capture and build apart; it
 returns the `ModelSpec` to record in the plan file when the model can be rebuilt by another
-process (a zoo model or a factory; not a module instance or a graph file).
+process: a zoo model, a factory, or a module instance whose class is importable and built
+without arguments (not a graph file).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import re
 import sys
@@ -217,7 +219,57 @@ def _capture(
             name or _default_name(model),
             deadline=deadline,
         )
-    return (coarsen_graph(graph) if coarsen else graph), None
+    graph = coarsen_graph(graph) if coarsen else graph
+    return graph, _factory_of(model, inputs, graph, coarsen, deadline)
+
+
+def _factory_of(
+    module: Any,
+    inputs: tuple[InputSpec, ...],
+    graph: OpGraph,
+    coarsen: bool,
+    deadline: Deadline | None,
+) -> ModelSpec | None:
+    """The factory that rebuilds `module` in another process, where there is one: its class,
+    defined at the top level of an imported module (not a script's `__main__`) and called
+    without arguments, when that builds a module of the same graph. None otherwise: the plan
+    file then records no model (plan "package.module:Class" with model_kwargs instead)."""
+    cls = type(module)
+    path = f"{cls.__module__}:{cls.__qualname__}"
+    home = sys.modules.get(cls.__module__)
+    found: Any = home
+    for part in cls.__qualname__.split("."):
+        found = getattr(found, part, None)
+    if cls.__module__ == "__main__" or getattr(home, "__spec__", None) is None or found is not cls:
+        why = "its class is not importable by another process (defined in a script?)"
+    elif _needs_arguments(cls):
+        why = "its class needs constructor arguments"
+    else:
+        try:
+            spec = ModelSpec(graph.name, None, {}, coarsen, path, inputs)
+            if spec.graph(deadline).fingerprint() == graph.fingerprint():
+                log.info("%s: recorded as model factory %r (no arguments)", graph.name, path)
+                return spec
+            why = f"{path}() builds a module of another graph"
+        except Exception as exc:  # optional: the plan stands without it
+            why = f"{path}() could not be captured ({type(exc).__name__})"
+    log.info(
+        "%s: the plan file records no model: %s; plan a 'package.module:factory' path with "
+        "model_kwargs to record one",
+        graph.name,
+        why,
+    )
+    return None
+
+
+def _needs_arguments(cls: type) -> bool:
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(
+        p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params
+    )
 
 
 def _spec_of_name(

@@ -19,8 +19,10 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
+import signal
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -303,7 +305,26 @@ def worker_context() -> Any:
         except ValueError:
             ctx = mp.get_context("spawn")
         _CONTEXT = ctx
+    _start_server(_CONTEXT)
     return _CONTEXT
+
+
+def _start_server(ctx: Any) -> None:
+    """Start the forkserver (if it is not running) with SIGINT ignored, a disposition it and
+    every worker it forks inherit: Ctrl-C then reaches the launcher alone, which stops the
+    workers and says so in one line. Otherwise the server, importing torch for seconds,
+    dies of the KeyboardInterrupt with a long traceback and the workers print theirs."""
+    if ctx.get_start_method() != "forkserver" or threading.current_thread() is not (
+        threading.main_thread()
+    ):
+        return  # signal handlers can only be changed in the main thread
+    from multiprocessing import forkserver
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _launch_local(job: Job, world: int, tmp: Path) -> None:
@@ -318,16 +339,18 @@ def _launch_local(job: Job, world: int, tmp: Path) -> None:
         )
         for r in range(world)
     ]
-    for p in procs:
-        p.start()
-    try:
+    started: list[Any] = []
+    try:  # Ctrl-C while starting (the first start waits for the server to import torch)
+        for p in procs:  # stops the workers started so far
+            p.start()
+            started.append(p)
         _watch(procs, status, tmp, job)
     except WorkerError as exc:
         _stop(procs)
         exc.pids = tuple(p.pid for p in procs)
         raise
     finally:
-        _stop(procs)
+        _stop(started)
 
 
 def _watch(procs: list[Any], status: Any, tmp: Path, job: Job) -> None:
@@ -372,8 +395,6 @@ def _failure(rank: int, code: int | None, tmp: Path) -> str:
     if code is None:
         return "stopped (still running when the run failed)"
     if code < 0:
-        import signal
-
         with contextlib.suppress(ValueError):
             return f"died (killed by {signal.Signals(-code).name})"
         return f"died (signal {-code})"

@@ -100,6 +100,8 @@ def worker_entry(
     rank: int, world: int, job: Job, tmp: str, status_array: Any, launcher: int
 ) -> None:
     """A local worker: rendezvous in `tmp`, run, write result-<rank>.pt or error-<rank>.txt."""
+    if not os.path.isdir(tmp):  # the launcher stopped (Ctrl-C) while this worker was forked:
+        os._exit(1)  # its FileStore would retry in the missing folder, holding the GIL
     _exit_with(launcher)
     status = Status(status_array, rank)
     try:
@@ -117,7 +119,8 @@ def worker_entry(
         status.set(job.options.steps, DONE)
     except BaseException as exc:  # noqa: BLE001 - everything is reported by rank
         text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
-        Path(tmp, f"error-{rank}.txt").write_text(text + "\n" + traceback.format_exc())
+        with contextlib.suppress(OSError):  # the launcher gone (Ctrl-C), its folder with it
+            Path(tmp, f"error-{rank}.txt").write_text(text + "\n" + traceback.format_exc())
         os._exit(1)
     with contextlib.suppress(Exception):
         dist.destroy_process_group()

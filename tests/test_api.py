@@ -46,7 +46,8 @@ def test_every_kind_of_input_plans(tmp_path: Path) -> None:
         assert results[name].objective == pytest.approx(zoo.objective, rel=1e-12)
     assert results["module"].objective == pytest.approx(results["factory"].objective, rel=1e-12)
     assert zoo.model is not None and zoo.model.to_json()["batch"] == 8
-    assert results["factory"].model is not None and results["module"].model is None
+    assert results["factory"].model is not None and results["module"].model is not None
+    assert results["module"].model.factory == "user_models:SmallCNN"  # rebuilt without arguments
     assert results["problem"].strategy is None and results["problem"].choices is not None
     assert results["problem file"].to_json()["choices"] == list(results["problem"].choices)
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -30,6 +33,7 @@ from planner.problems.strategy import Strategy, strategy_from_json
 from runtime.launch import worker_context
 
 IMAGES = (torch.randn(8, 3, 16, 16),)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -101,6 +105,41 @@ def test_parallelize_needs_a_process_group(graph: Any) -> None:
         planner.parallelize(data_parallel(graph, get_preset("cpu-local-2")), SmallCNN())
 
 
+def test_the_process_group_ends_with_a_barrier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank that destroys the group while a peer's collectives are in flight can make gloo
+    abort at exit: `process_group` waits for every rank first (not after an exception)."""
+    import torch.distributed as dist
+
+    calls: list[str] = []
+
+    def recorded(name: str) -> Any:
+        real = getattr(dist, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return real(*args, **kwargs)
+
+        return call
+
+    for name in ("barrier", "destroy_process_group"):
+        monkeypatch.setattr(dist, name, recorded(name))
+
+    def alone(name: str) -> Any:  # a world of one rank
+        return planner.process_group(
+            "gloo", store=dist.FileStore(str(tmp_path / name), 1), rank=0, world_size=1
+        )
+
+    with alone("a"):
+        assert dist.is_initialized() and dist.get_backend() == "gloo"
+    assert not dist.is_initialized() and calls == ["barrier", "destroy_process_group"]
+    calls.clear()
+    with pytest.raises(RuntimeError, match="a failed step"), alone("b"):
+        raise RuntimeError("a failed step")
+    assert not dist.is_initialized() and calls == ["destroy_process_group"]
+
+
 # -- on gloo, world 2: the same numbers as single-process training ---------------------------
 
 
@@ -126,10 +165,9 @@ def _worker(rank: int, world: int, tmp: str, cases: dict[str, Any]) -> None:
 
     torch.set_num_threads(1)
     store = dist.FileStore(os.path.join(tmp, "store"), world)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))  # fmt: skip
     report: dict[str, Any] = {}
-    try:
+    with planner.process_group("gloo", store=store, rank=rank, world_size=world,
+                               timeout=timedelta(seconds=60)):  # fmt: skip
         g = torch.Generator().manual_seed(1)
         x = torch.randn(8, 3, 16, 16, generator=g, dtype=torch.float64)
         target = torch.randint(0, 5, (8,), generator=g)
@@ -150,8 +188,6 @@ def _worker(rank: int, world: int, tmp: str, cases: dict[str, Any]) -> None:
                 "fell_back": [o.op for o in exported.fell_back],
                 "modules": dict(exported.plan.modules),
             }
-    finally:
-        dist.destroy_process_group()
     if rank == 0:
         Path(tmp, "report.json").write_text(json.dumps(report))
 
@@ -186,3 +222,28 @@ def test_parallelized_training_equals_single_process_on_gloo(graph: Any, tmp_pat
         assert r["deviation"] < 1e-12, (name, r)
     assert report["owt (colwise linears)"]["modules"]["fc1"] == "colwise"
     assert report["height split, replicated"]["fell_back"] == ["conv1"]
+
+
+@pytest.mark.slow
+def test_the_dtensor_script_of_docs_runtime_md_runs_under_torchrun(
+    graph: Any, tmp_path: Path
+) -> None:
+    """The script as written (with a `batches()` and a `mymodels`), 2 processes, a plan with
+    colwise linears: it trains and exits cleanly on both ranks."""
+    text = (ROOT / "docs" / "runtime.md").read_text()
+    script = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "train_dtensor" in b)
+    (tmp_path / "mymodels.py").write_text("from user_models import SmallCNN as make_net\n")
+    (tmp_path / "train_dtensor.py").write_text(
+        "import torch\n\n\ndef batches():\n"
+        "    for _ in range(2):\n"
+        "        yield torch.randn(8, 3, 16, 16), torch.randint(0, 5, (8,))\n\n\n" + script
+    )
+    owt(graph, get_preset("cpu-local-2")).save(tmp_path / "plan.json")
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (tmp_path, tests, ROOT)))}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", "train_dtensor.py", "plan.json"]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=100)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "terminate called" not in proc.stderr

@@ -3,6 +3,7 @@ block plans a factory model and runs the plan file with --check."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -23,12 +24,27 @@ def blocks(language: str) -> list[str]:
 
 
 def test_the_guide_plans_and_evaluates_in_process() -> None:
-    """Sections 1-3 (section 4 only runs as __main__: see the slow test)."""
-    namespace: dict[str, Any] = {"__name__": "guide"}
-    exec(compile("\n".join(blocks("python")), "docs/guide.md", "exec"), namespace)
+    """Sections 1-3 (section 4 starts workers, which import the script: see the slow test)."""
+    script = [b for b in blocks("python") if "run_strategy" not in b]
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(compile("\n".join(script), "docs/guide.md", "exec"), namespace)
     result, scores = namespace["result"], namespace["scores"]
     assert result.status.value == "OPTIMAL"
     assert scores.additive == pytest.approx(result.objective)
+
+
+def test_the_guide_script_plans_only_under_the_main_guard() -> None:
+    """Worker processes import the script: outside the guard it may only define things and
+    build the module and its batch, or every worker would plan and print again."""
+    tree = ast.parse("\n".join(blocks("python")))
+    guards = [s for s in tree.body if isinstance(s, ast.If) and "__main__" in ast.unparse(s.test)]
+    assert len(guards) == 1
+    definitions = (ast.Import, ast.ImportFrom, ast.ClassDef, ast.FunctionDef)
+    run_on_import = [s for s in tree.body if s not in guards and not isinstance(s, definitions)]
+    calls = {
+        ast.unparse(n.func) for s in run_on_import for n in ast.walk(s) if isinstance(n, ast.Call)
+    }
+    assert calls <= {"Net", "torch.randn"}, calls
 
 
 @pytest.mark.slow
@@ -39,6 +55,7 @@ def test_the_guide_runs_as_a_script_and_its_shell_commands_work(tmp_path: Path) 
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           cwd=tmp_path, env=env, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("Status.OPTIMAL") == 1, proc.stdout  # planned once, not per worker
     deviation = float(re.search(r"single-process training: (\S+)", proc.stdout)[1])  # type: ignore[index]
     assert deviation < 1e-9, proc.stdout
     # Section 5: Net in mymodels.py, then the shell block (with `python -m planner` for the

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -177,3 +179,68 @@ def test_worker_failure_exit_status(
     monkeypatch.setattr(launch, "run_strategy", faulty)
     assert main([str(plan_file), "--steps", "2"]) == EXIT_WORKER_FAILED
     assert "rank 0: RuntimeError: injected fault" in capsys.readouterr().err
+
+
+def _session(sid: int) -> list[int]:
+    """The live processes of session `sid` (zombies left out)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # ended meanwhile
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def _proc(pid: int, name: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/{name}").read_text().replace("\0", " ")
+    except OSError:
+        return ""
+
+
+def _wait_for(done: Any, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_ctrl_c_while_workers_start_is_one_line_and_leaves_no_process(plan_file: Path) -> None:
+    """Ctrl-C at a terminal interrupts the whole foreground process group: the launcher, the
+    forkserver and any worker. Sent while the forkserver imports torch (seconds, before any
+    worker can start), it printed the server's KeyboardInterrupt traceback. Now: one line,
+    status 130, and every process of the run ends."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime.run", str(plan_file), "--steps", "50", "--timeout", "30"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+
+    def importing_torch() -> bool:
+        return any(
+            "forkserver" in _proc(p, "cmdline") and "libtorch" in _proc(p, "maps")
+            for p in _session(proc.pid)
+        )
+
+    try:
+        assert _wait_for(importing_torch, 60), "no forkserver started"
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert err == "error: interrupted\n", err
+        assert _wait_for(lambda: not _session(proc.pid), 30), [
+            _proc(p, "cmdline") for p in _session(proc.pid)
+        ]
+    finally:
+        for pid in _session(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        proc.wait()

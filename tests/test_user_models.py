@@ -59,7 +59,7 @@ def test_a_user_module_instance_plans_and_runs_in_process() -> None:
     net = SmallCNN()
     result = planner.plan(net, "cpu-local-2", example_inputs=IMAGES, backend="elimination")
     assert result.status.value == "OPTIMAL" and result.strategy is not None
-    assert result.model is None  # an instance cannot be rebuilt by another program
+    assert result.model is not None and result.model.factory == "user_models:SmallCNN"
     finite_and_equal(runtime.run_strategy(result.strategy, net, F64))
     assert result.problem.is_dnn
     finite_and_equal(
@@ -88,6 +88,36 @@ def test_a_user_factory_plans_and_runs_from_its_plan_file(
     assert run_main(args) == 0
     out: dict[str, Any] = json.loads(capsys.readouterr().out)
     assert out["max_deviation"] < 1e-9 and out["world"] == 2
+
+
+def test_a_module_instance_plan_file_runs_with_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's promise: `result.save("plan.json")` of a plan made from an instance is
+    a file `runtime.run --check` runs, when the instance's class rebuilds it without
+    arguments (it names the class as the factory)."""
+    result = planner.plan(SmallCNN(), "cpu-local-2", example_inputs=IMAGES)
+    result.save(tmp_path / "plan.json")
+    model = json.loads((tmp_path / "plan.json").read_text())["graph"]["model"]
+    assert model["factory"] == "user_models:SmallCNN" and model["kwargs"] == {}
+    args = [str(tmp_path / "plan.json"), "--check", "--steps", "2", "--dtype", "float64", "--json"]
+    assert run_main(args) == 0
+    assert json.loads(capsys.readouterr().out)["max_deviation"] < 1e-9
+
+
+class NeedsArguments(SmallCNN):
+    def __init__(self, classes: int) -> None:
+        super().__init__(classes)
+
+
+def test_an_instance_another_process_cannot_rebuild_records_no_model() -> None:
+    class Local(SmallCNN):  # not importable: defined in a function
+        pass
+
+    for module in (SmallCNN(width=2), NeedsArguments(5), Local()):
+        result = planner.plan(module, "cpu-local-2", example_inputs=IMAGES, backend="baselines")
+        assert result.model is None, module
+        assert result.to_json()["graph"].get("model") is None
 
 
 def test_a_non_finite_loss_stops_the_run_with_an_error(

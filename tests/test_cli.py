@@ -534,10 +534,11 @@ def test_the_layerwise_console_script_is_the_same_cli(capsys: pytest.CaptureFixt
 def test_plan_recommends_a_baseline_that_simulates_faster(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """lenet5 on 4 P100s: the additive optimum simulates slower than data parallelism, so
-    `plan` recommends data parallelism and keeps the searched optimum in the plan file."""
+    """lenet5 on 2 P100s: the additive optimum simulates 11% slower than data parallelism
+    (more than the simulator's stated accuracy), so `plan` recommends data parallelism and
+    keeps the searched optimum, with its status, in the plan file."""
     path = tmp_path / "plan.json"
-    argv = ["plan", "lenet5", "--devices", "p100-1x4", "--backend", "elimination", "--json"]
+    argv = ["plan", "lenet5", "--devices", "p100-1x2", "--backend", "elimination", "--json"]
     s = only_json(ok(capsys, *argv, "-o", str(path)))
     assert s["recommendation"]["switched"] and s["recommendation"]["to"] == "data_parallel"
     assert s["status"] == "FEASIBLE" and s["searched"]["status"] == "OPTIMAL"

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.deadline import Deadline, OutOfTime, catch_interrupt, stop_requested
-from planner.errors import LayerwiseError
+from planner.errors import LayerwiseError, given
 from planner.files import check_output_path, finite_or_none, strict_json, write_text_atomic
 from planner.graph.models import ModelSpec
 from planner.result import Limit, SolveOptions, SolveResult, Status
@@ -282,7 +282,16 @@ def plan(
     clock = Deadline.after(time_limit) if _positive(time_limit) else Deadline.never()
     deadline = clock if deadline is None else deadline.within(clock.left())
     start = time.perf_counter()
-    _check_call(objective, time_limit, seed, build_options)
+    _check_call(
+        objective,
+        time_limit,
+        seed,
+        build_options,
+        backend=backend,
+        max_configs=max_configs,
+        memory_limit=memory_limit,
+        backend_options=backend_options,
+    )
     solver = check_backend(backend, objective)  # an unknown name fails before any work
     settings = solver.settings(SolveOptions(extra=backend_options or {}))  # so do bad settings
     with catch_interrupt():
@@ -397,16 +406,38 @@ def _problem(model: Any, devices: Any, deadline: Deadline, **kwargs: Any) -> tup
         ) from None
 
 
-def _check_call(objective: str, time_limit: float, seed: int, build_options: Mapping) -> None:
-    """Arguments that are wrong whatever the model: refused before any work."""
+def _check_call(
+    objective: Any, time_limit: Any, seed: Any, build_options: Mapping, **values: Any
+) -> None:
+    """Arguments that are wrong whatever the model: refused before any work, each error
+    saying what was expected and what was given, with its type (`planner.errors.given`)."""
     from planner.problems.problem import build_problem
 
     if objective not in ("additive", "makespan"):
-        raise LayerwiseError(f"objective must be 'additive' or 'makespan', got {objective!r}")
-    if not (isinstance(time_limit, int | float) and time_limit > 0 and time_limit < float("inf")):
-        raise LayerwiseError(f"time_limit must be a positive number of seconds, got {time_limit}")
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise LayerwiseError(f"seed must be an integer >= 0, got {seed!r}")
+        raise LayerwiseError(f"objective must be 'additive' or 'makespan', got {given(objective)}")
+    if not (_number(time_limit) and 0 < time_limit < float("inf")):
+        raise LayerwiseError(
+            f"time_limit must be a positive number of seconds (an int or a float), got "
+            f"{given(time_limit)}"
+        )
+    if not _integer(seed) or seed < 0:
+        raise LayerwiseError(f"seed must be an integer >= 0, got {given(seed)}")
+    for name, ok, expected in (
+        ("backend", isinstance(values["backend"], str), "a backend's name (a str)"),
+        ("max_configs", _optional_count(values["max_configs"]), "None or an integer >= 1"),
+        (
+            "memory_limit",
+            _memory_limit(values["memory_limit"]),
+            "None, 'device' or a positive number of bytes per device",
+        ),
+        (
+            "backend_options",
+            values["backend_options"] is None or isinstance(values["backend_options"], Mapping),
+            "a mapping of setting names to values, or the backend's settings object",
+        ),
+    ):
+        if not ok:
+            raise LayerwiseError(f"{name} must be {expected}, got {given(values[name])}")
     accepted = set(inspect.signature(build_problem).parameters) - {"graph", "devices"}
     accepted -= {"cost_model", "max_configs", "memory_limit"}
     unknown = sorted(set(build_options) - accepted)
@@ -415,6 +446,24 @@ def _check_call(objective: str, time_limit: float, seed: int, build_options: Map
             f"plan() got unknown option(s) {', '.join(unknown)}; build_problem accepts "
             f"{', '.join(sorted(accepted))}"
         )
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _optional_count(value: Any) -> bool:
+    return value is None or (_integer(value) and value >= 1)
+
+
+def _memory_limit(value: Any) -> bool:
+    if value is None or (isinstance(value, str) and value == "device"):
+        return True
+    return _number(value) and 0 < value < float("inf")
 
 
 def _out_of_time(

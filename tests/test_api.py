@@ -121,6 +121,26 @@ BAD: dict[str, tuple[dict[str, Any], str]] = {
     "an unknown backend": ({"model": "lenet5", "backend": "nope"}, "unknown backend"),
     "an unknown cost source": ({"model": "lenet5", "cost": "guessed"}, "cost must be"),
     "something else": ({"model": 42}, "takes a zoo name"),
+    "a time limit as a string": (
+        {"model": "lenet5", "time_limit": "10"},
+        "time_limit must be a positive number of seconds (an int or a float), got '10' (a str)",
+    ),
+    "a seed as a float": ({"model": "lenet5", "seed": 1.5}, "got 1.5 (a float)"),
+    "a module class instead of an instance": (
+        {"model": SmallCNN, "example_inputs": IMAGES},
+        "got the class SmallCNN itself (pass an instance, e.g. SmallCNN(...))",
+    ),
+    "the DeviceGraph class instead of an instance": (
+        {"model": "lenet5", "devices": planner.DeviceGraph},
+        "devices must be a preset name, a device JSON path or a DeviceGraph, got the class "
+        "DeviceGraph itself",
+    ),
+    "max_configs as a string": ({"model": "lenet5", "max_configs": "4"}, "got '4' (a str)"),
+    "a memory limit as a word": ({"model": "lenet5", "memory_limit": "lots"}, "got 'lots' (a str)"),
+    "a backend that is not a name": (
+        {"model": "lenet5", "backend": SearchBackend},
+        "backend must be a backend's name (a str), got the class SearchBackend itself",
+    ),
 }
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.deadline import Deadline, OutOfTime, catch_interrupt, stop_requested
-from planner.errors import LayerwiseError, given
+from planner.errors import BackendError, LayerwiseError, given
 from planner.files import check_output_path, finite_or_none, strict_json, write_text_atomic
 from planner.graph.models import ModelSpec
 from planner.result import Limit, SolveOptions, SolveResult, Status
@@ -164,14 +164,14 @@ class PlanResult:
             "backend": self.backend,
             "objective_kind": self.objective_kind,
             **{k: s.get(k) for k in PHASES if k in s or k in ALWAYS},
-            **{k: s[k] for k in ("memory_peak_bytes", "memory_fits") if k in s},
+            **{k: s[k] for k in MEMORY_KEYS if k in s},
         }
         if self.problem.is_dnn:  # what was searched (docs/space.md), as in the file
             out["space"] = self.problem.dnn().space.describe()
         if self.message:
             out["message"] = self.message
         out = {k: finite_or_none(v) for k, v in out.items()}
-        for key in ("recommendation", "searched"):  # what the re-rank rule decided
+        for key in ("auto", "recommendation", "searched"):  # backend choice, re-rank rule
             if key in s:
                 out[key] = _strict(s[key])
         return out
@@ -221,6 +221,7 @@ PHASES = (
     "total_seconds",
 )
 ALWAYS = ("build_seconds", "search_seconds", "total_seconds")
+MEMORY_KEYS = ("memory_peak_bytes", "memory_fits")
 
 
 def _strict(value: Any) -> Any:
@@ -235,7 +236,7 @@ def _strict(value: Any) -> Any:
 def plan(
     model: Any,
     devices: str | Path | DeviceGraph | None = None,
-    backend: str = "elimination",
+    backend: str = "auto",
     objective: str = "additive",
     time_limit: float = DEFAULT_TIME_LIMIT,
     seed: int = 0,
@@ -261,16 +262,21 @@ def plan(
     `runtime.run` can rebuild the module in other processes), an OpGraph, a Problem, or the
     path of a graph JSON or cost-table (IOPDDL) JSON file. `model_kwargs` size a zoo model
     (e.g. {"batch": 8}) or are passed to the factory. devices: a preset name, a device JSON
-    path or a DeviceGraph (not for cost-table problems). objective: "additive" (OptCNN
+    path or a DeviceGraph (not for cost-table problems). backend: "auto" (the default:
+    elimination, exact, when its answer fits the memory; portfolio under the memory limit
+    when memory is tight; mcmc for the makespan objective; `stats["auto"]` says which and
+    why: planner/auto.py) or a registered backend's name. objective: "additive" (OptCNN
     Eq. 1) or "makespan" (FlexFlow's simulated iteration time). time_limit: seconds for the
     whole call, capture and build included. memory_limit: None, "device" or bytes per
     device. cost: "analytic" or "measured" (profiled: `python -m planner profile`); sync:
     "ring" or "ps". recommend: never return a strategy that FlexFlow's simulator says is
-    slower than an expert baseline (docs/compare.md): when one is faster it is returned
-    instead, status FEASIBLE, and the searched answer stays in `stats["searched"]`;
+    slower than an expert baseline that fits the memory (docs/compare.md): when one is
+    faster beyond the simulator's stated error (10%) it is returned instead, status
+    FEASIBLE, and the searched answer stays in `stats["searched"]` with its status;
     `stats["recommendation"]` says what was decided (False: the searched answer, always).
     check_memory: a strategy whose peak bytes on some device exceed that device's memory is
-    an error (`planner.problems.sizes.SizeError`: plan with memory_limit="device"); False
+    an error (`planner.problems.sizes.SizeError`: plan with backend "auto", or with
+    memory_limit="device" and any backend but elimination); False
     returns it anyway, with `stats["memory_fits"]` False. backend_options: the backend's
     settings (`SolveOptions.extra`: a mapping, or the backend's settings object, e.g.
     {"mode": "astar"} for "search"; docs/architecture.md, "Settings"), checked before any
@@ -293,7 +299,14 @@ def plan(
         backend_options=backend_options,
     )
     solver = check_backend(backend, objective)  # an unknown name fails before any work
-    settings = solver.settings(SolveOptions(extra=backend_options or {}))  # so do bad settings
+    settings: Mapping[str, Any] = {}
+    if solver is not None:
+        settings = solver.settings(SolveOptions(extra=backend_options or {}))  # so do bad ones
+    elif backend_options:
+        raise LayerwiseError(
+            "backend_options are the settings of one backend: name it (backend='cpsat', ...); "
+            "'auto' chooses the backend per problem and takes no settings"
+        )
     with catch_interrupt():
         problem, spec, phases = _problem(
             model,
@@ -328,7 +341,12 @@ def plan(
             deadline=search,
         )
         t0 = time.perf_counter()
-        result = solver.solve(problem, options)
+        if solver is None:
+            from planner.auto import solve_auto
+
+            result, problem = solve_auto(problem, options)
+        else:
+            result = solver.solve(problem, options)
         solve_seconds = time.perf_counter() - t0
         search_seconds = float(result.stats.get("search_seconds", solve_seconds))
         t1 = time.perf_counter()
@@ -364,7 +382,7 @@ def plan(
     }
     log.info(
         "%s: %s%s, objective %s, bound %s (%.3g s in all)",
-        backend,
+        result.backend,
         result.status.value,
         f" ({result.limit.value})" if result.limit else "",
         result.objective,
@@ -378,14 +396,22 @@ RECOMMEND_SHARE = 0.1  # of the time left after the build, kept for the recommen
 
 
 def check_backend(backend: str, objective: str) -> Any:
-    """The backend registered as `backend` when it optimizes `objective`; else one error."""
-    from planner.registry import get_backend
+    """The backend registered as `backend` when it optimizes `objective`, None for "auto"
+    (planner/auto.py: it chooses per problem); else one error."""
+    from planner.auto import AUTO
+    from planner.registry import REGISTRY, get_backend
 
+    if backend == AUTO:
+        return None
+    if backend not in REGISTRY:
+        raise BackendError(
+            f"unknown backend {backend!r}; available: {AUTO} (the default), {', '.join(REGISTRY)}"
+        )
     solver = get_backend(backend)
     if objective not in solver.objectives:
         raise LayerwiseError(
             f"backend {backend!r} does not optimize the {objective!r} objective (it does: "
-            f"{', '.join(solver.objectives)})"
+            f"{', '.join(solver.objectives)}; backend 'auto' chooses one that does)"
         )
     return solver
 

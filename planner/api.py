@@ -164,7 +164,7 @@ class PlanResult:
             "backend": self.backend,
             "objective_kind": self.objective_kind,
             **{k: s.get(k) for k in PHASES if k in s or k in ALWAYS},
-            **{k: s[k] for k in MEMORY_KEYS if k in s},
+            **{k: s[k] for k in (*MEMORY_KEYS, *DEVICE_KEYS) if k in s},
         }
         if self.problem.is_dnn:  # what was searched (docs/space.md), as in the file
             out["space"] = self.problem.dnn().space.describe()
@@ -222,6 +222,7 @@ PHASES = (
 )
 ALWAYS = ("build_seconds", "search_seconds", "total_seconds")
 MEMORY_KEYS = ("memory_peak_bytes", "memory_fits")
+DEVICE_KEYS = ("devices_used", "devices_total", "idle_devices")  # planner/problems/idle.py
 
 
 def _strict(value: Any) -> Any:
@@ -372,6 +373,7 @@ def plan(
             problem.dnn().cost_model, result.strategy
         )
         memory = {"memory_peak_bytes": float(fit.peak.max()), "memory_fits": fit.fits}
+        memory.update(_device_use(problem, result, objective))
     phases = {
         **phases,
         **memory,
@@ -393,6 +395,21 @@ def plan(
 
 
 RECOMMEND_SHARE = 0.1  # of the time left after the build, kept for the recommendation
+
+
+def _device_use(problem: Problem, result: SolveResult, objective: str) -> dict[str, Any]:
+    """The devices the answer uses of the problem's; when some are idle, why (also logged
+    as a warning: planner/problems/idle.py)."""
+    from planner.problems.idle import device_use
+
+    assert result.choices is not None
+    proven = result.status is Status.OPTIMAL and result.limit is None
+    use = device_use(problem, result.choices, objective, proven)
+    out: dict[str, Any] = {"devices_used": use.used, "devices_total": use.total}
+    if use.reason is not None:
+        log.warning("%s", use.reason)
+        out["idle_devices"] = use.reason
+    return out
 
 
 def check_backend(backend: str, objective: str) -> Any:

@@ -21,7 +21,7 @@ said), and `stats["recommendation"]` always says what was decided and why, with 
 The margin: the simulator's median error against measured step times is 5.6-10.3% for the
 zoo models where it meets its accuracy target (README, docs/runtime.md "Simulator
 accuracy"), so a baseline simulated 0.02% faster (alexnet on 4 GPUs, 13.49 against 13.50
-ms) is no evidence that it runs faster, and neither is lenet5's 7.8% on p100-1x4; a proven
+ms) is no evidence that it runs faster, and neither is lenet5's 7.7% on p100-1x4; a proven
 optimum is replaced only beyond `SIMULATOR_ERROR` = 10%.
 
 Simulating a baseline can cost more than the search (model parallelism of inception_v3 on

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.deadline import Deadline, OutOfTime, catch_interrupt, stop_requested
-from planner.errors import LayerwiseError
+from planner.errors import BackendError, LayerwiseError, given
 from planner.files import check_output_path, finite_or_none, strict_json, write_text_atomic
 from planner.graph.models import ModelSpec
 from planner.result import Limit, SolveOptions, SolveResult, Status
@@ -164,14 +164,14 @@ class PlanResult:
             "backend": self.backend,
             "objective_kind": self.objective_kind,
             **{k: s.get(k) for k in PHASES if k in s or k in ALWAYS},
-            **{k: s[k] for k in ("memory_peak_bytes", "memory_fits") if k in s},
+            **{k: s[k] for k in (*MEMORY_KEYS, *DEVICE_KEYS) if k in s},
         }
         if self.problem.is_dnn:  # what was searched (docs/space.md), as in the file
             out["space"] = self.problem.dnn().space.describe()
         if self.message:
             out["message"] = self.message
         out = {k: finite_or_none(v) for k, v in out.items()}
-        for key in ("recommendation", "searched"):  # what the re-rank rule decided
+        for key in ("auto", "recommendation", "searched"):  # backend choice, re-rank rule
             if key in s:
                 out[key] = _strict(s[key])
         return out
@@ -221,6 +221,8 @@ PHASES = (
     "total_seconds",
 )
 ALWAYS = ("build_seconds", "search_seconds", "total_seconds")
+MEMORY_KEYS = ("memory_peak_bytes", "memory_fits")
+DEVICE_KEYS = ("devices_used", "devices_total", "idle_devices")  # planner/problems/idle.py
 
 
 def _strict(value: Any) -> Any:
@@ -235,7 +237,7 @@ def _strict(value: Any) -> Any:
 def plan(
     model: Any,
     devices: str | Path | DeviceGraph | None = None,
-    backend: str = "elimination",
+    backend: str = "auto",
     objective: str = "additive",
     time_limit: float = DEFAULT_TIME_LIMIT,
     seed: int = 0,
@@ -261,16 +263,21 @@ def plan(
     `runtime.run` can rebuild the module in other processes), an OpGraph, a Problem, or the
     path of a graph JSON or cost-table (IOPDDL) JSON file. `model_kwargs` size a zoo model
     (e.g. {"batch": 8}) or are passed to the factory. devices: a preset name, a device JSON
-    path or a DeviceGraph (not for cost-table problems). objective: "additive" (OptCNN
+    path or a DeviceGraph (not for cost-table problems). backend: "auto" (the default:
+    elimination, exact, when its answer fits the memory; portfolio under the memory limit
+    when memory is tight; mcmc for the makespan objective; `stats["auto"]` says which and
+    why: planner/auto.py) or a registered backend's name. objective: "additive" (OptCNN
     Eq. 1) or "makespan" (FlexFlow's simulated iteration time). time_limit: seconds for the
     whole call, capture and build included. memory_limit: None, "device" or bytes per
     device. cost: "analytic" or "measured" (profiled: `python -m planner profile`); sync:
     "ring" or "ps". recommend: never return a strategy that FlexFlow's simulator says is
-    slower than an expert baseline (docs/compare.md): when one is faster it is returned
-    instead, status FEASIBLE, and the searched answer stays in `stats["searched"]`;
+    slower than an expert baseline that fits the memory (docs/compare.md): when one is
+    faster beyond the simulator's stated error (10%) it is returned instead, status
+    FEASIBLE, and the searched answer stays in `stats["searched"]` with its status;
     `stats["recommendation"]` says what was decided (False: the searched answer, always).
     check_memory: a strategy whose peak bytes on some device exceed that device's memory is
-    an error (`planner.problems.sizes.SizeError`: plan with memory_limit="device"); False
+    an error (`planner.problems.sizes.SizeError`: plan with backend "auto", or with
+    memory_limit="device" and any backend but elimination); False
     returns it anyway, with `stats["memory_fits"]` False. backend_options: the backend's
     settings (`SolveOptions.extra`: a mapping, or the backend's settings object, e.g.
     {"mode": "astar"} for "search"; docs/architecture.md, "Settings"), checked before any
@@ -282,9 +289,25 @@ def plan(
     clock = Deadline.after(time_limit) if _positive(time_limit) else Deadline.never()
     deadline = clock if deadline is None else deadline.within(clock.left())
     start = time.perf_counter()
-    _check_call(objective, time_limit, seed, build_options)
+    _check_call(
+        objective,
+        time_limit,
+        seed,
+        build_options,
+        backend=backend,
+        max_configs=max_configs,
+        memory_limit=memory_limit,
+        backend_options=backend_options,
+    )
     solver = check_backend(backend, objective)  # an unknown name fails before any work
-    settings = solver.settings(SolveOptions(extra=backend_options or {}))  # so do bad settings
+    settings: Mapping[str, Any] = {}
+    if solver is not None:
+        settings = solver.settings(SolveOptions(extra=backend_options or {}))  # so do bad ones
+    elif backend_options:
+        raise LayerwiseError(
+            "backend_options are the settings of one backend: name it (backend='cpsat', ...); "
+            "'auto' chooses the backend per problem and takes no settings"
+        )
     with catch_interrupt():
         problem, spec, phases = _problem(
             model,
@@ -319,7 +342,12 @@ def plan(
             deadline=search,
         )
         t0 = time.perf_counter()
-        result = solver.solve(problem, options)
+        if solver is None:
+            from planner.auto import solve_auto
+
+            result, problem = solve_auto(problem, options)
+        else:
+            result = solver.solve(problem, options)
         solve_seconds = time.perf_counter() - t0
         search_seconds = float(result.stats.get("search_seconds", solve_seconds))
         t1 = time.perf_counter()
@@ -345,6 +373,7 @@ def plan(
             problem.dnn().cost_model, result.strategy
         )
         memory = {"memory_peak_bytes": float(fit.peak.max()), "memory_fits": fit.fits}
+        memory.update(_device_use(problem, result, objective))
     phases = {
         **phases,
         **memory,
@@ -355,7 +384,7 @@ def plan(
     }
     log.info(
         "%s: %s%s, objective %s, bound %s (%.3g s in all)",
-        backend,
+        result.backend,
         result.status.value,
         f" ({result.limit.value})" if result.limit else "",
         result.objective,
@@ -368,15 +397,38 @@ def plan(
 RECOMMEND_SHARE = 0.1  # of the time left after the build, kept for the recommendation
 
 
-def check_backend(backend: str, objective: str) -> Any:
-    """The backend registered as `backend` when it optimizes `objective`; else one error."""
-    from planner.registry import get_backend
+def _device_use(problem: Problem, result: SolveResult, objective: str) -> dict[str, Any]:
+    """The devices the answer uses of the problem's; when some are idle, why (also logged
+    as a warning: planner/problems/idle.py)."""
+    from planner.problems.idle import device_use
 
+    assert result.choices is not None
+    proven = result.status is Status.OPTIMAL and result.limit is None
+    use = device_use(problem, result.choices, objective, proven)
+    out: dict[str, Any] = {"devices_used": use.used, "devices_total": use.total}
+    if use.reason is not None:
+        log.warning("%s", use.reason)
+        out["idle_devices"] = use.reason
+    return out
+
+
+def check_backend(backend: str, objective: str) -> Any:
+    """The backend registered as `backend` when it optimizes `objective`, None for "auto"
+    (planner/auto.py: it chooses per problem); else one error."""
+    from planner.auto import AUTO
+    from planner.registry import REGISTRY, get_backend
+
+    if backend == AUTO:
+        return None
+    if backend not in REGISTRY:
+        raise BackendError(
+            f"unknown backend {backend!r}; available: {AUTO} (the default), {', '.join(REGISTRY)}"
+        )
     solver = get_backend(backend)
     if objective not in solver.objectives:
         raise LayerwiseError(
             f"backend {backend!r} does not optimize the {objective!r} objective (it does: "
-            f"{', '.join(solver.objectives)})"
+            f"{', '.join(solver.objectives)}; backend 'auto' chooses one that does)"
         )
     return solver
 
@@ -397,16 +449,38 @@ def _problem(model: Any, devices: Any, deadline: Deadline, **kwargs: Any) -> tup
         ) from None
 
 
-def _check_call(objective: str, time_limit: float, seed: int, build_options: Mapping) -> None:
-    """Arguments that are wrong whatever the model: refused before any work."""
+def _check_call(
+    objective: Any, time_limit: Any, seed: Any, build_options: Mapping, **values: Any
+) -> None:
+    """Arguments that are wrong whatever the model: refused before any work, each error
+    saying what was expected and what was given, with its type (`planner.errors.given`)."""
     from planner.problems.problem import build_problem
 
     if objective not in ("additive", "makespan"):
-        raise LayerwiseError(f"objective must be 'additive' or 'makespan', got {objective!r}")
-    if not (isinstance(time_limit, int | float) and time_limit > 0 and time_limit < float("inf")):
-        raise LayerwiseError(f"time_limit must be a positive number of seconds, got {time_limit}")
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise LayerwiseError(f"seed must be an integer >= 0, got {seed!r}")
+        raise LayerwiseError(f"objective must be 'additive' or 'makespan', got {given(objective)}")
+    if not (_number(time_limit) and 0 < time_limit < float("inf")):
+        raise LayerwiseError(
+            f"time_limit must be a positive number of seconds (an int or a float), got "
+            f"{given(time_limit)}"
+        )
+    if not _integer(seed) or seed < 0:
+        raise LayerwiseError(f"seed must be an integer >= 0, got {given(seed)}")
+    for name, ok, expected in (
+        ("backend", isinstance(values["backend"], str), "a backend's name (a str)"),
+        ("max_configs", _optional_count(values["max_configs"]), "None or an integer >= 1"),
+        (
+            "memory_limit",
+            _memory_limit(values["memory_limit"]),
+            "None, 'device' or a positive number of bytes per device",
+        ),
+        (
+            "backend_options",
+            values["backend_options"] is None or isinstance(values["backend_options"], Mapping),
+            "a mapping of setting names to values, or the backend's settings object",
+        ),
+    ):
+        if not ok:
+            raise LayerwiseError(f"{name} must be {expected}, got {given(values[name])}")
     accepted = set(inspect.signature(build_problem).parameters) - {"graph", "devices"}
     accepted -= {"cost_model", "max_configs", "memory_limit"}
     unknown = sorted(set(build_options) - accepted)
@@ -415,6 +489,24 @@ def _check_call(objective: str, time_limit: float, seed: int, build_options: Map
             f"plan() got unknown option(s) {', '.join(unknown)}; build_problem accepts "
             f"{', '.join(sorted(accepted))}"
         )
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _optional_count(value: Any) -> bool:
+    return value is None or (_integer(value) and value >= 1)
+
+
+def _memory_limit(value: Any) -> bool:
+    if value is None or (isinstance(value, str) and value == "device"):
+        return True
+    return _number(value) and 0 < value < float("inf")
 
 
 def _out_of_time(

@@ -271,7 +271,12 @@ def build_parser(prog: str = "python -m planner") -> argparse.ArgumentParser:
     )
     _model_args(p)
     p.add_argument("--devices", help="device preset or JSON (not used with --problem)")
-    p.add_argument("--backend", default="baselines", help="search backend (default baselines)")
+    p.add_argument(
+        "--backend",
+        default="auto",
+        help="search backend (default auto: elimination, exact, when its answer fits the "
+        "devices' memory, else portfolio under the memory limit; mcmc for --objective makespan)",
+    )
     p.add_argument(
         "--objective",
         default="additive",

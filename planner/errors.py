@@ -54,3 +54,16 @@ def read_json(path: str | Path, what: str, error: type[LayerwiseError]) -> Any:
 class BackendError(LayerwiseError):
     """A backend cannot run: unknown name, missing package, unsupported objective or problem,
     or settings it does not take."""
+
+
+def given(value: Any, instance: bool = False) -> str:
+    """A value a caller gave, as an error message shows it: its repr and its type, or "the
+    class X itself" for a class; `instance`: an instance of a class was expected, and the
+    message says to pass one."""
+    if isinstance(value, type):
+        name = value.__name__
+        hint = f" (pass an instance, e.g. {name}(...))" if instance else ""
+        return f"the class {name} itself{hint}"
+    text = repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return f"{text} (a {type(value).__name__})"

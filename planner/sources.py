@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.deadline import OutOfTime, run_within, stop_requested
-from planner.errors import LayerwiseError
+from planner.errors import LayerwiseError, given
 from planner.graph.models import InputSpec, ModelSpec, input_specs
 
 if TYPE_CHECKING:
@@ -56,12 +56,12 @@ def problem_of(
     from planner.problems.problem import Problem
 
     if isinstance(model, Problem) or _is_problem_file(model):
-        given = [k for k, v in options.items() if v not in (None, "analytic")]
-        given += ["devices"] * (devices is not None) + ["max_configs"] * (max_configs is not None)
-        given += list(build_options) + ["example_inputs"] * (example_inputs is not None)
-        if given:
+        unused = [k for k, v in options.items() if v not in (None, "analytic")]
+        unused += ["devices"] * (devices is not None) + ["max_configs"] * (max_configs is not None)
+        unused += list(build_options) + ["example_inputs"] * (example_inputs is not None)
+        if unused:
             raise LayerwiseError(
-                f"{', '.join(given)} do(es) not apply to a cost-table problem (it has its own "
+                f"{', '.join(unused)} do(es) not apply to a cost-table problem (it has its own "
                 "costs and memory limit)"
             )
         t0 = time.perf_counter()
@@ -204,7 +204,7 @@ def _capture(
     if not isinstance(model, nn.Module):
         raise LayerwiseError(
             f"plan() takes a zoo name, an nn.Module, a 'module:factory' path, an OpGraph, a "
-            f"Problem or a file path; got {type(model).__name__}"
+            f"Problem or a file path; got {given(model, instance=True)}"
         )
     if model_kwargs:
         raise LayerwiseError("model_kwargs apply to a zoo name or a factory, not to a module")
@@ -329,8 +329,7 @@ def _devices(devices: Any, table_budget: float | None = None) -> DeviceGraph:
         check_devices_spec(str(devices), table_budget or DEFAULT_TABLE_BUDGET)  # before building
         return load_devices(str(devices))
     raise LayerwiseError(
-        f"devices must be a preset name, a device JSON path or a DeviceGraph, got "
-        f"{type(devices).__name__}"
+        f"devices must be a preset name, a device JSON path or a DeviceGraph, got {given(devices, instance=True)}"
     )
 
 
@@ -343,7 +342,7 @@ def cost_model(
     from planner.costs.costmodel import CostModel, CostOptions
 
     if source not in ("analytic", "measured"):
-        raise LayerwiseError(f"cost must be 'analytic' or 'measured', got {source!r}")
+        raise LayerwiseError(f"cost must be 'analytic' or 'measured', got {given(source)}")
     names = {f.name for f in dataclasses.fields(CostOptions)}
     opts = CostOptions(**{k: v for k, v in options.items() if k in names and v is not None})
     measured = None

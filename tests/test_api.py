@@ -17,10 +17,12 @@ import planner
 from backends import SolveOptions, Status
 from backends.exact.search import SearchBackend
 from planner.graph.zoo import model_graph
+from planner.hardware.presets import get_preset
 from planner.problems.costtable import random_problem, save_problem
 
 IMAGES = (torch.randn(8, 3, 16, 16),)
 LENET = {"model_kwargs": {"batch": 8}}
+MEMORY_SHARE = 0.9  # of the unconstrained optimum's peak: devices too small for it
 
 
 def test_every_kind_of_input_plans(tmp_path: Path) -> None:
@@ -105,7 +107,7 @@ BAD: dict[str, tuple[dict[str, Any], str]] = {
         "devices do(es) not apply",
     ),
     "an objective the backend does not optimize": (
-        {"model": "lenet5", "objective": "makespan"},
+        {"model": "lenet5", "objective": "makespan", "backend": "elimination"},
         "does not optimize",
     ),
     "an unknown objective": ({"model": "lenet5", "objective": "fastest"}, "objective must"),
@@ -122,6 +124,30 @@ BAD: dict[str, tuple[dict[str, Any], str]] = {
     "an unknown backend": ({"model": "lenet5", "backend": "nope"}, "unknown backend"),
     "an unknown cost source": ({"model": "lenet5", "cost": "guessed"}, "cost must be"),
     "something else": ({"model": 42}, "takes a zoo name"),
+    "a time limit as a string": (
+        {"model": "lenet5", "time_limit": "10"},
+        "time_limit must be a positive number of seconds (an int or a float), got '10' (a str)",
+    ),
+    "a seed as a float": ({"model": "lenet5", "seed": 1.5}, "got 1.5 (a float)"),
+    "a module class instead of an instance": (
+        {"model": SmallCNN, "example_inputs": IMAGES},
+        "got the class SmallCNN itself (pass an instance, e.g. SmallCNN(...))",
+    ),
+    "the DeviceGraph class instead of an instance": (
+        {"model": "lenet5", "devices": planner.DeviceGraph},
+        "devices must be a preset name, a device JSON path or a DeviceGraph, got the class "
+        "DeviceGraph itself",
+    ),
+    "max_configs as a string": ({"model": "lenet5", "max_configs": "4"}, "got '4' (a str)"),
+    "a memory limit as a word": ({"model": "lenet5", "memory_limit": "lots"}, "got 'lots' (a str)"),
+    "a backend that is not a name": (
+        {"model": "lenet5", "backend": SearchBackend},
+        "backend must be a backend's name (a str), got the class SearchBackend itself",
+    ),
+    "settings without a backend": (
+        {"model": "lenet5", "backend_options": {"mode": "astar"}},
+        "'auto' chooses the backend per problem and takes no settings",
+    ),
 }
 
 
@@ -175,3 +201,38 @@ def test_the_kind_of_a_large_file_is_told_without_parsing_it(
     monkeypatch.setattr(planner.errors, "read_json", parsed)
     assert planner.sources._is_problem_file(str(big))
     assert not planner.sources._is_problem_file(str(graph))
+
+
+def _with_memory(preset: str, memory: float) -> planner.DeviceGraph:
+    data = get_preset(preset).to_json()
+    for device in data["devices"]:
+        device["memory"] = int(memory)
+    return planner.DeviceGraph.from_json(data)
+
+
+def test_auto_is_the_default_and_proves_the_optimum_when_it_fits() -> None:
+    r = planner.plan("lenet5", "p100-1x4", **LENET)
+    assert r.backend == "elimination" and r.status is Status.OPTIMAL
+    assert (
+        r.stats["auto"]["chose"] == "elimination" and r.summary()["auto"]["chose"] == "elimination"
+    )
+    assert r.stats["memory_fits"]
+
+
+def test_auto_searches_under_the_devices_memory_when_the_optimum_does_not_fit() -> None:
+    """Devices too small for elimination's optimum (no memory limit given): the default
+    backend searches again under each device's memory and returns a plan that fits, with
+    the unconstrained optimum as its lower bound; elimination alone stops with an error
+    that names what works."""
+    free = planner.plan("lenet5", "p100-1x4", backend="elimination", recommend=False, **LENET)
+    peak = free.stats["memory_peak_bytes"]
+    small = _with_memory("p100-1x4", peak * MEMORY_SHARE)
+    r = planner.plan("lenet5", small, recommend=False, time_limit=60, **LENET)
+    assert r.backend == "portfolio" and r.stats["auto"]["chose"] == "portfolio"
+    assert "memory is tight" in r.stats["auto"]["why"]
+    assert r.stats["auto"]["unconstrained"]["objective"] == free.objective
+    assert r.stats["memory_fits"] and r.stats["memory_peak_bytes"] <= peak * MEMORY_SHARE
+    assert r.has_solution and r.bound is not None and r.bound >= free.objective
+    assert r.problem.has_memory_limit and r.objective >= free.objective
+    with pytest.raises(planner.LayerwiseError, match="backend 'auto' .the default"):
+        planner.plan("lenet5", small, backend="elimination", recommend=False, **LENET)

@@ -148,6 +148,11 @@ def test_cli_plan_that_does_not_fit_is_an_error(tmp_path):
     code, err = _cli(*args, "--memory-limit", "device", "-o", str(out))
     assert code == 0, err
     assert json.loads(out.read_text())["space"]["kind"] == "full"
+    out.unlink()
+    code, err = _cli(*args[:-2], "-o", str(out))  # the default backend, auto, needs no option:
+    assert code == 0 and "memory is tight" in err, err  # it searches under the devices' memory
+    saved = json.loads(out.read_text())
+    assert saved["memory_fits"] and saved["auto"]["chose"] == "portfolio"
 
 
 def test_graph_json_with_huge_sizes_is_refused(tmp_path):

@@ -82,6 +82,7 @@ def test_the_schema_lists_what_the_code_writes() -> None:
     assert tuple(inputs["properties"]["dtype"]["enum"]) == DTYPE_NAMES
     cost = set(SCHEMA["$defs"]["cost"]["properties"])
     assert {f.name for f in dataclasses.fields(CostOptions)} | {"source"} == cost
-    from planner.api import PHASES
+    from planner.api import DEVICE_KEYS, MEMORY_KEYS, PHASES
 
-    assert set(PHASES) <= set(props)
+    assert {*PHASES, *MEMORY_KEYS, *DEVICE_KEYS, "auto", "recommendation"} <= set(props)
+    assert {"margin", "not_fitting"} <= set(props["recommendation"]["properties"])

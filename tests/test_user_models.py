@@ -128,6 +128,7 @@ def test_a_non_finite_loss_stops_the_run_with_an_error(
         "user_models:make_cnn", "cpu-local-2", example_inputs=IMAGES, model_kwargs=kwargs
     )
     result.save(tmp_path / "nan.json")
+    capsys.readouterr()  # what planning logged (e.g. that it leaves a device idle)
     assert run_main([str(tmp_path / "nan.json"), "--steps", "2"]) == EXIT_WORKER_FAILED
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "step 0: the loss is nan" in err, err

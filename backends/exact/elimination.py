@@ -242,7 +242,8 @@ class EliminationBackend(Backend[EliminationSettings]):
         if reason is None and problem.usage_limit is not None:
             reason = (
                 "elimination's dynamic programming cannot enforce a memory limit exactly "
-                "(OptCNN Algorithm 1 has none): use the search, ilp or cpsat backend"
+                "(OptCNN Algorithm 1 has none): use backend 'auto' (the default) or one that "
+                "enforces it: portfolio, cpsat, ilp, search, mcmc, local or toulbar2"
             )
         return reason
 

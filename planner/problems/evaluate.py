@@ -2,7 +2,9 @@
 
 - `additive_cost(problem, choices)`: OptCNN Eq. 1 on the cost tables,
   t_O = sum_i (t_c + t_s)(i, c_i) + sum_(u,v) t_x(e, c_u, c_v); inf when a choice is forbidden.
-- `memory_peak` / `memory_feasible`: the liveness rule of the cost-table format.
+- `memory_peak` / `memory_feasible`: the liveness rule of the cost-table format;
+  `device_capacity` / `fits_devices`: a DNN problem's answer against each device's own
+  memory, whether the problem was built with a memory limit or not.
 - `score_strategy(cost_model, strategy)`: Eq. 1 computed directly from the cost functions
   (t_x task pair by task pair), independent of the vectorized tables.
 """
@@ -67,6 +69,25 @@ def memory_feasible(problem: Problem, choices: Sequence[int], rtol: float = 1e-9
     if problem.usage_limit is None:
         return True
     return bool((memory_peak(problem, choices) <= problem.usage_limit * (1 + rtol)).all())
+
+
+def device_capacity(problem: Problem) -> np.ndarray | None:
+    """Each device's memory in bytes (D,) for a DNN problem; None for a cost-table problem
+    (its only limit is its own `usage_limit`)."""
+    if not problem.is_dnn:
+        return None
+    return np.array([float(d.memory) for d in problem.dnn().devices.devices])
+
+
+def fits_devices(problem: Problem, choices: Sequence[int], rtol: float = 1e-9) -> bool:
+    """`memory_feasible`, and for a DNN problem also within every device's own memory: what a
+    plan must meet to run, whether the problem was searched under a memory limit or not."""
+    if not memory_feasible(problem, choices, rtol):
+        return False
+    capacity = device_capacity(problem)
+    if capacity is None or problem.usage is None:
+        return True
+    return bool((memory_peak(problem, choices) <= capacity * (1 + rtol)).all())
 
 
 @dataclass(frozen=True)

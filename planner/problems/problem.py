@@ -122,6 +122,16 @@ class Problem:
     def has_memory_limit(self) -> bool:
         return self.usage_limit is not None
 
+    def with_usage_limit(self, limit: np.ndarray | None) -> Problem:
+        """This problem under another usage limit per pool (None: no limit). The tables are
+        shared, not copied or checked again (checking a 1,024-device problem's tables takes
+        seconds)."""
+        if limit is not None and self.usage is None:
+            raise ProblemError("a usage limit needs usage tables")
+        copy = object.__new__(Problem)
+        copy.__dict__.update(self.__dict__, usage_limit=limit)
+        return copy
+
     def check_choices(self, choices: Sequence[int]) -> tuple[int, ...]:
         """Validate a choice vector (one config index per node) and return it as a tuple."""
         ch = tuple(int(c) for c in choices)

@@ -323,7 +323,9 @@ def check_strategy_memory(cost_model: CostModel, strategy: Strategy) -> MemoryFi
     if not fit.fits:
         raise SizeError(
             f"the plan does not fit the devices' memory ({fit.describe()}): plan again with "
-            f"memory_limit='device' (--memory-limit device), or use more devices or a "
+            f"backend 'auto' (the default: it searches under the devices' memory when memory "
+            f"is tight), or with memory_limit='device' (--memory-limit device) and any backend "
+            f"but elimination (portfolio, cpsat, ilp, search, mcmc), or use more devices or a "
             f"smaller batch"
         )
     return fit

@@ -1,0 +1,126 @@
+"""`backend="auto"`, the default of `planner.plan` and `python -m planner plan`: the backend
+whose answer a user can trust most, chosen for the problem and the objective.
+
+- The additive objective (OptCNN's Eq. 1): `elimination`, which proves the optimum (the zoo's
+  models on up to 1,024 GPUs: docs/scaling.md). It cannot enforce a memory limit, so its
+  answer is then checked against the memory: the problem's limit if it has one, and for a DNN
+  problem every device's own memory. An answer that fits is also the optimum under that
+  limit (a limit only removes answers). When it does not fit, memory is tight: the problem is
+  searched again under the limit (a DNN problem without one gets its devices' memory) by
+  `portfolio`, which finds a valid answer first (the feasibility heuristic), then lets `ilp`
+  and `cpsat` improve it and prove what they can; elimination's optimum, proven without the
+  limit, stays as a lower bound. A cost-table problem with a memory limit (every IOPDDL
+  problem has one) goes to `portfolio` directly. When some answer could exceed the limit,
+  elimination gets the search time but `SECOND_SEARCH_SHARE` (25%), kept for that search.
+- The makespan objective (FlexFlow's simulated iteration time): `mcmc`, FlexFlow's search.
+
+Every backend except `elimination` enforces a memory limit (`MEMORY_BACKENDS`).
+`stats["auto"]` says which backend answered and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import numpy as np
+
+from planner.deadline import Deadline
+from planner.problems.evaluate import device_capacity, fits_devices, memory_peak
+from planner.problems.problem import Problem
+from planner.problems.sizes import format_bytes
+from planner.registry import get_backend
+from planner.result import SolveOptions, SolveResult, Status
+
+__all__ = ["AUTO", "MEMORY_BACKEND", "MEMORY_BACKENDS", "solve_auto"]
+
+AUTO = "auto"
+MEMORY_BACKEND = "portfolio"  # what auto searches with when memory is tight
+MEMORY_BACKENDS = ("portfolio", "cpsat", "ilp", "search", "mcmc", "local", "toulbar2")
+# Of the search time, kept for a search under the memory limit when some answer could exceed
+# it (elimination usually needs a fraction of a second, and a proof, not this share, is what
+# a large problem may need the time for).
+SECOND_SEARCH_SHARE = 0.25
+
+log = logging.getLogger(__name__)
+
+
+def solve_auto(problem: Problem, options: SolveOptions) -> tuple[SolveResult, Problem]:
+    """Solve `problem` as the module docstring says; the result and the problem it answers
+    (the one searched last: with the memory limit it was searched under)."""
+    if options.objective == "makespan":
+        why = "the makespan objective: FlexFlow's MCMC search"
+        return _solve("mcmc", problem, options, why), problem
+    if problem.has_memory_limit and not problem.is_dnn:
+        why = "a cost-table problem with a memory limit"
+        return _solve(MEMORY_BACKEND, problem, options, why), problem
+    limited = _limited(problem)
+    if limited is None:
+        why = "the additive objective: exact, and no memory limit applies"
+        return _solve("elimination", problem, options, why), problem
+    clock = options.clock()
+    first = clock.reserve(SECOND_SEARCH_SHARE * clock.left()) if _can_exceed(limited) else clock
+    free = problem.with_usage_limit(None)
+    why = "the additive objective: exact, and its answer fits the memory"
+    result = _solve("elimination", free, _within(options, first), why)
+    if result.choices is not None and fits_devices(limited, result.choices):
+        return result, problem
+    tight = _tight(limited, result)
+    log.warning("%s: searching again under the memory limit with %s", tight, MEMORY_BACKEND)
+    second = _solve(MEMORY_BACKEND, limited, _within(options, clock), tight)
+    proven = result.status is Status.OPTIMAL and result.limit is None
+    bound = second.bound
+    if proven and result.objective is not None:  # a limit only removes answers
+        bound = result.objective if bound is None else max(bound, result.objective)
+    auto = {**second.stats["auto"], "unconstrained": _summary(result)}
+    return dataclasses.replace(second, bound=bound, stats={**second.stats, "auto": auto}), limited
+
+
+def _limited(problem: Problem) -> Problem | None:
+    """`problem` under the limit its answer must meet (its own and, for a DNN problem, each
+    device's memory); None when nothing limits it."""
+    capacity = device_capacity(problem)
+    if capacity is None or problem.usage is None:
+        return problem if problem.has_memory_limit else None
+    given = problem.usage_limit
+    return problem.with_usage_limit(capacity if given is None else np.minimum(given, capacity))
+
+
+def _can_exceed(problem: Problem) -> bool:
+    """Whether some answer could exceed the problem's limit: every node's largest usage,
+    summed, does (an upper bound on any answer's peak)."""
+    assert problem.usage is not None and problem.usage_limit is not None
+    worst = np.sum([u.max(axis=0) for u in problem.usage], axis=0)
+    return bool((worst > problem.usage_limit).any())
+
+
+def _tight(limited: Problem, result: SolveResult) -> str:
+    """Why the exact answer was not enough, in one line."""
+    if result.choices is None:
+        return f"elimination found no answer (status {result.status.value})"
+    peak = memory_peak(limited, result.choices)
+    assert limited.usage_limit is not None
+    worst = int(np.argmax(peak / limited.usage_limit))
+    return (
+        f"memory is tight: elimination's optimum needs {format_bytes(float(peak[worst]))} on "
+        f"device {worst}, over its limit of {format_bytes(float(limited.usage_limit[worst]))}"
+    )
+
+
+def _solve(name: str, problem: Problem, options: SolveOptions, why: str) -> SolveResult:
+    result = get_backend(name).solve(problem, options)
+    return dataclasses.replace(result, stats={**result.stats, "auto": {"chose": name, "why": why}})
+
+
+def _within(options: SolveOptions, deadline: Deadline) -> SolveOptions:
+    return dataclasses.replace(options, deadline=deadline, time_limit=max(deadline.left(), 1e-3))
+
+
+def _summary(result: SolveResult) -> dict[str, Any]:
+    return {
+        "backend": result.backend,
+        "status": result.status.value,
+        "objective": result.objective,
+        "choices": list(result.choices) if result.choices is not None else None,
+    }

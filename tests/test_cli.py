@@ -473,6 +473,55 @@ def test_output_paths_are_checked_before_any_work(
         assert code == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_directory_that_takes_no_files_is_refused_before_any_work(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/proc exists and os.access says root may write it, yet no file can be created there:
+    one line naming the user's path, before the search (not a hidden temporary file after)."""
+    import planner.api
+
+    def no_work(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the search started before the output path was checked")
+
+    monkeypatch.setattr(planner.api, "plan", no_work)
+    for argv, path in (
+        (["plan", *MODEL, *DEVICES, "-o", "/proc/plan.json"], "/proc/plan.json"),
+        (["graph", *MODEL, "--json", "/proc/g.json"], "/proc/g.json"),
+        (["evaluate", "x.json", "--trace", "/proc/t.json"], "/proc/t.json"),
+    ):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
+        assert "cannot write" in err and f"{path}:" in err and "/proc/." not in err, err
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_failed_write_names_the_users_path() -> None:
+    from planner.errors import LayerwiseError
+    from planner.files import write_text_atomic
+
+    with pytest.raises(LayerwiseError, match=r"^cannot write /proc/plan\.json: ") as info:
+        write_text_atomic("/proc/plan.json", "{}")
+    assert ".tmp" not in str(info.value)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_plan_and_graph_files_are_written_with_the_users_umask(
+    capsys: pytest.CaptureFixture[str], files: dict[str, str], tmp_path: Path, umask: int
+) -> None:
+    old = os.umask(umask)
+    try:
+        out = str(tmp_path / "p.json")
+        ok(capsys, "plan", "--problem", files["problem"], "--backend", "baselines", "-o", out)
+        ok(capsys, "graph", *MODEL, "--json", str(tmp_path / "g.json"))
+        ok(capsys, "devices", "p100-1x4", "--json", str(tmp_path / "d.json"))
+    finally:
+        os.umask(old)
+    for name in ("p.json", "g.json", "d.json"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.json", "g.json", "p.json"]
+
+
 def test_evaluate_refuses_a_plot_format_before_any_work(
     capsys: pytest.CaptureFixture[str], files: dict[str, str], tmp_path: Path
 ) -> None:

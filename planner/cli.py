@@ -86,18 +86,24 @@ def positive_number(text: str) -> float:
     return _finite_float(text, "number", positive=True)
 
 
+def size_bytes(text: str) -> float:
+    """A size option's value in bytes: 16GiB, 512MiB, 16GB, 1e9 (`parse_bytes`, the one size
+    parser of every command line)."""
+    from planner.problems.sizes import parse_bytes
+
+    try:
+        return float(parse_bytes(text))
+    except LayerwiseError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _memory_limit(text: str) -> str | float:
     if text == "device":
         return text
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(
-            f"expected 'device' or a positive number of bytes per device, got {text!r}"
-        )
-    return value
+        return size_bytes(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (or 'device': each device's memory)") from None
 
 
 def _kv(text: str) -> tuple[str, Any]:
@@ -281,7 +287,8 @@ def build_parser(prog: str = "python -m planner") -> argparse.ArgumentParser:
     p.add_argument(
         "--memory-limit",
         type=_memory_limit,
-        help="'device' (each device's memory) or bytes per device (default none)",
+        help="'device' (each device's memory) or a size per device: 16GiB, 16GB (powers of "
+        "1000), 1e9 (bytes) (default none)",
     )
     p.add_argument("--sync", choices=["ring", "ps"], help="parameter sync model (default ring)")
     p.add_argument("--cost", choices=["analytic", "measured"], help="cost model (default analytic)")
@@ -343,15 +350,6 @@ def build_parser(prog: str = "python -m planner") -> argparse.ArgumentParser:
     return parser
 
 
-def _table_budget(text: str) -> float:
-    from planner.problems.sizes import parse_bytes
-
-    try:
-        return float(parse_bytes(text))
-    except LayerwiseError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _space_args(p: argparse.ArgumentParser) -> None:
     """plan's config-space options (docs/space.md)."""
     p.add_argument(
@@ -365,7 +363,7 @@ def _space_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--table-budget",
-        type=_table_budget,
+        type=size_bytes,
         help="memory the cost tables may take, e.g. 4GiB (the default) or 16GiB",
     )
 

@@ -361,6 +361,15 @@ BAD: dict[str, tuple[list[str], str]] = {
     "memory limit nonsense": (["plan", *MODEL, *DEVICES, "--memory-limit", "lots"], "memory"),
     "negative memory limit": (["plan", *MODEL, *DEVICES, "--memory-limit", "-5"], "memory"),
     "NaN memory limit": (["plan", *MODEL, *DEVICES, "--memory-limit", "nan"], "memory"),
+    "memory limit in an unknown unit": (
+        ["plan", *MODEL, *DEVICES, "--memory-limit", "16GiBs"],
+        "unknown size unit 'GiBs' in '16GiBs': use B, KB/MB/GB/TB",
+    ),
+    "table budget in an unknown unit": (
+        ["plan", *MODEL, *DEVICES, "--table-budget", "4 gigs"],
+        "--table-budget: unknown size unit 'gigs'",
+    ),
+    "zero memory limit": (["plan", *MODEL, *DEVICES, "--memory-limit", "0GB"], "at least 1 byte"),
     "max configs 0": (["plan", *MODEL, *DEVICES, "--max-configs", "0"], "--max-configs"),
     "missing problem file": (["plan", "--problem", "{missing}"], "does not exist"),
     "problem that is not JSON": (["plan", "--problem", "{not_json}"], "not valid JSON"),

@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 from planner.api import DEFAULT_TIME_LIMIT
 from planner.errors import LayerwiseError
 from planner.files import check_output_path, strict_json, write_text_atomic
+from planner.result import format_cost
 
 EXIT_NO_SOLUTION = 1
 EXIT_BAD_INPUT = 2
@@ -625,7 +626,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(strict_json(summary))
     elif result.has_solution:
-        _print_plan(result.describe(), summary)
+        _print_ops(result.describe(), args.verbose > 0)
+        _print_summary(summary, seconds=result.problem.is_dnn)
     if not result.has_solution:
         reason = result.message or (
             f"backend {result.backend!r} found no solution (status {result.status.value})"
@@ -640,11 +642,43 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_plan(rows: list[tuple[str, str, str]], s: dict[str, Any]) -> None:
-    for name, kind, cfg in rows:
-        print(f"  {name:40s} {kind:12s} {cfg}")
+PLAN_ROWS = 40  # op lines `plan` prints without -v; a larger plan is shown by config
+PLAN_GROUPS = 12  # configs shown then, the most used first
 
-    def ms(v: float | None) -> str:
+
+def _print_ops(rows: list[tuple[str, str, str]], verbose: bool) -> None:
+    """One line per op, or past PLAN_ROWS ops (without -v) one line per config: a summary
+    that fits a screen, whatever the number of ops and devices."""
+    if verbose or len(rows) <= PLAN_ROWS:
+        for name, kind, cfg in rows:
+            print(f"  {name:40s} {kind:12s} {cfg}")
+        return
+    ops: dict[str, list[str]] = {}
+    for name, _, cfg in rows:
+        ops.setdefault(cfg, []).append(name)
+    ranked = sorted(ops, key=lambda cfg: -len(ops[cfg]))  # stable: first used first on ties
+    for cfg in ranked[:PLAN_GROUPS]:
+        names = ops[cfg]
+        print(
+            f"  {len(names):6,} ops  {cfg:32s} {', '.join(names[:3])}{', ...' * (len(names) > 3)}"
+        )
+    rest = ranked[PLAN_GROUPS:]
+    if rest:
+        count = sum(len(ops[cfg]) for cfg in rest)
+        print(f"  {count:6,} ops  in {len(rest):,} other configs")
+    print(
+        f"  ({len(rows):,} ops in {len(ops):,} configs: -v lists every op; the plan file, -o, "
+        "has every config)"
+    )
+
+
+def _print_summary(s: dict[str, Any], seconds: bool) -> None:
+    """The status line: a DNN's objective in ms, a cost-table problem's as a plain number
+    (its costs have no unit)."""
+
+    def value(v: float | None) -> str:
+        if not seconds:
+            return format_cost(v)
         return "-" if v is None else f"{v * 1e3:.4g} ms"
 
     gap = "-" if s["gap"] is None else f"{s['gap'] * 100:.3g}%"
@@ -655,8 +689,8 @@ def _print_plan(rows: list[tuple[str, str, str]], s: dict[str, Any]) -> None:
         if s.get(k) is not None
     )
     print(
-        f"{s['status']}{limit}: {s['objective_kind']} {ms(s['objective'])}, bound "
-        f"{ms(s['bound'])}, gap {gap} ({s['backend']}; {phases})"
+        f"{s['status']}{limit}: {s['objective_kind']} {value(s['objective'])}, bound "
+        f"{value(s['bound'])}, gap {gap} ({s['backend']}; {phases})"
     )
 
 

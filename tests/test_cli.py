@@ -16,9 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from planner.cli import build_parser, main
+from planner.cli import PLAN_GROUPS, PLAN_ROWS, _print_ops, build_parser, main
+from planner.costs.config import device_ranges
 from planner.files import strict_json
 from planner.graph.opgraph import OpGraph
 from planner.graph.zoo import MODELS, model_graph
@@ -27,6 +29,7 @@ from planner.hardware.presets import get_preset
 from planner.problems.baselines import data_parallel
 from planner.problems.costtable import contest_problem, load_problem, random_problem, save_problem
 from planner.problems.evaluate import additive_cost
+from planner.problems.problem import Problem
 from planner.problems.strategy import load_strategy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,6 +196,78 @@ def test_plan_a_cost_table_problem_writes_its_choices(
     assert len(saved["choices"]) == problem.num_nodes
     assert math.isclose(additive_cost(problem, saved["choices"]), saved["objective"], rel_tol=1e-9)
     assert {"bound", "search_seconds"} <= set(saved)
+
+
+def test_a_cost_table_objective_is_printed_as_the_plain_number_it_is(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Cost-table costs have no unit: 1,549,187,759 is not '1.549e+12 ms' (x1000 as if
+    seconds), in the summary line nor in --json."""
+    cost = 1_549_187_759.0
+    problem = Problem("big", ("a", "b"), (np.array([cost - 7, cost + 1]), np.array([7.0])), (), ())
+    save_problem(problem, tmp_path / "big.json")
+    argv = ["plan", "--problem", str(tmp_path / "big.json"), "--backend", "elimination"]
+    out = ok(capsys, *argv)
+    assert out.startswith("OPTIMAL: additive 1,549,187,759, bound 1,549,187,759, gap 0%"), out
+    assert " ms" not in out and "e+" not in out
+    assert only_json(ok(capsys, *argv, "--json"))["objective"] == cost
+
+
+def test_a_dnn_objective_is_printed_in_ms(capsys: pytest.CaptureFixture[str]) -> None:
+    out = ok(capsys, "plan", *MODEL, *DEVICES, "--backend", "elimination", "--no-recommend")
+    objective = only_json(
+        ok(capsys, "plan", *MODEL, *DEVICES, "--backend", "elimination", "--no-recommend", "--json")
+    )["objective"]
+    assert f"OPTIMAL: additive {objective * 1e3:.4g} ms, bound " in out
+
+
+def _rows(n: int, devices: int) -> list[tuple[str, str, str]]:
+    """n op rows of a plan on `devices` devices: all data parallel but every tenth op."""
+    dp = f"sample={devices} @ [{device_ranges(range(devices))}]"
+    strided = f"channel=4 @ [{device_ranges(range(0, devices, devices // 4))}]"
+    return [(f"layer{i}.conv", "conv2d", strided if i % 10 == 9 else dp) for i in range(n)]
+
+
+def test_a_large_plan_prints_a_screen_and_every_op_with_v(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A 1,024-GPU plan printed 304 KB (every op line listed every device id)."""
+    rows = _rows(400, 1024)
+    assert rows[0][2] == "sample=1024 @ [0-1023]" and rows[9][2] == "channel=4 @ [0,256,512,768]"
+    _print_ops(rows, verbose=False)
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert len(lines) <= PLAN_GROUPS + 2 and len(out) < 2000, out
+    assert lines[0].split()[:4] == ["360", "ops", "sample=1024", "@"]
+    assert lines[1].split()[:2] == ["40", "ops"] and "layer9.conv, layer19.conv, " in lines[1]
+    assert "400 ops in 2 configs" in lines[-1] and "-v" in lines[-1]
+    _print_ops(rows, verbose=True)
+    assert len(capsys.readouterr().out.splitlines()) == 400
+    _print_ops(rows[:PLAN_ROWS], verbose=False)  # a small plan: every op, as before
+    assert len(capsys.readouterr().out.splitlines()) == PLAN_ROWS
+
+
+def test_a_plan_with_more_configs_than_a_screen_says_how_many_it_left_out(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = [(f"op{i}", "linear", f"channel=2 @ [{2 * i}-{2 * i + 1}]") for i in range(100)]
+    _print_ops(rows, verbose=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == PLAN_GROUPS + 2
+    rest = 100 - PLAN_GROUPS
+    assert " ".join(lines[-2].split()) == f"{rest} ops in {rest} other configs"
+
+
+def test_size_options_share_one_parser() -> None:
+    """--memory-limit 16GiB was refused while --table-budget 4GiB was accepted."""
+    parser = build_parser("python -m planner")
+    for text, size in (("16GiB", 16 * 2**30), ("16GB", 16e9), ("512 MiB", 512 * 2**20),
+                       ("1e9", 1e9), ("2g", 2 * 2**30), ("4096", 4096)):  # fmt: skip
+        args = parser.parse_args(["plan", *MODEL, *DEVICES, "--memory-limit", text,
+                                  "--table-budget", text])  # fmt: skip
+        assert args.memory_limit == args.table_budget == size, text
+    args = parser.parse_args(["plan", *MODEL, *DEVICES, "--memory-limit", "device"])
+    assert args.memory_limit == "device"
 
 
 def test_plan_with_a_batch_no_device_count_divides_still_plans(

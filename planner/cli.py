@@ -4,9 +4,11 @@ Every command ends bad input with a one-line `error: ...` on stderr and exit sta
 errors included: no argparse usage block); output paths are checked before any work. A plan
 that finds no solution exits with status 1. `plan` is a thin layer over `planner.plan`
 (planner/api.py): with `--json` it prints exactly one strict JSON object on stdout.
-Logging: `-v` for DEBUG lines, `--log-file F`; by default the backends' progress lines
-(INFO) and warnings go to stderr (planner/logs.py). The first Ctrl-C during a search stops it
-and the best answer so far is printed and written (limit INTERRUPTED).
+Logging (planner/logs.py): by default only warnings go to stderr; `-v` adds everything from
+DEBUG up (the backends' progress lines among them), `--log-file F` keeps it all. Output is
+short at any scale: device sets as ranges, a plan of more than PLAN_ROWS ops by config (`-v`:
+every op), a cost-table objective as the plain number it is (no unit). The first Ctrl-C during
+a search stops it and the best answer so far is printed and written (limit INTERRUPTED).
 """
 
 from __future__ import annotations
@@ -165,7 +167,13 @@ def plot_path(text: str) -> Path:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-v", "--verbose", action="count", default=0, help="log DEBUG lines on stderr")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log progress and DEBUG lines on stderr (default: warnings only); plan: list every op",
+    )
     p.add_argument("--log-file", type=Path, help="also write every log line (DEBUG up) here")
 
 

@@ -2,9 +2,10 @@
 
 Library code logs under its module's name (`planner.api`, `backends.<name>` for a backend's
 best-so-far lines, `runtime.launch`, ...) and configures nothing. A command line calls
-`setup_logging`: by default stderr shows warnings and the backends' INFO progress lines
-(one every few seconds during a long search); `-v` shows everything from DEBUG up (solver
-incumbents and bounds, phase timings); `--log-file F` writes everything from DEBUG up to F.
+`setup_logging`: by default stderr shows warnings only (the command's own output says the
+rest); `-v` shows everything from DEBUG up: the backends' INFO progress lines (one every few
+seconds during a long search), the planner's phases, solver incumbents and bounds;
+`--log-file F` writes everything from DEBUG up to F, with or without `-v`.
 """
 
 from __future__ import annotations
@@ -34,13 +35,6 @@ class _Stderr(logging.StreamHandler):
         pass
 
 
-def _default_filter(record: logging.LogRecord) -> bool:
-    """Without -v: warnings from anyone, progress (INFO) from the backends."""
-    return record.levelno >= logging.WARNING or (
-        record.levelno >= logging.INFO and record.name.startswith("backends")
-    )
-
-
 def setup_logging(verbose: int = 0, log_file: str | Path | None = None) -> None:
     """Attach layerwise's handlers to the package loggers (again: replaces the old ones)."""
     if log_file is not None:
@@ -50,15 +44,12 @@ def setup_logging(verbose: int = 0, log_file: str | Path | None = None) -> None:
         for h in [h for h in logger.handlers if getattr(h, "layerwise", False)]:
             logger.removeHandler(h)
             h.close()
-        logger.setLevel(logging.DEBUG if verbose or log_file else logging.INFO)
+        # below WARNING only when someone reads it: a progress line is not even formatted
+        logger.setLevel(logging.DEBUG if verbose or log_file else logging.WARNING)
     handlers: list[logging.Handler] = []
     err = _Stderr()
     err.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-    if verbose:
-        err.setLevel(logging.DEBUG)
-    else:
-        err.setLevel(logging.INFO)
-        err.addFilter(_default_filter)
+    err.setLevel(logging.DEBUG if verbose else logging.WARNING)
     handlers.append(err)
     if log_file is not None:
         f = logging.FileHandler(log_file, encoding="utf-8")

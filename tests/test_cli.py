@@ -627,14 +627,27 @@ def test_logging_goes_to_stderr_and_the_log_file(
     ok(capsys, "plan", *MODEL, *DEVICES, "--json", "--log-file", str(log_file))
     text = log_file.read_text()
     assert "planner.api INFO: searching with baselines" in text  # everything goes to the file
-    # default stderr: the backends' progress (INFO) and warnings, not the planner's INFO
+    # default stderr: warnings only; a backend's progress lines (INFO) need -v (README)
     logging.getLogger("backends.test").info("best so far 1.0")
     logging.getLogger("planner.api").info("phase detail")
+    logging.getLogger("backends.test").warning("a warning")
     err = capsys.readouterr().err
-    assert "backends.test: best so far 1.0" in err and "phase detail" not in err
+    assert "best so far" not in err and "phase detail" not in err
+    assert "backends.test: a warning" in err
     code, out, err = run(capsys, "plan", *MODEL, *DEVICES, "--json", "-v")
     assert code == 0 and "planner.api: searching with baselines" in err
+    logging.getLogger("backends.test").info("best so far 2.0")
+    assert "backends.test: best so far 2.0" in capsys.readouterr().err
     only_json(out)  # logging never goes to stdout
+
+
+def test_plan_without_v_prints_no_log_lines(
+    capsys: pytest.CaptureFixture[str], files: dict[str, str]
+) -> None:
+    code, out, err = run(capsys, "plan", "--problem", files["problem"], "--backend", "mcmc",
+                         "--time-limit", "1")  # fmt: skip
+    assert code == 0 and err == "", err
+    assert out.startswith("FEASIBLE")
 
 
 def test_plan_json_is_strict_even_when_the_gap_is_infinite(

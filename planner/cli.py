@@ -733,6 +733,7 @@ def _timeline_files(timeline: Any, strategy: Any, args: argparse.Namespace) -> N
 
     if args.trace:
         save_chrome_trace(timeline, args.trace)
+        print(f"trace written to {args.trace}", file=sys.stderr)
     if args.plot:
         save_gantt(
             timeline,
@@ -740,6 +741,7 @@ def _timeline_files(timeline: Any, strategy: Any, args: argparse.Namespace) -> N
             f"{strategy.graph.name} on {strategy.devices.name}: "
             f"{timeline.makespan * 1e3:.3f} ms simulated",
         )
+        print(f"plot written to {args.plot}", file=sys.stderr)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -751,7 +753,20 @@ def cmd_profile(args: argparse.Namespace) -> int:
     path = profile_graph(
         graph, devices, repeats=args.repeats, max_configs=args.max_configs, space=args.space
     )
-    print(f"measured costs cached in {path}")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    run = data["profiled"][-1]  # this run's record (profile_graph appends one)
+    entries = f"{len(data['entries']):,} task shapes in all"
+    if run["measured"]:
+        print(
+            f"measured {run['measured']:,} new task shapes of {graph.name} on {devices.name} "
+            f"in {run['seconds']:.1f} s ({args.repeats} runs each); the cache {path} holds "
+            f"{entries}: plan with --cost measured"
+        )
+    else:
+        print(
+            f"nothing new to measure: every task shape of {graph.name} on {devices.name} is "
+            f"in the cache {path} ({entries}): plan with --cost measured"
+        )
     return 0
 
 

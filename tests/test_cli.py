@@ -614,8 +614,13 @@ def test_evaluate_refuses_a_plot_format_before_any_work(
     assert "'t.xyz'" in err and ".png" in err and ".svg" in err
     code, out, err = run(capsys, "evaluate", files["plan"], "--plot", str(tmp_path / "t"))
     assert code == 2 and "cannot write a plot" in err
-    ok(capsys, "evaluate", files["plan"], "--plot", str(tmp_path / "t.svg"))
-    assert (tmp_path / "t.svg").read_text().lstrip().startswith("<?xml")
+    plot, trace = tmp_path / "t.svg", tmp_path / "t.json"
+    code, out, err = run(
+        capsys, "evaluate", files["plan"], "--plot", str(plot), "--trace", str(trace)
+    )
+    assert code == 0 and plot.read_text().lstrip().startswith("<?xml")
+    assert err.splitlines() == [f"trace written to {trace}", f"plot written to {plot}"]
+    assert out.startswith("additive") and json.loads(trace.read_text())
 
 
 def test_logging_goes_to_stderr_and_the_log_file(

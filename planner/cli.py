@@ -667,17 +667,21 @@ def _print_ops(rows: list[tuple[str, str, str]], verbose: bool) -> None:
     ranked = sorted(ops, key=lambda cfg: -len(ops[cfg]))  # stable: first used first on ties
     for cfg in ranked[:PLAN_GROUPS]:
         names = ops[cfg]
-        print(
-            f"  {len(names):6,} ops  {cfg:32s} {', '.join(names[:3])}{', ...' * (len(names) > 3)}"
-        )
+        more = ", ..." if len(names) > 3 else ""
+        print(f"  {_count(len(names), 'op', 6)}  {cfg:32s} {', '.join(names[:3])}{more}")
     rest = ranked[PLAN_GROUPS:]
     if rest:
         count = sum(len(ops[cfg]) for cfg in rest)
-        print(f"  {count:6,} ops  in {len(rest):,} other configs")
+        print(f"  {_count(count, 'op', 6)}  in {_count(len(rest), 'other config')}")
     print(
-        f"  ({len(rows):,} ops in {len(ops):,} configs: -v lists every op; the plan file, -o, "
-        "has every config)"
+        f"  ({_count(len(rows), 'op')} in {_count(len(ops), 'config')}: -v lists every op; the "
+        "plan file, -o, has every config)"
     )
+
+
+def _count(n: int, noun: str, width: int = 0) -> str:
+    """'1 op', '1,024 ops' (the number right-aligned in `width`)."""
+    return f"{n:{width},} {noun}{'s' * (n != 1)}"
 
 
 def _print_summary(s: dict[str, Any], seconds: bool) -> None:
@@ -759,8 +763,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if run["measured"]:
         print(
             f"measured {run['measured']:,} new task shapes of {graph.name} on {devices.name} "
-            f"in {run['seconds']:.1f} s ({args.repeats} runs each); the cache {path} holds "
-            f"{entries}: plan with --cost measured"
+            f"in {run['seconds']:.1f} s ({_count(args.repeats, 'timed run')} each); the cache "
+            f"{path} holds {entries}: plan with --cost measured"
         )
     else:
         print(

@@ -245,6 +245,8 @@ def test_a_large_plan_prints_a_screen_and_every_op_with_v(
     assert len(capsys.readouterr().out.splitlines()) == 400
     _print_ops(rows[:PLAN_ROWS], verbose=False)  # a small plan: every op, as before
     assert len(capsys.readouterr().out.splitlines()) == PLAN_ROWS
+    _print_ops([rows[0]] * (PLAN_ROWS + 1), verbose=False)
+    assert f"({PLAN_ROWS + 1} ops in 1 config: " in capsys.readouterr().out.splitlines()[-1]
 
 
 def test_a_plan_with_more_configs_than_a_screen_says_how_many_it_left_out(

@@ -43,6 +43,7 @@ from planner.cli import (
     positive_seconds,
 )
 from planner.errors import LayerwiseError
+from planner.result import format_cost
 
 EXIT_BAD_INPUT = 2
 PHASES = ("selection", "start", "size", "encode", "model", "decode", "lns")
@@ -226,7 +227,7 @@ def _child(path: Path, backend: str, args: argparse.Namespace, timeout: float) -
 
 
 def _number(x: float | None) -> str:
-    return "-" if x is None else f"{x:.6g}"
+    return format_cost(x)  # unitless costs, every digit (6 significant digits hid differences)
 
 
 def _gap(r: Row) -> str:

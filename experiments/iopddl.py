@@ -50,6 +50,7 @@ from planner.cli import (
     positive_seconds,
 )
 from planner.errors import LayerwiseError
+from planner.result import format_cost
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
@@ -352,8 +353,9 @@ def _row(name: str, backend: str, seed: int, limit: float, answer: dict | None,
     )  # fmt: skip
 
 
-def _number(x: float | None, spec: str = ".10g") -> str:
-    return "-" if x is None else format(x, spec)
+def _number(x: float | None, spec: str | None = None) -> str:
+    """A cost as the plain number it is (`format_cost`), or `x` in `spec`."""
+    return format_cost(x) if spec is None or x is None else format(x, spec)
 
 
 def _gap(gap: float | None) -> str:

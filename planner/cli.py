@@ -4,9 +4,11 @@ Every command ends bad input with a one-line `error: ...` on stderr and exit sta
 errors included: no argparse usage block); output paths are checked before any work. A plan
 that finds no solution exits with status 1. `plan` is a thin layer over `planner.plan`
 (planner/api.py): with `--json` it prints exactly one strict JSON object on stdout.
-Logging: `-v` for DEBUG lines, `--log-file F`; by default the backends' progress lines
-(INFO) and warnings go to stderr (planner/logs.py). The first Ctrl-C during a search stops it
-and the best answer so far is printed and written (limit INTERRUPTED).
+Logging (planner/logs.py): by default only warnings go to stderr; `-v` adds everything from
+DEBUG up (the backends' progress lines among them), `--log-file F` keeps it all. Output is
+short at any scale: device sets as ranges, a plan of more than PLAN_ROWS ops by config (`-v`:
+every op), a cost-table objective as the plain number it is (no unit). The first Ctrl-C during
+a search stops it and the best answer so far is printed and written (limit INTERRUPTED).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, NoReturn
 from planner.api import DEFAULT_TIME_LIMIT
 from planner.errors import LayerwiseError
 from planner.files import check_output_path, strict_json, write_text_atomic
+from planner.result import format_cost
 
 EXIT_NO_SOLUTION = 1
 EXIT_BAD_INPUT = 2
@@ -106,18 +109,24 @@ MAX_LOAD_HELP = (
 )
 
 
+def size_bytes(text: str) -> float:
+    """A size option's value in bytes: 16GiB, 512MiB, 16GB, 1e9 (`parse_bytes`, the one size
+    parser of every command line)."""
+    from planner.problems.sizes import parse_bytes
+
+    try:
+        return float(parse_bytes(text))
+    except LayerwiseError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _memory_limit(text: str) -> str | float:
     if text == "device":
         return text
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(
-            f"expected 'device' or a positive number of bytes per device, got {text!r}"
-        )
-    return value
+        return size_bytes(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (or 'device': each device's memory)") from None
 
 
 def _kv(text: str) -> tuple[str, Any]:
@@ -178,7 +187,13 @@ def plot_path(text: str) -> Path:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-v", "--verbose", action="count", default=0, help="log DEBUG lines on stderr")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log progress and DEBUG lines on stderr (default: warnings only); plan: list every op",
+    )
     p.add_argument("--log-file", type=Path, help="also write every log line (DEBUG up) here")
 
 
@@ -307,7 +322,8 @@ def build_parser(prog: str = "python -m planner") -> argparse.ArgumentParser:
     p.add_argument(
         "--memory-limit",
         type=_memory_limit,
-        help="'device' (each device's memory) or bytes per device (default none)",
+        help="'device' (each device's memory) or a size per device: 16GiB, 16GB (powers of "
+        "1000), 1e9 (bytes) (default none)",
     )
     p.add_argument("--sync", choices=["ring", "ps"], help="parameter sync model (default ring)")
     p.add_argument("--cost", choices=["analytic", "measured"], help="cost model (default analytic)")
@@ -376,15 +392,6 @@ def build_parser(prog: str = "python -m planner") -> argparse.ArgumentParser:
     return parser
 
 
-def _table_budget(text: str) -> float:
-    from planner.problems.sizes import parse_bytes
-
-    try:
-        return float(parse_bytes(text))
-    except LayerwiseError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _space_args(p: argparse.ArgumentParser) -> None:
     """plan's config-space options (docs/space.md)."""
     p.add_argument(
@@ -398,7 +405,7 @@ def _space_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--table-budget",
-        type=_table_budget,
+        type=size_bytes,
         help="memory the cost tables may take, e.g. 4GiB (the default) or 16GiB",
     )
 
@@ -662,7 +669,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(strict_json(summary))
     elif result.has_solution:
-        _print_plan(result.describe(), summary)
+        _print_ops(result.describe(), args.verbose > 0)
+        _print_summary(summary, seconds=result.problem.is_dnn)
     if not result.has_solution:
         reason = result.message or (
             f"backend {result.backend!r} found no solution (status {result.status.value})"
@@ -677,11 +685,47 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_plan(rows: list[tuple[str, str, str]], s: dict[str, Any]) -> None:
-    for name, kind, cfg in rows:
-        print(f"  {name:40s} {kind:12s} {cfg}")
+PLAN_ROWS = 40  # op lines `plan` prints without -v; a larger plan is shown by config
+PLAN_GROUPS = 12  # configs shown then, the most used first
 
-    def ms(v: float | None) -> str:
+
+def _print_ops(rows: list[tuple[str, str, str]], verbose: bool) -> None:
+    """One line per op, or past PLAN_ROWS ops (without -v) one line per config: a summary
+    that fits a screen, whatever the number of ops and devices."""
+    if verbose or len(rows) <= PLAN_ROWS:
+        for name, kind, cfg in rows:
+            print(f"  {name:40s} {kind:12s} {cfg}")
+        return
+    ops: dict[str, list[str]] = {}
+    for name, _, cfg in rows:
+        ops.setdefault(cfg, []).append(name)
+    ranked = sorted(ops, key=lambda cfg: -len(ops[cfg]))  # stable: first used first on ties
+    for cfg in ranked[:PLAN_GROUPS]:
+        names = ops[cfg]
+        more = ", ..." if len(names) > 3 else ""
+        print(f"  {_count(len(names), 'op', 6)}  {cfg:32s} {', '.join(names[:3])}{more}")
+    rest = ranked[PLAN_GROUPS:]
+    if rest:
+        count = sum(len(ops[cfg]) for cfg in rest)
+        print(f"  {_count(count, 'op', 6)}  in {_count(len(rest), 'other config')}")
+    print(
+        f"  ({_count(len(rows), 'op')} in {_count(len(ops), 'config')}: -v lists every op; the "
+        "plan file, -o, has every config)"
+    )
+
+
+def _count(n: int, noun: str, width: int = 0) -> str:
+    """'1 op', '1,024 ops' (the number right-aligned in `width`)."""
+    return f"{n:{width},} {noun}{'s' * (n != 1)}"
+
+
+def _print_summary(s: dict[str, Any], seconds: bool) -> None:
+    """The status line: a DNN's objective in ms, a cost-table problem's as a plain number
+    (its costs have no unit)."""
+
+    def value(v: float | None) -> str:
+        if not seconds:
+            return format_cost(v)
         return "-" if v is None else f"{v * 1e3:.4g} ms"
 
     gap = "-" if s["gap"] is None else f"{s['gap'] * 100:.3g}%"
@@ -692,8 +736,8 @@ def _print_plan(rows: list[tuple[str, str, str]], s: dict[str, Any]) -> None:
         if s.get(k) is not None
     )
     print(
-        f"{s['status']}{limit}: {s['objective_kind']} {ms(s['objective'])}, bound "
-        f"{ms(s['bound'])}, gap {gap} ({s['backend']}; {phases})"
+        f"{s['status']}{limit}: {s['objective_kind']} {value(s['objective'])}, bound "
+        f"{value(s['bound'])}, gap {gap} ({s['backend']}; {phases})"
     )
 
 
@@ -728,6 +772,7 @@ def _timeline_files(timeline: Any, strategy: Any, args: argparse.Namespace) -> N
 
     if args.trace:
         save_chrome_trace(timeline, args.trace)
+        print(f"trace written to {args.trace}", file=sys.stderr)
     if args.plot:
         save_gantt(
             timeline,
@@ -735,6 +780,7 @@ def _timeline_files(timeline: Any, strategy: Any, args: argparse.Namespace) -> N
             f"{strategy.graph.name} on {strategy.devices.name}: "
             f"{timeline.makespan * 1e3:.3f} ms simulated",
         )
+        print(f"plot written to {args.plot}", file=sys.stderr)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -752,7 +798,20 @@ def cmd_profile(args: argparse.Namespace) -> int:
         refresh=args.refresh,
         max_load=args.max_load,
     )
-    print(f"measured costs cached in {path}")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    run = data["profiled"][-1]  # this run's record (profile_graph appends one)
+    entries = f"{len(data['entries']):,} task shapes in all"
+    if run["measured"]:
+        print(
+            f"measured {run['measured']:,} new task shapes of {graph.name} on {devices.name} "
+            f"in {run['seconds']:.1f} s ({_count(args.repeats, 'timed run')} each); the cache "
+            f"{path} holds {entries}: plan with --cost measured"
+        )
+    else:
+        print(
+            f"nothing new to measure: every task shape of {graph.name} on {devices.name} is "
+            f"in the cache {path} ({entries}): plan with --cost measured"
+        )
     return 0
 
 

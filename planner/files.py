@@ -1,11 +1,14 @@
 """Writing user-facing files: output paths checked before the work, atomic writes, strict JSON.
 
-A command that will write a file checks its path first (`check_output_path`), so a typo in a
-directory name is one error at once, not after a 60 s search. Files are written to a
-temporary file in the same directory and renamed over the target (`write_text_atomic`): an
-interrupted or failed write never leaves half a plan behind. JSON written or printed for
-machines is strict (`strict_json`): infinities and NaN become null (Python's default would
-write `Infinity`, which is not JSON).
+A command that will write a file checks its path first (`check_output_path`: it creates and
+removes a probe file in the directory, so a directory no file can be made in, such as /proc,
+is refused too), so a typo in a directory name is one error at once, not after a 60 s search.
+Files are written to a temporary file in the same directory and renamed over the target
+(`write_text_atomic`): an interrupted or failed write never leaves half a plan behind. The
+file gets the permissions any new file gets (0666 less the user's umask), and a failed
+write names the user's path, not the temporary one. JSON written or printed for machines is
+strict (`strict_json`): infinities and NaN become null (Python's default would write
+`Infinity`, which is not JSON).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,19 +41,47 @@ def check_output_path(path: str | Path, what: str = "output") -> Path:
         raise LayerwiseError(f"cannot write {what} {path}: {parent} is not a directory")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise LayerwiseError(f"cannot write {what} {path}: permission denied")
+    try:  # os.access says yes to root everywhere, and nothing says whether /proc takes files
+        fd, probe = _create_temporary(path, ".probe")
+    except OSError as exc:
+        raise LayerwiseError(
+            f"cannot write {what} {path}: no file can be created in {parent} ({exc.strerror})"
+        ) from None
+    os.close(fd)
+    probe.unlink(missing_ok=True)
     return path
 
 
+def _create_temporary(path: Path, suffix: str) -> tuple[int, Path]:
+    """A new hidden file beside `path`, open for writing, mode 0666 less the umask (mkstemp's
+    would be 0600, which a rename would give the user's file)."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}{suffix}"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
 def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same directory and a rename."""
+    """Write `text` to `path` through a temporary file in the same directory and a rename.
+
+    The file gets the user's umask; a failure is one LayerwiseError naming `path`."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    try:
+        fd, tmp = _create_temporary(path, ".tmp")
+    except OSError as exc:
+        raise LayerwiseError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise LayerwiseError(f"cannot write {path}: {exc.strerror or exc}") from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

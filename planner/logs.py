@@ -2,10 +2,11 @@
 
 Library code logs under its module's name (`planner.api`, `backends.<name>` for a backend's
 best-so-far lines, `runtime.launch`, ...) and configures nothing. A command line calls
-`setup_logging`: by default stderr shows warnings, the backends' INFO progress lines
-(one every few seconds during a long search) and the line that says where a cached
-measurement feeding a result comes from (`planner.hardware.load`); `-v` shows everything from DEBUG up (solver
-incumbents and bounds, phase timings); `--log-file F` writes everything from DEBUG up to F.
+`setup_logging`: by default stderr shows warnings, and the line that says where a cached
+measurement feeding a result comes from (`planner.hardware.load`), only (the command's own
+output says the rest); `-v` shows everything from DEBUG up: the backends' INFO progress lines (one every few
+seconds during a long search), the planner's phases, solver incumbents and bounds;
+`--log-file F` writes everything from DEBUG up to F, with or without `-v`.
 """
 
 from __future__ import annotations
@@ -35,12 +36,11 @@ class _Stderr(logging.StreamHandler):
         pass
 
 
-NOTICES = ("backends", "planner.hardware.load")  # INFO shown without -v: progress, provenance
+NOTICES = ("planner.hardware.load",)  # INFO shown without -v: where a measurement comes from
 
 
 def _default_filter(record: logging.LogRecord) -> bool:
-    """Without -v: warnings from anyone, progress (INFO) from the backends, and where a cached
-    measurement that feeds a result comes from (planner.hardware.load)."""
+    """Without -v: warnings from anyone, and NOTICES' INFO lines."""
     return record.levelno >= logging.WARNING or (
         record.levelno >= logging.INFO and record.name.startswith(NOTICES)
     )
@@ -55,14 +55,15 @@ def setup_logging(verbose: int = 0, log_file: str | Path | None = None) -> None:
         for h in [h for h in logger.handlers if getattr(h, "layerwise", False)]:
             logger.removeHandler(h)
             h.close()
-        logger.setLevel(logging.DEBUG if verbose or log_file else logging.INFO)
+        # below WARNING only when someone reads it: a progress line is not even formatted
+        logger.setLevel(logging.DEBUG if verbose or log_file else logging.WARNING)
+    for name in NOTICES:  # their INFO lines pass even without -v
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose or log_file else logging.INFO)
     handlers: list[logging.Handler] = []
     err = _Stderr()
     err.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-    if verbose:
-        err.setLevel(logging.DEBUG)
-    else:
-        err.setLevel(logging.INFO)
+    err.setLevel(logging.DEBUG if verbose else logging.INFO)
+    if not verbose:
         err.addFilter(_default_filter)
     handlers.append(err)
     if log_file is not None:

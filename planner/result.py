@@ -33,6 +33,7 @@ __all__ = [
     "Status",
     "StopFlag",
     "evaluate_objective",
+    "format_cost",
     "result_gap",
 ]
 
@@ -124,6 +125,17 @@ def result_gap(objective: float | None, bound: float | None) -> float | None:
     if bound <= 0:
         return 0.0 if objective <= 0 else math.inf
     return max(0.0, objective / bound - 1.0)
+
+
+def format_cost(value: float | None) -> str:
+    """A cost-table objective or bound as people read it: the costs have no unit, so a plain
+    number, every digit of an integer ('1,549,187,759'), else up to 15 significant digits;
+    '-' for None."""
+    if value is None:
+        return "-"
+    if math.isfinite(value) and float(value).is_integer():
+        return f"{int(value):,}"
+    return f"{value:,.15g}"
 
 
 @dataclass(frozen=True)

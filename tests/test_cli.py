@@ -16,9 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from planner.cli import build_parser, main
+from planner.cli import PLAN_GROUPS, PLAN_ROWS, _print_ops, build_parser, main
+from planner.costs.config import device_ranges
 from planner.files import strict_json
 from planner.graph.opgraph import OpGraph
 from planner.graph.zoo import MODELS, model_graph
@@ -27,6 +29,7 @@ from planner.hardware.presets import get_preset
 from planner.problems.baselines import data_parallel
 from planner.problems.costtable import contest_problem, load_problem, random_problem, save_problem
 from planner.problems.evaluate import additive_cost
+from planner.problems.problem import Problem
 from planner.problems.strategy import load_strategy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,6 +199,80 @@ def test_plan_a_cost_table_problem_writes_its_choices(
     assert {"bound", "search_seconds"} <= set(saved)
 
 
+def test_a_cost_table_objective_is_printed_as_the_plain_number_it_is(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Cost-table costs have no unit: 1,549,187,759 is not '1.549e+12 ms' (x1000 as if
+    seconds), in the summary line nor in --json."""
+    cost = 1_549_187_759.0
+    problem = Problem("big", ("a", "b"), (np.array([cost - 7, cost + 1]), np.array([7.0])), (), ())
+    save_problem(problem, tmp_path / "big.json")
+    argv = ["plan", "--problem", str(tmp_path / "big.json"), "--backend", "elimination"]
+    out = ok(capsys, *argv)
+    assert out.startswith("OPTIMAL: additive 1,549,187,759, bound 1,549,187,759, gap 0%"), out
+    assert " ms" not in out and "e+" not in out
+    assert only_json(ok(capsys, *argv, "--json"))["objective"] == cost
+
+
+def test_a_dnn_objective_is_printed_in_ms(capsys: pytest.CaptureFixture[str]) -> None:
+    out = ok(capsys, "plan", *MODEL, *DEVICES, "--backend", "elimination", "--no-recommend")
+    objective = only_json(
+        ok(capsys, "plan", *MODEL, *DEVICES, "--backend", "elimination", "--no-recommend", "--json")
+    )["objective"]
+    assert f"OPTIMAL: additive {objective * 1e3:.4g} ms, bound " in out
+
+
+def _rows(n: int, devices: int) -> list[tuple[str, str, str]]:
+    """n op rows of a plan on `devices` devices: all data parallel but every tenth op."""
+    dp = f"sample={devices} @ [{device_ranges(range(devices))}]"
+    strided = f"channel=4 @ [{device_ranges(range(0, devices, devices // 4))}]"
+    return [(f"layer{i}.conv", "conv2d", strided if i % 10 == 9 else dp) for i in range(n)]
+
+
+def test_a_large_plan_prints_a_screen_and_every_op_with_v(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A 1,024-GPU plan printed 304 KB (every op line listed every device id)."""
+    rows = _rows(400, 1024)
+    assert rows[0][2] == "sample=1024 @ [0-1023]" and rows[9][2] == "channel=4 @ [0,256,512,768]"
+    _print_ops(rows, verbose=False)
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert len(lines) <= PLAN_GROUPS + 2 and len(out) < 2000, out
+    assert lines[0].split()[:4] == ["360", "ops", "sample=1024", "@"]
+    assert lines[1].split()[:2] == ["40", "ops"] and "layer9.conv, layer19.conv, " in lines[1]
+    assert "400 ops in 2 configs" in lines[-1] and "-v" in lines[-1]
+    _print_ops(rows, verbose=True)
+    assert len(capsys.readouterr().out.splitlines()) == 400
+    _print_ops(rows[:PLAN_ROWS], verbose=False)  # a small plan: every op, as before
+    assert len(capsys.readouterr().out.splitlines()) == PLAN_ROWS
+    _print_ops([rows[0]] * (PLAN_ROWS + 1), verbose=False)
+    assert f"({PLAN_ROWS + 1} ops in 1 config: " in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_a_plan_with_more_configs_than_a_screen_says_how_many_it_left_out(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = [(f"op{i}", "linear", f"channel=2 @ [{2 * i}-{2 * i + 1}]") for i in range(100)]
+    _print_ops(rows, verbose=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == PLAN_GROUPS + 2
+    rest = 100 - PLAN_GROUPS
+    assert " ".join(lines[-2].split()) == f"{rest} ops in {rest} other configs"
+
+
+def test_size_options_share_one_parser() -> None:
+    """--memory-limit 16GiB was refused while --table-budget 4GiB was accepted."""
+    parser = build_parser("python -m planner")
+    for text, size in (("16GiB", 16 * 2**30), ("16GB", 16e9), ("512 MiB", 512 * 2**20),
+                       ("1e9", 1e9), ("2g", 2 * 2**30), ("4096", 4096)):  # fmt: skip
+        args = parser.parse_args(["plan", *MODEL, *DEVICES, "--memory-limit", text,
+                                  "--table-budget", text])  # fmt: skip
+        assert args.memory_limit == args.table_budget == size, text
+    args = parser.parse_args(["plan", *MODEL, *DEVICES, "--memory-limit", "device"])
+    assert args.memory_limit == "device"
+
+
 def test_plan_with_a_batch_no_device_count_divides_still_plans(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -363,6 +440,15 @@ BAD: dict[str, tuple[list[str], str]] = {
     "memory limit nonsense": (["plan", *MODEL, *DEVICES, "--memory-limit", "lots"], "memory"),
     "negative memory limit": (["plan", *MODEL, *DEVICES, "--memory-limit", "-5"], "memory"),
     "NaN memory limit": (["plan", *MODEL, *DEVICES, "--memory-limit", "nan"], "memory"),
+    "memory limit in an unknown unit": (
+        ["plan", *MODEL, *DEVICES, "--memory-limit", "16GiBs"],
+        "unknown size unit 'GiBs' in '16GiBs': use B, KB/MB/GB/TB",
+    ),
+    "table budget in an unknown unit": (
+        ["plan", *MODEL, *DEVICES, "--table-budget", "4 gigs"],
+        "--table-budget: unknown size unit 'gigs'",
+    ),
+    "zero memory limit": (["plan", *MODEL, *DEVICES, "--memory-limit", "0GB"], "at least 1 byte"),
     "max configs 0": (["plan", *MODEL, *DEVICES, "--max-configs", "0"], "--max-configs"),
     "missing problem file": (["plan", "--problem", "{missing}"], "does not exist"),
     "problem that is not JSON": (["plan", "--problem", "{not_json}"], "not valid JSON"),
@@ -475,6 +561,55 @@ def test_output_paths_are_checked_before_any_work(
         assert code == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_directory_that_takes_no_files_is_refused_before_any_work(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/proc exists and os.access says root may write it, yet no file can be created there:
+    one line naming the user's path, before the search (not a hidden temporary file after)."""
+    import planner.api
+
+    def no_work(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the search started before the output path was checked")
+
+    monkeypatch.setattr(planner.api, "plan", no_work)
+    for argv, path in (
+        (["plan", *MODEL, *DEVICES, "-o", "/proc/plan.json"], "/proc/plan.json"),
+        (["graph", *MODEL, "--json", "/proc/g.json"], "/proc/g.json"),
+        (["evaluate", "x.json", "--trace", "/proc/t.json"], "/proc/t.json"),
+    ):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
+        assert "cannot write" in err and f"{path}:" in err and "/proc/." not in err, err
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_failed_write_names_the_users_path() -> None:
+    from planner.errors import LayerwiseError
+    from planner.files import write_text_atomic
+
+    with pytest.raises(LayerwiseError, match=r"^cannot write /proc/plan\.json: ") as info:
+        write_text_atomic("/proc/plan.json", "{}")
+    assert ".tmp" not in str(info.value)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_plan_and_graph_files_are_written_with_the_users_umask(
+    capsys: pytest.CaptureFixture[str], files: dict[str, str], tmp_path: Path, umask: int
+) -> None:
+    old = os.umask(umask)
+    try:
+        out = str(tmp_path / "p.json")
+        ok(capsys, "plan", "--problem", files["problem"], "--backend", "baselines", "-o", out)
+        ok(capsys, "graph", *MODEL, "--json", str(tmp_path / "g.json"))
+        ok(capsys, "devices", "p100-1x4", "--json", str(tmp_path / "d.json"))
+    finally:
+        os.umask(old)
+    for name in ("p.json", "g.json", "d.json"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.json", "g.json", "p.json"]
+
+
 def test_evaluate_refuses_a_plot_format_before_any_work(
     capsys: pytest.CaptureFixture[str], files: dict[str, str], tmp_path: Path
 ) -> None:
@@ -483,8 +618,13 @@ def test_evaluate_refuses_a_plot_format_before_any_work(
     assert "'t.xyz'" in err and ".png" in err and ".svg" in err
     code, out, err = run(capsys, "evaluate", files["plan"], "--plot", str(tmp_path / "t"))
     assert code == 2 and "cannot write a plot" in err
-    ok(capsys, "evaluate", files["plan"], "--plot", str(tmp_path / "t.svg"))
-    assert (tmp_path / "t.svg").read_text().lstrip().startswith("<?xml")
+    plot, trace = tmp_path / "t.svg", tmp_path / "t.json"
+    code, out, err = run(
+        capsys, "evaluate", files["plan"], "--plot", str(plot), "--trace", str(trace)
+    )
+    assert code == 0 and plot.read_text().lstrip().startswith("<?xml")
+    assert err.splitlines() == [f"trace written to {trace}", f"plot written to {plot}"]
+    assert out.startswith("additive") and json.loads(trace.read_text())
 
 
 def test_logging_goes_to_stderr_and_the_log_file(
@@ -496,14 +636,27 @@ def test_logging_goes_to_stderr_and_the_log_file(
     ok(capsys, "plan", *MODEL, *DEVICES, "--json", "--log-file", str(log_file))
     text = log_file.read_text()
     assert "planner.api INFO: searching with auto" in text  # everything goes to the file
-    # default stderr: the backends' progress (INFO) and warnings, not the planner's INFO
+    # default stderr: warnings only; a backend's progress lines (INFO) need -v (README)
     logging.getLogger("backends.test").info("best so far 1.0")
     logging.getLogger("planner.api").info("phase detail")
+    logging.getLogger("backends.test").warning("a warning")
     err = capsys.readouterr().err
-    assert "backends.test: best so far 1.0" in err and "phase detail" not in err
+    assert "best so far" not in err and "phase detail" not in err
+    assert "backends.test: a warning" in err
     code, out, err = run(capsys, "plan", *MODEL, *DEVICES, "--json", "-v")
     assert code == 0 and "planner.api: searching with auto" in err
+    logging.getLogger("backends.test").info("best so far 2.0")
+    assert "backends.test: best so far 2.0" in capsys.readouterr().err
     only_json(out)  # logging never goes to stdout
+
+
+def test_plan_without_v_prints_no_log_lines(
+    capsys: pytest.CaptureFixture[str], files: dict[str, str]
+) -> None:
+    code, out, err = run(capsys, "plan", "--problem", files["problem"], "--backend", "mcmc",
+                         "--time-limit", "1")  # fmt: skip
+    assert code == 0 and err == "", err
+    assert out.startswith("FEASIBLE")
 
 
 def test_plan_json_is_strict_even_when_the_gap_is_infinite(

@@ -11,7 +11,14 @@ from graphs import GRAPHS, attention_block, conv2d, input_op
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.costs.config import ConfigSpace, ParallelConfig, check_config, device_sets, partitions
+from planner.costs.config import (
+    ConfigSpace,
+    ParallelConfig,
+    check_config,
+    device_ranges,
+    device_sets,
+    partitions,
+)
 from planner.errors import ConfigError, GraphError
 from planner.graph.opgraph import Op, OpGraph, Tensor
 from planner.hardware.presets import get_preset
@@ -317,6 +324,19 @@ def _conv_op() -> Op:
     return _conv_graph(8, 16, 16, 16).ops[1]
 
 
+def test_device_ranges_are_short_at_any_scale_and_keep_the_task_order():
+    assert device_ranges(range(1024)) == "0-1023"
+    assert device_ranges([*range(8), *range(16, 24)]) == "0-7,16-23"
+    assert device_ranges(range(0, 1024, 4)) == "0,4,...,1020"  # one device per node
+    spread = [n * 4 + g for n in range(256) for g in range(2)]  # 2 of each node's 4
+    assert device_ranges(spread) == "0-1,4-5,...,1020-1021"
+    assert device_ranges([3, 2, 1, 0]) == "3,2,1,0"  # task order, not sorted
+    assert device_ranges([0, 1, 5, 9, 13, 17]) == "0-1,5,9,13,17"  # runs of two lengths
+    assert device_ranges([0, 2, 4, 6]) == "0,2,4,6" and device_ranges([5]) == "5"
+    irregular = [*range(0, 20, 2), 25]  # not one spacing: every run is written
+    assert device_ranges(irregular) == "0,2,4,6,8,10,12,14,16,18,25"
+
+
 def test_check_config_accepts_valid():
     op = _conv_op()
     check_config(op, ParallelConfig((2, 2, 1, 1), (3, 0, 1, 2)), 4)
@@ -376,7 +396,7 @@ def test_parallel_config_helpers_and_json():
     assert cfg.num_tasks == 4
     assert cfg.partition == (2, 1, 2, 1)
     assert cfg.degree(op, "height") == 2 and cfg.degree(op, "length") == 1
-    assert cfg.describe(op) == "sample=2,height=2 @ [0,1,2,3]"
+    assert cfg.describe(op) == "sample=2,height=2 @ [0-3]"
     assert ParallelConfig((1, 1, 1, 1), (2,)).describe(op) == "whole @ [2]"
     data = cfg.to_json(op)
     assert data == {"degrees": {"sample": 2, "height": 2}, "devices": [0, 1, 2, 3]}

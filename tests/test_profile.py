@@ -465,7 +465,16 @@ def test_cli_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: An
     monkeypatch.setenv("LAYERWISE_CACHE_DIR", str(tmp_path))
     args = ["profile", "lenet5", "--batch", "2", "--devices", "cpu-local-2", "--repeats", "1"]
     assert main(args) == 0
-    assert str(tmp_path / "measured-cpu-1thread.json") in capsys.readouterr().out
+    out = capsys.readouterr().out  # what was measured, where it went, how to use it
+    path = tmp_path / "measured-cpu-1thread.json"
+    entries = len(json.loads(path.read_text())["entries"])
+    assert out.startswith("measured ") and " new task shapes of lenet5 on cpu-local-2 in " in out
+    assert (
+        f"the cache {path} holds {entries:,} task shapes in all: plan with --cost measured" in out
+    )
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("nothing new to measure: every task shape of lenet5") and str(path) in out
     monkeypatch.setattr(os, "getloadavg", lambda: (1.0, 1.0, 1.0))
     assert main([*args, "--refresh"]) == 2  # every shape again, on a busy machine: refused
     err = capsys.readouterr().err

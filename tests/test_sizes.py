@@ -30,9 +30,15 @@ def test_parse_bytes():
     assert parse_bytes("2G") == 2 * 2**30
     assert parse_bytes("1e9") == 10**9
     assert parse_bytes("1.5 KiB") == 1536
-    for bad in ("", "4 GB per device", "-1", "0", "GiB", "inf"):
+    # KB, MB, GB, TB are powers of 1000 (as GNU tools read them); letters in any case
+    assert parse_bytes("16GB") == 16 * 10**9 and parse_bytes("16gb") == 16 * 10**9
+    assert parse_bytes("16gib") == 16 * 2**30 and parse_bytes("2 TB") == 2 * 10**12
+    assert parse_bytes("100B") == parse_bytes("100") == 100
+    for bad in ("", "4 GB per device", "-1", "0", "GiB", "inf", "1e400", "0.5B", "1.2.3"):
         with pytest.raises(SizeError):
             parse_bytes(bad)
+    with pytest.raises(SizeError, match="unknown size unit 'Gb/s' in '4Gb/s'"):
+        parse_bytes("4Gb/s")
 
 
 def test_a_preset_too_large_to_build_is_refused_by_its_name_in_every_family():

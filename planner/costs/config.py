@@ -60,11 +60,11 @@ class ParallelConfig:
         return self.degrees[op.output.dims.index(dim)] if dim in op.output.dims else 1
 
     def describe(self, op: Op) -> str:
-        """e.g. 'sample=2,channel=2 @ [0,1,2,3]'."""
+        """e.g. 'sample=2,channel=2 @ [0-3]' (devices as `device_ranges` writes them)."""
         split = ",".join(
             f"{d}={g}" for d, g in zip(op.output.dims, self.degrees, strict=True) if g > 1
         )
-        return f"{split or 'whole'} @ [{','.join(map(str, self.devices))}]"
+        return f"{split or 'whole'} @ [{device_ranges(self.devices)}]"
 
     def to_json(self, op: Op) -> dict[str, Any]:
         return {
@@ -84,6 +84,28 @@ class ParallelConfig:
         )
         check_config(op, cfg, num_devices)
         return cfg
+
+
+REGULAR_RUNS = 4  # more runs than this, evenly spaced and of one length, are elided
+
+
+def device_ranges(devices: Sequence[int]) -> str:
+    """Task devices in task order, short at any scale: runs of consecutive ids as ranges
+    ('0-7,16-23'), and more than REGULAR_RUNS runs of one length at one spacing as the first
+    two, '...' and the last ('0-1023'; '0,4,...,1020'; '0-1,4-5,...,1020-1021')."""
+    runs: list[list[int]] = []
+    for d in devices:
+        if runs and d == runs[-1][1] + 1:
+            runs[-1][1] = d
+        else:
+            runs.append([d, d])
+    text = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    if len(runs) > REGULAR_RUNS:
+        lengths = {b - a for a, b in runs}
+        steps = {q[0] - p[0] for p, q in itertools.pairwise(runs)}
+        if len(lengths) == 1 and len(steps) == 1:
+            text = [text[0], text[1], "...", text[-1]]
+    return ",".join(text)
 
 
 def check_config(op: Op, cfg: ParallelConfig, num_devices: int) -> None:

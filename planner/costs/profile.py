@@ -29,7 +29,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -40,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from planner.costs.config import ConfigSpace, ParallelConfig
 from planner.costs.kernels import TaskPlan, conv_input_channels, plan_fn, plan_op, plan_task
 from planner.errors import GraphError, LayerwiseError
+from planner.files import write_text_atomic
 from planner.hardware.load import Load, LoadWatch, MachineBusyError, note_cached, trusted
 
 if TYPE_CHECKING:
@@ -243,15 +243,7 @@ def _trusted(data: dict[str, Any]) -> set[str]:
 
 def _write_cache(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
 
 
 # -- lookups ---------------------------------------------------------------------------------------

@@ -58,18 +58,38 @@ class SizeError(ProblemError):
     the devices' memory."""
 
 
+# Size units, as GNU tools read them: KB, MB, GB, TB in powers of 1000; KiB, MiB, GiB, TiB and
+# the bare K, M, G, T in powers of 1024; B or nothing, bytes. Letters in any case.
+SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    **{f"{p}b": 1000 ** (i + 1) for i, p in enumerate("kmgt")},
+    **{f"{p}ib": 1024 ** (i + 1) for i, p in enumerate("kmgt")},
+    **{p: 1024 ** (i + 1) for i, p in enumerate("kmgt")},
+}
+
+
 def parse_bytes(text: str) -> int:
-    """'4GiB', '512MiB', '2G', '1e9' -> bytes (binary units for KiB/MiB/GiB/TiB and K/M/G/T)."""
-    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]?)(i?B)?\s*", text)
+    """A size -> bytes: '16GiB' (binary), '16GB' (decimal), '2G' (binary), '1e9', '512 MiB'.
+
+    The one parser of every size option (--memory-limit, --table-budget); anything else is
+    one SizeError that says what a size looks like."""
+    match = re.fullmatch(r"\s*([0-9.]+(?:[eE][+-]?[0-9]+)?)\s*(\S*)\s*", text)
+    example = "such as 16GiB, 512MiB, 16GB or 1e9 (bytes)"
     if match is None:
-        raise SizeError(f"expected a size such as 4GiB, 512MiB or 1e9 (bytes), got {text!r}")
+        raise SizeError(f"expected a size {example}, got {text!r}")
+    unit = SIZE_UNITS.get(match[2].lower())
+    if unit is None:
+        raise SizeError(
+            f"unknown size unit {match[2]!r} in {text!r}: use B, KB/MB/GB/TB (powers of 1000) "
+            "or KiB/MiB/GiB/TiB (powers of 1024)"
+        )
     try:
-        value = float(match[1])
+        value = float(match[1]) * unit
     except ValueError:
-        raise SizeError(f"expected a size such as 4GiB, got {text!r}") from None
-    value *= 1024 ** " KMGT".index(match[2] or " ")
-    if not (math.isfinite(value) and value > 0):
-        raise SizeError(f"a size must be positive, got {text!r}")
+        raise SizeError(f"expected a size {example}, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 1):
+        raise SizeError(f"a size must be at least 1 byte, got {text!r}")
     return int(value)
 
 

@@ -121,8 +121,8 @@ def contract(net: Network, deadline: Deadline | None = None) -> Contraction | No
     root = np.array([find(i) for i in range(n)], dtype=np.int64)
     # g[i]: root's domain index -> i's domain index, down each tree from its root
     children: dict[int, list[int]] = {}
-    for v in np.flatnonzero(parent >= 0):
-        children.setdefault(int(parent[v]), []).append(int(v))
+    for w in np.flatnonzero(parent >= 0):
+        children.setdefault(int(parent[w]), []).append(int(w))
     g: dict[int, np.ndarray] = {}
     roots = np.flatnonzero(root == np.arange(n))
     for r in roots:

@@ -185,7 +185,10 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         exact_rows = st is not None and _exact_memory(problem, net, settings)
         if st is None or exact_rows:
             return self._exact(problem, options, net, st, scale, best, stats, clock)
-        return self._priced(problem, options, settings, net, st, scale, best, stats, clock)
+        # the rounds end KILL_SECONDS early: a round killed at its deadline is then killed by
+        # the caller's, and the last repair and the answer fit (a portfolio member has 1 s)
+        work = clock.reserve(min(KILL_SECONDS, 0.05 * clock.left()))
+        return self._priced(problem, options, settings, net, st, scale, best, stats, work)
 
     # ----------------------------------------------------------------- exact: one solve
 

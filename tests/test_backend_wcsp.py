@@ -205,10 +205,9 @@ def test_a_round_without_a_labelling_is_tried_again_for_longer(monkeypatch) -> N
     assert result.choices is not None and memory_feasible(problem, result.choices)
 
 
-def test_rounds_after_the_first_are_as_long_as_a_first_labelling_took(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """A round's length follows how long toulbar2 took to its first labelling in the round
-    before (read from its log), so the prices change more often (IOPDDL S: 11 rounds in
-    240 s instead of 5); `round_seconds` stays the cap."""
+def _round_lengths(monkeypatch, **extra):  # type: ignore[no-untyped-def]
+    """toulbar2 on a small contest-like problem with priced rounds of at most 9 s: its result
+    and the CPU seconds each round was given."""
     from backends.wcsp import toulbar2 as module
 
     real = module._apart
@@ -219,37 +218,29 @@ def test_rounds_after_the_first_are_as_long_as_a_first_labelling_took(monkeypatc
         return real(clock, net, penalty, scale, seed, seconds, *rest, **kw)
 
     monkeypatch.setattr(module, "_apart", record)
-    problem = contest_problem(60, seed=2)
-    extra = {
-        "exact_memory_nodes": 0, "round_seconds": 9.0, "min_round_seconds": 0.5, "max_rounds": 3,
-        "bound_share": 0.0,
-    }  # fmt: skip
-    result = get_backend("toulbar2").solve(problem, SolveOptions(time_limit=30, extra=extra))
+    monkeypatch.setattr(module._CpuShare, "share", lambda self: 1.0)  # a whole core, as if quiet
+    extra = {"exact_memory_nodes": 0, "round_seconds": 9.0, "bound_share": 0.0, **extra}
+    options = SolveOptions(time_limit=30, extra=extra)
+    return get_backend("toulbar2").solve(contest_problem(60, seed=2), options), asked
+
+
+def test_rounds_after_the_first_are_as_long_as_a_first_labelling_took(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A round's length follows how long toulbar2 took to its first labelling in the round
+    before (read from its log), so the prices change more often (IOPDDL S: 11 rounds in
+    240 s instead of 5); `round_seconds` stays the cap."""
+    from backends.wcsp.toulbar2 import FIRST_EXTRA, FIRST_FACTOR
+
+    result, asked = _round_lengths(monkeypatch, min_round_seconds=0.5, max_rounds=3)
     firsts = result.stats["first_labelling_seconds"]
     assert firsts and all(0.0 <= t < 9.0 for t in firsts)
     assert asked[0] == 9 and len(asked) >= 2
-    assert asked[1] == max(1, int(module.FIRST_FACTOR * firsts[0] + module.FIRST_EXTRA))
+    assert asked[1] == max(1, int(FIRST_FACTOR * firsts[0] + FIRST_EXTRA))
 
 
 def test_rounds_are_at_least_min_round_seconds(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """toulbar2 still improves a labelling for seconds after its first (IOPDDL M lost 0.3%
     with 5 s rounds): later rounds are never shorter than `min_round_seconds`."""
-    from backends.wcsp import toulbar2 as module
-
-    real = module._apart
-    asked: list[int] = []
-
-    def record(clock, net, penalty, scale, seed, seconds, *rest, **kw):  # type: ignore[no-untyped-def]
-        asked.append(seconds)
-        return real(clock, net, penalty, scale, seed, seconds, *rest, **kw)
-
-    monkeypatch.setattr(module, "_apart", record)
-    problem = contest_problem(60, seed=2)
-    extra = {
-        "exact_memory_nodes": 0, "round_seconds": 9.0, "min_round_seconds": 4.0, "max_rounds": 2,
-        "bound_share": 0.0,
-    }  # fmt: skip
-    result = get_backend("toulbar2").solve(problem, SolveOptions(time_limit=30, extra=extra))
+    result, asked = _round_lengths(monkeypatch, min_round_seconds=4.0, max_rounds=2)
     assert result.stats["first_labelling_seconds"][0] < 2.0  # a small network: at once
     assert asked[:2] == [9, 4]
 

@@ -34,8 +34,8 @@ class Contraction:
     """A contracted network and how to go between it and the original.
 
     `net` is the contracted network: one node per tree, in the order of the trees' roots,
-    whose values are the root's surviving values (`values[j]`, domain indices of the root in
-    the original) and whose unary costs are zero (`unary` gives them for any original costs).
+    whose values are the root's values that no edge inside its tree forbids, and whose unary
+    costs are zero (`unary` gives them for any original costs).
     `slot[i]` is original node i's contracted node. For every original node i and every value
     k of its contracted node, `member_value[member_start[i] + k]` is i's flat value in the
     original and `member_target[...]` the contracted flat value it belongs to.
@@ -43,7 +43,6 @@ class Contraction:
 
     net: Network
     slot: np.ndarray
-    values: tuple[np.ndarray, ...]
     member_start: np.ndarray
     member_value: np.ndarray
     member_target: np.ndarray
@@ -184,7 +183,6 @@ def contract(net: Network, deadline: Deadline | None = None) -> Contraction | No
     return Contraction(
         small,
         slot,
-        values,
         starts.astype(np.int64),
         np.concatenate(member_value).astype(np.int64),
         np.concatenate(member_target).astype(np.int64),

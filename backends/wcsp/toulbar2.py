@@ -31,6 +31,7 @@ during the bound's iterations) becomes the best, the bound's upper value with it
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import multiprocessing
@@ -499,7 +500,8 @@ def _apart(clock: Deadline, *args: Any, idle: Callable[[], Any] | None = None) -
     if given, is called again and again while the child works (a short step each time)."""
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, args), daemon=True)
+    log = _new_log()  # made and removed here: a killed child leaves none behind
+    proc = ctx.Process(target=_child, args=(send, args, log), daemon=True)
     t0 = time.perf_counter()
     proc.start()
     send.close()
@@ -526,13 +528,22 @@ def _apart(clock: Deadline, *args: Any, idle: Callable[[], Any] | None = None) -
             proc.kill()  # our own child, by its handle
         proc.join()
         receive.close()
+        if log is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(log)
     return _Run(None, 0.0, False, True, time.perf_counter() - t0, 0, 0.0)
 
 
-def _child(send: Any, args: tuple[Any, ...]) -> None:
+def _child(send: Any, args: tuple[Any, ...], log: str | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     _die_with_parent()
-    send.send(_run(*args))
+    if log is not None:  # toulbar2 writes its log to file descriptor 1
+        sys.stdout.flush()
+        fd = os.open(log, os.O_WRONLY)
+        os.dup2(fd, 1)
+        os.close(fd)
+    solve: Callable[..., _Run] = _run  # args: _run's parameters but the log
+    send.send(solve(*args, log=log))
     send.close()
 
 
@@ -557,6 +568,7 @@ def _run(
     seconds: int,
     st: Steps | None,
     problem: Problem,
+    log: str | None = None,
 ) -> _Run:
     """One toulbar2 solve of the network, unary costs raised by `penalty` (flat, per value)
     and, with `st`, the memory rows as knapsack constraints. High prices lower the scale so
@@ -578,7 +590,6 @@ def _run(
     t0 = time.perf_counter()
     import pytoulbar2  # here: the settings import without it (the portfolio's)
 
-    log = _capture_stdout()  # toulbar2's log: when it found its first labelling
     cfn = pytoulbar2.CFN(ubinit=top, seed=max(seed, 0) % (2**31 - 1) + 1, verbose=0)
     wcsp = cfn.CFN.wcsp
     for i in range(net.num_nodes):
@@ -610,20 +621,17 @@ def _run(
         cost = float(result[1])
     proven = dual >= min(cost, top) - 0.5
     nodes = int(cfn.GetNbNodes())
-    first = _first_labelling(log) if labels is not None else None
+    first = _first_labelling(log)  # read, and the log deleted, in every case
+    first = first if labels is not None else None
     return _Run(labels, dual, proven, not proven, elapsed, nodes, t1 - t0, scale, first)
 
 
-def _capture_stdout() -> str | None:
-    """Send this process's standard output (file descriptor 1: toulbar2 writes its log
-    there) to a new temporary file, and return its path (None if that cannot be done). Only in
-    a round's child process, which ends after the round."""
+def _new_log() -> str | None:
+    """A new empty temporary file for a round's toulbar2 log (None if none can be made)."""
     try:
         fd, path = tempfile.mkstemp(prefix="layerwise-toulbar2-", suffix=".log")
     except OSError:
         return None
-    sys.stdout.flush()
-    os.dup2(fd, 1)
     os.close(fd)
     return path
 

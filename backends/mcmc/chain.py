@@ -23,9 +23,10 @@ best strategy and the level rises (T doubles, up to `temperature[1]`); at the ho
 every other round restarts from one of the starts instead. `beta` fixes beta instead.
 
 Memory (FlexFlow's implementation penalized memory over the limit instead of forbidding it):
-the energy is cost + w * violation * cost(first state), where violation is the peak's
-relative excess over the limit summed over pools (kept incrementally: `backends.mcmc.state`),
-and w grows geometrically from `penalty[0]` to `penalty[1]` over the budget. `repair`
+the energy is cost + w * (violation + OVER_CHARGE if over) * cost(first state), where violation
+is the peak's relative excess over the limit summed over pools (kept incrementally:
+`backends.mcmc.state`); the fixed charge makes a state over the limit by a hair cost as much as
+one over by OVER_CHARGE, else a state 1e-5 over would outweigh any valid one. w grows geometrically from `penalty[0]` to `penalty[1]` over the budget. `repair`
 proposals free memory on the over-full pool. Only valid strategies are ever returned.
 
 Settings (`McmcSettings`, given as `SolveOptions.extra`; docs/simulator.md, "MCMC search"):
@@ -73,6 +74,12 @@ from planner.problems.problem import Problem
 START_SHARE = 0.3  # of the time limit, at most, for simulating the starts (one at least)
 SKIP_FACTOR = 4.0  # starts whose Eq. 1 cost is over this times the best start's: not simulated
 RESYNC = 1000  # accepted moves between exact recomputations of the memory sweep
+OVER_CHARGE = 1e-3  # the violation charged for being over the limit at all (see Memory above)
+
+
+def _energy(cost: float, violation: float, weight: float, scale: float) -> float:
+    over = violation + OVER_CHARGE if violation > 0 else 0.0
+    return cost + weight * over * scale
 
 __all__ = ["McmcBackend", "McmcSettings"]
 
@@ -243,7 +250,7 @@ class _Search:
             longest = max(longest, time.perf_counter() - began)
             if simulated:  # the answer is re-simulated in full after the search (Backend.solve)
                 self.reserve = longest
-            energy = state.cost + self.s.penalty[0] * state.violation * max(state.cost, 1e-300)
+            energy = _energy(state.cost, state.violation, self.s.penalty[0], max(state.cost, 1e-300))
             scores[name] = state.cost if state.valid else None
             self.start_list.append(tuple(choices))
             self._keep(state)
@@ -267,7 +274,7 @@ class _Search:
         return beta, w0 * (w1 / w0) ** frac
 
     def _energy(self, cost: float, violation: float, weight: float) -> float:
-        return cost + weight * violation * self.scale
+        return _energy(cost, violation, weight, self.scale)
 
     def _chain(self, state: ChainState) -> Limit:
         s, rng = self.s, self.rng

@@ -81,6 +81,7 @@ def _energy(cost: float, violation: float, weight: float, scale: float) -> float
     over = violation + OVER_CHARGE if violation > 0 else 0.0
     return cost + weight * over * scale
 
+
 __all__ = ["McmcBackend", "McmcSettings"]
 
 
@@ -250,7 +251,9 @@ class _Search:
             longest = max(longest, time.perf_counter() - began)
             if simulated:  # the answer is re-simulated in full after the search (Backend.solve)
                 self.reserve = longest
-            energy = _energy(state.cost, state.violation, self.s.penalty[0], max(state.cost, 1e-300))
+            energy = _energy(
+                state.cost, state.violation, self.s.penalty[0], max(state.cost, 1e-300)
+            )
             scores[name] = state.cost if state.valid else None
             self.start_list.append(tuple(choices))
             self._keep(state)

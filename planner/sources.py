@@ -209,6 +209,7 @@ def _capture(
     if model_kwargs:
         raise LayerwiseError("model_kwargs apply to a zoo name or a factory, not to a module")
     inputs = _example_inputs(example_inputs, type(model).__name__)
+    from planner.costs.declared import check_declared
     from planner.graph.capture import capture
     from planner.graph.coarsen import coarsen as coarsen_graph
 
@@ -218,6 +219,7 @@ def _capture(
             tuple(x.empty() for x in inputs),
             name or _default_name(model),
             deadline=deadline,
+            check=check_declared,  # declared kinds against their kernels (real parameters)
         )
     graph = coarsen_graph(graph) if coarsen else graph
     return graph, _factory_of(model, inputs, graph, coarsen, deadline)

@@ -27,12 +27,16 @@ Conventions of the op kinds (see `planner.graph.capture`):
   along rows; a channel split holds the rows of its hidden units in each gate. With a
   previous step, the inputs are (x, h_prev, c_prev): the previous op's output stands for the
   (h, c) pair, and c_prev has the same box as h_prev.
-- attention: q, k, v (sample, length, channel), attrs heads, causal; channel splits by heads;
+- attention: q, k, v (sample, length, channel), attrs heads, causal, [kv_heads, scale]; channel
+  splits by heads (k and v: the kv_heads groups those heads read);
   a length split gives each task its query rows (k and v whole), with the causal mask at the
   task's absolute positions.
 - rnn_attention: (h, encoder states...), params of the output projection (C, 2C) + bias.
-- norm: "batch" (batch statistics of the task's box) or "layer" (over channel).
+- norm: "batch" (batch statistics of the task's box), "layer" (over channel) or "rms" (root
+  mean square over channel, weight only); attrs eps, and compute "float32" when the model
+  computes the norm in float32 whatever its dtype.
 - elementwise: attr "op" (or "fn"): add/sub/mul/div over its inputs, or a unary function.
+- slice: attrs dim, start, size: its input box is the output's, shifted by start.
 - concat: attrs dim, offsets. flatten: reshape to (sample, features). softmax: over channel
   (attr op softmax / log_softmax / cross_entropy: the log-softmax part of the loss).
 - Folded ops (attr "fused", set by `planner.graph.coarsen`) are applied after the op: a folded norm
@@ -60,6 +64,7 @@ import torch.nn.functional as F
 from planner.costs.config import ParallelConfig, check_config
 from planner.costs.regions import needed_boxes, task_boxes
 from planner.errors import GraphError
+from planner.graph.attention import attention_math
 from planner.graph.opgraph import Op, OpGraph
 from planner.graph.opgraph import Tensor as Shape
 from planner.graph.opkinds import (
@@ -97,6 +102,7 @@ _UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
     "relu6": F.relu6,
     "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": F.silu,
     "tanh": torch.tanh,
     "sigmoid": torch.sigmoid,
@@ -346,8 +352,8 @@ def _param_roles(op: Op) -> tuple[ParamRole, ...]:
     weight and bias, then extras."""
     params = op.params
     layout = _OWN_PARAMS.get(op.kind, ())
-    if op.kind == "norm" and op.attr("norm") == "layer":
-        layout = ((-1, 1), (-1, 1))  # layer norm: channel is never split
+    if op.kind == "norm" and op.attr("norm") in ("layer", "rms"):
+        layout = ((-1, 1), (-1, 1))  # layer and RMS norm: channel is never split
     n_own = 0
     if layout and params:
         first = _prefix(params[0].name)
@@ -505,13 +511,15 @@ def run_task(
     params: Sequence[torch.Tensor],
     reduce: Reduce | None = None,
     eps: float = BN_EPS,
+    tables: Sequence[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The task's output box from its input boxes (`plan.in_boxes`, plus c_prev for an LSTM
     step) and its parameter shards (`plan.param_shapes`).
 
     Batch norm uses epsilon `eps`; when the plan's statistics are shared (`stats_count`),
     `reduce` sums a tensor over the task's group (the runtime's exchange; None: this task
-    alone, which computes the same arithmetic, as the profiler measures it)."""
+    alone, which computes the same arithmetic, as the profiler measures it). `tables`: an
+    attention op's rotary tables (cos, sin), as the model computes them."""
     norm_args = (reduce, eps)
     op = plan.op
     expected = len(plan.in_boxes) + (1 if op.kind == "lstm" and len(plan.in_boxes) == 2 else 0)
@@ -531,6 +539,8 @@ def run_task(
         raise GraphError(f"no kernel for op kind {op.kind!r}") from None
     if op.kind == "norm":
         return _normalize(plan, xs[0], _norm_fn(plan.op), own, norm_args)
+    if op.kind == "attention" and tables:  # the model's rotary tables (cos, sin)
+        return kernel(plan, xs, own, list(tables))
     y = kernel(plan, xs, own, extras)
     return _epilogue(plan, y, norm, extras, norm_args)
 
@@ -592,9 +602,15 @@ def _normalize(
 ) -> torch.Tensor:
     w, b = (wb[0], wb[1]) if len(wb) == 2 else (None, None)
     axis = plan.op.output.dims.index(CHANNEL)
+    if fn == "rms_norm":  # as the model computes it: in float32 when it says so
+        x = x.movedim(axis, -1)
+        xc = x.float() if plan.op.attr("compute") == "float32" else x
+        eps = float(plan.op.attr("eps", 1e-6))
+        y = (xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        return (y * wb[0] if wb else y).movedim(-1, axis)
     if fn == "layer_norm":
         x = x.movedim(axis, -1)
-        y = F.layer_norm(x, (x.shape[-1],), w, b)
+        y = F.layer_norm(x, (x.shape[-1],), w, b, float(plan.op.attr("eps", 1e-5)))
         return y.movedim(-1, axis)
     reduce, eps = norm_args
     if plan.stats_count:
@@ -607,8 +623,8 @@ def _normalize(
 
 def _norm_fn(op: Op) -> str:
     norm = op.attr("norm", "batch")
-    if norm not in ("batch", "layer"):
-        raise GraphError(f"norm {op.name!r}: norm must be 'batch' or 'layer', got {norm!r}")
+    if norm not in ("batch", "layer", "rms"):
+        raise GraphError(f"norm {op.name!r}: norm must be 'batch', 'layer' or 'rms', got {norm!r}")
     return f"{norm}_norm"
 
 
@@ -837,29 +853,16 @@ def _lstm(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], extra
 
 
 def _attention(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], extras: Any) -> Any:
+    """`planner.graph.attention.attention_math` on the task's heads and query rows; `extras`
+    holds the rotary tables (cos, sin) when the op has them (the runtime passes the model's)."""
     op = plan.op
     if op.output.dims != (SAMPLE, LENGTH, CHANNEL) or len(xs) != 3:
         raise GraphError(f"attention {op.name!r} needs q, k, v of dims (sample, length, channel)")
-    q, k, v = xs
-    n, lq, c = q.shape
-    lk = k.shape[1]
-    heads = int(op.attr("heads", 1)) * c // op.output.size(CHANNEL)
-    d = c // heads
-
-    def split(x: torch.Tensor) -> torch.Tensor:
-        return x.reshape(n, -1, heads, d).transpose(1, 2)
-
-    mask = None
-    causal = False
-    if op.attr("causal", False):
-        l0 = plan.out_range(LENGTH)[0]
-        if l0 == 0 and lq == lk:
-            causal = True
-        else:
-            rows = torch.arange(l0, l0 + lq).unsqueeze(1)
-            mask = rows >= torch.arange(lk).unsqueeze(0)
-    y = F.scaled_dot_product_attention(split(q), split(k), split(v), mask, is_causal=causal)
-    return y.transpose(1, 2).reshape(n, lq, c)
+    q = xs[0]
+    heads = int(op.attr("heads", 1)) * q.shape[-1] // op.output.size(CHANNEL)
+    tables = (extras[0], extras[1]) if len(extras) == 2 else None
+    start = plan.out_range(LENGTH)[0]
+    return attention_math(q, xs[1], xs[2], op, q_start=start, heads=heads, tables=tables)
 
 
 def _rnn_attention(
@@ -915,6 +918,11 @@ def _concat(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], ext
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=axis)
 
 
+def _slice(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], extras: Any) -> Any:
+    # the task's input box is its output range shifted by the start: already the slice
+    return xs[0]
+
+
 def _flatten(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], extras: Any) -> Any:
     return _features(plan, xs[0])
 
@@ -940,6 +948,7 @@ KERNELS: dict[str, Kernel] = {
     "norm": _norm,
     "elementwise": _elementwise,
     "concat": _concat,
+    "slice": _slice,
     "flatten": _flatten,
     "softmax": _softmax,
 }

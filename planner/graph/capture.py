@@ -17,9 +17,12 @@ it a leaf mapped to that kind, with attrs from its `layerwise_attrs()` method if
 
 from __future__ import annotations
 
+import inspect
+import itertools
 import operator
+import warnings
 from collections import Counter, OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,14 +30,19 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
+from torch.fx.experimental.meta_tracer import MetaProxy, MetaTracer
+from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils.flop_counter import FlopCounterMode
 
 from planner.deadline import Deadline, OutOfTime
 from planner.errors import GraphError
+from planner.graph.attention import evaluate_constant, find_regions
 from planner.graph.opgraph import Op, OpGraph, Param, Tensor
 from planner.graph.opkinds import CHANNEL, HEIGHT, LENGTH, SAMPLE, WIDTH
 
-__all__ = ["DEFAULT_LEAF_MODULES", "capture"]
+__all__ = ["DEFAULT_LEAF_MODULES", "Declared", "capture", "constant_values", "norm_of"]
+
+Declared = tuple[str, "nn.Module", "fx.Node"]  # an op whose kind its module declares
 
 DEFAULT_LEAF_MODULES: tuple[type[nn.Module], ...] = (
     nn.Conv2d,
@@ -114,14 +122,46 @@ def capture(
     name: str,
     leaf_modules: Sequence[type[nn.Module]] = DEFAULT_LEAF_MODULES,
     deadline: Deadline | None = None,
+    check: Callable[[OpGraph, list[Declared], dict[fx.Node, Any]], None] | None = None,
 ) -> OpGraph:
     """Trace `module` on the meta device and return its validated OpGraph named `name`.
-    Past `deadline` (looked at before every node's meta run) it raises OutOfTime."""
-    gm = _trace(module, tuple(leaf_modules), name)
+    Past `deadline` (looked at before every node's meta run) it raises OutOfTime. `check`,
+    if given, is called with the graph, the ops whose kind a module declares (`Declared`:
+    op name, module, fx node) and the nodes' meta values, to compare them with their kernels
+    (`planner.costs.declared.check_declared`, a layer above this one)."""
+    gm = _trace(module, tuple(leaf_modules), name, example_inputs)
     inputs = tuple(_to_meta(x) for x in example_inputs)
     values, flops = _run_on_meta(gm, inputs, name, deadline)
     batch = _batch_size(inputs, name)
-    return OpGraph(name, _Builder(gm, values, flops, batch).build())
+    # a tied weight is named as the module names it (its first name: named_parameters)
+    canonical = {id(p): n for n, p in module.named_parameters()}
+    builder = _Builder(gm, values, flops, batch, canonical)
+    graph = OpGraph(name, builder.build())
+    if check is not None:
+        check(graph, [(builder.node_op[n], m, n) for n, m in builder.declared], values)
+    return graph
+
+
+def constant_values(
+    module: nn.Module, example_inputs: tuple[torch.Tensor, ...], names: Sequence[str]
+) -> dict[str, torch.Tensor]:
+    """The values of the fx nodes `names` (constants: computed from shapes and the module's
+    buffers, such as rotary tables) in `module`'s traced graph, computed on the CPU from its
+    real buffers. Capture names nodes deterministically, so an op's attrs can name them."""
+    gm = _trace(module, DEFAULT_LEAF_MODULES, "model", example_inputs)
+    values, _ = _run_on_meta(gm, tuple(_to_meta(x) for x in example_inputs), "model")
+    nodes = {n.name: n for n in gm.graph.nodes}
+    out = {}
+    for name in names:
+        node = nodes.get(name)
+        value = evaluate_constant(node, values) if node is not None else None
+        if not isinstance(value, torch.Tensor):
+            raise GraphError(
+                f"the model's constant {name!r} (a rotary table) cannot be computed from its "
+                "buffers: build the model on the CPU"
+            )
+        out[name] = value
+    return out
 
 
 def warm_up() -> None:
@@ -136,22 +176,156 @@ def warm_up() -> None:
 # -- tracing and shape/FLOP propagation --------------------------------------------------------
 
 
-class _Tracer(fx.Tracer):
-    def __init__(self, leaf_modules: tuple[type[nn.Module], ...]) -> None:
+class _Proxy(MetaProxy):
+    """A proxy whose meta value is a tuple (split, chunk) iterates over its items, so that
+    `for y in x.split(...)` and `map(f, x.chunk(3, -1))` trace."""
+
+    def __iter__(self) -> Iterator[Any]:
+        meta = getattr(self, "_tensor_meta", None)
+        if isinstance(meta, tuple | list):
+            return iter([self[i] for i in range(len(meta))])  # type: ignore[index]
+        return super().__iter__()
+
+    def size(self, dim: int | None = None) -> Any:
+        # MetaProxy.size(0) returns the whole size (it tests `if dim`)
+        meta = getattr(self, "_tensor_meta", None)
+        if isinstance(meta, torch.Tensor):
+            return meta.size() if dim is None else meta.size(dim)
+        return super().size(dim)
+
+    def __len__(self) -> int:
+        meta = getattr(self, "_tensor_meta", None)
+        if isinstance(meta, torch.Tensor | tuple | list):
+            return len(meta)
+        raise TypeError("len() of a traced value of unknown size")
+
+
+class _Tracer(MetaTracer):
+    """torch.fx's tracer with the example inputs' shapes known while it traces (torch's
+    MetaTracer): `x.size()`, `x.shape` and `len(x)` are numbers, so code that slices a
+    mask buffer to the sequence length, builds `torch.ones(T, T)` or checks
+    `assert T <= block_size` traces (with the example's shapes baked in, which capture uses
+    anyway). Layers layerwise knows stay leaves; a leaf's output shape is found by running it
+    on meta copies of its parameters (the module may hold real ones)."""
+
+    def __init__(
+        self, leaf_modules: tuple[type[nn.Module], ...], norms: dict[int, Any] | None = None
+    ) -> None:
         super().__init__()
         self.leaf_modules = leaf_modules
+        self.norms = norms or {}  # id(module) -> norm attrs (found before tracing: `norm_of`)
+        self.proxy_buffer_attributes = True  # buffers (masks, rotary tables) as get_attr
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if isinstance(m, self.leaf_modules) or hasattr(type(m), "layerwise_kind"):
             return True
+        if self.norms.get(id(m)) is not None:  # an RMSNorm or LayerNorm written by hand
+            return True
         return super().is_leaf_module(m, module_qualified_name)
+
+    def proxy(self, node: fx.Node) -> _Proxy:
+        return _Proxy(node, self)
+
+    def create_proxy(
+        self, kind: str, target: Any, args: Any, kwargs: Any, *rest: Any, **kw: Any
+    ) -> Any:
+        with warnings.catch_warnings():  # a shape it cannot find stays symbolic, silently
+            warnings.simplefilter("ignore")
+            if kind != "call_module":
+                return super().create_proxy(kind, target, args, kwargs, *rest, **kw)
+            mod = self.root.get_submodule(target)
+            state = {
+                k: _to_meta(v)
+                for k, v in itertools.chain(
+                    mod.named_parameters(remove_duplicate=False),
+                    mod.named_buffers(remove_duplicate=False),
+                )
+            }
+            with _reparametrize_module(mod, state):
+                return super().create_proxy(kind, target, args, kwargs, *rest, **kw)
+
+
+_NORMS_SEEN: dict[int, tuple[nn.Module, dict[str, Any] | None]] = {}
+NORM_EPS_NAMES = ("eps", "variance_epsilon", "epsilon", "norm_eps", "layer_norm_eps")
+_EPS_GUESSES = (1e-5, 1e-6, 1e-8, 1e-12, 0.0)
+
+
+def norm_of(m: nn.Module) -> dict[str, Any] | None:
+    """The norm op's attrs when module `m` computes a layer norm or an RMS norm over its
+    input's last dim with its own weight (and bias), whatever its code: found by running it
+    on a small random input with random weights (its own stay untouched, on any device) and
+    comparing with each formula. The epsilon is the module's (attribute eps,
+    variance_epsilon, ...) or the one of _EPS_GUESSES that fits; "compute": "float32" when
+    the module computes in float32 whatever its input (as Meta's reference code does)."""
+    key = id(m)
+    if key in _NORMS_SEEN and _NORMS_SEEN[key][0] is m:
+        return _NORMS_SEEN[key][1]
+    attrs = _recognise_norm(m)
+    _NORMS_SEEN[key] = (m, attrs)
+    return attrs
+
+
+def _recognise_norm(m: nn.Module) -> dict[str, Any] | None:
+    params = dict(m.named_parameters())
+    if set(params) not in ({"weight"}, {"weight", "bias"}) or list(m.buffers()):
+        return None
+    if any(True for _ in m.children()) or params["weight"].dim() != 1:
+        return None
+    width = int(params["weight"].shape[0])
+    if width < 2 or any(p.shape != (width,) for p in params.values()):
+        return None
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, width, generator=g, dtype=torch.float64) * 1e-3  # eps matters
+    state = {n: torch.randn(width, generator=g, dtype=torch.float64) + 1.0 for n in params}
+    try:
+        with torch.no_grad():
+            y = torch.func.functional_call(m, state, (x,))
+    except Exception:  # noqa: BLE001 - not a module of one tensor in, one out
+        return None
+    if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+        return None
+    w, b = state["weight"], state.get("bias")
+    own = [float(getattr(m, n)) for n in NORM_EPS_NAMES if isinstance(getattr(m, n, None), float)]
+    if getattr(m, "eps", 0) is None:  # nn.RMSNorm(eps=None): the dtype's machine epsilon
+        own.append(float(torch.finfo(torch.float64).eps))
+    for eps in (*own, *_EPS_GUESSES):
+        for compute in (torch.float64, torch.float32):
+            xc = x.to(compute)
+            if b is None:
+                r = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
+                ref, name = r.to(x.dtype) * w, "rms"
+            else:
+                ref, name = F.layer_norm(xc, (width,), None, None, eps).to(x.dtype) * w + b, "layer"
+            if torch.allclose(y, ref, rtol=1e-12, atol=0.0):
+                attrs: dict[str, Any] = {"norm": name, "eps": eps}
+                if compute == torch.float32:
+                    attrs["compute"] = "float32"
+                return attrs
+    return None
 
 
 def _trace(
-    module: nn.Module, leaf_modules: tuple[type[nn.Module], ...], name: str
+    module: nn.Module,
+    leaf_modules: tuple[type[nn.Module], ...],
+    name: str,
+    inputs: tuple[Any, ...] = (),
 ) -> fx.GraphModule:
+    params = list(inspect.signature(module.forward).parameters.values())
+    # forward's arguments beyond the example inputs keep their defaults (targets=None: the
+    # branch that returns logits is traced, not the one that computes a loss)
+    concrete = {
+        p.name: p.default for p in params[len(inputs) :] if p.default is not inspect.Parameter.empty
+    }
+    meta = {
+        p.name: _to_meta(x)
+        for p, x in zip(params, inputs, strict=False)
+        if isinstance(x, torch.Tensor) and p.kind is not inspect.Parameter.VAR_POSITIONAL
+    }
     try:
-        graph = _Tracer(leaf_modules).trace(module)
+        # norms are recognised by running them, which cannot happen while fx traces
+        norms = {id(m): norm_of(m) for m in module.modules() if not isinstance(m, leaf_modules)}
+        tracer = _Tracer(leaf_modules, norms)
+        graph = tracer.trace(module, meta, concrete_args=concrete or None)
     except Exception as exc:  # fx raises many kinds: TraceError, TypeError, NotImplementedError
         raise GraphError(f"torch.fx could not trace {name!r}: {type(exc).__name__}: {exc}") from exc
     return fx.GraphModule(module, graph)
@@ -212,7 +386,12 @@ def _run_on_meta(
     counter = FlopCounterMode(display=False)
     recorder = _Recorder(gm, counter, deadline)
     runner = _MetaRun(gm, recorder)
-    state = {k: _to_meta(v) for k, v in runner.state_dict(keep_vars=True).items()}
+    state: dict[str, Any] = {}
+    seen: set[int] = set()
+    for k, v in runner.state_dict(keep_vars=True).items():
+        if id(v) not in seen:  # a tied weight once: functional_call ties the other names
+            seen.add(id(v))
+            state[k] = _to_meta(v)
     # The graph was fixed when traced (train mode keeps e.g. Inception's aux head); leaves run
     # in eval mode so that batch norm accepts a batch of one image and keeps its statistics.
     training = {m: m.training for m in gm.modules()}
@@ -241,10 +420,11 @@ class _Ref:
     """What an fx node stands for: an op's output, an LSTM cell state, a slice of an input op,
     a parameter (get_attr), or nothing (ints, sizes)."""
 
-    kind: str  # "op" | "state" | "select" | "param" | "none"
+    kind: str  # "op" | "state" | "select" | "param" | "none" | "const" | "split"
     op: str = ""
     select: tuple[str, int] | None = None
     params: tuple[tuple[str, torch.Tensor], ...] = ()
+    pieces: tuple[tuple[str, int], ...] = ()  # "split": per piece, (dim, start)
 
 
 @dataclass
@@ -263,8 +443,12 @@ class _Builder:
         values: dict[fx.Node, Any],
         flops: dict[fx.Node, int],
         batch: int,
+        canonical: dict[int, str] | None = None,
     ) -> None:
         self.gm = gm
+        self.canonical = canonical or {}
+        self.declared: list[tuple[fx.Node, nn.Module]] = []  # checked after the build
+        self.node_op: dict[fx.Node, str] = {}
         self.values = values
         self.flops = flops
         self.batch = batch
@@ -278,14 +462,46 @@ class _Builder:
     # entry point -------------------------------------------------------------------------------
 
     def build(self) -> tuple[Op, ...]:
+        self.constant = _constants(self.gm, self.values)
+        regions = find_regions(self.gm, self.values, self.flops, self.constant, self._sequence)
+        self.exit_of = {r.exit: r for r in regions}
+        self.in_region = {n for r in regions for n in r.nodes}
+        self.split_source: dict[fx.Node, fx.Node] = {}
         for node in self.gm.graph.nodes:
             if node.op == "output":
+                self._loss_heads(node)
                 continue
             self.refs[node] = self._visit(node)
         return self._assign_param_groups()
 
+    def _sequence(self, node: fx.Node) -> bool:
+        """Whether node's value is a (batch, length, channel) float tensor."""
+        value = self.values.get(node)
+        return (
+            isinstance(value, torch.Tensor)
+            and value.is_floating_point()
+            and value.dim() == 3
+            and int(value.shape[0]) == self.batch
+        )
+
     def _visit(self, node: fx.Node) -> _Ref:
+        region = self.exit_of.get(node)
+        if region is not None:
+            return self._add(
+                node,
+                "attention",
+                dict(region.attrs),
+                args=[region.q, region.k, region.v],
+                flops=region.flops,
+                name=self._region_name(node),
+            )
+        if node in self.in_region:
+            return _Ref("none")
+        if node in self.constant and node.op != "get_attr":
+            return self._constant(node)
         if node.op == "placeholder":
+            if not isinstance(self.values[node], torch.Tensor):
+                return _Ref("none")  # an argument left at its default (targets=None)
             return self._add(node, "input", {}, name=self._unique(str(node.target)))
         if node.op == "get_attr":
             value = self.values[node]
@@ -302,12 +518,72 @@ class _Builder:
         kind, attrs = self._classify(node)
         return self._add(node, kind, attrs)
 
+    # nodes computed without the inputs, regions, loss heads ----------------------------------
+
+    def _constant(self, node: fx.Node) -> _Ref:
+        """A node computed without the inputs: a position embedding (an embedding of
+        positions 0..T-1, added to the tokens' embedding) is its weight, read by the op that
+        adds it (which uses the rows of its length range); anything else is a constant that
+        only attention may read (a mask, a size)."""
+        if node.op == "call_module" and isinstance(self._module(node), nn.Embedding):
+            index = evaluate_constant(self._tensor_args(node)[0], self.values)
+            rows = int(index.numel()) if isinstance(index, torch.Tensor) else -1
+            if (
+                isinstance(index, torch.Tensor)
+                and index.dim() == 1
+                and torch.equal(index.cpu(), torch.arange(rows, dtype=index.dtype))
+            ):
+                weight = self._module(node).weight
+                assert isinstance(weight, torch.Tensor)
+                return _Ref("param", params=((f"{node.target}.weight", weight),))
+            raise GraphError(
+                f"fx node {node.name!r} ({_target(node)}) looks up rows that do not depend on "
+                "the inputs; layerwise reads that only as positions 0, 1, ..., T-1 "
+                "(torch.arange(T))"
+            )
+        return _Ref("const")
+
+    def _region_name(self, node: fx.Node) -> str:
+        stack = node.meta.get("nn_module_stack") or OrderedDict()
+        prefix = list(stack.values())[-1][0] if stack else ""
+        return self._unique(f"{prefix}.attention" if prefix else "attention")
+
+    def _loss_heads(self, output: fx.Node) -> None:
+        """A model that returns logits (as language models do) is trained on their
+        cross-entropy: each float output with classes that is not a softmax gets a
+        log_softmax op of its own (attr implicit: the model does not compute it; the runtime
+        and its reference apply it to the model's output)."""
+        for arg in _node_args(output):
+            ref = self.refs.get(arg)
+            if ref is None or ref.kind != "op":
+                continue
+            op = self._op(ref.op)
+            if op.kind in ("softmax", "input") or CHANNEL not in op.output.dims:
+                continue
+            if any(p.op.inputs and ref.op in p.op.inputs for p in self.ops):
+                continue  # read by another op too: not only an output
+            out_bytes = op.output.nbytes
+            head = Op(
+                name=self._unique(f"{ref.op}.loss"),
+                kind="softmax",
+                inputs=(ref.op,),
+                output=op.output,
+                params=(),
+                flops=0.0,
+                mem_bytes=float(2 * out_bytes),
+                attrs=Op.make_attrs({"op": "log_softmax", "implicit": True}),
+            )
+            self.ops.append(_Pending(head, ""))
+            self.by_name[head.name] = head
+
     # nodes that carry no compute ---------------------------------------------------------------
 
     def _fold(self, node: fx.Node) -> _Ref | None:
         value = self.values[node]
         if node.op == "call_function" and node.target is operator.getitem:
             return self._getitem(node)
+        if _is_split(node) and isinstance(value, tuple | list):
+            return self._split(node, value)
         if node.op == "call_module" and isinstance(self._module(node), nn.Identity):
             return self._same_as_input(node)
         if node.op == "call_method" and node.target in _NO_OP_METHODS:
@@ -326,11 +602,47 @@ class _Builder:
     def _same_as_input(self, node: fx.Node) -> _Ref:
         return self.refs[self._tensor_args(node)[0]]
 
+    def _split(self, node: fx.Node, pieces: Any) -> _Ref:
+        """split/chunk/unbind of a tensor into pieces along one dim: each piece read (x[i])
+        becomes a slice op."""
+        src = self._tensor_args(node)[0]
+        ref = self.refs[src]
+        value = self.values[src]
+        names = _dim_names(value)
+        if ref.kind != "op" or names is None:
+            raise GraphError(
+                f"fx node {node.name!r} ({_target(node)}) splits {src.name!r}, which is not an "
+                "op's (sample, ...) output"
+            )
+        if node.target in ("unbind", torch.unbind):
+            raise GraphError(
+                f"fx node {node.name!r} ({_target(node)}): unbind removes a dim; use split or "
+                "chunk, which keep it"
+            )
+        dim = int(_arg(node, 2, "dim", 0)) % value.dim()
+        starts, at = [], 0
+        for piece in pieces:
+            starts.append((names[dim], at))
+            at += int(piece.shape[dim])
+        self.split_source[node] = src
+        return _Ref("split", ref.op, pieces=tuple(starts))
+
     def _getitem(self, node: fx.Node) -> _Ref:
         src, index = node.args[0], node.args[1]
         assert isinstance(src, fx.Node)
         ref = self.refs[src]
         src_value = self.values[src]
+        if ref.kind == "split":
+            assert isinstance(index, int)
+            dim, start = ref.pieces[index]
+            names = _dim_names(src_value[0]) or ()
+            size = int(self.values[node].shape[names.index(dim)])
+            return self._add(
+                node,
+                "slice",
+                {"dim": dim, "start": start, "size": size},
+                args=[self.split_source[src]],
+            )
         if isinstance(src_value, tuple | list):
             if ref.kind == "op" and self._op(ref.op).kind == "lstm" and index in (0, 1):
                 return ref if index == 0 else _Ref("state", ref.op)
@@ -368,7 +680,11 @@ class _Builder:
         declared = getattr(type(m), "layerwise_kind", None)
         if declared is not None:
             attrs_fn = getattr(m, "layerwise_attrs", None)
+            self.declared.append((node, m))
             return str(declared), dict(attrs_fn()) if callable(attrs_fn) else {}
+        found = None if isinstance(m, nn.LayerNorm | nn.BatchNorm2d) else norm_of(m)
+        if found is not None:
+            return "norm", dict(found)
         if isinstance(m, nn.Conv2d):
             return "conv2d", _conv_attrs(node, m)
         if isinstance(m, nn.MaxPool2d | nn.AvgPool2d):
@@ -384,6 +700,8 @@ class _Builder:
             if len(m.normalized_shape) != 1:
                 raise GraphError(f"LayerNorm {node.target!r} must normalize the last dim only")
             return "norm", {"norm": "layer"}
+        if isinstance(m, nn.GELU) and m.approximate == "tanh":
+            return "elementwise", {"op": "gelu_tanh"}
         if isinstance(m, _ACTIVATION_MODULES):
             return "elementwise", {"op": type(m).__name__.lower()}
         if isinstance(m, nn.Linear):
@@ -403,6 +721,8 @@ class _Builder:
 
     def _classify_function(self, node: fx.Node) -> tuple[str, dict[str, Any]]:
         t = node.target
+        if t is F.gelu and _arg(node, 1, "approximate", "none") == "tanh":
+            return "elementwise", {"op": "gelu_tanh"}
         if t in _POINTWISE_FUNCTIONS:
             return "elementwise", {"op": _fn_name(t)}
         if t in _SOFTMAX_FUNCTIONS:
@@ -496,20 +816,30 @@ class _Builder:
     # op construction -----------------------------------------------------------------------------
 
     def _add(
-        self, node: fx.Node, kind: str, attrs: dict[str, Any], name: str | None = None
+        self,
+        node: fx.Node,
+        kind: str,
+        attrs: dict[str, Any],
+        name: str | None = None,
+        args: list[fx.Node] | None = None,
+        flops: int | None = None,
     ) -> _Ref:
+        """Node as an op of `kind`; `args` replaces the fx nodes it reads (an attention
+        region's q, k, v; a slice's source), `flops` its counted FLOPs."""
         value = self.values[node]
         out_value = value[0] if kind == "lstm" and isinstance(value, tuple | list) else value
         output = self._tensor(node, out_value)
-        inputs, params = self._inputs(node, kind, attrs)
+        reads = _node_args(node) if args is None else args
+        inputs, params = self._inputs(node, kind, attrs, reads)
         if kind != "input" and not inputs:
             raise GraphError(
                 f"fx node {node.name!r} ({_target(node)}) reads no activation tensor "
                 "(only parameters or constants); fold it into the module that uses it"
             )
         owner, module_params = self._module_params(node)
-        params = module_params + params
+        params = [(self.canonical.get(id(p), n), p) for n, p in module_params + params]
         op_name = name or self._op_name(node)
+        self.node_op[node] = op_name
         param_objs = tuple(p for _, p in params)
         op = Op(
             name=op_name,
@@ -517,8 +847,8 @@ class _Builder:
             inputs=tuple(inputs),
             output=output,
             params=tuple(Param(n, tuple(p.shape), p.element_size()) for n, p in params),
-            flops=float(self.flops.get(node, 0)),
-            mem_bytes=float(self._mem_bytes(node, kind, param_objs)),
+            flops=float(self.flops.get(node, 0) if flops is None else flops),
+            mem_bytes=float(self._mem_bytes(node, kind, param_objs, reads)),
             attrs=Op.make_attrs(attrs),
         )
         owner = owner or "+".join(n for n, _ in params)
@@ -527,12 +857,23 @@ class _Builder:
         return _Ref("op", op_name)
 
     def _inputs(
-        self, node: fx.Node, kind: str, attrs: dict[str, Any]
+        self, node: fx.Node, kind: str, attrs: dict[str, Any], reads: list[fx.Node]
     ) -> tuple[list[str], list[tuple[str, torch.Tensor]]]:
         inputs: list[str] = []
         params: list[tuple[str, torch.Tensor]] = []
-        for arg in _node_args(node):
+        for arg in reads:
             ref = self.refs[arg]
+            if ref.kind == "const" and isinstance(self.values.get(arg), torch.Tensor):
+                raise GraphError(
+                    f"fx node {node.name!r} ({_target(node)}) reads {arg.name!r}, a tensor "
+                    "computed without the inputs (from shapes or buffers); layerwise reads "
+                    "such tensors only as attention masks and position indices"
+                )
+            if ref.kind == "split":
+                raise GraphError(
+                    f"fx node {node.name!r} ({_target(node)}) reads the pieces of "
+                    f"{arg.name!r} together; read them one by one (q, k, v = x.split(...))"
+                )
             if ref.kind == "param":
                 params.extend(ref.params)
             elif ref.kind == "op":
@@ -561,8 +902,10 @@ class _Builder:
         path = str(node.target)
         return path, [(f"{path}.{n}", p) for n, p in self._module(node).named_parameters()]
 
-    def _mem_bytes(self, node: fx.Node, kind: str, params: tuple[torch.Tensor, ...]) -> int:
-        moved = sum(_nbytes(self.values[a]) for a in _node_args(node))
+    def _mem_bytes(
+        self, node: fx.Node, kind: str, params: tuple[torch.Tensor, ...], reads: list[fx.Node]
+    ) -> int:
+        moved = sum(_nbytes(self.values[a]) for a in reads)
         out = _nbytes(self.values[node])
         if kind == "embedding":  # a lookup reads the rows it gathers, not the whole table
             return moved + 2 * out
@@ -663,6 +1006,33 @@ class _Builder:
             "Softmax, Flatten, Identity and modules with a `layerwise_kind`; functions: "
             "pointwise math, torch.cat, torch.flatten, softmax, pooling"
         )
+
+
+def _constants(gm: fx.GraphModule, values: dict[fx.Node, Any]) -> set[fx.Node]:
+    """The nodes whose values do not depend on the inputs' values: parameters and buffers,
+    sizes, and what is computed from them alone (arange, ones, tril, a buffer's slice)."""
+    out: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            out.add(node)
+        elif node.op in ("call_function", "call_method", "call_module"):
+            value = values.get(node)
+            reads = _node_args(node)
+            constant = not _is_tensor_like(value) or all(a in out for a in reads)
+            if constant and (node.op != "call_module" or reads):
+                out.add(node)
+    return out
+
+
+def _is_split(node: fx.Node) -> bool:
+    if node.op == "call_method":
+        return node.target in ("split", "chunk", "unbind", "tensor_split")
+    return node.op == "call_function" and node.target in (
+        torch.split,
+        torch.chunk,
+        torch.unbind,
+        torch.tensor_split,
+    )
 
 
 def _replace_group(op: Op, group: str) -> Op:

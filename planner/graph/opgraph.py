@@ -356,9 +356,12 @@ def _check_dim(op: Op, pos: int, dim: str, size: int, m: DimMap) -> None:
     expected = {
         "same": size,
         "window": _window_out(size, m),
+        "group": size * m.stride,
     }.get(m.kind)
-    if m.kind == "offset":
-        ok = m.offset >= 0 and m.offset + size <= out_size
+    if m.kind == "offset" and op.kind == "slice":  # [-offset, -offset + out) of the input
+        ok = -m.offset + out_size <= size
+    elif m.kind == "offset":  # a concat's piece: at [offset, offset + size) of the output
+        ok = m.offset + size <= out_size
     else:
         ok = expected == out_size
     if not ok:

@@ -34,10 +34,14 @@ class DimMap:
     "window": output index o needs inputs [o*stride - pad, o*stride - pad + extent) (clipped),
     with extent = dilation*(kernel-1)+1;
     "offset": input range = output range of `out_dim` shifted by -offset, clipped to the input
-    (the input occupies [offset, offset + size) of the output, as in concat).
+    (the input occupies [offset, offset + size) of the output, as in concat; a negative offset
+    reads a slice of the input);
+    "group": grouped-query attention's k and v: output channels [a, b) are query heads
+    [a / kernel, b / kernel) of `kernel` channels, and query head h reads key head h // stride,
+    so the input range is key heads [a // kernel // stride, ceil(b / kernel / stride)).
     """
 
-    kind: Literal["same", "full", "window", "offset"]
+    kind: Literal["same", "full", "window", "offset", "group"]
     out_dim: str = ""
     kernel: int = 1
     stride: int = 1
@@ -117,7 +121,7 @@ KINDS: dict[str, KindSpec] = {
             "norm",
             {SAMPLE: "S", HEIGHT: "A", WIDTH: "A", LENGTH: "A", CHANNEL: "P"},
             "bytes",
-            "batch norm (per channel) or layer norm (over channel: channel not split)",
+            "batch norm (per channel), layer or RMS norm (over channel: channel not split)",
         ),
         _spec(
             "elementwise",
@@ -130,6 +134,13 @@ KINDS: dict[str, KindSpec] = {
             {SAMPLE: "S", HEIGHT: "A", WIDTH: "A", LENGTH: "A", CHANNEL: "A"},
             "bytes",
             "concatenation along attr 'dim'",
+        ),
+        _spec(
+            "slice",
+            {SAMPLE: "S", HEIGHT: "A", WIDTH: "A", LENGTH: "A", CHANNEL: "A"},
+            "bytes",
+            "a contiguous range [start, start + size) of its input along attr 'dim' (a piece "
+            "of split or chunk: the q, k, v of a fused projection)",
         ),
         _spec("flatten", {SAMPLE: "S"}, "bytes", "reshape to (sample, channel)"),
         _spec(
@@ -158,7 +169,7 @@ def parallel_dims(op: Op) -> tuple[str, ...]:
     """The output dims `op` may split, in the order of its output tensor."""
     soap = kind_spec(op.kind).soap
     dims = [d for d in op.output.dims if d in soap]
-    if op.attr("norm") == "layer":  # layer norm (alone or folded) normalizes over channel
+    if op.attr("norm") in ("layer", "rms"):  # (alone or folded) normalizes over channel
         dims = [d for d in dims if d != CHANNEL]
     return tuple(dims)
 
@@ -171,8 +182,11 @@ def parameter_dims(op: Op) -> tuple[str, ...]:
 
 def split_unit(op: Op, dim: str) -> int:
     """The granularity of a split along `dim` (attention splits channel by whole heads)."""
-    if op.kind == "attention" and dim == CHANNEL:
-        return op.output.size(CHANNEL) // int(op.attr("heads", 1))
+    if op.kind == "attention" and dim == CHANNEL:  # whole heads; with fewer k/v heads, whole
+        # groups of the query heads that share one (a task then reads whole k/v heads)
+        heads = int(op.attr("heads", 1))
+        group = heads // int(op.attr("kv_heads", heads))
+        return op.output.size(CHANNEL) // heads * group
     if op.kind == "conv2d" and dim == CHANNEL:
         groups = int(op.attr("groups", 1))
         return op.output.size(CHANNEL) // groups if groups > 1 else 1
@@ -213,14 +227,20 @@ def _dim_map(op: Op, index: int, dim: str, out: tuple[str, ...]) -> DimMap:
         return DimMap("full")
     if kind == "concat" and dim == op.attr("dim"):
         return DimMap("offset", dim, offset=int(op.attr("offsets")[index]))
+    if kind == "slice" and dim == op.attr("dim"):  # input range = output range + start
+        return DimMap("offset", dim, offset=-int(op.attr("start")))
     if kind == "attention":
         # q rows follow the output rows; k and v are read whole along length.
         if dim == LENGTH and index > 0:
             return DimMap("full")
+        group = int(op.attr("heads", 1)) // int(op.attr("kv_heads", op.attr("heads", 1)))
+        if dim == CHANNEL and index > 0 and group > 1:
+            head = op.output.size(CHANNEL) // int(op.attr("heads", 1))
+            return DimMap("group", CHANNEL, kernel=head, stride=group)
         return DimMap("same", dim) if dim in out else DimMap("full")
     if kind in ("linear", "lstm", "rnn_attention", "flatten", "softmax") and dim == CHANNEL:
         return DimMap("full")
-    if kind == "norm" and dim == CHANNEL and op.attr("norm") == "layer":
+    if kind == "norm" and dim == CHANNEL and op.attr("norm") in ("layer", "rms"):
         return DimMap("full")
     if kind in ("linear", "lstm", "rnn_attention", "flatten") and dim not in (LENGTH,):
         return DimMap("full")

@@ -756,6 +756,39 @@ MODELS: dict[str, ModelInfo] = {
 }
 
 
+def _llm(
+    device: torch.device, name: str = "", batch: int = 8, seq: int = 1024, **config: Any
+) -> Any:
+    from planner.graph.llm import build_llm
+
+    return build_llm(name, device=device, batch=batch, seq=seq, **config)
+
+
+def _llm_entries() -> list[ModelInfo]:
+    """GPT-2 and Llama as their authors write them (`planner.graph.llm`), at published sizes:
+    batch 8, sequence 1024 (GPT-2) or 2048 (Llama); dropout 0 as nanoGPT pretrains."""
+    import dataclasses
+    from functools import partial
+
+    from planner.graph.llm import LLM_SIZES, GPT2Config
+
+    out = []
+    for name, config in LLM_SIZES.items():
+        fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        gpt = isinstance(config, GPT2Config)
+        if isinstance(config, GPT2Config):
+            fields["dropout"] = 0.0
+            what = f"GPT-2 ({config.n_layer} layers, width {config.n_embd}), nanoGPT's code"
+        else:
+            what = f"Llama ({config.n_layers} layers, width {config.dim}), Meta's reference code"
+        defaults = {"batch": 8, "seq": 1024 if gpt else 2048, **fields}
+        out.append(ModelInfo(name, partial(_llm, name=name), what, defaults))
+    return out
+
+
+MODELS.update({m.name: m for m in _llm_entries()})
+
+
 def list_models() -> list[str]:
     """The zoo's model names."""
     return list(MODELS)

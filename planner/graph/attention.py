@@ -1,0 +1,886 @@
+"""Attention written as tensor code, found in a traced graph and read as one `attention` op.
+
+A transformer's attention is written as people write it: q, k and v (sample, length,
+channel) tensors are viewed into heads (`view`/`reshape`, `transpose`/`permute`), multiplied
+(`q @ k.transpose(-2, -1)`, `matmul`, `bmm`, `einsum`) or handed to
+`F.scaled_dot_product_attention`, masked (`masked_fill`/`where` with a causal mask built from
+`torch.ones(...).tril()`, a registered `tril` buffer, or `is_causal=True`), scaled, softmaxed,
+multiplied by v, and merged back to (sample, length, channel). Capture
+(`planner.graph.capture`) does not give each of those an op kind: the search could not split
+them any better than the attention op does, and the runtime computes attention with one
+kernel. Instead `find_regions` tracks which tensors are in head form and returns each
+connected region of them as an `AttentionRegion`: its three entry tensors (q, k, v, in
+(sample, length, channel) form), its exit (the merge back), and the attrs of the op it
+computes (heads, kv_heads, causal, scale), read from the code's structure:
+
+- a tensor is *in head form* when it comes from a view, reshape, transpose or permute of a
+  (sample, length, channel) tensor that changes its shape, or from any op that reads one;
+  the region ends where a view or reshape gives back a (batch, length, channel) tensor;
+- q, k, v are the (sample, length, channel) tensors the attention product's operands come
+  from: SDPA's three arguments, or the operands of the product whose result is softmaxed
+  (q, k) and of the product that reads the softmax (v);
+- heads and the head size come from q's head-form shape, kv_heads from k's channels;
+- scale: SDPA's `scale` (default 1/sqrt(head size)) or 1, times every constant factor
+  (`* c`, `/ c`) on the way from q or k to the softmax;
+- causal: `is_causal=True`, or a mask computed without the inputs (from shapes and
+  buffers) that involves `tril` or `triu`. A mask computed from the inputs (padding) is
+  refused: the attention op has none.
+
+Anything else in a region (an op that is not a shape op, a product, a mask, a scale, a
+softmax or a dropout) is refused with a GraphError naming it.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+from planner.errors import GraphError
+
+__all__ = [
+    "AttentionRegion",
+    "attention_math",
+    "evaluate_constant",
+    "find_regions",
+    "rope_table",
+]
+
+_SHAPE_METHODS = {
+    "view",
+    "reshape",
+    "transpose",
+    "permute",
+    "contiguous",
+    "unflatten",
+    "flatten",
+    "expand",
+    "unsqueeze",
+    "squeeze",
+    "repeat_interleave",
+    "float",
+    "type_as",
+    "to",
+}
+_SHAPE_FUNCTIONS: set[Any] = {
+    torch.reshape,
+    torch.transpose,
+    torch.permute,
+    torch.unsqueeze,
+    torch.squeeze,
+    torch.flatten,
+    torch.repeat_interleave,
+}
+_ENTRY_METHODS = {"view", "reshape", "transpose", "permute", "unflatten"}
+_ENTRY_FUNCTIONS: set[Any] = {torch.reshape, torch.transpose, torch.permute}
+_PRODUCT_FUNCTIONS: set[Any] = {torch.matmul, torch.bmm, operator.matmul, torch.einsum}
+_PRODUCT_METHODS = {"matmul", "bmm", "__matmul__"}
+_SOFTMAX_FUNCTIONS: set[Any] = {F.softmax, torch.softmax}
+_MASK_FUNCTIONS: set[Any] = {torch.masked_fill, torch.where}
+_MASK_METHODS = {"masked_fill", "masked_fill_"}
+_SCALE_FUNCTIONS: set[Any] = {operator.mul, operator.truediv, torch.mul, torch.div}
+_SCALE_METHODS = {"mul", "div", "__mul__", "__truediv__", "mul_", "div_"}
+_DROPOUT_FUNCTIONS: set[Any] = {F.dropout}
+_TRIANGLES = {"tril", "triu"}
+VERIFY_SIZE = 2**27  # score elements (q elements x key length) up to which a region is checked
+# rotary position embeddings: q * cos + rotate_half(q) * sin, rotate_half(x) = cat(-x2, x1)
+_ROPE_METHODS = {"neg", "__neg__", "add", "__add__", "mul", "__mul__"}
+_ROPE_FUNCTIONS: set[Any] = {
+    operator.neg,
+    operator.add,
+    operator.mul,
+    torch.neg,
+    torch.add,
+    torch.mul,
+    torch.cat,
+}
+
+
+@dataclass
+class AttentionRegion:
+    """One attention computation in the traced graph (see the module docstring)."""
+
+    nodes: set[fx.Node]  # the region's head-form nodes and the constants only they read
+    exit: fx.Node  # its output, back in (sample, length, channel) form
+    q: fx.Node
+    k: fx.Node
+    v: fx.Node
+    attrs: dict[str, Any] = field(default_factory=dict)
+    flops: int = 0
+
+
+def find_regions(
+    gm: fx.GraphModule,
+    values: dict[fx.Node, Any],
+    flops: dict[fx.Node, int],
+    constant: set[fx.Node],
+    sequence: Callable[[fx.Node], bool],
+) -> list[AttentionRegion]:
+    """The attention regions of `gm`. `values` are the nodes' meta values, `constant` the
+    nodes computed without the inputs, and `sequence(n)` says whether node n is a
+    (sample, length, channel) tensor of an op that capture maps (a region's possible entry)."""
+    inside: set[fx.Node] = set()
+    exits: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method", "call_module") or node in constant:
+            continue
+        reads = [a for a in _args(node) if a not in constant]
+        if any(a in inside for a in reads):
+            if _is_exit(node, values, sequence):
+                exits.add(node)
+            else:
+                inside.add(node)
+        elif _is_entry(node, reads, values, sequence):
+            inside.add(node)
+    if not inside:
+        return []
+    regions = []
+    for group in _components(inside):
+        out = [e for e in exits if any(a in group for a in _args(e))]
+        regions.append(_region(gm, group, out, values, flops, constant))
+    return regions
+
+
+# -- region membership ----------------------------------------------------------------------
+
+
+def _is_entry(
+    node: fx.Node, reads: list[fx.Node], values: dict[fx.Node, Any], sequence: Callable
+) -> bool:
+    """A shape op that takes a (sample, length, channel) tensor out of that form."""
+    if not reads or not sequence(reads[0]) or not isinstance(values[node], torch.Tensor):
+        return False
+    shaped = (node.op == "call_method" and node.target in _ENTRY_METHODS) or (
+        node.op == "call_function" and node.target in _ENTRY_FUNCTIONS
+    )
+    if not shaped:
+        return node.op == "call_function" and node.target is F.scaled_dot_product_attention
+    return tuple(values[node].shape) != tuple(values[reads[0]].shape) or _is_swap(node)
+
+
+def _is_swap(node: fx.Node) -> bool:
+    """A transpose or permute that moves dims (a square tensor keeps its shape)."""
+    return node.target in ("transpose", "permute", torch.transpose, torch.permute)
+
+
+def _is_exit(node: fx.Node, values: dict[fx.Node, Any], sequence: Callable) -> bool:
+    reshape = (node.op == "call_method" and node.target in ("view", "reshape", "flatten")) or (
+        node.op == "call_function" and node.target in (torch.reshape, torch.flatten)
+    )
+    return reshape and sequence(node)
+
+
+def _components(nodes: set[fx.Node]) -> list[set[fx.Node]]:
+    parent = {n: n for n in nodes}
+
+    def find(n: fx.Node) -> fx.Node:
+        while parent[n] is not n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for n in nodes:
+        for a in _args(n):
+            if a in nodes:
+                parent[find(a)] = find(n)
+    groups: dict[fx.Node, set[fx.Node]] = {}
+    for n in nodes:
+        groups.setdefault(find(n), set()).add(n)
+    order = {n: i for i, n in enumerate(next(iter(nodes)).graph.nodes)}
+    return sorted(groups.values(), key=lambda g: min(order[n] for n in g))
+
+
+# -- reading one region ---------------------------------------------------------------------
+
+
+def _region(
+    gm: fx.GraphModule,
+    group: set[fx.Node],
+    exits: list[fx.Node],
+    values: dict[fx.Node, Any],
+    flops: dict[fx.Node, int],
+    constant: set[fx.Node],
+) -> AttentionRegion:
+    where = _where(group)
+    if len(exits) != 1:
+        raise GraphError(
+            f"the tensor code at {where} leaves (sample, length, channel) form and "
+            + (
+                "never comes back to it (view or reshape it to (batch, length, channel))"
+                if not exits
+                else f"comes back {len(exits)} times; layerwise reads such code only as one "
+                "attention (q, k, v viewed into heads, their products, a mask and a softmax)"
+            )
+        )
+    exit_node = exits[0]
+    for n in group:
+        _check_allowed(gm, n, constant)
+    sdpa = [n for n in group if _is_call(n, F.scaled_dot_product_attention)]
+    softmax = [n for n in group if _is_softmax(n)]
+    if len(sdpa) + len(softmax) != 1:
+        raise GraphError(
+            f"the tensor code at {where} has {len(sdpa)} scaled_dot_product_attention and "
+            f"{len(softmax)} softmax calls; layerwise reads it as attention only with exactly "
+            "one of them"
+        )
+    consts = {a for n in group for a in _args(n) if a in constant}
+    if sdpa:
+        q_op, k_op, v_op, scale, causal = _read_sdpa(sdpa[0], values, constant, group)
+    else:
+        q_op, k_op, v_op, scale, causal = _read_manual(softmax[0], values, constant, group)
+    q, k, v = (
+        _entry(x, group, values, constant, where, role)
+        for x, role in ((q_op, "q"), (k_op, "k"), (v_op, "v"))
+    )
+    q4 = values[q_op]
+    if q4.dim() != 4:
+        raise GraphError(
+            f"the attention at {where} multiplies q of shape {tuple(q4.shape)}; layerwise "
+            "reads attention over (batch, heads, length, head size) tensors"
+        )
+    heads, head = int(q4.shape[1]), int(q4.shape[3])
+    channels = [int(values[x].shape[-1]) for x in (q, k, v)]
+    out_channels = int(values[exit_node].shape[-1])
+    if channels[0] != heads * head or out_channels != heads * head:
+        raise GraphError(
+            f"the attention at {where}: q has {channels[0]} channels and the output "
+            f"{out_channels}, not heads x head size = {heads} x {head}"
+        )
+    if channels[1] != channels[2] or channels[1] % head or heads % (channels[1] // head):
+        raise GraphError(
+            f"the attention at {where}: k and v have {channels[1]} and {channels[2]} channels; "
+            f"layerwise needs whole heads of {head} that divide the {heads} query heads"
+        )
+    scale *= _factors(q_op, q, group, values) * _factors(k_op, k, group, values)
+    attrs: dict[str, Any] = {
+        "heads": heads,
+        "kv_heads": channels[1] // head,
+        "causal": causal,
+        "scale": scale,
+    }
+    if any(_mentions(c, _TRIANGLES) for c in consts) and not causal:
+        raise GraphError(
+            f"the attention at {where} builds a triangular mask that is not read as causal; "
+            "layerwise reads masked_fill(~tril, -inf), masked_fill(tril == 0, -inf) and "
+            "is_causal=True"
+        )
+    tables = _rope_tables(group, consts, values, where)
+    if tables is not None:
+        attrs["rope"] = "half"
+        attrs["rope_tables"] = [tables[0].name, tables[1].name]
+    if any(_is_float32_cast(n) for n in group):
+        attrs["softmax"] = "float32"  # the model computes its softmax in float32
+    region = AttentionRegion(
+        group | consts, exit_node, q, k, v, attrs, sum(flops.get(n, 0) for n in group)
+    )
+    _verify(gm, region, values, where)
+    return region
+
+
+def _rope_tables(
+    group: set[fx.Node], consts: set[fx.Node], values: dict[fx.Node, Any], where: str
+) -> tuple[fx.Node, fx.Node] | None:
+    """(cos, sin): the constant float tables that multiply q and k (sin the rotated half's),
+    or None when the attention has no rotary embedding."""
+    cos: set[fx.Node] = set()
+    sin: set[fx.Node] = set()
+    for n in group:
+        if not (
+            _is_call(n, operator.mul) or _is_call(n, torch.mul) or n.target in ("mul", "__mul__")
+        ):
+            continue
+        args = [a for a in n.args if isinstance(a, fx.Node)]
+        table = [a for a in args if a in consts and _is_float_table(values.get(a))]
+        other = [a for a in args if a in group]
+        if len(table) != 1 or len(other) != 1:
+            continue
+        (sin if _rotated(other[0], group) else cos).add(table[0])
+    if not cos and not sin:
+        return None
+    if len(cos) != 1 or len(sin) != 1:
+        raise GraphError(
+            f"the attention at {where} multiplies q or k by constant tables ({len(cos)} "
+            f"and {len(sin)} of them); layerwise reads one cos and one sin table (rotary "
+            "embeddings in the rotate-half form: q * cos + rotate_half(q) * sin)"
+        )
+    return cos.pop(), sin.pop()
+
+
+def _is_float_table(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() >= 2
+
+
+def _rotated(node: fx.Node, group: set[fx.Node]) -> bool:
+    """Whether `node` is (a view of) a torch.cat: rotate_half's output."""
+    while node in group:
+        if _is_call(node, torch.cat):
+            return True
+        if not (node.op == "call_method" and node.target in _SHAPE_METHODS):
+            return False
+        node = node.args[0]  # type: ignore[assignment]
+    return False
+
+
+def _is_float32_cast(n: fx.Node) -> bool:
+    if n.op != "call_method":
+        return False
+    if n.target == "float":
+        return True
+    return n.target == "to" and (torch.float32 in n.args or n.kwargs.get("dtype") == torch.float32)
+
+
+def _verify(
+    gm: fx.GraphModule, region: AttentionRegion, values: dict[fx.Node, Any], where: str
+) -> None:
+    """Run the region's own code on random q, k, v (float64, CPU) and compare it with the
+    attention op it was read as (`attention_math`); GraphError on a difference. Skipped when
+    a constant it reads cannot be computed here (a buffer on the meta device): the runtime's
+    `--check` compares the whole model then."""
+    memo: dict[fx.Node, Any] = {}
+    entries = (region.q, region.k, region.v)
+    order = [n for n in gm.graph.nodes if n in region.nodes or n is region.exit]
+    constants = [
+        n
+        for n in order
+        if n.op == "get_attr" or not any(a in region.nodes or a in entries for a in _args(n))
+    ]
+    for n in constants:  # first: on the meta device there is nothing to compare
+        value = _evaluate(n, memo, values)
+        if value is None and isinstance(values.get(n), torch.Tensor):
+            return  # a constant not computable here (a meta buffer)
+    q, k = values[region.q], values[region.k]
+    if q.numel() * k.shape[1] > VERIFY_SIZE:
+        return  # too big to compute here: the runtime's --check compares the model
+    g = torch.Generator().manual_seed(0)
+    for x in entries:
+        memo[x] = torch.randn(tuple(values[x].shape), generator=g, dtype=torch.float64)
+    for n in order:
+        if n in memo or n in constants:
+            continue
+        try:
+            memo[n] = _run_node(gm, n, memo, values)
+        except Exception:  # noqa: BLE001 - e.g. a view of a float64 input; not checkable
+            return
+    got = memo.get(region.exit)
+    if not isinstance(got, torch.Tensor):
+        return
+    tables = None
+    if region.attrs.get("rope"):
+        named = {n.name: n for n in region.nodes}
+        cos, sin = (
+            rope_table(memo[named[t]] if named[t] in memo else _evaluate(named[t], memo, values))
+            for t in region.attrs["rope_tables"]
+        )
+        tables = (cos, sin)
+    want = attention_math(
+        memo[region.q], memo[region.k], memo[region.v], region.attrs, tables=tables
+    )
+    scale = float(want.abs().max()) or 1.0
+    error = float((got.to(want.dtype) - want).abs().max()) / scale
+    limit = 1e-5 if region.attrs.get("softmax") == "float32" else 1e-9
+    if not error <= limit:
+        raise GraphError(
+            f"the attention at {where} was read as {_summary(region.attrs)}, but its code "
+            f"computes something else (relative difference {error:.2g} on a random input); "
+            "layerwise reads causal or full attention, rotary tables in the rotate-half form "
+            "and constant scales"
+        )
+
+
+def _run_node(gm: fx.GraphModule, n: fx.Node, memo: dict[fx.Node, Any], values: dict) -> Any:
+    def get(a: fx.Node) -> Any:
+        return memo[a] if a in memo else _evaluate(a, memo, values)
+
+    args = fx.node.map_arg(n.args, get)
+    kwargs = dict(fx.node.map_arg(n.kwargs, get))
+    if "device" in kwargs:
+        kwargs["device"] = torch.device("cpu")
+    if n.op == "call_module":
+        mod = gm.get_submodule(str(n.target))
+        if isinstance(mod, nn.Dropout):
+            return args[0]  # attention dropout: compared without it
+        return mod(*args, **kwargs)
+    if n.op == "call_function":
+        if n.target is F.dropout:
+            return args[0]
+        return n.target(*args, **kwargs)  # type: ignore[operator]
+    return getattr(args[0], str(n.target))(*args[1:], **kwargs)
+
+
+def _summary(attrs: dict[str, Any]) -> str:
+    parts = [f"{attrs['heads']} heads", f"{attrs['kv_heads']} k/v heads"]
+    parts.append("causal" if attrs["causal"] else "not masked")
+    parts.append(f"scale {attrs['scale']:.4g}")
+    if attrs.get("rope"):
+        parts.append("rotary (rotate-half)")
+    return "attention (" + ", ".join(parts) + ")"
+
+
+def rope_table(value: torch.Tensor) -> torch.Tensor:
+    """A cos or sin table as (positions, head size): its size-1 dims dropped (tables are
+    often shaped to broadcast, e.g. (1, 1, T, d))."""
+    squeezed = value.reshape([s for s in value.shape if s != 1])
+    if squeezed.dim() == 3:  # one table per sample (position ids per row): all rows alike
+        squeezed = squeezed[0]
+    if squeezed.dim() != 2:
+        raise GraphError(f"a rotary table of shape {tuple(value.shape)} is not (positions, dims)")
+    return squeezed
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def attention_math(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attrs: dict[str, Any] | Any,
+    q_start: int = 0,
+    heads: int | None = None,
+    tables: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The attention op on (sample, length, channel) q, k, v: `heads` heads in q (default:
+    the op's; a task holds fewer), k and v with the heads their channels hold (each shared by
+    a group of q's), the causal mask at q's positions [q_start, q_start + length), the scale,
+    the rotary tables (positions x head size) and a float32 softmax as attrs say."""
+    get = attrs.get if isinstance(attrs, dict) else attrs.attr
+    n, lq, c = q.shape
+    lk = k.shape[1]
+    heads = int(get("heads", 1)) if heads is None else heads
+    d = c // heads
+    kv = k.shape[-1] // d
+    scale = get("scale")
+
+    def split(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(n, -1, x.shape[-1] // d, d).transpose(1, 2)
+
+    qh, kh, vh = split(q), split(k), split(v)
+    if get("rope"):
+        if tables is None:  # no values (cost measurements): the same work, identity rotation
+            tables = (
+                torch.ones(q_start + lq + lk, d, dtype=q.dtype),
+                torch.zeros(q_start + lq + lk, d, dtype=q.dtype),
+            )
+        cos, sin = (t.to(q.device, q.dtype) for t in tables)
+        qh = qh * cos[q_start : q_start + lq] + rotate_half(qh) * sin[q_start : q_start + lq]
+        kh = kh * cos[:lk] + rotate_half(kh) * sin[:lk]
+    if kv != heads:  # each k/v head serves heads // kv query heads
+        kh = kh.repeat_interleave(heads // kv, dim=1)
+        vh = vh.repeat_interleave(heads // kv, dim=1)
+    mask = None
+    causal = False
+    if get("causal", False):
+        if q_start == 0 and lq == lk:
+            causal = True
+        else:
+            rows = torch.arange(q_start, q_start + lq, device=q.device).unsqueeze(1)
+            mask = rows >= torch.arange(lk, device=q.device).unsqueeze(0)
+    s = None if scale is None else float(scale)
+    if get("softmax") == "float32":  # as the model: scores in its dtype, softmax in float32
+        scores = (qh @ kh.transpose(-2, -1)) * (s if s is not None else 1 / math.sqrt(d))
+        if causal:
+            mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril()
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        y = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ vh
+    else:
+        y = F.scaled_dot_product_attention(qh, kh, vh, mask, is_causal=causal, scale=s)
+    return y.transpose(1, 2).reshape(n, lq, c)
+
+
+def _check_allowed(gm: fx.GraphModule, n: fx.Node, constant: set[fx.Node]) -> None:
+    if n.op == "call_module":
+        m = gm.get_submodule(str(n.target))
+        if isinstance(m, nn.Dropout | nn.Identity | nn.Softmax):
+            return
+    elif (
+        n.op == "call_method"
+        and n.target
+        in (
+            _SHAPE_METHODS
+            | _PRODUCT_METHODS
+            | _MASK_METHODS
+            | _SCALE_METHODS
+            | _ROPE_METHODS
+            | {"softmax"}
+        )
+        or n.op == "call_function"
+        and (
+            n.target
+            in _SHAPE_FUNCTIONS
+            | _PRODUCT_FUNCTIONS
+            | _SOFTMAX_FUNCTIONS
+            | _MASK_FUNCTIONS
+            | _SCALE_FUNCTIONS
+            | _DROPOUT_FUNCTIONS
+            | _ROPE_FUNCTIONS
+            | {F.scaled_dot_product_attention, operator.getitem}
+        )
+    ):
+        return
+    raise GraphError(
+        f"fx node {n.name!r} ({_describe(n)}) computes on attention heads; layerwise reads "
+        "head-form code only as attention: views, transposes, matmul/@/bmm/einsum, "
+        "scaled_dot_product_attention, masked_fill/where with a causal mask, scaling by a "
+        "constant, softmax and dropout"
+    )
+
+
+def _read_sdpa(
+    n: fx.Node, values: dict[fx.Node, Any], constant: set[fx.Node], group: set[fx.Node]
+) -> tuple[fx.Node, fx.Node, fx.Node, float, bool]:
+    q, k, v = (_argument(n, i, name) for i, name in enumerate(("query", "key", "value")))
+    mask = _argument(n, 3, "attn_mask")
+    causal = bool(_argument(n, 5, "is_causal") or False)
+    dropout = _argument(n, 4, "dropout_p") or 0.0
+    scale = _argument(n, 6, "scale")
+    head = int(values[q].shape[-1])
+    if isinstance(dropout, fx.Node) or float(dropout) != 0.0:
+        raise GraphError(
+            f"{_where({n})}: scaled_dot_product_attention with dropout_p={dropout}; "
+            "layerwise computes attention without dropout: pass dropout_p=0.0"
+        )
+    if mask is not None:
+        causal = causal or _causal_mask(mask, constant, n, values)
+    if _argument(n, 7, "enable_gqa"):
+        pass  # k and v have fewer heads: kv_heads comes from their channels
+    return q, k, v, 1 / math.sqrt(head) if scale is None else float(scale), causal
+
+
+def _read_manual(
+    soft: fx.Node, values: dict[fx.Node, Any], constant: set[fx.Node], group: set[fx.Node]
+) -> tuple[fx.Node, fx.Node, fx.Node, float, bool]:
+    dim = _argument(soft, 1, "dim")
+    if dim is not None and int(dim) % values[soft].dim() != values[soft].dim() - 1:
+        raise GraphError(f"{_where({soft})}: attention's softmax must run over the last dim")
+    # back from the softmax to the product q @ k^T, through masks and constant factors
+    scale, causal, node = 1.0, False, _tensor_arg(soft, constant)
+    while not _is_product(node):
+        if _is_mask(node):
+            fill = _argument(node, 2, "value") if node.target != torch.where else node.args[2]
+            if not isinstance(fill, int | float) or fill > -1e4:
+                raise GraphError(
+                    f"{_where({node})}: attention's mask fills {fill!r}; layerwise reads a "
+                    "mask that hides positions with -inf (or a large negative number)"
+                )
+            mask = _mask_of(node)
+            if mask is None or not _causal_mask(mask, constant, node, values):
+                raise GraphError(
+                    f"{_where({node})}: the attention mask is computed from the inputs "
+                    "(a padding mask?); layerwise's attention op has only the causal mask"
+                )
+            causal = True
+        elif _is_scale(node):
+            scale *= _scalar_factor(node)
+        elif not _is_passthrough(node):
+            raise GraphError(
+                f"{_where({node})} ({_describe(node)}): between attention's "
+                "product and its softmax only masks and constant factors are read"
+            )
+        node = _tensor_arg(node, constant)
+    a, b = _product_args(node)
+    # forward from the softmax to the product with v, through dropout
+    probs, users = soft, [u for u in soft.users if u in group]
+    while len(users) == 1 and not _is_product(users[0]):
+        if not (_is_dropout(users[0]) or _is_passthrough(users[0])):
+            break
+        probs, users = users[0], [u for u in users[0].users if u in group]
+    if len(users) != 1 or not _is_product(users[0]):
+        raise GraphError(f"{_where({soft})}: the softmax's output is not multiplied by v")
+    pa, pb = _product_args(users[0])
+    if pa is not probs:
+        raise GraphError(f"{_where({soft})}: attention must multiply softmax(...) @ v")
+    return a, b, pb, scale, causal
+
+
+def _entry(
+    x: fx.Node,
+    group: set[fx.Node],
+    values: dict[fx.Node, Any],
+    constant: set[fx.Node],
+    where: str,
+    role: str,
+) -> fx.Node:
+    """The one (sample, length, channel) tensor that `x` (inside the region) comes from."""
+    found: set[fx.Node] = set()
+    stack, seen = [x], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or n in constant:
+            continue
+        seen.add(n)
+        if n not in group:
+            found.add(n)
+            continue
+        stack.extend(a for a in _args(n) if isinstance(values.get(a), torch.Tensor))
+    found = {n for n in found if n.op != "get_attr" and values[n].is_floating_point()}
+    if len(found) != 1:
+        names = ", ".join(sorted(n.name for n in found)) or "none"
+        raise GraphError(
+            f"the attention at {where}: its {role} comes from {len(found)} tensors ({names}); "
+            "layerwise needs q, k and v each to be one (batch, length, channel) tensor"
+        )
+    return found.pop()
+
+
+def _factors(x: fx.Node, entry: fx.Node, group: set[fx.Node], values: dict[fx.Node, Any]) -> float:
+    """The product of the constant factors on the way from `entry` to `x` (q or k scaled
+    before their product)."""
+    out, node = 1.0, x
+    while node is not entry and node in group:
+        if _is_scale(node):
+            out *= _scalar_factor(node)
+        reads = [a for a in _args(node) if isinstance(values.get(a), torch.Tensor)]
+        if not reads:
+            break
+        node = reads[0]
+    return out
+
+
+# -- node predicates ------------------------------------------------------------------------
+
+
+def _args(node: fx.Node) -> list[fx.Node]:
+    found: list[fx.Node] = []
+    fx.node.map_arg((node.args, node.kwargs), found.append)
+    return found
+
+
+def _argument(node: fx.Node, pos: int, key: str) -> Any:
+    if len(node.args) > pos:
+        return node.args[pos]
+    return node.kwargs.get(key)
+
+
+def _is_call(node: fx.Node, fn: Any) -> bool:
+    return node.op == "call_function" and node.target is fn
+
+
+def _is_softmax(node: fx.Node) -> bool:
+    if node.op == "call_function":
+        return node.target in _SOFTMAX_FUNCTIONS
+    if node.op == "call_method":
+        return node.target == "softmax"
+    return node.op == "call_module" and isinstance(_module(node), nn.Softmax)
+
+
+def _is_product(node: fx.Node) -> bool:
+    return (node.op == "call_function" and node.target in _PRODUCT_FUNCTIONS) or (
+        node.op == "call_method" and node.target in _PRODUCT_METHODS
+    )
+
+
+def _is_mask(node: fx.Node) -> bool:
+    return (node.op == "call_function" and node.target in _MASK_FUNCTIONS) or (
+        node.op == "call_method" and node.target in _MASK_METHODS
+    )
+
+
+def _is_scale(node: fx.Node) -> bool:
+    scaled = (node.op == "call_function" and node.target in _SCALE_FUNCTIONS) or (
+        node.op == "call_method" and node.target in _SCALE_METHODS
+    )
+    return scaled and any(isinstance(a, int | float) for a in node.args)
+
+
+def _is_dropout(node: fx.Node) -> bool:
+    if node.op == "call_module":
+        return isinstance(_module(node), nn.Dropout)
+    return node.op == "call_function" and node.target in _DROPOUT_FUNCTIONS
+
+
+def _is_passthrough(node: fx.Node) -> bool:
+    return node.op == "call_method" and node.target in ("contiguous", "float", "type_as", "to")
+
+
+def _module(node: fx.Node) -> nn.Module | None:
+    owner = node.graph.owning_module
+    return owner.get_submodule(str(node.target)) if owner is not None else None
+
+
+def _scalar_factor(node: fx.Node) -> float:
+    number = next(float(a) for a in node.args if isinstance(a, int | float))
+    divide = node.target in (operator.truediv, torch.div, "div", "__truediv__", "div_")
+    if divide and not isinstance(node.args[0], int | float):
+        return 1.0 / number
+    return number
+
+
+def _tensor_arg(node: fx.Node, constant: set[fx.Node]) -> fx.Node:
+    reads = [a for a in _args(node) if a not in constant]
+    if not reads:
+        raise GraphError(f"{_where({node})}: reads no computed tensor")
+    return reads[0]
+
+
+def _product_args(node: fx.Node) -> tuple[fx.Node, fx.Node]:
+    if node.target is torch.einsum:
+        raise GraphError(
+            f"{_where({node})}: einsum in attention; write the products with matmul or @"
+        )
+    a, b = node.args[0], node.args[1]
+    if not isinstance(a, fx.Node) or not isinstance(b, fx.Node):
+        raise GraphError(f"{_where({node})}: a product of a tensor and a constant")
+    return a, b
+
+
+def _mask_of(node: fx.Node) -> fx.Node | None:
+    if node.target in ("masked_fill", "masked_fill_", torch.masked_fill):
+        mask = _argument(node, 1, "mask")
+    else:  # where(mask, scores, -inf)
+        mask = _argument(node, 0, "condition")
+    return mask if isinstance(mask, fx.Node) else None
+
+
+def _causal_mask(
+    mask: Any, constant: set[fx.Node], at: fx.Node, values: dict[fx.Node, Any]
+) -> bool:
+    """Whether `mask` (computed without the inputs) hides exactly the positions after each
+    query's own: read from its values when they can be computed here (shapes, real buffers,
+    constants fx baked in); else from its code (a tril or triu, or a registered triangular
+    buffer), and then confirmed by the runtime, which has the values. A mask computed from
+    the inputs, or one that hides other positions, raises GraphError."""
+    if not isinstance(mask, fx.Node):
+        return False
+    if mask not in constant:
+        raise GraphError(
+            f"{_where({at})}: the attention mask is computed from the inputs (a padding "
+            "mask?); layerwise's attention op has only the causal mask"
+        )
+    value = _evaluate(mask, {}, values)
+    if not isinstance(value, torch.Tensor):
+        if _mentions(mask, _TRIANGLES):
+            return True
+        raise GraphError(
+            f"{_where({at})}: layerwise cannot tell what the attention mask hides (its values "
+            "cannot be computed here and its code has no tril or triu)"
+        )
+    square = value.reshape(-1, *value.shape[-2:])[0] if value.dim() >= 2 else value
+    if square.dim() != 2 or square.shape[0] != square.shape[1]:
+        raise GraphError(f"{_where({at})}: an attention mask of shape {tuple(value.shape)}")
+    upper = torch.ones_like(square, dtype=torch.bool).triu(1)
+    if at.target is torch.where:  # where(mask, scores, -inf): True keeps
+        hidden = ~square.bool()
+    elif square.dtype == torch.bool:  # masked_fill: True hides; SDPA's attn_mask: True keeps
+        hidden = ~square if at.target is F.scaled_dot_product_attention else square
+    else:  # an additive float mask: -inf hides
+        hidden = torch.isinf(square) & (square < 0)
+    if torch.equal(hidden, upper):
+        return True
+    if not hidden.any():
+        return False
+    raise GraphError(
+        f"{_where({at})}: the attention mask does not hide exactly the positions after each "
+        "query's own; layerwise's attention op has only the causal mask"
+    )
+
+
+def _evaluate(node: fx.Node, memo: dict[fx.Node, Any], values: dict[fx.Node, Any]) -> Any:
+    """`node`'s value computed on the CPU from shapes and real buffers; None if it cannot be
+    (a meta buffer, an op that fails)."""
+    if node in memo:
+        return memo[node]
+    owner = node.graph.owning_module
+    out: Any = None
+    known = values.get(node)
+    try:
+        if known is not None and not _is_tensor(known):
+            out = known  # a size, a dim: as the meta run found it
+        elif node.op == "get_attr" and owner is not None:
+            out = owner.get_buffer(str(node.target))
+            out = None if out.is_meta else out
+        elif node.op in ("call_function", "call_method"):
+            args = fx.node.map_arg(node.args, lambda a: _evaluate(a, memo, values))
+            kwargs = fx.node.map_arg(node.kwargs, lambda a: _evaluate(a, memo, values))
+            if any(a is None for a in _flat(args) + _flat(kwargs)):
+                return None
+            kwargs = {k: (torch.device("cpu") if k == "device" else v) for k, v in kwargs.items()}
+            if node.op == "call_function":
+                out = node.target(*args, **kwargs)  # type: ignore[operator]
+            else:
+                out = getattr(args[0], str(node.target))(*args[1:], **kwargs)
+    except Exception:  # noqa: BLE001 - not computable here: the runtime checks instead
+        out = None
+    memo[node] = out
+    return out
+
+
+def evaluate_constant(node: fx.Node, values: dict[fx.Node, Any]) -> Any:
+    """The value of a node computed without the inputs (from sizes, arange, ones, tril and
+    real buffers), on the CPU; None when it cannot be computed here (a meta buffer)."""
+    return _evaluate(node, {}, values)
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) or (
+        isinstance(x, tuple | list) and any(isinstance(v, torch.Tensor) for v in x)
+    )
+
+
+def _flat(x: Any) -> list[Any]:
+    if isinstance(x, tuple | list):
+        return [y for v in x for y in _flat(v)]
+    if isinstance(x, dict):
+        return [y for v in x.values() for y in _flat(v)]
+    return [x]
+
+
+def _mentions(node: fx.Node, names: Iterable[str]) -> bool:
+    """Whether `node` or what it is computed from calls one of `names` (or reads a buffer
+    made by one: a registered tril mask is recognised by its values' pattern instead)."""
+    wanted = set(names)
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        target = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
+        if target in wanted:
+            return True
+        if n.op == "get_attr" and _triangular_buffer(n):
+            return True
+        stack.extend(_args(n))
+    return False
+
+
+def _triangular_buffer(n: fx.Node) -> bool:
+    """A registered buffer that holds a causal mask: ones on and below the diagonal of its
+    last two dims, zeros above. On the meta device its values cannot be read: then it is
+    taken as one, and the runtime's check of the op against the module's own forward (which
+    has the values) confirms it."""
+    owner = n.graph.owning_module
+    try:
+        value = owner.get_buffer(str(n.target)) if owner is not None else None
+    except AttributeError:
+        return False
+    if not isinstance(value, torch.Tensor) or value.dim() < 2:
+        return False
+    if value.is_meta:
+        return True
+    square = value.reshape(-1, *value.shape[-2:])[0]
+    return bool(torch.equal(square != 0, torch.ones_like(square, dtype=torch.bool).tril()))
+
+
+def _where(nodes: set[fx.Node] | Iterable[fx.Node]) -> str:
+    first = min(nodes, key=lambda n: list(n.graph.nodes).index(n)) if nodes else None
+    if first is None:
+        return "?"
+    stack = first.meta.get("nn_module_stack") or {}
+    path = list(stack.values())[-1][0] if stack else ""
+    return f"{path or '<top>'} (fx node {first.name!r})"
+
+
+def _describe(n: fx.Node) -> str:
+    if n.op == "call_function":
+        return f"call_function {getattr(n.target, '__name__', n.target)}"
+    return f"{n.op} {n.target}"

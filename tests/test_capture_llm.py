@@ -1,0 +1,186 @@
+"""Transformers as people write them (`planner.graph.llm`): captured with no edits, their
+attention read from tensor code and checked against the kernel, their norms recognised by
+what they compute, and declared kinds never taken on trust."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import planner
+from planner.costs.declared import check_declared
+from planner.errors import GraphError, LayerwiseError
+from planner.graph.capture import capture
+from planner.graph.llm import GPT2, GPT2Config, Llama, LlamaConfig, build_llm
+from planner.graph.zoo import Attention
+
+TOKENS = (torch.zeros(2, 16, dtype=torch.long),)
+
+
+def gpt2(attention: str = "sdpa") -> GPT2:
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0,
+        attention=attention,
+    )  # fmt: skip
+    return GPT2(config)
+
+
+def llama(attention: str = "sdpa", torch_rmsnorm: bool = False, kv: int = 2) -> Llama:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, dim=64, n_layers=2, n_heads=4, n_kv_heads=kv, max_seq_len=16,
+        attention=attention, torch_rmsnorm=torch_rmsnorm, multiple_of=32,
+    )  # fmt: skip
+    return Llama(config)
+
+
+def kinds(graph) -> list[str]:  # type: ignore[no-untyped-def]
+    return [op.kind for op in graph.ops]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "buffer", "ones"])
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_gpt2_as_written_captures_with_its_attention_read_from_the_code(
+    attention: str, device: str
+) -> None:
+    with torch.device(device):  # (.to("meta") would untie the tied head)
+        model = gpt2(attention)
+    graph = capture(model, TOKENS, "gpt2")
+    attn = [op for op in graph.ops if op.kind == "attention"]
+    assert len(attn) == 2
+    for op in attn:
+        assert dict(op.attrs) == {
+            "heads": 4,
+            "kv_heads": 4,
+            "causal": True,
+            "scale": 1 / math.sqrt(8),
+        }
+        assert [graph.op(i).kind for i in op.inputs] == ["slice"] * 3  # the fused QKV's split
+        assert [graph.op(i).attr("start") for i in op.inputs] == [0, 32, 64]
+    assert sum(op.flops for op in attn) > 0
+    # tied head: one parameter named as the module names it, in both ops
+    names = {p.name for op in graph.ops for p in op.params}
+    assert "lm_head.weight" not in names and "transformer.wte.weight" in names
+    assert sum(
+        math.prod(p.shape) for p in {p.name: p for op in graph.ops for p in op.params}.values()
+    ) == sum(p.numel() for p in model.parameters())
+    gelu = [op for op in graph.ops if op.attr("op") == "gelu_tanh"]
+    assert len(gelu) == 2  # nn.GELU(approximate="tanh") is not the exact GELU
+    last = graph.ops[-1]
+    assert last.kind == "softmax" and last.attr("implicit") and last.attr("op") == "log_softmax"
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "ones"])
+@pytest.mark.parametrize("torch_rmsnorm", [False, True])
+def test_llama_as_written_captures_rms_norm_rotary_and_grouped_query_attention(
+    attention: str, torch_rmsnorm: bool
+) -> None:
+    graph = capture(llama(attention, torch_rmsnorm), TOKENS, "llama")
+    norms = [op for op in graph.ops if op.kind == "norm"]
+    assert len(norms) == 5 and all(op.attr("norm") == "rms" for op in norms)
+    assert all(op.attr("eps") == 1e-5 for op in norms)
+    # Meta's RMSNorm computes in float32 whatever its input; torch's does not
+    assert all((op.attr("compute") == "float32") != torch_rmsnorm for op in norms)
+    attn = [op for op in graph.ops if op.kind == "attention"]
+    assert len(attn) == 2
+    for op in attn:
+        assert (op.attr("heads"), op.attr("kv_heads"), op.attr("rope")) == (4, 2, "half")
+        assert op.attr("causal") and op.attr("scale") == pytest.approx(16**-0.5)
+        assert (op.attr("softmax") == "float32") == (attention == "ones")
+        assert [graph.op(i).output.size("channel") for i in op.inputs] == [64, 32, 32]
+    assert "embedding" in kinds(graph) and kinds(graph).count("linear") == 2 * 7 + 1
+
+
+class _Attention(nn.Module):
+    """Single-layer attention with a configurable mask, to test what capture refuses."""
+
+    def __init__(self, mask: str) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.out = nn.Linear(16, 5)
+        self.mask = mask
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (y.view(b, t, 2, 8).transpose(1, 2) for y in self.qkv(x).split(16, dim=2))
+        att = q @ k.transpose(-2, -1) / math.sqrt(8)
+        if self.mask == "causal":
+            att = att.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+        elif self.mask == "reversed":  # hides the past instead of the future
+            att = att.masked_fill(torch.ones(t, t, dtype=torch.bool).tril(-1), float("-inf"))
+        elif self.mask == "padding":  # computed from the input
+            att = att.masked_fill(x[:, None, None, :, 0] > 0, float("-inf"))
+        y = (F.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(b, t, c)
+        return F.log_softmax(self.out(y), dim=-1)
+
+
+def test_a_mask_that_is_not_causal_is_refused_and_a_causal_one_is_read() -> None:
+    x = (torch.randn(2, 6, 16),)
+    causal = capture(_Attention("causal"), x, "a")
+    assert [op.attr("causal") for op in causal.ops if op.kind == "attention"] == [True]
+    full = capture(_Attention("none"), x, "a")
+    assert [op.attr("causal") for op in full.ops if op.kind == "attention"] == [False]
+    with pytest.raises(GraphError, match="does not hide exactly the positions after"):
+        capture(_Attention("reversed"), x, "a")
+    with pytest.raises(GraphError, match="computed from the inputs"):
+        capture(_Attention("padding"), x, "a")
+
+
+class _DeclaredRMS(nn.Module):
+    layerwise_kind = "norm"
+
+    def __init__(self, width: int, attrs: dict | None = None) -> None:  # type: ignore[type-arg]
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(width) + 0.5)
+        self.attrs = attrs
+
+    def layerwise_attrs(self) -> dict:  # type: ignore[type-arg]
+        return self.attrs or {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+class _Net(nn.Module):
+    def __init__(self, norm: nn.Module, heads: int = 2) -> None:
+        super().__init__()
+        self.a, self.norm, self.q = nn.Linear(8, 8), norm, nn.Linear(8, 8)
+        self.attn, self.out = Attention(heads, causal=True), nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.a(x))
+        return F.log_softmax(self.out(self.attn(self.q(h), h, h)), dim=-1)
+
+
+def test_a_declared_kind_that_computes_something_else_is_refused_naming_the_op() -> None:
+    x = (torch.randn(2, 4, 8),)
+    with pytest.raises(GraphError, match=r"op 'norm' \(.*_DeclaredRMS\) is declared as 'norm'"):
+        capture(_Net(_DeclaredRMS(8)), x, "n", check=check_declared)  # a batch norm: no attrs
+    with pytest.raises(LayerwiseError, match=r"op 'norm' .* is declared as 'norm'"):
+        planner.plan(_Net(_DeclaredRMS(8)), "cpu-local-2", example_inputs=x)
+    graph = capture(
+        _Net(_DeclaredRMS(8, {"norm": "rms", "eps": 1e-6})), x, "n", check=check_declared
+    )
+    assert graph.op("norm").attr("norm") == "rms"
+    undeclared = type("RMS", (nn.Module,), {"forward": _DeclaredRMS.forward})
+    plain = undeclared()
+    plain.weight = nn.Parameter(torch.rand(8) + 0.5)
+    graph = capture(_Net(plain), x, "n")  # read by what it computes
+    assert (graph.op("norm").attr("norm"), graph.op("norm").attr("eps")) == ("rms", 1e-6)
+    assert graph.op("attn").kind == "attention"  # the zoo's declared attention passes
+
+
+def test_seven_and_seventy_billion_llamas_capture_on_meta_with_their_parameters() -> None:
+    for name, params in (("llama2-7b", 6_738_415_616), ("llama2-70b", 68_976_648_192)):
+        module, tokens = build_llm(name, batch=1, seq=2048)
+        graph = capture(module, tokens, name)
+        counted = {p.name: math.prod(p.shape) for op in graph.ops for p in op.params}
+        assert sum(counted.values()) == params
+        attn = [op for op in graph.ops if op.kind == "attention"]
+        assert len(attn) == module.config.n_layers
+        assert attn[0].attr("kv_heads") == module.config.kv_heads

@@ -89,6 +89,7 @@ class Executor:
         status: Status | None = None,
         norm_eps: dict[int, float] | None = None,
         ordered: bool = False,
+        tables: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
     ):
         self.plan = plan
         self.graph = plan.graph
@@ -101,6 +102,7 @@ class Executor:
         self.status = status or Status(None, rank)
         self.norm_eps = norm_eps or {}
         self.ordered = ordered
+        self.tables = tables or {}  # rotary (cos, sin) of attention ops, by op index
         self.task: list[int | None] = [o.task_of(rank) for o in plan.ops]
         self.in_edges: list[list[int]] = [[] for _ in plan.ops]
         for k, e in sorted(enumerate(self.graph.edges), key=lambda ke: ke[1].position):
@@ -197,7 +199,7 @@ class Executor:
             elif o.batch_norm:
                 outs = (self._batch_norm_task(o, t, xs, params),)
             else:
-                outs = (run_task(plan, xs, params),)
+                outs = (run_task(plan, xs, params, tables=self.tables.get(o.index)),)
             sink = self.sink_index.get(o.index)
             if sink is not None:
                 self.losses[o.index] = self._loss(o, plan, outs[0], targets[sink])

@@ -33,12 +33,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from planner.errors import LayerwiseError
+from planner.errors import GraphError, LayerwiseError
+from planner.graph.opgraph import OpGraph
 from planner.problems.strategy import Strategy
 from runtime.executor import PHASES, Status
 from runtime.models import as_model, model_key, model_to_job
 from runtime.plan import ExecPlan, RuntimeConfigError, ShardKey, build_plan
-from runtime.reference import DTYPES, Model, ReferenceResult, deviation, reference_train
+from runtime.reference import (
+    DTYPES,
+    Model,
+    ReferenceResult,
+    deviation,
+    make_inputs,
+    reference_train,
+)
 from runtime.worker import Job, RunOptions, session, worker_entry
 
 log = logging.getLogger(__name__)
@@ -139,9 +147,33 @@ def prepare(
                 f"the strategy's graph (fingerprint {strategy.graph.fingerprint()}) is not the "
                 f"graph of {model.describe()} (fingerprint {fingerprint})"
             )
+        _check_kinds(model, strategy.graph, options.seed)
     if options.backend == "nccl" and torch.cuda.device_count() < 1:
         raise RuntimeConfigError("backend nccl needs CUDA devices; this machine has none")
     return world, build_plan(strategy)
+
+
+_CHECKED: set[str] = set()
+
+
+def _check_kinds(model: Model, graph: OpGraph, seed: int) -> None:
+    """The model built for real (float64, CPU) and captured again: capture compares every
+    op whose kind a module declares, and every attention read from tensor code, with the
+    kernels the workers will compute them with (`planner.graph.capture.check_declared`,
+    `planner.graph.attention`); on the meta device it could not. Once per model and process."""
+    key = model_key(model)
+    if key in _CHECKED:
+        return
+    from planner.costs.declared import check_declared
+    from planner.graph.capture import capture
+
+    module = model.build(seed, torch.float64)
+    inputs = tuple(make_inputs(graph, 0, seed, torch.float64))
+    try:
+        capture(module, inputs, graph.name, check=check_declared)
+    except GraphError as exc:
+        raise RuntimeConfigError(f"{model.describe()}: {exc}") from None
+    _CHECKED.add(key)
 
 
 _FINGERPRINTS: dict[str, str] = {}

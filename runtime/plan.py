@@ -157,6 +157,9 @@ class ExecPlan:
     groups: dict[str, tuple[tuple[int, ...], ...]]
     into: dict[tuple[int, int], tuple[Transfer, ...]] = field(repr=False)  # (edge, dst task)
     out_of: dict[tuple[int, int], tuple[Transfer, ...]] = field(repr=False)  # (op, src task)
+    # parameters that ops cut along different axes: every rank that uses one holds it whole,
+    # its tasks compute with their slices of it, and the whole gradient is summed
+    whole: frozenset[str] = frozenset()
 
     def transfer_bytes(self, dtype_bytes: int = 4) -> int:
         """Bytes moved between different ranks in one forward pass (components included)."""
@@ -170,7 +173,8 @@ def build_plan(strategy: Strategy) -> ExecPlan:
     _check_graph(graph)
     ops = tuple(_op_exec(graph, i, cfg) for i, cfg in enumerate(strategy.configs))
     transfers, n_msgs = _transfers(graph, strategy.configs, ops)
-    params = _param_infos(ops)
+    params, whole = _param_infos(ops)
+    ops = tuple(_hold_whole(o, whole) for o in ops)
     sync = _sync_items(ops, params)
     sinks = tuple(
         i for i, op in enumerate(graph.ops) if op.kind == "softmax" and _is_sink(graph, i)
@@ -194,6 +198,7 @@ def build_plan(strategy: Strategy) -> ExecPlan:
         groups={"sync": tuple(sync_groups), "norm": tuple(norm_groups)},
         into={k: tuple(v) for k, v in into.items()},
         out_of={k: tuple(v) for k, v in out_of.items()},
+        whole=whole,
     )
 
 
@@ -331,8 +336,12 @@ def _transfers(
 # -- parameters --------------------------------------------------------------------------------
 
 
-def _param_infos(ops: Sequence[OpExec]) -> dict[str, ParamInfo]:
+def _param_infos(ops: Sequence[OpExec]) -> tuple[dict[str, ParamInfo], frozenset[str]]:
+    """How the ops cut each parameter, and the parameters that ops cut along different axes
+    (a language model's token embedding, tied to its output layer: the embedding splits the
+    table's columns, the output layer its rows). Those are held whole (`ExecPlan.whole`)."""
     infos: dict[str, ParamInfo] = {}
+    whole: set[str] = set()
     for o in ops:
         if not o.op.params:
             continue
@@ -341,11 +350,20 @@ def _param_infos(ops: Sequence[OpExec]) -> dict[str, ParamInfo]:
             extent = 1 if role.axis is None else p.shape[role.axis] // role.blocks
             info = ParamInfo(p.name, tuple(p.shape), role.axis, role.blocks, extent)
             if infos.setdefault(p.name, info) != info:
-                raise RuntimeConfigError(
-                    f"parameter {p.name!r} is used by ops that cut it differently "
-                    f"({infos[p.name]} vs {info})"
-                )
-    return infos
+                whole.add(p.name)
+    for name in whole:
+        infos[name] = ParamInfo(name, infos[name].shape, None, 1, 1)
+    return infos, frozenset(whole)
+
+
+def _hold_whole(o: OpExec, whole: frozenset[str]) -> OpExec:
+    """`o` with the shard keys of the parameters held whole replaced by the whole one's."""
+    if not any(p.name in whole for p in o.op.params):
+        return o
+    shards = tuple(
+        tuple(ShardKey(k.name, 0, 1) if k.name in whole else k for k in keys) for keys in o.shards
+    )
+    return replace(o, shards=shards)
 
 
 def _sync_items(ops: Sequence[OpExec], params: dict[str, ParamInfo]) -> tuple[SyncItem, ...]:

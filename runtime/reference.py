@@ -29,6 +29,7 @@ from torch import nn
 
 from planner.costs.kernels import BN_EPS
 from planner.errors import LayerwiseError
+from planner.graph.attention import rope_table
 from planner.graph.models import ModelSpec
 from planner.graph.opgraph import Op, OpGraph
 from planner.graph.opkinds import CHANNEL
@@ -92,6 +93,26 @@ def init_params(
             "come from this model"
         )
     return {n: have[n].detach() for n in names}, _norm_eps(graph, module)
+
+
+def rope_tables(
+    graph: OpGraph, spec: Model | None, seed: int, dtype: torch.dtype
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """The rotary tables (cos, sin) of every attention op that has them, by op index, as the
+    model computes them (traced again on the CPU: attr rope_tables names their fx nodes).
+    Without a model: random tables (a graph alone carries no values)."""
+    wanted = {i: op.attr("rope_tables") for i, op in enumerate(graph.ops) if op.attr("rope")}
+    if not wanted:
+        return {}
+    if spec is None:
+        raise LayerwiseError("a graph with rotary attention needs its model to run")
+    from planner.graph.capture import constant_values
+
+    module = spec.build(seed, dtype)
+    inputs = make_inputs(graph, 0, seed, dtype)
+    names = sorted({n for pair in wanted.values() for n in pair})
+    values = constant_values(module, tuple(inputs), names)
+    return {i: (rope_table(values[c]), rope_table(values[s])) for i, (c, s) in wanted.items()}
 
 
 def _norm_eps(graph: OpGraph, module: nn.Module) -> dict[int, float]:
@@ -172,6 +193,12 @@ def check_finite(loss: float, step: int, where: str) -> None:
         )
 
 
+def _head(out: torch.Tensor, op: Op, axis: int) -> torch.Tensor:
+    """A model output as its loss op sees it: logits get the log_softmax that capture added
+    to the graph for them (attr implicit: the model returns the logits)."""
+    return torch.log_softmax(out, dim=axis) if op.attr("implicit") else out
+
+
 def loss_sinks(graph: OpGraph) -> tuple[int, ...]:
     return tuple(
         i for i, op in enumerate(graph.ops) if op.kind == "softmax" and not graph.consumers[i]
@@ -214,7 +241,9 @@ def reference_train(
                 )
             loss = sum(
                 (
-                    nll_part(o, t, axis, t.numel(), log_head(graph.ops[i]))
+                    nll_part(
+                        _head(o, graph.ops[i], axis), t, axis, t.numel(), log_head(graph.ops[i])
+                    )
                     for o, t, i in zip(outs, targets, sinks, strict=True)
                     for axis in [graph.ops[i].output.dims.index(CHANNEL)]
                 ),

@@ -7,7 +7,9 @@ parameters from single-process training of the same model (a zoo model, or a use
 rebuilt from the factory the file names). Everything that can be wrong with the arguments,
 the file, its fingerprints, the model or the world size is one `error:` line before any
 process starts (exit status 2); a worker that fails, or a loss or parameter that becomes
-non-finite, is reported by rank (exit status 1).
+non-finite, is reported by rank (exit status 1); with --check, a deviation above the
+tolerance (by dtype, TOLERANCE; or --tolerance) is one `error:` line after the report (exit
+status 3).
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ from planner.errors import LayerwiseError
 
 EXIT_WORKER_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_DEVIATION = 3  # --check: the run deviates from single-process training beyond tolerance
+# --check's default tolerance per dtype: float64 runs agree to 1e-15..1e-13 on well-conditioned
+# models and to about 1e-9 on deep batch-normalized ones at tiny batches (docs/runtime.md,
+# "What was tested"); float32 to about 1e-6..1e-5. A wrong kernel deviates by 1e-4 or more.
+TOLERANCE = {"float64": 1e-8, "float32": 1e-3}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,7 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--check",
         action="store_true",
-        help="also train single-process and report the largest relative deviation",
+        help="also train single-process and report the largest relative deviation; exit "
+        f"status {EXIT_DEVIATION} when it is above the tolerance",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=positive_number,
+        help="largest relative deviation --check accepts (default by dtype: "
+        + ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items())
+        + ")",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
@@ -134,7 +149,19 @@ def _run(args: argparse.Namespace) -> int:
             return 0
     else:
         result = run_strategy(strategy, model, options, args.world)
-    _report(result.summary(), strategy.graph.name, args)
+    summary = result.summary()
+    _report(summary, strategy.graph.name, args)
+    deviation = summary["max_deviation"]
+    tolerance = args.tolerance if args.tolerance is not None else TOLERANCE[args.dtype]
+    if deviation is not None and not deviation <= tolerance:
+        print(
+            f"error: the run deviates from single-process training by {deviation:.2e}, above "
+            f"the {args.dtype} tolerance {tolerance:g}: the strategy computes something else "
+            "than the model (a kernel that differs from the model's code?); --tolerance "
+            "raises the bar",
+            file=sys.stderr,
+        )
+        return EXIT_DEVIATION
     return 0
 
 

@@ -63,6 +63,7 @@ class GradientSync:
         self.wait = wait
         self.shards: dict[ShardKey, torch.Tensor] = {}
         self.op_params: dict[int, list[torch.Tensor]] = {}
+        self.sliced: dict[int, tuple[Any, list[torch.Tensor], list[int]]] = {}
         for o in plan.ops:
             t = o.task_of(rank)
             if t is None or not o.op.params:
@@ -70,11 +71,19 @@ class GradientSync:
             keys = o.shards[t]
             if any(k not in self.shards for k in keys):
                 views = shard_params(o.plans[t], [params[p.name] for p in o.op.params])
-                for key, v in zip(keys, views, strict=True):
+                for key, v, p in zip(keys, views, o.op.params, strict=True):
                     if key not in self.shards:
+                        v = params[p.name] if p.name in plan.whole else v
                         leaf = v.detach().to(device, dtype, copy=True)
                         self.shards[key] = leaf.requires_grad_()
             self.op_params[o.index] = [self.shards[k] for k in keys]
+            whole = [i for i, p in enumerate(o.op.params) if p.name in plan.whole]
+            if whole:  # the task's slices are cut from the whole leaf at every use
+                full = [
+                    self.shards[k] if i in whole else torch.empty(p.shape, device="meta")
+                    for i, (k, p) in enumerate(zip(keys, o.op.params, strict=True))
+                ]
+                self.sliced[o.index] = (o.plans[t], full, whole)
         mine = [item for item in plan.sync if rank in item.ranks]
         self.buckets = _buckets(plan, mine)
         self.keys = {
@@ -88,7 +97,13 @@ class GradientSync:
         self.pending: list[tuple[_Bucket, torch.Tensor, Any]] = []
 
     def params_of(self, op: int) -> list[torch.Tensor]:
-        return self.op_params.get(op, [])
+        """Op `op`'s parameter shards on this rank (slices of whole leaves made anew)."""
+        sliced = self.sliced.get(op)
+        if sliced is None:
+            return self.op_params.get(op, [])
+        plan, full, whole = sliced
+        views = shard_params(plan, full)
+        return [views[i] if i in whole else p for i, p in enumerate(self.op_params[op])]
 
     def launch(self, op: int) -> None:
         """Start the sums of the buckets that are complete once op `op`'s backward is done."""

@@ -33,6 +33,7 @@ from runtime.reference import (
     init_params,
     make_inputs,
     make_targets,
+    rope_tables,
 )
 
 __all__ = ["Job", "RunOptions", "session", "worker_entry"]
@@ -153,6 +154,7 @@ def session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
     device = _device(opts.backend)
     groups = _groups(plan, world)
     params, eps = init_params(plan.graph, model, opts.seed, dtype)
+    tables = rope_tables(plan.graph, model, opts.seed, dtype)
     ex = Executor(
         plan,
         rank,
@@ -165,6 +167,7 @@ def session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
         status,
         eps,
         opts.ordered,
+        tables,
     )
     del params
     needs_inputs = any(o.op.kind == "input" and o.task_of(rank) is not None for o in plan.ops)

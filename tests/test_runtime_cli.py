@@ -18,7 +18,7 @@ from budget import time_budget
 from planner.hardware.presets import get_preset
 from planner.problems.baselines import owt
 from runtime.reference import ModelSpec
-from runtime.run import EXIT_BAD_INPUT, EXIT_WORKER_FAILED, main
+from runtime.run import EXIT_BAD_INPUT, EXIT_DEVIATION, EXIT_WORKER_FAILED, main
 
 LENET = ModelSpec("lenet5", 8, {})
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,6 +51,20 @@ def test_json_with_check(plan_file: Path, capsys: pytest.CaptureFixture[str]) ->
     out = json.loads(capsys.readouterr().out)
     assert out["median_step_seconds"] > 0 and out["world"] == 2
     assert out["max_deviation"] < 1e-9 and len(out["losses"]) == 3
+
+
+def test_check_fails_with_its_own_status_above_the_tolerance(
+    plan_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # float64 deviates by ~1e-16 here: any run is "wrong" against a tolerance of 1e-300
+    args = [str(plan_file), "--steps", "2", "--check", "--dtype", "float64"]
+    assert main([*args, "--tolerance", "1e-300"]) == EXIT_DEVIATION
+    captured = capsys.readouterr()
+    assert "max relative deviation" in captured.out  # the report comes first
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: the run deviates") and "1e-300" in err[0]
+    assert main(args) == 0  # the float64 default (1e-8) holds
+    assert "error" not in capsys.readouterr().err
 
 
 def test_text_output(plan_file: Path, capsys: pytest.CaptureFixture[str]) -> None:

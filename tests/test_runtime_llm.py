@@ -1,0 +1,79 @@
+"""GPT-2 and Llama as their authors write them, trained by the runtime on gloo workers and
+compared with single-process training in float64; and what the runtime refuses."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+import torch
+from budget import time_budget
+from test_capture_llm import _DeclaredRMS, _Net, gpt2, llama
+
+import planner
+import runtime
+from planner.hardware.presets import get_preset
+from runtime.plan import RuntimeConfigError
+from runtime.strategies import random_strategy
+
+F64 = runtime.RunOptions(steps=2, dtype="float64", lr=0.1, check=True, timeout=60)
+TOKENS = (torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0)),)
+
+
+@pytest.fixture(autouse=True)
+def budget() -> Iterator[None]:
+    with time_budget(300):
+        yield
+
+
+def _runs(module: torch.nn.Module, world: int, draws: int) -> list[float]:
+    result = planner.plan(module, "cpu-local-2", example_inputs=TOKENS, backend="elimination")
+    graph = result.problem.dnn().graph
+    assert graph is not None
+    devices = get_preset(f"cpu-local-{world}")
+    strategies = [random_strategy(graph, devices, seed) for seed in range(draws)]
+    if world == 2:
+        strategies.append(result.strategy)
+    out = []
+    for strategy in strategies:
+        run = runtime.run_strategy(strategy, module, F64)
+        assert all(math.isfinite(x) for x in run.losses)
+        assert run.deviation is not None
+        out.append(run.deviation["max_deviation"])
+    return out
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: gpt2("buffer"), lambda: llama("ones")], ids=["gpt2-buffer", "llama-ones"]
+)
+def test_reference_style_transformers_train_like_single_process(make) -> None:  # type: ignore[no-untyped-def]
+    # random strategies cut heads (whole k/v groups for Llama), sequence and samples, the
+    # slices of the fused QKV, the vocabulary of the tied head (held whole where the
+    # embedding cuts it the other way)
+    assert max(_runs(make(), 2, 2)) < 1e-9
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: gpt2("sdpa"),
+        lambda: gpt2("ones"),
+        lambda: llama("sdpa"),
+        lambda: llama("ones", True),
+    ],
+    ids=["gpt2-sdpa", "gpt2-ones", "llama-sdpa", "llama-ones-torchnorm"],
+)
+def test_reference_style_transformers_at_world_4(make) -> None:  # type: ignore[no-untyped-def]
+    assert max(_runs(make(), 4, 4)) < 1e-9
+
+
+def test_a_declared_kind_planned_on_meta_is_checked_before_the_run() -> None:
+    x = torch.randn(2, 4, 8)
+    with torch.device("meta"):  # on meta capture cannot compare: the plan is made
+        meta = _Net(_DeclaredRMS(8))
+    result = planner.plan(meta, "cpu-local-2", example_inputs=(x,), backend="elimination")
+    real = _Net(_DeclaredRMS(8))
+    with pytest.raises(RuntimeConfigError, match="is declared as 'norm'"):
+        runtime.run_strategy(result.strategy, real, F64)

@@ -76,3 +76,25 @@ def test_the_guide_runs_as_a_script_and_its_shell_commands_work(tmp_path: Path) 
         assert proc.returncode == 0, (line, proc.stderr)
         if "runtime.run" in command:
             assert json.loads(proc.stdout)["max_deviation"] < 1e-5  # float32
+
+
+@pytest.mark.slow
+def test_the_guides_transformer_plans_and_trains_like_single_process(tmp_path: Path) -> None:
+    """Section 7: mygpt.py as the guide writes it, planned and run from the shell in float64."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    (tmp_path / "mygpt.py").write_text(blocks("py")[0])
+    shell = blocks("sh")[1].replace("\\\n", " ")
+    for line in shell.splitlines():
+        command = shlex.split(line.split("#")[0])
+        if not command:
+            continue
+        if "runtime.run" in command:
+            command.append("--json")
+        proc = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True,
+                              cwd=tmp_path, env=env, timeout=600)  # fmt: skip
+        assert proc.returncode == 0, (line, proc.stderr)
+        if "runtime.run" in command:
+            assert json.loads(proc.stdout)["max_deviation"] < 1e-9
+    plan = json.loads((tmp_path / "gpt.json").read_text())
+    kinds = [op["kind"] for op in plan["graph"]["json"]["ops"]]
+    assert kinds.count("attention") == 2 and kinds.count("slice") == 6

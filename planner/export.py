@@ -58,7 +58,7 @@ __all__ = [
     "process_group",
 ]
 
-STYLES = ("data", "colwise", "replicate")
+STYLES = ("data", "colwise", "replicate", "heads", "propagate")
 FALLBACKS = ("error", "replicate")
 _COLWISE_KINDS = ("linear", "embedding")
 
@@ -114,10 +114,14 @@ def export_plan(strategy: Strategy, module: nn.Module, fallback: str = "error") 
     for op, cfg in zip(graph.ops, strategy.configs, strict=True):
         paths = tuple(dict.fromkeys(_module_of(p.name) for p in op.params))
         style, reason = _style(op, cfg, world, [types.get(p) for p in paths])
+        if op.kind == "elementwise" and op.params and style == "data":
+            # a parameter an add reads (a position embedding's weight): its module is
+            # replicated and reads its input (the positions) whole
+            style = "replicate"
         if reason is not None and not op.params and op.kind != "input":
             reason += " (it has no parameters: DTensor runs it in its input's layout)"
         ops.append(OpPlacement(op.name, op.kind, cfg.describe(op), style, paths, reason))
-    ops = _agree_per_module(ops)
+    ops = _agree_per_module(ops, _tied_modules(module))
     bad = [o for o in ops if o.reason is not None]
     if bad and fallback == "error":
         listed = "; ".join(f"{o.op} ({o.kind}, {o.config}): {o.reason}" for o in bad[:6])
@@ -133,6 +137,15 @@ def export_plan(strategy: Strategy, module: nn.Module, fallback: str = "error") 
     inputs = [o for o in ops if o.kind == "input"]
     shard = world > 1 and all(o.style == "data" for o in inputs)
     return ExportPlan(world, tuple(ops), tuple(modules.items()), "shard" if shard else "replicate")
+
+
+def _tied_modules(module: nn.Module) -> list[set[str]]:
+    """Sets of module paths that hold the same parameter tensor."""
+    holders: dict[int, set[str]] = {}
+    for path, sub in module.named_modules(remove_duplicate=False):
+        for _, p in sub.named_parameters(recurse=False):
+            holders.setdefault(id(p), set()).add(path)
+    return [paths for paths in holders.values() if len(paths) > 1]
 
 
 def _module_of(param: str) -> str:
@@ -159,6 +172,14 @@ def _style(op: Op, cfg: ParallelConfig, world: int, types: Sequence[Any]) -> tup
     if cfg.devices != tuple(range(world)):
         where = ",".join(map(str, cfg.devices))
         return "replicate", f"placed on devices [{where}], not on the whole mesh in order"
+    if op.kind == "attention" and split == {CHANNEL: world}:
+        # heads: computed per rank on its heads (_DTensorMode), as q arrives sharded
+        heads = int(op.attr("kv_heads", op.attr("heads", 1)))
+        if heads % world == 0:
+            return "heads", None
+        return "replicate", f"{heads} k/v heads do not split {world} ways"
+    if op.kind == "slice" and len(split) == 1:
+        return "propagate", None  # a piece of its input, in whatever layout that has
     if split == {CHANNEL: world} and op.kind in _COLWISE_KINDS:
         if all(t is not None and issubclass(t, nn.Linear | nn.Embedding) for t in types):
             return "colwise", None
@@ -173,13 +194,19 @@ def _style(op: Op, cfg: ParallelConfig, world: int, types: Sequence[Any]) -> tup
     return "replicate", f"a {dim} split of a {op.kind} op"
 
 
-def _agree_per_module(ops: list[OpPlacement]) -> list[OpPlacement]:
-    """A module used by several ops (unrolled steps, shared weights) takes one style: when
-    the ops disagree, all of them fall back to replication."""
+def _agree_per_module(ops: list[OpPlacement], tied: Sequence[set[str]] = ()) -> list[OpPlacement]:
+    """A module used by several ops (unrolled steps, shared weights) takes one style, and so
+    do modules that share a parameter (`tied`: sets of module paths, e.g. a language model's
+    embedding and output layer): when they disagree, all of them fall back to replication."""
     styles: dict[str, set[str]] = {}
     for o in ops:
         for path in o.modules:
             styles.setdefault(path, set()).add(o.style)
+    for group in tied:
+        union = set().union(*(styles.get(p, set()) for p in group))
+        for p in group:
+            if p in styles:
+                styles[p] = union
     mixed = {path for path, s in styles.items() if len(s) > 1}
     return [
         o
@@ -253,10 +280,112 @@ def parallelize(
         mesh = init_device_mesh(device, (plan.world,))
     if mesh.ndim != 1 or mesh.size() != plan.world:
         raise ExportError(f"the mesh must be 1-D with {plan.world} ranks, got {mesh.shape}")
-    styles = {path: _parallel_style(style) for path, style in plan.modules if path}
+    styles = {
+        path: _parallel_style(style)
+        for path, style in plan.modules
+        if path and style not in ("heads", "propagate")
+    }
+    holders = _holders(module)
     parallelize_module(module, mesh, styles)
     _replicate_the_rest(module, mesh)
+    _retie(holders)
+    _compute_in_mode(module)
     return Exported(module, mesh, plan)
+
+
+def _holders(module: Any) -> list[list[tuple[Any, str]]]:
+    """(module, attribute) pairs that hold the same parameter, for `_retie`."""
+    groups: dict[int, list[tuple[Any, str]]] = {}
+    for _, sub in module.named_modules(remove_duplicate=False):
+        for key, p in sub.named_parameters(recurse=False):
+            groups.setdefault(id(p), []).append((sub, key))
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def _retie(holders: list[list[tuple[Any, str]]]) -> None:
+    """Distributing a module's parameters replaces them: a parameter that several modules
+    held (tied weights) is one again, the first holder's (their styles agree:
+    `_agree_per_module`), or its gradients would be summed apart and the copies drift."""
+    for group in holders:
+        first = getattr(group[0][0], group[0][1])
+        for sub, key in group[1:]:
+            if getattr(sub, key) is not first:
+                setattr(sub, key, first)
+
+
+def _compute_in_mode(module: Any) -> None:
+    """The module's forward runs under `_DTensorMode` (see there): attention written as
+    tensor code then computes on DTensors. Idempotent."""
+    forward = module.forward
+    if getattr(forward, "_layerwise_mode", False):
+        return
+
+    def in_mode(*args: Any, **kwargs: Any) -> Any:
+        with _DTensorMode():
+            return forward(*args, **kwargs)
+
+    in_mode._layerwise_mode = True  # type: ignore[attr-defined]
+    module.forward = in_mode
+
+
+def _dtensor_mode_class() -> Any:
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor.experimental import local_map
+    from torch.overrides import TorchFunctionMode
+
+    sdpa = F.scaled_dot_product_attention
+
+    class Mode(TorchFunctionMode):
+        """What DTensor lacks for attention code, during a parallelized forward:
+        - a plain tensor that meets a DTensor in one call (a causal mask made with
+          `torch.ones(T, T).tril()`, a rotary table, position indices) is taken as replicated
+          on the mesh, as the module computed it the same on every rank;
+        - `F.scaled_dot_product_attention` (no sharding rule for torch's CPU kernel) runs on
+          each rank's local q, k, v with `local_map`, k and v in q's layout (samples or heads
+          split: each rank computes its own)."""
+
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            kwargs = kwargs or {}
+            found = [a for a in (*args, *kwargs.values()) if isinstance(a, DTensor)]
+            if not found:
+                return func(*args, **kwargs)
+            mesh = found[0].device_mesh
+            if func is sdpa and isinstance(args[0], DTensor):
+                q, k, v = args[:3]
+                layout = list(q.placements)
+                rest, extra = args[3:], dict(kwargs)
+                attend = local_map(
+                    lambda a, b, c: sdpa(a, b, c, *rest, **extra),
+                    out_placements=layout,
+                    in_placements=(layout, layout, layout),
+                )
+                return attend(q, k.redistribute(mesh, layout), v.redistribute(mesh, layout))
+
+            def replicated(a: Any) -> Any:
+                if isinstance(a, torch.Tensor) and not isinstance(a, DTensor) and a.dim() > 0:
+                    return DTensor.from_local(a, mesh, [Replicate()] * mesh.ndim, run_check=False)
+                return a
+
+            args = tuple(replicated(a) for a in args)
+            kwargs = {k: replicated(v) for k, v in kwargs.items()}
+            return func(*args, **kwargs)
+
+    return Mode
+
+
+class _DTensorMode:
+    """A fresh `TorchFunctionMode` per forward (built lazily: torch imports stay local)."""
+
+    def __enter__(self) -> Any:
+        self.mode = _dtensor_mode_class()()
+        return self.mode.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.mode.__exit__(*exc)
 
 
 @contextlib.contextmanager

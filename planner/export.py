@@ -8,6 +8,12 @@ D devices (mesh rank k = device k) and says how its module runs:
   gradients of replicated parameters come back as `Partial` sums, reduced by DTensor);
 - "colwise": a linear or embedding splits its output channels D ways over devices 0..D-1
   (the Parameter dim): `ColwiseParallel` (weight rows sharded, output `Shard(-1)`);
+- "heads": an attention op splits its heads D ways: not placed (its q, k, v arrive sharded
+  by channels and it computes each rank's heads, see `_DTensorMode`); "propagate": a slice
+  (a piece of a fused QKV projection) takes its input's layout;
+- on a 2-D mesh (`mesh_shape=(data, tensor)`, rank s * tensor + c): "data" as above over
+  the whole mesh (`[Shard(0), Shard(0)]`), and an op split samples x channels data x tensor
+  ways is "colwise" over the second mesh dim with its samples sharded over the first;
 - anything else is not expressible with one mesh dimension: height/width/length splits
   (DTensor convolutions have no halo exchange), output-channel splits of convolutions
   (DTensor on gloo does not shard conv weights), splits of several dims, and placements on a
@@ -33,6 +39,7 @@ up for a block and tears it down after a barrier: see docs/runtime.md.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -89,6 +96,7 @@ class ExportPlan:
     ops: tuple[OpPlacement, ...]
     modules: tuple[tuple[str, str], ...]  # (module path, style), in graph order
     inputs: str
+    mesh: tuple[int, ...] = ()  # the mesh's shape: (world,), or (data, tensor) for 2-D
 
     @property
     def fell_back(self) -> tuple[OpPlacement, ...]:
@@ -100,20 +108,34 @@ class ExportPlan:
         return [f"{path}: {style}" for path, style in self.modules]
 
 
-def export_plan(strategy: Strategy, module: nn.Module, fallback: str = "error") -> ExportPlan:
+def export_plan(
+    strategy: Strategy,
+    module: nn.Module,
+    fallback: str = "error",
+    mesh_shape: Sequence[int] | None = None,
+) -> ExportPlan:
     """The DTensor styles of `strategy` for `module` (the module it was planned for).
 
     fallback="error" raises one ExportError naming every op that DTensor cannot express;
-    fallback="replicate" runs those replicated and lists them in `fell_back`."""
+    fallback="replicate" runs those replicated and lists them in `fell_back`. mesh_shape:
+    (world,) (the default) or (data, tensor) for a 2-D mesh, rank = i * tensor + j: an op
+    that splits its samples `data` ways and its channels `tensor` ways over the devices in
+    order is then data x tensor parallel (see `_style`)."""
     if fallback not in FALLBACKS:
         raise ExportError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
     graph, world = strategy.graph, strategy.devices.num_devices
+    shape = (world,) if mesh_shape is None else tuple(int(n) for n in mesh_shape)
+    if len(shape) not in (1, 2) or math.prod(shape) != world or min(shape) < 1:
+        raise ExportError(
+            f"mesh_shape must be (world,) or (data, tensor) with data x tensor = {world} "
+            f"(the strategy's devices), got {tuple(mesh_shape or ())}"
+        )
     types = {name: type(m) for name, m in module.named_modules()}
     _check_params(strategy, module)
     ops: list[OpPlacement] = []
     for op, cfg in zip(graph.ops, strategy.configs, strict=True):
         paths = tuple(dict.fromkeys(_module_of(p.name) for p in op.params))
-        style, reason = _style(op, cfg, world, [types.get(p) for p in paths])
+        style, reason = _style(op, cfg, shape, [types.get(p) for p in paths])
         if op.kind == "elementwise" and op.params and style == "data":
             # a parameter an add reads (a position embedding's weight): its module is
             # replicated and reads its input (the positions) whole
@@ -136,7 +158,8 @@ def export_plan(strategy: Strategy, module: nn.Module, fallback: str = "error") 
             modules.setdefault(path, o.style)
     inputs = [o for o in ops if o.kind == "input"]
     shard = world > 1 and all(o.style == "data" for o in inputs)
-    return ExportPlan(world, tuple(ops), tuple(modules.items()), "shard" if shard else "replicate")
+    placed = tuple(modules.items())
+    return ExportPlan(world, tuple(ops), placed, "shard" if shard else "replicate", shape)
 
 
 def _tied_modules(module: nn.Module) -> list[set[str]]:
@@ -162,16 +185,31 @@ def _check_params(strategy: Strategy, module: nn.Module) -> None:
         )
 
 
-def _style(op: Op, cfg: ParallelConfig, world: int, types: Sequence[Any]) -> tuple[str, str | None]:
-    """(style, None) when expressible, else ("replicate", why not)."""
+def _style(
+    op: Op, cfg: ParallelConfig, shape: tuple[int, ...], types: Sequence[Any]
+) -> tuple[str, str | None]:
+    """(style, None) when expressible, else ("replicate", why not). On a 2-D mesh (data,
+    tensor), the tensor-parallel styles are those of a 1-D mesh of `tensor` ranks with the
+    samples split `data` ways besides (task (s, c) on rank s * tensor + c)."""
     from torch import nn
 
+    world = math.prod(shape)
     split = {d: g for d, g in zip(op.output.dims, cfg.degrees, strict=True) if g > 1}
     if world == 1 or (split == {SAMPLE: world} and cfg.devices == tuple(range(world))):
         return "data", None
     if cfg.devices != tuple(range(world)):
         where = ",".join(map(str, cfg.devices))
         return "replicate", f"placed on devices [{where}], not on the whole mesh in order"
+    if len(shape) == 2:
+        data, tensor = shape
+        if op.kind == "slice":
+            return "propagate", None
+        if split != {SAMPLE: data, CHANNEL: tensor}:
+            return "replicate", (
+                f"on the {data} x {tensor} mesh an op splits its samples {world} ways, or "
+                f"its samples {data} and its channels {tensor} ways"
+            )
+        split, world = {CHANNEL: tensor}, tensor
     if op.kind == "attention" and split == {CHANNEL: world}:
         # heads: computed per rank on its heads (_DTensorMode), as q arrives sharded
         heads = int(op.attr("kv_heads", op.attr("heads", 1)))
@@ -246,7 +284,7 @@ class Exported:
         from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
         layout = Shard(0) if self.plan.inputs == "shard" else Replicate()
-        return tuple(distribute_tensor(t, self.mesh, [layout]) for t in tensors)
+        return tuple(distribute_tensor(t, self.mesh, [layout] * self.mesh.ndim) for t in tensors)
 
 
 def parallelize(
@@ -254,17 +292,20 @@ def parallelize(
     module: nn.Module,
     mesh: DeviceMesh | None = None,
     fallback: str = "error",
+    mesh_shape: Sequence[int] | None = None,
 ) -> Exported:
     """Apply `strategy` to `module` in place with `parallelize_module` (every rank calls it).
 
-    mesh: a 1-D DeviceMesh of the strategy's device count (default: all ranks, on "cuda"
-    with the nccl backend, else "cpu"). Parameters of modules the strategy does not place
-    are replicated."""
+    mesh: a DeviceMesh of the strategy's device count, 1-D or 2-D (data, tensor) (default:
+    all ranks in `mesh_shape`, (world,) unless given, on "cuda" with the nccl backend, else
+    "cpu"). Parameters of modules the strategy does not place are replicated."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
 
-    plan = export_plan(strategy, module, fallback)
+    if mesh is not None and mesh_shape is None:
+        mesh_shape = tuple(mesh.shape)
+    plan = export_plan(strategy, module, fallback, mesh_shape)
     if not dist.is_available() or not dist.is_initialized():
         raise ExportError(
             "parallelize needs an initialized process group: launch with torchrun, or call "
@@ -277,11 +318,11 @@ def parallelize(
                 f"{dist.get_world_size()} ranks"
             )
         device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        mesh = init_device_mesh(device, (plan.world,))
-    if mesh.ndim != 1 or mesh.size() != plan.world:
-        raise ExportError(f"the mesh must be 1-D with {plan.world} ranks, got {mesh.shape}")
+        mesh = init_device_mesh(device, plan.mesh)
+    if tuple(mesh.shape) != plan.mesh:
+        raise ExportError(f"the mesh must have shape {plan.mesh}, got {tuple(mesh.shape)}")
     styles = {
-        path: _parallel_style(style)
+        path: _parallel_style(style, mesh.ndim)
         for path, style in plan.modules
         if path and style not in ("heads", "propagate")
     }
@@ -419,21 +460,32 @@ def process_group(backend: str | None = None, **init: Any) -> Iterator[None]:
     dist.destroy_process_group()
 
 
-def _parallel_style(style: str) -> Any:
+def _parallel_style(style: str, ndim: int = 1) -> Any:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel
 
-    if style == "colwise":
+    if style == "colwise" and ndim == 1:
         return ColwiseParallel(
             input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False
         )
-    return _placed_style(Shard(0) if style == "data" else Replicate())
+    if style == "colwise":  # (data, tensor): samples by the first dim, rows by the second
+        return _placed_style([Shard(0), Replicate()], [Replicate(), Shard(0)])
+    layout = Shard(0) if style == "data" else Replicate()
+    return _placed_style([layout] * ndim)
 
 
-def _placed_style(layout: Any) -> Any:
-    """A ParallelStyle: parameters replicated, every tensor input redistributed to `layout`
-    (plain tensors are taken as replicated)."""
-    from torch.distributed.tensor import DTensor, Replicate, distribute_module
+def _placed_style(layout: list[Any], weights: list[Any] | None = None) -> Any:
+    """A ParallelStyle: every tensor input redistributed to `layout` (plain tensors are taken
+    as replicated), parameters replicated or, with `weights`, placed so (a linear's weight
+    and bias by rows, an embedding's table by columns: its output channels)."""
+    from torch import nn
+    from torch.distributed.tensor import (
+        DTensor,
+        Replicate,
+        Shard,
+        distribute_module,
+        distribute_tensor,
+    )
     from torch.distributed.tensor.parallel import ParallelStyle
 
     def inputs(module: Any, args: Any, mesh: Any) -> Any:
@@ -441,16 +493,30 @@ def _placed_style(layout: Any) -> Any:
             if isinstance(x, tuple | list):
                 return type(x)(place(v) for v in x)
             if isinstance(x, DTensor):
-                return x.redistribute(mesh, [layout])
+                return x.redistribute(mesh, layout)
             if hasattr(x, "dim"):  # a torch.Tensor
-                return DTensor.from_local(x, mesh, [Replicate()]).redistribute(mesh, [layout])
+                whole = [Replicate()] * mesh.ndim
+                return DTensor.from_local(x, mesh, whole).redistribute(mesh, layout)
             return x
 
         return place(args)
 
+    def params(name: str, module: Any, mesh: Any) -> None:
+        if weights is None:
+            _replicate_params(name, module, mesh)
+            return
+        for key, p in list(module.named_parameters(recurse=False)):
+            if isinstance(p, DTensor):
+                continue
+            placements = weights
+            if isinstance(module, nn.Embedding):  # the table's columns are the channels
+                placements = [Shard(1) if isinstance(w, Shard) else w for w in weights]
+            placed = distribute_tensor(p.data, mesh, placements)
+            module.register_parameter(key, nn.Parameter(placed, p.requires_grad))
+
     class Placed(ParallelStyle):
         def _apply(self, module: Any, device_mesh: Any) -> Any:
-            return distribute_module(module, device_mesh, _replicate_params, inputs)
+            return distribute_module(module, device_mesh, params, inputs)
 
     return Placed()
 
@@ -462,7 +528,7 @@ def _replicate_params(name: str, module: Any, mesh: Any) -> None:
 
     for key, p in list(module.named_parameters(recurse=False)):
         if not isinstance(p, DTensor):
-            replicated = distribute_tensor(p.data, mesh, [Replicate()])
+            replicated = distribute_tensor(p.data, mesh, [Replicate()] * mesh.ndim)
             module.register_parameter(key, nn.Parameter(replicated, p.requires_grad))
 
 

@@ -19,8 +19,9 @@ from budget import time_budget
 from test_capture_llm import gpt2, llama
 
 import planner
+from planner.costs.config import ParallelConfig
 from planner.export import export_plan
-from planner.graph.opkinds import CHANNEL
+from planner.graph.opkinds import CHANNEL, SAMPLE
 from planner.hardware.presets import get_preset
 from planner.problems.baselines import data_parallel, split_along
 from planner.problems.strategy import Strategy, strategy_from_json
@@ -50,18 +51,36 @@ def heads_split(strategy: Strategy) -> Strategy:
     return Strategy(graph, strategy.devices, tuple(configs))
 
 
-def strategies(name: str) -> dict[str, Any]:
+def two_by_two(strategy: Strategy) -> Strategy:
+    """On 4 devices: every op data parallel over 4, but the q/k/v projections and the
+    attention split 2 x 2 (samples x channels; task (s, c) on device 2 s + c): data x tensor
+    parallelism on a (2, 2) mesh."""
+    graph = strategy.graph
+    configs = list(strategy.configs)
+    for i, op in enumerate(graph.ops):
+        feeds_attention = any(
+            graph.ops[c].kind in ("attention", "slice") for c in graph.consumers[i]
+        )
+        if op.kind == "attention" or (op.kind == "linear" and feeds_attention):
+            degrees = tuple({SAMPLE: 2, CHANNEL: 2}.get(d, 1) for d in op.output.dims)
+            configs[i] = ParallelConfig(degrees, (0, 1, 2, 3))
+    return Strategy(graph, strategy.devices, tuple(configs))
+
+
+def strategies(name: str, world: int = 2) -> dict[str, Any]:
     module = MODELS[name]()
     graph = planner.plan(module, "cpu-local-2", example_inputs=(TOKENS,), backend="baselines")
     g = graph.problem.dnn().graph
-    dp = data_parallel(g, get_preset("cpu-local-2"))
-    return {"data": dp.to_json(), "heads": heads_split(dp).to_json()}
+    dp = data_parallel(g, get_preset(f"cpu-local-{world}"))
+    if world == 4:
+        return {"2x2": (two_by_two(dp).to_json(), (2, 2))}
+    return {"data": (dp.to_json(), None), "heads": (heads_split(dp).to_json(), None)}
 
 
 def test_attention_ops_export_by_samples_and_by_heads() -> None:
     module = gpt2("ones")
     cases = strategies("gpt2-ones")
-    for kind, data in cases.items():
+    for kind, (data, _) in cases.items():
         plan = export_plan(strategy_from_json(data), module)
         styles = {o.op: o.style for o in plan.ops if o.kind == "attention"}
         assert set(styles.values()) == ({"data"} if kind == "data" else {"heads"})
@@ -98,10 +117,11 @@ def _worker(rank: int, world: int, tmp: str, name: str, cases: dict[str, Any]) -
     report: dict[str, Any] = {}
     with planner.process_group("gloo", store=store, rank=rank, world_size=world,
                                timeout=timedelta(seconds=60)):  # fmt: skip
-        for case, data in cases.items():
+        for case, (data, mesh_shape) in cases.items():
             net = MODELS[name]().double()
             ref = copy.deepcopy(net)
-            exported = planner.parallelize(strategy_from_json(data), net)
+            strategy = strategy_from_json(data)
+            exported = planner.parallelize(strategy, net, mesh_shape=mesh_shape)
             losses = _train(net, lambda a, e=exported: e.distribute_inputs(*a))
             ref_losses = _train(ref, lambda a: a)
             worst = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True))
@@ -120,15 +140,12 @@ def _worker(rank: int, world: int, tmp: str, name: str, cases: dict[str, Any]) -
         Path(tmp, "report.json").write_text(json.dumps(report))
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_parallelized_transformers_train_like_single_process_on_gloo(
-    name: str, tmp_path: Path
-) -> None:
-    cases = strategies(name)
+def _launch(name: str, world: int, tmp_path: Path) -> dict[str, Any]:
+    cases = strategies(name, world)
     ctx = worker_context()
     procs = [
-        ctx.Process(target=_worker, args=(r, 2, str(tmp_path), name, cases), daemon=True)
-        for r in range(2)
+        ctx.Process(target=_worker, args=(r, world, str(tmp_path), name, cases), daemon=True)
+        for r in range(world)
     ]
     for p in procs:
         p.start()
@@ -137,8 +154,25 @@ def test_parallelized_transformers_train_like_single_process_on_gloo(
     for p in procs:
         if p.exitcode is None:
             p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert set(report) == {"data", "heads"}
-    for case, r in report.items():
+    assert [p.exitcode for p in procs] == [0] * world
+    report: dict[str, Any] = json.loads((tmp_path / "report.json").read_text())
+    assert set(report) == set(cases)
+    return report
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_parallelized_transformers_train_like_single_process_on_gloo(
+    name: str, tmp_path: Path
+) -> None:
+    for case, r in _launch(name, 2, tmp_path).items():
+        assert r["deviation"] < 1e-12 and r["count"] and r["tied"], (case, r)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_data_by_tensor_parallelism_on_a_two_by_two_mesh(name: str, tmp_path: Path) -> None:
+    plan = export_plan(strategy_from_json(strategies(name, 4)["2x2"][0]), MODELS[name](),
+                       mesh_shape=(2, 2))  # fmt: skip
+    assert not plan.fell_back and plan.mesh == (2, 2)
+    assert {s for _, s in plan.modules} >= {"data", "colwise"}
+    for case, r in _launch(name, 4, tmp_path).items():
         assert r["deviation"] < 1e-12 and r["count"] and r["tied"], (case, r)

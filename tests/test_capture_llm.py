@@ -21,13 +21,76 @@ from planner.graph.zoo import Attention
 TOKENS = (torch.zeros(2, 16, dtype=torch.long),)
 
 
-def gpt2(attention: str = "sdpa") -> GPT2:
+def gpt2(attention: str = "sdpa", context: int = 16) -> GPT2:
     torch.manual_seed(0)
     config = GPT2Config(
-        vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0,
+        vocab_size=64, block_size=context, n_layer=2, n_head=4, n_embd=32, dropout=0.0,
         attention=attention,
     )  # fmt: skip
     return GPT2(config)
+
+
+class HFAttention(nn.Module):
+    """Hugging Face's GPT-2 attention idioms: permute, a scale and a fill as 0-d tensors of
+    the scores' dtype (torch.full), torch.where with a bool tril buffer sliced by lengths."""
+
+    def __init__(self, width: int = 32, heads: int = 4, context: int = 32) -> None:
+        super().__init__()
+        self.c_attn, self.c_proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.heads, self.width = heads, width
+        mask = torch.tril(torch.ones((context, context), dtype=torch.bool))
+        self.register_buffer("bias", mask.view(1, 1, context, context), persistent=False)
+
+    def _split_heads(self, t: torch.Tensor) -> torch.Tensor:
+        return t.view(t.size()[:-1] + (self.heads, self.width // self.heads)).permute(0, 2, 1, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (self._split_heads(t) for t in self.c_attn(x).split(self.width, dim=2))
+        w = torch.matmul(q, k.transpose(-1, -2))
+        w = w / torch.full([], v.size(-1) ** 0.5, dtype=w.dtype, device=w.device)
+        ql, kl = q.size(-2), k.size(-2)
+        causal = self.bias[:, :, kl - ql : kl, :kl]
+        fill = torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype, device=w.device)
+        w = nn.functional.softmax(torch.where(causal, w.to(w.dtype), fill), dim=-1)
+        out = torch.matmul(w, v).permute(0, 2, 1, 3).contiguous()
+        return self.c_proj(out.view(out.size()[:-2] + (self.width,)))
+
+
+class HFGPT(nn.Module):
+    """Positions as arange(T).unsqueeze(0), a context longer than the sequence, and the head
+    as F.linear on the embedding's weight."""
+
+    def __init__(self, vocab: int = 64, context: int = 32, width: int = 32) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.wte, self.wpe = nn.Embedding(vocab, width), nn.Embedding(context, width)
+        self.ln = nn.ModuleList(nn.LayerNorm(width) for _ in range(2))
+        self.attn = nn.ModuleList(HFAttention(width, 4, context) for _ in range(2))
+        self.ln_f = nn.LayerNorm(width)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        t = input_ids.size(-1)
+        pos = torch.arange(0, t, dtype=torch.long, device=input_ids.device).unsqueeze(0)
+        h = self.wte(input_ids) + self.wpe(pos)
+        for ln, attn in zip(self.ln, self.attn, strict=True):
+            h = h + attn(ln(h))
+        return F.linear(self.ln_f(h), self.wte.weight)
+
+
+def test_hugging_face_idioms_capture_with_exact_attrs() -> None:
+    graph = capture(HFGPT(), TOKENS, "hf")
+    attn = [op for op in graph.ops if op.kind == "attention"]
+    assert len(attn) == 2
+    for op in attn:  # the 0-d scale is exact (traced in float64), the .to(w.dtype) no cast
+        assert dict(op.attrs) == {
+            "heads": 4,
+            "kv_heads": 4,
+            "causal": True,
+            "scale": 1 / math.sqrt(8),
+        }
+    head = [op for op in graph.ops if op.kind == "linear"][-1]
+    assert [p.name for p in head.params] == ["wte.weight"]
+    assert graph.ops[1].output.dtype_bytes == 4  # sizes in the model's dtype
 
 
 def llama(attention: str = "sdpa", torch_rmsnorm: bool = False, kv: int = 2) -> Llama:

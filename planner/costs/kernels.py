@@ -556,7 +556,11 @@ def _align_extra(plan: TaskPlan, p: torch.Tensor) -> torch.Tensor:
     pdims = parameter_dims(plan.op)
     for axis in range(p.dim()):
         k = len(dims) - (p.dim() - axis)
-        if k < 0 or p.shape[axis] == 1 or dims[k] in pdims or p.shape[axis] != sizes[k]:
+        if k < 0 or p.shape[axis] == 1 or dims[k] in pdims:
+            continue
+        # the length dim of a position embedding's table may be longer than the sequence:
+        # positions 0..T-1 are its first rows (capture reads only torch.arange(T))
+        if p.shape[axis] != sizes[k] and not (dims[k] == LENGTH and p.shape[axis] > sizes[k]):
             continue
         lo, hi = plan.out_box[k]
         p = p.narrow(axis, lo, hi - lo)

@@ -329,6 +329,8 @@ def _rotated(node: fx.Node, group: set[fx.Node]) -> bool:
 
 
 def _is_float32_cast(n: fx.Node) -> bool:
+    if _is_softmax(n) and n.kwargs.get("dtype") == torch.float32:
+        return True
     if n.op != "call_method":
         return False
     if n.target == "float":
@@ -567,7 +569,8 @@ def _read_manual(
     while not _is_product(node):
         if _is_mask(node):
             fill = _argument(node, 2, "value") if node.target != torch.where else node.args[2]
-            if not isinstance(fill, int | float) or fill > -1e4:
+            fill = _number(fill, values)  # -inf, or torch.finfo(dtype).min as a 0-d tensor
+            if fill is None or fill > -1e4:
                 raise GraphError(
                     f"{_where({node})}: attention's mask fills {fill!r}; layerwise reads a "
                     "mask that hides positions with -inf (or a large negative number)"
@@ -579,8 +582,8 @@ def _read_manual(
                     "(a padding mask?); layerwise's attention op has only the causal mask"
                 )
             causal = True
-        elif _is_scale(node):
-            scale *= _scalar_factor(node)
+        elif _is_scale(node, values):
+            scale *= _scalar_factor(node, values)
         elif not _is_passthrough(node):
             raise GraphError(
                 f"{_where({node})} ({_describe(node)}): between attention's "
@@ -637,8 +640,8 @@ def _factors(x: fx.Node, entry: fx.Node, group: set[fx.Node], values: dict[fx.No
     before their product)."""
     out, node = 1.0, x
     while node is not entry and node in group:
-        if _is_scale(node):
-            out *= _scalar_factor(node)
+        if _is_scale(node, values):
+            out *= _scalar_factor(node, values)
         reads = [a for a in _args(node) if isinstance(values.get(a), torch.Tensor)]
         if not reads:
             break
@@ -685,11 +688,26 @@ def _is_mask(node: fx.Node) -> bool:
     )
 
 
-def _is_scale(node: fx.Node) -> bool:
+def _is_scale(node: fx.Node, values: dict[fx.Node, Any]) -> bool:
+    """A product or quotient of a tensor and a constant number (a Python number, or a 0-d
+    tensor computed without the inputs, as `torch.full([], d ** 0.5)`)."""
     scaled = (node.op == "call_function" and node.target in _SCALE_FUNCTIONS) or (
         node.op == "call_method" and node.target in _SCALE_METHODS
     )
-    return scaled and any(isinstance(a, int | float) for a in node.args)
+    return scaled and any(_number(a, values) is not None for a in node.args)
+
+
+def _number(a: Any, values: dict[fx.Node, Any]) -> float | None:
+    """`a` as a constant number, or None."""
+    if isinstance(a, int | float) and not isinstance(a, bool):
+        return float(a)
+    if isinstance(a, fx.Node):
+        meta = values.get(a)
+        if isinstance(meta, torch.Tensor) and meta.numel() == 1:
+            value = _evaluate(a, {}, values)
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                return float(value)
+    return None
 
 
 def _is_dropout(node: fx.Node) -> bool:
@@ -707,10 +725,11 @@ def _module(node: fx.Node) -> nn.Module | None:
     return owner.get_submodule(str(node.target)) if owner is not None else None
 
 
-def _scalar_factor(node: fx.Node) -> float:
-    number = next(float(a) for a in node.args if isinstance(a, int | float))
+def _scalar_factor(node: fx.Node, values: dict[fx.Node, Any]) -> float:
+    numbers = [(i, _number(a, values)) for i, a in enumerate(node.args)]
+    at, number = next((i, n) for i, n in numbers if n is not None)
     divide = node.target in (operator.truediv, torch.div, "div", "__truediv__", "div_")
-    if divide and not isinstance(node.args[0], int | float):
+    if divide and at == 1:
         return 1.0 / number
     return number
 

@@ -135,7 +135,7 @@ def capture(
     batch = _batch_size(inputs, name)
     # a tied weight is named as the module names it (its first name: named_parameters)
     canonical = {id(p): n for n, p in module.named_parameters()}
-    builder = _Builder(gm, values, flops, batch, canonical)
+    builder = _Builder(gm, values, flops, batch, canonical, _float_bytes(module, example_inputs))
     graph = OpGraph(name, builder.build())
     if check is not None:
         check(graph, [(builder.node_op[n], m, n) for n, m in builder.declared], values)
@@ -232,7 +232,11 @@ class _Tracer(MetaTracer):
         with warnings.catch_warnings():  # a shape it cannot find stays symbolic, silently
             warnings.simplefilter("ignore")
             if kind != "call_module":
-                return super().create_proxy(kind, target, args, kwargs, *rest, **kw)
+                proxy = super().create_proxy(kind, target, args, kwargs, *rest, **kw)
+                meta = getattr(proxy, "_tensor_meta", None)
+                if kind == "get_attr" and isinstance(meta, torch.Tensor):
+                    proxy.install_tensor_meta(_to_meta(meta))  # a parameter read directly
+                return proxy
             mod = self.root.get_submodule(target)
             state = {
                 k: _to_meta(v)
@@ -331,10 +335,30 @@ def _trace(
     return fx.GraphModule(module, graph)
 
 
+TRACE_DTYPE = torch.float64
+"""Floating tensors are traced and run on meta in this dtype, whatever the model's: code that
+reads a tensor's dtype (`x.to(w.dtype)`, `torch.full(..., dtype=w.dtype)`) is then traced as
+it runs in float64, and a cast to float32 (`.float()`, as Meta's RMSNorm does) stays
+visible. Sizes in bytes are reported in the model's own dtype (`_Builder.float_bytes`)."""
+
+
 def _to_meta(x: Any) -> Any:
-    if isinstance(x, torch.Tensor) and x.device.type != "meta":
-        return torch.empty_like(x, device="meta")
+    """A meta copy of a tensor to trace with: floating point in TRACE_DTYPE."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    dtype = TRACE_DTYPE if x.is_floating_point() else x.dtype
+    if x.device.type != "meta" or x.dtype != dtype:
+        return torch.empty_like(x, device="meta", dtype=dtype)
     return x
+
+
+def _float_bytes(module: nn.Module, inputs: tuple[Any, ...]) -> int:
+    """Bytes per element of the model's floating tensors: its parameters' (or its float
+    inputs'), 4 when it has neither."""
+    for t in itertools.chain(module.parameters(), module.buffers(), inputs):
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            return int(t.element_size())
+    return 4
 
 
 def _batch_size(inputs: tuple[Any, ...], name: str) -> int:
@@ -444,8 +468,10 @@ class _Builder:
         flops: dict[fx.Node, int],
         batch: int,
         canonical: dict[int, str] | None = None,
+        float_bytes: int = 4,
     ) -> None:
         self.gm = gm
+        self.float_bytes = float_bytes  # the model's float size (traced in TRACE_DTYPE)
         self.canonical = canonical or {}
         self.declared: list[tuple[fx.Node, nn.Module]] = []  # checked after the build
         self.node_op: dict[fx.Node, str] = {}
@@ -504,7 +530,7 @@ class _Builder:
                 return _Ref("none")  # an argument left at its default (targets=None)
             return self._add(node, "input", {}, name=self._unique(str(node.target)))
         if node.op == "get_attr":
-            value = self.values[node]
+            value = self._attribute(str(node.target))  # the model's own tensor (its dtype)
             if not isinstance(value, torch.Tensor):
                 return _Ref("none")
             return _Ref("param", params=((str(node.target), value),))
@@ -527,6 +553,8 @@ class _Builder:
         only attention may read (a mask, a size)."""
         if node.op == "call_module" and isinstance(self._module(node), nn.Embedding):
             index = evaluate_constant(self._tensor_args(node)[0], self.values)
+            if isinstance(index, torch.Tensor):  # (T,) or shaped to broadcast, as (1, T)
+                index = index.reshape(-1) if max(index.shape, default=0) == index.numel() else index
             rows = int(index.numel()) if isinstance(index, torch.Tensor) else -1
             if (
                 isinstance(index, torch.Tensor)
@@ -730,6 +758,8 @@ class _Builder:
             return "softmax", {"op": _fn_name(t)}
         if t is F.cross_entropy:
             return "softmax", {"op": "cross_entropy"}
+        if t is F.linear:  # a weight read by F.linear (a head tied to the embedding)
+            return "linear", {}
         if t is torch.cat:
             return "concat", self._concat_attrs(node)
         if t is torch.flatten:
@@ -902,11 +932,18 @@ class _Builder:
         path = str(node.target)
         return path, [(f"{path}.{n}", p) for n, p in self._module(node).named_parameters()]
 
+    def _itemsize(self, t: torch.Tensor) -> int:
+        """Bytes per element in the model (a TRACE_DTYPE tensor has the model's float size)."""
+        return self.float_bytes if t.dtype == TRACE_DTYPE else int(t.element_size())
+
+    def _nbytes(self, value: Any) -> int:
+        return sum(t.numel() * self._itemsize(t) for t in _tensors(value))
+
     def _mem_bytes(
         self, node: fx.Node, kind: str, params: tuple[torch.Tensor, ...], reads: list[fx.Node]
     ) -> int:
-        moved = sum(_nbytes(self.values[a]) for a in reads)
-        out = _nbytes(self.values[node])
+        moved = sum(self._nbytes(self.values[a]) for a in reads)
+        out = self._nbytes(self.values[node])
         if kind == "embedding":  # a lookup reads the rows it gathers, not the whole table
             return moved + 2 * out
         return moved + out + sum(_nbytes(p) for p in params)
@@ -929,7 +966,7 @@ class _Builder:
                 "rank 1-2"
             )
         return Tensor(
-            tuple(zip(names, (int(s) for s in value.shape), strict=True)), value.element_size()
+            tuple(zip(names, (int(s) for s in value.shape), strict=True)), self._itemsize(value)
         )
 
     def _op_name(self, node: fx.Node) -> str:
@@ -991,6 +1028,12 @@ class _Builder:
         if not args:
             raise GraphError(f"fx node {node.name!r} ({_target(node)}) reads no tensor")
         return args
+
+    def _attribute(self, target: str) -> Any:
+        owner: Any = self.gm
+        for atom in target.split("."):
+            owner = getattr(owner, atom, None)
+        return owner
 
     def _module(self, node: fx.Node) -> nn.Module:
         return self.gm.get_submodule(str(node.target))

@@ -247,3 +247,45 @@ def test_seven_and_seventy_billion_llamas_capture_on_meta_with_their_parameters(
         attn = [op for op in graph.ops if op.kind == "attention"]
         assert len(attn) == module.config.n_layers
         assert attn[0].attr("kv_heads") == module.config.kv_heads
+
+
+class EinsumAttention(nn.Module):
+    """x-transformers-style idioms: chunk mapped by a lambda, einsum products, a triu mask
+    filled with -finfo.max, Tensor.softmax."""
+
+    def __init__(self, width: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.to_qkv, self.out = nn.Linear(width, 3 * width, bias=False), nn.Linear(width, width)
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.to_qkv(x).chunk(3, dim=-1)
+        q, k, v = map(lambda t: t.reshape(b, n, self.heads, -1).transpose(1, 2), (q, k, v))
+        sim = torch.einsum("bhid,bhjd->bhij", q, k) * (c // self.heads) ** -0.5
+        hide = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
+        attn = sim.masked_fill(hide, -torch.finfo(sim.dtype).max).softmax(dim=-1)
+        out = torch.einsum("bhij,bhjd->bhid", attn, v)
+        return self.out(out.transpose(1, 2).reshape(b, n, c))
+
+
+class EinsumNet(nn.Module):
+    """...and a range of the sequence (h[:, 1:]) before the head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.attn, self.head = nn.Embedding(64, 32), EinsumAttention(), nn.Linear(32, 64)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.emb(tokens)
+        h = h + self.attn(h)
+        return F.log_softmax(self.head(h[:, 1:]), dim=-1)
+
+
+def test_einsum_attention_and_a_sequence_range_capture() -> None:
+    graph = capture(EinsumNet(), TOKENS, "einsum")
+    (attn,) = [op for op in graph.ops if op.kind == "attention"]
+    assert attn.attr("causal") and attn.attr("heads") == 4
+    cut = [op for op in graph.ops if op.kind == "slice" and op.attr("dim") == "length"]
+    assert [(op.attr("start"), op.attr("size")) for op in cut] == [(1, 15)]

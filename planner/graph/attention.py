@@ -742,11 +742,17 @@ def _tensor_arg(node: fx.Node, constant: set[fx.Node]) -> fx.Node:
 
 
 def _product_args(node: fx.Node) -> tuple[fx.Node, fx.Node]:
+    """The two operands of a product (matmul, @, bmm, or a two-operand einsum: which dims it
+    contracts is checked by running the region, `_verify`)."""
     if node.target is torch.einsum:
-        raise GraphError(
-            f"{_where({node})}: einsum in attention; write the products with matmul or @"
-        )
-    a, b = node.args[0], node.args[1]
+        operands = node.args[1:]
+        if len(operands) == 1 and isinstance(operands[0], list | tuple):
+            operands = tuple(operands[0])
+        if len(operands) != 2:
+            raise GraphError(f"{_where({node})}: an einsum of {len(operands)} operands")
+        a, b = operands
+    else:
+        a, b = node.args[0], node.args[1]
     if not isinstance(a, fx.Node) or not isinstance(b, fx.Node):
         raise GraphError(f"{_where({node})}: a product of a tensor and a constant")
     return a, b

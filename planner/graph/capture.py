@@ -683,14 +683,21 @@ class _Builder:
         if not isinstance(src_value, torch.Tensor):
             return _Ref("none")
         # Slicing one step out of an input tensor (tokens[:, t]): the consumer reads the input
-        # op and records the step in attr "select"; slicing computed tensors has no op kind.
+        # op and records the step in attr "select"; a range of a computed tensor is a slice.
         if ref.kind == "op" and self._op(ref.op).kind == "input":
             select = _select_index(index, self._op(ref.op).output)
             if select is not None:
                 return _Ref("select", ref.op, select=select)
+        piece = _range_index(index, tuple(src_value.shape))
+        dims = _dim_names(src_value)
+        if ref.kind == "op" and piece is not None and dims is not None and piece[0] > 0:
+            axis, start, size = piece  # x[:, a:b]: a range of one dim (not the samples)
+            attrs = {"dim": dims[axis], "start": start, "size": size}
+            return self._add(node, "slice", attrs, args=[src])
         raise GraphError(
-            f"fx node {node.name!r} slices {src.name!r} with {index!r}; layerwise has no slice op "
-            "(only a single step of an input tensor, x[:, t], can be selected)"
+            f"fx node {node.name!r} slices {src.name!r} with {index!r}; layerwise reads a range "
+            "of one dim other than the samples (x[:, a:b]) and one step of an input tensor "
+            "(x[:, t]); an index that drops a dim has no op kind"
         )
 
     # mapping to op kinds -------------------------------------------------------------------------
@@ -1148,6 +1155,24 @@ def _dim_names(value: torch.Tensor) -> tuple[str, ...] | None:
             4: (SAMPLE, CHANNEL, HEIGHT, WIDTH),
         }.get(value.dim())
     return {1: (SAMPLE,), 2: (SAMPLE, LENGTH)}.get(value.dim())
+
+
+def _range_index(index: Any, shape: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(axis, start, size) when `index` takes a contiguous range of one dim and the others
+    whole (x[:, a:b], x[..., a:b]); None otherwise."""
+    items = index if isinstance(index, tuple) else (index,)
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        items = items[:at] + (slice(None),) * (len(shape) - len(items) + 1) + items[at + 1 :]
+    if len(items) > len(shape) or not all(isinstance(i, slice) for i in items):
+        return None
+    ranges = [(k, i.indices(shape[k])) for k, i in enumerate(items) if i != slice(None)]
+    if len(ranges) != 1:
+        return None
+    axis, (start, stop, step) = ranges[0]
+    if step != 1 or stop <= start:
+        return None
+    return axis, start, stop - start
 
 
 def _select_index(index: Any, src: Tensor) -> tuple[str, int] | None:

@@ -135,7 +135,7 @@ def export_plan(
     ops: list[OpPlacement] = []
     for op, cfg in zip(graph.ops, strategy.configs, strict=True):
         paths = tuple(dict.fromkeys(_module_of(p.name) for p in op.params))
-        style, reason = _style(op, cfg, shape, [types.get(p) for p in paths])
+        style, reason = _style(op, cfg, shape, {p: types.get(p) for p in paths})
         if op.kind == "elementwise" and op.params and style == "data":
             # a parameter an add reads (a position embedding's weight): its module is
             # replicated and reads its input (the positions) whole
@@ -186,7 +186,7 @@ def _check_params(strategy: Strategy, module: nn.Module) -> None:
 
 
 def _style(
-    op: Op, cfg: ParallelConfig, shape: tuple[int, ...], types: Sequence[Any]
+    op: Op, cfg: ParallelConfig, shape: tuple[int, ...], types: dict[str, Any]
 ) -> tuple[str, str | None]:
     """(style, None) when expressible, else ("replicate", why not). On a 2-D mesh (data,
     tensor), the tensor-parallel styles are those of a 1-D mesh of `tensor` ranks with the
@@ -219,9 +219,21 @@ def _style(
     if op.kind == "slice" and len(split) == 1:
         return "propagate", None  # a piece of its input, in whatever layout that has
     if split == {CHANNEL: world} and op.kind in _COLWISE_KINDS:
-        if all(t is not None and issubclass(t, nn.Linear | nn.Embedding) for t in types):
+        others = {
+            p: t
+            for p, t in types.items()
+            if t is None or not issubclass(t, nn.Linear | nn.Embedding)
+        }
+        if not others:
             return "colwise", None
-        return "replicate", "a channel split of a module that is not nn.Linear/nn.Embedding"
+        named = ", ".join(
+            f"{p or '<the model>'} ({t.__name__ if t is not None else 'no module'})"
+            for p, t in others.items()
+        )
+        return "replicate", (
+            f"a channel split of an op with parameters of {named}, not of an nn.Linear or "
+            "nn.Embedding (coarsening folds an add of a parameter into the layer before it)"
+        )
     if len(split) > 1:
         return "replicate", f"splits {len(split)} dims; a 1-D mesh shards one"
     (dim,) = split

@@ -289,3 +289,12 @@ def test_einsum_attention_and_a_sequence_range_capture() -> None:
     assert attn.attr("causal") and attn.attr("heads") == 4
     cut = [op for op in graph.ops if op.kind == "slice" and op.attr("dim") == "length"]
     assert [(op.attr("start"), op.attr("size")) for op in cut] == [(1, 15)]
+
+
+@pytest.mark.benchmark
+@pytest.mark.parametrize("name", ["llama2-7b", "llama2-70b"])
+def test_capture_speed_of_llamas_on_meta(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
+    """Issue target: a 7B in <= 10 s, a 70B in <= 30 s (batch 8, sequence 2048)."""
+    module, tokens = build_llm(name, batch=8, seq=2048)
+    graph = benchmark.pedantic(capture, args=(module, tokens, name), rounds=1, iterations=1)
+    assert len([op for op in graph.ops if op.kind == "attention"]) == module.config.n_layers

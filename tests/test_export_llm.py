@@ -176,3 +176,19 @@ def test_data_by_tensor_parallelism_on_a_two_by_two_mesh(name: str, tmp_path: Pa
     assert {s for _, s in plan.modules} >= {"data", "colwise"}
     for case, r in _launch(name, 4, tmp_path).items():
         assert r["deviation"] < 1e-12 and r["count"] and r["tied"], (case, r)
+
+
+def test_a_refused_channel_split_names_the_module_that_is_not_a_layer() -> None:
+    from planner.errors import LayerwiseError
+    from planner.graph.zoo import build_model, model_graph
+
+    sizes = {"batch": 2, "seq": 8, "width": 16, "layers": 1, "heads": 2, "vocab": 30}
+    graph = model_graph("transformer", **sizes)
+    (embed,) = [op for op in graph.ops if op.kind == "embedding"]
+    assert {p.name for p in embed.params} == {"tok_embed.weight", "pos_embed"}  # folded add
+    dp = data_parallel(graph, get_preset("cpu-local-2"))
+    configs = list(dp.configs)
+    configs[graph.index(embed.name)] = split_along(embed, CHANNEL, [0, 1])
+    module, _ = build_model("transformer", device="cpu", **sizes)
+    with pytest.raises(LayerwiseError, match=r"parameters of <the model> \(Transformer\), not of"):
+        export_plan(Strategy(graph, dp.devices, tuple(configs)), module)

@@ -305,7 +305,7 @@ class _SlicesActivations(nn.Module):
         self.fc = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x)[:, 1:]
+        return self.fc(x)[:, 1]  # drops the channel dim (a range, [:, 1:], is a slice op)
 
 
 class _DataDependent(nn.Module):
@@ -319,7 +319,7 @@ class _DataDependent(nn.Module):
         (_WithConv1d(), (2, 3, 4), r"'body' \(call_module body: torch.nn.modules.conv.Conv1d\)"),
         (nn.Sequential(nn.Linear(4, 4), nn.LSTM(4, 4)), (2, 3, 4), "LSTM"),
         (_WithMatmul(), (2, 4, 4), "'bmm' .*call_function bmm"),
-        (_SlicesActivations(), (2, 4), "slices 'fc'"),
+        (_SlicesActivations(), (2, 4), "slices 'fc'.* an index that drops a dim"),
         (_DataDependent(), (2, 4), "could not trace"),
     ],
 )

@@ -147,7 +147,8 @@ def prepare(
                 f"the strategy's graph (fingerprint {strategy.graph.fingerprint()}) is not the "
                 f"graph of {model.describe()} (fingerprint {fingerprint})"
             )
-        _check_kinds(model, strategy.graph, options.seed)
+        if options.check or any(op.kind == "attention" for op in strategy.graph.ops):
+            _check_kinds(model, strategy.graph, options.seed)
     if options.backend == "nccl" and torch.cuda.device_count() < 1:
         raise RuntimeConfigError("backend nccl needs CUDA devices; this machine has none")
     return world, build_plan(strategy)
@@ -157,18 +158,20 @@ _CHECKED: set[str] = set()
 
 
 def _check_kinds(model: Model, graph: OpGraph, seed: int) -> None:
-    """The model built for real (float64, CPU) and captured again: capture compares every
-    op whose kind a module declares, and every attention read from tensor code, with the
-    kernels the workers will compute them with (`planner.graph.capture.check_declared`,
-    `planner.graph.attention`); on the meta device it could not. Once per model and process."""
+    """The model built for real (on the CPU, in its own dtype) and captured again: capture
+    compares every op whose kind a module declares (in float64, module by module), and
+    every attention read from tensor code, with the kernels the workers will compute them
+    with (`planner.costs.declared.check_declared`, `planner.graph.attention`); on the meta
+    device it could not. Done for `--check` runs and for models with attention, once per
+    model and process (it costs one build of the model)."""
     key = model_key(model)
     if key in _CHECKED:
         return
     from planner.costs.declared import check_declared
     from planner.graph.capture import capture
 
-    module = model.build(seed, torch.float64)
-    inputs = tuple(make_inputs(graph, 0, seed, torch.float64))
+    module = model.build(seed, torch.float32)
+    inputs = tuple(make_inputs(graph, 0, seed, torch.float32))
     try:
         capture(module, inputs, graph.name, check=check_declared)
     except GraphError as exc:

@@ -30,13 +30,29 @@ def gpt2(attention: str = "sdpa", context: int = 16) -> GPT2:
     return GPT2(config)
 
 
+class Conv1D(nn.Module):
+    """Hugging Face's Conv1D: a linear layer with its weight stored (in, out), as addmm."""
+
+    def __init__(self, nf: int, nx: int) -> None:
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.randn(nx, nf) * 0.02)
+        self.bias = nn.Parameter(torch.zeros(nf))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size_out = x.size()[:-1] + (self.nf,)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return x.view(size_out)
+
+
 class HFAttention(nn.Module):
-    """Hugging Face's GPT-2 attention idioms: permute, a scale and a fill as 0-d tensors of
-    the scores' dtype (torch.full), torch.where with a bool tril buffer sliced by lengths."""
+    """Hugging Face's GPT-2 attention idioms: Conv1D projections, permute, a scale and a fill
+    as 0-d tensors of the scores' dtype (torch.full), torch.where with a bool tril buffer
+    sliced by lengths."""
 
     def __init__(self, width: int = 32, heads: int = 4, context: int = 32) -> None:
         super().__init__()
-        self.c_attn, self.c_proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.c_attn, self.c_proj = Conv1D(3 * width, width), Conv1D(width, width)
         self.heads, self.width = heads, width
         mask = torch.tril(torch.ones((context, context), dtype=torch.bool))
         self.register_buffer("bias", mask.view(1, 1, context, context), persistent=False)
@@ -90,6 +106,8 @@ def test_hugging_face_idioms_capture_with_exact_attrs() -> None:
         }
     head = [op for op in graph.ops if op.kind == "linear"][-1]
     assert [p.name for p in head.params] == ["wte.weight"]
+    conv1d = [op for op in graph.ops if op.attr("transposed")]  # read as linears, (in, out)
+    assert len(conv1d) == 4 and all(op.kind == "linear" for op in conv1d)
     assert graph.ops[1].output.dtype_bytes == 4  # sizes in the model's dtype
 
 

@@ -21,7 +21,8 @@ Conventions of the op kinds (see `planner.graph.capture`):
   its groups.
 - pool2d: attrs kernel, stride, padding, dilation, mode "max"/"avg" (padding counts in the
   average, as torch's default count_include_pad=True); adaptive pools are fixed windows.
-- linear: (weight (out, in), [bias]) over the flattened non-sample (and non-length) dims.
+- linear: (weight (out, in), [bias]) over the flattened non-sample (and non-length) dims;
+  attr transposed: weight (in, out), as Hugging Face's Conv1D holds it.
 - embedding: weight (vocab, C), the task holds columns of its channels; integer token input.
 - lstm: LSTMCell (weight_ih, weight_hh, [bias_ih, bias_hh]) with gates i, f, g, o stacked
   along rows; a channel split holds the rows of its hidden units in each gate. With a
@@ -354,6 +355,8 @@ def _param_roles(op: Op) -> tuple[ParamRole, ...]:
     layout = _OWN_PARAMS.get(op.kind, ())
     if op.kind == "norm" and op.attr("norm") in ("layer", "rms"):
         layout = ((-1, 1), (-1, 1))  # layer and RMS norm: channel is never split
+    if op.kind == "linear" and op.attr("transposed"):
+        layout = ((1, 1), (0, 1))  # weight (in, out): the output channels are its columns
     n_own = 0
     if layout and params:
         first = _prefix(params[0].name)
@@ -802,7 +805,8 @@ def _features(plan: TaskPlan, x: torch.Tensor, pos: int = 0) -> torch.Tensor:
 def _linear(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], extras: Any) -> Any:
     if not own:
         raise GraphError(f"linear {plan.op.name!r} has no weight parameter")
-    y = F.linear(_features(plan, xs[0]), own[0], own[1] if len(own) > 1 else None)
+    weight = own[0].t() if plan.op.attr("transposed") else own[0]  # (in, out): HF's Conv1D
+    y = F.linear(_features(plan, xs[0]), weight, own[1] if len(own) > 1 else None)
     return _channel_last_to_output(plan, y)
 
 

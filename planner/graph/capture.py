@@ -269,6 +269,47 @@ def norm_of(m: nn.Module) -> dict[str, Any] | None:
     return attrs
 
 
+def linear_of(m: nn.Module) -> dict[str, Any] | None:
+    """{"transposed": True} when module `m`, not an nn.Linear, computes x @ weight + bias
+    over its input's last dim with a weight of shape (in, out) (Hugging Face's Conv1D, which
+    writes it as addmm on a flattened view), found by running it on a small random input
+    with random weights; None otherwise."""
+    key = id(m)
+    if key in _LINEARS_SEEN and _LINEARS_SEEN[key][0] is m:
+        return _LINEARS_SEEN[key][1]
+    found = _recognise_linear(m)
+    _LINEARS_SEEN[key] = (m, found)
+    return found
+
+
+_LINEARS_SEEN: dict[int, tuple[nn.Module, dict[str, Any] | None]] = {}
+
+
+def _recognise_linear(m: nn.Module) -> dict[str, Any] | None:
+    params = dict(m.named_parameters())
+    if isinstance(m, nn.Linear) or set(params) not in ({"weight"}, {"weight", "bias"}):
+        return None
+    if list(m.buffers()) or any(True for _ in m.children()) or params["weight"].dim() != 2:
+        return None
+    n_in, n_out = (int(s) for s in params["weight"].shape)
+    if "bias" in params and tuple(params["bias"].shape) != (n_out,):
+        return None
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, n_in, generator=g, dtype=torch.float64)
+    state = {
+        n: torch.randn(tuple(p.shape), generator=g, dtype=torch.float64) for n, p in params.items()
+    }
+    try:
+        with torch.no_grad():
+            y = torch.func.functional_call(m, state, (x,))
+    except Exception:  # noqa: BLE001 - not a module of one tensor in, one out
+        return None
+    want = x @ state["weight"] + state.get("bias", 0.0)
+    if not isinstance(y, torch.Tensor) or y.shape != want.shape:
+        return None
+    return {"transposed": True} if torch.allclose(y, want, rtol=1e-12, atol=1e-12) else None
+
+
 def _recognise_norm(m: nn.Module) -> dict[str, Any] | None:
     params = dict(m.named_parameters())
     if set(params) not in ({"weight"}, {"weight", "bias"}) or list(m.buffers()):
@@ -327,7 +368,11 @@ def _trace(
     }
     try:
         # norms are recognised by running them, which cannot happen while fx traces
-        norms = {id(m): norm_of(m) for m in module.modules() if not isinstance(m, leaf_modules)}
+        norms = {
+            id(m): norm_of(m) or linear_of(m)
+            for m in module.modules()
+            if not isinstance(m, leaf_modules)
+        }
         tracer = _Tracer(leaf_modules, norms)
         graph = tracer.trace(module, meta, concrete_args=concrete or None)
     except Exception as exc:  # fx raises many kinds: TraceError, TypeError, NotImplementedError
@@ -720,6 +765,8 @@ class _Builder:
         found = None if isinstance(m, nn.LayerNorm | nn.BatchNorm2d) else norm_of(m)
         if found is not None:
             return "norm", dict(found)
+        if not isinstance(m, nn.Linear) and linear_of(m) is not None:
+            return "linear", {"transposed": True}
         if isinstance(m, nn.Conv2d):
             return "conv2d", _conv_attrs(node, m)
         if isinstance(m, nn.MaxPool2d | nn.AvgPool2d):

@@ -316,3 +316,60 @@ def test_capture_speed_of_llamas_on_meta(benchmark, name: str) -> None:  # type:
     module, tokens = build_llm(name, batch=8, seq=2048)
     graph = benchmark.pedantic(capture, args=(module, tokens, name), rounds=1, iterations=1)
     assert len([op for op in graph.ops if op.kind == "attention"]) == module.config.n_layers
+
+
+class PackedAttention(nn.Module):
+    """timm-style: one projection reshaped to (B, T, 3, heads, head), permuted, unbound (or
+    indexed) into q, k, v; causal SDPA."""
+
+    def __init__(self, width: int = 32, heads: int = 4, unbind: bool = True) -> None:
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.heads, self.unbind = heads, unbind
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        qkv = self.qkv(x).reshape(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0) if self.unbind else (qkv[0], qkv[1], qkv[2])
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class PackedNet(nn.Module):
+    def __init__(self, unbind: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.head = nn.Embedding(64, 32), nn.Linear(32, 64)
+        self.attn = PackedAttention(unbind=unbind)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.emb(tokens)
+        return self.head(h + self.attn(h))
+
+
+@pytest.mark.parametrize("unbind", [True, False])
+def test_q_k_v_packed_in_one_projection_are_read_through_slices(unbind: bool) -> None:
+    graph = capture(PackedNet(unbind), TOKENS, "packed")
+    (attn,) = [op for op in graph.ops if op.kind == "attention"]
+    pieces = [graph.op(i) for i in attn.inputs]
+    assert [p.kind for p in pieces] == ["slice"] * 3
+    assert [p.attr("start") for p in pieces] == [0, 32, 64]
+    assert {p.inputs for p in pieces} == {("attn.qkv",)}
+
+
+class PerHeadPacked(PackedAttention):
+    """GPT-NeoX's layout: q, k, v interleaved per head: not three contiguous thirds."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        qkv = self.qkv(x).reshape(b, t, self.heads, 3, c // self.heads).permute(3, 0, 2, 1, 4)
+        q, k, v = qkv.unbind(0)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+def test_q_k_v_interleaved_per_head_are_refused_by_the_check() -> None:
+    net = PackedNet()
+    net.attn = PerHeadPacked()
+    with pytest.raises(GraphError, match="computes something else"):
+        capture(net, TOKENS, "neox")

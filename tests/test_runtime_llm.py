@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 from budget import time_budget
-from test_capture_llm import HFGPT, EinsumNet, _DeclaredRMS, _Net, gpt2, llama
+from test_capture_llm import HFGPT, EinsumNet, PackedNet, _DeclaredRMS, _Net, gpt2, llama
 
 import planner
 import runtime
@@ -46,8 +46,8 @@ def _runs(module: torch.nn.Module, world: int, draws: int) -> list[float]:
 
 @pytest.mark.parametrize(
     "make",
-    [lambda: gpt2("buffer", context=32), lambda: llama("ones"), HFGPT, EinsumNet],
-    ids=["gpt2-buffer-longer-context", "llama-ones", "hugging-face-idioms", "einsum"],
+    [lambda: gpt2("buffer", context=32), lambda: llama("ones"), HFGPT, EinsumNet, PackedNet],
+    ids=["gpt2-buffer-longer-context", "llama-ones", "hugging-face-idioms", "einsum", "packed"],
 )
 def test_reference_style_transformers_train_like_single_process(make) -> None:  # type: ignore[no-untyped-def]
     # random strategies cut heads (whole k/v groups for Llama), sequence and samples, the

@@ -65,6 +65,7 @@ _SHAPE_METHODS = {
     "unsqueeze",
     "squeeze",
     "repeat_interleave",
+    "unbind",
     "float",
     "type_as",
     "to",
@@ -77,6 +78,7 @@ _SHAPE_FUNCTIONS: set[Any] = {
     torch.squeeze,
     torch.flatten,
     torch.repeat_interleave,
+    torch.unbind,
 }
 _ENTRY_METHODS = {"view", "reshape", "transpose", "permute", "unflatten"}
 _ENTRY_FUNCTIONS: set[Any] = {torch.reshape, torch.transpose, torch.permute}
@@ -114,6 +116,8 @@ class AttentionRegion:
     v: fx.Node
     attrs: dict[str, Any] = field(default_factory=dict)
     flops: int = 0
+    packed: bool = False  # q, k, v are the thirds of one tensor (q = k = v here): capture
+    # reads them through three slice ops of it
 
 
 def find_regions(
@@ -248,6 +252,9 @@ def _region(
     heads, head = int(q4.shape[1]), int(q4.shape[3])
     channels = [int(values[x].shape[-1]) for x in (q, k, v)]
     out_channels = int(values[exit_node].shape[-1])
+    packed = q is k is v  # one projection viewed as (..., 3, heads, head) and indexed
+    if packed and channels[0] == 3 * out_channels:
+        channels = [out_channels] * 3  # its thirds (checked by running the region)
     if channels[0] != heads * head or out_channels != heads * head:
         raise GraphError(
             f"the attention at {where}: q has {channels[0]} channels and the output "
@@ -278,7 +285,7 @@ def _region(
     if any(_is_float32_cast(n) for n in group):
         attrs["softmax"] = "float32"  # the model computes its softmax in float32
     region = AttentionRegion(
-        group | consts, exit_node, q, k, v, attrs, sum(flops.get(n, 0) for n in group)
+        group | consts, exit_node, q, k, v, attrs, sum(flops.get(n, 0) for n in group), packed
     )
     _verify(gm, region, values, where)
     return region
@@ -363,6 +370,10 @@ def _verify(
     g = torch.Generator().manual_seed(0)
     for x in entries:
         memo[x] = torch.randn(tuple(values[x].shape), generator=g, dtype=torch.float64)
+    qkv = [memo[x] for x in entries]
+    if region.packed:  # its thirds, as the slice ops will give them
+        third = qkv[0].shape[-1] // 3
+        qkv = [qkv[0][..., i * third : (i + 1) * third] for i in range(3)]
     for n in order:
         if n in memo or n in constants:
             continue
@@ -381,9 +392,7 @@ def _verify(
             for t in region.attrs["rope_tables"]
         )
         tables = (cos, sin)
-    want = attention_math(
-        memo[region.q], memo[region.k], memo[region.v], region.attrs, tables=tables
-    )
+    want = attention_math(qkv[0], qkv[1], qkv[2], region.attrs, tables=tables)
     scale = float(want.abs().max()) or 1.0
     error = float((got.to(want.dtype) - want).abs().max()) / scale
     limit = 1e-5 if region.attrs.get("softmax") == "float32" else 1e-9
@@ -624,8 +633,14 @@ def _entry(
         if n not in group:
             found.add(n)
             continue
-        stack.extend(a for a in _args(n) if isinstance(values.get(a), torch.Tensor))
-    found = {n for n in found if n.op != "get_attr" and values[n].is_floating_point()}
+        stack.extend(a for a in _args(n) if _is_tensor(values.get(a)))  # (also unbind's)
+    found = {
+        n
+        for n in found
+        if n.op != "get_attr"
+        and isinstance(values[n], torch.Tensor)
+        and values[n].is_floating_point()
+    }
     if len(found) != 1:
         names = ", ".join(sorted(n.name for n in found)) or "none"
         raise GraphError(

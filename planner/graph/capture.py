@@ -17,6 +17,7 @@ it a leaf mapped to that kind, with attrs from its `layerwise_attrs()` method if
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import operator
@@ -558,7 +559,7 @@ class _Builder:
     def _visit(self, node: fx.Node) -> _Ref:
         region = self.exit_of.get(node)
         if region is not None:
-            return self._add(
+            ref = self._add(
                 node,
                 "attention",
                 dict(region.attrs),
@@ -566,6 +567,9 @@ class _Builder:
                 flops=region.flops,
                 name=self._region_name(node),
             )
+            if region.packed:
+                self._unpack(ref.op)
+            return ref
         if node in self.in_region:
             return _Ref("none")
         if node in self.constant and node.op != "get_attr":
@@ -615,6 +619,33 @@ class _Builder:
                 "(torch.arange(T))"
             )
         return _Ref("const")
+
+    def _unpack(self, name: str) -> None:
+        """Attention op `name` reads one tensor three times (q, k and v packed in one
+        projection): it reads its thirds through three slice ops instead."""
+        pending = self.ops[-1]
+        src = self._op(pending.op.inputs[0])
+        third = src.output.size(CHANNEL) // 3
+        shape = tuple((d, third if d == CHANNEL else n) for d, n in src.output.shape)
+        out = Tensor(shape, src.output.dtype_bytes)
+        names = []
+        for i, role in enumerate(("q", "k", "v")):
+            piece = Op(
+                name=self._unique(f"{name}.{role}"),
+                kind="slice",
+                inputs=(src.name,),
+                output=out,
+                params=(),
+                flops=0.0,
+                mem_bytes=float(2 * out.nbytes),
+                attrs=Op.make_attrs({"dim": CHANNEL, "start": i * third, "size": third}),
+            )
+            self.ops.insert(len(self.ops) - 1, _Pending(piece, ""))
+            self.by_name[piece.name] = piece
+            names.append(piece.name)
+        op = dataclasses.replace(pending.op, inputs=tuple(names))
+        self.ops[-1] = _Pending(op, pending.owner, pending.key)
+        self.by_name[name] = op
 
     def _region_name(self, node: fx.Node) -> str:
         stack = node.meta.get("nn_module_stack") or OrderedDict()

@@ -13,6 +13,7 @@ from test_capture_llm import HFGPT, EinsumNet, PackedNet, _DeclaredRMS, _Net, gp
 
 import planner
 import runtime
+from planner.graph.llm import GPT2, GPT2Config
 from planner.hardware.presets import get_preset
 from runtime.plan import RuntimeConfigError
 from runtime.strategies import random_strategy
@@ -69,6 +70,15 @@ def test_reference_style_transformers_train_like_single_process(make) -> None:  
 )
 def test_reference_style_transformers_at_world_4(make) -> None:  # type: ignore[no-untyped-def]
     assert max(_runs(make(), 4, 4)) < 1e-9
+
+
+def test_gpt2_with_dropout_plans_and_trains_without_it_like_single_process() -> None:
+    # nanoGPT passes self.dropout to SDPA: planned like nn.Dropout, off in the runtime and in
+    # the reference (prepare_for_training), so the run is deterministic and comparable
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=64, block_size=16, n_layer=1, n_head=4, n_embd=32, dropout=0.1)
+    module = GPT2(config)
+    assert max(_runs(module, 2, 1)) < 1e-9
 
 
 def test_a_declared_kind_planned_on_meta_is_checked_before_the_run() -> None:

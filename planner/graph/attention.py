@@ -421,6 +421,9 @@ def _run_node(gm: fx.GraphModule, n: fx.Node, memo: dict[fx.Node, Any], values: 
     if n.op == "call_function":
         if n.target is F.dropout:
             return args[0]
+        if n.target is F.scaled_dot_product_attention:  # compared without its dropout
+            args = tuple(0.0 if i == 4 else a for i, a in enumerate(args))
+            kwargs.pop("dropout_p", None)
         return n.target(*args, **kwargs)  # type: ignore[operator]
     return getattr(args[0], str(n.target))(*args[1:], **kwargs)
 
@@ -555,11 +558,14 @@ def _read_sdpa(
     dropout = _argument(n, 4, "dropout_p") or 0.0
     scale = _argument(n, 6, "scale")
     head = int(values[q].shape[-1])
-    if isinstance(dropout, fx.Node) or float(dropout) != 0.0:
+    if isinstance(dropout, fx.Node):
         raise GraphError(
-            f"{_where({n})}: scaled_dot_product_attention with dropout_p={dropout}; "
-            "layerwise computes attention without dropout: pass dropout_p=0.0"
+            f"{_where({n})}: scaled_dot_product_attention with a dropout_p computed from the "
+            "inputs; give it a number"
         )
+    # a number: attention dropout is planned like nn.Dropout (no cost of its own) and the
+    # runtime computes attention without it, as it does every dropout (runs are
+    # deterministic); `planner.graph.models.prepare_for_training` turns it off in the model
     if mask is not None:
         causal = causal or _causal_mask(mask, constant, n, values)
     if _argument(n, 7, "enable_gqa"):

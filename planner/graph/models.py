@@ -212,13 +212,24 @@ class ModelSpec:
         return prepare_for_training(self.module("cpu"), dtype)
 
 
+DROPOUT_ATTRIBUTES = ("dropout", "attn_dropout", "attention_dropout", "dropout_p", "attn_pdrop")
+"""Float attributes that modules pass as `F.scaled_dot_product_attention`'s dropout_p, as
+nanoGPT (`self.dropout`) and Hugging Face (`attention_dropout`) write it."""
+
+
 def prepare_for_training(module: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """`module` in `dtype` with every `nn.Dropout` at p = 0 (runs are deterministic)."""
+    """`module` in `dtype` with every `nn.Dropout` at p = 0, and every float attribute of
+    DROPOUT_ATTRIBUTES at 0 (runs are deterministic). A dropout held elsewhere stays on, and
+    `--check` then reports the deviation (exit status 3)."""
     from torch import nn
 
     for m in module.modules():
         if isinstance(m, nn.Dropout):
             m.p = 0.0
+        for name in DROPOUT_ATTRIBUTES:
+            value = m.__dict__.get(name)
+            if isinstance(value, float) and 0.0 < value < 1.0:
+                setattr(m, name, 0.0)
     return module.to(dtype)
 
 

@@ -256,15 +256,21 @@ def test_a_declared_kind_that_computes_something_else_is_refused_naming_the_op()
     assert graph.op("attn").kind == "attention"  # the zoo's declared attention passes
 
 
-def test_seven_and_seventy_billion_llamas_capture_on_meta_with_their_parameters() -> None:
-    for name, params in (("llama2-7b", 6_738_415_616), ("llama2-70b", 68_976_648_192)):
-        module, tokens = build_llm(name, batch=1, seq=2048)
-        graph = capture(module, tokens, name)
-        counted = {p.name: math.prod(p.shape) for op in graph.ops for p in op.params}
-        assert sum(counted.values()) == params
-        attn = [op for op in graph.ops if op.kind == "attention"]
-        assert len(attn) == module.config.n_layers
-        assert attn[0].attr("kv_heads") == module.config.kv_heads
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("llama2-7b", 6_738_415_616),
+        pytest.param("llama2-70b", 68_976_648_192, marks=pytest.mark.slow),
+    ],
+)
+def test_llamas_capture_on_meta_with_their_parameters(name: str, params: int) -> None:
+    module, tokens = build_llm(name, batch=1, seq=2048)
+    graph = capture(module, tokens, name)
+    counted = {p.name: math.prod(p.shape) for op in graph.ops for p in op.params}
+    assert sum(counted.values()) == params
+    attn = [op for op in graph.ops if op.kind == "attention"]
+    assert len(attn) == module.config.n_layers
+    assert attn[0].attr("kv_heads") == module.config.kv_heads
 
 
 class EinsumAttention(nn.Module):

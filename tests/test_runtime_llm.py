@@ -54,7 +54,7 @@ def test_reference_style_transformers_train_like_single_process(make) -> None:  
     # random strategies cut heads (whole k/v groups for Llama), sequence and samples, the
     # slices of the fused QKV, the vocabulary of the tied head (held whole where the
     # embedding cuts it the other way)
-    assert max(_runs(make(), 2, 2)) < 1e-9
+    assert max(_runs(make(), 2, 1)) < 1e-9
 
 
 @pytest.mark.slow

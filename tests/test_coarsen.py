@@ -6,41 +6,12 @@ from functools import cache
 from typing import Any
 
 import pytest
+from zoo_sizes import SMALL
 
 from planner.graph.coarsen import coarsen
 from planner.graph.opgraph import Op, OpGraph, Param, Tensor
 from planner.graph.zoo import MODELS, model_graph
 
-SMALL: dict[str, dict[str, Any]] = {
-    "rnntc": {"steps": 5, "hidden": 32, "vocab": 100},
-    "rnnlm": {"steps": 5, "hidden": 32, "vocab": 100},
-    "nmt": {"src_steps": 4, "tgt_steps": 3, "hidden": 32, "src_vocab": 90, "tgt_vocab": 80},
-    "transformer": {"seq": 16, "width": 32, "layers": 2, "heads": 4, "vocab": 100},
-    **{
-        name: {
-            "seq": 16,
-            "n_layer": 2,
-            "n_embd": 32,
-            "n_head": 4,
-            "vocab_size": 100,
-            "block_size": 16,
-        }
-        for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
-    },
-    **{
-        name: {
-            "seq": 16,
-            "n_layers": 2,
-            "dim": 64,
-            "n_heads": 4,
-            "n_kv_heads": 2,
-            "vocab_size": 100,
-            "max_seq_len": 16,
-            "multiple_of": 32,
-        }
-        for name in ("llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b")
-    },
-}
 RECURRENT = ("rnntc", "rnnlm", "nmt")
 
 

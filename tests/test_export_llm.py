@@ -40,31 +40,31 @@ def budget() -> Iterator[None]:
 def heads_split(strategy: Strategy) -> Strategy:
     """The strategy with every q/k/v projection split by output channels (colwise) and every
     attention by heads: tensor parallelism of the attention, the rest data parallel."""
-    graph = strategy.graph
     configs = list(strategy.configs)
+    for i, op in attention_ops(strategy.graph):
+        configs[i] = split_along(op, CHANNEL, [0, 1])
+    return Strategy(strategy.graph, strategy.devices, tuple(configs))
+
+
+def attention_ops(graph: Any) -> list[tuple[int, Any]]:
+    """The attention ops and the linears whose outputs they read (through slices or not)."""
+    out = []
     for i, op in enumerate(graph.ops):
-        feeds_attention = any(
-            graph.ops[c].kind in ("attention", "slice") for c in graph.consumers[i]
-        )
-        if op.kind == "attention" or (op.kind == "linear" and feeds_attention):
-            configs[i] = split_along(op, CHANNEL, [0, 1])
-    return Strategy(graph, strategy.devices, tuple(configs))
+        feeds = any(graph.ops[c].kind in ("attention", "slice") for c in graph.consumers[i])
+        if op.kind == "attention" or (op.kind == "linear" and feeds):
+            out.append((i, op))
+    return out
 
 
 def two_by_two(strategy: Strategy) -> Strategy:
     """On 4 devices: every op data parallel over 4, but the q/k/v projections and the
     attention split 2 x 2 (samples x channels; task (s, c) on device 2 s + c): data x tensor
     parallelism on a (2, 2) mesh."""
-    graph = strategy.graph
     configs = list(strategy.configs)
-    for i, op in enumerate(graph.ops):
-        feeds_attention = any(
-            graph.ops[c].kind in ("attention", "slice") for c in graph.consumers[i]
-        )
-        if op.kind == "attention" or (op.kind == "linear" and feeds_attention):
-            degrees = tuple({SAMPLE: 2, CHANNEL: 2}.get(d, 1) for d in op.output.dims)
-            configs[i] = ParallelConfig(degrees, (0, 1, 2, 3))
-    return Strategy(graph, strategy.devices, tuple(configs))
+    for i, op in attention_ops(strategy.graph):
+        degrees = tuple({SAMPLE: 2, CHANNEL: 2}.get(d, 1) for d in op.output.dims)
+        configs[i] = ParallelConfig(degrees, (0, 1, 2, 3))
+    return Strategy(strategy.graph, strategy.devices, tuple(configs))
 
 
 def strategies(name: str, world: int = 2) -> dict[str, Any]:

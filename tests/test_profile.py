@@ -24,6 +24,7 @@ from graphs import (
     pool2d,
     softmax,
 )
+from zoo_sizes import GPT2_SMALL, LLAMA_SMALL
 
 from planner.costs.config import ConfigSpace, ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
@@ -496,23 +497,8 @@ ZOO_SMALL: dict[str, dict[str, Any]] = {
     "rnntc": {"batch": 4, "steps": 3, "hidden": 16, "vocab": 50},
     "nmt": {"batch": 4, "src_steps": 3, "tgt_steps": 2, "hidden": 16},
     "transformer": {"batch": 2, "seq": 16, "width": 32, "layers": 2, "heads": 4, "vocab": 50},
-    "gpt2": {
-        "batch": 2,
-        **{"seq": 16, "n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 100, "block_size": 16},
-    },
-    "llama2-70b": {
-        "batch": 2,
-        **{
-            "seq": 16,
-            "n_layers": 2,
-            "dim": 64,
-            "n_heads": 4,
-            "n_kv_heads": 2,
-            "vocab_size": 100,
-            "max_seq_len": 16,
-            "multiple_of": 32,
-        },
-    },
+    "gpt2": {"batch": 2, **GPT2_SMALL},
+    "llama2-70b": {"batch": 2, **LLAMA_SMALL},
 }
 
 

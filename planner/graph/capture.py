@@ -262,12 +262,7 @@ def norm_of(m: nn.Module) -> dict[str, Any] | None:
     comparing with each formula. The epsilon is the module's (attribute eps,
     variance_epsilon, ...) or the one of _EPS_GUESSES that fits; "compute": "float32" when
     the module computes in float32 whatever its input (as Meta's reference code does)."""
-    key = id(m)
-    if key in _NORMS_SEEN and _NORMS_SEEN[key][0] is m:
-        return _NORMS_SEEN[key][1]
-    attrs = _recognise_norm(m)
-    _NORMS_SEEN[key] = (m, attrs)
-    return attrs
+    return _seen(_NORMS_SEEN, m, _recognise_norm)
 
 
 def linear_of(m: nn.Module) -> dict[str, Any] | None:
@@ -275,15 +270,24 @@ def linear_of(m: nn.Module) -> dict[str, Any] | None:
     over its input's last dim with a weight of shape (in, out) (Hugging Face's Conv1D, which
     writes it as addmm on a flattened view), found by running it on a small random input
     with random weights; None otherwise."""
-    key = id(m)
-    if key in _LINEARS_SEEN and _LINEARS_SEEN[key][0] is m:
-        return _LINEARS_SEEN[key][1]
-    found = _recognise_linear(m)
-    _LINEARS_SEEN[key] = (m, found)
-    return found
+    return _seen(_LINEARS_SEEN, m, _recognise_linear)
 
 
 _LINEARS_SEEN: dict[int, tuple[nn.Module, dict[str, Any] | None]] = {}
+
+
+def _seen(
+    cache: dict[int, tuple[nn.Module, dict[str, Any] | None]],
+    m: nn.Module,
+    recognise: Callable[[nn.Module], dict[str, Any] | None],
+) -> dict[str, Any] | None:
+    """`recognise(m)`, once per module (the cache keeps the module: ids are reused)."""
+    hit = cache.get(id(m))
+    if hit is not None and hit[0] is m:
+        return hit[1]
+    found = recognise(m)
+    cache[id(m)] = (m, found)
+    return found
 
 
 def _recognise_linear(m: nn.Module) -> dict[str, Any] | None:

@@ -1,0 +1,38 @@
+"""Small sizes of the zoo models, shared by the tests: the same structure, quick to capture."""
+
+from __future__ import annotations
+
+from typing import Any
+
+GPT2S = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+LLAMAS = ("llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b")
+LLMS = GPT2S + LLAMAS
+
+GPT2_SMALL: dict[str, Any] = {
+    "seq": 16,
+    "n_layer": 2,
+    "n_embd": 32,
+    "n_head": 4,
+    "vocab_size": 100,
+    "block_size": 16,
+}
+LLAMA_SMALL: dict[str, Any] = {
+    "seq": 16,
+    "n_layers": 2,
+    "dim": 64,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "vocab_size": 100,
+    "max_seq_len": 16,
+    "multiple_of": 32,
+}
+
+# Small sizes for the recurrent models and the transformers.
+SMALL: dict[str, dict[str, Any]] = {
+    "rnntc": {"steps": 5, "hidden": 32, "vocab": 100},
+    "rnnlm": {"steps": 5, "hidden": 32, "vocab": 100},
+    "nmt": {"src_steps": 4, "tgt_steps": 3, "hidden": 32, "src_vocab": 90, "tgt_vocab": 80},
+    "transformer": {"seq": 16, "width": 32, "layers": 2, "heads": 4, "vocab": 100},
+    **{name: GPT2_SMALL for name in GPT2S},
+    **{name: LLAMA_SMALL for name in LLAMAS},
+}

@@ -137,7 +137,7 @@ def find_regions(
             continue
         reads = [a for a in _args(node) if a not in constant]
         if any(a in inside for a in reads):
-            if _is_exit(node, values, sequence):
+            if _is_exit(node, sequence):
                 exits.add(node)
             else:
                 inside.add(node)
@@ -174,7 +174,7 @@ def _is_swap(node: fx.Node) -> bool:
     return node.target in ("transpose", "permute", torch.transpose, torch.permute)
 
 
-def _is_exit(node: fx.Node, values: dict[fx.Node, Any], sequence: Callable) -> bool:
+def _is_exit(node: fx.Node, sequence: Callable) -> bool:
     reshape = (node.op == "call_method" and node.target in ("view", "reshape", "flatten")) or (
         node.op == "call_function" and node.target in (torch.reshape, torch.flatten)
     )
@@ -225,7 +225,7 @@ def _region(
         )
     exit_node = exits[0]
     for n in group:
-        _check_allowed(gm, n, constant)
+        _check_allowed(gm, n)
     sdpa = [n for n in group if _is_call(n, F.scaled_dot_product_attention)]
     softmax = [n for n in group if _is_softmax(n)]
     if len(sdpa) + len(softmax) != 1:
@@ -236,7 +236,7 @@ def _region(
         )
     consts = {a for n in group for a in _args(n) if a in constant}
     if sdpa:
-        q_op, k_op, v_op, scale, causal = _read_sdpa(sdpa[0], values, constant, group)
+        q_op, k_op, v_op, scale, causal = _read_sdpa(sdpa[0], values, constant)
     else:
         q_op, k_op, v_op, scale, causal = _read_manual(softmax[0], values, constant, group)
     q, k, v = (
@@ -511,7 +511,7 @@ def attention_math(
     return y.transpose(1, 2).reshape(n, lq, c)
 
 
-def _check_allowed(gm: fx.GraphModule, n: fx.Node, constant: set[fx.Node]) -> None:
+def _check_allowed(gm: fx.GraphModule, n: fx.Node) -> None:
     if n.op == "call_module":
         m = gm.get_submodule(str(n.target))
         if isinstance(m, nn.Dropout | nn.Identity | nn.Softmax):
@@ -550,7 +550,7 @@ def _check_allowed(gm: fx.GraphModule, n: fx.Node, constant: set[fx.Node]) -> No
 
 
 def _read_sdpa(
-    n: fx.Node, values: dict[fx.Node, Any], constant: set[fx.Node], group: set[fx.Node]
+    n: fx.Node, values: dict[fx.Node, Any], constant: set[fx.Node]
 ) -> tuple[fx.Node, fx.Node, fx.Node, float, bool]:
     q, k, v = (_argument(n, i, name) for i, name in enumerate(("query", "key", "value")))
     mask = _argument(n, 3, "attn_mask")
@@ -568,8 +568,6 @@ def _read_sdpa(
     # deterministic); `planner.graph.models.prepare_for_training` turns it off in the model
     if mask is not None:
         causal = causal or _causal_mask(mask, constant, n, values)
-    if _argument(n, 7, "enable_gqa"):
-        pass  # k and v have fewer heads: kv_heads comes from their channels
     return q, k, v, 1 / math.sqrt(head) if scale is None else float(scale), causal
 
 

@@ -8,6 +8,13 @@ matmuls, convolutions and attention count, so pointwise ops get 0 FLOPs and thei
 traffic in `mem_bytes`). Every fx node becomes an op of `planner.graph.opkinds` or is folded away
 when it carries no compute (getitem, size, identity); anything else raises `GraphError`.
 
+Transformer code (docs/graphs.md, "Tensor code"): the tracer knows the example's shapes
+(`_Tracer`, a MetaTracer) and traces floating tensors in TRACE_DTYPE; attention written as
+tensor code becomes one attention op (`planner.graph.attention.find_regions`); modules that
+compute a norm or a transposed linear are leaves found by running them (`norm_of`,
+`linear_of`); nodes computed without the inputs are constants (`_constants`); split, chunk
+and ranges give slice ops; a model that returns logits gets an implicit log_softmax.
+
 Dimension names: 4D activations (sample, channel, height, width), 3D (sample, length,
 channel), 2D (sample, channel); integer token tensors (sample, length) or (sample,).
 

@@ -18,8 +18,9 @@ steps it is live at. Rounds: toulbar2 solves the priced network (at most `round_
 twice that after a round that found no labelling, in
 a child process that is killed at the deadline or at Ctrl-C: one solve cannot be
 interrupted in-process); the steps its answer
-overfills get their price multiplied by `growth` (or a first price; an answer within the
-limit lowers every price by sqrt(growth), as the prices may be too high), the answer is repaired
+overfills get their price multiplied by `growth` (or a first price), those with more than
+SLACK of their limit free have theirs divided by sqrt(growth) (a price belongs to a step at
+its limit; the steps there keep theirs), the answer is repaired
 greedily into the limit (`backends.wcsp.memory.repair`) and polished by single-node moves;
 the best answer is kept. The bound reported is the Lagrangian bound (and toulbar2's proof
 where it has one).
@@ -97,6 +98,9 @@ FIRST_ROUND_SECONDS = 45.0  # kept for the rounds before the bound takes its sha
 # A, 60 s: a first round takes 20-30 s; with 12 s of bound before it one round fitted and the
 # gap was 11%, with 3 s two rounds and 7%; on S, 240 s, 48 s of bound gave a better one)
 CONTRACT_PER_ENTRY = 1e-6  # seconds to contract a network, per table entry (A: 5.8 M, 4-8 s)
+SLACK = 0.01  # a step this far below the limit has room: its price falls after a round
+# (before, every price fell after a round within the limit and none after one over it; IOPDDL
+# S, portfolio, 240 s: 1.5885e9 and 1.5511e9 became 1.5449e9 at seeds 1 and 0)
 FIX_OVERFULL = 0.02  # a round's labelling over the limit at more than this share of the
 # time steps is not repaired once there is an answer (IOPDDL S's first rounds: 0.5%)
 SMALL_TABLES = 100_000  # entries a network may have to be solved with under a second left
@@ -361,8 +365,9 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
                 break  # the unpriced network's answer keeps the limit: nothing to price
             if over.any():  # prices grow on the over-full steps
                 lam[over] = np.where(lam[over] > 0, lam[over] * settings.growth, base)
-            else:  # within the limit: the prices may be too high, lower them all a little
-                lam /= math.sqrt(settings.growth)
+            # and fall on the steps with room to spare (complementary slackness: a price
+            # belongs to a step at its limit); the steps at the limit keep theirs
+            lam[prof < st.limit * (1 - SLACK)] /= math.sqrt(settings.growth)
             if past(clock.at):
                 timed_out = True
                 break

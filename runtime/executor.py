@@ -215,8 +215,13 @@ class Executor:
         """The consumer task's box `need` of the edge's tensor, from its pieces."""
         trs = self.plan.into.get((edge, task), ())
         src = self.plan.ops[self.graph.edges[edge].src]
-        if len(trs) == 1 and trs[0].box == need:
+        if len(trs) == 1 and trs[0].box == need and not trs[0].partial:
             return self._piece(trs[0], src, c)
+        if trs and trs[0].partial:  # partial sums of a contraction split: add them up
+            buf = torch.zeros(_shape(need), dtype=self._dtype(src), device=self.device)
+            for tr in trs:
+                buf[_rel(tr.box, need)] += self._piece(tr, src, c)
+            return buf
         buf = torch.empty(_shape(need), dtype=self._dtype(src), device=self.device)
         for tr in trs:
             buf[_rel(tr.box, need)] = self._piece(tr, src, c)

@@ -35,10 +35,16 @@ import numpy as np
 
 from planner.costs.config import ParallelConfig
 from planner.costs.kernels import TaskPlan, fused_ops, plan_task
-from planner.costs.regions import needed_boxes, overlap_volume, task_boxes
+from planner.costs.regions import edge_grid, needed_boxes, overlap_volume, task_boxes
 from planner.errors import LayerwiseError
 from planner.graph.opgraph import Op, OpGraph
-from planner.graph.opkinds import CHANNEL, is_batch_norm, parameter_dims, stats_groups
+from planner.graph.opkinds import (
+    CHANNEL,
+    contraction,
+    is_batch_norm,
+    parameter_dims,
+    stats_groups,
+)
 from planner.problems.strategy import Strategy
 
 __all__ = [
@@ -73,6 +79,7 @@ class Transfer:
     box: Box  # absolute region of the producer's output tensor
     components: int  # 2 for an LSTM state (h, c), else 1
     tag: int  # message tag of component 0 forward; component c adds c; backward adds offset
+    partial: bool = False  # a partial sum (the producer splits its contraction): pieces add up
 
     @property
     def local(self) -> bool:
@@ -311,22 +318,27 @@ def _transfers(
     for k, e in enumerate(graph.edges):
         src, dst = graph.ops[e.src], graph.ops[e.dst]
         cu, cv = configs[e.src], configs[e.dst]
-        plo, phi = task_boxes(src.output.sizes, np.array([cu.degrees]), cu.num_tasks)
-        olo, ohi = task_boxes(dst.output.sizes, np.array([cv.degrees]), cv.num_tasks)
-        nlo, nhi = needed_boxes(graph.input_maps(e), src.output.sizes, dst.output.dims, olo, ohi)
+        # contraction splits: partial sums as one more producer dim (planner.costs.regions)
+        grid = edge_grid(src, dst, e.position, graph.input_maps(e), cu.reduce, cv.reduce)
+        plo, phi = task_boxes(grid.in_sizes, np.array([cu.grid]), cu.num_tasks)
+        olo, ohi = task_boxes(grid.out_sizes, np.array([cv.grid]), cv.num_tasks)
+        nlo, nhi = needed_boxes(grid.maps, grid.in_sizes, grid.out_dims, olo, ohi)
         vol = overlap_volume(plo, phi, nlo, nhi)[0, :, 0, :]
         components = 2 if dst.kind == "lstm" and e.position == 1 else 1
+        n = len(src.output.dims)
         for q in range(cv.num_tasks):
-            need = tuple(zip(nlo[0, q].tolist(), nhi[0, q].tolist(), strict=True))
+            need = tuple(zip(nlo[0, q].tolist()[:n], nhi[0, q].tolist()[:n], strict=True))
             if need != ops[e.dst].plans[q].in_boxes[e.position]:
                 raise AssertionError(f"needed box of {dst.name!r} differs from its TaskPlan")
             for p in range(cu.num_tasks):
                 if vol[p, q] <= 0:
                     continue
-                lo = np.maximum(plo[0, p], nlo[0, q])
-                hi = np.minimum(phi[0, p], nhi[0, q])
+                lo = np.maximum(plo[0, p], nlo[0, q])[:n]
+                hi = np.minimum(phi[0, p], nhi[0, q])[:n]
                 box = tuple((int(a), int(b)) for a, b in zip(lo, hi, strict=True))
-                t = Transfer(k, p, q, cu.devices[p], cv.devices[q], box, components, tag)
+                t = Transfer(
+                    k, p, q, cu.devices[p], cv.devices[q], box, components, tag, cu.reduce > 1
+                )
                 out.append(t)
                 if not t.local:
                     tag += components
@@ -345,6 +357,9 @@ def _param_infos(ops: Sequence[OpExec]) -> tuple[dict[str, ParamInfo], frozenset
     for o in ops:
         if not o.op.params:
             continue
+        con = contraction(o.op) if o.cfg.reduce > 1 else None
+        if con is not None:  # cut along its summed axis too: held whole (the runtime's
+            whole.add(o.op.params[con.param].name)  # shard keys are one axis's intervals)
         roles = o.plans[0].roles
         for p, role in zip(o.op.params, roles, strict=True):
             extent = 1 if role.axis is None else p.shape[role.axis] // role.blocks

@@ -17,6 +17,7 @@ from planner.costs.config import (
     check_config,
     device_ranges,
     device_sets,
+    make_config,
     partitions,
 )
 from planner.errors import ConfigError, GraphError
@@ -68,23 +69,36 @@ def _expected_sets(dg, k: int) -> list[tuple[int, ...]]:
     return sets
 
 
+def _summed(op: Op) -> int | None:
+    """The length a linear or ungrouped conv without folded ops sums over (its weight's
+    second axis), which a contraction split cuts; None for other ops."""
+    plain = not op.attr("fused") and op.attr("norm") is None and int(op.attr("groups", 1)) == 1
+    if op.kind in ("linear", "conv2d") and op.params and plain:
+        return op.params[0].shape[1]
+    return None
+
+
 def _expected_configs(op: Op, dg) -> set[tuple[tuple[int, ...], tuple[int, ...]]]:
-    """Brute force over all degree tuples in 1..D per dim."""
+    """Brute force over all degree tuples in 1..D per dim (and a contraction degree, last in
+    the task grid when above 1)."""
     D = dg.num_devices
     allowed = _expected_parallel(op)
+    summed = _summed(op)
     out = set()
     ranges = [range(1, D + 1) if d in allowed else range(1, 2) for d in op.output.dims]
-    for degs in itertools.product(*ranges):
-        k = math.prod(degs)
-        if D % k:
+    ranges.append(range(1, D + 1) if summed is not None else range(1, 2))
+    for *degs, r in itertools.product(*ranges):
+        k = math.prod(degs) * r
+        if D % k or (summed is not None and summed % r):
             continue
         if any(
             s % (g * _unit(op, d))
             for d, s, g in zip(op.output.dims, op.output.sizes, degs, strict=True)
         ):
             continue
+        grid = (*degs, r) if r > 1 else tuple(degs)
         for devs in _expected_sets(dg, k):
-            out.add((degs, devs))
+            out.add((grid, devs))
     return out
 
 
@@ -144,7 +158,7 @@ def test_enumeration_matches_brute_force(name, preset):
     dg = get_preset(preset)
     space = ConfigSpace(g, dg)
     for i, op in enumerate(g.ops):
-        got = [(c.degrees, c.devices) for c in space[i].configs]
+        got = [(c.grid, c.devices) for c in space[i].configs]
         assert len(got) == len(set(got)), f"duplicate configs for {op.name}"
         assert set(got) == _expected_configs(op, dg), op.name
 
@@ -171,7 +185,7 @@ def test_enumeration_property_random_conv(n, c, h, w, preset):
         assert len(cfg.devices) == cfg.num_tasks == len(set(cfg.devices))
         assert all(0 <= d < D for d in cfg.devices)
         check_config(op, cfg, D)
-    got = {(cfg.degrees, cfg.devices) for cfg in configs}
+    got = {(cfg.grid, cfg.devices) for cfg in configs}
     assert len(got) == len(configs)
     assert got == _expected_configs(op, dg)
 
@@ -253,11 +267,11 @@ def test_enumeration_order(preset):
     space = ConfigSpace(g, dg)
     for i, op in enumerate(g.ops):
         configs = space[i].configs
-        keys = [(-c.num_tasks, sum(x > 1 for x in c.degrees)) for c in configs]
+        keys = [(-c.num_tasks, sum(x > 1 for x in c.grid)) for c in configs]
         assert keys == sorted(keys), op.name
         # Configs of one partition are contiguous and their device sets follow _expected_sets.
         seen: list[tuple[int, ...]] = []
-        for part, group in itertools.groupby(configs, key=lambda c: c.degrees):
+        for part, group in itertools.groupby(configs, key=lambda c: c.grid):
             assert part not in seen, (op.name, part)
             seen.append(part)
             assert [c.devices for c in group] == _expected_sets(dg, math.prod(part))
@@ -279,12 +293,13 @@ def test_groups_are_consistent_with_configs():
     for preset in ("p100-1x4", "p100-2x4"):
         for cap in (None, 1, 7, 30):
             space = ConfigSpace(g, get_preset(preset), max_configs=cap)
-            for opc in space.ops:
+            for op, opc in zip(g.ops, space.ops, strict=True):
                 covered = []
                 for part, sets, idx in opc.groups:
                     assert sets.shape == (len(idx), math.prod(part))
                     for row, j in zip(sets, idx, strict=True):
-                        assert opc.configs[j] == ParallelConfig(part, tuple(int(d) for d in row))
+                        cfg = make_config(op, part, tuple(int(d) for d in row))
+                        assert opc.configs[j] == cfg
                     covered += idx.tolist()
                 assert covered == list(range(len(opc)))
                 for j, cfg in enumerate(opc.configs):

@@ -615,7 +615,9 @@ def test_memory_only_on_config_devices(name, preset):
             on = set(np.flatnonzero(mem).tolist())
             assert on == set(cfg.devices)
             shards = len(cm.replica_groups(op, cfg)) if op.params else 1
-            expected = op.param_bytes / shards * 2.0 + op.output.nbytes / cfg.num_tasks
+            # the tasks of a contraction split each hold a partial sum of their whole box
+            boxes = cfg.num_tasks // cfg.reduce
+            expected = op.param_bytes / shards * 2.0 + op.output.nbytes / boxes
             assert mem[list(cfg.devices)] == pytest.approx(expected)
         table = cm.memory_table(i, space[i])
         assert table.shape == (len(space[i]), cm.num_devices)

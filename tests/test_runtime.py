@@ -116,7 +116,8 @@ def placed(graph: OpGraph, devs: DeviceGraph) -> Strategy:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_transfers_tile_every_needed_box(seed: int) -> None:
-    """The pieces a consumer task receives are disjoint and cover exactly its input box."""
+    """The pieces a consumer task receives are disjoint and cover exactly its input box (r
+    times over from a producer that splits its contraction r ways: its partial sums)."""
     graph = LENET.graph()
     plan = build_plan(random_strategy(graph, devices(4), seed))
     for o in plan.ops:
@@ -124,14 +125,16 @@ def test_transfers_tile_every_needed_box(seed: int) -> None:
             for pos, k in enumerate(e for e, edge in enumerate(graph.edges) if edge.dst == o.index):
                 need = tp.in_boxes[pos]
                 cover = np.zeros([b - a for a, b in need], dtype=int)
+                src = plan.ops[graph.edges[k].src]
                 for tr in plan.into.get((k, t), ()):
+                    assert tr.partial == (src.cfg.reduce > 1)
                     cover[
                         tuple(
                             slice(a - lo, b - lo)
                             for (a, b), (lo, _) in zip(tr.box, need, strict=True)
                         )
                     ] += 1
-                assert (cover == 1).all(), (o.op.name, t, pos)
+                assert (cover == src.cfg.reduce).all(), (o.op.name, t, pos)
 
 
 def test_sync_items_follow_replicas_and_shards() -> None:

@@ -383,17 +383,19 @@ def edge_configs(draw: st.DrawFn) -> tuple:
 @settings(max_examples=150, deadline=None)
 @given(edge_configs())
 def test_transfer_pairs_are_the_nonzero_region_overlaps(case: tuple) -> None:
-    from planner.costs.regions import needed_boxes, overlap_volume, task_boxes
+    from planner.costs.regions import edge_grid, needed_boxes, overlap_volume, task_boxes
     from planner.sim.transfers import transfer_pairs
 
-    graph, edge, cu, cv = case
+    graph, edge, cu, cv = case  # task grids: a contraction degree last, when split
     src, dst = graph.ops[edge.src], graph.ops[edge.dst]
-    maps = graph.input_maps(edge)
-    plo, phi = task_boxes(src.output.sizes, np.array([cu]), int(np.prod(cu)))
-    olo, ohi = task_boxes(dst.output.sizes, np.array([cv]), int(np.prod(cv)))
-    nlo, nhi = needed_boxes(maps, src.output.sizes, dst.output.dims, olo, ohi)
+    ru = cu[-1] if len(cu) > len(src.output.dims) else 1
+    rv = cv[-1] if len(cv) > len(dst.output.dims) else 1
+    grid = edge_grid(src, dst, edge.position, graph.input_maps(edge), ru, rv)
+    plo, phi = task_boxes(grid.in_sizes, np.array([cu]), int(np.prod(cu)))
+    olo, ohi = task_boxes(grid.out_sizes, np.array([cv]), int(np.prod(cv)))
+    nlo, nhi = needed_boxes(grid.maps, grid.in_sizes, grid.out_dims, olo, ohi)
     dense = overlap_volume(plo, phi, nlo, nhi)[0, :, 0, :]
-    p, q, vol = transfer_pairs(maps, src.output.sizes, cu, dst.output.sizes, dst.output.dims, cv)
+    p, q, vol = transfer_pairs(grid.maps, grid.in_sizes, cu, grid.out_sizes, grid.out_dims, cv)
     want_p, want_q = np.nonzero(dense)
     assert np.array_equal(p, want_p) and np.array_equal(q, want_q)
     assert np.array_equal(vol, dense[want_p, want_q])

@@ -30,10 +30,10 @@ from graphs import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.costs.config import ConfigSpace, OpConfigs, ParallelConfig, partitions
+from planner.costs.config import ConfigSpace, OpConfigs, ParallelConfig, make_config, partitions
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.graph.opgraph import OpGraph
-from planner.graph.opkinds import DimMap, parameter_dims, stats_groups
+from planner.graph.opkinds import DimMap, contraction, parameter_dims, stats_groups
 from planner.hardware.presets import get_preset
 
 PRESETS = ["p100-2x4", "k80-2x4", "p100-4x2", "p100-3x4", "cpu-local-3", "v100-dgx1-4"]
@@ -75,13 +75,21 @@ def reference_transfer_time(cm: CostModel, edge, cu: ParallelConfig, cv: Paralle
     k = cm.edge_components(edge)
     fwd: dict[int, float] = {}
     bwd: dict[int, float] = {}
-    boxes = [(d, _box(src.output.sizes, cu.degrees, t)) for t, d in enumerate(cu.devices)]
+    # a contraction split's r tasks each hold a partial sum of box t // r: each sends it
+    boxes = [
+        (d, _box(src.output.sizes, cu.degrees, t // cu.reduce)) for t, d in enumerate(cu.devices)
+    ]
+    con = contraction(dst)
     for tq, dq in enumerate(cv.devices):
-        out_box = _box(dst.output.sizes, cv.degrees, tq)
+        out_box = _box(dst.output.sizes, cv.degrees, tq // cv.reduce)
         need = [
             _need(m, s, dst.output.dims, out_box)
             for m, s in zip(maps, src.output.sizes, strict=True)
         ]
+        if cv.reduce > 1 and con is not None and edge.position == con.position:
+            # task j of r sums over [j K / r, (j + 1) K / r) of the contracted dim
+            j, width = tq % cv.reduce, con.size // cv.reduce
+            need[src.output.dims.index(con.dim)] = (j * width, (j + 1) * width)
         for dp, pbox in boxes:
             if dp == dq:
                 continue
@@ -125,8 +133,10 @@ def reference_sync_time(cm: CostModel, i: int, cfg: ParallelConfig) -> float:
     pdims = [op.output.dims.index(d) for d in parameter_dims(op)]
     groups: dict[tuple[int, ...], list[int]] = {}
     for t, dev in enumerate(cfg.devices):
-        idx = np.unravel_index(t, cfg.degrees)
-        groups.setdefault(tuple(int(idx[d]) for d in pdims), []).append(dev)
+        idx = np.unravel_index(t // cfg.reduce, cfg.degrees)
+        # a contraction split's task t % r holds its own slice of the weight
+        key = (*(int(idx[d]) for d in pdims), t % cfg.reduce)
+        groups.setdefault(key, []).append(dev)
     shard = op.param_bytes / len(groups)
     share = sum(1 for o in cm.graph.ops if op.param_group and o.param_group == op.param_group)
     worst = max(_ring_or_ps(cm, g, shard, True) for g in groups.values())
@@ -199,7 +209,7 @@ def _configs(draw, op, dg, count: int) -> list[ParallelConfig]:
             sets = ConfigSpace(OpGraph("one", (op,)) if op.kind == "input" else _single(op), dg,
                                kind=kind)._device_sets(k)  # fmt: skip
             devs = tuple(int(d) for d in sets[draw(st.integers(0, len(sets) - 1))])
-        out.append(ParallelConfig(part, tuple(devs)))
+        out.append(make_config(op, part, tuple(devs)))
     return list(dict.fromkeys(out))
 
 
@@ -213,7 +223,7 @@ def _single(op) -> OpGraph:
 def _op_configs(configs: list[ParallelConfig]) -> OpConfigs:
     """OpConfigs of arbitrary configs: one group per (partition, config)."""
     groups = tuple(
-        (c.degrees, np.array([c.devices], dtype=np.int64), np.array([i]))
+        (c.grid, np.array([c.devices], dtype=np.int64), np.array([i]))
         for i, c in enumerate(configs)
     )
     return OpConfigs(tuple(configs), groups)

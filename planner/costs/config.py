@@ -3,10 +3,13 @@
 A `ParallelConfig` (OptCNN Sec. 4, FlexFlow Sec. 4) gives a degree for every dimension of the
 op's output tensor (1 where it is not split; the product is the number of tasks) and the
 device of each task. Tasks are numbered row-major over the degree grid; partitions are equal.
+An op that sums over a dim of an input (a linear, a convolution) may also split that sum
+(`reduce`: Megatron-LM's row-parallel linear), its tasks then computing partial results.
 
 The `ConfigSpace` enumerates candidates per op for a device count D, in one of two kinds
 (docs/space.md):
-- "full": every degree combination over the op's parallelizable dims whose degrees divide
+- "full": every degree combination over the op's parallelizable dims (and its contraction,
+  `reduce`) whose degrees divide
   the dimension (in whole split units, e.g. attention heads) and whose product k divides D;
   for each, every aligned block of k consecutive devices (offsets 0, k, 2k, ...), so that ops
   can also run side by side on different devices (the operation dimension); on machines with
@@ -34,7 +37,7 @@ import numpy as np
 
 from planner.costs.mesh import mesh_blocks
 from planner.errors import ConfigError
-from planner.graph.opkinds import parallel_dims, split_unit
+from planner.graph.opkinds import REDUCE, contraction, parallel_dims, split_unit
 
 if TYPE_CHECKING:
     from planner.graph.opgraph import Op, OpGraph
@@ -43,34 +46,50 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Degrees per output dimension of the op (aligned with `op.output.dims`) and task devices."""
+    """Degrees per output dimension of the op (aligned with `op.output.dims`), task devices,
+    and the degree of a contraction split (`reduce`; `planner.graph.opkinds.contraction`):
+    with reduce r > 1 every output box is computed by r tasks, each summing over 1/r of the
+    contracted dim, and its consumers add the r partial results. Tasks are numbered row-major
+    over `grid` = degrees + (r,): task t computes output box t // r, partial t % r."""
 
     degrees: tuple[int, ...]
     devices: tuple[int, ...]
+    reduce: int = 1
 
     @property
     def num_tasks(self) -> int:
-        return math.prod(self.degrees)
+        return math.prod(self.degrees) * self.reduce
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """The task grid: the degrees, and the contraction degree when it is above 1."""
+        return (*self.degrees, self.reduce) if self.reduce > 1 else self.degrees
 
     @property
     def partition(self) -> tuple[int, ...]:
-        return self.degrees
+        return self.grid
 
     def degree(self, op: Op, dim: str) -> int:
+        if dim == REDUCE:
+            return self.reduce
         return self.degrees[op.output.dims.index(dim)] if dim in op.output.dims else 1
 
     def describe(self, op: Op) -> str:
-        """e.g. 'sample=2,channel=2 @ [0-3]' (devices as `device_ranges` writes them)."""
-        split = ",".join(
-            f"{d}={g}" for d, g in zip(op.output.dims, self.degrees, strict=True) if g > 1
-        )
-        return f"{split or 'whole'} @ [{device_ranges(self.devices)}]"
+        """e.g. 'sample=2,channel=2 @ [0-3]', 'sample=2,reduce=4 @ [0-7]' (devices as
+        `device_ranges` writes them)."""
+        split = [f"{d}={g}" for d, g in zip(op.output.dims, self.degrees, strict=True) if g > 1]
+        if self.reduce > 1:
+            split.append(f"{REDUCE}={self.reduce}")
+        return f"{','.join(split) or 'whole'} @ [{device_ranges(self.devices)}]"
 
     def to_json(self, op: Op) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "degrees": {d: g for d, g in zip(op.output.dims, self.degrees, strict=True) if g > 1},
             "devices": list(self.devices),
         }
+        if self.reduce > 1:
+            out["reduce"] = self.reduce
+        return out
 
     @classmethod
     def from_json(cls, op: Op, data: Mapping[str, Any], num_devices: int) -> ParallelConfig:
@@ -81,6 +100,7 @@ class ParallelConfig:
         cfg = cls(
             tuple(int(degrees.get(d, 1)) for d in op.output.dims),
             tuple(int(x) for x in data.get("devices", [])),
+            int(data.get("reduce", 1)),
         )
         check_config(op, cfg, num_devices)
         return cfg
@@ -124,6 +144,19 @@ def check_config(op: Op, cfg: ParallelConfig, num_devices: int) -> None:
                 f"op {op.name!r}: degree {deg} does not divide dimension {dim!r} of size {size}"
                 + (f" in units of {unit}" if unit > 1 else "")
             )
+    if cfg.reduce != 1:
+        con = contraction(op)
+        if con is None:
+            raise ConfigError(
+                f"op {op.name!r} ({op.kind}) has no contraction it may split (reduce "
+                f"{cfg.reduce}): only a linear or an ungrouped convolution with its weight and "
+                "no folded function other than dropout sums over a dim it can cut"
+            )
+        if cfg.reduce < 1 or con.size % cfg.reduce:
+            raise ConfigError(
+                f"op {op.name!r}: reduce degree {cfg.reduce} does not divide the {con.size} "
+                f"elements it sums over"
+            )
     if len(cfg.devices) != cfg.num_tasks:
         raise ConfigError(
             f"op {op.name!r}: {cfg.num_tasks} tasks but {len(cfg.devices)} devices given"
@@ -143,26 +176,33 @@ def divisors(n: int) -> list[int]:
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
-def degree_options(op: Op, num_devices: int) -> list[list[int]]:
+def degree_options(op: Op, num_devices: int, reduce: bool = True) -> list[list[int]]:
     """Per output dim, the degrees it may take: divisors of num_devices that divide the dim
-    in whole split units (1 only for dims the op kind cannot split)."""
+    in whole split units (1 only for dims the op kind cannot split); with `reduce`, for an op
+    with a contraction (`planner.graph.opkinds.contraction`), one more entry: the degrees
+    that divide the contracted length."""
     pdims = parallel_dims(op)
     devs = divisors(num_devices)
     options: list[list[int]] = []
     for dim, size in zip(op.output.dims, op.output.sizes, strict=True):
         units = size // split_unit(op, dim) if dim in pdims else 1
         options.append([g for g in devs if units % g == 0] if dim in pdims else [1])
+    con = contraction(op) if reduce else None
+    if con is not None:
+        options.append([g for g in devs if con.size % g == 0])
     return options
 
 
 def partitions(
-    op: Op, num_devices: int, max_split_dims: int | None = None
+    op: Op, num_devices: int, max_split_dims: int | None = None, reduce: bool = True
 ) -> list[tuple[int, ...]]:
-    """Degree tuples for `op` whose product divides `num_devices` (with at most
-    `max_split_dims` degrees above 1), in enumeration order."""
+    """Task grids for `op` (degree tuples, with the contraction degree last when the op has
+    one and `reduce` is on; `ParallelConfig.grid`) whose product divides `num_devices` (with
+    at most `max_split_dims` degrees above 1), in enumeration order."""
+    n = len(op.output.dims)
     parts = [
-        p
-        for p in itertools.product(*degree_options(op, num_devices))
+        p[:n] if len(p) > n and p[n] == 1 else p
+        for p in itertools.product(*degree_options(op, num_devices, reduce))
         if num_devices % math.prod(p) == 0
         and (max_split_dims is None or sum(g > 1 for g in p) <= max_split_dims)
     ]
@@ -170,16 +210,24 @@ def partitions(
     return parts
 
 
+def make_config(op: Op, grid: tuple[int, ...], devices: tuple[int, ...]) -> ParallelConfig:
+    """The config of `op` with task grid `grid` (`ParallelConfig.grid`) on `devices`."""
+    n = len(op.output.dims)
+    return ParallelConfig(grid[:n], devices, grid[n] if len(grid) > n else 1)
+
+
 def partition_order(p: tuple[int, ...]) -> tuple[Any, ...]:
     """Sort key of partitions: more tasks first, then fewer split dims, then larger degrees."""
     return (-math.prod(p), sum(g > 1 for g in p), tuple(-g for g in p))
 
 
-def count_partitions(op: Op, num_devices: int, max_split_dims: int | None = None) -> dict[int, int]:
+def count_partitions(
+    op: Op, num_devices: int, max_split_dims: int | None = None, reduce: bool = True
+) -> dict[int, int]:
     """Partitions of `op` per task count k, counted without listing them (a dynamic program
     over dims whose state is the product so far and the split dims used)."""
     states: dict[tuple[int, int], int] = {(1, 0): 1}
-    for opts in degree_options(op, num_devices):
+    for opts in degree_options(op, num_devices, reduce):
         nxt: dict[tuple[int, int], int] = {}
         for (k, used), n in states.items():
             for g in opts:
@@ -236,6 +284,25 @@ class OpConfigs:
         except KeyError:
             raise ConfigError(f"config {cfg} is not in the config space") from None
 
+    def by_reduce(self) -> list[tuple[int, np.ndarray]]:
+        """(contraction degree, indices of the configs with it) for each degree present,
+        ascending (one entry, degree 1, for ops without contraction splits)."""
+        reduce = np.array([c.reduce for c in self.configs], dtype=np.int64)
+        return [(int(r), np.flatnonzero(reduce == r)) for r in np.unique(reduce)] or [
+            (1, np.zeros(0, dtype=np.int64))
+        ]
+
+    def subset(self, rows: np.ndarray) -> OpConfigs:
+        """The configs at `rows` (whole partition groups, ascending), regrouped."""
+        where = {int(r): k for k, r in enumerate(rows)}
+        groups = []
+        for part, sets, idx in self.groups:
+            keep = [i for i, r in enumerate(idx.tolist()) if r in where]
+            if keep:
+                new_idx = np.array([where[int(idx[i])] for i in keep], dtype=np.int64)
+                groups.append((part, sets[keep], new_idx))
+        return OpConfigs(tuple(self.configs[int(r)] for r in rows), tuple(groups))
+
 
 SPACE_KINDS = ("full", "mesh")
 MESH_MAX_SPLIT_DIMS = 2  # docs/space.md: the loss this costs, measured
@@ -246,7 +313,9 @@ class ConfigSpace:
 
     kind: "full" or "mesh" (needs a homogeneous cluster). max_split_dims: at most this many
     split dims per partition (mesh default 2, full default unlimited). seeds: extra configs
-    per op (a sequence with one sequence of configs per op) that the mesh space must hold."""
+    per op (a sequence with one sequence of configs per op) that the mesh space must hold.
+    reduce: whether ops with a contraction may also split it (`ParallelConfig.reduce`; a
+    split dim like the others for `max_split_dims`)."""
 
     def __init__(
         self,
@@ -256,6 +325,7 @@ class ConfigSpace:
         kind: str = "full",
         max_split_dims: int | None = None,
         seeds: Sequence[Sequence[ParallelConfig]] | None = None,
+        reduce: bool = True,
     ):
         if max_configs is not None and max_configs < 1:
             raise ConfigError(f"max_configs must be >= 1, got {max_configs}")
@@ -280,6 +350,7 @@ class ConfigSpace:
             max_split_dims = MESH_MAX_SPLIT_DIMS
         self.max_split_dims = max_split_dims
         self.seeds = seeds
+        self.reduce = reduce
         host_names = [d.host for d in devices.devices]
         host_ids = {h: i for i, h in enumerate(dict.fromkeys(host_names))}
         self._hosts = [host_ids[h] for h in host_names]
@@ -295,6 +366,7 @@ class ConfigSpace:
             "max_configs": self.max_configs,
             "hierarchy": list(self.hierarchy.sizes) if self.hierarchy is not None else None,
             "seeded": self.seeds is not None,
+            "reduce": self.reduce,
         }
 
     def _device_sets(self, k: int) -> np.ndarray:
@@ -325,8 +397,10 @@ class ConfigSpace:
         op = self.graph.ops[i]
         seeds = tuple(dict.fromkeys(self.seeds[i])) if self.seeds is not None else ()
         pdims = parallel_dims(op)
+        con = contraction(op) if self.reduce else None
         key = (
             tuple((d, s, d in pdims, split_unit(op, d)) for d, s in op.output.shape),
+            con.size if con is not None else None,
             seeds,
         )
         if key not in self._cache:
@@ -337,8 +411,8 @@ class ConfigSpace:
         extra: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
         for cfg in seeds:
             check_config(op, cfg, self.num_devices)
-            extra.setdefault(cfg.degrees, []).append(cfg.devices)
-        parts = partitions(op, self.num_devices, self.max_split_dims)
+            extra.setdefault(cfg.grid, []).append(cfg.devices)
+        parts = partitions(op, self.num_devices, self.max_split_dims, self.reduce)
         parts += sorted(set(extra) - set(parts), key=partition_order)
         parts.sort(key=partition_order)
         configs: list[ParallelConfig] = []
@@ -359,7 +433,7 @@ class ConfigSpace:
                 sets = sets[: self.max_configs - len(configs)]
                 rows = rows[: len(sets)]
             idx = np.arange(len(configs), len(configs) + len(sets))
-            configs.extend(ParallelConfig(part, row) for row in rows)
+            configs.extend(make_config(op, part, row) for row in rows)
             groups.append((part, sets, idx))
         return OpConfigs(tuple(configs), tuple(groups))
 

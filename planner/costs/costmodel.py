@@ -49,9 +49,17 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 
 from planner.costs.config import OpConfigs, ParallelConfig
+from planner.costs.regions import EdgeGrid, edge_grid
 from planner.costs.transfer import EdgeGeometry, EdgeTables, Layout
 from planner.errors import LayerwiseError
-from planner.graph.opkinds import CHANNEL, DimMap, fused_ops, parameter_dims, stats_groups
+from planner.graph.opkinds import (
+    CHANNEL,
+    DimMap,
+    contraction,
+    fused_ops,
+    parameter_dims,
+    stats_groups,
+)
 
 if TYPE_CHECKING:
     from planner.graph.opgraph import Edge, Op, OpGraph
@@ -209,11 +217,14 @@ class CostModel:
 
     def replica_array(self, op: Op, cfg: ParallelConfig) -> np.ndarray:
         """(shards, replicas) devices: row s holds the devices of the tasks that share
-        parameter shard s, in task order; shards in row-major order of the parameter index."""
+        parameter shard s, in task order; shards in row-major order of the parameter index.
+        A contraction split cuts the weight too (its bias, 1/K of it, is priced as cut)."""
         pdims = [op.output.dims.index(d) for d in parameter_dims(op)]
-        rest = [d for d in range(len(cfg.degrees)) if d not in pdims]
-        grid = np.arange(cfg.num_tasks).reshape(cfg.degrees).transpose(pdims + rest)
-        shards = math.prod(cfg.degrees[d] for d in pdims)
+        if cfg.reduce > 1:
+            pdims.append(len(cfg.degrees))
+        rest = [d for d in range(len(cfg.grid)) if d not in pdims]
+        grid = np.arange(cfg.num_tasks).reshape(cfg.grid).transpose(pdims + rest)
+        shards = math.prod(cfg.grid[d] for d in pdims)
         return np.asarray(cfg.devices, dtype=np.int64)[grid.reshape(shards, -1)]
 
     def replica_groups(self, op: Op, cfg: ParallelConfig) -> list[list[int]]:
@@ -272,20 +283,22 @@ class CostModel:
     def _task_memory(self, i: int, cfg: ParallelConfig) -> float:
         op = self.graph.ops[i]
         shards = math.prod(cfg.degree(op, d) for d in parameter_dims(op)) if op.params else 1
+        shards *= cfg.reduce  # a contraction split cuts the weight too
         per_task = op.param_bytes / shards * self.options.param_copies / self._share(op)
-        return per_task + op.output.nbytes / cfg.num_tasks
+        # the tasks of a contraction split each hold a partial sum of their whole box
+        return per_task + op.output.nbytes / (cfg.num_tasks // cfg.reduce)
 
     # -- t_x (direct, task by task) -------------------------------------------------------
 
     def transfer_time(self, edge: Edge, cu: ParallelConfig, cv: ParallelConfig) -> float:
         """t_x of one edge for one config pair, computed task pair by task pair over the pairs
         whose regions overlap (vectorized; independent of the tables' per-level sums)."""
-        src, dst = self.graph.ops[edge.src], self.graph.ops[edge.dst]
-        maps = self.graph.input_maps(edge)
+        src = self.graph.ops[edge.src]
+        grid = self.edge_grid(edge, cu.reduce, cv.reduce)
         nbytes = src.output.dtype_bytes * self.edge_components(edge)
-        olo, ohi = _boxes(dst.output.sizes, cv.degrees)
-        nlo, nhi = _needs(maps, src.output.sizes, dst.output.dims, olo, ohi)  # (k_v, n)
-        q, p, vol = _overlapping_pairs(src.output.sizes, cu.degrees, nlo, nhi)
+        olo, ohi = _boxes(grid.out_sizes, cv.grid)
+        nlo, nhi = _needs(grid.maps, grid.in_sizes, grid.out_dims, olo, ohi)  # (k_v, n)
+        q, p, vol = _overlapping_pairs(grid.in_sizes, cu.grid, nlo, nhi)
         dp = np.asarray(cu.devices, dtype=np.int64)[p]
         dq = np.asarray(cv.devices, dtype=np.int64)[q]
         far = dp != dq  # transfers between tasks on the same device are free
@@ -323,33 +336,54 @@ class CostModel:
                 out[idx[:, None], sets] = self._task_memory(i, configs.configs[int(idx[0])])
         return out
 
-    def edge_geometry(self, edge: Edge) -> EdgeGeometry:
-        """What t_x of `edge` depends on besides the two configs."""
+    def edge_grid(self, edge: Edge, ru: int = 1, rv: int = 1) -> EdgeGrid:
+        """The edge as task grids with contraction degrees ru (producer) and rv (consumer)
+        see it (`planner.costs.regions.edge_grid`)."""
         src, dst = self.graph.ops[edge.src], self.graph.ops[edge.dst]
+        return edge_grid(src, dst, edge.position, self.graph.input_maps(edge), ru, rv)
+
+    def edge_geometry(self, edge: Edge, ru: int = 1, rv: int = 1) -> EdgeGeometry:
+        """What t_x of `edge` depends on besides the two configs, for producer configs of
+        contraction degree ru and consumer configs of degree rv."""
+        src = self.graph.ops[edge.src]
+        grid = self.edge_grid(edge, ru, rv)
         return EdgeGeometry(
-            in_sizes=src.output.sizes,
-            out_sizes=dst.output.sizes,
-            out_dims=dst.output.dims,
-            maps=self.graph.input_maps(edge),
+            in_sizes=grid.in_sizes,
+            out_sizes=grid.out_sizes,
+            out_dims=grid.out_dims,
+            maps=grid.maps,
             nbytes=src.output.dtype_bytes * self.edge_components(edge),
             backward=src.kind != "input",
         )
 
     def edge_table(self, edge: Edge, cu: OpConfigs, cv: OpConfigs) -> np.ndarray:
         """t_x for every (producer config, consumer config) pair: (C_u, C_v)
-        (`planner.costs.transfer`: per-level sums on a homogeneous cluster, else dense)."""
-        tables = EdgeTables(
-            self.edge_geometry(edge), self.hierarchy, self.inv_bw, self.msg_cost, self._layouts
-        )
+        (`planner.costs.transfer`: per-level sums on a homogeneous cluster, else dense), one
+        block per pair of contraction degrees."""
+        blocks_u, blocks_v = cu.by_reduce(), cv.by_reduce()
+        if len(blocks_u) == 1 and len(blocks_v) == 1:
+            (ru, _), (rv, _) = blocks_u[0], blocks_v[0]
+            return self._edge_block(edge, ru, rv, cu, cv)
+        out = np.zeros((len(cu), len(cv)))
+        for ru, rows in blocks_u:
+            for rv, cols in blocks_v:
+                part = self._edge_block(edge, ru, rv, cu.subset(rows), cv.subset(cols))
+                out[np.ix_(rows, cols)] = part
+        return out
+
+    def _edge_block(self, edge: Edge, ru: int, rv: int, cu: OpConfigs, cv: OpConfigs) -> np.ndarray:
+        geom = self.edge_geometry(edge, ru, rv)
+        tables = EdgeTables(geom, self.hierarchy, self.inv_bw, self.msg_cost, self._layouts)
         return tables.table(cu, cv)
 
     def node_signature(self, i: int) -> tuple[Any, ...]:
         """Everything op i's node and memory tables depend on (`node_signature`)."""
         return node_signature(self.graph, i, self._share(self.graph.ops[i]))
 
-    def edge_signature(self, edge: Edge) -> EdgeGeometry:
-        """Everything `edge`'s t_x table depends on besides the two config lists."""
-        return self.edge_geometry(edge)
+    def edge_signature(self, edge: Edge) -> tuple[EdgeGeometry, Any]:
+        """Everything `edge`'s t_x table depends on besides the two config lists (the
+        geometry, and the consumer's contraction, which its split configs read by)."""
+        return self.edge_geometry(edge), contraction(self.graph.ops[edge.dst])
 
 
 def node_signature(graph: OpGraph, i: int, share: int = 1) -> tuple[Any, ...]:

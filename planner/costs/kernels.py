@@ -73,9 +73,11 @@ from planner.graph.opkinds import (
     HEIGHT,
     KINDS,
     LENGTH,
+    REDUCE,
     SAMPLE,
     WIDTH,
     DimMap,
+    contraction,
     fused_ops,
     input_dim_map,
     parameter_dims,
@@ -172,6 +174,15 @@ class TaskPlan:
     # Inputs read from the graph's input ops (data): no gradient flows back to them, so the
     # runtime and the profiler do not compute one (a first conv's is costly).
     data_inputs: tuple[int, ...] = ()
+    # A contraction split's task (`ParallelConfig.reduce`): the range of the summed dim it
+    # sums over (its input box and weight shard hold that slice); it computes a partial sum
+    # of its output box, with the bias only in the task that starts the range at 0.
+    summed: tuple[int, int] | None = None
+
+    @property
+    def adds_bias(self) -> bool:
+        """Whether the task adds the op's bias: not a partial sum after the first."""
+        return self.summed is None or self.summed[0] == 0
 
     def needs_grad(self, pos: int) -> bool:
         """Whether input `pos` (c_prev of an LSTM step: the last) gets a gradient."""
@@ -271,18 +282,30 @@ def _plan(
         raise GraphError(f"no kernel for op kind {op.kind!r}; known kinds: {', '.join(KINDS)}")
     check_config(op, cfg, max(cfg.devices, default=0) + 1)
     ntasks = cfg.num_tasks
-    parts = np.array([cfg.degrees], dtype=np.int64)
-    olo, ohi = task_boxes(op.output.sizes, parts, ntasks)
+    parts = np.array([cfg.grid], dtype=np.int64)
+    out_sizes, out_dims = op.output.sizes, op.output.dims
+    con = contraction(op) if cfg.reduce > 1 else None
+    if con is not None:  # task grid: the output and the summed dim (planner.costs.regions)
+        out_sizes, out_dims = (*out_sizes, con.size), (*out_dims, REDUCE)
+        maps = [
+            tuple(
+                DimMap("same", REDUCE) if pos == con.position and dim == con.dim else m
+                for dim, m in zip(t.dims, ms, strict=True)
+            )
+            for pos, (ms, t) in enumerate(zip(maps, shapes, strict=True))
+        ]
+    olo, ohi = task_boxes(out_sizes, parts, ntasks)
     needs = [
-        needed_boxes(m, t.sizes, op.output.dims, olo, ohi)
-        for m, t in zip(maps, shapes, strict=True)
+        needed_boxes(m, t.sizes, out_dims, olo, ohi) for m, t in zip(maps, shapes, strict=True)
     ]
     if task is None:
         volume = sum((hi - lo).prod(axis=2)[0] for lo, hi in needs) if needs else np.zeros(ntasks)
         task = int(np.argmax(volume))
     if not 0 <= task < ntasks:
         raise GraphError(f"op {op.name!r}: task {task} out of range ({ntasks} tasks)")
-    out_box = _box(olo[0, task], ohi[0, task])
+    grid_box = _box(olo[0, task], ohi[0, task])
+    out_box = grid_box[: len(op.output.dims)]
+    summed = grid_box[-1] if con is not None else None
     in_boxes = tuple(_box(lo[0, task], hi[0, task]) for lo, hi in needs)
     pads = tuple(
         _pads(op, m, t, box, out_box) for m, t, box in zip(maps, shapes, in_boxes, strict=True)
@@ -292,6 +315,10 @@ def _plan(
     param_shapes = tuple(
         _shard_shape(p.shape, r, op, c_lo, c_hi) for p, r in zip(op.params, roles, strict=True)
     )
+    if con is not None and summed is not None:  # the weight's slice of the summed dim
+        shape = list(param_shapes[con.param])
+        shape[con.axis] = summed[1] - summed[0]
+        param_shapes = (*param_shapes[: con.param], tuple(shape), *param_shapes[con.param + 1 :])
     return TaskPlan(
         op=op,
         degrees=tuple(cfg.degrees),
@@ -305,6 +332,7 @@ def _plan(
         fused=fused_ops(op),
         pre=tuple(str(f) for f in op.attr("pre_ops", ())),
         stats_count=_stats_count(op, cfg),
+        summed=summed,
     )
 
 
@@ -487,7 +515,11 @@ def shard_params(plan: TaskPlan, params: Sequence[torch.Tensor]) -> list[torch.T
     split = CHANNEL in parameter_dims(op)
     full = op.output.size(CHANNEL) if CHANNEL in op.output.dims else 0
     out = []
-    for p, role in zip(params, plan.roles, strict=True):
+    con = contraction(op) if plan.summed is not None else None
+    for k, (p, role) in enumerate(zip(params, plan.roles, strict=True)):
+        if con is not None and k == con.param:  # a contraction split's slice of the weight
+            assert plan.summed is not None
+            p = p.narrow(con.axis, plan.summed[0], plan.summed[1] - plan.summed[0])
         if role.axis is None or not split or (c_lo, c_hi) == (0, full):
             out.append(p)
             continue
@@ -723,6 +755,8 @@ def conv_input_channels(plan: TaskPlan) -> tuple[int, int, int]:
     op = plan.op
     groups = int(op.attr("groups", 1))
     cin = plan.in_shapes[0].size(CHANNEL)
+    if plan.summed is not None:  # a contraction split: its input box holds its channels
+        return 0, plan.summed[1] - plan.summed[0], 1
     if groups == 1:
         return 0, cin, 1
     per_out = op.output.size(CHANNEL) // groups
@@ -741,7 +775,7 @@ def _conv2d(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], ext
     if count != x.shape[1]:
         x = x.narrow(1, first, count)
     x, ph, pw = _spatial_pad(plan, x, 0.0)
-    bias = own[1] if len(own) > 1 else None
+    bias = own[1] if len(own) > 1 and plan.adds_bias else None
     y = F.conv2d(
         x,
         own[0],
@@ -806,7 +840,8 @@ def _linear(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], ext
     if not own:
         raise GraphError(f"linear {plan.op.name!r} has no weight parameter")
     weight = own[0].t() if plan.op.attr("transposed") else own[0]  # (in, out): HF's Conv1D
-    y = F.linear(_features(plan, xs[0]), weight, own[1] if len(own) > 1 else None)
+    bias = own[1] if len(own) > 1 and plan.adds_bias else None
+    y = F.linear(_features(plan, xs[0]), weight, bias)
     return _channel_last_to_output(plan, y)
 
 

@@ -284,7 +284,7 @@ class MeasuredTimes:
 
     def key(self, op: Op, cfg: ParallelConfig) -> str | None:
         """The cache key of (op, cfg), or None when the op's task cannot be planned."""
-        memo = (op, tuple(cfg.degrees))
+        memo = (op, cfg.grid)
         if memo not in self._keys:
             self._keys[memo] = self._key(op, cfg)
         return self._keys[memo]
@@ -292,7 +292,7 @@ class MeasuredTimes:
     def _key(self, op: Op, cfg: ParallelConfig) -> str | None:
         if op.kind == "input":
             return None
-        cfg = ParallelConfig(cfg.degrees, tuple(range(cfg.num_tasks)))
+        cfg = ParallelConfig(cfg.degrees, tuple(range(cfg.num_tasks)), cfg.reduce)
         try:
             g = self.graph
             if g is not None and op.name in _names(g) and g.op(op.name) == op:
@@ -465,9 +465,9 @@ def _distinct_tasks(
             continue
         seen: set[tuple[int, ...]] = set()
         for cfg in space[i].configs:
-            if cfg.degrees in seen:
+            if cfg.grid in seen:
                 continue
-            seen.add(cfg.degrees)
+            seen.add(cfg.grid)
             k = task_key(graph, i, cfg)
             if k not in skip and k not in todo:
                 todo[k] = (i, cfg)

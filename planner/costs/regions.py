@@ -10,15 +10,28 @@ Everything here is computed per dimension and vectorized over all partitions at 
 boxes are arrays (P, T, n) of [lo, hi) bounds for P partitions, T task slots (padded with
 empty boxes) and n dims. The runtime imports `task_boxes` and `needed_boxes` so the
 transfers it performs are the ones the cost model prices.
+
+Contraction splits (`ParallelConfig.reduce`) fit the same box algebra through `edge_grid`:
+a producer whose r tasks hold partial sums of each box gets one more tensor dim of size r
+(task j holds [j, j+1) of it) that every consumer task reads whole, so each consumer task
+receives all r partials of its box (r x the volume: a reduce-scatter when the consumer
+splits the box r ways, a reduce when one task reads it); a consumer that splits its sum r
+ways gets one more output dim, of the contracted length, which the contracted input dim
+follows, so task j reads its 1/r of that dim.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.graph.opkinds import DimMap
+from planner.graph.opkinds import REDUCE, DimMap, contraction
+
+if TYPE_CHECKING:
+    from planner.graph.opgraph import Op
 
 
 def task_index(partitions: np.ndarray, slots: int) -> np.ndarray:
@@ -106,3 +119,41 @@ def overlap_volume(
         bot = np.maximum(lo_a[:, :, d][:, :, None, None], lo_b[:, :, d][None, None, :, :])
         vol *= np.clip(top - bot, 0, None)
     return vol
+
+
+@dataclass(frozen=True)
+class EdgeGrid:
+    """An edge seen by one producer and one consumer task grid (`ParallelConfig.grid`):
+    per dim of the producer's tensor its map (`maps`) and size (`in_sizes`), and the
+    consumer grid's sizes and dims (`out_sizes`, `out_dims`)."""
+
+    maps: tuple[DimMap, ...]
+    in_sizes: tuple[int, ...]
+    out_sizes: tuple[int, ...]
+    out_dims: tuple[str, ...]
+
+
+def edge_grid(
+    src: Op, dst: Op, position: int, maps: Sequence[DimMap], ru: int = 1, rv: int = 1
+) -> EdgeGrid:
+    """The edge from `src` to input `position` of `dst` (whose dims follow `maps`) when the
+    producer's contraction degree is `ru` and the consumer's `rv` (module docstring)."""
+    in_sizes, out_sizes = tuple(src.output.sizes), tuple(dst.output.sizes)
+    out_dims, grid_maps = tuple(dst.output.dims), list(maps)
+    if rv > 1:
+        con = contraction(dst)
+        if con is None:
+            raise ValueError(f"op {dst.name!r} has no contraction to split {rv} ways")
+        out_sizes, out_dims = (*out_sizes, con.size), (*out_dims, REDUCE)
+        if position == con.position:
+            d = src.output.dims.index(con.dim)
+            if in_sizes[d] != con.size:
+                raise ValueError(
+                    f"op {dst.name!r} sums over {con.size} elements of input {src.name!r}, "
+                    f"whose {con.dim} has {in_sizes[d]}"
+                )
+            grid_maps[d] = DimMap("same", REDUCE)
+    if ru > 1:
+        in_sizes = (*in_sizes, ru)
+        grid_maps.append(DimMap("full"))
+    return EdgeGrid(tuple(grid_maps), in_sizes, out_sizes, out_dims)

@@ -183,9 +183,9 @@ class EdgeTables:
         out = []
         for i, cfg in enumerate(c.configs):
             devs = np.asarray(cfg.devices, dtype=np.int64)
-            key = (cfg.degrees, devs.tobytes())
+            key = (cfg.grid, devs.tobytes())
             if key not in self._layouts:
-                self._layouts[key] = layout(cfg.degrees, devs, self.hierarchy)
+                self._layouts[key] = layout(cfg.grid, devs, self.hierarchy)
             lay = self._layouts[key]
             if lay is not None:
                 out.append((i, lay))

@@ -193,6 +193,52 @@ def split_unit(op: Op, dim: str) -> int:
     return 1
 
 
+# -- contraction (reduction-dimension) splits ---------------------------------------------------
+
+REDUCE = "reduce"  # the task-grid dim of a contraction split (its size: the summed length)
+# Folded functions that a sum of partial results commutes with: a task of a contraction split
+# applies them to its partial sum (dropout: the runtime computes it as the identity)
+_LINEAR_FUSED = ("dropout",)
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """What a contraction split of an op cuts (Megatron-LM's row-parallel linear, Shoeybi et
+    al. 2019, Sec. 3): input `position`'s dim `dim`, of `size` elements, over which the op
+    sums; weight parameter `param` is cut along its `axis` with it. Task j of r computes the
+    sum over elements [j size/r, (j+1) size/r): a partial result of its whole output box,
+    which the consumers add up (a reduce-scatter or an all-reduce, priced and run as the
+    transfers of the partials)."""
+
+    position: int
+    dim: str
+    size: int
+    param: int
+    axis: int
+
+
+def contraction(op: Op) -> Contraction | None:
+    """The contraction `op` may split, or None: a linear over the last (channel) dim, or a
+    convolution over its input channels (groups 1), with its weight, no absorbed flatten or
+    input functions, and folded functions only from `_LINEAR_FUSED` (a folded norm or
+    activation of a partial sum would compute something else)."""
+    if op.kind not in ("linear", "conv2d") or not op.params or op.attr("flatten"):
+        return None
+    if op.attr("pre_ops") or any(f not in _LINEAR_FUSED for f in fused_ops(op)):
+        return None
+    if op.attr("norm") is not None:
+        return None
+    weight = op.params[0].shape
+    if op.kind == "linear":
+        if len(weight) != 2:
+            return None
+        axis = 0 if op.attr("transposed") else 1
+        return Contraction(0, CHANNEL, int(weight[axis]), 0, axis)
+    if len(weight) != 4 or int(op.attr("groups", 1)) != 1:
+        return None
+    return Contraction(0, CHANNEL, int(weight[1]), 0, 1)
+
+
 def input_dim_map(op: Op, index: int, tensor: Tensor) -> tuple[DimMap, ...]:
     """Per dimension of input `index` (shaped `tensor`), how it follows op's output region."""
     out = op.output.dims

@@ -25,7 +25,7 @@ import numpy as np
 from planner.costs.config import MESH_MAX_SPLIT_DIMS, count_partitions
 from planner.costs.mesh import mesh_blocks
 from planner.errors import ProblemError
-from planner.graph.opkinds import parallel_dims, split_unit
+from planner.graph.opkinds import contraction, parallel_dims, split_unit
 from planner.hardware.presets import preset_device_count
 
 if TYPE_CHECKING:
@@ -136,7 +136,9 @@ def op_space_key(graph: OpGraph, i: int) -> tuple[Any, ...]:
     """What op i's candidate configs depend on (ops with equal keys share one config list)."""
     op = graph.ops[i]
     pdims = parallel_dims(op)
-    return tuple((d, s, d in pdims, split_unit(op, d)) for d, s in op.output.shape)
+    con = contraction(op)
+    shape = tuple((d, s, d in pdims, split_unit(op, d)) for d, s in op.output.shape)
+    return (*shape, ("reduce", con.size if con is not None else None))
 
 
 def op_configs(

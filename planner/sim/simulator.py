@@ -244,13 +244,15 @@ class Simulator:
         """(p, q, bytes) of the task pairs of edge e that share data, as Python lists (the
         same for every edge with the same shapes, maps and degrees: unrolled steps)."""
         edge = self.graph.edges[e]
-        src, dst = self.graph.ops[edge.src].output, self.graph.ops[edge.dst].output
-        maps = self.graph.input_maps(edge)
-        key = (maps, src.sizes, src.dtype_bytes, cu.degrees, dst.sizes, dst.dims, cv.degrees)
+        grid = self.cm.edge_grid(edge, cu.reduce, cv.reduce)  # partial sums: contraction splits
+        dtype_bytes = self.graph.ops[edge.src].output.dtype_bytes
+        key = (grid, dtype_bytes, cu.grid, cv.grid)
         found = self._pairs_cache.get(key)
         if found is None:
-            p, q, vol = transfer_pairs(maps, src.sizes, cu.degrees, dst.sizes, dst.dims, cv.degrees)
-            nbytes = vol * src.dtype_bytes
+            p, q, vol = transfer_pairs(
+                grid.maps, grid.in_sizes, cu.grid, grid.out_sizes, grid.out_dims, cv.grid
+            )
+            nbytes = vol * dtype_bytes
             found = (p.tolist(), q.tolist(), nbytes.tolist())
             if len(self._pairs_cache) >= PAIRS_CACHE:
                 self._pairs_cache.clear()

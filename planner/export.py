@@ -21,11 +21,15 @@ D devices (mesh rank k = device k) and says how its module runs:
   `fallback="replicate"` run replicated on every rank (parameters `Replicate()`, input
   redistributed to `Replicate()`) and are listed in `ExportPlan.fell_back`.
 
-The planner's config space has no row-wise split of a linear (its reduction dimension is
-never split: OptCNN Table 1 and FlexFlow Sec. 4 split the output channels, the Parameter
-dimension), so no strategy maps to `RowwiseParallel`; a channel-split linear that reads
-another one's sharded output gets its input all-gathered (`Replicate()`), exactly the
-transfer the cost model priced. Ops without parameters are not placed: DTensor's sharding
+- "rowwise": a linear splits its sum (`ParallelConfig.reduce`, Megatron-LM's row-parallel
+  layer) D ways over devices 0..D-1: `RowwiseParallel` (weight columns sharded, input
+  `Shard(-1)`, the partial sums all-reduced into a `Replicate()` output); on a 2-D mesh, the
+  sum split over the second dim with the samples split over the first.
+
+A channel-split linear that reads another one's sharded output gets its input all-gathered
+(`Replicate()`), exactly the transfer the cost model priced; a row-wise linear's partial sums
+are all-reduced, where the cost model may have priced a reduce-scatter into a consumer that
+splits its rows (the same bytes on a ring). Ops without parameters are not placed: DTensor's sharding
 propagation runs them in their inputs' layout, and the next module with parameters
 redistributes its input to the layout above. Module outputs stay DTensors
 (`use_local_output=False`), so layouts flow from module to module; call `.full_tensor()` on
@@ -65,7 +69,7 @@ __all__ = [
     "process_group",
 ]
 
-STYLES = ("data", "colwise", "replicate", "heads", "propagate")
+STYLES = ("data", "colwise", "rowwise", "replicate", "heads", "propagate")
 FALLBACKS = ("error", "replicate")
 _COLWISE_KINDS = ("linear", "embedding")
 
@@ -195,11 +199,15 @@ def _style(
 
     world = math.prod(shape)
     split = {d: g for d, g in zip(op.output.dims, cfg.degrees, strict=True) if g > 1}
-    if world == 1 or (split == {SAMPLE: world} and cfg.devices == tuple(range(world))):
+    if world == 1 or (
+        split == {SAMPLE: world} and cfg.devices == tuple(range(world)) and cfg.reduce == 1
+    ):
         return "data", None
     if cfg.devices != tuple(range(world)):
         where = ",".join(map(str, cfg.devices))
         return "replicate", f"placed on devices [{where}], not on the whole mesh in order"
+    if cfg.reduce > 1:
+        return _rowwise(op, cfg, split, shape, types)
     if len(shape) == 2:
         data, tensor = shape
         if op.kind == "slice":
@@ -242,6 +250,35 @@ def _style(
     if dim in ("height", "width"):
         return "replicate", f"a {dim} split (DTensor convolutions have no halo exchange)"
     return "replicate", f"a {dim} split of a {op.kind} op"
+
+
+def _rowwise(
+    op: Op,
+    cfg: ParallelConfig,
+    split: dict[str, int],
+    shape: tuple[int, ...],
+    types: dict[str, Any],
+) -> tuple[str, str | None]:
+    """A contraction split: `RowwiseParallel` when it sums over the tensor-parallel ranks (the
+    whole 1-D mesh, or the second dim of a (data, tensor) mesh with the samples split over
+    the first) in an nn.Linear."""
+    from torch import nn
+
+    tensor = shape[-1]
+    wanted = {SAMPLE: shape[0]} if len(shape) == 2 else {}
+    if op.kind != "linear" or cfg.reduce != tensor or split != wanted:
+        return "replicate", (
+            f"a sum split {cfg.reduce} ways{' with ' + str(split) if split else ''}: DTensor "
+            f"expresses a linear's sum split over the {tensor} tensor-parallel ranks"
+            + (f" with the samples split {shape[0]} ways" if len(shape) == 2 else "")
+        )
+    others = [p for p, t in types.items() if t is None or not issubclass(t, nn.Linear)]
+    if others:
+        return (
+            "replicate",
+            f"a sum split of an op with parameters of {others[0] or '<the model>'}, not of an nn.Linear",
+        )
+    return "rowwise", None
 
 
 def _agree_per_module(ops: list[OpPlacement], tied: Sequence[set[str]] = ()) -> list[OpPlacement]:
@@ -474,7 +511,7 @@ def process_group(backend: str | None = None, **init: Any) -> Iterator[None]:
 
 def _parallel_style(style: str, ndim: int = 1) -> Any:
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     if style == "colwise" and ndim == 1:
         return ColwiseParallel(
@@ -482,14 +519,32 @@ def _parallel_style(style: str, ndim: int = 1) -> Any:
         )
     if style == "colwise":  # (data, tensor): samples by the first dim, rows by the second
         return _placed_style([Shard(0), Replicate()], [Replicate(), Shard(0)])
+    if style == "rowwise" and ndim == 1:  # the weight's columns; the sum all-reduced
+        return RowwiseParallel(
+            input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=False
+        )
+    if style == "rowwise":  # (data, tensor): samples by the first dim, columns by the second
+        return _placed_style(
+            [Shard(0), Shard(-1)],
+            [Replicate(), Shard(1)],
+            bias=True,
+            output=[Shard(0), Replicate()],
+        )
     layout = Shard(0) if style == "data" else Replicate()
     return _placed_style([layout] * ndim)
 
 
-def _placed_style(layout: list[Any], weights: list[Any] | None = None) -> Any:
+def _placed_style(
+    layout: list[Any],
+    weights: list[Any] | None = None,
+    bias: bool = False,
+    output: list[Any] | None = None,
+) -> Any:
     """A ParallelStyle: every tensor input redistributed to `layout` (plain tensors are taken
     as replicated), parameters replicated or, with `weights`, placed so (a linear's weight
-    and bias by rows, an embedding's table by columns: its output channels)."""
+    and bias by rows, an embedding's table by columns: its output channels); with `bias`,
+    1-D parameters (a row-wise linear's bias) replicated instead; with `output`, the output
+    redistributed to it (a row-wise linear's partial sums, summed)."""
     from torch import nn
     from torch.distributed.tensor import (
         DTensor,
@@ -521,14 +576,21 @@ def _placed_style(layout: list[Any], weights: list[Any] | None = None) -> Any:
             if isinstance(p, DTensor):
                 continue
             placements = weights
+            if bias and p.dim() == 1:
+                placements = [Replicate()] * mesh.ndim
             if isinstance(module, nn.Embedding):  # the table's columns are the channels
                 placements = [Shard(1) if isinstance(w, Shard) else w for w in weights]
             placed = distribute_tensor(p.data, mesh, placements)
             module.register_parameter(key, nn.Parameter(placed, p.requires_grad))
 
+    def outputs(module: Any, out: Any, mesh: Any) -> Any:
+        if output is not None and isinstance(out, DTensor):
+            return out.redistribute(mesh, output)
+        return out
+
     class Placed(ParallelStyle):
         def _apply(self, module: Any, device_mesh: Any) -> Any:
-            return distribute_module(module, device_mesh, params, inputs)
+            return distribute_module(module, device_mesh, params, inputs, outputs)
 
     return Placed()
 

@@ -21,7 +21,7 @@ from test_capture_llm import gpt2, llama
 import planner
 from planner.costs.config import ParallelConfig
 from planner.export import export_plan
-from planner.graph.opkinds import CHANNEL, SAMPLE
+from planner.graph.opkinds import CHANNEL, SAMPLE, contraction
 from planner.hardware.presets import get_preset
 from planner.problems.baselines import data_parallel, split_along
 from planner.problems.strategy import Strategy, strategy_from_json
@@ -67,20 +67,63 @@ def two_by_two(strategy: Strategy) -> Strategy:
     return Strategy(strategy.graph, strategy.devices, tuple(configs))
 
 
+ROW_PARALLEL = ("c_proj", "wo", "w2")  # GPT-2's and Llama's output projections
+
+
+def megatron(strategy: Strategy, data: int = 1) -> Strategy:
+    """Megatron-LM's tensor parallelism on top of `strategy`: the attention and its fused
+    q/k/v projection and the MLP's first linear split by channels (column-parallel), the
+    attention's and the MLP's output projections by their sums (row-parallel), over the
+    tensor ranks; with `data` > 1 the samples split `data` ways besides (task (s, c) on
+    device s * tensor + c)."""
+    configs = list(strategy.configs)
+    world = strategy.devices.num_devices
+    tensor = world // data
+    graph = strategy.graph
+    for i, op in enumerate(graph.ops):
+        if op.kind not in ("attention", "linear") or "lm_head" in op.name:
+            continue
+        summed = op.name.rsplit(".", 1)[-1] in ROW_PARALLEL
+        assert not summed or contraction(op) is not None
+        split = {SAMPLE: data} if summed else {SAMPLE: data, CHANNEL: tensor}
+        degrees = tuple(split.get(d, 1) for d in op.output.dims)
+        configs[i] = ParallelConfig(degrees, tuple(range(world)), tensor if summed else 1)
+    return Strategy(graph, strategy.devices, tuple(configs))
+
+
 def strategies(name: str, world: int = 2) -> dict[str, Any]:
     module = MODELS[name]()
     graph = planner.plan(module, "cpu-local-2", example_inputs=(TOKENS,), backend="baselines")
     g = graph.problem.dnn().graph
     dp = data_parallel(g, get_preset(f"cpu-local-{world}"))
     if world == 4:
-        return {"2x2": (two_by_two(dp).to_json(), (2, 2))}
-    return {"data": (dp.to_json(), None), "heads": (heads_split(dp).to_json(), None)}
+        return {
+            "2x2": (two_by_two(dp).to_json(), (2, 2)),
+            "megatron-2x2": (megatron(dp, data=2).to_json(), (2, 2)),
+        }
+    return {
+        "data": (dp.to_json(), None),
+        "heads": (heads_split(dp).to_json(), None),
+        "megatron": (megatron(dp).to_json(), None),
+    }
+
+
+def test_megatron_pairing_exports_column_then_row_parallel() -> None:
+    module = gpt2("ones")
+    data, _ = strategies("gpt2-ones")["megatron"]
+    modules = dict(export_plan(strategy_from_json(data), module).modules)
+    for layer in ("attn.c_attn", "mlp.c_fc"):
+        assert modules[f"transformer.h.0.{layer}"] == "colwise"
+    for layer in ("attn.c_proj", "mlp.c_proj"):
+        assert modules[f"transformer.h.0.{layer}"] == "rowwise"
 
 
 def test_attention_ops_export_by_samples_and_by_heads() -> None:
     module = gpt2("ones")
     cases = strategies("gpt2-ones")
     for kind, (data, _) in cases.items():
+        if kind == "megatron":
+            continue
         plan = export_plan(strategy_from_json(data), module)
         styles = {o.op: o.style for o in plan.ops if o.kind == "attention"}
         assert set(styles.values()) == ({"data"} if kind == "data" else {"heads"})
@@ -160,12 +203,19 @@ def _launch(name: str, world: int, tmp_path: Path) -> dict[str, Any]:
     return report
 
 
+def _tolerance(name: str, case: str) -> float:
+    """Float64 runs agree to rounding, except where a row-parallel sum (added in another
+    order) feeds Meta's RMSNorm, which computes in float32 (`x.float()`): a last-bit
+    difference then sometimes changes a float32 rounding (1.4e-9 measured)."""
+    return 1e-8 if "megatron" in case and name.startswith("llama") else 1e-12
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_parallelized_transformers_train_like_single_process_on_gloo(
     name: str, tmp_path: Path
 ) -> None:
     for case, r in _launch(name, 2, tmp_path).items():
-        assert r["deviation"] < 1e-12 and r["count"] and r["tied"], (case, r)
+        assert r["deviation"] < _tolerance(name, case) and r["count"] and r["tied"], (case, r)
 
 
 @pytest.mark.parametrize(
@@ -176,8 +226,14 @@ def test_data_by_tensor_parallelism_on_a_two_by_two_mesh(name: str, tmp_path: Pa
                        mesh_shape=(2, 2))  # fmt: skip
     assert not plan.fell_back and plan.mesh == (2, 2)
     assert {s for _, s in plan.modules} >= {"data", "colwise"}
+    megatron_plan = export_plan(
+        strategy_from_json(strategies(name, 4)["megatron-2x2"][0]), MODELS[name](),
+        mesh_shape=(2, 2),
+    )  # fmt: skip
+    assert not megatron_plan.fell_back
+    assert {s for _, s in megatron_plan.modules} >= {"data", "colwise", "rowwise"}
     for case, r in _launch(name, 4, tmp_path).items():
-        assert r["deviation"] < 1e-12 and r["count"] and r["tied"], (case, r)
+        assert r["deviation"] < _tolerance(name, case) and r["count"] and r["tied"], (case, r)
 
 
 def test_a_refused_channel_split_names_the_module_that_is_not_a_layer() -> None:

@@ -404,6 +404,13 @@ def _space_args(p: argparse.ArgumentParser) -> None:
         "--max-split-dims", type=positive_int, help="at most this many split dims per op"
     )
     p.add_argument(
+        "--no-reduce",
+        dest="reduce",
+        action="store_const",
+        const=False,
+        help="no contraction (row-parallel) splits of linears and convolutions",
+    )
+    p.add_argument(
         "--table-budget",
         type=size_bytes,
         help="memory the cost tables may take, e.g. 4GiB (the default) or 16GiB",
@@ -586,6 +593,7 @@ def _check_plan_args(args: argparse.Namespace) -> None:
                 ("--cost", args.cost),
                 ("--space", args.space),
                 ("--max-split-dims", args.max_split_dims),
+                ("--no-reduce", args.reduce),
                 ("--table-budget", args.table_budget),
             )
             if value is not None
@@ -660,6 +668,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             for k, v in (
                 ("space", args.space),
                 ("max_split_dims", args.max_split_dims),
+                ("reduce", args.reduce),
                 ("table_budget", args.table_budget),
             )
             if v is not None

@@ -241,6 +241,7 @@ def build_problem(
     table_budget: float | None = DEFAULT_TABLE_BUDGET,
     max_split_dims: int | None = None,
     deadline: Deadline | None = None,
+    reduce: bool = True,
 ) -> Problem:
     """Cost tables for every op and edge of `graph` on `devices`.
 
@@ -250,6 +251,8 @@ def build_problem(
     when its tables are small, else mesh; docs/space.md). table_budget: bytes the tables may
     take (None: no limit); past it, SizeError names the options that make the problem smaller.
     max_split_dims: at most this many split dims per partition (mesh default 2).
+    reduce: whether linears and convolutions may also split their sums (Megatron-LM's
+    row-parallel layer: `ParallelConfig.reduce`; docs/space.md).
     deadline: the caller's `planner.deadline.Deadline`; past it (or at Ctrl-C), OutOfTime.
 
     Before building, the sizes are estimated and checked (`planner.problems.sizes`): tensors
@@ -263,11 +266,11 @@ def build_problem(
     cm = cost_model or CostModel(graph, devices)
     sizes.check_int64(graph)
     sizes.check_memory_fits(graph, devices, cm.options)
-    kind, est = choose_space(graph, devices, cm, space, max_configs, max_split_dims)
+    kind, est = choose_space(graph, devices, cm, space, max_configs, max_split_dims, reduce)
     if table_budget is not None:
         sizes.check_budget(est, table_budget, f"{graph.name} on {devices.name}")
     seeds = baseline_seeds(graph, devices) if kind == "mesh" else None
-    cspace = ConfigSpace(graph, devices, max_configs, kind, max_split_dims, seeds)
+    cspace = ConfigSpace(graph, devices, max_configs, kind, max_split_dims, seeds, reduce)
     n = len(graph.ops)
     node_key = [(cm.node_signature(i), id(cspace[i])) for i in range(n)]
     nodes: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
@@ -339,6 +342,7 @@ def choose_space(
     space: str = "auto",
     max_configs: int | None = None,
     max_split_dims: int | None = None,
+    reduce: bool = True,
 ) -> tuple[str, sizes.SizeEstimate]:
     """The space kind `space` resolves to, and its size estimate. "auto" is the full space
     when its tables would take at most AUTO_FULL_BYTES and AUTO_FULL_SECONDS to build, else
@@ -361,7 +365,7 @@ def choose_space(
         split = max_split_dims if kind == "mesh" or max_split_dims is not None else None
         return sizes.estimate(
             graph, devices.num_devices, kind, level_sizes, hosts, split, max_configs, seeds,
-            sigs, edge_sigs,
+            sigs, edge_sigs, reduce,
         )  # fmt: skip
 
     if space != "auto":

@@ -132,11 +132,11 @@ class SizeEstimate:
         )
 
 
-def op_space_key(graph: OpGraph, i: int) -> tuple[Any, ...]:
+def op_space_key(graph: OpGraph, i: int, reduce: bool = True) -> tuple[Any, ...]:
     """What op i's candidate configs depend on (ops with equal keys share one config list)."""
     op = graph.ops[i]
     pdims = parallel_dims(op)
-    con = contraction(op)
+    con = contraction(op) if reduce else None
     shape = tuple((d, s, d in pdims, split_unit(op, d)) for d, s in op.output.shape)
     return (*shape, ("reduce", con.size if con is not None else None))
 
@@ -151,12 +151,13 @@ def op_configs(
     max_split_dims: int | None = None,
     max_configs: int | None = None,
     seeds: int = 0,
+    reduce: bool = True,
 ) -> tuple[int, float]:
     """(configs, task count summed over them) of op i in a `kind` space, without listing
     them. sizes: the hierarchy (mesh); hosts: host count (the full space's strided sets)."""
     if kind == "mesh" and max_split_dims is None:
         max_split_dims = MESH_MAX_SPLIT_DIMS
-    parts = count_partitions(graph.ops[i], num_devices, max_split_dims)
+    parts = count_partitions(graph.ops[i], num_devices, max_split_dims, reduce)
     configs, tasks = 0, 0.0
     for k, n in sorted(parts.items(), reverse=True):
         if kind == "mesh":
@@ -184,16 +185,18 @@ def estimate(
     seeds: int = 0,
     signatures: Sequence[Any] | None = None,
     edge_signatures: Sequence[Any] | None = None,
+    reduce: bool = True,
 ) -> SizeEstimate:
     """The sizes of `graph`'s Problem in a `kind` space ("full" or "mesh"). signatures: each
     op's node-table signature (`CostModel.node_signature`), edge_signatures each edge's
     (`CostModel.edge_signature`); ops (edges) with equal signatures and config lists share
-    tables (default: every op and edge its own)."""
-    keys = [op_space_key(graph, i) for i in range(len(graph.ops))]
+    tables (default: every op and edge its own). reduce: whether contraction splits are in
+    the space (`ConfigSpace`)."""
+    keys = [op_space_key(graph, i, reduce) for i in range(len(graph.ops))]
     count: dict[Any, tuple[int, float]] = {}
     for key, i in {k: i for i, k in reversed(list(enumerate(keys)))}.items():
         count[key] = op_configs(
-            graph, i, num_devices, kind, sizes, hosts, max_split_dims, max_configs, seeds
+            graph, i, num_devices, kind, sizes, hosts, max_split_dims, max_configs, seeds, reduce
         )
     configs = [count[key][0] for key in keys]
     mean_tasks = [count[key][1] / max(1, count[key][0]) for key in keys]

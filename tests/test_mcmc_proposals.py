@@ -34,17 +34,19 @@ def test_degree_and_move_neighbours_are_one_step_away(problem: Problem) -> None:
             here = _cfg(problem, i, c)
             for k in ops.moves(c):
                 there = _cfg(problem, i, int(k))
-                assert there.degrees == here.degrees and there.devices != here.devices
+                assert there.grid == here.grid and there.devices != here.devices
             for k in ops.degrees(c):
                 there = _cfg(problem, i, int(k))
-                changed = [a != b for a, b in zip(here.degrees, there.degrees, strict=True)]
+                # task grids, with the contraction degree (1 when not split) last
+                a, b = (*here.degrees, here.reduce), (*there.degrees, there.reduce)
+                changed = [x != y for x, y in zip(a, b, strict=True)]
                 assert sum(changed) in (1, 2)
                 if sum(changed) == 2:  # a factor moved between two dimensions
-                    assert math.prod(here.degrees) == math.prod(there.degrees)
+                    assert math.prod(a) == math.prod(b)
                 same_split = [
                     _cfg(problem, i, j)
                     for j in range(problem.sizes[i])
-                    if _cfg(problem, i, j).degrees == there.degrees
+                    if _cfg(problem, i, j).grid == there.grid
                 ]
                 best = max(len(set(here.devices) & set(s.devices)) for s in same_split)
                 assert len(set(here.devices) & set(there.devices)) == best

@@ -52,7 +52,9 @@ class _OpNeighbours:
         self.group_of = np.empty(len(configs), dtype=np.int64)
         for g, (_, _, idx) in enumerate(configs.groups):
             self.group_of[idx] = g
-        self.parts = [part for part, _, _ in configs.groups]
+        # task grids, a contraction degree last where one is split: padded to one length
+        width = max((len(part) for part, _, _ in configs.groups), default=0)
+        self.parts = [(*part, *(1,) * (width - len(part))) for part, _, _ in configs.groups]
         self._adjacent: dict[int, list[int]] = {}
         self._degree: dict[int, np.ndarray] = {}
         self.index: dict[ParallelConfig, int] = {c: k for k, c in enumerate(configs.configs)}

@@ -397,22 +397,24 @@ class ConfigSpace:
         op = self.graph.ops[i]
         seeds = tuple(dict.fromkeys(self.seeds[i])) if self.seeds is not None else ()
         pdims = parallel_dims(op)
-        con = contraction(op) if self.reduce else None
+        con = self.graph.contraction(i) if self.reduce else None
         key = (
             tuple((d, s, d in pdims, split_unit(op, d)) for d, s in op.output.shape),
             con.size if con is not None else None,
             seeds,
         )
         if key not in self._cache:
-            self._cache[key] = self._enumerate(op, seeds)
+            self._cache[key] = self._enumerate(op, seeds, con is not None)
         return self._cache[key]
 
-    def _enumerate(self, op: Op, seeds: tuple[ParallelConfig, ...]) -> OpConfigs:
+    def _enumerate(
+        self, op: Op, seeds: tuple[ParallelConfig, ...], reduce: bool = False
+    ) -> OpConfigs:
         extra: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
         for cfg in seeds:
             check_config(op, cfg, self.num_devices)
             extra.setdefault(cfg.grid, []).append(cfg.devices)
-        parts = partitions(op, self.num_devices, self.max_split_dims, self.reduce)
+        parts = partitions(op, self.num_devices, self.max_split_dims, reduce)
         parts += sorted(set(extra) - set(parts), key=partition_order)
         parts.sort(key=partition_order)
         configs: list[ParallelConfig] = []

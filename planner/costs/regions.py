@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from planner.errors import ConfigError
 from planner.graph.opkinds import REDUCE, DimMap, contraction
 
 if TYPE_CHECKING:
@@ -143,14 +144,15 @@ def edge_grid(
     if rv > 1:
         con = contraction(dst)
         if con is None:
-            raise ValueError(f"op {dst.name!r} has no contraction to split {rv} ways")
+            raise ConfigError(f"op {dst.name!r} has no sum to split {rv} ways")
         out_sizes, out_dims = (*out_sizes, con.size), (*out_dims, REDUCE)
         if position == con.position:
             d = src.output.dims.index(con.dim)
-            if in_sizes[d] != con.size:
-                raise ValueError(
-                    f"op {dst.name!r} sums over {con.size} elements of input {src.name!r}, "
-                    f"whose {con.dim} has {in_sizes[d]}"
+            if contraction(dst, src.output) is None:
+                raise ConfigError(
+                    f"op {dst.name!r} sums over {con.size} elements of input {src.name!r} "
+                    f"{dict(src.output.shape)}, more than its {con.dim}: it cannot split "
+                    f"its sum (reduce {rv}); give it reduce 1"
                 )
             grid_maps[d] = DimMap("same", REDUCE)
     if ru > 1:

@@ -20,7 +20,7 @@ from typing import Any
 import networkx as nx
 
 from planner.errors import GraphError, read_json
-from planner.graph.opkinds import SAMPLE, DimMap, input_dim_map, kind_spec
+from planner.graph.opkinds import SAMPLE, Contraction, DimMap, contraction, input_dim_map, kind_spec
 
 GRAPH_FORMAT = "layerwise.opgraph"
 GRAPH_VERSION = 1
@@ -164,6 +164,15 @@ class OpGraph:
 
     def input_tensor(self, edge: Edge) -> Tensor:
         return self.ops[edge.src].output
+
+    def contraction(self, i: int) -> Contraction | None:
+        """The sum op i may split (`planner.graph.opkinds.contraction`, given the input it
+        sums over), or None."""
+        op = self.ops[i]
+        con = contraction(op)
+        if con is None or con.position >= len(op.inputs):
+            return None
+        return contraction(op, self.op(op.inputs[con.position]).output)
 
     def input_maps(self, edge: Edge) -> tuple[DimMap, ...]:
         """How each dim of the edge's tensor follows the consumer's output region."""

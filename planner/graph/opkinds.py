@@ -217,13 +217,23 @@ class Contraction:
     axis: int
 
 
-def contraction(op: Op) -> Contraction | None:
+def contraction(op: Op, summed: Tensor | None = None) -> Contraction | None:
     """The contraction `op` may split, or None: a linear over the last (channel) dim, or a
     convolution over its input channels (groups 1), with its weight, no absorbed flatten or
     input functions, and folded functions only from `_LINEAR_FUSED` (a folded norm or
-    activation of a partial sum would compute something else)."""
+    activation of a partial sum would compute something else). With `summed`, the input it
+    sums over (`OpGraph.contraction` passes it): a linear that flattens other dims of it into
+    its features, or whose channels differ from the weight's, sums over more than one dim:
+    None."""
     if op.kind not in ("linear", "conv2d") or not op.params or op.attr("flatten"):
         return None
+    if summed is not None:
+        con = contraction(op)
+        if con is None or con.dim not in summed.dims or summed.size(con.dim) != con.size:
+            return None
+        if op.kind == "linear" and set(summed.dims) - {SAMPLE, LENGTH, CHANNEL}:
+            return None
+        return con
     if op.attr("pre_ops") or any(f not in _LINEAR_FUSED for f in fused_ops(op)):
         return None
     if op.attr("norm") is not None:

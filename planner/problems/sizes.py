@@ -25,7 +25,7 @@ import numpy as np
 from planner.costs.config import MESH_MAX_SPLIT_DIMS, count_partitions
 from planner.costs.mesh import mesh_blocks
 from planner.errors import ProblemError
-from planner.graph.opkinds import contraction, parallel_dims, split_unit
+from planner.graph.opkinds import parallel_dims, split_unit
 from planner.hardware.presets import preset_device_count
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ def op_space_key(graph: OpGraph, i: int, reduce: bool = True) -> tuple[Any, ...]
     """What op i's candidate configs depend on (ops with equal keys share one config list)."""
     op = graph.ops[i]
     pdims = parallel_dims(op)
-    con = contraction(op) if reduce else None
+    con = graph.contraction(i) if reduce else None
     shape = tuple((d, s, d in pdims, split_unit(op, d)) for d, s in op.output.shape)
     return (*shape, ("reduce", con.size if con is not None else None))
 
@@ -157,7 +157,8 @@ def op_configs(
     them. sizes: the hierarchy (mesh); hosts: host count (the full space's strided sets)."""
     if kind == "mesh" and max_split_dims is None:
         max_split_dims = MESH_MAX_SPLIT_DIMS
-    parts = count_partitions(graph.ops[i], num_devices, max_split_dims, reduce)
+    summable = reduce and graph.contraction(i) is not None
+    parts = count_partitions(graph.ops[i], num_devices, max_split_dims, summable)
     configs, tasks = 0, 0.0
     for k, n in sorted(parts.items(), reverse=True):
         if kind == "mesh":

@@ -494,8 +494,8 @@ def _check_cost_section(cost: Any) -> dict[str, Any]:
         )
     for f in dataclasses.fields(CostOptions):
         value = cost.get(f.name)
-        if value is None or f.name == "sync":
-            continue  # CostOptions checks sync
+        if value is None or f.name in ("sync", "optimizer", "master_weights"):
+            continue  # CostOptions checks these
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise LayerwiseError(
                 f"the strategy file's cost option {f.name!r} must be a number, got {value!r}"

@@ -485,7 +485,7 @@ def placement_problem(
         for s in _sync_groups(graph):
             op = graph.ops[s]
             if op.params:
-                copies, eff = cm.options.param_copies, cm.options.memory_efficiency
+                copies, eff = cm.update_copies(op), cm.options.memory_efficiency
                 times = copies * op.param_bytes / (cm.mem_bw * eff)
                 add("update", s, np.where(config_of[node_of[s]] >= 0, times, 0.0), (2, s))
     prec: list[tuple[int, int]] = []

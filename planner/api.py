@@ -472,7 +472,11 @@ def _plan_zero_auto(deadline: Deadline, check_memory: bool, **call: Any) -> Plan
             break
         if k < len(ZERO_STAGES) - 1:
             peak = out.stats.get("memory_peak_bytes")
-            why = "no answer" if peak is None else f"peak {format_bytes(peak)} does not fit"
+            why = (
+                f"no answer that fits (status {out.status.value})"
+                if peak is None
+                else f"the answer's peak {format_bytes(peak)} does not fit"
+            )
             tried.append({"zero": stage, "why": why})
     assert out is not None
     cm = out.problem.dnn().cost_model

@@ -446,4 +446,4 @@ def _memory_limit(limit: float | str | None, cm: CostModel) -> np.ndarray | None
         raise ProblemError(f"memory limit must be 'device' or a number of bytes, got {limit!r}")
     if not limit > 0:
         raise ProblemError(f"memory limit must be positive, got {limit}")
-    return np.full(devices.num_devices, float(limit))
+    return np.full(cm.num_devices, float(limit))

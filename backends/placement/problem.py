@@ -575,7 +575,7 @@ def _placement_memory(problem: Problem, config_of: np.ndarray) -> tuple[Placemen
         limit = np.asarray(problem.usage_limit, dtype=np.float64).reshape(-1)
         sets = live_sets(problem.intervals)
     else:
-        limit = np.array([float(d.memory) for d in problem.dnn().devices.devices])
+        limit = problem.dnn().cost_model.usable_memory()  # memory less the headroom
         sets = [np.arange(len(config_of))]
     rows = []
     for nodes in sets:

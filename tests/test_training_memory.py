@@ -270,3 +270,25 @@ def test_param_copies_from_an_old_plan_file() -> None:
     assert cost_model(g, dg, param_copies=2.0).options == CostOptions()
     with pytest.raises(LayerwiseError, match="param_copies=3.0 is no longer a cost option"):
         cost_model(g, dg, param_copies=3.0)
+
+
+@pytest.mark.slow
+def test_cli_plan_and_evaluate_keep_the_memory_options(tmp_path, capsys) -> None:
+    import json
+
+    from planner.cli import main
+
+    out = tmp_path / "plan.json"
+    args = ["plan", "lenet5", "--batch", "8", "--devices", "p100-1x2", "--backend",
+            "elimination", "--optimizer", "adam", "--zero", "3", "-o", str(out)]  # fmt: skip
+    assert main(args) == 0
+    cost = json.loads(out.read_text())["cost"]
+    assert (cost["optimizer"], cost["zero"], cost["master_weights"]) == ("adam", 3, False)
+    capsys.readouterr()
+    assert main(["evaluate", str(out), "--json"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    assert evaluated["memory_peak_bytes"] == json.loads(out.read_text())["memory_peak_bytes"]
+    for bad in (["--zero", "5"], ["--headroom", "1.5"], ["--optimizer", "lamb"]):
+        assert main(["plan", "lenet5", "--devices", "p100-1x2", *bad]) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:"), err

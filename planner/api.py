@@ -280,10 +280,10 @@ def plan(
     (optimizer state, then gradients, then weights sharded over the data-parallel replicas)
     or "auto" (stage 0, and the next stage while the answer does not fit the devices'
     memory; `stats["zero"]` says which stage and why); headroom: the fraction of each
-    device's memory kept free (default 0). recommend: never return a strategy that FlexFlow's simulator says is
-    slower than an expert baseline that fits the memory (docs/compare.md): when one is
-    faster beyond the simulator's stated error (10%) it is returned instead, status
-    FEASIBLE, and the searched answer stays in `stats["searched"]` with its status;
+    device's memory kept free (default 0). recommend: never return a strategy that
+    FlexFlow's simulator says is slower than an expert baseline that fits the memory
+    (docs/compare.md): when one is faster beyond the simulator's stated error (10%) it is
+    returned instead, status FEASIBLE, and the searched answer stays in `stats["searched"]` with its status;
     `stats["recommendation"]` says what was decided (False: the searched answer, always).
     check_memory: a strategy whose peak bytes on some device exceed that device's memory is
     an error (`planner.problems.sizes.SizeError`: plan with backend "auto", or with

@@ -171,7 +171,7 @@ class PlanResult:
         if self.message:
             out["message"] = self.message
         out = {k: finite_or_none(v) for k, v in out.items()}
-        for key in ("auto", "recommendation", "searched"):  # backend choice, re-rank rule
+        for key in ("auto", "recommendation", "searched", "zero"):  # backend choice, re-rank rule
             if key in s:
                 out[key] = _strict(s[key])
         return out
@@ -249,6 +249,10 @@ def plan(
     memory_limit: float | str | None = None,
     cost: str = "analytic",
     sync: str | None = None,
+    optimizer: str | None = None,
+    master_weights: bool | None = None,
+    zero: int | str | None = None,
+    headroom: float | None = None,
     max_configs: int | None = None,
     backend_options: Mapping[str, Any] | None = None,
     recommend: bool = True,
@@ -270,10 +274,16 @@ def plan(
     Eq. 1) or "makespan" (FlexFlow's simulated iteration time). time_limit: seconds for the
     whole call, capture and build included. memory_limit: None, "device" or bytes per
     device. cost: "analytic" or "measured" (profiled: `python -m planner profile`); sync:
-    "ring" or "ps". recommend: never return a strategy that FlexFlow's simulator says is
-    slower than an expert baseline that fits the memory (docs/compare.md): when one is
-    faster beyond the simulator's stated error (10%) it is returned instead, status
-    FEASIBLE, and the searched answer stays in `stats["searched"]` with its status;
+    "ring" or "ps". Training memory (docs/cost_model.md, "Memory"): optimizer "none" (the
+    default: weights and gradients only), "sgd" (a momentum buffer) or "adam" (two fp32
+    moments); master_weights: an fp32 copy of 16-bit weights; zero: the ZeRO stage 0-3
+    (optimizer state, then gradients, then weights sharded over the data-parallel replicas)
+    or "auto" (stage 0, and the next stage while the answer does not fit the devices'
+    memory; `stats["zero"]` says which stage and why); headroom: the fraction of each
+    device's memory kept free (default 0). recommend: never return a strategy that
+    FlexFlow's simulator says is slower than an expert baseline that fits the memory
+    (docs/compare.md): when one is faster beyond the simulator's stated error (10%) it is
+    returned instead, status FEASIBLE, and the searched answer stays in `stats["searched"]` with its status;
     `stats["recommendation"]` says what was decided (False: the searched answer, always).
     check_memory: a strategy whose peak bytes on some device exceed that device's memory is
     an error (`planner.problems.sizes.SizeError`: plan with backend "auto", or with
@@ -299,6 +309,38 @@ def plan(
         memory_limit=memory_limit,
         backend_options=backend_options,
     )
+    memory_options = {
+        "optimizer": optimizer,
+        "master_weights": master_weights,
+        "zero": zero,
+        "headroom": headroom,
+    }
+    _check_memory_options(sync, memory_options)
+    if zero == ZERO_AUTO:
+        return _plan_zero_auto(
+            deadline,
+            check_memory,
+            model=model,
+            devices=devices,
+            backend=backend,
+            objective=objective,
+            time_limit=time_limit,
+            seed=seed,
+            example_inputs=example_inputs,
+            model_kwargs=model_kwargs,
+            name=name,
+            coarsen=coarsen,
+            memory_limit=memory_limit,
+            cost=cost,
+            sync=sync,
+            optimizer=optimizer,
+            master_weights=master_weights,
+            headroom=headroom,
+            max_configs=max_configs,
+            backend_options=backend_options,
+            recommend=recommend,
+            **build_options,
+        )
     solver = check_backend(backend, objective)  # an unknown name fails before any work
     settings: Mapping[str, Any] = {}
     if solver is not None:
@@ -317,7 +359,7 @@ def plan(
             model_kwargs=model_kwargs,
             name=name,
             coarsen=coarsen,
-            options={"memory_limit": memory_limit, "cost": cost, "sync": sync},
+            options={"memory_limit": memory_limit, "cost": cost, "sync": sync, **memory_options},
             max_configs=max_configs,
             build_options=build_options,
         )
@@ -395,6 +437,54 @@ def plan(
 
 
 RECOMMEND_SHARE = 0.1  # of the time left after the build, kept for the recommendation
+ZERO_AUTO = "auto"
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def _check_memory_options(sync: str | None, options: Mapping[str, Any]) -> None:
+    """The training-memory options, refused before any work (CostOptions' one-line errors)."""
+    from planner.costs.costmodel import CostOptions
+
+    values = {k: v for k, v in options.items() if v is not None}
+    if values.get("zero") == ZERO_AUTO:
+        values["zero"] = ZERO_STAGES[-1]
+    if "zero" in values and (not isinstance(values["zero"], int) or values["zero"] is True):
+        raise LayerwiseError(f"zero must be 0, 1, 2, 3 or 'auto', got {given(options['zero'])}")
+    if sync is not None:
+        values["sync"] = sync
+    CostOptions(**values)
+
+
+def _plan_zero_auto(deadline: Deadline, check_memory: bool, **call: Any) -> PlanResult:
+    """zero="auto": plan at ZeRO stage 0, then at the next stage while the answer does not
+    fit the devices' memory (or none was found), each stage with an equal share of the time
+    left; the first that fits, else the last tried (which `check_memory` refuses as usual).
+    `stats["zero"]`: the stage chosen and, per stage tried before it, why it was not enough."""
+    from planner.problems.sizes import check_strategy_memory, format_bytes
+
+    tried: list[dict[str, Any]] = []
+    out: PlanResult | None = None
+    for k, stage in enumerate(ZERO_STAGES):
+        share = deadline.share(1.0 / (len(ZERO_STAGES) - k))
+        out = plan(**call, zero=stage, check_memory=False, deadline=share)
+        fits = out.stats.get("memory_fits")
+        if (out.has_solution and fits is not False) or deadline.expired():
+            break
+        if k < len(ZERO_STAGES) - 1:
+            peak = out.stats.get("memory_peak_bytes")
+            why = (
+                f"no answer that fits (status {out.status.value})"
+                if peak is None
+                else f"the answer's peak {format_bytes(peak)} does not fit"
+            )
+            tried.append({"zero": stage, "why": why})
+    assert out is not None
+    cm = out.problem.dnn().cost_model
+    if check_memory and out.strategy is not None:
+        check_strategy_memory(cm, out.strategy)  # never a plan that does not fit
+    log.info("zero='auto' chose ZeRO stage %d", cm.options.zero)
+    phases = {**out.phases, "zero": {"chose": cm.options.zero, "tried": tried}}
+    return dataclasses.replace(out, phases=phases)
 
 
 def _device_use(problem: Problem, result: SolveResult, objective: str) -> dict[str, Any]:

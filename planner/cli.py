@@ -327,6 +327,7 @@ def build_parser(prog: str = "python -m planner") -> argparse.ArgumentParser:
     )
     p.add_argument("--sync", choices=["ring", "ps"], help="parameter sync model (default ring)")
     p.add_argument("--cost", choices=["analytic", "measured"], help="cost model (default analytic)")
+    _memory_args(p)
     _space_args(p)
     p.add_argument("-o", "--output", type=Path, help="write the plan (a strategy file) here")
     p.add_argument(
@@ -486,6 +487,51 @@ def _malformed(what: str, path: Path, load: Callable[[], Any]) -> Any:
         raise LayerwiseError(f"{what} {path} is malformed: {type(exc).__name__}: {exc}") from None
 
 
+def _memory_args(p: argparse.ArgumentParser) -> None:
+    """Training memory options of `plan` (docs/cost_model.md, "Memory")."""
+    p.add_argument(
+        "--optimizer",
+        choices=["none", "sgd", "adam"],
+        help="optimizer state kept per parameter: none (default: weights and gradients only), "
+        "sgd (a momentum buffer), adam (two fp32 moments)",
+    )
+    p.add_argument(
+        "--master-weights",
+        action="store_const",
+        const=True,
+        help="keep an fp32 master copy of 16-bit weights (mixed precision)",
+    )
+    p.add_argument(
+        "--zero",
+        type=_zero_stage,
+        help="ZeRO stage 0-3 (shard optimizer state, then gradients, then weights over the "
+        "data-parallel replicas) or auto (the lowest stage whose plan fits; default 0)",
+    )
+    p.add_argument(
+        "--headroom",
+        type=_headroom,
+        help="fraction of each device's memory kept free, in [0, 1) (default 0)",
+    )
+
+
+def _zero_stage(text: str) -> int | str:
+    if text == "auto":
+        return text
+    if text not in ("0", "1", "2", "3"):
+        raise argparse.ArgumentTypeError(f"expected a ZeRO stage 0, 1, 2, 3 or auto, got {text!r}")
+    return int(text)
+
+
+def _headroom(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
+    return value
+
+
 def _check_cost_section(cost: Any) -> dict[str, Any]:
     """The `cost` object of a strategy file: the CostOptions it was planned with."""
     import dataclasses
@@ -501,8 +547,8 @@ def _check_cost_section(cost: Any) -> dict[str, Any]:
         )
     for f in dataclasses.fields(CostOptions):
         value = cost.get(f.name)
-        if value is None or f.name == "sync":
-            continue  # CostOptions checks sync
+        if value is None or f.name in ("sync", "optimizer", "master_weights"):
+            continue  # CostOptions checks these
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise LayerwiseError(
                 f"the strategy file's cost option {f.name!r} must be a number, got {value!r}"
@@ -591,6 +637,10 @@ def _check_plan_args(args: argparse.Namespace) -> None:
                 ("--memory-limit", args.memory_limit),
                 ("--sync", args.sync),
                 ("--cost", args.cost),
+                ("--optimizer", args.optimizer),
+                ("--master-weights", args.master_weights),
+                ("--zero", args.zero),
+                ("--headroom", args.headroom),
                 ("--space", args.space),
                 ("--max-split-dims", args.max_split_dims),
                 ("--no-reduce", args.reduce),
@@ -659,6 +709,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         memory_limit=args.memory_limit,
         cost=args.cost or "analytic",
         sync=args.sync,
+        optimizer=args.optimizer,
+        master_weights=args.master_weights,
+        zero=args.zero,
+        headroom=args.headroom,
         recommend=not args.no_recommend,
         backend_options=dict(args.backend_options),
         deadline=deadline,
@@ -680,6 +734,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     elif result.has_solution:
         _print_ops(result.describe(), args.verbose > 0)
         _print_summary(summary, seconds=result.problem.is_dnn)
+    if "zero" in summary:  # --zero auto: which stage and why
+        tried = "; ".join(f"stage {t['zero']}: {t['why']}" for t in summary["zero"]["tried"])
+        print(f"ZeRO stage {summary['zero']['chose']}" + (f" ({tried})" if tried else ""),
+              file=sys.stderr)  # fmt: skip
     if not result.has_solution:
         reason = result.message or (
             f"backend {result.backend!r} found no solution (status {result.status.value})"

@@ -90,7 +90,8 @@ def problem_of(
         capture_seconds,
         device_graph.name,
     )
-    cm = cost_model(graph, device_graph, options["cost"], sync=options["sync"])
+    memory = {k: options.get(k) for k in ("optimizer", "master_weights", "zero", "headroom")}
+    cm = cost_model(graph, device_graph, options["cost"], sync=options["sync"], **memory)
     from planner.problems.problem import build_problem
 
     problem = build_problem(
@@ -346,6 +347,11 @@ def cost_model(
     if source not in ("analytic", "measured"):
         raise LayerwiseError(f"cost must be 'analytic' or 'measured', got {given(source)}")
     names = {f.name for f in dataclasses.fields(CostOptions)}
+    if options.get("param_copies", 2) not in (None, 2):  # a plan file from before the rule
+        raise LayerwiseError(
+            f"param_copies={options['param_copies']!r} is no longer a cost option: memory "
+            "follows optimizer, master_weights and zero (param_copies 2 is their default)"
+        )
     opts = CostOptions(**{k: v for k, v in options.items() if k in names and v is not None})
     measured = None
     if source == "measured":

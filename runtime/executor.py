@@ -90,6 +90,7 @@ class Executor:
         norm_eps: dict[int, float] | None = None,
         ordered: bool = False,
         tables: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+        zero: int = 0,
     ):
         self.plan = plan
         self.graph = plan.graph
@@ -110,7 +111,7 @@ class Executor:
         self.edge_transfers: dict[int, list[Transfer]] = {}
         for tr in plan.transfers:
             self.edge_transfers.setdefault(tr.edge, []).append(tr)
-        self.sync = GradientSync(plan, rank, params, device, dtype, groups, self._wait)
+        self.sync = GradientSync(plan, rank, params, device, dtype, groups, self._wait, zero)
         self.recv_plan = {False: self._recv_plan(False), True: self._recv_plan(True)}
         self.msg_spec = {
             tag: (shape, dtype) for p in self.recv_plan.values() for tag, _, shape, dtype in p

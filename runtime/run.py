@@ -139,6 +139,7 @@ def _run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         backend=args.backend,
         check=args.check,
+        zero=_zero_stage(data),
     )
     if under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
@@ -163,6 +164,15 @@ def _run(args: argparse.Namespace) -> int:
         )
         return EXIT_DEVIATION
     return 0
+
+
+def _zero_stage(data: dict[str, Any]) -> int:
+    """The ZeRO stage the plan was made for (its `cost.zero`; 0 when absent)."""
+    cost = data.get("cost")
+    zero = cost.get("zero", 0) if isinstance(cost, dict) else 0
+    if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
+        raise LayerwiseError(f"the strategy file's cost.zero must be 0, 1, 2 or 3, got {zero!r}")
+    return int(zero)
 
 
 def _report(summary: dict[str, Any], name: str, args: argparse.Namespace) -> None:

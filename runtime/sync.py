@@ -11,6 +11,15 @@ depends on the plan only, so every member of a group forms the same buckets. A g
 BUCKET_NUMEL elements or more that is one whole shard is summed in place. `finish_and_update`
 waits, writes the sums back into every shard that holds the interval, and takes the SGD step.
 
+ZeRO (`zero` >= 1, the plan's `CostOptions.zero`): a bucket of a group of r ranks is
+reduce-scattered instead (`reduce_scatter_tensor`, padded to a multiple of r: gloo supports
+it in the torch this project pins), each rank takes the SGD step on its 1/r slice of the
+bucket's parameters, and the updated slices are all-gathered (`all_gather_into_tensor`) into
+every shard that holds them: the collectives and the sliced update of ZeRO 1-2 (Rajbhandari
+et al., SC'20, Sec. 5.1-5.2, 7.2.1). With SGD (no optimizer state) the numbers are those of
+the all-reduce up to the order of the sums. The full gradients and weights stay allocated
+(no memory is saved here), and stage 3 runs as stage 2: the weights are not gathered per op.
+
 `group_sum` sums a tensor over a group's ranks: the batch-norm statistics of tasks that hold
 the same channels (`planner.costs.kernels.shared_batch_norm` calls it forward and backward).
 """
@@ -56,11 +65,13 @@ class GradientSync:
         dtype: torch.dtype,
         groups: dict[tuple[str, tuple[int, ...]], Any],
         wait: Waiter,
+        zero: int = 0,
     ):
         self.plan = plan
         self.rank = rank
         self.groups = groups
         self.wait = wait
+        self.zero = zero
         self.shards: dict[ShardKey, torch.Tensor] = {}
         self.op_params: dict[int, list[torch.Tensor]] = {}
         self.sliced: dict[int, tuple[Any, list[torch.Tensor], list[int]]] = {}
@@ -95,6 +106,7 @@ class GradientSync:
             for item in mine
         }
         self.pending: list[tuple[_Bucket, torch.Tensor, Any]] = []
+        self.scattered: list[tuple[_Bucket, torch.Tensor, Any]] = []  # ZeRO: this rank's slice
 
     def params_of(self, op: int) -> list[torch.Tensor]:
         """Op `op`'s parameter shards on this rank (slices of whole leaves made anew)."""
@@ -108,6 +120,9 @@ class GradientSync:
     def launch(self, op: int) -> None:
         """Start the sums of the buckets that are complete once op `op`'s backward is done."""
         for bucket in self.buckets.get(op, ()):
+            if self.zero and len(bucket.ranks) > 1:
+                self._reduce_scatter(bucket)
+                continue
             if len(bucket.items) == 1:
                 grad = self._whole_shard_grad(bucket.items[0])
                 if grad is not None:
@@ -123,6 +138,57 @@ class GradientSync:
             group = self.groups[("sync", bucket.ranks)]
             work = dist.all_reduce(flat, group=group, async_op=True)
         self.pending.append((bucket, flat, work))
+
+    def _reduce_scatter(self, bucket: _Bucket) -> None:
+        """ZeRO: start summing the bucket's gradients into this rank's 1/r slice."""
+        pieces = [self._contribution(item) for item in bucket.items]
+        flat = _padded(torch.cat(pieces) if len(pieces) > 1 else pieces[0], len(bucket.ranks))
+        mine = flat.new_empty(flat.numel() // len(bucket.ranks))
+        group = self.groups[("sync", bucket.ranks)]
+        work = dist.reduce_scatter_tensor(mine, flat, group=group, async_op=True)
+        self.scattered.append((bucket, mine, work))
+
+    def _update_slices(self, lr: float) -> None:
+        """ZeRO: the SGD step on this rank's slice of every scattered bucket, then the
+        updated slices all-gathered into every shard holding them; their gradients are
+        zeroed so that the step on the whole leaves leaves them as they are."""
+        gathers = []
+        for bucket, grad, work in self.scattered:
+            self.wait(work)
+            group = self.groups[("sync", bucket.ranks)]
+            weights = _padded(self._bucket_weights(bucket), len(bucket.ranks))
+            at = dist.get_group_rank(group, self.rank) * grad.numel()
+            mine = torch.add(weights[at : at + grad.numel()], grad, alpha=-lr)
+            work = dist.all_gather_into_tensor(weights, mine, group=group, async_op=True)
+            gathers.append((bucket, weights, work))
+        self.scattered = []
+        with torch.no_grad():
+            for bucket, weights, work in gathers:
+                self.wait(work)
+                at = 0
+                for item in bucket.items:
+                    size = self._numel(item)
+                    chunk = weights[at : at + size]
+                    at += size
+                    for key in self.keys[item]:
+                        leaf = self.shards[key]
+                        grads = self._views(leaf.grad, key, item) if leaf.grad is not None else []
+                        off = 0
+                        for v in self._views(leaf, key, item):
+                            v.copy_(chunk[off : off + v.numel()].view_as(v))
+                            off += v.numel()
+                        for g in grads:
+                            g.zero_()
+
+    def _bucket_weights(self, bucket: _Bucket) -> torch.Tensor:
+        """The bucket's parameters, laid out as its gradients (every shard holding an
+        item's interval holds the same values: the first one's)."""
+        pieces = []
+        for item in bucket.items:
+            key = self.keys[item][0]
+            leaf = self.shards[key].detach()
+            pieces.extend(v.reshape(-1) for v in self._views(leaf, key, item))
+        return torch.cat(pieces) if len(pieces) > 1 else pieces[0].clone()
 
     def _whole_shard_grad(self, item: SyncItem) -> torch.Tensor | None:
         """The gradient of the one shard of this rank that the item covers exactly, if so."""
@@ -153,6 +219,7 @@ class GradientSync:
                         v.copy_(chunk[off : off + v.numel()].view_as(v))
                         off += v.numel()
         self.pending = []
+        self._update_slices(lr)
         with torch.no_grad():
             for leaf in self.shards.values():
                 if leaf.grad is not None:
@@ -227,6 +294,12 @@ def _buckets(plan: ExecPlan, items: list[SyncItem]) -> dict[int, list[_Bucket]]:
         if current:
             out.setdefault(current[-1].ready, []).append(_Bucket(ranks, tuple(current)))
     return out
+
+
+def _padded(flat: torch.Tensor, r: int) -> torch.Tensor:
+    """`flat` with zeros appended up to a multiple of r elements (a new tensor)."""
+    pad = -flat.numel() % r
+    return torch.cat([flat, flat.new_zeros(pad)]) if pad else flat.clone()
 
 
 def _item_numel(plan: ExecPlan, item: SyncItem) -> int:

@@ -42,8 +42,9 @@ __all__ = ["Job", "RunOptions", "session", "worker_entry"]
 @dataclass(frozen=True)
 class RunOptions:
     """How to run: steps, warm-up steps left out of the median (default 1, or 0 for one
-    step), SGD step, dtype, seed, hang timeout, gloo or nccl, and whether to compare with
-    single-process training (`check`)."""
+    step), SGD step, dtype, seed, hang timeout, gloo or nccl, whether to compare with
+    single-process training (`check`), and the ZeRO stage of the gradient sync (`zero`: 0
+    all-reduces; 1-3 reduce-scatter, update 1/r slices, all-gather: runtime.sync)."""
 
     steps: int = 5
     warmup: int | None = None  # steps left out of the median step time (None: 1, 0 if steps 1)
@@ -58,6 +59,7 @@ class RunOptions:
     # "auto": ordered for nccl, eager otherwise.
     exchange: str = "auto"
     fault: Mapping[str, Any] | None = None  # tests: {"rank", "step", "kind": raise|exit|hang}
+    zero: int = 0  # ZeRO stage (the plan file's cost.zero)
 
     def validate(self) -> None:
         if self.steps < 1:
@@ -73,6 +75,8 @@ class RunOptions:
             raise RuntimeConfigError("lr and timeout must be positive")
         if self.backend not in ("gloo", "nccl"):
             raise RuntimeConfigError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
+        if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
+            raise RuntimeConfigError(f"zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero!r}")
         if self.exchange not in ("auto", "eager", "ordered"):
             raise RuntimeConfigError(
                 f"exchange must be 'auto', 'eager' or 'ordered', got {self.exchange!r}"
@@ -168,6 +172,7 @@ def session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
         eps,
         opts.ordered,
         tables,
+        opts.zero,
     )
     del params
     needs_inputs = any(o.op.kind == "input" and o.task_of(rank) is not None for o in plan.ops)

@@ -312,3 +312,19 @@ def test_random_strategies_tie_shared_weights_as_the_problem_does(seed: int) -> 
     for ops in nodes:
         assert len({s.configs[i] for i in ops}) == 1
     assert len(s.configs) == len(graph.ops)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_zero_reduce_scatter_all_gather_trains_identically(world: int) -> None:
+    """ZeRO 1-3 in the runtime: reduce-scatter, each rank's SGD step on its 1/r slice,
+    all-gather (runtime.sync); SGD has no state, so it trains as single-process does."""
+    for strategy in (data_parallel(LENET.graph(), devices(world)),
+                     random_strategy(LENET.graph(), devices(world), 3)):  # fmt: skip
+        check(strategy, LENET, RunOptions(**{**vars(F64), "zero": 1}))
+    check(random_strategy(RNNLM.graph(), devices(world), 1), RNNLM,
+          RunOptions(**{**vars(F64), "zero": 2}))  # fmt: skip
+
+
+def test_zero_stage_is_checked() -> None:
+    with pytest.raises(RuntimeConfigError, match="zero must be a ZeRO stage"):
+        RunOptions(zero=4).validate()

@@ -258,3 +258,29 @@ def test_ctrl_c_while_workers_start_is_one_line_and_leaves_no_process(plan_file:
         for pid in _session(proc.pid):
             os.kill(pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_the_zero_stage_comes_from_the_plan_file(
+    plan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    import runtime.launch
+
+    zero1 = edited(plan_file, tmp_path / "zero1.json", lambda d: d.update(cost={"zero": 1}))
+    args = ["--steps", "2", "--check", "--json", "--dtype", "float64"]
+    assert main([str(zero1), *args]) == 0
+    assert json.loads(capsys.readouterr().out)["max_deviation"] < 1e-9
+    seen: list[int] = []
+
+    def spy(strategy: Any, model: Any, options: Any, world: Any) -> Any:
+        seen.append(options.zero)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runtime.launch, "run_strategy", spy)
+    main([str(zero1)])
+    main([str(plan_file)])
+    assert seen == [1, 0]
+    bad = edited(plan_file, tmp_path / "zero7.json", lambda d: d.update(cost={"zero": 7}))
+    capsys.readouterr()
+    assert main([str(bad)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cost.zero must be 0, 1, 2 or 3" in err[0]

@@ -31,6 +31,9 @@ def plan_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, 
     d = tmp_path_factory.mktemp("plans")
     assert main(["plan", "lenet5", "--batch", "8", "--devices", "p100-1x2", "--backend",
                  "elimination", "-o", str(d / "zoo.json")]) == 0  # fmt: skip
+    assert main(["plan", "lenet5", "--batch", "8", "--devices", "p100-1x2", "--optimizer",
+                 "adam", "--master-weights", "--zero", "auto", "--headroom", "0.1",
+                 "-o", str(d / "memory.json")]) == 0  # fmt: skip
     images = (torch.randn(8, 3, 16, 16),)
     factory = planner.plan("user_models:make_cnn", "cpu-local-2", example_inputs=images)
     factory.save(d / "factory.json")
@@ -46,11 +49,15 @@ def plan_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, 
 
 
 def test_every_plan_file_matches_the_schema(plan_files: dict[str, dict[str, Any]]) -> None:
-    assert set(plan_files) == {"zoo", "factory", "interrupted", "bare"}
+    assert set(plan_files) == {"zoo", "factory", "interrupted", "bare", "memory"}
     for name, data in plan_files.items():
         assert list(errors(data, SCHEMA)) == [], name
     assert plan_files["interrupted"]["limit"] == "INTERRUPTED"
     assert plan_files["factory"]["graph"]["model"]["factory"] == "user_models:make_cnn"
+    memory = plan_files["memory"]
+    assert memory["zero"] == {"chose": 0, "tried": []}
+    assert {k: memory["cost"][k] for k in ("optimizer", "master_weights", "zero", "headroom")} == {
+        "optimizer": "adam", "master_weights": True, "zero": 0, "headroom": 0.1}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -84,5 +91,5 @@ def test_the_schema_lists_what_the_code_writes() -> None:
     assert {f.name for f in dataclasses.fields(CostOptions)} | {"source"} == cost
     from planner.api import DEVICE_KEYS, MEMORY_KEYS, PHASES
 
-    assert {*PHASES, *MEMORY_KEYS, *DEVICE_KEYS, "auto", "recommendation"} <= set(props)
+    assert {*PHASES, *MEMORY_KEYS, *DEVICE_KEYS, "auto", "recommendation", "zero"} <= set(props)
     assert {"margin", "not_fitting"} <= set(props["recommendation"]["properties"])

@@ -485,7 +485,7 @@ def placement_problem(
         for s in _sync_groups(graph):
             op = graph.ops[s]
             if op.params:
-                copies, eff = cm.options.param_copies, cm.options.memory_efficiency
+                copies, eff = cm.update_copies(op), cm.options.memory_efficiency
                 times = copies * op.param_bytes / (cm.mem_bw * eff)
                 add("update", s, np.where(config_of[node_of[s]] >= 0, times, 0.0), (2, s))
     prec: list[tuple[int, int]] = []
@@ -575,7 +575,7 @@ def _placement_memory(problem: Problem, config_of: np.ndarray) -> tuple[Placemen
         limit = np.asarray(problem.usage_limit, dtype=np.float64).reshape(-1)
         sets = live_sets(problem.intervals)
     else:
-        limit = np.array([float(d.memory) for d in problem.dnn().devices.devices])
+        limit = problem.dnn().cost_model.usable_memory()  # memory less the headroom
         sets = [np.arange(len(config_of))]
     rows = []
     for nodes in sets:

@@ -49,6 +49,12 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 
 from planner.costs.config import OpConfigs, ParallelConfig
+from planner.costs.memory import (
+    OPTIMIZER_STATE_BYTES,
+    ParamBytes,
+    param_bytes,
+    usable_memory,
+)
 from planner.costs.regions import EdgeGrid, edge_grid
 from planner.costs.transfer import EdgeGeometry, EdgeTables, Layout
 from planner.errors import LayerwiseError
@@ -77,26 +83,58 @@ class CostOptions:
     """Knobs of the analytic cost model: gradient synchronization (`sync`: "ring"
     all-reduce or a parameter server "ps"), the fraction of peak FLOP/s and memory bandwidth
     kernels reach, the backward pass's cost relative to the forward, a fixed overhead per
-    task in seconds, the bytes held per parameter byte (weights and gradients), and the
-    gradient all-reduce bucket size (as the runtime's)."""
+    task in seconds, the gradient all-reduce bucket size (as the runtime's), and what
+    training keeps in memory (`planner.costs.memory`, docs/cost_model.md "Memory"):
+    `optimizer` state ("none": weights and gradients only, "sgd": a momentum buffer, "adam":
+    two moments, fp32), fp32 `master_weights` of 16-bit parameters, the `zero` stage (0-3:
+    optimizer state, then gradients, then weights sharded over each shard's data-parallel
+    replicas; 1-2 sync by reduce-scatter + all-gather, 3 also all-gathers the weights before
+    the forward and the backward) and a `headroom` fraction of each device's memory kept
+    free (fragmentation, workspace, the framework). The defaults are the plain rule: weights
+    and gradients, no optimizer state, all of each device's memory."""
 
     sync: Literal["ring", "ps"] = "ring"
     compute_efficiency: float = 0.5
     memory_efficiency: float = 0.8
     backward_factor: float = 2.0
     task_overhead: float = 0.0
-    param_copies: float = 2.0  # weights and gradients held per parameter byte
     sync_bucket_bytes: float = 4 * 2**20  # gradient all-reduce bucket (runtime.sync)
+    optimizer: Literal["none", "sgd", "adam"] = "none"
+    master_weights: bool = False
+    zero: int = 0
+    headroom: float = 0.0
 
     def __post_init__(self) -> None:
         if self.sync not in ("ring", "ps"):
             raise LayerwiseError(f"sync must be 'ring' or 'ps', got {self.sync!r}")
         if not 0 < self.compute_efficiency <= 1 or not 0 < self.memory_efficiency <= 1:
             raise LayerwiseError("compute_efficiency and memory_efficiency must be in (0, 1]")
-        if min(self.backward_factor, self.task_overhead, self.param_copies) < 0:
-            raise LayerwiseError("backward_factor, task_overhead and param_copies must be >= 0")
+        if min(self.backward_factor, self.task_overhead) < 0:
+            raise LayerwiseError("backward_factor and task_overhead must be >= 0")
         if self.sync_bucket_bytes < 0:
             raise LayerwiseError("sync_bucket_bytes must be >= 0 (0: no buckets)")
+        self._check_memory_options()
+
+    def _check_memory_options(self) -> None:
+        if self.optimizer not in OPTIMIZER_STATE_BYTES:
+            raise LayerwiseError(
+                f"optimizer must be 'none', 'sgd' or 'adam', got {self.optimizer!r}"
+            )
+        if not isinstance(self.master_weights, bool):
+            raise LayerwiseError(
+                f"master_weights must be True or False, got {self.master_weights!r}"
+            )
+        if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
+            raise LayerwiseError(f"zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero!r}")
+        if self.zero and self.sync != "ring":
+            raise LayerwiseError(
+                "ZeRO stages shard over a ring of replicas (reduce-scatter + all-gather): "
+                "use sync='ring' with zero >= 1"
+            )
+        if not (isinstance(self.headroom, int | float) and 0 <= self.headroom < 1):
+            raise LayerwiseError(
+                f"headroom must be a fraction of device memory in [0, 1), got {self.headroom!r}"
+            )
 
 
 class CostModel:
@@ -232,13 +270,26 @@ class CostModel:
         return self.replica_array(op, cfg).tolist()
 
     def sync_time(self, i: int, cfg: ParallelConfig) -> float:
-        """t_s: seconds to synchronize op i's replicated parameter gradients under cfg."""
+        """t_s: seconds to synchronize op i's replicated parameter gradients under cfg.
+
+        ZeRO 1-2 reduce-scatter the gradients and all-gather the updated weights: on a ring
+        each is half an all-reduce (r - 1 steps of shard / r), so they cost what it does.
+        ZeRO 3 also all-gathers the weights before the forward and again before the
+        backward, and needs no all-gather after the step: reduce-scatter + 2 all-gathers, 1.5x
+        the all-reduce (ZeRO paper Sec. 7.2: 3 Psi instead of 2 Psi)."""
         op = self.graph.ops[i]
         if not op.params or cfg.num_tasks == 1:
             return 0.0
         groups = self.replica_array(op, cfg)
         shard = op.param_bytes / len(groups)
-        return float(self._sync_groups(groups, shard).max()) / self._share(op)
+        passes = self.ring_passes
+        return float(self._sync_groups(groups, shard, passes=passes).max()) / self._share(op)
+
+    @property
+    def ring_passes(self) -> int:
+        """Ring passes (each r - 1 steps of shard / r) of one step's parameter sync: 2 (an
+        all-reduce, or ZeRO 1-2's reduce-scatter + all-gather), 3 at ZeRO 3."""
+        return 3 if self.options.zero >= 3 else 2
 
     def _share(self, op: Op) -> int:
         """Ops of a shared parameter group each carry 1/|group| of its sync and memory."""
@@ -253,8 +304,11 @@ class CostModel:
         """Seconds for one replica group (devices in ring order) to synchronize nbytes."""
         return float(self._sync_groups(np.asarray([devs]), nbytes, bucketed)[0])
 
-    def _sync_groups(self, devs: np.ndarray, nbytes: float, bucketed: bool = True) -> np.ndarray:
-        """Seconds per replica group for groups of equal size: devs (groups, r) -> (groups,)."""
+    def _sync_groups(
+        self, devs: np.ndarray, nbytes: float, bucketed: bool = True, passes: int = 2
+    ) -> np.ndarray:
+        """Seconds per replica group for groups of equal size: devs (groups, r) -> (groups,).
+        Ring: `passes` passes of r - 1 steps (2: an all-reduce)."""
         r = devs.shape[1]
         if r == 1 or nbytes == 0:
             return np.zeros(len(devs))
@@ -270,12 +324,14 @@ class CostModel:
             return (push + pull).sum(axis=1)
         nxt = np.roll(devs, -1, axis=1)
         slow = self.inv_bw[devs, nxt].max(axis=1)
-        return 2.0 * (r - 1) / r * nbytes * slow + 2.0 * (r - 1) * fixed(devs, nxt).max(axis=1)
+        steps = float(passes) * (r - 1)
+        return steps / r * nbytes * slow + steps * fixed(devs, nxt).max(axis=1)
 
     # -- memory ---------------------------------------------------------------------------
 
     def memory(self, i: int, cfg: ParallelConfig) -> np.ndarray:
-        """Bytes op i keeps on each device under cfg: parameter shards and output activations."""
+        """Bytes op i keeps on each device under cfg: its parameters' training state
+        (`param_copies`) and its output activations."""
         out = np.zeros(self.num_devices)
         out[list(cfg.devices)] = self._task_memory(i, cfg)
         return out
@@ -284,9 +340,33 @@ class CostModel:
         op = self.graph.ops[i]
         shards = math.prod(cfg.degree(op, d) for d in parameter_dims(op)) if op.params else 1
         shards *= cfg.reduce  # a contraction split cuts the weight too
-        per_task = op.param_bytes / shards * self.options.param_copies / self._share(op)
+        copies = self.param_copies(op, cfg.num_tasks // shards)
+        per_task = op.param_bytes / shards * copies / self._share(op)
         # the tasks of a contraction split each hold a partial sum of their whole box
         return per_task + op.output.nbytes / (cfg.num_tasks // cfg.reduce)
+
+    def param_state(self, op: Op) -> ParamBytes:
+        """Op's parameter bytes in training, unsharded: weights, gradients, fp32 state."""
+        return param_bytes(op.params, self.options.optimizer, self.options.master_weights)
+
+    def param_copies(self, op: Op, replicas: int = 1) -> float:
+        """Bytes a task keeps per byte of op's parameters it holds, when each shard has
+        `replicas` data-parallel copies (`planner.costs.memory`): 2.0 by default (weights
+        and gradients), 8.0 for bf16 + Adam + master weights at ZeRO 0 (16 B per 2 B)."""
+        if not op.param_bytes:
+            return 0.0
+        return self.param_state(op).held(replicas, self.options.zero) / op.param_bytes
+
+    def update_copies(self, op: Op, replicas: int = 1) -> float:
+        """Bytes the optimizer step reads and writes per byte of op's parameters a task
+        holds (its whole shard at ZeRO 0, its 1/replicas slice at ZeRO >= 1)."""
+        if not op.param_bytes:
+            return 0.0
+        return self.param_state(op).updated(replicas, self.options.zero) / op.param_bytes
+
+    def usable_memory(self) -> np.ndarray:
+        """(D,) bytes of each device a plan may use: (1 - headroom) x its memory."""
+        return usable_memory(self.devices, self.options.headroom)
 
     # -- t_x (direct, task by task) -------------------------------------------------------
 

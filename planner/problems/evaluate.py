@@ -72,11 +72,11 @@ def memory_feasible(problem: Problem, choices: Sequence[int], rtol: float = 1e-9
 
 
 def device_capacity(problem: Problem) -> np.ndarray | None:
-    """Each device's memory in bytes (D,) for a DNN problem; None for a cost-table problem
-    (its only limit is its own `usage_limit`)."""
+    """Each device's usable memory in bytes (D,) for a DNN problem (its memory less the cost
+    options' headroom); None for a cost-table problem (its only limit is its `usage_limit`)."""
     if not problem.is_dnn:
         return None
-    return np.array([float(d.memory) for d in problem.dnn().devices.devices])
+    return problem.dnn().cost_model.usable_memory()
 
 
 def fits_devices(problem: Problem, choices: Sequence[int], rtol: float = 1e-9) -> bool:

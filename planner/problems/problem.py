@@ -245,7 +245,8 @@ def build_problem(
 ) -> Problem:
     """Cost tables for every op and edge of `graph` on `devices`.
 
-    memory_limit: None (no limit), "device" (each device's own memory), or bytes per device.
+    memory_limit: None (no limit), "device" (each device's own memory, less the cost options'
+    headroom), or bytes per device.
     tie_groups: one decision per shared parameter group (see the module docstring).
     space: "full" (every config), "mesh" (structured, homogeneous clusters), or "auto" (full
     when its tables are small, else mesh; docs/space.md). table_budget: bytes the tables may
@@ -299,7 +300,7 @@ def build_problem(
     intervals = np.array([[i, 2 * n - i] for i in range(n)], dtype=np.int64)
     node_ops = tied_nodes(graph, cspace) if tie_groups else [[i] for i in range(n)]
     tied = _tie(node_ops, node_cost, usage, intervals, edges, edge_cost)
-    limit = _memory_limit(memory_limit, devices)
+    limit = _memory_limit(memory_limit, cm)
     t2 = time.perf_counter()
     configs = [len(c) for c in node_cost]
     stats = {
@@ -440,13 +441,13 @@ def _tie(
     return tuple(costs), uses, spans, tuple(merged), tuple(merged.values())
 
 
-def _memory_limit(limit: float | str | None, devices: DeviceGraph) -> np.ndarray | None:
+def _memory_limit(limit: float | str | None, cm: CostModel) -> np.ndarray | None:
     if limit is None:
         return None
-    if limit == "device":
-        return np.array([float(d.memory) for d in devices.devices])
+    if limit == "device":  # each device's memory less the cost options' headroom
+        return cm.usable_memory()
     if isinstance(limit, str):
         raise ProblemError(f"memory limit must be 'device' or a number of bytes, got {limit!r}")
     if not limit > 0:
         raise ProblemError(f"memory limit must be positive, got {limit}")
-    return np.full(devices.num_devices, float(limit))
+    return np.full(cm.num_devices, float(limit))

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from planner.costs.config import MESH_MAX_SPLIT_DIMS, count_partitions
+from planner.costs.memory import param_bytes, usable_memory
 from planner.costs.mesh import mesh_blocks
 from planner.errors import ProblemError
 from planner.graph.opkinds import parallel_dims, split_unit
@@ -263,7 +264,9 @@ def check_int64(graph: OpGraph) -> None:
 
 def least_memory(graph: OpGraph, options: CostOptions) -> float:
     """Bytes every placement must keep somewhere at the turn from forward to backward: each
-    op's output once and its parameters `param_copies` times (shared groups once)."""
+    op's output once and its parameters' training state once (weights, gradients, optimizer
+    state, master copy: `planner.costs.memory`; ZeRO shards only what replicas would repeat,
+    so no stage keeps less than one copy), shared groups once."""
     groups: dict[str, int] = {}
     for op in graph.ops:
         if op.param_group is not None:
@@ -271,23 +274,25 @@ def least_memory(graph: OpGraph, options: CostOptions) -> float:
     total = 0.0
     for op in graph.ops:
         share = groups.get(op.param_group, 1) if op.param_group is not None else 1
-        total += float(op.output.nbytes) + op.param_bytes * options.param_copies / share
+        held = param_bytes(op.params, options.optimizer, options.master_weights).total
+        total += float(op.output.nbytes) + held / share
     return total
 
 
 def check_memory_fits(graph: OpGraph, devices: DeviceGraph, options: CostOptions) -> None:
     """Stop when even spread evenly over every device the model cannot fit: the least bytes
-    any placement needs (`least_memory`) exceed the devices' memory summed."""
+    any placement needs (`least_memory`) exceed the devices' usable memory summed."""
     need = least_memory(graph, options)
-    have = float(sum(d.memory for d in devices.devices))
+    have = float(usable_memory(devices, options.headroom).sum())
     if need <= have:
         return
     n = devices.num_devices
+    kept = f" (less the {options.headroom:.0%} headroom)" if options.headroom else ""
     raise SizeError(
         f"{graph.name!r} needs at least {format_bytes(need)} of activations and parameters; "
         f"spread evenly over the {n:,} devices of {devices.name!r} that is "
-        f"{format_bytes(need / n)} per device, more than their {format_bytes(have / n)}: "
-        f"use a smaller batch or more devices"
+        f"{format_bytes(need / n)} per device, more than their {format_bytes(have / n)}"
+        f"{kept}: use a smaller batch or more devices"
     )
 
 
@@ -333,14 +338,13 @@ class MemoryFit:
 
 
 def strategy_memory(cost_model: CostModel, strategy: Strategy) -> MemoryFit:
-    """Peak bytes per device of `strategy` (the cost model's memory rule) and the capacity."""
+    """Peak bytes per device of `strategy` (the cost model's memory rule) and the capacity
+    (each device's memory less the cost options' headroom)."""
     peak = np.zeros(cost_model.num_devices)
     for i, cfg in enumerate(strategy.configs):
         peak += cost_model.memory(i, cfg)
-    devices = cost_model.devices.devices
-    return MemoryFit(
-        peak, np.array([float(d.memory) for d in devices]), tuple(d.name for d in devices)
-    )
+    names = tuple(d.name for d in cost_model.devices.devices)
+    return MemoryFit(peak, cost_model.usable_memory(), names)
 
 
 def check_strategy_memory(cost_model: CostModel, strategy: Strategy) -> MemoryFit:

@@ -346,7 +346,9 @@ class Simulator:
         out = TaskBatch(self.tasks)
         groups = self.cm.replica_groups(op, cfg)
         shard = op.param_bytes / len(groups)
-        copies = self.cm.options.param_copies
+        # The step reads and writes what the memory rule keeps (weights, gradients,
+        # optimizer state, master copy); with ZeRO each replica only its 1/r slice.
+        copies = self.cm.update_copies(op, len(groups[0]))
         where = {j: _positions(self.configs[j]) for j in members}
         update = f"update {op.name} shard "
         for g, devs in enumerate(groups):
@@ -373,7 +375,10 @@ class Simulator:
     ) -> list[int]:
         """Ring all-reduce: every replica sends 2 (r - 1) / r of the shard to the next one
         (its 2 (r - 1) pipelined steps as one transfer, after every replica's backward), each
-        step's message overheads before and after it. Parameter server: pushes to the first
+        step's message overheads before and after it. ZeRO 1-2 (reduce-scatter + all-gather)
+        cost the same; ZeRO 3's two weight all-gathers and gradient reduce-scatter are one
+        transfer of 3 (r - 1) / r of the shard here, as t_s prices them (the simulator does
+        not place the gathers before the op's forward and backward). Parameter server: pushes to the first
         device, then pulls. Overheads count the shard's share of a gradient bucket
         (`CostModel.bucket_share`)."""
         r = len(devs)
@@ -386,8 +391,9 @@ class Simulator:
 
         ready = self._join(out, pack(*base, 0, -1), ready)
         if self.cm.options.sync == "ring":
-            size = 2 * (r - 1) / r * shard
-            steps = 2 * (r - 1) * share  # each step: one message to the next replica
+            passes = self.cm.ring_passes  # 2: all-reduce (ZeRO 1-2: reduce-scatter + gather)
+            size = passes * (r - 1) / r * shard
+            steps = passes * (r - 1) * share  # each step: one message to the next replica
             what, gate_label = f"allreduce {name}", f"sync {name} ready"
             ends = []
             for j, a in enumerate(devs):

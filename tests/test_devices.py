@@ -48,6 +48,14 @@ EXPECTED_DEVICES = {
     "dgx-a100-4": 32,
     "dgx-a100-32": 256,
     "dgx-a100-128": 1024,
+    "dgx-a100-80g-1": 8,
+    "dgx-a100-80g-4": 32,
+    "dgx-a100-80g-32": 256,
+    "dgx-a100-80g-128": 1024,
+    "dgx-h100-1": 8,
+    "dgx-h100-4": 32,
+    "dgx-h100-32": 256,
+    "dgx-h100-128": 1024,
     "cpu-local-2": 2,
     "cpu-local-4": 4,
 }
@@ -59,6 +67,7 @@ SAMPLE = [
     "p100-2x3",
     "k80-2x3",
     "dgx-a100-2",
+    "dgx-h100-2",
 ]
 
 
@@ -168,7 +177,17 @@ def test_dgx1_nvlink_topology() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["p100-4x9", "p100-0x4", "k80-1x0", "v100-dgx1-5", "cpu-local-0", "dgx-a100-0"]
+    "name",
+    [
+        "p100-4x9",
+        "p100-0x4",
+        "k80-1x0",
+        "v100-dgx1-5",
+        "cpu-local-0",
+        "dgx-a100-0",
+        "dgx-a100-80g-0",
+        "dgx-h100-0",
+    ],
 )
 def test_out_of_range_preset_sizes(name: str) -> None:
     with pytest.raises(DeviceGraphError, match=name):

@@ -1,8 +1,11 @@
 """Cost functions of OptCNN Sec. 5.1: t_c (compute), t_s (parameter sync), t_x (transfers).
 
 - t_c(op, c): forward + backward time of the slowest task of `op` under config `c`. Analytic:
-  a roofline per task, max(FLOPs / (peak * compute_efficiency), bytes / (memory bandwidth *
-  memory_efficiency)), times (1 + backward_factor), plus a fixed overhead per task. Measured:
+  a roofline per task, max(FLOPs / (peak * efficiency), bytes / (memory bandwidth *
+  memory_efficiency)), times (1 + backward_factor), plus a fixed overhead per task. The peak
+  is the device's for the op's precision (`compute_peak`: 16-bit matrix products on tensor
+  cores, float64, FP32 or TF32) and the efficiency the fraction of it the op's class reaches
+  (`compute_efficiency_of`: matmul, attention, or the default). Measured:
   the median time profiled on this machine for the task's shape (`planner.costs.profile`), falling
   back to analytic for shapes that were not profiled.
 - t_s(op, c): synchronizing the gradients of replicated parameter shards. Parameters split
@@ -63,13 +66,14 @@ from planner.graph.opkinds import (
     DimMap,
     contraction,
     fused_ops,
+    kind_spec,
     parameter_dims,
     stats_groups,
 )
 
 if TYPE_CHECKING:
     from planner.graph.opgraph import Edge, Op, OpGraph
-    from planner.hardware.devices import DeviceGraph, Hierarchy
+    from planner.hardware.devices import Device, DeviceGraph, Hierarchy
 
 
 class MeasuredTimes(Protocol):
@@ -91,7 +95,14 @@ class CostOptions:
     replicas; 1-2 sync by reduce-scatter + all-gather, 3 also all-gathers the weights before
     the forward and the backward) and a `headroom` fraction of each device's memory kept
     free (fragmentation, workspace, the framework). The defaults are the plain rule: weights
-    and gradients, no optimizer state, all of each device's memory."""
+    and gradients, no optimizer state, all of each device's memory.
+
+    Compute per op class (`compute_efficiency_of`): `matmul_efficiency` (linear, conv2d,
+    lstm, rnn_attention) and `attention_efficiency` (scaled dot-product attention: its two
+    batched matmuls and softmax) override, when given, the fraction a device calibrates for
+    the class (`Device.efficiency`); a class neither gives, and every memory-bound op, takes
+    `compute_efficiency`. `tf32`: float32 matmul-like ops run at the device's TF32 peak
+    (None or False: FP32, PyTorch's default for matmuls)."""
 
     sync: Literal["ring", "ps"] = "ring"
     compute_efficiency: float = 0.5
@@ -103,6 +114,9 @@ class CostOptions:
     master_weights: bool = False
     zero: int = 0
     headroom: float = 0.0
+    matmul_efficiency: float | None = None
+    attention_efficiency: float | None = None
+    tf32: bool | None = None
 
     def __post_init__(self) -> None:
         if self.sync not in ("ring", "ps"):
@@ -113,6 +127,15 @@ class CostOptions:
             raise LayerwiseError("backward_factor and task_overhead must be >= 0")
         if self.sync_bucket_bytes < 0:
             raise LayerwiseError("sync_bucket_bytes must be >= 0 (0: no buckets)")
+        for name in ("matmul_efficiency", "attention_efficiency"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value <= 1:
+                raise LayerwiseError(
+                    f"{name} must be a fraction of peak in (0, 1] (or None: the device's "
+                    f"calibrated one, else compute_efficiency), got {value!r}"
+                )
+        if self.tf32 not in (None, True, False):
+            raise LayerwiseError(f"tf32 must be True, False or None, got {self.tf32!r}")
         self._check_memory_options()
 
     def _check_memory_options(self) -> None:
@@ -135,6 +158,45 @@ class CostOptions:
             raise LayerwiseError(
                 f"headroom must be a fraction of device memory in [0, 1), got {self.headroom!r}"
             )
+
+
+def efficiency_class(kind: str) -> str | None:
+    """The op class whose achievable fraction of peak an op kind reaches: "attention", "matmul"
+    (the other FLOP-bound kinds: linear, conv2d, lstm, rnn_attention) or None (memory-bound
+    kinds, `KindSpec.compute == "bytes"`)."""
+    if kind_spec(kind).compute != "flops":
+        return None
+    return "attention" if kind == "attention" else "matmul"
+
+
+def compute_peak(device: Device, kind: str, dtype_bytes: int, tf32: bool = False) -> float:
+    """FLOP/s `device` peaks at for an op of `kind` whose output has `dtype_bytes` per element.
+
+    Matrix products (FLOP-bound kinds) in 16-bit floats run on tensor cores (`peak16`),
+    float32 ones at FP32 or, with `tf32`, at `peak_tf32`; float64 runs at `peak64` whatever
+    the kind; memory-bound kinds' few FLOPs run on the vector units at FP32 (their bytes, not
+    their peak, set their time)."""
+    if dtype_bytes == 8:
+        return device.peak64
+    if efficiency_class(kind) is None:
+        return device.flops
+    if dtype_bytes == 2:
+        return device.peak16
+    return device.peak_tf32 if tf32 and dtype_bytes == 4 else device.flops
+
+
+def compute_efficiency_of(device: Device, kind: str, options: CostOptions) -> float:
+    """The fraction of its peak `device` reaches on an op of `kind`: the options' fraction for
+    the kind's class when given, else the device's calibrated one, else
+    `options.compute_efficiency` (docs/cost_model.md, "Analytic mode")."""
+    op_class = efficiency_class(kind)
+    if op_class is None:
+        return options.compute_efficiency
+    given: float | None = getattr(options, f"{op_class}_efficiency")
+    if given is not None:
+        return given
+    calibrated = device.efficiency_of(op_class)
+    return calibrated if calibrated is not None else options.compute_efficiency
 
 
 class CostModel:
@@ -167,6 +229,7 @@ class CostModel:
         self._group_size = dict(groups)
         self._norm_groups: dict[tuple[int, tuple[int, ...]], list[list[int]] | None] = {}
         self._layouts: dict[tuple[tuple[int, ...], bytes], Layout | None] = {}
+        self._rates: dict[tuple[str, int], np.ndarray] = {}
 
     @property
     def source(self) -> str:
@@ -181,6 +244,24 @@ class CostModel:
             ins = sum(self.graph.op(n).output.nbytes for n in op.inputs)
             nbytes = ins + op.output.nbytes + op.param_bytes
         return op.flops, float(nbytes)
+
+    def compute_rate(self, op: Op) -> np.ndarray:
+        """(D,) FLOP/s each device reaches on `op`'s kernels: the peak of its precision and
+        kind (`compute_peak`) times the fraction its class reaches (`compute_efficiency_of`)."""
+        key = (op.kind, op.output.dtype_bytes)
+        rate = self._rates.get(key)
+        if rate is None:
+            o = self.options
+            rate = np.array(
+                [
+                    compute_peak(d, op.kind, op.output.dtype_bytes, bool(o.tf32))
+                    * compute_efficiency_of(d, op.kind, o)
+                    for d in self.devices.devices
+                ],
+                dtype=np.float64,
+            )
+            self._rates[key] = rate
+        return rate
 
     def task_times(self, i: int, cfg: ParallelConfig) -> tuple[np.ndarray, np.ndarray]:
         """Forward and backward seconds of each task of op i under cfg (two (k,) arrays).
@@ -199,7 +280,7 @@ class CostModel:
         flops, nbytes = self._task_work(op)
         dev = np.asarray(cfg.devices)
         fwd = np.maximum(
-            flops / k / (self.flops[dev] * o.compute_efficiency),
+            flops / k / self.compute_rate(op)[dev],
             nbytes / k / (self.mem_bw[dev] * o.memory_efficiency),
         )
         return fwd + o.task_overhead, fwd * o.backward_factor

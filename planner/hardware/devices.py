@@ -6,7 +6,7 @@ import hashlib
 import json
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -16,11 +16,14 @@ import numpy as np
 from planner.errors import DeviceGraphError, read_json
 from planner.hardware.routing import RouteTrees, route_trees, walk
 
-__all__ = ["FORMAT", "VERSION", "Device", "DeviceGraph", "Hierarchy", "Link"]
+__all__ = ["EFFICIENCY_CLASSES", "FORMAT", "VERSION", "Device", "DeviceGraph", "Hierarchy", "Link"]
 
 FORMAT = "layerwise.devicegraph"
 VERSION = 1
 DEVICE_KINDS = ("gpu", "cpu")
+# The op classes a device may carry a calibrated achievable fraction of peak for
+# (`Device.efficiency`; the cost model maps op kinds to them: planner.costs.costmodel).
+EFFICIENCY_CLASSES = ("matmul", "attention")
 # A route minimises the sum over its links of (latency + ROUTE_PROBE_BYTES / bandwidth):
 # the time a 1 MiB message would take if every link forwarded it in turn.
 ROUTE_PROBE_BYTES = 2**20
@@ -35,7 +38,15 @@ class Device:
     `message_overhead` (seconds) is the processor time the device spends on each message it
     sends or receives when its own processor drives the transport (CPU workers with gloo: the
     send runs on the worker's thread and every arrival wakes it); 0 for devices whose copy
-    engines move the data (GPUs)."""
+    engines move the data (GPUs).
+
+    Peaks by precision (FLOP/s, dense, no sparsity), each optional: `flops16` for 16-bit
+    floats (bf16/fp16 matrix products on tensor cores; default `flops`), `flops_tf32` for
+    float32 matrix products in TF32 (default `flops`), `flops64` for float64 (default
+    `flops / 2`). `efficiency` holds calibrated achievable fractions of peak per op class
+    (`EFFICIENCY_CLASSES`): given as pairs or a mapping, kept as (class, fraction) pairs
+    sorted by class; a class it leaves out takes the cost options' fraction
+    (docs/cost_model.md, "Analytic mode")."""
 
     name: str
     kind: str
@@ -44,6 +55,10 @@ class Device:
     memory: int
     host: str
     message_overhead: float = 0.0
+    flops16: float | None = None
+    flops_tf32: float | None = None
+    flops64: float | None = None
+    efficiency: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -61,6 +76,59 @@ class Device:
                 f"device {self.name}: message_overhead must be finite and >= 0, "
                 f"got {self.message_overhead}"
             )
+        for field in ("flops16", "flops_tf32", "flops64"):
+            value = getattr(self, field)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise DeviceGraphError(
+                    f"device {self.name}: {field} must be finite and > 0 (or left out: "
+                    f"{'flops / 2' if field == 'flops64' else 'flops'}), got {value}"
+                )
+        self._check_efficiency()
+
+    def _check_efficiency(self) -> None:
+        """Normalize `efficiency` (pairs or a mapping) to sorted (class, float) pairs."""
+        given: Any = self.efficiency
+        try:
+            items = given.items() if isinstance(given, Mapping) else given
+            pairs = tuple(sorted((str(c), float(f)) for c, f in items))
+        except (TypeError, ValueError):
+            raise DeviceGraphError(
+                f"device {self.name}: efficiency must map op classes {EFFICIENCY_CLASSES} to "
+                f"fractions of peak, got {given!r}"
+            ) from None
+        object.__setattr__(self, "efficiency", pairs)
+        classes = [c for c, _ in pairs]
+        unknown = [c for c in classes if c not in EFFICIENCY_CLASSES]
+        if unknown or len(set(classes)) < len(classes):
+            raise DeviceGraphError(
+                f"device {self.name}: efficiency names op classes {classes}; each must be one "
+                f"of {EFFICIENCY_CLASSES}, at most once"
+            )
+        for op_class, fraction in self.efficiency:
+            if not 0 < fraction <= 1:
+                raise DeviceGraphError(
+                    f"device {self.name}: efficiency of {op_class!r} must be a fraction of "
+                    f"peak in (0, 1], got {fraction}"
+                )
+
+    @property
+    def peak16(self) -> float:
+        """FLOP/s of 16-bit float matrix products (bf16/fp16 tensor cores)."""
+        return self.flops16 if self.flops16 is not None else self.flops
+
+    @property
+    def peak_tf32(self) -> float:
+        """FLOP/s of float32 matrix products run in TF32."""
+        return self.flops_tf32 if self.flops_tf32 is not None else self.flops
+
+    @property
+    def peak64(self) -> float:
+        """FLOP/s of float64 arithmetic."""
+        return self.flops64 if self.flops64 is not None else self.flops / 2
+
+    def efficiency_of(self, op_class: str) -> float | None:
+        """The calibrated fraction of peak this device reaches on `op_class`, or None."""
+        return dict(self.efficiency).get(op_class)
 
 
 @dataclass(frozen=True)
@@ -233,13 +301,8 @@ class DeviceGraph:
         Levels come from the distinct route costs: device 0's cheapest peers must be the
         devices right after it, the next cheapest the block after those, and so on, and every
         other pair of devices must cost what the level of its first differing digit says."""
-        first = self._devices[0]
-        spec = (first.kind, first.flops, first.mem_bandwidth, first.memory)
-        if any(
-            (d.kind, d.flops, d.mem_bandwidth, d.memory) != spec
-            or d.message_overhead != first.message_overhead
-            for d in self._devices
-        ):
+        spec = _figures(self._devices[0])
+        if any(_figures(d) != spec for d in self._devices):
             return None
         n = self.num_devices
         if n == 1:
@@ -379,6 +442,7 @@ class DeviceGraph:
                     memory=int(d["memory"]),
                     host=str(d["host"]),
                     message_overhead=float(d.get("message_overhead", 0.0)),
+                    **_precision_json(d),
                 )
                 for d in data["devices"]
             ]
@@ -416,12 +480,15 @@ class DeviceGraph:
             f"{self._name}: {self.num_devices} devices on {len(hosts)} host(s), "
             f"{len(self._switches)} switches, {len(self._links)} links"
         ]
-        for (kind, flops, mem_bw, memory), count in Counter(
-            (d.kind, d.flops, d.mem_bandwidth, d.memory) for d in self._devices
+        for (kind, flops, flops16, mem_bw, memory, efficiency), count in Counter(
+            (d.kind, d.flops, d.peak16, d.mem_bandwidth, d.memory, d.efficiency)
+            for d in self._devices
         ).items():
+            reach = "".join(f", {c} {f:.3g}" for c, f in efficiency)
             lines.append(
-                f"  {count} x {kind}: {flops / 1e12:.3g} TFLOP/s, {memory / 2**30:.3g} GiB, "
-                f"{mem_bw / 1e9:.3g} GB/s memory"
+                f"  {count} x {kind}: {flops / 1e12:.3g} TFLOP/s FP32, {flops16 / 1e12:.3g} "
+                f"TFLOP/s 16-bit, {memory / 2**30:.3g} GiB, {mem_bw / 1e9:.3g} GB/s memory"
+                + (f" (fraction of peak reached: {reach[2:]})" if reach else "")
             )
         for (kind, bw, lat), count in sorted(
             Counter(
@@ -441,12 +508,44 @@ class DeviceGraph:
         return "\n".join(lines)
 
 
+def _figures(d: Device) -> tuple[Any, ...]:
+    """Everything a device computes and holds with (all but its name and host)."""
+    return (d.kind, d.flops, d.mem_bandwidth, d.memory, d.message_overhead, d.flops16,
+            d.flops_tf32, d.flops64, d.efficiency)  # fmt: skip
+
+
 def _device_json(d: Device) -> dict[str, Any]:
-    """A device's JSON fields; a zero message_overhead is left out (older files, same
-    fingerprints)."""
+    """A device's JSON fields; a zero message_overhead, peaks left to their defaults and an
+    empty efficiency are left out (older files, same fingerprints)."""
     out = asdict(d) | {"flops": float(d.flops), "mem_bandwidth": float(d.mem_bandwidth)}
     if d.message_overhead:
         out["message_overhead"] = float(d.message_overhead)
     else:
         del out["message_overhead"]
+    for field in _PEAKS:
+        value = getattr(d, field)
+        if value is None:
+            del out[field]
+        else:
+            out[field] = float(value)
+    if d.efficiency:
+        out["efficiency"] = {c: float(f) for c, f in d.efficiency}
+    else:
+        del out["efficiency"]
+    return out
+
+
+_PEAKS = ("flops16", "flops_tf32", "flops64")
+
+
+def _precision_json(d: dict[str, Any]) -> dict[str, Any]:
+    """The optional peaks and efficiency of a device's JSON entry, as `Device` fields."""
+    out: dict[str, Any] = {f: float(d[f]) for f in _PEAKS if d.get(f) is not None}
+    efficiency = d.get("efficiency", {})
+    if not isinstance(efficiency, dict):
+        raise DeviceGraphError(
+            f"device {d.get('name')}: efficiency must be an object of op class: fraction of "
+            f'peak, e.g. {{"matmul": 0.7}}, got {efficiency!r}'
+        )
+    out["efficiency"] = tuple(sorted((str(c), float(f)) for c, f in efficiency.items()))
     return out

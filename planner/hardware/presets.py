@@ -1,5 +1,5 @@
-"""Device graph presets: the papers' GPU clusters, a DGX-1, DGX A100 clusters, and this
-machine's CPU workers.
+"""Device graph presets: the papers' GPU clusters, a DGX-1, DGX A100 and DGX H100 clusters,
+and this machine's CPU workers.
 
 Figures and their sources are in docs/devices.md.
 """
@@ -33,6 +33,8 @@ __all__ = [
     "cpu_local_cache_path",
     "cpu_local_figures",
     "dgx_a100",
+    "dgx_a100_80g",
+    "dgx_h100",
     "get_preset",
     "k80_cluster",
     "list_presets",
@@ -49,8 +51,11 @@ GiB = 2**30
 NVLINK1_BANDWIDTH = 20e9  # NVLink 1.0 (P100), per link
 NVLINK2_BANDWIDTH = 25e9  # NVLink 2.0 (V100), per link
 NVLINK3_GPU_BANDWIDTH = 300e9  # NVLink 3.0 (A100): 12 links x 25 GB/s, all to the NVSwitches
+NVLINK4_GPU_BANDWIDTH = 450e9  # NVLink 4.0 (H100): 18 links x 25 GB/s, all to the NVSwitches
 PCIE4_BANDWIDTH = 25e9  # PCIe 4.0 x16, achievable (31.5 GB/s raw)
+PCIE5_BANDWIDTH = 50e9  # PCIe 5.0 x16, achievable (63 GB/s raw)
 IB_HDR_BANDWIDTH = 25e9  # 200 Gb/s HDR InfiniBand
+IB_NDR_BANDWIDTH = 50e9  # 400 Gb/s NDR InfiniBand
 PCIE3_BANDWIDTH = 12e9  # PCIe 3.0 x16, achievable (15.75 GB/s raw)
 IB_EDR_BANDWIDTH = 12.5e9  # 100 Gb/s EDR InfiniBand
 IB_FDR_BANDWIDTH = 7e9  # 56 Gb/s FDR InfiniBand
@@ -61,12 +66,38 @@ PCIE_LATENCY = 5e-6
 IB_LATENCY = 2e-6
 QPI_LATENCY = 1e-6
 
-# Devices: peak FP32 FLOP/s, memory bandwidth (bytes/s), memory (bytes).
-P100 = {"flops": 10.6e12, "mem_bandwidth": 732e9, "memory": 16 * GiB}
-K80_DIE = {"flops": 4.37e12 / 2, "mem_bandwidth": 240e9, "memory": 12 * GiB}
-V100 = {"flops": 15.7e12, "mem_bandwidth": 900e9, "memory": 16 * GiB}
-A100 = {"flops": 19.5e12, "mem_bandwidth": 1555e9, "memory": 40 * GiB}
-DGX_A100_GPUS = 8
+# Devices: peak FP32 FLOP/s, memory bandwidth (bytes/s), memory (bytes); peaks of other
+# precisions where the datasheet gives them (dense: no sparsity; docs/devices.md, "Figures").
+P100 = {"flops": 10.6e12, "flops16": 21.2e12, "mem_bandwidth": 732e9, "memory": 16 * GiB}
+K80_DIE = {"flops": 4.37e12 / 2, "flops64": 4.37e12 / 6, "mem_bandwidth": 240e9, "memory": 12 * GiB}
+V100 = {"flops": 15.7e12, "flops16": 125e12, "mem_bandwidth": 900e9, "memory": 16 * GiB}
+A100 = {
+    "flops": 19.5e12,
+    "flops16": 312e12,
+    "flops_tf32": 156e12,
+    "flops64": 9.7e12,
+    "mem_bandwidth": 1555e9,
+    "memory": 40 * GiB,
+}
+A100_80G = A100 | {"mem_bandwidth": 2039e9, "memory": 80 * GiB}
+H100 = {
+    "flops": 67e12,
+    "flops16": 989e12,
+    "flops_tf32": 494.5e12,
+    "flops64": 34e12,
+    "mem_bandwidth": 3.35e12,
+    "memory": 80 * GiB,
+}
+# Achievable fractions of peak per op class (`Device.efficiency`) for the LLM-era presets:
+# matmul from "optimized GEMM can reach up to 80-90% of the theoretical maximum" (Dao,
+# FlashAttention-2, 2023, Sec. 1; Shah et al., FlashAttention-3, 2024, Sec. 1 for H100), less
+# for a layer's smaller and transposed backward GEMMs; attention as PyTorch's
+# scaled_dot_product_attention runs it with FlashAttention-2: 50-73% of peak forward, up to 63%
+# backward on A100 (FA2 abstract, Sec. 1), 35% on H100 (FA3 Sec. 1). Rough defaults for the
+# lead's calibration, not measurements: docs/devices.md, "Achievable fractions".
+A100_EFFICIENCY = (("attention", 0.5), ("matmul", 0.7))
+H100_EFFICIENCY = (("attention", 0.35), ("matmul", 0.7))
+DGX_GPUS = 8  # per DGX A100 and DGX H100 system
 
 # DGX-1 (V100) hybrid cube-mesh: GPU pair -> number of NVLink 2.0 links (6 per GPU).
 DGX1_NVLINKS = {
@@ -89,7 +120,8 @@ logger = logging.getLogger(__name__)
 
 VALID_FORMS = (
     "p100-NxG (N >= 1 nodes, G in 1..8 GPUs), k80-NxG (N >= 1, G in 1..8), "
-    "v100-dgx1-G (G in 1,2,3,4,8), dgx-a100-N (N >= 1 nodes of 8 GPUs), cpu-local-N (N >= 1)"
+    "v100-dgx1-G (G in 1,2,3,4,8), dgx-a100-N, dgx-a100-80g-N, dgx-h100-N (N >= 1 nodes of "
+    "8 GPUs), cpu-local-N (N >= 1)"
 )
 
 
@@ -172,25 +204,58 @@ def v100_dgx1(gpus: int) -> DeviceGraph:
 def dgx_a100(nodes: int) -> DeviceGraph:
     """`nodes` DGX A100 systems: in each, 8 A100s joined all-to-all through NVSwitch (one
     300 GB/s link per GPU to the switch `node{k}/nvswitch`), and every GPU with its own HDR
-    InfiniBand NIC (`node{k}/nic{g}`, over PCIe 4.0) on one non-blocking fabric switch `ib`."""
+    InfiniBand NIC (`node{k}/nic{g}`, over PCIe 4.0) on one non-blocking fabric switch `ib`.
+    No calibrated efficiency: its plans keep the cost options' fraction (and their numbers)."""
+    return _dgx(
+        f"dgx-a100-{nodes}", nodes, A100, NVLINK3_GPU_BANDWIDTH, PCIE4_BANDWIDTH, IB_HDR_BANDWIDTH
+    )
+
+
+def dgx_a100_80g(nodes: int) -> DeviceGraph:
+    """`nodes` DGX A100 80 GB systems as in Selene (Megatron-LM, Narayanan et al. SC'21): the
+    `dgx_a100` layout with A100 80 GB SXM (2,039 GB/s HBM2e) and calibrated efficiencies."""
+    spec = A100_80G | {"efficiency": A100_EFFICIENCY}
+    return _dgx(
+        f"dgx-a100-80g-{nodes}",
+        nodes,
+        spec,
+        NVLINK3_GPU_BANDWIDTH,
+        PCIE4_BANDWIDTH,
+        IB_HDR_BANDWIDTH,
+    )
+
+
+def dgx_h100(nodes: int) -> DeviceGraph:
+    """`nodes` DGX H100 systems: 8 H100 SXM 80 GB on NVLink 4 and NVSwitch (450 GB/s per GPU
+    and direction), every GPU with its own 400 Gb/s NDR InfiniBand NIC over PCIe 5.0."""
+    spec = H100 | {"efficiency": H100_EFFICIENCY}
+    return _dgx(
+        f"dgx-h100-{nodes}", nodes, spec, NVLINK4_GPU_BANDWIDTH, PCIE5_BANDWIDTH, IB_NDR_BANDWIDTH
+    )
+
+
+def _dgx(
+    name: str, nodes: int, spec: dict[str, Any], nvlink: float, pcie: float, fabric: float
+) -> DeviceGraph:
+    """A DGX cluster of 8-GPU nodes of `spec`: in node k, every GPU links to the switch
+    `node{k}/nvswitch` (the NVSwitches act as one non-blocking crossbar) and, with nodes > 1,
+    over PCIe to its own NIC `node{k}/nic{g}` on one non-blocking fabric switch `ib`."""
     devices: list[Device] = []
     links: list[Link] = []
     switches: list[str] = ["ib"] if nodes > 1 else []
     for k in range(nodes):
-        node = _gpus(DGX_A100_GPUS, A100, f"node{k}", first=k * DGX_A100_GPUS)
+        node = _gpus(DGX_GPUS, spec, f"node{k}", first=k * DGX_GPUS)
         nvswitch = f"node{k}/nvswitch"
         switches.append(nvswitch)
         for g, gpu in enumerate(node):
-            links.append(
-                Link(gpu.name, nvswitch, NVLINK3_GPU_BANDWIDTH, NVSWITCH_LATENCY, "nvswitch")
-            )
+            links.append(Link(gpu.name, nvswitch, nvlink, NVSWITCH_LATENCY, "nvswitch"))
             if nodes > 1:
                 nic = f"node{k}/nic{g}"
                 switches.append(nic)
-                links.append(Link(gpu.name, nic, PCIE4_BANDWIDTH, PCIE_LATENCY, "pcie"))
-                links.append(Link(nic, "ib", IB_HDR_BANDWIDTH, IB_LATENCY, "infiniband"))
+                links.append(Link(gpu.name, nic, pcie, PCIE_LATENCY, "pcie"))
+                links.append(Link(nic, "ib", fabric, IB_LATENCY, "infiniband"))
         devices += node
-    return DeviceGraph(f"dgx-a100-{nodes}", devices, links, switches)
+    return DeviceGraph(name, devices, links, switches)
 
 
 def cpu_local(workers: int, figures: dict[str, float] | None = None) -> DeviceGraph:
@@ -252,8 +317,18 @@ _PATTERNS: list[tuple[re.Pattern[str], _Count, _Build]] = [
     (re.compile(r"v100-dgx1-(\d+)"), lambda m: int(m[1]), lambda n, m: v100_dgx1(int(m[1]))),
     (
         re.compile(r"dgx-a100-(\d+)"),
-        lambda m: DGX_A100_GPUS * int(m[1]),
+        lambda m: DGX_GPUS * int(m[1]),
         lambda n, m: dgx_a100(_ranged(n, m[1], 1)),
+    ),
+    (
+        re.compile(r"dgx-a100-80g-(\d+)"),
+        lambda m: DGX_GPUS * int(m[1]),
+        lambda n, m: dgx_a100_80g(_ranged(n, m[1], 1)),
+    ),
+    (
+        re.compile(r"dgx-h100-(\d+)"),
+        lambda m: DGX_GPUS * int(m[1]),
+        lambda n, m: dgx_h100(_ranged(n, m[1], 1)),
     ),
     (
         re.compile(r"cpu-local-(\d+)"),
@@ -292,6 +367,8 @@ def list_presets() -> list[str]:
         "k80-16x4",
         *(f"v100-dgx1-{g}" for g in DGX1_SIZES),
         *(f"dgx-a100-{n}" for n in (1, 4, 32, 128)),
+        *(f"dgx-a100-80g-{n}" for n in (1, 4, 32, 128)),
+        *(f"dgx-h100-{n}" for n in (1, 4, 32, 128)),
         "cpu-local-2",
         "cpu-local-4",
     ]

@@ -49,7 +49,7 @@ def test_priced_rounds_are_valid_and_bounded() -> None:
     """Memory as prices (no knapsack rows): every answer valid, never below the optimum, the
     bound never above it, OPTIMAL only at the optimum."""
     backend = get_backend("toulbar2")
-    opts = SolveOptions(time_limit=5, seed=0, extra={"exact_memory_nodes": 0})
+    opts = SolveOptions(time_limit=2, seed=0, extra={"exact_memory_nodes": 0})
     round_bounds = 0
     for problem in _problems(25, nodes=9):
         best, value = brute_force(problem)

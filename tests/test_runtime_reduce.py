@@ -5,12 +5,12 @@ its partial sums reduce-scattered into a sequence split or summed on one rank.""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
-from budget import time_budget
 from test_capture_llm import gpt2
+from test_runtime_llm import F64, TOKENS, budget  # noqa: F401 (budget: an autouse fixture)
 
 import planner
 import runtime
@@ -20,15 +20,6 @@ from planner.graph.opkinds import CHANNEL, LENGTH, SAMPLE, contraction
 from planner.hardware.presets import get_preset
 from planner.problems.strategy import Strategy
 from runtime.plan import build_plan
-
-F64 = runtime.RunOptions(steps=2, dtype="float64", lr=0.1, check=True, timeout=60)
-TOKENS = (torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0)),)
-
-
-@pytest.fixture(autouse=True)
-def budget() -> Iterator[None]:
-    with time_budget(300):
-        yield
 
 
 def _graph(module: torch.nn.Module) -> OpGraph:

@@ -61,6 +61,7 @@ def test_candidates_are_distinct_and_include_the_planners() -> None:
     assert {"data_parallel", "model_parallel", "owt", "one_worker", "elimination"} <= parts
 
 
+@pytest.mark.slow  # 40 s: profiling, 10 runtime runs; the parts are tested above and below
 def test_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A tiny run: lenet5 profiled into a private cache, 10 strategies, CSV/JSON/plot. The
     suite may run on a busy machine: --max-load inf measures anyway (and records the load)."""

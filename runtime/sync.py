@@ -27,7 +27,7 @@ the same channels (`planner.costs.kernels.shared_batch_norm` calls it forward an
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,18 +165,11 @@ class GradientSync:
         with torch.no_grad():
             for bucket, weights, work in gathers:
                 self.wait(work)
-                at = 0
-                for item in bucket.items:
-                    size = self._numel(item)
-                    chunk = weights[at : at + size]
-                    at += size
+                for item, chunk in self._chunks(bucket, weights):
                     for key in self.keys[item]:
                         leaf = self.shards[key]
                         grads = self._views(leaf.grad, key, item) if leaf.grad is not None else []
-                        off = 0
-                        for v in self._views(leaf, key, item):
-                            v.copy_(chunk[off : off + v.numel()].view_as(v))
-                            off += v.numel()
+                        self._fill(self._views(leaf, key, item), chunk)
                         for g in grads:
                             g.zero_()
 
@@ -205,19 +198,12 @@ class GradientSync:
         for bucket, flat, work in self.pending:
             if work is not None:
                 self.wait(work)
-            at = 0
-            for item in bucket.items:
-                size = self._numel(item)
-                chunk = flat[at : at + size]
-                at += size
+            for item, chunk in self._chunks(bucket, flat):
                 for key in self.keys[item]:
                     leaf = self.shards[key]
                     if leaf.grad is None:
                         leaf.grad = torch.zeros_like(leaf)
-                    off = 0
-                    for v in self._views(leaf.grad, key, item):
-                        v.copy_(chunk[off : off + v.numel()].view_as(v))
-                        off += v.numel()
+                    self._fill(self._views(leaf.grad, key, item), chunk)
         self.pending = []
         self._update_slices(lr)
         with torch.no_grad():
@@ -244,6 +230,24 @@ class GradientSync:
             tensor.narrow(info.axis, b * width + item.lo - key.lo, item.hi - item.lo)
             for b in range(info.blocks)
         ]
+
+    def _chunks(
+        self, bucket: _Bucket, flat: torch.Tensor
+    ) -> Iterator[tuple[SyncItem, torch.Tensor]]:
+        """Each item of the bucket with its part of the bucket's flat buffer, in order."""
+        at = 0
+        for item in bucket.items:
+            size = self._numel(item)
+            yield item, flat[at : at + size]
+            at += size
+
+    @staticmethod
+    def _fill(views: list[torch.Tensor], chunk: torch.Tensor) -> None:
+        """Copy `chunk` into `views`, one after the other (a shard's blocks of the item)."""
+        off = 0
+        for v in views:
+            v.copy_(chunk[off : off + v.numel()].view_as(v))
+            off += v.numel()
 
     def _numel(self, item: SyncItem) -> int:
         key = self.keys[item][0]

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -58,6 +59,7 @@ from planner.costs.memory import (
     param_bytes,
     usable_memory,
 )
+from planner.costs.recompute import RECOMPUTE, RecomputeShare, recomputed_ops
 from planner.costs.regions import EdgeGrid, edge_grid
 from planner.costs.transfer import EdgeGeometry, EdgeTables, Layout
 from planner.errors import LayerwiseError
@@ -94,8 +96,10 @@ class CostOptions:
     optimizer state, then gradients, then weights sharded over each shard's data-parallel
     replicas; 1-2 sync by reduce-scatter + all-gather, 3 also all-gathers the weights before
     the forward and the backward) and a `headroom` fraction of each device's memory kept
-    free (fragmentation, workspace, the framework). The defaults are the plain rule: weights
-    and gradients, no optimizer state, all of each device's memory.
+    free (fragmentation, workspace, the framework), and activation `recompute` ("none", or
+    "full": the ops inside a model's numbered blocks keep no outputs and run their forward
+    again in the backward pass; `planner.costs.recompute`). The defaults are the plain rule:
+    weights, gradients and every output, no optimizer state, all of each device's memory.
 
     Compute per op class (`compute_efficiency_of`): `matmul_efficiency` (linear, conv2d,
     lstm, rnn_attention) and `attention_efficiency` (scaled dot-product attention: its two
@@ -114,6 +118,7 @@ class CostOptions:
     master_weights: bool = False
     zero: int = 0
     headroom: float = 0.0
+    recompute: Literal["none", "full"] = "none"
     matmul_efficiency: float | None = None
     attention_efficiency: float | None = None
     tf32: bool | None = None
@@ -157,6 +162,10 @@ class CostOptions:
         if not (isinstance(self.headroom, int | float) and 0 <= self.headroom < 1):
             raise LayerwiseError(
                 f"headroom must be a fraction of device memory in [0, 1), got {self.headroom!r}"
+            )
+        if self.recompute not in RECOMPUTE:
+            raise LayerwiseError(
+                f"recompute must be {' or '.join(map(repr, RECOMPUTE))}, got {self.recompute!r}"
             )
 
 
@@ -268,7 +277,8 @@ class CostModel:
 
         Measured times (forward + backward) are split in the analytic ratio 1 : backward_factor;
         the per-task overhead (what a runtime spends around the kernels) is charged to the
-        forward task, analytic or measured."""
+        forward task, analytic or measured. An op that recomputes (`recomputed`) runs its
+        forward kernels again in its backward task."""
         op = self.graph.ops[i]
         k, o = cfg.num_tasks, self.options
         if op.kind == "input":
@@ -276,14 +286,26 @@ class CostModel:
         measured = self.measured.task_time(op, cfg) if self.measured is not None else None
         if measured is not None:
             fwd = np.full(k, measured / (1.0 + o.backward_factor))
-            return fwd + o.task_overhead, fwd * o.backward_factor
+            return fwd + o.task_overhead, fwd * (o.backward_factor + self._again(i))
         flops, nbytes = self._task_work(op)
         dev = np.asarray(cfg.devices)
         fwd = np.maximum(
             flops / k / self.compute_rate(op)[dev],
             nbytes / k / (self.mem_bw[dev] * o.memory_efficiency),
         )
-        return fwd + o.task_overhead, fwd * o.backward_factor
+        return fwd + o.task_overhead, fwd * (o.backward_factor + self._again(i))
+
+    @cached_property
+    def recomputed(self) -> RecomputeShare:
+        """The ops that keep no output and run their forward again in the backward pass
+        (`CostOptions.recompute`; `planner.costs.recompute.recomputed_ops`)."""
+        if self.options.recompute == "none":
+            return RecomputeShare({}, {})
+        return recomputed_ops(self.graph)
+
+    def _again(self, i: int) -> float:
+        """Forward passes op i runs again in its backward task: 1 if it recomputes, else 0."""
+        return 1.0 if i in self.recomputed else 0.0
 
     def compute_time(self, i: int, cfg: ParallelConfig) -> float:
         """t_c: forward + backward seconds of the slowest task of op i under cfg, with its
@@ -412,7 +434,8 @@ class CostModel:
 
     def memory(self, i: int, cfg: ParallelConfig) -> np.ndarray:
         """Bytes op i keeps on each device under cfg: its parameters' training state
-        (`param_copies`) and its output activations."""
+        (`param_copies`) and its output activations (a recomputed op's: its share of its
+        block's, `planner.costs.recompute`; a strategy's peak: `strategy_memory`)."""
         out = np.zeros(self.num_devices)
         out[list(cfg.devices)] = self._task_memory(i, cfg)
         return out
@@ -424,7 +447,31 @@ class CostModel:
         copies = self.param_copies(op, cfg.num_tasks // shards)
         per_task = op.param_bytes / shards * copies / self._share(op)
         # the tasks of a contraction split each hold a partial sum of their whole box
-        return per_task + op.output.nbytes / (cfg.num_tasks // cfg.reduce)
+        return per_task + self._output_bytes(i, cfg) * self.recomputed.share.get(i, 1.0)
+
+    def _output_bytes(self, i: int, cfg: ParallelConfig) -> float:
+        """Bytes of op i's output each task of cfg holds."""
+        return self.graph.ops[i].output.nbytes / (cfg.num_tasks // cfg.reduce)
+
+    def strategy_memory(self, configs: Sequence[ParallelConfig | None]) -> np.ndarray:
+        """(D,) peak bytes per device of a strategy's configs (None: an op not placed yet):
+        the sum of `memory`, where recomputed outputs count as the largest block's on each
+        device (`planner.costs.recompute`) rather than as their per-op shares."""
+        peak = np.zeros(self.num_devices)
+        blocks: dict[str, np.ndarray] = {}
+        rec = self.recomputed
+        for i, cfg in enumerate(configs):
+            if cfg is None:
+                continue
+            peak += self.memory(i, cfg)
+            if i in rec:
+                out = blocks.setdefault(rec.block[i], np.zeros(self.num_devices))
+                held = self._output_bytes(i, cfg)
+                out[list(cfg.devices)] += held
+                peak[list(cfg.devices)] -= held * rec.share[i]
+        if blocks:
+            peak += np.max(np.stack(list(blocks.values())), axis=0)
+        return peak
 
     def param_state(self, op: Op) -> ParamBytes:
         """Op's parameter bytes in training, unsharded: weights, gradients, fp32 state."""

@@ -115,7 +115,5 @@ def score_strategy(cost_model: CostModel, strategy: Strategy) -> Breakdown:
     compute = sum(cost_model.compute_time(i, c) for i, c in enumerate(cfgs))
     sync = sum(cost_model.sync_time(i, c) for i, c in enumerate(cfgs))
     transfer = sum(cost_model.transfer_time(e, cfgs[e.src], cfgs[e.dst]) for e in g.edges)
-    memory = sum(
-        (cost_model.memory(i, c) for i, c in enumerate(cfgs)), np.zeros(cost_model.num_devices)
-    )
+    memory = cost_model.strategy_memory(cfgs)
     return Breakdown(compute, sync, transfer, memory)

@@ -340,9 +340,7 @@ class MemoryFit:
 def strategy_memory(cost_model: CostModel, strategy: Strategy) -> MemoryFit:
     """Peak bytes per device of `strategy` (the cost model's memory rule) and the capacity
     (each device's memory less the cost options' headroom)."""
-    peak = np.zeros(cost_model.num_devices)
-    for i, cfg in enumerate(strategy.configs):
-        peak += cost_model.memory(i, cfg)
+    peak = cost_model.strategy_memory(strategy.configs)
     names = tuple(d.name for d in cost_model.devices.devices)
     return MemoryFit(peak, cost_model.usable_memory(), names)
 

@@ -506,10 +506,7 @@ class Simulator:
             for t in tg.order
             if tg.res[t] != JOIN
         )
-        memory = sum(
-            (self.cm.memory(i, c) for i, c in enumerate(self.configs) if c is not None),
-            np.zeros(D),
-        )
+        memory = self.cm.strategy_memory(self.configs)
         names = [d.name for d in self.devices.devices]
         for link in self.devices.links:
             names += [f"{link.a}->{link.b}", f"{link.b}->{link.a}"]

@@ -1,0 +1,102 @@
+"""Activation recomputation (planner/costs/recompute.py, CostOptions.recompute): which ops
+recompute, the forward they run again, the memory they free, and the peak of a block."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planner.costs.config import ParallelConfig
+from planner.costs.costmodel import CostModel, CostOptions
+from planner.costs.recompute import block_of, recomputed_ops
+from planner.errors import LayerwiseError
+from planner.graph.capture import capture
+from planner.graph.llm import build_llm
+from planner.graph.opgraph import OpGraph
+from planner.hardware.presets import get_preset
+from planner.problems.baselines import data_parallel
+from planner.sim.simulator import simulate
+
+
+@pytest.fixture(scope="module")
+def gpt() -> OpGraph:
+    module, inputs = build_llm(
+        "gpt2", batch=4, seq=16, n_layer=3, n_head=2, n_embd=32, vocab_size=128, block_size=16
+    )
+    return capture(module, inputs, "gpt2-tiny")
+
+
+def test_block_of_names_the_numbered_module() -> None:
+    assert block_of("transformer.h.3.attn.c_attn") == ("transformer.h.3", "attn.c_attn")
+    assert block_of("layers.12.feed_forward.w1") == ("layers.12", "feed_forward.w1")
+    assert block_of("layer1.0.conv1") == ("layer1.0", "conv1")
+    assert block_of("transformer.ln_f") is None
+    assert block_of("lm_head") is None
+
+
+def test_only_ops_read_inside_their_block_recompute(gpt: OpGraph) -> None:
+    rec = recomputed_ops(gpt)
+    names = {gpt.ops[i].name for i in rec.block}
+    assert "transformer.h.0.attn.c_attn" in names
+    assert "transformer.h.1.mlp.c_fc" in names
+    # the block's output (read by the next block or the final norm) is its checkpoint
+    for k in range(3):
+        assert f"transformer.h.{k}.add_1" not in names
+        assert f"transformer.h.{k}.add" in names  # the mid-block residual: read inside only
+    assert not names & {"idx", "transformer.wte", "transformer.ln_f", "lm_head"}
+    assert all(share == pytest.approx(1 / 3) for share in rec.share.values())
+    # every block recomputes the same ops
+    inner = {n.split(".", 3)[3] for n in names}
+    assert all(f"transformer.h.{k}.{x}" in names for k in range(3) for x in inner)
+
+
+def _setup(gpt: OpGraph, recompute: str) -> tuple[CostModel, list[ParallelConfig]]:
+    devices = get_preset("dgx-a100-80g-1")
+    cm = CostModel(gpt, devices, CostOptions(recompute=recompute))  # type: ignore[arg-type]
+    return cm, list(data_parallel(gpt, devices).configs)
+
+
+def test_recomputed_ops_run_their_forward_again_in_the_backward(gpt: OpGraph) -> None:
+    plain, cfgs = _setup(gpt, "none")
+    full, _ = _setup(gpt, "full")
+    rec = full.recomputed
+    assert len(rec) > 0 and len(plain.recomputed) == 0
+    for i, cfg in enumerate(cfgs):
+        f0, b0 = plain.task_times(i, cfg)
+        f1, b1 = full.task_times(i, cfg)
+        np.testing.assert_allclose(f1, f0)
+        kernels = f0 - plain.options.task_overhead
+        np.testing.assert_allclose(b1, b0 + (kernels if i in rec else 0.0))
+
+
+def test_the_peak_keeps_one_block_of_recomputed_outputs(gpt: OpGraph) -> None:
+    plain, cfgs = _setup(gpt, "none")
+    full, _ = _setup(gpt, "full")
+    rec = full.recomputed
+    before = plain.strategy_memory(cfgs)
+    outputs = {i: plain.memory(i, c) - full.memory(i, c) for i, c in enumerate(cfgs)}
+    per_block: dict[str, np.ndarray] = {}
+    freed = np.zeros(full.num_devices)
+    for i, cfg in enumerate(cfgs):
+        if i in rec:
+            out = np.zeros(full.num_devices)
+            out[list(cfg.devices)] = gpt.ops[i].output.nbytes / cfg.num_tasks
+            freed += out
+            per_block[rec.block[i]] = per_block.get(rec.block[i], 0) + out
+        else:
+            assert not outputs[i].any()  # the kept ops' memory is unchanged
+    largest = np.max(np.stack(list(per_block.values())), axis=0)
+    after = full.strategy_memory(cfgs)
+    np.testing.assert_allclose(after, before - freed + largest)
+    used = before > 0  # a batch of 4: data parallelism uses 4 of the 8 GPUs
+    assert used.sum() == 4 and (after[used] < before[used]).all()
+    # alike blocks, alike placed: the per-op shares the searches add up give the same peak
+    np.testing.assert_allclose(sum(full.memory(i, c) for i, c in enumerate(cfgs)), after)
+    # and the simulator reports that peak
+    strategy = data_parallel(gpt, full.devices)
+    np.testing.assert_allclose(simulate(full, strategy).memory, after)
+
+
+def test_an_unknown_recompute_mode_is_one_clear_error() -> None:
+    with pytest.raises(LayerwiseError, match="recompute must be 'none' or 'full'"):
+        CostOptions(recompute="selective")  # type: ignore[arg-type]

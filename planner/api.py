@@ -171,7 +171,8 @@ class PlanResult:
         if self.message:
             out["message"] = self.message
         out = {k: finite_or_none(v) for k, v in out.items()}
-        for key in ("auto", "recommendation", "searched", "zero"):  # backend choice, re-rank rule
+        # backend choice, re-rank rule, the memory options "auto" chose
+        for key in ("auto", "recommendation", "searched", "zero", "recompute"):
             if key in s:
                 out[key] = _strict(s[key])
         return out
@@ -253,6 +254,7 @@ def plan(
     master_weights: bool | None = None,
     zero: int | str | None = None,
     headroom: float | None = None,
+    recompute: str | None = None,
     max_configs: int | None = None,
     backend_options: Mapping[str, Any] | None = None,
     recommend: bool = True,
@@ -280,7 +282,11 @@ def plan(
     (optimizer state, then gradients, then weights sharded over the data-parallel replicas)
     or "auto" (stage 0, and the next stage while the answer does not fit the devices'
     memory; `stats["zero"]` says which stage and why); headroom: the fraction of each
-    device's memory kept free (default 0). recommend: never return a strategy that
+    device's memory kept free (default 0); recompute: "none" (the default), "full" (the ops
+    inside the model's numbered blocks, e.g. a GPT's `transformer.h.3`, keep no outputs
+    and run their forward again in the backward: `planner.costs.recompute`) or "auto" (none,
+    then full when the answer does not fit; `stats["recompute"]` says which and why).
+    recommend: never return a strategy that
     FlexFlow's simulator says is slower than an expert baseline that fits the memory
     (docs/compare.md): when one is faster beyond the simulator's stated error (10%) it is
     returned instead, status FEASIBLE, and the searched answer stays in `stats["searched"]` with its status;
@@ -314,8 +320,35 @@ def plan(
         "master_weights": master_weights,
         "zero": zero,
         "headroom": headroom,
+        "recompute": recompute,
     }
     _check_memory_options(sync, memory_options)
+    if recompute == RECOMPUTE_AUTO:
+        return _plan_recompute_auto(
+            deadline,
+            check_memory,
+            model=model,
+            devices=devices,
+            backend=backend,
+            objective=objective,
+            time_limit=time_limit,
+            seed=seed,
+            example_inputs=example_inputs,
+            model_kwargs=model_kwargs,
+            name=name,
+            coarsen=coarsen,
+            memory_limit=memory_limit,
+            cost=cost,
+            sync=sync,
+            optimizer=optimizer,
+            master_weights=master_weights,
+            zero=zero,
+            headroom=headroom,
+            max_configs=max_configs,
+            backend_options=backend_options,
+            recommend=recommend,
+            **build_options,
+        )
     if zero == ZERO_AUTO:
         return _plan_zero_auto(
             deadline,
@@ -336,6 +369,7 @@ def plan(
             optimizer=optimizer,
             master_weights=master_weights,
             headroom=headroom,
+            recompute=recompute,
             max_configs=max_configs,
             backend_options=backend_options,
             recommend=recommend,
@@ -439,6 +473,8 @@ def plan(
 RECOMMEND_SHARE = 0.1  # of the time left after the build, kept for the recommendation
 ZERO_AUTO = "auto"
 ZERO_STAGES = (0, 1, 2, 3)
+RECOMPUTE_AUTO = "auto"
+RECOMPUTE_MODES = ("none", "full")  # in the order "auto" tries them
 
 
 def _check_memory_options(sync: str | None, options: Mapping[str, Any]) -> None:
@@ -448,6 +484,12 @@ def _check_memory_options(sync: str | None, options: Mapping[str, Any]) -> None:
     values = {k: v for k, v in options.items() if v is not None}
     if values.get("zero") == ZERO_AUTO:
         values["zero"] = ZERO_STAGES[-1]
+    if values.get("recompute") == RECOMPUTE_AUTO:
+        values["recompute"] = RECOMPUTE_MODES[-1]
+    elif "recompute" in values and values["recompute"] not in RECOMPUTE_MODES:
+        raise LayerwiseError(
+            f"recompute must be 'none', 'full' or 'auto', got {given(options['recompute'])}"
+        )
     if "zero" in values and (not isinstance(values["zero"], int) or values["zero"] is True):
         raise LayerwiseError(f"zero must be 0, 1, 2, 3 or 'auto', got {given(options['zero'])}")
     if sync is not None:
@@ -484,6 +526,44 @@ def _plan_zero_auto(deadline: Deadline, check_memory: bool, **call: Any) -> Plan
         check_strategy_memory(cm, out.strategy)  # never a plan that does not fit
     log.info("zero='auto' chose ZeRO stage %d", cm.options.zero)
     phases = {**out.phases, "zero": {"chose": cm.options.zero, "tried": tried}}
+    return dataclasses.replace(out, phases=phases)
+
+
+def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) -> PlanResult:
+    """recompute="auto": plan without recomputation, then with "full" when the answer does not
+    fit the devices' memory (or none was found), each with an equal share of the time left
+    (`zero`, "auto" included, applies to each); the first that fits, else the last tried.
+    `stats["recompute"]`: the mode chosen and, per mode tried before it, why it was not enough."""
+    from planner.problems.sizes import SizeError, check_strategy_memory, format_bytes
+
+    tried: list[dict[str, Any]] = []
+    out: PlanResult | None = None
+    for k, mode in enumerate(RECOMPUTE_MODES):
+        share = deadline.share(1.0 / (len(RECOMPUTE_MODES) - k))
+        try:
+            out = plan(**call, recompute=mode, check_memory=False, deadline=share)
+        except SizeError as exc:  # cannot fit at all without recomputing: the next mode
+            if k == len(RECOMPUTE_MODES) - 1:
+                raise
+            tried.append({"recompute": mode, "why": str(exc)})
+            continue
+        fits = out.stats.get("memory_fits")
+        if (out.has_solution and fits is not False) or deadline.expired():
+            break
+        if k < len(RECOMPUTE_MODES) - 1:
+            peak = out.stats.get("memory_peak_bytes")
+            why = (
+                f"no answer that fits (status {out.status.value})"
+                if peak is None
+                else f"the answer's peak {format_bytes(peak)} does not fit"
+            )
+            tried.append({"recompute": mode, "why": why})
+    assert out is not None
+    cm = out.problem.dnn().cost_model
+    if check_memory and out.strategy is not None:
+        check_strategy_memory(cm, out.strategy)  # never a plan that does not fit
+    log.info("recompute='auto' chose %s", cm.options.recompute)
+    phases = {**out.phases, "recompute": {"chose": cm.options.recompute, "tried": tried}}
     return dataclasses.replace(out, phases=phases)
 
 

@@ -512,6 +512,13 @@ def _memory_args(p: argparse.ArgumentParser) -> None:
         type=_headroom,
         help="fraction of each device's memory kept free, in [0, 1) (default 0)",
     )
+    p.add_argument(
+        "--recompute",
+        choices=["none", "full", "auto"],
+        help="activation recomputation: none (default: keep every activation), full (the "
+        "ops inside the model's numbered blocks run their forward again in the backward "
+        "instead of keeping their outputs) or auto (full only when the plan does not fit)",
+    )
 
 
 def _zero_stage(text: str) -> int | str:
@@ -641,6 +648,7 @@ def _check_plan_args(args: argparse.Namespace) -> None:
                 ("--master-weights", args.master_weights),
                 ("--zero", args.zero),
                 ("--headroom", args.headroom),
+                ("--recompute", args.recompute),
                 ("--space", args.space),
                 ("--max-split-dims", args.max_split_dims),
                 ("--no-reduce", args.reduce),
@@ -713,6 +721,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         master_weights=args.master_weights,
         zero=args.zero,
         headroom=args.headroom,
+        recompute=args.recompute,
         recommend=not args.no_recommend,
         backend_options=dict(args.backend_options),
         deadline=deadline,
@@ -737,6 +746,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if "zero" in summary:  # --zero auto: which stage and why
         tried = "; ".join(f"stage {t['zero']}: {t['why']}" for t in summary["zero"]["tried"])
         print(f"ZeRO stage {summary['zero']['chose']}" + (f" ({tried})" if tried else ""),
+              file=sys.stderr)  # fmt: skip
+    if "recompute" in summary:  # --recompute auto: which and why
+        tried = "; ".join(f"{t['recompute']}: {t['why']}" for t in summary["recompute"]["tried"])
+        print(f"recompute {summary['recompute']['chose']}" + (f" ({tried})" if tried else ""),
               file=sys.stderr)  # fmt: skip
     if not result.has_solution:
         reason = result.message or (

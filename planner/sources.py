@@ -90,7 +90,9 @@ def problem_of(
         capture_seconds,
         device_graph.name,
     )
-    memory = {k: options.get(k) for k in ("optimizer", "master_weights", "zero", "headroom")}
+    memory = {
+        k: options.get(k) for k in ("optimizer", "master_weights", "zero", "headroom", "recompute")
+    }
     cm = cost_model(graph, device_graph, options["cost"], sync=options["sync"], **memory)
     from planner.problems.problem import build_problem
 

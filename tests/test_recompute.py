@@ -100,3 +100,50 @@ def test_the_peak_keeps_one_block_of_recomputed_outputs(gpt: OpGraph) -> None:
 def test_an_unknown_recompute_mode_is_one_clear_error() -> None:
     with pytest.raises(LayerwiseError, match="recompute must be 'none' or 'full'"):
         CostOptions(recompute="selective")  # type: ignore[arg-type]
+
+
+def test_a_recomputed_consumer_receives_its_inputs_again(gpt: OpGraph) -> None:
+    from planner.costs.config import ConfigSpace
+    from planner.problems.baselines import megatron
+
+    devices = get_preset("dgx-a100-80g-1")
+    plain = CostModel(gpt, devices, CostOptions())
+    full = CostModel(gpt, devices, CostOptions(recompute="full"))
+    cfgs = megatron(gpt, devices, 2).configs  # tensor parallel 2 x data parallel 4
+    rec = full.recomputed
+    again = 0
+    for e in gpt.edges:
+        cu, cv = cfgs[e.src], cfgs[e.dst]
+        t0, t1 = plain.transfer_time(e, cu, cv), full.transfer_time(e, cu, cv)
+        if e.dst not in rec:
+            assert t1 == pytest.approx(t0)
+            continue
+        # forward twice, backward once: t1 - t0 is the forward part, at most t0
+        assert t0 <= t1 <= 2 * t0 + 1e-15
+        again += t1 > t0
+    assert again > 0
+    # the tables price it as the direct computation does
+    space = ConfigSpace(gpt, devices)
+    for e in gpt.edges[:40]:
+        cu, cv = space[e.src], space[e.dst]
+        table = full.edge_table(e, cu, cv)
+        for a in range(0, len(cu), max(1, len(cu) // 5)):
+            for b in range(0, len(cv), max(1, len(cv) // 5)):
+                direct = full.transfer_time(e, cu.configs[a], cv.configs[b])
+                assert table[a, b] == pytest.approx(direct, rel=1e-9, abs=1e-15)
+
+
+def test_the_simulator_sends_a_recomputed_ops_inputs_again_before_its_backward(
+    gpt: OpGraph,
+) -> None:
+    from planner.problems.baselines import megatron
+
+    devices = get_preset("dgx-a100-80g-1")
+    strategy = megatron(gpt, devices, 2)
+    timelines = {
+        mode: simulate(CostModel(gpt, devices, CostOptions(recompute=mode)), strategy)  # type: ignore[arg-type]
+        for mode in ("none", "full")
+    }
+    again = [t for t in timelines["full"].tasks if "xfer again " in t.name]
+    assert again and not any("again" in t.name for t in timelines["none"].tasks)
+    assert timelines["full"].makespan > timelines["none"].makespan

@@ -514,11 +514,12 @@ class CostModel:
         # Each config has one task per device: the receiving tasks are the receiving devices.
         there = b * self.inv_bw[dp, dq] + self.msg_cost[dp, dq]
         fwd = np.bincount(q, weights=there, minlength=cv.num_tasks)
+        passes = 1.0 + self._again(edge.dst)  # a recomputed consumer receives it again
         if src.kind == "input":  # data gets no gradient
-            return float(fwd.max(initial=0.0))
+            return passes * float(fwd.max(initial=0.0))
         back = b * self.inv_bw[dq, dp] + self.msg_cost[dq, dp]
         bwd = np.bincount(p, weights=back, minlength=cu.num_tasks)
-        return float(fwd.max(initial=0.0)) + float(bwd.max(initial=0.0))
+        return passes * float(fwd.max(initial=0.0)) + float(bwd.max(initial=0.0))
 
     def edge_components(self, edge: Edge) -> int:
         """Tensors an edge carries: 2 for an LSTM step's state (h and c, the same box, sent
@@ -562,6 +563,7 @@ class CostModel:
             maps=grid.maps,
             nbytes=src.output.dtype_bytes * self.edge_components(edge),
             backward=src.kind != "input",
+            forward_passes=1 + int(self._again(edge.dst)),
         )
 
     def edge_table(self, edge: Edge, cu: OpConfigs, cv: OpConfigs) -> np.ndarray:

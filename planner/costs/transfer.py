@@ -65,6 +65,7 @@ class EdgeGeometry:
     maps: tuple[DimMap, ...]
     nbytes: int  # bytes per element times tensors carried (an LSTM state: h and c)
     backward: bool
+    forward_passes: int = 1  # 2 into an op that recomputes: its forward runs twice
 
     @property
     def refs(self) -> tuple[int, ...]:
@@ -206,6 +207,7 @@ class EdgeTables:
         active = np.flatnonzero(pu.split.any(axis=0) | split_v)
         out = np.zeros((len(us), len(vs)))
         self._forward(pu, cv, active, out)
+        out *= geom.forward_passes
         if geom.backward:
             free = [o for o in range(cv.degrees.shape[1]) if o not in geom.refs]
             free_active = [o for o in free if cv.split[:, o].any()]
@@ -371,7 +373,7 @@ class EdgeTables:
         fwd = np.einsum("pq,opwq->owq", nbytes, self.inv_bw[su, sv]) + np.einsum(
             "pq,opwq->owq", msg, self.msg_cost[su, sv]
         )
-        t = fwd.max(axis=2)
+        t = fwd.max(axis=2) * self.geom.forward_passes
         if self.geom.backward:
             bwd = np.einsum("pq,opwq->owp", nbytes, self.inv_bw[sv, su]) + np.einsum(
                 "pq,opwq->owp", msg, self.msg_cost[sv, su]

@@ -7,7 +7,9 @@
   model-parallel dense layers;
 - expert for RNNs (GNMT, used by FlexFlow Sec. 8): recurrent layers of the same depth on one
   device per host (layer l on local device l mod G), data parallel across hosts; other ops data
-  parallel.
+  parallel;
+- Megatron-LM's tensor parallelism (`megatron`, Shoeybi et al. 2019, Sec. 3; Narayanan et al.
+  SC'21, Sec. 2.3) within groups of `tensor` consecutive devices, data parallelism across them.
 
 Each degree is the largest one that divides both the dimension and the device count.
 """
@@ -18,8 +20,16 @@ import math
 from collections.abc import Callable
 
 from planner.costs.config import ParallelConfig
+from planner.errors import LayerwiseError
 from planner.graph.opgraph import Op, OpGraph
-from planner.graph.opkinds import CHANNEL, SAMPLE, parallel_dims, parameter_dims, split_unit
+from planner.graph.opkinds import (
+    CHANNEL,
+    LENGTH,
+    SAMPLE,
+    parallel_dims,
+    parameter_dims,
+    split_unit,
+)
 from planner.hardware.devices import DeviceGraph
 from planner.problems.strategy import Strategy
 
@@ -84,6 +94,65 @@ def expert_rnn(graph: OpGraph, devices: DeviceGraph) -> Strategy:
         layer = layers.setdefault(op.param_group or op.name, len(layers))
         devs = [h[layer % local] for h in per_host]
         configs.append(split_along(op, SAMPLE, devs))
+    return Strategy(graph, devices, tuple(configs))
+
+
+def _divides(op: Op, dim: str, degree: int) -> bool:
+    """`op` can split `dim` `degree` ways in whole split units."""
+    return dim in parallel_dims(op) and (op.output.size(dim) // split_unit(op, dim)) % degree == 0
+
+
+def megatron(graph: OpGraph, devices: DeviceGraph, tensor: int) -> Strategy:
+    """Megatron-LM's layout: tensor parallelism of degree `tensor` within groups of that many
+    consecutive devices (a node's GPUs), data parallelism of degree devices / tensor across
+    the groups (every op's samples split that many ways, group-major).
+
+    Within a group, in graph order: a linear whose summed input is split along its channels
+    splits its sum (row-parallel, `reduce`), else linears, embeddings and attention split
+    their output channels (column-parallel; attention by whole heads); an op whose inputs are
+    all channel-split keeps the split when it can (slices, activations); every other op (norms,
+    dropout, residual adds, the loss) splits the sequence (Korthikanti et al. 2022's sequence
+    parallelism: Megatron-LM of SC'21 repeats them on every rank of the group instead), so
+    each column/row pair reduce-scatters into the sequence and all-gathers out of it, the
+    volume of Megatron's all-reduce. With tensor 1: data parallelism."""
+    n = devices.num_devices
+    if tensor < 1 or n % tensor:
+        raise LayerwiseError(
+            f"tensor-parallel size {tensor} must divide the {n} devices of {devices.name}"
+        )
+    data = n // tensor
+    devs = tuple(range(n))
+    channel_split: dict[str, bool] = {}
+    configs = []
+    for i, op in enumerate(graph.ops):
+        if not _divides(op, SAMPLE, data):
+            raise LayerwiseError(
+                f"op {op.name!r}: its {op.output.size(SAMPLE)} samples do not split over "
+                f"data-parallel degree {data}: use a batch that {data} divides"
+            )
+        split: dict[str, int] = {SAMPLE: data}
+        reduce = 1
+        if tensor > 1:
+            ins = [channel_split[name] for name in op.inputs]
+            con = graph.contraction(i)
+            if con is not None and ins[con.position] and con.size % tensor == 0:
+                reduce = tensor
+            elif (
+                op.kind in ("linear", "embedding", "attention") or (ins and all(ins))
+            ) and _divides(op, CHANNEL, tensor):
+                split[CHANNEL] = tensor
+            elif _divides(op, LENGTH, tensor):
+                split[LENGTH] = tensor
+            elif _divides(op, SAMPLE, n):
+                split[SAMPLE] = n
+            else:
+                raise LayerwiseError(
+                    f"op {op.name!r} splits neither its channels, its sequence nor its samples "
+                    f"{tensor} ways: Megatron's layout needs sizes that {tensor} divides"
+                )
+        channel_split[op.name] = CHANNEL in split
+        degrees = tuple(split.get(d, 1) for d in op.output.dims)
+        configs.append(ParallelConfig(degrees, devs, reduce))
     return Strategy(graph, devices, tuple(configs))
 
 

@@ -266,22 +266,28 @@ def least_memory(graph: OpGraph, options: CostOptions) -> float:
     """Bytes every placement must keep somewhere at the turn from forward to backward: each
     op's output once and its parameters' training state once (weights, gradients, optimizer
     state, master copy: `planner.costs.memory`; ZeRO shards only what replicas would repeat,
-    so no stage keeps less than one copy), shared groups once."""
+    so no stage keeps less than one copy), shared groups once. With recomputation, the
+    recomputed outputs count as one block's (`planner.costs.recompute`)."""
+    from planner.costs.recompute import RecomputeShare, recomputed_ops
+
     groups: dict[str, int] = {}
     for op in graph.ops:
         if op.param_group is not None:
             groups[op.param_group] = groups.get(op.param_group, 0) + 1
+    again = recomputed_ops(graph) if options.recompute != "none" else RecomputeShare({}, {})
     total = 0.0
-    for op in graph.ops:
+    for i, op in enumerate(graph.ops):
         share = groups.get(op.param_group, 1) if op.param_group is not None else 1
         held = param_bytes(op.params, options.optimizer, options.master_weights).total
-        total += float(op.output.nbytes) + held / share
+        total += float(op.output.nbytes) * again.share.get(i, 1.0) + held / share
     return total
 
 
 def check_memory_fits(graph: OpGraph, devices: DeviceGraph, options: CostOptions) -> None:
     """Stop when even spread evenly over every device the model cannot fit: the least bytes
     any placement needs (`least_memory`) exceed the devices' usable memory summed."""
+    from planner.costs.recompute import recomputed_ops
+
     need = least_memory(graph, options)
     have = float(usable_memory(devices, options.headroom).sum())
     if need <= have:
@@ -293,6 +299,11 @@ def check_memory_fits(graph: OpGraph, devices: DeviceGraph, options: CostOptions
         f"spread evenly over the {n:,} devices of {devices.name!r} that is "
         f"{format_bytes(need / n)} per device, more than their {format_bytes(have / n)}"
         f"{kept}: use a smaller batch or more devices"
+        + (
+            ", or recompute activations (recompute='full' or 'auto', --recompute)"
+            if options.recompute == "none" and len(recomputed_ops(graph))
+            else ""
+        )
     )
 
 

@@ -13,6 +13,11 @@ or a parameter server (each replica sends its gradients to the first replica and
 the parameters back), then an update task on every device that holds the shard. Ops sharing
 a parameter group synchronize once.
 
+Activation recomputation (`CostOptions.recompute`, `planner.costs.recompute`): a recomputed
+op's backward task also runs its forward again (`CostModel.task_times`), and each of its
+incoming transfers between devices is sent once more, in the backward phase just before that
+task (Megatron-LM's tensor-parallel all-reduces of a recomputed layer run again too).
+
 Host-driven messages (`Device.message_overhead` > 0, CPU workers with gloo): a transfer also
 occupies the sending device for the overhead right after the producer task (the send runs on
 its thread) and the receiving device just before the consumer task (the arrival is handled
@@ -273,6 +278,8 @@ class Simulator:
         gradient = self.graph.ops[u].kind != "input"  # data gets no gradient
         u_end, v_start = self._ends[(FWD, u)], self._starts[(FWD, v)]
         u_back, v_back = self._starts[(BWD, u)], self._ends[(BWD, v)]
+        again = v in self.cm.recomputed  # v runs its forward again: it receives again
+        v_again, again_label = self._starts[(BWD, v)], f"again {fwd_label}"
         back_v, back_u = self.n - 1 - v, self.n - 1 - u
         preds, succs = tg.preds, tg.succs
         devs_u, devs_v = cu.devices, cv.devices
@@ -290,6 +297,10 @@ class Simulator:
             pair = p * 65536 + q
             keys: _Keys = ((FWD, u, 4, e, pair, 0), (FWD, v, 1, e, pair), None)
             out.depend(self._message(out, keys, dp, dq, size, u_end[p], fwd_label), v_start[q])
+            if again:  # before v's backward task, which recomputes v first
+                keys = ((BWD, back_v, -1, e, pair, -1), (BWD, back_v, -1, e, pair), None)
+                msg = self._message(out, keys, dp, dq, size, u_end[p], again_label)
+                out.depend(msg, v_again[q])
             if not gradient:
                 continue
             pair = q * 65536 + p

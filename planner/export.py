@@ -35,6 +35,13 @@ redistributes its input to the layout above. Module outputs stay DTensors
 (`use_local_output=False`), so layouts flow from module to module; call `.full_tensor()` on
 the model's output for the loss.
 
+Activation recomputation (`recompute="full"`, the plan file's `cost.recompute`): the modules
+of the numbered blocks whose ops recompute (`planner.costs.recompute.recomputed_ops`:
+`transformer.h.0`, ...) run their forward under `torch.utils.checkpoint.checkpoint`
+(non-reentrant) after parallelizing, as Megatron-LM's "full" recomputation does: a block keeps
+its input and output, and its backward runs its forward again (listed in
+`ExportPlan.checkpointed`).
+
 `parallelize(strategy, module)` applies the plan in every rank of an initialized process
 group (torchrun, or `torch.distributed.init_process_group`); `with process_group():` sets one
 up for a block and tears it down after a barrier: see docs/runtime.md.
@@ -48,6 +55,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from planner.costs.recompute import RECOMPUTE, recomputed_ops
 from planner.errors import LayerwiseError
 from planner.graph.opkinds import CHANNEL, SAMPLE
 
@@ -101,6 +109,7 @@ class ExportPlan:
     modules: tuple[tuple[str, str], ...]  # (module path, style), in graph order
     inputs: str
     mesh: tuple[int, ...] = ()  # the mesh's shape: (world,), or (data, tensor) for 2-D
+    checkpointed: tuple[str, ...] = ()  # block modules that recompute (recompute="full")
 
     @property
     def fell_back(self) -> tuple[OpPlacement, ...]:
@@ -117,6 +126,7 @@ def export_plan(
     module: nn.Module,
     fallback: str = "error",
     mesh_shape: Sequence[int] | None = None,
+    recompute: str = "none",
 ) -> ExportPlan:
     """The DTensor styles of `strategy` for `module` (the module it was planned for).
 
@@ -124,9 +134,12 @@ def export_plan(
     fallback="replicate" runs those replicated and lists them in `fell_back`. mesh_shape:
     (world,) (the default) or (data, tensor) for a 2-D mesh, rank = i * tensor + j: an op
     that splits its samples `data` ways and its channels `tensor` ways over the devices in
-    order is then data x tensor parallel (see `_style`)."""
+    order is then data x tensor parallel (see `_style`). recompute: "none", or "full" (the
+    plan file's `cost.recompute`): the numbered blocks that recompute are `checkpointed`."""
     if fallback not in FALLBACKS:
         raise ExportError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
+    if recompute not in RECOMPUTE:
+        raise ExportError(f"recompute must be 'none' or 'full', got {recompute!r}")
     graph, world = strategy.graph, strategy.devices.num_devices
     shape = (world,) if mesh_shape is None else tuple(int(n) for n in mesh_shape)
     if len(shape) not in (1, 2) or math.prod(shape) != world or min(shape) < 1:
@@ -163,7 +176,20 @@ def export_plan(
     inputs = [o for o in ops if o.kind == "input"]
     shard = world > 1 and all(o.style == "data" for o in inputs)
     placed = tuple(modules.items())
-    return ExportPlan(world, tuple(ops), placed, "shard" if shard else "replicate", shape)
+    blocks = _blocks(graph, types) if recompute == "full" else ()
+    return ExportPlan(world, tuple(ops), placed, "shard" if shard else "replicate", shape, blocks)
+
+
+def _blocks(graph: Any, types: dict[str, Any]) -> tuple[str, ...]:
+    """The module paths of the numbered blocks whose ops recompute, in graph order."""
+    blocks = tuple(dict.fromkeys(recomputed_ops(graph).block.values()))
+    missing = [b for b in blocks if b not in types]
+    if missing:
+        raise ExportError(
+            f"recompute='full' checkpoints the numbered blocks of the graph, but the module has "
+            f"no submodule {missing[0]!r}: the graph's op names are not this module's paths"
+        )
+    return blocks
 
 
 def _tied_modules(module: nn.Module) -> list[set[str]]:
@@ -342,19 +368,21 @@ def parallelize(
     mesh: DeviceMesh | None = None,
     fallback: str = "error",
     mesh_shape: Sequence[int] | None = None,
+    recompute: str = "none",
 ) -> Exported:
     """Apply `strategy` to `module` in place with `parallelize_module` (every rank calls it).
 
     mesh: a DeviceMesh of the strategy's device count, 1-D or 2-D (data, tensor) (default:
     all ranks in `mesh_shape`, (world,) unless given, on "cuda" with the nccl backend, else
-    "cpu"). Parameters of modules the strategy does not place are replicated."""
+    "cpu"). Parameters of modules the strategy does not place are replicated. recompute:
+    the plan file's `cost.recompute`; "full" checkpoints `plan.checkpointed`'s blocks."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
 
     if mesh is not None and mesh_shape is None:
         mesh_shape = tuple(mesh.shape)
-    plan = export_plan(strategy, module, fallback, mesh_shape)
+    plan = export_plan(strategy, module, fallback, mesh_shape, recompute)
     if not dist.is_available() or not dist.is_initialized():
         raise ExportError(
             "parallelize needs an initialized process group: launch with torchrun, or call "
@@ -380,6 +408,8 @@ def parallelize(
     _replicate_the_rest(module, mesh)
     _retie(holders)
     _compute_in_mode(module)
+    for path in plan.checkpointed:
+        _checkpoint(module.get_submodule(path))
     return Exported(module, mesh, plan)
 
 
@@ -416,6 +446,28 @@ def _compute_in_mode(module: Any) -> None:
 
     in_mode._layerwise_mode = True  # type: ignore[attr-defined]
     module.forward = in_mode
+
+
+def _checkpoint(block: Any) -> None:
+    """The block's forward runs under non-reentrant activation checkpointing: it keeps its
+    arguments and output, none of its inner activations, and runs again (under
+    `_DTensorMode`, which the backward pass is not in) when its backward needs them. The
+    forward is replaced on the instance, so parameter names stay as they were. Idempotent."""
+    from torch.utils.checkpoint import checkpoint
+
+    forward = block.forward
+    if getattr(forward, "_layerwise_checkpoint", False):
+        return
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with _DTensorMode():
+            return forward(*args, **kwargs)
+
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+    checkpointed._layerwise_checkpoint = True  # type: ignore[attr-defined]
+    block.forward = checkpointed
 
 
 def _dtensor_mode_class() -> Any:

@@ -9,6 +9,11 @@ ops in reverse: a task sums the gradient pieces of its output box (from local co
 received), back-propagates through its island, and sends each producer the gradient of the
 region it sent. Gradient sums and SGD: `runtime.sync.GradientSync`.
 
+With `recompute="full"` (the plan file's `cost.recompute`), the tasks of the ops that
+`planner.costs.recompute.recomputed_ops` names run their forward under
+`torch.utils.checkpoint.checkpoint` (non-reentrant): the task keeps its inputs and output but
+none of the tensors its kernels save, and runs its forward again when its backward needs them.
+
 All ranks visit the ops in the same order and block only on data that an earlier op (in that
 order) produces, so the exchange cannot deadlock. Message tags are the transfers' indices
 (backward: plus `plan.backward_offset`). With `ordered=True` each edge's messages are instead
@@ -24,10 +29,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
 
 from planner.costs.kernels import BN_EPS, TaskPlan, lstm_step, run_task
+from planner.costs.recompute import RECOMPUTE, recomputed_ops
 from planner.graph.opkinds import CHANNEL
-from runtime.plan import ExecPlan, OpExec, ShardKey, Transfer
+from runtime.plan import ExecPlan, OpExec, RuntimeConfigError, ShardKey, Transfer
 from runtime.reference import log_head, nll_part
 from runtime.sync import GradientSync, group_sum
 
@@ -91,7 +98,10 @@ class Executor:
         ordered: bool = False,
         tables: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
         zero: int = 0,
+        recompute: str = "none",
     ):
+        if recompute not in RECOMPUTE:
+            raise RuntimeConfigError(f"recompute must be 'none' or 'full', got {recompute!r}")
         self.plan = plan
         self.graph = plan.graph
         self.rank = rank
@@ -117,12 +127,16 @@ class Executor:
             tag: (shape, dtype) for p in self.recv_plan.values() for tag, _, shape, dtype in p
         }
         self.sink_index = {i: k for k, i in enumerate(plan.sinks)}
+        rec = recomputed_ops(self.graph).block if recompute == "full" else {}
+        self.recomputed = frozenset(rec)  # ops whose tasks run their forward again
+        self.task_forwards = 0  # kernel forwards run by this rank's tasks (recomputed: twice)
         self.step_index = 0
         self.sends: list[Message] = []
         self.recvs: dict[int, Message] = {}
         self.outbox: dict[int, torch.Tensor] = {}  # ordered mode: gradients waiting to go
         # per step: forward, backward, sync + update seconds, and seconds spent waiting
         self.phase_seconds: list[tuple[float, float, float, float]] = []
+        self.recomputed_tasks: list[int] = []  # per step: task forwards run in the backward
         self.waited = 0.0
 
     def step(self, inputs: Sequence[torch.Tensor], targets: Sequence[torch.Tensor]) -> float:
@@ -133,7 +147,9 @@ class Executor:
         t0 = time.perf_counter()
         loss = self.forward(inputs, targets)
         t1 = time.perf_counter()
+        before = self.task_forwards
         self.backward()
+        self.recomputed_tasks.append(self.task_forwards - before)
         t2 = time.perf_counter()
         self.status.set(self.step_index, SYNC)
         for work, _ in self.sends:
@@ -193,14 +209,25 @@ class Executor:
                 xs.append(x)
         self.leaves[o.index] = slots
         params = self.sync.params_of(o.index)
+
+        def compute(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            self.task_forwards += 1
+            ins, ps = list(args[: len(xs)]), list(args[len(xs) :])
+            if o.op.kind == "lstm":
+                return tuple(lstm_step(plan, ins, ps))
+            if o.batch_norm:
+                return (self._batch_norm_task(o, t, ins, ps),)
+            return (run_task(plan, ins, ps, tables=self.tables.get(o.index)),)
+
         outs: tuple[torch.Tensor, ...]
         with torch.enable_grad():
-            if o.op.kind == "lstm":
-                outs = lstm_step(plan, xs, params)
-            elif o.batch_norm:
-                outs = (self._batch_norm_task(o, t, xs, params),)
+            if o.index in self.recomputed:
+                # keeps the arguments, drops what the kernels save, and runs `compute` again
+                # when the task's backward needs it (a batch norm's statistics sums too: every
+                # rank of its group recomputes at the same op of the backward pass)
+                outs = checkpoint(compute, *xs, *params, use_reentrant=False)
             else:
-                outs = (run_task(plan, xs, params, tables=self.tables.get(o.index)),)
+                outs = compute(*xs, *params)
             sink = self.sink_index.get(o.index)
             if sink is not None:
                 self.losses[o.index] = self._loss(o, plan, outs[0], targets[sink])

@@ -84,6 +84,8 @@ class RunResult:
     transfer_bytes: int  # bytes sent between ranks per forward pass
     # per rank, median over the timed steps of (forward, backward, sync + update, waiting)
     phase_seconds: list[tuple[float, ...]] = field(default_factory=list)
+    # per step, the task forwards all ranks ran again in the backward (recompute="full")
+    recomputed_tasks: list[int] = field(default_factory=list)
     deviation: dict[str, Any] | None = None
     params: dict[str, torch.Tensor] | None = field(default=None, repr=False)
 
@@ -114,6 +116,7 @@ class RunResult:
                 "sync_update": [p[2] for p in self.phase_seconds],
                 "waiting": [p[3] for p in self.phase_seconds],
             },
+            "recomputed_tasks": self.recomputed_tasks,
             "deviation": self.deviation,
         }
 
@@ -253,6 +256,7 @@ def _finish(
         warmup=skip,
         transfer_bytes=plan.transfer_bytes(torch.finfo(DTYPES[options.dtype]).bits // 8),
         phase_seconds=phases,
+        recomputed_tasks=[sum(r["recomputed"][s] for r in results) for s in range(steps)],
     )
     if options.check:
         assert model is not None

@@ -30,6 +30,7 @@ from planner.cli import (
     positive_number,
     positive_seconds,
 )
+from planner.costs.recompute import RECOMPUTE
 from planner.errors import LayerwiseError
 
 EXIT_WORKER_FAILED = 1
@@ -140,6 +141,7 @@ def _run(args: argparse.Namespace) -> int:
         backend=args.backend,
         check=args.check,
         zero=_zero_stage(data),
+        recompute=_recompute_mode(data),
     )
     if under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
@@ -173,6 +175,18 @@ def _zero_stage(data: dict[str, Any]) -> int:
     if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
         raise LayerwiseError(f"the strategy file's cost.zero must be 0, 1, 2 or 3, got {zero!r}")
     return int(zero)
+
+
+def _recompute_mode(data: dict[str, Any]) -> str:
+    """The activation recomputation the plan was made for (its `cost.recompute`; "none" when
+    absent)."""
+    cost = data.get("cost")
+    mode = cost.get("recompute", "none") if isinstance(cost, dict) else "none"
+    if mode not in RECOMPUTE:
+        raise LayerwiseError(
+            f"the strategy file's cost.recompute must be 'none' or 'full', got {mode!r}"
+        )
+    return str(mode)
 
 
 def _report(summary: dict[str, Any], name: str, args: argparse.Namespace) -> None:

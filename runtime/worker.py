@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from planner.costs.recompute import RECOMPUTE
 from planner.problems.strategy import strategy_from_json
 from runtime.executor import DONE, INIT, Executor, Status
 from runtime.models import model_from_job
@@ -43,8 +44,11 @@ __all__ = ["Job", "RunOptions", "session", "worker_entry"]
 class RunOptions:
     """How to run: steps, warm-up steps left out of the median (default 1, or 0 for one
     step), SGD step, dtype, seed, hang timeout, gloo or nccl, whether to compare with
-    single-process training (`check`), and the ZeRO stage of the gradient sync (`zero`: 0
-    all-reduces; 1-3 reduce-scatter, update 1/r slices, all-gather: runtime.sync)."""
+    single-process training (`check`), the ZeRO stage of the gradient sync (`zero`: 0
+    all-reduces; 1-3 reduce-scatter, update 1/r slices, all-gather: runtime.sync), and
+    activation recomputation (`recompute`: "none", or "full": the tasks of the ops
+    `planner.costs.recompute.recomputed_ops` names run their forward again in the backward,
+    runtime.executor)."""
 
     steps: int = 5
     warmup: int | None = None  # steps left out of the median step time (None: 1, 0 if steps 1)
@@ -60,6 +64,7 @@ class RunOptions:
     exchange: str = "auto"
     fault: Mapping[str, Any] | None = None  # tests: {"rank", "step", "kind": raise|exit|hang}
     zero: int = 0  # ZeRO stage (the plan file's cost.zero)
+    recompute: str = "none"  # activation recomputation (the plan file's cost.recompute)
 
     def validate(self) -> None:
         if self.steps < 1:
@@ -77,6 +82,8 @@ class RunOptions:
             raise RuntimeConfigError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
         if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
             raise RuntimeConfigError(f"zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero!r}")
+        if self.recompute not in RECOMPUTE:
+            raise RuntimeConfigError(f"recompute must be 'none' or 'full', got {self.recompute!r}")
         if self.exchange not in ("auto", "eager", "ordered"):
             raise RuntimeConfigError(
                 f"exchange must be 'auto', 'eager' or 'ordered', got {self.exchange!r}"
@@ -173,6 +180,7 @@ def session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
         opts.ordered,
         tables,
         opts.zero,
+        opts.recompute,
     )
     del params
     needs_inputs = any(o.op.kind == "input" and o.task_of(rank) is not None for o in plan.ops)
@@ -192,7 +200,12 @@ def session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
             torch.cuda.synchronize(device)
         seconds.append(time.perf_counter() - t0)
         _check_step(ex, losses[-1], rank, s)
-    result: dict[str, Any] = {"losses": losses, "seconds": seconds, "phases": ex.phase_seconds}
+    result: dict[str, Any] = {
+        "losses": losses,
+        "seconds": seconds,
+        "phases": ex.phase_seconds,
+        "recomputed": ex.recomputed_tasks,
+    }
     if opts.check:
         result["shards"] = ex.shard_state()
     return result

@@ -55,3 +55,33 @@ class FunctionalLogSoftmaxMLP(LogSoftmaxMLP):
 def make_cnn(classes: int = 5, width: int = 4, poison: bool = False) -> SmallCNN:
     """A factory, as `planner.plan("user_models:make_cnn", ...)` names it."""
     return SmallCNN(classes, width, poison)
+
+
+class ConvBlock(nn.Module):
+    """conv - batch norm - relu, with a residual add: a numbered block of `BlockCNN`."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(width, width, 3, padding=1)
+        self.bn = nn.BatchNorm2d(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.relu(self.bn(self.conv(x)))
+
+
+class BlockCNN(nn.Module):
+    """A stem, two numbered blocks of conv - batch norm - relu (`blocks.0`, `blocks.1`: what
+    activation recomputation recomputes), pooling and a log-softmax head."""
+
+    def __init__(self, classes: int = 5, width: int = 4) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, width, 3, padding=1)
+        self.blocks = nn.ModuleList([ConvBlock(width) for _ in range(2)])
+        self.fc = nn.Linear(width * 4 * 4, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x)
+        x = F.max_pool2d(x, 2)
+        return F.log_softmax(self.fc(torch.flatten(x, 1)), dim=1)

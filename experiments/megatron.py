@@ -14,9 +14,9 @@ size 1 to 8, data parallel over the rest):
    weights, full activation recomputation) and 2021's attention kernels (`ATTENTION_2021`);
 3. print the predicted TFLOP/s per GPU, Eq. 3's FLOPs over the simulated step, beside the
    published one, and the error;
-4. plan the same model, GPUs and batch with `planner.plan` (backend auto, recompute and ZeRO
-   "auto", the same cost options and devices), simulate its answer and print its throughput
-   and what it chose.
+4. plan the same model, GPUs and batch with `planner.plan` (backend auto, recompute "auto",
+   the same optimizer and devices; no ZeRO, as Megatron-LM), simulate its answer and print
+   its throughput and what it chose.
 
 Rows 5-10 need pipeline parallelism; they are listed and skipped. Writes `megatron.csv`,
 `megatron.json` and `megatron.png` (published, predicted and planned TFLOP/s per GPU by row)
@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from planner.cli import OneLineArgumentParser, one_line, positive_seconds
+from planner.cli import OneLineArgumentParser, one_line, positive_seconds, report_errors
 from planner.errors import LayerwiseError
 
 log = logging.getLogger("experiments.megatron")
@@ -173,8 +173,7 @@ def plan_row(row: Row, graph: Any, devices: Any, time_limit: float, seed: int) -
         seed=seed,
         optimizer="adam",
         master_weights=True,
-        recompute="auto",
-        zero="auto",
+        recompute="auto",  # Megatron-LM used no ZeRO: neither does the planner here
     )
     seconds = time.perf_counter() - t0
     if result.strategy is None:
@@ -231,7 +230,11 @@ def run(rows: Sequence[Row], search: bool, time_limit: float, seed: int) -> list
             f"({rec['error']:+.1%})"
         )
         if search:
-            rec.update(plan_row(row, graph, devices, time_limit, seed))
+            try:
+                rec.update(plan_row(row, graph, devices, time_limit, seed))
+            except LayerwiseError as exc:  # e.g. out of time: the row keeps its prediction
+                rec["plan_status"] = f"error: {one_line(exc)}"
+                line += f", planner: {rec['plan_status']}"
             if "plan_tflops" in rec:
                 line += f", planned {rec['plan_tflops']:.1f} ({rec['plan_seconds']:.0f} s)"
         print(line, file=sys.stderr, flush=True)
@@ -328,15 +331,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the experiment; bad arguments are one `error:` line and exit status 2."""
+    return report_errors(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     rows = [r for r in TABLE1 if r.row in args.rows]
     t0 = time.perf_counter()
-    try:
-        records = run(rows, not args.no_search, args.time_limit, args.seed)
-    except LayerwiseError as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return 2
+    records = run(rows, not args.no_search, args.time_limit, args.seed)
     meta = {
         "command": "python -m experiments.megatron "
         + " ".join(sys.argv[1:] if argv is None else argv),

@@ -530,14 +530,18 @@ def _plan_zero_auto(deadline: Deadline, check_memory: bool, **call: Any) -> Plan
 
 
 def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) -> PlanResult:
-    """recompute="auto": plan without recomputation, then with "full" when the answer does not
-    fit the devices' memory (or none was found), each with an equal share of the time left
-    (`zero`, "auto" included, applies to each); the first that fits, else the last tried.
-    `stats["recompute"]`: the mode chosen and, per mode tried before it, why it was not enough."""
+    """recompute="auto": plan without recomputation and with "full", each with an equal share
+    of the time left (`zero`, "auto" included, applies to each), and return the answer of
+    lower objective among those that fit the devices' memory (else the last). "full" is not
+    tried when "none" returns elimination's proven optimum and it fits: recomputing only adds
+    time to a strategy, so none is faster. "none" is skipped when the model cannot fit at all
+    without recomputing (`check_memory_fits`). Both objectives are seconds per iteration under
+    their own cost model. `stats["recompute"]`: the mode chosen and, per other mode tried, its
+    objective or why it lost."""
     from planner.problems.sizes import SizeError, check_strategy_memory, format_bytes
 
     tried: list[dict[str, Any]] = []
-    out: PlanResult | None = None
+    answers: list[tuple[str, PlanResult]] = []
     for k, mode in enumerate(RECOMPUTE_MODES):
         share = deadline.share(1.0 / (len(RECOMPUTE_MODES) - k))
         try:
@@ -547,18 +551,26 @@ def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) ->
                 raise
             tried.append({"recompute": mode, "why": str(exc)})
             continue
-        fits = out.stats.get("memory_fits")
-        if (out.has_solution and fits is not False) or deadline.expired():
+        answers.append((mode, out))
+        fits = out.has_solution and out.stats.get("memory_fits") is not False
+        unconstrained = out.backend == "elimination" and out.status is Status.OPTIMAL
+        if (fits and unconstrained) or deadline.expired():
             break
-        if k < len(RECOMPUTE_MODES) - 1:
-            peak = out.stats.get("memory_peak_bytes")
-            why = (
-                f"no answer that fits (status {out.status.value})"
-                if peak is None
-                else f"the answer's peak {format_bytes(peak)} does not fit"
-            )
-            tried.append({"recompute": mode, "why": why})
-    assert out is not None
+    fitting = [(o.objective, k) for k, (_, o) in enumerate(answers)
+               if o.has_solution and o.stats.get("memory_fits") is not False]  # fmt: skip
+    best = min(fitting)[1] if fitting else len(answers) - 1
+    for k, (mode, o) in enumerate(answers):
+        if k == best:
+            continue
+        peak = o.stats.get("memory_peak_bytes")
+        if not o.has_solution:
+            why = f"no answer (status {o.status.value})"
+        elif o.stats.get("memory_fits") is False:
+            why = f"the answer's peak {format_bytes(peak or 0.0)} does not fit"
+        else:
+            why = f"objective {o.objective:.6g} s against {answers[best][1].objective:.6g} s"
+        tried.append({"recompute": mode, "why": why})
+    out = answers[best][1]
     cm = out.problem.dnn().cost_model
     if check_memory and out.strategy is not None:
         check_strategy_memory(cm, out.strategy)  # never a plan that does not fit

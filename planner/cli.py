@@ -554,7 +554,7 @@ def _check_cost_section(cost: Any) -> dict[str, Any]:
         )
     for f in dataclasses.fields(CostOptions):
         value = cost.get(f.name)
-        if value is None or f.name in ("sync", "optimizer", "master_weights"):
+        if value is None or f.name in ("sync", "optimizer", "master_weights", "recompute", "tf32"):
             continue  # CostOptions checks these
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise LayerwiseError(

@@ -731,3 +731,17 @@ def test_backend_options_reach_the_backend(monkeypatch: pytest.MonkeyPatch) -> N
     argv = ["plan", "lenet5", "--batch", "8", "--devices", "p100-1x2", "--backend", "search"]
     assert main([*argv, "--option", "mode=astar", "--json", "--no-recommend"]) == 0
     assert seen == {"mode": "astar"}
+
+
+def test_a_plan_with_recomputation_is_rescored_with_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    plan_path = tmp_path / "plan.json"
+    args = ["plan", "gpt2", "--batch", "2", "--devices", "p100-1x2", "--backend", "baselines"]
+    ok(capsys, *args, "--recompute", "full", "-o", str(plan_path), "--json")
+    saved = json.loads(plan_path.read_text())
+    assert saved["cost"]["recompute"] == "full"
+    scored = json.loads(ok(capsys, "evaluate", str(plan_path), "--json"))
+    assert math.isclose(scored["additive"], saved["objective"], rel_tol=1e-9)
+    plain = json.loads(ok(capsys, *args, "--json"))
+    assert plain["objective"] < saved["objective"]  # the forward again costs time

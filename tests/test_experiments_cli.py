@@ -34,6 +34,8 @@ CASES: dict[str, tuple[str, list[str], str]] = {
     "overruns: unknown backend": ("overruns", ["--backends", "nope"], "invalid choice"),
     "overruns: zero limit": ("overruns", ["--limits", "0"], "--limits"),
     "overruns: no checkout": ("overruns", ["--code", "{tmp}"], "no planner package"),
+    "megatron: no such row": ("megatron", ["--rows", "11"], "invalid choice"),
+    "megatron: zero time limit": ("megatron", ["--time-limit", "0"], "--time-limit"),
 }
 
 

@@ -3,8 +3,12 @@ recompute, the forward they run again, the memory they free, and the peak of a b
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
+
+import planner
 
 from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
@@ -13,8 +17,10 @@ from planner.errors import LayerwiseError
 from planner.graph.capture import capture
 from planner.graph.llm import build_llm
 from planner.graph.opgraph import OpGraph
+from planner.hardware.devices import DeviceGraph
 from planner.hardware.presets import get_preset
 from planner.problems.baselines import data_parallel
+from planner.problems.sizes import SizeError, least_memory
 from planner.sim.simulator import simulate
 
 
@@ -147,3 +153,28 @@ def test_the_simulator_sends_a_recomputed_ops_inputs_again_before_its_backward(
     again = [t for t in timelines["full"].tasks if "xfer again " in t.name]
     assert again and not any("again" in t.name for t in timelines["none"].tasks)
     assert timelines["full"].makespan > timelines["none"].makespan
+
+
+def _with_memory(name: str, memory: float) -> DeviceGraph:
+    base = get_preset(name)
+    devices = [dataclasses.replace(d, memory=memory) for d in base.devices]
+    return DeviceGraph(base.name, devices, base.links, base.switches)
+
+
+def test_plan_recomputes_only_when_the_model_does_not_fit_otherwise(gpt: OpGraph) -> None:
+    plain = least_memory(gpt, CostOptions())
+    full = least_memory(gpt, CostOptions(recompute="full"))
+    assert full < plain
+    roomy = planner.plan(gpt, "p100-1x2", backend="auto", recompute="auto", recommend=False)
+    assert roomy.stats["recompute"] == {"chose": "none", "tried": []}  # the optimum fits
+    # just too little to keep every activation, even spread evenly over both devices
+    tight = _with_memory("p100-1x2", 0.99 * plain / 2)
+    with pytest.raises(SizeError, match="recompute activations"):
+        planner.plan(gpt, tight, recommend=False)
+    out = planner.plan(gpt, tight, recompute="auto", recommend=False, time_limit=30)
+    chose = out.stats["recompute"]
+    assert chose["chose"] == "full" and out.problem.dnn().cost_model.options.recompute == "full"
+    assert chose["tried"][0]["recompute"] == "none" and "needs at least" in chose["tried"][0]["why"]
+    assert out.stats["memory_fits"]
+    with pytest.raises(LayerwiseError, match="recompute must be 'none', 'full' or 'auto'"):
+        planner.plan(gpt, "p100-1x2", recompute="some")

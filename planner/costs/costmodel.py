@@ -587,8 +587,10 @@ class CostModel:
         return tables.table(cu, cv)
 
     def node_signature(self, i: int) -> tuple[Any, ...]:
-        """Everything op i's node and memory tables depend on (`node_signature`)."""
-        return node_signature(self.graph, i, self._share(self.graph.ops[i]))
+        """Everything op i's node and memory tables depend on (`node_signature`, and whether
+        it recomputes, with its output's memory share)."""
+        again = self.recomputed.share.get(i) if i in self.recomputed else None
+        return (*node_signature(self.graph, i, self._share(self.graph.ops[i])), again)
 
     def edge_signature(self, edge: Edge) -> tuple[EdgeGeometry, Any]:
         """Everything `edge`'s t_x table depends on besides the two config lists (the

@@ -1,0 +1,98 @@
+"""The Megatron-LM reproduction (experiments/megatron.py): Table 1 as typed, Eq. 2 and
+Eq. 3 against the captured GPT, and the published layout (`baselines.megatron`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments import megatron as exp
+from planner.costs.config import ParallelConfig
+from planner.costs.costmodel import CostModel, CostOptions
+from planner.errors import LayerwiseError
+from planner.graph.opkinds import CHANNEL, LENGTH, SAMPLE
+from planner.hardware.presets import get_preset
+from planner.problems.baselines import data_parallel, megatron
+
+
+@pytest.mark.parametrize("row", exp.TABLE1, ids=lambda r: f"row{r.row}")
+def test_table1_is_typed_consistently(row: exp.Row) -> None:
+    # the aggregate is the per-GPU figure times the GPUs, the percentage of the 312 peak,
+    # the parameter count Eq. 2's for the shape, the GPUs the product of the three degrees
+    assert row.tflops * row.gpus / 1e3 == pytest.approx(row.aggregate, rel=0.01)
+    assert round(100 * row.tflops / 312) == pytest.approx(row.percent, abs=1)
+    # (within 0.1% from row 5 on; the small models' published sizes are rounded up: 1.65B
+    # is printed 1.7B)
+    assert exp.eq2_params(row) / 1e9 == pytest.approx(row.billions, rel=0.03)
+    assert row.gpus % (row.tensor * row.pipeline) == 0 and row.hidden % row.heads == 0
+
+
+def tiny(layers: int = 2, batch: int = 4) -> exp.Row:
+    """Row 1's shape, scaled down (sequence and vocabulary as published)."""
+    return dataclasses.replace(exp.TABLE1[0], layers=layers, hidden=64, heads=4, batch=batch)
+
+
+def test_eq3_counts_the_captured_matmuls_forward_backward_and_recomputed() -> None:
+    row = tiny()
+    graph = exp.build_gpt(row)
+    cm = CostModel(graph, get_preset("dgx-a100-80g-1"), CostOptions(recompute="full"))
+    matmuls = [i for i, op in enumerate(graph.ops) if op.kind in ("linear", "attention")]
+    # forward, backward (2x) and the recomputed forward of the blocks' matmuls; the head's
+    # logits are outside the blocks: not recomputed (Eq. 3's 6 B s h V)
+    flops = sum(graph.ops[i].flops * (4 if i in cm.recomputed else 3) for i in matmuls)
+    assert exp.eq3_flops(row) == pytest.approx(flops, rel=1e-9)
+
+
+def test_the_published_layout_pairs_columns_with_rows_inside_each_node() -> None:
+    graph = exp.build_gpt(tiny(batch=16))
+    devices = get_preset("dgx-a100-80g-2")  # 16 GPUs: tensor 4 x data 4
+    strategy = megatron(graph, devices, 4)
+    cfg = {op.name: (op, c) for op, c in zip(graph.ops, strategy.configs, strict=True)}
+
+    def split(name: str) -> dict[str, int]:
+        op, c = cfg[name]
+        out = {d: g for d, g in zip(op.output.dims, c.degrees, strict=True) if g > 1}
+        return out | ({"reduce": c.reduce} if c.reduce > 1 else {})
+
+    for k in range(2):
+        block = f"transformer.h.{k}."
+        assert split(block + "attn.c_attn") == {SAMPLE: 4, CHANNEL: 4}
+        assert split(block + "attn.attention") == {SAMPLE: 4, CHANNEL: 4}
+        assert split(block + "attn.c_proj") == {SAMPLE: 4, "reduce": 4}
+        assert split(block + "mlp.c_fc") == {SAMPLE: 4, CHANNEL: 4}
+        assert split(block + "mlp.gelu") == {SAMPLE: 4, CHANNEL: 4}
+        assert split(block + "mlp.c_proj") == {SAMPLE: 4, "reduce": 4}
+        assert split(block + "ln_1") == {SAMPLE: 4, LENGTH: 4}  # sequence parallel
+    # tasks row-major over (sample, ..., tensor) on GPUs 0-15: the tensor-parallel group of
+    # sample block j is GPUs 4j-4j+3, inside one 8-GPU node
+    assert all(c.devices == tuple(range(16)) for c in strategy.configs)
+    # tensor 1: data parallelism
+    one = megatron(graph, devices, 1)
+    assert one.configs == data_parallel(graph, devices).configs
+    with pytest.raises(LayerwiseError, match="must divide the 16 devices"):
+        megatron(graph, devices, 3)
+    with pytest.raises(LayerwiseError, match="use a batch that 16 divides"):
+        megatron(exp.build_gpt(tiny(batch=8)), devices, 1)
+
+
+def test_the_experiment_predicts_row_throughput_and_writes_its_files(tmp_path: Path) -> None:
+    row = tiny(batch=32)
+    graph = exp.build_gpt(row)
+    out = exp.simulate_published(row, graph, exp.selene(row.gpus // 8))
+    assert 0 < out["tflops_predicted"] < 312 and out["peak_gib"] > 0
+    # a pipeline row is listed and skipped; the files are written all the same
+    assert exp.main(["--rows", "5", "--out", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "megatron.json").read_text())
+    assert saved["rows"][0]["skipped"] == "needs pipeline parallelism"
+    assert (tmp_path / "megatron.csv").exists()
+
+
+def test_selene_lowers_only_the_attention_fraction() -> None:
+    base, old = get_preset("dgx-a100-80g-1"), exp.selene(1)
+    assert old.devices[0].efficiency_of("attention") == exp.ATTENTION_2021
+    assert old.devices[0].efficiency_of("matmul") == base.devices[0].efficiency_of("matmul")
+    assert old.links == base.links and len(old.devices) == 8
+    assert isinstance(megatron(exp.build_gpt(tiny(batch=8)), old, 8).configs[0], ParallelConfig)

@@ -36,6 +36,7 @@ CASES: dict[str, tuple[str, list[str], str]] = {
     "overruns: no checkout": ("overruns", ["--code", "{tmp}"], "no planner package"),
     "megatron: no such row": ("megatron", ["--rows", "11"], "invalid choice"),
     "megatron: zero time limit": ("megatron", ["--time-limit", "0"], "--time-limit"),
+    "megatron: attention above peak": ("megatron", ["--attention-efficiency", "2"], "(0, 1]"),
 }
 
 

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import planner
-
 from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.costs.recompute import block_of, recomputed_ops

@@ -364,7 +364,8 @@ def check_strategy_memory(cost_model: CostModel, strategy: Strategy) -> MemoryFi
             f"the plan does not fit the devices' memory ({fit.describe()}): plan again with "
             f"backend 'auto' (the default: it searches under the devices' memory when memory "
             f"is tight), or with memory_limit='device' (--memory-limit device) and any backend "
-            f"but elimination (portfolio, cpsat, ilp, search, mcmc), or use more devices or a "
-            f"smaller batch"
+            f"but elimination (portfolio, cpsat, ilp, search, mcmc), or let ZeRO shard the "
+            f"training state (zero='auto', --zero auto) and recompute activations "
+            f"(recompute='auto', --recompute auto), or use more devices or a smaller batch"
         )
     return fit

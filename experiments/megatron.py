@@ -124,13 +124,12 @@ def selene(nodes: int, attention: float = ATTENTION_2021) -> Any:
 
 def build_gpt(row: Row, batch: int | None = None) -> Any:
     """The row's GPT in bf16, captured at the global batch (or `batch`)."""
-    import torch
-
     from planner.graph.capture import capture
     from planner.graph.llm import build_llm
 
     module, inputs = build_llm(
         "gpt2",
+        dtype="bfloat16",
         batch=batch or row.batch,
         seq=SEQ,
         n_layer=row.layers,
@@ -139,7 +138,6 @@ def build_gpt(row: Row, batch: int | None = None) -> Any:
         vocab_size=VOCAB,
         block_size=SEQ,
     )
-    module = module.to(torch.bfloat16)
     return capture(module, inputs, f"gpt-{row.billions}b")
 
 

@@ -270,3 +270,17 @@ def test_gpt2_refuses_a_sequence_longer_than_its_block() -> None:
     model, tokens = tiny("gpt2")
     with pytest.raises(LayerwiseError, match="length 33: block size is 32"):
         model(torch.zeros(1, 33, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama2-7b"])
+def test_a_bf16_model_is_captured_with_two_byte_tensors(name: str) -> None:
+    from planner.graph.capture import capture
+
+    module, inputs = build_llm(name, dtype="bfloat16", batch=2, seq=16, **TINY[name])
+    assert {p.dtype for p in module.parameters()} == {torch.bfloat16}
+    graph = capture(module, inputs, name)
+    floating = [op for op in graph.ops if op.kind not in ("input",)]
+    assert {op.output.dtype_bytes for op in floating} == {2}
+    assert {p.dtype_bytes for op in graph.ops for p in op.params} == {2}
+    with pytest.raises(LayerwiseError, match="dtype must be one of float32, bfloat16, float16"):
+        build_llm(name, dtype="fp8", **TINY[name])

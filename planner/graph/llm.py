@@ -34,6 +34,7 @@ __all__ = [
     "Llama",
     "LlamaConfig",
     "RMSNorm",
+    "DTYPES",
     "build_llm",
     "ffn_hidden_dim",
     "repeat_kv",
@@ -499,9 +500,12 @@ def _config(name: str, overrides: dict[str, object]) -> LlmConfig:
     if unknown:
         raise LayerwiseError(
             f"model {name!r} has no option {', '.join(map(repr, unknown))}; "
-            f"valid options: batch, seq, {', '.join(fields)}"
+            f"valid options: batch, seq, dtype, {', '.join(fields)}"
         )
     return dataclasses.replace(config, **overrides)  # type: ignore[arg-type]
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def build_llm(
@@ -510,13 +514,18 @@ def build_llm(
     device: str | torch.device = "meta",
     batch: int = 1,
     seq: int | None = None,
+    dtype: str = "float32",
     **overrides: object,
 ) -> tuple[nn.Module, tuple[torch.Tensor]]:
-    """Model `name` of `LLM_SIZES` (in train mode) on `device`, with example token ids of
-    shape (batch, seq) (dtype long; `seq` defaults to the model's context length).
+    """Model `name` of `LLM_SIZES` (in train mode) on `device`, its parameters and buffers of
+    floating `dtype` ("float32", "bfloat16" or "float16": mixed-precision training's 16-bit
+    weights), with example token ids of shape (batch, seq) (dtype long; `seq` defaults to
+    the model's context length).
 
-    Keyword arguments override the config's fields; an unknown model or field, or a `seq`
-    beyond the context length, raises LayerwiseError."""
+    Keyword arguments override the config's fields; an unknown model, field or dtype, or a
+    `seq` beyond the context length, raises LayerwiseError."""
+    if dtype not in DTYPES:
+        raise LayerwiseError(f"dtype must be one of {', '.join(DTYPES)}, got {given(dtype)}")
     config = _config(name, overrides)
     context = config.block_size if isinstance(config, GPT2Config) else config.max_seq_len
     seq = context if seq is None else seq
@@ -532,6 +541,8 @@ def build_llm(
     with dev:
         module = GPT2(config) if isinstance(config, GPT2Config) else Llama(config)
     module.train()
+    if dtype != "float32":
+        module = module.to(DTYPES[dtype])
     if dev.type == "meta":
         tokens = torch.empty(batch, seq, dtype=torch.long, device=dev)
     else:

@@ -781,7 +781,7 @@ def _llm_entries() -> list[ModelInfo]:
             what = f"GPT-2 ({config.n_layer} layers, width {config.n_embd}), nanoGPT's code"
         else:
             what = f"Llama ({config.n_layers} layers, width {config.dim}), Meta's reference code"
-        defaults = {"batch": 8, "seq": 1024 if gpt else 2048, **fields}
+        defaults = {"batch": 8, "seq": 1024 if gpt else 2048, "dtype": "float32", **fields}
         out.append(ModelInfo(name, partial(_llm, name=name), what, defaults))
     return out
 

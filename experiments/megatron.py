@@ -268,8 +268,8 @@ def table(records: Sequence[dict[str, Any]]) -> str:
     """The markdown table the docs show."""
     head = (
         "| row | model | TP x DP | GPUs | batch | published TFLOP/s | predicted | error "
-        "| planned | planner's layout (first block) |\n| --- | --- | --- | --- | --- | --- "
-        "| --- | --- | --- | --- |"
+        "| planned | recomputed blocks | planner's layout (first block) |\n| --- | --- | --- "
+        "| --- | --- | --- | --- | --- | --- | --- | --- |"
     )
     lines = [head]
     for r in records:
@@ -279,9 +279,19 @@ def table(records: Sequence[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['row']} | {r['billions']}B | {r['tensor']} x {r['gpus'] // r['tensor']} "
             f"| {r['gpus']} | {r['batch']} | {r['tflops']:.0f} | {r['tflops_predicted']:.1f} "
-            f"| {r['error']:+.1%} | {planned} | {r.get('plan_layout', '-')} |"
+            f"| {r['error']:+.1%} | {planned} | {recomputed(r)} | {r.get('plan_layout', '-')} |"
         )
     return "\n".join(lines)
+
+
+def recomputed(r: dict[str, Any]) -> str:
+    """The planner's recomputation: 'all 24', '12 of 40', 'none' or '-'."""
+    mode = r.get("plan_recompute")
+    if mode is None:
+        return "-"
+    if mode in ("none", 0):
+        return "none"
+    return f"all {r['layers']}" if mode == "full" else f"{mode} of {r['layers']}"
 
 
 def write(records: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:

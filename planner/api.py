@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -254,7 +255,7 @@ def plan(
     master_weights: bool | None = None,
     zero: int | str | None = None,
     headroom: float | None = None,
-    recompute: str | None = None,
+    recompute: str | int | None = None,
     max_configs: int | None = None,
     backend_options: Mapping[str, Any] | None = None,
     recommend: bool = True,
@@ -284,8 +285,9 @@ def plan(
     memory; `stats["zero"]` says which stage and why); headroom: the fraction of each
     device's memory kept free (default 0); recompute: "none" (the default), "full" (the ops
     inside the model's numbered blocks, e.g. a GPT's `transformer.h.3`, keep no outputs
-    and run their forward again in the backward: `planner.costs.recompute`) or "auto" (none,
-    then full when the answer does not fit; `stats["recompute"]` says which and why).
+    and run their forward again in the backward: `planner.costs.recompute`), a number k
+    (the first k blocks do) or "auto" (the fastest answer that fits of none, full and, after
+    full, the fewest blocks its answer needs; `stats["recompute"]` says which and why).
     recommend: never return a strategy that
     FlexFlow's simulator says is slower than an expert baseline that fits the memory
     (docs/compare.md): when one is faster beyond the simulator's stated error (10%) it is
@@ -480,15 +482,17 @@ RECOMPUTE_MODES = ("none", "full")  # in the order "auto" tries them
 def _check_memory_options(sync: str | None, options: Mapping[str, Any]) -> None:
     """The training-memory options, refused before any work (CostOptions' one-line errors)."""
     from planner.costs.costmodel import CostOptions
+    from planner.costs.recompute import recompute_error
 
     values = {k: v for k, v in options.items() if v is not None}
     if values.get("zero") == ZERO_AUTO:
         values["zero"] = ZERO_STAGES[-1]
     if values.get("recompute") == RECOMPUTE_AUTO:
         values["recompute"] = RECOMPUTE_MODES[-1]
-    elif "recompute" in values and values["recompute"] not in RECOMPUTE_MODES:
+    elif "recompute" in values and recompute_error(values["recompute"]) is not None:
         raise LayerwiseError(
-            f"recompute must be 'none', 'full' or 'auto', got {given(options['recompute'])}"
+            "recompute must be 'none', 'full', 'auto' or a number of blocks >= 0, got "
+            f"{given(options['recompute'])}"
         )
     if "zero" in values and (not isinstance(values["zero"], int) or values["zero"] is True):
         raise LayerwiseError(f"zero must be 0, 1, 2, 3 or 'auto', got {given(options['zero'])}")
@@ -536,12 +540,15 @@ def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) ->
     tried when "none" returns elimination's proven optimum and it fits: recomputing only adds
     time to a strategy, so none is faster. "none" is skipped when the model cannot fit at all
     without recomputing (`check_memory_fits`). Both objectives are seconds per iteration under
-    their own cost model. `stats["recompute"]`: the mode chosen and, per other mode tried, its
-    objective or why it lost."""
+    their own cost model. When "full" wins and its strategy would fit recomputing only the
+    first k blocks (`_fewer_blocks`), plan again with recompute=k in the time left and keep
+    that answer if it fits and is faster: a choice per block, time for memory.
+    `stats["recompute"]`: the mode chosen and, per other mode tried, its objective or why it
+    lost."""
     from planner.problems.sizes import SizeError, check_strategy_memory, format_bytes
 
     tried: list[dict[str, Any]] = []
-    answers: list[tuple[str, PlanResult]] = []
+    answers: list[tuple[str | int, PlanResult]] = []
     for k, mode in enumerate(RECOMPUTE_MODES):
         share = deadline.share(1.0 / (len(RECOMPUTE_MODES) - k))
         try:
@@ -556,10 +563,21 @@ def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) ->
         unconstrained = out.backend == "elimination" and out.status is Status.OPTIMAL
         if (fits and unconstrained) or deadline.expired():
             break
-    fitting = [(o.objective, k) for k, (_, o) in enumerate(answers)
-               if o.has_solution and o.stats.get("memory_fits") is not False]  # fmt: skip
-    best = min(fitting)[1] if fitting else len(answers) - 1
-    for k, (mode, o) in enumerate(answers):
+    fitting = sorted((o.objective, k) for k, (_, o) in enumerate(answers)
+                     if o.has_solution and o.stats.get("memory_fits") is not False)  # fmt: skip
+    best = fitting[0][1] if fitting else len(answers) - 1
+    fewer = _fewer_blocks(answers[best][1]) if answers[best][0] == "full" and fitting else None
+    if fewer is not None and not deadline.expired():
+        try:  # the search again, recomputing only the first `fewer` blocks
+            out = plan(**call, recompute=fewer, check_memory=False, deadline=deadline)
+        except SizeError as exc:
+            tried.append({"recompute": fewer, "why": str(exc)})
+        else:
+            answers.append((fewer, out))
+            fits = out.has_solution and out.stats.get("memory_fits") is not False
+            if fits and float(out.objective or math.inf) < float(fitting[0][0] or math.inf):
+                best = len(answers) - 1
+    for k, (option, o) in enumerate(answers):
         if k == best:
             continue
         peak = o.stats.get("memory_peak_bytes")
@@ -569,7 +587,7 @@ def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) ->
             why = f"the answer's peak {format_bytes(peak or 0.0)} does not fit"
         else:
             why = f"objective {o.objective:.6g} s against {answers[best][1].objective:.6g} s"
-        tried.append({"recompute": mode, "why": why})
+        tried.append({"recompute": option, "why": why})
     out = answers[best][1]
     cm = out.problem.dnn().cost_model
     if check_memory and out.strategy is not None:
@@ -577,6 +595,25 @@ def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) ->
     log.info("recompute='auto' chose %s", cm.options.recompute)
     phases = {**out.phases, "recompute": {"chose": cm.options.recompute, "tried": tried}}
     return dataclasses.replace(out, phases=phases)
+
+
+def _fewer_blocks(out: PlanResult) -> int | None:
+    """The fewest blocks whose recomputation lets `out`'s strategy (found recomputing every
+    block) fit the devices' memory, when that is fewer than all (recomputing the first k
+    blocks in graph order, `planner.costs.recompute`); else None."""
+    from planner.costs.costmodel import CostModel
+    from planner.costs.recompute import blocks_of
+
+    if out.strategy is None or not out.problem.is_dnn:
+        return None
+    cm = out.problem.dnn().cost_model
+    blocks = len(blocks_of(cm.graph))
+    for k in range(blocks):
+        options = dataclasses.replace(cm.options, recompute=k)
+        fewer = CostModel(cm.graph, cm.devices, options, measured=cm.measured)
+        if (fewer.strategy_memory(out.strategy.configs) <= fewer.usable_memory()).all():
+            return k
+    return None
 
 
 def _device_use(problem: Problem, result: SolveResult, objective: str) -> dict[str, Any]:

@@ -514,10 +514,11 @@ def _memory_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--recompute",
-        choices=["none", "full", "auto"],
+        type=_recompute_mode,
         help="activation recomputation: none (default: keep every activation), full (the "
         "ops inside the model's numbered blocks run their forward again in the backward "
-        "instead of keeping their outputs) or auto (full only when the plan does not fit)",
+        "instead of keeping their outputs), N (the first N blocks do) or auto (the fastest "
+        "plan that fits)",
     )
 
 
@@ -526,6 +527,16 @@ def _zero_stage(text: str) -> int | str:
         return text
     if text not in ("0", "1", "2", "3"):
         raise argparse.ArgumentTypeError(f"expected a ZeRO stage 0, 1, 2, 3 or auto, got {text!r}")
+    return int(text)
+
+
+def _recompute_mode(text: str) -> str | int:
+    if text in ("none", "full", "auto"):
+        return text
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"expected none, full, auto or a number of blocks, got {text!r}"
+        )
     return int(text)
 
 

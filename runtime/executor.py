@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
 from planner.costs.kernels import BN_EPS, TaskPlan, lstm_step, run_task
-from planner.costs.recompute import RECOMPUTE, recomputed_ops
+from planner.costs.recompute import recompute_error, recomputed_ops
 from planner.graph.opkinds import CHANNEL
 from runtime.plan import ExecPlan, OpExec, RuntimeConfigError, ShardKey, Transfer
 from runtime.reference import log_head, nll_part
@@ -98,10 +98,10 @@ class Executor:
         ordered: bool = False,
         tables: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
         zero: int = 0,
-        recompute: str = "none",
+        recompute: str | int = "none",
     ):
-        if recompute not in RECOMPUTE:
-            raise RuntimeConfigError(f"recompute must be 'none' or 'full', got {recompute!r}")
+        if (error := recompute_error(recompute)) is not None:
+            raise RuntimeConfigError(error)
         self.plan = plan
         self.graph = plan.graph
         self.rank = rank
@@ -127,7 +127,7 @@ class Executor:
             tag: (shape, dtype) for p in self.recv_plan.values() for tag, _, shape, dtype in p
         }
         self.sink_index = {i: k for k, i in enumerate(plan.sinks)}
-        rec = recomputed_ops(self.graph).block if recompute == "full" else {}
+        rec = recomputed_ops(self.graph, recompute).block
         self.recomputed = frozenset(rec)  # ops whose tasks run their forward again
         self.task_forwards = 0  # kernel forwards run by this rank's tasks (recomputed: twice)
         self.step_index = 0

@@ -30,7 +30,7 @@ from planner.cli import (
     positive_number,
     positive_seconds,
 )
-from planner.costs.recompute import RECOMPUTE
+from planner.costs.recompute import recompute_error
 from planner.errors import LayerwiseError
 
 EXIT_WORKER_FAILED = 1
@@ -177,16 +177,14 @@ def _zero_stage(data: dict[str, Any]) -> int:
     return int(zero)
 
 
-def _recompute_mode(data: dict[str, Any]) -> str:
+def _recompute_mode(data: dict[str, Any]) -> str | int:
     """The activation recomputation the plan was made for (its `cost.recompute`; "none" when
     absent)."""
     cost = data.get("cost")
     mode = cost.get("recompute", "none") if isinstance(cost, dict) else "none"
-    if mode not in RECOMPUTE:
-        raise LayerwiseError(
-            f"the strategy file's cost.recompute must be 'none' or 'full', got {mode!r}"
-        )
-    return str(mode)
+    if (error := recompute_error(mode)) is not None:
+        raise LayerwiseError(f"the strategy file's cost.{error}")
+    return mode  # type: ignore[no-any-return]
 
 
 def _report(summary: dict[str, Any], name: str, args: argparse.Namespace) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from planner.costs.recompute import RECOMPUTE
+from planner.costs.recompute import recompute_error
 from planner.problems.strategy import strategy_from_json
 from runtime.executor import DONE, INIT, Executor, Status
 from runtime.models import model_from_job
@@ -64,7 +64,7 @@ class RunOptions:
     exchange: str = "auto"
     fault: Mapping[str, Any] | None = None  # tests: {"rank", "step", "kind": raise|exit|hang}
     zero: int = 0  # ZeRO stage (the plan file's cost.zero)
-    recompute: str = "none"  # activation recomputation (the plan file's cost.recompute)
+    recompute: str | int = "none"  # activation recomputation (the plan file's cost.recompute)
 
     def validate(self) -> None:
         if self.steps < 1:
@@ -82,8 +82,8 @@ class RunOptions:
             raise RuntimeConfigError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
         if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
             raise RuntimeConfigError(f"zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero!r}")
-        if self.recompute not in RECOMPUTE:
-            raise RuntimeConfigError(f"recompute must be 'none' or 'full', got {self.recompute!r}")
+        if (error := recompute_error(self.recompute)) is not None:
+            raise RuntimeConfigError(error)
         if self.exchange not in ("auto", "eager", "ordered"):
             raise RuntimeConfigError(
                 f"exchange must be 'auto', 'eager' or 'ordered', got {self.exchange!r}"

@@ -11,7 +11,7 @@ import pytest
 import planner
 from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
-from planner.costs.recompute import block_of, recomputed_ops
+from planner.costs.recompute import block_of, blocks_of, recomputed_ops
 from planner.errors import LayerwiseError
 from planner.graph.capture import capture
 from planner.graph.llm import build_llm
@@ -103,7 +103,9 @@ def test_the_peak_keeps_one_block_of_recomputed_outputs(gpt: OpGraph) -> None:
 
 
 def test_an_unknown_recompute_mode_is_one_clear_error() -> None:
-    with pytest.raises(LayerwiseError, match="recompute must be 'none' or 'full'"):
+    with pytest.raises(
+        LayerwiseError, match="recompute must be 'none', 'full' or a number of blocks"
+    ):
         CostOptions(recompute="selective")  # type: ignore[arg-type]
 
 
@@ -172,8 +174,37 @@ def test_plan_recomputes_only_when_the_model_does_not_fit_otherwise(gpt: OpGraph
         planner.plan(gpt, tight, recommend=False)
     out = planner.plan(gpt, tight, recompute="auto", recommend=False, time_limit=30)
     chose = out.stats["recompute"]
-    assert chose["chose"] == "full" and out.problem.dnn().cost_model.options.recompute == "full"
+    # every block, or (when the answer with every block fits with fewer) the first 2
+    assert chose["chose"] in ("full", 2)
+    assert out.problem.dnn().cost_model.options.recompute == chose["chose"]
     assert chose["tried"][0]["recompute"] == "none" and "needs at least" in chose["tried"][0]["why"]
+    if chose["chose"] != "full":  # then it was faster than recomputing every block
+        assert [t["recompute"] for t in chose["tried"]] == ["none", "full"]
+        assert "against" in chose["tried"][1]["why"]
     assert out.stats["memory_fits"]
-    with pytest.raises(LayerwiseError, match="recompute must be 'none', 'full' or 'auto'"):
+    with pytest.raises(LayerwiseError, match="recompute must be 'none', 'full', 'auto' or a number of blocks"):
         planner.plan(gpt, "p100-1x2", recompute="some")
+
+
+def test_recomputing_the_first_blocks_only(gpt: OpGraph) -> None:
+    blocks = blocks_of(gpt)
+    assert blocks == ["transformer.h.0", "transformer.h.1", "transformer.h.2"]
+    every = recomputed_ops(gpt)
+    assert len(recomputed_ops(gpt, 0)) == len(recomputed_ops(gpt, "none")) == 0
+    assert recomputed_ops(gpt, 3).block == every.block == recomputed_ops(gpt, 7).block
+    one = recomputed_ops(gpt, 1)
+    assert set(one.block.values()) == {"transformer.h.0"}
+    assert len(one) == len(every) // 3 and set(one.share.values()) == {1.0}
+    # time and memory in between
+    devices = get_preset("dgx-a100-80g-1")
+    cfgs = data_parallel(gpt, devices).configs
+    models = [CostModel(gpt, devices, CostOptions(recompute=k)) for k in ("none", 1, 2, "full")]
+    work = [sum(m.compute_time(i, c) for i, c in enumerate(cfgs)) for m in models]
+    peak = [m.strategy_memory(cfgs).max() for m in models]
+    assert work == sorted(work) and len(set(work)) == 4
+    # one block recomputed frees nothing at the peak (its outputs come back for its
+    # backward); each further one frees a block's worth
+    assert peak[1] == peak[0] > peak[2] > peak[3]
+    for bad in (-1, True, "some", 1.5):
+        with pytest.raises(LayerwiseError, match="a number of blocks >= 0"):
+            CostOptions(recompute=bad)  # type: ignore[arg-type]

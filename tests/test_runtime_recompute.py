@@ -84,6 +84,14 @@ def test_a_recomputed_batch_norm_sums_its_statistics_again() -> None:
     assert run.deviation is not None and run.deviation["max_deviation"] < 1e-9, run.deviation
 
 
+def test_recomputing_the_first_block_only() -> None:
+    strategy = _strategy("data-2")
+    run = runtime.run_strategy(strategy, gpt2("sdpa"), dataclasses.replace(F64, recompute=1))
+    # one of the two blocks: half the forwards of "full"
+    assert run.recomputed_tasks == [recomputed_tasks(strategy) // 2] * F64.steps
+    assert run.deviation is not None and run.deviation["max_deviation"] < 1e-9
+
+
 def test_without_recompute_no_forward_runs_again() -> None:
     run = runtime.run_strategy(_strategy("data-2"), gpt2("sdpa"), F64)
     assert run.recomputed_tasks == [0] * F64.steps
@@ -103,7 +111,9 @@ def test_the_mode_comes_from_the_plan_file(
     assert main([str(path)]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "error: the strategy file's cost.recompute must be 'none' or 'full', got 'selective'"
+        "error: the strategy file's cost.recompute must be 'none', 'full' or a number of blocks >= 0, got 'selective'"
     ]
-    with pytest.raises(RuntimeConfigError, match="recompute must be 'none' or 'full'"):
+    with pytest.raises(
+        RuntimeConfigError, match="recompute must be 'none', 'full' or a number of blocks"
+    ):
         runtime.RunOptions(recompute="block").validate()

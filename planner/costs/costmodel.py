@@ -59,7 +59,7 @@ from planner.costs.memory import (
     param_bytes,
     usable_memory,
 )
-from planner.costs.recompute import RECOMPUTE, RecomputeShare, recomputed_ops
+from planner.costs.recompute import RecomputeShare, recompute_error, recomputed_ops
 from planner.costs.regions import EdgeGrid, edge_grid
 from planner.costs.transfer import EdgeGeometry, EdgeTables, Layout
 from planner.errors import LayerwiseError
@@ -96,9 +96,9 @@ class CostOptions:
     optimizer state, then gradients, then weights sharded over each shard's data-parallel
     replicas; 1-2 sync by reduce-scatter + all-gather, 3 also all-gathers the weights before
     the forward and the backward) and a `headroom` fraction of each device's memory kept
-    free (fragmentation, workspace, the framework), and activation `recompute` ("none", or
+    free (fragmentation, workspace, the framework), and activation `recompute` ("none";
     "full": the ops inside a model's numbered blocks keep no outputs and run their forward
-    again in the backward pass; `planner.costs.recompute`). The defaults are the plain rule:
+    again in the backward pass; or a number k: the first k blocks do; `planner.costs.recompute`). The defaults are the plain rule:
     weights, gradients and every output, no optimizer state, all of each device's memory.
 
     Compute per op class (`compute_efficiency_of`): `matmul_efficiency` (linear, conv2d,
@@ -118,7 +118,7 @@ class CostOptions:
     master_weights: bool = False
     zero: int = 0
     headroom: float = 0.0
-    recompute: Literal["none", "full"] = "none"
+    recompute: Literal["none", "full"] | int = "none"
     matmul_efficiency: float | None = None
     attention_efficiency: float | None = None
     tf32: bool | None = None
@@ -163,10 +163,9 @@ class CostOptions:
             raise LayerwiseError(
                 f"headroom must be a fraction of device memory in [0, 1), got {self.headroom!r}"
             )
-        if self.recompute not in RECOMPUTE:
-            raise LayerwiseError(
-                f"recompute must be {' or '.join(map(repr, RECOMPUTE))}, got {self.recompute!r}"
-            )
+        error = recompute_error(self.recompute)
+        if error is not None:
+            raise LayerwiseError(error)
 
 
 def efficiency_class(kind: str) -> str | None:
@@ -299,9 +298,7 @@ class CostModel:
     def recomputed(self) -> RecomputeShare:
         """The ops that keep no output and run their forward again in the backward pass
         (`CostOptions.recompute`; `planner.costs.recompute.recomputed_ops`)."""
-        if self.options.recompute == "none":
-            return RecomputeShare({}, {})
-        return recomputed_ops(self.graph)
+        return recomputed_ops(self.graph, self.options.recompute)
 
     def _again(self, i: int) -> float:
         """Forward passes op i runs again in its backward task: 1 if it recomputes, else 0."""

@@ -18,8 +18,9 @@ Per op of such a block whose output only ops of the same block read (`recomputed
 
 The block's outputs (read by the next block or by ops outside the blocks) stay, as does every
 op outside the blocks (embeddings, the head, the loss). `CostOptions.recompute`: "none" (the
-default) or "full"; `planner.plan(recompute="auto")` recomputes only when the answer does not
-fit otherwise.
+default), "full" (every block) or a number k of blocks (the first k in graph order, Megatron-
+LM's `--recompute-num-layers`: time for memory a block at a time); `planner.plan(recompute=
+"auto")` chooses (planner/api.py).
 """
 
 from __future__ import annotations
@@ -31,9 +32,33 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from planner.graph.opgraph import OpGraph
 
-__all__ = ["RECOMPUTE", "RecomputeShare", "block_of", "recomputed_ops"]
+__all__ = [
+    "RECOMPUTE",
+    "RecomputeShare",
+    "block_of",
+    "blocks_of",
+    "check_recompute",
+    "recompute_error",
+    "recomputed_ops",
+]
 
 RECOMPUTE = ("none", "full")
+
+
+def recompute_error(mode: object) -> str | None:
+    """What is wrong with a recompute mode ("none", "full" or a number of blocks >= 0), or
+    None when it is valid."""
+    if mode in RECOMPUTE or (isinstance(mode, int) and not isinstance(mode, bool) and mode >= 0):
+        return None
+    return f"recompute must be 'none', 'full' or a number of blocks >= 0, got {mode!r}"
+
+
+def check_recompute(mode: object) -> str | int:
+    """`mode` when valid, else ValueError with `recompute_error`'s line."""
+    error = recompute_error(mode)
+    if error is not None:
+        raise ValueError(error)
+    return mode  # type: ignore[return-value]
 
 
 def block_of(name: str) -> tuple[str, str] | None:
@@ -62,8 +87,27 @@ class RecomputeShare:
         return len(self.block)
 
 
-def recomputed_ops(graph: OpGraph) -> RecomputeShare:
-    """The ops of `graph`'s numbered blocks whose outputs only ops of their own block read."""
+def blocks_of(graph: OpGraph) -> list[str]:
+    """The numbered blocks that hold ops that can recompute, in graph order."""
+    return list(dict.fromkeys(_recomputable(graph)[0].values()))
+
+
+def recomputed_ops(graph: OpGraph, mode: str | int = "full") -> RecomputeShare:
+    """The ops that recompute under `mode`: none, every op of `graph`'s numbered blocks whose
+    output only ops of its own block read ("full"), or those of the first `mode` blocks."""
+    if mode == "none":
+        return RecomputeShare({}, {})
+    block, inner = _recomputable(graph)
+    if not isinstance(mode, str):
+        keep = set(list(dict.fromkeys(block.values()))[:mode])
+        block = {i: b for i, b in block.items() if b in keep}
+        inner = {i: inner[i] for i in block}
+    copies = Counter(inner.values())
+    return RecomputeShare(block, {i: 1.0 / copies[inner[i]] for i in block})
+
+
+def _recomputable(graph: OpGraph) -> tuple[dict[int, str], dict[int, str]]:
+    """Per op that can recompute: its block, and its name within the block."""
     where = {op.name: block_of(op.name) for op in graph.ops}
     readers: dict[str, list[str]] = {op.name: [] for op in graph.ops}
     for op in graph.ops:
@@ -77,5 +121,4 @@ def recomputed_ops(graph: OpGraph) -> RecomputeShare:
             continue
         if all((w := where[r]) is not None and w[0] == home[0] for r in readers[op.name]):
             block[i], inner[i] = home
-    copies = Counter(inner.values())
-    return RecomputeShare(block, {i: 1.0 / copies[inner[i]] for i in block})
+    return block, inner

@@ -268,13 +268,13 @@ def least_memory(graph: OpGraph, options: CostOptions) -> float:
     state, master copy: `planner.costs.memory`; ZeRO shards only what replicas would repeat,
     so no stage keeps less than one copy), shared groups once. With recomputation, the
     recomputed outputs count as one block's (`planner.costs.recompute`)."""
-    from planner.costs.recompute import RecomputeShare, recomputed_ops
+    from planner.costs.recompute import recomputed_ops
 
     groups: dict[str, int] = {}
     for op in graph.ops:
         if op.param_group is not None:
             groups[op.param_group] = groups.get(op.param_group, 0) + 1
-    again = recomputed_ops(graph) if options.recompute != "none" else RecomputeShare({}, {})
+    again = recomputed_ops(graph, options.recompute)
     total = 0.0
     for i, op in enumerate(graph.ops):
         share = groups.get(op.param_group, 1) if op.param_group is not None else 1
@@ -301,7 +301,7 @@ def check_memory_fits(graph: OpGraph, devices: DeviceGraph, options: CostOptions
         f"{kept}: use a smaller batch or more devices"
         + (
             ", or recompute activations (recompute='full' or 'auto', --recompute)"
-            if options.recompute == "none" and len(recomputed_ops(graph))
+            if options.recompute in ("none", 0) and len(recomputed_ops(graph))
             else ""
         )
     )

@@ -182,7 +182,9 @@ def test_plan_recomputes_only_when_the_model_does_not_fit_otherwise(gpt: OpGraph
         assert [t["recompute"] for t in chose["tried"]] == ["none", "full"]
         assert "against" in chose["tried"][1]["why"]
     assert out.stats["memory_fits"]
-    with pytest.raises(LayerwiseError, match="recompute must be 'none', 'full', 'auto' or a number of blocks"):
+    with pytest.raises(
+        LayerwiseError, match="recompute must be 'none', 'full', 'auto' or a number of blocks"
+    ):
         planner.plan(gpt, "p100-1x2", recompute="some")
 
 

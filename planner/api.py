@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -534,49 +533,56 @@ def _plan_zero_auto(deadline: Deadline, check_memory: bool, **call: Any) -> Plan
 
 
 def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) -> PlanResult:
-    """recompute="auto": plan without recomputation and with "full", each with an equal share
-    of the time left (`zero`, "auto" included, applies to each), and return the answer of
-    lower objective among those that fit the devices' memory (else the last). "full" is not
-    tried when "none" returns elimination's proven optimum and it fits: recomputing only adds
-    time to a strategy, so none is faster. "none" is skipped when the model cannot fit at all
-    without recomputing (`check_memory_fits`). Both objectives are seconds per iteration under
-    their own cost model. When "full" wins and its strategy would fit recomputing only the
-    first k blocks (`_fewer_blocks`), plan again with recompute=k in the time left and keep
-    that answer if it fits and is faster: a choice per block, time for memory.
-    `stats["recompute"]`: the mode chosen and, per other mode tried, its objective or why it
-    lost."""
+    """recompute="auto": the fastest answer that fits the devices' memory, without
+    recomputation, with every block's ("full") or with the first k blocks' (`zero`, "auto"
+    included, applies to each attempt). In turn, each with a share of the time left:
+
+    1. "none", with elimination alone when the backend is "auto" (a quick probe: when its
+       proven optimum fits it is the answer, since recomputing only adds time to a strategy);
+       skipped when the model cannot fit at all without recomputing (`check_memory_fits`);
+    2. "full", with the backend asked for;
+    3. when "full"'s strategy would fit recomputing only its first k blocks (`_fewer_blocks`),
+       recompute=k: the choice per block, time for memory;
+    4. when nothing fits yet and step 1 was a probe, "none" with the backend asked for (the
+       portfolio under the memory limit) in the time left.
+
+    The answer of lower objective (seconds per iteration under its own cost model) among
+    those that fit wins, else the last. `stats["recompute"]`: the mode chosen and, per other
+    mode tried, its objective or why it lost."""
     from planner.problems.sizes import SizeError, check_strategy_memory, format_bytes
 
     tried: list[dict[str, Any]] = []
     answers: list[tuple[str | int, PlanResult]] = []
-    for k, mode in enumerate(RECOMPUTE_MODES):
-        share = deadline.share(1.0 / (len(RECOMPUTE_MODES) - k))
+    backend = call.get("backend", "auto")
+    probe = backend == "auto" and call.get("objective", "additive") == "additive"
+
+    def fits(o: PlanResult) -> bool:
+        return o.has_solution and o.stats.get("memory_fits") is not False
+
+    def attempt(mode: str | int, share: float, **over: Any) -> PlanResult | None:
         try:
-            out = plan(**call, recompute=mode, check_memory=False, deadline=share)
-        except SizeError as exc:  # cannot fit at all without recomputing: the next mode
-            if k == len(RECOMPUTE_MODES) - 1:
-                raise
+            out = plan(**{**call, **over}, recompute=mode, check_memory=False,
+                       deadline=deadline.share(share))  # fmt: skip
+        except SizeError as exc:  # this mode cannot fit at all
             tried.append({"recompute": mode, "why": str(exc)})
-            continue
+            return None
         answers.append((mode, out))
-        fits = out.has_solution and out.stats.get("memory_fits") is not False
-        unconstrained = out.backend == "elimination" and out.status is Status.OPTIMAL
-        if (fits and unconstrained) or deadline.expired():
-            break
-    fitting = sorted((o.objective, k) for k, (_, o) in enumerate(answers)
-                     if o.has_solution and o.stats.get("memory_fits") is not False)  # fmt: skip
+        return out
+
+    first = attempt("none", 0.5, **({"backend": "elimination"} if probe else {}))
+    proven = (first is not None and fits(first) and first.status is Status.OPTIMAL
+              and first.backend == "elimination")  # fmt: skip
+    if not proven and not deadline.expired():
+        full = attempt("full", 0.6)
+        fewer = _fewer_blocks(full) if full is not None and fits(full) else None
+        if fewer is not None and not deadline.expired():
+            attempt(fewer, 1.0)
+        if probe and not any(fits(o) for _, o in answers) and not deadline.expired():
+            attempt("none", 1.0)
+    if not answers:  # every mode was refused: the last refusal stands
+        raise SizeError(tried[-1]["why"])
+    fitting = sorted((o.objective, k) for k, (_, o) in enumerate(answers) if fits(o))
     best = fitting[0][1] if fitting else len(answers) - 1
-    fewer = _fewer_blocks(answers[best][1]) if answers[best][0] == "full" and fitting else None
-    if fewer is not None and not deadline.expired():
-        try:  # the search again, recomputing only the first `fewer` blocks
-            out = plan(**call, recompute=fewer, check_memory=False, deadline=deadline)
-        except SizeError as exc:
-            tried.append({"recompute": fewer, "why": str(exc)})
-        else:
-            answers.append((fewer, out))
-            fits = out.has_solution and out.stats.get("memory_fits") is not False
-            if fits and float(out.objective or math.inf) < float(fitting[0][0] or math.inf):
-                best = len(answers) - 1
     for k, (option, o) in enumerate(answers):
         if k == best:
             continue

@@ -51,10 +51,9 @@ gathered from the forward to the backward: ZeRO-2's memory during a step, and Ze
 between steps), both over the DTensor mesh itself (`dp_mesh_dims`), the gradients' partial
 sums reduce-scattered (summed, not averaged). Stage 1 is `torch.distributed.optim.
 ZeroRedundancyOptimizer` over the parameters' local tensors after their gradients are
-all-reduced: `Exported.optimizer(cls, **options)` builds it (`ZeroOneOptimizer`). A module that
-falls back to replication computes whole gradients on every rank, which the summing
-reduce-scatter would count once per rank: with stage 2-3 it is not sharded, and its ops'
-`reason` says so.
+all-reduced: `Exported.optimizer(cls, **options)` builds it (`ZeroOneOptimizer`). Modules that
+fall back to replication are sharded too: like batch norm's, their gradients are whole on
+every rank, and become partial sums before the reduce-scatter (`planner.export_zero`).
 
 `parallelize(strategy, module)` applies the plan in every rank of an initialized process
 group (torchrun, or `torch.distributed.init_process_group`); `with process_group():` sets one
@@ -190,8 +189,6 @@ def export_plan(
         ops.append(OpPlacement(op.name, op.kind, cfg.describe(op), style, paths, reason))
     ops = _agree_per_module(ops, _tied_modules(module))
     sharded = _sharded(ops, len(shape), zero) if world > 1 else ()
-    if zero >= 2:
-        ops = [_not_sharded(o, zero) for o in ops]
     bad = [o for o in ops if o.reason is not None]
     if bad and fallback == "error":
         listed = "; ".join(f"{o.op} ({o.kind}, {o.config}): {o.reason}" for o in bad[:6])
@@ -216,13 +213,12 @@ def _sharded(
     ops: Sequence[OpPlacement], ndim: int, zero: int
 ) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """(module path, mesh dims) of the modules whose parameters ZeRO shards: over the dims
-    that replicate them (ZeRO shards over a shard's data-parallel replicas). A module that
-    fell back to replication is sharded by stage 1 only (see `_not_sharded`)."""
+    that replicate them (ZeRO shards over a shard's data-parallel replicas)."""
     if not zero:
         return ()
     out: dict[str, tuple[int, ...]] = {}
     for o in ops:
-        if o.style in ("data", "replicate") and (o.reason is None or zero == 1):
+        if o.style in ("data", "replicate"):
             dims = tuple(range(ndim))
         elif o.style in ("colwise", "rowwise") and ndim == 2:
             dims = (0,)  # the data dim; the tensor dim shards the weights themselves
@@ -231,17 +227,6 @@ def _sharded(
         for path in o.modules:
             out.setdefault(path, dims)
     return tuple(out.items())
-
-
-def _not_sharded(o: OpPlacement, zero: int) -> OpPlacement:
-    """An op that falls back to replication, its reason saying that ZeRO-2/3 leaves it whole."""
-    if o.reason is None or not o.modules:
-        return o
-    why = (
-        f"; ZeRO-{zero} does not shard its parameters: a replicated module's gradients are "
-        "whole on every rank, and FSDP's reduce-scatter sums them"
-    )
-    return OpPlacement(o.op, o.kind, o.config, o.style, o.modules, o.reason + why)
 
 
 def _blocks(graph: Any, types: dict[str, Any]) -> tuple[str, ...]:

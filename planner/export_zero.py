@@ -9,7 +9,9 @@ modules are sharded over which mesh dims (`ExportPlan.sharded`); this module app
   together, then the root) becomes an FSDP2 unit over the DTensor mesh itself
   (`DataParallelMeshDims(shard=<its dims>)`: its parameters are already replicated DTensors
   on those dims). DTensor leaves the gradients of a sample split as partial sums, so they are
-  reduce-scattered summed (`set_gradient_divide_factor(1.0)`), not averaged;
+  reduce-scattered summed (`set_gradient_divide_factor(1.0)`), not averaged; a gradient that
+  DTensor leaves whole on every rank (batch norm's, a replicated fallback's) is made a
+  partial sum first (`_summable_gradients`), or it would be summed once per rank;
 - stage 1 (`ZeroOneOptimizer`): gradients are all-reduced as without ZeRO, then
   `torch.distributed.optim.ZeroRedundancyOptimizer` steps each parameter on the rank that owns
   its state and broadcasts it, over the process group of the dims that replicate it. It runs
@@ -23,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from planner.errors import LayerwiseError
+from planner.export import ExportError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -46,13 +48,15 @@ def fully_shard_plan(
 
     names = mesh.mesh_dim_names
     if names is None:
-        raise LayerwiseError(
+        raise ExportError(
             "ZeRO stage 2-3 shards over named mesh dims (FSDP2's dp_mesh_dims): pass a mesh "
             "made with init_device_mesh(..., mesh_dim_names=...), or no mesh"
         )
     _on_mesh(module, mesh)
+    dims_of = dict(sharded)
 
     def shard(units: Any, dims: tuple[int, ...], ignored: set[Any] | None = None) -> list[Any]:
+        """FSDP2 units over `dims` (the root: `ignored` are the parameters it leaves)."""
         on = DataParallelMeshDims(shard=tuple(names[d] for d in dims))
         done = fully_shard(
             units,
@@ -64,9 +68,12 @@ def fully_shard_plan(
         for unit in done if isinstance(done, list) else [done]:
             unit.set_gradient_divide_factor(1.0)  # partial sums: summed, not averaged
             unit.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
-        return units if isinstance(units, list) else [units]
+        units = units if isinstance(units, list) else [units]
+        for unit in units:
+            if ignored is None or "" in dims_of:  # the root's own parameters only if sharded
+                unit.register_forward_pre_hook(_summable_gradients(dims))
+        return units
 
-    dims_of = dict(sharded)
     wrapped: list[Any] = []
     done: set[str] = set()
     for path in sorted((p for p in dims_of if p), key=lambda p: -p.count(".")):
@@ -79,6 +86,52 @@ def fully_shard_plan(
     if "" in dims_of:
         managed |= {id(p) for p in module.parameters(recurse=False)}
     shard(module, dims_of.get("", (0,)), {p for p in module.parameters() if id(p) not in managed})
+
+
+def _summable_gradients(dims: tuple[int, ...]) -> Any:
+    """A forward pre-hook (after FSDP's, which gathers the weights) that makes the gradients
+    of the module's gathered parameters partial sums on `dims`, as FSDP's summing
+    reduce-scatter takes them: DTensor leaves a sample split's gradient as a partial sum
+    (`Partial()`), except where it computed the op on replicated data (batch norm: its
+    statistics over the whole batch), whose gradient is whole on every rank (`Replicate()`)
+    and would be summed r times. That one becomes a partial sum exactly, without
+    communication: the whole value on the first rank of the dims, zeros on the others."""
+    import torch
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    def summable(grad: Any) -> Any:
+        placements = list(grad.placements)
+        whole = [d for d in dims if isinstance(placements[d], Replicate)]
+        for d in dims:
+            if d not in whole and (
+                not isinstance(placements[d], Partial) or placements[d].reduce_op != "sum"
+            ):
+                raise ExportError(
+                    f"a gradient placed {grad.placements} on the mesh: ZeRO-2/3 shards a "
+                    f"parameter's gradient over mesh dims {dims} from a sum or a whole value"
+                )
+        if not whole:
+            return grad
+        mesh = grad.device_mesh
+        local = grad.to_local()
+        if any(mesh.get_local_rank(d) != 0 for d in whole):
+            local = torch.zeros_like(local)
+        for d in whole:
+            placements[d] = Partial()
+        return DTensor.from_local(
+            local, mesh, placements, run_check=False, shape=grad.shape, stride=grad.stride()
+        )
+
+    def hook(module: Any, args: Any) -> None:
+        for p in module.parameters(recurse=False):
+            gathered = isinstance(p, DTensor) and len(p.placements) > max(dims)
+            if not gathered or getattr(p, "_layerwise_summable", False) or not p.requires_grad:
+                continue
+            if all(isinstance(p.placements[d], Replicate) for d in dims):
+                p.register_hook(summable)
+                p._layerwise_summable = True
+
+    return hook
 
 
 def _on_mesh(module: nn.Module, mesh: DeviceMesh) -> None:
@@ -142,7 +195,7 @@ class ZeroOneOptimizer:
                 parts.append(cls(tensors, **options))
                 continue
             if len(dims) == mesh.ndim and mesh.size() != dist.get_world_size():
-                raise LayerwiseError(
+                raise ExportError(
                     f"ZeRO stage 1 over the whole mesh needs the mesh to hold every rank: it "
                     f"has {mesh.size()} of {dist.get_world_size()}"
                 )

@@ -65,7 +65,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from planner.costs.recompute import RECOMPUTE, recomputed_ops
@@ -395,6 +395,8 @@ class Exported:
     module: nn.Module
     mesh: DeviceMesh
     plan: ExportPlan
+    # the ZeroOneOptimizers `optimizer` made (stage 1; the forward refuses to run without one)
+    zero_optimizers: list[Any] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def fell_back(self) -> tuple[OpPlacement, ...]:
@@ -414,8 +416,9 @@ class Exported:
         """An optimizer of class `cls` (`torch.optim.SGD`, `torch.optim.Adam`, ...; `options`
         its arguments but the parameters) for the module at the plan's ZeRO stage: stages 0,
         2 and 3 `cls(module.parameters(), **options)` (at 2-3 FSDP's sharded parameters keep
-        sharded state); stage 1 a `ZeroOneOptimizer` (`step()` and `zero_grad()`), whose
-        ranks each keep the state of their part of every `plan.sharded` module's parameters.
+        sharded state); stage 1 a `ZeroOneOptimizer` (`step()` and `zero_grad()`): each rank
+        keeps the state of a share of `plan.sharded`'s modules' parameters (whole parameters,
+        balanced by size). At stage 1 the module refuses to run forward until it is made.
         Every rank calls it, in the same order as the other collectives."""
         if self.plan.zero != 1:
             return cls(self.module.parameters(), **options)
@@ -426,7 +429,9 @@ class Exported:
         for path, sub in self.module.named_modules(remove_duplicate=False):
             for p in sub.parameters(recurse=False):
                 params.setdefault(id(p), (p, dims.get(path, ())))
-        return ZeroOneOptimizer(params.values(), self.mesh, cls, **options)
+        made = ZeroOneOptimizer(params.values(), self.mesh, cls, **options)
+        self.zero_optimizers.append(made)
+        return made
 
 
 def parallelize(
@@ -488,7 +493,26 @@ def parallelize(
 
         tied = _tied_modules(module)
         fully_shard_plan(module, mesh, plan.sharded, tied, reshard_after_forward=plan.zero == 3)
-    return Exported(module, mesh, plan)
+    exported = Exported(module, mesh, plan)
+    if plan.zero == 1 and plan.sharded:
+        module.register_forward_pre_hook(_needs_zero_optimizer(exported.zero_optimizers))
+    return exported
+
+
+def _needs_zero_optimizer(made: list[Any]) -> Any:
+    """Stage 1 shards only through the optimizer: one's own would keep the whole state on every
+    rank, so the module's forward (a pre-hook) refuses to run until `Exported.optimizer` made
+    one (`made`)."""
+
+    def check(module: Any, args: Any) -> None:
+        if not made:
+            raise ExportError(
+                "the plan's ZeRO stage 1 shards the optimizer state: build the optimizer with "
+                "exported.optimizer(cls, **options) (e.g. exported.optimizer(torch.optim.AdamW, "
+                "lr=1e-4)) before the first forward"
+            )
+
+    return check
 
 
 def _holders(module: Any) -> list[list[tuple[Any, str]]]:

@@ -229,6 +229,11 @@ def _worker(
                 net = MODELS[model]().double()
                 exported = planner.parallelize(strategy, net, fallback=fallback,
                                                mesh_shape=shape, zero=zero, recompute=recompute)  # fmt: skip
+                refused = ""
+                if zero == 1:  # the state is sharded by the optimizer only: it must be made
+                    with pytest.raises(ExportError, match="exported.optimizer") as info:
+                        _train(model, net, cls(net.parameters(), **options), exported)
+                    refused = str(info.value)
                 optimizer = exported.optimizer(cls, **options)
                 calls = _attention_calls(net)
                 during: list[bool] = []
@@ -252,6 +257,7 @@ def _worker(
                     "fell back": [o.op for o in exported.fell_back],
                     "checkpointed": len(exported.plan.checkpointed),
                     "attention forwards": calls[0],
+                    "refused": refused,
                 }
     if rank == 0:
         Path(tmp, "report.json").write_text(json.dumps(report))
@@ -285,6 +291,7 @@ def _check(report: dict[str, Any]) -> None:
         assert r["sharded between steps"] == (zero >= 2), (case, r)
         assert r["sharded during forward"] == (zero == 3), (case, r)
         if zero == 1:  # each rank keeps part of the optimizer state
+            assert "ZeRO stage 1" in r["refused"], (case, r)  # without exported.optimizer
             assert max(r["states per rank"]) < r["params"], (case, r)
             if "megatron" not in case:  # every parameter's state on exactly one rank
                 assert sum(r["states per rank"]) == r["params"], (case, r)

@@ -42,6 +42,19 @@ of the numbered blocks whose ops recompute (`planner.costs.recompute.recomputed_
 its input and output, and its backward runs its forward again (listed in
 `ExportPlan.checkpointed`).
 
+ZeRO (`zero=`, the plan file's `cost.zero`): the parameters of each module are sharded over
+the mesh dims that replicate them (`ExportPlan.sharded`: every dim for a data-parallel module,
+the data dim of a (data, tensor) mesh for a column/row-parallel one, none for those on a 1-D
+mesh: their shards have no replicas). Stage 3 is FSDP2's `fully_shard(reshard_after_forward=
+True)` on those modules, stage 2 `fully_shard(reshard_after_forward=False)` (the weights stay
+gathered from the forward to the backward: ZeRO-2's memory during a step, and ZeRO-3's
+between steps), both over the DTensor mesh itself (`dp_mesh_dims`), the gradients' partial
+sums reduce-scattered (summed, not averaged). Stage 1 is `torch.distributed.optim.
+ZeroRedundancyOptimizer` over the parameters' local tensors after their gradients are
+all-reduced: `Exported.optimizer(cls, **options)` builds it (`ZeroOneOptimizer`). Modules that
+fall back to replication are sharded too: like batch norm's, their gradients are whole on
+every rank, and become partial sums before the reduce-scatter (`planner.export_zero`).
+
 `parallelize(strategy, module)` applies the plan in every rank of an initialized process
 group (torchrun, or `torch.distributed.init_process_group`); `with process_group():` sets one
 up for a block and tears it down after a barrier: see docs/runtime.md.
@@ -52,7 +65,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from planner.costs.recompute import RECOMPUTE, recomputed_ops
@@ -79,6 +92,7 @@ __all__ = [
 
 STYLES = ("data", "colwise", "rowwise", "replicate", "heads", "propagate")
 FALLBACKS = ("error", "replicate")
+ZERO_STAGES = (0, 1, 2, 3)
 _COLWISE_KINDS = ("linear", "embedding")
 
 
@@ -110,6 +124,9 @@ class ExportPlan:
     inputs: str
     mesh: tuple[int, ...] = ()  # the mesh's shape: (world,), or (data, tensor) for 2-D
     checkpointed: tuple[str, ...] = ()  # block modules that recompute (recompute="full")
+    zero: int = 0  # the ZeRO stage
+    # (module path, mesh dims its parameters are sharded over) of the modules ZeRO shards
+    sharded: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
     def fell_back(self) -> tuple[OpPlacement, ...]:
@@ -117,8 +134,13 @@ class ExportPlan:
         return tuple(o for o in self.ops if o.reason is not None)
 
     def describe(self) -> list[str]:
-        """One line per module: 'path: style'."""
-        return [f"{path}: {style}" for path, style in self.modules]
+        """One line per module: 'path: style', and the mesh dims ZeRO shards it over."""
+        dims = dict(self.sharded)
+        return [
+            f"{path}: {style}"
+            + (f", ZeRO-{self.zero} over mesh dims {dims[path]}" if path in dims else "")
+            for path, style in self.modules
+        ]
 
 
 def export_plan(
@@ -127,6 +149,7 @@ def export_plan(
     fallback: str = "error",
     mesh_shape: Sequence[int] | None = None,
     recompute: str = "none",
+    zero: int = 0,
 ) -> ExportPlan:
     """The DTensor styles of `strategy` for `module` (the module it was planned for).
 
@@ -135,11 +158,15 @@ def export_plan(
     (world,) (the default) or (data, tensor) for a 2-D mesh, rank = i * tensor + j: an op
     that splits its samples `data` ways and its channels `tensor` ways over the devices in
     order is then data x tensor parallel (see `_style`). recompute: "none", or "full" (the
-    plan file's `cost.recompute`): the numbered blocks that recompute are `checkpointed`."""
+    plan file's `cost.recompute`): the numbered blocks that recompute are `checkpointed`.
+    zero: the ZeRO stage 0-3 (the plan file's `cost.zero`): the modules whose parameters it
+    shards, and over which mesh dims, are `sharded` (see the module's docstring)."""
     if fallback not in FALLBACKS:
         raise ExportError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
     if recompute not in RECOMPUTE:
         raise ExportError(f"recompute must be 'none' or 'full', got {recompute!r}")
+    if isinstance(zero, bool) or zero not in ZERO_STAGES:
+        raise ExportError(f"zero must be a ZeRO stage 0, 1, 2 or 3, got {zero!r}")
     graph, world = strategy.graph, strategy.devices.num_devices
     shape = (world,) if mesh_shape is None else tuple(int(n) for n in mesh_shape)
     if len(shape) not in (1, 2) or math.prod(shape) != world or min(shape) < 1:
@@ -161,6 +188,7 @@ def export_plan(
             reason += " (it has no parameters: DTensor runs it in its input's layout)"
         ops.append(OpPlacement(op.name, op.kind, cfg.describe(op), style, paths, reason))
     ops = _agree_per_module(ops, _tied_modules(module))
+    sharded = _sharded(ops, len(shape), zero) if world > 1 else ()
     bad = [o for o in ops if o.reason is not None]
     if bad and fallback == "error":
         listed = "; ".join(f"{o.op} ({o.kind}, {o.config}): {o.reason}" for o in bad[:6])
@@ -177,7 +205,28 @@ def export_plan(
     shard = world > 1 and all(o.style == "data" for o in inputs)
     placed = tuple(modules.items())
     blocks = _blocks(graph, types) if recompute == "full" else ()
-    return ExportPlan(world, tuple(ops), placed, "shard" if shard else "replicate", shape, blocks)
+    inputs_style = "shard" if shard else "replicate"
+    return ExportPlan(world, tuple(ops), placed, inputs_style, shape, blocks, zero, sharded)
+
+
+def _sharded(
+    ops: Sequence[OpPlacement], ndim: int, zero: int
+) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(module path, mesh dims) of the modules whose parameters ZeRO shards: over the dims
+    that replicate them (ZeRO shards over a shard's data-parallel replicas)."""
+    if not zero:
+        return ()
+    out: dict[str, tuple[int, ...]] = {}
+    for o in ops:
+        if o.style in ("data", "replicate"):
+            dims = tuple(range(ndim))
+        elif o.style in ("colwise", "rowwise") and ndim == 2:
+            dims = (0,)  # the data dim; the tensor dim shards the weights themselves
+        else:
+            continue  # column/row-parallel on a 1-D mesh: no replicas; heads: no parameters
+        for path in o.modules:
+            out.setdefault(path, dims)
+    return tuple(out.items())
 
 
 def _blocks(graph: Any, types: dict[str, Any]) -> tuple[str, ...]:
@@ -346,6 +395,8 @@ class Exported:
     module: nn.Module
     mesh: DeviceMesh
     plan: ExportPlan
+    # the ZeroOneOptimizers `optimizer` made (stage 1; the forward refuses to run without one)
+    zero_optimizers: list[Any] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def fell_back(self) -> tuple[OpPlacement, ...]:
@@ -361,6 +412,27 @@ class Exported:
         layout = Shard(0) if self.plan.inputs == "shard" else Replicate()
         return tuple(distribute_tensor(t, self.mesh, [layout] * self.mesh.ndim) for t in tensors)
 
+    def optimizer(self, cls: Any, **options: Any) -> Any:
+        """An optimizer of class `cls` (`torch.optim.SGD`, `torch.optim.Adam`, ...; `options`
+        its arguments but the parameters) for the module at the plan's ZeRO stage: stages 0,
+        2 and 3 `cls(module.parameters(), **options)` (at 2-3 FSDP's sharded parameters keep
+        sharded state); stage 1 a `ZeroOneOptimizer` (`step()` and `zero_grad()`): each rank
+        keeps the state of a share of `plan.sharded`'s modules' parameters (whole parameters,
+        balanced by size). At stage 1 the module refuses to run forward until it is made.
+        Every rank calls it, in the same order as the other collectives."""
+        if self.plan.zero != 1:
+            return cls(self.module.parameters(), **options)
+        from planner.export_zero import ZeroOneOptimizer
+
+        dims = dict(self.plan.sharded)
+        params: dict[int, tuple[Any, tuple[int, ...]]] = {}
+        for path, sub in self.module.named_modules(remove_duplicate=False):
+            for p in sub.parameters(recurse=False):
+                params.setdefault(id(p), (p, dims.get(path, ())))
+        made = ZeroOneOptimizer(params.values(), self.mesh, cls, **options)
+        self.zero_optimizers.append(made)
+        return made
+
 
 def parallelize(
     strategy: Strategy,
@@ -369,20 +441,25 @@ def parallelize(
     fallback: str = "error",
     mesh_shape: Sequence[int] | None = None,
     recompute: str = "none",
+    zero: int = 0,
 ) -> Exported:
     """Apply `strategy` to `module` in place with `parallelize_module` (every rank calls it).
 
     mesh: a DeviceMesh of the strategy's device count, 1-D or 2-D (data, tensor) (default:
     all ranks in `mesh_shape`, (world,) unless given, on "cuda" with the nccl backend, else
     "cpu"). Parameters of modules the strategy does not place are replicated. recompute:
-    the plan file's `cost.recompute`; "full" checkpoints `plan.checkpointed`'s blocks."""
+    the plan file's `cost.recompute`; "full" checkpoints `plan.checkpointed`'s blocks. zero:
+    the plan file's `cost.zero`; stages 2-3 apply FSDP2's `fully_shard` to `plan.sharded`'s
+    modules (then to `module`), stage 1 needs the optimizer of `Exported.optimizer`. The mesh
+    made here names its dims ("world",) or ("data", "tensor"); a mesh passed for stage 2-3
+    must name its dims."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
 
     if mesh is not None and mesh_shape is None:
         mesh_shape = tuple(mesh.shape)
-    plan = export_plan(strategy, module, fallback, mesh_shape, recompute)
+    plan = export_plan(strategy, module, fallback, mesh_shape, recompute, zero)
     if not dist.is_available() or not dist.is_initialized():
         raise ExportError(
             "parallelize needs an initialized process group: launch with torchrun, or call "
@@ -395,7 +472,8 @@ def parallelize(
                 f"{dist.get_world_size()} ranks"
             )
         device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        mesh = init_device_mesh(device, plan.mesh)
+        names = ("world",) if len(plan.mesh) == 1 else ("data", "tensor")
+        mesh = init_device_mesh(device, plan.mesh, mesh_dim_names=names)
     if tuple(mesh.shape) != plan.mesh:
         raise ExportError(f"the mesh must have shape {plan.mesh}, got {tuple(mesh.shape)}")
     styles = {
@@ -410,7 +488,31 @@ def parallelize(
     _compute_in_mode(module)
     for path in plan.checkpointed:
         _checkpoint(module.get_submodule(path))
-    return Exported(module, mesh, plan)
+    if plan.zero >= 2 and plan.sharded:
+        from planner.export_zero import fully_shard_plan
+
+        tied = _tied_modules(module)
+        fully_shard_plan(module, mesh, plan.sharded, tied, reshard_after_forward=plan.zero == 3)
+    exported = Exported(module, mesh, plan)
+    if plan.zero == 1 and plan.sharded:
+        module.register_forward_pre_hook(_needs_zero_optimizer(exported.zero_optimizers))
+    return exported
+
+
+def _needs_zero_optimizer(made: list[Any]) -> Any:
+    """Stage 1 shards only through the optimizer: one's own would keep the whole state on every
+    rank, so the module's forward (a pre-hook) refuses to run until `Exported.optimizer` made
+    one (`made`)."""
+
+    def check(module: Any, args: Any) -> None:
+        if not made:
+            raise ExportError(
+                "the plan's ZeRO stage 1 shards the optimizer state: build the optimizer with "
+                "exported.optimizer(cls, **options) (e.g. exported.optimizer(torch.optim.AdamW, "
+                "lr=1e-4)) before the first forward"
+            )
+
+    return check
 
 
 def _holders(module: Any) -> list[list[tuple[Any, str]]]:

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 # Modules whose every public function, class and method is documented.
-WHOLE_MODULES = ("planner.api", "planner.sources", "planner.export", "planner.graph.models", "planner.files",
+WHOLE_MODULES = ("planner.api", "planner.sources", "planner.export", "planner.export_zero",
+                 "planner.graph.models", "planner.files",
                  "planner.logs", "planner.result", "planner.deadline", "planner.registry",
                  "planner.recommend", "runtime.models")  # fmt: skip
 

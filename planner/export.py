@@ -35,7 +35,7 @@ redistributes its input to the layout above. Module outputs stay DTensors
 (`use_local_output=False`), so layouts flow from module to module; call `.full_tensor()` on
 the model's output for the loss.
 
-Activation recomputation (`recompute="full"`, the plan file's `cost.recompute`): the modules
+Activation recomputation (`recompute="full"` or k, the plan file's `cost.recompute`): the modules
 of the numbered blocks whose ops recompute (`planner.costs.recompute.recomputed_ops`:
 `transformer.h.0`, ...) run their forward under `torch.utils.checkpoint.checkpoint`
 (non-reentrant) after parallelizing, as Megatron-LM's "full" recomputation does: a block keeps
@@ -68,7 +68,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from planner.costs.recompute import RECOMPUTE, recomputed_ops
+from planner.costs.recompute import recompute_error, recomputed_ops
 from planner.errors import LayerwiseError
 from planner.graph.opkinds import CHANNEL, SAMPLE
 
@@ -148,7 +148,7 @@ def export_plan(
     module: nn.Module,
     fallback: str = "error",
     mesh_shape: Sequence[int] | None = None,
-    recompute: str = "none",
+    recompute: str | int = "none",
     zero: int = 0,
 ) -> ExportPlan:
     """The DTensor styles of `strategy` for `module` (the module it was planned for).
@@ -157,14 +157,15 @@ def export_plan(
     fallback="replicate" runs those replicated and lists them in `fell_back`. mesh_shape:
     (world,) (the default) or (data, tensor) for a 2-D mesh, rank = i * tensor + j: an op
     that splits its samples `data` ways and its channels `tensor` ways over the devices in
-    order is then data x tensor parallel (see `_style`). recompute: "none", or "full" (the
-    plan file's `cost.recompute`): the numbered blocks that recompute are `checkpointed`.
+    order is then data x tensor parallel (see `_style`). recompute: "none", "full" or a
+    number k of blocks (the plan file's `cost.recompute`): the numbered blocks that recompute
+    (all, or the first k) are `checkpointed`.
     zero: the ZeRO stage 0-3 (the plan file's `cost.zero`): the modules whose parameters it
     shards, and over which mesh dims, are `sharded` (see the module's docstring)."""
     if fallback not in FALLBACKS:
         raise ExportError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
-    if recompute not in RECOMPUTE:
-        raise ExportError(f"recompute must be 'none' or 'full', got {recompute!r}")
+    if (error := recompute_error(recompute)) is not None:
+        raise ExportError(error)
     if isinstance(zero, bool) or zero not in ZERO_STAGES:
         raise ExportError(f"zero must be a ZeRO stage 0, 1, 2 or 3, got {zero!r}")
     graph, world = strategy.graph, strategy.devices.num_devices
@@ -204,7 +205,7 @@ def export_plan(
     inputs = [o for o in ops if o.kind == "input"]
     shard = world > 1 and all(o.style == "data" for o in inputs)
     placed = tuple(modules.items())
-    blocks = _blocks(graph, types) if recompute == "full" else ()
+    blocks = _blocks(graph, types, recompute)
     inputs_style = "shard" if shard else "replicate"
     return ExportPlan(world, tuple(ops), placed, inputs_style, shape, blocks, zero, sharded)
 
@@ -229,13 +230,13 @@ def _sharded(
     return tuple(out.items())
 
 
-def _blocks(graph: Any, types: dict[str, Any]) -> tuple[str, ...]:
+def _blocks(graph: Any, types: dict[str, Any], recompute: str | int) -> tuple[str, ...]:
     """The module paths of the numbered blocks whose ops recompute, in graph order."""
-    blocks = tuple(dict.fromkeys(recomputed_ops(graph).block.values()))
+    blocks = tuple(dict.fromkeys(recomputed_ops(graph, recompute).block.values()))
     missing = [b for b in blocks if b not in types]
     if missing:
         raise ExportError(
-            f"recompute='full' checkpoints the numbered blocks of the graph, but the module has "
+            f"recompute checkpoints the numbered blocks of the graph, but the module has "
             f"no submodule {missing[0]!r}: the graph's op names are not this module's paths"
         )
     return blocks
@@ -440,7 +441,7 @@ def parallelize(
     mesh: DeviceMesh | None = None,
     fallback: str = "error",
     mesh_shape: Sequence[int] | None = None,
-    recompute: str = "none",
+    recompute: str | int = "none",
     zero: int = 0,
 ) -> Exported:
     """Apply `strategy` to `module` in place with `parallelize_module` (every rank calls it).
@@ -448,7 +449,7 @@ def parallelize(
     mesh: a DeviceMesh of the strategy's device count, 1-D or 2-D (data, tensor) (default:
     all ranks in `mesh_shape`, (world,) unless given, on "cuda" with the nccl backend, else
     "cpu"). Parameters of modules the strategy does not place are replicated. recompute:
-    the plan file's `cost.recompute`; "full" checkpoints `plan.checkpointed`'s blocks. zero:
+    the plan file's `cost.recompute`; "full" or k checkpoints `plan.checkpointed`'s blocks. zero:
     the plan file's `cost.zero`; stages 2-3 apply FSDP2's `fully_shard` to `plan.sharded`'s
     modules (then to `module`), stage 1 needs the optimizer of `Exported.optimizer`. The mesh
     made here names its dims ("world",) or ("data", "tensor"); a mesh passed for stage 2-3

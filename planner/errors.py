@@ -27,6 +27,10 @@ class StrategyError(LayerwiseError):
     """A strategy file does not match the graph or machine it is used with."""
 
 
+class ExportError(LayerwiseError):
+    """A strategy cannot be expressed as DTensor placements (or the module does not match)."""
+
+
 class ProblemError(LayerwiseError):
     """A Problem (cost tables) is malformed or cannot be built."""
 

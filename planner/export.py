@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from planner.costs.recompute import recompute_error, recomputed_ops
-from planner.errors import LayerwiseError
+from planner.errors import ExportError
 from planner.graph.opkinds import CHANNEL, SAMPLE
 
 if TYPE_CHECKING:
@@ -94,10 +94,6 @@ STYLES = ("data", "colwise", "rowwise", "replicate", "heads", "propagate")
 FALLBACKS = ("error", "replicate")
 ZERO_STAGES = (0, 1, 2, 3)
 _COLWISE_KINDS = ("linear", "embedding")
-
-
-class ExportError(LayerwiseError):
-    """A strategy cannot be expressed as DTensor placements (or the module does not match)."""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from planner.export import ExportError
+from planner.errors import ExportError
 
 if TYPE_CHECKING:
     from torch import nn

@@ -324,58 +324,32 @@ def plan(
         "recompute": recompute,
     }
     _check_memory_options(sync, memory_options)
-    if recompute == RECOMPUTE_AUTO:
-        return _plan_recompute_auto(
-            deadline,
-            check_memory,
-            model=model,
-            devices=devices,
-            backend=backend,
-            objective=objective,
-            time_limit=time_limit,
-            seed=seed,
-            example_inputs=example_inputs,
-            model_kwargs=model_kwargs,
-            name=name,
-            coarsen=coarsen,
-            memory_limit=memory_limit,
-            cost=cost,
-            sync=sync,
-            optimizer=optimizer,
-            master_weights=master_weights,
-            zero=zero,
-            headroom=headroom,
-            max_configs=max_configs,
-            backend_options=backend_options,
-            recommend=recommend,
+    if recompute == RECOMPUTE_AUTO or zero == ZERO_AUTO:  # plan again per choice
+        call = {
+            "model": model,
+            "devices": devices,
+            "backend": backend,
+            "objective": objective,
+            "time_limit": time_limit,
+            "seed": seed,
+            "example_inputs": example_inputs,
+            "model_kwargs": model_kwargs,
+            "name": name,
+            "coarsen": coarsen,
+            "memory_limit": memory_limit,
+            "cost": cost,
+            "sync": sync,
+            "max_configs": max_configs,
+            "backend_options": backend_options,
+            "recommend": recommend,
+            **memory_options,
             **build_options,
-        )
-    if zero == ZERO_AUTO:
-        return _plan_zero_auto(
-            deadline,
-            check_memory,
-            model=model,
-            devices=devices,
-            backend=backend,
-            objective=objective,
-            time_limit=time_limit,
-            seed=seed,
-            example_inputs=example_inputs,
-            model_kwargs=model_kwargs,
-            name=name,
-            coarsen=coarsen,
-            memory_limit=memory_limit,
-            cost=cost,
-            sync=sync,
-            optimizer=optimizer,
-            master_weights=master_weights,
-            headroom=headroom,
-            recompute=recompute,
-            max_configs=max_configs,
-            backend_options=backend_options,
-            recommend=recommend,
-            **build_options,
-        )
+        }
+        if recompute == RECOMPUTE_AUTO:
+            del call["recompute"]
+            return _plan_recompute_auto(deadline, check_memory, **call)
+        del call["zero"]
+        return _plan_zero_auto(deadline, check_memory, **call)
     solver = check_backend(backend, objective)  # an unknown name fails before any work
     settings: Mapping[str, Any] = {}
     if solver is not None:

@@ -479,7 +479,7 @@ def _plan_zero_auto(deadline: Deadline, check_memory: bool, **call: Any) -> Plan
     fit the devices' memory (or none was found), each stage with an equal share of the time
     left; the first that fits, else the last tried (which `check_memory` refuses as usual).
     `stats["zero"]`: the stage chosen and, per stage tried before it, why it was not enough."""
-    from planner.problems.sizes import check_strategy_memory, format_bytes
+    from planner.problems.sizes import format_bytes
 
     tried: list[dict[str, Any]] = []
     out: PlanResult | None = None
@@ -498,12 +498,7 @@ def _plan_zero_auto(deadline: Deadline, check_memory: bool, **call: Any) -> Plan
             )
             tried.append({"zero": stage, "why": why})
     assert out is not None
-    cm = out.problem.dnn().cost_model
-    if check_memory and out.strategy is not None:
-        check_strategy_memory(cm, out.strategy)  # never a plan that does not fit
-    log.info("zero='auto' chose ZeRO stage %d", cm.options.zero)
-    phases = {**out.phases, "zero": {"chose": cm.options.zero, "tried": tried}}
-    return dataclasses.replace(out, phases=phases)
+    return _chosen(out, "zero", tried, check_memory)
 
 
 def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) -> PlanResult:
@@ -523,7 +518,7 @@ def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) ->
     The answer of lower objective (seconds per iteration under its own cost model) among
     those that fit wins, else the last. `stats["recompute"]`: the mode chosen and, per other
     mode tried, its objective or why it lost."""
-    from planner.problems.sizes import SizeError, check_strategy_memory, format_bytes
+    from planner.problems.sizes import SizeError, format_bytes
 
     tried: list[dict[str, Any]] = []
     answers: list[tuple[str | int, PlanResult]] = []
@@ -568,13 +563,20 @@ def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) ->
         else:
             why = f"objective {o.objective:.6g} s against {answers[best][1].objective:.6g} s"
         tried.append({"recompute": option, "why": why})
-    out = answers[best][1]
+    return _chosen(answers[best][1], "recompute", tried, check_memory)
+
+
+def _chosen(out: PlanResult, option: str, tried: list[dict[str, Any]], check: bool) -> PlanResult:
+    """The answer an "auto" memory option chose, refused when `check` and it does not fit,
+    with `stats[option]`: the value chosen (its cost model's) and the others tried."""
+    from planner.problems.sizes import check_strategy_memory
+
     cm = out.problem.dnn().cost_model
-    if check_memory and out.strategy is not None:
+    if check and out.strategy is not None:
         check_strategy_memory(cm, out.strategy)  # never a plan that does not fit
-    log.info("recompute='auto' chose %s", cm.options.recompute)
-    phases = {**out.phases, "recompute": {"chose": cm.options.recompute, "tried": tried}}
-    return dataclasses.replace(out, phases=phases)
+    chose = getattr(cm.options, option)
+    log.info("%s='auto' chose %s", option, chose)
+    return dataclasses.replace(out, phases={**out.phases, option: {"chose": chose, "tried": tried}})
 
 
 def _fewer_blocks(out: PlanResult) -> int | None:

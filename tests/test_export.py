@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from budget import time_budget
 from user_models import SmallCNN
+from workers import run_workers
 
 import planner
 from planner.export import ExportError, export_plan
@@ -30,7 +31,6 @@ from planner.graph.opkinds import CHANNEL, HEIGHT
 from planner.hardware.presets import get_preset
 from planner.problems.baselines import data_parallel, owt, split_along
 from planner.problems.strategy import Strategy, strategy_from_json
-from runtime.launch import worker_context
 
 IMAGES = (torch.randn(8, 3, 16, 16),)
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,19 +204,7 @@ def test_parallelized_training_equals_single_process_on_gloo(graph: Any, tmp_pat
             "replicate",
         ),
     }
-    ctx = worker_context()  # the runtime's warm forkserver
-    procs = [
-        ctx.Process(target=_worker, args=(r, 2, str(tmp_path), cases), daemon=True)
-        for r in range(2)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(100)
-    for p in procs:
-        if p.exitcode is None:
-            p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    assert run_workers(_worker, 2, 2, str(tmp_path), cases, timeout=100) == [0, 0]
     report = json.loads((tmp_path / "report.json").read_text())
     for name, r in report.items():
         assert r["deviation"] < 1e-12, (name, r)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from budget import time_budget
 from test_capture_llm import gpt2, llama
+from workers import run_workers
 
 import planner
 from planner.costs.config import ParallelConfig
@@ -25,7 +26,6 @@ from planner.graph.opkinds import CHANNEL, SAMPLE, contraction
 from planner.hardware.presets import get_preset
 from planner.problems.baselines import data_parallel, split_along
 from planner.problems.strategy import Strategy, strategy_from_json
-from runtime.launch import worker_context
 
 TOKENS = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
 MODELS = {"gpt2-ones": lambda: gpt2("ones"), "llama-sdpa": lambda: llama("sdpa")}
@@ -185,19 +185,8 @@ def _worker(rank: int, world: int, tmp: str, name: str, cases: dict[str, Any]) -
 
 def _launch(name: str, world: int, tmp_path: Path) -> dict[str, Any]:
     cases = strategies(name, world)
-    ctx = worker_context()
-    procs = [
-        ctx.Process(target=_worker, args=(r, world, str(tmp_path), name, cases), daemon=True)
-        for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(150)
-    for p in procs:
-        if p.exitcode is None:
-            p.kill()
-    assert [p.exitcode for p in procs] == [0] * world
+    codes = run_workers(_worker, world, world, str(tmp_path), name, cases, timeout=150)
+    assert codes == [0] * world
     report: dict[str, Any] = json.loads((tmp_path / "report.json").read_text())
     assert set(report) == set(cases)
     return report

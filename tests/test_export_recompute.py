@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import torch
 from test_export_llm import MODELS, _train, budget, strategies  # noqa: F401 (budget: autouse)
+from workers import run_workers
 
 import planner
 from planner.export import ExportError, export_plan
 from planner.problems.strategy import strategy_from_json
-from runtime.launch import worker_context
 
 NAME = "gpt2-ones"  # attention masked by torch.ones(T, T).tril(): _DTensorMode in the recompute
 STEPS = 2
@@ -89,19 +89,8 @@ def _worker(rank: int, world: int, tmp: str, cases: dict[str, Any]) -> None:
 
 def test_checkpointed_blocks_train_like_without_on_gloo(tmp_path: Path) -> None:
     world, cases = 2, strategies(NAME)
-    ctx = worker_context()
-    procs = [
-        ctx.Process(target=_worker, args=(r, world, str(tmp_path), cases), daemon=True)
-        for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(150)
-    for p in procs:
-        if p.exitcode is None:
-            p.kill()
-    assert [p.exitcode for p in procs] == [0] * world
+    codes = run_workers(_worker, world, world, str(tmp_path), cases, timeout=150)
+    assert codes == [0] * world
     report = json.loads((tmp_path / "report.json").read_text())
     assert set(report) == set(cases)
     for case, r in report.items():

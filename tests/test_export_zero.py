@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from budget import time_budget
 from test_export_llm import megatron
 from user_models import SmallCNN
+from workers import run_workers
 
 import planner
 from planner.export import ExportError, export_plan
@@ -29,7 +30,6 @@ from planner.graph.opkinds import HEIGHT, LENGTH
 from planner.hardware.presets import get_preset
 from planner.problems.baselines import data_parallel, split_along
 from planner.problems.strategy import Strategy, strategy_from_json
-from runtime.launch import worker_context
 
 TOKENS = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
 IMAGES = (torch.randn(8, 3, 16, 16, generator=torch.Generator().manual_seed(1)),)
@@ -266,17 +266,8 @@ def _worker(
 def _launch(
     world: int, tmp_path: Path, cases: dict[str, Any], stages: list[int], recompute: str = "none"
 ) -> dict[str, Any]:
-    ctx = worker_context()
     args = (world, str(tmp_path), cases, stages, recompute)
-    procs = [ctx.Process(target=_worker, args=(r, *args), daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    for p in procs:
-        if p.exitcode is None:
-            p.kill()
-    assert [p.exitcode for p in procs] == [0] * world
+    assert run_workers(_worker, world, *args, timeout=120) == [0] * world
     report: dict[str, Any] = json.loads((tmp_path / "report.json").read_text())
     assert len(report) == len(cases) * len(stages)
     return report

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from planner.costs.costmodel import CostModel
     from planner.hardware.devices import DeviceGraph
     from planner.problems.problem import Problem
+    from planner.problems.sizes import MemoryRefusal
     from planner.problems.strategy import Strategy
 
 __all__ = ["DEFAULT_TIME_LIMIT", "Evaluation", "PlanResult", "evaluate_strategy", "plan"]
@@ -172,7 +173,7 @@ class PlanResult:
             out["message"] = self.message
         out = {k: finite_or_none(v) for k, v in out.items()}
         # backend choice, re-rank rule, the memory options "auto" chose
-        for key in ("auto", "recommendation", "searched", "zero", "recompute"):
+        for key in ("auto", "recommendation", "searched", "zero", "recompute", "memory_fallback"):
             if key in s:
                 out[key] = _strict(s[key])
         return out
@@ -287,6 +288,9 @@ def plan(
     and run their forward again in the backward: `planner.costs.recompute`), a number k
     (the first k blocks do) or "auto" (the fastest answer that fits of none, full and, after
     full, the fewest blocks its answer needs; `stats["recompute"]` says which and why).
+    With zero and recompute both left unset, a model or plan that does not fit without them
+    is planned again with both "auto" instead of being refused (`stats["memory_fallback"]`
+    says why); a plan that fits without them is unchanged.
     recommend: never return a strategy that
     FlexFlow's simulator says is slower than an expert baseline that fits the memory
     (docs/compare.md): when one is faster beyond the simulator's stated error (10%) it is
@@ -324,125 +328,139 @@ def plan(
         "recompute": recompute,
     }
     _check_memory_options(sync, memory_options)
-    if recompute == RECOMPUTE_AUTO or zero == ZERO_AUTO:  # plan again per choice
-        call = {
-            "model": model,
-            "devices": devices,
-            "backend": backend,
-            "objective": objective,
-            "time_limit": time_limit,
-            "seed": seed,
-            "example_inputs": example_inputs,
-            "model_kwargs": model_kwargs,
-            "name": name,
-            "coarsen": coarsen,
-            "memory_limit": memory_limit,
-            "cost": cost,
-            "sync": sync,
-            "max_configs": max_configs,
-            "backend_options": backend_options,
-            "recommend": recommend,
-            **memory_options,
-            **build_options,
-        }
-        if recompute == RECOMPUTE_AUTO:
-            del call["recompute"]
-            return _plan_recompute_auto(deadline, check_memory, **call)
+    call = {
+        "model": model,
+        "devices": devices,
+        "backend": backend,
+        "objective": objective,
+        "time_limit": time_limit,
+        "seed": seed,
+        "example_inputs": example_inputs,
+        "model_kwargs": model_kwargs,
+        "name": name,
+        "coarsen": coarsen,
+        "memory_limit": memory_limit,
+        "cost": cost,
+        "sync": sync,
+        "max_configs": max_configs,
+        "backend_options": backend_options,
+        "recommend": recommend,
+        **memory_options,
+        **build_options,
+    }
+    if recompute == RECOMPUTE_AUTO:  # plan again per choice
+        del call["recompute"]
+        return _plan_recompute_auto(deadline, check_memory, **call)
+    if zero == ZERO_AUTO:
         del call["zero"]
         return _plan_zero_auto(deadline, check_memory, **call)
-    solver = check_backend(backend, objective)  # an unknown name fails before any work
-    settings: Mapping[str, Any] = {}
-    if solver is not None:
-        settings = solver.settings(SolveOptions(extra=backend_options or {}))  # so do bad ones
-    elif backend_options:
-        raise LayerwiseError(
-            "backend_options are the settings of one backend: name it (backend='cpsat', ...); "
-            "'auto' chooses the backend per problem and takes no settings"
-        )
-    with catch_interrupt():
-        problem, spec, phases = _problem(
-            model,
-            devices,
-            deadline,
-            example_inputs=example_inputs,
-            model_kwargs=model_kwargs,
-            name=name,
-            coarsen=coarsen,
-            options={"memory_limit": memory_limit, "cost": cost, "sync": sync, **memory_options},
-            max_configs=max_configs,
-            build_options=build_options,
-        )
-        if deadline.expired():
-            return _out_of_time(problem, spec, backend, objective, deadline, start, phases)
-        dnn = problem.is_dnn
-        search = (
-            deadline.reserve(RECOMMEND_SHARE * deadline.left()) if recommend and dnn else deadline
-        )
+    from planner.problems.sizes import MemoryRefusal
+
+    try:
+        solver = check_backend(backend, objective)  # an unknown name fails before any work
+        settings: Mapping[str, Any] = {}
+        if solver is not None:
+            settings = solver.settings(SolveOptions(extra=backend_options or {}))  # so do bad ones
+        elif backend_options:
+            raise LayerwiseError(
+                "backend_options are the settings of one backend: name it (backend='cpsat', ...); "
+                "'auto' chooses the backend per problem and takes no settings"
+            )
+        with catch_interrupt():
+            problem, spec, phases = _problem(
+                model,
+                devices,
+                deadline,
+                example_inputs=example_inputs,
+                model_kwargs=model_kwargs,
+                name=name,
+                coarsen=coarsen,
+                options={
+                    "memory_limit": memory_limit,
+                    "cost": cost,
+                    "sync": sync,
+                    **memory_options,
+                },
+                max_configs=max_configs,
+                build_options=build_options,
+            )
+            if deadline.expired():
+                return _out_of_time(problem, spec, backend, objective, deadline, start, phases)
+            dnn = problem.is_dnn
+            search = (
+                deadline.reserve(RECOMMEND_SHARE * deadline.left())
+                if recommend and dnn
+                else deadline
+            )
+            log.info(
+                "searching with %s (%s objective): %.3g s left of the %.3g s time limit",
+                backend,
+                objective,
+                search.left(),
+                time_limit,
+            )
+            options = SolveOptions(
+                objective=objective,
+                time_limit=max(search.left(), 1e-3),
+                seed=seed,
+                extra=settings,
+                deadline=search,
+            )
+            t0 = time.perf_counter()
+            if solver is None:
+                from planner.auto import solve_auto
+
+                result, problem = solve_auto(problem, options)
+            else:
+                result = solver.solve(problem, options)
+            solve_seconds = time.perf_counter() - t0
+            search_seconds = float(result.stats.get("search_seconds", solve_seconds))
+            t1 = time.perf_counter()
+            if recommend and dnn and result.has_solution:
+                from planner.recommend import recommend as rerank
+
+                result = rerank(problem, result, objective, deadline=deadline)
+                decision = result.stats["recommendation"]
+                if decision.get("switched"):
+                    log.warning("recommending %s: %s", decision["to"], decision["reason"])
+                if decision.get("not_simulated_for_time"):
+                    log.warning(
+                        "the time limit left no time to simulate the baseline(s) %s: the "
+                        "recommendation compared the answer with the others only",
+                        ", ".join(decision["not_simulated_for_time"]),
+                    )
+            recommend_seconds = time.perf_counter() - t1
+        memory: dict[str, Any] = {}
+        if result.strategy is not None and problem.is_dnn:
+            from planner.problems.sizes import check_strategy_memory, strategy_memory
+
+            fit = (check_strategy_memory if check_memory else strategy_memory)(
+                problem.dnn().cost_model, result.strategy
+            )
+            memory = {"memory_peak_bytes": float(fit.peak.max()), "memory_fits": fit.fits}
+            memory.update(_device_use(problem, result, objective))
+        phases = {
+            **phases,
+            **memory,
+            "search_seconds": search_seconds,
+            "rescore_seconds": max(0.0, solve_seconds - search_seconds),
+            "recommend_seconds": recommend_seconds,
+            "total_seconds": time.perf_counter() - start,
+        }
         log.info(
-            "searching with %s (%s objective): %.3g s left of the %.3g s time limit",
-            backend,
-            objective,
-            search.left(),
-            time_limit,
+            "%s: %s%s, objective %s, bound %s (%.3g s in all)",
+            result.backend,
+            result.status.value,
+            f" ({result.limit.value})" if result.limit else "",
+            result.objective,
+            result.bound,
+            phases["total_seconds"],
         )
-        options = SolveOptions(
-            objective=objective,
-            time_limit=max(search.left(), 1e-3),
-            seed=seed,
-            extra=settings,
-            deadline=search,
-        )
-        t0 = time.perf_counter()
-        if solver is None:
-            from planner.auto import solve_auto
-
-            result, problem = solve_auto(problem, options)
-        else:
-            result = solver.solve(problem, options)
-        solve_seconds = time.perf_counter() - t0
-        search_seconds = float(result.stats.get("search_seconds", solve_seconds))
-        t1 = time.perf_counter()
-        if recommend and dnn and result.has_solution:
-            from planner.recommend import recommend as rerank
-
-            result = rerank(problem, result, objective, deadline=deadline)
-            decision = result.stats["recommendation"]
-            if decision.get("switched"):
-                log.warning("recommending %s: %s", decision["to"], decision["reason"])
-            if decision.get("not_simulated_for_time"):
-                log.warning(
-                    "the time limit left no time to simulate the baseline(s) %s: the "
-                    "recommendation compared the answer with the others only",
-                    ", ".join(decision["not_simulated_for_time"]),
-                )
-        recommend_seconds = time.perf_counter() - t1
-    memory: dict[str, Any] = {}
-    if result.strategy is not None and problem.is_dnn:
-        from planner.problems.sizes import check_strategy_memory, strategy_memory
-
-        fit = (check_strategy_memory if check_memory else strategy_memory)(
-            problem.dnn().cost_model, result.strategy
-        )
-        memory = {"memory_peak_bytes": float(fit.peak.max()), "memory_fits": fit.fits}
-        memory.update(_device_use(problem, result, objective))
-    phases = {
-        **phases,
-        **memory,
-        "search_seconds": search_seconds,
-        "rescore_seconds": max(0.0, solve_seconds - search_seconds),
-        "recommend_seconds": recommend_seconds,
-        "total_seconds": time.perf_counter() - start,
-    }
-    log.info(
-        "%s: %s%s, objective %s, bound %s (%.3g s in all)",
-        result.backend,
-        result.status.value,
-        f" ({result.limit.value})" if result.limit else "",
-        result.objective,
-        result.bound,
-        phases["total_seconds"],
-    )
-    return PlanResult(result, objective, problem, phases, spec)
+        return PlanResult(result, objective, problem, phases, spec)
+    except MemoryRefusal as exc:  # ZeRO and recomputation unset: both "auto" instead
+        if zero is not None or recompute is not None or not check_memory:
+            raise
+        return _plan_memory_fallback(deadline, call, exc)
 
 
 RECOMMEND_SHARE = 0.1  # of the time left after the build, kept for the recommendation
@@ -472,6 +490,33 @@ def _check_memory_options(sync: str | None, options: Mapping[str, Any]) -> None:
     if sync is not None:
         values["sync"] = sync
     CostOptions(**values)
+
+
+def _plan_memory_fallback(
+    deadline: Deadline, call: dict[str, Any], refusal: MemoryRefusal
+) -> PlanResult:
+    """ZeRO and recomputation left unset, and the model or its plan without either (ZeRO
+    stage 0, every activation kept) does not fit the devices' memory (`refusal`, a
+    `MemoryRefusal`): the plan with both "auto" in the time left instead of a refusal.
+    `stats["memory_fallback"]`: why the plain plan was refused."""
+    from planner.problems.sizes import MemoryRefusal
+
+    first = str(refusal)
+    if deadline.expired():
+        raise MemoryRefusal(
+            f"{first} (no time was left to try ZeRO and recomputation: raise the time limit)",
+            refusal.fact,
+        ) from None
+    log.warning("%s: planning again with zero='auto' and recompute='auto'", first)
+    try:
+        out = plan(**{**call, "zero": ZERO_AUTO, "recompute": RECOMPUTE_AUTO}, deadline=deadline)
+    except MemoryRefusal as exc:
+        raise MemoryRefusal(
+            f"{exc.fact}, even with ZeRO and recomputation chosen automatically (zero='auto', "
+            "recompute='auto'): use more devices or a smaller batch, or a longer time limit",
+            exc.fact,
+        ) from None
+    return dataclasses.replace(out, phases={**out.phases, "memory_fallback": first})
 
 
 def _plan_zero_auto(deadline: Deadline, check_memory: bool, **call: Any) -> PlanResult:
@@ -518,9 +563,10 @@ def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) ->
     The answer of lower objective (seconds per iteration under its own cost model) among
     those that fit wins, else the last. `stats["recompute"]`: the mode chosen and, per other
     mode tried, its objective or why it lost."""
-    from planner.problems.sizes import SizeError, format_bytes
+    from planner.problems.sizes import MemoryRefusal, format_bytes
 
     tried: list[dict[str, Any]] = []
+    refusals: list[MemoryRefusal] = []
     answers: list[tuple[str | int, PlanResult]] = []
     backend = call.get("backend", "auto")
     probe = backend == "auto" and call.get("objective", "additive") == "additive"
@@ -532,8 +578,9 @@ def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) ->
         try:
             out = plan(**{**call, **over}, recompute=mode, check_memory=False,
                        deadline=deadline.share(share))  # fmt: skip
-        except SizeError as exc:  # this mode cannot fit at all
+        except MemoryRefusal as exc:  # this mode cannot fit at all
             tried.append({"recompute": mode, "why": str(exc)})
+            refusals.append(exc)
             return None
         answers.append((mode, out))
         return out
@@ -549,7 +596,7 @@ def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) ->
         if probe and not any(fits(o) for _, o in answers) and not deadline.expired():
             attempt("none", 1.0)
     if not answers:  # every mode was refused: the last refusal stands
-        raise SizeError(tried[-1]["why"])
+        raise refusals[-1]
     fitting = sorted((o.objective, k) for k, (_, o) in enumerate(answers) if fits(o))
     best = fitting[0][1] if fitting else len(answers) - 1
     for k, (option, o) in enumerate(answers):

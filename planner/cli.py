@@ -505,7 +505,8 @@ def _memory_args(p: argparse.ArgumentParser) -> None:
         "--zero",
         type=_zero_stage,
         help="ZeRO stage 0-3 (shard optimizer state, then gradients, then weights over the "
-        "data-parallel replicas) or auto (the lowest stage whose plan fits; default 0)",
+        "data-parallel replicas) or auto (the lowest stage whose plan fits); default: 0, "
+        "or auto with --recompute auto when the plan does not fit without them",
     )
     p.add_argument(
         "--headroom",
@@ -518,7 +519,8 @@ def _memory_args(p: argparse.ArgumentParser) -> None:
         help="activation recomputation: none (default: keep every activation), full (the "
         "ops inside the model's numbered blocks run their forward again in the backward "
         "instead of keeping their outputs), N (the first N blocks do) or auto (the fastest "
-        "plan that fits)",
+        "plan that fits); default: none, or auto with --zero auto when the plan does not "
+        "fit without them",
     )
 
 
@@ -757,6 +759,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if "zero" in summary:  # --zero auto: which stage and why
         tried = "; ".join(f"stage {t['zero']}: {t['why']}" for t in summary["zero"]["tried"])
         print(f"ZeRO stage {summary['zero']['chose']}" + (f" ({tried})" if tried else ""),
+              file=sys.stderr)  # fmt: skip
+    if "memory_fallback" in summary:  # ZeRO and recomputation unset, needed
+        print(f"planned with --zero auto --recompute auto: {summary['memory_fallback']}",
               file=sys.stderr)  # fmt: skip
     if "recompute" in summary:  # --recompute auto: which and why
         tried = "; ".join(f"{t['recompute']}: {t['why']}" for t in summary["recompute"]["tried"])

@@ -745,3 +745,25 @@ def test_a_plan_with_recomputation_is_rescored_with_it(
     assert math.isclose(scored["additive"], saved["objective"], rel_tol=1e-9)
     plain = json.loads(ok(capsys, *args, "--json"))
     assert plain["objective"] < saved["objective"]  # the forward again costs time
+
+
+def test_a_model_that_fits_only_with_recomputation_is_planned_with_it_by_default(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from planner.costs.costmodel import CostOptions
+    from planner.problems.sizes import least_memory
+
+    small = {"seq": 16, "n_layer": 3, "n_head": 2, "n_embd": 32, "vocab_size": 128}
+    graph = model_graph("gpt2", batch=4, **small)
+    devices = get_preset("p100-1x2").to_json()
+    for d in devices["devices"]:  # just too little to keep every activation
+        d["memory"] = int(0.99 * least_memory(graph, CostOptions()) / 2)
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(devices))
+    sets = [a for k, v in small.items() for a in ("--set", f"{k}={v}")]
+    args = ["plan", "gpt2", "--batch", "4", *sets, "--devices", str(path), "--time-limit", "60"]
+    code, out, err = run(capsys, *args, "--recompute", "none", "--no-recommend")
+    assert code != 0 and "--recompute" in err and len(err.strip().splitlines()) == 1
+    summary = json.loads(ok(capsys, *args, "--no-recommend", "--json"))
+    assert "recompute activations" in summary["memory_fallback"]
+    assert summary["memory_fits"] and summary["recompute"]["chose"] != "none"

@@ -171,7 +171,7 @@ def test_plan_recomputes_only_when_the_model_does_not_fit_otherwise(gpt: OpGraph
     # just too little to keep every activation, even spread evenly over both devices
     tight = _with_memory("p100-1x2", 0.99 * plain / 2)
     with pytest.raises(SizeError, match="recompute activations"):
-        planner.plan(gpt, tight, recommend=False)
+        planner.plan(gpt, tight, recompute="none", recommend=False)
     out = planner.plan(gpt, tight, recompute="auto", recommend=False, time_limit=30)
     chose = out.stats["recompute"]
     # every block, or (when the answer with every block fits with fewer) the first 2
@@ -186,6 +186,24 @@ def test_plan_recomputes_only_when_the_model_does_not_fit_otherwise(gpt: OpGraph
         LayerwiseError, match="recompute must be 'none', 'full', 'auto' or a number of blocks"
     ):
         planner.plan(gpt, "p100-1x2", recompute="some")
+
+
+def test_unset_memory_options_plan_again_with_both_auto_only_when_needed(gpt: OpGraph) -> None:
+    roomy = planner.plan(gpt, "p100-1x2", recommend=False)
+    assert "memory_fallback" not in roomy.stats and "recompute" not in roomy.stats
+    assert roomy.problem.dnn().cost_model.options.recompute == "none"
+    tight = _with_memory("p100-1x2", 0.99 * least_memory(gpt, CostOptions()) / 2)
+    out = planner.plan(gpt, tight, recommend=False, time_limit=30)
+    assert "recompute activations" in out.stats["memory_fallback"]
+    assert out.stats["memory_fits"] and out.stats["recompute"]["chose"] != "none"
+    assert out.problem.dnn().cost_model.options.recompute == out.stats["recompute"]["chose"]
+    assert "zero" in out.stats  # each recompute mode tried its ZeRO stages
+    assert planner.plan(gpt, tight, zero=0, recompute="full", recommend=False).stats["memory_fits"]
+    # too little even for ZeRO stage 3 and every block recomputed: one clear refusal
+    least = least_memory(gpt, CostOptions(recompute="full", zero=3))
+    hopeless = _with_memory("p100-1x2", 0.9 * least / 2)
+    with pytest.raises(SizeError, match="even with ZeRO and recomputation chosen automatically"):
+        planner.plan(gpt, hopeless, recommend=False, time_limit=30)
 
 
 def test_recomputing_the_first_blocks_only(gpt: OpGraph) -> None:

@@ -91,5 +91,6 @@ def test_the_schema_lists_what_the_code_writes() -> None:
     assert {f.name for f in dataclasses.fields(CostOptions)} | {"source"} == cost
     from planner.api import DEVICE_KEYS, MEMORY_KEYS, PHASES
 
-    assert {*PHASES, *MEMORY_KEYS, *DEVICE_KEYS, "auto", "recommendation", "zero"} <= set(props)
+    written = {"auto", "recommendation", "zero", "recompute", "memory_fallback"}
+    assert {*PHASES, *MEMORY_KEYS, *DEVICE_KEYS, *written} <= set(props)
     assert {"margin", "not_fitting"} <= set(props["recommendation"]["properties"])

@@ -59,6 +59,17 @@ class SizeError(ProblemError):
     the devices' memory."""
 
 
+class MemoryRefusal(SizeError):
+    """A model or a plan that does not fit the devices' memory with the training-memory
+    options given (`check_memory_fits`, `check_strategy_memory`): `planner.plan` answers it,
+    when ZeRO and recomputation were left unset, by planning again with both "auto".
+    `fact`: what does not fit, without the advice."""
+
+    def __init__(self, message: str, fact: str) -> None:
+        super().__init__(message)
+        self.fact = fact
+
+
 # Size units, as GNU tools read them: KB, MB, GB, TB in powers of 1000; KiB, MiB, GiB, TiB and
 # the bare K, M, G, T in powers of 1024; B or nothing, bytes. Letters in any case.
 SIZE_UNITS = {
@@ -294,16 +305,19 @@ def check_memory_fits(graph: OpGraph, devices: DeviceGraph, options: CostOptions
         return
     n = devices.num_devices
     kept = f" (less the {options.headroom:.0%} headroom)" if options.headroom else ""
-    raise SizeError(
+    fact = (
         f"{graph.name!r} needs at least {format_bytes(need)} of activations and parameters; "
         f"spread evenly over the {n:,} devices of {devices.name!r} that is "
-        f"{format_bytes(need / n)} per device, more than their {format_bytes(have / n)}"
-        f"{kept}: use a smaller batch or more devices"
+        f"{format_bytes(need / n)} per device, more than their {format_bytes(have / n)}{kept}"
+    )
+    raise MemoryRefusal(
+        f"{fact}: use a smaller batch or more devices"
         + (
             ", or recompute activations (recompute='full' or 'auto', --recompute)"
             if options.recompute in ("none", 0) and len(recomputed_ops(graph))
             else ""
-        )
+        ),
+        fact,
     )
 
 
@@ -360,12 +374,14 @@ def check_strategy_memory(cost_model: CostModel, strategy: Strategy) -> MemoryFi
     """The strategy's MemoryFit; SizeError when some device's peak exceeds its memory."""
     fit = strategy_memory(cost_model, strategy)
     if not fit.fits:
-        raise SizeError(
-            f"the plan does not fit the devices' memory ({fit.describe()}): plan again with "
+        fact = f"the plan does not fit the devices' memory ({fit.describe()})"
+        raise MemoryRefusal(
+            f"{fact}: plan again with "
             f"backend 'auto' (the default: it searches under the devices' memory when memory "
             f"is tight), or with memory_limit='device' (--memory-limit device) and any backend "
             f"but elimination (portfolio, cpsat, ilp, search, mcmc), or let ZeRO shard the "
             f"training state (zero='auto', --zero auto) and recompute activations "
-            f"(recompute='auto', --recompute auto), or use more devices or a smaller batch"
+            f"(recompute='auto', --recompute auto), or use more devices or a smaller batch",
+            fact,
         )
     return fit

@@ -512,8 +512,8 @@ def _plan_memory_fallback(
         out = plan(**{**call, "zero": ZERO_AUTO, "recompute": RECOMPUTE_AUTO}, deadline=deadline)
     except MemoryRefusal as exc:
         raise MemoryRefusal(
-            f"{exc.fact}, even with ZeRO and recomputation chosen automatically (zero='auto', "
-            "recompute='auto'): use more devices or a smaller batch, or a longer time limit",
+            f"{first}; ZeRO and recomputation chosen automatically (zero='auto', "
+            f"recompute='auto') did not make it fit either ({exc.fact})",
             exc.fact,
         ) from None
     return dataclasses.replace(out, phases={**out.phases, "memory_fallback": first})

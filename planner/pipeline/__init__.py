@@ -1,0 +1,2 @@
+"""Pipeline parallelism: stages over the op graph, micro-batches and their schedules
+(docs/simulator.md, "Pipelines")."""

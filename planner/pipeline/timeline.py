@@ -1,0 +1,221 @@
+"""A pipeline's step, timed: micro-batch tasks per device group in their schedule's order.
+
+Input: per chunk (`ChunkTimes`) the seconds of one micro-batch's forward and backward on its
+group, the seconds to send its output forward and its input's gradient back (point-to-point
+between groups, on the device graph), the exposed seconds of its gradient synchronization
+and update after its last backward, and its bytes (kept per in-flight micro-batch, and
+fixed: parameters and their training state). `simulate_pipeline` runs the schedule:
+
+- a group runs its works (`planner.pipeline.schedule`) one at a time, in order, each as
+  soon as the one before it on the group is done and its input is there;
+- the forward of micro-batch i on chunk c needs the forward of i on chunk c - 1 and its
+  message; the backward of i on chunk c needs the forward of i on c (same group) and the
+  backward of i on c + 1 and its message (the last chunk's backward follows its forward);
+- a message travels while the groups compute (its own stream: Megatron-LM's p2p
+  communication), on its own link: messages between the same two groups in the same
+  direction go one at a time, in the order they are ready;
+- after a group's last backward of a chunk, that chunk's gradient sync and update
+  (`sync`): they overlap the group's later backwards of other chunks (interleaved) and end
+  the step on that group at the latest.
+
+The timeline is exact for this model: on uniform chunks with free messages and no sync its
+idle share is the closed form `schedule.bubble_fraction` (a test checks it).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner.pipeline.schedule import BACKWARD, FORWARD, ScheduleError, Work, in_flight, schedule
+
+
+@dataclass(frozen=True)
+class ChunkTimes:
+    """One chunk's costs for one micro-batch (seconds, bytes per device of its group)."""
+
+    forward: float
+    backward: float
+    send_forward: float = 0.0  # its output to the next chunk (0 for the last)
+    send_backward: float = 0.0  # its input's gradient to the previous chunk (0 for the first)
+    sync: float = 0.0  # gradient sync and update left after its last backward
+    activation_bytes: float = 0.0  # kept per in-flight micro-batch, on each device of its group
+    fixed_bytes: float = 0.0  # parameters and their training state, on each device
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A work or a message on the timeline. `group`: the device group that runs it (for a
+    message, the sender); `to`: the receiving group of a message, else -1."""
+
+    work: Work
+    group: int
+    start: float
+    end: float
+    to: int = -1
+
+    @property
+    def is_message(self) -> bool:
+        return self.to >= 0
+
+
+@dataclass(frozen=True)
+class PipelineTimeline:
+    groups: int
+    micro_batches: int
+    virtual: int
+    schedule: str
+    works: tuple[Slot, ...]  # every forward and backward, in start order
+    messages: tuple[Slot, ...]  # every point-to-point message
+    syncs: tuple[Slot, ...]  # per chunk: its gradient sync and update
+    makespan: float
+    busy: tuple[float, ...]  # per group: seconds of forward and backward work
+    in_flight: tuple[int, ...]  # per group: most micro-batch chunks whose activations it keeps
+    peak_bytes: tuple[float, ...]  # per group, per device: fixed bytes + in-flight activations
+
+    @property
+    def bubble(self) -> float:
+        """The idle share of the step, averaged over groups: 1 - busy / makespan."""
+        if self.makespan <= 0:
+            return 0.0
+        return 1.0 - sum(self.busy) / (self.groups * self.makespan)
+
+
+def simulate_pipeline(
+    chunks: Sequence[ChunkTimes], name: str, groups: int, micro_batches: int
+) -> PipelineTimeline:
+    """Time one step of `name`'s schedule over `groups` device groups; `chunks` has
+    groups x v entries (v chunks per group; chunk c on group c % groups)."""
+    p, m = groups, micro_batches
+    if not chunks or len(chunks) % p:
+        raise ScheduleError(
+            f"{len(chunks)} pipeline chunks do not spread evenly over {p} stages: give "
+            f"a multiple of {p}"
+        )
+    v = len(chunks) // p
+    orders = schedule(name, p, m, v)
+    n = len(chunks)
+    done: dict[Work, float] = {}  # work -> its end
+    arrive: dict[Work, float] = {}  # work -> when its input message is there
+    link_free: dict[tuple[int, int], float] = {}
+    works: list[Slot] = []
+    messages: list[Slot] = []
+    nxt = [0] * p  # next position in each group's order
+    free = [0.0] * p  # when each group is free
+    # messages not yet on their link: (ready, seq, receiving work, from, to, seconds)
+    messages_in: list[tuple[float, int, Work, int, int, float]] = []
+    seq = 0
+
+    def ready(w: Work) -> float | None:
+        """When w's inputs are all there, or None while one is missing."""
+        times = []
+        if w.kind == FORWARD:
+            if w.chunk > 0:
+                if w not in arrive:
+                    return None
+                times.append(arrive[w])
+        else:
+            own = Work(FORWARD, w.micro, w.chunk)
+            if own not in done:
+                return None
+            times.append(done[own])
+            if w.chunk < n - 1:
+                if w not in arrive:
+                    return None
+                times.append(arrive[w])
+        return max(times, default=0.0)
+
+    def send(w: Work, end: float) -> None:
+        """Queue w's outgoing message (forward to chunk + 1, or a gradient to chunk - 1)."""
+        nonlocal seq
+        if w.kind == FORWARD and w.chunk < n - 1:
+            to, seconds = Work(FORWARD, w.micro, w.chunk + 1), chunks[w.chunk].send_forward
+        elif w.kind == BACKWARD and w.chunk > 0:
+            to, seconds = Work(BACKWARD, w.micro, w.chunk - 1), chunks[w.chunk].send_backward
+        else:
+            return
+        heapq.heappush(messages_in, (end, seq, to, w.chunk % p, to.chunk % p, seconds))
+        seq += 1
+
+    def deliver(until: float) -> None:
+        """Put every message ready by `until` on its link, in the order they were ready."""
+        while messages_in and messages_in[0][0] <= until:
+            t, _, to, a, b, seconds = heapq.heappop(messages_in)
+            start = max(t, link_free.get((a, b), 0.0))
+            end = start + seconds
+            link_free[(a, b)] = end
+            arrive[to] = end
+            messages.append(Slot(to, a, start, end, b))
+
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        # the group whose next work can start earliest, given the messages sent so far
+        best: tuple[float, int] | None = None
+        for g in range(p):
+            if nxt[g] == len(orders[g]):
+                continue
+            w = orders[g][nxt[g]]
+            r = ready(w)
+            if r is not None and (best is None or max(r, free[g]) < best[0]):
+                best = (max(r, free[g]), g)
+        if messages_in and (best is None or messages_in[0][0] <= best[0]):
+            deliver(messages_in[0][0])  # a message ready first may change who goes next
+            continue
+        if best is None:  # cannot happen for the schedules above: a bug, not bad input
+            raise ScheduleError(
+                f"schedule {name!r} deadlocks with {p} stages and {m} micro-batches"
+            )
+        start, g = best
+        w = orders[g][nxt[g]]
+        c = chunks[w.chunk]
+        end = start + (c.forward if w.kind == FORWARD else c.backward)
+        done[w] = end
+        free[g] = end
+        nxt[g] += 1
+        remaining -= 1
+        works.append(Slot(w, g, start, end))
+        send(w, end)
+    deliver(float("inf"))
+    syncs: list[Slot] = []
+    for k, c in enumerate(chunks):
+        last = max(done[Work(BACKWARD, i, k)] for i in range(m))
+        g = k % p
+        start = max(last, max((s.end for s in syncs if s.group == g), default=0.0))
+        syncs.append(Slot(Work("S", m - 1, k), g, start, start + c.sync))
+    makespan = max([s.end for s in syncs] + [s.end for s in works] + [s.end for s in messages])
+    busy = [0.0] * p
+    for s in works:
+        busy[s.group] += s.end - s.start
+    flight = [in_flight(o) for o in orders]
+    peak = []
+    for g in range(p):
+        mine = [chunks[k] for k in range(g, n, p)]
+        fixed = sum(c.fixed_bytes for c in mine)
+        act = _activation_peak(orders[g], chunks)
+        peak.append(fixed + act)
+    works.sort(key=lambda s: (s.start, s.group))
+    return PipelineTimeline(
+        groups=p,
+        micro_batches=m,
+        virtual=v,
+        schedule=name,
+        works=tuple(works),
+        messages=tuple(sorted(messages, key=lambda s: (s.start, s.group))),
+        syncs=tuple(syncs),
+        makespan=makespan,
+        busy=tuple(busy),
+        in_flight=tuple(flight),
+        peak_bytes=tuple(peak),
+    )
+
+
+def _activation_peak(order: Sequence[Work], chunks: Sequence[ChunkTimes]) -> float:
+    """The most activation bytes a group keeps at once: each forward adds its chunk's
+    bytes per micro-batch until that micro-batch's backward on the chunk frees them."""
+    live = peak = 0.0
+    for w in order:
+        b = chunks[w.chunk].activation_bytes
+        live += b if w.kind == FORWARD else -b
+        peak = max(peak, live)
+    return peak

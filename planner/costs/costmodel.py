@@ -470,6 +470,25 @@ class CostModel:
             peak += np.max(np.stack(list(blocks.values())), axis=0)
         return peak
 
+    def memory_parts(
+        self, configs: Sequence[ParallelConfig]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(D,) bytes per device of a strategy's configs in three parts that sum to
+        `strategy_memory`: the parameters' training state, the activations kept for the
+        backward (outputs not recomputed), and the recomputation's working set (the largest
+        block's recomputed outputs). A pipeline keeps the second per micro-batch in flight."""
+        params = np.zeros(self.num_devices)
+        kept = np.zeros(self.num_devices)
+        rec = self.recomputed
+        for i, cfg in enumerate(configs):
+            devs = list(cfg.devices)
+            out = self._output_bytes(i, cfg)
+            params[devs] += self._task_memory(i, cfg) - out * rec.share.get(i, 1.0)
+            if i not in rec:
+                kept[devs] += out
+        working = self.strategy_memory(configs) - params - kept
+        return params, kept, working
+
     def param_state(self, op: Op) -> ParamBytes:
         """Op's parameter bytes in training, unsharded: weights, gradients, fp32 state."""
         return param_bytes(op.params, self.options.optimizer, self.options.master_weights)

@@ -369,6 +369,17 @@ class DeviceGraph:
             self._route_cache[(a, b)] = route
         return route if i < j else route[::-1]
 
+    def subset(self, indices: Sequence[int], name: str | None = None) -> DeviceGraph:
+        """The devices `indices` (in that order) with every switch and the links among them:
+        a pipeline stage's group. Routes through a device left out are lost (none in the
+        switched presets: their devices forward nothing)."""
+        keep = [self._devices[i] for i in indices]
+        names = {d.name for d in keep} | set(self._switches)
+        links = [link for link in self._links if link.a in names and link.b in names]
+        used = {end for link in links for end in (link.a, link.b)}
+        switches = [s for s in self._switches if s in used]
+        return DeviceGraph(name or f"{self._name}[{len(keep)}]", keep, links, switches)
+
     def hops(self, i: int, j: int) -> int:
         """Links on the route from device i to device j."""
         return int(self._routes.hops[i, j])

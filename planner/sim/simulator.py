@@ -109,10 +109,13 @@ class Simulator:
         cost_model: CostModel,
         configs: Sequence[ParallelConfig | None],
         deadline: float = math.inf,
+        sync: bool = True,
     ):
         """Build and time the task graph of `configs`; with a finite `deadline` (a
         perf_counter value, checked while building and timing), raise OutOfTime past it or
-        at Ctrl-C. Without one it always finishes (a re-score after Ctrl-C needs it)."""
+        at Ctrl-C. Without one it always finishes (a re-score after Ctrl-C needs it).
+        `sync` False leaves out parameter sync and updates: one micro-batch of a pipeline,
+        whose step syncs once after its last backward (`planner.pipeline.stages`)."""
         self.deadline = deadline
         self.cm = cost_model
         self.graph = cost_model.graph
@@ -124,7 +127,7 @@ class Simulator:
         self._cost_cache: dict[tuple[int, ParallelConfig], tuple] = {}
         self._names = [op.name for op in self.graph.ops]
         self._overhead: list[float] = cost_model.overhead.tolist()  # per message, per device
-        self._sync_op = _sync_ops(self.graph)
+        self._sync_op = _sync_ops(self.graph) if sync else {}
         self._sync_of = {i: s for s, members in self._sync_op.items() for i in members}
         self._incident: list[list[int]] = [[] for _ in range(self.n)]
         for k, e in enumerate(self.graph.edges):
@@ -469,7 +472,7 @@ class Simulator:
         tg = self.tasks
         ops = sorted({i for i, _ in changes})
         edges = sorted({k for i in ops for k in self._incident[i]})
-        syncs = sorted({self._sync_of[i] for i in ops})
+        syncs = sorted({self._sync_of[i] for i in ops if i in self._sync_of})
         old = [t for i in ops for t in self.owned[i]]
         old += [t for k in edges for t in self.edge_tasks[k]]
         old += [t for s in syncs for t in self.sync_tasks[s]]

@@ -288,9 +288,9 @@ def plan(
     and run their forward again in the backward: `planner.costs.recompute`), a number k
     (the first k blocks do) or "auto" (the fastest answer that fits of none, full and, after
     full, the fewest blocks its answer needs; `stats["recompute"]` says which and why).
-    With zero and recompute both left unset, a model or plan that does not fit without them
-    is planned again with both "auto" instead of being refused (`stats["memory_fallback"]`
-    says why); a plan that fits without them is unchanged.
+    With zero and recompute both left unset and the backend "auto", a model or plan that
+    does not fit without them is planned again with both "auto" instead of being refused
+    (`stats["memory_fallback"]` says why); a plan that fits without them is unchanged.
     recommend: never return a strategy that
     FlexFlow's simulator says is slower than an expert baseline that fits the memory
     (docs/compare.md): when one is faster beyond the simulator's stated error (10%) it is
@@ -458,7 +458,7 @@ def plan(
         )
         return PlanResult(result, objective, problem, phases, spec)
     except MemoryRefusal as exc:  # ZeRO and recomputation unset: both "auto" instead
-        if zero is not None or recompute is not None or not check_memory:
+        if zero is not None or recompute is not None or not check_memory or backend != "auto":
             raise
         return _plan_memory_fallback(deadline, call, exc)
 
@@ -507,7 +507,7 @@ def _plan_memory_fallback(
             f"{first} (no time was left to try ZeRO and recomputation: raise the time limit)",
             refusal.fact,
         ) from None
-    log.warning("%s: planning again with zero='auto' and recompute='auto'", first)
+    log.info("%s: planning again with zero='auto' and recompute='auto'", first)
     try:
         out = plan(**{**call, "zero": ZERO_AUTO, "recompute": RECOMPUTE_AUTO}, deadline=deadline)
     except MemoryRefusal as exc:

@@ -9,12 +9,14 @@ Per chunk c (ops `bounds[c]..bounds[c+1]`, devices `group_of(c)`):
   ops need it, as Megatron-LM's scatter-gather of the boundary tensor does);
 - **its devices**: `DeviceGraph.subset` of the group, so its transfers and gradient sync use
   the group's own links;
-- **forward and backward seconds of one micro-batch**: the simulator without parameter
-  sync (`Simulator(..., sync=False)`): the forward is the end of the last forward task, the
-  backward the rest (a chunk's backward starts once its forward is done and the gradient is
-  there; recomputation is in it);
-- **sync**: the simulated step with sync and updates less the one without, i.e. the part of
-  the gradient sync and the optimizer step left after one micro-batch's backward;
+- **forward and backward seconds of one micro-batch**: from one simulation of the chunk
+  (`Simulator.phase_ends`): the forward ends with its last forward task, the backward with
+  its last backward task that is not parameter sync (a chunk's backward starts once its
+  forward is done and the gradient is there; recomputation is in it). The sync shares the
+  links with the backward's transfers in that simulation, as it does in the pipeline's
+  last micro-batch; in the earlier ones, which sync nothing, it may slow them a little;
+- **sync**: the rest of that simulated step, i.e. the gradient sync and the optimizer step
+  left after one micro-batch's backward;
 - **messages**: each tensor it sends to a later chunk goes task by task from the producer's
   devices to the same positions in the receiving group (`DeviceGraph.transfer_time`, the
   tasks at once: their slowest), and its gradient comes back the same way;
@@ -41,7 +43,7 @@ from planner.costs.costmodel import CostModel
 from planner.graph.opgraph import Op, OpGraph
 from planner.pipeline.spec import PipelinedStrategy, PipelineError
 from planner.pipeline.timeline import ChunkTimes, PipelineTimeline, simulate_pipeline
-from planner.sim.simulator import FWD, Simulator
+from planner.sim.simulator import Simulator
 
 if TYPE_CHECKING:
     from planner.hardware.devices import DeviceGraph
@@ -136,18 +138,17 @@ def chunk_times(cost_model: CostModel, ps: PipelinedStrategy) -> list[ChunkTimes
     for c in range(pipe.chunks):
         ch = chunk_problem(cost_model, ps, c)
         cm = CostModel(ch.graph, ch.devices, cost_model.options, measured=cost_model.measured)
-        plain = Simulator(cm, ch.configs, sync=False)
-        forward = max((t.end for t in plain.timeline().tasks if t.key[0] == FWD), default=0.0)
-        step = plain.makespan
-        synced = Simulator(cm, ch.configs).makespan
+        sim = Simulator(cm, ch.configs)
+        forward, backward = sim.phase_ends()
+        step = sim.makespan
         params, kept, working = cm.memory_parts(ch.configs)
         out.append(
             ChunkTimes(
                 forward=forward,
-                backward=step - forward,
+                backward=backward - forward,
                 send_forward=sends[c] if c < pipe.chunks - 1 else 0.0,
                 send_backward=sends[c - 1] if c > 0 else 0.0,
-                sync=max(0.0, synced - step),
+                sync=step - backward,
                 activation_bytes=float(np.max(kept)),
                 fixed_bytes=float(np.max(params + working)),
             )

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from planner.deadline import OutOfTime, past
-from planner.sim.tasks import JOIN, TaskBatch, TaskGraph, pack, unpack
+from planner.sim.tasks import JOIN, PHASE_SHIFT, SUB_SHIFT, TaskBatch, TaskGraph, pack, unpack
 from planner.sim.transfers import transfer_pairs
 
 if TYPE_CHECKING:
@@ -69,6 +69,7 @@ Key = tuple[int, int, int, int, int, int]
 # receive overhead (None: the hops' prefix with the hop count).
 _Keys = tuple[Key, tuple[int, int, int, int, int], Key | None]
 FWD, BWD, UPDATE = 0, 1, 2  # phases of the program order
+SYNC_SUB = 2  # the sub-step of a backward-phase key that belongs to parameter sync
 _AFTER = 1 << 20  # task-index offset that orders an op's exchange tasks after its own tasks
 _JOINS = _AFTER // 2  # index offset of a backward join: after the tasks, before the exchanges
 _LAST = (1 << 39) - 1  # pair index that orders a task after every message of a sync
@@ -109,13 +110,10 @@ class Simulator:
         cost_model: CostModel,
         configs: Sequence[ParallelConfig | None],
         deadline: float = math.inf,
-        sync: bool = True,
     ):
         """Build and time the task graph of `configs`; with a finite `deadline` (a
         perf_counter value, checked while building and timing), raise OutOfTime past it or
-        at Ctrl-C. Without one it always finishes (a re-score after Ctrl-C needs it).
-        `sync` False leaves out parameter sync and updates: one micro-batch of a pipeline,
-        whose step syncs once after its last backward (`planner.pipeline.stages`)."""
+        at Ctrl-C. Without one it always finishes (a re-score after Ctrl-C needs it)."""
         self.deadline = deadline
         self.cm = cost_model
         self.graph = cost_model.graph
@@ -127,7 +125,7 @@ class Simulator:
         self._cost_cache: dict[tuple[int, ParallelConfig], tuple] = {}
         self._names = [op.name for op in self.graph.ops]
         self._overhead: list[float] = cost_model.overhead.tolist()  # per message, per device
-        self._sync_op = _sync_ops(self.graph) if sync else {}
+        self._sync_op = _sync_ops(self.graph)
         self._sync_of = {i: s for s, members in self._sync_op.items() for i in members}
         self._incident: list[list[int]] = [[] for _ in range(self.n)]
         for k, e in enumerate(self.graph.edges):
@@ -375,7 +373,7 @@ class Simulator:
             done: list[int] = ready
             if len(devs) > 1:
                 done = self._sync_transfers(out, s, g, devs, shard, ready)
-            done = self._join(out, pack(BWD, self.n - 1 - s, 2, g, _LAST, 0), done)
+            done = self._join(out, pack(BWD, self.n - 1 - s, SYNC_SUB, g, _LAST, 0), done)
             label = f"{update}{g}"
             for d in devs:
                 dur = copies * shard / (self.cm.mem_bw[d] * self.cm.options.memory_efficiency)
@@ -396,7 +394,7 @@ class Simulator:
         device, then pulls. Overheads count the shard's share of a gradient bucket
         (`CostModel.bucket_share`)."""
         r = len(devs)
-        base = (BWD, self.n - 1 - s, 2, g)
+        base = (BWD, self.n - 1 - s, SYNC_SUB, g)
         name = self._names[s]
         share = self.cm.bucket_share(shard)
 
@@ -472,7 +470,7 @@ class Simulator:
         tg = self.tasks
         ops = sorted({i for i, _ in changes})
         edges = sorted({k for i in ops for k in self._incident[i]})
-        syncs = sorted({self._sync_of[i] for i in ops if i in self._sync_of})
+        syncs = sorted({self._sync_of[i] for i in ops})
         old = [t for i in ops for t in self.owned[i]]
         old += [t for k in edges for t in self.edge_tasks[k]]
         old += [t for s in syncs for t in self.sync_tasks[s]]
@@ -505,6 +503,21 @@ class Simulator:
     def makespan(self) -> float:
         """The last end on any device or link (ends grow along each FIFO order)."""
         return self.tasks.makespan()
+
+    def phase_ends(self) -> tuple[float, float]:
+        """(the last end of a forward task, the last end of a backward task that is not
+        parameter sync): one micro-batch's forward and backward on a pipeline chunk
+        (`planner.pipeline.stages`); the makespan adds what is left of sync and updates."""
+        tg = self.tasks
+        forward = backward = 0.0
+        for t in tg.order:
+            key = tg.key[t]
+            phase = key >> PHASE_SHIFT
+            if phase == FWD:
+                forward = max(forward, tg.end[t])
+            elif phase == BWD and ((key >> SUB_SHIFT) & 15) - 1 != SYNC_SUB:
+                backward = max(backward, tg.end[t])
+        return forward, backward
 
     @property
     def num_tasks(self) -> int:

@@ -37,6 +37,10 @@ _WIDTHS = (2, 24, 4, 24, 40, 16)
 _BIAS = (0, 0, 1, 0, 0, 1)
 
 
+PHASE_SHIFT = sum(_WIDTHS[1:])  # key >> PHASE_SHIFT: the phase
+SUB_SHIFT = sum(_WIDTHS[3:])  # (key >> SUB_SHIFT) & 15, less 1: the sub-step
+
+
 def pack(phase: int, op: int, sub: int, index: int, pair: int, hop: int) -> int:
     """One int that orders like the tuple (phase, op, sub, index, pair, hop) (widths in
     `_WIDTHS`; sub and hop may be -1)."""

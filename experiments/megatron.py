@@ -18,7 +18,11 @@ size 1 to 8, data parallel over the rest):
    the same optimizer and devices; no ZeRO, as Megatron-LM), simulate its answer and print
    its throughput and what it chose.
 
-Rows 5-10 need pipeline parallelism; they are listed and skipped. Writes `megatron.csv`,
+Rows 5-10 (39.1B to 1T, pipelines of 2 to 64 stages): the published configuration, tensor
+parallelism of 8 inside each node, data parallelism across a stage's nodes, the row's stages
+over consecutive nodes, with the micro-batches and schedule the run used (`PIPELINE_RUNS`),
+simulated as a pipeline (`planner.pipeline`): one micro-batch's GPT captured, each stage's
+micro-batch costs from FlexFlow's simulator, the schedule's timeline. Writes `megatron.csv`,
 `megatron.json` and `megatron.png` (published, predicted and planned TFLOP/s per GPU by row)
 to `--out` (default results/megatron). docs/megatron.md has the table and how to read it.
 """
@@ -82,6 +86,30 @@ TABLE1 = (
     Row(9, 529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 52, 410.2),
     Row(10, 1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 52, 502.0),
 )
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """How a pipelined row ran (Megatron-LM's examples/sc21/run_table_1.sh: the paper lists
+    no micro-batch sizes): samples per data-parallel replica per micro-batch, the schedule,
+    and model chunks per stage (v > 1: interleaved, `--num-layers-per-virtual-pipeline-stage`)."""
+
+    micro_batch: int
+    schedule: str
+    virtual: int = 1
+
+    def micro_batches(self, row: Row) -> int:
+        return row.batch // (self.micro_batch * row.data)
+
+
+PIPELINE_RUNS = {
+    5: PipelineRun(4, "1f1b"),
+    6: PipelineRun(2, "interleaved", 3),
+    7: PipelineRun(2, "interleaved", 2),
+    8: PipelineRun(1, "interleaved", 2),
+    9: PipelineRun(1, "interleaved", 3),
+    10: PipelineRun(1, "1f1b"),
+}
 
 # Megatron-LM's attention of 2021: unfused kernels that write the (sequence x sequence) scores
 # to memory, scale, mask, softmax and dropout them and read them back. FlashAttention, which
@@ -158,6 +186,45 @@ def simulate_published(row: Row, graph: Any, devices: Any) -> dict[str, Any]:
     }
 
 
+def simulate_published_pipeline(
+    row: Row, devices: Any, run: PipelineRun | None = None
+) -> dict[str, Any]:
+    """A pipelined row's published configuration (tensor parallelism inside each node, data
+    parallelism across the nodes of a stage, `row.pipeline` stages of consecutive nodes, the
+    run's micro-batches and schedule: `PIPELINE_RUNS`), simulated: the GPT is captured at one
+    micro-batch (`micro_batch` samples per replica) and its step is the schedule's timeline
+    (`planner.pipeline.stages.simulate_pipelined`)."""
+    from planner.costs.costmodel import CostModel, CostOptions
+    from planner.pipeline.layouts import pipelined
+    from planner.pipeline.stages import simulate_pipelined
+    from planner.problems.baselines import megatron
+
+    run = run or PIPELINE_RUNS[row.row]
+    m = run.micro_batches(row)
+    graph = build_gpt(row, batch=run.micro_batch * row.data)
+    cm = CostModel(graph, devices, CostOptions(**TRAINING))  # type: ignore[arg-type]
+    ps = pipelined(
+        graph,
+        devices,
+        row.pipeline,
+        m,
+        lambda g, d: megatron(g, d, row.tensor),
+        run.schedule,
+        run.virtual,
+    )
+    timeline = simulate_pipelined(cm, ps)
+    step = timeline.makespan
+    return {
+        "step_seconds": step,
+        "tflops_predicted": eq3_flops(row) / step / row.gpus / 1e12,
+        "peak_gib": max(timeline.peak_bytes) / 2**30,
+        "micro_batch": run.micro_batch,
+        "micro_batches": m,
+        "schedule": run.schedule if run.virtual == 1 else f"{run.schedule} v={run.virtual}",
+        "bubble": timeline.bubble,
+    }
+
+
 def plan_row(row: Row, graph: Any, devices: Any, time_limit: float, seed: int) -> dict[str, Any]:
     """The planner's own answer for the row, simulated with the same cost options."""
     import planner
@@ -225,9 +292,18 @@ def run(
         rec["eq2_billions"] = eq2_params(row) / 1e9
         rec["eq3_flops"] = eq3_flops(row)
         if row.pipeline > 1:
-            rec["skipped"] = "needs pipeline parallelism"
-            print(f"row {row.row}: {row.billions}B on {row.gpus} GPUs: skipped (pipeline "
-                  f"parallelism of {row.pipeline} stages)", file=sys.stderr, flush=True)  # fmt: skip
+            t0 = time.perf_counter()
+            devices = selene(row.gpus // 8, attention)
+            rec.update(simulate_published_pipeline(row, devices))
+            rec["simulate_seconds"] = time.perf_counter() - t0
+            rec["error"] = rec["tflops_predicted"] / row.tflops - 1
+            line = (
+                f"row {row.row}: {row.billions}B, TP {row.tensor} x PP {row.pipeline} x DP "
+                f"{row.data} on {row.gpus} GPUs, {rec['micro_batches']} micro-batches "
+                f"({rec['schedule']}): published {row.tflops:.0f}, predicted "
+                f"{rec['tflops_predicted']:.1f} TFLOP/s per GPU ({rec['error']:+.1%})"
+            )
+            print(line, file=sys.stderr, flush=True)
             out.append(rec)
             continue
         t0 = time.perf_counter()
@@ -260,26 +336,27 @@ COLUMNS = (
     "row", "billions", "eq2_billions", "tensor", "data", "gpus", "batch", "tflops",
     "tflops_predicted", "error", "step_seconds", "peak_gib", "plan_tflops",
     "plan_step_seconds", "plan_peak_gib", "plan_recompute", "plan_zero", "plan_status",
-    "plan_seconds", "plan_layout", "skipped",
+    "plan_seconds", "plan_layout", "pipeline", "micro_batch", "micro_batches", "schedule",
+    "bubble",
 )  # fmt: skip
 
 
 def table(records: Sequence[dict[str, Any]]) -> str:
     """The markdown table the docs show."""
     head = (
-        "| row | model | TP x DP | GPUs | batch | published TFLOP/s | predicted | error "
-        "| planned | recomputed blocks | planner's layout (first block) |\n| --- | --- | --- "
-        "| --- | --- | --- | --- | --- | --- | --- | --- |"
+        "| row | model | TP x PP x DP | GPUs | batch | micro-batches | published TFLOP/s "
+        "| predicted | error | planned | recomputed blocks | planner's layout (first block) |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     )
     lines = [head]
     for r in records:
-        if "skipped" in r:
-            continue
         planned = f"{r['plan_tflops']:.1f}" if "plan_tflops" in r else "-"
+        micro = f"{r['micro_batches']} ({r['schedule']})" if "micro_batches" in r else "-"
         lines.append(
-            f"| {r['row']} | {r['billions']}B | {r['tensor']} x {r['gpus'] // r['tensor']} "
-            f"| {r['gpus']} | {r['batch']} | {r['tflops']:.0f} | {r['tflops_predicted']:.1f} "
-            f"| {r['error']:+.1%} | {planned} | {recomputed(r)} | {r.get('plan_layout', '-')} |"
+            f"| {r['row']} | {r['billions']}B | {r['tensor']} x {r['pipeline']} x "
+            f"{r['gpus'] // (r['tensor'] * r['pipeline'])} | {r['gpus']} | {r['batch']} | {micro} "
+            f"| {r['tflops']:.0f} | {r['tflops_predicted']:.1f} | {r['error']:+.1%} | {planned} "
+            f"| {recomputed(r)} | {r.get('plan_layout', '-')} |"
         )
     return "\n".join(lines)
 
@@ -311,11 +388,11 @@ def plot(records: Sequence[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [r for r in records if "skipped" not in r]
+    done = list(records)
     if not done:
         return
     x = range(len(done))
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = plt.subplots(figsize=(9.6, 3.8))
     width = 0.27
     ax.bar([i - width for i in x], [r["tflops"] for r in done], width, label="published")
     ax.bar(x, [r["tflops_predicted"] for r in done], width, label="predicted (published layout)")
@@ -325,7 +402,7 @@ def plot(records: Sequence[dict[str, Any]], path: Path) -> None:
     ax.set_xticks(list(x), [f"{r['billions']}B\n{r['gpus']} GPUs" for r in done])
     ax.set_ylabel("TFLOP/s per GPU (Eq. 3)")
     ax.axhline(A100_BF16_PEAK / 1e12, color="grey", lw=0.5)
-    ax.set_title("Megatron-LM (SC'21) Table 1, rows without pipelines")
+    ax.set_title("Megatron-LM (SC'21) Table 1")
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -339,8 +416,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         nargs="+",
         type=int,
         choices=[r.row for r in TABLE1],
-        default=[1, 2, 3, 4],
-        help="rows of Table 1 (default: 1 2 3 4, the ones without pipelines)",
+        default=[r.row for r in TABLE1],
+        help="rows of Table 1 (default: all; 5-10 use pipelines)",
     )
     p.add_argument("--no-search", action="store_true", help="only the published configurations")
     p.add_argument(

@@ -78,16 +78,25 @@ def test_the_published_layout_pairs_columns_with_rows_inside_each_node() -> None
         megatron(exp.build_gpt(tiny(batch=8)), devices, 1)
 
 
-def test_the_experiment_predicts_row_throughput_and_writes_its_files(tmp_path: Path) -> None:
+def test_the_experiment_predicts_row_throughput_and_writes_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     row = tiny(batch=32)
     graph = exp.build_gpt(row)
     out = exp.simulate_published(row, graph, exp.selene(row.gpus // 8))
     assert 0 < out["tflops_predicted"] < 312 and out["peak_gib"] > 0
-    # a pipeline row is listed and skipped; the files are written all the same
-    assert exp.main(["--rows", "5", "--out", str(tmp_path)]) == 0
+    # a pipelined row: TP 8 x PP 2 on two nodes, 8 micro-batches of 2 samples
+    piped = dataclasses.replace(exp.TABLE1[4], layers=4, hidden=64, heads=4, batch=16, gpus=16)
+    run = exp.PipelineRun(2, "1f1b")
+    out = exp.simulate_published_pipeline(piped, exp.selene(2), run)
+    assert out["micro_batches"] == 8 and 0 < out["tflops_predicted"] < 312
+    assert 0 < out["bubble"] < 1 and out["peak_gib"] > 0
+    monkeypatch.setattr(exp, "TABLE1", (tiny(batch=32), piped))
+    monkeypatch.setattr(exp, "PIPELINE_RUNS", {5: run})
+    assert exp.main(["--rows", "1", "5", "--no-search", "--out", str(tmp_path)]) == 0
     saved = json.loads((tmp_path / "megatron.json").read_text())
-    assert saved["rows"][0]["skipped"] == "needs pipeline parallelism"
-    assert (tmp_path / "megatron.csv").exists()
+    assert [r["row"] for r in saved["rows"]] == [1, 5] and saved["rows"][1]["micro_batches"] == 8
+    assert (tmp_path / "megatron.csv").exists() and (tmp_path / "megatron.png").exists()
 
 
 def test_selene_lowers_only_the_attention_fraction() -> None:

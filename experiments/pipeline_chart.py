@@ -35,6 +35,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in ("stages", "chunks", "micro_batches", "layers", "batch"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    from planner.pipeline.schedule import check_schedule
+
+    check_schedule(args.schedule, args.stages, args.micro_batches, args.chunks)  # before capture
+    if args.layers % (args.stages * args.chunks):
+        p.error(
+            f"{args.layers} blocks, which do not cut into {args.stages * args.chunks} chunks of "
+            "equally many: use --layers a multiple of --stages x --chunks"
+        )
+    if args.batch % args.micro_batches:
+        p.error(f"--micro-batches {args.micro_batches} must divide --batch {args.batch}")
     return args
 
 

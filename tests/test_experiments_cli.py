@@ -37,6 +37,21 @@ CASES: dict[str, tuple[str, list[str], str]] = {
     "megatron: no such row": ("megatron", ["--rows", "11"], "invalid choice"),
     "megatron: zero time limit": ("megatron", ["--time-limit", "0"], "--time-limit"),
     "megatron: attention above peak": ("megatron", ["--attention-efficiency", "2"], "(0, 1]"),
+    "pipeline chart: no stages": (
+        "pipeline_chart",
+        ["--stages", "0"],
+        "--stages must be at least 1",
+    ),
+    "pipeline chart: blocks that do not cut": (
+        "pipeline_chart",
+        ["--layers", "6", "--stages", "4"],
+        "6 blocks, which do not cut into 4 chunks",
+    ),
+    "pipeline chart: interleaved rounds": (
+        "pipeline_chart",
+        ["--schedule", "interleaved", "--chunks", "2", "--micro-batches", "6"],
+        "not a multiple of 4",
+    ),
 }
 
 

@@ -159,3 +159,16 @@ def test_bad_input_is_one_error_line(
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
     assert not any(tmp_path.iterdir())
+
+
+def test_pipeline_chart_draws_a_one_f_one_b_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from experiments import pipeline_chart
+
+    out = tmp_path / "chart.png"
+    argv = ["--stages", "2", "--layers", "2", "--batch", "8", "--micro-batches", "4"]
+    assert pipeline_chart.main([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert out.stat().st_size > 0 and "1f1b: 2 stages x 1 chunks, 4 micro-batches" in printed
+    assert "closed form on uniform stages with free messages 20.0%" in printed

@@ -11,6 +11,7 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -33,7 +34,13 @@ from runtime.run import EXIT_BAD_INPUT, main
 
 F64 = runtime.RunOptions(steps=2, dtype="float64", lr=0.1, check=True, timeout=60)
 LENET = runtime.ModelSpec("lenet5", 8, {})
-GPT_SIZES = {"seq": 16, "n_head": 2, "n_embd": 32, "vocab_size": 128, "block_size": 16}
+GPT_SIZES: dict[str, Any] = {
+    "seq": 16,
+    "n_head": 2,
+    "n_embd": 32,
+    "vocab_size": 128,
+    "block_size": 16,
+}
 
 
 def gpt(layers: int) -> runtime.ModelSpec:

@@ -18,12 +18,15 @@ All ranks visit the ops in the same order and block only on data that an earlier
 order) produces, so the exchange cannot deadlock. Message tags are the transfers' indices
 (backward: plus `plan.backward_offset`). With `ordered=True` each edge's messages are instead
 exchanged by all its ranks together, in one global order (see `_exchange`).
+
+A pipeline (`runtime.pipeline.PipelineExecutor`) runs the same per-op steps (`_forward_op`,
+`_backward_op`) one chunk and micro-batch at a time, in its schedule's order.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -124,9 +127,17 @@ class Executor:
         self.sync = GradientSync(plan, rank, params, device, dtype, groups, self._wait, zero)
         self.recv_plan = {False: self._recv_plan(False), True: self._recv_plan(True)}
         self.msg_spec = {
-            tag: (shape, dtype) for p in self.recv_plan.values() for tag, _, shape, dtype in p
+            tag: (shape, dtype) for p in self.recv_plan.values() for tag, _, shape, dtype, _ in p
         }
         self.sink_index = {i: k for k, i in enumerate(plan.sinks)}
+        self.input_index = {
+            o.index: k for k, o in enumerate(o for o in plan.ops if o.op.kind == "input")
+        }
+        # A pipeline (runtime.pipeline) runs m micro-batches of this plan's graph per step:
+        # each loss part is then its share of an m times larger batch, and the messages of
+        # micro-batch k have tags offset by tag_base = k * 2 * plan.backward_offset.
+        self.micro_batches = 1
+        self.tag_base = 0
         rec = recomputed_ops(self.graph, recompute).block
         self.recomputed = frozenset(rec)  # ops whose tasks run their forward again
         self.task_forwards = 0  # kernel forwards run by this rank's tasks (recomputed: twice)
@@ -149,18 +160,25 @@ class Executor:
         t1 = time.perf_counter()
         before = self.task_forwards
         self.backward()
-        self.recomputed_tasks.append(self.task_forwards - before)
-        t2 = time.perf_counter()
+        self._finish_step(t1 - t0, time.perf_counter() - t1, self.task_forwards - before)
+        return loss
+
+    def _finish_step(
+        self, forward: float, backward: float, recomputed: int, since: float | None = None
+    ) -> None:
+        """Wait for the sends, complete the gradient sums, take the SGD step, and record the
+        step's phase seconds (sync + update from `since`, by default now) and the task
+        forwards its backward ran again."""
+        t = time.perf_counter() if since is None else since
+        self.recomputed_tasks.append(recomputed)
         self.status.set(self.step_index, SYNC)
         for work, _ in self.sends:
             self._wait(work)
         self.sends = []
         self.sync.finish_and_update(self.lr)
-        t3 = time.perf_counter()
-        self.phase_seconds.append((t1 - t0, t2 - t1, t3 - t2, self.waited))
+        self.phase_seconds.append((forward, backward, time.perf_counter() - t, self.waited))
         self.waited = 0.0
         self.step_index += 1
-        return loss
 
     def shard_state(self) -> dict[ShardKey, torch.Tensor]:
         return self.sync.state()
@@ -172,26 +190,29 @@ class Executor:
         self.leaves: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
         self.losses: dict[int, torch.Tensor] = {}
         self.recvs = {} if self.ordered else self._post_recvs(backward=False)
-        input_k = 0
         for o in self.plan.ops:
-            i, t = o.index, self.task[o.index]
-            if o.op.kind == "input":
-                input_k += 1
             if self.ordered:
                 self._exchange(o, backward=False)
-            if t is None:
-                continue
-            self.status.set(self.step_index, FORWARD, i)
-            if o.op.kind == "input":
-                full = tuple((0, s) for s in o.op.output.sizes)
-                x = inputs[input_k - 1][_rel(o.plans[t].out_box, full)]
-                outs: tuple[torch.Tensor, ...] = (x.to(self.device),)
-            else:
-                outs = self._forward_task(o, t, targets)
-            self.out[i] = outs
-            if not self.ordered:
-                self._send(self.plan.out_of.get((i, t), ()), outs, o.plans[t].out_box)
+            self._forward_op(o, inputs, targets)
         return float(sum(float(v.detach()) for v in self.losses.values()))
+
+    def _forward_op(
+        self, o: OpExec, inputs: Sequence[torch.Tensor], targets: Sequence[torch.Tensor]
+    ) -> None:
+        """This rank's task of op o, if any: its output, sent to consumers on other ranks."""
+        i, t = o.index, self.task[o.index]
+        if t is None:
+            return
+        self.status.set(self.step_index, FORWARD, i)
+        if o.op.kind == "input":
+            full = tuple((0, s) for s in o.op.output.sizes)
+            x = inputs[self.input_index[i]][_rel(o.plans[t].out_box, full)]
+            outs: tuple[torch.Tensor, ...] = (x.to(self.device),)
+        else:
+            outs = self._forward_task(o, t, targets)
+        self.out[i] = outs
+        if not self.ordered:
+            self._send(self.plan.out_of.get((i, t), ()), outs, o.plans[t].out_box)
 
     def _forward_task(
         self, o: OpExec, t: int, targets: Sequence[torch.Tensor]
@@ -237,7 +258,8 @@ class Executor:
         dims = o.op.output.dims
         box = tuple(r for d, r in zip(dims, plan.out_box, strict=True) if d != CHANNEL)
         tbox = target[tuple(slice(a, b) for a, b in box)].to(self.device)
-        return nll_part(y, tbox, dims.index(CHANNEL), target.numel(), log_head(o.op))
+        count = target.numel() * self.micro_batches  # the positions of the whole batch
+        return nll_part(y, tbox, dims.index(CHANNEL), count, log_head(o.op))
 
     def _gather(self, edge: int, task: int, need: Box, c: int) -> torch.Tensor:
         """The consumer task's box `need` of the edge's tensor, from its pieces."""
@@ -258,7 +280,7 @@ class Executor:
     def _piece(self, tr: Transfer, src: OpExec, c: int) -> torch.Tensor:
         if tr.local:
             return self.out[src.index][c][_rel(tr.box, src.plans[tr.src_task].out_box)]
-        work, buf = self.recvs.pop(tr.tag + c)
+        work, buf = self.recvs.pop(self._tag(tr, c))
         self._wait(work)
         return buf
 
@@ -297,13 +319,16 @@ class Executor:
         self.recvs = {} if self.ordered else self._post_recvs(backward=True)
         self.grads: dict[int, list[torch.Tensor | None]] = {}  # op -> its output components
         for o in reversed(self.plan.ops):
-            i, t = o.index, self.task[o.index]
-            if t is not None and o.op.kind != "input":
-                self.status.set(self.step_index, BACKWARD, i)
-                self._backward_task(o, t)
+            self._backward_op(o)
             if self.ordered:
                 self._exchange(o, backward=True)
-            self.sync.launch(i)
+            self.sync.launch(o.index)
+
+    def _backward_op(self, o: OpExec) -> None:
+        t = self.task[o.index]
+        if t is not None and o.op.kind != "input":
+            self.status.set(self.step_index, BACKWARD, o.index)
+            self._backward_task(o, t)
 
     def _backward_task(self, o: OpExec, t: int) -> None:
         i = o.index
@@ -325,7 +350,7 @@ class Executor:
             if tr.local:
                 continue
             for c in range(tr.components):
-                work, buf = self.recvs.pop(self.plan.backward_offset + tr.tag + c)
+                work, buf = self.recvs.pop(self._tag(tr, c, backward=True))
                 self._wait(work)
                 grads[c] = self._accumulate(grads[c], box, tr.box, buf)
         return grads
@@ -358,7 +383,7 @@ class Executor:
                     base = src.plans[tr.src_task].out_box
                     acc[c] = self._accumulate(acc[c], base, tr.box, piece)
                     continue
-                tag = self.plan.backward_offset + tr.tag + c
+                tag = self._tag(tr, c, backward=True)
                 buf = piece.contiguous()
                 if self.ordered:
                     self.outbox[tag] = buf
@@ -367,32 +392,43 @@ class Executor:
 
     # -- communication ---------------------------------------------------------------------------
 
-    def _recv_plan(self, backward: bool) -> list[tuple[int, int, tuple[int, ...], torch.dtype]]:
-        """(tag, peer, shape, dtype) of every message this rank receives in a pass (forward:
-        regions its tasks read; backward: gradients of the regions its tasks sent)."""
+    def _tag(self, tr: Transfer, c: int, backward: bool = False) -> int:
+        """The message tag of component c of a transfer (of the current micro-batch)."""
+        return self.tag_base + (self.plan.backward_offset if backward else 0) + tr.tag + c
+
+    def _recv_plan(
+        self, backward: bool
+    ) -> list[tuple[int, int, tuple[int, ...], torch.dtype, int]]:
+        """(tag, peer, shape, dtype, op) of every message this rank receives in a pass
+        (forward: regions its tasks of op read; backward: gradients of the regions its tasks
+        of op sent), tags of micro-batch 0."""
         out = []
         offset = self.plan.backward_offset if backward else 0
         for tr in self.plan.transfers:
             if tr.local:
                 continue
-            src = self.plan.ops[self.graph.edges[tr.edge].src]
+            e = self.graph.edges[tr.edge]
+            src = self.plan.ops[e.src]
             if backward:
                 if tr.src_rank != self.rank or src.op.kind == "input":
                     continue
-                peer, dtype = tr.dst_rank, self.dtype
+                peer, dtype, op = tr.dst_rank, self.dtype, e.src
             else:
                 if tr.dst_rank != self.rank:
                     continue
-                peer, dtype = tr.src_rank, self._dtype(src)
+                peer, dtype, op = tr.src_rank, self._dtype(src), e.dst
             for c in range(tr.components):
-                out.append((offset + tr.tag + c, peer, _shape(tr.box), dtype))
+                out.append((offset + tr.tag + c, peer, _shape(tr.box), dtype, op))
         return out
 
-    def _post_recvs(self, backward: bool) -> dict[int, Message]:
-        """Eager mode: post every receive of the pass at its start."""
+    def _post_recvs(self, backward: bool, ops: Container[int] | None = None) -> dict[int, Message]:
+        """Eager mode: post every receive of the pass (of `ops` only, if given) at its start."""
         out: dict[int, Message] = {}
-        for tag, peer, shape, dtype in self.recv_plan[backward]:
+        for tag, peer, shape, dtype, op in self.recv_plan[backward]:
+            if ops is not None and op not in ops:
+                continue
             buf = torch.empty(shape, dtype=dtype, device=self.device)
+            tag += self.tag_base
             out[tag] = (dist.irecv(buf, peer, tag=tag), buf)
         return out
 
@@ -403,7 +439,7 @@ class Executor:
                 continue
             for c in range(tr.components):
                 buf = outs[c].detach()[_rel(tr.box, base)].contiguous()
-                self.sends.append((dist.isend(buf, tr.dst_rank, tag=tr.tag + c), buf))
+                self.sends.append((dist.isend(buf, tr.dst_rank, tag=self._tag(tr, c)), buf))
 
     def _exchange(self, o: OpExec, backward: bool) -> None:
         """Ordered mode: every rank posts its sends and receives of op o's input edges

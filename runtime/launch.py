@@ -35,9 +35,11 @@ import torch.distributed as dist
 
 from planner.errors import GraphError, LayerwiseError
 from planner.graph.opgraph import OpGraph
+from planner.pipeline.spec import Pipeline, PipelinedStrategy, micro_batch_graph
 from planner.problems.strategy import Strategy
 from runtime.executor import PHASES, Status
 from runtime.models import as_model, model_key, model_to_job
+from runtime.pipeline import check_pipelined, full_batch_graph
 from runtime.plan import ExecPlan, RuntimeConfigError, ShardKey, build_plan
 from runtime.reference import (
     DTYPES,
@@ -81,7 +83,7 @@ class RunResult:
     step_seconds: list[float]  # per step, the slowest rank's time
     losses: list[float]  # the total loss of each step (before its update)
     warmup: int
-    transfer_bytes: int  # bytes sent between ranks per forward pass
+    transfer_bytes: int  # bytes sent between ranks per forward pass (of all m micro-batches)
     # per rank, median over the timed steps of (forward, backward, sync + update, waiting)
     phase_seconds: list[tuple[float, ...]] = field(default_factory=list)
     # per step, the task forwards all ranks ran again in the backward (recompute="full")
@@ -125,9 +127,14 @@ class RunResult:
 
 
 def prepare(
-    strategy: Strategy, model: Model | None, options: RunOptions, world: int | None = None
+    strategy: Strategy,
+    model: Model | None,
+    options: RunOptions,
+    world: int | None = None,
+    pipeline: Pipeline | None = None,
 ) -> tuple[int, ExecPlan]:
-    """Every check that can fail before spawning: options, world size, model, the plan."""
+    """Every check that can fail before spawning: options, world size, model, the plan
+    (with a pipeline: `strategy` is one micro-batch's, and what a pipelined run refuses)."""
     options.validate()
     n = strategy.devices.num_devices
     world = n if world is None else world
@@ -144,16 +151,22 @@ def prepare(
             "runtime.run_strategy)"
         )
     if model is not None:
-        fingerprint = _model_fingerprint(model)
-        if fingerprint != strategy.graph.fingerprint():
+        graph = _model_graph(model)
+        ours, of = graph, model.describe()
+        if pipeline is not None:
+            ours = micro_batch_graph(graph, pipeline.micro_batches)
+            of = f"one of {pipeline.micro_batches} micro-batches of {of}"
+        if ours.fingerprint() != strategy.graph.fingerprint():
             raise RuntimeConfigError(
                 f"the strategy's graph (fingerprint {strategy.graph.fingerprint()}) is not the "
-                f"graph of {model.describe()} (fingerprint {fingerprint})"
+                f"graph of {of} (fingerprint {ours.fingerprint()})"
             )
         if options.check or any(op.kind == "attention" for op in strategy.graph.ops):
-            _check_kinds(model, strategy.graph, options.seed)
+            _check_kinds(model, graph, options.seed)
     if options.backend == "nccl" and torch.cuda.device_count() < 1:
         raise RuntimeConfigError("backend nccl needs CUDA devices; this machine has none")
+    if pipeline is not None:
+        check_pipelined(strategy.graph, pipeline, options.ordered)
     return world, build_plan(strategy)
 
 
@@ -182,48 +195,49 @@ def _check_kinds(model: Model, graph: OpGraph, seed: int) -> None:
     _CHECKED.add(key)
 
 
-_FINGERPRINTS: dict[str, str] = {}
+_GRAPHS: dict[str, OpGraph] = {}
 _REFERENCES: dict[tuple[Any, ...], ReferenceResult] = {}
 
 
-def _model_fingerprint(model: Model) -> str:
-    """The fingerprint of the model's graph (captured once per process)."""
+def _model_graph(model: Model) -> OpGraph:
+    """The model's graph (captured once per process)."""
     key = model_key(model)
-    if key not in _FINGERPRINTS:
-        _FINGERPRINTS[key] = model.graph().fingerprint()
-    return _FINGERPRINTS[key]
+    if key not in _GRAPHS:
+        _GRAPHS[key] = model.graph()
+    return _GRAPHS[key]
 
 
-def _reference(model: Model, plan: ExecPlan, options: RunOptions) -> ReferenceResult:
-    """Single-process training (computed once per process for the same model and options)."""
+def _reference(model: Model, graph: OpGraph, options: RunOptions) -> ReferenceResult:
+    """Single-process training of the whole batch of `graph` (computed once per process for
+    the same model and options)."""
     key = (model_key(model), options.steps, options.lr, options.seed, options.dtype)
     if key not in _REFERENCES:
         dtype = DTYPES[options.dtype]
         log.info("single-process reference: %s, %d steps", model.describe(), options.steps)
-        ref = reference_train(model, plan.graph, options.steps, options.lr, options.seed, dtype)
+        ref = reference_train(model, graph, options.steps, options.lr, options.seed, dtype)
         _REFERENCES.clear()  # keep one: references of big models are big
         _REFERENCES[key] = ref
     return _REFERENCES[key]
 
 
 def run_strategy(
-    strategy: Strategy,
+    strategy: Strategy | PipelinedStrategy,
     model: Model | Any = None,
     options: RunOptions | None = None,
     world: int | None = None,
 ) -> RunResult:
     """Train `options.steps` steps of `strategy` on local worker processes.
 
+    strategy: a `Strategy`, or a `PipelinedStrategy` (one micro-batch's strategy and its
+    pipeline: each step runs m micro-batches in the schedule's order, runtime.pipeline).
     model: the model the strategy was planned for: a `ModelSpec` (zoo or factory; a plan
     file's `"model"`), the `nn.Module` itself (its current parameters are the initial ones),
     or None (seeded random parameters; no `check`)."""
     options = options or RunOptions()
-    model = as_model(model, strategy.graph)
-    world, plan = prepare(strategy, model, options, world)
-    job = Job(strategy.to_json(), model_to_job(model), options)
+    world, plan, model, job = _prepare_job(strategy, model, options, world)
     log.info(
         "%s on %d local workers (%s, %s): %d steps, %d transfers per forward pass",
-        strategy.graph.name,
+        plan.graph.name,
         world,
         options.backend,
         options.dtype,
@@ -235,11 +249,37 @@ def run_strategy(
         results = [
             torch.load(Path(tmp) / f"result-{r}.pt", weights_only=False) for r in range(world)
         ]
-    return _finish(plan, model, options, results)
+    return _finish(plan, model, options, results, _micro_batches(job))
+
+
+def _prepare_job(
+    strategy: Strategy | PipelinedStrategy,
+    model: Model | Any,
+    options: RunOptions,
+    world: int | None,
+) -> tuple[int, ExecPlan, Model | None, Job]:
+    """`prepare`, and the job every worker receives."""
+    if isinstance(strategy, PipelinedStrategy):
+        plain, pipeline = strategy.strategy, strategy.pipeline
+    else:
+        plain, pipeline = strategy, None
+    m = 1 if pipeline is None else pipeline.micro_batches
+    model = as_model(model, plain.graph, m)
+    world, plan = prepare(plain, model, options, world, pipeline)
+    piped = None if pipeline is None else pipeline.to_json()
+    return world, plan, model, Job(plain.to_json(), model_to_job(model), options, piped)
+
+
+def _micro_batches(job: Job) -> int:
+    return 1 if job.pipeline is None else int(job.pipeline["micro_batches"])
 
 
 def _finish(
-    plan: ExecPlan, model: Model | None, options: RunOptions, results: Sequence[dict[str, Any]]
+    plan: ExecPlan,
+    model: Model | None,
+    options: RunOptions,
+    results: Sequence[dict[str, Any]],
+    micro_batches: int = 1,
 ) -> RunResult:
     steps = options.steps
     losses = [sum(r["losses"][s] for r in results) for s in range(steps)]
@@ -254,14 +294,15 @@ def _finish(
         step_seconds=step_seconds,
         losses=losses,
         warmup=skip,
-        transfer_bytes=plan.transfer_bytes(torch.finfo(DTYPES[options.dtype]).bits // 8),
+        transfer_bytes=micro_batches
+        * plan.transfer_bytes(torch.finfo(DTYPES[options.dtype]).bits // 8),
         phase_seconds=phases,
         recomputed_tasks=[sum(r["recomputed"][s] for r in results) for s in range(steps)],
     )
     if options.check:
         assert model is not None
         params, replica_dev = assemble_params(plan, [r["shards"] for r in results])
-        ref = _reference(model, plan, options)
+        ref = _reference(model, full_batch_graph(plan.graph, micro_batches), options)
         out.params = params
         out.deviation = {**deviation(losses, params, ref), "replica_deviation": replica_dev}
     return out
@@ -476,16 +517,16 @@ def _stop(procs: list[Any]) -> None:
 # -- torchrun --------------------------------------------------------------------------------------
 
 
-def torchrun_main(strategy: Strategy, model: Model | Any, options: RunOptions) -> RunResult | None:
+def torchrun_main(
+    strategy: Strategy | PipelinedStrategy, model: Model | Any, options: RunOptions
+) -> RunResult | None:
     """One process of a torchrun launch; returns the result on rank 0, None elsewhere."""
     world = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
-    model = as_model(model, strategy.graph)
-    _, plan = prepare(strategy, model, options, world)
+    _, plan, model, job = _prepare_job(strategy, model, options, world)
     torch.set_num_threads(int(os.environ.get("LAYERWISE_THREADS", "1")))
     dist.init_process_group(options.backend, timeout=timedelta(seconds=2 * options.timeout + 10))
     try:
-        job = Job(strategy.to_json(), model_to_job(model), options)
         result = session(job, rank, world, Status(None, rank))
         gathered: list[Any] | None = [None] * world if rank == 0 else None
         dist.gather_object(result, gathered, dst=0)
@@ -494,4 +535,4 @@ def torchrun_main(strategy: Strategy, model: Model | Any, options: RunOptions) -
     if rank != 0:
         return None
     assert gathered is not None
-    return _finish(plan, model, options, gathered)
+    return _finish(plan, model, options, gathered, _micro_batches(job))

@@ -23,6 +23,8 @@ from torch import nn
 from planner.errors import LayerwiseError
 from planner.graph.models import InputSpec, ModelSpec, prepare_for_training
 from planner.graph.opgraph import OpGraph
+from planner.graph.opkinds import SAMPLE
+from planner.pipeline.spec import micro_batch_graph
 from runtime.plan import RuntimeConfigError
 from runtime.reference import Model
 
@@ -40,10 +42,12 @@ class ModuleModel:
     coarsen: bool = True
 
     @classmethod
-    def of(cls, module: nn.Module, graph: OpGraph) -> ModuleModel:
+    def of(cls, module: nn.Module, graph: OpGraph, micro_batches: int = 1) -> ModuleModel:
         """The model of `module` for a strategy whose graph is `graph` (checked: the module
-        captured with inputs of the graph's input shapes gives that graph, coarsened or not)."""
-        inputs = _graph_inputs(graph)
+        captured with inputs of the graph's input shapes gives that graph, coarsened or not).
+        With `micro_batches` m, `graph` is one micro-batch's: the module takes m times the
+        samples, and its graph's micro-batch graph is compared."""
+        inputs = _graph_inputs(graph, micro_batches)
         buf = io.BytesIO()
         try:
             torch.save(module, buf)
@@ -54,7 +58,7 @@ class ModuleModel:
             ) from None
         for coarsen in (True, False):
             model = cls(graph.name, buf.getvalue(), inputs, coarsen)
-            if model.graph().fingerprint() == graph.fingerprint():
+            if micro_batch_graph(model.graph(), micro_batches).fingerprint() == graph.fingerprint():
                 return model
         raise RuntimeConfigError(
             f"the strategy's graph {graph.name!r} is not the graph of this {type(module).__name__} "
@@ -92,9 +96,10 @@ class ModuleModel:
         return f"module {self.name!r}"
 
 
-def _graph_inputs(graph: OpGraph) -> tuple[InputSpec, ...]:
+def _graph_inputs(graph: OpGraph, micro_batches: int = 1) -> tuple[InputSpec, ...]:
     """Input shapes and dtypes from the graph's input ops (tokens read by an embedding are
-    int64; other inputs have the float size recorded in the graph)."""
+    int64; other inputs have the float size recorded in the graph), with `micro_batches`
+    times their samples."""
     floats = {2: "float16", 4: "float32", 8: "float64"}
     out = []
     for i, op in enumerate(graph.ops):
@@ -102,16 +107,18 @@ def _graph_inputs(graph: OpGraph) -> tuple[InputSpec, ...]:
             continue
         tokens = any(graph.ops[c].kind == "embedding" for c in graph.consumers[i])
         dtype = "int64" if tokens else floats.get(op.output.dtype_bytes, "float32")
-        out.append(InputSpec(tuple(op.output.sizes), dtype))
+        shape = (s * micro_batches if d == SAMPLE else s for d, s in op.output.shape)
+        out.append(InputSpec(tuple(shape), dtype))
     return tuple(out)
 
 
-def as_model(model: Any, graph: OpGraph) -> Model | None:
-    """The runtime's model for what a user passed: None, a ModelSpec, or an nn.Module."""
+def as_model(model: Any, graph: OpGraph, micro_batches: int = 1) -> Model | None:
+    """The runtime's model for what a user passed: None, a ModelSpec, or an nn.Module (for
+    a strategy of `graph`; one of `micro_batches` micro-batches' graph in a pipeline)."""
     if model is None or isinstance(model, ModelSpec | ModuleModel):
         return model  # type: ignore[no-any-return]
     if isinstance(model, nn.Module):
-        return ModuleModel.of(model, graph)
+        return ModuleModel.of(model, graph, micro_batches)
     raise RuntimeConfigError(
         f"model must be a ModelSpec, an nn.Module or None, got {type(model).__name__}"
     )

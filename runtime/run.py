@@ -9,7 +9,8 @@ the file, its fingerprints, the model or the world size is one `error:` line bef
 process starts (exit status 2); a worker that fails, or a loss or parameter that becomes
 non-finite, is reported by rank (exit status 1); with --check, a deviation above the
 tolerance (by dtype, TOLERANCE; or --tolerance) is one `error:` line after the report (exit
-status 3).
+status 3). A file with a `pipeline` section (`planner.pipeline.spec.PipelinedStrategy`) runs
+its m micro-batches per step in the pipeline's schedule (runtime.pipeline).
 """
 
 from __future__ import annotations
@@ -123,11 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from planner.graph.models import ModelSpec
-    from planner.problems.strategy import load_strategy
+    from planner.pipeline.spec import PipelinedStrategy, load_planned
     from runtime.launch import RunOptions, run_strategy, torchrun_main
 
-    try:
-        strategy, data = load_strategy(args.strategy)
+    try:  # a file with a "pipeline" section runs pipelined (runtime.pipeline)
+        strategy, data = load_planned(args.strategy)
     except (TypeError, KeyError, AttributeError) as exc:
         raise LayerwiseError(f"strategy file {args.strategy} is malformed: {exc}") from None
     model = ModelSpec.from_json(data.get("graph", {}).get("model"))
@@ -153,7 +154,8 @@ def _run(args: argparse.Namespace) -> int:
     else:
         result = run_strategy(strategy, model, options, args.world)
     summary = result.summary()
-    _report(summary, strategy.graph.name, args)
+    plain = strategy.strategy if isinstance(strategy, PipelinedStrategy) else strategy
+    _report(summary, plain.graph.name, args)
     deviation = summary["max_deviation"]
     tolerance = args.tolerance if args.tolerance is not None else TOLERANCE[args.dtype]
     if deviation is not None and not deviation <= tolerance:

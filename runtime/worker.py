@@ -23,9 +23,11 @@ import torch
 import torch.distributed as dist
 
 from planner.costs.recompute import recompute_error
+from planner.pipeline.spec import Pipeline
 from planner.problems.strategy import strategy_from_json
 from runtime.executor import DONE, INIT, Executor, Status
 from runtime.models import model_from_job
+from runtime.pipeline import PipelineExecutor, full_batch_graph
 from runtime.plan import ExecPlan, RuntimeConfigError, build_plan
 from runtime.reference import (
     DTYPES,
@@ -106,6 +108,7 @@ class Job:
     strategy: dict[str, Any]  # Strategy.to_json()
     model: dict[str, Any] | None
     options: RunOptions
+    pipeline: dict[str, Any] | None = None  # Pipeline.to_json(): the strategy is a micro-batch's
 
 
 def worker_entry(
@@ -160,36 +163,28 @@ def session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
     status.set(0, INIT)
     strategy = strategy_from_json(job.strategy)
     plan = build_plan(strategy)
+    pipeline = Pipeline.from_json(job.pipeline) if job.pipeline is not None else None
+    # the graph of the whole batch, whose inputs and targets a step draws
+    data_graph = (
+        plan.graph if pipeline is None else full_batch_graph(plan.graph, pipeline.micro_batches)
+    )
     model = model_from_job(job.model)
     dtype = DTYPES[opts.dtype]
     device = _device(opts.backend)
     groups = _groups(plan, world)
     params, eps = init_params(plan.graph, model, opts.seed, dtype)
-    tables = rope_tables(plan.graph, model, opts.seed, dtype)
-    ex = Executor(
-        plan,
-        rank,
-        params,
-        opts.lr,
-        dtype,
-        device,
-        groups,
-        opts.timeout * 2,
-        status,
-        eps,
-        opts.ordered,
-        tables,
-        opts.zero,
-        opts.recompute,
-    )
-    del params
+    tables = rope_tables(data_graph, model, opts.seed, dtype)
+    args = (plan, rank, params, opts.lr, dtype, device, groups, opts.timeout * 2, status, eps)
+    more = (opts.ordered, tables, opts.zero, opts.recompute)
+    ex = Executor(*args, *more) if pipeline is None else PipelineExecutor(pipeline, *args, *more)
+    del params, args
     needs_inputs = any(o.op.kind == "input" and o.task_of(rank) is not None for o in plan.ops)
     needs_targets = any(plan.ops[i].task_of(rank) is not None for i in plan.sinks)
     losses, seconds = [], []
     for s in range(opts.steps):
         status.set(s, INIT)
-        inputs = make_inputs(plan.graph, s, opts.seed, dtype) if needs_inputs else []
-        targets = make_targets(plan.graph, plan.sinks, s, opts.seed) if needs_targets else []
+        inputs = make_inputs(data_graph, s, opts.seed, dtype) if needs_inputs else []
+        targets = make_targets(data_graph, plan.sinks, s, opts.seed) if needs_targets else []
         _inject(opts.fault, rank, s)
         status.waiting(True)
         dist.barrier()

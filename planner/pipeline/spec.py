@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from planner.errors import LayerwiseError, StrategyError, given
 from planner.graph.opgraph import OpGraph, Tensor
 from planner.graph.opkinds import SAMPLE
 from planner.pipeline.schedule import check_schedule
-from planner.problems.strategy import Strategy
+from planner.problems.strategy import Strategy, load_strategy, strategy_from_json
 
 
 class PipelineError(LayerwiseError):
@@ -162,6 +164,32 @@ class PipelinedStrategy:
         for e in graph.edges:
             if pipe.chunk_of(e.src) > pipe.chunk_of(e.dst):  # cannot: ops are in order
                 raise PipelineError(f"edge {e} goes back across the pipeline")
+
+    def to_json(
+        self, model: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The strategy file of the micro-batch strategy (`Strategy.to_json`; `model` is the
+        whole batch's, as planned) with the pipeline as its `pipeline` section."""
+        return self.strategy.to_json(model, {**(extra or {}), "pipeline": self.pipeline.to_json()})
+
+    def save(self, path: str | Path, **kwargs: Any) -> None:
+        Path(path).write_text(json.dumps(self.to_json(**kwargs), indent=1))
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PipelinedStrategy:
+        """Read a strategy file with a `pipeline` section (one-line errors)."""
+        if "pipeline" not in data:
+            raise PipelineError("the strategy file has no 'pipeline' section")
+        return cls(strategy_from_json(data), Pipeline.from_json(data["pipeline"]))
+
+
+def load_planned(path: str | Path) -> tuple[Strategy | PipelinedStrategy, dict[str, Any]]:
+    """A strategy file's strategy, pipelined when the file has a `pipeline` section, and the
+    raw file contents (`planner.problems.strategy.load_strategy` reads the strategy alone)."""
+    strategy, data = load_strategy(path)
+    if "pipeline" not in data:
+        return strategy, data
+    return PipelinedStrategy(strategy, Pipeline.from_json(data["pipeline"])), data
 
 
 def micro_batch_graph(graph: OpGraph, micro_batches: int) -> OpGraph:

@@ -848,6 +848,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     cost = _check_cost_section(data.get("cost", {}))
     options = {k: v for k, v in cost.items() if k != "source"}
     cm = cost_model(strategy.graph, strategy.devices, cost.get("source", "analytic"), **options)
+    if "pipeline" in data:  # the step is the schedule's timeline of micro-batch costs
+        return _evaluate_pipelined(strategy, data, cm, args)
     scores = evaluate_strategy(strategy, cm)
     _timeline_files(scores.timeline, strategy, args)
     if args.json:
@@ -860,6 +862,49 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             f"{scores.memory_peak_bytes / 2**20:.1f} MiB"
         )
         print(f"makespan (FlexFlow simulation): {scores.makespan * 1e3:.3f} ms")
+    return 0
+
+
+def _evaluate_pipelined(
+    strategy: Any, data: dict[str, Any], cm: Any, args: argparse.Namespace
+) -> int:
+    """A pipelined plan file: its step simulated as a pipeline (docs/simulator.md,
+    "Pipelines"); --plot draws the pipeline's timeline, --trace is refused."""
+    from planner.pipeline.spec import Pipeline, PipelinedStrategy
+    from planner.pipeline.stages import simulate_pipelined
+
+    if args.trace:
+        raise UsageError("--trace is not written for a pipelined plan: use --plot")
+    pipe = _malformed("strategy file", args.strategy, lambda: Pipeline.from_json(data["pipeline"]))
+    ps = _malformed("strategy file", args.strategy, lambda: PipelinedStrategy(strategy, pipe))
+    timeline = simulate_pipelined(cm, ps)
+    out = {
+        "makespan": timeline.makespan,
+        "bubble": timeline.bubble,
+        "memory_peak_bytes": max(timeline.peak_bytes),
+        "peak_bytes_per_stage": list(timeline.peak_bytes),
+        "stages": pipe.stages,
+        "chunks": pipe.chunks,
+        "micro_batches": pipe.micro_batches,
+        "schedule": pipe.schedule,
+    }
+    if args.plot:
+        from planner.pipeline.chart import gantt
+
+        gantt(timeline, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    if args.json:
+        print(strict_json(out))
+    else:
+        print(
+            f"pipeline: {pipe.stages} stages x {pipe.virtual} chunks, {pipe.micro_batches} "
+            f"micro-batches, {pipe.schedule}; peak memory per device "
+            f"{out['memory_peak_bytes'] / 2**20:.1f} MiB"
+        )
+        print(
+            f"step (pipeline simulation): {timeline.makespan * 1e3:.3f} ms, bubble "
+            f"{timeline.bubble:.1%}"
+        )
     return 0
 
 

@@ -127,3 +127,31 @@ def test_bad_pipelines_are_one_line_errors(gpt: OpGraph) -> None:
     assert len(block_starts(gpt)) == 4
     with pytest.raises(PipelineError, match="the last bound must be"):
         Pipeline((0, 5, n - 1), ((0,), (1,)), 2).check(gpt, 8)
+
+
+def test_evaluate_scores_a_pipelined_plan_file_as_a_pipeline(
+    gpt: OpGraph,
+    tmp_path,
+    capsys: pytest.CaptureFixture[str],  # noqa: ANN001
+) -> None:
+    import json
+
+    from planner.cli import main
+
+    devices = get_preset("dgx-a100-80g-2")
+    mg = micro_batch_graph(gpt, 4)
+    ps = pipelined(mg, devices, 2, 4, _megatron(8))
+    path = tmp_path / "plan.json"
+    ps.save(path)
+    want = simulate_pipelined(CostModel(mg, devices, CostOptions()), ps)
+    plot = tmp_path / "step.png"
+    assert main(["evaluate", str(path), "--json", "--plot", str(plot)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["makespan"] == pytest.approx(want.makespan, rel=1e-12) and plot.stat().st_size > 0
+    assert (
+        got["micro_batches"] == 4
+        and got["stages"] == 2
+        and got["bubble"] == pytest.approx(want.bubble)
+    )
+    assert main(["evaluate", str(path), "--trace", str(tmp_path / "t.json")]) == 2
+    assert "use --plot" in capsys.readouterr().err

@@ -45,14 +45,22 @@ def plan_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, 
     graph = factory.problem.dnn().graph
     assert graph is not None
     owt(graph, get_preset("cpu-local-2")).save(d / "bare.json")  # Strategy.save: no plan head
+    from planner.graph.zoo import model_graph
+    from planner.pipeline.layouts import pipelined
+    from planner.pipeline.spec import micro_batch_graph
+
+    gpt = micro_batch_graph(model_graph("gpt2", batch=4, seq=16, n_layer=2, n_head=2, n_embd=32,
+                                        vocab_size=128), 2)  # fmt: skip
+    pipelined(gpt, get_preset("p100-1x2"), 2, 2, owt).save(d / "pipelined.json")
     return {p.stem: json.loads(p.read_text()) for p in d.glob("*.json")}
 
 
 def test_every_plan_file_matches_the_schema(plan_files: dict[str, dict[str, Any]]) -> None:
-    assert set(plan_files) == {"zoo", "factory", "interrupted", "bare", "memory"}
+    assert set(plan_files) == {"zoo", "factory", "interrupted", "bare", "memory", "pipelined"}
     for name, data in plan_files.items():
         assert list(errors(data, SCHEMA)) == [], name
     assert plan_files["interrupted"]["limit"] == "INTERRUPTED"
+    assert plan_files["pipelined"]["pipeline"]["micro_batches"] == 2
     assert plan_files["factory"]["graph"]["model"]["factory"] == "user_models:make_cnn"
     memory = plan_files["memory"]
     assert memory["zero"] == {"chose": 0, "tried": []}

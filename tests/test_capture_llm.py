@@ -379,3 +379,17 @@ def test_q_k_v_interleaved_per_head_are_refused_by_the_check() -> None:
     net.attn = PerHeadPacked()
     with pytest.raises(GraphError, match="computes something else"):
         capture(net, TOKENS, "neox")
+
+
+def test_torch_own_modules_are_never_run_to_be_recognised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPT's 51,200-word embedding once cost capture 4 GiB and 17 s: the linear recogniser
+    drew a random float64 stand-in of its whole weight. torch.nn's own classes say their kind."""
+    from planner.graph import capture as cap
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a torch.nn module was run to be recognised")
+
+    monkeypatch.setattr(cap.torch, "randn", refuse)
+    with torch.device("meta"):
+        embedding = nn.Embedding(51200, 1024)
+    assert cap.linear_of(embedding) is None

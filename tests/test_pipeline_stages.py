@@ -155,3 +155,26 @@ def test_evaluate_scores_a_pipelined_plan_file_as_a_pipeline(
     )
     assert main(["evaluate", str(path), "--trace", str(tmp_path / "t.json")]) == 2
     assert "use --plot" in capsys.readouterr().err
+
+
+def test_alike_chunks_are_simulated_once_and_time_as_each_alone(
+    gpt: OpGraph, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Middle chunks of a transformer differ only in block numbers and devices: one
+    simulation serves them all, and gives what each chunk's own simulation gives."""
+    from planner.pipeline import stages
+
+    devices = get_preset("dgx-a100-80g-4")
+    mg = micro_batch_graph(gpt, 4)
+    cm = CostModel(mg, devices, OPTIONS)
+    ps = pipelined(mg, devices, 4, 4, _megatron(8), "1f1b")
+    keys = [stages.chunk_key(chunk_problem(cm, ps, c)) for c in range(4)]
+    assert keys[1] == keys[2] and keys[0] != keys[1] and keys[3] != keys[1]
+    calls = []
+    real = stages._simulate_chunk
+    monkeypatch.setattr(stages, "_simulate_chunk", lambda *a: calls.append(1) or real(*a))
+    shared = chunk_times(cm, ps)
+    assert len(calls) == 3
+    monkeypatch.setattr(stages, "chunk_key", lambda ch: (repr(ch.group),))  # every chunk alone
+    alone = chunk_times(cm, ps)
+    assert len(calls) == 3 + 4 and shared == alone

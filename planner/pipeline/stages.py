@@ -33,6 +33,8 @@ embedding tied across the first and last stage (Megatron-LM's) is left out.
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,6 +42,7 @@ import numpy as np
 
 from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel
+from planner.costs.recompute import block_of
 from planner.graph.opgraph import Op, OpGraph
 from planner.pipeline.spec import PipelinedStrategy, PipelineError
 from planner.pipeline.timeline import ChunkTimes, PipelineTimeline, simulate_pipeline
@@ -63,32 +66,50 @@ class Chunk:
 def chunk_problem(cost_model: CostModel, ps: PipelinedStrategy, c: int) -> Chunk:
     """Chunk c's graph (its ops and an input op per tensor from an earlier chunk), its
     group's devices and the configs on them."""
-    pipe, graph = ps.pipeline, ps.strategy.graph
-    configs = ps.strategy.configs
-    group = pipe.group_of(c)
+    pipe = ps.pipeline
+    return range_problem(
+        cost_model.devices,
+        ps.strategy.graph,
+        ps.strategy.configs,
+        pipe.chunk_ops(c),
+        pipe.group_of(c),
+        lambda j: pipe.group_of(pipe.chunk_of(j)),
+        f"{cost_model.devices.name}[stage {c % pipe.stages}]",
+    )
+
+
+def range_problem(
+    devices: DeviceGraph,
+    graph: OpGraph,
+    configs: Sequence[ParallelConfig],
+    ops: range,
+    group: tuple[int, ...],
+    group_of_op: Callable[[int], tuple[int, ...]],
+    name: str | None = None,
+) -> Chunk:
+    """The ops `ops` of `graph` (configs on `devices`' indices, every op of the range on
+    `group`) as a problem of their own, with an input op per tensor they read from before
+    the range (produced on `group_of_op(j)`, landed on `group`)."""
     local = {d: k for k, d in enumerate(group)}
-    ops: list[Op] = []
+    sub_ops: list[Op] = []
     cfgs: list[ParallelConfig] = []
     outside: set[int] = set()
-    for i in pipe.chunk_ops(c):
-        for name in graph.ops[i].inputs:
-            j = graph.index(name)
-            if j < pipe.bounds[c] and j not in outside:
+    for i in ops:
+        for input_name in graph.ops[i].inputs:
+            j = graph.index(input_name)
+            if j < ops.start and j not in outside:
                 outside.add(j)
                 src = graph.ops[j]
-                ops.append(Op(src.name, "input", (), src.output))
-                cfgs.append(_landed(src, configs[j], pipe.group_of(pipe.chunk_of(j)), group))
-    for i in pipe.chunk_ops(c):
+                sub_ops.append(Op(src.name, "input", (), src.output))
+                cfgs.append(_landed(src, configs[j], group_of_op(j), group))
+    for i in ops:
         cfg = configs[i]
-        ops.append(graph.ops[i])
+        sub_ops.append(graph.ops[i])
         cfgs.append(dataclasses.replace(cfg, devices=tuple(local[d] for d in cfg.devices)))
-    sub = OpGraph(f"{graph.name}[chunk {c}]", tuple(ops))
-    order = {op.name: k for k, op in enumerate(ops)}
+    sub = OpGraph(f"{graph.name}[ops {ops.start}-{ops.stop - 1}]", tuple(sub_ops))
+    order = {op.name: k for k, op in enumerate(sub_ops)}
     configs_sorted = tuple(cfgs[order[op.name]] for op in sub.ops)  # OpGraph re-sorts
-    devices = cost_model.devices.subset(
-        group, f"{cost_model.devices.name}[stage {c % pipe.stages}]"
-    )
-    return Chunk(sub, devices, configs_sorted, group)
+    return Chunk(sub, devices.subset(group, name), configs_sorted, group)
 
 
 def _landed(
@@ -131,29 +152,97 @@ def message_seconds(cost_model: CostModel, ps: PipelinedStrategy) -> list[float]
 
 
 def chunk_times(cost_model: CostModel, ps: PipelinedStrategy) -> list[ChunkTimes]:
-    """Every chunk's `ChunkTimes` (see the module's docstring)."""
+    """Every chunk's `ChunkTimes` (see the module's docstring). Chunks alike (the same ops
+    but for their block numbers, the same configs, groups of the same devices and links) are
+    simulated once: the middle stages of a transformer's pipeline are."""
     pipe = ps.pipeline
-    out = []
     sends = message_seconds(cost_model, ps)
+    seen: dict[tuple[str, ...], tuple[float, float, float, float, float]] = {}
+    out = []
     for c in range(pipe.chunks):
         ch = chunk_problem(cost_model, ps, c)
-        cm = CostModel(ch.graph, ch.devices, cost_model.options, measured=cost_model.measured)
-        sim = Simulator(cm, ch.configs)
-        forward, backward = sim.phase_ends()
-        step = sim.makespan
-        params, kept, working = cm.memory_parts(ch.configs)
+        key = chunk_key(ch)
+        if key not in seen:
+            seen[key] = _simulate_chunk(cost_model, ch)
+        forward, backward, sync, kept, fixed = seen[key]
         out.append(
             ChunkTimes(
                 forward=forward,
-                backward=backward - forward,
+                backward=backward,
                 send_forward=sends[c] if c < pipe.chunks - 1 else 0.0,
                 send_backward=sends[c - 1] if c > 0 else 0.0,
-                sync=step - backward,
-                activation_bytes=float(np.max(kept)),
-                fixed_bytes=float(np.max(params + working)),
+                sync=sync,
+                activation_bytes=kept,
+                fixed_bytes=fixed,
             )
         )
     return out
+
+
+def _simulate_chunk(cost_model: CostModel, ch: Chunk) -> tuple[float, float, float, float, float]:
+    """(forward, backward, sync seconds, kept and fixed bytes) of one micro-batch on a chunk."""
+    cm = CostModel(ch.graph, ch.devices, cost_model.options, measured=cost_model.measured)
+    sim = Simulator(cm, ch.configs)
+    forward, backward = sim.phase_ends()
+    params, kept, working = cm.memory_parts(ch.configs)
+    return (
+        forward,
+        backward - forward,
+        sim.makespan - backward,
+        float(np.max(kept)),
+        float(np.max(params + working)),
+    )
+
+
+_QUOTED = re.compile(r"'[^']*'")
+_BLOCK_INDEX = re.compile(r"\.(\d+)(?=\.|'|$)")
+
+
+def chunk_key(ch: Chunk) -> tuple[str, ...]:
+    """What a chunk's simulation depends on, with block numbers made relative to the chunk's
+    first block (`transformer.h.7.mlp` in a chunk from block 6 on reads `h.+1.mlp`) and the
+    group's devices by position: equal keys, equal simulations."""
+    found = [block_of(op.name) for op in ch.graph.ops if op.kind != "input"]
+    indices = [int(b[0].rsplit(".", 1)[1]) for b in found if b is not None]
+    base = min(indices, default=0)
+
+    def relative(match: re.Match[str]) -> str:
+        return _BLOCK_INDEX.sub(lambda m: f".{int(m.group(1)) - base:+d}", match.group(0), count=1)
+
+    ops = _QUOTED.sub(relative, repr(ch.graph.ops))
+    return (ops, repr(ch.configs), group_key(ch.devices))
+
+
+def group_key(devices: DeviceGraph) -> str:
+    """A device graph up to its names: each device's figures and host by first appearance,
+    each link's figures and ends (a device by position; a switch numbered in the order it is
+    reached from the devices, breadth first over links sorted by what is already numbered)."""
+    hosts: dict[str, int] = {}
+    parts = [
+        repr((d.kind, d.flops, d.mem_bandwidth, d.memory, d.message_overhead, d.flops16,
+              d.flops_tf32, d.flops64, d.efficiency, hosts.setdefault(d.host, len(hosts))))
+        for d in devices.devices
+    ]  # fmt: skip
+    name = {d.name: f"d{k:06d}" for k, d in enumerate(devices.devices)}
+    links = list(devices.links)
+    while True:
+        reached = sorted(
+            (name[known], str(link.bandwidth), str(link.latency), k, other)
+            for k, link in enumerate(links)
+            for known, other in ((link.a, link.b), (link.b, link.a))
+            if known in name and other not in name
+        )
+        if not reached:
+            break
+        for *_, other in reached:
+            name.setdefault(other, f"s{len(name):06d}")
+    parts += sorted(
+        repr(
+            (*sorted((name.get(link.a, "?"), name.get(link.b, "?"))), link.bandwidth, link.latency)
+        )
+        for link in links
+    )
+    return "|".join(parts)
 
 
 def simulate_pipelined(cost_model: CostModel, ps: PipelinedStrategy) -> PipelineTimeline:

@@ -147,18 +147,30 @@ def simulate_pipeline(
             link_free[(a, b)] = end
             arrive[to] = end
             messages.append(Slot(to, a, start, end, b))
+            refresh(b)
 
+    # each group's next work, keyed by when it can start (stale entries skipped by version)
+    heads: list[tuple[float, int, int]] = []
+    version = [0] * p
+
+    def refresh(g: int) -> None:
+        version[g] += 1
+        if nxt[g] < len(orders[g]):
+            r = ready(orders[g][nxt[g]])
+            if r is not None:
+                heapq.heappush(heads, (max(r, free[g]), g, version[g]))
+
+    def earliest() -> tuple[float, int, int] | None:
+        while heads and heads[0][2] != version[heads[0][1]]:
+            heapq.heappop(heads)
+        return heads[0] if heads else None
+
+    for g in range(p):
+        refresh(g)
     remaining = sum(len(o) for o in orders)
     while remaining:
         # the group whose next work can start earliest, given the messages sent so far
-        best: tuple[float, int] | None = None
-        for g in range(p):
-            if nxt[g] == len(orders[g]):
-                continue
-            w = orders[g][nxt[g]]
-            r = ready(w)
-            if r is not None and (best is None or max(r, free[g]) < best[0]):
-                best = (max(r, free[g]), g)
+        best = earliest()
         if messages_in and (best is None or messages_in[0][0] <= best[0]):
             deliver(messages_in[0][0])  # a message ready first may change who goes next
             continue
@@ -166,7 +178,7 @@ def simulate_pipeline(
             raise ScheduleError(
                 f"schedule {name!r} deadlocks with {p} stages and {m} micro-batches"
             )
-        start, g = best
+        start, g, _ = heapq.heappop(heads)
         w = orders[g][nxt[g]]
         c = chunks[w.chunk]
         end = start + (c.forward if w.kind == FORWARD else c.backward)
@@ -176,6 +188,7 @@ def simulate_pipeline(
         remaining -= 1
         works.append(Slot(w, g, start, end))
         send(w, end)
+        refresh(g)
     deliver(float("inf"))
     syncs: list[Slot] = []
     for k, c in enumerate(chunks):

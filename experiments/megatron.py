@@ -258,6 +258,38 @@ def plan_row(row: Row, graph: Any, devices: Any, time_limit: float, seed: int) -
     }
 
 
+def plan_pipelined_row(row: Row, devices: Any, time_limit: float, seed: int) -> dict[str, Any]:
+    """The planner's pipeline search for a pipelined row (`planner.plan_pipeline`: stages,
+    tensor and data degrees, micro-batches, schedule and recomputation; no ZeRO, as
+    Megatron-LM), the GPT captured at the row's global batch."""
+    import planner
+
+    t0 = time.perf_counter()
+    graph = build_gpt(row)
+    result = planner.plan_pipeline(
+        graph,
+        devices,
+        time_limit=max(1.0, time_limit - (time.perf_counter() - t0)),
+        seed=seed,
+        optimizer="adam",
+        master_weights=True,
+        zero=0,
+    )
+    seconds = time.perf_counter() - t0
+    step = result.objective
+    return {
+        "plan_status": result.status.value,
+        "plan_backend": result.backend,
+        "plan_seconds": seconds,
+        "plan_step_seconds": step,
+        "plan_tflops": eq3_flops(row) / step / row.gpus / 1e12,
+        "plan_peak_gib": max(result.timeline.peak_bytes) / 2**30,
+        "plan_recompute": result.options.recompute,
+        "plan_zero": result.options.zero,
+        "plan_layout": result.layout.describe(),
+    }
+
+
 def describe_layout(strategy: Any) -> str:
     """The configs of one transformer block's linears and attention, e.g.
     'attn.c_attn sample=32,channel=8; ...' (the first block; the others are alike)."""
@@ -303,6 +335,14 @@ def run(
                 f"({rec['schedule']}): published {row.tflops:.0f}, predicted "
                 f"{rec['tflops_predicted']:.1f} TFLOP/s per GPU ({rec['error']:+.1%})"
             )
+            if search:
+                try:
+                    rec.update(plan_pipelined_row(row, devices, time_limit, seed))
+                except LayerwiseError as exc:
+                    rec["plan_status"] = f"error: {one_line(exc)}"
+                    line += f", planner: {rec['plan_status']}"
+                if "plan_tflops" in rec:
+                    line += f", planned {rec['plan_tflops']:.1f} ({rec['plan_seconds']:.0f} s)"
             print(line, file=sys.stderr, flush=True)
             out.append(rec)
             continue

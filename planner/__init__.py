@@ -22,6 +22,8 @@ from typing import Any
 _EXPORTS: dict[str, str] = {
     "plan": "planner.api",
     "PlanResult": "planner.api",
+    "plan_pipeline": "planner.pipelined",
+    "PipelinePlan": "planner.pipelined",
     "Evaluation": "planner.api",
     "evaluate_strategy": "planner.api",
     "cost_model": "planner.sources",

@@ -35,6 +35,7 @@ from planner.sources import problem_of
 if TYPE_CHECKING:
     from planner.costs.costmodel import CostModel
     from planner.hardware.devices import DeviceGraph
+    from planner.pipelined import PipelinePlan
     from planner.problems.problem import Problem
     from planner.problems.sizes import MemoryRefusal
     from planner.problems.strategy import Strategy
@@ -261,8 +262,9 @@ def plan(
     recommend: bool = True,
     check_memory: bool = True,
     deadline: Deadline | None = None,
+    pipeline: bool | str | None = None,
     **build_options: Any,
-) -> PlanResult:
+) -> PlanResult | PipelinePlan:
     """Find a parallelization strategy for `model` on `devices` with `backend`.
 
     model: a zoo name ("lenet5"), an `nn.Module` with `example_inputs`, a user factory
@@ -306,7 +308,106 @@ def plan(
     started earlier (a command line's, from its own start): the earlier of it and
     `time_limit` from now ends the call. Further keyword arguments go to `build_problem`
     unchanged (space, table_budget, max_split_dims: docs/space.md).
+
+    pipeline (docs/pipeline.md): True plans with pipeline parallelism (`planner.pipelined.
+    plan_pipeline`: stages, micro-batches, schedule, tensor and data degrees, recomputation
+    and ZeRO searched together) and returns a `PipelinePlan`; False never does; None or
+    "auto" (the default) does for a model of numbered blocks (a transformer) on devices of
+    more than one host, and for one that does not fit the devices otherwise (the plain plan
+    refused for memory after the ZeRO and recomputation fallback), when backend, cost and
+    the search options are left at their defaults.
     """
+    clock = Deadline.after(time_limit) if _positive(time_limit) else Deadline.never()
+    deadline = clock if deadline is None else deadline.within(clock.left())
+    if pipeline not in (None, True, False, "auto"):
+        raise LayerwiseError(f"pipeline must be True, False or 'auto', got {given(pipeline)}")
+    if pipeline is not False:
+        from planner.pipelined import choose_pipeline
+
+        return choose_pipeline(
+            _plan_plain,
+            pipeline,
+            model=model,
+            devices=devices,
+            backend=backend,
+            objective=objective,
+            time_limit=time_limit,
+            seed=seed,
+            example_inputs=example_inputs,
+            model_kwargs=model_kwargs,
+            name=name,
+            coarsen=coarsen,
+            memory_limit=memory_limit,
+            cost=cost,
+            sync=sync,
+            optimizer=optimizer,
+            master_weights=master_weights,
+            zero=zero,
+            headroom=headroom,
+            recompute=recompute,
+            max_configs=max_configs,
+            backend_options=backend_options,
+            recommend=recommend,
+            check_memory=check_memory,
+            deadline=deadline,
+            **build_options,
+        )
+    return _plan_plain(
+        model,
+        devices,
+        backend,
+        objective,
+        time_limit,
+        seed,
+        example_inputs=example_inputs,
+        model_kwargs=model_kwargs,
+        name=name,
+        coarsen=coarsen,
+        memory_limit=memory_limit,
+        cost=cost,
+        sync=sync,
+        optimizer=optimizer,
+        master_weights=master_weights,
+        zero=zero,
+        headroom=headroom,
+        recompute=recompute,
+        max_configs=max_configs,
+        backend_options=backend_options,
+        recommend=recommend,
+        check_memory=check_memory,
+        deadline=deadline,
+        **build_options,
+    )
+
+
+def _plan_plain(
+    model: Any,
+    devices: str | Path | DeviceGraph | None = None,
+    backend: str = "auto",
+    objective: str = "additive",
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    seed: int = 0,
+    *,
+    example_inputs: Any = None,
+    model_kwargs: Mapping[str, Any] | None = None,
+    name: str | None = None,
+    coarsen: bool = True,
+    memory_limit: float | str | None = None,
+    cost: str = "analytic",
+    sync: str | None = None,
+    optimizer: str | None = None,
+    master_weights: bool | None = None,
+    zero: int | str | None = None,
+    headroom: float | None = None,
+    recompute: str | int | None = None,
+    max_configs: int | None = None,
+    backend_options: Mapping[str, Any] | None = None,
+    recommend: bool = True,
+    check_memory: bool = True,
+    deadline: Deadline | None = None,
+    **build_options: Any,
+) -> PlanResult:
+    """`plan` without pipelines (the per-op search)."""
     clock = Deadline.after(time_limit) if _positive(time_limit) else Deadline.never()
     deadline = clock if deadline is None else deadline.within(clock.left())
     start = time.perf_counter()
@@ -509,7 +610,9 @@ def _plan_memory_fallback(
         ) from None
     log.info("%s: planning again with zero='auto' and recompute='auto'", first)
     try:
-        out = plan(**{**call, "zero": ZERO_AUTO, "recompute": RECOMPUTE_AUTO}, deadline=deadline)
+        out = _plan_plain(
+            **{**call, "zero": ZERO_AUTO, "recompute": RECOMPUTE_AUTO}, deadline=deadline
+        )
     except MemoryRefusal as exc:
         raise MemoryRefusal(
             f"{first}; ZeRO and recomputation chosen automatically (zero='auto', "
@@ -530,7 +633,7 @@ def _plan_zero_auto(deadline: Deadline, check_memory: bool, **call: Any) -> Plan
     out: PlanResult | None = None
     for k, stage in enumerate(ZERO_STAGES):
         share = deadline.share(1.0 / (len(ZERO_STAGES) - k))
-        out = plan(**call, zero=stage, check_memory=False, deadline=share)
+        out = _plan_plain(**call, zero=stage, check_memory=False, deadline=share)
         fits = out.stats.get("memory_fits")
         if (out.has_solution and fits is not False) or deadline.expired():
             break
@@ -576,7 +679,7 @@ def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) ->
 
     def attempt(mode: str | int, share: float, **over: Any) -> PlanResult | None:
         try:
-            out = plan(**{**call, **over}, recompute=mode, check_memory=False,
+            out = _plan_plain(**{**call, **over}, recompute=mode, check_memory=False,
                        deadline=deadline.share(share))  # fmt: skip
         except MemoryRefusal as exc:  # this mode cannot fit at all
             tried.append({"recompute": mode, "why": str(exc)})

@@ -522,6 +522,21 @@ def _memory_args(p: argparse.ArgumentParser) -> None:
         "plan that fits); default: none, or auto with --zero auto when the plan does not "
         "fit without them",
     )
+    p.add_argument(
+        "--pipeline",
+        type=_pipeline_mode,
+        default="auto",
+        help="pipeline parallelism (docs/pipeline.md): on (search stages, micro-batches and "
+        "schedules with tensor and data degrees), off, or auto (default: on for a model of "
+        "numbered blocks on more than one host, or that does not fit otherwise)",
+    )
+
+
+def _pipeline_mode(text: str) -> bool | str:
+    modes: dict[str, bool | str] = {"auto": "auto", "on": True, "off": False}
+    if text not in modes:
+        raise argparse.ArgumentTypeError(f"expected auto, on or off, got {text!r}")
+    return modes[text]
 
 
 def _zero_stage(text: str) -> int | str:
@@ -708,7 +723,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from planner.deadline import Deadline
 
     deadline = Deadline.after(args.time_limit)  # the limit counts from the command's start
-    from planner.api import check_backend, plan
+    from planner.api import PlanResult, check_backend, plan
+    from planner.pipelined import PipelinePlan
 
     _check_plan_args(args)
     _outputs((args.output, "plan"))
@@ -735,6 +751,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         zero=args.zero,
         headroom=args.headroom,
         recompute=args.recompute,
+        pipeline=args.pipeline if dnn else False,
         recommend=not args.no_recommend,
         backend_options=dict(args.backend_options),
         deadline=deadline,
@@ -753,6 +770,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     summary = result.summary()
     if args.json:
         print(strict_json(summary))
+    elif isinstance(result, PipelinePlan):
+        _print_ops(result.describe(), args.verbose > 0)
+        pipe = summary["layout"]
+        print(
+            f"pipeline: {pipe['layout']}; bubble {pipe['bubble']:.1%}, peak "
+            f"{summary['memory_peak_bytes'] / 2**30:.1f} GiB per device"
+        )
+        _print_summary(summary, seconds=True)
     elif result.has_solution:
         _print_ops(result.describe(), args.verbose > 0)
         _print_summary(summary, seconds=result.problem.is_dnn)
@@ -760,14 +785,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         tried = "; ".join(f"stage {t['zero']}: {t['why']}" for t in summary["zero"]["tried"])
         print(f"ZeRO stage {summary['zero']['chose']}" + (f" ({tried})" if tried else ""),
               file=sys.stderr)  # fmt: skip
-    if "memory_fallback" in summary:  # ZeRO and recomputation unset, needed
-        print(f"planned with --zero auto --recompute auto: {summary['memory_fallback']}",
-              file=sys.stderr)  # fmt: skip
+    if "memory_fallback" in summary:  # ZeRO and recomputation (or pipelines) unset, needed
+        how = "pipelines" if "layout" in summary else "--zero auto --recompute auto"
+        print(f"planned with {how}: {summary['memory_fallback']}", file=sys.stderr)
     if "recompute" in summary:  # --recompute auto: which and why
         tried = "; ".join(f"{t['recompute']}: {t['why']}" for t in summary["recompute"]["tried"])
         print(f"recompute {summary['recompute']['chose']}" + (f" ({tried})" if tried else ""),
               file=sys.stderr)  # fmt: skip
-    if not result.has_solution:
+    if isinstance(result, PlanResult) and not result.has_solution:
         reason = result.message or (
             f"backend {result.backend!r} found no solution (status {result.status.value})"
         )

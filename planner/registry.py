@@ -7,7 +7,8 @@ use, so heavy solvers stay lazy and planner never imports a backend module by pa
 from __future__ import annotations
 
 import importlib
-from typing import cast
+from collections.abc import Callable
+from typing import Any, cast
 
 from planner.errors import BackendError
 from planner.result import Solver
@@ -39,3 +40,12 @@ def get_backend(name: str) -> Solver:
     except (KeyError, AttributeError, TypeError):
         raise BackendError(f"unknown backend {name!r}; available: {', '.join(REGISTRY)}") from None
     return cast(Solver, getattr(importlib.import_module(module), cls)())
+
+
+PIPELINE_SEARCH = "backends.pipeline.search:search_pipeline"
+
+
+def get_pipeline_search() -> Callable[..., Any]:
+    """The pipeline search (`backends.pipeline.search.search_pipeline`), imported on first use."""
+    module, name = PIPELINE_SEARCH.split(":")
+    return cast(Callable[..., Any], getattr(importlib.import_module(module), name))

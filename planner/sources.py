@@ -116,6 +116,42 @@ def problem_of(
     return problem, spec, {"capture_seconds": capture_seconds, "build_seconds": build_seconds}
 
 
+def graph_of(
+    model: Any,
+    devices: Any,
+    *,
+    example_inputs: Any,
+    model_kwargs: Mapping[str, Any] | None,
+    name: str | None,
+    coarsen: bool,
+    deadline: Deadline | None = None,
+) -> tuple[OpGraph, ModelSpec | None, DeviceGraph, float]:
+    """The model's graph, its spec, the devices and the capture's seconds, without cost
+    tables (what a pipeline search needs). OutOfTime past `deadline`."""
+    from planner.graph.opgraph import OpGraph
+    from planner.problems.problem import Problem
+
+    if isinstance(model, Problem) or _is_problem_file(model):
+        raise LayerwiseError(
+            "a cost-table problem has no layers to cut into pipeline stages: plan it without "
+            "pipeline (pipeline=False, --pipeline off)"
+        )
+    t0 = time.perf_counter()
+    if isinstance(model, OpGraph):
+        graph, spec = model, None
+        if example_inputs is not None or model_kwargs:
+            raise LayerwiseError("example_inputs and model_kwargs do not apply to an OpGraph")
+    else:
+        if deadline is not None:
+            load_torch(deadline)
+            deadline.check()
+        graph, spec = _capture(model, example_inputs, model_kwargs, name, coarsen, deadline)
+    seconds = time.perf_counter() - t0
+    if devices is None:
+        raise LayerwiseError("plan() needs devices: a preset name, a device JSON or a DeviceGraph")
+    return graph, spec, _devices(devices), seconds
+
+
 def _load_problem(path: str | Path) -> Problem:
     from planner.problems.costtable import load_problem
 

@@ -171,8 +171,8 @@ def test_alike_chunks_are_simulated_once_and_time_as_each_alone(
     keys = [stages.chunk_key(chunk_problem(cm, ps, c)) for c in range(4)]
     assert keys[1] == keys[2] and keys[0] != keys[1] and keys[3] != keys[1]
     calls = []
-    real = stages._simulate_chunk
-    monkeypatch.setattr(stages, "_simulate_chunk", lambda *a: calls.append(1) or real(*a))
+    real = stages.simulate_chunk
+    monkeypatch.setattr(stages, "simulate_chunk", lambda *a: calls.append(1) or real(*a))
     shared = chunk_times(cm, ps)
     assert len(calls) == 3
     monkeypatch.setattr(stages, "chunk_key", lambda ch: (repr(ch.group),))  # every chunk alone

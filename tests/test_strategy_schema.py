@@ -52,15 +52,21 @@ def plan_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, 
     gpt = micro_batch_graph(model_graph("gpt2", batch=4, seq=16, n_layer=2, n_head=2, n_embd=32,
                                         vocab_size=128), 2)  # fmt: skip
     pipelined(gpt, get_preset("p100-1x2"), 2, 2, owt).save(d / "pipelined.json")
+    assert main(["plan", "gpt2", "--set", "batch=8", "--set", "n_layer=2", "--set", "n_embd=64",
+                 "--set", "n_head=2", "--set", "seq=32", "--devices", "p100-2x4", "--pipeline",
+                 "on", "-o", str(d / "planned.json")]) == 0  # fmt: skip
     return {p.stem: json.loads(p.read_text()) for p in d.glob("*.json")}
 
 
 def test_every_plan_file_matches_the_schema(plan_files: dict[str, dict[str, Any]]) -> None:
-    assert set(plan_files) == {"zoo", "factory", "interrupted", "bare", "memory", "pipelined"}
+    assert set(plan_files) == {"zoo", "factory", "interrupted", "bare", "memory", "pipelined", "planned"}
     for name, data in plan_files.items():
         assert list(errors(data, SCHEMA)) == [], name
     assert plan_files["interrupted"]["limit"] == "INTERRUPTED"
     assert plan_files["pipelined"]["pipeline"]["micro_batches"] == 2
+    planned = plan_files["planned"]
+    assert planned["backend"] == "pipeline" and planned["layout"]["stages"] >= 1
+    assert planned["pipeline"]["micro_batches"] == planned["layout"]["micro_batches"]
     assert plan_files["factory"]["graph"]["model"]["factory"] == "user_models:make_cnn"
     memory = plan_files["memory"]
     assert memory["zero"] == {"chose": 0, "tried": []}
@@ -99,6 +105,6 @@ def test_the_schema_lists_what_the_code_writes() -> None:
     assert {f.name for f in dataclasses.fields(CostOptions)} | {"source"} == cost
     from planner.api import DEVICE_KEYS, MEMORY_KEYS, PHASES
 
-    written = {"auto", "recommendation", "zero", "recompute", "memory_fallback"}
+    written = {"auto", "recommendation", "zero", "recompute", "memory_fallback", "layout"}
     assert {*PHASES, *MEMORY_KEYS, *DEVICE_KEYS, *written} <= set(props)
     assert {"margin", "not_fitting"} <= set(props["recommendation"]["properties"])

@@ -36,12 +36,12 @@ import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from planner.costs.config import ParallelConfig
-from planner.costs.costmodel import CostModel
+from planner.costs.costmodel import CostModel, CostOptions
 from planner.costs.recompute import block_of
 from planner.graph.opgraph import Op, OpGraph
 from planner.pipeline.spec import PipelinedStrategy, PipelineError
@@ -163,7 +163,7 @@ def chunk_times(cost_model: CostModel, ps: PipelinedStrategy) -> list[ChunkTimes
         ch = chunk_problem(cost_model, ps, c)
         key = chunk_key(ch)
         if key not in seen:
-            seen[key] = _simulate_chunk(cost_model, ch)
+            seen[key] = simulate_chunk(cost_model.options, cost_model.measured, ch)[:5]
         forward, backward, sync, kept, fixed = seen[key]
         out.append(
             ChunkTimes(
@@ -179,9 +179,12 @@ def chunk_times(cost_model: CostModel, ps: PipelinedStrategy) -> list[ChunkTimes
     return out
 
 
-def _simulate_chunk(cost_model: CostModel, ch: Chunk) -> tuple[float, float, float, float, float]:
-    """(forward, backward, sync seconds, kept and fixed bytes) of one micro-batch on a chunk."""
-    cm = CostModel(ch.graph, ch.devices, cost_model.options, measured=cost_model.measured)
+def simulate_chunk(
+    options: CostOptions, measured: Any, ch: Chunk
+) -> tuple[float, float, float, float, float, float]:
+    """(forward, backward, sync seconds; kept, fixed and working bytes: the largest on a
+    device of its group) of one micro-batch on a chunk; fixed holds the working set too."""
+    cm = CostModel(ch.graph, ch.devices, options, measured=measured)
     sim = Simulator(cm, ch.configs)
     forward, backward = sim.phase_ends()
     params, kept, working = cm.memory_parts(ch.configs)
@@ -191,6 +194,7 @@ def _simulate_chunk(cost_model: CostModel, ch: Chunk) -> tuple[float, float, flo
         sim.makespan - backward,
         float(np.max(kept)),
         float(np.max(params + working)),
+        float(np.max(working)),
     )
 
 

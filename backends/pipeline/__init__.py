@@ -1,0 +1,1 @@
+"""Pipeline parallelism searched: stages, micro-batches, schedules (`search.search_pipeline`)."""

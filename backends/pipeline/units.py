@@ -1,0 +1,199 @@
+"""Per-block costs of a layout: the simulated micro-batch of one block, composed into chunks.
+
+For a transformer (numbered blocks, `planner.pipeline.layouts.block_starts`) laid out with
+Megatron-LM's rule at tensor degree t over a group of g devices (`planner.problems.baselines.
+megatron`), three op ranges are simulated once each with FlexFlow's simulator, as a pipeline
+chunk would be (`planner.pipeline.stages.range_problem`): `first` (the ops before block 1:
+the embeddings and block 0), `middle` (block 1) and `last` (the last block and what follows:
+the final norm, the head, the loss). A chunk of k blocks is then composed: the first chunk
+`first` + (k - 1) `middle`, the last (k - 1) `middle` + `last`, others k `middle`; times and
+kept activations add, parameters add, the recomputation's working set (one block's) does
+not. The gradient sync left after a chunk's last backward grows by (k - 1) x what a block's
+sync exceeds its backward (a ring all-reduce per block overlapping the next block's
+backward). These are estimates for ranking layouts: the search simulates its best ones
+exactly (`planner.pipeline.stages.simulate_pipelined`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from planner.costs.costmodel import CostModel, CostOptions
+from planner.costs.memory import param_bytes
+from planner.costs.recompute import block_of
+from planner.graph.opgraph import OpGraph
+from planner.hardware.devices import DeviceGraph
+from planner.pipeline.layouts import block_starts
+from planner.pipeline.spec import PipelineError
+from planner.pipeline.stages import range_problem, simulate_chunk
+from planner.pipeline.timeline import ChunkTimes
+from planner.problems.baselines import megatron
+from planner.problems.strategy import Strategy
+
+__all__ = ["Unit", "Units", "block_ranges", "unit_costs"]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One micro-batch on one op range: seconds and bytes per device of its group."""
+
+    forward: float
+    backward: float
+    sync: float
+    kept: float  # activations kept per micro-batch in flight
+    params: float  # parameters and their training state
+    working: float  # the recomputation's working set
+
+
+@dataclass(frozen=True)
+class Units:
+    first: Unit
+    middle: Unit
+    last: Unit
+    message: float  # seconds to send the residual stream to the next group (and its gradient)
+    strategy: Strategy  # the micro-batch graph laid out on one group (local devices)
+
+    def chunk(self, index: int, count: int, blocks: int) -> ChunkTimes:
+        """Chunk `index` of `count`, holding `blocks` blocks, composed."""
+        parts = [self.middle] * blocks
+        if index == 0:
+            parts[0] = self.first
+        if index == count - 1:
+            parts[-1] = self.last if blocks > 1 or index > 0 else _merge(self.first, self.last)
+        tail = parts[-1].sync + (blocks - 1) * max(0.0, self.middle.sync - self.middle.backward)
+        return ChunkTimes(
+            forward=sum(u.forward for u in parts),
+            backward=sum(u.backward for u in parts),
+            send_forward=self.message if index < count - 1 else 0.0,
+            send_backward=self.message if index > 0 else 0.0,
+            sync=tail,
+            activation_bytes=sum(u.kept for u in parts),
+            fixed_bytes=sum(u.params for u in parts) + max(u.working for u in parts),
+        )
+
+
+def _merge(a: Unit, b: Unit) -> Unit:
+    """A one-block model's only block is both the first and the last: the larger of each."""
+    return Unit(*(max(x, y) for x, y in zip(_fields(a), _fields(b), strict=True)))
+
+
+def _fields(u: Unit) -> tuple[float, ...]:
+    return (u.forward, u.backward, u.sync, u.kept, u.params, u.working)
+
+
+def block_ranges(graph: OpGraph) -> list[tuple[int, int]]:
+    """(first op, end) of each numbered block; the ops after the last block are not in it."""
+    starts = block_starts(graph)
+    if len(starts) < 2:
+        raise PipelineError(
+            f"{graph.name!r} has {len(starts)} numbered blocks (e.g. 'layers.3'): a pipeline "
+            f"search needs a model of repeated blocks"
+        )
+    last = block_of(graph.ops[starts[-1]].name)
+    end = starts[-1]
+    while end < len(graph.ops) and block_of(graph.ops[end].name) == last:
+        end += 1
+    return [(a, b) for a, b in zip(starts, [*starts[1:], end], strict=True)]
+
+
+def unit_costs(
+    graph: OpGraph,
+    devices: DeviceGraph,
+    group: DeviceGraph,
+    tensor: int,
+    options: CostOptions,
+    next_group_offset: int,
+    replicas: int | None = None,
+) -> Units:
+    """The three units of the micro-batch graph `graph` at tensor degree `tensor` on `group`
+    (the first devices of `devices`; the next stage's group starts at device
+    `next_group_offset`, where the message goes).
+
+    `replicas`: the stage's real data-parallel degree when `group` holds fewer replicas
+    (each with the same samples: `graph` has the group's share of the micro-batch). Every
+    replica computes and exchanges within its tensor-parallel group alike, so two stand for
+    many; only the gradient sync differs, and it is scaled by the ring all-reduce's
+    2 (r - 1) / r (ZeRO's collectives are not: simulate every replica with ZeRO)."""
+    strategy = megatron(graph, group, tensor)
+    blocks = block_ranges(graph)
+    g = group.num_devices
+    mine = tuple(range(g))
+    n = len(graph.ops)
+    first_end = blocks[1][0]
+    last_start = blocks[-1][0] if len(blocks) > 2 else blocks[1][0]
+    ranges = {
+        "first": range(0, first_end),
+        "middle": range(blocks[1][0], blocks[1][1]),
+        "last": range(last_start, n),
+    }
+    units = {}
+    for key, ops in ranges.items():
+        ch = range_problem(group, graph, strategy.configs, ops, mine, lambda j: mine)
+        forward, backward, sync, kept, fixed, working = simulate_chunk(options, None, ch)
+        here = group.num_devices // tensor
+        params = fixed - working
+        if replicas is not None and replicas > here:
+            sync *= ring_factor(replicas) / ring_factor(here) if here > 1 else 1.0
+            params *= zero_factor(graph, options, replicas) / zero_factor(graph, options, here)
+        units[key] = Unit(forward, backward, sync, kept, params, working)
+    message = 0.0
+    if next_group_offset:
+        middle = range_problem(
+            group, graph, strategy.configs, ranges["middle"], mine, lambda j: mine
+        )
+        for op, cfg in zip(middle.graph.ops, middle.configs, strict=True):
+            if op.kind != "input":
+                continue
+            nbytes = op.output.nbytes / max(1, cfg.num_tasks // cfg.reduce)
+            message += max(
+                devices.transfer_time(d, d + next_group_offset, nbytes) for d in cfg.devices
+            )
+    return Units(units["first"], units["middle"], units["last"], message, strategy)
+
+
+def ring_factor(replicas: int) -> float:
+    """A ring all-reduce's (and ZeRO's reduce-scatter + all-gather's) bytes per byte over
+    `replicas`: 2 (r - 1) / r."""
+    return 2 * (replicas - 1) / replicas
+
+
+def zero_factor(graph: OpGraph, options: CostOptions, replicas: int) -> float:
+    """A device's parameter bytes at `options.zero` over `replicas` data-parallel copies, per
+    byte unsharded (1.0 at ZeRO 0; with Adam, master weights and ZeRO 1 over r: (4 + 12 / r)
+    / 16)."""
+    if not options.zero:
+        return 1.0
+    total = [param_bytes(op.params, options.optimizer, options.master_weights) for op in graph.ops]
+    whole = sum(b.total for b in total)
+    held = sum(b.held(replicas, options.zero) for b in total)
+    return held / whole if whole else 1.0
+
+
+def parameter_state(graph: OpGraph, options: CostOptions) -> float:
+    """Bytes of every parameter's training state (weights, gradients, optimizer state and
+    master copies), unsharded."""
+    return float(
+        sum(
+            param_bytes(op.params, options.optimizer, options.master_weights).total
+            for op in graph.ops
+        )
+    )
+
+
+def compute_bound(graph: OpGraph, devices: DeviceGraph, options: CostOptions) -> float:
+    """A lower bound on the step of any layout of the full-batch `graph` on `devices`: every
+    op's forward and backward on one device of the fastest kind, summed, over the devices
+    (splitting an op never makes its work smaller in the cost model; no recomputation, no
+    transfer, no sync)."""
+    from planner.costs.config import ParallelConfig
+
+    fastest = max(range(devices.num_devices), key=lambda i: devices.devices[i].flops)
+    one = devices.subset([fastest], f"{devices.name}[1]")
+    cm = CostModel(graph, one, dataclasses.replace(options, recompute="none"))
+    total = 0.0
+    for i, op in enumerate(graph.ops):
+        cfg = ParallelConfig(tuple(1 for _ in op.output.dims), (0,))
+        total += cm.compute_time(i, cfg)
+    return total / devices.num_devices if math.isfinite(total) else 0.0

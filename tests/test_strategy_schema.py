@@ -59,7 +59,15 @@ def plan_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, 
 
 
 def test_every_plan_file_matches_the_schema(plan_files: dict[str, dict[str, Any]]) -> None:
-    assert set(plan_files) == {"zoo", "factory", "interrupted", "bare", "memory", "pipelined", "planned"}
+    assert set(plan_files) == {
+        "zoo",
+        "factory",
+        "interrupted",
+        "bare",
+        "memory",
+        "pipelined",
+        "planned",
+    }
     for name, data in plan_files.items():
         assert list(errors(data, SCHEMA)) == [], name
     assert plan_files["interrupted"]["limit"] == "INTERRUPTED"

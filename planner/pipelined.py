@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.costs.costmodel import CostOptions
-from planner.deadline import Deadline, OutOfTime, catch_interrupt
+from planner.deadline import Deadline, OutOfTime, catch_interrupt, stop_requested
 from planner.errors import LayerwiseError, given
 from planner.files import check_output_path, finite_or_none, strict_json, write_text_atomic
 from planner.graph.models import ModelSpec
@@ -61,6 +61,8 @@ class PipelinePlan:
 
     @property
     def limit(self) -> Limit | None:
+        if self.phases.get("interrupted"):
+            return Limit.INTERRUPTED
         return Limit.TIME if self.phases.get("stopped_by_time_limit") else None
 
     @property
@@ -198,12 +200,14 @@ def plan_pipeline(
         answer = get_pipeline_search()(
             graph, device_graph, options, deadline=deadline, **search_options
         )
+        interrupted = stop_requested()
     phases = {
         "capture_seconds": capture,
         "build_seconds": 0.0,
         "search_seconds": time.perf_counter() - t0,
         "total_seconds": time.perf_counter() - start,
         **{k: v for k, v in answer.stats.items() if k != "seconds"},
+        "interrupted": interrupted,
     }
     log.info(
         "pipeline: %s, step %.4g s, bound %.4g s (%.3g s in all)",

@@ -135,3 +135,23 @@ def test_cli_plans_with_pipelines(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "pipeline: PP " in printed.out
     data = json.loads(out.read_text())
     assert data["backend"] == "pipeline" and "pipeline" in data and data["pipeline"]["bounds"]
+
+
+def test_ctrl_c_ends_the_search_with_its_best_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop request (what Ctrl-C sends) during the search: the best answer so far, limit
+    INTERRUPTED."""
+    import planner.registry
+    from planner.deadline import request_stop
+    from planner.result import Limit
+
+    real = planner.registry.get_pipeline_search()
+
+    def stopped(*args: object, **kwargs: object) -> object:
+        request_stop()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planner.registry, "get_pipeline_search", lambda: stopped)
+    kwargs = {"batch": 16, "n_layer": 4}
+    out = planner.plan_pipeline("gpt2", "dgx-a100-80g-2", time_limit=60, model_kwargs=kwargs)
+    assert out.limit is Limit.INTERRUPTED and out.stats["stopped_by_time_limit"]
+    assert out.summary()["limit"] == "INTERRUPTED"

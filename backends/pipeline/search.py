@@ -55,7 +55,13 @@ from planner.graph.opgraph import OpGraph
 from planner.graph.opkinds import SAMPLE
 from planner.hardware.devices import DeviceGraph
 from planner.pipeline.schedule import in_flight, schedule
-from planner.pipeline.spec import Pipeline, PipelinedStrategy, PipelineError, micro_batch_graph
+from planner.pipeline.spec import (
+    Pipeline,
+    PipelinedStrategy,
+    PipelineError,
+    batch_graph,
+    micro_batch_graph,
+)
 from planner.pipeline.stages import chunk_times, simulate_pipelined
 from planner.pipeline.timeline import PipelineTimeline, simulate_pipeline
 from planner.problems.baselines import megatron
@@ -192,17 +198,15 @@ def search_pipeline(
         m = batch // (d * b)
         opts = dataclasses.replace(options, recompute=rc, zero=z)  # type: ignore[arg-type]
         here = d if z >= 3 else min(d, 2)  # replicas simulated (`unit_costs`)
-        mu = batch // (here * b)
-        if mu not in micro:
-            micro[mu] = micro_batch_graph(graph, mu)
+        mu = -here * b  # keyed by minus the samples: a graph of here x b samples
         key = ("units", g, t * here)
         if key not in groups:
             ends = (*range(t * here - t), *range(g - t, g))  # first and last replicas
             groups[key] = devices.subset(ends, f"{devices.name}[{t * here} of {g}]")
         try:
+            if mu not in micro:
+                micro[mu] = batch_graph(graph, here * b)
             u = unit_costs(micro[mu], devices, groups[key], t, opts, g if p > 1 else 0, d)
-        except PipelineError:
-            raise
         except Exception as exc:  # noqa: BLE001 - a layout the rule cannot express: skip it
             log.debug("skipped PP %d TP %d b %d: %s", p, t, b, exc)
             continue
@@ -306,7 +310,10 @@ def _simulate(
     # the first and the last replica: across the same links as the stage's sync crosses
     keep = [s * g + k for s in range(p) for k in (*range(t), *range(g - t, g))]
     reduced = devices.subset(keep, f"{devices.name}[{p} x {t * here}]")
-    small = strategy(batch // (here * lay.micro_batch), reduced, t * here, here)
+    small_samples = here * lay.micro_batch
+    if -small_samples not in micro:
+        micro[-small_samples] = batch_graph(graph, small_samples)
+    small = strategy(-small_samples, reduced, t * here, here)
     chunks = chunk_times(CostModel(small.strategy.graph, reduced, options), small)
     sync = ring_factor(d) / ring_factor(here)
     zero = zero_factor(graph, options, d) / zero_factor(graph, options, here)

@@ -220,6 +220,38 @@ def micro_batch_graph(graph: OpGraph, micro_batches: int) -> OpGraph:
     return OpGraph(graph.name, tuple(ops))
 
 
+def batch_graph(graph: OpGraph, samples: int) -> OpGraph:
+    """`graph` at a batch of `samples` instead of its own B: every op's samples, FLOPs and
+    bytes moved scaled by samples / B (each op's samples times that must be whole)."""
+    sizes = {op.output.size(SAMPLE) for op in graph.ops if SAMPLE in op.output.dims}
+    batch = max(sizes, default=0)
+    if not batch:
+        raise PipelineError(f"{graph.name!r} has no sample dimension to resize")
+    if samples == batch:
+        return graph
+    ops = []
+    for op in graph.ops:
+        if SAMPLE not in op.output.dims:
+            ops.append(op)
+            continue
+        n = op.output.size(SAMPLE)
+        if (n * samples) % batch:
+            raise PipelineError(
+                f"op {op.name!r} of {graph.name!r} has {n} samples of a batch of {batch}: it "
+                f"does not scale to a batch of {samples}"
+            )
+        shape = tuple((d, s * samples // batch if d == SAMPLE else s) for d, s in op.output.shape)
+        ops.append(
+            dataclasses.replace(
+                op,
+                output=Tensor(shape, op.output.dtype_bytes),
+                flops=op.flops * samples / batch,
+                mem_bytes=op.mem_bytes * samples / batch,
+            )
+        )
+    return OpGraph(graph.name, tuple(ops))
+
+
 def even_bounds(
     graph: OpGraph, chunks: int, blocks: Sequence[tuple[int, int]] | None = None
 ) -> tuple[int, ...]:

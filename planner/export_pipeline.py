@@ -97,8 +97,11 @@ def pipeline_plan(planned: PipelinedStrategy, module: nn.Module) -> PipelinePlan
             f"pipeline_plan exports a PipelinedStrategy, got a {type(planned).__name__}: "
             "export a plain strategy with planner.parallelize"
         )
+    from planner.export import _check_params
+
     graph, pipe = planned.strategy.graph, planned.pipeline
     kinds = {name: type(m).__name__ for name, m in module.named_modules()}
+    _check_params(planned.strategy, module)
     _refusals(planned)
     stages = []
     for c in range(pipe.chunks):
@@ -312,7 +315,7 @@ def parallelize_pipeline(
     rank = dist.get_rank()
     info, dev = pipe.info(), torch.device(device)
     mine = {s.index: pipe.get_stage_module(s.index) for s in plan.stages_of(rank)}
-    stages = [pp.build_stage(mod, i, info, dev) for i, mod in mine.items()]
+    stages: list[Any] = [pp.build_stage(mod, i, info, dev) for i, mod in mine.items()]
 
     def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return loss_fn(output, target) / m  # a part of the whole batch's mean

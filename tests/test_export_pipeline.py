@@ -185,6 +185,8 @@ def test_the_dtensor_export_points_a_pipelined_strategy_here() -> None:
     with pytest.raises(ExportError, match="parallelize_pipeline") as info:
         export_plan(case("lenet5-2-gpipe-m2"), model("lenet5")[0])  # type: ignore[arg-type]
     assert "\n" not in str(info.value)
+    with pytest.raises(ExportError, match="does not come from this module"):
+        pipeline_plan(case("lenet5-2-gpipe-m2"), SmallCNN())
     with pytest.raises(ExportError, match="initialized process group"):
         planner.parallelize_pipeline(case("lenet5-2-gpipe-m2"), *model("lenet5"), F.nll_loss)
 

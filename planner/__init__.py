@@ -4,7 +4,8 @@ The entry point is `planner.plan(model, devices, backend=..., ...)` (planner/api
 name, an `nn.Module` with example inputs, a "module:factory" path, an OpGraph, a Problem or
 a file, to a `PlanResult` (status, objective, bound, gap, strategy, phase seconds, the plan
 file). `planner.export` applies a strategy to a module with DTensor (`parallelize`, in the
-`process_group()` of a launch).
+`process_group()` of a launch); `planner.export_pipeline` runs a pipelined strategy with
+torch's pipelining (`parallelize_pipeline`).
 
 Layers (each a subpackage): `planner.graph` (OpGraph, op kinds, torch.fx capture, the zoo,
 model specs), `planner.hardware` (DeviceGraph, presets), `planner.costs` (configs, the config
@@ -33,6 +34,10 @@ _EXPORTS: dict[str, str] = {
     "Exported": "planner.export",
     "ExportError": "planner.export",
     "process_group": "planner.export",
+    "parallelize_pipeline": "planner.export_pipeline",
+    "pipeline_plan": "planner.export_pipeline",
+    "PipelinePlan": "planner.export_pipeline",
+    "PipelineExported": "planner.export_pipeline",
     "ModelSpec": "planner.graph.models",
     "InputSpec": "planner.graph.models",
     "LayerwiseError": "planner.errors",

@@ -158,6 +158,13 @@ def export_plan(
     (all, or the first k) are `checkpointed`.
     zero: the ZeRO stage 0-3 (the plan file's `cost.zero`): the modules whose parameters it
     shards, and over which mesh dims, are `sharded` (see the module's docstring)."""
+    from planner.pipeline.spec import PipelinedStrategy
+
+    if isinstance(strategy, PipelinedStrategy):
+        raise ExportError(
+            "this is a pipelined strategy (it has a pipeline section): export it to torch's "
+            "pipelining with planner.parallelize_pipeline, not to DTensor placements"
+        )
     if fallback not in FALLBACKS:
         raise ExportError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
     if (error := recompute_error(recompute)) is not None:

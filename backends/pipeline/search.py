@@ -291,7 +291,6 @@ def _simulate(
     one or two replicas, or ZeRO 3, every device simulated."""
     n, p, t, d = devices.num_devices, lay.stages, lay.tensor, lay.data
     g = n // p
-    batch = _samples(graph)
 
     def strategy(m: int, devs: DeviceGraph, size: int, data: int) -> PipelinedStrategy:
         if m not in micro:

@@ -1,0 +1,345 @@
+"""A pipelined strategy as PyTorch's own pipelining (`torch.distributed.pipelining`).
+
+`pipeline_plan(planned, module)` checks what torch's pipelining can run of a
+`planner.pipeline.PipelinedStrategy` and says how: chunk c of the pipeline is torch's stage
+c, cut from `module` by tracing (`torch.distributed.pipelining.pipeline` with a
+`SplitPoint.BEGINNING` at the module whose call starts the chunk), on rank c % p (torch's
+loop order, the project's group c % p); the schedule is `ScheduleGPipe`, `Schedule1F1B` or
+`ScheduleInterleaved1F1B` (v chunks per rank) over m micro-batches. What it cannot express is
+one `ExportError` line (see `_refusals`): a tensor that skips a stage, a stage on several
+devices (data or tensor parallelism inside a stage), stages not on ranks 0..p-1 in order,
+batch norm with m > 1, a chunk that does not start at a module's call, 1F1B with m < p.
+
+`parallelize_pipeline(planned, module, example_inputs, loss_fn)` builds this rank's stages
+and schedule in every rank of an initialized process group of p ranks; its
+`PipelineExported.step(inputs, targets)` runs one step's forwards and backwards with the
+runtime's semantics (runtime/pipeline.py): each micro-batch's loss is divided by m (torch's
+schedule then leaves the gradients unscaled, `scale_grads=False`), so the parts add up to the
+mean loss of the whole batch and the gradients accumulated over the m micro-batches are the
+whole batch's. Parameters that several stages hold (a tied embedding and head) have their
+gradients summed over the stages; the update is the caller's optimizer over
+`PipelineExported.parameters()` (plain `torch.optim.SGD` is the runtime's update).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from planner.errors import ExportError
+from planner.graph.opkinds import SAMPLE, is_batch_norm
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from planner.pipeline.spec import PipelinedStrategy
+
+__all__ = ["PipelineExported", "PipelinePlan", "StagePlan", "parallelize_pipeline", "pipeline_plan"]
+
+TORCH_SCHEDULES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved": "ScheduleInterleaved1F1B",
+}
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Torch's stage `index` (the pipeline's chunk): its rank, the module whose call starts it
+    (None for the first), its ops `first <= i < end` and the modules they run in."""
+
+    index: int
+    rank: int
+    split_at: str | None
+    first: int
+    end: int
+    modules: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """What torch's pipelining runs of a pipelined strategy: p ranks, v stages each, the
+    torch schedule class, m micro-batches."""
+
+    ranks: int
+    stages: tuple[StagePlan, ...]
+    schedule: str
+    micro_batches: int
+
+    @property
+    def split_spec(self) -> dict[str, str]:
+        """The split points: module path -> "BEGINNING" (`SplitPoint.BEGINNING`)."""
+        return {s.split_at: "BEGINNING" for s in self.stages if s.split_at is not None}
+
+    def stages_of(self, rank: int) -> tuple[StagePlan, ...]:
+        return tuple(s for s in self.stages if s.rank == rank)
+
+    def describe(self) -> list[str]:
+        """One line per stage, then the schedule."""
+        lines = [
+            f"stage {s.index} on rank {s.rank}: ops {s.first}-{s.end - 1}, "
+            f"{'from the input' if s.split_at is None else 'from ' + s.split_at} "
+            f"({', '.join(s.modules) or 'no modules'})"
+            for s in self.stages
+        ]
+        return [*lines, f"{self.schedule}, {self.micro_batches} micro-batches"]
+
+
+def pipeline_plan(planned: PipelinedStrategy, module: nn.Module) -> PipelinePlan:
+    """The stages and schedule of `planned` (for `module`, the module its graph was captured
+    from) in torch's pipelining; one ExportError for what it cannot express."""
+    from planner.pipeline.spec import PipelinedStrategy
+
+    if not isinstance(planned, PipelinedStrategy):
+        raise ExportError(
+            f"pipeline_plan exports a PipelinedStrategy, got a {type(planned).__name__}: "
+            "export a plain strategy with planner.parallelize"
+        )
+    from planner.export import _check_params
+
+    graph, pipe = planned.strategy.graph, planned.pipeline
+    kinds = {name: type(m).__name__ for name, m in module.named_modules()}
+    _check_params(planned.strategy, module)
+    _refusals(planned)
+    stages = []
+    for c in range(pipe.chunks):
+        first, end = pipe.bounds[c], pipe.bounds[c + 1]
+        split_at = None if c == 0 else _split_point(graph, first, kinds)
+        mods = [_module_of_op(graph.ops[i].name, kinds) for i in range(first, end)]
+        named = tuple(dict.fromkeys(m for m in mods if m))
+        stages.append(StagePlan(c, c % pipe.stages, split_at, first, end, named))
+    return PipelinePlan(
+        pipe.stages, tuple(stages), TORCH_SCHEDULES[pipe.schedule], pipe.micro_batches
+    )
+
+
+def _refusals(planned: PipelinedStrategy) -> None:
+    """One ExportError for the first thing torch's pipelining cannot run as planned."""
+    graph, pipe = planned.strategy.graph, planned.pipeline
+    p, m = pipe.stages, pipe.micro_batches
+    split = [  # (stage, op) of the ops split other than by samples, on a group of several
+        (pipe.chunk_of(i) % p, op.name)
+        for i, (op, cfg) in enumerate(zip(graph.ops, planned.strategy.configs, strict=True))
+        if cfg.reduce > 1
+        or any(g > 1 and d != SAMPLE for d, g in zip(op.output.dims, cfg.degrees, strict=True))
+    ]
+    wide = [k for k, group in enumerate(pipe.groups) if len(group) > 1]
+    if split or wide:
+        k = split[0][0] if split else wide[0]
+        what = (
+            f"tensor or contraction splits inside it (op {split[0][1]!r})"
+            if split
+            else "data parallelism inside it"
+        )
+        raise ExportError(
+            f"pipeline stage {k} runs on devices {list(pipe.groups[k])} with {what}: the export "
+            "to torch's pipelining runs one rank per stage; plan one device per stage, or run "
+            "the strategy with runtime.run_strategy"
+        )
+    order = tuple((k,) for k in range(p))
+    if pipe.groups != order:
+        raise ExportError(
+            f"the pipeline's stages run on devices {[list(g) for g in pipe.groups]}: torch's "
+            f"pipelining runs stage k on rank k, so number the devices 0-{p - 1} in stage order"
+        )
+    if pipe.schedule == "1f1b" and m < p:
+        raise ExportError(
+            f"torch's Schedule1F1B needs at least as many micro-batches as stages: {m} < {p}; "
+            "use more micro-batches or the gpipe schedule"
+        )
+    if m > 1:
+        for op in graph.ops:
+            if is_batch_norm(op):
+                raise ExportError(
+                    f"op {op.name!r} normalizes with batch statistics, which over {m} "
+                    "micro-batches would be each micro-batch's, not the batch's: pipelines with "
+                    "batch norm export with 1 micro-batch only"
+                )
+    for e in graph.edges:
+        a, b = pipe.chunk_of(e.src), pipe.chunk_of(e.dst)
+        if b > a + 1:
+            raise ExportError(
+                f"the output of op {graph.ops[e.src].name!r} (chunk {a}) is read by op "
+                f"{graph.ops[e.dst].name!r} (chunk {b}): torch's pipelining passes tensors only "
+                "to the next stage; move the bounds so no tensor skips a stage"
+            )
+
+
+def _module_of_op(name: str, kinds: dict[str, str]) -> str:
+    """The innermost module an op runs in: the longest prefix of its name that is a module."""
+    parts = name.split(".")
+    for k in range(len(parts), 0, -1):
+        path = ".".join(parts[:k])
+        if path in kinds:
+            return path
+    return ""
+
+
+def _split_point(graph: Any, first: int, kinds: dict[str, str]) -> str:
+    """The outermost module whose call starts with op `first` (its first op is `first`)."""
+    names = [op.name for op in graph.ops]
+    parts = names[first].split(".")
+    for k in range(1, len(parts) + 1):
+        path = ".".join(parts[:k])
+        if path not in kinds or kinds[path] in ("ModuleList", "ModuleDict"):
+            continue
+        start = next(i for i, n in enumerate(names) if n == path or n.startswith(path + "."))
+        if start == first:
+            return path
+    starts = sorted(
+        {
+            next(i for i, n in enumerate(names) if n == path or n.startswith(path + "."))
+            for path in {_module_of_op(n, kinds) for n in names}
+            if path and kinds[path] not in ("ModuleList", "ModuleDict")
+        }
+    )
+    near = min(starts, key=lambda i: abs(i - first)) if starts else None
+    hint = f" (the nearest is op {near}, {names[near]!r})" if near is not None else ""
+    raise ExportError(
+        f"a pipeline chunk starts at op {first} ({names[first]!r}), which does not begin a "
+        f"module's call: torch's pipelining splits a model where a submodule is called; move "
+        f"the bound to an op that starts a module{hint}"
+    )
+
+
+# -- running it (every rank of an initialized process group) -----------------------------------
+
+
+@dataclass(frozen=True)
+class _Tied:
+    """One parameter of the module that several stages hold: (stage, name) of each holder."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    holders: tuple[tuple[int, str], ...]
+
+
+@dataclass
+class PipelineExported:
+    """This rank's stages of a pipelined strategy in torch's pipelining, and its schedule."""
+
+    plan: PipelinePlan
+    rank: int
+    modules: dict[int, nn.Module]  # stage index -> its module (a traced GraphModule)
+    schedule: Any
+    tied: tuple[_Tied, ...] = ()
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """This rank's parameters, each once (for the optimizer)."""
+        seen: dict[int, Any] = {}
+        for mod in self.modules.values():
+            for p in mod.parameters():
+                seen.setdefault(id(p), p)
+        return list(seen.values())
+
+    def step(self, inputs: Sequence[torch.Tensor], targets: torch.Tensor) -> float:
+        """One step's forwards and backwards over the m micro-batches of the whole batch
+        (`inputs` and `targets`, the same on every rank: the first stage reads the inputs,
+        the last the targets); gradients accumulate in `.grad` (zero them between steps).
+        Returns the mean loss of the whole batch on every rank."""
+        import torch
+        import torch.distributed as dist
+
+        first = 0 in self.modules
+        last = len(self.plan.stages) - 1 in self.modules
+        losses: list[torch.Tensor] = []
+        args = tuple(inputs) if first else ()
+        self.schedule.step(*args, target=targets if last else None, losses=losses)
+        self._sum_tied()
+        total = torch.zeros((), dtype=torch.float64)
+        if last:
+            total += sum(float(x.detach()) for x in losses)
+        dist.broadcast(total, src=self.plan.stages[-1].rank)
+        return float(total)
+
+    def _sum_tied(self) -> None:
+        """A parameter several stages hold gets the sum of their gradients on every holder:
+        one all-reduce over all ranks per such parameter, zeros where it is not held (adding
+        zeros is exact, so the sum is the holders' alone)."""
+        import torch
+        import torch.distributed as dist
+
+        for tied in self.tied:
+            held = [self.modules[s].get_parameter(n) for s, n in tied.holders if s in self.modules]
+            distinct = list({id(p): p for p in held}.values())
+            total = torch.zeros(tied.shape, dtype=tied.dtype)
+            for p in distinct:
+                if p.grad is not None:
+                    total += p.grad
+            dist.all_reduce(total)
+            for p in distinct:
+                p.grad = total.clone()
+
+
+def parallelize_pipeline(
+    planned: PipelinedStrategy,
+    module: nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    device: str = "cpu",
+) -> PipelineExported:
+    """This rank's stages and schedule of `planned` for `module` (every rank calls it with
+    the same module and parameters). example_inputs: the whole batch's inputs (their first
+    micro-batch traces the model); loss_fn(output, target): the mean loss of a micro-batch,
+    e.g. `F.cross_entropy` (it is divided by m here)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import pipelining as pp
+
+    plan = pipeline_plan(planned, module)
+    if not dist.is_available() or not dist.is_initialized():
+        raise ExportError(
+            "parallelize_pipeline needs an initialized process group: launch with torchrun, "
+            "or call torch.distributed.init_process_group first"
+        )
+    if dist.get_world_size() != plan.ranks:
+        raise ExportError(
+            f"the pipeline has {plan.ranks} stages (one rank each) but the process group has "
+            f"{dist.get_world_size()} ranks"
+        )
+    m = plan.micro_batches
+    batch = example_inputs[0].shape[0]
+    if batch % m:
+        raise ExportError(f"{m} micro-batches do not divide the batch of {batch} samples")
+    micro = tuple(x.narrow(0, 0, x.shape[0] // m) for x in example_inputs)
+    split = {path: pp.SplitPoint.BEGINNING for path in plan.split_spec}
+    pipe = pp.pipeline(module, micro, split_spec=split)
+    if pipe.num_stages != len(plan.stages):
+        raise ExportError(
+            f"tracing cut the module into {pipe.num_stages} stages where the pipeline has "
+            f"{len(plan.stages)} chunks: a split module ({', '.join(plan.split_spec)}) is not "
+            "called where the graph says"
+        )
+    rank = dist.get_rank()
+    info, dev = pipe.info(), torch.device(device)
+    mine = {s.index: pipe.get_stage_module(s.index) for s in plan.stages_of(rank)}
+    stages: list[Any] = [pp.build_stage(mod, i, info, dev) for i, mod in mine.items()]
+
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return loss_fn(output, target) / m  # a part of the whole batch's mean
+
+    if plan.schedule == "ScheduleInterleaved1F1B":
+        schedule = pp.ScheduleInterleaved1F1B(stages, m, loss_fn=loss, scale_grads=False)
+    else:
+        cls = getattr(pp, plan.schedule)
+        schedule = cls(stages[0], m, loss_fn=loss, scale_grads=False)
+    return PipelineExported(plan, rank, mine, schedule, _tied(module, pipe, len(plan.stages)))
+
+
+def _tied(module: nn.Module, pipe: Any, n: int) -> tuple[_Tied, ...]:
+    """The parameters of `module` that several of the `n` stages hold, in the module's
+    parameter order (the same on every rank)."""
+    original: dict[str, Any] = dict(module.named_parameters(remove_duplicate=False))
+    holders: dict[int, list[tuple[int, str]]] = {}
+    for s in range(n):
+        for name, _ in pipe.get_stage_module(s).named_parameters(remove_duplicate=False):
+            if name in original:
+                holders.setdefault(id(original[name]), []).append((s, name))
+    out: dict[int, _Tied] = {}
+    for p in original.values():
+        found = holders.get(id(p), [])
+        if len({s for s, _ in found}) > 1 and id(p) not in out:
+            out[id(p)] = _Tied(tuple(p.shape), p.dtype, tuple(found))
+    return tuple(out.values())

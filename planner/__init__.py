@@ -36,7 +36,7 @@ _EXPORTS: dict[str, str] = {
     "process_group": "planner.export",
     "parallelize_pipeline": "planner.export_pipeline",
     "pipeline_plan": "planner.export_pipeline",
-    "PipelinePlan": "planner.export_pipeline",
+    "PipelineExportPlan": "planner.export_pipeline",
     "PipelineExported": "planner.export_pipeline",
     "ModelSpec": "planner.graph.models",
     "InputSpec": "planner.graph.models",

@@ -36,7 +36,13 @@ if TYPE_CHECKING:
 
     from planner.pipeline.spec import PipelinedStrategy
 
-__all__ = ["PipelineExported", "PipelinePlan", "StagePlan", "parallelize_pipeline", "pipeline_plan"]
+__all__ = [
+    "PipelineExported",
+    "PipelineExportPlan",
+    "StagePlan",
+    "parallelize_pipeline",
+    "pipeline_plan",
+]
 
 TORCH_SCHEDULES = {
     "gpipe": "ScheduleGPipe",
@@ -59,7 +65,7 @@ class StagePlan:
 
 
 @dataclass(frozen=True)
-class PipelinePlan:
+class PipelineExportPlan:
     """What torch's pipelining runs of a pipelined strategy: p ranks, v stages each, the
     torch schedule class, m micro-batches."""
 
@@ -87,7 +93,7 @@ class PipelinePlan:
         return [*lines, f"{self.schedule}, {self.micro_batches} micro-batches"]
 
 
-def pipeline_plan(planned: PipelinedStrategy, module: nn.Module) -> PipelinePlan:
+def pipeline_plan(planned: PipelinedStrategy, module: nn.Module) -> PipelineExportPlan:
     """The stages and schedule of `planned` (for `module`, the module its graph was captured
     from) in torch's pipelining; one ExportError for what it cannot express."""
     from planner.pipeline.spec import PipelinedStrategy
@@ -110,7 +116,7 @@ def pipeline_plan(planned: PipelinedStrategy, module: nn.Module) -> PipelinePlan
         mods = [_module_of_op(graph.ops[i].name, kinds) for i in range(first, end)]
         named = tuple(dict.fromkeys(m for m in mods if m))
         stages.append(StagePlan(c, c % pipe.stages, split_at, first, end, named))
-    return PipelinePlan(
+    return PipelineExportPlan(
         pipe.stages, tuple(stages), TORCH_SCHEDULES[pipe.schedule], pipe.micro_batches
     )
 
@@ -220,7 +226,7 @@ class _Tied:
 class PipelineExported:
     """This rank's stages of a pipelined strategy in torch's pipelining, and its schedule."""
 
-    plan: PipelinePlan
+    plan: PipelineExportPlan
     rank: int
     modules: dict[int, nn.Module]  # stage index -> its module (a traced GraphModule)
     schedule: Any

@@ -105,3 +105,13 @@ def test_selene_lowers_only_the_attention_fraction() -> None:
     assert old.devices[0].efficiency_of("matmul") == base.devices[0].efficiency_of("matmul")
     assert old.links == base.links and len(old.devices) == 8
     assert isinstance(megatron(exp.build_gpt(tiny(batch=8)), old, 8).configs[0], ParallelConfig)
+
+
+def test_the_pipeline_search_is_at_least_as_fast_as_the_published_pipeline() -> None:
+    piped = dataclasses.replace(exp.TABLE1[4], layers=4, hidden=64, heads=4, batch=16, gpus=16)
+    run = exp.PipelineRun(2, "1f1b")
+    published = exp.simulate_published_pipeline(piped, exp.selene(2), run)
+    planned = exp.plan_pipelined_row(piped, exp.selene(2), time_limit=60, seed=0)
+    assert planned["plan_status"] == "FEASIBLE" and planned["plan_zero"] == 0
+    assert planned["plan_tflops"] >= published["tflops_predicted"] * 0.999
+    assert planned["plan_peak_gib"] <= 80 and planned["plan_layout"].startswith("PP ")

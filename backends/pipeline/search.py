@@ -103,7 +103,8 @@ class Layout:
     def _blocks(self) -> str:
         if len(set(self.blocks)) == 1:
             per = "chunk" if self.virtual > 1 else "stage"
-            return f"{self.blocks[0]} blocks per {per}"
+            k = self.blocks[0]
+            return f"{k} block{'s' if k != 1 else ''} per {per}"
         return f"blocks per stage {list(self.blocks)}"
 
 

@@ -115,6 +115,7 @@ class PipelinePlan:
             "zero": self.options.zero,
             "bubble": self.timeline.bubble,
             "blocks": list(lay.blocks),
+            "inner": getattr(lay, "inner", "rule"),
             "layouts_fit": self.phases.get("layouts_fit"),
             "simulated": self.phases.get("simulated_exactly"),
         }

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from backends.pipeline.inner import SearchedLayout, searched_layout
 from backends.pipeline.units import (
     Units,
     block_ranges,
@@ -72,6 +73,8 @@ __all__ = ["Layout", "PipelineAnswer", "search_pipeline"]
 log = logging.getLogger("backends.pipeline")
 
 FULL_SIMULATION_TASKS = 200_000  # the answer is simulated on every device up to this
+INNER = ("rule", "search")  # how a stage is laid out: Megatron-LM's rule, the per-op search
+INNER_SHARE = 0.1  # of the time, at most, for the per-op searches of the stages' layouts
 COSTING_SHARE = 0.6  # of the time left, for costing stage layouts; the rest simulates exactly
 MAX_MICRO_BATCH = 16  # samples per replica per micro-batch: more only adds to the bubble
 
@@ -90,6 +93,7 @@ class Layout:
     recompute: str
     zero: int
     blocks: tuple[int, ...]  # per chunk, in chunk order
+    inner: str = "rule"  # each stage laid out by Megatron-LM's rule or the per-op search
 
     def describe(self) -> str:
         sched = self.schedule if self.virtual == 1 else f"{self.schedule} v={self.virtual}"
@@ -98,6 +102,7 @@ class Layout:
             f"PP {self.stages} x TP {self.tensor} x DP {self.data}, {self.micro_batches} "
             f"micro-batches of {self.micro_batch} per replica, {sched}, recompute "
             f"{self.recompute}{zero}, {self._blocks()}"
+            + (", stages laid out by the per-op search" if self.inner == "search" else "")
         )
 
     def _blocks(self) -> str:
@@ -148,6 +153,7 @@ def search_pipeline(
     schedules: Sequence[str] = ("1f1b", "interleaved", "gpipe"),
     stages: Sequence[int] | None = None,
     exact: int = 6,
+    inner: Sequence[str] = INNER,
     progress: Callable[[str], None] | None = None,
 ) -> PipelineAnswer:
     """The fastest layout found for the full-batch `graph` (a model of numbered blocks) on
@@ -170,8 +176,16 @@ def search_pipeline(
     found: list[_Candidate] = []
     least = math.inf
     stopped = False
+    searched: dict[int, SearchedLayout] = {}
+    if "search" in inner:  # the per-op search on a few blocks of one tensor group, per t
+        looking = deadline.share(INNER_SHARE)
+        for t in _powers(min(node, n)):
+            found_layout = searched_layout(graph, devices, t, options, looking)
+            if found_layout is not None:
+                searched[t] = found_layout
+    rules = [r for r in ("rule", "search") if r in inner]
     keys = [
-        (p, t, b, rc, z)
+        (p, t, b, rc, z, rule)
         for p in choices
         for t in _powers(min(node, n // p))
         if (n // p) % t == 0
@@ -180,6 +194,8 @@ def search_pipeline(
         for rc in recompute
         for z in zero
         if not (z and n // p // t == 1)  # ZeRO shards over replicas: none to shard over
+        for rule in rules
+        if rule == "rule" or t in searched
     ]
     # a device's parameter state alone must fit: p x t at least that many ways (ZeRO: x d)
     fitting = [k for k in keys if _held(state, n, *k) <= usable]
@@ -188,9 +204,9 @@ def search_pipeline(
     # the least model parallelism that holds the parameters first (the fewest stages, the
     # least bubble), then the smallest micro-batches (more of them: less bubble), then
     # keeping activations before recomputing them
-    fitting.sort(key=lambda k: (k[0] * k[1], k[0], k[2], recompute.index(k[3]), k[4]))
+    fitting.sort(key=lambda k: (k[0] * k[1], k[0], k[2], recompute.index(k[3]), k[4], k[5]))
     costing = deadline.share(COSTING_SHARE)
-    for p, t, b, rc, z in fitting:
+    for p, t, b, rc, z, rule in fitting:
         if costing.expired() and found:
             stopped = True
             break
@@ -207,12 +223,13 @@ def search_pipeline(
         try:
             if mu not in micro:
                 micro[mu] = batch_graph(graph, here * b)
-            u = unit_costs(micro[mu], devices, groups[key], t, opts, g if p > 1 else 0, d)
+            lay_out = searched[t].strategy if rule == "search" else megatron
+            u = unit_costs(micro[mu], devices, groups[key], t, opts, g if p > 1 else 0, d, lay_out)
         except Exception as exc:  # noqa: BLE001 - a layout the rule cannot express: skip it
             log.debug("skipped PP %d TP %d b %d: %s", p, t, b, exc)
             continue
-        units[(p, t, b, rc, z)] = u
-        for cand in _candidates(u, p, t, d, b, m, rc, z, blocks, schedules, flights):
+        units[(p, t, b, rc, z, rule)] = u
+        for cand in _candidates(u, p, t, d, b, m, rc, z, rule, blocks, schedules, flights):
             least = min(least, cand.peak)
             if cand.peak <= usable:
                 found.append(cand)
@@ -239,7 +256,7 @@ def search_pipeline(
             break
         lay = cand.layout
         opts = dataclasses.replace(options, recompute=lay.recompute, zero=lay.zero)  # type: ignore[arg-type]
-        planned, timeline = _simulate(graph, devices, lay, opts, micro, groups)
+        planned, timeline = _simulate(graph, devices, lay, opts, micro, groups, searched)
         simulated += 1
         if max(timeline.peak_bytes) > usable:
             continue
@@ -284,6 +301,7 @@ def _simulate(
     options: CostOptions,
     micro: dict[int, OpGraph],
     groups: dict[Any, DeviceGraph],
+    searched: dict[int, SearchedLayout] | None = None,
 ) -> tuple[PipelinedStrategy, PipelineTimeline]:
     """The layout's pipelined strategy, and its step: every distinct chunk simulated with
     FlexFlow's simulator on two of its stage's data-parallel replicas (all compute and
@@ -298,7 +316,10 @@ def _simulate(
             micro[m] = micro_batch_graph(graph, m)
         if size not in groups:
             groups[size] = devices.subset(range(size), f"{devices.name}[{size}]")
-        inner = megatron(micro[m], groups[size], t)
+        if lay.inner == "search" and searched and t in searched:
+            inner = searched[t].strategy(micro[m], groups[size], t)
+        else:
+            inner = megatron(micro[m], groups[size], t)
         return _pipelined(micro[m], devs, inner, dataclasses.replace(lay, data=data))
 
     planned = strategy(lay.micro_batches, devices, g, d)
@@ -332,6 +353,7 @@ def _candidates(
     m: int,
     rc: str,
     z: int,
+    rule: str,
     blocks: int,
     schedules: Sequence[str],
     flights: dict[tuple[str, int, int, int], tuple[int, ...]],
@@ -359,7 +381,7 @@ def _candidates(
                     estimate = (m - 1) * busiest + sum(work) + messages + tail
                 else:
                     estimate = m * busiest + (p - 1) * busiest / v + messages + tail
-                layout = Layout(p, t, d, b, m, name, v, rc, z, tuple(split))
+                layout = Layout(p, t, d, b, m, name, v, rc, z, tuple(split), rule)
                 out.append(_Candidate(estimate, m * busiest, layout, peak))
     return out
 
@@ -429,7 +451,7 @@ def _tasks(graph: OpGraph, lay: Layout) -> int:
     return int(min(3, lay.stages * lay.virtual) * per_chunk * lay.tensor * lay.data)
 
 
-def _held(state: float, n: int, p: int, t: int, b: int, rc: str, z: int) -> float:
+def _held(state: float, n: int, p: int, t: int, b: int, rc: str, z: int, rule: str) -> float:
     """A lower bound of a device's parameter bytes: the state split p x t ways (x d: ZeRO)."""
     return state / (p * t) / (n // (p * t) if z else 1)
 

@@ -1,8 +1,9 @@
 """Per-block costs of a layout: the simulated micro-batch of one block, composed into chunks.
 
-For a transformer (numbered blocks, `planner.pipeline.layouts.block_starts`) laid out with
-Megatron-LM's rule at tensor degree t over a group of g devices (`planner.problems.baselines.
-megatron`), three op ranges are simulated once each with FlexFlow's simulator, as a pipeline
+For a transformer (numbered blocks, `planner.pipeline.layouts.block_starts`) laid out at
+tensor degree t over a group of g devices by Megatron-LM's rule (`planner.problems.baselines.
+megatron`) or by the per-op search (`backends.pipeline.inner`), three op ranges are
+simulated once each with FlexFlow's simulator, as a pipeline
 chunk would be (`planner.pipeline.stages.range_problem`): `first` (the ops before block 1:
 the embeddings and block 0), `middle` (block 1) and `last` (the last block and what follows:
 the final norm, the head, the loss). A chunk of k blocks is then composed: the first chunk
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.costs.costmodel import CostModel, CostOptions
@@ -106,6 +108,7 @@ def unit_costs(
     options: CostOptions,
     next_group_offset: int,
     replicas: int | None = None,
+    layout: Callable[[OpGraph, DeviceGraph, int], Strategy] = megatron,
 ) -> Units:
     """The three units of the micro-batch graph `graph` at tensor degree `tensor` on `group`
     (the first devices of `devices`; the next stage's group starts at device
@@ -116,7 +119,7 @@ def unit_costs(
     replica computes and exchanges within its tensor-parallel group alike, so two stand for
     many; only the gradient sync differs, and it is scaled by the ring all-reduce's
     2 (r - 1) / r (ZeRO's collectives are not: simulate every replica with ZeRO)."""
-    strategy = megatron(graph, group, tensor)
+    strategy = layout(graph, group, tensor)
     blocks = block_ranges(graph)
     g = group.num_devices
     mine = tuple(range(g))

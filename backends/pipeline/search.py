@@ -75,7 +75,12 @@ log = logging.getLogger("backends.pipeline")
 FULL_SIMULATION_TASKS = 200_000  # the answer is simulated on every device up to this
 INNER = ("rule", "search")  # how a stage is laid out: Megatron-LM's rule, the per-op search
 INNER_SHARE = 0.1  # of the time, at most, for the per-op searches of the stages' layouts
-COSTING_SHARE = 0.6  # of the time left, for costing stage layouts; the rest simulates exactly
+COSTING_SHARE = 0.45
+FULL_SIMULATIONS = 3  # the best layouts by two replicas' simulation simulated on every device
+# seconds of a full simulation per second of two replicas', per replica pair (measured 0.18-0.38)
+FULL_SIMULATION_COST = (
+    0.4  # of the time left, for costing stage layouts; the rest simulates exactly
+)
 MAX_MICRO_BATCH = 16  # samples per replica per micro-batch: more only adds to the bubble
 
 
@@ -246,33 +251,50 @@ def search_pipeline(
         f"layouts costed{', stopped by the time limit' if stopped else ''}); best estimate "
         f"{found[0].estimate:.3f} s ({found[0].layout.describe()})"
     )
-    best: tuple[float, _Candidate, PipelinedStrategy, PipelineTimeline, CostOptions] | None = None
+    ranked: list[
+        tuple[float, float, _Candidate, PipelinedStrategy, PipelineTimeline, CostOptions]
+    ] = []
     simulated = 0
     for cand in found:
-        if simulated >= exact or (best is not None and cand.floor >= best[0]):
+        if simulated >= exact or (ranked and cand.floor >= ranked[0][0]):
             break
-        if best is not None and deadline.expired():
+        if ranked and deadline.expired():
             stopped = True
             break
         lay = cand.layout
         opts = dataclasses.replace(options, recompute=lay.recompute, zero=lay.zero)  # type: ignore[arg-type]
+        t1 = time.perf_counter()
         planned, timeline = _simulate(graph, devices, lay, opts, micro, groups, searched)
         simulated += 1
-        if max(timeline.peak_bytes) > usable:
-            continue
-        if best is None or timeline.makespan < best[0]:
-            best = (timeline.makespan, cand, planned, timeline, opts)
-    if best is None:
+        if max(timeline.peak_bytes) <= usable:
+            ranked.append(
+                (timeline.makespan, time.perf_counter() - t1, cand, planned, timeline, opts)
+            )
+            ranked.sort(key=lambda r: r[0])
+    if not ranked:
         raise PipelineError(
             f"the pipeline layouts of {graph.name!r} estimated to fit the devices of "
             f"{devices.name} do not fit when simulated exactly: plan with recomputation or "
             f"ZeRO among the choices, more devices or a smaller batch"
         )
-    step, cand, planned, timeline, opts = best
-    everything = _tasks(graph, cand.layout) <= FULL_SIMULATION_TASKS and not deadline.expired()
-    if everything and cand.layout.data > 2 and cand.layout.zero < 3:
-        cm = CostModel(planned.strategy.graph, devices, opts)
-        timeline = simulate_pipelined(cm, planned)
+    # the best few again on every device (contention two replicas do not see), as time allows
+    full: list[tuple[float, _Candidate, PipelinedStrategy, PipelineTimeline, CostOptions]] = []
+    for _, seconds, cand, planned, timeline, opts in ranked[:FULL_SIMULATIONS]:
+        lay = cand.layout
+        if lay.data <= 2 or lay.zero >= 3:  # simulated on every device already
+            full.append((timeline.makespan, cand, planned, timeline, opts))
+            continue
+        expected = seconds * lay.data / 2 * FULL_SIMULATION_COST
+        if _tasks(graph, lay) > FULL_SIMULATION_TASKS or expected > deadline.left():
+            continue
+        again = simulate_pipelined(CostModel(planned.strategy.graph, devices, opts), planned)
+        if max(again.peak_bytes) <= usable:
+            full.append((again.makespan, cand, planned, again, opts))
+    if full:
+        step, cand, planned, timeline, opts = min(full, key=lambda r: r[0])
+    else:
+        step, _, cand, planned, timeline, opts = ranked[0]
+    everything = bool(full)
     return PipelineAnswer(
         planned=planned,
         layout=cand.layout,

@@ -203,3 +203,24 @@ def test_what_a_pipelined_run_refuses_before_starting_workers() -> None:
     with pytest.raises(RuntimeConfigError, match="normalizes with batch statistics") as info:
         runtime.run_strategy(cnn, net, F64)
     assert "\n" not in str(info.value)
+
+
+def test_a_searched_pipeline_runs_like_single_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """End to end: the pipeline search's plan file (a GPT-2 in 2 stages on two CPU workers,
+    whatever micro-batches, schedule, recomputation and ZeRO it chose) trains as one process."""
+    import planner
+
+    sizes = {"batch": 4, "seq": 16, "n_layer": 4, "n_head": 2, "n_embd": 32, "vocab_size": 64}
+    out = planner.plan_pipeline("gpt2", "cpu-local-2", model_kwargs=sizes, stages=[2])
+    assert out.layout.stages == 2
+    path = tmp_path / "plan.json"
+    out.save(path)
+    capsys.readouterr()
+    assert main([str(path), "--steps", "2", "--check", "--dtype", "float64", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    print(
+        f"searched pipeline ({out.layout.describe()}): max deviation {summary['max_deviation']:.2e}"
+    )
+    assert summary["max_deviation"] <= 1e-9 and summary["world"] == 2

@@ -459,3 +459,27 @@ def test_backtracking_at_its_largest_size_does_not_overflow_the_stack() -> None:
     assert found is not None and math.isfinite(additive_cost(p, selection(p).choices(found)))
     bigger = random_problem(BACKTRACK_NODES + 1, 2, seed=0, edge_prob=0.01, memory=False)
     assert backtrack(selection(bigger)) is None  # left to the repair: not searched
+
+
+def test_the_heuristic_stops_improving_on_negative_costs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reduced tables (`Selection`) may hold negative costs. A move that saves nothing was
+    once taken again and again there (`here * (1 - 1e-12)` is above a negative `here`): the
+    search never ended."""
+    from backends.heuristics import feasible
+
+    moves = 0
+    real = feasible.LocalSearch.move
+
+    def counted(self: object, i: int, c: int) -> None:
+        nonlocal moves
+        moves += 1
+        if moves > 10_000:
+            raise AssertionError("the local search keeps moving without saving anything")
+        real(self, i, c)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(feasible.LocalSearch, "move", counted)
+    for seed in range(20):
+        sel = selection(random_problem(6, 3, seed, edge_prob=0.5))
+        lowered = tuple(c - 1e4 for c in sel.node_cost)  # a shift: the same best answers
+        negative = dataclasses.replace(sel, node_cost=lowered)
+        assert (feasible.feasible_positions(negative) is None) == (sel.infeasible is not None)

@@ -372,7 +372,16 @@ class LocalSearch:
         here = local[self.pos[i]]
         local[~self.fitting(i)] = math.inf
         c = int(np.argmin(local))
-        if not local[c] < here * (1 - 1e-12) - 1e-300:
+        if c == self.pos[i] or not _lower(float(local[c]), float(here)):
             return None
         added = max((float(add[c]) for add, _ in self.extra(i)), default=0.0)
         return i, float(here - local[c]), added, c
+
+
+def _lower(value: float, than: float) -> bool:
+    """`value` is below `than` by more than rounding: 1e-12 of its size (an infinite `than`,
+    a forbidden choice, is above every finite value). With negative costs `than * (1 - 1e-12)`
+    is *above* `than`, and a move that saves nothing was taken again and again."""
+    if math.isinf(than):
+        return value < than
+    return value < than - 1e-12 * abs(than) - 1e-300

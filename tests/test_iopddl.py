@@ -90,7 +90,7 @@ def test_a_crash_and_a_hang_are_rows(
     assert broken["status"] == "ERROR" and 'has no "edges"' in broken["error"]
     assert broken["valid"] == "-" and broken["score"] == "" and broken["cost"] == ""
     assert fine["valid"] == "yes"  # the run went on after the crash
-    monkeypatch.setattr(iopddl, "GRACE", -4.5)  # killed 0.5 s after it starts
+    monkeypatch.setattr(iopddl, "GRACE", -4.95)  # killed at the first look after 0.05 s
     (hung,) = rows("x-G.json")
     assert hung["status"] == "TIMEOUT" and "killed after" in hung["error"]
     assert hung["score"] == "0.0"  # a best-known cost but no valid answer

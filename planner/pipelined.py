@@ -333,15 +333,18 @@ def _pipeline_after_refusal(refusal: Any, call: dict[str, Any]) -> Any:
     deadline: Deadline = call["deadline"]
     if deadline.expired():
         raise refusal
-    graph, spec, devices, seconds = graph_of(
-        call["model"],
-        call["devices"],
-        example_inputs=call["example_inputs"],
-        model_kwargs=call["model_kwargs"],
-        name=call["name"],
-        coarsen=call["coarsen"],
-        deadline=deadline,
-    )
+    try:
+        graph, spec, devices, seconds = graph_of(
+            call["model"],
+            call["devices"],
+            example_inputs=call["example_inputs"],
+            model_kwargs=call["model_kwargs"],
+            name=call["name"],
+            coarsen=call["coarsen"],
+            deadline=deadline,
+        )
+    except OutOfTime:
+        raise refusal from None  # no time left to try pipelines: the refusal stands
     if not _has_blocks(graph):
         raise refusal
     log.info("%s: searching pipelines instead", refusal)

@@ -52,7 +52,6 @@ def problem_of(
     """The Problem to search, the model spec to record, and the seconds of capture (model to
     OpGraph, torch's import included) and build (devices, cost model, cost tables). Past
     `deadline` (checked before and after capture and while building) it raises OutOfTime."""
-    from planner.graph.opgraph import OpGraph
     from planner.problems.problem import Problem
 
     if isinstance(model, Problem) or _is_problem_file(model):
@@ -68,15 +67,7 @@ def problem_of(
         problem = model if isinstance(model, Problem) else _load_problem(model)
         return problem, None, {"capture_seconds": 0.0, "build_seconds": time.perf_counter() - t0}
     t0 = time.perf_counter()
-    if isinstance(model, OpGraph):
-        graph, spec = model, None
-        if example_inputs is not None or model_kwargs:
-            raise LayerwiseError("example_inputs and model_kwargs do not apply to an OpGraph")
-    else:
-        if deadline is not None:
-            load_torch(deadline)
-            deadline.check()  # no capture begins with no time left
-        graph, spec = _capture(model, example_inputs, model_kwargs, name, coarsen, deadline)
+    graph, spec = _graph(model, example_inputs, model_kwargs, name, coarsen, deadline)
     capture_seconds = time.perf_counter() - t0
     if deadline is not None:
         deadline.check()
@@ -128,7 +119,6 @@ def graph_of(
 ) -> tuple[OpGraph, ModelSpec | None, DeviceGraph, float]:
     """The model's graph, its spec, the devices and the capture's seconds, without cost
     tables (what a pipeline search needs). OutOfTime past `deadline`."""
-    from planner.graph.opgraph import OpGraph
     from planner.problems.problem import Problem
 
     if isinstance(model, Problem) or _is_problem_file(model):
@@ -137,19 +127,32 @@ def graph_of(
             "pipeline (pipeline=False, --pipeline off)"
         )
     t0 = time.perf_counter()
-    if isinstance(model, OpGraph):
-        graph, spec = model, None
-        if example_inputs is not None or model_kwargs:
-            raise LayerwiseError("example_inputs and model_kwargs do not apply to an OpGraph")
-    else:
-        if deadline is not None:
-            load_torch(deadline)
-            deadline.check()
-        graph, spec = _capture(model, example_inputs, model_kwargs, name, coarsen, deadline)
+    graph, spec = _graph(model, example_inputs, model_kwargs, name, coarsen, deadline)
     seconds = time.perf_counter() - t0
     if devices is None:
         raise LayerwiseError("plan() needs devices: a preset name, a device JSON or a DeviceGraph")
     return graph, spec, _devices(devices), seconds
+
+
+def _graph(
+    model: Any,
+    example_inputs: Any,
+    model_kwargs: Mapping[str, Any] | None,
+    name: str | None,
+    coarsen: bool,
+    deadline: Deadline | None,
+) -> tuple[OpGraph, ModelSpec | None]:
+    """An OpGraph as given, or the model captured (torch loaded within `deadline` first)."""
+    from planner.graph.opgraph import OpGraph
+
+    if isinstance(model, OpGraph):
+        if example_inputs is not None or model_kwargs:
+            raise LayerwiseError("example_inputs and model_kwargs do not apply to an OpGraph")
+        return model, None
+    if deadline is not None:
+        load_torch(deadline)
+        deadline.check()  # no capture begins with no time left
+    return _capture(model, example_inputs, model_kwargs, name, coarsen, deadline)
 
 
 def _load_problem(path: str | Path) -> Problem:

@@ -197,27 +197,15 @@ def micro_batch_graph(graph: OpGraph, micro_batches: int) -> OpGraph:
     divided by `micro_batches` (which must divide each op's samples)."""
     if micro_batches == 1:
         return graph
-    ops = []
     for op in graph.ops:
-        if SAMPLE not in op.output.dims:
-            ops.append(op)
-            continue
-        n = op.output.size(SAMPLE)
-        if n % micro_batches:
+        if SAMPLE in op.output.dims and op.output.size(SAMPLE) % micro_batches:
             raise PipelineError(
-                f"op {op.name!r} of {graph.name!r} has {n} samples, which {micro_batches} "
-                f"micro-batches do not divide: use a batch that the micro-batch count divides"
+                f"op {op.name!r} of {graph.name!r} has {op.output.size(SAMPLE)} samples, which "
+                f"{micro_batches} micro-batches do not divide: use a batch that the micro-batch "
+                f"count divides"
             )
-        shape = tuple((d, s // micro_batches if d == SAMPLE else s) for d, s in op.output.shape)
-        ops.append(
-            dataclasses.replace(
-                op,
-                output=Tensor(shape, op.output.dtype_bytes),
-                flops=op.flops / micro_batches,
-                mem_bytes=op.mem_bytes / micro_batches,
-            )
-        )
-    return OpGraph(graph.name, tuple(ops))
+    batch = max(op.output.size(SAMPLE) for op in graph.ops if SAMPLE in op.output.dims)
+    return batch_graph(graph, batch // micro_batches)
 
 
 def batch_graph(graph: OpGraph, samples: int) -> OpGraph:

@@ -321,6 +321,16 @@ def plan(
     deadline = clock if deadline is None else deadline.within(clock.left())
     if pipeline not in (None, True, False, "auto"):
         raise LayerwiseError(f"pipeline must be True, False or 'auto', got {given(pipeline)}")
+    _check_call(
+        objective,
+        time_limit,
+        seed,
+        build_options,
+        backend=backend,
+        max_configs=max_configs,
+        memory_limit=memory_limit,
+        backend_options=backend_options,
+    )  # before either search: a bad value is one line whichever runs
     if pipeline is not False:
         from planner.pipelined import choose_pipeline
 

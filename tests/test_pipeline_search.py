@@ -194,3 +194,12 @@ def test_stages_laid_out_by_the_per_op_search(gpt: OpGraph) -> None:
     assert answer.peak_bytes <= float(usable_memory(devices).min())
     cm = CostModel(answer.planned.strategy.graph, devices, answer.options)
     assert simulate_pipelined(cm, answer.planned).makespan == pytest.approx(answer.step_seconds)
+
+
+def test_bad_plan_arguments_are_refused_before_either_search() -> None:
+    for bad, says in (
+        ({"time_limit": "soon"}, "time_limit must be"),
+        ({"seed": -1}, "seed must be"),
+    ):
+        with pytest.raises(LayerwiseError, match=says):
+            planner.plan("gpt2", "dgx-a100-80g-2", **bad)  # type: ignore[arg-type]

@@ -245,16 +245,26 @@ def plan_row(row: Row, graph: Any, devices: Any, time_limit: float, seed: int) -
         return {"plan_status": result.status.value, "plan_seconds": seconds}
     cm = result.problem.dnn().cost_model
     step = simulate(cm, result.strategy).makespan
+    peak = float(cm.strategy_memory(result.strategy.configs).max())
+    layout = describe_layout(result.strategy)
+    return planned(row, result, seconds, step, peak, cm.options, layout)
+
+
+def planned(
+    row: Row, result: Any, seconds: float, step: float, peak: float, options: Any, layout: str
+) -> dict[str, Any]:
+    """The record's columns of a plan (`result`: a PlanResult or a PipelinePlan) simulated
+    at `step` seconds and `peak` bytes per device, with the cost options it used."""
     return {
         "plan_status": result.status.value,
         "plan_backend": result.backend,
         "plan_seconds": seconds,
         "plan_step_seconds": step,
         "plan_tflops": eq3_flops(row) / step / row.gpus / 1e12,
-        "plan_peak_gib": float(cm.strategy_memory(result.strategy.configs).max()) / 2**30,
-        "plan_recompute": cm.options.recompute,
-        "plan_zero": cm.options.zero,
-        "plan_layout": describe_layout(result.strategy),
+        "plan_peak_gib": peak / 2**30,
+        "plan_recompute": options.recompute,
+        "plan_zero": options.zero,
+        "plan_layout": layout,
     }
 
 
@@ -276,18 +286,10 @@ def plan_pipelined_row(row: Row, devices: Any, time_limit: float, seed: int) -> 
         zero=0,
     )
     seconds = time.perf_counter() - t0
-    step = result.objective
-    return {
-        "plan_status": result.status.value,
-        "plan_backend": result.backend,
-        "plan_seconds": seconds,
-        "plan_step_seconds": step,
-        "plan_tflops": eq3_flops(row) / step / row.gpus / 1e12,
-        "plan_peak_gib": max(result.timeline.peak_bytes) / 2**30,
-        "plan_recompute": result.options.recompute,
-        "plan_zero": result.options.zero,
-        "plan_layout": result.layout.describe(),
-    }
+    peak = max(result.timeline.peak_bytes)
+    return planned(
+        row, result, seconds, result.objective, peak, result.options, result.layout.describe()
+    )
 
 
 def describe_layout(strategy: Any) -> str:

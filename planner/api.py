@@ -331,63 +331,37 @@ def plan(
         memory_limit=memory_limit,
         backend_options=backend_options,
     )  # before either search: a bad value is one line whichever runs
-    if pipeline is not False:
-        from planner.pipelined import choose_pipeline
-
-        return choose_pipeline(
-            _plan_plain,
-            pipeline,
-            model=model,
-            devices=devices,
-            backend=backend,
-            objective=objective,
-            time_limit=time_limit,
-            seed=seed,
-            example_inputs=example_inputs,
-            model_kwargs=model_kwargs,
-            name=name,
-            coarsen=coarsen,
-            memory_limit=memory_limit,
-            cost=cost,
-            sync=sync,
-            optimizer=optimizer,
-            master_weights=master_weights,
-            zero=zero,
-            headroom=headroom,
-            recompute=recompute,
-            max_configs=max_configs,
-            backend_options=backend_options,
-            recommend=recommend,
-            check_memory=check_memory,
-            deadline=deadline,
-            **build_options,
-        )
-    return _plan_plain(
-        model,
-        devices,
-        backend,
-        objective,
-        time_limit,
-        seed,
-        example_inputs=example_inputs,
-        model_kwargs=model_kwargs,
-        name=name,
-        coarsen=coarsen,
-        memory_limit=memory_limit,
-        cost=cost,
-        sync=sync,
-        optimizer=optimizer,
-        master_weights=master_weights,
-        zero=zero,
-        headroom=headroom,
-        recompute=recompute,
-        max_configs=max_configs,
-        backend_options=backend_options,
-        recommend=recommend,
-        check_memory=check_memory,
-        deadline=deadline,
+    call = {
+        "model": model,
+        "devices": devices,
+        "backend": backend,
+        "objective": objective,
+        "time_limit": time_limit,
+        "seed": seed,
+        "example_inputs": example_inputs,
+        "model_kwargs": model_kwargs,
+        "name": name,
+        "coarsen": coarsen,
+        "memory_limit": memory_limit,
+        "cost": cost,
+        "sync": sync,
+        "optimizer": optimizer,
+        "master_weights": master_weights,
+        "zero": zero,
+        "headroom": headroom,
+        "recompute": recompute,
+        "max_configs": max_configs,
+        "backend_options": backend_options,
+        "recommend": recommend,
+        "check_memory": check_memory,
+        "deadline": deadline,
         **build_options,
-    )
+    }
+    if pipeline is False:
+        return _plan_plain(**call)
+    from planner.pipelined import choose_pipeline
+
+    return choose_pipeline(_plan_plain, pipeline, **call)
 
 
 def _plan_plain(

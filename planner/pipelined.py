@@ -265,7 +265,7 @@ def choose_pipeline(plain: Callable[..., Any], pipeline: Any, **call: Any) -> An
     """`plan`'s choice between the per-op search (`plain`, planner.api) and the pipeline
     search (see `plan`'s docstring, `pipeline`)."""
     from planner.problems.sizes import MemoryRefusal
-    from planner.sources import _devices, _is_problem_file, graph_of
+    from planner.sources import _devices, _is_problem_file
 
     deadline: Deadline = call["deadline"]
     extra = set(call) - PLAIN_ONLY - PIPELINE_ARGS - {"deadline", "check_memory", "recommend"}
@@ -297,28 +297,21 @@ def choose_pipeline(plain: Callable[..., Any], pipeline: Any, **call: Any) -> An
                 raise  # chosen by hand: the refusal says what does not fit with them
             return _pipeline_after_refusal(refusal, {**call, "devices": devices})
     try:
-        graph, spec, devices, seconds = graph_of(
-            model,
-            devices,
-            example_inputs=call["example_inputs"],
-            model_kwargs=call["model_kwargs"],
-            name=call["name"],
-            coarsen=call["coarsen"],
-            deadline=deadline,
-        )
+        as_graph, spec, seconds = _captured({**call, "devices": devices})
     except OutOfTime:
         raise LayerwiseError(
             f"capturing the model did not finish within the time limit of {deadline.limit:g} s: "
             "raise the time limit"
         ) from None
-    as_graph = {**call, "model": graph, "devices": devices, "example_inputs": None}
-    as_graph["model_kwargs"] = None
+    graph = as_graph["model"]
     if not _has_blocks(graph):
         out = plain(**as_graph)
         phases = {**out.phases, "capture_seconds": seconds}
         return dataclasses.replace(out, model=spec, phases=phases)
     log.info(
-        "%s has numbered blocks and %s spans hosts: searching pipelines", graph.name, devices.name
+        "%s has numbered blocks and %s spans hosts: searching pipelines",
+        graph.name,
+        as_graph["devices"].name,
     )
     out = plan_pipeline(**_pipeline_call(as_graph))
     return dataclasses.replace(out, model=spec, phases={**out.phases, "capture_seconds": seconds})
@@ -328,28 +321,17 @@ def _pipeline_after_refusal(refusal: Any, call: dict[str, Any]) -> Any:
     """The plain plan was refused for memory: a pipelined one instead, for a model of
     numbered blocks, in the time left; else the refusal, with why pipelines did not help."""
     from planner.problems.sizes import MemoryRefusal
-    from planner.sources import graph_of
 
     deadline: Deadline = call["deadline"]
     if deadline.expired():
         raise refusal
     try:
-        graph, spec, devices, seconds = graph_of(
-            call["model"],
-            call["devices"],
-            example_inputs=call["example_inputs"],
-            model_kwargs=call["model_kwargs"],
-            name=call["name"],
-            coarsen=call["coarsen"],
-            deadline=deadline,
-        )
+        as_graph, spec, seconds = _captured(call)
     except OutOfTime:
         raise refusal from None  # no time left to try pipelines: the refusal stands
-    if not _has_blocks(graph):
+    if not _has_blocks(as_graph["model"]):
         raise refusal
     log.info("%s: searching pipelines instead", refusal)
-    as_graph = {**call, "model": graph, "devices": devices, "example_inputs": None}
-    as_graph["model_kwargs"] = None
     try:
         out = plan_pipeline(**_pipeline_call(as_graph))
     except LayerwiseError as exc:
@@ -358,6 +340,24 @@ def _pipeline_after_refusal(refusal: Any, call: dict[str, Any]) -> Any:
         ) from None
     phases = {**out.phases, "capture_seconds": seconds, "memory_fallback": str(refusal)}
     return dataclasses.replace(out, model=spec, phases=phases)
+
+
+def _captured(call: Mapping[str, Any]) -> tuple[dict[str, Any], Any, float]:
+    """`call` with its model captured (an OpGraph) and its devices a DeviceGraph, the model's
+    spec and the capture's seconds (OutOfTime past the call's deadline)."""
+    from planner.sources import graph_of
+
+    graph, spec, devices, seconds = graph_of(
+        call["model"],
+        call["devices"],
+        example_inputs=call["example_inputs"],
+        model_kwargs=call["model_kwargs"],
+        name=call["name"],
+        coarsen=call["coarsen"],
+        deadline=call["deadline"],
+    )
+    as_graph = {**call, "model": graph, "devices": devices}
+    return {**as_graph, "example_inputs": None, "model_kwargs": None}, spec, seconds
 
 
 def _has_blocks(graph: Any) -> bool:

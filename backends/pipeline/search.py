@@ -174,7 +174,7 @@ def search_pipeline(
     usable = float(usable_memory(devices, options.headroom).min())
     state = parameter_state(graph, options)
     choices = [p for p in (stages or _divisors(n)) if n % p == 0 and p <= blocks]
-    units: dict[tuple[Any, ...], Units] = {}
+    costed = 0  # stage layouts whose units were simulated
     groups: dict[Any, DeviceGraph] = {}
     micro: dict[int, OpGraph] = {}
     flights: dict[tuple[str, int, int, int], tuple[int, ...]] = {}
@@ -233,7 +233,7 @@ def search_pipeline(
         except Exception as exc:  # noqa: BLE001 - a layout the rule cannot express: skip it
             log.debug("skipped PP %d TP %d b %d: %s", p, t, b, exc)
             continue
-        units[(p, t, b, rc, z, rule)] = u
+        costed += 1
         for cand in _candidates(u, p, t, d, b, m, rc, z, rule, blocks, schedules, flights):
             least = min(least, cand.peak)
             if cand.peak <= usable:
@@ -247,7 +247,7 @@ def search_pipeline(
         )
     found.sort(key=lambda c: (c.estimate, c.layout))
     say(
-        f"pipeline search: {len(found)} layouts fit ({len(units)} of {len(fitting)} stage "
+        f"pipeline search: {len(found)} layouts fit ({costed} of {len(fitting)} stage "
         f"layouts costed{', stopped by the time limit' if stopped else ''}); best estimate "
         f"{found[0].estimate:.3f} s ({found[0].layout.describe()})"
     )
@@ -304,7 +304,7 @@ def search_pipeline(
         bound=compute_bound(graph, devices, options),
         stats={
             "layouts_fit": len(found),
-            "stage_layouts_costed": len(units),
+            "stage_layouts_costed": costed,
             "stage_layouts": len(fitting),
             "simulated_exactly": simulated,
             "answer_simulated_on": "every device"

@@ -55,7 +55,6 @@ class Units:
     middle: Unit
     last: Unit
     message: float  # seconds to send the residual stream to the next group (and its gradient)
-    strategy: Strategy  # the micro-batch graph laid out on one group (local devices)
 
     def chunk(self, index: int, count: int, blocks: int) -> ChunkTimes:
         """Chunk `index` of `count`, holding `blocks` blocks, composed."""
@@ -153,7 +152,7 @@ def unit_costs(
             message += max(
                 devices.transfer_time(d, d + next_group_offset, nbytes) for d in cfg.devices
             )
-    return Units(units["first"], units["middle"], units["last"], message, strategy)
+    return Units(units["first"], units["middle"], units["last"], message)
 
 
 def ring_factor(replicas: int) -> float:

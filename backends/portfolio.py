@@ -86,6 +86,8 @@ LARGE_NODES = 2_000  # from this many nodes, toulbar2 and local instead of ilp a
 # the contest's instances of 28,000-35,000 nodes ilp and cpsat found no answer or 3-137x
 # the best known; toulbar2 and local are within 0.4-6% and find a first answer in seconds)
 SHARED = ("local", "toulbar2")  # members that take every better answer found elsewhere
+CANDIDATES = ("toulbar2", "local")  # the first sends candidates (`Channel.on_candidate`:
+# valid answers a little above its best), the second anneals from them when it has stalled
 WIND_DOWN_SECONDS = 1.0  # members search until this much before the deadline (or
 WIND_DOWN_SHARE = 0.1  # this share of the time limit, if less): their wind-down (a toulbar2
 # round killed up to 0.5 s past its own deadline, its bound, a re-score, the process's exit) is
@@ -236,6 +238,10 @@ class _Run:
         self.stop = {m: ctx.Event() for m in members}  # the member's current search stops
         self.done = ctx.Event()  # no member starts again
         self.hints: dict[str, Any] = {m: ctx.Queue() for m in members}
+        sender, taker = CANDIDATES
+        self.candidates: Any = (
+            ctx.Queue() if sender in members and taker in members else None
+        )  # the sender's candidates for the taker
         self.results: dict[str, list[SolveResult]] = {m: [] for m in members}
         self.hinted = {m: board.value() for m in members}  # the value each was last sent
         self.interrupted = False
@@ -268,7 +274,10 @@ class _Run:
                 if p.is_alive():
                     p.kill()  # our own child, by its handle
                     p.join()
-            for q in self.hints.values():
+            queues = list(self.hints.values())
+            if self.candidates is not None:
+                queues.append(self.candidates)
+            for q in queues:
                 # an answer put for a member that ended without reading it would block this
                 # process's exit (the queue's thread waits for a reader to take it): drop it
                 q.cancel_join_thread()
@@ -309,6 +318,9 @@ class _Run:
         while True:
             if kind == "answer":
                 self.board.offer(item, name)
+            elif kind == "candidate":
+                if self.candidates is not None and not self.done.is_set():
+                    self.candidates.put(item)
             else:
                 self.results[name].append(item)
                 if item.choices is not None:
@@ -353,11 +365,19 @@ class _Run:
         signal.signal(signal.SIGINT, lambda signum, frame: request_stop())
         backend = get_backend(name)
         send = self.queue.put
+        sender, taker = CANDIDATES
+        with_candidates = self.candidates is not None
         channel = Channel(
             on_incumbent=lambda ch, who: send(("answer", name, tuple(ch))),
             stop=self.stop[name],
             incoming=partial(_latest, self.hints[name])
             if name in SHARED or name == "cpsat" and self.lns
+            else None,
+            on_candidate=(lambda ch, who: send(("candidate", name, tuple(ch))))
+            if with_candidates and name == sender
+            else None,
+            candidate=partial(_latest, self.candidates)
+            if with_candidates and name == taker
             else None,
         )
         while True:

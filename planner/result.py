@@ -75,11 +75,17 @@ class Channel:
     LP rounding; `cpsat`'s solutions, LP rounding and neighbourhood search); `stop`, once
     set, stops the search early as Ctrl-C does (`ilp`, `cpsat`); `incoming()` returns a
     better answer found elsewhere, or None, which `cpsat`'s neighbourhood search continues
-    from at its next round. Backends that do not take part ignore the channel."""
+    from at its next round. `on_candidate(choices, who)` is called with a valid answer that
+    is not better than the search's best but may lead to one (`toulbar2`'s repaired rounds
+    within a few percent of its best), and `candidate()` returns such an answer found
+    elsewhere, or None, which `local` anneals from once its own search has stalled. Backends
+    that do not take part ignore the channel."""
 
     on_incumbent: Callable[[tuple[int, ...], str], None] | None = None
     stop: StopFlag | None = None
     incoming: Callable[[], Sequence[int] | None] | None = None
+    on_candidate: Callable[[tuple[int, ...], str], None] | None = None
+    candidate: Callable[[], Sequence[int] | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -373,6 +373,23 @@ def test_portfolio_hands_each_better_answer_to_the_other_large_members() -> None
     assert _latest(run.hints["local"]) is None
 
 
+def test_portfolio_hands_toulbar2s_candidates_to_local_only() -> None:
+    """A candidate (`Channel.on_candidate`: valid, not better than the best) from toulbar2
+    goes to local's candidate queue, not to the board; without local there is no queue."""
+    p = contest_problem(60, seed=2)
+    board = _Board(p, time.perf_counter())
+    run = _Run(board, SolveOptions(time_limit=5.0), PortfolioSettings(), math.inf,
+               ["toulbar2", "local"])  # fmt: skip
+    run.candidates = queue.Queue()  # at once (a process queue: a moment later)
+    answer = get_backend("local").solve(p, SolveOptions(time_limit=5.0, extra={"max_moves": 1}))
+    assert answer.choices is not None
+    run.queue.put(("candidate", "toulbar2", answer.choices))
+    run._drain(5.0)
+    assert _latest(run.candidates) == answer.choices and board.best is None
+    alone = _Run(board, SolveOptions(time_limit=5.0), PortfolioSettings(), math.inf, ["local"])
+    assert alone.candidates is None
+
+
 def test_portfolio_claims_no_bound_that_no_member_proved() -> None:
     """On the large path (no heuristic tables) a portfolio whose members proved nothing
     reports no bound: 0 would be wrong for tables with negative costs."""

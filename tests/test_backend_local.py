@@ -241,6 +241,38 @@ def test_the_channel_sends_better_answers_and_adopts_better_ones() -> None:
     assert result.objective is not None and result.objective <= reference.objective + 1e-9
 
 
+def test_a_stalled_search_anneals_from_a_candidate_and_keeps_its_best(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once stalled, the search takes a candidate (`Channel.candidate`, a valid answer worse
+    than its best) as its state, sends only answers better than the best it had, and
+    answers with the better of the two."""
+    from backends.local import anneal
+
+    monkeypatch.setattr(anneal, "STALL_SECONDS", 0.0)  # stalled at once
+    problem = random_problem(120, 6, seed=8, memory=True)
+    poor = solve(problem, extra={**FAST, "max_moves": 1})
+    good = solve(problem, extra={**FAST, "patience": 0, "max_moves": 400_000})
+    assert poor.objective is not None and good.objective is not None
+    assert poor.objective > good.objective  # a candidate worse than the best
+    sent: list[float] = []
+    given = [poor.choices]
+
+    def on_incumbent(choices: tuple[int, ...], who: str) -> None:
+        sent.append(additive_cost(problem, choices))
+
+    channel = Channel(on_incumbent=on_incumbent, candidate=lambda: given.pop() if given else None)
+    result = solve(
+        problem, channel=channel, warm_start=good.choices, extra={**FAST, "max_moves": 200_000}
+    )
+    assert result.stats["candidates"] == 1 and not given
+    assert all(b < a for a, b in zip(sent, sent[1:], strict=False))
+    assert sent[0] == pytest.approx(good.objective)  # the warm start, then only better ones
+    assert result.choices is not None and memory_feasible(problem, result.choices)
+    assert result.objective == pytest.approx(additive_cost(problem, result.choices))
+    assert result.objective <= good.objective + 1e-9
+
+
 def test_the_channels_stop_flag_ends_the_search() -> None:
     problem = random_problem(200, 6, seed=4, memory=True)
     stop = threading.Event()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 
@@ -10,9 +11,11 @@ import numpy as np
 import pytest
 
 from backends import SolveOptions, Status, get_backend
+from backends.base import Channel
 from backends.testing import BackendConformance
-from backends.wcsp.bound import lower_bound
-from backends.wcsp.memory import kernel_arrays, profile, repair, steps
+from backends.wcsp.bound import Lagrangian, lower_bound
+from backends.wcsp.contract import contract
+from backends.wcsp.memory import kernel_arrays, profile, repair, steps, unbreak
 from backends.wcsp.network import build_network
 from backends.wcsp.trws import incidence
 from planner.deadline import Deadline
@@ -85,6 +88,25 @@ def test_lower_bound_never_exceeds_the_optimum() -> None:
     assert closed >= 20  # and it is not trivially low
 
 
+def test_the_bound_on_the_contracted_network_never_exceeds_the_optimum() -> None:
+    """The Lagrangian bound over TRW-S on the contracted network (the functional nodes folded
+    into their roots) is a bound on contest-like problems, and as close as on the network."""
+    contracted, closed = 0, 0
+    for seed in range(40):
+        problem = contest_problem(7, seed=seed, strategies=(3, 5))
+        best, value = brute_force(problem)
+        net = build_network(problem)
+        con = contract(net)
+        if best is None or net.empty is not None or con is None or con.removed == 0:
+            continue
+        contracted += 1
+        plain = Lagrangian(net, steps(problem)).run(Deadline.after(2.0), value)
+        folded = Lagrangian(net, steps(problem), contraction=con).run(Deadline.after(2.0), value)
+        assert folded <= value * (1 + RTOL) + 1e-9, seed
+        closed += folded >= min(plain, value * (1 - 0.05))
+    assert contracted >= 10 and closed >= contracted - 2
+
+
 def test_lower_bound_is_exact_on_trees_without_memory() -> None:
     """TRW-S is exact on a tree: the bound reaches the optimum."""
     problem = random_problem(10, 4, seed=3, edge_prob=0.0, memory=False, forbid_prob=0.0)
@@ -130,6 +152,73 @@ def test_repair_brings_an_answer_within_the_limit() -> None:
             assert math.isfinite(additive_cost(problem, choices))
             fixed += 1
     assert fixed >= 5
+
+
+def test_every_repair_move_lowers_the_total_excess() -> None:
+    """Each move of the repair lowers the summed excess over the limit, so it cannot cycle
+    (a chain move that saved at the fullest step but added at another was made and undone
+    forever: toulbar2 on contest_problem(60, seed=2) spent its whole time limit there)."""
+    moves = 0
+    for seed in range(30):
+        problem = contest_problem(60, seed=seed)
+        net = build_network(problem)
+        st = steps(problem)
+        assert st is not None and net.empty is None
+        rng = np.random.default_rng(seed)
+        x = np.array([int(rng.integers(d)) for d in net.dom], dtype=np.int64)
+        inc = incidence(net.noff, net.eu, net.ev)
+        g = kernel_arrays(net.noff, net.unary, net.eu, net.ev, net.eoff, net.binary, inc)
+        unbreak(x, g, 200)
+        prof = profile(st, net.usage[net.noff[:-1] + x], st.count)
+        excess = float(np.clip(prof - st.limit, 0, None).sum())
+        for _ in range(500):
+            ok = repair(x, prof, st.first, st.after, st.limit, net.usage, g, 1, 200)
+            after = float(np.clip(prof - st.limit, 0, None).sum())
+            if ok != -1:
+                assert ok == 0 or after == 0.0
+                break
+            assert after < excess
+            excess = after
+            moves += 1
+        else:
+            raise AssertionError("the repair did not end")
+    assert moves > 30
+
+
+def test_toulbar2_priced_rounds_on_a_small_contest_problem_end() -> None:
+    """The case where the repair cycled: the rounds all run and an answer comes back."""
+    extra = {
+        "exact_memory_nodes": 0, "round_seconds": 9.0, "bound_share": 0.0,
+        "min_round_seconds": 0.5, "max_rounds": 3,
+    }  # fmt: skip
+    problem = contest_problem(60, seed=2)
+    result = get_backend("toulbar2").solve(problem, SolveOptions(time_limit=20, extra=extra))
+    assert result.stats["rounds"] == 3
+    assert result.choices is not None and memory_feasible(problem, result.choices)
+
+
+def test_answers_a_little_worse_than_the_best_go_out_as_candidates() -> None:
+    """toulbar2's repaired answers: a better one to `on_incumbent`, one within
+    CANDIDATE_RANGE above the best to `on_candidate`, a worse or invalid one to neither."""
+    from backends.wcsp.toulbar2 import CANDIDATE_RANGE, _Best
+
+    problem = random_problem(6, 3, seed=2, memory=False, forbid_prob=0.0)
+    ranked = sorted(
+        (additive_cost(problem, c), c) for c in itertools.product(*map(range, problem.sizes))
+    )
+    best_cost, best = ranked[0]
+    near = next(c for v, c in ranked if best_cost < v <= best_cost * (1 + CANDIDATE_RANGE))
+    far = next(c for v, c in ranked if v > best_cost * (1 + CANDIDATE_RANGE))
+    seen: dict[str, list[tuple[int, ...]]] = {"better": [], "candidate": []}
+    channel = Channel(
+        on_incumbent=lambda ch, who: seen["better"].append(ch),
+        on_candidate=lambda ch, who: seen["candidate"].append(ch),
+    )
+    keeper = _Best(channel=channel)
+    for choices in (best, near, far):
+        keeper.offer(problem, tuple(choices), "toulbar2 round")
+    keeper.offer(problem, tuple(near), "incoming")  # another's answer is not sent back
+    assert seen == {"better": [tuple(best)], "candidate": [tuple(near)]}
 
 
 def test_a_node_with_only_forbidden_partners_is_infeasible() -> None:

@@ -70,6 +70,10 @@ FIRST_CHUNK = 1000  # annealing moves in the first chunk; then sized to CHUNK_SE
 CHUNK_SECONDS = 0.05  # between two looks at the clock
 MAC_TRIES = 3  # strategies a node tries in the construction before it is left to the repair
 SEND_SECONDS = 1.0  # a better answer goes to the caller's channel at most this often mid-round
+STALL_SECONDS = 10.0  # the search has stalled when its best fell by less than STALL_GAIN in
+STALL_GAIN = 1e-3  # this long: then it takes a candidate (`Channel.candidate`) to anneal from
+# (IOPDDL S, portfolio: after adopting a toulbar2 round it gains 3% in 25 s, then 0.02% in
+# the next 100 s)
 CALIBRATION_SAMPLES = 4000  # random single-node moves that set the temperature unit
 _NONNEGATIVE_INT = Check("an integer >= 0", lambda v: v >= 0)
 
@@ -158,6 +162,8 @@ class _Link:
         self.channel, self.arrays, self.state = channel, arrays, state
         self.sent = math.inf
         self.when = -math.inf
+        self.kept: tuple[float, np.ndarray] | None = None  # the best before a candidate
+        self.mark, self.mark_time = math.inf, time.perf_counter()  # the last real gain
 
     def send(self, force: bool = False) -> None:
         best = float(self.state[6][kernels.F_BEST])
@@ -182,7 +188,37 @@ class _Link:
         if not _adopt(self.arrays, self.state, choices):
             return False
         self.sent = float(self.state[6][kernels.F_BEST])  # the sender has it
+        self.mark, self.mark_time = self.sent, time.perf_counter()
         return True
+
+    def take_candidate(self) -> bool:
+        """Whether the search had stalled (STALL_SECONDS) and a candidate from elsewhere is
+        now the state to anneal from; the best so far is kept (`best`)."""
+        best = float(self.state[6][kernels.F_BEST])
+        now = time.perf_counter()
+        if best < self.mark * (1 - STALL_GAIN):
+            self.mark, self.mark_time = best, now
+        if self.channel.candidate is None or now - self.mark_time < STALL_SECONDS:
+            return False
+        other = self.channel.candidate()
+        if other is None:
+            return False
+        if self.kept is None or best < self.kept[0]:
+            self.kept = (best, self.state[1].copy())
+        if not _adopt(self.arrays, self.state, np.asarray(other, dtype=np.int64)):
+            return False
+        self.mark, self.mark_time = float(self.state[6][kernels.F_BEST]), now
+        self.sent = min(self.sent, self.kept[0])  # only an answer below the kept one is news
+        return True
+
+    def best(self) -> tuple[float, tuple[int, ...]]:
+        """The best answer of the search: the state's, or one kept before a candidate."""
+        value = float(self.state[6][kernels.F_BEST])
+        if self.kept is not None and self.kept[0] < value:
+            value, x = self.kept
+        else:
+            x = self.state[1]
+        return value, tuple(int(c) for c in x)
 
     def stopped(self) -> bool:
         return self.channel.stop is not None and self.channel.stop.is_set()
@@ -231,14 +267,9 @@ class LocalBackend(Backend[LocalSettings]):
         link = _Link(options.channel, arrays, state)
         link.send(force=True)
         limit = self._anneal(flat, arrays, state, settings, clock.at, stats, link)
-        choices = tuple(int(c) for c in state[1])
+        value, choices = link.best()
         return SolveResult(
-            self.name,
-            Status.FEASIBLE,
-            choices,
-            objective=float(state[6][kernels.F_BEST]),
-            limit=limit,
-            stats=stats,
+            self.name, Status.FEASIBLE, choices, objective=value, limit=limit, stats=stats
         )
 
     def _first_feasible(
@@ -335,6 +366,9 @@ class LocalBackend(Backend[LocalSettings]):
                     break
                 if link.receive():  # a better answer from elsewhere: a new round from it
                     stats["adopted"] = stats.get("adopted", 0) + 1
+                    break
+                if link.take_candidate():  # stalled: a new round from another's candidate
+                    stats["candidates"] = stats.get("candidates", 0) + 1
                     break
                 chunk = min(chunk_size, per_round - done)
                 if settings.max_moves:

@@ -184,18 +184,57 @@ def _propagate(i, s, x, tent, stamp, now, changed, g, cap):  # pragma: no cover 
 
 
 @njit(cache=True)
+def _excess_change(
+    count, changed, x, tent, first, after, prof, limit, usage, noff
+):  # pragma: no cover - compiled
+    """The change of the total excess, the sum over steps and pools of max(0, prof - limit),
+    when the `count` nodes listed in `changed` take their values in `tent`."""
+    lo, hi = prof.shape[0], 0
+    for h in range(count):
+        j = changed[h]
+        if first[j] < after[j]:
+            lo, hi = min(lo, first[j]), max(hi, after[j])
+    if hi <= lo:
+        return 0.0
+    pools = prof.shape[1]
+    diff = np.zeros((hi - lo + 1, pools))  # the nodes' ranges may overlap: a difference array
+    for h in range(count):
+        j = changed[h]
+        if first[j] < after[j]:
+            for m in range(pools):
+                du = usage[noff[j] + tent[j], m] - usage[noff[j] + x[j], m]
+                diff[first[j] - lo, m] += du
+                diff[after[j] - lo, m] -= du
+    total = 0.0
+    for m in range(pools):
+        run = 0.0
+        for t in range(lo, hi):
+            run += diff[t - lo, m]
+            if run != 0.0:
+                before = prof[t, m] - limit[m]
+                total += max(before + run, 0.0) - max(before, 0.0)
+    return total
+
+
+@njit(cache=True)
 def repair(x, prof, first, after, limit, usage, g, max_moves, cap):  # pragma: no cover - compiled
     """Move nodes until every step is within `limit` (module docstring); a move takes along
     the neighbours it would put on a forbidden pair (`_propagate`, at most `cap` nodes).
-    x and prof (T, M) are updated in place; `g` the network's arrays (`kernel_arrays`).
-    Returns 1 when within the limit, 0 when no move helps, -1 after `max_moves` moves (call
-    again to go on)."""
+    Candidates are ranked by their cost per byte saved at the fullest step; the best one
+    that lowers the total excess over the limit (every step, every pool: `_excess_change`)
+    is made, so no two moves can undo each other (a chain that saved at the fullest step
+    and added at another one was made and unmade forever). x and prof (T, M) are updated in
+    place; `g` the network's arrays (`kernel_arrays`). Returns 1 when within the limit, 0
+    when no move helps, -1 after `max_moves` moves (call again to go on)."""
     noff = g[0]
     n = len(noff) - 1
     pools = prof.shape[1]
     tent = np.zeros(n, dtype=np.int64)
     stamp = np.zeros(n, dtype=np.int64)
     changed = np.zeros(max(cap, 1), dtype=np.int64)
+    scores = np.empty(len(usage))
+    cand_i = np.empty(len(usage), dtype=np.int64)
+    cand_s = np.empty(len(usage), dtype=np.int64)
     now = 0
     for _ in range(max_moves):
         worst, wt, wm = 0.0, -1, -1
@@ -206,7 +245,7 @@ def repair(x, prof, first, after, limit, usage, g, max_moves, cap):  # pragma: n
                     worst, wt, wm = over, t, m
         if wt < 0:
             return 1
-        best_i, best_s, best_score = -1, -1, np.inf
+        found = 0
         for i in range(n):
             if not (first[i] <= wt < after[i]):
                 continue
@@ -225,13 +264,19 @@ def repair(x, prof, first, after, limit, usage, g, max_moves, cap):  # pragma: n
                         saved += usage[noff[j] + x[j], wm] - usage[noff[j] + tent[j], wm]
                 if saved <= 0:
                     continue
-                score = d / min(saved, worst) if d > 0 else d * min(saved, worst)
-                if score < best_score:
-                    best_i, best_s, best_score = i, s, score
-        if best_i < 0:
+                scores[found] = d / min(saved, worst) if d > 0 else d * min(saved, worst)
+                cand_i[found], cand_s[found] = i, s
+                found += 1
+        count = 0
+        for k in np.argsort(scores[:found]):
+            now += 1
+            count, d = _propagate(cand_i[k], cand_s[k], x, tent, stamp, now, changed, g, cap)
+            excess = _excess_change(count, changed, x, tent, first, after, prof, limit, usage, noff)
+            if excess < -1e-9 * worst:  # lower by more than rounding
+                break
+            count = 0
+        if count == 0:
             return 0
-        now += 1
-        count, d = _propagate(best_i, best_s, x, tent, stamp, now, changed, g, cap)
         for h in range(count):
             j = changed[h]
             old = noff[j] + x[j]

@@ -110,6 +110,8 @@ FIRST_EXTRA = 1.0  # ... is FIRST_FACTOR * t + FIRST_EXTRA long, within min_roun
 # 15 s rounds (11 rounds) and 1.563e9-1.594e9 with 30 s ones (5); M (180 s, first labelling in
 # 3 s) lost 0.3% with 5 s rounds (toulbar2 still improves the labelling for seconds after the
 # first) and none with 15 s ones; A (60 s) got no round answer at all with a fixed 15 s
+CANDIDATE_RANGE = 0.06  # a valid answer this far above the best goes to `on_candidate`
+# (IOPDDL S: a repaired round 3% above the best, annealed by `local`, can end below it)
 _SOLUTION_LINE = re.compile(r"^New solution: .*?([0-9.]+) seconds\)", re.MULTILINE)
 
 
@@ -148,10 +150,18 @@ class _Best:
 
     def offer(self, problem: Problem, choices: tuple[int, ...], who: str) -> float:
         cost = additive_cost(problem, choices)
-        if cost < self.cost and math.isfinite(cost) and memory_feasible(problem, choices):
+        if not math.isfinite(cost) or not memory_feasible(problem, choices):
+            return cost
+        if cost < self.cost:
             self.choices, self.cost, self.found_by = choices, cost, who
             if self.channel.on_incumbent is not None and who != "incoming":
                 self.channel.on_incumbent(choices, "toulbar2")
+        elif (
+            self.channel.on_candidate is not None
+            and who != "incoming"
+            and cost <= self.cost * (1 + CANDIDATE_RANGE)
+        ):
+            self.channel.on_candidate(choices, "toulbar2")
         return cost
 
     def receive(self, problem: Problem) -> None:
@@ -248,7 +258,10 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         progress = ProgressLog(self.name)
         inc = trws.incidence(net.noff, net.eu, net.ev)
         count = st.count
-        lagrange = Lagrangian(net, st)
+        # the rounds and the bound both work on the contracted network (when it pays)
+        con = _contraction(net, clock, stats)
+        solved = con.net if con is not None else net  # the network toulbar2 is given
+        lagrange = Lagrangian(net, st, contraction=con)
         upper = best.cost if best.choices is not None else None
 
         g = kernel_arrays(net.noff, net.unary, net.eu, net.ev, net.eoff, net.binary, inc)
@@ -304,8 +317,6 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         base = float(np.mean(net.unary)) / max(float(np.mean(net.usage)), 1.0) / max(count, 1)
         timed_out = False
         round_limit = settings.round_seconds
-        con = _contraction(net, clock, stats)
-        solved = con.net if con is not None else net  # the network toulbar2 is given
         for k in range(settings.max_rounds):
             # building and preprocessing are not on toulbar2's clock: keep the last
             # round's building time twice over for them
@@ -351,16 +362,20 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
             x = run.labels if con is None else con.lift(run.labels)
             prof = profile(st, net.usage[net.noff[:-1] + x], count)
             over = prof > st.limit
+            fixed = None
             if best.choices is None or int(over.sum()) <= FIX_OVERFULL * count:
-                fix(x, f"toulbar2 round {k + 1}")
+                fixed = fix(x, f"toulbar2 round {k + 1}")
             else:  # far over the limit: its repair would take seconds (A: 9 s for 15,796
                 # over-full steps) and end far above the best; it only moves the prices
                 stats["unrepaired"] = stats.get("unrepaired", 0) + 1
+            repaired = "not" if fixed is None else f"{fixed:.6g}"
             line = (
-                f"round {k + 1} ({seconds} s): best {best.cost:.6g}, over-full steps "
-                f"{int(over.sum())}"
+                f"round {k + 1} ({seconds} s): labelling {{:.6g}} with {int(over.sum())} "
+                f"over-full steps, repaired {repaired}, best {best.cost:.6g}"
             )
-            progress(lambda line=line: line)  # type: ignore[misc]
+            progress(  # the labelling's own cost only when the line is logged
+                lambda line=line, x=x: line.format(additive_cost(problem, net.choices(x)))  # type: ignore[misc]
+            )
             if not over.any() and not lam.any():
                 break  # the unpriced network's answer keeps the limit: nothing to price
             if over.any():  # prices grow on the over-full steps
@@ -376,11 +391,12 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
             lagrange.run(clock, best.cost if best.choices is not None else None, on_labelling)
         stats["bound_steps"] = lagrange.iterations
         if best.choices is None and not past(clock.at):
+            at = lagrange.solved
             decoded = trws.decode(
-                net.noff, lagrange.unary(), net.eu, net.ev, net.eoff, net.binary, *inc[:3],
-                lagrange.msg_u, lagrange.msg_v,
+                at.noff, lagrange.unary(), at.eu, at.ev, at.eoff, at.binary,
+                *lagrange.inc[:3], lagrange.msg_u, lagrange.msg_v,
             )  # fmt: skip
-            fix(decoded, "decoded")
+            fix(lagrange.lift(decoded), "decoded")
         best_bound = max(lagrange.best, stats.get("round_bound", -math.inf))
         bound = best_bound if math.isfinite(best_bound) else None
         if lagrange.best == math.inf:

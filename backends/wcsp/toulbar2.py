@@ -22,8 +22,10 @@ overfills get their price multiplied by `growth` (or a first price), those with 
 SLACK of their limit free have theirs divided by sqrt(growth) (a price belongs to a step at
 its limit; the steps there keep theirs), the answer is repaired
 greedily into the limit (`backends.wcsp.memory.repair`) and polished by single-node moves;
-the best answer is kept. The bound reported is the Lagrangian bound (and toulbar2's proof
-where it has one).
+the best answer is kept; a repaired answer a little above the best goes to the caller's
+`channel.on_candidate` (the portfolio's `local` anneals from it). The bound and the rounds
+work on the network contracted along its functional edges (`backends.wcsp.contract`). The
+bound reported is the Lagrangian bound (and toulbar2's proof where it has one).
 
 With a caller's `SolveOptions.channel` (the portfolio): each better answer goes to
 `on_incumbent`, and a better answer from `incoming()` (looked at before each round and
@@ -441,7 +443,7 @@ class _Run:
 
 def _contraction(net: Network, clock: Deadline, stats: dict[str, Any]) -> Contraction | None:
     """The network contracted along its functional edges (`backends.wcsp.contract`), for the
-    rounds: None when that would take more than a quarter of the time left (an estimate per
+    bound and the rounds: None when that would take more than a quarter of the time left (an estimate per
     table entry), when the deadline passes during it, or when it removes nothing."""
     if CONTRACT_PER_ENTRY * net.binary.size > 0.25 * clock.left():
         return None

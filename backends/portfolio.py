@@ -447,7 +447,7 @@ def _latest(hints: Any) -> tuple[int, ...] | None:
 
 def _summary(r: SolveResult) -> dict[str, Any]:
     keep = ("solve_seconds", "search_seconds", "restricted", "hint", "answer", "cbc_result",
-            "cbc_peak_mib", "lp_start", "lns", "error", "adopted", "rounds", "moves",
+            "cbc_peak_mib", "lp_start", "lns", "error", "adopted", "candidates", "rounds", "moves",
             "found_by")  # fmt: skip
     return {
         "status": r.status.value,

@@ -31,6 +31,7 @@ from backends.portfolio import (
     _Board,
     _latest,
     _Run,
+    _summary,
 )
 from backends.testing import BackendConformance, tiny_cnn
 from planner.hardware.presets import get_preset
@@ -388,6 +389,8 @@ def test_portfolio_hands_toulbar2s_candidates_to_local_only() -> None:
     assert _latest(run.candidates) == answer.choices and board.best is None
     alone = _Run(board, SolveOptions(time_limit=5.0), PortfolioSettings(), math.inf, ["local"])
     assert alone.candidates is None
+    taken = dataclasses.replace(answer, stats={**answer.stats, "candidates": 2})
+    assert _summary(taken)["candidates"] == 2  # in stats["members"]["local"]
 
 
 def test_portfolio_claims_no_bound_that_no_member_proved() -> None:

@@ -350,6 +350,18 @@ def placements(draw: st.DrawFn) -> PlacementProblem:
     )
 
 
+def test_placement_models_agree_when_every_task_takes_no_time() -> None:
+    """Every duration zero (a random heterogeneous cluster can draw that): CP-SAT's time
+    scale was 2**30 / 1e-300, an overflow (hypothesis found it)."""
+    pp = random_placement_problem(
+        2, get_preset("p100-1x3"), seed=170, training=False, heterogeneous=True,
+        memory=False, routing="fixed",
+    )  # fmt: skip
+    assert not pp.duration.any()
+    for order in ("free", "fifo"):
+        _placement_agree(pp, order)
+
+
 def _placement_agree(pp: PlacementProblem, order: str) -> None:
     reference = brute_force_makespan(pp, order)
     opts = SolveOptions(objective="makespan", time_limit=20.0, extra={"order": order})

@@ -338,8 +338,10 @@ def encode_placement(
     """DLPlacer's placement model (see the module docstring)."""
     order = settings.order
     clock = Clock(deadline)
-    top = warm[0].makespan if warm else horizon(pp)
-    scale = 2.0 ** math.floor(math.log2(2.0**TIME_BITS / max(top, 1e-300)))
+    top = warm[0].makespan if warm and warm[0].makespan > 0 else horizon(pp)
+    # a zero makespan (every task free, no transfer): any scale serves, and 2**TIME_BITS /
+    # 1e-300 would overflow (tasks of zero duration on a random heterogeneous cluster)
+    scale = 2.0 ** math.floor(math.log2(2.0**TIME_BITS / top)) if top > 0 else 1.0
     dur, delay = pp.scaled(scale)
     span_max = int(dur.max(axis=1).sum() + delay.max(axis=(1, 2)).sum()) + 1
     m = cp_model.CpModel()

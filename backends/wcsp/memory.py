@@ -27,6 +27,8 @@ __all__ = ["Steps", "kernel_arrays", "node_prices", "polish", "profile", "repair
 
 CONFLICT = 1e30  # the price of a pair a neighbour must then leave
 TOL = 1e-9  # relative tolerance of the limit, as planner.problems.evaluate.memory_feasible
+TRIED = 64  # repair: the best-ranked moves whose total excess is computed, per move (each
+# costs the length of the moved nodes' live ranges: up to 25,000 steps on IOPDDL S)
 
 
 @dataclass(frozen=True)
@@ -221,11 +223,12 @@ def repair(x, prof, first, after, limit, usage, g, max_moves, cap):  # pragma: n
     """Move nodes until every step is within `limit` (module docstring); a move takes along
     the neighbours it would put on a forbidden pair (`_propagate`, at most `cap` nodes).
     Candidates are ranked by their cost per byte saved at the fullest step; the best one
-    that lowers the total excess over the limit (every step, every pool: `_excess_change`)
-    is made, so no two moves can undo each other (a chain that saved at the fullest step
-    and added at another one was made and unmade forever). x and prof (T, M) are updated in
-    place; `g` the network's arrays (`kernel_arrays`). Returns 1 when within the limit, 0
-    when no move helps, -1 after `max_moves` moves (call again to go on)."""
+    (of the TRIED best-ranked) that lowers the total excess over the limit (every step,
+    every pool: `_excess_change`) is made, so no two moves can undo each other (a chain
+    that saved at the fullest step and added at another one was made and unmade forever).
+    x and prof (T, M) are updated in place; `g` the network's arrays (`kernel_arrays`).
+    Returns 1 when within the limit, 0 when no move helps, -1 after `max_moves` moves
+    (call again to go on)."""
     noff = g[0]
     n = len(noff) - 1
     pools = prof.shape[1]
@@ -268,7 +271,7 @@ def repair(x, prof, first, after, limit, usage, g, max_moves, cap):  # pragma: n
                 cand_i[found], cand_s[found] = i, s
                 found += 1
         count = 0
-        for k in np.argsort(scores[:found]):
+        for k in np.argsort(scores[:found])[:TRIED]:
             now += 1
             count, d = _propagate(cand_i[k], cand_s[k], x, tent, stamp, now, changed, g, cap)
             excess = _excess_change(count, changed, x, tent, first, after, prof, limit, usage, noff)

@@ -375,9 +375,11 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
                 f"round {k + 1} ({seconds} s): labelling {{:.6g}} with {int(over.sum())} "
                 f"over-full steps, repaired {repaired}, best {best.cost:.6g}"
             )
-            progress(  # the labelling's own cost only when the line is logged
-                lambda line=line, x=x: line.format(additive_cost(problem, net.choices(x)))  # type: ignore[misc]
-            )
+
+            def described(line: str = line, x: np.ndarray = x) -> str:
+                return line.format(additive_cost(problem, net.choices(x)))  # only when logged
+
+            progress(described)
             if not over.any() and not lam.any():
                 break  # the unpriced network's answer keeps the limit: nothing to price
             if over.any():  # prices grow on the over-full steps
@@ -443,8 +445,9 @@ class _Run:
 
 def _contraction(net: Network, clock: Deadline, stats: dict[str, Any]) -> Contraction | None:
     """The network contracted along its functional edges (`backends.wcsp.contract`), for the
-    bound and the rounds: None when that would take more than a quarter of the time left (an estimate per
-    table entry), when the deadline passes during it, or when it removes nothing."""
+    bound and the rounds: None when that would take more than a quarter of the time left (an
+    estimate per table entry), when the deadline passes during it, or when it removes
+    nothing."""
     if CONTRACT_PER_ENTRY * net.binary.size > 0.25 * clock.left():
         return None
     t0 = time.perf_counter()

@@ -69,6 +69,7 @@ from backends.base import (
 from backends.wcsp import trws
 from backends.wcsp.bound import MARGIN, Lagrangian
 from backends.wcsp.contract import Contraction, contract
+from backends.wcsp.crossover import crossover
 from backends.wcsp.memory import (
     Steps,
     kernel_arrays,
@@ -268,8 +269,9 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
 
         g = kernel_arrays(net.noff, net.unary, net.eu, net.ev, net.eoff, net.binary, inc)
 
-        def fix(labels: np.ndarray, who: str) -> float | None:
-            """Repair and polish a labelling into the limit; offer it; its cost."""
+        def fix(labels: np.ndarray, who: str) -> tuple[np.ndarray, float] | None:
+            """Repair and polish a labelling into the limit; offer it; the answer and its
+            cost (None if the repair failed or the answer is not valid)."""
             t1 = time.perf_counter()
             x = labels.astype(np.int64).copy()
             if _conflicts(net, x) > FEW_CONFLICTS:
@@ -289,7 +291,25 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
                 pass
             cost = best.offer(problem, net.choices(x), who)
             stats["fix_seconds"] = stats.get("fix_seconds", 0.0) + time.perf_counter() - t1
-            return cost if math.isfinite(cost) else None
+            return (x, cost) if math.isfinite(cost) else None
+
+        def recombine(raw: np.ndarray, fixed: np.ndarray | None, k: int) -> None:
+            """Cross a round's labelling and its repaired answer with the best answer
+            (`backends.wcsp.crossover`), both ways; offer what comes out."""
+            base = net.local(best.choices) if best.choices is not None else None
+            if base is None:
+                return  # no valid answer to start from
+            pairs = [(base, (raw, fixed))]
+            if fixed is not None and not np.array_equal(fixed, base):
+                pairs.append((fixed, (base, raw)))
+            args = (st.first, st.after, st.limit, net.usage, g)
+            for start, donors in pairs:
+                x = start.copy()
+                prof = profile(st, net.usage[net.noff[:-1] + x], count)
+                moved = sum(crossover(x, y, prof, *args)[0] for y in donors if y is not None)
+                if moved:
+                    stats["crossed"] = stats.get("crossed", 0) + moved
+                    best.offer(problem, net.choices(x), f"crossover of round {k + 1}")
 
         t0 = time.perf_counter()
         cpu = _CpuShare()
@@ -370,7 +390,8 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
             else:  # far over the limit: its repair would take seconds (A: 9 s for 15,796
                 # over-full steps) and end far above the best; it only moves the prices
                 stats["unrepaired"] = stats.get("unrepaired", 0) + 1
-            repaired = "not" if fixed is None else f"{fixed:.6g}"
+            repaired = "not" if fixed is None else f"{fixed[1]:.6g}"
+            recombine(x, None if fixed is None else fixed[0], k)
             line = (
                 f"round {k + 1} ({seconds} s): labelling {{:.6g}} with {int(over.sum())} "
                 f"over-full steps, repaired {repaired}, best {best.cost:.6g}"

@@ -1,0 +1,148 @@
+"""Crossover of two labellings of a `Network`: the parts of one that pay, moved into the
+other within the memory limit (`backends.wcsp.toulbar2` recombines its rounds with the best
+answer).
+
+Two labellings x (the base) and y (the donor) differ on a set of nodes. The edges between
+two differing nodes split that set into components. Moving one component from x's values to
+y's changes the cost by its nodes' unary changes plus the changes of the edges that touch it,
+and by nothing else: an edge from the component to a node outside it meets a node that has
+the same value in x and y. So the components' gains are independent and add up (partition
+crossover; Tinós, Whitley and Chicano, "Partition crossover for pseudo-Boolean
+optimization", FOGA 2015). Every pair a moved component touches is a pair of y's, so y's
+forbidden pairs make a gain -inf and that component never moves.
+
+`crossover` moves the components that gain, largest gain first, each only when the usage
+profile then stays within the limit at every step and pool it adds to. From a valid base
+the result is valid and costs at most the base; a donor far over the limit (a priced
+round's labelling) still gives every part of it that fits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["crossover"]
+
+
+@njit(cache=True)
+def _root(parent, i):  # pragma: no cover - compiled
+    while parent[i] != i:
+        parent[i] = parent[parent[i]]
+        i = parent[i]
+    return i
+
+
+@njit(cache=True)
+def _pair(e, a, b, g):  # pragma: no cover - compiled
+    noff, unary, eu, ev, eoff, binary, ioff, iedge, iside = g
+    dv = noff[ev[e] + 1] - noff[ev[e]]
+    return binary[eoff[e] + a * dv + b]
+
+
+@njit(cache=True)
+def crossover(x, donor, prof, first, after, limit, usage, g):  # pragma: no cover - compiled
+    """Move the components where `donor` differs from `x` into x, largest gain first, each
+    when the profile stays within `limit` (module docstring). x and prof (T, M) are updated
+    in place; `g` is the network's arrays (`backends.wcsp.memory.kernel_arrays`); node i
+    is live at steps [first[i], after[i]). Returns (components moved, cost gained)."""
+    noff, unary, eu, ev, eoff, binary, ioff, iedge, iside = g
+    n = len(x)
+    differs = x != donor
+    parent = np.arange(n)
+    for e in range(len(eu)):
+        a, b = eu[e], ev[e]
+        if differs[a] and differs[b]:
+            ra, rb = _root(parent, a), _root(parent, b)
+            if ra != rb:
+                parent[ra] = rb
+    for i in range(n):
+        parent[i] = _root(parent, i)
+    gain = np.zeros(n)
+    for i in range(n):
+        if differs[i]:
+            gain[parent[i]] += unary[noff[i] + x[i]] - unary[noff[i] + donor[i]]
+    for e in range(len(eu)):
+        a, b = eu[e], ev[e]
+        if differs[a] or differs[b]:
+            r = parent[a] if differs[a] else parent[b]
+            gain[r] += _pair(e, x[a], x[b], g) - _pair(e, donor[a], donor[b], g)
+    # the members of each component, grouped by root (a counting sort)
+    start = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        if differs[i]:
+            start[parent[i] + 1] += 1
+    for i in range(n):
+        start[i + 1] += start[i]
+    fill = start[:-1].copy()
+    members = np.empty(start[n], dtype=np.int64)
+    for i in range(n):
+        if differs[i]:
+            members[fill[parent[i]]] = i
+            fill[parent[i]] += 1
+    roots = np.empty(n, dtype=np.int64)
+    count = 0
+    for r in range(n):
+        if differs[r] and parent[r] == r and gain[r] > 0:  # (a NaN or -inf gain never)
+            roots[count] = r
+            count += 1
+    roots = roots[:count]
+    order = roots[np.argsort(-gain[roots])]
+    steps, pools = prof.shape
+    change = np.zeros((steps + 1, pools))
+    moved, gained = 0, 0.0
+    done = np.zeros(len(order), dtype=np.bool_)
+    again = True
+    while again:  # a component that frees memory may make room for one that did not fit
+        again = False
+        for q in range(len(order)):
+            if not done[q]:
+                r = order[q]
+                if _move(
+                    r, start, members, x, donor, prof, change, first, after, limit, usage, noff
+                ):
+                    done[q], again = True, True
+                    moved += 1
+                    gained += gain[r]
+    return moved, gained
+
+
+@njit(cache=True)
+def _move(
+    r, start, members, x, donor, prof, change, first, after, limit, usage, noff
+):  # pragma: no cover - compiled
+    """Component r (its members `members[start[r]:start[r + 1]]`) to the donor's values
+    if the profile stays within the limit wherever that adds usage; whether it moved.
+    `change` is a zeroed (T + 1, M) work array, zeroed again on return."""
+    steps, pools = prof.shape
+    lo, hi = steps, 0
+    for k in range(start[r], start[r + 1]):
+        i = members[k]
+        if first[i] < after[i]:
+            lo, hi = min(lo, first[i]), max(hi, after[i])
+            for m in range(pools):
+                du = usage[noff[i] + donor[i], m] - usage[noff[i] + x[i], m]
+                change[first[i], m] += du
+                change[after[i], m] -= du
+    fits = True
+    for m in range(pools):
+        run = 0.0
+        for t in range(lo, hi):
+            run += change[t, m]
+            if run > 0 and prof[t, m] + run > limit[m]:
+                fits = False
+                break
+        if not fits:
+            break
+    if fits:
+        for m in range(pools):
+            run = 0.0
+            for t in range(lo, hi):
+                run += change[t, m]
+                prof[t, m] += run
+        for k in range(start[r], start[r + 1]):
+            x[members[k]] = donor[members[k]]
+    for t in range(lo, hi + 1):
+        for m in range(pools):
+            change[t, m] = 0.0
+    return fits

@@ -50,8 +50,9 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Annotated, Any
+
+import numpy as np
 
 from backends import get_backend
 from backends.base import (
@@ -237,10 +238,11 @@ class _Run:
         self.queue: Any = ctx.Queue()
         self.stop = {m: ctx.Event() for m in members}  # the member's current search stops
         self.done = ctx.Event()  # no member starts again
-        self.hints: dict[str, Any] = {m: ctx.Queue() for m in members}
+        nodes = len(board.problem.node_cost)
+        self.hints = {m: _Mailbox(ctx, nodes) for m in members}
         sender, taker = CANDIDATES
-        self.candidates: Any = (
-            ctx.Queue() if sender in members and taker in members else None
+        self.candidates = (
+            _Mailbox(ctx, nodes) if sender in members and taker in members else None
         )  # the sender's candidates for the taker
         self.results: dict[str, list[SolveResult]] = {m: [] for m in members}
         self.hinted = {m: board.value() for m in members}  # the value each was last sent
@@ -274,14 +276,6 @@ class _Run:
                 if p.is_alive():
                     p.kill()  # our own child, by its handle
                     p.join()
-            queues = list(self.hints.values())
-            if self.candidates is not None:
-                queues.append(self.candidates)
-            for q in queues:
-                # an answer put for a member that ended without reading it would block this
-                # process's exit (the queue's thread waits for a reader to take it): drop it
-                q.cancel_join_thread()
-                q.close()
 
     def _go(self) -> None:
         for p in self.procs.values():
@@ -370,14 +364,14 @@ class _Run:
         channel = Channel(
             on_incumbent=lambda ch, who: send(("answer", name, tuple(ch))),
             stop=self.stop[name],
-            incoming=partial(_latest, self.hints[name])
+            incoming=self.hints[name].latest
             if name in SHARED or name == "cpsat" and self.lns
             else None,
             on_candidate=(lambda ch, who: send(("candidate", name, tuple(ch))))
             if with_candidates and name == sender
             else None,
-            candidate=partial(_latest, self.candidates)
-            if with_candidates and name == taker
+            candidate=self.candidates.latest
+            if self.candidates is not None and name == taker
             else None,
         )
         while True:
@@ -396,9 +390,8 @@ class _Run:
             send(("result", name, replace(result, stats=_summary(result))))
             if name != "cpsat" or self.lns or self.done.is_set() or past(self.members_until):
                 return
-            try:
-                warm = self.hints[name].get(timeout=POLL_SECONDS)
-            except queue.Empty:
+            warm = self.hints[name].wait(POLL_SECONDS)
+            if warm is None:
                 return  # it stopped for another reason
             self.stop[name].clear()
 
@@ -435,14 +428,42 @@ class _Run:
         return SolveResult(name, status, choices, bound=bound, limit=limit, stats=stats)
 
 
-def _latest(hints: Any) -> tuple[int, ...] | None:
-    """The last answer waiting in a member's hint queue (None if there is none)."""
-    last = None
-    while True:
-        try:
-            last = hints.get_nowait()
-        except queue.Empty:
-            return last
+class _Mailbox:
+    """The latest answer for one member, in shared memory: a `put` replaces the one before,
+    and `latest` gives the member the newest it has not seen. (A process queue gave only
+    what its feeder thread had written: an answer of a large problem fills the pipe, so on a
+    busy machine the reader often found one answer, the oldest of a backlog. On IOPDDL S,
+    toulbar2, which looks once a round, took `local`'s answers 30-60 s late: 2.08e9 when
+    `local` was at 1.56e9.)"""
+
+    def __init__(self, ctx: Any, nodes: int) -> None:
+        self.values = ctx.Array("q", max(nodes, 1), lock=False)  # int64 strategy indices
+        self.version = ctx.Value("q", 0, lock=False)
+        self.lock = ctx.Lock()
+        self.nodes = nodes
+        self.seen = 0  # in the reader's process: the version it last took
+
+    def put(self, choices: Sequence[int]) -> None:
+        with self.lock:
+            np.frombuffer(self.values, dtype=np.int64)[: self.nodes] = choices
+            self.version.value += 1
+
+    def latest(self) -> tuple[int, ...] | None:
+        """The newest answer this process has not taken yet, or None."""
+        with self.lock:
+            if self.version.value == self.seen:
+                return None
+            self.seen = self.version.value
+            return tuple(np.frombuffer(self.values, dtype=np.int64)[: self.nodes].tolist())
+
+    def wait(self, timeout: float) -> tuple[int, ...] | None:
+        """`latest`, waiting up to `timeout` seconds for one."""
+        end = time.perf_counter() + timeout
+        while True:
+            out = self.latest()
+            if out is not None or time.perf_counter() >= end:
+                return out
+            time.sleep(min(0.005, timeout))
 
 
 def _summary(r: SolveResult) -> dict[str, Any]:

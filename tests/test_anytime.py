@@ -8,10 +8,11 @@ import dataclasses
 import itertools
 import json
 import math
-import queue
+import multiprocessing
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ from backends.portfolio import (
     WIND_DOWN_SECONDS,
     PortfolioSettings,
     _Board,
-    _latest,
+    _Mailbox,
     _Run,
     _summary,
 )
@@ -359,19 +360,18 @@ def test_portfolio_hands_each_better_answer_to_the_other_large_members() -> None
     run = _Run(board, SolveOptions(time_limit=5.0), PortfolioSettings(), math.inf,
                ["toulbar2", "local"])  # fmt: skip
     run.procs = {m: Alive() for m in run.procs}  # type: ignore[misc]
-    run.hints = {m: queue.Queue() for m in run.hints}  # at once (a process queue: a moment later)
     first = get_backend("local").solve(p, SolveOptions(time_limit=5.0, extra={"max_moves": 1}))
     better = get_backend("local").solve(p, SolveOptions(time_limit=5.0))
     assert first.choices and better.choices and better.objective < first.objective
     assert board.offer(first.choices, "toulbar2")
     run._share()
     run._share()  # nothing new: nothing more sent
-    assert _latest(run.hints["local"]) == first.choices
-    assert _latest(run.hints["local"]) is None and _latest(run.hints["toulbar2"]) is None
+    assert run.hints["local"].latest() == first.choices
+    assert run.hints["local"].latest() is None and run.hints["toulbar2"].latest() is None
     assert board.offer(better.choices, "local")
     run._share()
-    assert _latest(run.hints["toulbar2"]) == better.choices
-    assert _latest(run.hints["local"]) is None
+    assert run.hints["toulbar2"].latest() == better.choices
+    assert run.hints["local"].latest() is None
 
 
 def test_portfolio_hands_toulbar2s_candidates_to_local_only() -> None:
@@ -381,12 +381,12 @@ def test_portfolio_hands_toulbar2s_candidates_to_local_only() -> None:
     board = _Board(p, time.perf_counter())
     run = _Run(board, SolveOptions(time_limit=5.0), PortfolioSettings(), math.inf,
                ["toulbar2", "local"])  # fmt: skip
-    run.candidates = queue.Queue()  # at once (a process queue: a moment later)
     answer = get_backend("local").solve(p, SolveOptions(time_limit=5.0, extra={"max_moves": 1}))
     assert answer.choices is not None
     run.queue.put(("candidate", "toulbar2", answer.choices))
     run._drain(5.0)
-    assert _latest(run.candidates) == answer.choices and board.best is None
+    assert run.candidates is not None
+    assert run.candidates.latest() == answer.choices and board.best is None
     alone = _Run(board, SolveOptions(time_limit=5.0), PortfolioSettings(), math.inf, ["local"])
     assert alone.candidates is None
     taken = dataclasses.replace(answer, stats={**answer.stats, "candidates": 2})
@@ -429,7 +429,7 @@ def test_portfolio_exits_with_answers_no_member_read() -> None:
         "           PortfolioSettings(), math.inf, ['toulbar2', 'local'])\n"
         "run.procs = {}\n"
         "for _ in range(4):\n"
-        "    run.hints['local'].put(tuple(range(100_000)))\n"
+        "    run.hints['local'].put(tuple(range(50)))\n"
         "run.go()\n"
         "print('done')\n"
     )
@@ -503,3 +503,24 @@ def test_the_heuristic_stops_improving_on_negative_costs(monkeypatch: pytest.Mon
         lowered = tuple(c - 1e4 for c in sel.node_cost)  # a shift: the same best answers
         negative = dataclasses.replace(sel, node_cost=lowered)
         assert (feasible.feasible_positions(negative) is None) == (sel.infeasible is not None)
+
+
+def _newest(box: _Mailbox, out: Any) -> None:
+    out.send((box.latest(), box.latest()))
+
+
+def test_a_member_takes_the_newest_of_many_answers() -> None:
+    """Five answers of a 30,000-node problem put before the member looks: it takes the last
+    one, then nothing (a process queue gave, on a busy machine, the oldest: only what its
+    feeder thread had written, one answer filling the pipe; toulbar2 fell 30-60 s behind)."""
+    ctx = multiprocessing.get_context("fork")
+    box = _Mailbox(ctx, 30_000)
+    answers = [tuple(((np.arange(30_000) + k) % 7).tolist()) for k in range(5)]
+    for a in answers:
+        box.put(a)
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_newest, args=(box, send))
+    child.start()
+    got = receive.recv() if receive.poll(60) else None
+    child.join(60)
+    assert got == (answers[-1], None)

@@ -197,6 +197,23 @@ def test_toulbar2_priced_rounds_on_a_small_contest_problem_end() -> None:
     assert result.choices is not None and memory_feasible(problem, result.choices)
 
 
+def test_rounds_are_crossed_with_the_best_answer() -> None:
+    """After a round, the best answer takes the parts of the round's labellings that pay and
+    fit (`backends.wcsp.crossover`): on contest-like problems some part moves, and the
+    answer stays valid."""
+    extra = {
+        "exact_memory_nodes": 0, "round_seconds": 4.0, "bound_share": 0.0,
+        "min_round_seconds": 0.5, "max_rounds": 4,
+    }  # fmt: skip
+    crossed = 0
+    for seed in range(3):
+        problem = contest_problem(200, seed=seed)
+        result = get_backend("toulbar2").solve(problem, SolveOptions(time_limit=20, extra=extra))
+        assert result.choices is not None and memory_feasible(problem, result.choices)
+        crossed += result.stats.get("crossed", 0)
+    assert crossed > 0
+
+
 def test_answers_a_little_worse_than_the_best_go_out_as_candidates() -> None:
     """toulbar2's repaired answers: a better one to `on_incumbent`, one within
     CANDIDATE_RANGE above the best to `on_candidate`, a worse or invalid one to neither."""

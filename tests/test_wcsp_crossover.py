@@ -8,10 +8,11 @@ import math
 import networkx as nx
 import numpy as np
 
-from backends.wcsp.crossover import crossover
-from backends.wcsp.memory import kernel_arrays, profile, repair, steps, unbreak
+from backends.wcsp.crossover import components, crossover, crossover_repaired
+from backends.wcsp.memory import kernel_arrays, polish, profile, repair, steps, unbreak
 from backends.wcsp.network import Network, build_network
 from backends.wcsp.trws import incidence
+from planner.deadline import Deadline
 from planner.problems.costtable import contest_problem, random_problem
 from planner.problems.evaluate import additive_cost, memory_feasible
 
@@ -116,3 +117,86 @@ def test_without_a_memory_limit_it_takes_the_best_set_of_components() -> None:
         assert result <= min(cost_a, additive_cost(problem, net.choices(b))) + 1e-9
         checked += len(parts) > 1
     assert checked >= 10
+
+
+def test_parts_that_do_not_fit_are_moved_and_repaired_only_when_that_pays() -> None:
+    """`crossover_repaired` after `crossover`, from a valid polished base and random
+    donors or the cheapest labelling (memory ignored, over the limit): the result is valid,
+    never costs more than before (a repaired copy can: it is then not taken), costs the
+    cost before less the gain reported, and some calls gain."""
+    gained_total = 0.0
+    for seed in range(30):
+        problem = contest_problem(100, seed=seed)
+        net = build_network(problem)
+        st = steps(problem)
+        assert st is not None and net.empty is None
+        g = _arrays(net)
+        rng = np.random.default_rng(seed)
+        x = _random(net, rng, g)
+        prof = profile(st, net.usage[net.noff[:-1] + x], st.count)
+        args = (st.first, st.after, st.limit, net.usage, g)
+        ok = -1
+        while ok == -1:
+            ok = repair(x, prof, *args, 50, 200)
+        if ok != 1 or not math.isfinite(additive_cost(problem, net.choices(x))):
+            continue
+        while polish(x, prof, *args) > 0:
+            pass
+        cheapest = np.array(
+            [
+                int(np.argmin(net.unary[a:b]))
+                for a, b in zip(net.noff[:-1], net.noff[1:], strict=True)
+            ]
+        )
+        unbreak(cheapest, g, 200)
+        for donor in (_random(net, rng, g), _random(net, rng, g), _random(net, rng, g), cheapest):
+            crossover(x, donor, prof, *args)
+            before = additive_cost(problem, net.choices(x))
+            gained = crossover_repaired(x, donor, prof, st, net.usage, g, 5, Deadline.after(10))
+            after = additive_cost(problem, net.choices(x))
+            assert memory_feasible(problem, net.choices(x)) and after <= before
+            assert math.isclose(before - after, gained, rel_tol=1e-9, abs_tol=1e-6 * before)
+            assert np.allclose(prof, profile(st, net.usage[net.noff[:-1] + x], st.count))
+            gained_total += gained
+    assert gained_total > 0
+
+
+def test_a_repaired_copy_that_costs_more_is_not_taken() -> None:
+    """contest_problem(200, seed=42), a polished base crossed with three random donors and
+    the cheapest labelling: moving the cheapest's best part that does not fit and
+    repairing costs more than the base (checked here), so `crossover_repaired` with one try
+    keeps x and its profile and gains 0."""
+    problem = contest_problem(200, seed=42)
+    net = build_network(problem)
+    st = steps(problem)
+    assert st is not None
+    g = _arrays(net)
+    rng = np.random.default_rng(42)
+    x = _random(net, rng, g)
+    prof = profile(st, net.usage[net.noff[:-1] + x], st.count)
+    args = (st.first, st.after, st.limit, net.usage, g)
+    assert repair(x, prof, *args, 10_000, 200) == 1
+    while polish(x, prof, *args) > 0:
+        pass
+    cheapest = np.array(
+        [int(np.argmin(net.unary[a:b])) for a, b in zip(net.noff[:-1], net.noff[1:], strict=True)]
+    )
+    unbreak(cheapest, g, 200)
+    for donor in (_random(net, rng, g), _random(net, rng, g), _random(net, rng, g)):
+        crossover(x, donor, prof, *args)
+        crossover_repaired(x, donor, prof, st, net.usage, g, 5, Deadline.after(10))
+    crossover(x, cheapest, prof, *args)
+    order, start, members, _ = components(x, cheapest, g)
+    assert len(order)
+    y = x.copy()
+    part = members[start[order[0]] : start[order[0] + 1]]
+    y[part] = cheapest[part]
+    p = profile(st, net.usage[net.noff[:-1] + y], st.count)
+    assert repair(y, p, *args, 10_000, 200) == 1
+    while polish(y, p, *args) > 0:
+        pass
+    cost = additive_cost(problem, net.choices(x))
+    assert additive_cost(problem, net.choices(y)) > cost  # the precondition
+    kept, kept_prof = x.copy(), prof.copy()
+    assert crossover_repaired(x, cheapest, prof, st, net.usage, g, 1, Deadline.after(10)) == 0
+    assert np.array_equal(x, kept) and np.array_equal(prof, kept_prof)

@@ -22,7 +22,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["crossover"]
+from backends.wcsp.memory import Steps, polish, profile, repair
+from planner.deadline import Deadline, past
+
+__all__ = ["components", "crossover", "crossover_repaired"]
+
+REPAIR_MOVES = 50  # repair moves between two looks at the clock
 
 
 @njit(cache=True)
@@ -41,11 +46,11 @@ def _pair(e, a, b, g):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def crossover(x, donor, prof, first, after, limit, usage, g):  # pragma: no cover - compiled
-    """Move the components where `donor` differs from `x` into x, largest gain first, each
-    when the profile stays within `limit` (module docstring). x and prof (T, M) are updated
-    in place; `g` is the network's arrays (`backends.wcsp.memory.kernel_arrays`); node i
-    is live at steps [first[i], after[i]). Returns (components moved, cost gained)."""
+def components(x, donor, g):  # pragma: no cover - compiled
+    """The components where `donor` differs from `x` (module docstring): (order, start,
+    members, gain). `order` lists the roots of the components that gain, largest gain
+    first; root r's members are `members[start[r]:start[r + 1]]`, its gain `gain[r]` (the
+    cost of x less the cost with the component at the donor's values)."""
     noff, unary, eu, ev, eoff, binary, ioff, iedge, iside = g
     n = len(x)
     differs = x != donor
@@ -87,7 +92,17 @@ def crossover(x, donor, prof, first, after, limit, usage, g):  # pragma: no cove
             roots[count] = r
             count += 1
     roots = roots[:count]
-    order = roots[np.argsort(-gain[roots])]
+    return roots[np.argsort(-gain[roots])], start, members, gain
+
+
+@njit(cache=True)
+def crossover(x, donor, prof, first, after, limit, usage, g):  # pragma: no cover - compiled
+    """Move the components where `donor` differs from `x` into x, largest gain first, each
+    when the profile stays within `limit` (module docstring). x and prof (T, M) are updated
+    in place; `g` is the network's arrays (`backends.wcsp.memory.kernel_arrays`); node i
+    is live at steps [first[i], after[i]). Returns (components moved, cost gained)."""
+    order, start, members, gain = components(x, donor, g)
+    noff = g[0]
     steps, pools = prof.shape
     change = np.zeros((steps + 1, pools))
     moved, gained = 0, 0.0
@@ -146,3 +161,61 @@ def _move(
         for m in range(pools):
             change[t, m] = 0.0
     return fits
+
+
+@njit(cache=True)
+def _cost(x, g):  # pragma: no cover - compiled
+    """The network's cost of labelling x."""
+    noff, unary, eu, ev, eoff, binary, ioff, iedge, iside = g
+    total = 0.0
+    for i in range(len(x)):
+        total += unary[noff[i] + x[i]]
+    for e in range(len(eu)):
+        total += _pair(e, x[eu[e]], x[ev[e]], g)
+    return total
+
+
+def crossover_repaired(
+    x: np.ndarray,
+    donor: np.ndarray,
+    prof: np.ndarray,
+    st: Steps,
+    usage: np.ndarray,
+    g: tuple[np.ndarray, ...],
+    tries: int,
+    deadline: Deadline,
+    cap: int = 200,
+) -> float:
+    """The components that gain but do not fit (after `crossover` they are the ones left
+    that gain), at most `tries` of them, largest gain first: each is moved into a copy of
+    x, which is repaired into the limit (`backends.wcsp.memory.repair`, chains of at most
+    `cap` nodes) and polished; the first copy that costs less than x replaces it. x and
+    prof (T, M) are updated in place; returns the cost gained (0 if no copy did).
+
+    The repair gives up some of the component's gain elsewhere, so its cost is the test.
+    On IOPDDL S, the best answer of a run crossed with 19 round labellings: 1.5782e9 by
+    `crossover`, then 1.5307e9 after this on each (5 tries each, 8 s)."""
+    order, start, members, gain = components(x, donor, g)
+    noff = g[0]
+    before = _cost(x, g)
+    for r in order[:tries]:
+        if past(deadline.at):
+            break
+        y = x.copy()
+        part = members[start[r] : start[r + 1]]
+        y[part] = donor[part]
+        p = profile(st, usage[noff[:-1] + y], st.count)
+        args = (st.first, st.after, st.limit, usage, g)
+        ok = -1
+        while ok == -1 and not past(deadline.at):
+            ok = repair(y, p, *args, REPAIR_MOVES, cap)
+        if ok != 1:
+            continue
+        while polish(y, p, *args) > 0 and not past(deadline.at):
+            pass
+        after = _cost(y, g)
+        if after < before - 1e-9 * abs(before):
+            x[:] = y
+            prof[:] = p
+            return before - after
+    return 0.0

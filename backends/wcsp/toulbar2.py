@@ -69,7 +69,7 @@ from backends.base import (
 from backends.wcsp import trws
 from backends.wcsp.bound import MARGIN, Lagrangian
 from backends.wcsp.contract import Contraction, contract
-from backends.wcsp.crossover import crossover
+from backends.wcsp.crossover import crossover, crossover_repaired
 from backends.wcsp.memory import (
     Steps,
     kernel_arrays,
@@ -113,6 +113,13 @@ FIRST_EXTRA = 1.0  # ... is FIRST_FACTOR * t + FIRST_EXTRA long, within min_roun
 # 15 s rounds (11 rounds) and 1.563e9-1.594e9 with 30 s ones (5); M (180 s, first labelling in
 # 3 s) lost 0.3% with 5 s rounds (toulbar2 still improves the labelling for seconds after the
 # first) and none with 15 s ones; A (60 s) got no round answer at all with a fixed 15 s
+POOL = 24  # earlier rounds' labellings and answers kept to cross with the best answer
+# (3-6 ms a crossover on IOPDDL S)
+CROSS_SECONDS = 5.0  # during a round, another member's better answer is crossed at most
+# this often (each time: POOL crossovers, about 0.2 s on S)
+CROSS_REPAIR_SECONDS = 6.0  # after a round, at most this long for the crossovers with repair
+# (a third of it during a round)
+TRIES = 3  # ... of at most this many components per labelling
 CANDIDATE_RANGE = 0.06  # a valid answer this far above the best goes to `on_candidate`
 # (IOPDDL S: a repaired round 3% above the best, annealed by `local`, can end below it)
 _SOLUTION_LINE = re.compile(r"^New solution: .*?([0-9.]+) seconds\)", re.MULTILINE)
@@ -293,23 +300,42 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
             stats["fix_seconds"] = stats.get("fix_seconds", 0.0) + time.perf_counter() - t1
             return (x, cost) if math.isfinite(cost) else None
 
-        def recombine(raw: np.ndarray, fixed: np.ndarray | None, k: int) -> None:
-            """Cross a round's labelling and its repaired answer with the best answer
-            (`backends.wcsp.crossover`), both ways; offer what comes out."""
+        pool: list[np.ndarray] = []  # the rounds' labellings and answers, newest last
+        crossed = [(time.perf_counter(), math.inf)]  # when recombine last ran, from what best
+
+        def recombine(
+            raw: np.ndarray | None, fixed: np.ndarray | None, who: str, seconds: float
+        ) -> None:
+            """Cross the best answer (another member's newest included) with this round's
+            labelling, its repaired answer and the earlier rounds' (at most POOL, newest
+            first; `backends.wcsp.crossover`), then for up to `seconds` with the parts of
+            them that pay but do not fit, repaired (`crossover_repaired`); and the repaired
+            answer with the best and the rest; offer what comes out."""
+            pool.extend(y for y in (raw, fixed) if y is not None)
+            del pool[:-POOL]
+            best.receive(problem)
+            crossed[0] = time.perf_counter(), best.cost
             base = net.local(best.choices) if best.choices is not None else None
             if base is None:
                 return  # no valid answer to start from
-            pairs = [(base, (raw, fixed))]
+            starts = [base]
             if fixed is not None and not np.array_equal(fixed, base):
-                pairs.append((fixed, (base, raw)))
+                starts.append(fixed)
             args = (st.first, st.after, st.limit, net.usage, g)
-            for start, donors in pairs:
+            for start in starts:
                 x = start.copy()
                 prof = profile(st, net.usage[net.noff[:-1] + x], count)
-                moved = sum(crossover(x, y, prof, *args)[0] for y in donors if y is not None)
+                donors = [y for y in (base, *reversed(pool)) if y is not start]
+                moved = sum(crossover(x, y, prof, *args)[0] for y in donors)
+                stats["crossed"] = stats.get("crossed", 0) + moved
+                if start is base:
+                    until = clock.within(seconds)
+                    for y in donors:
+                        if crossover_repaired(x, y, prof, st, net.usage, g, TRIES, until):
+                            moved += 1
+                            stats["crossed_repaired"] = stats.get("crossed_repaired", 0) + 1
                 if moved:
-                    stats["crossed"] = stats.get("crossed", 0) + moved
-                    best.offer(problem, net.choices(x), f"crossover of round {k + 1}")
+                    best.offer(problem, net.choices(x), who)
 
         t0 = time.perf_counter()
         cpu = _CpuShare()
@@ -331,6 +357,23 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         def step() -> None:
             """One step of the bound while a round runs (`overlap`)."""
             lagrange.run(clock, best.cost if best.choices is not None else None, on_labelling, 1)
+
+        def idle() -> None:
+            """While a round runs: a step of the bound (`overlap`), or a short sleep; and
+            every CROSS_SECONDS, if another member's answer is better than the best the
+            last crossover started from, the crossovers from it."""
+            if settings.overlap:
+                step()
+            else:
+                time.sleep(POLL_SECONDS)
+            if options.channel.incoming is None or not pool:
+                return
+            if time.perf_counter() - crossed[0][0] >= CROSS_SECONDS:
+                best.receive(problem)
+                if best.cost < crossed[0][1]:
+                    recombine(None, None, "crossover", CROSS_REPAIR_SECONDS / 3)
+                else:
+                    crossed[0] = time.perf_counter(), crossed[0][1]
 
         stats["bound_steps"] = lagrange.iterations
         lam = lagrange.best_lam if lagrange.best_lam is not None else lagrange.lam
@@ -357,7 +400,7 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
                 penalty = con.unary(net.unary + penalty)
             run = _apart(
                 clock, solved, penalty, scale, options.seed + k, seconds, None, problem,
-                idle=step if settings.overlap else None,
+                idle=idle if settings.overlap or options.channel.incoming is not None else None,
             )  # fmt: skip
             stats["build_seconds"] = stats.get("build_seconds", 0.0) + run.build
             stats["rounds"] = k + 1
@@ -391,7 +434,8 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
                 # over-full steps) and end far above the best; it only moves the prices
                 stats["unrepaired"] = stats.get("unrepaired", 0) + 1
             repaired = "not" if fixed is None else f"{fixed[1]:.6g}"
-            recombine(x, None if fixed is None else fixed[0], k)
+            answer = None if fixed is None else fixed[0]
+            recombine(x, answer, f"crossover of round {k + 1}", CROSS_REPAIR_SECONDS)
             line = (
                 f"round {k + 1} ({seconds} s): labelling {{:.6g}} with {int(over.sum())} "
                 f"over-full steps, repaired {repaired}, best {best.cost:.6g}"

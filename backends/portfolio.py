@@ -469,7 +469,7 @@ class _Mailbox:
 def _summary(r: SolveResult) -> dict[str, Any]:
     keep = ("solve_seconds", "search_seconds", "restricted", "hint", "answer", "cbc_result",
             "cbc_peak_mib", "lp_start", "lns", "error", "adopted", "candidates", "rounds", "moves",
-            "found_by")  # fmt: skip
+            "found_by", "crossed", "crossed_repaired")  # fmt: skip
     return {
         "status": r.status.value,
         "limit": r.limit.value if r.limit else None,

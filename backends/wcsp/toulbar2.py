@@ -118,7 +118,9 @@ POOL = 24  # earlier rounds' labellings and answers kept to cross with the best 
 CROSS_SECONDS = 5.0  # during a round, another member's better answer is crossed at most
 # this often (each time: POOL crossovers, about 0.2 s on S)
 CROSS_REPAIR_SECONDS = 6.0  # after a round, at most this long for the crossovers with repair
-# (a third of it during a round)
+# (a third of it during a round), and at most CROSS_REPAIR_SHARE of the round's own time (on
+# IOPDDL A rounds take 1-3 s: the rounds keep most of the time)
+CROSS_REPAIR_SHARE = 0.4
 TRIES = 3  # ... of at most this many components per labelling
 CANDIDATE_RANGE = 0.06  # a valid answer this far above the best goes to `on_candidate`
 # (IOPDDL S: a repaired round 3% above the best, annealed by `local`, can end below it)
@@ -302,6 +304,7 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
 
         pool: list[np.ndarray] = []  # the rounds' labellings and answers, newest last
         crossed = [(time.perf_counter(), math.inf)]  # when recombine last ran, from what best
+        idle_budget = [0.0]  # seconds for crossovers with repair while the round runs
 
         def recombine(
             raw: np.ndarray | None, fixed: np.ndarray | None, who: str, seconds: float
@@ -313,6 +316,8 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
             answer with the best and the rest; offer what comes out."""
             pool.extend(y for y in (raw, fixed) if y is not None)
             del pool[:-POOL]
+            if past(clock.at):
+                return
             best.receive(problem)
             crossed[0] = time.perf_counter(), best.cost
             base = net.local(best.choices) if best.choices is not None else None
@@ -371,7 +376,7 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
             if time.perf_counter() - crossed[0][0] >= CROSS_SECONDS:
                 best.receive(problem)
                 if best.cost < crossed[0][1]:
-                    recombine(None, None, "crossover", CROSS_REPAIR_SECONDS / 3)
+                    recombine(None, None, "crossover", idle_budget[0])
                 else:
                     crossed[0] = time.perf_counter(), crossed[0][1]
 
@@ -398,6 +403,7 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
             penalty = (prices * net.usage).sum(axis=1)
             if con is not None:  # the trees' sums: `solved`'s own unary costs are zeros
                 penalty = con.unary(net.unary + penalty)
+            idle_budget[0] = min(CROSS_REPAIR_SECONDS / 3, CROSS_REPAIR_SHARE * seconds)
             run = _apart(
                 clock, solved, penalty, scale, options.seed + k, seconds, None, problem,
                 idle=idle if settings.overlap or options.channel.incoming is not None else None,
@@ -435,7 +441,8 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
                 stats["unrepaired"] = stats.get("unrepaired", 0) + 1
             repaired = "not" if fixed is None else f"{fixed[1]:.6g}"
             answer = None if fixed is None else fixed[0]
-            recombine(x, answer, f"crossover of round {k + 1}", CROSS_REPAIR_SECONDS)
+            spend = min(CROSS_REPAIR_SECONDS, CROSS_REPAIR_SHARE * run.seconds)
+            recombine(x, answer, f"crossover of round {k + 1}", spend)
             line = (
                 f"round {k + 1} ({seconds} s): labelling {{:.6g}} with {int(over.sum())} "
                 f"over-full steps, repaired {repaired}, best {best.cost:.6g}"

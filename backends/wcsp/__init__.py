@@ -6,6 +6,8 @@
   compiled with numba;
 - `memory`: time steps, live usage, per-node prices, and the greedy repair and polish of an
   answer against the memory limit (numba);
+- `crossover`: partition crossover of two labellings within the memory limit, and the parts
+  that do not fit moved and repaired (numba);
 - `bound`: `lower_bound(problem, deadline)`, a Lagrangian relaxation of the memory rows over
   the TRW-S bound, usable by any backend;
 - `toulbar2`: the `toulbar2` backend (`Toulbar2Backend`, `Toulbar2Settings`): the network

@@ -23,7 +23,9 @@ SLACK of their limit free have theirs divided by sqrt(growth) (a price belongs t
 its limit; the steps there keep theirs), the answer is repaired
 greedily into the limit (`backends.wcsp.memory.repair`) and polished by single-node moves;
 the best answer is kept; a repaired answer a little above the best goes to the caller's
-`channel.on_candidate` (the portfolio's `local` anneals from it). The bound and the rounds
+`channel.on_candidate` (the portfolio's `local` anneals from it). The best answer is crossed
+with the rounds' labellings and answers (the last POOL; `backends.wcsp.crossover`): after
+each round, and during one when another member's answer improves it. The bound and the rounds
 work on the network contracted along its functional edges (`backends.wcsp.contract`). The
 bound reported is the Lagrangian bound (and toulbar2's proof where it has one).
 

@@ -182,16 +182,16 @@ def _process_age() -> float:
     return max(0.0, uptime - started)
 
 
-def run_case(path: Path, backend: str, time_limit: float, seed: int, threads: int) -> dict:
-    """In the child: load, solve within `time_limit` from now (loading included), and the
-    answer with what the backend said about it."""
+def run_case(
+    path: Path, backend: str, time_limit: float, seed: int, threads: int, spent: float = 0.0
+) -> dict:
+    """In the child: load, solve within `time_limit` from now less `spent` (loading
+    included), and the answer with what the backend said about it."""
     from backends import SolveOptions, get_backend
     from planner.deadline import Deadline, catch_interrupt
     from planner.problems.costtable import load_problem
 
-    # from the process's start: the interpreter's start and the imports are in the wall
-    # time measured (they took 1-2 s of it on IOPDDL S, which then ended 1.1-1.8 s over)
-    deadline = Deadline.after(time_limit - _process_age() - EXIT_SECONDS)
+    deadline = Deadline.after(time_limit - spent)
     t0 = time.perf_counter()
     with catch_interrupt():  # SIGINT from the parent: the best answer so far
         problem = load_problem(path)
@@ -429,9 +429,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
     if args.case is not None:  # a child: one case, its answer as JSON
+        # the limit counts from the case process's start: the interpreter's start and the
+        # imports are in the wall time measured (1-2 s of it on IOPDDL S, which then ended
+        # 1.1-1.8 s over), and the answer is still to be written
         answer = run_case(
             args.case, args.backends[0], args.time_limit or DEFAULT_TIME_LIMIT, args.seeds[0],
-            args.threads,
+            args.threads, _process_age() + EXIT_SECONDS,
         )  # fmt: skip
         args.answer.write_text(json.dumps(answer))
         return 0

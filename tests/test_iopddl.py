@@ -7,6 +7,8 @@ import csv
 import gzip
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -130,3 +132,17 @@ def test_bad_arguments_are_one_error_line(
     assert iopddl.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_a_case_process_knows_its_age() -> None:
+    """The case's limit counts from its process's start (`_process_age`): a process that
+    slept 1 s before asking is at least 1 s old, and not much more."""
+    code = (
+        "import time; time.sleep(1.0)\n"
+        "from experiments.iopddl import _process_age\n"
+        "print(_process_age())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert 1.0 <= float(out.stdout) < 10.0

@@ -357,6 +357,11 @@ class _Run:
         # Ctrl-C reaches every process of the terminal's group: a member stops quietly (the
         # parent says it once and stops the others through their events)
         signal.signal(signal.SIGINT, lambda signum, frame: request_stop())
+        # a Ctrl-C that reached only the parent (a `kill -INT`, `timeout -s INT`), or another
+        # member's proof, ends the whole portfolio (`done`): the member stops as at a Ctrl-C,
+        # in time to send its result (toulbar2's bound came too late: it only looks at the
+        # process's stop flag)
+        threading.Thread(target=_stop_when, args=(self.done,), daemon=True).start()
         backend = get_backend(name)
         send = self.queue.put
         sender, taker = CANDIDATES
@@ -426,6 +431,12 @@ class _Run:
         if bound is not None:
             bound = min(bound, value)
         return SolveResult(name, status, choices, bound=bound, limit=limit, stats=stats)
+
+
+def _stop_when(done: Any) -> None:
+    """In a member's process: ask this process to stop (`request_stop`) once `done` is set."""
+    done.wait()
+    request_stop()
 
 
 class _Mailbox:

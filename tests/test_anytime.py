@@ -524,3 +524,24 @@ def test_a_member_takes_the_newest_of_many_answers() -> None:
     got = receive.recv() if receive.poll(60) else None
     child.join(60)
     assert got == (answers[-1], None)
+
+
+def test_a_member_stops_itself_when_the_portfolio_is_done() -> None:
+    """A Ctrl-C that reached only the parent (or another member's proof) sets `done`; each
+    member then asks its own process to stop, as a Ctrl-C there would (toulbar2 looks only at
+    that flag: it ran on and was killed, and its bound was lost)."""
+    import threading
+
+    from backends.portfolio import _stop_when
+    from planner.deadline import clear_stop, stop_requested
+
+    done = threading.Event()
+    watcher = threading.Thread(target=_stop_when, args=(done,), daemon=True)
+    watcher.start()
+    try:
+        assert not stop_requested()
+        done.set()
+        watcher.join(10)
+        assert stop_requested()
+    finally:
+        clear_stop()

@@ -91,7 +91,9 @@ __all__ = ["Toulbar2Backend", "Toulbar2Settings"]
 
 TOTAL = 1e14  # the largest total cost toulbar2 is given (its costs are 64-bit integers)
 KILL_SECONDS = 0.5  # a toulbar2 round still running this long past the deadline is killed
-INTERRUPT_GRACE_SECONDS = 0.3  # ... and this long after a Ctrl-C (exit within 1 s)
+INTERRUPT_GRACE_SECONDS = 0.1  # ... and this long after a Ctrl-C (exit within 1 s; the
+# portfolio kills members 0.4 s after one: with 0.3 here, on IOPDDL S at load 2-3, toulbar2's
+# result, and the bound with it, came too late twice in two tries)
 POLL_SECONDS = 0.05
 MEND_NODES = 5_000  # larger: the bound's labellings are not repaired (too slow there)
 FEW_CONFLICTS = 20  # forbidden pairs a labelling may have to be mended (memory.unbreak)

@@ -46,11 +46,14 @@ def warm() -> dict[str, float]:
 
 def _wcsp(problem: Problem) -> None:
     """Each kernel `toulbar2` calls, once, on a small problem's network: TRW-S's passes, bound
-    and decoding (one step of the Lagrangian), then the mending, repair and polish moves."""
+    and decoding (one step of the Lagrangian), then the mending, repair and polish moves, and
+    the crossovers (4-5 s of compiling otherwise in a first contest run's first round)."""
     from backends.wcsp import trws
     from backends.wcsp.bound import Lagrangian
+    from backends.wcsp.crossover import crossover, crossover_repaired
     from backends.wcsp.memory import kernel_arrays, polish, profile, repair, steps, unbreak
     from backends.wcsp.network import build_network
+    from planner.deadline import Deadline
 
     net = build_network(problem)
     st = steps(problem)
@@ -60,10 +63,13 @@ def _wcsp(problem: Problem) -> None:
     inc = trws.incidence(net.noff, net.eu, net.ev)
     g = kernel_arrays(net.noff, net.unary, net.eu, net.ev, net.eoff, net.binary, inc)
     x = x.astype(np.int64).copy()
+    donor = x.copy()
     unbreak(x, g, 10)
     prof = profile(st, net.usage[net.noff[:-1] + x], st.count)
     repair(x, prof, st.first, st.after, st.limit, net.usage, g, 10, 10)
     polish(x, prof, st.first, st.after, st.limit, net.usage, g)
+    crossover(x, donor, prof, st.first, st.after, st.limit, net.usage, g)
+    crossover_repaired(x, donor, prof, st, net.usage, g, 1, Deadline.after(5.0))
 
 
 def main() -> int:

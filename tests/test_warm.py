@@ -8,6 +8,7 @@ import pytest
 from backends import SolveOptions, get_backend
 from backends.local import anneal
 from backends.warm import warm
+from backends.wcsp import crossover
 from planner.problems.costtable import contest_problem
 
 
@@ -16,6 +17,8 @@ def test_warm_compiles_each_family_then_a_short_search_answers() -> None:
     assert set(seconds) == {"local", "toulbar2", "reader"}
     assert all(v >= 0 for v in seconds.values())
     assert "seconds" in anneal._COMPILED  # the local kernels are loaded in this process
+    for kernel in (crossover.crossover, crossover.components, crossover._cost):
+        assert kernel.signatures, kernel  # toulbar2's crossovers too
     # a limit far shorter than a cold compile: the search answers (it was NO_SOLUTION)
     problem = contest_problem(100, seed=3)
     result = get_backend("local").solve(problem, SolveOptions(time_limit=0.5))

@@ -98,6 +98,7 @@ START_FRACTION = 0.1  # of the time limit for polishing the heuristic's answer
 RESTART_GAIN = 0.002  # CP-SAT gets another member's answer when it is this much better
 POLL_SECONDS = 0.1
 INTERRUPT_GRACE_SECONDS = 0.4  # after Ctrl-C, members still running this much later are killed
+MAILBOX_TRIES = 100  # reads of a mailbox that is being written before `latest` gives up
 
 
 def _members_ok(names: tuple[str, ...] | None) -> bool:
@@ -238,6 +239,7 @@ class _Run:
         self.queue: Any = ctx.Queue()
         self.stop = {m: ctx.Event() for m in members}  # the member's current search stops
         self.done = ctx.Event()  # no member starts again
+        self.ended = ctx.RawValue("b", 0)  # 1 with `done`: each member stops (`_stop_when`)
         nodes = len(board.problem.node_cost)
         self.hints = {m: _Mailbox(ctx, nodes) for m in members}
         sender, taker = CANDIDATES
@@ -290,6 +292,7 @@ class _Run:
                 hard = min(hard, time.perf_counter() + INTERRUPT_GRACE_SECONDS)
             if self.interrupted or self._proven():
                 self.done.set()
+                self.ended.value = 1
                 for e in self.stop.values():
                     e.set()
             self._restart_cpsat()
@@ -361,7 +364,7 @@ class _Run:
         # member's proof, ends the whole portfolio (`done`): the member stops as at a Ctrl-C,
         # in time to send its result (toulbar2's bound came too late: it only looks at the
         # process's stop flag)
-        threading.Thread(target=_stop_when, args=(self.done,), daemon=True).start()
+        threading.Thread(target=_stop_when, args=(self.ended,), daemon=True).start()
         backend = get_backend(name)
         send = self.queue.put
         sender, taker = CANDIDATES
@@ -433,9 +436,12 @@ class _Run:
         return SolveResult(name, status, choices, bound=bound, limit=limit, stats=stats)
 
 
-def _stop_when(done: Any) -> None:
-    """In a member's process: ask this process to stop (`request_stop`) once `done` is set."""
-    done.wait()
+def _stop_when(ended: Any) -> None:
+    """In a member's process: ask this process to stop (`request_stop`) once `ended` (a
+    shared byte, no lock) is 1. Not an event's `wait`: a member killed while waiting on the
+    portfolio's `done` left `done.set()` waiting for it for ever (the tests hung)."""
+    while not ended.value:
+        time.sleep(POLL_SECONDS)
     request_stop()
 
 
@@ -445,27 +451,41 @@ class _Mailbox:
     what its feeder thread had written: an answer of a large problem fills the pipe, so on a
     busy machine the reader often found one answer, the oldest of a backlog. On IOPDDL S,
     toulbar2, which looks once a round, took `local`'s answers 30-60 s late: 2.08e9 when
-    `local` was at 1.56e9.)"""
+    `local` was at 1.56e9.)
+
+    No lock: a member is killed at the deadline, and a lock it held would block the next
+    `put` for ever (the tests hung so). One process writes (the portfolio's); the version is
+    odd while it writes, and a reader keeps a copy only if the version was even and the same
+    before and after it (a sequence lock)."""
 
     def __init__(self, ctx: Any, nodes: int) -> None:
-        self.values = ctx.Array("q", max(nodes, 1), lock=False)  # int64 strategy indices
-        self.version = ctx.Value("q", 0, lock=False)
-        self.lock = ctx.Lock()
+        self.values = ctx.RawArray("q", max(nodes, 1))  # int64 strategy indices
+        self.version = ctx.RawValue("q", 0)
         self.nodes = nodes
         self.seen = 0  # in the reader's process: the version it last took
 
     def put(self, choices: Sequence[int]) -> None:
-        with self.lock:
-            np.frombuffer(self.values, dtype=np.int64)[: self.nodes] = choices
-            self.version.value += 1
+        """Only the portfolio's process writes."""
+        v = self.version.value
+        self.version.value = v + 1
+        np.frombuffer(self.values, dtype=np.int64)[: self.nodes] = choices
+        self.version.value = v + 2
 
     def latest(self) -> tuple[int, ...] | None:
-        """The newest answer this process has not taken yet, or None."""
-        with self.lock:
-            if self.version.value == self.seen:
+        """The newest answer this process has not taken yet, or None (also while one is
+        being written, after a few tries)."""
+        for _ in range(MAILBOX_TRIES):
+            v = self.version.value
+            if v == self.seen:
                 return None
-            self.seen = self.version.value
-            return tuple(np.frombuffer(self.values, dtype=np.int64)[: self.nodes].tolist())
+            if v % 2:
+                time.sleep(0.0005)
+                continue
+            copy = np.frombuffer(self.values, dtype=np.int64)[: self.nodes].copy()
+            if self.version.value == v:
+                self.seen = v
+                return tuple(copy.tolist())
+        return None
 
     def wait(self, timeout: float) -> tuple[int, ...] | None:
         """`latest`, waiting up to `timeout` seconds for one."""

@@ -527,7 +527,7 @@ def test_a_member_takes_the_newest_of_many_answers() -> None:
 
 
 def test_a_member_stops_itself_when_the_portfolio_is_done() -> None:
-    """A Ctrl-C that reached only the parent (or another member's proof) sets `done`; each
+    """A Ctrl-C that reached only the parent (or another member's proof) sets `ended`; each
     member then asks its own process to stop, as a Ctrl-C there would (toulbar2 looks only at
     that flag: it ran on and was killed, and its bound was lost)."""
     import threading
@@ -535,13 +535,39 @@ def test_a_member_stops_itself_when_the_portfolio_is_done() -> None:
     from backends.portfolio import _stop_when
     from planner.deadline import clear_stop, stop_requested
 
-    done = threading.Event()
-    watcher = threading.Thread(target=_stop_when, args=(done,), daemon=True)
+    ended = multiprocessing.get_context("fork").RawValue("b", 0)
+    watcher = threading.Thread(target=_stop_when, args=(ended,), daemon=True)
     watcher.start()
     try:
         assert not stop_requested()
-        done.set()
+        ended.value = 1
         watcher.join(10)
         assert stop_requested()
     finally:
         clear_stop()
+
+
+def _read_for_ever(box: _Mailbox) -> None:
+    while True:
+        box.latest()
+
+
+def test_a_member_killed_while_reading_does_not_block_the_next_answer() -> None:
+    """Members are killed at the deadline, maybe while reading their mailbox: the next `put`
+    must not wait on them (with a lock held by a killed reader it waited for ever, and the
+    tests hung)."""
+    import threading
+
+    ctx = multiprocessing.get_context("fork")
+    box = _Mailbox(ctx, 30_000)
+    reader = ctx.Process(target=_read_for_ever, args=(box,))
+    reader.start()
+    for k in range(50):
+        box.put(tuple(((np.arange(30_000) + k) % 7).tolist()))
+    reader.kill()
+    reader.join(10)
+    writer = threading.Thread(target=box.put, args=(tuple(range(30_000)),), daemon=True)
+    writer.start()
+    writer.join(10)
+    assert not writer.is_alive()
+    assert box.latest() == tuple(range(30_000))

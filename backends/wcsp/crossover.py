@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from backends.wcsp.memory import Steps, polish, profile, repair
+from backends.wcsp.memory import Steps, _pair, polish, profile, repair
 from planner.deadline import Deadline, past
 
 __all__ = ["components", "crossover", "crossover_repaired"]
@@ -36,13 +36,6 @@ def _root(parent, i):  # pragma: no cover - compiled
         parent[i] = parent[parent[i]]
         i = parent[i]
     return i
-
-
-@njit(cache=True)
-def _pair(e, a, b, g):  # pragma: no cover - compiled
-    noff, unary, eu, ev, eoff, binary, ioff, iedge, iside = g
-    dv = noff[ev[e] + 1] - noff[ev[e]]
-    return binary[eoff[e] + a * dv + b]
 
 
 @njit(cache=True)

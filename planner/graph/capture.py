@@ -13,7 +13,9 @@ Transformer code (docs/graphs.md, "Tensor code"): the tracer knows the example's
 tensor code becomes one attention op (`planner.graph.attention.find_regions`); modules that
 compute a norm or a transposed linear are leaves found by running them (`norm_of`,
 `linear_of`); nodes computed without the inputs are constants (`_constants`); split, chunk
-and ranges give slice ops; a model that returns logits gets an implicit log_softmax.
+and ranges give slice ops; a model that returns logits gets an implicit log_softmax. A model
+that computes its loss in forward (a torch loss function or module, or a scalar returned) is
+refused: the runtime computes the loss itself, from the model's outputs.
 
 Dimension names: 4D activations (sample, channel, height, width), 3D (sample, length,
 channel), 2D (sample, channel); integer token tensors (sample, length) or (sample,).
@@ -122,6 +124,11 @@ _SOFTMAX_FUNCTIONS: set[Any] = {F.softmax, F.log_softmax, torch.softmax, torch.l
 _RESHAPE_METHODS = {"view", "reshape", "flatten"}
 _NO_OP_METHODS = {"contiguous", "clone", "detach", "float"}
 _NO_OP_FUNCTIONS: set[Any] = {torch.clone}
+# torch's loss functions (F.cross_entropy, F.nll_loss, F.mse_loss, ...; their modules are
+# nn.modules.loss._Loss): a model that computes its loss in forward is refused (`_refuse_loss`)
+_LOSS_FUNCTIONS: set[Any] = {
+    getattr(F, n) for n in dir(F) if n.endswith("_loss") or "cross_entropy" in n or n == "kl_div"
+}
 
 
 def capture(
@@ -552,6 +559,7 @@ class _Builder:
     # entry point -------------------------------------------------------------------------------
 
     def build(self) -> tuple[Op, ...]:
+        self._refuse_loss()
         self.constant = _constants(self.gm, self.values)
         regions = find_regions(self.gm, self.values, self.flops, self.constant, self._sequence)
         self.exit_of = {r.exit: r for r in regions}
@@ -669,6 +677,40 @@ class _Builder:
         stack = node.meta.get("nn_module_stack") or OrderedDict()
         prefix = list(stack.values())[-1][0] if stack else ""
         return self._unique(f"{prefix}.attention" if prefix else "attention")
+
+    def _refuse_loss(self) -> None:
+        """Refuse a model that computes its loss in forward: a loss function or module
+        anywhere, or a scalar returned (`.mean()` of the gathered log-probabilities). The
+        runtime feeds the model inputs only and computes the loss itself, so no op kind
+        stands for it (planned as a softmax it was another computation: issue 42)."""
+        found = next((n for n in self.gm.graph.nodes if self._is_loss(n)), None)
+        if found is None:
+            output = next(n for n in self.gm.graph.nodes if n.op == "output")
+            scalars = [a for a in _node_args(output) if _is_scalar(self.values.get(a))]
+            found = self._reduction(scalars[0]) if scalars else None
+        if found is not None:
+            raise GraphError(
+                f"fx node {found.name!r} ({_target(found)}) computes a loss inside forward; "
+                "return the logits (or log-probabilities) and compute the loss outside "
+                "forward: the runtime trains with the cross-entropy of the model's outputs "
+                "(a forward(x, targets=None) traces without its loss when example_inputs "
+                "leave the targets out)"
+            )
+
+    def _reduction(self, node: fx.Node) -> fx.Node:
+        """The node that first reduced the scalar `node` to a scalar (the mean of `-x.mean()`)."""
+        while True:
+            scalars = [a for a in _node_args(node) if _is_scalar(self.values.get(a))]
+            if not scalars:
+                return node
+            node = scalars[0]
+
+    def _is_loss(self, node: fx.Node) -> bool:
+        if node.op == "call_function":
+            return node.target in _LOSS_FUNCTIONS
+        if node.op == "call_module":
+            return isinstance(self._module(node), nn.modules.loss._Loss)
+        return False
 
     def _loss_heads(self, output: fx.Node) -> None:
         """A model that returns logits (as language models do) is trained on their
@@ -844,8 +886,6 @@ class _Builder:
         if isinstance(m, nn.Softmax | nn.LogSoftmax):
             self._check_softmax_dim(node, m.dim)
             return "softmax", {"op": type(m).__name__.lower()}
-        if isinstance(m, nn.CrossEntropyLoss):
-            return "softmax", {"op": "cross_entropy"}
         if isinstance(m, nn.Flatten):
             return self._flatten(node)
         raise self._unmappable(node)
@@ -859,8 +899,6 @@ class _Builder:
         if t in _SOFTMAX_FUNCTIONS:
             self._check_softmax_dim(node, _arg(node, 1, "dim", None))
             return "softmax", {"op": _fn_name(t)}
-        if t is F.cross_entropy:
-            return "softmax", {"op": "cross_entropy"}
         if t is F.linear:  # a weight read by F.linear (a head tied to the embedding)
             return "linear", {}
         if t is torch.cat:
@@ -1057,9 +1095,6 @@ class _Builder:
                 f"fx node {node.name!r} ({_target(node)}) produces {type(value).__name__}, "
                 "not a tensor"
             )
-        if value.dim() == 0:
-            # A loss reduced to a scalar: the op's region is its input's (the logits).
-            value = self.values[self._tensor_args(node)[0]]
         names = _dim_names(value)
         if names is None or int(value.shape[0]) != self.batch:
             raise GraphError(
@@ -1229,6 +1264,11 @@ def _is_tensor_like(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return True
     return isinstance(value, tuple | list) and any(isinstance(v, torch.Tensor) for v in value)
+
+
+def _is_scalar(value: Any) -> bool:
+    """A 0-d floating tensor: a value reduced over the samples too (a loss)."""
+    return isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_floating_point()
 
 
 def _nbytes(value: Any) -> int:

@@ -1,4 +1,18 @@
-"""Writing user-facing files: output paths checked before the work, atomic writes, strict JSON.
+"""Reading and writing user-facing files: paths checked before the work, atomic writes, strict
+JSON.
+
+What a path may be. An input (a problem, graph, device, plan or model file) must be a regular
+file, or a symlink to one: a directory, FIFO, socket or device (/dev/null, /dev/stdin
+included) is refused at once with one `LayerwiseError` (`read_bytes_checked`,
+`read_text_checked`, `read_json_checked`; a FIFO would block the reader for ever, and a
+device is not a file one could give twice). The check is on the opened file itself (opened
+without blocking, then fstat), so a FIFO swapped in after the check cannot hang the read.
+An output is written only to a new name or over a regular file; a symlink is followed
+(every level) and the file it leads to is written, so the link stays a link; a symlink loop
+and every other kind of file (directory, FIFO, socket, character or block device,
+/dev/null included) are refused, and nothing is written: a rename would replace the device
+node with a regular file, and writing into it in place would block (a FIFO with no reader)
+or silently throw the plan away (/dev/null). To keep no file, leave the output option out.
 
 A command that will write a file checks its path first (`check_output_path`: it creates and
 removes a probe file in the directory, so a directory no file can be made in, such as /proc,
@@ -13,36 +27,185 @@ strict (`strict_json`): infinities and NaN become null (Python's default would w
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import secrets
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from planner.errors import LayerwiseError
 
-__all__ = ["check_output_path", "finite_or_none", "strict_json", "write_text_atomic"]
+__all__ = [
+    "check_input_file",
+    "check_output_path",
+    "finite_or_none",
+    "read_bytes_checked",
+    "read_json_checked",
+    "read_text_checked",
+    "strict_json",
+    "write_text_atomic",
+]
+
+
+def _special(mode: int) -> str | None:
+    """What a file of this `st_mode` is when it is not a regular file ("a FIFO", ...)."""
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return kind
+    return None if stat.S_ISREG(mode) else "not a regular file"
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def read_bytes_checked(
+    path: str | Path, what: str = "input", error: type[LayerwiseError] = LayerwiseError
+) -> bytes:
+    """The bytes of the regular file `path` (or of the file its symlinks lead to).
+
+    Every failure is one `error` naming `what` and `path`: missing, a symlink loop, not
+    readable, or not a regular file (a directory, FIFO, socket or device: refused at once,
+    never read, so a FIFO cannot block)."""
+    try:
+        # a device is not opened at all (opening one may act on it), a FIFO not waited on
+        _refuse_special(os.stat(path).st_mode, path, what, error)
+        # O_NONBLOCK: a FIFO swapped in since opens without waiting for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        dangling = " (a symlink to a missing file)" if Path(path).is_symlink() else ""
+        raise error(f"{what} file {path} does not exist{dangling}") from None
+    except OSError as exc:
+        raise _read_error(path, what, error, exc) from None
+    with os.fdopen(fd, "rb") as f:
+        _refuse_special(os.fstat(fd).st_mode, path, what, error)
+        try:
+            return f.read()
+        except OSError as exc:
+            raise _read_error(path, what, error, exc) from None
+
+
+def check_input_file(
+    path: str | Path, what: str = "input", error: type[LayerwiseError] = LayerwiseError
+) -> None:
+    """One `error` when `path` exists but is no regular file (a directory, FIFO, socket or
+    device) or is a symlink loop; nothing otherwise (a missing file is for the reader to say).
+
+    For code that only sniffs a file before reading it: the check opens nothing."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _read_error(path, what, error, exc) from None
+        return
+    _refuse_special(mode, path, what, error)
+
+
+def _refuse_special(mode: int, path: str | Path, what: str, error: type[LayerwiseError]) -> None:
+    kind = _special(mode)
+    if kind is not None:
+        raise error(f"{what} path {path} is {kind}, not a file: give a regular file")
+
+
+def _read_error(
+    path: str | Path, what: str, error: type[LayerwiseError], exc: OSError
+) -> LayerwiseError:
+    if exc.errno == errno.ELOOP:
+        return error(f"{what} path {path} is a symlink loop: give a regular file")
+    if exc.errno == errno.EISDIR:
+        return error(f"{what} path {path} is a directory, not a file: give a regular file")
+    return error(f"cannot read {what} file {path}: {exc.strerror or exc}")
+
+
+def read_text_checked(
+    path: str | Path, what: str = "input", error: type[LayerwiseError] = LayerwiseError
+) -> str:
+    """The UTF-8 text of the regular file `path` (`read_bytes_checked`'s checks); text that
+    is not UTF-8 is one `error` too."""
+    try:
+        return read_bytes_checked(path, what, error).decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{what} file {path} is not text (expected UTF-8 JSON)") from None
+
+
+def read_json_checked(
+    path: str | Path, what: str = "input", error: type[LayerwiseError] = LayerwiseError
+) -> Any:
+    """The parsed JSON of the regular file `path`; every failure is one `error` naming it."""
+    text = read_text_checked(path, what, error)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{what} file {path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise error(f"{what} file {path} is nested too deeply") from None
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _output_target(path: Path, what: str) -> Path:
+    """The file a write to `path` creates or replaces: `path`, or where its symlinks lead.
+
+    One LayerwiseError for a symlink loop or a target that exists and is not a regular file
+    (see the module docstring)."""
+    target = path
+    if path.is_symlink():
+        try:
+            target = Path(os.path.realpath(path, strict=True))
+        except FileNotFoundError:  # a dangling link: its target is created, as `>` would
+            target = Path(os.path.realpath(path))
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise LayerwiseError(f"cannot write {what} {path}: {exc.strerror}") from None
+            raise LayerwiseError(
+                f"cannot write {what} {path}: it is a symlink loop: give a file name"
+            ) from None
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return target
+    except OSError as exc:
+        raise LayerwiseError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
+    kind = _special(mode)
+    if kind == "a directory":
+        raise LayerwiseError(f"{what} path {path} is a directory: give a file name")
+    if kind is not None:
+        raise LayerwiseError(
+            f"cannot write {what} {path}: it is {kind}, not a regular file: give a file name "
+            "(or leave the option out to write no file)"
+        )
+    return target
 
 
 def check_output_path(path: str | Path, what: str = "output") -> Path:
     """`path` as a Path when a file can be written there; else one `LayerwiseError` that says
-    why (its directory is missing or not a directory, it is a directory, or not writable)."""
+    why (its directory is missing or not a directory, it is a directory, a FIFO, socket or
+    device, a symlink loop, or not writable). A symlink is checked as the file it leads to."""
     path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise LayerwiseError(f"{what} path {path} is a directory: give a file name")
+    target = _output_target(path, what)
+    parent = target.parent if str(target.parent) else Path(".")
     if not parent.exists():
         raise LayerwiseError(
             f"cannot write {what} {path}: directory {parent} does not exist (create it first)"
         )
     if not parent.is_dir():
         raise LayerwiseError(f"cannot write {what} {path}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise LayerwiseError(f"cannot write {what} {path}: permission denied")
     try:  # os.access says yes to root everywhere, and nothing says whether /proc takes files
-        fd, probe = _create_temporary(path, ".probe")
+        fd, probe = _create_temporary(target, ".probe")
     except OSError as exc:
         raise LayerwiseError(
             f"cannot write {what} {path}: no file can be created in {parent} ({exc.strerror})"
@@ -64,19 +227,23 @@ def _create_temporary(path: Path, suffix: str) -> tuple[int, Path]:
     raise FileExistsError(f"no free temporary name beside {path}")
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
+def write_text_atomic(path: str | Path, text: str, what: str = "output") -> None:
     """Write `text` to `path` through a temporary file in the same directory and a rename.
 
-    The file gets the user's umask; a failure is one LayerwiseError naming `path`."""
+    A symlink is followed: the file it leads to is replaced and the link stays. A target that
+    is a directory, FIFO, socket or device is refused (nothing written). The file gets the
+    user's umask; a failure is one LayerwiseError naming `path`."""
     path = Path(path)
+    target = _output_target(path, what)
     try:
-        fd, tmp = _create_temporary(path, ".tmp")
+        fd, tmp = _create_temporary(target, ".tmp")
     except OSError as exc:
         raise LayerwiseError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.replace(tmp, path)
+        _output_target(path, what)  # again, just before the rename: nothing special appeared
+        os.replace(tmp, target)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise LayerwiseError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import decimal
 import gzip
 import itertools
 import json
 import math
+import os
 import re
+import stat
 import warnings
 import zlib
 from collections.abc import Mapping, Sequence
@@ -33,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from planner.errors import ProblemError
+from planner.files import check_input_file, read_bytes_checked
 from planner.problems.problem import FORBIDDEN, Problem, forbid
 
 __all__ = [
@@ -81,7 +85,7 @@ def _read(
 ) -> Problem:
     nodes = _field(p, "nodes", Mapping, "problem")
     edges = _field(p, "edges", Mapping, "problem")
-    costs, sizes = _ragged(_field(nodes, "costs", list, "nodes"), "nodes.costs", "node")
+    costs, sizes = _ragged(_field(nodes, "costs", list, "nodes"), "nodes.costs", "node", True)
     n = len(sizes)
     empty = np.flatnonzero(sizes == 0)
     if len(empty):
@@ -91,7 +95,7 @@ def _read(
 
     pairs = _pairs(_field(edges, "nodes", list, "edges"), n)
     rows = _field(edges, "costs", list, "edges")
-    ecosts, elens = edge_costs or _ragged(rows, "edges.costs", "edge")
+    ecosts, elens = edge_costs or _ragged(rows, "edges.costs", "edge", True)
     if len(elens) != len(pairs):
         raise ProblemError(f"edges.costs has {len(elens)} tables for {len(pairs)} edges.nodes")
     expected = sizes[pairs[:, 0]] * sizes[pairs[:, 1]] if len(pairs) else elens
@@ -178,8 +182,13 @@ def _field(obj: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
     return value
 
 
-def _ragged(rows: list[Any], where: str, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """Flatten a list of number lists in one pass: (values, length of each row)."""
+def _ragged(
+    rows: list[Any], where: str, what: str, costs: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Flatten a list of number lists in one pass: (values, length of each row).
+
+    `costs`: an integer below FORBIDDEN that float64 rounds up to it stays allowed
+    (`_allowed_below_forbidden`)."""
     if all(type(r) is list for r in rows):
         flat = list(itertools.chain.from_iterable(rows))
         if set(map(type, flat)) <= set(_NUMBER):
@@ -187,6 +196,8 @@ def _ragged(rows: list[Any], where: str, what: str) -> tuple[np.ndarray, np.ndar
                 values = np.array(flat, dtype=np.float64)
             except OverflowError:
                 raise ProblemError(f"{where} holds a number too large for a float") from None
+            if costs:
+                _allowed_below_forbidden(values, flat)
             lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
             return values, lengths
     for i, row in enumerate(rows):  # slow path, only to say what is wrong
@@ -196,6 +207,34 @@ def _ragged(rows: list[Any], where: str, what: str) -> tuple[np.ndarray, np.ndar
             if type(x) not in _NUMBER:
                 raise ProblemError(f"{where}[{i}][{k}] ({what} {i}) is {x!r}, not a number")
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+# The largest float64 below FORBIDDEN: what an allowed cost that float64 would round up to
+# 1e18 (an integer from 999999999999999937 to 999999999999999999) is read as.
+BELOW_FORBIDDEN = float(np.nextafter(FORBIDDEN, 0.0))
+_FORBIDDEN_INT = 10**18
+
+
+def _allowed_below_forbidden(values: np.ndarray, exact: Sequence[Any]) -> None:
+    """Values that became exactly FORBIDDEN as floats but are below it as written (`exact`:
+    Python ints, compared exactly) become BELOW_FORBIDDEN: whether a cost is forbidden is
+    decided from the number in the file, not from its float64 rounding."""
+    for i in np.flatnonzero(values == FORBIDDEN).tolist():
+        if exact[i] < _FORBIDDEN_INT:  # int < int, or float < int: both exact in Python
+            values[i] = BELOW_FORBIDDEN
+
+
+def _parse_float(text: str) -> float:
+    """json's parse_float for files that hold a number near FORBIDDEN: a decimal below 1e18
+    that rounds to it (999999999999999999.0) stays below it."""
+    value = float(text)
+    if value == FORBIDDEN and decimal.Decimal(text) < _FORBIDDEN_INT:
+        return BELOW_FORBIDDEN
+    return value
+
+
+# A number that rounds up to 1e18 but is below it starts with sixteen 9s (1e18 - 64 and up)
+_NEAR_FORBIDDEN = re.compile(rb"9{16}")
 
 
 def _check_nonnegative(values: np.ndarray, lengths: np.ndarray, where: str, what: str) -> None:
@@ -277,7 +316,8 @@ def load_problem(path: str | Path) -> Problem:
     if fast is not None:
         return fast
     try:
-        data = json.loads(raw)
+        near = _NEAR_FORBIDDEN.search(raw) is not None  # the exact (slower) float parsing
+        data = json.loads(raw, parse_float=_parse_float) if near else json.loads(raw)
     except UnicodeDecodeError:
         raise ProblemError(f"cost-table file {path} is not text (expected UTF-8 JSON)") from None
     except json.JSONDecodeError as exc:
@@ -293,25 +333,31 @@ def load_problem(path: str | Path) -> Problem:
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-def is_gzip(path: str | Path) -> bool:
-    """Whether the file starts with gzip's magic bytes (False if it cannot be read)."""
+def is_gzip(path: str | Path, what: str = "model") -> bool:
+    """Whether the file starts with gzip's magic bytes (False if it cannot be read).
+
+    A path that is a directory, FIFO, socket or device (or a symlink loop) is a ProblemError
+    naming `what`: sniffing a FIFO would block for ever."""
+    check_input_file(path, what, ProblemError)
     try:
-        with open(path, "rb") as f:
-            return f.read(2) == GZIP_MAGIC
+        # O_NONBLOCK: a FIFO swapped in since the check does not block the open
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False
+    with os.fdopen(fd, "rb") as f:
+        try:
+            return stat.S_ISREG(os.fstat(fd).st_mode) and f.read(2) == GZIP_MAGIC
+        except OSError:
+            return False
 
 
 def read_bytes(path: str | Path) -> bytes:
     """A cost-table file's bytes, decompressed when it is gzipped; a ProblemError naming the
-    file when it cannot be read."""
+    file when it cannot be read or is no regular file (a FIFO, socket, device or directory,
+    refused without reading: `planner.files.read_bytes_checked`)."""
+    raw = read_bytes_checked(path, "cost-table", ProblemError)
     try:
-        raw = Path(path).read_bytes()
         return gzip.decompress(raw) if raw[:2] == GZIP_MAGIC else raw
-    except FileNotFoundError:
-        raise ProblemError(f"cost-table file {path} does not exist") from None
-    except IsADirectoryError:
-        raise ProblemError(f"cost-table path {path} is a directory, not a file") from None
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
         raise ProblemError(f"cost-table file {path} is not a valid gzip file: {exc}") from None
     except OSError as exc:
@@ -334,8 +380,10 @@ def _load_fast(raw: bytes) -> Problem | None:
         if end is not None:
             spans.append((raw.index(b"[", m.start()), end.end()))
     for a, b in sorted(spans, key=lambda ab: ab[0] - ab[1]):  # the largest array first
+        rest = raw[:a] + _SENTINEL + raw[b:]
+        near = _NEAR_FORBIDDEN.search(rest) is not None
         try:
-            doc = json.loads(raw[:a] + _SENTINEL + raw[b:])
+            doc = json.loads(rest, parse_float=_parse_float) if near else json.loads(rest)
         except (ValueError, RecursionError):
             continue
         inner = doc.get("problem", doc) if isinstance(doc, dict) else None
@@ -386,6 +434,8 @@ def _numeric_rows(text: bytes | memoryview) -> tuple[np.ndarray, np.ndarray] | N
             return None
         values, lengths = parsed
     else:  # decimals or exponents: numpy's text parser (slower, ~8 MB/s)
+        if _NEAR_FORBIDDEN.search(text) is not None:
+            return None  # a number strtod may round up to FORBIDDEN: the exact reader
         bounds = np.stack([rows_open, rows_close], axis=1).reshape(-1)
         lengths = np.add.reduceat(arr == ord(","), bounds, dtype=np.int64)[::2] + 1
         with warnings.catch_warnings():
@@ -445,7 +495,10 @@ def _integers(
         for k in range(int(places.max(initial=0))):  # Horner's rule, one digit place at a time
             more = np.flatnonzero(places > k)
             value[more] = value[more] * np.uint64(10) + digit[first[more] + k]
-        out.append(value.astype(np.float64))
+        as_float = value.astype(np.float64)
+        # an allowed cost float64 rounds up to FORBIDDEN stays allowed (exact uint64 compare)
+        as_float[(as_float >= FORBIDDEN) & (value < np.uint64(_FORBIDDEN_INT))] = BELOW_FORBIDDEN
+        out.append(as_float)
         # the numbers of each row met in this chunk (a number outside every row is counted
         # in none, so the caller's total check refuses it)
         at = first + lo
@@ -492,6 +545,8 @@ def _scan_integers(arr: np.ndarray, values: np.ndarray, lengths: np.ndarray) -> 
                 return -1
             if digits < 18:
                 value = value * 10 + (c - 48)  # exact in int64 up to 18 digits
+            elif value < 10**17:  # a 19th digit after a leading 0: not JSON, the plain reader
+                return -1
             else:  # >= 1e18, forbidden: the rounding of floats is enough
                 large = float(value) * 10.0 + float(c - 48)
             digits += 1
@@ -499,7 +554,12 @@ def _scan_integers(arr: np.ndarray, values: np.ndarray, lengths: np.ndarray) -> 
         if digits:
             if count == len(values):
                 return -1
-            values[count] = value if digits < 19 else large
+            if digits == 19:
+                values[count] = large
+            elif value < _FORBIDDEN_INT and float(value) >= FORBIDDEN:
+                values[count] = BELOW_FORBIDDEN  # allowed, though float64 rounds it up to 1e18
+            else:
+                values[count] = value
             lengths[row] += 1
             count += 1
             digits, value = 0, 0

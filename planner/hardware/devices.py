@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from planner.errors import DeviceGraphError, read_json
+from planner.errors import DeviceGraphError
+from planner.files import read_json_checked, write_text_atomic
 from planner.hardware.routing import RouteTrees, route_trees, walk
 
 __all__ = ["EFFICIENCY_CLASSES", "FORMAT", "VERSION", "Device", "DeviceGraph", "Hierarchy", "Link"]
@@ -436,53 +437,59 @@ class DeviceGraph:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DeviceGraph:
-        """Inverse of `to_json`; raises DeviceGraphError on a wrong format, version or field."""
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
+        """Inverse of `to_json`; raises DeviceGraphError on a wrong format, version or field
+        (one line naming the field, the device or link index, and what to give)."""
+        if not isinstance(data, dict):
+            raise DeviceGraphError(
+                f"not a device graph: expected a JSON object with 'format': {FORMAT!r}, "
+                f"not {_json_kind(data)}"
+            )
+        if data.get("format") != FORMAT:
             raise DeviceGraphError(f"not a device graph: expected 'format': {FORMAT!r}")
         if data.get("version") != VERSION:
             raise DeviceGraphError(
                 f"unsupported device graph version {data.get('version')!r} (expected {VERSION})"
             )
+        name = _json_field(data, "name", str, "the device graph", 'a name, e.g. "my-cluster"')
+        devices = _json_list(data, "devices", "device objects")
+        if not devices:
+            raise DeviceGraphError(
+                'malformed device graph: "devices" is empty: give at least one device '
+                '(docs/devices.md, "Your own machines")'
+            )
+        links = _json_list(data, "links", "link objects (empty for one device)")
+        switches = data.get("switches", [])
+        if not isinstance(switches, list) or not all(isinstance(s, str) for s in switches):
+            raise DeviceGraphError(
+                f'malformed device graph: "switches" must be a list of names, not {switches!r}'
+            )
         try:
-            devices = [
-                Device(
-                    name=str(d["name"]),
-                    kind=str(d["kind"]),
-                    flops=float(d["flops"]),
-                    mem_bandwidth=float(d["mem_bandwidth"]),
-                    memory=int(d["memory"]),
-                    host=str(d["host"]),
-                    message_overhead=float(d.get("message_overhead", 0.0)),
-                    **_precision_json(d),
-                )
-                for d in data["devices"]
-            ]
-            links = [
-                Link(
-                    a=str(e["a"]),
-                    b=str(e["b"]),
-                    bandwidth=float(e["bandwidth"]),
-                    latency=float(e["latency"]),
-                    kind=str(e.get("kind", "")),
-                )
-                for e in data["links"]
-            ]
             return cls(
-                str(data["name"]), devices, links, [str(s) for s in data.get("switches", [])]
+                name,
+                [_device_from_json(d, i) for i, d in enumerate(devices)],
+                [_link_from_json(e, k) for k, e in enumerate(links)],
+                switches,
             )
         except DeviceGraphError:
             raise
-        except (KeyError, TypeError, ValueError) as exc:
-            raise DeviceGraphError(f"malformed device graph JSON: {exc!r}") from exc
+        except (KeyError, TypeError, ValueError) as exc:  # a case the checks above miss
+            raise DeviceGraphError(
+                f"malformed device graph JSON: {type(exc).__name__}: {exc}"
+            ) from None
 
     def save(self, path: str | Path) -> None:
-        """Write the JSON form to `path`."""
-        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        """Write the JSON form to `path` (atomically: `planner.files.write_text_atomic`)."""
+        write_text_atomic(path, json.dumps(self.to_json(), indent=2) + "\n", "device graph")
 
     @classmethod
     def load(cls, path: str | Path) -> DeviceGraph:
-        """Read a graph written by `save`."""
-        return cls.from_json(read_json(path, "device graph", DeviceGraphError))
+        """Read a graph written by `save`; every defect is one DeviceGraphError naming the
+        file (a FIFO, socket, device or directory is refused without being read)."""
+        data = read_json_checked(path, "device graph", DeviceGraphError)
+        try:
+            return cls.from_json(data)
+        except DeviceGraphError as exc:
+            raise DeviceGraphError(f"device file {path}: {exc}") from None
 
     def summary(self) -> str:
         """A few human-readable lines: devices, link kinds, route statistics."""
@@ -548,15 +555,136 @@ def _device_json(d: Device) -> dict[str, Any]:
 
 _PEAKS = ("flops16", "flops_tf32", "flops64")
 
+# What to give for each field of a device's or a link's JSON entry (error messages say it).
+_DEVICE_HINTS = {
+    "name": 'a unique name, e.g. "gpu0"',
+    "kind": f"one of {DEVICE_KINDS}",
+    "flops": "its FP32 peak in FLOP/s, e.g. 1.06e13",
+    "mem_bandwidth": "its memory bandwidth in bytes/s, e.g. 7.32e11",
+    "memory": "its memory in bytes, e.g. 17179869184 (16 GiB)",
+    "host": 'the machine it is in, e.g. "node0"',
+    "message_overhead": "seconds per message (0 for a GPU)",
+    "flops16": "its 16-bit peak in FLOP/s (or leave it out)",
+    "flops_tf32": "its TF32 peak in FLOP/s (or leave it out)",
+    "flops64": "its float64 peak in FLOP/s (or leave it out)",
+}
+_LINK_HINTS = {
+    "a": "the name of a device or switch",
+    "b": "the name of a device or switch",
+    "bandwidth": "bytes/s in each direction, e.g. 1.2e10",
+    "latency": "seconds, e.g. 5e-06",
+    "kind": 'a free label, e.g. "pcie"',
+}
 
-def _precision_json(d: dict[str, Any]) -> dict[str, Any]:
-    """The optional peaks and efficiency of a device's JSON entry, as `Device` fields."""
-    out: dict[str, Any] = {f: float(d[f]) for f in _PEAKS if d.get(f) is not None}
+
+def _json_kind(value: Any) -> str:
+    """How a JSON value is named in an error message: "a list", "a string", "null", ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (a boolean)"
+    kinds = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}
+    return f"{value!r} ({kinds.get(type(value), type(value).__name__)})"
+
+
+def _json_field(obj: Mapping[str, Any], key: str, kind: type, where: str, hint: str) -> Any:
+    """obj[key] checked to be a string (`kind` str) or a JSON number (`kind` float, returned
+    as a float); a DeviceGraphError naming `where`, the field and `hint` otherwise."""
+    if key not in obj:
+        raise DeviceGraphError(f'malformed device graph: {where} has no "{key}": give {hint}')
+    value = obj[key]
+    if kind is float:
+        if type(value) not in (int, float):
+            raise DeviceGraphError(
+                f'malformed device graph: {where}: "{key}" must be a number ({hint}), '
+                f"not {_json_kind(value)}"
+            )
+        return float(value)
+    if not isinstance(value, kind):
+        raise DeviceGraphError(
+            f'malformed device graph: {where}: "{key}" must be a string ({hint}), '
+            f"not {_json_kind(value)}"
+        )
+    return value
+
+
+def _json_list(data: Mapping[str, Any], key: str, hint: str) -> list[Any]:
+    if key not in data:
+        raise DeviceGraphError(f'malformed device graph: it has no "{key}": give a list of {hint}')
+    value = data[key]
+    if not isinstance(value, list):
+        raise DeviceGraphError(
+            f'malformed device graph: "{key}" must be a list of {hint}, not {_json_kind(value)}'
+        )
+    return value
+
+
+def _device_from_json(d: Any, i: int) -> Device:
+    """devices[i] of a device file as a Device; one DeviceGraphError naming it otherwise."""
+    where = f"devices[{i}]"
+    if not isinstance(d, dict):
+        raise DeviceGraphError(
+            f"malformed device graph: {where} must be an object with {list(_DEVICE_HINTS)[:6]}, "
+            f"not {_json_kind(d)}"
+        )
+    if isinstance(d.get("name"), str):
+        where += f" ({d['name']})"
+    fields = {
+        key: _json_field(d, key, float if key in ("flops", "mem_bandwidth") else str, where, hint)
+        for key, hint in _DEVICE_HINTS.items()
+        if key in ("name", "kind", "flops", "mem_bandwidth", "host")
+    }
+    memory = _json_field(d, "memory", float, where, _DEVICE_HINTS["memory"])
+    if not memory.is_integer() and math.isfinite(memory):
+        raise DeviceGraphError(
+            f'malformed device graph: {where}: "memory" must be a whole number of bytes, '
+            f"not {memory}"
+        )
+    optional = {
+        key: _json_field(d, key, float, where, _DEVICE_HINTS[key])
+        for key in ("message_overhead", *_PEAKS)
+        if d.get(key) is not None or (key == "message_overhead" and key in d)
+    }
+    try:
+        return Device(
+            memory=int(memory) if math.isfinite(memory) else memory,
+            efficiency=_efficiency_json(d),
+            **fields,
+            **optional,
+        )
+    except DeviceGraphError as exc:  # its message names the device
+        raise DeviceGraphError(f"devices[{i}]: {exc}") from None
+
+
+def _efficiency_json(d: dict[str, Any]) -> tuple[tuple[str, float], ...]:
+    """The optional efficiency of a device's JSON entry, as `Device.efficiency` pairs."""
     efficiency = d.get("efficiency", {})
-    if not isinstance(efficiency, dict):
+    if not isinstance(efficiency, dict) or not all(
+        type(f) in (int, float) for f in efficiency.values()
+    ):
         raise DeviceGraphError(
             f"device {d.get('name')}: efficiency must be an object of op class: fraction of "
             f'peak, e.g. {{"matmul": 0.7}}, got {efficiency!r}'
         )
-    out["efficiency"] = tuple(sorted((str(c), float(f)) for c, f in efficiency.items()))
-    return out
+    return tuple(sorted((str(c), float(f)) for c, f in efficiency.items()))
+
+
+def _link_from_json(e: Any, k: int) -> Link:
+    """links[k] of a device file as a Link; one DeviceGraphError naming it otherwise."""
+    where = f"links[{k}]"
+    if not isinstance(e, dict):
+        raise DeviceGraphError(
+            f"malformed device graph: {where} must be an object with a, b, bandwidth and "
+            f"latency, not {_json_kind(e)}"
+        )
+    if isinstance(e.get("a"), str) and isinstance(e.get("b"), str):
+        where += f" ({e['a']}-{e['b']})"
+    fields = {
+        key: _json_field(e, key, float if key in ("bandwidth", "latency") else str, where, hint)
+        for key, hint in _LINK_HINTS.items()
+        if key != "kind" or key in e
+    }
+    try:
+        return Link(**fields)
+    except DeviceGraphError as exc:  # its message names the link's ends
+        raise DeviceGraphError(f"links[{k}]: {exc}") from None

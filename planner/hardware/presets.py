@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import DeviceGraphError
-from planner.files import write_text_atomic
+from planner.files import read_json_checked, write_text_atomic
 from planner.hardware.devices import Device, DeviceGraph, Link
 from planner.hardware.load import Load, LoadWatch, note_cached, trusted
 
@@ -413,7 +413,7 @@ def cpu_local_figures() -> CpuLocalFigures:
         logger.debug("%s; measure them with `%s`", line, MEASURE_COMMAND)
         return CpuLocalFigures(dict(CPU_LOCAL_DEFAULTS), line, False, False)
     try:
-        cached = json.loads(path.read_text())
+        cached = read_json_checked(path, "cpu-local cache")  # a FIFO there never blocks
         figures = {
             key: float(cached.get(key, CPU_LOCAL_DEFAULTS[key])) for key in CPU_LOCAL_DEFAULTS
         }

@@ -21,6 +21,7 @@ import math
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -32,6 +33,22 @@ from planner.result import format_cost
 
 EXIT_NO_SOLUTION = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+# when this process started, where /proc does not say (planner/__main__ sets an earlier one)
+PROCESS_STARTED = time.time()
+
+
+def process_seconds() -> float:
+    """Seconds since this process started: the interpreter's start-up and every import (torch's
+    among them) included, which a command's "total" counts. From /proc on Linux; elsewhere
+    since PROCESS_STARTED."""
+    try:
+        stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        started = int(stat[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: the start time
+        return max(0.0, uptime - started)
+    except (OSError, ValueError, IndexError):
+        return max(0.0, time.time() - PROCESS_STARTED)
 
 
 class UsageError(LayerwiseError):
@@ -780,7 +797,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         _print_summary(summary, seconds=True)
     elif result.has_solution:
         _print_ops(result.describe(), args.verbose > 0)
-        _print_summary(summary, seconds=result.problem.is_dnn)
+        _print_summary(summary, seconds=result.problem.is_dnn, problem=result.problem)
     if "zero" in summary:  # --zero auto: which stage and why
         tried = "; ".join(f"stage {t['zero']}: {t['why']}" for t in summary["zero"]["tried"])
         print(f"ZeRO stage {summary['zero']['chose']}" + (f" ({tried})" if tried else ""),
@@ -798,11 +815,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
         print(f"error: {reason}{'; nothing written' if args.output else ''}", file=sys.stderr)
         return EXIT_NO_SOLUTION
+    # an interrupted search said so when the Ctrl-C came (planner.deadline's warning) and the
+    # status line says (INTERRUPTED): no line of its own repeats it
     if args.output:
         result.save(args.output)
-        print(f"plan written to {args.output}", file=sys.stderr)
-    if summary["limit"] == "INTERRUPTED":
-        print("interrupted: this is the best answer found so far", file=sys.stderr)
+        what = " (the best answer found so far)" if summary["limit"] == "INTERRUPTED" else ""
+        print(f"plan written to {args.output}{what}", file=sys.stderr)
     return 0
 
 
@@ -840,26 +858,69 @@ def _count(n: int, noun: str, width: int = 0) -> str:
     return f"{n:{width},} {noun}{'s' * (n != 1)}"
 
 
-def _print_summary(s: dict[str, Any], seconds: bool) -> None:
+def _print_summary(s: dict[str, Any], seconds: bool, problem: Any = None) -> None:
     """The status line: a DNN's objective in ms, a cost-table problem's as a plain number
-    (its costs have no unit)."""
+    (its costs have no unit); the phases' seconds, "total" from the process's start (the
+    interpreter and torch's import included: what the user waited)."""
 
     def value(v: float | None) -> str:
         if not seconds:
             return format_cost(v)
         return "-" if v is None else f"{v * 1e3:.4g} ms"
 
-    gap = "-" if s["gap"] is None else f"{s['gap'] * 100:.3g}%"
+    bound = value(s["bound"]) if seconds else format_bound(s["bound"], s["objective"], problem)
+    gap = s["gap"]
+    if bound == value(s["objective"]) and gap is not None and abs(gap) < 1e-9:
+        gap = 0.0  # an exact proof whose bound came back a rounding error below its objective
+    gap_text = "-" if gap is None else f"{gap * 100:.3g}%"
     limit = f" ({s['limit']})" if s["limit"] else ""
-    phases = ", ".join(
+    phases = [
         f"{k.removesuffix('_seconds')} {s[k]:.3g} s"
-        for k in ("capture_seconds", "build_seconds", "search_seconds", "total_seconds")
+        for k in ("capture_seconds", "build_seconds", "search_seconds")
         if s.get(k) is not None
-    )
+    ]
+    phases.append(f"total {process_seconds():.3g} s")
     print(
         f"{s['status']}{limit}: {s['objective_kind']} {value(s['objective'])}, bound "
-        f"{value(s['bound'])}, gap {gap} ({s['backend']}; {phases})"
+        f"{bound}, gap {gap_text} ({s['backend']}; {', '.join(phases)})"
     )
+
+
+BOUND_DIGITS = 10  # significant digits of a bound that is not an integer (at least)
+EXACT_RTOL = 1e-9  # a bound this close to an integer objective, with integer costs, is it
+
+
+def format_bound(bound: float | None, objective: float | None, problem: Any = None) -> str:
+    """A cost-table bound as people read it. A bound within EXACT_RTOL of an integer
+    objective on a problem of integer costs is that objective (the objective is an integer,
+    so the proof is exact: the difference is the solver's floating point); an integer bound
+    every digit; any other to BOUND_DIGITS significant digits, or more when its integer part
+    has more, plus one decimal ('217,038.5', not '217,038.999999783')."""
+    if bound is None or not math.isfinite(bound):
+        return format_cost(bound)
+    if (
+        objective is not None
+        and math.isfinite(objective)
+        and float(objective).is_integer()
+        and abs(objective - bound) <= EXACT_RTOL * max(1.0, abs(objective))
+        and (problem is None or _integer_costs(problem))
+    ):
+        return format_cost(objective)
+    if float(bound).is_integer():
+        return format_cost(bound)
+    whole = len(str(int(abs(bound)))) if abs(bound) >= 1 else 0
+    return f"{bound:,.{max(BOUND_DIGITS, whole + 1)}g}"
+
+
+def _integer_costs(problem: Any) -> bool:
+    """Whether every finite cost of a cost-table problem is an integer (its objective then is)."""
+    import numpy as np
+
+    for table in (*problem.node_cost, *problem.edge_cost):
+        finite = table[np.isfinite(table)]
+        if finite.size and not bool(np.all(finite == np.floor(finite))):
+            return False
+    return True
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -1010,9 +1071,9 @@ def report_errors(run: Callable[[], int]) -> int:
     except UnicodeDecodeError as exc:  # a binary file given where JSON was expected
         print(f"error: an input file is not UTF-8 text (JSON expected): {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # what was interrupted, when the raiser says
+        print(f"error: {one_line(exc) if str(exc) else 'interrupted'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m planner") -> int:

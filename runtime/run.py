@@ -15,24 +15,41 @@ its m micro-batches per step in the pipeline's schedule (runtime.pipeline).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
+import signal
 import sys
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
-from planner.cli import (
+
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    os.write(2, b"error: interrupted\n")
+    os._exit(130)
+
+
+# A Ctrl-C during the imports below (numpy, the planner) is one line and status 130, not a
+# traceback of importlib frames; `main` handles the later ones (torch's import among them).
+if __name__ == "__main__":
+    _previous = signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from planner.cli import (  # noqa: E402
     OneLineArgumentParser,
+    exit_now,
     nonnegative_int,
     one_line,
     positive_int,
     positive_number,
     positive_seconds,
 )
-from planner.costs.recompute import recompute_error
-from planner.errors import LayerwiseError
+from planner.costs.recompute import recompute_error  # noqa: E402
+from planner.errors import LayerwiseError  # noqa: E402
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, _previous)
 
 EXIT_WORKER_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -117,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # the workers are stopped (run_strategy stops them first)
         print("error: interrupted", file=sys.stderr)
         return 130
 
@@ -211,4 +228,5 @@ def _report(summary: dict[str, Any], name: str, args: argparse.Namespace) -> Non
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # without the interpreter's teardown (1-2 s with torch loaded, after the last line)
+    exit_now(main())

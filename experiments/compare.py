@@ -17,37 +17,64 @@ and plans/ with every answer as a strategy file that `python -m planner evaluate
 
 from __future__ import annotations
 
-import argparse
-import csv
-import dataclasses
-import json
-import math
-import sys
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any
+import os
+import signal
+import threading
 
-from rich.console import Console
-from rich.progress import Progress, TaskID
 
-from backends import BackendError, SolveOptions, backend_names, get_backend
-from backends.base import evaluate_objective
-from experiments.compare_report import PROBLEM_VERDICTS, RTOL, legend, plot, summary, tables
-from experiments.runinfo import finish, new_results_folder, run_info
-from planner.cli import (
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    os.write(2, b"error: interrupted\n")
+    os._exit(130)
+
+
+# A Ctrl-C during the imports below (rich, numpy, the planner) is one line and status 130,
+# not a traceback of importlib frames; `main` handles the later ones.
+if __name__ == "__main__":
+    _previous = signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+import argparse  # noqa: E402
+import csv  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from dataclasses import dataclass, field, replace  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from rich.console import Console  # noqa: E402
+from rich.progress import Progress, TaskID  # noqa: E402
+
+from backends import BackendError, SolveOptions, backend_names, get_backend  # noqa: E402
+from backends.base import evaluate_objective  # noqa: E402
+from experiments.compare_report import (  # noqa: E402
+    PROBLEM_VERDICTS,
+    RTOL,
+    legend,
+    plot,
+    summary,
+    tables,
+)
+from experiments.runinfo import finish, new_results_folder, run_info  # noqa: E402
+from planner.cli import (  # noqa: E402
     OneLineArgumentParser,
+    exit_now,
     nonnegative_int,
     positive_int,
     positive_seconds,
     report_errors,
 )
-from planner.deadline import Deadline, OutOfTime, catch_interrupt, stop_requested
-from planner.errors import LayerwiseError
-from planner.problems.problem import Problem
-from planner.recommend import BaselineTime, baseline_times, recommend
-from planner.result import Solver
+from planner.deadline import Deadline, OutOfTime, catch_interrupt, stop_requested  # noqa: E402
+from planner.errors import LayerwiseError  # noqa: E402
+from planner.files import write_text_atomic  # noqa: E402
+from planner.problems.problem import Problem  # noqa: E402
+from planner.recommend import BaselineTime, baseline_times, recommend  # noqa: E402
+from planner.result import Solver  # noqa: E402
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, _previous)
 
 MODES: dict[str, dict[str, Any]] = {
     # Measured: about 2 minutes on 2 cores (docs/compare.md gives the command and the load).
@@ -206,7 +233,8 @@ def check_args(args: argparse.Namespace) -> list[Any]:
 def run(args: argparse.Namespace, console: Console, folder: Path | None = None) -> list[Case]:
     """Every case, with one progress line per finished case; each answer's plan file goes to
     `folder`/plans when a folder is given. After a Ctrl-C, the cases finished before it
-    (fewer than asked for)."""
+    (fewer than asked for): the first stops the running search and the run after it, a
+    second (KeyboardInterrupt) abandons the running case at once."""
     backends = check_args(args)
     opts = SolveOptions(
         objective=args.objective, time_limit=args.time_limit, seed=args.seed, threads=args.threads
@@ -221,6 +249,8 @@ def run(args: argparse.Namespace, console: Console, folder: Path | None = None) 
             try:
                 case, problem = _run_case(args, backends, opts, model, preset, progress, task)
             except OutOfTime:  # Ctrl-C while the cost tables were being built
+                case = None
+            except KeyboardInterrupt:  # a second Ctrl-C: the cases done are still reported
                 case = None
             if case is None or stop_requested():
                 console.print(
@@ -330,6 +360,8 @@ def _solve_row(
         result = backend.solve(problem, opts)
     except BackendError as exc:
         return Row(model, preset, backend.name, "cannot run", note=str(exc))
+    finally:
+        _reinstall_sigint()
     call = time.perf_counter() - t0
     status = result.status.value + (f"/{result.limit.value}" if result.limit else "")
     row = Row(
@@ -359,6 +391,16 @@ def _solve_row(
         times[decision["to"]].simulated if decision["switched"] else row.simulated
     )
     return row
+
+
+def _reinstall_sigint() -> None:
+    """Set Python's SIGINT handler again. CP-SAT (ortools 9.15) catches SIGINT during its
+    search and leaves it at SIG_DFL below Python's view: the next Ctrl-C killed the
+    comparison without a line, a table or results.json."""
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGINT)
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
 
 
 def judge(rows: list[Row]) -> None:
@@ -429,16 +471,26 @@ def write_plans(folder: Path, case: Case, problem: Any, objective: str, batch: i
         r.plan = f"plans/{name}"
 
 
-def save(cases: list[Case], info: dict[str, Any], folder: Path, make_plot: bool) -> None:
-    """results.json, results.csv and the plot in the run's folder."""
+def save(
+    cases: list[Case],
+    info: dict[str, Any],
+    folder: Path,
+    make_plot: bool,
+    cases_asked: int | None = None,
+) -> None:
+    """results.json, results.csv and the plot in the run's folder. `partial` in results.json
+    says whether a Ctrl-C left out cases (fewer than `cases_asked`)."""
+    asked = len(cases) if cases_asked is None else cases_asked
     data = {
         "format": RESULTS_FORMAT,
         "version": RESULTS_VERSION,
         "run": info,
+        "partial": len(cases) < asked,
+        "cases_asked": asked,
         "cases": [_record(c) for c in cases],
     }
     # strict JSON: a gap over a zero bound is null (the bound says why), never Infinity
-    (folder / "results.json").write_text(json.dumps(data, indent=1, allow_nan=False))
+    write_text_atomic(folder / "results.json", json.dumps(data, indent=1, allow_nan=False))
     flat = [row for case in data["cases"] for row in case["rows"]]
     with open(folder / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(flat[0]) if flat else ["model"])
@@ -477,20 +529,22 @@ def _main(argv: Sequence[str] | None) -> int:
     check_args(args)
     folder = new_results_folder(args.out, "compare")
     cases = run(args, console, folder)
+    asked = len(args.models) * len(args.presets)
     for t in tables(cases, args.objective, args.time_limit):
         console.print(t)
     console.print(legend(args.objective))
-    save(cases, finish(info), folder, not args.no_plot)
-    console.print(f"results written to {folder}")
+    save(cases, finish(info), folder, not args.no_plot, asked)
+    partial = f" (partial: {len(cases)} of {asked} cases)" if len(cases) < asked else ""
+    console.print(f"results written to {folder}{partial}")
     bad = [r for c in cases for r in c.rows if r.verdict in PROBLEM_VERDICTS]
     if bad:
         console.print(f"[red]{len(bad)} disagreement(s) between backends[/red]")
         return EXIT_DISAGREEMENT
-    if len(cases) < len(args.models) * len(args.presets):
+    if len(cases) < asked:
         print(f"error: interrupted after {len(cases)} case(s)", file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # without the interpreter's teardown (1-2 s with torch loaded)

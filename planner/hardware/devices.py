@@ -30,6 +30,9 @@ EFFICIENCY_CLASSES = ("matmul", "attention")
 ROUTE_PROBE_BYTES = 2**20
 _PICOSECONDS = 1e12  # route weights are integers in ps, so equal-cost ties are exact
 ROUTE_CACHE = 1 << 16  # routes kept after `route` derived them
+# The slowest link modelled: 1 MiB in 1e4 s (100 bytes/s). Slower is a units mistake, and
+# a route of up to ~900 such links still sums to an int64 number of picoseconds.
+MAX_LINK_SECONDS = 1e4
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,13 @@ class Link:
         if not (math.isfinite(self.latency) and self.latency >= 0):
             raise DeviceGraphError(
                 f"link {self.a}-{self.b}: latency must be finite and >= 0, got {self.latency}"
+            )
+        seconds = self.latency + ROUTE_PROBE_BYTES / self.bandwidth
+        if not seconds <= MAX_LINK_SECONDS:  # route weights are int64 picoseconds, summed
+            raise DeviceGraphError(
+                f"link {self.a}-{self.b}: a 1 MiB message would take {seconds:.3g} s (latency "
+                f"{self.latency:g} s, bandwidth {self.bandwidth:g} bytes/s); at most "
+                f"{MAX_LINK_SECONDS:g} s is modelled: check the units (bytes/s, seconds)"
             )
 
     @property

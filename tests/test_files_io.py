@@ -351,6 +351,11 @@ DEVICE_FILES: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
     ("device-a-list", lambda d: d["devices"].__setitem__(0, [1]), r"devices\[0\] must be an"),
     ("a-list", lambda d: [d], r"expected a JSON object .* not \[.*\(a list\)"),
     ("nan-flops", lambda d: d["devices"][0].update(flops=float("nan")), r"flops must be > 0"),
+    (
+        "huge-latency",
+        lambda d: d["links"][0].update(latency=1e308),  # was an OverflowError (route weights)
+        r"links\[0\]: link \S+: a 1 MiB message would take 1e\+308 s .* check the units",
+    ),
 ]
 
 

@@ -27,15 +27,16 @@ strict (`strict_json`): infinities and NaN become null (Python's default would w
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
 import os
 import secrets
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from planner.errors import LayerwiseError
 
@@ -43,6 +44,7 @@ __all__ = [
     "check_input_file",
     "check_output_path",
     "finite_or_none",
+    "open_text_atomic",
     "read_bytes_checked",
     "read_json_checked",
     "read_text_checked",
@@ -227,12 +229,12 @@ def _create_temporary(path: Path, suffix: str) -> tuple[int, Path]:
     raise FileExistsError(f"no free temporary name beside {path}")
 
 
-def write_text_atomic(path: str | Path, text: str, what: str = "output") -> None:
-    """Write `text` to `path` through a temporary file in the same directory and a rename.
+@contextlib.contextmanager
+def open_text_atomic(path: str | Path, what: str = "output") -> Iterator[TextIO]:
+    """A text file to write `path` through: a temporary file in the same directory, renamed
+    over the target when the block ends without an exception (removed otherwise).
 
-    A symlink is followed: the file it leads to is replaced and the link stays. A target that
-    is a directory, FIFO, socket or device is refused (nothing written). The file gets the
-    user's umask; a failure is one LayerwiseError naming `path`."""
+    The same rules as `write_text_atomic`; for a file written piece by piece."""
     path = Path(path)
     target = _output_target(path, what)
     try:
@@ -241,7 +243,7 @@ def write_text_atomic(path: str | Path, text: str, what: str = "output") -> None
         raise LayerwiseError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+            yield f
         _output_target(path, what)  # again, just before the rename: nothing special appeared
         os.replace(tmp, target)
     except OSError as exc:
@@ -250,6 +252,16 @@ def write_text_atomic(path: str | Path, text: str, what: str = "output") -> None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: str | Path, text: str, what: str = "output") -> None:
+    """Write `text` to `path` through a temporary file in the same directory and a rename.
+
+    A symlink is followed: the file it leads to is replaced and the link stays. A target that
+    is a directory, FIFO, socket or device is refused (nothing written). The file gets the
+    user's umask; a failure is one LayerwiseError naming `path`."""
+    with open_text_atomic(path, what) as f:
+        f.write(text)
 
 
 def finite_or_none(value: Any) -> Any:

@@ -37,7 +37,7 @@ from planner.files import (
 )
 from planner.hardware.devices import DeviceGraph
 from planner.hardware.presets import get_preset
-from planner.problems.costtable import problem_to_json, random_problem
+from planner.problems.costtable import load_problem, problem_to_json, random_problem, save_problem
 from tests.graphs import chain_cnn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,6 +154,28 @@ def test_a_symlink_to_a_fifo_is_refused(short_tmp: Path) -> None:
     with pytest.raises(LayerwiseError, match="it is a FIFO"):
         write_text_atomic(link, "{}")
     assert link.is_symlink() and stat.S_ISFIFO(kind_of(fifo))
+
+
+def test_the_other_writers_follow_the_same_rules(short_tmp: Path) -> None:
+    """save_problem (streamed) and DeviceGraph.save (once open(path, "w") and write_text):
+    a FIFO is refused, not written into (which blocked) or replaced; a symlink is followed."""
+    problem, devices = random_problem(5, 3, seed=2), get_preset("p100-1x2")
+    fifo = make_fifo(short_tmp / "f")
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a writer that opens it does not block
+    try:
+        for save in (lambda p: save_problem(problem, p), devices.save):
+            with pytest.raises(LayerwiseError, match="it is a FIFO"):
+                save(fifo)
+            assert stat.S_ISFIFO(kind_of(fifo))
+    finally:
+        os.close(reader)
+    link = short_tmp / "link.json"
+    link.symlink_to(short_tmp / "real.json")
+    save_problem(problem, link)
+    assert link.is_symlink() and load_problem(short_tmp / "real.json").sizes == problem.sizes
+    devices.save(link)
+    assert link.is_symlink() and DeviceGraph.load(short_tmp / "real.json") == devices
+    assert sorted(p.name for p in short_tmp.iterdir()) == ["f", "link.json", "real.json"]
 
 
 # -- outputs: through the CLI --------------------------------------------------------------

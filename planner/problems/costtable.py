@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from planner.errors import ProblemError
-from planner.files import check_input_file, read_bytes_checked
+from planner.files import check_input_file, open_text_atomic, read_bytes_checked
 from planner.problems.problem import FORBIDDEN, Problem, forbid
 
 __all__ = [
@@ -643,7 +643,8 @@ def _rows(tables: Sequence[np.ndarray]) -> list[list[Any]]:
 
 
 def save_problem(problem: Problem, path: str | Path) -> None:
-    """Write a problem as a cost-table file (compact JSON, no inf or NaN).
+    """Write a problem as a cost-table file (compact JSON, no inf or NaN), atomically and only
+    to a regular file (`planner.files.open_text_atomic`).
 
     The edge tables are streamed row by row, so a 35,000-node instance is written without
     holding its ~60 million costs as Python numbers."""
@@ -654,7 +655,7 @@ def save_problem(problem: Problem, path: str | Path) -> None:
     head, tail = text.rsplit('"costs":[]', 1)
     tables = [_writable(t, p.name).reshape(-1) for t in p.edge_cost]
     integral = all((t == np.floor(t)).all() and (np.abs(t) < 2**63).all() for t in tables)
-    with open(path, "w") as f:
+    with open_text_atomic(path, "cost-table problem") as f:  # never half a file, nor a FIFO
         f.write(head + '"costs":[')
         for e, t in enumerate(tables):
             values = t.astype(np.int64).tolist() if integral else t.tolist()

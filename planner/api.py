@@ -34,6 +34,7 @@ from planner.sources import problem_of
 
 if TYPE_CHECKING:
     from planner.costs.costmodel import CostModel
+    from planner.graph.opgraph import OpGraph
     from planner.hardware.devices import DeviceGraph
     from planner.pipelined import PipelinePlan
     from planner.problems.problem import Problem
@@ -174,7 +175,15 @@ class PlanResult:
             out["message"] = self.message
         out = {k: finite_or_none(v) for k, v in out.items()}
         # backend choice, re-rank rule, the memory options "auto" chose
-        for key in ("auto", "recommendation", "searched", "zero", "recompute", "memory_fallback"):
+        for key in (
+            "auto",
+            "recommendation",
+            "searched",
+            "zero",
+            "recompute",
+            "memory_fallback",
+            "pipeline_refused",
+        ):
             if key in s:
                 out[key] = _strict(s[key])
         return out
@@ -331,6 +340,20 @@ def plan(
         memory_limit=memory_limit,
         backend_options=backend_options,
     )  # before either search: a bad value is one line whichever runs
+    _check_memory_options(
+        sync,
+        {
+            "optimizer": optimizer,
+            "master_weights": master_weights,
+            "zero": zero,
+            "headroom": headroom,
+            "recompute": recompute,
+        },
+    )
+    from planner.graph.opgraph import OpGraph
+
+    if isinstance(model, OpGraph):  # a model is checked once captured (choose_pipeline)
+        check_graph_options(model, recompute, master_weights)
     call = {
         "model": model,
         "devices": devices,
@@ -405,7 +428,7 @@ def _plan_plain(
         memory_limit=memory_limit,
         backend_options=backend_options,
     )
-    memory_options = {
+    memory_options: dict[str, Any] = {
         "optimizer": optimizer,
         "master_weights": master_weights,
         "zero": zero,
@@ -413,6 +436,41 @@ def _plan_plain(
         "recompute": recompute,
     }
     _check_memory_options(sync, memory_options)
+    captured = _captured(
+        model,
+        devices,
+        deadline,
+        example_inputs=example_inputs,
+        model_kwargs=model_kwargs,
+        name=name,
+        coarsen=coarsen,
+    )
+    if captured is not None:  # once, for every attempt below
+        graph, spec, seconds = captured
+        check_graph_options(graph, recompute, master_weights)
+        out = _plan_plain(
+            graph,
+            devices,
+            backend,
+            objective,
+            time_limit,
+            seed,
+            name=name,
+            coarsen=coarsen,
+            memory_limit=memory_limit,
+            cost=cost,
+            sync=sync,
+            max_configs=max_configs,
+            backend_options=backend_options,
+            recommend=recommend,
+            check_memory=check_memory,
+            deadline=deadline,
+            **memory_options,
+            **build_options,
+        )
+        total = out.phases.get("total_seconds", 0.0) + seconds
+        phases = {**out.phases, "capture_seconds": seconds, "total_seconds": total}
+        return dataclasses.replace(out, model=spec, phases=phases)
     call = {
         "model": model,
         "devices": devices,
@@ -439,7 +497,7 @@ def _plan_plain(
     if zero == ZERO_AUTO:
         del call["zero"]
         return _plan_zero_auto(deadline, check_memory, **call)
-    from planner.problems.sizes import MemoryRefusal
+    from planner.problems.sizes import MemoryRefusal, usage_limit_error
 
     try:
         solver = check_backend(backend, objective)  # an unknown name fails before any work
@@ -471,6 +529,13 @@ def _plan_plain(
             )
             if deadline.expired():
                 return _out_of_time(problem, spec, backend, objective, deadline, start, phases)
+            beyond = usage_limit_error(problem)
+            if beyond is not None:  # no answer can meet the limit: said at once, not searched
+                log.info("%s", beyond)
+                result = SolveResult(backend, Status.INFEASIBLE)
+                done = {**phases, "search_seconds": 0.0}
+                done["total_seconds"] = time.perf_counter() - start
+                return PlanResult(result, objective, problem, done, spec, beyond)
             dnn = problem.is_dnn
             search = (
                 deadline.reserve(RECOMMEND_SHARE * deadline.left())
@@ -572,9 +637,43 @@ def _check_memory_options(sync: str | None, options: Mapping[str, Any]) -> None:
         )
     if "zero" in values and (not isinstance(values["zero"], int) or values["zero"] is True):
         raise LayerwiseError(f"zero must be 0, 1, 2, 3 or 'auto', got {given(options['zero'])}")
+    if values.get("master_weights") is True and values.get("optimizer", "none") == "none":
+        raise LayerwiseError(
+            "master_weights are the optimizer's fp32 copies of 16-bit weights, and optimizer "
+            "is 'none' (weights and gradients only): give an optimizer (optimizer='sgd' or "
+            "'adam', --optimizer) or leave master_weights unset"
+        )
     if sync is not None:
         values["sync"] = sync
     CostOptions(**values)
+
+
+def check_graph_options(graph: OpGraph, recompute: Any, master_weights: Any) -> None:
+    """The training-memory options the caller gave that would do nothing on `graph`: a
+    recomputation it has no blocks for is refused, master weights of 32-bit parameters are
+    a warning (one line each)."""
+    from planner.costs.recompute import blocks_of
+
+    if recompute not in (None, "none", RECOMPUTE_AUTO, 0):
+        blocks = len(blocks_of(graph))
+        if blocks == 0:
+            raise LayerwiseError(
+                f"recompute={recompute!r} recomputes nothing in {graph.name!r}: it has no "
+                "numbered blocks whose activations only the block itself reads (a "
+                "transformer's 'layers.3', 'transformer.h.3'): leave recompute unset"
+            )
+        if not isinstance(recompute, str) and recompute > blocks:
+            raise LayerwiseError(
+                f"recompute={recompute} blocks, but {graph.name!r} has {blocks}: give at most "
+                f"{blocks} (or 'full' for all of them, 'auto' to choose)"
+            )
+    if master_weights is True and all(p.dtype_bytes != 2 for op in graph.ops for p in op.params):
+        log.warning(
+            "master_weights adds nothing for %r: every parameter is 32-bit already (master "
+            "weights are fp32 copies of 16-bit ones); set a 16-bit dtype, e.g. model_kwargs "
+            "{'dtype': 'bfloat16'} (--set dtype=bfloat16), to plan with them",
+            graph.name,
+        )
 
 
 def _plan_memory_fallback(
@@ -587,6 +686,8 @@ def _plan_memory_fallback(
     from planner.problems.sizes import MemoryRefusal
 
     first = str(refusal)
+    if refusal.final:  # no memory option can help: said at once
+        raise refusal
     if deadline.expired():
         raise MemoryRefusal(
             f"{first} (no time was left to try ZeRO and recomputation: raise the time limit)",
@@ -602,6 +703,13 @@ def _plan_memory_fallback(
             f"{first}; ZeRO and recomputation chosen automatically (zero='auto', "
             f"recompute='auto') did not make it fit either ({exc.fact})",
             exc.fact,
+            exc.final,
+        ) from None
+    except BuildOutOfTime:  # what is known (it does not fit) wins over the clock
+        raise MemoryRefusal(
+            f"{first} (the time limit ran out while trying ZeRO and recomputation: raise it "
+            "to let them try)",
+            refusal.fact,
         ) from None
     return dataclasses.replace(out, phases={**out.phases, "memory_fallback": first})
 
@@ -666,9 +774,18 @@ def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) ->
             out = _plan_plain(**{**call, **over}, recompute=mode, check_memory=False,
                        deadline=deadline.share(share))  # fmt: skip
         except MemoryRefusal as exc:  # this mode cannot fit at all
+            if exc.final:
+                raise  # nor can any other
             tried.append({"recompute": mode, "why": str(exc)})
             refusals.append(exc)
             return None
+        except BuildOutOfTime:
+            if not refusals:
+                raise
+            last = refusals[-1]  # what is known (it does not fit) wins over the clock
+            raise MemoryRefusal(
+                f"{last} (the time limit ran out before recompute={mode!r} was tried)", last.fact
+            ) from None
         answers.append((mode, out))
         return out
 
@@ -772,16 +889,59 @@ def _positive(seconds: Any) -> bool:
     return isinstance(seconds, int | float) and 0 < seconds < float("inf")
 
 
+class BuildOutOfTime(LayerwiseError):
+    """Capturing the model or building its cost tables did not finish in the time it had."""
+
+
+def stopped(what: str, deadline: Deadline, started: float, advice: str) -> BaseException:
+    """The error for `what` (a step begun at `started`) stopped by `deadline`: a Ctrl-C is
+    KeyboardInterrupt("interrupted ..."), else a `BuildOutOfTime` that says after how long
+    (an attempt of an "auto" option may have had only a share of the limit) and `advice`."""
+    if stop_requested():
+        return KeyboardInterrupt(f"interrupted while {what}")
+    spent = time.perf_counter() - started
+    return BuildOutOfTime(
+        f"{what} did not finish within the time limit of {deadline.limit:g} s (stopped after "
+        f"{spent:.3g} s, when the time it had ran out): {advice}"
+    )
+
+
 def _problem(model: Any, devices: Any, deadline: Deadline, **kwargs: Any) -> tuple[Any, Any, Any]:
     """`problem_of` within the deadline: a build that cannot finish in time is one error."""
+    started = time.perf_counter()
     try:
         return problem_of(model, devices, deadline=deadline, **kwargs)
     except OutOfTime:
-        raise LayerwiseError(
-            f"capturing the model and building its cost tables did not finish within the time "
-            f"limit of {deadline.limit:g} s (stopped at {deadline.limit:g} s): raise the time "
-            "limit, or make the problem smaller (max_configs, space='mesh', fewer devices)"
+        raise stopped(
+            "capturing the model and building its cost tables",
+            deadline,
+            started,
+            "raise the time limit, or make the problem smaller (max_configs, space='mesh', "
+            "fewer devices)",
         ) from None
+
+
+def _captured(
+    model: Any, devices: Any, deadline: Deadline, **kwargs: Any
+) -> tuple[OpGraph, ModelSpec | None, float] | None:
+    """`model` captured once (an OpGraph, its spec, the seconds) so that every attempt of
+    the "auto" memory options reuses it; None when it needs no capture (an OpGraph, a
+    Problem, a cost-table file)."""
+    from planner.graph.opgraph import OpGraph
+    from planner.problems.problem import Problem
+    from planner.sources import _is_problem_file, graph_of
+
+    if isinstance(model, OpGraph | Problem) or _is_problem_file(model):
+        return None
+    started = time.perf_counter()
+    with catch_interrupt():
+        try:
+            graph, spec, _, seconds = graph_of(model, devices, deadline=deadline, **kwargs)
+        except OutOfTime:
+            raise stopped(
+                "capturing the model", deadline, started, "raise the time limit"
+            ) from None
+    return graph, spec, seconds
 
 
 def _check_call(

@@ -186,10 +186,9 @@ def plan_pipeline(
                 deadline=deadline,
             )
         except OutOfTime:
-            raise LayerwiseError(
-                f"capturing the model did not finish within the time limit of "
-                f"{deadline.limit:g} s: raise the time limit"
-            ) from None
+            from planner.api import stopped
+
+            raise stopped("capturing the model", deadline, start, "raise the time limit") from None
         log.info(
             "%s: %d ops captured in %.3g s; searching pipelines on %s",
             graph.name,
@@ -265,9 +264,8 @@ def choose_pipeline(plain: Callable[..., Any], pipeline: Any, **call: Any) -> An
     """`plan`'s choice between the per-op search (`plain`, planner.api) and the pipeline
     search (see `plan`'s docstring, `pipeline`)."""
     from planner.problems.sizes import MemoryRefusal
-    from planner.sources import _devices, _is_problem_file
+    from planner.sources import _is_problem_file
 
-    deadline: Deadline = call["deadline"]
     extra = set(call) - PLAIN_ONLY - PIPELINE_ARGS - {"deadline", "check_memory", "recommend"}
     changed = sorted(
         k
@@ -284,56 +282,92 @@ def choose_pipeline(plain: Callable[..., Any], pipeline: Any, **call: Any) -> An
             )
         return plan_pipeline(**_pipeline_call(call))
     model = call["model"]
+    from planner.api import check_graph_options
+    from planner.graph.opgraph import OpGraph
     from planner.problems.problem import Problem
 
     if changed or isinstance(model, Problem) or _is_problem_file(model):
         return plain(**call)
-    devices = _devices(call["devices"]) if call["devices"] is not None else None
-    if devices is None or len({d.host for d in devices.devices}) < 2:
+    as_graph, spec, seconds = _captured(call)  # once, for every attempt below
+    graph, devices = as_graph["model"], as_graph["devices"]
+    if not isinstance(model, OpGraph):  # an OpGraph was checked by plan()
+        check_graph_options(graph, call.get("recompute"), call.get("master_weights"))
+    if len({d.host for d in devices.devices}) < 2:
         try:
-            return plain(**call)
+            return _plain_captured(plain, as_graph, spec, seconds)
         except MemoryRefusal as refusal:
             if call.get("zero") is not None or call.get("recompute") is not None:
                 raise  # chosen by hand: the refusal says what does not fit with them
-            return _pipeline_after_refusal(refusal, {**call, "devices": devices})
-    try:
-        as_graph, spec, seconds = _captured({**call, "devices": devices})
-    except OutOfTime:
-        raise LayerwiseError(
-            f"capturing the model did not finish within the time limit of {deadline.limit:g} s: "
-            "raise the time limit"
-        ) from None
-    graph = as_graph["model"]
+            return _pipeline_after_refusal(refusal, as_graph, spec, seconds)
     if not _has_blocks(graph):
-        out = plain(**as_graph)
-        phases = {**out.phases, "capture_seconds": seconds}
-        return dataclasses.replace(out, model=spec, phases=phases)
+        return _plain_captured(plain, as_graph, spec, seconds)
     log.info(
-        "%s has numbered blocks and %s spans hosts: searching pipelines",
+        "%s is a stack of repeated blocks and %s spans hosts: searching pipelines",
         graph.name,
-        as_graph["devices"].name,
+        devices.name,
     )
-    out = plan_pipeline(**_pipeline_call(as_graph))
+    call_pipeline = _pipeline_call(as_graph)
+    _search_choices(
+        call_pipeline.get("zero"), call_pipeline.get("recompute"), None, None, call["seed"]
+    )  # the caller's own bad option is an error, not a reason to plan per op
+    with catch_interrupt():  # a Ctrl-C during the pipeline search is not a refusal
+        try:
+            out = plan_pipeline(**call_pipeline)
+        except LayerwiseError as exc:
+            if stop_requested():
+                raise
+            log.warning("the pipeline search found no layout (%s): planning per op instead", exc)
+            return _plain_captured(plain, as_graph, spec, seconds, refused=str(exc))
     return dataclasses.replace(out, model=spec, phases={**out.phases, "capture_seconds": seconds})
 
 
-def _pipeline_after_refusal(refusal: Any, call: dict[str, Any]) -> Any:
-    """The plain plan was refused for memory: a pipelined one instead, for a model of
-    numbered blocks, in the time left; else the refusal, with why pipelines did not help."""
+def _plain_captured(
+    plain: Callable[..., Any],
+    call: dict[str, Any],
+    spec: Any,
+    seconds: float,
+    refused: str | None = None,
+) -> Any:
+    """The per-op plan of an already captured model (`_captured`'s call), with the capture's
+    seconds and spec; `refused`: why the pipeline search, tried first, found no layout (in
+    `stats["pipeline_refused"]`, and in the error when the per-op search fails too)."""
+    from planner.api import BuildOutOfTime
+    from planner.problems.sizes import MemoryRefusal
+
+    try:
+        out = plain(**call)
+    except MemoryRefusal as exc:
+        if refused is None:
+            raise
+        raise MemoryRefusal(
+            f"{exc}; no pipeline layout fits either ({refused})", exc.fact, exc.final
+        ) from None
+    except BuildOutOfTime as exc:
+        if refused is None:
+            raise
+        raise LayerwiseError(  # what is known (no layout fits) first
+            f"{refused}; the per-op search, tried instead, ran out of time ({exc})"
+        ) from None
+    phases = {**out.phases, "capture_seconds": seconds}
+    total = out.phases.get("total_seconds", 0.0) + seconds
+    phases["total_seconds"] = total
+    if refused is not None:
+        phases["pipeline_refused"] = refused
+    return dataclasses.replace(out, model=spec, phases=phases)
+
+
+def _pipeline_after_refusal(refusal: Any, call: dict[str, Any], spec: Any, seconds: float) -> Any:
+    """The plain plan of the captured model (`call`) was refused for memory: a pipelined one
+    instead, for a stack of repeated blocks, in the time left; else the refusal, with why
+    pipelines did not help (at once when it is `final`: nothing can fit)."""
     from planner.problems.sizes import MemoryRefusal
 
     deadline: Deadline = call["deadline"]
-    if deadline.expired():
-        raise refusal
-    try:
-        as_graph, spec, seconds = _captured(call)
-    except OutOfTime:
-        raise refusal from None  # no time left to try pipelines: the refusal stands
-    if not _has_blocks(as_graph["model"]):
+    if deadline.expired() or refusal.final or not _has_blocks(call["model"]):
         raise refusal
     log.info("%s: searching pipelines instead", refusal)
     try:
-        out = plan_pipeline(**_pipeline_call(as_graph))
+        out = plan_pipeline(**_pipeline_call(call))
     except LayerwiseError as exc:
         raise MemoryRefusal(
             f"{refusal}; no pipeline layout fits either ({exc})", refusal.fact
@@ -344,30 +378,36 @@ def _pipeline_after_refusal(refusal: Any, call: dict[str, Any]) -> Any:
 
 def _captured(call: Mapping[str, Any]) -> tuple[dict[str, Any], Any, float]:
     """`call` with its model captured (an OpGraph) and its devices a DeviceGraph, the model's
-    spec and the capture's seconds (OutOfTime past the call's deadline)."""
+    spec and the capture's seconds (past the call's deadline one error; at a Ctrl-C,
+    KeyboardInterrupt "interrupted ...")."""
+    from planner.api import stopped
     from planner.sources import graph_of
 
-    graph, spec, devices, seconds = graph_of(
-        call["model"],
-        call["devices"],
-        example_inputs=call["example_inputs"],
-        model_kwargs=call["model_kwargs"],
-        name=call["name"],
-        coarsen=call["coarsen"],
-        deadline=call["deadline"],
-    )
+    started = time.perf_counter()
+    with catch_interrupt():
+        try:
+            graph, spec, devices, seconds = graph_of(
+                call["model"],
+                call["devices"],
+                example_inputs=call["example_inputs"],
+                model_kwargs=call["model_kwargs"],
+                name=call["name"],
+                coarsen=call["coarsen"],
+                deadline=call["deadline"],
+            )
+        except OutOfTime:
+            raise stopped(
+                "capturing the model", call["deadline"], started, "raise the time limit"
+            ) from None
     as_graph = {**call, "model": graph, "devices": devices}
     return {**as_graph, "example_inputs": None, "model_kwargs": None}, spec, seconds
 
 
 def _has_blocks(graph: Any) -> bool:
-    from planner.pipeline.layouts import block_starts
-    from planner.pipeline.spec import PipelineError
+    """Whether the pipeline search can cut `graph`: a stack of repeated, alike blocks."""
+    from planner.pipeline.layouts import repeated_blocks
 
-    try:
-        return len(block_starts(graph)) >= 2
-    except PipelineError:
-        return False
+    return repeated_blocks(graph)
 
 
 PIPELINE_ARGS = {

@@ -42,6 +42,37 @@ def block_starts(graph: OpGraph) -> list[int]:
     return starts
 
 
+def repeated_blocks(graph: OpGraph) -> bool:
+    """Whether `graph` is a stack of at least two numbered blocks that are the same layer
+    repeated (every block's ops: the same names within the block, kinds, output shapes and
+    parameter shapes, in the same order), as a transformer's are: what the pipeline search
+    can cut, costing one block for all (`backends.pipeline.units`). A CNN's `features.3` or
+    a ResNet's `layer2.1` are numbered but not alike."""
+    try:
+        starts = block_starts(graph)
+    except PipelineError:
+        return False
+    if len(starts) < 2:
+        return False
+    ends = [*starts[1:], len(graph.ops)]
+    first = None
+    for a, b in zip(starts, ends, strict=True):
+        found = block_of(graph.ops[a].name)
+        assert found is not None
+        signature = []
+        for op in graph.ops[a:b]:
+            here = block_of(op.name)
+            if here is None or here[0] != found[0]:
+                continue  # an op after the last block (or between blocks): not its own
+            params = tuple(p.shape for p in op.params)
+            signature.append((here[1], op.kind, op.output.shape, params))
+        if first is None:
+            first = signature
+        elif signature != first:
+            return False
+    return True
+
+
 def block_bounds(graph: OpGraph, chunks: int) -> tuple[int, ...]:
     """Bounds of `chunks` chunks with equally many blocks each."""
     starts = block_starts(graph)

@@ -65,9 +65,10 @@ class MemoryRefusal(SizeError):
     when ZeRO and recomputation were left unset, by planning again with both "auto".
     `fact`: what does not fit, without the advice."""
 
-    def __init__(self, message: str, fact: str) -> None:
+    def __init__(self, message: str, fact: str, final: bool = False) -> None:
         super().__init__(message)
         self.fact = fact
+        self.final = final  # no ZeRO stage, recomputation or pipeline can make it fit
 
 
 # Size units, as GNU tools read them: KB, MB, GB, TB in powers of 1000; KiB, MiB, GiB, TiB and
@@ -109,7 +110,7 @@ def format_bytes(n: float) -> str:
     for unit, size in (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
         if n >= size:
             return f"{n / size:.3g} {unit}"
-    return f"{n / 1024:.3g} KiB"
+    return f"{n / 1024:.3g} KiB" if n >= 1024 else f"{n:.0f} B"
 
 
 @dataclass(frozen=True)
@@ -294,9 +295,26 @@ def least_memory(graph: OpGraph, options: CostOptions) -> float:
     return total
 
 
+def state_memory(graph: OpGraph, options: CostOptions) -> float:
+    """Bytes of every parameter's training state (weights, gradients, optimizer state, master
+    copy), shared groups once: what every plan keeps somewhere, whatever its ZeRO stage (which
+    shards each byte over replicas, one copy in all), recomputation, pipeline or batch."""
+    seen: set[str] = set()
+    total = 0.0
+    for op in graph.ops:
+        if op.param_group is not None:
+            if op.param_group in seen:
+                continue
+            seen.add(op.param_group)
+        total += param_bytes(op.params, options.optimizer, options.master_weights).total
+    return total
+
+
 def check_memory_fits(graph: OpGraph, devices: DeviceGraph, options: CostOptions) -> None:
     """Stop when even spread evenly over every device the model cannot fit: the least bytes
-    any placement needs (`least_memory`) exceed the devices' usable memory summed."""
+    any placement needs (`least_memory`) exceed the devices' usable memory summed. When its
+    parameters' training state alone does (`state_memory`), the refusal is `final`: no
+    memory option makes it fit, only more devices (or less state) do."""
     from planner.costs.recompute import recomputed_ops
 
     need = least_memory(graph, options)
@@ -305,6 +323,26 @@ def check_memory_fits(graph: OpGraph, devices: DeviceGraph, options: CostOptions
         return
     n = devices.num_devices
     kept = f" (less the {options.headroom:.0%} headroom)" if options.headroom else ""
+    state = state_memory(graph, options)
+    if state > have:
+        fact = (
+            f"the parameters of {graph.name!r} and their training state alone take "
+            f"{format_bytes(state)}; spread evenly over the {n:,} devices of {devices.name!r} "
+            f"that is {format_bytes(state / n)} per device, more than their "
+            f"{format_bytes(have / n)}{kept}"
+        )
+        lighter = (
+            ", or keep less state (a lighter optimizer, no master weights)"
+            if options.optimizer != "none" or options.master_weights
+            else ""
+        )
+        raise MemoryRefusal(
+            f"{fact}: no ZeRO stage, recomputation, pipeline or smaller batch makes it fit; "
+            f"use at least {math.ceil(state / (have / n)):,} devices of "
+            f"{format_bytes(have / n)}{lighter}",
+            fact,
+            final=True,
+        )
     fact = (
         f"{graph.name!r} needs at least {format_bytes(need)} of activations and parameters; "
         f"spread evenly over the {n:,} devices of {devices.name!r} that is "
@@ -385,3 +423,79 @@ def check_strategy_memory(cost_model: CostModel, strategy: Strategy) -> MemoryFi
             fact,
         )
     return fit
+
+
+# -- a limit no answer can meet ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UsageBound:
+    """Lower bounds on any answer's memory use, from each node's least usage: per pool, the
+    largest over time of the live nodes' least usage in that pool, summed (`per_pool`, (M,));
+    the same for all pools together (`together`); and the largest single node's least
+    usage in its busiest pool (`node`)."""
+
+    per_pool: np.ndarray
+    together: float
+    node: float
+
+    @property
+    def peak(self) -> float:
+        """A lower bound on the largest pool's peak of any answer."""
+        return max(float(self.per_pool.max()), self.together / len(self.per_pool), self.node)
+
+
+def usage_bound(problem: Any) -> UsageBound | None:
+    """The `UsageBound` of a Problem with usage tables (None without): a sweep over the
+    nodes' live intervals, O(nodes log nodes + nodes x pools)."""
+    if problem.usage is None or problem.intervals is None or not problem.usage:
+        return None
+    least = np.array([u.min(axis=0) for u in problem.usage], dtype=float)  # (N, M)
+    least_sum = np.array([u.sum(axis=1).min() for u in problem.usage], dtype=float)
+    starts, ends = problem.intervals[:, 0], problem.intervals[:, 1]
+    ever = ends > starts  # an empty interval is never live
+    node = max(
+        (float(u.max(axis=1).min()) for u, e in zip(problem.usage, ever, strict=True) if e),
+        default=0.0,
+    )
+    times = np.unique(starts)
+    weights = np.concatenate([least, least_sum[:, None]], axis=1) * ever[:, None]
+    change = np.zeros((len(times) + 1, weights.shape[1]))
+    np.add.at(change, np.searchsorted(times, starts), weights)
+    np.add.at(change, np.searchsorted(times, ends), -weights)  # ends past the last start: row -1
+    level = np.cumsum(change[:-1], axis=0).max(axis=0)
+    return UsageBound(level[:-1], float(level[-1]), node)
+
+
+def usage_limit_error(problem: Any) -> str | None:
+    """Why no answer can meet the problem's usage limit, in one line naming the smallest
+    footprint any answer can have (`usage_bound`), or None when the bound does not rule
+    every answer out (or there is no limit)."""
+    limit = problem.usage_limit
+    bound = usage_bound(problem) if limit is not None else None
+    if bound is None:
+        return None
+    over = bool((bound.per_pool > limit).any()) or bound.together > float(limit.sum())
+    ever = problem.intervals[:, 1] > problem.intervals[:, 0]
+    over = over or any(
+        float((u / np.maximum(limit, 1e-300)).max(axis=1).min()) > 1.0
+        for u, e in zip(problem.usage, ever, strict=True)
+        if e
+    )
+    if not over:
+        return None
+    dnn = problem.is_dnn
+    show = format_bytes if dnn else (lambda x: f"{x:.6g}")
+    pool = "device" if dnn else "pool"
+    uniform = bool(np.all(limit == limit[0]))
+    given = (
+        f"{show(float(limit[0]))} per {pool}"
+        if uniform
+        else f"of {show(float(limit.min()))} per {pool} or more"
+    )
+    return (
+        f"the memory limit {given} is below the smallest footprint any answer can have: at "
+        f"least {show(bound.peak)} on the busiest {pool} (each node's least memory, summed "
+        f"over the nodes live at once): raise the limit to at least that"
+        + (", or plan with more devices" if dnn else "")
+    )

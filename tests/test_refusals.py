@@ -1,0 +1,222 @@
+"""Refusals said at once and named for what stopped the call (issue 42): memory that nothing
+fits beats the clock, a Ctrl-C says "interrupted", a memory limit below any answer's least
+footprint is not searched, and options that would do nothing are one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+
+import planner
+import planner.api
+import planner.problems.sizes
+import planner.sources
+from planner.costs.costmodel import CostOptions
+from planner.deadline import OutOfTime, clear_stop, request_stop
+from planner.errors import LayerwiseError
+from planner.graph.opgraph import OpGraph
+from planner.graph.zoo import model_graph
+from planner.hardware.devices import DeviceGraph
+from planner.hardware.presets import get_preset
+from planner.problems.problem import Problem
+from planner.problems.sizes import MemoryRefusal, least_memory
+from planner.result import Status
+
+TINY_GPT = {"seq": 16, "n_layer": 3, "n_head": 2, "n_embd": 32, "vocab_size": 128, "block_size": 16}
+
+
+@pytest.fixture(scope="module")
+def gpt() -> OpGraph:
+    return model_graph("gpt2", batch=4, **TINY_GPT)
+
+
+@pytest.fixture(autouse=True)
+def _no_stop_left() -> Any:
+    yield
+    clear_stop()
+
+
+def _with_memory(name: str, memory: float) -> DeviceGraph:
+    base = get_preset(name)
+    devices = [dataclasses.replace(d, memory=memory) for d in base.devices]
+    return DeviceGraph(base.name, devices, base.links, base.switches)
+
+
+def _count(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
+    calls: list[int] = []
+    real = getattr(module, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+# -- memory that nothing fits, before the clock ---------------------------------------------
+
+
+def test_parameters_that_no_device_count_holds_are_refused_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The parameters' training state alone exceeds the devices' memory: no ZeRO stage,
+    recomputation or pipeline can help, so the call says so after one capture and one check
+    (it used to capture and build again per fallback, and could end on the time limit)."""
+    captures = _count(monkeypatch, planner.sources, "_capture")
+    checks = _count(monkeypatch, planner.problems.sizes, "check_memory_fits")
+    hopeless = _with_memory("p100-1x2", 1e3)
+    with pytest.raises(MemoryRefusal) as caught:
+        planner.plan("gpt2", hopeless, model_kwargs={"batch": 4, **TINY_GPT}, optimizer="adam")
+    message = str(caught.value)
+    assert caught.value.final and "training state alone" in message
+    assert "use at least" in message and "devices of" in message
+    assert "time limit" not in message
+    assert len(captures) == 1 and len(checks) == 1
+
+
+def test_a_known_memory_refusal_wins_over_the_clock(
+    gpt: OpGraph, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plain plan does not fit; the fallback (ZeRO and recomputation "auto") runs out of
+    time building: the error is what is known, the memory, not "did not finish"."""
+    real = planner.api.problem_of
+    builds: list[int] = []
+
+    def out_of_time_after_the_first(*args: Any, **kwargs: Any) -> Any:
+        builds.append(1)
+        if len(builds) > 1:
+            raise OutOfTime
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planner.api, "problem_of", out_of_time_after_the_first)
+    tight = _with_memory("p100-1x2", 0.99 * least_memory(gpt, CostOptions()) / 2)
+    with pytest.raises(MemoryRefusal) as caught:
+        planner.plan(gpt, tight, pipeline=False, recommend=False)
+    message = str(caught.value)
+    assert "needs at least" in message and "time limit ran out" in message
+    assert "did not finish" not in message and len(builds) == 2
+
+
+# -- Ctrl-C -----------------------------------------------------------------------------------
+
+
+def test_ctrl_c_during_the_build_says_interrupted(
+    gpt: OpGraph, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = planner.api.problem_of
+
+    def ctrl_c_then_build(*args: Any, **kwargs: Any) -> Any:
+        request_stop()  # what the first Ctrl-C does (planner.deadline._handle)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planner.api, "problem_of", ctrl_c_then_build)
+    with pytest.raises(KeyboardInterrupt, match="interrupted") as caught:
+        planner.plan(gpt, "p100-1x2", recommend=False)
+    assert "time limit" not in str(caught.value)
+
+
+def test_ctrl_c_during_the_capture_says_interrupted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(planner.sources, "load_torch", lambda deadline: request_stop())
+    with pytest.raises(KeyboardInterrupt, match="interrupted while capturing") as caught:
+        planner.plan("lenet5", "p100-1x2", model_kwargs={"batch": 8})
+    assert "time limit" not in str(caught.value)
+
+
+# -- a memory limit no answer meets -----------------------------------------------------------
+
+
+def test_a_memory_limit_below_the_least_footprint_is_not_searched(
+    gpt: OpGraph, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_search(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("searched a problem no answer of which meets its limit")
+
+    monkeypatch.setattr("planner.auto.solve_auto", no_search)
+    out = planner.plan(gpt, "p100-1x2", memory_limit=1, recommend=False)
+    assert isinstance(out, planner.PlanResult) and out.status is Status.INFEASIBLE
+    assert out.message is not None and "smallest footprint" in out.message
+    assert "1 B per device" in out.message and "at least" in out.message
+
+
+def _problem(usage: tuple[np.ndarray, ...], intervals: list[list[int]], limit: float) -> Problem:
+    n = len(usage)
+    return Problem(
+        name="table",
+        node_names=tuple(f"n{i}" for i in range(n)),
+        node_cost=tuple(np.zeros(len(u)) for u in usage),
+        edges=tuple((i, i + 1) for i in range(n - 1)),
+        edge_cost=tuple(np.zeros((len(usage[i]), len(usage[i + 1]))) for i in range(n - 1)),
+        usage=usage,
+        intervals=np.array(intervals),
+        usage_limit=np.array([limit]),
+    )
+
+
+def test_a_cost_table_limit_below_the_least_footprint_is_not_searched() -> None:
+    from planner.problems.sizes import usage_bound
+
+    usage = (np.array([[3.0], [2.0]]), np.array([[4.0], [5.0]]), np.array([[9.0]]))
+    intervals = [[0, 4], [1, 3], [5, 6]]  # a and b live together, c alone
+    assert usage_bound(_problem(usage, intervals, 6.0)).peak == 9.0  # type: ignore[union-attr]
+    out = planner.plan(_problem(usage, intervals, 8.0), recommend=False)
+    assert out.status is Status.INFEASIBLE and "at least 9 on the busiest pool" in str(out.message)
+    fits = planner.plan(_problem(usage, intervals, 9.0), recommend=False)
+    assert fits.has_solution
+
+
+def test_the_usage_bound_is_below_every_answers_peak() -> None:
+    from planner.problems.sizes import usage_bound
+
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        n = int(rng.integers(2, 5))
+        usage = tuple(rng.integers(0, 9, size=(int(rng.integers(1, 4)), 2)).astype(float)
+                      for _ in range(n))  # fmt: skip
+        starts = rng.integers(0, 6, size=n)
+        intervals = [[int(s), int(s + rng.integers(0, 4))] for s in starts]
+        p = _problem(usage, intervals, 1.0)
+        bound = usage_bound(p)
+        assert bound is not None
+        least = min(
+            _peak(p, choice) for choice in itertools.product(*(range(len(u)) for u in usage))
+        )
+        assert bound.peak <= least + 1e-9
+
+
+def _peak(p: Problem, choice: tuple[int, ...]) -> float:
+    assert p.usage is not None and p.intervals is not None
+    peak = 0.0
+    for t in range(int(p.intervals.max()) + 1):
+        live = [i for i, (a, b) in enumerate(p.intervals) if a <= t < b]
+        if live:
+            peak = max(peak, float(sum(p.usage[i][choice[i]] for i in live).max()))
+    return peak
+
+
+# -- options that would do nothing --------------------------------------------------------------
+
+
+def test_recomputation_a_model_has_no_blocks_for_is_refused(gpt: OpGraph) -> None:
+    cnn = model_graph("alexnet", batch=8)
+    with pytest.raises(LayerwiseError, match="recomputes nothing in 'alexnet'"):
+        planner.plan(cnn, "p100-1x2", recompute="full")
+    with pytest.raises(LayerwiseError, match="recomputes nothing in 'alexnet'"):
+        planner.plan("alexnet", "p100-2x2", model_kwargs={"batch": 8}, recompute="full")
+    with pytest.raises(LayerwiseError, match="recompute=999 blocks, but 'gpt2' has 3"):
+        planner.plan(gpt, "p100-1x2", recompute=999)
+
+
+def test_master_weights_without_an_optimizer_or_16_bit_weights(
+    gpt: OpGraph, caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(LayerwiseError, match="master_weights.*give an optimizer"):
+        planner.plan(gpt, "p100-1x2", master_weights=True)
+    with caplog.at_level(logging.WARNING, logger="planner.api"):
+        planner.plan(gpt, "p100-1x2", optimizer="adam", master_weights=True, recommend=False)
+    assert any("master_weights adds nothing" in r.getMessage() for r in caplog.records)

@@ -5,14 +5,17 @@ What a path may be. An input (a problem, graph, device, plan or model file) must
 file, or a symlink to one: a directory, FIFO, socket or device (/dev/null, /dev/stdin
 included) is refused at once with one `LayerwiseError` (`read_bytes_checked`,
 `read_text_checked`, `read_json_checked`; a FIFO would block the reader for ever, and a
-device is not a file one could give twice). The check is on the opened file itself (opened
-without blocking, then fstat), so a FIFO swapped in after the check cannot hang the read.
+device is not a file one could give twice). The kind is checked before opening (a device is
+never opened) and again on the opened file (opened without blocking, then fstat), so a FIFO
+swapped in between cannot hang the read.
 An output is written only to a new name or over a regular file; a symlink is followed
 (every level) and the file it leads to is written, so the link stays a link; a symlink loop
 and every other kind of file (directory, FIFO, socket, character or block device,
 /dev/null included) are refused, and nothing is written: a rename would replace the device
 node with a regular file, and writing into it in place would block (a FIFO with no reader)
 or silently throw the plan away (/dev/null). To keep no file, leave the output option out.
+A file appended to in place (a log file: `check_output_path(..., append=True)`) may also be
+a character device (/dev/null, /dev/stderr) or a FIFO some process reads.
 
 A command that will write a file checks its path first (`check_output_path`: it creates and
 removes a probe file in the directory, so a directory no file can be made in, such as /proc,
@@ -191,11 +194,18 @@ def _output_target(path: Path, what: str) -> Path:
     return target
 
 
-def check_output_path(path: str | Path, what: str = "output") -> Path:
+def check_output_path(path: str | Path, what: str = "output", append: bool = False) -> Path:
     """`path` as a Path when a file can be written there; else one `LayerwiseError` that says
     why (its directory is missing or not a directory, it is a directory, a FIFO, socket or
-    device, a symlink loop, or not writable). A symlink is checked as the file it leads to."""
+    device, a symlink loop, or not writable). A symlink is checked as the file it leads to.
+
+    `append`: the file is opened in place and appended to (a log file), not replaced: a
+    character device (/dev/null, /dev/stderr on a terminal) is accepted, and so is a FIFO
+    some process reads (/dev/stderr into a pipe); a FIFO no process reads is refused (opening
+    it would wait for one)."""
     path = Path(path)
+    if append and _appendable_in_place(path, what):
+        return path
     target = _output_target(path, what)
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.exists():
@@ -215,6 +225,27 @@ def check_output_path(path: str | Path, what: str = "output") -> Path:
     os.close(fd)
     probe.unlink(missing_ok=True)
     return path
+
+
+def _appendable_in_place(path: Path, what: str) -> bool:
+    """Whether `path` leads to a character device, or a FIFO with a reader (False for a
+    regular or missing file: the usual checks apply)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    if stat.S_ISCHR(mode):
+        return True
+    if not stat.S_ISFIFO(mode):
+        return False
+    try:  # without O_NONBLOCK this waits for a reader; with it, no reader is ENXIO
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+    except OSError:
+        raise LayerwiseError(
+            f"cannot write {what} {path}: it is a FIFO no process reads (writing would wait "
+            "for one): start the reader first, or give a file name"
+        ) from None
+    return True
 
 
 def _create_temporary(path: Path, suffix: str) -> tuple[int, Path]:

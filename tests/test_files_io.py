@@ -178,6 +178,24 @@ def test_the_other_writers_follow_the_same_rules(short_tmp: Path) -> None:
     assert sorted(p.name for p in short_tmp.iterdir()) == ["f", "link.json", "real.json"]
 
 
+def test_a_log_file_may_be_appended_to_a_device_or_a_read_fifo(short_tmp: Path) -> None:
+    """append=True (a log file, opened in place): /dev/null and a FIFO with a reader are
+    fine; a FIFO no process reads is refused (opening it would wait), a socket too."""
+    if Path("/dev/null").exists():
+        assert check_output_path("/dev/null", "log file", append=True) == Path("/dev/null")
+    fifo = make_fifo(short_tmp / "log")
+    with pytest.raises(LayerwiseError, match="it is a FIFO no process reads"):
+        check_output_path(fifo, "log file", append=True)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        assert check_output_path(fifo, "log file", append=True) == fifo
+    finally:
+        os.close(reader)
+    with pytest.raises(LayerwiseError, match="it is a socket"):
+        check_output_path(make_socket(short_tmp / "s"), "log file", append=True)
+    assert check_output_path(short_tmp / "new.log", "log file", append=True)
+
+
 # -- outputs: through the CLI --------------------------------------------------------------
 
 

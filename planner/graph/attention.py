@@ -32,9 +32,10 @@ softmax or a dropout) is refused with a GraphError naming it.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,7 @@ __all__ = [
     "attention_math",
     "evaluate_constant",
     "find_regions",
+    "module_key",
     "rope_table",
 ]
 
@@ -92,6 +94,7 @@ _SCALE_METHODS = {"mul", "div", "__mul__", "__truediv__", "mul_", "div_"}
 _DROPOUT_FUNCTIONS: set[Any] = {F.dropout}
 _TRIANGLES = {"tril", "triu"}
 VERIFY_SIZE = 2**27  # score elements (q elements x key length) up to which a region is checked
+_VERIFIED: set[Hashable] = set()  # `_region_key`s of the regions that `_verify` compared
 # rotary position embeddings: q * cos + rotate_half(q) * sin, rotate_half(x) = cat(-x2, x1)
 _ROPE_METHODS = {"neg", "__neg__", "add", "__add__", "mul", "__mul__"}
 _ROPE_FUNCTIONS: set[Any] = {
@@ -367,6 +370,10 @@ def _verify(
     q, k = values[region.q], values[region.k]
     if q.numel() * k.shape[1] > VERIFY_SIZE:
         return  # too big to compute here: the runtime's --check compares the model
+    # a transformer's layers repeat one region: it is compared once per distinct key
+    key = _region_key(gm, region, order, constants, memo, values)
+    if key is not None and key in _VERIFIED:
+        return
     g = torch.Generator().manual_seed(0)
     for x in entries:
         memo[x] = torch.randn(tuple(values[x].shape), generator=g, dtype=torch.float64)
@@ -403,6 +410,8 @@ def _verify(
             "layerwise reads causal or full attention, rotary tables in the rotate-half form "
             "and constant scales"
         )
+    if key is not None:
+        _VERIFIED.add(key)
 
 
 def _run_node(gm: fx.GraphModule, n: fx.Node, memo: dict[fx.Node, Any], values: dict) -> Any:
@@ -916,9 +925,12 @@ def _triangular_buffer(n: fx.Node) -> bool:
 
 
 def _where(nodes: set[fx.Node] | Iterable[fx.Node]) -> str:
-    first = min(nodes, key=lambda n: list(n.graph.nodes).index(n)) if nodes else None
-    if first is None:
+    nodes = set(nodes)
+    if not nodes:
         return "?"
+    # the graph's first node among them (one pass: an index per node was quadratic, 1.3 s
+    # of a 70B's capture)
+    first = next(n for n in next(iter(nodes)).graph.nodes if n in nodes)
     stack = first.meta.get("nn_module_stack") or {}
     path = list(stack.values())[-1][0] if stack else ""
     return f"{path or '<top>'} (fx node {first.name!r})"
@@ -928,3 +940,159 @@ def _describe(n: fx.Node) -> str:
     if n.op == "call_function":
         return f"call_function {getattr(n.target, '__name__', n.target)}"
     return f"{n.op} {n.target}"
+
+
+# -- structure keys: a numeric check done once per distinct structure ------------------------
+
+
+class _NoKey(Exception):
+    """A value that a structure key cannot stand for by value: its owner is checked itself."""
+
+
+_PLAIN_TYPES = (bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout)
+
+
+def _plain(v: Any) -> Hashable:
+    """`v` as a hashable value that compares as `v` does (with its type: 1, 1.0 and True
+    differ); _NoKey for anything else (a function, a tensor, an object)."""
+    if v is None or v is Ellipsis or isinstance(v, _PLAIN_TYPES + (torch.memory_format,)):
+        return (type(v), v)
+    if isinstance(v, tuple | list):
+        return (type(v), tuple(_plain(x) for x in v))
+    if isinstance(v, set | frozenset):
+        return (type(v), frozenset(_plain(x) for x in v))
+    if isinstance(v, dict):
+        return (type(v), tuple((_plain(k), _plain(x)) for k, x in v.items()))
+    if isinstance(v, slice):
+        return (slice, _plain(v.start), _plain(v.stop), _plain(v.step))
+    raise _NoKey
+
+
+def _class_key(cls: type) -> Hashable:
+    """The classes of `cls` up to nn.Module with what they define: their functions by
+    identity (a forward patched between two captures is another key), plain values by value."""
+    parts: list[Hashable] = []
+    for c in cls.__mro__:
+        if c is nn.Module:
+            break
+        for name, v in vars(c).items():
+            if isinstance(v, type | staticmethod | classmethod | property) or callable(v):
+                parts.append((name, v))
+            elif not name.startswith("__"):
+                parts.append((name, _plain(v)))
+        parts.append(c)
+    return tuple(parts)
+
+
+def _tensor_shape(t: torch.Tensor) -> Hashable:
+    return (tuple(t.shape), t.dtype)
+
+
+def _module_key(m: nn.Module) -> Hashable:
+    # buffers: values a forward may read; children: what recognising refuses at once
+    if m._buffers or m._modules:
+        raise _NoKey
+    state = vars(m)
+    params = tuple((n, None if p is None else _tensor_shape(p)) for n, p in m._parameters.items())
+    plain = tuple(
+        (k, _plain(v))
+        for k, v in sorted(state.items())
+        if k not in ("_parameters", "_buffers", "_modules")
+    )  # hooks are dicts of functions: a module with one has no key
+    return (_class_key(type(m)), params, plain)
+
+
+def module_key(m: nn.Module) -> Hashable | None:
+    """What running module `m` on a given input depends on, as a key that compares by value:
+    its classes (and the functions they define), its parameters' names, shapes and dtypes
+    (not their values: checks run it with random ones) and its plain attributes (eps, dims,
+    the training flag). None when it holds anything else (a buffer, a child module, a hook, a
+    function or object attribute) or torch has global module hooks: such a module is checked
+    itself."""
+    from torch.nn.modules import module as torch_module
+
+    hooks = (
+        torch_module._global_forward_hooks,
+        torch_module._global_forward_pre_hooks,
+        torch_module._global_backward_hooks,
+        torch_module._global_backward_pre_hooks,
+    )
+    if any(hooks):
+        return None
+    try:
+        key = _module_key(m)
+        hash(key)  # a class attribute may be an unhashable callable
+    except (_NoKey, TypeError):
+        return None
+    return key
+
+
+def _value_key(value: Any) -> Hashable:
+    """A constant's value (a mask, a rotary table, a size) as a key: tensors by their bytes."""
+    if isinstance(value, torch.Tensor):
+        data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        return (_tensor_shape(value), hashlib.blake2b(data.tobytes(), digest_size=16).digest())
+    if isinstance(value, tuple | list):
+        return (type(value), tuple(_value_key(v) for v in value))
+    return _plain(value)
+
+
+def _meta_key(value: Any) -> Hashable:
+    """A node's meta value as a key: tensors by shape and dtype."""
+    if isinstance(value, torch.Tensor):
+        return _tensor_shape(value)
+    if isinstance(value, tuple | list):
+        return (type(value), tuple(_meta_key(v) for v in value))
+    return _plain(value)
+
+
+def _region_key(
+    gm: fx.GraphModule,
+    region: AttentionRegion,
+    order: list[fx.Node],
+    constants: list[fx.Node],
+    memo: dict[fx.Node, Any],
+    values: dict[fx.Node, Any],
+) -> Hashable | None:
+    """What `_verify`'s comparison of `region` depends on, as a key that compares by value:
+    the attrs it was read as, its entries' shapes, and per node in order its op, target
+    (a module by `module_key`), arguments (nodes by position in the region) and shape;
+    constants (masks, rotary tables) by their values. None when it reads something else."""
+    entries = (region.q, region.k, region.v)
+    local: dict[fx.Node, Hashable] = {
+        x: ("entry", i) for i, x in reversed(list(enumerate(entries)))
+    }
+    local.update({n: ("node", i) for i, n in enumerate(order)})
+
+    def ref(a: fx.Node | None) -> Any:
+        if a not in local:
+            raise _NoKey  # a node outside the region: not keyed
+        return local[a]
+
+    try:
+        attrs = dict(region.attrs)
+        if "rope_tables" in attrs:  # node names: the tables' values are in the key instead
+            named = {n.name: n for n in order}
+            attrs["rope_tables"] = [ref(named.get(t)) for t in attrs["rope_tables"]]
+        parts: list[Hashable] = [
+            _plain(attrs),
+            region.packed,
+            tuple(local[x] for x in entries),
+            tuple(_meta_key(values[x]) for x in entries),
+        ]
+        for n in order:
+            if n in constants:
+                parts.append(("const", _value_key(memo.get(n))))
+                continue
+            target: Hashable = n.target
+            if n.op == "call_module":
+                target = module_key(gm.get_submodule(str(n.target)))
+                if target is None:
+                    return None
+            args = fx.node.map_arg((n.args, n.kwargs), ref)
+            parts.append((n.op, target, _plain(args), _meta_key(values.get(n))))
+        key = tuple(parts)
+        hash(key)
+    except (_NoKey, TypeError):
+        return None
+    return key

@@ -26,13 +26,15 @@ from planner.deadline import Deadline, OutOfTime, catch_interrupt, stop_requeste
 from planner.errors import LayerwiseError, given
 from planner.files import check_output_path, finite_or_none, strict_json, write_text_atomic
 from planner.graph.models import ModelSpec
+from planner.graph.opgraph import OpGraph
+from planner.hardware.devices import DeviceGraph
 from planner.pipeline.schedule import SCHEDULES
 from planner.pipeline.spec import PipelinedStrategy
 from planner.pipeline.timeline import PipelineTimeline
 from planner.problems.strategy import Strategy
 from planner.result import Limit, Status
 
-__all__ = ["PipelinePlan", "plan_pipeline"]
+__all__ = ["PER_OP", "PIPELINE", "PipelinePlan", "auto_search", "plan_pipeline"]
 
 log = logging.getLogger("planner.pipeline")
 
@@ -283,7 +285,6 @@ def choose_pipeline(plain: Callable[..., Any], pipeline: Any, **call: Any) -> An
         return plan_pipeline(**_pipeline_call(call))
     model = call["model"]
     from planner.api import check_graph_options
-    from planner.graph.opgraph import OpGraph
     from planner.problems.problem import Problem
 
     if changed or isinstance(model, Problem) or _is_problem_file(model):
@@ -292,15 +293,13 @@ def choose_pipeline(plain: Callable[..., Any], pipeline: Any, **call: Any) -> An
     graph, devices = as_graph["model"], as_graph["devices"]
     if not isinstance(model, OpGraph):  # an OpGraph was checked by plan()
         check_graph_options(graph, call.get("recompute"), call.get("master_weights"))
-    if len({d.host for d in devices.devices}) < 2:
+    if auto_search(graph, devices) == PER_OP:
         try:
             return _plain_captured(plain, as_graph, spec, seconds)
         except MemoryRefusal as refusal:
             if call.get("zero") is not None or call.get("recompute") is not None:
                 raise  # chosen by hand: the refusal says what does not fit with them
             return _pipeline_after_refusal(refusal, as_graph, spec, seconds)
-    if not _has_blocks(graph):
-        return _plain_captured(plain, as_graph, spec, seconds)
     log.info(
         "%s is a stack of repeated blocks and %s spans hosts: searching pipelines",
         graph.name,
@@ -319,6 +318,20 @@ def choose_pipeline(plain: Callable[..., Any], pipeline: Any, **call: Any) -> An
             log.warning("the pipeline search found no layout (%s): planning per op instead", exc)
             return _plain_captured(plain, as_graph, spec, seconds, refused=str(exc))
     return dataclasses.replace(out, model=spec, phases={**out.phases, "capture_seconds": seconds})
+
+
+PIPELINE = "pipeline"
+PER_OP = "per-op"
+
+
+def auto_search(graph: OpGraph, devices: DeviceGraph) -> str:
+    """The search `plan` tries first by default for a captured model: `PIPELINE` for a stack
+    of repeated, alike blocks (a transformer's: `planner.pipeline.layouts.repeated_blocks`)
+    on devices of more than one host, else `PER_OP` (which turns to pipelines only when the
+    model does not fit the devices otherwise). The pipeline search's refusal falls back to
+    the per-op search."""
+    hosts = len({d.host for d in devices.devices})
+    return PIPELINE if hosts >= 2 and _has_blocks(graph) else PER_OP
 
 
 def _plain_captured(

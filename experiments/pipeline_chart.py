@@ -64,6 +64,7 @@ def _main(argv: Sequence[str] | None) -> int:
     from planner.pipeline.schedule import bubble_fraction
     from planner.pipeline.spec import micro_batch_graph
     from planner.pipeline.stages import simulate_pipelined
+    from planner.pipeline.timeline import counted
     from planner.problems.baselines import megatron
 
     module, inputs = build_llm(
@@ -80,8 +81,9 @@ def _main(argv: Sequence[str] | None) -> int:
     timeline = simulate_pipelined(CostModel(graph, devices, options), ps)
     closed = bubble_fraction(args.schedule, args.stages, args.micro_batches, args.chunks)
     print(
-        f"{args.schedule}: {args.stages} stages x {args.chunks} chunks, {args.micro_batches} "
-        f"micro-batches: step {timeline.makespan * 1e3:.2f} ms, bubble {timeline.bubble:.1%} "
+        f"{args.schedule}: {counted(args.stages, 'stage')} x {counted(args.chunks, 'chunk')}, "
+        f"{counted(args.micro_batches, 'micro-batch', 'micro-batches')}: step "
+        f"{timeline.makespan * 1e3:.2f} ms, bubble {timeline.bubble:.1%} "
         f"(closed form on uniform stages with free messages {closed:.1%}), peak per stage "
         + ", ".join(f"{b / 2**30:.1f}" for b in timeline.peak_bytes)
         + f" GiB (load {os.getloadavg()[0]:.1f})"

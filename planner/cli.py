@@ -56,7 +56,16 @@ class UsageError(LayerwiseError):
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
-    """An ArgumentParser that reports usage errors as one `UsageError` (no usage block)."""
+    """An ArgumentParser that reports usage errors as one `UsageError` (no usage block), and
+    reads a value that starts with a minus and a digit as a value (`--memory-limit -1G`,
+    `--time-limit -1e3`), which the option's type then refuses in one line, not as an
+    unknown option ("expected one argument")."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # argparse's own pattern is only -5 and -.5 (-1G and -1e9 were options); Python 3.13's
+        # is this one. No option of ours starts with a minus and a digit.
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
@@ -131,6 +140,8 @@ def size_bytes(text: str) -> float:
     parser of every command line)."""
     from planner.problems.sizes import parse_bytes
 
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"a size cannot be negative, got {text!r}")
     try:
         return float(parse_bytes(text))
     except LayerwiseError as exc:
@@ -143,6 +154,8 @@ def _memory_limit(text: str) -> str | float:
     try:
         return size_bytes(text)
     except argparse.ArgumentTypeError as exc:
+        if text.strip().startswith("-"):
+            raise
         raise argparse.ArgumentTypeError(f"{exc} (or 'device': each device's memory)") from None
 
 
@@ -637,7 +650,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         print(
-            f"{graph.name}: {summary['ops']} ops, {summary['edges']} edges, "
+            f"{graph.name}: {_count(summary['ops'], 'op')}, {_count(summary['edges'], 'edge')}, "
             f"{summary['forward_flops'] / 1e9:.3f} GFLOP forward, "
             f"{summary['parameter_bytes'] / 2**20:.1f} MiB parameters"
         )
@@ -853,9 +866,9 @@ def _print_ops(rows: list[tuple[str, str, str]], verbose: bool) -> None:
     )
 
 
-def _count(n: int, noun: str, width: int = 0) -> str:
-    """'1 op', '1,024 ops' (the number right-aligned in `width`)."""
-    return f"{n:{width},} {noun}{'s' * (n != 1)}"
+def _count(n: int, noun: str, width: int = 0, plural: str = "") -> str:
+    """'1 op', '1,024 ops' (the number right-aligned in `width`; `plural` when not noun + s)."""
+    return f"{n:{width},} {noun if n == 1 else plural or noun + 's'}"
 
 
 def _print_summary(s: dict[str, Any], seconds: bool, problem: Any = None) -> None:
@@ -924,19 +937,34 @@ def _integer_costs(problem: Any) -> bool:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from planner.api import evaluate_strategy
+    """Re-score a strategy file; each phase says what it does on stderr once it has lasted a
+    few seconds (a 70B pipeline plan's simulation takes minutes): planner.logs.phase."""
+    from planner.api import Evaluation
+    from planner.logs import phase
+    from planner.problems.evaluate import score_strategy
     from planner.problems.strategy import load_strategy
+    from planner.sim.simulator import simulate
     from planner.sources import cost_model
 
     _outputs((args.trace, "trace"), (args.plot, "plot"))
     path = args.strategy
-    strategy, data = _malformed("strategy file", path, lambda: load_strategy(path))
+    with phase(EVALUATE_LOG, f"reading {path}: rebuilding its graph and devices"):
+        strategy, data = _malformed("strategy file", path, lambda: load_strategy(path))
     cost = _check_cost_section(data.get("cost", {}))
     options = {k: v for k, v in cost.items() if k != "source"}
-    cm = cost_model(strategy.graph, strategy.devices, cost.get("source", "analytic"), **options)
+    what = f"{strategy.graph.name} ({_count(len(strategy.graph.ops), 'op')})"
+    on = f"{strategy.devices.name} ({_count(strategy.devices.num_devices, 'device')})"
+    with phase(EVALUATE_LOG, f"the cost model of {what} on {on}"):
+        cm = cost_model(strategy.graph, strategy.devices, cost.get("source", "analytic"), **options)
     if "pipeline" in data:  # the step is the schedule's timeline of micro-batch costs
         return _evaluate_pipelined(strategy, data, cm, args)
-    scores = evaluate_strategy(strategy, cm)
+    with phase(EVALUATE_LOG, f"the additive cost (OptCNN Eq. 1) of {what}"):
+        b = score_strategy(cm, strategy)
+    with phase(EVALUATE_LOG, f"simulating the step of {what} on {on} (FlexFlow)"):
+        timeline = simulate(cm, strategy)
+    scores = Evaluation(
+        b.total, timeline.makespan, b.compute, b.sync, b.transfer, float(b.memory.max()), timeline
+    )
     _timeline_files(scores.timeline, strategy, args)
     if args.json:
         print(strict_json(scores.to_json()))
@@ -951,11 +979,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+EVALUATE_LOG = logging.getLogger("planner.evaluate")
+
+
 def _evaluate_pipelined(
     strategy: Any, data: dict[str, Any], cm: Any, args: argparse.Namespace
 ) -> int:
     """A pipelined plan file: its step simulated as a pipeline (docs/simulator.md,
     "Pipelines"); --plot draws the pipeline's timeline, --trace is refused."""
+    from planner.logs import phase
     from planner.pipeline.spec import Pipeline, PipelinedStrategy
     from planner.pipeline.stages import simulate_pipelined
 
@@ -963,7 +995,10 @@ def _evaluate_pipelined(
         raise UsageError("--trace is not written for a pipelined plan: use --plot")
     pipe = _malformed("strategy file", args.strategy, lambda: Pipeline.from_json(data["pipeline"]))
     ps = _malformed("strategy file", args.strategy, lambda: PipelinedStrategy(strategy, pipe))
-    timeline = simulate_pipelined(cm, ps)
+    chunks = _count(pipe.chunks, "chunk")
+    group = _count(len(pipe.group_of(0)), "device")
+    with phase(EVALUATE_LOG, f"simulating the pipeline's step: {chunks}, {group} per stage"):
+        timeline = simulate_pipelined(cm, ps)
     out = {
         "makespan": timeline.makespan,
         "bubble": timeline.bubble,
@@ -977,14 +1012,16 @@ def _evaluate_pipelined(
     if args.plot:
         from planner.pipeline.chart import gantt
 
-        gantt(timeline, args.plot)
+        with phase(EVALUATE_LOG, f"drawing {args.plot}"):
+            gantt(timeline, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
     if args.json:
         print(strict_json(out))
     else:
         print(
-            f"pipeline: {pipe.stages} stages x {pipe.virtual} chunks, {pipe.micro_batches} "
-            f"micro-batches, {pipe.schedule}; peak memory per device "
+            f"pipeline: {_count(pipe.stages, 'stage')} x {_count(pipe.virtual, 'chunk')}, "
+            f"{_count(pipe.micro_batches, 'micro-batch', plural='micro-batches')}, "
+            f"{pipe.schedule}; peak memory per device "
             f"{out['memory_peak_bytes'] / 2**20:.1f} MiB"
         )
         print(

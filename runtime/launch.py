@@ -36,6 +36,7 @@ import torch.distributed as dist
 from planner.errors import GraphError, LayerwiseError
 from planner.graph.opgraph import OpGraph
 from planner.pipeline.spec import Pipeline, PipelinedStrategy, micro_batch_graph
+from planner.pipeline.timeline import counted
 from planner.problems.strategy import Strategy
 from runtime.executor import PHASES, Status
 from runtime.models import as_model, model_key, model_to_job
@@ -140,8 +141,9 @@ def prepare(
     world = n if world is None else world
     if world != n:
         raise RuntimeConfigError(
-            f"the strategy is for {n} devices ({strategy.devices.name}) but the world size is "
-            f"{world}: run it with {n} workers, or plan for cpu-local-{world}"
+            f"the strategy is for {counted(n, 'device')} ({strategy.devices.name}) but the "
+            f"world size is {world}: run it with {counted(n, 'worker')}, or plan for "
+            f"cpu-local-{world}"
         )
     if options.check and model is None:
         raise RuntimeConfigError(
@@ -155,7 +157,8 @@ def prepare(
         ours, of = graph, model.describe()
         if pipeline is not None:
             ours = micro_batch_graph(graph, pipeline.micro_batches)
-            of = f"one of {pipeline.micro_batches} micro-batches of {of}"
+            m = counted(pipeline.micro_batches, "micro-batch", "micro-batches")
+            of = f"one of {m} of {of}"
         if ours.fingerprint() != strategy.graph.fingerprint():
             raise RuntimeConfigError(
                 f"the strategy's graph (fingerprint {strategy.graph.fingerprint()}) is not the "

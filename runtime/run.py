@@ -47,6 +47,7 @@ from planner.cli import (  # noqa: E402
 )
 from planner.costs.recompute import recompute_error  # noqa: E402
 from planner.errors import LayerwiseError  # noqa: E402
+from planner.pipeline.timeline import counted  # noqa: E402
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, _previous)
@@ -212,9 +213,9 @@ def _report(summary: dict[str, Any], name: str, args: argparse.Namespace) -> Non
         return
     timed = len(summary["step_seconds"]) - summary["warmup"]
     print(
-        f"{name} on {summary['world']} workers ({args.backend}, {args.dtype}): median step "
-        f"{summary['median_step_seconds'] * 1e3:.2f} ms over {timed} steps after "
-        f"{summary['warmup']} warm-up"
+        f"{name} on {counted(summary['world'], 'worker')} ({args.backend}, {args.dtype}): "
+        f"median step {summary['median_step_seconds'] * 1e3:.2f} ms over "
+        f"{counted(timed, 'step')} after {summary['warmup']} warm-up"
     )
     losses = summary["losses"]
     line = f"loss {losses[0]:.6g} -> {losses[-1]:.6g}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.pipeline.schedule import FORWARD
-from planner.pipeline.timeline import PipelineTimeline
+from planner.pipeline.timeline import PipelineTimeline, counted
 
 
 def gantt(timeline: PipelineTimeline, path: str | Path, title: str = "") -> None:
@@ -20,7 +20,8 @@ def gantt(timeline: PipelineTimeline, path: str | Path, title: str = "") -> None
 
     p = timeline.groups
     scale, unit = _unit(timeline.makespan)
-    fig, ax = plt.subplots(figsize=(10, 0.55 * p + 1.4))
+    # constrained: the legend gets its own room under the x-axis label, whatever the height
+    fig, ax = plt.subplots(figsize=(10, 0.55 * p + 1.6), layout="constrained")
     colours = plt.get_cmap("tab10")
     labels = len(timeline.works) <= 400  # numbers only where they can be read
     for s in timeline.works:
@@ -67,14 +68,14 @@ def gantt(timeline: PipelineTimeline, path: str | Path, title: str = "") -> None
     sched = timeline.schedule + (
         f", {timeline.virtual} chunks per stage" if timeline.virtual > 1 else ""
     )
+    micro = counted(timeline.micro_batches, "micro-batch", "micro-batches")
     ax.set_title(
-        title
-        or f"{sched}: {p} stages, {timeline.micro_batches} micro-batches, bubble {timeline.bubble:.1%}",
+        title or f"{sched}: {counted(p, 'stage')}, {micro}, bubble {timeline.bubble:.1%}",
         fontsize=10,
     )
     from matplotlib.patches import Patch
 
-    ax.legend(
+    fig.legend(
         handles=[
             Patch(facecolor=colours(0), alpha=0.45, label="forward (micro-batch number)"),
             Patch(facecolor=colours(0), alpha=0.95, label="backward"),
@@ -82,12 +83,10 @@ def gantt(timeline: PipelineTimeline, path: str | Path, title: str = "") -> None
             Patch(facecolor="grey", label="messages (sender's row)"),
         ],
         fontsize=7,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.22),
+        loc="outside lower center",  # below the axes and their label, never over them
         ncol=4,
         frameon=False,
     )
-    fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
 

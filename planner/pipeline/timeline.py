@@ -31,6 +31,11 @@ from dataclasses import dataclass
 from planner.pipeline.schedule import BACKWARD, FORWARD, ScheduleError, Work, in_flight, schedule
 
 
+def counted(n: int, noun: str, plural: str = "") -> str:
+    """'1 stage', '4 stages', '1 micro-batch', '8 micro-batches' (`plural`: when not noun + s)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 @dataclass(frozen=True)
 class ChunkTimes:
     """One chunk's costs for one micro-batch (seconds, bytes per device of its group)."""
@@ -90,8 +95,8 @@ def simulate_pipeline(
     p, m = groups, micro_batches
     if not chunks or len(chunks) % p:
         raise ScheduleError(
-            f"{len(chunks)} pipeline chunks do not spread evenly over {p} stages: give "
-            f"a multiple of {p}"
+            f"{counted(len(chunks), 'pipeline chunk')} do not spread evenly over "
+            f"{counted(p, 'stage')}: give a multiple of {p}"
         )
     v = len(chunks) // p
     orders = schedule(name, p, m, v)
@@ -176,7 +181,8 @@ def simulate_pipeline(
             continue
         if best is None:  # cannot happen for the schedules above: a bug, not bad input
             raise ScheduleError(
-                f"schedule {name!r} deadlocks with {p} stages and {m} micro-batches"
+                f"schedule {name!r} deadlocks with {counted(p, 'stage')} and "
+                f"{counted(m, 'micro-batch', 'micro-batches')}"
             )
         start, g, _ = heapq.heappop(heads)
         w = orders[g][nxt[g]]

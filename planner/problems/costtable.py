@@ -215,11 +215,14 @@ BELOW_FORBIDDEN = float(np.nextafter(FORBIDDEN, 0.0))
 _FORBIDDEN_INT = 10**18
 
 
-def _allowed_below_forbidden(values: np.ndarray, exact: Sequence[Any]) -> None:
+def _allowed_below_forbidden(values: np.ndarray, exact: list[Any]) -> None:
     """Values that became exactly FORBIDDEN as floats but are below it as written (`exact`:
     Python ints, compared exactly) become BELOW_FORBIDDEN: whether a cost is forbidden is
     decided from the number in the file, not from its float64 rounding."""
-    for i in np.flatnonzero(values == FORBIDDEN).tolist():
+    suspects = np.flatnonzero(values == FORBIDDEN)
+    if not len(suspects) or exact.count(_FORBIDDEN_INT) == len(suspects):
+        return  # all are 1e18 itself (most of a contest file's forbidden entries): counted in C
+    for i in suspects.tolist():
         if exact[i] < _FORBIDDEN_INT:  # int < int, or float < int: both exact in Python
             values[i] = BELOW_FORBIDDEN
 
@@ -234,7 +237,7 @@ def _parse_float(text: str) -> float:
 
 
 # A number that rounds up to 1e18 but is below it starts with sixteen 9s (1e18 - 64 and up)
-_NEAR_FORBIDDEN = re.compile(rb"9{16}")
+_NEAR_FORBIDDEN = b"9" * 16
 
 
 def _check_nonnegative(values: np.ndarray, lengths: np.ndarray, where: str, what: str) -> None:
@@ -316,7 +319,7 @@ def load_problem(path: str | Path) -> Problem:
     if fast is not None:
         return fast
     try:
-        near = _NEAR_FORBIDDEN.search(raw) is not None  # the exact (slower) float parsing
+        near = _NEAR_FORBIDDEN in raw  # then the exact (slower) float parsing
         data = json.loads(raw, parse_float=_parse_float) if near else json.loads(raw)
     except UnicodeDecodeError:
         raise ProblemError(f"cost-table file {path} is not text (expected UTF-8 JSON)") from None
@@ -381,7 +384,7 @@ def _load_fast(raw: bytes) -> Problem | None:
             spans.append((raw.index(b"[", m.start()), end.end()))
     for a, b in sorted(spans, key=lambda ab: ab[0] - ab[1]):  # the largest array first
         rest = raw[:a] + _SENTINEL + raw[b:]
-        near = _NEAR_FORBIDDEN.search(rest) is not None
+        near = _NEAR_FORBIDDEN in rest
         try:
             doc = json.loads(rest, parse_float=_parse_float) if near else json.loads(rest)
         except (ValueError, RecursionError):
@@ -434,14 +437,15 @@ def _numeric_rows(text: bytes | memoryview) -> tuple[np.ndarray, np.ndarray] | N
             return None
         values, lengths = parsed
     else:  # decimals or exponents: numpy's text parser (slower, ~8 MB/s)
-        if _NEAR_FORBIDDEN.search(text) is not None:
+        data = bytes(text)
+        if _NEAR_FORBIDDEN in data:
             return None  # a number strtod may round up to FORBIDDEN: the exact reader
         bounds = np.stack([rows_open, rows_close], axis=1).reshape(-1)
         lengths = np.add.reduceat(arr == ord(","), bounds, dtype=np.int64)[::2] + 1
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             try:
-                values = np.fromstring(bytes(text).translate(_NO_BRACKETS), sep=",")
+                values = np.fromstring(data.translate(_NO_BRACKETS), sep=",")
             except (ValueError, DeprecationWarning):
                 return None
     # one comma between two numbers of a row and between two rows, no others (no empty

@@ -410,6 +410,19 @@ def _start_server(ctx: Any) -> None:
         signal.signal(signal.SIGINT, previous)
 
 
+def stop_server() -> None:
+    """End the forkserver now (SIGTERM), for a command line that is done with it. Left to
+    itself it ends once it sees the launcher gone, through the interpreter's teardown with
+    torch loaded: 1-2 s after the command's last line, holding its output streams (a pipe
+    reading them waits). A later run starts a new one (multiprocessing checks it is alive)."""
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid is not None:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+
+
 def _launch_local(job: Job, world: int, tmp: Path) -> None:
     ctx = worker_context()
     status = ctx.Array("d", world * Status.SLOTS, lock=False)

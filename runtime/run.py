@@ -228,6 +228,14 @@ def _report(summary: dict[str, Any], name: str, args: argparse.Namespace) -> Non
     print(line)
 
 
+def _stop_server() -> None:
+    """The forkserver ends with this command, not 1-2 s after it (runtime.launch.stop_server)."""
+    launch = sys.modules.get("runtime.launch")  # not imported: no server was started
+    if launch is not None:
+        launch.stop_server()
+
+
 if __name__ == "__main__":
-    # without the interpreter's teardown (1-2 s with torch loaded, after the last line)
-    exit_now(main())
+    code = main()
+    _stop_server()
+    exit_now(code)  # without the interpreter's teardown (1-2 s with torch loaded)

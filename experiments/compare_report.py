@@ -153,7 +153,7 @@ def tables(cases: Sequence[Case], objective: str, time_limit: float) -> list[Ren
     for case in cases:
         out.append(Group(case_table(case, objective), Text(case.summary), Text("")))
     flagged = [c for c in cases if c.flagged]
-    if objective == "additive":
+    if objective == "additive" and cases:  # none when a Ctrl-C came in the first case
         out.append(
             Text(
                 f"{len(flagged)} of {len(cases)} settings: a proven additive optimum simulates "

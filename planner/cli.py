@@ -887,10 +887,10 @@ def _print_summary(s: dict[str, Any], seconds: bool, problem: Any = None) -> Non
         gap = 0.0  # an exact proof whose bound came back a rounding error below its objective
     gap_text = "-" if gap is None else f"{gap * 100:.3g}%"
     limit = f" ({s['limit']})" if s["limit"] else ""
-    phases = [
+    phases = [  # a phase that did not run (a cost table's capture) left out
         f"{k.removesuffix('_seconds')} {s[k]:.3g} s"
         for k in ("capture_seconds", "build_seconds", "search_seconds")
-        if s.get(k) is not None
+        if s.get(k)
     ]
     phases.append(f"total {process_seconds():.3g} s")
     print(

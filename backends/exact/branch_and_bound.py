@@ -190,7 +190,12 @@ class _Search:
                 if self.timed_out:
                     return
 
-        visit(0, 0.0, float(mins.sum()) if self.lookahead else 0.0)
+        root = float(mins.sum())
+        if self.lookahead and root == math.inf:
+            # a node with no finite choice (every one forbidden, or forbidden with every
+            # partner): nothing to search, and inf - inf in the bound would be NaN
+            return Outcome(self.best, self.best_value, True, self.best_value, self.expanded)
+        visit(0, 0.0, root if self.lookahead else 0.0)
         complete = not self.timed_out
         bound = self.best_value if complete else self.root_bound()
         return Outcome(self.best, self.best_value, complete, bound, self.expanded)

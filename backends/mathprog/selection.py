@@ -354,7 +354,9 @@ def _repeats(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             if g == len(starts):
                 starts.append(i)
             groups.append(g)
-        return np.array(groups), np.array(starts)
+        # int64 even when empty (a table with no rows: a node with only forbidden choices);
+        # np.array([]) is float64, which numpy refuses as an index
+        return np.array(groups, dtype=np.int64), np.array(starts, dtype=np.int64)
     keys = t.view(np.dtype((np.void, 8 * t.shape[1]))).reshape(-1)
     _, first, group = np.unique(keys, return_index=True, return_inverse=True)
     return group.reshape(-1), first

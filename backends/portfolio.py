@@ -405,13 +405,17 @@ class _Run:
 
     def _proven(self) -> bool:
         value = self.board.value()
-        return any(
+        return self._infeasible() or any(
             r.status is Status.OPTIMAL
             and r.objective is not None
             and r.objective <= value * (1 + 1e-9)
             for rs in self.results.values()
             for r in rs
         )
+
+    def _infeasible(self) -> bool:
+        """Whether a member proved that no answer is valid (an exact member's proof)."""
+        return any(r.status is Status.INFEASIBLE for rs in self.results.values() for r in rs)
 
     def result(self, name: str, trivial: float, elapsed: float) -> SolveResult:
         bounds = [trivial] + [
@@ -425,6 +429,8 @@ class _Run:
             "portfolio_seconds": elapsed,
         }
         if self.board.best is None:
+            if self._infeasible():
+                return SolveResult(name, Status.INFEASIBLE, bound=math.inf, stats=stats)
             return SolveResult(name, Status.NO_SOLUTION, bound=bound, limit=Limit.TIME, stats=stats)
         value, _, choices, source = self.board.best
         stats["answer_from"] = source

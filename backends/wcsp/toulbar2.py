@@ -204,6 +204,8 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         stats: dict[str, Any] = {"rounds": 0}
         if clock.expired():
             return SolveResult(self.name, Status.NO_SOLUTION, limit=Limit.TIME, stats=stats)
+        if problem.num_nodes == 0:  # nothing to choose (and toulbar2 needs a variable)
+            return SolveResult(self.name, Status.OPTIMAL, (), 0.0, 0.0, stats=stats)
         t0 = time.perf_counter()
         net = build_network(problem, clock)
         stats["network_seconds"] = time.perf_counter() - t0
@@ -713,8 +715,13 @@ def _run(
         elif table[0] > 0:
             wcsp.postNullaryConstraint(int(table[0]))
     if st is not None:
-        _knapsacks(cfn, net, st, problem)
+        try:
+            _knapsacks(cfn, net, st, problem)
+        except pytoulbar2.pytb2.Contradiction:  # a row no choice meets: proven, no labelling
+            _first_labelling(log)  # the log deleted
+            return _Run(None, top, True, False, 0.0, 0, time.perf_counter() - t0, scale)
     t1 = time.perf_counter()
+    pytoulbar2.pytb2.option.limited = False  # set by toulbar2 when a limit stops the search
     result = cfn.Solve(timeLimit=seconds)
     elapsed = time.perf_counter() - t1
     dual = float(cfn.GetDDualBound())
@@ -724,6 +731,10 @@ def _run(
         labels = np.asarray(result[0], dtype=np.int64)
         cost = float(result[1])
     proven = dual >= min(cost, top) - 0.5
+    if result is None and not pytoulbar2.pytb2.option.limited:
+        # no labelling and no limit met: toulbar2 proved there is none (a knapsack row that
+        # no choice meets is a contradiction before the search, its dual bound not raised)
+        proven = True
     nodes = int(cfn.GetNbNodes())
     first = _first_labelling(log)  # read, and the log deleted, in every case
     first = first if labels is not None else None

@@ -33,13 +33,14 @@ if __name__ == "__main__":
     _previous = signal.signal(signal.SIGINT, _interrupted_while_starting)
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import csv  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
+from collections.abc import Iterator, Sequence  # noqa: E402
 from dataclasses import dataclass, field, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -243,26 +244,27 @@ def run(args: argparse.Namespace, console: Console, folder: Path | None = None) 
     todo = [(m, p) for m in args.models for p in args.presets]
     # The experiment owns Ctrl-C: the first stops the running search (it returns its best
     # answer) and the experiment after it; the cases done so far are reported and saved.
-    with catch_interrupt(), Progress(console=console, transient=True) as progress:
-        task = progress.add_task("comparing", total=len(todo))
-        for model, preset in todo:
-            try:
-                case, problem = _run_case(args, backends, opts, model, preset, progress, task)
-            except OutOfTime:  # Ctrl-C while the cost tables were being built
-                case = None
-            except KeyboardInterrupt:  # a second Ctrl-C: the cases done are still reported
-                case = None
-            if case is None or stop_requested():
-                console.print(
-                    f"interrupted during {model} on {preset}: its rows are left out; "
-                    f"{len(cases)} of {len(todo)} cases done"
-                )
-                break
-            if folder is not None:
-                write_plans(folder, case, problem, args.objective, args.batch)
-            cases.append(case)
-            console.print(_progress_line(case))
-            progress.advance(task)
+    try:
+        with catch_interrupt(), Progress(console=console, transient=True) as progress:
+            task = progress.add_task("comparing", total=len(todo))
+            for model, preset in todo:
+                try:
+                    case, problem = _run_case(args, backends, opts, model, preset, progress, task)
+                except (OutOfTime, KeyboardInterrupt):  # Ctrl-C in the build; a second one
+                    case = None
+                if case is None or stop_requested():
+                    console.print(
+                        f"interrupted during {model} on {preset}: its rows are left out; "
+                        f"{len(cases)} of {len(todo)} cases done"
+                    )
+                    break
+                if folder is not None:
+                    write_plans(folder, case, problem, args.objective, args.batch)
+                cases.append(case)
+                console.print(_progress_line(case))
+                progress.advance(task)
+    except KeyboardInterrupt:  # a second Ctrl-C between cases: the cases done still count
+        console.print(f"interrupted: {len(cases)} of {len(todo)} cases done")
     return cases
 
 
@@ -530,10 +532,11 @@ def _main(argv: Sequence[str] | None) -> int:
     folder = new_results_folder(args.out, "compare")
     cases = run(args, console, folder)
     asked = len(args.models) * len(args.presets)
-    for t in tables(cases, args.objective, args.time_limit):
-        console.print(t)
-    console.print(legend(args.objective))
-    save(cases, finish(info), folder, not args.no_plot, asked)
+    with _uninterrupted():  # the cases are final: a Ctrl-C more would only lose them
+        save(cases, finish(info), folder, not args.no_plot, asked)
+        for t in tables(cases, args.objective, args.time_limit):
+            console.print(t)
+        console.print(legend(args.objective))
     partial = f" (partial: {len(cases)} of {asked} cases)" if len(cases) < asked else ""
     console.print(f"results written to {folder}{partial}")
     bad = [r for c in cases for r in c.rows if r.verdict in PROBLEM_VERDICTS]
@@ -544,6 +547,20 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"error: interrupted after {len(cases)} case(s)", file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
+
+
+@contextlib.contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """SIGINT ignored meanwhile (in the main thread): the user pressing Ctrl-C again while the
+    run's results are written (a second or so) lost them all."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 if __name__ == "__main__":

@@ -207,3 +207,29 @@ def test_an_interrupted_comparison_keeps_its_finished_cases(tmp_path: Path) -> N
     data = json.loads((folder / "results.json").read_text())
     assert data["partial"] is True and data["cases_asked"] == 2
     assert [c["preset"] for c in data["cases"]] == ["p100-1x2"]
+
+
+def test_a_second_ctrl_c_in_a_comparison_still_saves_the_cases_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second Ctrl-C (KeyboardInterrupt) during the second case: the first case's table and
+    results.json (partial) are still written; it was 'error: interrupted' and nothing."""
+    import experiments.compare as compare
+
+    real = compare._solve_row
+
+    def interrupted(model: str, preset: str, *args: Any) -> Any:
+        if preset == "p100-1x4":
+            raise KeyboardInterrupt
+        return real(model, preset, *args)
+
+    monkeypatch.setattr(compare, "_solve_row", interrupted)
+    argv = ["--models", "lenet5", "--presets", "p100-1x2", "p100-1x4"]
+    argv += ["--backends", "elimination", "--time-limit", "5", "--out", str(tmp_path), "--no-plot"]
+    assert compare.main(argv) == 130
+    out, err = capsys.readouterr()
+    assert "lenet5 on p100-1x2: 2 devices" in out and "Traceback" not in err
+    assert err.splitlines() == ["error: interrupted after 1 case(s)"], err
+    (folder,) = tmp_path.iterdir()
+    data = json.loads((folder / "results.json").read_text())
+    assert data["partial"] is True and [c["preset"] for c in data["cases"]] == ["p100-1x2"]

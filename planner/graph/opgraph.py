@@ -20,7 +20,16 @@ from typing import Any
 import networkx as nx
 
 from planner.errors import GraphError, read_json
-from planner.graph.opkinds import SAMPLE, Contraction, DimMap, contraction, input_dim_map, kind_spec
+from planner.graph.opkinds import (
+    CHANNEL,
+    LENGTH,
+    SAMPLE,
+    Contraction,
+    DimMap,
+    contraction,
+    input_dim_map,
+    kind_spec,
+)
 
 GRAPH_FORMAT = "layerwise.opgraph"
 GRAPH_VERSION = 1
@@ -311,17 +320,168 @@ def _check_op(op: Op, inputs: Sequence[Tensor]) -> None:
         raise GraphError(f"op {op.name!r} of kind {op.kind!r} has no inputs")
     if op.flops < 0 or op.mem_bytes < 0:
         raise GraphError(f"op {op.name!r}: flops and mem_bytes must be >= 0")
+    _check_kind_dims(op, inputs)
+    if op.kind in ("conv2d", "pool2d"):
+        _check_window(op)
     for pos, tensor in enumerate(inputs):
         for dim, size, m in zip(tensor.dims, tensor.sizes, _maps(op, pos, tensor), strict=True):
             _check_dim(op, pos, dim, size, m)
     if op.kind == "concat":
         _check_concat(op, inputs)
     _check_split_units(op)
+    _check_weight(op, inputs)
+
+
+def _check_kind_dims(op: Op, inputs: Sequence[Tensor]) -> None:
+    """The output and inputs have the dims the op's kind computes on (`KindSpec`): a conv
+    without a channel dim, or a norm whose output lost a dim of its input, is refused (the
+    dim maps would read such a dim whole and check nothing)."""
+    spec = kind_spec(op.kind)
+    out = op.output.dims
+    shape = f"(sample, {', '.join(spec.out_dims)})"
+    missing = [d for d in spec.out_dims if d not in out]
+    if missing:
+        raise GraphError(
+            f"op {op.name!r} ({op.kind}): its output {out} has no {missing[0]!r} dimension; "
+            f"a {op.kind}'s output is {shape}{'' if spec.exact else ', maybe with others'}: "
+            "add it (or correct its name)"
+        )
+    extra = [d for d in out[1:] if d not in spec.out_dims]
+    if spec.exact and extra:
+        raise GraphError(
+            f"op {op.name!r} ({op.kind}): its output {out} has a {extra[0]!r} dimension; a "
+            f"{op.kind}'s output is exactly {shape}: remove it (or correct its name)"
+        )
+    for pos, tensor in enumerate(inputs):
+        src = op.inputs[pos]
+        lacking = [d for d in spec.in_dims if d not in tensor.dims]
+        if lacking:
+            raise GraphError(
+                f"op {op.name!r} ({op.kind}): input {pos} ({src!r}) of dims {tensor.dims} has "
+                f"no {lacking[0]!r} dimension; a {op.kind} reads (sample, "
+                f"{', '.join(spec.in_dims)}) tensors: correct {src!r}'s output"
+            )
+        lost = [d for d in tensor.dims if d not in out and d != _stepped(op)]
+        if spec.keeps and lost:
+            raise GraphError(
+                f"op {op.name!r} ({op.kind}): input {pos} ({src!r}) has a {lost[0]!r} "
+                f"dimension that its output {out} lacks; a {op.kind} keeps its input's dims: "
+                f"add {lost[0]!r} to the output (or correct its name)"
+            )
+
+
+def _check_window(op: Op) -> None:
+    """A conv's or pool's kernel, stride and dilation are >= 1 and its padding >= 0 (pairs:
+    height, width)."""
+    for key, low in (("kernel", 1), ("stride", 1), ("dilation", 1), ("padding", 0)):
+        value = op.attr(key)
+        if value is None:
+            continue
+        pair = value if isinstance(value, tuple) else ()
+        if len(pair) != 2 or not all(type(v) is int and v >= low for v in pair):
+            raise GraphError(
+                f"op {op.name!r} ({op.kind}): attr {key} {_thaw(value)!r} must be a pair of "
+                f"integers >= {low} (height, width)"
+            )
+
+
+def _stepped(op: Op) -> str | None:
+    """The input dim that op reads one step of (attr select: (dim, index), x[:, t])."""
+    select = op.attr("select")
+    if isinstance(select, tuple) and select and select[0] not in op.output.dims:
+        return str(select[0])
+    return None
+
+
+def _features(op: Op, x: Tensor) -> int:
+    """The features a linear or an LSTM cell reads from input x, as the kernels flatten
+    them: all of x's dims but sample, length when the output keeps it, and a selected step."""
+    kept = {SAMPLE, _stepped(op)} | ({LENGTH} if LENGTH in op.output.dims else set())
+    return math.prod(s for d, s in x.shape if d not in kept)
+
+
+def _check_weight(op: Op, inputs: Sequence[Tensor]) -> None:
+    """The op's weight (its first parameter, as the kernels read it) agrees with its output
+    and its input: a conv's out channels and in channels x groups, a linear's out and in
+    features, an embedding's width, an LSTM cell's 4 x hidden rows and input width, a
+    norm's per-channel parameters. Ops without parameters are not checked."""
+    if not op.params or not inputs:
+        return
+    weight = op.params[0]
+    w = weight.shape
+    out = op.output
+    x = inputs[0]
+
+    def refuse(what: str) -> GraphError:
+        return GraphError(
+            f"op {op.name!r} ({op.kind}): {what}; make the weight, the output and the input agree"
+        )
+
+    if op.kind == "conv2d":
+        groups = int(op.attr("groups", 1))
+        if len(w) != 4:
+            raise refuse(
+                f"its first parameter {weight.name!r} of shape {w} is not a conv weight (out "
+                "channels, in channels / groups, kernel height, kernel width)"
+            )
+        if w[0] != out.size(CHANNEL):
+            raise refuse(
+                f"weight {weight.name!r} {w} gives {w[0]} channels, the output has "
+                f"{out.size(CHANNEL)}"
+            )
+        if w[1] * groups != x.size(CHANNEL):
+            raise refuse(
+                f"input {op.inputs[0]!r} has {x.size(CHANNEL)} channels but weight "
+                f"{weight.name!r} {w} with groups {groups} reads {w[1] * groups}"
+            )
+        kernel = op.attr("kernel")
+        if kernel is not None and tuple(int(k) for k in kernel) != tuple(w[2:]):
+            raise refuse(f"attr kernel {list(kernel)} differs from weight {weight.name!r} {w}")
+    elif op.kind == "linear":
+        if len(w) != 2:
+            raise refuse(f"its first parameter {weight.name!r} of shape {w} is not a 2D weight")
+        n_out, n_in = (w[1], w[0]) if op.attr("transposed") else (w[0], w[1])
+        if n_out != out.size(CHANNEL):
+            raise refuse(
+                f"weight {weight.name!r} {w} gives {n_out} output features, the "
+                f"output has {out.size(CHANNEL)} channels"
+            )
+        features = _features(op, x)
+        if features != n_in:
+            raise refuse(
+                f"input {op.inputs[0]!r} {x.dims} gives {features} features but weight "
+                f"{weight.name!r} {w} reads {n_in}"
+            )
+    elif op.kind == "embedding":
+        if len(w) != 2 or w[1] != out.size(CHANNEL):
+            raise refuse(
+                f"table {weight.name!r} {w} is not (vocabulary, "
+                f"{out.size(CHANNEL)} output channels)"
+            )
+    elif op.kind == "lstm":
+        hidden = out.size(CHANNEL)
+        if len(w) != 2 or w[0] != 4 * hidden or w[1] != _features(op, x):
+            raise refuse(
+                f"input weight {weight.name!r} {w} is not (4 x {hidden} hidden, "
+                f"{_features(op, x)} input features of {op.inputs[0]!r})"
+            )
+    elif op.kind == "norm":
+        wrong = [p for p in op.params if p.shape != (out.size(CHANNEL),)]
+        if wrong:
+            raise refuse(
+                f"parameter {wrong[0].name!r} {wrong[0].shape} is not one value per "
+                f"channel ({out.size(CHANNEL)})"
+            )
 
 
 def _check_concat(op: Op, inputs: Sequence[Tensor]) -> None:
     """Concat inputs must tile the output along `dim`: offsets are the running sums."""
     dim = op.attr("dim")
+    if dim not in op.output.dims:
+        raise GraphError(
+            f"op {op.name!r} (concat): attr dim {dim!r} is not a dimension of its output "
+            f"{op.output.dims}: name the dim it concatenates along"
+        )
     offsets = list(op.attr("offsets"))
     sizes = [t.size(dim) for t in inputs]
     expected = [sum(sizes[:k]) for k in range(len(sizes))]

@@ -52,16 +52,37 @@ class DimMap:
 
 @dataclass(frozen=True)
 class KindSpec:
-    """What layerwise knows about one op kind."""
+    """What layerwise knows about one op kind.
+
+    The shapes it computes on (checked by `OpGraph`): its output has the dims `out_dims`
+    besides sample (and no others when `exact`), each input the dims `in_dims`, and with
+    `keeps` every input dim is an output dim (a pointwise op sums nothing away; an input step
+    read through attr select excepted)."""
 
     name: str
     soap: dict[str, Tag]  # parallelizable output dims and their SOAP tag
     compute: Literal["flops", "bytes"]  # what dominates its cost: matmul-like or memory-bound
     description: str
+    out_dims: tuple[str, ...] = ()
+    exact: bool = False
+    in_dims: tuple[str, ...] = ()
+    keeps: bool = False
 
 
-def _spec(name: str, soap: dict[str, Tag], compute: str, description: str) -> KindSpec:
-    return KindSpec(name, soap, compute, description)  # type: ignore[arg-type]
+def _spec(
+    name: str,
+    soap: dict[str, Tag],
+    compute: str,
+    description: str,
+    out_dims: tuple[str, ...] = (),
+    exact: bool = False,
+    in_dims: tuple[str, ...] = (),
+    keeps: bool = False,
+) -> KindSpec:
+    return KindSpec(name, soap, compute, description, out_dims, exact, in_dims, keeps)  # type: ignore[arg-type]
+
+
+_IMAGE = (CHANNEL, HEIGHT, WIDTH)
 
 
 # Dimensions that appear in an op's output but are absent from its soap dict are not split.
@@ -80,60 +101,82 @@ KINDS: dict[str, KindSpec] = {
             {SAMPLE: "S", HEIGHT: "A", WIDTH: "A", CHANNEL: "P"},
             "flops",
             "2D convolution (attrs: kernel, stride, padding, dilation, groups)",
+            out_dims=_IMAGE,
+            exact=True,
+            in_dims=_IMAGE,
         ),
         _spec(
             "pool2d",
             {SAMPLE: "S", HEIGHT: "A", WIDTH: "A", CHANNEL: "A"},
             "bytes",
             "2D max/avg pooling, adaptive pooling (attrs: kernel, stride, padding, mode)",
+            out_dims=_IMAGE,
+            exact=True,
+            in_dims=_IMAGE,
+            keeps=True,
         ),
         _spec(
             "linear",
             {SAMPLE: "S", LENGTH: "A", CHANNEL: "P"},
             "flops",
             "fully-connected layer over the last dimension; other non-sample dims are read whole",
+            out_dims=(CHANNEL,),
         ),
         _spec(
             "embedding",
             {SAMPLE: "S", LENGTH: "A", CHANNEL: "P"},
             "bytes",
             "embedding lookup of integer tokens",
+            out_dims=(CHANNEL,),
         ),
         _spec(
             "lstm",
             {SAMPLE: "S", CHANNEL: "P"},
             "flops",
             "one time step of an LSTM cell (inputs: x_t, then the previous step's state)",
+            out_dims=(CHANNEL,),
+            exact=True,
+            in_dims=(CHANNEL,),
         ),
         _spec(
             "attention",
             {SAMPLE: "S", LENGTH: "A", CHANNEL: "A"},
             "flops",
             "scaled dot-product attention over (sample, length, channel) q, k, v; channel splits by heads",
+            out_dims=(LENGTH, CHANNEL),
+            exact=True,
+            in_dims=(LENGTH, CHANNEL),
         ),
         _spec(
             "rnn_attention",
             {SAMPLE: "S", CHANNEL: "P"},
             "flops",
             "attention of a decoder state over encoder states, with its output projection",
+            out_dims=(CHANNEL,),
+            exact=True,
+            in_dims=(CHANNEL,),
         ),
         _spec(
             "norm",
             {SAMPLE: "S", HEIGHT: "A", WIDTH: "A", LENGTH: "A", CHANNEL: "P"},
             "bytes",
             "batch norm (per channel), layer or RMS norm (over channel: channel not split)",
+            out_dims=(CHANNEL,),
+            keeps=True,
         ),
         _spec(
             "elementwise",
             {SAMPLE: "S", HEIGHT: "A", WIDTH: "A", LENGTH: "A", CHANNEL: "A"},
             "bytes",
             "pointwise ops: activations, dropout, add, mul",
+            keeps=True,
         ),
         _spec(
             "concat",
             {SAMPLE: "S", HEIGHT: "A", WIDTH: "A", LENGTH: "A", CHANNEL: "A"},
             "bytes",
             "concatenation along attr 'dim'",
+            keeps=True,
         ),
         _spec(
             "slice",
@@ -141,13 +184,23 @@ KINDS: dict[str, KindSpec] = {
             "bytes",
             "a contiguous range [start, start + size) of its input along attr 'dim' (a piece "
             "of split or chunk: the q, k, v of a fused projection)",
+            keeps=True,
         ),
-        _spec("flatten", {SAMPLE: "S"}, "bytes", "reshape to (sample, channel)"),
+        _spec(
+            "flatten",
+            {SAMPLE: "S"},
+            "bytes",
+            "reshape to (sample, channel)",
+            out_dims=(CHANNEL,),
+            exact=True,
+        ),
         _spec(
             "softmax",
             {SAMPLE: "S", LENGTH: "A"},
             "bytes",
             "softmax with cross-entropy loss over channel",
+            out_dims=(CHANNEL,),
+            keeps=True,
         ),
     ]
 }

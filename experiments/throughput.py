@@ -199,9 +199,10 @@ def save_results(
 def load_results(path: Path, name: str) -> tuple[dict[str, Any], list[Setting], list[Point]]:
     """The run info, settings and points of a results.json that `save_results(name, ...)`
     wrote, to print and plot a finished run again without computing it."""
-    from planner.errors import LayerwiseError, read_json
+    from planner.errors import LayerwiseError
+    from planner.files import read_json_checked
 
-    data = read_json(path, "results", LayerwiseError)
+    data = read_json_checked(path, "results", LayerwiseError)
     if not isinstance(data, dict) or data.get("format") != f"layerwise.{name}":
         raise LayerwiseError(f"{path} is not a results file of experiments.{name}")
     try:

@@ -759,6 +759,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _check_plan_args(args)
     _outputs((args.output, "plan"))
     check_backend(args.backend, args.objective)  # refused before torch is imported
+    if args.model is not None and args.model.endswith((".json", ".json.gz", ".gz")):
+        from planner.files import check_input_file  # a FIFO or directory: refused before torch
+
+        check_input_file(args.model, "model")
     if not (args.problem or args.graph):  # the one step no clock can stop, bounded
         from planner.sources import load_torch
 
@@ -1124,11 +1128,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m planner") -> 
         return COMMANDS[args.command](args)
 
     return report_errors(run)
-
-
-def console_main() -> NoReturn:
-    """The `layerwise` console script: `python -m planner` under another name."""
-    exit_now(main(prog="layerwise"))
 
 
 def exit_now(code: int) -> NoReturn:

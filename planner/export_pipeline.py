@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.errors import ExportError
 from planner.graph.opkinds import SAMPLE, is_batch_norm
+from planner.pipeline.timeline import counted
 
 if TYPE_CHECKING:
     import torch
@@ -90,7 +91,10 @@ class PipelineExportPlan:
             f"({', '.join(s.modules) or 'no modules'})"
             for s in self.stages
         ]
-        return [*lines, f"{self.schedule}, {self.micro_batches} micro-batches"]
+        return [
+            *lines,
+            f"{self.schedule}, {counted(self.micro_batches, 'micro-batch', 'micro-batches')}",
+        ]
 
 
 def pipeline_plan(planned: PipelinedStrategy, module: nn.Module) -> PipelineExportPlan:
@@ -302,20 +306,24 @@ def parallelize_pipeline(
         )
     if dist.get_world_size() != plan.ranks:
         raise ExportError(
-            f"the pipeline has {plan.ranks} stages (one rank each) but the process group has "
-            f"{dist.get_world_size()} ranks"
+            f"the pipeline has {counted(plan.ranks, 'stage')} (one rank each) but the "
+            f"process group has {counted(dist.get_world_size(), 'rank')}"
         )
     m = plan.micro_batches
     batch = example_inputs[0].shape[0]
     if batch % m:
-        raise ExportError(f"{m} micro-batches do not divide the batch of {batch} samples")
+        raise ExportError(
+            f"{counted(m, 'micro-batch', 'micro-batches')} do not divide the batch of "
+            f"{counted(batch, 'sample')}"
+        )
     micro = tuple(x.narrow(0, 0, x.shape[0] // m) for x in example_inputs)
     split = {path: pp.SplitPoint.BEGINNING for path in plan.split_spec}
     pipe = pp.pipeline(module, micro, split_spec=split)
     if pipe.num_stages != len(plan.stages):
         raise ExportError(
-            f"tracing cut the module into {pipe.num_stages} stages where the pipeline has "
-            f"{len(plan.stages)} chunks: a split module ({', '.join(plan.split_spec)}) is not "
+            f"tracing cut the module into {counted(pipe.num_stages, 'stage')} where the "
+            f"pipeline has {counted(len(plan.stages), 'chunk')}: a split module "
+            f"({', '.join(plan.split_spec)}) is not "
             "called where the graph says"
         )
     rank = dist.get_rank()

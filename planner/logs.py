@@ -103,7 +103,7 @@ def _slow_line(log: logging.Logger, message: str, late: bool) -> None:
 def setup_logging(verbose: int = 0, log_file: str | Path | None = None) -> None:
     """Attach layerwise's handlers to the package loggers (again: replaces the old ones)."""
     if log_file is not None:
-        log_file = check_output_path(log_file, "log file")
+        log_file = check_output_path(log_file, "log file", append=True)
     for name in PACKAGES:
         logger = logging.getLogger(name)
         for h in [h for h in logger.handlers if getattr(h, "layerwise", False)]:

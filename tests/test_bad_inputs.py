@@ -116,7 +116,6 @@ ACCEPTED = {
     "devices.0.memory=huge",
     "devices.0.host=string",  # another host's name
     "links.0.bandwidth=huge",
-    "links.0.latency=huge",
 }
 
 

@@ -675,7 +675,7 @@ def test_plan_json_is_strict_even_when_the_gap_is_infinite(
 
 
 def test_the_layerwise_console_script_is_the_same_cli(capsys: pytest.CaptureFixture[str]) -> None:
-    from planner.cli import console_main
+    from planner.__main__ import console_main
 
     with pytest.raises(SystemExit):
         main(["--help"], prog="layerwise")

@@ -170,5 +170,5 @@ def test_pipeline_chart_draws_a_one_f_one_b_step(
     argv = ["--stages", "2", "--layers", "2", "--batch", "8", "--micro-batches", "4"]
     assert pipeline_chart.main([*argv, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert out.stat().st_size > 0 and "1f1b: 2 stages x 1 chunks, 4 micro-batches" in printed
+    assert out.stat().st_size > 0 and "1f1b: 2 stages x 1 chunk, 4 micro-batches" in printed
     assert "closed form on uniform stages with free messages 20.0%" in printed

@@ -71,7 +71,7 @@ def test_text_output(plan_file: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert main([str(plan_file), "--steps", "2", "--warmup", "1"]) == 0
     out = capsys.readouterr().out
     assert "lenet5 on 2 workers (gloo, float32): median step" in out
-    assert "over 1 steps after 1 warm-up" in out and "loss " in out
+    assert "over 1 step after 1 warm-up" in out and "loss " in out
 
 
 def _refused(args: list[str], capsys: pytest.CaptureFixture[str], match: str) -> None:

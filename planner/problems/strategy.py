@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from planner.costs.config import ParallelConfig, check_config
-from planner.errors import ConfigError, LayerwiseError, StrategyError, read_json
+from planner.errors import ConfigError, LayerwiseError, StrategyError
+from planner.files import read_json_checked
 from planner.graph.opgraph import OpGraph
 from planner.hardware.devices import DeviceGraph
 
@@ -151,5 +152,5 @@ def load_strategy(
     path: str | Path, graph: OpGraph | None = None, devices: DeviceGraph | None = None
 ) -> tuple[Strategy, dict[str, Any]]:
     """Strategy and the raw file contents (status, objective, model, ... of a plan)."""
-    data = read_json(path, "strategy", StrategyError)
+    data = read_json_checked(path, "strategy", StrategyError)
     return strategy_from_json(data, graph, devices), data

@@ -1085,8 +1085,9 @@ def _region_key(
                 parts.append(("const", _value_key(memo.get(n))))
                 continue
             target: Hashable = n.target
-            if n.op == "call_module":
-                target = module_key(gm.get_submodule(str(n.target)))
+            if n.op == "call_module":  # run with its own weights here: keyed without them
+                mod = gm.get_submodule(str(n.target))
+                target = None if any(True for _ in mod.parameters()) else module_key(mod)
                 if target is None:
                     return None
             args = fx.node.map_arg((n.args, n.kwargs), ref)

@@ -50,6 +50,8 @@ def lower_bound(problem: Problem, deadline: Deadline, upper: float | None = None
     until `deadline` (or a stop request) or until it stops improving; `upper`, the cost of an
     answer if one is known, steers the multipliers. inf when no answer avoids the forbidden
     choices; -inf only if nothing could be computed."""
+    if problem.num_nodes == 0:  # nothing to choose: the network's arrays need a node
+        return 0.0
     net = build_network(problem, deadline)
     return Lagrangian(net, steps(problem)).run(deadline, upper)
 
@@ -111,7 +113,11 @@ class Lagrangian:
         if self.st is not None and self.count:
             prices = node_prices(self.st, self.lam if lam is None else lam)  # (n, M)
             per_value = np.repeat(prices, self.dom, axis=0)
-            priced = priced + (per_value * self.net.usage).sum(axis=1)
+            with np.errstate(over="ignore", invalid="ignore"):
+                charge = per_value * self.net.usage
+            if not np.isfinite(prices).all():  # overflowed: no answer keeps the limit, and
+                charge[self.net.usage == 0] = 0.0  # a price on no usage costs nothing (not NaN)
+            priced = priced + charge.sum(axis=1)
         return priced if self.contraction is None else self.contraction.unary(priced)
 
     def step(self, upper: float | None) -> tuple[float, np.ndarray]:
@@ -177,6 +183,14 @@ class Lagrangian:
             target = min(target, upper)
         self.lam = np.maximum(0.0, self.lam + self.mu * (target - value) / norm * g)
 
+    def _least_overfills(self) -> bool:
+        """Whether every node at its least usage already breaks a memory row: no answer is
+        valid (the multipliers would only grow until they overflow)."""
+        if self.st is None or not self.count:
+            return False
+        least = np.minimum.reduceat(self.net.usage, self.net.noff[:-1], axis=0)
+        return bool((profile(self.st, least, self.count) > self.st.limit).any())
+
     def run(
         self,
         deadline: Deadline,
@@ -187,7 +201,8 @@ class Lagrangian:
         """Steps until `deadline`, `max_steps`, or no gain; the best bound. `on_labelling`
         sees every labelling and may return the cost of an answer it made of it (which
         becomes the target `upper`)."""
-        if self.net.empty is not None:
+        if self.net.empty is not None or self._least_overfills():
+            self.best = math.inf
             return math.inf
         flat, done = 0, 0
         while not past(deadline.at) and (max_steps is None or done < max_steps):

@@ -38,6 +38,7 @@ import importlib.util
 import logging
 import math
 import time
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import (
@@ -45,6 +46,8 @@ from typing import (
     Generic,
     TypeVar,
 )
+
+import numpy as np
 
 from backends.settings import (
     POSITIVE,
@@ -79,6 +82,7 @@ __all__ = [
     "OBJECTIVES",
     "POSITIVE",
     "PROGRESS_SECONDS",
+    "BOUND_RTOL",
     "Backend",
     "BackendError",
     "BackendSettings",
@@ -94,6 +98,8 @@ __all__ = [
     "at_least",
     "between",
     "evaluate_objective",
+    "integer_costs",
+    "integral_bound",
     "past",
     "request_stop",
     "stop_requested",
@@ -104,6 +110,35 @@ RESCORE_SHARE = 0.05  # of a makespan search's time kept for the re-score's simu
 RESCORE_SKIPPED = "additive only: no time left to simulate"  # stats["rescore"]
 
 log = logging.getLogger(__name__)
+
+# A bound this close below an integer is that integer when every cost is one (the objective
+# then is, and the difference is the solver's floating point): relative, at most half a unit
+BOUND_RTOL = 1e-6
+
+
+_INTEGER_COSTS: dict[int, bool] = {}  # per live Problem (by id): its `integer_costs`
+
+
+def integer_costs(problem: Problem) -> bool:
+    """Whether every finite node and edge cost of `problem` is an integer (then so is every
+    additive objective). Computed once per problem (a tenth of a second on IOPDDL's M)."""
+    key = id(problem)
+    if key not in _INTEGER_COSTS:
+        tables = {id(t): t for t in (*problem.node_cost, *problem.edge_cost)}  # shared once
+        flat = np.concatenate([t.ravel() for t in tables.values()] or [np.zeros(0)])
+        with np.errstate(invalid="ignore"):  # inf - inf: a forbidden cost, NaN, not counted
+            _INTEGER_COSTS[key] = not bool((flat - np.floor(flat) > 0).any())
+        weakref.finalize(problem, _INTEGER_COSTS.pop, key, None)
+    return _INTEGER_COSTS[key]
+
+
+def integral_bound(bound: float) -> float:
+    """A lower bound on an integer objective, rounded up to an integer: ceil(bound - tol) with
+    tol = BOUND_RTOL * |bound| (at most 0.5), so 217,038.999999783 (an exact proof of
+    217,039 in floating point) is 217,039, and 7.4 is 8 (an integer at least 7.4)."""
+    if not math.isfinite(bound):
+        return bound
+    return float(math.ceil(bound - min(0.5, BOUND_RTOL * abs(bound))))
 
 
 class ProgressLog:
@@ -203,6 +238,14 @@ class Backend(ABC, Generic[SettingsT]):
     ) -> SolveResult:
         """Re-score `raw` (see the module docstring); `clock`: the whole solve's deadline."""
         stats = {"search_seconds": elapsed, **raw.stats}
+        bound = raw.bound
+        if (
+            bound is not None
+            and not float(bound).is_integer()
+            and options.objective == "additive"
+            and integer_costs(problem)
+        ):
+            raw = dataclasses.replace(raw, bound=integral_bound(bound))
         if raw.objective is not None:
             stats["reported_objective"] = raw.objective
         if raw.choices is None:

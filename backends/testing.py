@@ -14,6 +14,7 @@ import json
 import math
 import subprocess
 import sys
+import warnings
 from typing import Any, ClassVar
 
 import numpy as np
@@ -89,6 +90,164 @@ def reference_problems() -> list[Problem]:
     problems = [random_problem(6, 4, seed=s, memory=s % 2 == 0) for s in range(6)]
     problems.append(build_problem(tiny_cnn(), get_preset("p100-1x2"), max_configs=4))
     return problems
+
+
+INF = math.inf
+
+
+def table_problem(
+    name: str,
+    costs: list[list[float]],
+    edges: dict[tuple[int, int], list[list[float]]] | None = None,
+    usages: list[list[float]] | None = None,
+    intervals: list[tuple[int, int]] | None = None,
+    limit: float | None = None,
+) -> Problem:
+    """A cost-table problem written out by hand (inf: forbidden; one memory pool)."""
+    edges = edges or {}
+    memory = usages is not None
+    return Problem(
+        name=name,
+        node_names=tuple(str(i) for i in range(len(costs))),
+        node_cost=tuple(np.array(c, dtype=np.float64) for c in costs),
+        edges=tuple(edges),
+        edge_cost=tuple(np.array(t, dtype=np.float64) for t in edges.values()),
+        usage=tuple(np.array(u, dtype=np.float64).reshape(-1, 1) for u in usages)
+        if usages is not None
+        else None,
+        intervals=np.array(intervals, dtype=np.int64).reshape(-1, 2) if memory else None,
+        usage_limit=np.array([limit], dtype=np.float64) if memory and limit is not None else None,
+    )
+
+
+def degenerate_problems() -> list[Problem]:
+    """Tiny and degenerate cost tables (issue 42): no nodes, one strategy per node, a single
+    node, no edges, every choice forbidden but one, every choice forbidden, an edge whose one
+    allowed pair is the answer, zero costs, a memory limit that one answer meets and one that
+    none meets. Brute force gives each optimum (inf: infeasible)."""
+    both = [(0, 1), (0, 1)]
+    return [
+        table_problem("no-nodes", []),
+        table_problem("single-node", [[5, 3, 9]]),
+        table_problem("single-node-single-strategy", [[7]]),
+        table_problem(
+            "single-strategy-everywhere", [[7], [3], [0]], {(0, 1): [[2]], (1, 2): [[0]]}
+        ),
+        table_problem(
+            "single-strategy-on-an-edge", [[7], [1, 2]], {(0, 1): [[0, 0]]}, [[1], [1, 1]], both, 10
+        ),
+        table_problem("no-edges", [[4, 2], [1, 3, 0], [6]]),
+        table_problem("no-edges-with-memory", [[4, 2], [1, 3]], None, [[1, 5], [2, 1]], both, 4),
+        table_problem(
+            "all-forbidden-but-one",
+            [[INF, 5, INF], [INF, INF, 2]],
+            {(0, 1): [[1, 2, 3], [4, 5, 6], [7, 8, 9]]},
+        ),
+        table_problem(
+            "zero-costs", [[0, 0], [0, 0], [0]], {(0, 1): [[0, 0], [0, 0]], (2, 1): [[0, 0]]}
+        ),
+        table_problem(
+            "zero-costs-with-memory",
+            [[0, 0], [0, 0]],
+            {(0, 1): [[0, 0], [0, 0]]},
+            [[0, 0], [0, 0]],
+            both,
+            0,
+        ),
+        table_problem("one-allowed-pair", [[1, 5], [1, 5]], {(0, 1): [[INF, INF], [INF, 2]]}),
+        table_problem(
+            "parallel-edges",
+            [[1, 2], [3, 1]],
+            {(0, 1): [[0, 4], [4, 0]], (1, 0): [[INF, 1], [2, 0]]},
+        ),
+        table_problem(
+            "one-answer-fits",
+            [[9, 1], [9, 1]],
+            {(0, 1): [[0, 1], [1, 0]]},
+            [[1, 3], [1, 3]],
+            both,
+            2,
+        ),
+        table_problem("one-answer-fits-exactly", [[9, 1, 4]], None, [[5, 6, 7]], [(0, 1)], 5),
+        table_problem(
+            "never-live",
+            [[9, 1], [2]],
+            {(0, 1): [[0], [0]]},
+            [[1, 100], [100]],
+            [(0, 1), (1, 1)],
+            1,
+        ),
+        # infeasible:
+        table_problem(
+            "the-pair-that-fits-is-forbidden",
+            [[0, 0], [0, 0, 0]],
+            {(1, 0): [[0, 0], [0, 0], [0, INF]]},
+            [[1, 0], [1, 1, 0]],
+            both,
+            0,
+        ),
+        table_problem(
+            "single-strategy-forbidden",
+            [[INF], [1, 2]],
+            {(0, 1): [[0, 0]]},
+            [[1], [1, 1]],
+            both,
+            10,
+        ),
+        table_problem("all-forbidden", [[INF, INF], [1, 2]], {(0, 1): [[0, 0], [0, 0]]}),
+        table_problem("single-node-all-forbidden", [[INF, INF]]),
+        table_problem("no-allowed-pair", [[1, 2], [3]], {(0, 1): [[INF], [INF]]}),
+        table_problem(
+            "nothing-fits", [[9, 1], [9, 1]], {(0, 1): [[0, 1], [1, 0]]}, [[2, 3], [1, 3]], both, 2
+        ),
+        table_problem("nothing-fits-one-node", [[1, 2]], None, [[3, 4]], [(0, 1)], 2),
+    ]
+
+
+DEGENERATE_SECONDS = 2.0  # the time limit of a degenerate table's solve (they are tiny)
+
+
+def check_answer(name: str, problem: Problem, options: SolveOptions) -> None:
+    """Solve a small cost-table `problem` with backend `name` and check the answer against
+    brute force: no exception (nor numpy warning) but a refusal `can_run` announced; an exact
+    backend proves the optimum (OPTIMAL) or that nothing is valid (INFEASIBLE); any backend's
+    answer is valid, re-scores to the objective it reported and never beats the optimum, its
+    bound never exceeds it; with nothing valid, no answer (INFEASIBLE or NO_SOLUTION)."""
+    backend = get_backend(name)
+    reason = backend.can_run(problem, options)
+    if reason is not None:
+        with pytest.raises(BackendError):
+            backend.solve(problem, options)
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # numpy's inf - inf and the like
+        result = backend.solve(problem, options)
+    best, value = brute_force(problem)
+    where = f"{name} on {problem.name}"
+    assert result.backend == name and isinstance(result.status, Status), where
+    if result.choices is None:
+        if best is not None:
+            assert not backend.exact and result.status is Status.NO_SOLUTION, where
+        elif backend.exact:
+            assert result.status is Status.INFEASIBLE, where
+        else:
+            assert result.status in (Status.INFEASIBLE, Status.NO_SOLUTION), where
+        return
+    assert best is not None, f"{where}: an answer where none is valid"
+    assert memory_feasible(problem, result.choices), where
+    rescored = evaluate_objective(problem, result.choices, options.objective)
+    objective = result.objective_value()
+    assert math.isclose(objective, rescored, rel_tol=RTOL), where
+    own = result.stats.get("reported_objective")
+    if own is not None:
+        assert math.isclose(own, rescored, rel_tol=RTOL, abs_tol=1e-9), where
+    assert result.status in (Status.OPTIMAL, Status.FEASIBLE), where
+    assert objective >= value * (1 - RTOL) - 1e-12, where
+    if backend.exact or result.status is Status.OPTIMAL:
+        assert result.status is Status.OPTIMAL, where
+        assert math.isclose(objective, value, rel_tol=RTOL, abs_tol=1e-12), where
+    if result.bound is not None:
+        assert result.bound <= value * (1 + RTOL) + 1e-12, where
 
 
 class BackendConformance:
@@ -204,6 +363,12 @@ class BackendConformance:
         result = backend.solve(tight, self.opts())
         assert result.choices is None
         assert result.status in (Status.INFEASIBLE, Status.NO_SOLUTION)
+
+    @pytest.mark.parametrize("problem", degenerate_problems(), ids=lambda p: p.name)
+    def test_degenerate_tables(self, problem: Problem) -> None:
+        """`degenerate_problems`: the right status and answer, never an exception."""
+        seconds = min(self.time_limit, DEGENERATE_SECONDS)
+        check_answer(self.backend_name, problem, self.opts(seed=0, time_limit=seconds))
 
     def test_refuses_a_cost_table_problem_where_it_needs_a_dnn(self) -> None:
         backend = self._backend()

@@ -242,7 +242,7 @@ def test_devices_that_differ_in_a_peak_are_no_hierarchy() -> None:
         ("flops16", "fast", "malformed"),
         ("efficiency", {"conv": 0.5}, "each must be one of"),
         ("efficiency", {"matmul": 2}, "in (0, 1]"),
-        ("efficiency", {"matmul": "high"}, "malformed"),
+        ("efficiency", {"matmul": "high"}, "fraction of peak"),
         ("efficiency", [0.5], "must be an object"),
     ],
 )

@@ -380,11 +380,12 @@ def plan(
         "deadline": deadline,
         **build_options,
     }
-    if pipeline is False:
-        return _plan_plain(**call)
     from planner.pipelined import choose_pipeline
 
-    return choose_pipeline(_plan_plain, pipeline, **call)
+    with catch_interrupt():  # one Ctrl-C for the whole call: no phase clears it for the next
+        if pipeline is False:
+            return _plan_plain(**call)
+        return choose_pipeline(_plan_plain, pipeline, **call)
 
 
 def _plan_plain(
@@ -937,6 +938,8 @@ def _captured(
     with catch_interrupt():
         try:
             graph, spec, _, seconds = graph_of(model, devices, deadline=deadline, **kwargs)
+            if stop_requested():  # a Ctrl-C while the devices were built
+                raise OutOfTime
         except OutOfTime:
             raise stopped(
                 "capturing the model", deadline, started, "raise the time limit"

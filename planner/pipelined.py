@@ -408,6 +408,8 @@ def _captured(call: Mapping[str, Any]) -> tuple[dict[str, Any], Any, float]:
                 coarsen=call["coarsen"],
                 deadline=call["deadline"],
             )
+            if stop_requested():  # a Ctrl-C while the devices were built
+                raise OutOfTime
         except OutOfTime:
             raise stopped(
                 "capturing the model", call["deadline"], started, "raise the time limit"

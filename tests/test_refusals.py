@@ -220,3 +220,45 @@ def test_master_weights_without_an_optimizer_or_16_bit_weights(
     with caplog.at_level(logging.WARNING, logger="planner.api"):
         planner.plan(gpt, "p100-1x2", optimizer="adam", master_weights=True, recommend=False)
     assert any("master_weights adds nothing" in r.getMessage() for r in caplog.records)
+
+
+# -- a Ctrl-C ends the pipeline search at once ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_gpt() -> OpGraph:
+    return model_graph("gpt2", batch=16, seq=64, n_layer=4, n_head=4, n_embd=128, vocab_size=512)
+
+
+@pytest.mark.parametrize("step", ["unit_costs", "_simulate"])
+def test_a_ctrl_c_abandons_the_pipeline_searchs_step_in_progress(
+    small_gpt: OpGraph, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """A Ctrl-C during a costing or an exact simulation (seconds each on 1,024 GPUs) that
+    the search does not need for an answer: the step is left to end in the background and
+    the search returns what it had, instead of finishing the step (and using it)."""
+    import threading
+
+    import backends.pipeline.search as search
+
+    real = getattr(search, step)
+    calls: list[int] = []
+    release = threading.Event()
+
+    def slow_second(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            request_stop()
+            release.wait(10)  # a long step: the search must not wait for it
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(search, step, slow_second)
+    try:
+        answer = search.search_pipeline(
+            small_gpt, get_preset("dgx-a100-80g-2"), CostOptions(), exact=6, inner=("rule",)
+        )
+    finally:
+        release.set()
+    assert len(calls) == 2 and answer.stats["stopped_by_time_limit"]
+    done = "stage_layouts_costed" if step == "unit_costs" else "simulated_exactly"
+    assert answer.stats[done] == 1

@@ -36,7 +36,8 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from backends.pipeline.inner import SearchedLayout, searched_layout
 from backends.pipeline.units import (
@@ -51,7 +52,7 @@ from backends.pipeline.units import (
 from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.costs.memory import usable_memory
-from planner.deadline import Deadline
+from planner.deadline import Deadline, OutOfTime, run_within, stop_requested
 from planner.graph.opgraph import OpGraph
 from planner.graph.opkinds import SAMPLE
 from planner.hardware.devices import DeviceGraph
@@ -71,6 +72,7 @@ from planner.problems.strategy import Strategy
 __all__ = ["Layout", "PipelineAnswer", "search_pipeline"]
 
 log = logging.getLogger("backends.pipeline")
+T = TypeVar("T")
 
 FULL_SIMULATION_TASKS = 200_000  # the answer is simulated on every device up to this
 INNER = ("rule", "search")  # how a stage is laid out: Megatron-LM's rule, the per-op search
@@ -173,6 +175,7 @@ def search_pipeline(
     node = _host_size(devices)
     usable = float(usable_memory(devices, options.headroom).min())
     state = parameter_state(graph, options)
+    bound = compute_bound(graph, devices, options)  # first: not on a Ctrl-C's way out
     choices = [p for p in (stages or _divisors(n)) if n % p == 0 and p <= blocks]
     costed = 0  # stage layouts whose units were simulated
     groups: dict[Any, DeviceGraph] = {}
@@ -185,7 +188,12 @@ def search_pipeline(
     if "search" in inner:  # the per-op search on a few blocks of one tensor group, per t
         looking = deadline.share(INNER_SHARE)
         for t in _powers(min(node, n)):
-            found_layout = searched_layout(graph, devices, t, options, looking)
+            try:
+                found_layout = _interruptible(
+                    partial(searched_layout, graph, devices, t, options, looking), needed=False
+                )
+            except OutOfTime:
+                break
             if found_layout is not None:
                 searched[t] = found_layout
     rules = [r for r in ("rule", "search") if r in inner]
@@ -212,7 +220,7 @@ def search_pipeline(
     fitting.sort(key=lambda k: (k[0] * k[1], k[0], k[2], recompute.index(k[3]), k[4], k[5]))
     costing = deadline.share(COSTING_SHARE)
     for p, t, b, rc, z, rule in fitting:
-        if costing.expired() and found:
+        if (costing.expired() or stop_requested()) and found:
             stopped = True
             break
         g = n // p
@@ -229,7 +237,23 @@ def search_pipeline(
             if mu not in micro:
                 micro[mu] = batch_graph(graph, here * b)
             lay_out = searched[t].strategy if rule == "search" else megatron
-            u = unit_costs(micro[mu], devices, groups[key], t, opts, g if p > 1 else 0, d, lay_out)
+            u = _interruptible(
+                partial(
+                    unit_costs,
+                    micro[mu],
+                    devices,
+                    groups[key],
+                    t,
+                    opts,
+                    g if p > 1 else 0,
+                    d,
+                    lay_out,
+                ),
+                needed=not found,
+            )
+        except OutOfTime:  # a Ctrl-C: what is costed so far is ranked
+            stopped = True
+            break
         except Exception as exc:  # noqa: BLE001 - a layout the rule cannot express: skip it
             log.debug("skipped PP %d TP %d b %d: %s", p, t, b, exc)
             continue
@@ -258,13 +282,20 @@ def search_pipeline(
     for cand in found:
         if simulated >= exact or (ranked and cand.floor >= ranked[0][0]):
             break
-        if ranked and deadline.expired():
+        if ranked and (deadline.expired() or stop_requested()):
             stopped = True
             break
         lay = cand.layout
         opts = dataclasses.replace(options, recompute=lay.recompute, zero=lay.zero)  # type: ignore[arg-type]
         t1 = time.perf_counter()
-        planned, timeline = _simulate(graph, devices, lay, opts, micro, groups, searched)
+        try:
+            planned, timeline = _interruptible(
+                partial(_simulate, graph, devices, lay, opts, micro, groups, searched),
+                needed=not ranked,
+            )
+        except OutOfTime:
+            stopped = True
+            break
         simulated += 1
         if max(timeline.peak_bytes) <= usable:
             ranked.append(
@@ -287,7 +318,15 @@ def search_pipeline(
         expected = seconds * lay.data / 2 * FULL_SIMULATION_COST
         if _tasks(graph, lay) > FULL_SIMULATION_TASKS or expected > deadline.left():
             continue
-        again = simulate_pipelined(CostModel(planned.strategy.graph, devices, opts), planned)
+        try:
+            again = _interruptible(
+                partial(
+                    simulate_pipelined, CostModel(planned.strategy.graph, devices, opts), planned
+                ),
+                needed=False,
+            )
+        except OutOfTime:
+            break
         if max(again.peak_bytes) <= usable:
             full.append((again.makespan, cand, planned, again, opts))
     if full:
@@ -301,7 +340,7 @@ def search_pipeline(
         options=opts,
         timeline=timeline,
         estimate=cand.estimate,
-        bound=compute_bound(graph, devices, options),
+        bound=bound,
         stats={
             "layouts_fit": len(found),
             "stage_layouts_costed": costed,
@@ -314,6 +353,18 @@ def search_pipeline(
             "seconds": time.perf_counter() - t0,
         },
     )
+
+
+def _interruptible(step: Callable[[], T], needed: bool) -> T:
+    """`step()`, abandoned at a Ctrl-C (OutOfTime at once; the step ends in the background)
+    unless it is `needed` (the search has no answer without it: it finishes, as at the
+    time limit). One costing or simulation of a 1,024-device layout takes seconds, and a
+    stop request should end the search within a fraction of one."""
+    if needed:
+        return step()
+    if stop_requested():
+        raise OutOfTime
+    return run_within(step, Deadline.never())
 
 
 def _simulate(
@@ -336,8 +387,11 @@ def _simulate(
     def strategy(m: int, devs: DeviceGraph, size: int, data: int) -> PipelinedStrategy:
         if m not in micro:
             micro[m] = micro_batch_graph(graph, m)
-        if size not in groups:
-            groups[size] = devices.subset(range(size), f"{devices.name}[{size}]")
+        if size not in groups:  # all of them: the devices themselves (no routes to derive)
+            whole = size == devices.num_devices
+            groups[size] = (
+                devices if whole else devices.subset(range(size), f"{devices.name}[{size}]")
+            )
         if lay.inner == "search" and searched and t in searched:
             inner = searched[t].strategy(micro[m], groups[size], t)
         else:

@@ -63,9 +63,15 @@ class Chunk:
     group: tuple[int, ...]
 
 
-def chunk_problem(cost_model: CostModel, ps: PipelinedStrategy, c: int) -> Chunk:
+def chunk_problem(
+    cost_model: CostModel,
+    ps: PipelinedStrategy,
+    c: int,
+    groups: dict[Any, DeviceGraph] | None = None,
+) -> Chunk:
     """Chunk c's graph (its ops and an input op per tensor from an earlier chunk), its
-    group's devices and the configs on them."""
+    group's devices and the configs on them. `groups`: the groups' device graphs made so far
+    (a stage's chunks share one: each costs a route derivation, a second on 1,024 GPUs)."""
     pipe = ps.pipeline
     return range_problem(
         cost_model.devices,
@@ -75,6 +81,7 @@ def chunk_problem(cost_model: CostModel, ps: PipelinedStrategy, c: int) -> Chunk
         pipe.group_of(c),
         lambda j: pipe.group_of(pipe.chunk_of(j)),
         f"{cost_model.devices.name}[stage {c % pipe.stages}]",
+        groups,
     )
 
 
@@ -86,6 +93,7 @@ def range_problem(
     group: tuple[int, ...],
     group_of_op: Callable[[int], tuple[int, ...]],
     name: str | None = None,
+    groups: dict[Any, DeviceGraph] | None = None,
 ) -> Chunk:
     """The ops `ops` of `graph` (configs on `devices`' indices, every op of the range on
     `group`) as a problem of their own, with an input op per tensor they read from before
@@ -109,7 +117,15 @@ def range_problem(
     sub = OpGraph(f"{graph.name}[ops {ops.start}-{ops.stop - 1}]", tuple(sub_ops))
     order = {op.name: k for k, op in enumerate(sub_ops)}
     configs_sorted = tuple(cfgs[order[op.name]] for op in sub.ops)  # OpGraph re-sorts
-    return Chunk(sub, devices.subset(group, name), configs_sorted, group)
+    if name is None and group == tuple(range(devices.num_devices)):
+        on = devices  # every device, in order: a subset would only derive their routes again
+    elif groups is not None:
+        if (group, name) not in groups:
+            groups[group, name] = devices.subset(group, name)
+        on = groups[group, name]
+    else:
+        on = devices.subset(group, name)
+    return Chunk(sub, on, configs_sorted, group)
 
 
 def _landed(
@@ -158,9 +174,10 @@ def chunk_times(cost_model: CostModel, ps: PipelinedStrategy) -> list[ChunkTimes
     pipe = ps.pipeline
     sends = message_seconds(cost_model, ps)
     seen: dict[tuple[str, ...], tuple[float, float, float, float, float]] = {}
+    groups: dict[Any, DeviceGraph] = {}
     out = []
     for c in range(pipe.chunks):
-        ch = chunk_problem(cost_model, ps, c)
+        ch = chunk_problem(cost_model, ps, c, groups)
         key = chunk_key(ch)
         if key not in seen:
             seen[key] = simulate_chunk(cost_model.options, cost_model.measured, ch)[:5]

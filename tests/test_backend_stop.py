@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import logging
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +63,32 @@ def test_progress_lines_are_throttled(caplog: pytest.LogCaptureFixture) -> None:
         log(lambda: "first", force=True)
         log(lambda: "second")  # within the hour: not logged
     assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == ["first"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_cpsat_plan_returns_its_best_answer(tmp_path: Path) -> None:
+    """CP-SAT (ortools 9.15) catches SIGINT while it searches and leaves it at SIG_DFL below
+    Python's view: the Ctrl-C after one of the backend's solves killed `plan` without a line
+    or a plan. The backend sets Python's handler again after each solve."""
+    from planner.problems.costtable import contest_problem, save_problem
+
+    path = tmp_path / "c1500.json"
+    save_problem(contest_problem(1500, seed=1), path)  # not proven within 30 s
+    argv = ["plan", "--problem", str(path), "--backend", "cpsat", "--time-limit", "60"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "planner", *argv, "-v"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # wait for the neighbourhood rounds: solve after solve
+            if line.startswith("backends.lns"):
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-500:]
+    assert "INTERRUPTED" in out

@@ -36,6 +36,7 @@ solve's wrapper, the Backend class body) is shared with `ilp` in `backends.mathp
 from __future__ import annotations
 
 import math
+import signal
 import tempfile
 import threading
 import time
@@ -592,11 +593,13 @@ def solve_encoded(
     done = threading.Event()
     watcher = threading.Thread(target=_watch, args=(solver, done, stop), daemon=True)
     watcher.start()
+    handler = _sigint_handler()
     try:
         code = solver.solve(model.model, report)
     finally:
         done.set()
         watcher.join()
+        _restore_sigint(handler)
     wall = time.perf_counter() - start
     status = _STATUS.get(code, "UNKNOWN")
     if status == "MODEL_INVALID":
@@ -765,3 +768,18 @@ class CpsatBackend(SolverBackend[CpsatSettings, CpsatModel, CpsatRun]):
 _BACKEND = CpsatBackend()
 encode = _BACKEND.encode  # the CP-SAT model of a Problem under options.objective
 solve_placement = _BACKEND.solve_placement  # the makespan solve on a PlacementProblem
+
+
+def _sigint_handler() -> Any:
+    """Python's SIGINT handler, when this is the main thread (where it can be set again)."""
+    if threading.current_thread() is threading.main_thread():
+        return signal.getsignal(signal.SIGINT)
+    return None
+
+
+def _restore_sigint(handler: Any) -> None:
+    """Set Python's SIGINT handler again after a solve: CP-SAT (ortools 9.15) catches SIGINT
+    while it searches (a Ctrl-C then ends the search with its best answer) and leaves the
+    signal at SIG_DFL, so the next Ctrl-C would kill the process without a line or a plan."""
+    if handler is not None:
+        signal.signal(signal.SIGINT, handler)

@@ -498,7 +498,7 @@ def _plan_plain(
     if zero == ZERO_AUTO:
         del call["zero"]
         return _plan_zero_auto(deadline, check_memory, **call)
-    from planner.problems.sizes import MemoryRefusal, usage_limit_error
+    from planner.problems.sizes import MemoryRefusal, SizeError, usage_limit_error
 
     try:
         solver = check_backend(backend, objective)  # an unknown name fails before any work
@@ -532,11 +532,7 @@ def _plan_plain(
                 return _out_of_time(problem, spec, backend, objective, deadline, start, phases)
             beyond = usage_limit_error(problem)
             if beyond is not None:  # no answer can meet the limit: said at once, not searched
-                log.info("%s", beyond)
-                result = SolveResult(backend, Status.INFEASIBLE)
-                done = {**phases, "search_seconds": 0.0}
-                done["total_seconds"] = time.perf_counter() - start
-                return PlanResult(result, objective, problem, done, spec, beyond)
+                raise SizeError(beyond)
             dnn = problem.is_dnn
             search = (
                 deadline.reserve(RECOMMEND_SHARE * deadline.left())
@@ -909,12 +905,17 @@ def stopped(what: str, deadline: Deadline, started: float, advice: str) -> BaseE
 
 def _problem(model: Any, devices: Any, deadline: Deadline, **kwargs: Any) -> tuple[Any, Any, Any]:
     """`problem_of` within the deadline: a build that cannot finish in time is one error."""
+    from planner.graph.opgraph import OpGraph
+
     started = time.perf_counter()
     try:
         return problem_of(model, devices, deadline=deadline, **kwargs)
     except OutOfTime:
+        captured = isinstance(model, OpGraph)  # captured already (`_captured`)
         raise stopped(
-            "capturing the model and building its cost tables",
+            "building the cost tables"
+            if captured
+            else "capturing the model and building its cost tables",
             deadline,
             started,
             "raise the time limit, or make the problem smaller (max_configs, space='mesh', "

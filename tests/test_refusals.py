@@ -24,8 +24,7 @@ from planner.graph.zoo import model_graph
 from planner.hardware.devices import DeviceGraph
 from planner.hardware.presets import get_preset
 from planner.problems.problem import Problem
-from planner.problems.sizes import MemoryRefusal, least_memory
-from planner.result import Status
+from planner.problems.sizes import MemoryRefusal, SizeError, least_memory
 
 TINY_GPT = {"seq": 16, "n_layer": 3, "n_head": 2, "n_embd": 32, "vocab_size": 128, "block_size": 16}
 
@@ -138,10 +137,9 @@ def test_a_memory_limit_below_the_least_footprint_is_not_searched(
         raise AssertionError("searched a problem no answer of which meets its limit")
 
     monkeypatch.setattr("planner.auto.solve_auto", no_search)
-    out = planner.plan(gpt, "p100-1x2", memory_limit=1, recommend=False)
-    assert isinstance(out, planner.PlanResult) and out.status is Status.INFEASIBLE
-    assert out.message is not None and "smallest footprint" in out.message
-    assert "1 B per device" in out.message and "at least" in out.message
+    with pytest.raises(SizeError, match="smallest footprint") as caught:
+        planner.plan(gpt, "p100-1x2", memory_limit=1, recommend=False)
+    assert "1 B per device" in str(caught.value) and "at least" in str(caught.value)
 
 
 def _problem(usage: tuple[np.ndarray, ...], intervals: list[list[int]], limit: float) -> Problem:
@@ -164,8 +162,8 @@ def test_a_cost_table_limit_below_the_least_footprint_is_not_searched() -> None:
     usage = (np.array([[3.0], [2.0]]), np.array([[4.0], [5.0]]), np.array([[9.0]]))
     intervals = [[0, 4], [1, 3], [5, 6]]  # a and b live together, c alone
     assert usage_bound(_problem(usage, intervals, 6.0)).peak == 9.0  # type: ignore[union-attr]
-    out = planner.plan(_problem(usage, intervals, 8.0), recommend=False)
-    assert out.status is Status.INFEASIBLE and "at least 9 on the busiest pool" in str(out.message)
+    with pytest.raises(SizeError, match="at least 9 on the busiest pool"):
+        planner.plan(_problem(usage, intervals, 8.0), recommend=False)
     fits = planner.plan(_problem(usage, intervals, 9.0), recommend=False)
     assert fits.has_solution
 

@@ -317,21 +317,13 @@ def run_watched(argv: list[str], fifo: Path) -> tuple[int, str, str, bool]:
     return proc.returncode, out, err, waited
 
 
-# OpGraph.load and load_strategy still read through planner.errors.read_json (not this
-# change's files to edit), which opens a FIFO and waits: they must call
-# planner.files.read_json_checked (same arguments). Then remove this mark.
-NEEDS_READ_JSON = pytest.mark.xfail(
-    reason="OpGraph.load and load_strategy must read through planner.files.read_json_checked",
-    strict=False,
-)
-
 FIFO_RUNS = [
     pytest.param(["plan", "--problem", "{fifo}"], id="plan-problem"),
     pytest.param(["plan", "{fifo}", "--devices", "p100-1x4"], id="plan-model-file"),
     pytest.param(["plan", "--graph", "{graph}", "--devices", "{fifo}"], id="plan-devices"),
     pytest.param(["devices", "{fifo}"], id="devices"),
-    pytest.param(["evaluate", "{fifo}"], id="evaluate", marks=NEEDS_READ_JSON),
-    pytest.param(["plan", "--graph", "{fifo}", *PLAN], id="plan-graph", marks=NEEDS_READ_JSON),
+    pytest.param(["evaluate", "{fifo}"], id="evaluate"),
+    pytest.param(["plan", "--graph", "{fifo}", *PLAN], id="plan-graph"),
 ]
 
 
@@ -465,8 +457,7 @@ def _bad_inputs() -> Iterator[Any]:
             if reader == "problem" or content in ("empty", "not-json", "binary", "truncated"):
                 yield pytest.param(reader, content, id=f"{reader}-{content}")
         for kind in KINDS:
-            marks = NEEDS_READ_JSON if kind == "fifo" and reader in ("graph", "plan") else ()
-            yield pytest.param(reader, kind, id=f"{reader}-{kind}", marks=marks)
+            yield pytest.param(reader, kind, id=f"{reader}-{kind}")
 
 
 @pytest.mark.parametrize(("reader", "bad"), list(_bad_inputs()))

@@ -19,7 +19,8 @@ from typing import Any
 
 import networkx as nx
 
-from planner.errors import GraphError, read_json
+from planner.errors import GraphError
+from planner.files import read_json_checked
 from planner.graph.opkinds import (
     CHANNEL,
     LENGTH,
@@ -248,7 +249,7 @@ class OpGraph:
 
     @classmethod
     def load(cls, path: str | Path) -> OpGraph:
-        return cls.from_json(read_json(path, "graph", GraphError))
+        return cls.from_json(read_json_checked(path, "graph", GraphError))
 
     def fingerprint(self) -> str:
         """A short hash of the graph's content (names, kinds, shapes, edges, FLOPs)."""

@@ -384,8 +384,14 @@ def plan(
 
     with catch_interrupt():  # one Ctrl-C for the whole call: no phase clears it for the next
         if pipeline is False:
-            return _plan_plain(**call)
-        return choose_pipeline(_plan_plain, pipeline, **call)
+            out = _plan_plain(**call)
+        else:
+            out = choose_pipeline(_plan_plain, pipeline, **call)
+    if isinstance(out, PlanResult) and BELOW_FOOTPRINT in out.phases:
+        from planner.problems.sizes import SizeError
+
+        raise SizeError(out.phases[BELOW_FOOTPRINT])  # a limit no answer meets: one line
+    return out
 
 
 def _plan_plain(
@@ -498,7 +504,7 @@ def _plan_plain(
     if zero == ZERO_AUTO:
         del call["zero"]
         return _plan_zero_auto(deadline, check_memory, **call)
-    from planner.problems.sizes import MemoryRefusal, SizeError, usage_limit_error
+    from planner.problems.sizes import MemoryRefusal, usage_limit_error
 
     try:
         solver = check_backend(backend, objective)  # an unknown name fails before any work
@@ -531,8 +537,12 @@ def _plan_plain(
             if deadline.expired():
                 return _out_of_time(problem, spec, backend, objective, deadline, start, phases)
             beyond = usage_limit_error(problem)
-            if beyond is not None:  # no answer can meet the limit: said at once, not searched
-                raise SizeError(beyond)
+            if beyond is not None:  # no answer can meet the limit: not searched (plan raises)
+                log.info("%s", beyond)
+                result = SolveResult(backend, Status.INFEASIBLE)
+                done = {**phases, "search_seconds": 0.0, BELOW_FOOTPRINT: beyond}
+                done["total_seconds"] = time.perf_counter() - start
+                return PlanResult(result, objective, problem, done, spec, beyond)
             dnn = problem.is_dnn
             search = (
                 deadline.reserve(RECOMMEND_SHARE * deadline.left())
@@ -610,6 +620,10 @@ def _plan_plain(
         return _plan_memory_fallback(deadline, call, exc)
 
 
+# phases key of a plan not searched because its memory limit is below any answer's least
+# footprint (`planner.problems.sizes.usage_limit_error`): the "auto" memory options go on to
+# their next choice, `plan` raises it
+BELOW_FOOTPRINT = "limit_below_least_footprint"
 RECOMMEND_SHARE = 0.1  # of the time left after the build, kept for the recommendation
 ZERO_AUTO = "auto"
 ZERO_STAGES = (0, 1, 2, 3)

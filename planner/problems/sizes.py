@@ -327,8 +327,8 @@ def check_memory_fits(graph: OpGraph, devices: DeviceGraph, options: CostOptions
     if state > have:
         fact = (
             f"the parameters of {graph.name!r} and their training state alone take "
-            f"{format_bytes(state)}; spread evenly over the {n:,} devices of {devices.name!r} "
-            f"that is {format_bytes(state / n)} per device, more than their "
+            f"{format_bytes(state)}; spread evenly over the {n:,} device{'s' if n != 1 else ''} "
+            f"of {devices.name!r} that is {format_bytes(state / n)} per device, more than their "
             f"{format_bytes(have / n)}{kept}"
         )
         lighter = (
@@ -345,7 +345,7 @@ def check_memory_fits(graph: OpGraph, devices: DeviceGraph, options: CostOptions
         )
     fact = (
         f"{graph.name!r} needs at least {format_bytes(need)} of activations and parameters; "
-        f"spread evenly over the {n:,} devices of {devices.name!r} that is "
+        f"spread evenly over the {n:,} device{'s' if n != 1 else ''} of {devices.name!r} that is "
         f"{format_bytes(need / n)} per device, more than their {format_bytes(have / n)}{kept}"
     )
     raise MemoryRefusal(

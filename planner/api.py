@@ -321,10 +321,18 @@ def plan(
     pipeline (docs/pipeline.md): True plans with pipeline parallelism (`planner.pipelined.
     plan_pipeline`: stages, micro-batches, schedule, tensor and data degrees, recomputation
     and ZeRO searched together) and returns a `PipelinePlan`; False never does; None or
-    "auto" (the default) does for a model of numbered blocks (a transformer) on devices of
-    more than one host, and for one that does not fit the devices otherwise (the plain plan
-    refused for memory after the ZeRO and recomputation fallback), when backend, cost and
-    the search options are left at their defaults.
+    "auto" (the default) does for a stack of repeated, alike numbered blocks (a
+    transformer's; `planner.pipelined.auto_search`) on devices of more than one host, and for
+    one that does not fit the devices otherwise (the plain plan refused for memory after the
+    ZeRO and recomputation fallback), when backend, cost and the search options are left at
+    their defaults; when that pipeline search finds no layout, the per-op search plans it
+    instead (one warning; `stats["pipeline_refused"]` says why).
+
+    Refused at once, each in one line: a memory that nothing fits (the parameters' training
+    state alone exceeds the devices': `MemoryRefusal` with `final`), a memory_limit below
+    any answer's least footprint (`SizeError`), a recompute the model has no blocks for, and
+    master_weights without an optimizer. A Ctrl-C before there is any answer raises
+    KeyboardInterrupt("interrupted ...").
     """
     clock = Deadline.after(time_limit) if _positive(time_limit) else Deadline.never()
     deadline = clock if deadline is None else deadline.within(clock.left())

@@ -4,8 +4,9 @@
 GPUs would need millions of entries), then runs the pipeline search
 (`backends.pipeline.search.search_pipeline`, through `planner.registry`): stages, tensor
 and data degrees, micro-batches, schedule, recomputation and ZeRO. `planner.plan` calls it
-for a model of numbered blocks on more than one host, and when a model does not fit the
-devices without it (docs/pipeline.md). The answer is a `PipelinedStrategy` (one
+for a stack of alike numbered blocks on more than one host (`auto_search`; the per-op search
+when it finds no layout), and when a model does not fit the devices without it
+(docs/pipeline.md). The answer is a `PipelinedStrategy` (one
 micro-batch's strategy and its `Pipeline`) with its simulated step: `save` writes a plan
 file with a `pipeline` section that `planner evaluate`, `runtime.run` and
 `planner.export_pipeline` read.

@@ -316,7 +316,7 @@ def choose_pipeline(plain: Callable[..., Any], pipeline: Any, **call: Any) -> An
         except LayerwiseError as exc:
             if stop_requested():
                 raise
-            log.warning("the pipeline search found no layout (%s): planning per op instead", exc)
+            log.warning("the pipeline search gave no plan (%s): planning per op instead", exc)
             return _plain_captured(plain, as_graph, spec, seconds, refused=str(exc))
     return dataclasses.replace(out, model=spec, phases={**out.phases, "capture_seconds": seconds})
 

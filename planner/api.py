@@ -25,7 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner.deadline import Deadline, OutOfTime, catch_interrupt, stop_requested
+from planner.costs.recompute import RECOMPUTE_AUTO, check_graph_options
+from planner.deadline import (
+    BuildOutOfTime,
+    Deadline,
+    OutOfTime,
+    catch_interrupt,
+    stop_requested,
+    stopped,
+)
 from planner.errors import BackendError, LayerwiseError, given
 from planner.files import check_output_path, finite_or_none, strict_json, write_text_atomic
 from planner.graph.models import ModelSpec
@@ -635,7 +643,6 @@ BELOW_FOOTPRINT = "limit_below_least_footprint"
 RECOMMEND_SHARE = 0.1  # of the time left after the build, kept for the recommendation
 ZERO_AUTO = "auto"
 ZERO_STAGES = (0, 1, 2, 3)
-RECOMPUTE_AUTO = "auto"
 RECOMPUTE_MODES = ("none", "full")  # in the order "auto" tries them
 
 
@@ -665,34 +672,6 @@ def _check_memory_options(sync: str | None, options: Mapping[str, Any]) -> None:
     if sync is not None:
         values["sync"] = sync
     CostOptions(**values)
-
-
-def check_graph_options(graph: OpGraph, recompute: Any, master_weights: Any) -> None:
-    """The training-memory options the caller gave that would do nothing on `graph`: a
-    recomputation it has no blocks for is refused, master weights of 32-bit parameters are
-    a warning (one line each)."""
-    from planner.costs.recompute import blocks_of
-
-    if recompute not in (None, "none", RECOMPUTE_AUTO, 0):
-        blocks = len(blocks_of(graph))
-        if blocks == 0:
-            raise LayerwiseError(
-                f"recompute={recompute!r} recomputes nothing in {graph.name!r}: it has no "
-                "numbered blocks whose activations only the block itself reads (a "
-                "transformer's 'layers.3', 'transformer.h.3'): leave recompute unset"
-            )
-        if not isinstance(recompute, str) and recompute > blocks:
-            raise LayerwiseError(
-                f"recompute={recompute} blocks, but {graph.name!r} has {blocks}: give at most "
-                f"{blocks} (or 'full' for all of them, 'auto' to choose)"
-            )
-    if master_weights is True and all(p.dtype_bytes != 2 for op in graph.ops for p in op.params):
-        log.warning(
-            "master_weights adds nothing for %r: every parameter is 32-bit already (master "
-            "weights are fp32 copies of 16-bit ones); set a 16-bit dtype, e.g. model_kwargs "
-            "{'dtype': 'bfloat16'} (--set dtype=bfloat16), to plan with them",
-            graph.name,
-        )
 
 
 def _plan_memory_fallback(
@@ -906,23 +885,6 @@ def check_backend(backend: str, objective: str) -> Any:
 
 def _positive(seconds: Any) -> bool:
     return isinstance(seconds, int | float) and 0 < seconds < float("inf")
-
-
-class BuildOutOfTime(LayerwiseError):
-    """Capturing the model or building its cost tables did not finish in the time it had."""
-
-
-def stopped(what: str, deadline: Deadline, started: float, advice: str) -> BaseException:
-    """The error for `what` (a step begun at `started`) stopped by `deadline`: a Ctrl-C is
-    KeyboardInterrupt("interrupted ..."), else a `BuildOutOfTime` that says after how long
-    (an attempt of an "auto" option may have had only a share of the limit) and `advice`."""
-    if stop_requested():
-        return KeyboardInterrupt(f"interrupted while {what}")
-    spent = time.perf_counter() - started
-    return BuildOutOfTime(
-        f"{what} did not finish within the time limit of {deadline.limit:g} s (stopped after "
-        f"{spent:.3g} s, when the time it had ran out): {advice}"
-    )
 
 
 def _problem(model: Any, devices: Any, deadline: Deadline, **kwargs: Any) -> tuple[Any, Any, Any]:

@@ -21,10 +21,13 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
+from planner.errors import LayerwiseError
+
 T = TypeVar("T")
 
 __all__ = [
     "CHECK_EVERY",
+    "BuildOutOfTime",
     "Clock",
     "Deadline",
     "OutOfTime",
@@ -34,6 +37,7 @@ __all__ = [
     "request_stop",
     "run_within",
     "stop_requested",
+    "stopped",
 ]
 
 CHECK_EVERY = 512  # items (encoded terms, eliminated nodes) between two looks at the clock
@@ -201,3 +205,20 @@ def _handle(signum: int, frame: Any) -> None:
         "interrupted: returning the best answer so far (Ctrl-C again to abort)"
     )
     _STOP.set()
+
+
+class BuildOutOfTime(LayerwiseError):
+    """Capturing the model or building its cost tables did not finish in the time it had."""
+
+
+def stopped(what: str, deadline: Deadline, started: float, advice: str) -> BaseException:
+    """The error for `what` (a step begun at `started`) stopped by `deadline`: a Ctrl-C is
+    KeyboardInterrupt("interrupted ..."), else a `BuildOutOfTime` that says after how long
+    (an attempt of an "auto" option may have had only a share of the limit) and `advice`."""
+    if stop_requested():
+        return KeyboardInterrupt(f"interrupted while {what}")
+    spent = time.perf_counter() - started
+    return BuildOutOfTime(
+        f"{what} did not finish within the time limit of {deadline.limit:g} s (stopped after "
+        f"{spent:.3g} s, when the time it had ran out): {advice}"
+    )

@@ -1,9 +1,7 @@
-"""Exceptions for misuse and bad input (search outcomes are statuses), and reading user JSON."""
+"""Exceptions for misuse and bad input (search outcomes are statuses)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 
@@ -33,26 +31,6 @@ class ExportError(LayerwiseError):
 
 class ProblemError(LayerwiseError):
     """A Problem (cost tables) is malformed or cannot be built."""
-
-
-def read_json(path: str | Path, what: str, error: type[LayerwiseError]) -> Any:
-    """The parsed JSON of a user's file; every failure is one `error` naming the file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise error(f"{what} file {path} does not exist") from None
-    except IsADirectoryError:
-        raise error(f"{what} path {path} is a directory, not a file") from None
-    except UnicodeDecodeError:
-        raise error(f"{what} file {path} is not text (expected UTF-8 JSON)") from None
-    except OSError as exc:
-        raise error(f"cannot read {what} file {path}: {exc.strerror or exc}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise error(f"{what} file {path} is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise error(f"{what} file {path} is nested too deeply") from None
 
 
 class BackendError(LayerwiseError):

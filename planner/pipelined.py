@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from planner.costs.costmodel import CostOptions
-from planner.deadline import Deadline, OutOfTime, catch_interrupt, stop_requested
+from planner.deadline import (
+    BuildOutOfTime,
+    Deadline,
+    OutOfTime,
+    catch_interrupt,
+    stop_requested,
+    stopped,
+)
 from planner.errors import LayerwiseError, given
 from planner.files import check_output_path, finite_or_none, strict_json, write_text_atomic
 from planner.graph.models import ModelSpec
@@ -189,8 +196,6 @@ def plan_pipeline(
                 deadline=deadline,
             )
         except OutOfTime:
-            from planner.api import stopped
-
             raise stopped("capturing the model", deadline, start, "raise the time limit") from None
         log.info(
             "%s: %d ops captured in %.3g s; searching pipelines on %s",
@@ -285,7 +290,7 @@ def choose_pipeline(plain: Callable[..., Any], pipeline: Any, **call: Any) -> An
             )
         return plan_pipeline(**_pipeline_call(call))
     model = call["model"]
-    from planner.api import check_graph_options
+    from planner.costs.recompute import check_graph_options
     from planner.problems.problem import Problem
 
     if changed or isinstance(model, Problem) or _is_problem_file(model):
@@ -345,7 +350,6 @@ def _plain_captured(
     """The per-op plan of an already captured model (`_captured`'s call), with the capture's
     seconds and spec; `refused`: why the pipeline search, tried first, found no layout (in
     `stats["pipeline_refused"]`, and in the error when the per-op search fails too)."""
-    from planner.api import BuildOutOfTime
     from planner.problems.sizes import MemoryRefusal
 
     try:
@@ -394,7 +398,6 @@ def _captured(call: Mapping[str, Any]) -> tuple[dict[str, Any], Any, float]:
     """`call` with its model captured (an OpGraph) and its devices a DeviceGraph, the model's
     spec and the capture's seconds (past the call's deadline one error; at a Ctrl-C,
     KeyboardInterrupt "interrupted ...")."""
-    from planner.api import stopped
     from planner.sources import graph_of
 
     started = time.perf_counter()

@@ -165,7 +165,8 @@ def _is_problem_file(model: Any) -> bool:
     """A path to a JSON file that is not an OpGraph (so a cost-table problem)."""
     if not isinstance(model, str | Path) or not _looks_like_path(model):
         return False
-    from planner.errors import ProblemError, read_json
+    from planner.errors import ProblemError
+    from planner.files import read_json_checked
     from planner.problems.costtable import is_gzip
 
     if is_gzip(model):  # a gzipped file is a cost-table problem (IOPDDL ships them so)
@@ -179,7 +180,7 @@ def _is_problem_file(model: Any) -> bool:
         return False
     if len(head) == SNIFF_BYTES:  # large, and not an OpGraph (which says so first): a
         return True  # cost table, read once by its own fast reader rather than twice here
-    data = read_json(model, "model", ProblemError)
+    data = read_json_checked(model, "model", ProblemError)
     return not (isinstance(data, Mapping) and data.get("format") == "layerwise.opgraph")
 
 

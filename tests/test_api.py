@@ -184,7 +184,7 @@ def test_the_kind_of_a_large_file_is_told_without_parsing_it(
     """A cost table is read once, by its own reader: telling it from an OpGraph file reads
     the file's beginning, not the whole file with Python's json (gigabytes on a contest file),
     and imports no torch."""
-    import planner.errors
+    import planner.files
     import planner.sources
     from planner.graph.zoo import model_graph
 
@@ -198,7 +198,7 @@ def test_the_kind_of_a_large_file_is_told_without_parsing_it(
     def parsed(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the whole file was parsed to tell its kind")
 
-    monkeypatch.setattr(planner.errors, "read_json", parsed)
+    monkeypatch.setattr(planner.files, "read_json_checked", parsed)
     assert planner.sources._is_problem_file(str(big))
     assert not planner.sources._is_problem_file(str(graph))
 

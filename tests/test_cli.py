@@ -294,14 +294,40 @@ def test_plan_options_are_accepted(capsys: pytest.CaptureFixture[str]) -> None:
 def test_plan_that_finds_no_solution_exits_1_and_writes_nothing(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    # the only pair of choices that fits the memory is forbidden: no answer, though the least
+    # footprint (1 + 1) is within the limit (a limit below it is refused before any search)
+    problem = tmp_path / "none_fits.json"
+    doc = {"nodes": {"intervals": [[0, 2], [0, 2]], "costs": [[1, 1], [1, 1]],
+                     "usages": [[1, 5], [1, 5]]},
+           "edges": {"nodes": [[0, 1]], "costs": [[1e18, 0, 0, 0]]}, "usage_limit": 2}  # fmt: skip
+    problem.write_text(json.dumps({"problem": doc}))
     out_path = tmp_path / "none.json"
     code, out, err = run(
-        capsys, "plan", *MODEL, *DEVICES, "--memory-limit", "1", "-o", str(out_path), "--json"
+        capsys,
+        "plan",
+        "--problem",
+        str(problem),
+        "-o",
+        str(out_path),
+        "--json",
+        "--time-limit",
+        "10",
     )
     assert code == 1 and not out_path.exists()
     assert only_json(out)["status"] in ("NO_SOLUTION", "INFEASIBLE")
-    lines = err.strip().splitlines()  # auto's warning that memory is tight, then the error
+    lines = err.strip().splitlines()
     assert lines[-1].startswith("error: ") and sum("error" in line for line in lines) == 1
+
+
+def test_a_memory_limit_below_any_answer_is_one_error_at_once(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out_path = tmp_path / "none.json"
+    code, out, err = run(
+        capsys, "plan", *MODEL, *DEVICES, "--memory-limit", "1", "-o", str(out_path)
+    )
+    assert code == 2 and not out_path.exists()
+    assert err.startswith("error: the memory limit 1 B") and len(err.strip().splitlines()) == 1
 
 
 def test_plan_a_factory_model_records_it(

@@ -25,24 +25,30 @@ LM's `--recompute-num-layers`: time for memory a block at a time); `planner.plan
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from planner.errors import LayerwiseError
 
 if TYPE_CHECKING:
     from planner.graph.opgraph import OpGraph
 
 __all__ = [
     "RECOMPUTE",
+    "RECOMPUTE_AUTO",
     "RecomputeShare",
     "block_of",
     "blocks_of",
+    "check_graph_options",
     "check_recompute",
     "recompute_error",
     "recomputed_ops",
 ]
 
 RECOMPUTE = ("none", "full")
+RECOMPUTE_AUTO = "auto"  # planner.plan chooses: every block, none, or ZeRO first
 
 
 def recompute_error(mode: object) -> str | None:
@@ -122,3 +128,29 @@ def _recomputable(graph: OpGraph) -> tuple[dict[int, str], dict[int, str]]:
         if all((w := where[r]) is not None and w[0] == home[0] for r in readers[op.name]):
             block[i], inner[i] = home
     return block, inner
+
+
+def check_graph_options(graph: OpGraph, recompute: Any, master_weights: Any) -> None:
+    """The training-memory options the caller gave that would do nothing on `graph`: a
+    recomputation it has no blocks for is refused, master weights of 32-bit parameters are
+    a warning (one line each)."""
+    if recompute not in (None, "none", RECOMPUTE_AUTO, 0):
+        blocks = len(blocks_of(graph))
+        if blocks == 0:
+            raise LayerwiseError(
+                f"recompute={recompute!r} recomputes nothing in {graph.name!r}: it has no "
+                "numbered blocks whose activations only the block itself reads (a "
+                "transformer's 'layers.3', 'transformer.h.3'): leave recompute unset"
+            )
+        if not isinstance(recompute, str) and recompute > blocks:
+            raise LayerwiseError(
+                f"recompute={recompute} blocks, but {graph.name!r} has {blocks}: give at most "
+                f"{blocks} (or 'full' for all of them, 'auto' to choose)"
+            )
+    if master_weights is True and all(p.dtype_bytes != 2 for op in graph.ops for p in op.params):
+        logging.getLogger("planner.api").warning(
+            "master_weights adds nothing for %r: every parameter is 32-bit already (master "
+            "weights are fp32 copies of 16-bit ones); set a 16-bit dtype, e.g. model_kwargs "
+            "{'dtype': 'bfloat16'} (--set dtype=bfloat16), to plan with them",
+            graph.name,
+        )

@@ -1002,10 +1002,17 @@ def _out_of_time(
     phases: dict[str, float],
 ) -> PlanResult:
     used = time.perf_counter() - start
+    before = start - deadline.began  # start-up, reading the problem, loading the solver
+    spent = f"{used:.3g} s capturing and building the problem"
+    if before >= 0.01:  # NaN (a deadline not made by `after`) is not
+        spent = (
+            f"{before:.3g} s before planning began (start-up, reading the input, loading the "
+            f"solver) and {spent}"
+        )
     message = (
-        f"capturing and building the problem took {used:.3g} s, the whole time limit of "
-        f"{deadline.limit:g} s: no time was left to search. Raise the time limit, or make the "
-        "problem smaller (max_configs, fewer devices, a smaller model)"
+        f"the time limit of {deadline.limit:g} s ran out before the search began: {spent}. "
+        "Raise the time limit, or make the problem smaller (max_configs, fewer devices, a "
+        "smaller model)"
     )
     limit = Limit.TIME
     if stop_requested():

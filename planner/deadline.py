@@ -76,11 +76,13 @@ class Deadline:
 
     at: float
     limit: float = math.inf
+    began: float = math.nan  # when the limit began to count (`after`), for messages
 
     @classmethod
     def after(cls, seconds: float) -> Deadline:
         """The deadline `seconds` from now."""
-        return cls(time.perf_counter() + seconds, seconds)
+        now = time.perf_counter()
+        return cls(now + seconds, seconds, now)
 
     @classmethod
     def never(cls) -> Deadline:
@@ -99,7 +101,9 @@ class Deadline:
 
     def within(self, seconds: float) -> Deadline:
         """The earlier of this deadline and `seconds` from now (a phase's cap)."""
-        return Deadline(min(self.at, time.perf_counter() + max(0.0, seconds)), self.limit)
+        return Deadline(
+            min(self.at, time.perf_counter() + max(0.0, seconds)), self.limit, self.began
+        )
 
     def share(self, fraction: float) -> Deadline:
         """`fraction` of what is left, from now."""
@@ -110,11 +114,13 @@ class Deadline:
         (an exact search) gets at the least, so that milliseconds of work started with no time
         left finish their proof instead of stopping at the first look (a stop request still
         ends it at once: `past` is true after one whatever the time)."""
-        return Deadline(max(self.at, time.perf_counter() + max(0.0, seconds)), self.limit)
+        return Deadline(
+            max(self.at, time.perf_counter() + max(0.0, seconds)), self.limit, self.began
+        )
 
     def reserve(self, seconds: float) -> Deadline:
         """This deadline moved `seconds` earlier (time kept for a later phase)."""
-        return Deadline(self.at - max(0.0, seconds), self.limit)
+        return Deadline(self.at - max(0.0, seconds), self.limit, self.began)
 
     def check(self) -> None:
         """Raise OutOfTime if expired (between the steps of a phase)."""
@@ -202,7 +208,7 @@ def _handle(signum: int, frame: Any) -> None:
     if _STOP.is_set():
         raise KeyboardInterrupt
     logging.getLogger("planner").warning(
-        "interrupted: returning the best answer so far (Ctrl-C again to abort)"
+        "interrupted: stopping with the best answer so far, if any (Ctrl-C again to abort)"
     )
     _STOP.set()
 

@@ -566,7 +566,7 @@ def test_ctrl_c_during_a_search_writes_the_best_answer_so_far(backend: str, tmp_
     assert saved["status"] == printed["status"] == "FEASIBLE"
     assert saved["search_seconds"] < 60 and len(saved["choices"]) == problem.num_nodes
     assert "best answer found so far" in stderr
-    assert stderr.count("interrupted: returning the best answer so far") == 1, stderr
+    assert stderr.count("interrupted: stopping with the best answer so far") == 1, stderr
 
 
 def test_output_paths_are_checked_before_any_work(

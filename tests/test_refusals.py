@@ -260,3 +260,19 @@ def test_a_ctrl_c_abandons_the_pipeline_searchs_step_in_progress(
     assert len(calls) == 2 and answer.stats["stopped_by_time_limit"]
     done = "stage_layouts_costed" if step == "unit_costs" else "simulated_exactly"
     assert answer.stats[done] == 1
+
+
+def test_a_limit_spent_before_planning_began_is_said_so() -> None:
+    """The clock counts from the command's start: a limit spent before `plan` began (start-up,
+    reading the problem, importing the solver) was reported as "building the problem took
+    0.00634 s, the whole time limit of 2 s"."""
+    import time
+
+    from planner.deadline import Deadline
+    from planner.problems.costtable import random_problem
+
+    deadline = Deadline.after(0.2)
+    time.sleep(0.3)  # what the command line spent before plan() began
+    result = planner.plan(random_problem(5, 3, seed=0), backend="cpsat", deadline=deadline)
+    assert result.status.value == "NO_SOLUTION"
+    assert "before planning began" in result.message and "0.2 s ran out" in result.message

@@ -15,8 +15,8 @@ size 1 to 8, data parallel over the rest):
 3. print the predicted TFLOP/s per GPU, Eq. 3's FLOPs over the simulated step, beside the
    published one, and the error;
 4. plan the same model, GPUs and batch with `planner.plan` (backend auto, recompute "auto",
-   the same optimizer and devices; no ZeRO, as Megatron-LM), simulate its answer and print
-   its throughput and what it chose.
+   the same optimizer and devices; no ZeRO and no pipeline, as Megatron-LM's row), simulate
+   its answer and print its throughput and what it chose.
 
 Rows 5-10 (39.1B to 1T, pipelines of 2 to 64 stages): the published configuration, tensor
 parallelism of 8 inside each node, data parallelism across a stage's nodes, the row's stages
@@ -239,6 +239,7 @@ def plan_row(row: Row, graph: Any, devices: Any, time_limit: float, seed: int) -
         optimizer="adam",
         master_weights=True,
         recompute="auto",  # Megatron-LM used no ZeRO: neither does the planner here
+        pipeline=False,  # nor a pipeline in rows 1-4 (auto would pipeline across hosts)
     )
     seconds = time.perf_counter() - t0
     if result.strategy is None:

@@ -115,3 +115,11 @@ def test_the_pipeline_search_is_at_least_as_fast_as_the_published_pipeline() -> 
     assert planned["plan_status"] == "FEASIBLE" and planned["plan_zero"] == 0
     assert planned["plan_tflops"] >= published["tflops_predicted"] * 0.999
     assert planned["plan_peak_gib"] <= 80 and planned["plan_layout"].startswith("PP ")
+
+
+def test_a_row_without_a_pipeline_is_planned_per_op_across_hosts() -> None:
+    # two DGX nodes: `auto` alone would pipeline the GPT's blocks across the hosts, and the
+    # row's record (a per-op plan's problem and strategy) raised AttributeError on that
+    row = dataclasses.replace(tiny(batch=32), gpus=16)
+    rec = exp.plan_row(row, exp.build_gpt(row), exp.selene(2), time_limit=30, seed=0)
+    assert rec["plan_status"] in ("OPTIMAL", "FEASIBLE") and rec["plan_layout"]

@@ -356,6 +356,8 @@ def plan(
         memory_limit=memory_limit,
         backend_options=backend_options,
     )  # before either search: a bad value is one line whichever runs
+    if pipeline is not True:  # the per-op search's backend and settings, before any capture
+        _checked_settings(backend, objective, backend_options)
     _check_memory_options(
         sync,
         {
@@ -523,15 +525,7 @@ def _plan_plain(
     from planner.problems.sizes import MemoryRefusal, usage_limit_error
 
     try:
-        solver = check_backend(backend, objective)  # an unknown name fails before any work
-        settings: Mapping[str, Any] = {}
-        if solver is not None:
-            settings = solver.settings(SolveOptions(extra=backend_options or {}))  # so do bad ones
-        elif backend_options:
-            raise LayerwiseError(
-                "backend_options are the settings of one backend: name it (backend='cpsat', ...); "
-                "'auto' chooses the backend per problem and takes no settings"
-            )
+        solver, settings = _checked_settings(backend, objective, backend_options)
         with catch_interrupt():
             problem, spec, phases = _problem(
                 model,
@@ -860,6 +854,22 @@ def _device_use(problem: Problem, result: SolveResult, objective: str) -> dict[s
         log.warning("%s", use.reason)
         out["idle_devices"] = use.reason
     return out
+
+
+def _checked_settings(
+    backend: str, objective: str, backend_options: Any
+) -> tuple[Any, Mapping[str, Any]]:
+    """The backend class (None for "auto") and its validated settings: an unknown name or a
+    bad setting is one BackendError before any work."""
+    solver = check_backend(backend, objective)
+    if solver is not None:
+        return solver, solver.settings(SolveOptions(extra=backend_options or {}))
+    if backend_options:
+        raise LayerwiseError(
+            "backend_options are the settings of one backend: name it (backend='cpsat', ...); "
+            "'auto' chooses the backend per problem and takes no settings"
+        )
+    return None, {}
 
 
 def check_backend(backend: str, objective: str) -> Any:

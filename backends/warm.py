@@ -1,10 +1,11 @@
 """`python -m backends.warm`: compile every numba kernel once, before any time limit runs.
 
 numba compiles a kernel at its first call and keeps the machine code in numba's cache beside
-its source (`cache=True`). A cold compile of the `local` kernels takes about a minute on a
-2-core machine (the `toulbar2` kernels and the cost-table reader's loop a few seconds more),
-and a search's time limit counts it: in a fresh checkout, the first `local` search shorter
-than that answers NO_SOLUTION ("out of time while compiling"). `make install` runs this
+its source (`cache=True`). A cold compile of the `local` kernels takes one to two minutes
+(80 s measured cold at load 1.3-4 on 2 cores; the `toulbar2` kernels and the cost-table
+reader's loop a few seconds more), and a search's time limit counts it: in a fresh checkout,
+the first `local` search shorter than that answers NO_SOLUTION ("out of time while
+compiling"). `make install` runs this
 module once, so the first search of a fresh checkout loads the cache (under a second)
 instead. Running it again only loads the cache.
 """

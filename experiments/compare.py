@@ -518,7 +518,8 @@ def _record(case: Case) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison; bad input is one `error:` line (exit 2), a disagreement between
     backends exit 1. The first Ctrl-C stops the running search and the comparison after it:
-    the cases done are printed and saved, exit 130; a second Ctrl-C aborts at once (130)."""
+    the cases done are printed and saved, exit 130; a second Ctrl-C abandons the running
+    case, and the cases done are still printed and saved (130)."""
     return report_errors(lambda: _main(argv))
 
 

@@ -276,3 +276,14 @@ def test_a_limit_spent_before_planning_began_is_said_so() -> None:
     result = planner.plan(random_problem(5, 3, seed=0), backend="cpsat", deadline=deadline)
     assert result.status.value == "NO_SOLUTION"
     assert "before planning began" in result.message and "0.2 s ran out" in result.message
+
+
+def test_a_limit_met_within_the_evaluators_rounding_is_not_refused() -> None:
+    from planner.problems.evaluate import memory_feasible
+    from planner.problems.sizes import usage_limit_error
+
+    usage = (np.array([[0.1]]), np.array([[0.2]]))  # 0.1 + 0.2 is 0.30000000000000004
+    p = _problem(usage, [[0, 2], [0, 2]], 0.3)
+    assert memory_feasible(p, [0, 0])
+    assert usage_limit_error(p) is None
+    assert usage_limit_error(_problem(usage, [[0, 2], [0, 2]], 0.29)) is not None

@@ -467,6 +467,9 @@ def usage_bound(problem: Any) -> UsageBound | None:
     return UsageBound(level[:-1], float(level[-1]), node)
 
 
+LIMIT_RTOL = 1e-9  # memory_feasible's default rtol
+
+
 def usage_limit_error(problem: Any) -> str | None:
     """Why no answer can meet the problem's usage limit, in one line naming the smallest
     footprint any answer can have (`usage_bound`), or None when the bound does not rule
@@ -475,10 +478,15 @@ def usage_limit_error(problem: Any) -> str | None:
     bound = usage_bound(problem) if limit is not None else None
     if bound is None:
         return None
-    over = bool((bound.per_pool > limit).any()) or bound.together > float(limit.sum())
+    # the evaluators' tolerance (planner.problems.evaluate.memory_feasible): a limit an
+    # answer meets within it is not refused
+    slack = 1.0 + LIMIT_RTOL
+    over = bool((bound.per_pool > limit * slack).any()) or bound.together > float(
+        limit.sum() * slack
+    )
     ever = problem.intervals[:, 1] > problem.intervals[:, 0]
     over = over or any(
-        float((u / np.maximum(limit, 1e-300)).max(axis=1).min()) > 1.0
+        float((u / np.maximum(limit, 1e-300)).max(axis=1).min()) > slack
         for u, e in zip(problem.usage, ever, strict=True)
         if e
     )

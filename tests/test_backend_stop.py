@@ -92,3 +92,27 @@ def test_ctrl_c_in_a_cpsat_plan_returns_its_best_answer(tmp_path: Path) -> None:
         proc.kill()
     assert proc.returncode == 0, err[-500:]
     assert "INTERRUPTED" in out
+
+
+CPSAT_CTRL_C = """
+import os, signal, threading
+from backends import SolveOptions, get_backend
+from planner.deadline import catch_interrupt
+from planner.problems.costtable import random_problem
+
+problem = random_problem(300, 16, seed=0)  # CP-SAT proves nothing about it in 20 s
+with catch_interrupt():
+    threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    result = get_backend("cpsat").solve(problem, SolveOptions(time_limit=20))
+print(result.limit.value)
+"""
+
+
+def test_a_ctrl_c_during_a_cpsat_solve_stops_it() -> None:
+    """CP-SAT's own SIGINT handler swallowed the Ctrl-C: the search ran to its limit and the
+    phases after it went on as if nothing had been pressed."""
+    out = subprocess.run(
+        [sys.executable, "-c", CPSAT_CTRL_C], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-500:]
+    assert out.stdout.split()[-1] == "INTERRUPTED"

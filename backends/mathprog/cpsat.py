@@ -580,6 +580,9 @@ def solve_encoded(
     solver.parameters.num_workers = options.threads
     solver.parameters.random_seed = options.seed
     solver.parameters.cp_model_presolve = model.presolve
+    # Python's handler takes a Ctrl-C (the stop request `_watch` ends the search with): CP-SAT's
+    # own would swallow it, and the phases after this solve would run on
+    solver.parameters.catch_sigint_signal = False
     if options.threads > 1:
         solver.parameters.interleave_search = settings.interleave
     for key, value in {**_DEFAULTS.get(model.objective, {}), **settings.parameters}.items():
@@ -778,8 +781,8 @@ def _sigint_handler() -> Any:
 
 
 def _restore_sigint(handler: Any) -> None:
-    """Set Python's SIGINT handler again after a solve: CP-SAT (ortools 9.15) catches SIGINT
-    while it searches (a Ctrl-C then ends the search with its best answer) and leaves the
-    signal at SIG_DFL, so the next Ctrl-C would kill the process without a line or a plan."""
+    """Set Python's SIGINT handler again after a solve: CP-SAT (ortools 9.15) that catches
+    SIGINT (its default, which `parameters` may set again) leaves the signal at SIG_DFL, so
+    the next Ctrl-C would kill the process without a line or a plan."""
     if handler is not None:
         signal.signal(signal.SIGINT, handler)

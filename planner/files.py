@@ -21,9 +21,10 @@ A command that will write a file checks its path first (`check_output_path`: it 
 removes a probe file in the directory, so a directory no file can be made in, such as /proc,
 is refused too), so a typo in a directory name is one error at once, not after a 60 s search.
 Files are written to a temporary file in the same directory and renamed over the target
-(`write_text_atomic`): an interrupted or failed write never leaves half a plan behind. The
-file gets the permissions any new file gets (0666 less the user's umask), and a failed
-write names the user's path, not the temporary one. JSON written or printed for machines is
+(`write_text_atomic`), flushed to disk before the rename: an interrupted or failed write
+never leaves half a plan behind. A new file gets the permissions any new file gets (0666
+less the user's umask), a file replaced keeps its own, and a failed write names the user's
+path, not the temporary one. JSON written or printed for machines is
 strict (`strict_json`): infinities and NaN become null (Python's default would write
 `Infinity`, which is not JSON).
 """
@@ -275,7 +276,11 @@ def open_text_atomic(path: str | Path, what: str = "output") -> Iterator[TextIO]
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             yield f
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename: a crash leaves old or new, whole
         _output_target(path, what)  # again, just before the rename: nothing special appeared
+        with contextlib.suppress(FileNotFoundError):  # a file replaced keeps its permissions
+            os.chmod(tmp, stat.S_IMODE(os.stat(target).st_mode))
         os.replace(tmp, target)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
@@ -289,8 +294,9 @@ def write_text_atomic(path: str | Path, text: str, what: str = "output") -> None
     """Write `text` to `path` through a temporary file in the same directory and a rename.
 
     A symlink is followed: the file it leads to is replaced and the link stays. A target that
-    is a directory, FIFO, socket or device is refused (nothing written). The file gets the
-    user's umask; a failure is one LayerwiseError naming `path`."""
+    is a directory, FIFO, socket or device is refused (nothing written). A new file gets the
+    user's umask, a replaced one keeps its permissions; a failure is one LayerwiseError
+    naming `path`."""
     with open_text_atomic(path, what) as f:
         f.write(text)
 

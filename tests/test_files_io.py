@@ -486,3 +486,13 @@ def test_bad_inputs(
 
 def test_there_are_about_thirty_bad_inputs() -> None:
     assert len(list(_bad_inputs())) >= 30
+
+
+def test_a_replaced_file_keeps_its_permissions(tmp_path: Path) -> None:
+    from planner.files import write_text_atomic
+
+    private = tmp_path / "plan.json"
+    private.write_text("old")
+    private.chmod(0o600)
+    write_text_atomic(private, "new")
+    assert private.read_text() == "new" and stat.S_IMODE(private.stat().st_mode) == 0o600

@@ -43,6 +43,10 @@ __all__ = [
 CHECK_EVERY = 512  # items (encoded terms, eliminated nodes) between two looks at the clock
 
 _STOP = threading.Event()
+# Threads whose step `run_within` abandoned: every deadline has passed for them, for good (the
+# stop request that abandoned them ends with its call, and they would run on to their own).
+_ABANDONED: set[int] = set()
+_ABANDONED_LOCK = threading.Lock()
 
 
 def request_stop() -> None:
@@ -51,8 +55,9 @@ def request_stop() -> None:
 
 
 def stop_requested() -> bool:
-    """Whether a stop was asked (Ctrl-C, or `request_stop`) since the call began."""
-    return _STOP.is_set()
+    """Whether a stop was asked (Ctrl-C, or `request_stop`) since the call began, or this
+    thread's step was abandoned (`run_within`)."""
+    return _STOP.is_set() or (bool(_ABANDONED) and threading.get_ident() in _ABANDONED)
 
 
 def clear_stop() -> None:
@@ -62,7 +67,7 @@ def clear_stop() -> None:
 
 def past(at: float) -> bool:
     """True when `at` (a `time.perf_counter()` value) has passed or a stop was asked."""
-    return _STOP.is_set() or time.perf_counter() > at
+    return stop_requested() or time.perf_counter() > at
 
 
 class OutOfTime(Exception):
@@ -91,7 +96,7 @@ class Deadline:
 
     def left(self) -> float:
         """Seconds left (0 once expired or stopped)."""
-        if _STOP.is_set():
+        if stop_requested():
             return 0.0
         return max(0.0, self.at - time.perf_counter())
 
@@ -149,24 +154,33 @@ class Clock:
 def run_within(fn: Callable[[], T], deadline: Deadline, poll: float = 0.05) -> T:
     """`fn()` for a step that has no clock of its own (an import of torch's machinery): run in
     a daemon thread while this one waits for it or for the deadline (or a stop request),
-    whichever comes first. Past the deadline it raises OutOfTime and leaves `fn` to finish
-    in the background (a daemon thread: it does not hold the process open). Its exception is
-    raised here."""
+    whichever comes first. Past the deadline it raises OutOfTime and leaves `fn` in the
+    background (a daemon thread: it does not hold the process open), where every deadline
+    has passed from then on (`stop_requested` is true there), so a step that looks at its
+    clock ends soon. Its exception is raised here."""
     if deadline.expired():
         raise OutOfTime
     done: list[T] = []
     failed: list[BaseException] = []
+    finished: list[bool] = []
 
     def work() -> None:
         try:
             done.append(fn())
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
             failed.append(exc)
+        finally:
+            with _ABANDONED_LOCK:  # its ident may be another thread's later
+                _ABANDONED.discard(threading.get_ident())
+                finished.append(True)
 
     thread = threading.Thread(target=work, name="layerwise-run-within", daemon=True)
     thread.start()
     while thread.is_alive():
         if deadline.expired():
+            with _ABANDONED_LOCK:  # its own deadlines pass too: a step that looks ends soon
+                if not finished and thread.ident is not None:
+                    _ABANDONED.add(thread.ident)
             raise OutOfTime
         thread.join(min(poll, max(deadline.left(), 0.001)))
     if failed:

@@ -287,3 +287,39 @@ def test_a_limit_met_within_the_evaluators_rounding_is_not_refused() -> None:
     assert memory_feasible(p, [0, 0])
     assert usage_limit_error(p) is None
     assert usage_limit_error(_problem(usage, [[0, 2], [0, 2]], 0.29)) is not None
+
+
+def test_an_abandoned_step_sees_its_deadlines_passed_after_the_stop_ends() -> None:
+    """run_within abandons a step at a stop request; a step that did not look at its clock
+    before the call's stop was cleared ran on to its own deadline (a pipeline search's, in
+    the background of the next plan)."""
+    import threading
+    import time
+
+    from planner.deadline import Deadline, run_within
+
+    started, busy, seen = threading.Event(), threading.Event(), []
+
+    def step() -> None:
+        own = Deadline.after(30)
+        started.set()
+        busy.wait(10)  # a long computation that does not look at the clock
+        while not own.expired():
+            time.sleep(0.01)
+        seen.append(True)
+
+    def stop_once_started() -> None:
+        started.wait(10)
+        request_stop()  # a Ctrl-C while the step runs
+
+    threading.Thread(target=stop_once_started, daemon=True).start()
+    try:
+        with pytest.raises(OutOfTime):
+            run_within(step, Deadline.after(30))
+    finally:
+        clear_stop()  # the call ends: its stop is forgotten
+    busy.set()  # the step looks at its clock again only now
+    end = time.perf_counter() + 10
+    while not seen and time.perf_counter() < end:
+        time.sleep(0.01)
+    assert seen  # it ended (its deadlines passed for it), not 30 s later

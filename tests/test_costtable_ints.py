@@ -59,6 +59,8 @@ def test_the_float_rounding_is_what_the_readers_must_not_trust() -> None:
         ("1.0e18", True),
         ("999999999999999999.0", False),  # a decimal below 1e18 too (parsed exactly)
         ("9.99999999999999999e17", False),
+        ("999999999.99999999e9", False),  # no sixteen 9s in a row
+        ("99999999999.9999999e7", False),
     ],
 )
 def test_a_node_cost_is_forbidden_only_from_1e18(
@@ -97,6 +99,8 @@ def test_an_edge_cost_near_1e18_is_allowed_too() -> None:
         (b"[[999999999999999999,1000000000000000000]]", [BELOW, math.inf]),
         (b"[[1,999999999999999999],[7]]", [1, BELOW, 7]),
         (b"[[1.5,999999999999999999],[7]]", None),  # decimals: the exact plain reader
+        (b"[[1.5,999999999.99999999e9],[7]]", None),
+        (b"[[1.5,2.5],[1e18]]", None),  # a forbidden decimal: told exactly by the plain reader
         (b"[[999999999999999872,1000000000000000001]]", [BELOW, math.inf]),
     ],
 )
@@ -114,15 +118,16 @@ def test_the_fast_readers_keep_it_allowed(
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-@pytest.mark.parametrize("decimal", [False, True])
+@pytest.mark.parametrize("decimal", [False, True, "exponent"])
 def test_a_large_file_read_fast_keeps_it_allowed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool, decimal: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool, decimal: bool | str
 ) -> None:
     doc = copy.deepcopy(ONLY_NEAR)
     doc["problem"]["nodes"]["costs"][0] = [0]
     doc["problem"]["edges"]["costs"] = [[1.5 if decimal else 1, NEAR]]
     f = tmp_path / "p.json"
-    f.write_text(json.dumps(doc))
+    text = json.dumps(doc)
+    f.write_text(text.replace(str(NEAR), "999999999.99999999e9") if decimal == "exponent" else text)
     monkeypatch.setattr(ct, "FAST_LOAD_BYTES", 0)
     monkeypatch.setattr(ct, "COMPILED_BYTES", 0 if compiled else 1 << 62)
     table = load_problem(f).edge_cost[0]

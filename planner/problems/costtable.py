@@ -236,10 +236,6 @@ def _parse_float(text: str) -> float:
     return value
 
 
-# A number that rounds up to 1e18 but is below it starts with sixteen 9s (1e18 - 64 and up)
-_NEAR_FORBIDDEN = b"9" * 16
-
-
 def _check_nonnegative(values: np.ndarray, lengths: np.ndarray, where: str, what: str) -> None:
     bad = np.flatnonzero(~(values >= 0))  # catches NaN too
     if len(bad):
@@ -319,8 +315,7 @@ def load_problem(path: str | Path) -> Problem:
     if fast is not None:
         return fast
     try:
-        near = _NEAR_FORBIDDEN in raw  # then the exact (slower) float parsing
-        data = json.loads(raw, parse_float=_parse_float) if near else json.loads(raw)
+        data = json.loads(raw, parse_float=_parse_float)  # a float near 1e18 read exactly
     except UnicodeDecodeError:
         raise ProblemError(f"cost-table file {path} is not text (expected UTF-8 JSON)") from None
     except json.JSONDecodeError as exc:
@@ -384,9 +379,8 @@ def _load_fast(raw: bytes) -> Problem | None:
             spans.append((raw.index(b"[", m.start()), end.end()))
     for a, b in sorted(spans, key=lambda ab: ab[0] - ab[1]):  # the largest array first
         rest = raw[:a] + _SENTINEL + raw[b:]
-        near = _NEAR_FORBIDDEN in rest
         try:
-            doc = json.loads(rest, parse_float=_parse_float) if near else json.loads(rest)
+            doc = json.loads(rest, parse_float=_parse_float)
         except (ValueError, RecursionError):
             continue
         inner = doc.get("problem", doc) if isinstance(doc, dict) else None
@@ -438,8 +432,6 @@ def _numeric_rows(text: bytes | memoryview) -> tuple[np.ndarray, np.ndarray] | N
         values, lengths = parsed
     else:  # decimals or exponents: numpy's text parser (slower, ~8 MB/s)
         data = bytes(text)
-        if _NEAR_FORBIDDEN in data:
-            return None  # a number strtod may round up to FORBIDDEN: the exact reader
         bounds = np.stack([rows_open, rows_close], axis=1).reshape(-1)
         lengths = np.add.reduceat(arr == ord(","), bounds, dtype=np.int64)[::2] + 1
         with warnings.catch_warnings():
@@ -448,6 +440,8 @@ def _numeric_rows(text: bytes | memoryview) -> tuple[np.ndarray, np.ndarray] | N
                 values = np.fromstring(data.translate(_NO_BRACKETS), sep=",")
             except (ValueError, DeprecationWarning):
                 return None
+        if (values == FORBIDDEN).any():
+            return None  # maybe a decimal below 1e18 that strtod rounded up: the exact reader
     # one comma between two numbers of a row and between two rows, no others (no empty
     # entries, no numbers run together)
     if len(values) != lengths.sum() or commas != len(values) - 1:

@@ -1,7 +1,7 @@
 """`python -m experiments.iopddl DIR_OR_FILES`: backends on IOPDDL contest instances, scored
 as the contest scored them.
 
-    python -m experiments.iopddl /work/shared/iopddl --backends portfolio
+    python -m experiments.iopddl path/to/iopddl --backends portfolio   # the contest's instances
     python -m experiments.iopddl A.json.gz G.json.gz --backends portfolio cpsat --time-limit 30
 
 Every (instance, backend, seed) runs in a fresh process (`--case`) with a hard timeout, so a

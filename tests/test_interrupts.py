@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from planner.problems.costtable import random_problem, save_problem
+from tests.processes import session_processes, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,28 +120,6 @@ def test_an_interrupted_plan_says_so_once(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["limit"] == "INTERRUPTED"
 
 
-def _session(sid: int) -> list[int]:
-    """The live processes of session `sid` (zombies left out)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue  # ended meanwhile
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(stat.parent.name))
-    return pids
-
-
-def _wait_for(done: Any, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not done():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 @pytest.fixture(scope="module")
 def lenet_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from planner.graph.models import ModelSpec
@@ -160,18 +139,18 @@ def test_ctrl_c_mid_run_stops_every_worker(lenet_plan: Path) -> None:
     proc = _popen("-m", "runtime.run", str(lenet_plan), "--steps", "100000", "--timeout", "60")
 
     def training() -> bool:  # the forkserver and the two workers it forked
-        return sum("forkserver" in _cmdline(p) for p in _session(proc.pid)) >= 3
+        return sum("forkserver" in _cmdline(p) for p in session_processes(proc.pid)) >= 3
 
     try:
-        assert _wait_for(training, 120), "the workers did not start"
+        assert wait_for(training, 120), "the workers did not start"
         time.sleep(1.0)  # into the steps
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err
         assert err == "error: interrupted\n", err
-        assert _wait_for(lambda: not _session(proc.pid), 30)
+        assert wait_for(lambda: not session_processes(proc.pid), 30)
     finally:
-        for pid in _session(proc.pid):
+        for pid in session_processes(proc.pid):
             os.kill(pid, signal.SIGKILL)
         proc.wait()
 

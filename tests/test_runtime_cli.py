@@ -19,6 +19,7 @@ from planner.hardware.presets import get_preset
 from planner.problems.baselines import owt
 from runtime.reference import ModelSpec
 from runtime.run import EXIT_BAD_INPUT, EXIT_DEVIATION, EXIT_WORKER_FAILED, main
+from tests.processes import session_processes, wait_for
 
 LENET = ModelSpec("lenet5", 8, {})
 ROOT = Path(__file__).resolve().parent.parent
@@ -195,33 +196,11 @@ def test_worker_failure_exit_status(
     assert "rank 0: RuntimeError: injected fault" in capsys.readouterr().err
 
 
-def _session(sid: int) -> list[int]:
-    """The live processes of session `sid` (zombies left out)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue  # ended meanwhile
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(stat.parent.name))
-    return pids
-
-
 def _proc(pid: int, name: str) -> str:
     try:
         return Path(f"/proc/{pid}/{name}").read_text().replace("\0", " ")
     except OSError:
         return ""
-
-
-def _wait_for(done: Any, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not done():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
@@ -242,20 +221,20 @@ def test_ctrl_c_while_workers_start_is_one_line_and_leaves_no_process(plan_file:
     def importing_torch() -> bool:
         return any(
             "forkserver" in _proc(p, "cmdline") and "libtorch" in _proc(p, "maps")
-            for p in _session(proc.pid)
+            for p in session_processes(proc.pid)
         )
 
     try:
-        assert _wait_for(importing_torch, 60), "no forkserver started"
+        assert wait_for(importing_torch, 60), "no forkserver started"
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err
         assert err == "error: interrupted\n", err
-        assert _wait_for(lambda: not _session(proc.pid), 30), [
-            _proc(p, "cmdline") for p in _session(proc.pid)
+        assert wait_for(lambda: not session_processes(proc.pid), 30), [
+            _proc(p, "cmdline") for p in session_processes(proc.pid)
         ]
     finally:
-        for pid in _session(proc.pid):
+        for pid in session_processes(proc.pid):
             os.kill(pid, signal.SIGKILL)
         proc.wait()
 

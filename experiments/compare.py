@@ -17,20 +17,15 @@ and plans/ with every answer as a strategy file that `python -m planner evaluate
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
-
-
-def _interrupted_while_starting(signum: int, frame: object) -> None:
-    os.write(2, b"error: interrupted\n")
-    os._exit(130)
-
 
 # A Ctrl-C during the imports below (rich, numpy, the planner) is one line and status 130,
 # not a traceback of importlib frames; `main` handles the later ones.
 if __name__ == "__main__":
-    _previous = signal.signal(signal.SIGINT, _interrupted_while_starting)
+    from planner.startup import end_guard, guard_start
+
+    _previous = guard_start()
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
@@ -75,7 +70,7 @@ from planner.recommend import BaselineTime, baseline_times, recommend  # noqa: E
 from planner.result import Solver  # noqa: E402
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, _previous)
+    end_guard(_previous)
 
 MODES: dict[str, dict[str, Any]] = {
     # Measured: about 2 minutes on 2 cores (docs/compare.md gives the command and the load).

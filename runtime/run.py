@@ -16,19 +16,14 @@ its m micro-batches per step in the pipeline's schedule (runtime.pipeline).
 from __future__ import annotations
 
 import os
-import signal
 import sys
-
-
-def _interrupted_while_starting(signum: int, frame: object) -> None:
-    os.write(2, b"error: interrupted\n")
-    os._exit(130)
-
 
 # A Ctrl-C during the imports below (numpy, the planner) is one line and status 130, not a
 # traceback of importlib frames; `main` handles the later ones (torch's import among them).
 if __name__ == "__main__":
-    _previous = signal.signal(signal.SIGINT, _interrupted_while_starting)
+    from planner.startup import end_guard, guard_start
+
+    _previous = guard_start()
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -50,7 +45,7 @@ from planner.errors import LayerwiseError  # noqa: E402
 from planner.pipeline.timeline import counted  # noqa: E402
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, _previous)
+    end_guard(_previous)
 
 EXIT_WORKER_FAILED = 1
 EXIT_BAD_INPUT = 2

@@ -202,15 +202,20 @@ class OpGraph:
     @property
     def parameter_bytes(self) -> int:
         """Bytes of trainable parameters, counting each shared parameter group once."""
+        return sum(op.param_bytes for op in self.parameter_owners())
+
+    def parameter_owners(self) -> list[Op]:
+        """The ops whose parameters count: every op but the later ones of a shared parameter
+        group (an unrolled RNN's steps share their first step's weights)."""
         seen: set[str] = set()
-        total = 0
+        owners = []
         for op in self.ops:
             if op.param_group is not None:
                 if op.param_group in seen:
                     continue
                 seen.add(op.param_group)
-            total += op.param_bytes
-        return total
+            owners.append(op)
+        return owners
 
     def to_networkx(self) -> nx.MultiDiGraph:
         g = nx.MultiDiGraph()

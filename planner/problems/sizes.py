@@ -299,15 +299,10 @@ def state_memory(graph: OpGraph, options: CostOptions) -> float:
     """Bytes of every parameter's training state (weights, gradients, optimizer state, master
     copy), shared groups once: what every plan keeps somewhere, whatever its ZeRO stage (which
     shards each byte over replicas, one copy in all), recomputation, pipeline or batch."""
-    seen: set[str] = set()
-    total = 0.0
-    for op in graph.ops:
-        if op.param_group is not None:
-            if op.param_group in seen:
-                continue
-            seen.add(op.param_group)
-        total += param_bytes(op.params, options.optimizer, options.master_weights).total
-    return total
+    return sum(
+        param_bytes(op.params, options.optimizer, options.master_weights).total
+        for op in graph.parameter_owners()
+    )
 
 
 def check_memory_fits(graph: OpGraph, devices: DeviceGraph, options: CostOptions) -> None:

@@ -38,7 +38,6 @@ import importlib.util
 import logging
 import math
 import time
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import (
@@ -46,8 +45,6 @@ from typing import (
     Generic,
     TypeVar,
 )
-
-import numpy as np
 
 from backends.settings import (
     POSITIVE,
@@ -98,7 +95,6 @@ __all__ = [
     "at_least",
     "between",
     "evaluate_objective",
-    "integer_costs",
     "integral_bound",
     "past",
     "request_stop",
@@ -114,22 +110,6 @@ log = logging.getLogger(__name__)
 # A bound this close below an integer is that integer when every cost is one (the objective
 # then is, and the difference is the solver's floating point): relative, at most half a unit
 BOUND_RTOL = 1e-6
-
-
-_INTEGER_COSTS: dict[int, bool] = {}  # per live Problem (by id): its `integer_costs`
-
-
-def integer_costs(problem: Problem) -> bool:
-    """Whether every finite node and edge cost of `problem` is an integer (then so is every
-    additive objective). Computed once per problem (a tenth of a second on IOPDDL's M)."""
-    key = id(problem)
-    if key not in _INTEGER_COSTS:
-        tables = {id(t): t for t in (*problem.node_cost, *problem.edge_cost)}  # shared once
-        flat = np.concatenate([t.ravel() for t in tables.values()] or [np.zeros(0)])
-        with np.errstate(invalid="ignore"):  # inf - inf: a forbidden cost, NaN, not counted
-            _INTEGER_COSTS[key] = not bool((flat - np.floor(flat) > 0).any())
-        weakref.finalize(problem, _INTEGER_COSTS.pop, key, None)
-    return _INTEGER_COSTS[key]
 
 
 def integral_bound(bound: float) -> float:
@@ -243,7 +223,7 @@ class Backend(ABC, Generic[SettingsT]):
             bound is not None
             and not float(bound).is_integer()
             and options.objective == "additive"
-            and integer_costs(problem)
+            and problem.integer_costs
         ):
             raw = dataclasses.replace(raw, bound=integral_bound(bound))
         if raw.objective is not None:

@@ -920,24 +920,13 @@ def format_bound(bound: float | None, objective: float | None, problem: Any = No
         and math.isfinite(objective)
         and float(objective).is_integer()
         and abs(objective - bound) <= EXACT_RTOL * max(1.0, abs(objective))
-        and (problem is None or _integer_costs(problem))
+        and (problem is None or problem.integer_costs)
     ):
         return format_cost(objective)
     if float(bound).is_integer():
         return format_cost(bound)
     whole = len(str(int(abs(bound)))) if abs(bound) >= 1 else 0
     return f"{bound:,.{max(BOUND_DIGITS, whole + 1)}g}"
-
-
-def _integer_costs(problem: Any) -> bool:
-    """Whether every finite cost of a cost-table problem is an integer (its objective then is)."""
-    import numpy as np
-
-    for table in (*problem.node_cost, *problem.edge_cost):
-        finite = table[np.isfinite(table)]
-        if finite.size and not bool(np.all(finite == np.floor(finite))):
-            return False
-    return True
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

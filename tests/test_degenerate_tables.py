@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends import SolveOptions, Status, get_backend
-from backends.base import integer_costs, integral_bound
+from backends.base import integral_bound
 from backends.mathprog.selection import edge_groups, selection
 from backends.testing import check_answer, degenerate_problems, table_problem
 from backends.wcsp import lower_bound
@@ -169,7 +169,7 @@ def test_a_bound_within_rounding_of_an_integer_is_that_integer() -> None:
 def test_an_exact_proof_on_integer_costs_has_the_objective_as_its_bound() -> None:
     """CBC's bound came back as 43,261.99999995674 for an optimum of 43,262."""
     problem = random_problem(60, 6, seed=0, memory=True)
-    assert integer_costs(problem)
+    assert problem.integer_costs
     result = get_backend("ilp").solve(problem, SolveOptions(time_limit=20.0, seed=0))
     assert result.status is Status.OPTIMAL
     assert result.bound == result.objective
@@ -177,7 +177,7 @@ def test_an_exact_proof_on_integer_costs_has_the_objective_as_its_bound() -> Non
 
 def test_bounds_of_fractional_costs_are_not_rounded() -> None:
     problem = table_problem("halves", [[0.5, 2.25], [1.5, 0.75]], {(0, 1): [[0.5, 0], [0, 0.5]]})
-    assert not integer_costs(problem)
+    assert not problem.integer_costs
     result = get_backend("ilp").solve(problem, SolveOptions(time_limit=20.0, seed=0))
     assert result.status is Status.OPTIMAL
     assert math.isclose(result.objective_value(), 1.25)

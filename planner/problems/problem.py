@@ -28,6 +28,7 @@ same read-only table; the arrays may therefore be shared between nodes and edges
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -121,6 +122,15 @@ class Problem:
     @property
     def has_memory_limit(self) -> bool:
         return self.usage_limit is not None
+
+    @functools.cached_property
+    def integer_costs(self) -> bool:
+        """Whether every finite node and edge cost is an integer (then so is every additive
+        objective, and a bound can be rounded up). Computed once: 0.1 s on IOPDDL's M."""
+        tables = {id(t): t for t in (*self.node_cost, *self.edge_cost)}  # a shared table once
+        flat = np.concatenate([t.ravel() for t in tables.values()] or [np.zeros(0)])
+        with np.errstate(invalid="ignore"):  # inf - inf: a forbidden cost, NaN, not counted
+            return not bool((flat - np.floor(flat) > 0).any())
 
     def with_usage_limit(self, limit: np.ndarray | None) -> Problem:
         """This problem under another usage limit per pool (None: no limit). The tables are

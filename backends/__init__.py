@@ -1,6 +1,8 @@
 """Search backends, in families (docs/extending.md): `exact` (elimination, DFS/A*), `mcmc`,
 `mathprog` (the selection model under CBC and CP-SAT, the neighbourhood search), `placement`
-(DLPlacer's reduction), `heuristics` (feasibility, baselines) and the `portfolio`.
+(DLPlacer's reduction), `heuristics` (feasibility, baselines), `local` (the compiled local
+search), `wcsp` (toulbar2, TRW-S and the Lagrangian bound), `pipeline` (the pipeline search)
+and the `portfolio`.
 
 The contract (`SolveOptions`, `SolveResult`, `Status`, `Limit`) lives in `planner.result`
 and the registry in `planner.registry`; both are re-exported here.

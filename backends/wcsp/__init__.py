@@ -2,6 +2,8 @@
 
 - `network`: the Problem as a pruned pairwise network in flat arrays (forbidden values out,
   parallel edges merged, arc consistency on the forbidden pairs);
+- `contract`: functional contraction, the nodes whose value a neighbour's fixes folded into it
+  (the network's answers lift back exactly);
 - `trws`: TRW-S message passing (Kolmogorov 2006) and the lower bound its messages prove,
   compiled with numba;
 - `memory`: time steps, live usage, per-node prices, and the greedy repair and polish of an

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from experiments.runinfo import new_results_folder
-from planner.cli import (
+from planner.cli.args import (
     MAX_LOAD_HELP,
     OneLineArgumentParser,
     load_limit,

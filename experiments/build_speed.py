@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from planner.cli import OneLineArgumentParser, positive_int, report_errors, zoo_model
+from planner.cli.args import OneLineArgumentParser, positive_int, report_errors, zoo_model
 from planner.graph.zoo import model_graph
 from planner.hardware.presets import get_preset
 from planner.problems.problem import build_problem

@@ -54,7 +54,7 @@ from experiments.compare_report import (  # noqa: E402
     tables,
 )
 from experiments.runinfo import finish, new_results_folder, run_info  # noqa: E402
-from planner.cli import (  # noqa: E402
+from planner.cli.args import (  # noqa: E402
     OneLineArgumentParser,
     exit_now,
     nonnegative_int,

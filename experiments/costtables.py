@@ -35,7 +35,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from planner.cli import (
+from planner.cli.args import (
     OneLineArgumentParser,
     nonnegative_int,
     one_line,

@@ -19,7 +19,7 @@ from typing import Any
 
 from backends import SolveOptions, get_backend
 from backends.placement.problem import PlacementProblem, list_schedule, placement_problem
-from planner.cli import (
+from planner.cli.args import (
     OneLineArgumentParser,
     UsageError,
     nonnegative_int,

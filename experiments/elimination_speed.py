@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from backends import SolveOptions, get_backend
-from planner.cli import (
+from planner.cli.args import (
     OneLineArgumentParser,
     nonnegative_int,
     positive_int,

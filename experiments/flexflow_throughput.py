@@ -43,7 +43,7 @@ from experiments.throughput import (
     result_point,
     solve,
 )
-from planner.cli import nonnegative_int, positive_int, positive_seconds
+from planner.cli.args import nonnegative_int, positive_int, positive_seconds
 
 MODELS = ["alexnet", "inception_v3", "resnet101", "rnntc", "rnnlm", "nmt"]
 GPUS = [4, 8, 16, 32, 64]

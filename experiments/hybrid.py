@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from backends import SolveOptions, get_backend
-from planner.cli import (
+from planner.cli.args import (
     OneLineArgumentParser,
     UsageError,
     positive_int,

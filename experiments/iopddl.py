@@ -42,7 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.runinfo import finish, load, new_results_folder, run_info
-from planner.cli import (
+from planner.cli.args import (
     OneLineArgumentParser,
     nonnegative_int,
     one_line,
@@ -199,9 +199,7 @@ def run_case(
         loaded = time.perf_counter() - t0
         result = get_backend(backend).solve(
             problem,
-            SolveOptions(
-                time_limit=max(0.1, deadline.left()), seed=seed, threads=threads, deadline=deadline
-            ),
+            SolveOptions(seed=seed, threads=threads, deadline=deadline),
         )
     return {
         "status": result.status.value + (f" ({result.limit.value})" if result.limit else ""),
@@ -422,7 +420,7 @@ def save(rows: list[Row], info: dict[str, Any], folder: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from planner.cli import report_errors
+    from planner.cli.args import report_errors
 
     return report_errors(lambda: _main(argv))
 

@@ -35,7 +35,7 @@ from rich.table import Table
 
 from backends import SolveOptions, get_backend
 from backends.base import evaluate_objective
-from planner.cli import OneLineArgumentParser, nonnegative_int, one_line, positive_seconds
+from planner.cli.args import OneLineArgumentParser, nonnegative_int, one_line, positive_seconds
 from planner.errors import LayerwiseError
 from planner.problems.baselines import BASELINES
 from planner.recommend import baseline_choices

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from planner.cli import OneLineArgumentParser, one_line, positive_seconds, report_errors
+from planner.cli.args import OneLineArgumentParser, one_line, positive_seconds, report_errors
 from planner.errors import LayerwiseError
 
 log = logging.getLogger("experiments.megatron")

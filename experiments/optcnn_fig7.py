@@ -42,7 +42,7 @@ from experiments.throughput import (
     result_point,
     solve,
 )
-from planner.cli import positive_int, positive_seconds
+from planner.cli.args import positive_int, positive_seconds
 from planner.recommend import recommend
 
 MODELS = ["alexnet", "vgg16", "inception_v3"]

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from backends import SolveOptions, get_backend
-from planner.cli import OneLineArgumentParser, positive_int, report_errors
+from planner.cli.args import OneLineArgumentParser, positive_int, report_errors
 from planner.costs.config import ParallelConfig
 from planner.graph.opgraph import Op, OpGraph
 from planner.graph.zoo import model_graph

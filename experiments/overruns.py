@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.runinfo import REPO, finish, load, load_line, run_info
-from planner.cli import (
+from planner.cli.args import (
     OneLineArgumentParser,
     UsageError,
     positive_seconds,

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from planner.cli import OneLineArgumentParser, report_errors
+from planner.cli.args import OneLineArgumentParser, report_errors
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from planner.cli import (
+from planner.cli.args import (
     OneLineArgumentParser,
     one_line,
     positive_int,

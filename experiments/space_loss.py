@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from backends import SolveOptions, get_backend
-from planner.cli import OneLineArgumentParser, positive_int, positive_seconds
+from planner.cli.args import OneLineArgumentParser, positive_int, positive_seconds
 from planner.errors import LayerwiseError
 from planner.graph.zoo import MODELS, model_graph
 from planner.hardware.presets import load_devices

@@ -26,7 +26,7 @@ from rich.console import Console
 from backends import BackendError, SolveOptions, SolveResult, get_backend
 from backends.base import evaluate_objective
 from experiments.runinfo import finish, load_line, new_results_folder, recorded_args, run_info
-from planner.cli import OneLineArgumentParser, positive_int, report_errors
+from planner.cli.args import OneLineArgumentParser, positive_int, report_errors
 from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.errors import LayerwiseError

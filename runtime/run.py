@@ -31,14 +31,15 @@ from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from planner.cli import (  # noqa: E402
+from planner.cli.args import (  # noqa: E402
     OneLineArgumentParser,
+    add_logging_options,
     exit_now,
     nonnegative_int,
-    one_line,
     positive_int,
     positive_number,
     positive_seconds,
+    report_errors,
 )
 from planner.costs.recompute import recompute_error  # noqa: E402
 from planner.errors import LayerwiseError  # noqa: E402
@@ -99,8 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds without progress before the run is declared hung (default 120)",
     )
     p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="log DEBUG lines")
-    p.add_argument("--log-file", type=Path, help="also write every log line here")
+    add_logging_options(p)
     return p
 
 
@@ -111,7 +111,8 @@ def under_torchrun() -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `python -m runtime.run`; returns the exit status."""
-    try:
+
+    def run() -> int:
         args = build_parser().parse_args(argv)
         if args.warmup is not None and args.warmup >= args.steps:
             raise LayerwiseError(
@@ -121,18 +122,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from planner.logs import setup_logging
 
         setup_logging(args.verbose, args.log_file)
-        return _run(args)
-    except LayerwiseError as exc:
-        from runtime.launch import WorkerError
+        return _run(args)  # a Ctrl-C stops the workers first (run_strategy), then exits 130
 
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_WORKER_FAILED if isinstance(exc, WorkerError) else EXIT_BAD_INPUT
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:  # the workers are stopped (run_strategy stops them first)
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    return report_errors(run, _status)
+
+
+def _status(exc: LayerwiseError) -> int:
+    """A failed worker exits with status 1, any other error with 2 (bad input)."""
+    from runtime.launch import WorkerError
+
+    return EXIT_WORKER_FAILED if isinstance(exc, WorkerError) else EXIT_BAD_INPUT
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from planner.cli import PLAN_GROUPS, PLAN_ROWS, _print_ops, build_parser, main
+from planner.cli import build_parser, main
+from planner.cli.output import PLAN_GROUPS, PLAN_ROWS, print_ops
 from planner.costs.config import device_ranges
 from planner.files import strict_json
 from planner.graph.opgraph import OpGraph
@@ -235,18 +236,18 @@ def test_a_large_plan_prints_a_screen_and_every_op_with_v(
     """A 1,024-GPU plan printed 304 KB (every op line listed every device id)."""
     rows = _rows(400, 1024)
     assert rows[0][2] == "sample=1024 @ [0-1023]" and rows[9][2] == "channel=4 @ [0,256,512,768]"
-    _print_ops(rows, verbose=False)
+    print_ops(rows, verbose=False)
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert len(lines) <= PLAN_GROUPS + 2 and len(out) < 2000, out
     assert lines[0].split()[:4] == ["360", "ops", "sample=1024", "@"]
     assert lines[1].split()[:2] == ["40", "ops"] and "layer9.conv, layer19.conv, " in lines[1]
     assert "400 ops in 2 configs" in lines[-1] and "-v" in lines[-1]
-    _print_ops(rows, verbose=True)
+    print_ops(rows, verbose=True)
     assert len(capsys.readouterr().out.splitlines()) == 400
-    _print_ops(rows[:PLAN_ROWS], verbose=False)  # a small plan: every op, as before
+    print_ops(rows[:PLAN_ROWS], verbose=False)  # a small plan: every op, as before
     assert len(capsys.readouterr().out.splitlines()) == PLAN_ROWS
-    _print_ops([rows[0]] * (PLAN_ROWS + 1), verbose=False)
+    print_ops([rows[0]] * (PLAN_ROWS + 1), verbose=False)
     assert f"({PLAN_ROWS + 1} ops in 1 config: " in capsys.readouterr().out.splitlines()[-1]
 
 
@@ -254,7 +255,7 @@ def test_a_plan_with_more_configs_than_a_screen_says_how_many_it_left_out(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     rows = [(f"op{i}", "linear", f"channel=2 @ [{2 * i}-{2 * i + 1}]") for i in range(100)]
-    _print_ops(rows, verbose=False)
+    print_ops(rows, verbose=False)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == PLAN_GROUPS + 2
     rest = 100 - PLAN_GROUPS

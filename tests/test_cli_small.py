@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from graphs import chain_cnn
 
-import planner.cli as cli
+import planner.cli.output as output
 from planner.cli import main
 from planner.hardware.presets import get_preset
 from planner.pipeline.spec import Pipeline, PipelinedStrategy
@@ -80,21 +80,21 @@ def _table_problem(cost: float) -> Problem:
 def test_an_exact_bound_prints_as_the_objective(capsys: pytest.CaptureFixture[str]) -> None:
     """A bound a rounding error below an integer objective of integer costs printed as
     217,038.999999783 with a gap of 1e-10%."""
-    cli._print_summary(_summary(), seconds=False, problem=_table_problem(1.0))
+    output.print_summary(_summary(), seconds=False, problem=_table_problem(1.0))
     out = capsys.readouterr().out
     assert "additive 217,039, bound 217,039, gap 0% (toulbar2;" in out, out
 
 
 def test_bounds_print_with_sensible_digits() -> None:
     integer = _table_problem(1.0)
-    assert cli.format_bound(217038.999999783, 217039.0, integer) == "217,039"
+    assert output.format_bound(217038.999999783, 217039.0, integer) == "217,039"
     # fractional costs: the objective may truly be a hair above the bound
-    assert cli.format_bound(217038.999999783, 217039.0, _table_problem(1.5)) == "217,039"
-    assert cli.format_bound(216960.5, 217039.0, integer) == "216,960.5"
-    assert cli.format_bound(1549187758.25, 1549187760.0, integer) == "1,549,187,758.2"
-    assert cli.format_bound(0.0123456789012, 0.02, integer) == "0.0123456789"
-    assert cli.format_bound(216960.0, 217039.0, integer) == "216,960"
-    assert cli.format_bound(None, 217039.0, integer) == "-"
+    assert output.format_bound(217038.999999783, 217039.0, _table_problem(1.5)) == "217,039"
+    assert output.format_bound(216960.5, 217039.0, integer) == "216,960.5"
+    assert output.format_bound(1549187758.25, 1549187760.0, integer) == "1,549,187,758.2"
+    assert output.format_bound(0.0123456789012, 0.02, integer) == "0.0123456789"
+    assert output.format_bound(216960.0, 217039.0, integer) == "216,960"
+    assert output.format_bound(None, 217039.0, integer) == "-"
 
 
 def test_the_total_counts_from_the_process_start(
@@ -102,11 +102,11 @@ def test_the_total_counts_from_the_process_start(
 ) -> None:
     """It was the plan call's total: the interpreter's start and torch's import (seconds)
     were left out."""
-    age = cli.process_seconds()
+    age = output.process_seconds()
     # this process started before planner.cli was imported (/proc's clock ticks: 0.01 s)
-    assert age >= time.time() - cli.PROCESS_STARTED - 0.05
-    monkeypatch.setattr(cli, "process_seconds", lambda: 42.0)
-    cli._print_summary(_summary(), seconds=False, problem=_table_problem(1.0))
+    assert age >= time.time() - output.PROCESS_STARTED - 0.05
+    monkeypatch.setattr(output, "process_seconds", lambda: 42.0)
+    output.print_summary(_summary(), seconds=False, problem=_table_problem(1.0))
     assert "search 1 s, total 42 s)" in capsys.readouterr().out
 
 

@@ -1,151 +1,37 @@
-"""`python -m planner` (or `layerwise`): models, graph, devices, plan, evaluate, profile.
-
-Every command ends bad input with a one-line `error: ...` on stderr and exit status 2 (usage
-errors included: no argparse usage block); output paths are checked before any work. A plan
-that finds no solution exits with status 1. `plan` is a thin layer over `planner.plan`
-(planner/api.py): with `--json` it prints exactly one strict JSON object on stdout.
-Logging (planner/logs.py): by default only warnings go to stderr; `-v` adds everything from
-DEBUG up (the backends' progress lines among them), `--log-file F` keeps it all. Output is
-short at any scale: device sets as ranges, a plan of more than PLAN_ROWS ops by config (`-v`:
-every op), a cost-table objective as the plain number it is (no unit). The first Ctrl-C during
-a search stops it and the best answer so far is printed and written (limit INTERRUPTED).
-"""
+"""The commands of `python -m planner` and their parser (see planner.cli)."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import math
-import os
 import re
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from planner.api import DEFAULT_TIME_LIMIT
+from planner.cli.args import (
+    EXIT_NO_SOLUTION,
+    MAX_LOAD_HELP,
+    VERBOSE_HELP,
+    OneLineArgumentParser,
+    UsageError,
+    add_logging_options,
+    load_limit,
+    nonnegative_int,
+    positive_int,
+    positive_seconds,
+    report_errors,
+    size_bytes,
+)
+from planner.cli.output import print_ops, print_summary, quantity
 from planner.errors import LayerwiseError
 from planner.files import check_output_path, strict_json, write_text_atomic
-from planner.result import format_cost
-
-EXIT_NO_SOLUTION = 1
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
-# when this process started, where /proc does not say (planner/__main__ sets an earlier one)
-PROCESS_STARTED = time.time()
-
-
-def process_seconds() -> float:
-    """Seconds since this process started: the interpreter's start-up and every import (torch's
-    among them) included, which a command's "total" counts. From /proc on Linux; elsewhere
-    since PROCESS_STARTED."""
-    try:
-        stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        started = int(stat[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: the start time
-        return max(0.0, uptime - started)
-    except (OSError, ValueError, IndexError):
-        return max(0.0, time.time() - PROCESS_STARTED)
-
-
-class UsageError(LayerwiseError):
-    """The command line itself is wrong (unknown option, missing argument, bad value)."""
-
-
-class OneLineArgumentParser(argparse.ArgumentParser):
-    """An ArgumentParser that reports usage errors as one `UsageError` (no usage block), and
-    reads a value that starts with a minus and a digit as a value (`--memory-limit -1G`,
-    `--time-limit -1e3`), which the option's type then refuses in one line, not as an
-    unknown option ("expected one argument")."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # argparse's own pattern is only -5 and -.5 (-1G and -1e9 were options); Python 3.13's
-        # is this one. No option of ours starts with a minus and a digit.
-        self._negative_number_matcher = re.compile(r"^-\.?\d")
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
-
 
 # -- argument types -------------------------------------------------------------------------
-
-
-def _int_at_least(text: str, low: int, what: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if value < low:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    return _int_at_least(text, 1, "a positive integer")
-
-
-def nonnegative_int(text: str) -> int:
-    return _int_at_least(text, 0, "an integer >= 0")
-
-
-def _finite_float(text: str, what: str, positive: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
-        bound = "> 0" if positive else ">= 0"
-        raise argparse.ArgumentTypeError(f"expected a finite {what} {bound}, got {text}")
-    return value
-
-
-def positive_seconds(text: str) -> float:
-    return _finite_float(text, "number of seconds", positive=True)
-
-
-def nonnegative_seconds(text: str) -> float:
-    return _finite_float(text, "number of seconds", positive=False)
-
-
-def positive_number(text: str) -> float:
-    return _finite_float(text, "number", positive=True)
-
-
-def load_limit(text: str) -> float:
-    """--max-load: a load average per core >= 0; inf measures whatever the load."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(
-            f"expected a load average per core >= 0 (or inf), got {text!r}"
-        )
-    return value
-
-
-MAX_LOAD_HELP = (
-    "busy threshold: the 1-minute load average per core above which measuring is refused "
-    "(default $LAYERWISE_MAX_LOAD, else 0.3; inf measures whatever the load, and the load is "
-    "recorded)"
-)
-
-
-def size_bytes(text: str) -> float:
-    """A size option's value in bytes: 16GiB, 512MiB, 16GB, 1e9 (`parse_bytes`, the one size
-    parser of every command line)."""
-    from planner.problems.sizes import parse_bytes
-
-    if text.strip().startswith("-"):
-        raise argparse.ArgumentTypeError(f"a size cannot be negative, got {text!r}")
-    try:
-        return float(parse_bytes(text))
-    except LayerwiseError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _memory_limit(text: str) -> str | float:
@@ -167,15 +53,6 @@ def _kv(text: str) -> tuple[str, Any]:
         return key, json.loads(value)
     except json.JSONDecodeError:
         return key, value
-
-
-def zoo_model(text: str) -> str:
-    """A zoo model name (the experiments' --models)."""
-    from planner.graph.zoo import MODELS
-
-    if text not in MODELS:
-        raise argparse.ArgumentTypeError(f"unknown model {text!r}; one of {', '.join(MODELS)}")
-    return text
 
 
 def _input_spec(text: str) -> Any:
@@ -217,14 +94,7 @@ def plot_path(text: str) -> Path:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "-v",
-        "--verbose",
-        action="count",
-        default=0,
-        help="log progress and DEBUG lines on stderr (default: warnings only); plan: list every op",
-    )
-    p.add_argument("--log-file", type=Path, help="also write every log line (DEBUG up) here")
+    add_logging_options(p, f"{VERBOSE_HELP}; plan: list every op")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -650,7 +520,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         print(
-            f"{graph.name}: {_count(summary['ops'], 'op')}, {_count(summary['edges'], 'edge')}, "
+            f"{graph.name}: {quantity(summary['ops'], 'op')}, {quantity(summary['edges'], 'edge')}, "
             f"{summary['forward_flops'] / 1e9:.3f} GFLOP forward, "
             f"{summary['parameter_bytes'] / 2**20:.1f} MiB parameters"
         )
@@ -805,16 +675,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(strict_json(summary))
     elif isinstance(result, PipelinePlan):
-        _print_ops(result.describe(), args.verbose > 0)
+        print_ops(result.describe(), args.verbose > 0)
         pipe = summary["layout"]
         print(
             f"pipeline: {pipe['layout']}; bubble {pipe['bubble']:.1%}, peak "
             f"{summary['memory_peak_bytes'] / 2**30:.1f} GiB per device"
         )
-        _print_summary(summary, seconds=True)
+        print_summary(summary, seconds=True)
     elif result.has_solution:
-        _print_ops(result.describe(), args.verbose > 0)
-        _print_summary(summary, seconds=result.problem.is_dnn, problem=result.problem)
+        print_ops(result.describe(), args.verbose > 0)
+        print_summary(summary, seconds=result.problem.is_dnn, problem=result.problem)
     if "zero" in summary:  # --zero auto: which stage and why
         tried = "; ".join(f"stage {t['zero']}: {t['why']}" for t in summary["zero"]["tried"])
         print(f"ZeRO stage {summary['zero']['chose']}" + (f" ({tried})" if tried else ""),
@@ -841,94 +711,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-PLAN_ROWS = 40  # op lines `plan` prints without -v; a larger plan is shown by config
-PLAN_GROUPS = 12  # configs shown then, the most used first
-
-
-def _print_ops(rows: list[tuple[str, str, str]], verbose: bool) -> None:
-    """One line per op, or past PLAN_ROWS ops (without -v) one line per config: a summary
-    that fits a screen, whatever the number of ops and devices."""
-    if verbose or len(rows) <= PLAN_ROWS:
-        for name, kind, cfg in rows:
-            print(f"  {name:40s} {kind:12s} {cfg}")
-        return
-    ops: dict[str, list[str]] = {}
-    for name, _, cfg in rows:
-        ops.setdefault(cfg, []).append(name)
-    ranked = sorted(ops, key=lambda cfg: -len(ops[cfg]))  # stable: first used first on ties
-    for cfg in ranked[:PLAN_GROUPS]:
-        names = ops[cfg]
-        more = ", ..." if len(names) > 3 else ""
-        print(f"  {_count(len(names), 'op', 6)}  {cfg:32s} {', '.join(names[:3])}{more}")
-    rest = ranked[PLAN_GROUPS:]
-    if rest:
-        count = sum(len(ops[cfg]) for cfg in rest)
-        print(f"  {_count(count, 'op', 6)}  in {_count(len(rest), 'other config')}")
-    print(
-        f"  ({_count(len(rows), 'op')} in {_count(len(ops), 'config')}: -v lists every op; the "
-        "plan file, -o, has every config)"
-    )
-
-
-def _count(n: int, noun: str, width: int = 0, plural: str = "") -> str:
-    """'1 op', '1,024 ops' (the number right-aligned in `width`; `plural` when not noun + s)."""
-    return f"{n:{width},} {noun if n == 1 else plural or noun + 's'}"
-
-
-def _print_summary(s: dict[str, Any], seconds: bool, problem: Any = None) -> None:
-    """The status line: a DNN's objective in ms, a cost-table problem's as a plain number
-    (its costs have no unit); the phases' seconds, "total" from the process's start (the
-    interpreter and torch's import included: what the user waited)."""
-
-    def value(v: float | None) -> str:
-        if not seconds:
-            return format_cost(v)
-        return "-" if v is None else f"{v * 1e3:.4g} ms"
-
-    bound = value(s["bound"]) if seconds else format_bound(s["bound"], s["objective"], problem)
-    gap = s["gap"]
-    if bound == value(s["objective"]) and gap is not None and abs(gap) < 1e-9:
-        gap = 0.0  # an exact proof whose bound came back a rounding error below its objective
-    gap_text = "-" if gap is None else f"{gap * 100:.3g}%"
-    limit = f" ({s['limit']})" if s["limit"] else ""
-    phases = [  # a phase that did not run (a cost table's capture) left out
-        f"{k.removesuffix('_seconds')} {s[k]:.3g} s"
-        for k in ("capture_seconds", "build_seconds", "search_seconds")
-        if s.get(k)
-    ]
-    phases.append(f"total {process_seconds():.3g} s")
-    print(
-        f"{s['status']}{limit}: {s['objective_kind']} {value(s['objective'])}, bound "
-        f"{bound}, gap {gap_text} ({s['backend']}; {', '.join(phases)})"
-    )
-
-
-BOUND_DIGITS = 10  # significant digits of a bound that is not an integer (at least)
-EXACT_RTOL = 1e-9  # a bound this close to an integer objective, with integer costs, is it
-
-
-def format_bound(bound: float | None, objective: float | None, problem: Any = None) -> str:
-    """A cost-table bound as people read it. A bound within EXACT_RTOL of an integer
-    objective on a problem of integer costs is that objective (the objective is an integer,
-    so the proof is exact: the difference is the solver's floating point); an integer bound
-    every digit; any other to BOUND_DIGITS significant digits, or more when its integer part
-    has more, plus one decimal ('217,038.5', not '217,038.999999783')."""
-    if bound is None or not math.isfinite(bound):
-        return format_cost(bound)
-    if (
-        objective is not None
-        and math.isfinite(objective)
-        and float(objective).is_integer()
-        and abs(objective - bound) <= EXACT_RTOL * max(1.0, abs(objective))
-        and (problem is None or problem.integer_costs)
-    ):
-        return format_cost(objective)
-    if float(bound).is_integer():
-        return format_cost(bound)
-    whole = len(str(int(abs(bound)))) if abs(bound) >= 1 else 0
-    return f"{bound:,.{max(BOUND_DIGITS, whole + 1)}g}"
-
-
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Re-score a strategy file; each phase says what it does on stderr once it has lasted a
     few seconds (a 70B pipeline plan's simulation takes minutes): planner.logs.phase."""
@@ -945,8 +727,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         strategy, data = _malformed("strategy file", path, lambda: load_strategy(path))
     cost = _check_cost_section(data.get("cost", {}))
     options = {k: v for k, v in cost.items() if k != "source"}
-    what = f"{strategy.graph.name} ({_count(len(strategy.graph.ops), 'op')})"
-    on = f"{strategy.devices.name} ({_count(strategy.devices.num_devices, 'device')})"
+    what = f"{strategy.graph.name} ({quantity(len(strategy.graph.ops), 'op')})"
+    on = f"{strategy.devices.name} ({quantity(strategy.devices.num_devices, 'device')})"
     with phase(EVALUATE_LOG, f"the cost model of {what} on {on}"):
         cm = cost_model(strategy.graph, strategy.devices, cost.get("source", "analytic"), **options)
     if "pipeline" in data:  # the step is the schedule's timeline of micro-batch costs
@@ -988,8 +770,8 @@ def _evaluate_pipelined(
         raise UsageError("--trace is not written for a pipelined plan: use --plot")
     pipe = _malformed("strategy file", args.strategy, lambda: Pipeline.from_json(data["pipeline"]))
     ps = _malformed("strategy file", args.strategy, lambda: PipelinedStrategy(strategy, pipe))
-    chunks = _count(pipe.chunks, "chunk")
-    group = _count(len(pipe.group_of(0)), "device")
+    chunks = quantity(pipe.chunks, "chunk")
+    group = quantity(len(pipe.group_of(0)), "device")
     with phase(EVALUATE_LOG, f"simulating the pipeline's step: {chunks}, {group} per stage"):
         timeline = simulate_pipelined(cm, ps)
     out = {
@@ -1012,8 +794,8 @@ def _evaluate_pipelined(
         print(strict_json(out))
     else:
         print(
-            f"pipeline: {_count(pipe.stages, 'stage')} x {_count(pipe.virtual, 'chunk')}, "
-            f"{_count(pipe.micro_batches, 'micro-batch', plural='micro-batches')}, "
+            f"pipeline: {quantity(pipe.stages, 'stage')} x {quantity(pipe.virtual, 'chunk')}, "
+            f"{quantity(pipe.micro_batches, 'micro-batch', plural='micro-batches')}, "
             f"{pipe.schedule}; peak memory per device "
             f"{out['memory_peak_bytes'] / 2**20:.1f} MiB"
         )
@@ -1061,7 +843,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if run["measured"]:
         print(
             f"measured {run['measured']:,} new task shapes of {graph.name} on {devices.name} "
-            f"in {run['seconds']:.1f} s ({_count(args.repeats, 'timed run')} each); the cache "
+            f"in {run['seconds']:.1f} s ({quantity(args.repeats, 'timed run')} each); the cache "
             f"{path} holds {entries}: plan with --cost measured"
         )
     else:
@@ -1082,30 +864,6 @@ COMMANDS = {
 }
 
 
-def one_line(exc: BaseException) -> str:
-    """The first non-empty line of an error message (some wrap a multi-line torch error)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
-
-
-def report_errors(run: Callable[[], int]) -> int:
-    """Run a command; bad input becomes one `error: ...` line on stderr and exit status 2."""
-    try:
-        return run()
-    except LayerwiseError as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (OSError, json.JSONDecodeError) as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except UnicodeDecodeError as exc:  # a binary file given where JSON was expected
-        print(f"error: an input file is not UTF-8 text (JSON expected): {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt as exc:  # what was interrupted, when the raiser says
-        print(f"error: {one_line(exc) if str(exc) else 'interrupted'}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-
-
 def main(argv: Sequence[str] | None = None, prog: str = "python -m planner") -> int:
     """Run one command of `python -m planner`; returns the exit status."""
 
@@ -1117,15 +875,3 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m planner") -> 
         return COMMANDS[args.command](args)
 
     return report_errors(run)
-
-
-def exit_now(code: int) -> NoReturn:
-    """End the process with `code` once everything is written (standard streams flushed, log
-    files closed), skipping the interpreter's teardown: with torch loaded it takes 0.5-1 s,
-    time a command line's `--time-limit` would otherwise overrun by. Files are written
-    atomically before this, and the portfolio's members have been joined."""
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)

@@ -1,0 +1,19 @@
+"""`python -m planner` (or `layerwise`): models, graph, devices, plan, evaluate, profile.
+
+Every command ends bad input with a one-line `error: ...` on stderr and exit status 2 (usage
+errors included: no argparse usage block); output paths are checked before any work. A plan
+that finds no solution exits with status 1. `plan` is a thin layer over `planner.plan`
+(planner/api.py): with `--json` it prints exactly one strict JSON object on stdout.
+Logging (planner/logs.py): by default only warnings go to stderr; `-v` adds everything from
+DEBUG up (the backends' progress lines among them), `--log-file F` keeps it all. Output is
+short at any scale: device sets as ranges, a plan of more than PLAN_ROWS ops by config (`-v`:
+every op), a cost-table objective as the plain number it is (no unit). The first Ctrl-C during
+a search stops it and the best answer so far is printed and written (limit INTERRUPTED).
+
+The argument types, the one-line parser and the error reporting that runtime.run and the
+experiments share are `planner.cli.args`.
+"""
+
+from planner.cli.commands import build_parser, main
+
+__all__ = ["build_parser", "main"]

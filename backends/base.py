@@ -10,8 +10,10 @@ own simulated makespan, when it gave one; `stats["rescore"]` and a warning say s
 
 Stopping early. `solve` makes one deadline (`planner.deadline.Deadline`: the caller's, or
 `time_limit` from now), keeps a share of it for the re-score, and hands the rest to `_solve`
-as `options.deadline`; every search loop looks at `past(options.deadline.at)`: true once it
-has passed *or* the user asked to stop. While `solve` runs in the main thread, the first
+as `options.deadline` (with no `time_limit`), its span counted from then
+(`Deadline.from_now`): a search's phases take shares of it (`part`, `share`, `reserve`,
+`within`), and no backend computes a deadline from a number of seconds. Every search loop
+looks at `past(options.deadline.at)`: true once it has passed *or* the user asked to stop. While `solve` runs in the main thread, the first
 Ctrl-C (SIGINT) only asks to stop (`request_stop`): the backend returns its best answer so
 far and `solve` marks the result with limit INTERRUPTED (status FEASIBLE unless optimality
 was proven). A second Ctrl-C raises KeyboardInterrupt as usual.
@@ -186,14 +188,12 @@ class Backend(ABC, Generic[SettingsT]):
         if reason is not None:
             raise BackendError(reason)
         start = time.perf_counter()
-        clock = options.clock().within(options.time_limit)  # the earlier of the two
+        clock = options.clock()  # the one deadline of this solve
         with catch_interrupt():
             search = clock
-            if options.objective == "makespan":
-                search = clock.reserve(RESCORE_SHARE * min(options.time_limit, clock.left()))
-            inner = dataclasses.replace(
-                options, deadline=search, time_limit=max(search.left(), 1e-3)
-            )
+            if options.objective == "makespan" and math.isfinite(clock.at):
+                search = clock.reserve(RESCORE_SHARE * clock.left())
+            inner = options.within(search.from_now())
             raw = self._solve(problem, inner, settings)
             interrupted = stop_requested()
             elapsed = time.perf_counter() - start

@@ -190,7 +190,7 @@ class PortfolioBackend(Backend[PortfolioSettings]):
                 stats = {"reason": sel.infeasible}
                 return SolveResult(self.name, Status.INFEASIBLE, bound=math.inf, stats=stats)
             start = feasible_positions(
-                sel, deadline, options.seed, t0 + START_FRACTION * options.time_limit
+                sel, deadline, options.seed, options.clock().part(START_FRACTION).at
             )
             if start is not None:
                 board.offer(sel.choices(start), "heuristic")
@@ -232,8 +232,10 @@ class _Run:
         members: list[str],
     ):
         self.board, self.options, self.deadline = board, options, deadline
-        wind_down = min(WIND_DOWN_SECONDS, WIND_DOWN_SHARE * options.time_limit)
-        self.members_until = deadline - wind_down  # the members' own deadline
+        self.clock = options.clock()
+        wind_down = min(WIND_DOWN_SECONDS, WIND_DOWN_SHARE * self.clock.limit)
+        self.members_clock = self.clock.reserve(wind_down)  # the members' own deadline
+        self.members_until = self.members_clock.at
         self.members = members
         ctx = multiprocessing.get_context("fork")
         self.queue: Any = ctx.Queue()
@@ -384,8 +386,8 @@ class _Run:
         )
         while True:
             opts = replace(
-                self.options,
-                time_limit=max(0.05, self.members_until - time.perf_counter()),
+                # the members' deadline, or 50 ms if that is later (but not past ours)
+                self.options.within(self.clock.within(max(0.05, self.members_clock.left()))),
                 threads=1,
                 warm_start=warm,
                 extra=self.settings[name],

@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from planner.deadline import Deadline
 from planner.problems.evaluate import device_capacity, fits_devices, memory_peak
 from planner.problems.problem import Problem
 from planner.problems.sizes import format_bytes
@@ -63,12 +62,12 @@ def solve_auto(problem: Problem, options: SolveOptions) -> tuple[SolveResult, Pr
     first = clock.reserve(SECOND_SEARCH_SHARE * clock.left()) if _can_exceed(limited) else clock
     free = problem.with_usage_limit(None)
     why = "the additive objective: exact, and its answer fits the memory"
-    result = _solve("elimination", free, _within(options, first), why)
+    result = _solve("elimination", free, options.within(first), why)
     if result.choices is not None and fits_devices(limited, result.choices):
         return result, problem
     tight = _tight(limited, result)
     log.warning("%s: searching again under the memory limit with %s", tight, MEMORY_BACKEND)
-    second = _solve(MEMORY_BACKEND, limited, _within(options, clock), tight)
+    second = _solve(MEMORY_BACKEND, limited, options.within(clock), tight)
     proven = result.status is Status.OPTIMAL and result.limit is None
     bound = second.bound
     if proven and result.objective is not None:  # a limit only removes answers
@@ -111,10 +110,6 @@ def _tight(limited: Problem, result: SolveResult) -> str:
 def _solve(name: str, problem: Problem, options: SolveOptions, why: str) -> SolveResult:
     result = get_backend(name).solve(problem, options)
     return dataclasses.replace(result, stats={**result.stats, "auto": {"chose": name, "why": why}})
-
-
-def _within(options: SolveOptions, deadline: Deadline) -> SolveOptions:
-    return dataclasses.replace(options, deadline=deadline, time_limit=max(deadline.left(), 1e-3))
 
 
 def _summary(result: SolveResult) -> dict[str, Any]:

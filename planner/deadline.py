@@ -114,6 +114,20 @@ class Deadline:
         """`fraction` of what is left, from now."""
         return self.within(fraction * self.left()) if math.isfinite(self.at) else self
 
+    def from_now(self) -> Deadline:
+        """This deadline as a limit of its own that begins now: the same `at`, its `limit`
+        what is left (at least 1 ms), `began` now. What `Backend.solve` hands a search, whose
+        phases then take `part`s of that span."""
+        now = time.perf_counter()
+        return Deadline(self.at, max(self.left(), 1e-3), now)
+
+    def part(self, fraction: float) -> Deadline:
+        """`fraction` of the whole span (`limit`) from now, capped at this deadline: a
+        phase's cap that does not shrink with the time its caller has already spent."""
+        if not fraction > 0:
+            return self.within(0.0)
+        return self.within(fraction * self.limit)
+
     def at_least(self, seconds: float) -> Deadline:
         """This deadline, or `seconds` from now if that is later: what a phase that proves
         (an exact search) gets at the least, so that milliseconds of work started with no time

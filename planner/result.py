@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from planner.deadline import Deadline
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from planner.problems.strategy import Strategy
 
 __all__ = [
+    "DEFAULT_TIME_LIMIT",
     "OBJECTIVES",
     "BackendError",
     "Channel",
@@ -38,6 +39,7 @@ __all__ = [
 ]
 
 OBJECTIVES = ("additive", "makespan")
+DEFAULT_TIME_LIMIT = 10.0  # seconds, for SolveOptions given neither a time_limit nor a deadline
 
 
 class Status(enum.Enum):
@@ -91,18 +93,19 @@ class Channel:
 @dataclass(frozen=True)
 class SolveOptions:
     """What to solve and within what: `objective` ("additive": OptCNN's Eq. 1 cost tables;
-    "makespan": the simulated iteration time, FlexFlow Sec. 5), a wall-clock `time_limit` in
-    seconds that covers the whole `solve`, or a `deadline` shared with the caller's other
-    phases (the earlier of the two counts), a `seed` (every search is deterministic for one
-    seed, given the same limit), `threads` for the solvers that use several, an optional
-    `warm_start` (a choice vector, used as the incumbent where supported), the
-    backend-specific `extra` settings (a mapping of setting names to values, or the
-    backend's settings object, itself such a mapping: `Backend.solve` checks it against the
-    backend's `settings_type` once, and an unknown name or a bad value is a BackendError)
-    and the `channel` a caller talks with the running search through (`Channel`)."""
+    "makespan": the simulated iteration time, FlexFlow Sec. 5), the time the whole `solve`
+    has: either a wall-clock `time_limit` in seconds or a `deadline` shared with the caller's
+    other phases, never both (neither: `DEFAULT_TIME_LIMIT`), a `seed` (every search is
+    deterministic for one seed, given the same limit), `threads` for the solvers that use
+    several, an optional `warm_start` (a choice vector, used as the incumbent where
+    supported), the backend-specific `extra` settings (a mapping of setting names to values,
+    or the backend's settings object, itself such a mapping: `Backend.solve` checks it
+    against the backend's `settings_type` once, and an unknown name or a bad value is a
+    BackendError) and the `channel` a caller talks with the running search through
+    (`Channel`). A caller that narrows the time of a solve it was given uses `within`."""
 
     objective: str = "additive"
-    time_limit: float = 10.0
+    time_limit: float | None = None
     seed: int = 0
     threads: int = 1
     warm_start: tuple[int, ...] | None = None  # choices from another backend, where supported
@@ -113,15 +116,26 @@ class SolveOptions:
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise BackendError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if not self.time_limit > 0:
+        if self.time_limit is not None and self.deadline is not None:
+            raise BackendError(
+                "SolveOptions takes a time_limit or a deadline, not both "
+                f"(got time_limit={self.time_limit:g}): use options.within(deadline)"
+            )
+        if self.time_limit is not None and not self.time_limit > 0:
             raise BackendError(f"time_limit must be positive, got {self.time_limit}")
         if self.threads < 1:
             raise BackendError(f"threads must be >= 1, got {self.threads}")
 
     def clock(self) -> Deadline:
-        """The deadline of this solve: `deadline`, capped at `time_limit` from now when no
-        deadline was given (Backend.solve sets it once, so every phase reads the same)."""
-        return self.deadline if self.deadline is not None else Deadline.after(self.time_limit)
+        """The deadline of this solve: `deadline`, else `time_limit` (or the default) from
+        now (`Backend.solve` makes it once, so every phase reads the same)."""
+        if self.deadline is not None:
+            return self.deadline
+        return Deadline.after(DEFAULT_TIME_LIMIT if self.time_limit is None else self.time_limit)
+
+    def within(self, deadline: Deadline) -> SolveOptions:
+        """These options with `deadline` as their time (and no `time_limit`)."""
+        return replace(self, time_limit=None, deadline=deadline)
 
 
 def result_gap(objective: float | None, bound: float | None) -> float | None:

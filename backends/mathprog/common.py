@@ -342,7 +342,7 @@ class SolverBackend(Backend[SettingsT], Generic[SettingsT, ModelT, RunT]):
         warm: tuple[Schedule, str] | None = None,
         settings: SettingsT | None = None,
     ) -> PlacementOutcome:
-        """Warm start, series bound and the whole model within options.time_limit (see
+        """Warm start, series bound and the whole model by options' deadline (see
         `backends.placement.series.solve_placement_problem`), with `settings` (default: those
         in options.extra)."""
         settings = settings if settings is not None else self.settings(options)
@@ -354,15 +354,14 @@ class SolverBackend(Backend[SettingsT], Generic[SettingsT, ModelT, RunT]):
         options: SolveOptions,
         settings: SettingsT,
         warm: Schedule | None,
-        seconds: float,
     ) -> PlacementOutcome:
-        """One solve of the placement model within `seconds` (and options' deadline), its
-        encoding included: the last step of `solve_placement`, and each segment's solve of
-        the series bound. When the model cannot be encoded in time the solver does not run
-        (no schedule; the caller keeps its start)."""
+        """One solve of the placement model by options' deadline, its encoding included:
+        the last step of `solve_placement`, and each segment's solve of the series bound.
+        When the model cannot be encoded in time the solver does not run (no schedule; the
+        caller keeps its start)."""
         steps = self.steps
         t0 = time.perf_counter()
-        until = min(options.clock().at, t0 + seconds)
+        until = options.clock().at
         try:
             model = steps.encode_placement(
                 pp, options, settings, (warm, "hint") if warm is not None else None, until
@@ -382,16 +381,17 @@ class SolverBackend(Backend[SettingsT], Generic[SettingsT, ModelT, RunT]):
             limit = Limit.TIME if out.timed_out else None
             return placement_result(pp, out, limit, {}, self.name)
         t0 = time.perf_counter()
-        deadline = options.clock().at
+        clock = options.clock()
+        deadline = clock.at
         reported = _Reported(problem, options.channel.on_incumbent)
         options = replace(options, channel=replace(options.channel, on_incumbent=reported))
         lns = self.solve_sub is not None and settings.neighbourhoods(options.threads)
         # with the neighbourhood search the whole model searches only until `until` (its
         # LP and bound included), the neighbourhoods the rest of the time
-        until = t0 + LNS_WHOLE_SHARE * options.time_limit if lns else deadline
+        until = clock.part(LNS_WHOLE_SHARE).at if lns else deadline
         full = selection(problem)
         t1 = time.perf_counter()
-        polish = t1 + START_FRACTION * options.time_limit
+        polish = clock.part(START_FRACTION).at
         warm = warm_choices(problem, full, options, settings, deadline, polish)
         t2 = time.perf_counter()
         phases: dict[str, Any] = {"selection_seconds": t1 - t0, "start_seconds": t2 - t1}
@@ -416,7 +416,7 @@ class SolverBackend(Backend[SettingsT], Generic[SettingsT, ModelT, RunT]):
             # A restricted model was solved before the limit: search again around the best
             # answer (a large-neighbourhood search), with the rate this round achieved, so a
             # larger neighbourhood or the whole model is tried when it now looks affordable.
-            if past(until) or until - time.perf_counter() < ROUND_SHARE * options.time_limit:
+            if past(until) or until - time.perf_counter() < ROUND_SHARE * clock.limit:
                 best = replace(best, limit=Limit.TIME)
                 break
             if rounds > settings.max_rounds:

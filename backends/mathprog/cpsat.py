@@ -560,10 +560,10 @@ def solve_encoded(
     model: CpsatModel,
     options: SolveOptions,
     settings: CpsatSettings,
-    time_limit: float,
+    seconds: float,
     until: float = math.inf,
 ) -> CpsatRun:
-    """Run CP-SAT for at most `time_limit` seconds with options.seed and options.threads
+    """Run CP-SAT for at most `seconds` with options.seed and options.threads
     (additive: first the LP-rounding hint, `_lp_hint`, unless `settings.lp_start` is False),
     the search itself ending by `until` (a `time.perf_counter()` value) at the latest."""
     start = time.perf_counter()
@@ -571,12 +571,12 @@ def solve_encoded(
     sel = model.sel
     additive = model.objective == "additive" and sel is not None and not sel.infeasible
     if additive and settings.lp_start:
-        lp = _lp_hint(model, options, start + time_limit)
+        lp = _lp_hint(model, options, start + seconds)
     now = time.perf_counter()
     # the search alone may have to end earlier (`SolverBackend`: the neighbourhoods follow)
-    time_limit = min(time_limit - (now - start), until - now)
+    seconds = min(seconds - (now - start), until - now)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit, 1e-3)
+    solver.parameters.max_time_in_seconds = max(seconds, 1e-3)
     solver.parameters.num_workers = options.threads
     solver.parameters.random_seed = options.seed
     solver.parameters.cp_model_presolve = model.presolve

@@ -115,9 +115,9 @@ KILL_SECONDS = 0.0  # CBC still running this long past the deadline is killed: a
 
 def _stop_margin(options: SolveOptions, io_seconds: float) -> float:
     """Seconds before the deadline at which CBC gets its SIGINT (its own limit one margin
-    earlier): enough to write and read its solution, STOP_FRACTION of the time limit but
-    at most STOP_SECONDS."""
-    return max(io_seconds, min(STOP_FRACTION * options.time_limit, STOP_SECONDS))
+    earlier): enough to write and read its solution, STOP_FRACTION of the time limit (of
+    options' deadline) but at most STOP_SECONDS."""
+    return max(io_seconds, min(STOP_FRACTION * options.clock().limit, STOP_SECONDS))
 
 
 @dataclass
@@ -424,20 +424,20 @@ def solve_encoded(
     model: IlpModel,
     options: SolveOptions,
     settings: IlpSettings,
-    time_limit: float,
+    seconds: float,
     until: float = math.inf,
 ) -> IlpRun:
-    """Run CBC on the model for at most `time_limit` seconds, file writing included, and
-    never past `until` (a `time.perf_counter()` value)."""
-    time_limit = min(time_limit, until - time.perf_counter())
+    """Run CBC on the model for at most `seconds`, file writing included, and never past
+    `until` (a `time.perf_counter()` value) or options' deadline."""
+    seconds = min(seconds, until - time.perf_counter())
     if model.objective == "additive":
-        return _solve_additive(model, options, settings, time_limit)
+        return _solve_additive(model, options, settings, seconds)
     assert model.lp is not None
     nvars = len(model.lp.variables())
     if nvars == 0:  # every node has a single choice: nothing to search
         return IlpRun("OPTIMAL", 0.0, 0.0, 0.0, False, {"cbc_result": "not run (no variables)"})
     now = time.perf_counter()
-    deadline = min(options.clock().at, now + time_limit)
+    deadline = options.clock().within(seconds).at
     # pulp writes the model before CBC starts, with no look at the clock (5.5 s for DLPlacer's
     # model of Inception-v3 on 16 GPUs: 335,000 rows), and reads the solution's columns
     read = IO_SECONDS_PER_VARIABLE * nvars
@@ -475,7 +475,7 @@ def solve_encoded(
 
 
 def _solve_additive(
-    model: IlpModel, options: SolveOptions, settings: IlpSettings, time_limit: float
+    model: IlpModel, options: SolveOptions, settings: IlpSettings, seconds: float
 ) -> IlpRun:
     """Write the sparse model and its MIP start, run CBC's binary, read its solution."""
     ap, sel = model.ap, model.sel
@@ -486,7 +486,7 @@ def _solve_additive(
     if prog.num_columns == 0:  # every node has a single choice: nothing to search
         return IlpRun("OPTIMAL", 0.0, 0.0, 0.0, False, {"cbc_result": "not run (no variables)"},
                       np.zeros(0))  # fmt: skip
-    deadline = min(options.clock().at, start + time_limit)
+    deadline = options.clock().within(seconds).at
     io_seconds = IO_SECONDS_PER_TERM * (prog.num_terms + prog.num_columns)
     lp_stats: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="layerwise-cbc-") as tmp:

@@ -317,7 +317,7 @@ def neighbourhood_search(
         hint = sub.choices(at)
         left = deadline - time.perf_counter()
         limit = left if whole else min(sub_seconds, left)
-        o = replace(opts, time_limit=max(limit, 1e-3), seed=seed + stats["rounds"])
+        o = replace(opts, seed=seed + stats["rounds"])  # its time: `limit` and `deadline`
         try:
             run = solve_sub(sub, o, (hint, "lns"), limit, deadline)
         except OutOfTime:  # too large to encode in a round's time: a smaller one

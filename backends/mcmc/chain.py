@@ -177,7 +177,9 @@ class _Search:
         self.s = settings
         self.rng = np.random.default_rng(options.seed)
         self.t0 = time.perf_counter()
-        self.deadline = options.clock().at
+        self.clock = options.clock()
+        self.deadline = self.clock.at
+        self.starts_until = self.clock.part(START_SHARE).at  # START_SHARE of the time limit
         self.best: tuple[float, tuple[int, ...]] | None = None
         self.trace: list[tuple[float, float]] = []
         self.log = ProgressLog("mcmc")
@@ -234,7 +236,7 @@ class _Search:
         found = start_choices(self.p, self.opts, self.s.inits, self.rng, self.deadline)
         eq1 = [additive_cost(self.p, choices) for _, choices in found]
         cheapest = min(eq1, default=math.inf)
-        budget = self.t0 + START_SHARE * self.opts.time_limit
+        budget = self.starts_until
         simulated = self.opts.objective == "makespan"
         longest = 0.0  # the slowest start's simulation so far
         for k in sorted(range(len(found)), key=lambda k: (eq1[k], k)):
@@ -270,7 +272,7 @@ class _Search:
         if self.s.iterations is not None:
             frac = min(1.0, self.step / self.s.iterations)
         else:
-            frac = min(1.0, (time.perf_counter() - self.t0) / self.opts.time_limit)
+            frac = min(1.0, (time.perf_counter() - self.t0) / self.clock.limit)
         (first, hottest), (w0, w1) = self.s.temperature, self.s.penalty
         temp = min(hottest, first * 2**level)
         beta = self.s.beta if self.s.beta is not None else 1.0 / (temp * self.scale)

@@ -17,7 +17,6 @@ random ones); `backends.mcmc.chain` scores them all and searches from the best.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -58,10 +57,10 @@ def start_choices(
         if name == "warm_start" and options.warm_start is not None:
             out.append((name, p.check_choices(options.warm_start)))
         elif name == "elimination" and options.warm_start is None:
-            found = elimination_start(p, options.time_limit, options.clock())
+            found = elimination_start(p, options.clock())
             out += [(name, found)] if found is not None else []
         elif name == "feasible" and p.usage_limit is not None:
-            cap = time.perf_counter() + FEASIBLE_SHARE * options.time_limit
+            cap = options.clock().part(FEASIBLE_SHARE).at
             found = feasible_start(p, min(deadline, cap))
             out += [(name, found)] if found is not None else []
         elif name == "random":
@@ -88,21 +87,19 @@ def baseline_starts(problem: Problem, which: str) -> list[Start]:
     return out
 
 
-def elimination_start(
-    problem: Problem, time_limit: float, deadline: Deadline | None = None
-) -> tuple[int, ...] | None:
-    """The Eq. 1 optimum (OptCNN Algorithm 1), when its estimated time fits a share of the
-    budget: its min-plus products touch about C_u C_v max(C_u, C_v) entries per edge."""
+def elimination_start(problem: Problem, deadline: Deadline) -> tuple[int, ...] | None:
+    """The Eq. 1 optimum (OptCNN Algorithm 1), when its estimated time fits a share
+    (ELIMINATION_SHARE) of the time limit of `deadline`: its min-plus products touch about
+    C_u C_v max(C_u, C_v) entries per edge."""
     from backends import get_backend
 
     if problem.usage_limit is not None:
         return None  # elimination cannot hold a memory limit
     sizes = np.array(problem.sizes, dtype=np.float64)
     work = sum(sizes[u] * sizes[v] * max(sizes[u], sizes[v]) for u, v in problem.edges)
-    share = ELIMINATION_SHARE * time_limit
-    if work / ELIMINATION_RATE > share:
+    if work / ELIMINATION_RATE > ELIMINATION_SHARE * deadline.limit:
         return None
-    options = SolveOptions(time_limit=share, deadline=deadline)
+    options = SolveOptions(deadline=deadline.part(ELIMINATION_SHARE))
     return get_backend("elimination").solve(problem, options).choices
 
 

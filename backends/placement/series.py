@@ -490,7 +490,7 @@ def solve_placement_problem(
     options: SolveOptions,
     settings: SettingsT,
     solve_model: Callable[
-        [PlacementProblem, SolveOptions, SettingsT, Schedule | None, float], PlacementOutcome
+        [PlacementProblem, SolveOptions, SettingsT, Schedule | None], PlacementOutcome
     ],
     warm: tuple[Schedule, str] | None = None,
 ) -> PlacementOutcome:
@@ -498,13 +498,17 @@ def solve_placement_problem(
     is a valid placement, else `greedy_placement`); the series bound (`settings.series_bound`,
     default on; segments solved by the same backend, with the series bound off) and the
     placement it builds, improved by local search, as a second candidate; then `solve_model`
-    on the whole problem from the better candidate for the time left. The bound reported is
-    the better of the two."""
+    on the whole problem from the better candidate for the time left (each solve by its
+    options' deadline). The bound reported is the better of the two."""
     t0 = time.perf_counter()
-    deadline = options.clock().at
+    clock = options.clock()
+    # the phases' caps: shares of the time limit from the start
+    heuristic_until = clock.part(HEURISTIC_SHARE).at
+    bound_until = clock.part(BOUND_SHARE).at
+    improve_until = clock.part(BOUND_SHARE + HEURISTIC_SHARE).at
     order = settings.order
     if warm is None:
-        warm = warm_schedule(pp, options, settings, t0 + HEURISTIC_SHARE * options.time_limit)
+        warm = warm_schedule(pp, options, settings, heuristic_until)
     series: float | None = None
     stats: dict[str, Any] = {}
     start_seconds = time.perf_counter() - t0
@@ -512,27 +516,26 @@ def solve_placement_problem(
         inner = replace(settings, series_bound=False)
 
         def segment(sub: PlacementProblem, left: float) -> tuple[float, Schedule | None]:
-            opts = replace(options, time_limit=max(0.05, min(left, SEGMENT_SECONDS)))
-            start = greedy_placement(sub, order, time.perf_counter() + opts.time_limit)
-            out = solve_model(sub, opts, inner, start, opts.time_limit)
+            cap = clock.within(max(0.05, min(left, SEGMENT_SECONDS))).from_now()
+            opts = options.within(cap)
+            start = greedy_placement(sub, order, cap.at)
+            out = solve_model(sub, opts, inner, start)
             bound = out.bound if out.bound is not None else placement_lower_bound(sub)
             return bound, out.schedule
 
         t1 = time.perf_counter()
-        series, stats, place, est = series_bound(pp, segment, t0 + BOUND_SHARE * options.time_limit)
+        series, stats, place, est = series_bound(pp, segment, bound_until)
         stats["series_seconds"] = time.perf_counter() - t1
         if place is not None and warm is not None:  # nodes off the segments: as the warm start
             place = tuple(d if d >= 0 else w for d, w in zip(place, warm[0].placement, strict=True))
         if place is not None and est is not None and min(place) >= 0 and pp.memory_ok(place):
             built = retime(pp, place, est, order)
-            built = improve_placement(
-                pp, built, order, t0 + (BOUND_SHARE + HEURISTIC_SHARE) * options.time_limit
-            )
+            built = improve_placement(pp, built, order, improve_until)
             stats["series_placement"] = built.makespan
             if warm is None or built.makespan < warm[0].makespan:
                 warm = (built, "series")
     t2 = time.perf_counter()
-    out = solve_model(pp, options, settings, warm[0] if warm else None, deadline - t2)
+    out = solve_model(pp, options, settings, warm[0] if warm else None)
     stats = {**out.stats, **stats, "warm_start": warm[1] if warm else None, "series_bound": series}
     stats.update(start_seconds=start_seconds, model_seconds=time.perf_counter() - t2)
     schedule, status = out.schedule, out.status

@@ -118,9 +118,7 @@ def searched_layout(
             problem = build_problem(ch.graph, ch.devices, CostModel(ch.graph, ch.devices, plain))
         except LayerwiseError:  # e.g. a range too big for one group: the rule alone
             return None
-        result = get_backend("elimination").solve(
-            problem, SolveOptions(time_limit=max(deadline.left(), 1e-3), deadline=deadline)
-        )
+        result = get_backend("elimination").solve(problem, SolveOptions(deadline=deadline))
         if result.strategy is None:
             return None
         kept = {one.ops[i].name for i in keep}

@@ -3,9 +3,9 @@
 The entry point is `planner.plan(model, devices, backend=..., ...)` (planner/api.py): a zoo
 name, an `nn.Module` with example inputs, a "module:factory" path, an OpGraph, a Problem or
 a file, to a `PlanResult` (status, objective, bound, gap, strategy, phase seconds, the plan
-file). `planner.export` applies a strategy to a module with DTensor (`parallelize`, in the
-`process_group()` of a launch); `planner.export_pipeline` runs a pipelined strategy with
-torch's pipelining (`parallelize_pipeline`).
+file). The export family `planner.export` runs a plan with PyTorch itself: a strategy with
+DTensor (`parallelize`, in the `process_group()` of a launch; ZeRO with FSDP2), a pipelined
+strategy with torch's pipelining (`parallelize_pipeline`).
 
 Layers (each a subpackage): `planner.graph` (OpGraph, op kinds, torch.fx capture, the zoo,
 model specs), `planner.hardware` (DeviceGraph, presets), `planner.costs` (configs, the config
@@ -34,10 +34,10 @@ _EXPORTS: dict[str, str] = {
     "Exported": "planner.export",
     "ExportError": "planner.export",
     "process_group": "planner.export",
-    "parallelize_pipeline": "planner.export_pipeline",
-    "pipeline_plan": "planner.export_pipeline",
-    "PipelineExportPlan": "planner.export_pipeline",
-    "PipelineExported": "planner.export_pipeline",
+    "parallelize_pipeline": "planner.export",
+    "pipeline_plan": "planner.export",
+    "PipelineExportPlan": "planner.export",
+    "PipelineExported": "planner.export",
     "ModelSpec": "planner.graph.models",
     "InputSpec": "planner.graph.models",
     "LayerwiseError": "planner.errors",

@@ -1,4 +1,4 @@
-"""Export of pipelined strategies to torch's pipelining (planner.export_pipeline): the stages
+"""Export of pipelined strategies to torch's pipelining (planner.export.pipelining): the stages
 and schedule it plans, what it refuses (no processes), and real runs on gloo workers trained
 2 SGD steps in float64 beside single-process training of the whole batch."""
 
@@ -23,8 +23,7 @@ from workers import run_workers
 import planner
 from planner.costs.config import ParallelConfig
 from planner.errors import ExportError
-from planner.export import export_plan
-from planner.export_pipeline import pipeline_plan
+from planner.export import export_plan, pipeline_plan
 from planner.graph.capture import capture
 from planner.graph.coarsen import coarsen
 from planner.graph.opgraph import OpGraph

@@ -41,4 +41,5 @@ def test_the_wheel_ships_data_types_license_and_the_console_script(tmp_path: Pat
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "License-Expression: MIT" in metadata
     assert "layerwise = planner.__main__:console_main" in entry_points
-    assert "planner/api.py" in names and "planner/export.py" in names
+    assert "planner/api.py" in names and "planner/export/dtensor.py" in names
+    assert "planner/cli/args.py" in names

@@ -66,6 +66,7 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> NoReturn:
+        """Raise the usage error as one UsageError line (argparse would print and exit)."""
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
@@ -83,10 +84,12 @@ def _int_at_least(text: str, low: int, what: str) -> int:
 
 
 def positive_int(text: str) -> int:
+    """An integer >= 1."""
     return _int_at_least(text, 1, "a positive integer")
 
 
 def nonnegative_int(text: str) -> int:
+    """An integer >= 0."""
     return _int_at_least(text, 0, "an integer >= 0")
 
 
@@ -102,14 +105,17 @@ def _finite_float(text: str, what: str, positive: bool) -> float:
 
 
 def positive_seconds(text: str) -> float:
+    """A finite number of seconds > 0 (a time limit)."""
     return _finite_float(text, "number of seconds", positive=True)
 
 
 def nonnegative_seconds(text: str) -> float:
+    """A finite number of seconds >= 0."""
     return _finite_float(text, "number of seconds", positive=False)
 
 
 def positive_number(text: str) -> float:
+    """A finite number > 0."""
     return _finite_float(text, "number", positive=True)
 
 

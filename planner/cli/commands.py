@@ -520,7 +520,8 @@ def cmd_graph(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         print(
-            f"{graph.name}: {quantity(summary['ops'], 'op')}, {quantity(summary['edges'], 'edge')}, "
+            f"{graph.name}: {quantity(summary['ops'], 'op')}, "
+            f"{quantity(summary['edges'], 'edge')}, "
             f"{summary['forward_flops'] / 1e9:.3f} GFLOP forward, "
             f"{summary['parameter_bytes'] / 2**20:.1f} MiB parameters"
         )

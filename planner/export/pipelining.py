@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import ExportError
+from planner.export.common import check_params
 from planner.graph.opkinds import SAMPLE, is_batch_norm
 from planner.pipeline.timeline import counted
 
@@ -81,6 +82,7 @@ class PipelineExportPlan:
         return {s.split_at: "BEGINNING" for s in self.stages if s.split_at is not None}
 
     def stages_of(self, rank: int) -> tuple[StagePlan, ...]:
+        """The stages that run on `rank` (v of them with an interleaved schedule)."""
         return tuple(s for s in self.stages if s.rank == rank)
 
     def describe(self) -> list[str]:
@@ -107,11 +109,9 @@ def pipeline_plan(planned: PipelinedStrategy, module: nn.Module) -> PipelineExpo
             f"pipeline_plan exports a PipelinedStrategy, got a {type(planned).__name__}: "
             "export a plain strategy with planner.parallelize"
         )
-    from planner.export import _check_params
-
     graph, pipe = planned.strategy.graph, planned.pipeline
     kinds = {name: type(m).__name__ for name, m in module.named_modules()}
-    _check_params(planned.strategy, module)
+    check_params(planned.strategy, module)
     _refusals(planned)
     stages = []
     for c in range(pipe.chunks):

@@ -53,7 +53,7 @@ sums reduce-scattered (summed, not averaged). Stage 1 is `torch.distributed.opti
 ZeroRedundancyOptimizer` over the parameters' local tensors after their gradients are
 all-reduced: `Exported.optimizer(cls, **options)` builds it (`ZeroOneOptimizer`). Modules that
 fall back to replication are sharded too: like batch norm's, their gradients are whole on
-every rank, and become partial sums before the reduce-scatter (`planner.export_zero`).
+every rank, and become partial sums before the reduce-scatter (`planner.export.zero`).
 
 `parallelize(strategy, module)` applies the plan in every rank of an initialized process
 group (torchrun, or `torch.distributed.init_process_group`); `with process_group():` sets one
@@ -70,6 +70,8 @@ from typing import TYPE_CHECKING, Any
 
 from planner.costs.recompute import recompute_error, recomputed_ops
 from planner.errors import ExportError
+from planner.export.common import check_params
+from planner.export.zero import ZeroOneOptimizer, fully_shard_plan
 from planner.graph.opkinds import CHANNEL, SAMPLE
 
 if TYPE_CHECKING:
@@ -179,7 +181,7 @@ def export_plan(
             f"(the strategy's devices), got {tuple(mesh_shape or ())}"
         )
     types = {name: type(m) for name, m in module.named_modules()}
-    _check_params(strategy, module)
+    check_params(strategy, module)
     ops: list[OpPlacement] = []
     for op, cfg in zip(graph.ops, strategy.configs, strict=True):
         paths = tuple(dict.fromkeys(_module_of(p.name) for p in op.params))
@@ -256,16 +258,6 @@ def _tied_modules(module: nn.Module) -> list[set[str]]:
 
 def _module_of(param: str) -> str:
     return param.rsplit(".", 1)[0] if "." in param else ""
-
-
-def _check_params(strategy: Strategy, module: nn.Module) -> None:
-    have = {name for name, _ in module.named_parameters()}
-    missing = sorted({p.name for op in strategy.graph.ops for p in op.params} - have)
-    if missing:
-        raise ExportError(
-            f"the module has no parameters named {missing[:3]}: the strategy's graph "
-            f"{strategy.graph.name!r} does not come from this module"
-        )
 
 
 def _style(
@@ -426,8 +418,6 @@ class Exported:
         Every rank calls it, in the same order as the other collectives."""
         if self.plan.zero != 1:
             return cls(self.module.parameters(), **options)
-        from planner.export_zero import ZeroOneOptimizer
-
         dims = dict(self.plan.sharded)
         params: dict[int, tuple[Any, tuple[int, ...]]] = {}
         for path, sub in self.module.named_modules(remove_duplicate=False):
@@ -493,8 +483,6 @@ def parallelize(
     for path in plan.checkpointed:
         _checkpoint(module.get_submodule(path))
     if plan.zero >= 2 and plan.sharded:
-        from planner.export_zero import fully_shard_plan
-
         tied = _tied_modules(module)
         fully_shard_plan(module, mesh, plan.sharded, tied, reshard_after_forward=plan.zero == 3)
     exported = Exported(module, mesh, plan)

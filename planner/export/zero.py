@@ -2,7 +2,7 @@
 
 Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models"
 (SC'20), Sec. 5.1-5.3: the optimizer state (stage 1), the gradients (2) and the weights (3) of
-each parameter are partitioned over its data-parallel replicas. `planner.export` says which
+each parameter are partitioned over its data-parallel replicas. `planner.export.dtensor` says which
 modules are sharded over which mesh dims (`ExportPlan.sharded`); this module applies it:
 
 - stages 2 and 3 (`fully_shard`): each module of `sharded` (modules that share a parameter

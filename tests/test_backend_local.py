@@ -40,7 +40,8 @@ class TestLocalConformance(BackendConformance):
 
 
 def solve(problem, **kwargs):  # type: ignore[no-untyped-def]
-    args = {"time_limit": 30.0, "seed": 0, "extra": FAST, **kwargs}
+    limit = {} if "deadline" in kwargs else {"time_limit": 30.0}  # one of the two
+    args = {**limit, "seed": 0, "extra": FAST, **kwargs}
     return get_backend("local").solve(problem, SolveOptions(**args))
 
 

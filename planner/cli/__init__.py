@@ -10,10 +10,14 @@ short at any scale: device sets as ranges, a plan of more than PLAN_ROWS ops by 
 every op), a cost-table objective as the plain number it is (no unit). The first Ctrl-C during
 a search stops it and the best answer so far is printed and written (limit INTERRUPTED).
 
-The argument types, the one-line parser and the error reporting that runtime.run and the
-experiments share are `planner.cli.args`.
+Modules: `args` (what every command line of the project shares: the one-line parser, argument
+types, logging options, error reporting; runtime.run and the experiments use it), `parser`
+(`build_parser`: one function per command), `commands` (`main` and the small commands),
+`plan` and `evaluate` (those two commands), `inputs` (reading the user's model and files),
+`output` (what the commands print).
 """
 
-from planner.cli.commands import build_parser, main
+from planner.cli.commands import main
+from planner.cli.parser import build_parser
 
 __all__ = ["build_parser", "main"]

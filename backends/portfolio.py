@@ -72,8 +72,8 @@ from backends.base import (
 from backends.heuristics.feasible import feasible_positions
 from backends.local.anneal import LocalSettings
 from backends.mathprog.common import CpsatSettings, IlpSettings
-from backends.mathprog.selection import selection
 from backends.mcmc.chain import McmcSettings
+from backends.model.selection import selection
 from backends.wcsp.toulbar2 import Toulbar2Settings
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem

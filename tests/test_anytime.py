@@ -23,8 +23,8 @@ from backends import BackendError, Limit, SolveOptions, Status, get_backend
 from backends.heuristics.feasible import backtrack, feasible_choices
 from backends.local.anneal import _compile
 from backends.mathprog.common import CpsatSettings, IlpSettings
-from backends.mathprog.selection import check_times, live_sets, selection
 from backends.mcmc.chain import McmcSettings
+from backends.model.selection import check_times, live_sets, selection
 from backends.portfolio import (
     LARGE_NODES,
     WIND_DOWN_SECONDS,

@@ -24,7 +24,7 @@ from backends.mathprog.additive_lp import additive_program
 from backends.mathprog.common import rounded_lp_start
 from backends.mathprog.cpsat import CpsatBackend
 from backends.mathprog.ilp import IlpBackend
-from backends.mathprog.selection import selection
+from backends.model.selection import selection
 from backends.placement.problem import (
     PlacementProblem,
     Schedule,

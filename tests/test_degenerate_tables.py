@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from backends import SolveOptions, Status, get_backend
 from backends.base import integral_bound
-from backends.mathprog.selection import edge_groups, selection
+from backends.model.selection import edge_groups, selection
 from backends.testing import check_answer, degenerate_problems, table_problem
 from backends.wcsp import lower_bound
 from planner.cli import main

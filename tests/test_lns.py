@@ -18,7 +18,7 @@ from backends.base import Channel
 from backends.heuristics.feasible import feasible_choices
 from backends.mathprog.cpsat import solve_sub
 from backends.mathprog.lns import lns_enabled, neighbourhood_search, sub_selection
-from backends.mathprog.selection import selection
+from backends.model.selection import selection
 from planner.problems.costtable import brute_force, contest_problem, random_problem
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem

@@ -2,7 +2,7 @@
 
 `feasible_choices(problem, deadline)` returns a choice vector that is allowed (no forbidden
 choice or pair) and keeps the memory rule, or None when it found none in time. It works on
-the reduced tables (`backends.mathprog.selection.Selection`) in three steps:
+the reduced tables (`backends.model.selection.Selection`) in three steps:
 
 1. Start from the smallest-memory vector: every node at its least usage (the lowest load at
    every time, so with one memory pool it always fits), cheapest among equals.
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from backends.base import past
-from backends.mathprog.selection import Selection, selection
+from backends.model.selection import Selection, selection
 
 if TYPE_CHECKING:
     from planner.problems.problem import Problem

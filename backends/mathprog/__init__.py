@@ -1,7 +1,6 @@
-"""Mathematical programming: the selection model solved by CBC and by CP-SAT.
+"""Mathematical programming: the selection model (`backends.model.selection`: OptCNN Eq. 1
+reduced) solved by CBC and by CP-SAT.
 
-- `selection`: the additive objective's data (OptCNN Eq. 1 reduced: allowed choices, edge
-  tables, the memory rule as live sets), shared by both solvers;
 - `linear`, `additive_lp`: the selection model as a sparse linear program (MPS);
 - `cbc`, `ilp`: CBC under a time limit, the `ilp` backend;
 - `cpsat`: OR-Tools CP-SAT, the `cpsat` backend;

@@ -1,7 +1,7 @@
 """The additive objective (OptCNN Eq. 1) as a sparse linear program: the `ilp` encoding.
 
 Built with numpy blocks (`backends.mathprog.linear`), one block per node, edge and memory pool, so an
-800-node contest problem is encoded in about a second. On `backends.mathprog.selection.Selection`:
+800-node contest problem is encoded in about a second. On `backends.model.selection.Selection`:
 
 - x[i, c] binary per allowed choice, sum_c x[i, c] = 1 (nodes with one choice are constants);
 - per edge, over its groups of equal rows and columns (`selection.edge_groups`):
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.mathprog.linear import LinearBuilder, LinearProgram
-from backends.mathprog.selection import Memory, Selection, memory_form
+from backends.model.selection import Memory, Selection, memory_form
 from planner.deadline import Clock
 
 __all__ = [

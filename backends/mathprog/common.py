@@ -3,7 +3,7 @@
 Both backends are split into encode / solve / decode (see docs/solvers.md). Everything
 around those three steps is the same for both and lives here:
 
-- the additive objective (OptCNN Eq. 1): `backends.mathprog.selection.Selection` is encoded with a
+- the additive objective (OptCNN Eq. 1): `backends.model.selection.Selection` is encoded with a
   warm start (`warm_choices`: SolveOptions.warm_start when it is valid, else
   `backends.heuristics.feasible`'s heuristic); if the time limit passes while encoding (`Clock` raises `OutOfTime`),
   the answer is that start (`out_of_time`);
@@ -52,7 +52,7 @@ from backends.heuristics.feasible import (
 )
 from backends.mathprog.additive_lp import AdditiveProgram
 from backends.mathprog.lns import SubSolve, lns_enabled, neighbourhood_search
-from backends.mathprog.selection import (
+from backends.model.selection import (
     Selection,
     edge_sizes,
     model_terms,

@@ -1,6 +1,6 @@
 """`cpsat`: OR-Tools CP-SAT on both objectives, as encode / solve / decode.
 
-Additive (OptCNN Eq. 1) on `backends.mathprog.selection.Selection`: a Boolean x[i, c] per allowed
+Additive (OptCNN Eq. 1) on `backends.model.selection.Selection`: a Boolean x[i, c] per allowed
 choice with ExactlyOne per node; each remaining edge gets a Boolean y[e, a, b] per finite
 pair, tied to its ends by row and column sums (sum_b y[e, a, b] = x[u, a], sum_a y[e, a, b]
 = x[v, b]: the local marginal polytope, exact on trees, so the LP bound is strong), or with
@@ -67,7 +67,7 @@ from backends.mathprog.common import (
 )
 from backends.mathprog.linear import write_mps
 from backends.mathprog.lns import SubRun
-from backends.mathprog.selection import Selection, memory_form
+from backends.model.selection import Selection, memory_form
 from backends.placement.problem import (
     PlacementOutcome,
     PlacementProblem,

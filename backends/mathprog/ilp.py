@@ -1,6 +1,6 @@
 """`ilp`: integer linear programs solved by CBC, as encode / solve / decode.
 
-Additive (OptCNN Eq. 1) on `backends.mathprog.selection.Selection`: the sparse program of
+Additive (OptCNN Eq. 1) on `backends.model.selection.Selection`: the sparse program of
 `backends.mathprog.additive_lp` (binary x[i, c] per allowed choice with sum_c x[i, c] = 1; per edge a
 continuous y per finite pair of its groups of equal rows and columns, tied to the x by row and
 column sums (the local marginal polytope, exact on trees), or with the setting edges "implied"
@@ -70,7 +70,7 @@ from backends.mathprog.common import (
     rounded_lp_start,
 )
 from backends.mathprog.linear import read_solution, write_mps, write_start
-from backends.mathprog.selection import Selection
+from backends.model.selection import Selection
 from backends.placement.problem import (
     PlacementOutcome,
     PlacementProblem,

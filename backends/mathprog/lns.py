@@ -13,7 +13,7 @@ the time left (a small problem is thus solved whole, as without the search).
 
 Neighbourhoods alternate between a breadth-first ball in the graph of edges (nodes that share
 resharding costs) and a window of nodes that start one after the other in time (nodes that
-share memory), both grown to a number of model terms (`backends.mathprog.selection.model_terms`: what
+share memory), both grown to a number of model terms (`backends.model.selection.model_terms`: what
 encoding and solving cost) that adapts: it grows when a sub-problem was proven optimal quickly
 and shrinks when its encoding or solve ran out of time. (FlexFlow's and OptCNN's searches
 change one node at a time; this is the classic large-neighbourhood search of constraint
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from backends.base import BackendError, Channel, ProgressLog, SolveOptions, StopFlag, past
-from backends.mathprog.selection import Memory, Selection, edge_sizes, range_sum
+from backends.model.selection import Memory, Selection, edge_sizes, range_sum
 from planner.deadline import OutOfTime
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class LnsOutcome:
 
 class _Graph:
     """Each node's neighbours (CSR) and incident edges, the nodes in time order, and the
-    model terms (`backends.mathprog.selection.model_terms`) of each node and edge."""
+    model terms (`backends.model.selection.model_terms`) of each node and edge."""
 
     def __init__(self, sel: Selection, starts: np.ndarray | None):
         n = sel.num_nodes

@@ -13,7 +13,7 @@ program order on every device), and are timed by `list_schedule`. Also here: low
 bounds, the greedy placement and its local search, device symmetries, random instances, and
 `PlacementOutcome`, what a solver reached. The series decomposition and the makespan solve
 both backends share are in `backends.placement.series`; the additive objective's data in
-`backends.mathprog.selection`.
+`backends.model.selection`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import networkx as nx
 import numpy as np
 
 from backends.base import past
-from backends.mathprog.selection import MEMORY_RTOL, live_sets
+from backends.model.selection import MEMORY_RTOL, live_sets
 from planner.errors import LayerwiseError
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
-"""The additive objective's data, shared by the `ilp` and `cpsat` backends (no solver here).
+"""The additive objective's data, shared by several families (no search here): encoded by
+`ilp` and `cpsat`, searched by `heuristics.feasible` and the `portfolio`.
 
 `Selection`: the additive objective (OptCNN Eq. 1) over one choice per node, built once from a
 `Problem` by `selection` and encoded by both backends, so the two encodings can only differ in

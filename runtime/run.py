@@ -32,6 +32,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 from planner.cli.args import (  # noqa: E402
+    EXIT_BAD_INPUT,
     OneLineArgumentParser,
     add_logging_options,
     exit_now,
@@ -48,8 +49,7 @@ from planner.pipeline.timeline import counted  # noqa: E402
 if __name__ == "__main__":
     end_guard(_previous)
 
-EXIT_WORKER_FAILED = 1
-EXIT_BAD_INPUT = 2
+EXIT_WORKER_FAILED = 1  # and EXIT_BAD_INPUT (2), as every command line of the project
 EXIT_DEVIATION = 3  # --check: the run deviates from single-process training beyond tolerance
 # --check's default tolerance per dtype: float64 runs agree to 1e-15..1e-13 on well-conditioned
 # models and to about 1e-9 on deep batch-normalized ones at tiny batches (docs/runtime.md,

@@ -1,7 +1,8 @@
 """The backends by name: how planner reaches a backend without importing one up front.
 
 `REGISTRY` maps a name to "module:Class"; `get_backend(name)` imports that module on first
-use, so heavy solvers stay lazy and planner never imports a backend module by path.
+use, so heavy solvers stay lazy and planner never imports a backend module by path. The
+pipeline search is reached the same way: `PIPELINE_REGISTRY`, `get_pipeline_solver(name)`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,16 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from planner.errors import BackendError
-from planner.result import Solver
+from planner.result import PipelineSolver, Solver
 
-__all__ = ["REGISTRY", "backend_names", "get_backend"]
+__all__ = [
+    "PIPELINE_REGISTRY",
+    "REGISTRY",
+    "backend_names",
+    "get_backend",
+    "get_pipeline_solver",
+    "pipeline_search_names",
+]
 
 REGISTRY: dict[str, str] = {
     "baselines": "backends.heuristics.baselines:BaselinesBackend",
@@ -42,10 +50,35 @@ def get_backend(name: str) -> Solver:
     return cast(Solver, getattr(importlib.import_module(module), cls)())
 
 
+PIPELINE_REGISTRY: dict[str, str] = {
+    "pipeline": "backends.pipeline.search:PipelineSearch",
+}
+
+
+def pipeline_search_names() -> list[str]:
+    """The registered pipeline searches' names."""
+    return list(PIPELINE_REGISTRY)
+
+
+def get_pipeline_solver(name: str = "pipeline") -> PipelineSolver:
+    """An instance of the pipeline search registered as `name`
+    (`backends.pipeline.search.PipelineSearch`), imported on first use."""
+    try:
+        module, cls = PIPELINE_REGISTRY[name].split(":")
+    except (KeyError, AttributeError, TypeError):
+        raise BackendError(
+            f"unknown pipeline search {name!r}; available: {', '.join(PIPELINE_REGISTRY)}"
+        ) from None
+    return cast(PipelineSolver, getattr(importlib.import_module(module), cls)())
+
+
+# The function `planner.pipelined.plan_pipeline` calls until it switches to
+# `get_pipeline_solver` (then these two go).
 PIPELINE_SEARCH = "backends.pipeline.search:search_pipeline"
 
 
 def get_pipeline_search() -> Callable[..., Any]:
-    """The pipeline search (`backends.pipeline.search.search_pipeline`), imported on first use."""
+    """The pipeline search as a function (`backends.pipeline.search.search_pipeline`),
+    imported on first use."""
     module, name = PIPELINE_SEARCH.split(":")
     return cast(Callable[..., Any], getattr(importlib.import_module(module), name))

@@ -19,6 +19,10 @@ from planner.errors import BackendError
 from planner.problems.evaluate import additive_cost
 
 if TYPE_CHECKING:
+    from planner.costs.costmodel import CostOptions
+    from planner.pipeline.problem import Layout, PipelineProblem
+    from planner.pipeline.spec import PipelinedStrategy
+    from planner.pipeline.timeline import PipelineTimeline
     from planner.problems.problem import Problem
     from planner.problems.strategy import Strategy
 
@@ -28,6 +32,8 @@ __all__ = [
     "BackendError",
     "Channel",
     "Limit",
+    "PipelineResult",
+    "PipelineSolver",
     "SolveOptions",
     "Solver",
     "SolveResult",
@@ -231,3 +237,51 @@ def evaluate_objective(
     # The makespan only: a Timeline with every task's name costs twice the simulation
     # (1.3 million tasks on 1,024 GPUs: 28 s of names for a 15 s simulation).
     return Simulator(problem.dnn().cost_model, problem.strategy(choices).configs, deadline).makespan
+
+
+@dataclass(frozen=True)
+class PipelineResult(SolveResult):
+    """The pipeline search's answer (`backends.pipeline.search.PipelineSearch`): `status`
+    FEASIBLE with a layout, INFEASIBLE when no layout of the space fits the memory, or
+    NO_SOLUTION; `limit` TIME, INTERRUPTED, ITERATIONS (its cap on exact simulations) or
+    None; `objective` the simulated step in seconds, `bound` the compute bound (no layout of
+    any kind steps faster), `gap` the shared rule (`result_gap`). No `choices`: the answer is
+    the pipelined strategy `planned` (`strategy` is its micro-batch strategy), the `layout`
+    it follows, the `cost_options` it was simulated with (the layout's recomputation and
+    ZeRO), its simulated `timeline` and the search's `estimate` of its step. `message`: why
+    there is no answer, in one line."""
+
+    planned: PipelinedStrategy | None = None
+    layout: Layout | None = None
+    cost_options: CostOptions | None = None
+    timeline: PipelineTimeline | None = None
+    estimate: float | None = None
+    message: str | None = None
+
+    @property
+    def has_solution(self) -> bool:
+        """Whether a layout was found (`planned` is not None)."""
+        return self.planned is not None
+
+    @property
+    def peak_bytes(self) -> float | None:
+        """The answer's most memory on one device, simulated (None without an answer)."""
+        return max(self.timeline.peak_bytes) if self.timeline is not None else None
+
+
+class PipelineSolver(Protocol):
+    """The pipeline search as planner sees it (`backends.pipeline.search.PipelineSearch`
+    implements it, reached through `planner.registry.get_pipeline_solver`)."""
+
+    name: str
+
+    def settings(self, options: SolveOptions) -> Mapping[str, Any]:
+        """`options.extra` checked as the search's settings: one BackendError line for a bad
+        one, naming the valid settings."""
+        ...
+
+    def solve(
+        self, problem: PipelineProblem, options: SolveOptions | None = None
+    ) -> PipelineResult:
+        """Search `problem` as `options` say (the time from `options.clock()`)."""
+        ...

@@ -1,1 +1,23 @@
-"""Pipeline parallelism searched: stages, micro-batches, schedules (`search.search_pipeline`)."""
+"""Pipeline parallelism searched: stages, tensor and data degrees, micro-batches, schedules.
+
+- `search`: the pipeline search (`PipelineSearch`, registered as "pipeline" in
+  `planner.registry.PIPELINE_REGISTRY`; `search_pipeline`, the same with its choices as
+  arguments);
+- `settings`: its typed settings (`PipelineSettings`);
+- `units`: per-block costs composed into a layout's chunks, the compute bound;
+- `inner`: a stage's layout from the per-op search;
+- `testing`: the conformance suite every pipeline search runs.
+"""
+
+from __future__ import annotations
+
+from backends.lazy import lazy_exports
+
+__all__ = ["PipelineSearch", "PipelineSettings"]
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "PipelineSearch": "backends.pipeline.search",
+        "PipelineSettings": "backends.pipeline.settings",
+    },
+)

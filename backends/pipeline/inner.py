@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.pipeline.units import block_ranges
 from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.deadline import Deadline
@@ -31,6 +30,7 @@ from planner.errors import LayerwiseError
 from planner.graph.opgraph import Op, OpGraph
 from planner.graph.opkinds import SAMPLE
 from planner.hardware.devices import DeviceGraph
+from planner.pipeline.layouts import block_ranges
 from planner.pipeline.spec import batch_graph
 from planner.pipeline.stages import range_problem
 from planner.problems.baselines import megatron

@@ -26,6 +26,16 @@ simulate_pipelined`: every distinct chunk with FlexFlow's simulator, the schedul
 timeline) in order of estimate until the next one's `floor` (m x the busiest stage's work:
 no schedule beats it) is above the best exact step, the deadline passes, or `exact` have
 been. `bound` is `units.compute_bound`: no layout of any kind steps faster.
+
+The steps, in `_search`: `_searched_layouts` (the per-op search's stage layouts),
+`_stage_layouts` (enumerate the space), `_holding` (those whose devices hold the parameters,
+in costing order), `_cost` (units and estimates), `_simulate_exactly` (rank by two replicas'
+simulation) and `_on_every_device` (the best few again on every device).
+
+`PipelineSearch` is the search under the result contract (`planner.result.PipelineResult`,
+reached through `planner.registry.get_pipeline_solver`): a `PipelineProblem`, its settings
+in `SolveOptions.extra` (`PipelineSettings`), its time from `options.clock()`.
+`search_pipeline` is the same search called with its choices as arguments.
 """
 
 from __future__ import annotations
@@ -37,12 +47,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from backends.pipeline.inner import SearchedLayout, searched_layout
+from backends.pipeline.settings import INNER, PipelineSettings
 from backends.pipeline.units import (
     Units,
-    block_ranges,
     compute_bound,
     parameter_state,
     ring_factor,
@@ -52,10 +62,11 @@ from backends.pipeline.units import (
 from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.costs.memory import usable_memory
-from planner.deadline import Deadline, OutOfTime, run_within, stop_requested
+from planner.deadline import Deadline, OutOfTime, catch_interrupt, run_within, stop_requested
 from planner.graph.opgraph import OpGraph
-from planner.graph.opkinds import SAMPLE
 from planner.hardware.devices import DeviceGraph
+from planner.pipeline.layouts import block_ranges
+from planner.pipeline.problem import Layout, PipelineProblem
 from planner.pipeline.schedule import in_flight, schedule
 from planner.pipeline.spec import (
     Pipeline,
@@ -68,14 +79,14 @@ from planner.pipeline.stages import chunk_times, simulate_pipelined
 from planner.pipeline.timeline import PipelineTimeline, simulate_pipeline
 from planner.problems.baselines import megatron
 from planner.problems.strategy import Strategy
+from planner.result import Limit, PipelineResult, SolveOptions, Status
 
-__all__ = ["Layout", "PipelineAnswer", "search_pipeline"]
+__all__ = ["Layout", "PipelineAnswer", "PipelineSearch", "PipelineSettings", "search_pipeline"]
 
 log = logging.getLogger("backends.pipeline")
 T = TypeVar("T")
 
 FULL_SIMULATION_TASKS = 200_000  # the answer is simulated on every device up to this
-INNER = ("rule", "search")  # how a stage is laid out: Megatron-LM's rule, the per-op search
 INNER_SHARE = 0.1  # of the time, at most, for the per-op searches of the stages' layouts
 COSTING_SHARE = 0.45
 FULL_SIMULATIONS = 3  # the best layouts by two replicas' simulation simulated on every device
@@ -85,44 +96,43 @@ FULL_SIMULATION_COST = (
 )
 MAX_MICRO_BATCH = 16  # samples per replica per micro-batch: more only adds to the bubble
 
+StageLayout = tuple[int, int, int, str, int, str]  # (p, t, b, recompute, ZeRO, inner rule)
 
-@dataclass(frozen=True, order=True)
-class Layout:
-    """One point of the space."""
 
-    stages: int
-    tensor: int
-    data: int
-    micro_batch: int  # samples per data-parallel replica per micro-batch
-    micro_batches: int
-    schedule: str
-    virtual: int
-    recompute: str
-    zero: int
-    blocks: tuple[int, ...]  # per chunk, in chunk order
-    inner: str = "rule"  # each stage laid out by Megatron-LM's rule or the per-op search
+class PipelineSearch:
+    """The pipeline search under the result contract: `solve(PipelineProblem, SolveOptions)`
+    with its settings in `options.extra` (`PipelineSettings`), its time from
+    `options.clock()`; a Ctrl-C (`planner.deadline.request_stop`) ends it with the best
+    layout so far, limit INTERRUPTED. Deterministic: the seed is not used."""
 
-    def describe(self) -> str:
-        sched = self.schedule if self.virtual == 1 else f"{self.schedule} v={self.virtual}"
-        zero = f", ZeRO {self.zero}" if self.zero else ""
-        return (
-            f"PP {self.stages} x TP {self.tensor} x DP {self.data}, {self.micro_batches} "
-            f"micro-batches of {self.micro_batch} per replica, {sched}, recompute "
-            f"{self.recompute}{zero}, {self._blocks()}"
-            + (", stages laid out by the per-op search" if self.inner == "search" else "")
-        )
+    name: ClassVar[str] = "pipeline"
+    settings_type: ClassVar[type[PipelineSettings]] = PipelineSettings
 
-    def _blocks(self) -> str:
-        if len(set(self.blocks)) == 1:
-            per = "chunk" if self.virtual > 1 else "stage"
-            k = self.blocks[0]
-            return f"{k} block{'s' if k != 1 else ''} per {per}"
-        return f"blocks per stage {list(self.blocks)}"
+    def settings(self, options: SolveOptions) -> PipelineSettings:
+        """`options.extra` as the search's settings: one BackendError line for a bad one."""
+        return self.settings_type.of(options.extra, f"the {self.name} search")
+
+    def solve(
+        self, problem: PipelineProblem, options: SolveOptions | None = None
+    ) -> PipelineResult:
+        """The fastest layout found for `problem` within its devices' usable memory: status
+        FEASIBLE with the layout; INFEASIBLE when nothing in the space fits (`message` says
+        why, in one line); limit TIME when the deadline cut the search, INTERRUPTED at a
+        Ctrl-C."""
+        options = options or SolveOptions()
+        settings = self.settings(options)
+        with catch_interrupt():
+            result = _search(problem, settings, options.clock(), log.info)
+            proven = result.status is Status.INFEASIBLE and result.limit is None
+            if stop_requested() and not proven:
+                result = dataclasses.replace(result, limit=Limit.INTERRUPTED)
+            return result
 
 
 @dataclass(frozen=True)
 class PipelineAnswer:
-    """The search's best layout, as a pipelined strategy with its exact simulation."""
+    """The search's best layout, as a pipelined strategy with its exact simulation (what
+    `search_pipeline` returns)."""
 
     planned: PipelinedStrategy
     layout: Layout
@@ -141,14 +151,6 @@ class PipelineAnswer:
         return max(self.timeline.peak_bytes)
 
 
-@dataclass(frozen=True)
-class _Candidate:
-    estimate: float
-    floor: float
-    layout: Layout
-    peak: float
-
-
 def search_pipeline(
     graph: OpGraph,
     devices: DeviceGraph,
@@ -165,194 +167,350 @@ def search_pipeline(
 ) -> PipelineAnswer:
     """The fastest layout found for the full-batch `graph` (a model of numbered blocks) on
     `devices` within their usable memory (`options.headroom`). PipelineError when the model
-    has no blocks or nothing in the space fits (one line, with the least memory seen)."""
+    has no blocks or nothing in the space fits (one line, with the least memory seen).
+    The search of `PipelineSearch.solve`, with its choices given as arguments."""
+    settings = PipelineSettings(
+        recompute=tuple(recompute),  # type: ignore[arg-type]
+        zero=tuple(zero),
+        schedules=tuple(schedules),  # type: ignore[arg-type]
+        stages=tuple(stages) if stages is not None else None,
+        exact=exact,
+        inner=tuple(inner),  # type: ignore[arg-type]
+    )
+    problem = PipelineProblem(graph, devices, options)
+    result = _search(problem, settings, deadline or Deadline.never(), progress or log.info)
+    if (
+        result.planned is None
+        or result.layout is None
+        or result.cost_options is None
+        or result.timeline is None
+        or result.estimate is None
+        or result.bound is None
+    ):
+        raise PipelineError(result.message or f"no pipeline layout of {graph.name!r} found")
+    return PipelineAnswer(
+        result.planned,
+        result.layout,
+        result.cost_options,
+        result.timeline,
+        result.estimate,
+        result.bound,
+        dict(result.stats),
+    )
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    estimate: float
+    floor: float
+    layout: Layout
+    peak: float
+
+
+@dataclass(frozen=True)
+class _Simulated:
+    """A candidate simulated exactly: its step, the seconds that took, and what it was."""
+
+    step: float
+    seconds: float
+    candidate: _Candidate
+    planned: PipelinedStrategy
+    timeline: PipelineTimeline
+    options: CostOptions
+    on_every_device: bool
+
+
+@dataclass
+class _Space:
+    """What every step of one search reads: the problem, its settings and usable memory,
+    and the caches the steps share (device groups, micro-batch graphs, schedules' in-flight
+    counts, the per-op search's stage layouts by tensor degree)."""
+
+    problem: PipelineProblem
+    settings: PipelineSettings
+    usable: float
+    state: float  # bytes of the parameters' training state, unsharded
+    groups: dict[Any, DeviceGraph] = field(default_factory=dict)
+    micro: dict[int, OpGraph] = field(default_factory=dict)
+    flights: dict[tuple[str, int, int, int], tuple[int, ...]] = field(default_factory=dict)
+    searched: dict[int, SearchedLayout] = field(default_factory=dict)
+
+    def cost_options(self, recompute: str, zero: int) -> CostOptions:
+        return dataclasses.replace(self.problem.options, recompute=recompute, zero=zero)  # type: ignore[arg-type]
+
+
+@dataclass
+class _Costed:
+    """What the costing found: the candidates that fit, by estimate, and how it went."""
+
+    found: list[_Candidate]
+    costed: int  # stage layouts whose units were simulated
+    least: float  # the least memory per device seen
+    stopped: bool
+
+
+def _search(
+    problem: PipelineProblem,
+    settings: PipelineSettings,
+    deadline: Deadline,
+    say: Callable[[str], None],
+) -> PipelineResult:
+    """The search's steps: the per-op search's stage layouts (if asked), the stage layouts
+    that can hold the parameters, their units costed and candidates estimated, the best
+    simulated exactly, the best few again on every device."""
     t0 = time.perf_counter()
-    deadline = deadline or Deadline.never()
-    say = progress or (lambda text: log.info(text))
-    blocks = len(block_ranges(graph))
-    batch = _samples(graph)
-    n = devices.num_devices
-    node = _host_size(devices)
+    graph, devices, options = problem.graph, problem.devices, problem.options
     usable = float(usable_memory(devices, options.headroom).min())
-    state = parameter_state(graph, options)
+    space = _Space(problem, settings, usable, parameter_state(graph, options))
     bound = compute_bound(graph, devices, options)  # first: not on a Ctrl-C's way out
-    choices = [p for p in (stages or _divisors(n)) if n % p == 0 and p <= blocks]
-    costed = 0  # stage layouts whose units were simulated
-    groups: dict[Any, DeviceGraph] = {}
-    micro: dict[int, OpGraph] = {}
-    flights: dict[tuple[str, int, int, int], tuple[int, ...]] = {}
-    found: list[_Candidate] = []
-    least = math.inf
-    stopped = False
+    if "search" in settings.inner:
+        space.searched = _searched_layouts(problem, deadline.share(INNER_SHARE))
+    keys = _stage_layouts(space)
+    fitting = _holding(space, keys)
+    costed = _cost(space, fitting, deadline.share(COSTING_SHARE))
+    if not fitting and keys:
+        costed.least = min(_held(space, k) for k in keys)
+    stats: dict[str, Any] = {
+        "layouts_fit": len(costed.found),
+        "stage_layouts_costed": costed.costed,
+        "stage_layouts": len(fitting),
+    }
+
+    def failed(status: Status, message: str, limit: Limit | None = None) -> PipelineResult:
+        seconds = time.perf_counter() - t0
+        return PipelineResult(
+            "pipeline", status, bound=bound, limit=limit, message=message,
+            stats={**stats, "stopped_by_time_limit": costed.stopped, "seconds": seconds},
+        )  # fmt: skip
+
+    n = devices.num_devices
+    if not costed.found:
+        return failed(
+            Status.INFEASIBLE,
+            f"no pipeline layout of {graph.name!r} fits the {n} devices of {devices.name}: the "
+            f"least memory per device seen is {costed.least / 2**30:.1f} GiB of "
+            f"{space.usable / 2**30:.1f} GiB usable (more devices, a smaller batch, or "
+            f"recomputation and ZeRO among the choices)",
+        )
+    found = sorted(costed.found, key=lambda c: (c.estimate, c.layout))
+    say(
+        f"pipeline search: {len(found)} layouts fit ({costed.costed} of {len(fitting)} stage "
+        f"layouts costed{', stopped by the time limit' if costed.stopped else ''}); best "
+        f"estimate {found[0].estimate:.3f} s ({found[0].layout.describe()})"
+    )
+    ranked, simulated, stopped = _simulate_exactly(space, found, deadline)
+    stopped = stopped or costed.stopped
+    stats["simulated_exactly"] = simulated
+    if not ranked:
+        every = simulated == len(found)
+        return failed(
+            Status.INFEASIBLE if every else Status.NO_SOLUTION,
+            f"the pipeline layouts of {graph.name!r} estimated to fit the devices of "
+            f"{devices.name} do not fit when simulated exactly: plan with recomputation or "
+            f"ZeRO among the choices, more devices or a smaller batch",
+            None if every else Limit.ITERATIONS,
+        )
+    best = _on_every_device(space, ranked, deadline)
+    stats["answer_simulated_on"] = (
+        "every device" if best.on_every_device else "two replicas per stage"
+    )
+    stats["stopped_by_time_limit"] = stopped
+    stats["seconds"] = time.perf_counter() - t0
+    return PipelineResult(
+        "pipeline",
+        Status.FEASIBLE,
+        objective=best.step,
+        bound=bound,
+        limit=Limit.TIME if stopped else None,
+        strategy=best.planned.strategy,
+        stats=stats,
+        planned=best.planned,
+        layout=best.candidate.layout,
+        cost_options=best.options,
+        timeline=best.timeline,
+        estimate=best.candidate.estimate,
+    )
+
+
+def _searched_layouts(problem: PipelineProblem, looking: Deadline) -> dict[int, SearchedLayout]:
+    """The per-op search on a few blocks of one tensor group, per tensor degree t, within
+    `looking` (`inner.searched_layout`); a Ctrl-C ends it with those found so far."""
+    graph, devices, options = problem.graph, problem.devices, problem.options
+    n = devices.num_devices
     searched: dict[int, SearchedLayout] = {}
-    if "search" in inner:  # the per-op search on a few blocks of one tensor group, per t
-        looking = deadline.share(INNER_SHARE)
-        for t in _powers(min(node, n)):
-            try:
-                found_layout = _interruptible(
-                    partial(searched_layout, graph, devices, t, options, looking), needed=False
-                )
-            except OutOfTime:
-                break
-            if found_layout is not None:
-                searched[t] = found_layout
-    rules = [r for r in ("rule", "search") if r in inner]
-    keys = [
+    for t in _powers(min(_host_size(devices), n)):
+        try:
+            found = _interruptible(
+                partial(searched_layout, graph, devices, t, options, looking), needed=False
+            )
+        except OutOfTime:
+            break
+        if found is not None:
+            searched[t] = found
+    return searched
+
+
+def _stage_layouts(space: _Space) -> list[StageLayout]:
+    """Every (p, t, b, recomputation, ZeRO, inner rule) of the space: p stages dividing the
+    devices (at most the blocks), t a power of two up to a host dividing a stage's devices,
+    b samples per replica per micro-batch whose micro-batches divide the batch."""
+    settings, problem = space.settings, space.problem
+    n = problem.devices.num_devices
+    node = _host_size(problem.devices)
+    batch = problem.samples
+    choices = [p for p in (settings.stages or _divisors(n)) if n % p == 0 and p <= problem.blocks]
+    rules = [r for r in ("rule", "search") if r in settings.inner]
+    return [
         (p, t, b, rc, z, rule)
         for p in choices
         for t in _powers(min(node, n // p))
         if (n // p) % t == 0
         for b in _powers(min(batch, MAX_MICRO_BATCH))
         if batch % ((n // p // t) * b) == 0
-        for rc in recompute
-        for z in zero
+        for rc in settings.recompute
+        for z in settings.zero
         if not (z and n // p // t == 1)  # ZeRO shards over replicas: none to shard over
         for rule in rules
-        if rule == "rule" or t in searched
+        if rule == "rule" or t in space.searched
     ]
-    # a device's parameter state alone must fit: p x t at least that many ways (ZeRO: x d)
-    fitting = [k for k in keys if _held(state, n, *k) <= usable]
-    if not fitting and keys:
-        least = min(_held(state, n, *k) for k in keys)
-    # the least model parallelism that holds the parameters first (the fewest stages, the
-    # least bubble), then the smallest micro-batches (more of them: less bubble), then
-    # keeping activations before recomputing them
+
+
+def _holding(space: _Space, keys: list[StageLayout]) -> list[StageLayout]:
+    """The stage layouts whose devices can hold their share of the parameter state (p x t
+    ways, x d with ZeRO), in the order they are costed: the least model parallelism that
+    holds the parameters first (the fewest stages, the least bubble), then the smallest
+    micro-batches (more of them: less bubble), then keeping activations before recomputing
+    them."""
+    recompute = space.settings.recompute
+    fitting = [k for k in keys if _held(space, k) <= space.usable]
     fitting.sort(key=lambda k: (k[0] * k[1], k[0], k[2], recompute.index(k[3]), k[4], k[5]))
-    costing = deadline.share(COSTING_SHARE)
+    return fitting
+
+
+def _cost(space: _Space, fitting: list[StageLayout], costing: Deadline) -> _Costed:
+    """Each stage layout's units (`units.unit_costs`) and the candidates they give (every
+    schedule, interleaving and blocks per stage), those within memory kept; until `costing`
+    passes or a Ctrl-C once some fit (a needed costing finishes)."""
+    problem = space.problem
+    graph, devices = problem.graph, problem.devices
+    n, batch = devices.num_devices, problem.samples
+    out = _Costed([], 0, math.inf, False)
     for p, t, b, rc, z, rule in fitting:
-        if (costing.expired() or stop_requested()) and found:
-            stopped = True
+        if (costing.expired() or stop_requested()) and out.found:
+            out.stopped = True
             break
         g = n // p
         d = g // t
         m = batch // (d * b)
-        opts = dataclasses.replace(options, recompute=rc, zero=z)  # type: ignore[arg-type]
+        opts = space.cost_options(rc, z)
         here = d if z >= 3 else min(d, 2)  # replicas simulated (`unit_costs`)
         mu = -here * b  # keyed by minus the samples: a graph of here x b samples
         key = ("units", g, t * here)
-        if key not in groups:
+        if key not in space.groups:
             ends = (*range(t * here - t), *range(g - t, g))  # first and last replicas
-            groups[key] = devices.subset(ends, f"{devices.name}[{t * here} of {g}]")
+            space.groups[key] = devices.subset(ends, f"{devices.name}[{t * here} of {g}]")
         try:
-            if mu not in micro:
-                micro[mu] = batch_graph(graph, here * b)
-            lay_out = searched[t].strategy if rule == "search" else megatron
+            if mu not in space.micro:
+                space.micro[mu] = batch_graph(graph, here * b)
+            lay_out = space.searched[t].strategy if rule == "search" else megatron
             u = _interruptible(
                 partial(
                     unit_costs,
-                    micro[mu],
+                    space.micro[mu],
                     devices,
-                    groups[key],
+                    space.groups[key],
                     t,
                     opts,
                     g if p > 1 else 0,
                     d,
                     lay_out,
                 ),
-                needed=not found,
+                needed=not out.found,
             )
         except OutOfTime:  # a Ctrl-C: what is costed so far is ranked
-            stopped = True
+            out.stopped = True
             break
         except Exception as exc:  # noqa: BLE001 - a layout the rule cannot express: skip it
             log.debug("skipped PP %d TP %d b %d: %s", p, t, b, exc)
             continue
-        costed += 1
-        for cand in _candidates(u, p, t, d, b, m, rc, z, rule, blocks, schedules, flights):
-            least = min(least, cand.peak)
-            if cand.peak <= usable:
-                found.append(cand)
-    if not found:
-        raise PipelineError(
-            f"no pipeline layout of {graph.name!r} fits the {n} devices of {devices.name}: the "
-            f"least memory per device seen is {least / 2**30:.1f} GiB of "
-            f"{usable / 2**30:.1f} GiB usable (more devices, a smaller batch, or "
-            f"recomputation and ZeRO among the choices)"
+        out.costed += 1
+        candidates = _candidates(
+            u, p, t, d, b, m, rc, z, rule, problem.blocks, space.settings.schedules, space.flights
         )
-    found.sort(key=lambda c: (c.estimate, c.layout))
-    say(
-        f"pipeline search: {len(found)} layouts fit ({costed} of {len(fitting)} stage "
-        f"layouts costed{', stopped by the time limit' if stopped else ''}); best estimate "
-        f"{found[0].estimate:.3f} s ({found[0].layout.describe()})"
-    )
-    ranked: list[
-        tuple[float, float, _Candidate, PipelinedStrategy, PipelineTimeline, CostOptions]
-    ] = []
+        for cand in candidates:
+            out.least = min(out.least, cand.peak)
+            if cand.peak <= space.usable:
+                out.found.append(cand)
+    return out
+
+
+def _simulate_exactly(
+    space: _Space, found: list[_Candidate], deadline: Deadline
+) -> tuple[list[_Simulated], int, bool]:
+    """The candidates, best estimate first, simulated exactly (`_simulate`) until the next
+    one's floor is above the best step, `exact` have been, or the deadline passes once one
+    fits: those within memory by step, how many were simulated, whether time stopped it."""
+    problem = space.problem
+    ranked: list[_Simulated] = []
     simulated = 0
     for cand in found:
-        if simulated >= exact or (ranked and cand.floor >= ranked[0][0]):
+        if simulated >= space.settings.exact or (ranked and cand.floor >= ranked[0].step):
             break
         if ranked and (deadline.expired() or stop_requested()):
-            stopped = True
-            break
+            return ranked, simulated, True
         lay = cand.layout
-        opts = dataclasses.replace(options, recompute=lay.recompute, zero=lay.zero)  # type: ignore[arg-type]
+        opts = space.cost_options(lay.recompute, lay.zero)
         t1 = time.perf_counter()
         try:
             planned, timeline = _interruptible(
-                partial(_simulate, graph, devices, lay, opts, micro, groups, searched),
+                partial(
+                    _simulate,
+                    problem.graph,
+                    problem.devices,
+                    lay,
+                    opts,
+                    space.micro,
+                    space.groups,
+                    space.searched,
+                ),
                 needed=not ranked,
             )
         except OutOfTime:
-            stopped = True
-            break
+            return ranked, simulated, True
         simulated += 1
-        if max(timeline.peak_bytes) <= usable:
+        if max(timeline.peak_bytes) <= space.usable:
+            seconds = time.perf_counter() - t1
+            whole = lay.data <= 2 or lay.zero >= 3  # every device simulated already
             ranked.append(
-                (timeline.makespan, time.perf_counter() - t1, cand, planned, timeline, opts)
+                _Simulated(timeline.makespan, seconds, cand, planned, timeline, opts, whole)
             )
-            ranked.sort(key=lambda r: r[0])
-    if not ranked:
-        raise PipelineError(
-            f"the pipeline layouts of {graph.name!r} estimated to fit the devices of "
-            f"{devices.name} do not fit when simulated exactly: plan with recomputation or "
-            f"ZeRO among the choices, more devices or a smaller batch"
-        )
-    # the best few again on every device (contention two replicas do not see), as time allows
-    full: list[tuple[float, _Candidate, PipelinedStrategy, PipelineTimeline, CostOptions]] = []
-    for _, seconds, cand, planned, timeline, opts in ranked[:FULL_SIMULATIONS]:
-        lay = cand.layout
-        if lay.data <= 2 or lay.zero >= 3:  # simulated on every device already
-            full.append((timeline.makespan, cand, planned, timeline, opts))
+            ranked.sort(key=lambda r: r.step)
+    return ranked, simulated, False
+
+
+def _on_every_device(space: _Space, ranked: list[_Simulated], deadline: Deadline) -> _Simulated:
+    """The best few of `ranked` again on every device (contention two replicas do not see),
+    as time allows, and the best of those; the best by two replicas when none was."""
+    problem = space.problem
+    full: list[_Simulated] = []
+    for best in ranked[:FULL_SIMULATIONS]:
+        lay = best.candidate.layout
+        if best.on_every_device:
+            full.append(best)
             continue
-        expected = seconds * lay.data / 2 * FULL_SIMULATION_COST
-        if _tasks(graph, lay) > FULL_SIMULATION_TASKS or expected > deadline.left():
+        expected = best.seconds * lay.data / 2 * FULL_SIMULATION_COST
+        if _tasks(problem.graph, lay) > FULL_SIMULATION_TASKS or expected > deadline.left():
             continue
+        cm = CostModel(best.planned.strategy.graph, problem.devices, best.options)
         try:
-            again = _interruptible(
-                partial(
-                    simulate_pipelined, CostModel(planned.strategy.graph, devices, opts), planned
-                ),
-                needed=False,
-            )
+            again = _interruptible(partial(simulate_pipelined, cm, best.planned), needed=False)
         except OutOfTime:
             break
-        if max(again.peak_bytes) <= usable:
-            full.append((again.makespan, cand, planned, again, opts))
-    if full:
-        step, cand, planned, timeline, opts = min(full, key=lambda r: r[0])
-    else:
-        step, _, cand, planned, timeline, opts = ranked[0]
-    everything = bool(full)
-    return PipelineAnswer(
-        planned=planned,
-        layout=cand.layout,
-        options=opts,
-        timeline=timeline,
-        estimate=cand.estimate,
-        bound=bound,
-        stats={
-            "layouts_fit": len(found),
-            "stage_layouts_costed": costed,
-            "stage_layouts": len(fitting),
-            "simulated_exactly": simulated,
-            "answer_simulated_on": "every device"
-            if everything or cand.layout.data <= 2
-            else "two replicas per stage",
-            "stopped_by_time_limit": stopped,
-            "seconds": time.perf_counter() - t0,
-        },
-    )
+        if max(again.peak_bytes) <= space.usable:
+            full.append(
+                dataclasses.replace(best, step=again.makespan, timeline=again, on_every_device=True)
+            )
+    return min(full, key=lambda r: r.step) if full else ranked[0]
 
 
 def _interruptible(step: Callable[[], T], needed: bool) -> T:
@@ -527,16 +685,11 @@ def _tasks(graph: OpGraph, lay: Layout) -> int:
     return int(min(3, lay.stages * lay.virtual) * per_chunk * lay.tensor * lay.data)
 
 
-def _held(state: float, n: int, p: int, t: int, b: int, rc: str, z: int, rule: str) -> float:
+def _held(space: _Space, key: StageLayout) -> float:
     """A lower bound of a device's parameter bytes: the state split p x t ways (x d: ZeRO)."""
-    return state / (p * t) / (n // (p * t) if z else 1)
-
-
-def _samples(graph: OpGraph) -> int:
-    sizes = [op.output.size(SAMPLE) for op in graph.ops if SAMPLE in op.output.dims]
-    if not sizes:
-        raise PipelineError(f"{graph.name!r} has no sample dimension to split into micro-batches")
-    return max(sizes)
+    p, t, _, _, z, _ = key
+    n = space.problem.devices.num_devices
+    return space.state / (p * t) / (n // (p * t) if z else 1)
 
 
 def _host_size(devices: DeviceGraph) -> int:

@@ -24,17 +24,15 @@ from dataclasses import dataclass
 
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.costs.memory import param_bytes
-from planner.costs.recompute import block_of
 from planner.graph.opgraph import OpGraph
 from planner.hardware.devices import DeviceGraph
-from planner.pipeline.layouts import block_starts
-from planner.pipeline.spec import PipelineError
+from planner.pipeline.layouts import block_ranges
 from planner.pipeline.stages import range_problem, simulate_chunk
 from planner.pipeline.timeline import ChunkTimes
 from planner.problems.baselines import megatron
 from planner.problems.strategy import Strategy
 
-__all__ = ["Unit", "Units", "block_ranges", "unit_costs"]
+__all__ = ["Unit", "Units", "unit_costs"]
 
 
 @dataclass(frozen=True)
@@ -82,21 +80,6 @@ def _merge(a: Unit, b: Unit) -> Unit:
 
 def _fields(u: Unit) -> tuple[float, ...]:
     return (u.forward, u.backward, u.sync, u.kept, u.params, u.working)
-
-
-def block_ranges(graph: OpGraph) -> list[tuple[int, int]]:
-    """(first op, end) of each numbered block; the ops after the last block are not in it."""
-    starts = block_starts(graph)
-    if len(starts) < 2:
-        raise PipelineError(
-            f"{graph.name!r} has {len(starts)} numbered blocks (e.g. 'layers.3'): a pipeline "
-            f"search needs a model of repeated blocks"
-        )
-    last = block_of(graph.ops[starts[-1]].name)
-    end = starts[-1]
-    while end < len(graph.ops) and block_of(graph.ops[end].name) == last:
-        end += 1
-    return [(a, b) for a, b in zip(starts, [*starts[1:], end], strict=True)]
 
 
 def unit_costs(

@@ -42,6 +42,22 @@ def block_starts(graph: OpGraph) -> list[int]:
     return starts
 
 
+def block_ranges(graph: OpGraph) -> list[tuple[int, int]]:
+    """(first op, end) of each numbered block; the ops after the last block are not in it.
+    PipelineError for fewer than two blocks: a pipeline search needs repeated blocks."""
+    starts = block_starts(graph)
+    if len(starts) < 2:
+        raise PipelineError(
+            f"{graph.name!r} has {len(starts)} numbered blocks (e.g. 'layers.3'): a pipeline "
+            f"search needs a model of repeated blocks"
+        )
+    last = block_of(graph.ops[starts[-1]].name)
+    end = starts[-1]
+    while end < len(graph.ops) and block_of(graph.ops[end].name) == last:
+        end += 1
+    return [(a, b) for a, b in zip(starts, [*starts[1:], end], strict=True)]
+
+
 def repeated_blocks(graph: OpGraph) -> bool:
     """Whether `graph` is a stack of at least two numbered blocks that are the same layer
     repeated (every block's ops: the same names within the block, kinds, output shapes and

@@ -111,16 +111,18 @@ def _print_choices(summary: dict[str, Any]) -> None:
     """What "auto" chose on the way, on stderr: the ZeRO stage, a memory fallback, the
     recomputation, each with why."""
     if "zero" in summary:  # --zero auto: which stage and why
-        tried = "; ".join(f"stage {t['zero']}: {t['why']}" for t in summary["zero"]["tried"])
-        print(f"ZeRO stage {summary['zero']['chose']}" + (f" ({tried})" if tried else ""),
-              file=sys.stderr)  # fmt: skip
+        print(_chosen(summary["zero"], "zero", "ZeRO stage", "stage "), file=sys.stderr)
     if "memory_fallback" in summary:  # ZeRO and recomputation (or pipelines) unset, needed
         how = "pipelines" if "layout" in summary else "--zero auto --recompute auto"
         print(f"planned with {how}: {summary['memory_fallback']}", file=sys.stderr)
     if "recompute" in summary:  # --recompute auto: which and why
-        tried = "; ".join(f"{t['recompute']}: {t['why']}" for t in summary["recompute"]["tried"])
-        print(f"recompute {summary['recompute']['chose']}" + (f" ({tried})" if tried else ""),
-              file=sys.stderr)  # fmt: skip
+        print(_chosen(summary["recompute"], "recompute", "recompute"), file=sys.stderr)
+
+
+def _chosen(choice: dict[str, Any], key: str, what: str, each: str = "") -> str:
+    """'ZeRO stage 2 (stage 0: why; stage 1: why)': the choice, then each one tried first."""
+    tried = "; ".join(f"{each}{t[key]}: {t['why']}" for t in choice["tried"])
+    return f"{what} {choice['chose']}" + (f" ({tried})" if tried else "")
 
 
 def _finish_plan(result: Any, summary: dict[str, Any], args: argparse.Namespace) -> int:

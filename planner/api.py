@@ -17,15 +17,15 @@ total). The library never imports a backend at module level (backends import pla
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner.costs.recompute import RECOMPUTE_AUTO, check_graph_options
+from planner.costs.recompute import RECOMPUTE_AUTO
 from planner.deadline import (
     BuildOutOfTime,
     Deadline,
@@ -34,27 +34,37 @@ from planner.deadline import (
     stop_requested,
     stopped,
 )
-from planner.errors import BackendError, LayerwiseError, given
+from planner.errors import LayerwiseError
 from planner.files import check_output_path, finite_or_none, strict_json, write_text_atomic
 from planner.graph.models import ModelSpec
+from planner.request import (
+    AUTO,
+    DEFAULT_TIME_LIMIT,
+    ZERO_AUTO,
+    ZERO_STAGES,
+    PlanRequest,
+    check_backend,
+)
 from planner.result import Limit, SolveOptions, SolveResult, Status
 from planner.sources import problem_of
 
 if TYPE_CHECKING:
     from planner.costs.costmodel import CostModel
-    from planner.graph.opgraph import OpGraph
     from planner.hardware.devices import DeviceGraph
     from planner.pipelined import PipelinePlan
     from planner.problems.problem import Problem
     from planner.problems.sizes import MemoryRefusal
     from planner.problems.strategy import Strategy
 
-__all__ = ["DEFAULT_TIME_LIMIT", "Evaluation", "PlanResult", "evaluate_strategy", "plan"]
-
-# Seconds for a whole call. Exact backends return as soon as they have proven their answer
-# (inception_v3 on 16 GPUs: a 2-15 s build, depending on the machine's load, and 5 ms of
-# elimination), so a generous default costs them nothing; mcmc and the solvers use it all.
-DEFAULT_TIME_LIMIT = 60.0
+__all__ = [
+    "DEFAULT_TIME_LIMIT",
+    "Evaluation",
+    "PlanResult",
+    "check_backend",
+    "evaluate_strategy",
+    "plan",
+    "plan_request",
+]
 
 log = logging.getLogger(__name__)
 
@@ -342,335 +352,283 @@ def plan(
     master_weights without an optimizer. A Ctrl-C before there is any answer raises
     KeyboardInterrupt("interrupted ...").
     """
-    clock = Deadline.after(time_limit) if _positive(time_limit) else Deadline.never()
-    deadline = clock if deadline is None else deadline.within(clock.left())
-    if pipeline not in (None, True, False, "auto"):
-        raise LayerwiseError(f"pipeline must be True, False or 'auto', got {given(pipeline)}")
-    _check_call(
-        objective,
-        time_limit,
-        seed,
-        build_options,
-        backend=backend,
-        max_configs=max_configs,
-        memory_limit=memory_limit,
-        backend_options=backend_options,
-    )  # before either search: a bad value is one line whichever runs
-    if pipeline is not True:  # the per-op search's backend and settings, before any capture
-        _checked_settings(backend, objective, backend_options)
-    _check_memory_options(
-        sync,
-        {
-            "optimizer": optimizer,
-            "master_weights": master_weights,
-            "zero": zero,
-            "headroom": headroom,
-            "recompute": recompute,
-        },
-    )
-    from planner.graph.opgraph import OpGraph
-
-    if isinstance(model, OpGraph):  # a model is checked once captured (choose_pipeline)
-        check_graph_options(model, recompute, master_weights)
-    call = {
-        "model": model,
-        "devices": devices,
-        "backend": backend,
-        "objective": objective,
-        "time_limit": time_limit,
-        "seed": seed,
-        "example_inputs": example_inputs,
-        "model_kwargs": model_kwargs,
-        "name": name,
-        "coarsen": coarsen,
-        "memory_limit": memory_limit,
-        "cost": cost,
-        "sync": sync,
-        "optimizer": optimizer,
-        "master_weights": master_weights,
-        "zero": zero,
-        "headroom": headroom,
-        "recompute": recompute,
-        "max_configs": max_configs,
-        "backend_options": backend_options,
-        "recommend": recommend,
-        "check_memory": check_memory,
-        "deadline": deadline,
-        **build_options,
-    }
-    from planner.pipelined import choose_pipeline
-
-    with catch_interrupt():  # one Ctrl-C for the whole call: no phase clears it for the next
-        if pipeline is False:
-            out = _plan_plain(**call)
-        else:
-            out = choose_pipeline(_plan_plain, pipeline, **call)
-    if isinstance(out, PlanResult) and BELOW_FOOTPRINT in out.phases:
-        from planner.problems.sizes import SizeError
-
-        raise SizeError(out.phases[BELOW_FOOTPRINT])  # a limit no answer meets: one line
-    return out
-
-
-def _plan_plain(
-    model: Any,
-    devices: str | Path | DeviceGraph | None = None,
-    backend: str = "auto",
-    objective: str = "additive",
-    time_limit: float = DEFAULT_TIME_LIMIT,
-    seed: int = 0,
-    *,
-    example_inputs: Any = None,
-    model_kwargs: Mapping[str, Any] | None = None,
-    name: str | None = None,
-    coarsen: bool = True,
-    memory_limit: float | str | None = None,
-    cost: str = "analytic",
-    sync: str | None = None,
-    optimizer: str | None = None,
-    master_weights: bool | None = None,
-    zero: int | str | None = None,
-    headroom: float | None = None,
-    recompute: str | int | None = None,
-    max_configs: int | None = None,
-    backend_options: Mapping[str, Any] | None = None,
-    recommend: bool = True,
-    check_memory: bool = True,
-    deadline: Deadline | None = None,
-    **build_options: Any,
-) -> PlanResult:
-    """`plan` without pipelines (the per-op search)."""
-    clock = Deadline.after(time_limit) if _positive(time_limit) else Deadline.never()
-    deadline = clock if deadline is None else deadline.within(clock.left())
-    start = time.perf_counter()
-    _check_call(
-        objective,
-        time_limit,
-        seed,
-        build_options,
-        backend=backend,
-        max_configs=max_configs,
-        memory_limit=memory_limit,
-        backend_options=backend_options,
-    )
-    memory_options: dict[str, Any] = {
-        "optimizer": optimizer,
-        "master_weights": master_weights,
-        "zero": zero,
-        "headroom": headroom,
-        "recompute": recompute,
-    }
-    _check_memory_options(sync, memory_options)
-    captured = _captured(
+    request = PlanRequest.make(
         model,
         devices,
-        deadline,
+        backend,
+        objective,
+        time_limit,
+        seed,
         example_inputs=example_inputs,
         model_kwargs=model_kwargs,
         name=name,
         coarsen=coarsen,
-    )
-    if captured is not None:  # once, for every attempt below
-        graph, spec, seconds = captured
-        check_graph_options(graph, recompute, master_weights)
-        out = _plan_plain(
-            graph,
-            devices,
-            backend,
-            objective,
-            time_limit,
-            seed,
-            name=name,
-            coarsen=coarsen,
-            memory_limit=memory_limit,
-            cost=cost,
-            sync=sync,
-            max_configs=max_configs,
-            backend_options=backend_options,
-            recommend=recommend,
-            check_memory=check_memory,
-            deadline=deadline,
-            **memory_options,
-            **build_options,
-        )
-        total = out.phases.get("total_seconds", 0.0) + seconds
-        phases = {**out.phases, "capture_seconds": seconds, "total_seconds": total}
-        return dataclasses.replace(out, model=spec, phases=phases)
-    call = {
-        "model": model,
-        "devices": devices,
-        "backend": backend,
-        "objective": objective,
-        "time_limit": time_limit,
-        "seed": seed,
-        "example_inputs": example_inputs,
-        "model_kwargs": model_kwargs,
-        "name": name,
-        "coarsen": coarsen,
-        "memory_limit": memory_limit,
-        "cost": cost,
-        "sync": sync,
-        "max_configs": max_configs,
-        "backend_options": backend_options,
-        "recommend": recommend,
-        **memory_options,
+        memory_limit=memory_limit,
+        cost=cost,
+        sync=sync,
+        optimizer=optimizer,
+        master_weights=master_weights,
+        zero=zero,
+        headroom=headroom,
+        recompute=recompute,
+        max_configs=max_configs,
+        backend_options=backend_options,
+        recommend=recommend,
+        check_memory=check_memory,
+        deadline=deadline,
+        pipeline=pipeline,
         **build_options,
-    }
-    if recompute == RECOMPUTE_AUTO:  # plan again per choice
-        del call["recompute"]
-        return _plan_recompute_auto(deadline, check_memory, **call)
-    if zero == ZERO_AUTO:
-        del call["zero"]
-        return _plan_zero_auto(deadline, check_memory, **call)
-    from planner.problems.sizes import MemoryRefusal, usage_limit_error
+    )
+    return plan_request(request)
+
+
+def plan_request(request: PlanRequest) -> PlanResult | PipelinePlan:
+    """Plan `request` (a `planner.request.PlanRequest`, checked when it was made): what
+    `plan` does once its arguments are one request."""
+    with catch_interrupt():  # one Ctrl-C for the whole call: no phase clears it for the next
+        out = _plan_plain(request) if request.pipeline is False else _choose_search(request)
+    if isinstance(out, PlanResult) and BELOW_FOOTPRINT in out.phases:
+        from planner.problems.sizes import SizeError
+
+        raise SizeError(out.phases[BELOW_FOOTPRINT])  # a limit no answer meets: one line
+    if OVERRUN_KEY in out.stats:
+        log.warning("%s", out.stats[OVERRUN_KEY])
+    return out
+
+
+def _choose_search(request: PlanRequest) -> PlanResult | PipelinePlan:
+    """`plan`'s choice between the per-op search and the pipeline search (see `plan`'s
+    docstring, `pipeline`)."""
+    from planner.pipelined import PER_OP, auto_search, check_choices, pipeline_plan
+    from planner.problems.problem import Problem
+    from planner.problems.sizes import MemoryRefusal
+    from planner.sources import is_problem_file
+
+    changed = request.search.changed()
+    recompute = request.memory.recompute
+    if isinstance(recompute, int) and not isinstance(recompute, bool):
+        changed.append("recompute (a number of blocks)")
+    if request.pipeline is True:
+        if changed:
+            raise LayerwiseError(
+                f"pipeline=True plans with the pipeline search, which takes no "
+                f"{', '.join(changed)}: leave them unset (or pipeline=False)"
+            )
+        return pipeline_plan(request)
+    if changed or isinstance(request.model, Problem) or is_problem_file(request.model):
+        return _plan_plain(request)
+    request = request.capture()  # once, for every attempt below
+    if auto_search(request.model, request.devices) == PER_OP:
+        try:
+            return _plan_plain(request)
+        except MemoryRefusal as refusal:
+            if request.memory.zero is not None or recompute is not None:
+                raise  # chosen by hand: the refusal says what does not fit with them
+            return _pipeline_after_refusal(request, refusal)
+    log.info(
+        "%s is a stack of repeated blocks and %s spans hosts: searching pipelines",
+        request.model.name,
+        request.devices.name,
+    )
+    check_choices(request)  # the caller's own bad option is an error, not a reason to plan per op
+    with catch_interrupt():  # a Ctrl-C during the pipeline search is not a refusal
+        try:
+            return pipeline_plan(request)
+        except LayerwiseError as exc:
+            if stop_requested():
+                raise
+            log.warning("the pipeline search gave no plan (%s): planning per op instead", exc)
+            return _per_op_after_refusal(request, str(exc))
+
+
+def _per_op_after_refusal(request: PlanRequest, refused: str) -> PlanResult:
+    """The per-op plan of a captured model whose pipeline search, tried first, found no
+    layout (`refused`: why; in `stats["pipeline_refused"]`, and in the error when the
+    per-op search fails too)."""
+    from planner.problems.sizes import MemoryRefusal
 
     try:
-        solver, settings = _checked_settings(backend, objective, backend_options)
-        with catch_interrupt():
-            problem, spec, phases = _problem(
-                model,
-                devices,
-                deadline,
-                example_inputs=example_inputs,
-                model_kwargs=model_kwargs,
-                name=name,
-                coarsen=coarsen,
-                options={
-                    "memory_limit": memory_limit,
-                    "cost": cost,
-                    "sync": sync,
-                    **memory_options,
-                },
-                max_configs=max_configs,
-                build_options=build_options,
-            )
-            if deadline.expired():
-                return _out_of_time(problem, spec, backend, objective, deadline, start, phases)
-            beyond = usage_limit_error(problem)
-            if beyond is not None:  # no answer can meet the limit: not searched (plan raises)
-                log.info("%s", beyond)
-                result = SolveResult(backend, Status.INFEASIBLE)
-                done = {**phases, "search_seconds": 0.0, BELOW_FOOTPRINT: beyond}
-                done["total_seconds"] = time.perf_counter() - start
-                return PlanResult(result, objective, problem, done, spec, beyond)
-            dnn = problem.is_dnn
-            search = (
-                deadline.reserve(RECOMMEND_SHARE * deadline.left())
-                if recommend and dnn
-                else deadline
-            )
-            log.info(
-                "searching with %s (%s objective): %.3g s left of the %.3g s time limit",
-                backend,
-                objective,
-                search.left(),
-                time_limit,
-            )
-            options = SolveOptions(
-                objective=objective,
-                time_limit=max(search.left(), 1e-3),
-                seed=seed,
-                extra=settings,
-                deadline=search,
-            )
-            t0 = time.perf_counter()
-            if solver is None:
-                from planner.auto import solve_auto
+        out = _plan_plain(request)
+    except MemoryRefusal as exc:
+        raise MemoryRefusal(
+            f"{exc}; no pipeline layout fits either ({refused})", exc.fact, exc.final
+        ) from None
+    except BuildOutOfTime as exc:
+        raise LayerwiseError(  # what is known (no layout fits) first
+            f"{refused}; the per-op search, tried instead, ran out of time ({exc})"
+        ) from None
+    return dataclasses.replace(out, phases={**out.phases, "pipeline_refused": refused})
 
-                result, problem = solve_auto(problem, options)
-            else:
-                result = solver.solve(problem, options)
-            solve_seconds = time.perf_counter() - t0
-            search_seconds = float(result.stats.get("search_seconds", solve_seconds))
-            t1 = time.perf_counter()
-            if recommend and dnn and result.has_solution:
-                from planner.recommend import recommend as rerank
 
-                result = rerank(problem, result, objective, deadline=deadline)
-                decision = result.stats["recommendation"]
-                if decision.get("switched"):
-                    log.warning("recommending %s: %s", decision["to"], decision["reason"])
-                if decision.get("not_simulated_for_time"):
-                    log.warning(
-                        "the time limit left no time to simulate the baseline(s) %s: the "
-                        "recommendation compared the answer with the others only",
-                        ", ".join(decision["not_simulated_for_time"]),
-                    )
-            recommend_seconds = time.perf_counter() - t1
-        memory: dict[str, Any] = {}
-        if result.strategy is not None and problem.is_dnn:
-            from planner.problems.sizes import check_strategy_memory, strategy_memory
+def _pipeline_after_refusal(request: PlanRequest, refusal: MemoryRefusal) -> PipelinePlan:
+    """The per-op plan of the captured model was refused for memory: a pipelined one
+    instead, for a stack of repeated blocks, in the time left; else the refusal, with why
+    pipelines did not help (at once when it is `final`: nothing can fit)."""
+    from planner.pipelined import has_blocks, pipeline_plan
+    from planner.problems.sizes import MemoryRefusal
 
-            fit = (check_strategy_memory if check_memory else strategy_memory)(
-                problem.dnn().cost_model, result.strategy
-            )
-            memory = {"memory_peak_bytes": float(fit.peak.max()), "memory_fits": fit.fits}
-            memory.update(_device_use(problem, result, objective))
-        phases = {
-            **phases,
-            **memory,
+    if request.deadline.expired() or refusal.final or not has_blocks(request.model):
+        raise refusal
+    log.info("%s: searching pipelines instead", refusal)
+    try:
+        out = pipeline_plan(request)
+    except LayerwiseError as exc:
+        raise MemoryRefusal(
+            f"{refusal}; no pipeline layout fits either ({exc})", refusal.fact
+        ) from None
+    return dataclasses.replace(out, phases={**out.phases, "memory_fallback": str(refusal)})
+
+
+def _plan_plain(request: PlanRequest) -> PlanResult:
+    """The per-op search: the model captured once, then either the attempts of the "auto"
+    memory options or one plan (planned again with both "auto" when it does not fit)."""
+    request = request.capture()
+    memory, search = request.memory, request.search
+    if memory.recompute == RECOMPUTE_AUTO:  # plan again per choice
+        return _plan_recompute_auto(request)
+    if memory.zero == ZERO_AUTO:
+        return _plan_zero_auto(request)
+    from planner.problems.sizes import MemoryRefusal
+
+    try:
+        return _plan_once(request)
+    except MemoryRefusal as exc:  # ZeRO and recomputation unset: both "auto" instead
+        chosen = memory.zero is not None or memory.recompute is not None
+        if chosen or not search.check_memory or search.backend != AUTO:
+            raise
+        return _plan_memory_fallback(request, exc)
+
+
+def _plan_once(request: PlanRequest) -> PlanResult:
+    """Build the problem, search it, re-rank the answer against the baselines and measure
+    its memory: one per-op plan with every option fixed."""
+    from planner.problems.sizes import usage_limit_error
+
+    start = time.perf_counter()
+    search = request.search
+    solver = check_backend(search.backend, search.objective)  # its settings checked already
+    with catch_interrupt():
+        problem, phases = _problem(request)
+        if stop_requested():
+            return _interrupted(request, problem, phases, start)
+        if request.deadline.expired():
+            return _overrun_answer(request, problem, phases, start)
+        beyond = usage_limit_error(problem)
+        if beyond is not None:  # no answer can meet the limit: not searched (plan raises)
+            log.info("%s", beyond)
+            result = SolveResult(search.backend, Status.INFEASIBLE)
+            done = {**phases, "search_seconds": 0.0, BELOW_FOOTPRINT: beyond}
+            done["total_seconds"] = _total(request, start)
+            return PlanResult(result, search.objective, problem, done, request.spec, beyond)
+        result, problem, searched = _search(request, solver, problem)
+    phases = {
+        **phases,
+        **_memory_use(request, problem, result),
+        **searched,
+        "total_seconds": _total(request, start),
+    }
+    log.info(
+        "%s: %s%s, objective %s, bound %s (%.3g s in all)",
+        result.backend,
+        result.status.value,
+        f" ({result.limit.value})" if result.limit else "",
+        result.objective,
+        result.bound,
+        phases["total_seconds"],
+    )
+    return PlanResult(result, search.objective, problem, phases, request.spec)
+
+
+def _total(request: PlanRequest, start: float) -> float:
+    """Seconds of one plan, its model's capture included."""
+    return time.perf_counter() - start + request.capture_seconds
+
+
+def _search(
+    request: PlanRequest, solver: Any, problem: Problem
+) -> tuple[SolveResult, Problem, dict[str, float]]:
+    """The backend's search in the time left (less a share kept for the recommendation),
+    then `planner.recommend`'s re-rank; the answer, the problem searched (auto may limit its
+    memory) and the phases' seconds."""
+    search, deadline = request.search, request.deadline
+    dnn = problem.is_dnn
+    recommending = search.recommend and dnn
+    clock = deadline.reserve(RECOMMEND_SHARE * deadline.left()) if recommending else deadline
+    log.info(
+        "searching with %s (%s objective): %.3g s left of the %.3g s time limit",
+        search.backend,
+        search.objective,
+        clock.left(),
+        deadline.limit,
+    )
+    options = SolveOptions(
+        objective=search.objective, seed=request.seed, extra=search.settings, deadline=clock
+    )
+    t0 = time.perf_counter()
+    if solver is None:
+        from planner.auto import solve_auto
+
+        result, problem = solve_auto(problem, options)
+    else:
+        result = solver.solve(problem, options)
+    solve_seconds = time.perf_counter() - t0
+    search_seconds = float(result.stats.get("search_seconds", solve_seconds))
+    t1 = time.perf_counter()
+    if recommending and result.has_solution:
+        result = _recommended(problem, result, search.objective, deadline)
+    return (
+        result,
+        problem,
+        {
             "search_seconds": search_seconds,
             "rescore_seconds": max(0.0, solve_seconds - search_seconds),
-            "recommend_seconds": recommend_seconds,
-            "total_seconds": time.perf_counter() - start,
-        }
-        log.info(
-            "%s: %s%s, objective %s, bound %s (%.3g s in all)",
-            result.backend,
-            result.status.value,
-            f" ({result.limit.value})" if result.limit else "",
-            result.objective,
-            result.bound,
-            phases["total_seconds"],
+            "recommend_seconds": time.perf_counter() - t1,
+        },
+    )
+
+
+def _recommended(
+    problem: Problem, result: SolveResult, objective: str, deadline: Deadline
+) -> SolveResult:
+    """`planner.recommend.recommend`, its decision logged."""
+    from planner.recommend import recommend as rerank
+
+    result = rerank(problem, result, objective, deadline=deadline)
+    decision = result.stats["recommendation"]
+    if decision.get("switched"):
+        log.warning("recommending %s: %s", decision["to"], decision["reason"])
+    if decision.get("not_simulated_for_time"):
+        log.warning(
+            "the time limit left no time to simulate the baseline(s) %s: the "
+            "recommendation compared the answer with the others only",
+            ", ".join(decision["not_simulated_for_time"]),
         )
-        return PlanResult(result, objective, problem, phases, spec)
-    except MemoryRefusal as exc:  # ZeRO and recomputation unset: both "auto" instead
-        if zero is not None or recompute is not None or not check_memory or backend != "auto":
-            raise
-        return _plan_memory_fallback(deadline, call, exc)
+    return result
+
+
+def _memory_use(request: PlanRequest, problem: Problem, result: SolveResult) -> dict[str, Any]:
+    """The answer's peak bytes, whether it fits (refused here when `check_memory`) and the
+    devices it uses."""
+    if result.strategy is None or not problem.is_dnn:
+        return {}
+    from planner.problems.sizes import check_strategy_memory, strategy_memory
+
+    check = check_strategy_memory if request.search.check_memory else strategy_memory
+    fit = check(problem.dnn().cost_model, result.strategy)
+    memory: dict[str, Any] = {"memory_peak_bytes": float(fit.peak.max()), "memory_fits": fit.fits}
+    return {**memory, **_device_use(problem, result, request.search.objective)}
 
 
 # phases key of a plan not searched because its memory limit is below any answer's least
 # footprint (`planner.problems.sizes.usage_limit_error`): the "auto" memory options go on to
 # their next choice, `plan` raises it
 BELOW_FOOTPRINT = "limit_below_least_footprint"
+OVERRUN_KEY = "overrun"  # stats key: capture and build used the time limit up (`_overrun_answer`)
 RECOMMEND_SHARE = 0.1  # of the time left after the build, kept for the recommendation
-ZERO_AUTO = "auto"
-ZERO_STAGES = (0, 1, 2, 3)
-RECOMPUTE_MODES = ("none", "full")  # in the order "auto" tries them
+QUICK_EXACT_SECONDS = 0.5  # what an exact search past the time limit may take (`_quick_answer`)
 
 
-def _check_memory_options(sync: str | None, options: Mapping[str, Any]) -> None:
-    """The training-memory options, refused before any work (CostOptions' one-line errors)."""
-    from planner.costs.costmodel import CostOptions
-    from planner.costs.recompute import recompute_error
-
-    values = {k: v for k, v in options.items() if v is not None}
-    if values.get("zero") == ZERO_AUTO:
-        values["zero"] = ZERO_STAGES[-1]
-    if values.get("recompute") == RECOMPUTE_AUTO:
-        values["recompute"] = RECOMPUTE_MODES[-1]
-    elif "recompute" in values and recompute_error(values["recompute"]) is not None:
-        raise LayerwiseError(
-            "recompute must be 'none', 'full', 'auto' or a number of blocks >= 0, got "
-            f"{given(options['recompute'])}"
-        )
-    if "zero" in values and (not isinstance(values["zero"], int) or values["zero"] is True):
-        raise LayerwiseError(f"zero must be 0, 1, 2, 3 or 'auto', got {given(options['zero'])}")
-    if values.get("master_weights") is True and values.get("optimizer", "none") == "none":
-        raise LayerwiseError(
-            "master_weights are the optimizer's fp32 copies of 16-bit weights, and optimizer "
-            "is 'none' (weights and gradients only): give an optimizer (optimizer='sgd' or "
-            "'adam', --optimizer) or leave master_weights unset"
-        )
-    if sync is not None:
-        values["sync"] = sync
-    CostOptions(**values)
-
-
-def _plan_memory_fallback(
-    deadline: Deadline, call: dict[str, Any], refusal: MemoryRefusal
-) -> PlanResult:
+def _plan_memory_fallback(request: PlanRequest, refusal: MemoryRefusal) -> PlanResult:
     """ZeRO and recomputation left unset, and the model or its plan without either (ZeRO
     stage 0, every activation kept) does not fit the devices' memory (`refusal`, a
     `MemoryRefusal`): the plan with both "auto" in the time left instead of a refusal.
@@ -680,16 +638,14 @@ def _plan_memory_fallback(
     first = str(refusal)
     if refusal.final:  # no memory option can help: said at once
         raise refusal
-    if deadline.expired():
+    if request.deadline.expired():
         raise MemoryRefusal(
             f"{first} (no time was left to try ZeRO and recomputation: raise the time limit)",
             refusal.fact,
         ) from None
     log.info("%s: planning again with zero='auto' and recompute='auto'", first)
     try:
-        out = _plan_plain(
-            **{**call, "zero": ZERO_AUTO, "recompute": RECOMPUTE_AUTO}, deadline=deadline
-        )
+        out = _plan_plain(request.with_memory(zero=ZERO_AUTO, recompute=RECOMPUTE_AUTO))
     except MemoryRefusal as exc:
         raise MemoryRefusal(
             f"{first}; ZeRO and recomputation chosen automatically (zero='auto', "
@@ -706,18 +662,20 @@ def _plan_memory_fallback(
     return dataclasses.replace(out, phases={**out.phases, "memory_fallback": first})
 
 
-def _plan_zero_auto(deadline: Deadline, check_memory: bool, **call: Any) -> PlanResult:
+def _plan_zero_auto(request: PlanRequest) -> PlanResult:
     """zero="auto": plan at ZeRO stage 0, then at the next stage while the answer does not
     fit the devices' memory (or none was found), each stage with an equal share of the time
     left; the first that fits, else the last tried (which `check_memory` refuses as usual).
     `stats["zero"]`: the stage chosen and, per stage tried before it, why it was not enough."""
     from planner.problems.sizes import format_bytes
 
+    deadline = request.deadline
+    unchecked = request.with_search(check_memory=False)
     tried: list[dict[str, Any]] = []
     out: PlanResult | None = None
     for k, stage in enumerate(ZERO_STAGES):
         share = deadline.share(1.0 / (len(ZERO_STAGES) - k))
-        out = _plan_plain(**call, zero=stage, check_memory=False, deadline=share)
+        out = _plan_plain(unchecked.with_memory(zero=stage).within(share))
         fits = out.stats.get("memory_fits")
         if (out.has_solution and fits is not False) or deadline.expired():
             break
@@ -730,10 +688,10 @@ def _plan_zero_auto(deadline: Deadline, check_memory: bool, **call: Any) -> Plan
             )
             tried.append({"zero": stage, "why": why})
     assert out is not None
-    return _chosen(out, "zero", tried, check_memory)
+    return _chosen(out, "zero", tried, request.search.check_memory)
 
 
-def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) -> PlanResult:
+def _plan_recompute_auto(request: PlanRequest) -> PlanResult:
     """recompute="auto": the fastest answer that fits the devices' memory, without
     recomputation, with every block's ("full") or with the first k blocks' (`zero`, "auto"
     included, applies to each attempt). In turn, each with a share of the time left:
@@ -752,19 +710,22 @@ def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) ->
     mode tried, its objective or why it lost."""
     from planner.problems.sizes import MemoryRefusal, format_bytes
 
+    deadline = request.deadline
+    unchecked = request.with_search(check_memory=False)
     tried: list[dict[str, Any]] = []
     refusals: list[MemoryRefusal] = []
     answers: list[tuple[str | int, PlanResult]] = []
-    backend = call.get("backend", "auto")
-    probe = backend == "auto" and call.get("objective", "additive") == "additive"
+    probe = request.search.backend == AUTO and request.search.objective == "additive"
 
     def fits(o: PlanResult) -> bool:
         return o.has_solution and o.stats.get("memory_fits") is not False
 
-    def attempt(mode: str | int, share: float, **over: Any) -> PlanResult | None:
+    def attempt(mode: str | int, share: float, backend: str | None = None) -> PlanResult | None:
+        attempt_request = unchecked.with_memory(recompute=mode).within(deadline.share(share))
+        if backend is not None:
+            attempt_request = attempt_request.with_search(backend=backend)
         try:
-            out = _plan_plain(**{**call, **over}, recompute=mode, check_memory=False,
-                       deadline=deadline.share(share))  # fmt: skip
+            out = _plan_plain(attempt_request)
         except MemoryRefusal as exc:  # this mode cannot fit at all
             if exc.final:
                 raise  # nor can any other
@@ -781,7 +742,7 @@ def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) ->
         answers.append((mode, out))
         return out
 
-    first = attempt("none", 0.5, **({"backend": "elimination"} if probe else {}))
+    first = attempt("none", 0.5, "elimination" if probe else None)
     proven = (first is not None and fits(first) and first.status is Status.OPTIMAL
               and first.backend == "elimination")  # fmt: skip
     if not proven and not deadline.expired():
@@ -806,7 +767,7 @@ def _plan_recompute_auto(deadline: Deadline, check_memory: bool, **call: Any) ->
         else:
             why = f"objective {o.objective:.6g} s against {answers[best][1].objective:.6g} s"
         tried.append({"recompute": option, "why": why})
-    return _chosen(answers[best][1], "recompute", tried, check_memory)
+    return _chosen(answers[best][1], "recompute", tried, request.search.check_memory)
 
 
 def _chosen(out: PlanResult, option: str, tried: list[dict[str, Any]], check: bool) -> PlanResult:
@@ -856,178 +817,121 @@ def _device_use(problem: Problem, result: SolveResult, objective: str) -> dict[s
     return out
 
 
-def _checked_settings(
-    backend: str, objective: str, backend_options: Any
-) -> tuple[Any, Mapping[str, Any]]:
-    """The backend class (None for "auto") and its validated settings: an unknown name or a
-    bad setting is one BackendError before any work."""
-    solver = check_backend(backend, objective)
-    if solver is not None:
-        return solver, solver.settings(SolveOptions(extra=backend_options or {}))
-    if backend_options:
-        raise LayerwiseError(
-            "backend_options are the settings of one backend: name it (backend='cpsat', ...); "
-            "'auto' chooses the backend per problem and takes no settings"
-        )
-    return None, {}
-
-
-def check_backend(backend: str, objective: str) -> Any:
-    """The backend registered as `backend` when it optimizes `objective`, None for "auto"
-    (planner/auto.py: it chooses per problem); else one error."""
-    from planner.auto import AUTO
-    from planner.registry import REGISTRY, get_backend
-
-    if backend == AUTO:
-        return None
-    if backend not in REGISTRY:
-        raise BackendError(
-            f"unknown backend {backend!r}; available: {AUTO} (the default), {', '.join(REGISTRY)}"
-        )
-    solver = get_backend(backend)
-    if objective not in solver.objectives:
-        raise LayerwiseError(
-            f"backend {backend!r} does not optimize the {objective!r} objective (it does: "
-            f"{', '.join(solver.objectives)}; backend 'auto' chooses one that does)"
-        )
-    return solver
-
-
-def _positive(seconds: Any) -> bool:
-    return isinstance(seconds, int | float) and 0 < seconds < float("inf")
-
-
-def _problem(model: Any, devices: Any, deadline: Deadline, **kwargs: Any) -> tuple[Any, Any, Any]:
-    """`problem_of` within the deadline: a build that cannot finish in time is one error."""
+def _problem(request: PlanRequest) -> tuple[Problem, dict[str, float]]:
+    """The problem to search and the phases' seconds: `problem_of` within `request.hard`;
+    a build that cannot finish by then is one error."""
     from planner.graph.opgraph import OpGraph
 
     started = time.perf_counter()
+    search = request.search
     try:
-        return problem_of(model, devices, deadline=deadline, **kwargs)
+        problem, _, phases = problem_of(
+            request.model,
+            request.devices,
+            deadline=request.hard,
+            example_inputs=request.example_inputs,
+            model_kwargs=request.model_kwargs,
+            name=request.name,
+            coarsen=request.coarsen,
+            options=search.cost_options(request.memory),
+            max_configs=search.max_configs,
+            build_options=search.build_options,
+        )
     except OutOfTime:
-        captured = isinstance(model, OpGraph)  # captured already (`_captured`)
+        captured = isinstance(request.model, OpGraph)  # captured already (`capture`)
         raise stopped(
             "building the cost tables"
             if captured
             else "capturing the model and building its cost tables",
-            deadline,
+            request.hard,
             started,
             "raise the time limit, or make the problem smaller (max_configs, space='mesh', "
             "fewer devices)",
         ) from None
+    if request.spec is not None:
+        phases = {**phases, "capture_seconds": request.capture_seconds}
+    return problem, phases
 
 
-def _captured(
-    model: Any, devices: Any, deadline: Deadline, **kwargs: Any
-) -> tuple[OpGraph, ModelSpec | None, float] | None:
-    """`model` captured once (an OpGraph, its spec, the seconds) so that every attempt of
-    the "auto" memory options reuses it; None when it needs no capture (an OpGraph, a
-    Problem, a cost-table file)."""
-    from planner.graph.opgraph import OpGraph
-    from planner.problems.problem import Problem
-    from planner.sources import _is_problem_file, graph_of
-
-    if isinstance(model, OpGraph | Problem) or _is_problem_file(model):
-        return None
-    started = time.perf_counter()
-    with catch_interrupt():
-        try:
-            graph, spec, _, seconds = graph_of(model, devices, deadline=deadline, **kwargs)
-            if stop_requested():  # a Ctrl-C while the devices were built
-                raise OutOfTime
-        except OutOfTime:
-            raise stopped(
-                "capturing the model", deadline, started, "raise the time limit"
-            ) from None
-    return graph, spec, seconds
-
-
-def _check_call(
-    objective: Any, time_limit: Any, seed: Any, build_options: Mapping, **values: Any
-) -> None:
-    """Arguments that are wrong whatever the model: refused before any work, each error
-    saying what was expected and what was given, with its type (`planner.errors.given`)."""
-    from planner.problems.problem import build_problem
-
-    if objective not in ("additive", "makespan"):
-        raise LayerwiseError(f"objective must be 'additive' or 'makespan', got {given(objective)}")
-    if not (_number(time_limit) and 0 < time_limit < float("inf")):
-        raise LayerwiseError(
-            f"time_limit must be a positive number of seconds (an int or a float), got "
-            f"{given(time_limit)}"
-        )
-    if not _integer(seed) or seed < 0:
-        raise LayerwiseError(f"seed must be an integer >= 0, got {given(seed)}")
-    for name, ok, expected in (
-        ("backend", isinstance(values["backend"], str), "a backend's name (a str)"),
-        ("max_configs", _optional_count(values["max_configs"]), "None or an integer >= 1"),
-        (
-            "memory_limit",
-            _memory_limit(values["memory_limit"]),
-            "None, 'device' or a positive number of bytes per device",
-        ),
-        (
-            "backend_options",
-            values["backend_options"] is None or isinstance(values["backend_options"], Mapping),
-            "a mapping of setting names to values, or the backend's settings object",
-        ),
-    ):
-        if not ok:
-            raise LayerwiseError(f"{name} must be {expected}, got {given(values[name])}")
-    accepted = set(inspect.signature(build_problem).parameters) - {"graph", "devices"}
-    accepted -= {"cost_model", "max_configs", "memory_limit"}
-    unknown = sorted(set(build_options) - accepted)
-    if unknown:
-        raise LayerwiseError(
-            f"plan() got unknown option(s) {', '.join(unknown)}; build_problem accepts "
-            f"{', '.join(sorted(accepted))}"
-        )
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _optional_count(value: Any) -> bool:
-    return value is None or (_integer(value) and value >= 1)
-
-
-def _memory_limit(value: Any) -> bool:
-    if value is None or (isinstance(value, str) and value == "device"):
-        return True
-    return _number(value) and 0 < value < float("inf")
-
-
-def _out_of_time(
-    problem: Problem,
-    spec: ModelSpec | None,
-    backend: str,
-    objective: str,
-    deadline: Deadline,
-    start: float,
-    phases: dict[str, float],
+def _interrupted(
+    request: PlanRequest, problem: Problem, phases: dict[str, float], start: float
 ) -> PlanResult:
-    used = time.perf_counter() - start
-    before = start - deadline.began  # start-up, reading the problem, loading the solver
-    spent = f"{used:.3g} s capturing and building the problem"
-    if before >= 0.01:  # NaN (a deadline not made by `after`) is not
+    """A Ctrl-C before the search began: no answer, limit INTERRUPTED."""
+    message = "interrupted before the search began"
+    log.info(message)
+    result = SolveResult(request.search.backend, Status.NO_SOLUTION, limit=Limit.INTERRUPTED)
+    phases = {**phases, "search_seconds": 0.0, "total_seconds": _total(request, start)}
+    return PlanResult(result, request.search.objective, problem, phases, request.spec, message)
+
+
+def _overrun_answer(
+    request: PlanRequest, problem: Problem, phases: dict[str, float], start: float
+) -> PlanResult:
+    """Capture and build used the time limit up: instead of no answer, the cheapest valid
+    one that takes no real search time (`_quick_answer`: elimination's optimum when it is
+    proven in `QUICK_EXACT_SECONDS`, else the best expert baseline that fits), FEASIBLE with
+    limit TIME unless proven, and `stats["overrun"]`: the overrun, and what time limit would
+    have left the search time. No answer (NO_SOLUTION, limit TIME) when there is none."""
+    deadline, search = request.deadline, request.search
+    used = _total(request, start)
+    what = "capturing the model and building its cost tables" if request.spec else "building"
+    if not problem.is_dnn:
+        what = "reading the problem"
+    spent = f"{used:.3g} s {what}"
+    before = time.perf_counter() - deadline.began - used  # NaN for a deadline not `after`
+    if before >= 0.01:
         spent = (
             f"{before:.3g} s before planning began (start-up, reading the input, loading the "
             f"solver) and {spent}"
         )
-    message = (
-        f"the time limit of {deadline.limit:g} s ran out before the search began: {spent}. "
-        "Raise the time limit, or make the problem smaller (max_configs, fewer devices, a "
-        "smaller model)"
-    )
-    limit = Limit.TIME
-    if stop_requested():
-        message, limit = "interrupted before the search began", Limit.INTERRUPTED
-    log.info(message)
-    result = SolveResult(backend, Status.NO_SOLUTION, limit=limit)
-    phases = {**phases, "search_seconds": 0.0, "total_seconds": used}
-    return PlanResult(result, objective, problem, phases, spec, message)
+    head = f"the time limit of {deadline.limit:g} s ran out before the search began: {spent}"
+    whole = used + (before if before >= 0.01 else 0.0)
+    advice = f"a time limit of {math.ceil(2 * whole):d} s or more would have left the search time"
+    result = _quick_answer(problem, search.objective)
+    t0 = time.perf_counter()
+    if result is None:
+        message = f"{head}: no answer without a search. Raise the time limit ({advice})"
+        result = SolveResult(search.backend, Status.NO_SOLUTION, limit=Limit.TIME)
+    else:
+        message = f"{head}: answered with {result.backend} without a search; {advice}"
+        result = dataclasses.replace(result, stats={**result.stats, OVERRUN_KEY: message})
+    log.info("%s", message)
+    done = {
+        **phases,
+        **_memory_use(request, problem, result),
+        "search_seconds": time.perf_counter() - t0,
+        "total_seconds": _total(request, start),
+    }
+    if result.has_solution:
+        done[OVERRUN_KEY] = message
+    return PlanResult(result, search.objective, problem, done, request.spec, message)
+
+
+def _quick_answer(problem: Problem, objective: str) -> SolveResult | None:
+    """The best answer found without a search: elimination's proven optimum when it proves
+    it in `QUICK_EXACT_SECONDS` (additive objective, no memory limit, fits the devices),
+    and the expert baselines that fit the memory (`planner.recommend.baseline_choices`),
+    each scored under `objective`; None when there is none."""
+    from planner.problems.evaluate import fits_devices
+    from planner.recommend import baseline_choices
+    from planner.registry import get_backend
+    from planner.result import evaluate_objective
+
+    found: list[tuple[float, int, SolveResult]] = []
+    exact = get_backend("elimination")
+    options = SolveOptions(deadline=Deadline.after(QUICK_EXACT_SECONDS))
+    if objective == "additive" and exact.can_run(problem, options) is None:
+        proven = exact.solve(problem, options)
+        best = proven.choices if proven.status is Status.OPTIMAL else None
+        if best is not None and (not problem.is_dnn or fits_devices(problem, best)):
+            found.append((float(proven.objective or 0.0), 0, proven))
+    for name, choices in baseline_choices(problem).items():
+        value = evaluate_objective(problem, choices, objective)
+        strategy = problem.strategy(choices)
+        answer = SolveResult(
+            f"baseline {name}", Status.FEASIBLE, choices, value, None, Limit.TIME, strategy
+        )
+        found.append((value, len(found) + 1, answer))
+    if not found:
+        return None
+    return min(found, key=lambda f: (f[0], f[1]))[2]

@@ -17,19 +17,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from planner.costs.costmodel import CostOptions
 from planner.deadline import (
-    BuildOutOfTime,
     Deadline,
-    OutOfTime,
     catch_interrupt,
     stop_requested,
-    stopped,
 )
 from planner.errors import LayerwiseError, given
 from planner.files import check_output_path, finite_or_none, strict_json, write_text_atomic
@@ -40,9 +37,18 @@ from planner.pipeline.schedule import SCHEDULES
 from planner.pipeline.spec import PipelinedStrategy
 from planner.pipeline.timeline import PipelineTimeline
 from planner.problems.strategy import Strategy
+from planner.request import DEFAULT_TIME_LIMIT, PlanRequest
 from planner.result import Limit, Status
 
-__all__ = ["PER_OP", "PIPELINE", "PipelinePlan", "auto_search", "plan_pipeline"]
+__all__ = [
+    "PER_OP",
+    "PIPELINE",
+    "PipelinePlan",
+    "auto_search",
+    "has_blocks",
+    "pipeline_plan",
+    "plan_pipeline",
+]
 
 log = logging.getLogger("planner.pipeline")
 
@@ -152,7 +158,7 @@ def plan_pipeline(
     model: Any,
     devices: Any,
     *,
-    time_limit: float = 60.0,
+    time_limit: float = DEFAULT_TIME_LIMIT,
     seed: int = 0,
     example_inputs: Any = None,
     model_kwargs: Mapping[str, Any] | None = None,
@@ -175,45 +181,66 @@ def plan_pipeline(
     all); stages: pipeline sizes to try (default every divisor of the devices up to the
     blocks). The search is deterministic: `seed` is recorded only. PipelineError when no
     layout fits."""
-    clock = Deadline.after(time_limit)
-    deadline = clock if deadline is None else deadline.within(clock.left())
+    request = PlanRequest.make(
+        model,
+        devices,
+        time_limit=time_limit,
+        seed=seed,
+        example_inputs=example_inputs,
+        model_kwargs=model_kwargs,
+        name=name,
+        coarsen=coarsen,
+        optimizer=optimizer,
+        master_weights=master_weights,
+        zero=zero,
+        headroom=headroom,
+        recompute=recompute,
+        deadline=deadline,
+        pipeline=True,
+    )
+    return pipeline_plan(request, schedules, stages)
+
+
+def pipeline_plan(
+    request: PlanRequest,
+    schedules: Sequence[str] | None = None,
+    stages: Sequence[int] | None = None,
+) -> PipelinePlan:
+    """`plan_pipeline` of a request: the model captured (once: a captured request is not
+    captured again), then the pipeline search within the request's deadline."""
     start = time.perf_counter()
-    search_options = _search_choices(zero, recompute, schedules, stages, seed)
-    memory = {"optimizer": optimizer, "master_weights": master_weights, "headroom": headroom}
-    options = CostOptions(**{k: v for k, v in memory.items() if v is not None})  # type: ignore[arg-type]
+    memory = request.memory
+    search_options = check_choices(request, schedules, stages)
+    given = {"optimizer": memory.optimizer, "master_weights": memory.master_weights,
+             "headroom": memory.headroom}  # fmt: skip
+    options = CostOptions(**{k: v for k, v in given.items() if v is not None})  # type: ignore[arg-type]
     from planner.registry import get_pipeline_search
-    from planner.sources import graph_of
 
     with catch_interrupt():
-        try:
-            graph, spec, device_graph, capture = graph_of(
-                model,
-                devices,
-                example_inputs=example_inputs,
-                model_kwargs=model_kwargs,
-                name=name,
-                coarsen=coarsen,
-                deadline=deadline,
+        request = request.capture()
+        graph, device_graph = request.model, request.devices
+        if not isinstance(graph, OpGraph):
+            raise LayerwiseError(
+                "a cost-table problem has no layers to cut into pipeline stages: plan it "
+                "without pipeline (pipeline=False, --pipeline off)"
             )
-        except OutOfTime:
-            raise stopped("capturing the model", deadline, start, "raise the time limit") from None
         log.info(
             "%s: %d ops captured in %.3g s; searching pipelines on %s",
             graph.name,
             len(graph.ops),
-            capture,
+            request.capture_seconds,
             device_graph.name,
         )
         t0 = time.perf_counter()
         answer = get_pipeline_search()(
-            graph, device_graph, options, deadline=deadline, **search_options
+            graph, device_graph, options, deadline=request.deadline, **search_options
         )
         interrupted = stop_requested()
     phases = {
-        "capture_seconds": capture,
+        "capture_seconds": request.capture_seconds,
         "build_seconds": 0.0,
         "search_seconds": time.perf_counter() - t0,
-        "total_seconds": time.perf_counter() - start,
+        "total_seconds": time.perf_counter() - start + request.capture_seconds,
         **{k: v for k, v in answer.stats.items() if k != "seconds"},
         "interrupted": interrupted,
     }
@@ -225,8 +252,25 @@ def plan_pipeline(
         phases["total_seconds"],
     )
     return PipelinePlan(
-        answer.planned, answer.layout, answer.options, answer.timeline, answer.bound, phases, spec
+        answer.planned,
+        answer.layout,
+        answer.options,
+        answer.timeline,
+        answer.bound,
+        phases,
+        request.spec,
     )
+
+
+def check_choices(
+    request: PlanRequest,
+    schedules: Sequence[str] | None = None,
+    stages: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """The pipeline search's choices from the request's memory options (and `schedules`,
+    `stages`), one-line errors for bad ones."""
+    memory = request.memory
+    return _search_choices(memory.zero, memory.recompute, schedules, stages, request.seed)
 
 
 def _search_choices(
@@ -268,64 +312,6 @@ def _search_choices(
     }
 
 
-def choose_pipeline(plain: Callable[..., Any], pipeline: Any, **call: Any) -> Any:
-    """`plan`'s choice between the per-op search (`plain`, planner.api) and the pipeline
-    search (see `plan`'s docstring, `pipeline`)."""
-    from planner.problems.sizes import MemoryRefusal
-    from planner.sources import _is_problem_file
-
-    extra = set(call) - PLAIN_ONLY - PIPELINE_ARGS - {"deadline", "check_memory", "recommend"}
-    changed = sorted(
-        k
-        for k in PLAIN_ONLY
-        if call.get(k) not in (None, {}) and call.get(k) != PLAIN_DEFAULTS.get(k)
-    ) + sorted(extra)
-    if isinstance(call.get("recompute"), int) and not isinstance(call.get("recompute"), bool):
-        changed.append("recompute (a number of blocks)")
-    if pipeline is True:
-        if changed:
-            raise LayerwiseError(
-                f"pipeline=True plans with the pipeline search, which takes no "
-                f"{', '.join(changed)}: leave them unset (or pipeline=False)"
-            )
-        return plan_pipeline(**_pipeline_call(call))
-    model = call["model"]
-    from planner.costs.recompute import check_graph_options
-    from planner.problems.problem import Problem
-
-    if changed or isinstance(model, Problem) or _is_problem_file(model):
-        return plain(**call)
-    as_graph, spec, seconds = _captured(call)  # once, for every attempt below
-    graph, devices = as_graph["model"], as_graph["devices"]
-    if not isinstance(model, OpGraph):  # an OpGraph was checked by plan()
-        check_graph_options(graph, call.get("recompute"), call.get("master_weights"))
-    if auto_search(graph, devices) == PER_OP:
-        try:
-            return _plain_captured(plain, as_graph, spec, seconds)
-        except MemoryRefusal as refusal:
-            if call.get("zero") is not None or call.get("recompute") is not None:
-                raise  # chosen by hand: the refusal says what does not fit with them
-            return _pipeline_after_refusal(refusal, as_graph, spec, seconds)
-    log.info(
-        "%s is a stack of repeated blocks and %s spans hosts: searching pipelines",
-        graph.name,
-        devices.name,
-    )
-    call_pipeline = _pipeline_call(as_graph)
-    _search_choices(
-        call_pipeline.get("zero"), call_pipeline.get("recompute"), None, None, call["seed"]
-    )  # the caller's own bad option is an error, not a reason to plan per op
-    with catch_interrupt():  # a Ctrl-C during the pipeline search is not a refusal
-        try:
-            out = plan_pipeline(**call_pipeline)
-        except LayerwiseError as exc:
-            if stop_requested():
-                raise
-            log.warning("the pipeline search gave no plan (%s): planning per op instead", exc)
-            return _plain_captured(plain, as_graph, spec, seconds, refused=str(exc))
-    return dataclasses.replace(out, model=spec, phases={**out.phases, "capture_seconds": seconds})
-
-
 PIPELINE = "pipeline"
 PER_OP = "per-op"
 
@@ -337,115 +323,11 @@ def auto_search(graph: OpGraph, devices: DeviceGraph) -> str:
     model does not fit the devices otherwise). The pipeline search's refusal falls back to
     the per-op search."""
     hosts = len({d.host for d in devices.devices})
-    return PIPELINE if hosts >= 2 and _has_blocks(graph) else PER_OP
+    return PIPELINE if hosts >= 2 and has_blocks(graph) else PER_OP
 
 
-def _plain_captured(
-    plain: Callable[..., Any],
-    call: dict[str, Any],
-    spec: Any,
-    seconds: float,
-    refused: str | None = None,
-) -> Any:
-    """The per-op plan of an already captured model (`_captured`'s call), with the capture's
-    seconds and spec; `refused`: why the pipeline search, tried first, found no layout (in
-    `stats["pipeline_refused"]`, and in the error when the per-op search fails too)."""
-    from planner.problems.sizes import MemoryRefusal
-
-    try:
-        out = plain(**call)
-    except MemoryRefusal as exc:
-        if refused is None:
-            raise
-        raise MemoryRefusal(
-            f"{exc}; no pipeline layout fits either ({refused})", exc.fact, exc.final
-        ) from None
-    except BuildOutOfTime as exc:
-        if refused is None:
-            raise
-        raise LayerwiseError(  # what is known (no layout fits) first
-            f"{refused}; the per-op search, tried instead, ran out of time ({exc})"
-        ) from None
-    phases = {**out.phases, "capture_seconds": seconds}
-    total = out.phases.get("total_seconds", 0.0) + seconds
-    phases["total_seconds"] = total
-    if refused is not None:
-        phases["pipeline_refused"] = refused
-    return dataclasses.replace(out, model=spec, phases=phases)
-
-
-def _pipeline_after_refusal(refusal: Any, call: dict[str, Any], spec: Any, seconds: float) -> Any:
-    """The plain plan of the captured model (`call`) was refused for memory: a pipelined one
-    instead, for a stack of repeated blocks, in the time left; else the refusal, with why
-    pipelines did not help (at once when it is `final`: nothing can fit)."""
-    from planner.problems.sizes import MemoryRefusal
-
-    deadline: Deadline = call["deadline"]
-    if deadline.expired() or refusal.final or not _has_blocks(call["model"]):
-        raise refusal
-    log.info("%s: searching pipelines instead", refusal)
-    try:
-        out = plan_pipeline(**_pipeline_call(call))
-    except LayerwiseError as exc:
-        raise MemoryRefusal(
-            f"{refusal}; no pipeline layout fits either ({exc})", refusal.fact
-        ) from None
-    phases = {**out.phases, "capture_seconds": seconds, "memory_fallback": str(refusal)}
-    return dataclasses.replace(out, model=spec, phases=phases)
-
-
-def _captured(call: Mapping[str, Any]) -> tuple[dict[str, Any], Any, float]:
-    """`call` with its model captured (an OpGraph) and its devices a DeviceGraph, the model's
-    spec and the capture's seconds (past the call's deadline one error; at a Ctrl-C,
-    KeyboardInterrupt "interrupted ...")."""
-    from planner.sources import graph_of
-
-    started = time.perf_counter()
-    with catch_interrupt():
-        try:
-            graph, spec, devices, seconds = graph_of(
-                call["model"],
-                call["devices"],
-                example_inputs=call["example_inputs"],
-                model_kwargs=call["model_kwargs"],
-                name=call["name"],
-                coarsen=call["coarsen"],
-                deadline=call["deadline"],
-            )
-            if stop_requested():  # a Ctrl-C while the devices were built
-                raise OutOfTime
-        except OutOfTime:
-            raise stopped(
-                "capturing the model", call["deadline"], started, "raise the time limit"
-            ) from None
-    as_graph = {**call, "model": graph, "devices": devices}
-    return {**as_graph, "example_inputs": None, "model_kwargs": None}, spec, seconds
-
-
-def _has_blocks(graph: Any) -> bool:
+def has_blocks(graph: Any) -> bool:
     """Whether the pipeline search can cut `graph`: a stack of repeated, alike blocks."""
     from planner.pipeline.layouts import repeated_blocks
 
     return repeated_blocks(graph)
-
-
-PIPELINE_ARGS = {
-    "model", "devices", "time_limit", "seed", "example_inputs", "model_kwargs", "name",
-    "coarsen", "optimizer", "master_weights", "zero", "headroom", "recompute",
-}  # fmt: skip
-# plan()'s options of the per-op search, and their defaults (the pipeline search takes none)
-PLAIN_DEFAULTS = {"backend": "auto", "objective": "additive", "cost": "analytic"}
-PLAIN_ONLY = {
-    "backend",
-    "objective",
-    "cost",
-    "sync",
-    "memory_limit",
-    "max_configs",
-    "backend_options",
-}
-
-
-def _pipeline_call(call: Mapping[str, Any]) -> dict[str, Any]:
-    out = {k: call[k] for k in PIPELINE_ARGS if k in call}
-    return {**out, "deadline": call["deadline"]}

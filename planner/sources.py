@@ -54,7 +54,7 @@ def problem_of(
     `deadline` (checked before and after capture and while building) it raises OutOfTime."""
     from planner.problems.problem import Problem
 
-    if isinstance(model, Problem) or _is_problem_file(model):
+    if isinstance(model, Problem) or is_problem_file(model):
         unused = [k for k, v in options.items() if v not in (None, "analytic")]
         unused += ["devices"] * (devices is not None) + ["max_configs"] * (max_configs is not None)
         unused += list(build_options) + ["example_inputs"] * (example_inputs is not None)
@@ -121,7 +121,7 @@ def graph_of(
     tables (what a pipeline search needs). OutOfTime past `deadline`."""
     from planner.problems.problem import Problem
 
-    if isinstance(model, Problem) or _is_problem_file(model):
+    if isinstance(model, Problem) or is_problem_file(model):
         raise LayerwiseError(
             "a cost-table problem has no layers to cut into pipeline stages: plan it without "
             "pipeline (pipeline=False, --pipeline off)"
@@ -161,7 +161,7 @@ def _load_problem(path: str | Path) -> Problem:
     return load_problem(path)
 
 
-def _is_problem_file(model: Any) -> bool:
+def is_problem_file(model: Any) -> bool:
     """A path to a JSON file that is not an OpGraph (so a cost-table problem)."""
     if not isinstance(model, str | Path) or not _looks_like_path(model):
         return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -14,6 +15,9 @@ import torch
 from user_models import SmallCNN
 
 import planner
+import planner.api
+import planner.recommend
+import planner.request
 from backends import SolveOptions, Status
 from backends.exact.search import SearchBackend
 from planner.graph.zoo import model_graph
@@ -55,32 +59,67 @@ def test_every_kind_of_input_plans(tmp_path: Path) -> None:
 
 
 def test_the_backend_gets_what_is_left_of_the_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[SolveOptions] = []
+    seen: list[tuple[SolveOptions, float]] = []
     solve = SearchBackend.solve
 
     def spy(self: Any, problem: Any, options: SolveOptions) -> Any:
-        seen.append(options)
+        seen.append((options, options.clock().left()))
         return solve(self, problem, options)
 
     monkeypatch.setattr(SearchBackend, "solve", spy)
     r = planner.plan("lenet5", "p100-1x4", backend="search", time_limit=30, **LENET)
-    (options,) = seen
+    ((options, left),) = seen
     used = r.stats["capture_seconds"] + r.stats["build_seconds"]
-    assert options.time_limit <= 30 - used
+    assert options.time_limit is None and options.deadline is not None  # the deadline only
+    assert left <= 30 - used
     assert r.stats["total_seconds"] >= used + r.stats["search_seconds"]
 
 
-def test_a_build_that_cannot_finish_in_the_time_limit_stops_with_one_error() -> None:
+def test_a_build_that_cannot_finish_even_past_the_time_limit_stops_with_one_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(planner.request, "OVERRUN", 0.0)  # no time past the limit
+    monkeypatch.setattr(planner.request, "OVERRUN_SECONDS", 0.0)
     with pytest.raises(planner.LayerwiseError, match="did not finish within the time limit"):
         planner.plan("lenet5", "p100-4x4", time_limit=1e-6, **LENET)
+
+
+def test_a_build_past_the_time_limit_is_finished_and_answered_without_a_search(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Capture and build overran a limit that left the search no time: the answer is the
+    cheapest one found without a search (elimination's optimum, proven in milliseconds),
+    with one warning that gives the overrun and a limit that would have searched."""
+    with caplog.at_level(logging.WARNING, logger="planner.api"):
+        r = planner.plan("lenet5", "p100-1x4", time_limit=1e-3, **LENET)
+    exact = planner.plan("lenet5", "p100-1x4", backend="elimination", **LENET)
+    assert r.has_solution and r.objective == pytest.approx(exact.objective)
+    assert r.backend == "elimination" and r.status is Status.OPTIMAL
+    said = [m for m in caplog.messages if "ran out before the search began" in m]
+    assert len(said) == 1 and "would have left the search time" in said[0]
+    assert r.stats["overrun"] == said[0] and r.summary()["message"] == said[0]
+
+
+def test_without_an_exact_answer_in_time_the_best_fitting_baseline_is_the_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(planner.api, "QUICK_EXACT_SECONDS", -1.0)  # no proof in time
+    r = planner.plan("lenet5", "p100-1x4", objective="makespan", time_limit=1e-3, **LENET)
+    assert r.has_solution and r.status is Status.FEASIBLE and r.limit is not None
+    assert r.backend.startswith("baseline ") and r.stats["memory_fits"]
+    baselines = planner.recommend.baseline_times(r.problem)
+    assert r.objective == pytest.approx(min(b.simulated for b in baselines.values()))
 
 
 def test_a_load_that_uses_up_the_time_limit_is_said_clearly(tmp_path: Path) -> None:
     path = tmp_path / "p.json"
     save_problem(random_problem(30, 4, seed=1), path)
     r = planner.plan(str(path), time_limit=1e-6)
+    # a memory limit (elimination cannot take it) and no baselines for a cost table: no answer
+    assert r.problem.has_memory_limit
     assert r.status is Status.NO_SOLUTION and r.limit is not None and r.limit.value == "TIME"
     assert r.message is not None and "ran out before the search began" in r.message
+    assert "reading the problem" in r.message and "no answer without a search" in r.message
     assert r.summary()["message"] == r.message and r.strategy is None
 
 
@@ -199,8 +238,8 @@ def test_the_kind_of_a_large_file_is_told_without_parsing_it(
         raise AssertionError("the whole file was parsed to tell its kind")
 
     monkeypatch.setattr(planner.files, "read_json_checked", parsed)
-    assert planner.sources._is_problem_file(str(big))
-    assert not planner.sources._is_problem_file(str(graph))
+    assert planner.sources.is_problem_file(str(big))
+    assert not planner.sources.is_problem_file(str(graph))
 
 
 def _with_memory(preset: str, memory: float) -> planner.DeviceGraph:

@@ -104,10 +104,10 @@ def test_the_full_size_llms_try_pipelines_across_hosts(model: str) -> None:
 def test_a_pipeline_refusal_falls_back_to_the_per_op_search(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def refuse(**call: object) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
         raise PipelineError("no pipeline layout of 'gpt2' fits (a test's refusal)")
 
-    monkeypatch.setattr(planner.pipelined, "plan_pipeline", refuse)
+    monkeypatch.setattr(planner.pipelined, "pipeline_plan", refuse)
     gpt = small_graph("gpt2")
     with caplog.at_level(logging.WARNING, logger="planner.pipeline"):
         out = planner.plan(gpt, "p100-2x2", recommend=False)

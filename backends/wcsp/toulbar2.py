@@ -275,212 +275,15 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         stats: dict[str, Any],
         clock: Deadline,
     ) -> SolveResult:
-        progress = ProgressLog(self.name)
-        inc = trws.incidence(net.noff, net.eu, net.ev)
-        count = st.count
-        # the rounds and the bound both work on the contracted network (when it pays)
-        con = _contraction(net, clock, stats)
-        solved = con.net if con is not None else net  # the network toulbar2 is given
-        lagrange = Lagrangian(net, st, contraction=con)
-        upper = best.cost if best.choices is not None else None
-
-        g = kernel_arrays(net.noff, net.unary, net.eu, net.ev, net.eoff, net.binary, inc)
-
-        def fix(labels: np.ndarray, who: str) -> tuple[np.ndarray, float] | None:
-            """Repair and polish a labelling into the limit; offer it; the answer and its
-            cost (None if the repair failed or the answer is not valid)."""
-            t1 = time.perf_counter()
-            x = labels.astype(np.int64).copy()
-            if _conflicts(net, x) > FEW_CONFLICTS:
-                return None  # too far from an answer to mend quickly
-            if unbreak(x, g, PROPAGATE) > 0:
-                return None
-            use = net.usage[net.noff[:-1] + x]
-            prof = profile(st, use, count)
-            args = (st.first, st.after, st.limit, net.usage, g)
-            ok = -1
-            while ok == -1 and not past(clock.at):
-                ok = repair(x, prof, *args, REPAIR_MOVES, PROPAGATE)
-            if ok != 1:
-                stats["repair_failed"] = stats.get("repair_failed", 0) + 1
-                return None
-            while polish(x, prof, *args) > 0 and not past(clock.at):
-                pass
-            cost = best.offer(problem, net.choices(x), who)
-            stats["fix_seconds"] = stats.get("fix_seconds", 0.0) + time.perf_counter() - t1
-            return (x, cost) if math.isfinite(cost) else None
-
-        pool: list[np.ndarray] = []  # the rounds' labellings and answers, newest last
-        crossed = [(time.perf_counter(), math.inf)]  # when recombine last ran, from what best
-        idle_budget = [0.0]  # seconds for crossovers with repair while the round runs
-
-        def recombine(
-            raw: np.ndarray | None, fixed: np.ndarray | None, who: str, seconds: float
-        ) -> None:
-            """Cross the best answer (another member's newest included) with this round's
-            labelling, its repaired answer and the earlier rounds' (at most POOL, newest
-            first; `backends.wcsp.crossover`), then for up to `seconds` with the parts of
-            them that pay but do not fit, repaired (`crossover_repaired`); and the repaired
-            answer with the best and the rest; offer what comes out."""
-            pool.extend(y for y in (raw, fixed) if y is not None)
-            del pool[:-POOL]
-            if past(clock.at):
-                return
-            best.receive(problem)
-            crossed[0] = time.perf_counter(), best.cost
-            base = net.local(best.choices) if best.choices is not None else None
-            if base is None:
-                return  # no valid answer to start from
-            starts = [base]
-            if fixed is not None and not np.array_equal(fixed, base):
-                starts.append(fixed)
-            args = (st.first, st.after, st.limit, net.usage, g)
-            for start in starts:
-                x = start.copy()
-                prof = profile(st, net.usage[net.noff[:-1] + x], count)
-                donors = [y for y in (base, *reversed(pool)) if y is not start]
-                moved = sum(crossover(x, y, prof, *args)[0] for y in donors)
-                stats["crossed"] = stats.get("crossed", 0) + moved
-                if start is base:
-                    until = clock.within(seconds)
-                    for y in donors:
-                        if crossover_repaired(x, y, prof, st, net.usage, g, TRIES, until):
-                            moved += 1
-                            stats["crossed_repaired"] = stats.get("crossed_repaired", 0) + 1
-                if moved:
-                    best.offer(problem, net.choices(x), who)
-
-        t0 = time.perf_counter()
-        cpu = _CpuShare()
-        # the bound's share of the time beyond what a first round needs on a large network
-        left = clock.left()
-        share = clock.within(settings.bound_share * max(left - FIRST_ROUND_SECONDS, 0.25 * left))
-        seen = [0]
-
-        def on_labelling(x: np.ndarray) -> float | None:
-            seen[0] += 1
-            best.receive(problem)
-            if seen[0] % 10 == 1 and net.num_nodes <= MEND_NODES:
-                fix(x, "lagrangian")
-            return best.cost if best.choices is not None else None
-
-        lagrange.run(share, upper, on_labelling)
-        stats["bound_seconds"] = time.perf_counter() - t0
-
-        def step() -> None:
-            """One step of the bound while a round runs (`overlap`)."""
-            lagrange.run(clock, best.cost if best.choices is not None else None, on_labelling, 1)
-
-        def idle() -> None:
-            """While a round runs: a step of the bound (`overlap`), or a short sleep; and
-            every CROSS_SECONDS, if another member's answer is better than the best the
-            last crossover started from, the crossovers from it."""
-            if settings.overlap:
-                step()
-            else:
-                time.sleep(POLL_SECONDS)
-            if options.channel.incoming is None or not pool:
-                return
-            if time.perf_counter() - crossed[0][0] >= CROSS_SECONDS:
-                best.receive(problem)
-                if best.cost < crossed[0][1]:
-                    recombine(None, None, "crossover", idle_budget[0])
-                else:
-                    crossed[0] = time.perf_counter(), crossed[0][1]
-
-        stats["bound_steps"] = lagrange.iterations
-        lam = lagrange.best_lam if lagrange.best_lam is not None else lagrange.lam
-        lam = lam.copy()
-        # a first price for a step that is over full and unpriced: the mean cost per byte
-        base = float(np.mean(net.unary)) / max(float(np.mean(net.usage)), 1.0) / max(count, 1)
-        timed_out = False
-        round_limit = settings.round_seconds
-        for k in range(settings.max_rounds):
-            # building and preprocessing are not on toulbar2's clock: keep the last
-            # round's building time twice over for them
-            built = (
-                stats.get("build_seconds", 0.0) / k if k else BUILD_PER_ENTRY * solved.binary.size
-            )
-            spare = clock.left() - 2 * built
-            seconds = _seconds(solved, min(spare, round_limit), cpu.share())
-            if seconds is None:
-                timed_out = True
-                break
-            best.receive(problem)
-            prices = np.repeat(node_prices(st, lam), net.dom, axis=0)
-            penalty = (prices * net.usage).sum(axis=1)
-            if con is not None:  # the trees' sums: `solved`'s own unary costs are zeros
-                penalty = con.unary(net.unary + penalty)
-            idle_budget[0] = min(CROSS_REPAIR_SECONDS / 3, CROSS_REPAIR_SHARE * seconds)
-            run = _apart(
-                clock, solved, penalty, scale, options.seed + k, seconds, None, problem,
-                idle=idle if settings.overlap or options.channel.incoming is not None else None,
-            )  # fmt: skip
-            stats["build_seconds"] = stats.get("build_seconds", 0.0) + run.build
-            stats["rounds"] = k + 1
-            stats["toulbar2_seconds"] = stats.get("toulbar2_seconds", 0.0) + run.seconds
-            timed_out = run.timed_out
-            if run.labels is not None or run.nodes:  # toulbar2's dual bound of the priced
-                # network, less the prices times the limits: L(lam), a bound (module docstring)
-                value = run.bound / run.scale - float((lam.sum(axis=0) * st.limit).sum())
-                value -= MARGIN * abs(value)
-                if value > stats.get("round_bound", -math.inf):
-                    stats["round_bound"] = value
-            if run.labels is None:
-                if run.proven or past(clock.at):
-                    break  # nothing avoids the forbidden pairs, or no time is left
-                # too short to find a labelling (S with 10 s rounds: none in 240 s): the
-                # same prices again, twice as long
-                stats["empty_rounds"] = stats.get("empty_rounds", 0) + 1
-                round_limit *= 2
-                continue
-            if run.first is not None:  # as long as a first labelling took, and a margin
-                stats.setdefault("first_labelling_seconds", []).append(round(run.first, 2))
-                length = max(settings.min_round_seconds, FIRST_FACTOR * run.first + FIRST_EXTRA)
-                round_limit = min(settings.round_seconds, length)
-            x = run.labels if con is None else con.lift(run.labels)
-            prof = profile(st, net.usage[net.noff[:-1] + x], count)
-            over = prof > st.limit
-            fixed = None
-            if best.choices is None or int(over.sum()) <= FIX_OVERFULL * count:
-                fixed = fix(x, f"toulbar2 round {k + 1}")
-            else:  # far over the limit: its repair would take seconds (A: 9 s for 15,796
-                # over-full steps) and end far above the best; it only moves the prices
-                stats["unrepaired"] = stats.get("unrepaired", 0) + 1
-            repaired = "not" if fixed is None else f"{fixed[1]:.6g}"
-            answer = None if fixed is None else fixed[0]
-            spend = min(CROSS_REPAIR_SECONDS, CROSS_REPAIR_SHARE * run.seconds)
-            recombine(x, answer, f"crossover of round {k + 1}", spend)
-            line = (
-                f"round {k + 1} ({seconds} s): labelling {{:.6g}} with {int(over.sum())} "
-                f"over-full steps, repaired {repaired}, best {best.cost:.6g}"
-            )
-
-            def described(line: str = line, x: np.ndarray = x) -> str:
-                return line.format(additive_cost(problem, net.choices(x)))  # only when logged
-
-            progress(described)
-            if not over.any() and not lam.any():
-                break  # the unpriced network's answer keeps the limit: nothing to price
-            if over.any():  # prices grow on the over-full steps
-                lam[over] = np.where(lam[over] > 0, lam[over] * settings.growth, base)
-            # and fall on the steps with room to spare (complementary slackness: a price
-            # belongs to a step at its limit); the steps at the limit keep theirs
-            lam[prof < st.limit * (1 - SLACK)] /= math.sqrt(settings.growth)
-            if past(clock.at):
-                timed_out = True
-                break
-        # the rest of the time, if any, to the bound
-        if not past(clock.at):
-            lagrange.run(clock, best.cost if best.choices is not None else None, on_labelling)
-        stats["bound_steps"] = lagrange.iterations
-        if best.choices is None and not past(clock.at):
-            at = lagrange.solved
-            decoded = trws.decode(
-                at.noff, lagrange.unary(), at.eu, at.ev, at.eoff, at.binary,
-                *lagrange.inc[:3], lagrange.msg_u, lagrange.msg_v,
-            )  # fmt: skip
-            fix(lagrange.lift(decoded), "decoded")
+        """The memory rule priced (module docstring): the bound's share, the rounds, the rest
+        of the time to the bound; its answer, bound and limit."""
+        search = _PricedSearch(
+            self.name, problem, options, settings, net, st, scale, best, stats, clock
+        )
+        search.first_bound()
+        timed_out = search.rounds()
+        search.last_bound()
+        lagrange = search.lagrange
         best_bound = max(lagrange.best, stats.get("round_bound", -math.inf))
         bound = best_bound if math.isfinite(best_bound) else None
         if lagrange.best == math.inf:
@@ -505,6 +308,284 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
             bound = min(bound, best.cost)
         status = status or Status.FEASIBLE
         return SolveResult(self.name, status, best.choices, best.cost, bound, limit, None, stats)
+
+
+# ----------------------------------------------------------------------- priced rounds
+
+
+class _PricedSearch:
+    """One solve with the memory rule priced (module docstring): the Lagrangian bound's
+    share of the time (`first_bound`), the priced rounds (`rounds`: toulbar2 on the priced
+    network, each answer repaired (`fix`) and crossed with the earlier ones (`recombine`),
+    then the prices moved), the rest of the time to the bound (`last_bound`). The rounds and
+    the bound both work on the contracted network, when that pays."""
+
+    def __init__(
+        self,
+        name: str,
+        problem: Problem,
+        options: SolveOptions,
+        settings: Toulbar2Settings,
+        net: Network,
+        st: Steps,
+        scale: float,
+        best: _Best,
+        stats: dict[str, Any],
+        clock: Deadline,
+    ):
+        self.problem, self.options, self.settings, self.scale = problem, options, settings, scale
+        self.net, self.st, self.best, self.stats, self.clock = net, st, best, stats, clock
+        self.progress = ProgressLog(name)
+        inc = trws.incidence(net.noff, net.eu, net.ev)
+        self.con = _contraction(net, clock, stats)
+        self.solved = self.con.net if self.con is not None else net  # what toulbar2 is given
+        self.lagrange = Lagrangian(net, st, contraction=self.con)
+        self.upper = best.cost if best.choices is not None else None
+        self.g = kernel_arrays(net.noff, net.unary, net.eu, net.ev, net.eoff, net.binary, inc)
+        self.pool: list[np.ndarray] = []  # the rounds' labellings and answers, newest last
+        self.crossed = (time.perf_counter(), math.inf)  # when recombine last ran, from what best
+        self.idle_budget = 0.0  # seconds for crossovers with repair while the round runs
+        self.seen = 0  # the bound's labellings
+        self.cpu = _CpuShare()  # the share of a core the rounds get, measured from here
+
+    # -- the bound ---------------------------------------------------------------------
+
+    def first_bound(self) -> None:
+        """The bound's share of the time beyond what a first round needs on a large network."""
+        t0 = time.perf_counter()
+        clock, settings = self.clock, self.settings
+        left = clock.left()
+        share = clock.within(settings.bound_share * max(left - FIRST_ROUND_SECONDS, 0.25 * left))
+        self.lagrange.run(share, self.upper, self.on_labelling)
+        self.stats["bound_seconds"] = time.perf_counter() - t0
+
+    def last_bound(self) -> None:
+        """The rest of the time, if any, to the bound; with no answer yet, the bound's
+        decoded labelling repaired."""
+        lagrange, clock, best = self.lagrange, self.clock, self.best
+        if not past(clock.at):
+            lagrange.run(clock, best.cost if best.choices is not None else None, self.on_labelling)
+        self.stats["bound_steps"] = lagrange.iterations
+        if best.choices is None and not past(clock.at):
+            at = lagrange.solved
+            decoded = trws.decode(
+                at.noff, lagrange.unary(), at.eu, at.ev, at.eoff, at.binary,
+                *lagrange.inc[:3], lagrange.msg_u, lagrange.msg_v,
+            )  # fmt: skip
+            self.fix(lagrange.lift(decoded), "decoded")
+
+    def on_labelling(self, x: np.ndarray) -> float | None:
+        """Each labelling of the bound's: a better answer from elsewhere taken, one in ten
+        repaired on a small network; the upper value the bound uses."""
+        best = self.best
+        self.seen += 1
+        best.receive(self.problem)
+        if self.seen % 10 == 1 and self.net.num_nodes <= MEND_NODES:
+            self.fix(x, "lagrangian")
+        return best.cost if best.choices is not None else None
+
+    def step(self) -> None:
+        """One step of the bound while a round runs (`overlap`)."""
+        best = self.best
+        self.lagrange.run(
+            self.clock, best.cost if best.choices is not None else None, self.on_labelling, 1
+        )
+
+    def idle(self) -> None:
+        """While a round runs: a step of the bound (`overlap`), or a short sleep; and
+        every CROSS_SECONDS, if another member's answer is better than the best the
+        last crossover started from, the crossovers from it."""
+        if self.settings.overlap:
+            self.step()
+        else:
+            time.sleep(POLL_SECONDS)
+        if self.options.channel.incoming is None or not self.pool:
+            return
+        if time.perf_counter() - self.crossed[0] >= CROSS_SECONDS:
+            self.best.receive(self.problem)
+            if self.best.cost < self.crossed[1]:
+                self.recombine(None, None, "crossover", self.idle_budget)
+            else:
+                self.crossed = time.perf_counter(), self.crossed[1]
+
+    # -- the rounds --------------------------------------------------------------------
+
+    def rounds(self) -> bool:
+        """The priced rounds, until `max_rounds`, a proof, an answer that needs no prices or
+        the deadline; whether the time limit ended them."""
+        settings, stats, clock, st, net = self.settings, self.stats, self.clock, self.st, self.net
+        lagrange = self.lagrange
+        stats["bound_steps"] = lagrange.iterations
+        lam = lagrange.best_lam if lagrange.best_lam is not None else lagrange.lam
+        lam = lam.copy()
+        # a first price for a step that is over full and unpriced: the mean cost per byte
+        base = float(np.mean(net.unary)) / max(float(np.mean(net.usage)), 1.0) / max(st.count, 1)
+        timed_out = False
+        round_limit = settings.round_seconds
+        for k in range(settings.max_rounds):
+            seconds = self._round_seconds(k, round_limit)
+            if seconds is None:
+                timed_out = True
+                break
+            run = self._round(k, lam, seconds)
+            timed_out = run.timed_out
+            if run.labels is None:
+                if run.proven or past(clock.at):
+                    break  # nothing avoids the forbidden pairs, or no time is left
+                # too short to find a labelling (S with 10 s rounds: none in 240 s): the
+                # same prices again, twice as long
+                stats["empty_rounds"] = stats.get("empty_rounds", 0) + 1
+                round_limit *= 2
+                continue
+            if run.first is not None:  # as long as a first labelling took, and a margin
+                stats.setdefault("first_labelling_seconds", []).append(round(run.first, 2))
+                length = max(settings.min_round_seconds, FIRST_FACTOR * run.first + FIRST_EXTRA)
+                round_limit = min(settings.round_seconds, length)
+            over, prof = self._answer_of(k, run, seconds)
+            if not over.any() and not lam.any():
+                break  # the unpriced network's answer keeps the limit: nothing to price
+            self._reprice(lam, over, prof, base)
+            if past(clock.at):
+                timed_out = True
+                break
+        return timed_out
+
+    def _round_seconds(self, k: int, round_limit: float) -> int | None:
+        """Round k's time limit for toulbar2 (None: no time for a round). Building and
+        preprocessing are not on toulbar2's clock: the last round's building time is kept
+        twice over for them."""
+        stats, solved = self.stats, self.solved
+        built = stats.get("build_seconds", 0.0) / k if k else BUILD_PER_ENTRY * solved.binary.size
+        spare = self.clock.left() - 2 * built
+        return _seconds(solved, min(spare, round_limit), self.cpu.share())
+
+    def _round(self, k: int, lam: np.ndarray, seconds: int) -> _Run:
+        """Round k: toulbar2 on the network priced by `lam`, in a child process; its
+        bound on the relaxation kept in stats["round_bound"]."""
+        st, net, con, stats, options = self.st, self.net, self.con, self.stats, self.options
+        self.best.receive(self.problem)
+        prices = np.repeat(node_prices(st, lam), net.dom, axis=0)
+        penalty = (prices * net.usage).sum(axis=1)
+        if con is not None:  # the trees' sums: `solved`'s own unary costs are zeros
+            penalty = con.unary(net.unary + penalty)
+        self.idle_budget = min(CROSS_REPAIR_SECONDS / 3, CROSS_REPAIR_SHARE * seconds)
+        overlap = self.settings.overlap or options.channel.incoming is not None
+        run = _apart(
+            self.clock, self.solved, penalty, self.scale, options.seed + k, seconds, None,
+            self.problem, idle=self.idle if overlap else None,
+        )  # fmt: skip
+        stats["build_seconds"] = stats.get("build_seconds", 0.0) + run.build
+        stats["rounds"] = k + 1
+        stats["toulbar2_seconds"] = stats.get("toulbar2_seconds", 0.0) + run.seconds
+        if run.labels is not None or run.nodes:  # toulbar2's dual bound of the priced
+            # network, less the prices times the limits: L(lam), a bound (module docstring)
+            value = run.bound / run.scale - float((lam.sum(axis=0) * st.limit).sum())
+            value -= MARGIN * abs(value)
+            if value > stats.get("round_bound", -math.inf):
+                stats["round_bound"] = value
+        return run
+
+    def _answer_of(self, k: int, run: _Run, seconds: int) -> tuple[np.ndarray, np.ndarray]:
+        """Round k's labelling repaired into the limit (unless far over it) and crossed with
+        the best; its over-full steps and the memory profile."""
+        st, net, best, problem = self.st, self.net, self.best, self.problem
+        assert run.labels is not None
+        x = run.labels if self.con is None else self.con.lift(run.labels)
+        prof = profile(st, net.usage[net.noff[:-1] + x], st.count)
+        over = prof > st.limit
+        fixed = None
+        if best.choices is None or int(over.sum()) <= FIX_OVERFULL * st.count:
+            fixed = self.fix(x, f"toulbar2 round {k + 1}")
+        else:  # far over the limit: its repair would take seconds (A: 9 s for 15,796
+            # over-full steps) and end far above the best; it only moves the prices
+            self.stats["unrepaired"] = self.stats.get("unrepaired", 0) + 1
+        repaired = "not" if fixed is None else f"{fixed[1]:.6g}"
+        answer = None if fixed is None else fixed[0]
+        spend = min(CROSS_REPAIR_SECONDS, CROSS_REPAIR_SHARE * run.seconds)
+        self.recombine(x, answer, f"crossover of round {k + 1}", spend)
+        line = (
+            f"round {k + 1} ({seconds} s): labelling {{:.6g}} with {int(over.sum())} "
+            f"over-full steps, repaired {repaired}, best {best.cost:.6g}"
+        )
+
+        def described(line: str = line, x: np.ndarray = x) -> str:
+            return line.format(additive_cost(problem, net.choices(x)))  # only when logged
+
+        self.progress(described)
+        return over, prof
+
+    def _reprice(self, lam: np.ndarray, over: np.ndarray, prof: np.ndarray, base: float) -> None:
+        """Prices grow on the over-full steps and fall on the steps with room to spare
+        (complementary slackness: a price belongs to a step at its limit); the steps at the
+        limit keep theirs."""
+        growth = self.settings.growth
+        if over.any():
+            lam[over] = np.where(lam[over] > 0, lam[over] * growth, base)
+        lam[prof < self.st.limit * (1 - SLACK)] /= math.sqrt(growth)
+
+    # -- answers -----------------------------------------------------------------------
+
+    def fix(self, labels: np.ndarray, who: str) -> tuple[np.ndarray, float] | None:
+        """Repair and polish a labelling into the limit; offer it; the answer and its
+        cost (None if the repair failed or the answer is not valid)."""
+        net, st, g, clock, stats = self.net, self.st, self.g, self.clock, self.stats
+        t1 = time.perf_counter()
+        x = labels.astype(np.int64).copy()
+        if _conflicts(net, x) > FEW_CONFLICTS:
+            return None  # too far from an answer to mend quickly
+        if unbreak(x, g, PROPAGATE) > 0:
+            return None
+        use = net.usage[net.noff[:-1] + x]
+        prof = profile(st, use, st.count)
+        args = (st.first, st.after, st.limit, net.usage, g)
+        ok = -1
+        while ok == -1 and not past(clock.at):
+            ok = repair(x, prof, *args, REPAIR_MOVES, PROPAGATE)
+        if ok != 1:
+            stats["repair_failed"] = stats.get("repair_failed", 0) + 1
+            return None
+        while polish(x, prof, *args) > 0 and not past(clock.at):
+            pass
+        cost = self.best.offer(self.problem, net.choices(x), who)
+        stats["fix_seconds"] = stats.get("fix_seconds", 0.0) + time.perf_counter() - t1
+        return (x, cost) if math.isfinite(cost) else None
+
+    def recombine(
+        self, raw: np.ndarray | None, fixed: np.ndarray | None, who: str, seconds: float
+    ) -> None:
+        """Cross the best answer (another member's newest included) with this round's
+        labelling, its repaired answer and the earlier rounds' (at most POOL, newest
+        first; `backends.wcsp.crossover`), then for up to `seconds` with the parts of
+        them that pay but do not fit, repaired (`crossover_repaired`); and the repaired
+        answer with the best and the rest; offer what comes out."""
+        net, st, g, best, stats, pool = self.net, self.st, self.g, self.best, self.stats, self.pool
+        pool.extend(y for y in (raw, fixed) if y is not None)
+        del pool[:-POOL]
+        if past(self.clock.at):
+            return
+        best.receive(self.problem)
+        self.crossed = time.perf_counter(), best.cost
+        base = net.local(best.choices) if best.choices is not None else None
+        if base is None:
+            return  # no valid answer to start from
+        starts = [base]
+        if fixed is not None and not np.array_equal(fixed, base):
+            starts.append(fixed)
+        args = (st.first, st.after, st.limit, net.usage, g)
+        for start in starts:
+            x = start.copy()
+            prof = profile(st, net.usage[net.noff[:-1] + x], st.count)
+            donors = [y for y in (base, *reversed(pool)) if y is not start]
+            moved = sum(crossover(x, y, prof, *args)[0] for y in donors)
+            stats["crossed"] = stats.get("crossed", 0) + moved
+            if start is base:
+                until = self.clock.within(seconds)
+                for y in donors:
+                    if crossover_repaired(x, y, prof, st, net.usage, g, TRIES, until):
+                        moved += 1
+                        stats["crossed_repaired"] = stats.get("crossed_repaired", 0) + 1
+            if moved:
+                best.offer(self.problem, net.choices(x), who)
 
 
 # --------------------------------------------------------------------------- toulbar2

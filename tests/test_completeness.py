@@ -2,7 +2,8 @@
 
 - every registered backend (`planner.registry.REGISTRY`) has a conformance subclass in tests
   (a class deriving from `backends.testing.BackendConformance` whose `backend_name` is it),
-  and the pipeline search one of its own suite's (`backends/pipeline/testing.py`);
+  and every registered pipeline search (`PIPELINE_REGISTRY`) one of
+  `backends.pipeline.testing.PipelineConformance` (its `search_name`);
 - every package under planner/, backends/, runtime/ and experiments/, and every module at the
   top of planner/ and backends/, is named in docs/extending.md's layout block, and the block
   names nothing that is not there;
@@ -17,15 +18,13 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
-
-from planner.registry import REGISTRY
+from planner.registry import PIPELINE_REGISTRY, REGISTRY
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("planner", "backends", "runtime", "experiments")
 LOOSE_MODULES_OF = ("planner", "backends")  # whose top-level modules the layout block names
-BACKEND_SUITE = "BackendConformance"  # backends/testing.py
-PIPELINE_SUITE_FILE = ROOT / "backends" / "pipeline" / "testing.py"
+BACKEND_SUITE = (ROOT / "backends" / "testing.py", "BackendConformance")
+PIPELINE_SUITE = (ROOT / "backends" / "pipeline" / "testing.py", "PipelineConformance")
 
 
 # --- conformance subclasses --------------------------------------------------------------
@@ -42,8 +41,8 @@ def _base_names(node: ast.ClassDef) -> list[str]:
     return out
 
 
-def _own_backend_name(node: ast.ClassDef) -> str | None:
-    """The string a class body assigns to `backend_name`, if it assigns one."""
+def _own_name(node: ast.ClassDef, attr: str) -> str | None:
+    """The string a class body assigns to `attr`, if it assigns one."""
     for stmt in node.body:
         if isinstance(stmt, ast.Assign):
             targets = stmt.targets
@@ -51,20 +50,25 @@ def _own_backend_name(node: ast.ClassDef) -> str | None:
             targets = [stmt.target]
         else:
             continue
-        named = any(isinstance(t, ast.Name) and t.id == "backend_name" for t in targets)
+        named = any(isinstance(t, ast.Name) and t.id == attr for t in targets)
         if named and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
             return stmt.value.value
     return None
 
 
-def classes_in_tests(tests: Path = ROOT / "tests") -> dict[str, list[ast.ClassDef]]:
-    """Every class defined in a test file, by name (two files may reuse a name)."""
+def classes_in(paths: list[Path]) -> dict[str, list[ast.ClassDef]]:
+    """Every class the files define, by name (two files may reuse a name)."""
     classes: dict[str, list[ast.ClassDef]] = {}
-    for path in sorted(tests.glob("*.py")):
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef):
                 classes.setdefault(node.name, []).append(node)
     return classes
+
+
+def classes_in_tests(tests: Path = ROOT / "tests") -> dict[str, list[ast.ClassDef]]:
+    """Every class defined in a test file, by name."""
+    return classes_in(sorted(tests.glob("*.py")))
 
 
 def subclasses_of(suite: str, classes: dict[str, list[ast.ClassDef]]) -> list[ast.ClassDef]:
@@ -90,12 +94,14 @@ def subclasses_of(suite: str, classes: dict[str, list[ast.ClassDef]]) -> list[as
     ]
 
 
-def backend_names_tested(classes: dict[str, list[ast.ClassDef]]) -> dict[str, list[str]]:
-    """backend name -> the conformance subclasses that run it (`backend_name`, own or
-    inherited from a test class)."""
+def names_tested(
+    suite: ast.ClassDef, attr: str, classes: dict[str, list[ast.ClassDef]]
+) -> dict[str, list[str]]:
+    """name -> the subclasses of `suite` in `classes` that run it: the string each assigns
+    to `attr`, or inherits from a test class, or from the suite's own default."""
 
     def name_of(node: ast.ClassDef, seen: frozenset[str]) -> str | None:
-        own = _own_backend_name(node)
+        own = _own_name(node, attr)
         if own is not None:
             return own
         for base in _base_names(node):
@@ -107,47 +113,42 @@ def backend_names_tested(classes: dict[str, list[ast.ClassDef]]) -> dict[str, li
         return None
 
     tested: dict[str, list[str]] = {}
-    for node in subclasses_of(BACKEND_SUITE, classes):
-        name = name_of(node, frozenset({node.name}))
+    for node in subclasses_of(suite.name, classes):
+        name = name_of(node, frozenset({node.name})) or _own_name(suite, attr)
         if name is not None:
             tested.setdefault(name, []).append(node.name)
     return tested
 
 
-def pipeline_suites() -> list[str]:
-    """The conformance suites of backends/pipeline/testing.py: its top-level classes that
-    hold tests (methods named test_*)."""
-    if not PIPELINE_SUITE_FILE.exists():
-        return []
-    tree = ast.parse(PIPELINE_SUITE_FILE.read_text(encoding="utf-8"))
-    return [
-        node.name
-        for node in tree.body
-        if isinstance(node, ast.ClassDef)
-        and any(
-            isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) and f.name.startswith("test_")
-            for f in node.body
-        )
-    ]
+def suite(path: Path, name: str) -> ast.ClassDef:
+    """The conformance suite `name` defined in `path`."""
+    found = classes_in([path]).get(name)
+    assert found, f"no class {name} in {path.relative_to(ROOT)}"
+    return found[0]
+
+
+def backends_tested(tests: Path = ROOT / "tests") -> dict[str, list[str]]:
+    return names_tested(suite(*BACKEND_SUITE), "backend_name", classes_in_tests(tests))
+
+
+def pipeline_searches_tested(tests: Path = ROOT / "tests") -> dict[str, list[str]]:
+    return names_tested(suite(*PIPELINE_SUITE), "search_name", classes_in_tests(tests))
 
 
 def test_every_registered_backend_has_a_conformance_subclass() -> None:
-    tested = backend_names_tested(classes_in_tests())
+    tested = backends_tested()
     assert [name for name in REGISTRY if name not in tested] == []
 
 
 def test_every_conformance_subclass_runs_a_registered_backend() -> None:
-    tested = backend_names_tested(classes_in_tests())
+    tested = backends_tested()
     assert {n: c for n, c in tested.items() if n not in REGISTRY} == {}
 
 
-@pytest.mark.xfail(strict=True, reason="the pipeline search's conformance suite is on its way")
-def test_the_pipeline_search_has_a_conformance_subclass() -> None:
-    suites = pipeline_suites()
-    assert suites, f"no conformance suite (a class with test_* methods) in {PIPELINE_SUITE_FILE}"
-    classes = classes_in_tests()
-    missing = [s for s in suites if not subclasses_of(s, classes)]
-    assert missing == [], "no test class derives from these pipeline suites"
+def test_every_registered_pipeline_search_has_a_conformance_subclass() -> None:
+    tested = pipeline_searches_tested()
+    assert [name for name in PIPELINE_REGISTRY if name not in tested] == []
+    assert {n: c for n, c in tested.items() if n not in PIPELINE_REGISTRY} == {}
 
 
 def test_the_checks_see_a_missing_subclass(tmp_path: Path) -> None:
@@ -156,11 +157,13 @@ def test_the_checks_see_a_missing_subclass(tmp_path: Path) -> None:
         "class TestA(BackendConformance):\n    backend_name = 'a'\n"
         "class TestB(TestA):\n    pass\n"
         "class TestC(testing.BackendConformance):\n    backend_name: str = 'c'\n"
+        "class TestP(PipelineConformance):\n    pass\n"
         "class Helper:\n    backend_name = 'h'\n"
     )
-    tested = backend_names_tested(classes_in_tests(tmp_path))
-    assert tested == {"a": ["TestA", "TestB"], "c": ["TestC"]}
-    assert subclasses_of("PipelineConformance", classes_in_tests(tmp_path)) == []
+    assert backends_tested(tmp_path) == {"a": ["TestA", "TestB"], "c": ["TestC"]}
+    assert pipeline_searches_tested(tmp_path) == {"pipeline": ["TestP"]}  # the default
+    (tmp_path / "test_a.py").write_text("class TestP:\n    search_name = 'pipeline'\n")
+    assert backends_tested(tmp_path) == pipeline_searches_tested(tmp_path) == {}
 
 
 # --- docs/extending.md's layout block ------------------------------------------------------

@@ -2,7 +2,8 @@
 `mathprog` (the selection model under CBC and CP-SAT, the neighbourhood search), `placement`
 (DLPlacer's reduction), `heuristics` (feasibility, baselines), `local` (the compiled local
 search), `wcsp` (toulbar2, TRW-S and the Lagrangian bound), `pipeline` (the pipeline search)
-and the `portfolio`.
+and the `portfolio`; below the families, `model` (the `Selection` model several of them
+share).
 
 The contract (`SolveOptions`, `SolveResult`, `Status`, `Limit`) lives in `planner.result`
 and the registry in `planner.registry`; both are re-exported here.

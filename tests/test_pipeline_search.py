@@ -203,3 +203,27 @@ def test_bad_plan_arguments_are_refused_before_either_search() -> None:
     ):
         with pytest.raises(LayerwiseError, match=says):
             planner.plan("gpt2", "dgx-a100-80g-2", **bad)  # type: ignore[arg-type]
+
+
+def test_the_best_by_two_replicas_is_kept_when_its_full_simulation_is_skipped(
+    gpt: OpGraph, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The best layouts by two replicas are simulated again on every device, as the time
+    left and their size allow: one that cannot be (too many tasks) ranks above those below it
+    and is the answer, not a worse-ranked one that was simulated on every device (comparing
+    one's two-replica step with the other's full step is not like with like)."""
+    import backends.pipeline.search as search
+    from backends.pipeline.settings import PipelineSettings
+    from planner.pipeline.problem import PipelineProblem
+
+    problem = PipelineProblem(gpt, get_preset("dgx-a100-80g-4"), OPTIONS)
+    space = search._Space(problem, PipelineSettings(), float("inf"), 0.0)
+
+    def ranked(step: float, data: int, whole: bool) -> search._Simulated:
+        lay = Layout(2, 1, data, 1, 32 // data, "1f1b", 1, "none", 0, (4, 4))
+        cand = search._Candidate(step, step, lay, 0.0)
+        return search._Simulated(step, 0.0, cand, None, None, OPTIONS, whole)  # type: ignore[arg-type]
+
+    best, next_best = ranked(1.0, 16, False), ranked(1.1, 2, True)
+    monkeypatch.setattr(search, "_tasks", lambda graph, lay: search.FULL_SIMULATION_TASKS + 1)
+    assert search._on_every_device(space, [best, next_best], Deadline.never()) is best

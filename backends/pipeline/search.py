@@ -490,7 +490,10 @@ def _simulate_exactly(
 
 def _on_every_device(space: _Space, ranked: list[_Simulated], deadline: Deadline) -> _Simulated:
     """The best few of `ranked` again on every device (contention two replicas do not see),
-    as time allows, and the best of those; the best by two replicas when none was."""
+    in order, as time allows, and the best of those. The first that cannot be (too many
+    tasks, too little time) ends the comparison, like with like: it ranks above the rest by
+    two replicas, so it is the answer if none before it was simulated on every device. The
+    best by two replicas when none was."""
     problem = space.problem
     full: list[_Simulated] = []
     for best in ranked[:FULL_SIMULATIONS]:
@@ -500,7 +503,9 @@ def _on_every_device(space: _Space, ranked: list[_Simulated], deadline: Deadline
             continue
         expected = best.seconds * lay.data / 2 * FULL_SIMULATION_COST
         if _tasks(problem.graph, lay) > FULL_SIMULATION_TASKS or expected > deadline.left():
-            continue
+            if not full:
+                full.append(best)
+            break
         cm = CostModel(best.planned.strategy.graph, problem.devices, best.options)
         try:
             again = _interruptible(partial(simulate_pipelined, cm, best.planned), needed=False)

@@ -87,6 +87,23 @@ def test_cli_absurd_batches_are_one_line_errors(batch, pattern):
     assert err.count("\n") == 1 and err.startswith("error: ") and pattern in err
 
 
+def test_cli_huge_preset_is_refused_before_building(monkeypatch):
+    """In this process, with building any device graph made an error: the preset's size is
+    refused from its name (the child below checks the same under a memory limit)."""
+    import planner.hardware.presets as presets
+
+    def never(*args: object) -> None:
+        raise AssertionError(f"a device graph was built: {args}")
+
+    monkeypatch.setattr(presets, "load_devices", never)
+    monkeypatch.setattr(presets, "get_preset", never)
+    code, err = _cli("plan", "lenet5", "--devices", "p100-100000x8")
+    assert code == 2, err
+    assert err.startswith("error: p100-100000x8 has 800,000 devices")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.slow
 def test_cli_huge_preset_is_refused_quickly_with_little_memory():
     """Run in a child limited to 2 GiB of address space and 60 s: the device graph of
     800,000 devices is never built (today it grows until the kernel kills it)."""

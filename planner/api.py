@@ -21,7 +21,6 @@ import logging
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +34,7 @@ from planner.deadline import (
     stopped,
 )
 from planner.errors import LayerwiseError
-from planner.files import check_output_path, finite_or_none, strict_json, write_text_atomic
-from planner.graph.models import ModelSpec
+from planner.plans import Evaluation, PipelinePlan, PlanResult, evaluate_strategy
 from planner.request import (
     AUTO,
     DEFAULT_TIME_LIMIT,
@@ -49,12 +47,9 @@ from planner.result import Limit, SolveOptions, SolveResult, Status
 from planner.sources import problem_of
 
 if TYPE_CHECKING:
-    from planner.costs.costmodel import CostModel
     from planner.hardware.devices import DeviceGraph
-    from planner.pipelined import PipelinePlan
     from planner.problems.problem import Problem
     from planner.problems.sizes import MemoryRefusal
-    from planner.problems.strategy import Strategy
 
 __all__ = [
     "DEFAULT_TIME_LIMIT",
@@ -67,198 +62,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """A strategy re-scored by planner's evaluators: OptCNN's Eq. 1 (additive, with its
-    compute, sync and transfer parts) and FlexFlow's simulated iteration time (makespan), in
-    seconds; the largest per-device memory of the strategy in bytes."""
-
-    additive: float
-    makespan: float
-    compute: float
-    sync: float
-    transfer: float
-    memory_peak_bytes: float
-    timeline: Any = field(default=None, repr=False, compare=False)  # the simulated Timeline
-
-    def to_json(self) -> dict[str, float]:
-        """The numbers as a JSON object (what `planner evaluate --json` prints)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)[:6]}
-
-
-def evaluate_strategy(strategy: Strategy, cost_model: CostModel | None = None) -> Evaluation:
-    """Re-score `strategy` under both objectives (analytic costs unless `cost_model` given)."""
-    from planner.costs.costmodel import CostModel
-    from planner.problems.evaluate import score_strategy
-    from planner.sim.simulator import simulate
-
-    cm = cost_model or CostModel(strategy.graph, strategy.devices)
-    b = score_strategy(cm, strategy)
-    timeline = simulate(cm, strategy)
-    return Evaluation(
-        b.total, timeline.makespan, b.compute, b.sync, b.transfer, float(b.memory.max()), timeline
-    )
-
-
-@dataclass(frozen=True)
-class PlanResult:
-    """What `plan` found: the backend's `result` (a `SolveResult`: status OPTIMAL, FEASIBLE,
-    INFEASIBLE or NO_SOLUTION, limit TIME, ITERATIONS, INTERRUPTED or None, the objective
-    re-scored by planner's evaluators, the proven bound where the backend has one, the
-    choices and the strategy: None for a cost-table problem), and what planning adds: the
-    objective it was searched under, the Problem that was searched, the seconds of every
-    phase (`phases`: capture_seconds, build_seconds, search_seconds, rescore_seconds,
-    recommend_seconds, total_seconds), the model spec to record in the plan file, and
-    `message`: why there is no answer when `plan` itself knows (e.g. the build used up the
-    time limit), or what a phase left out for lack of time. `stats` is the backend's
-    statistics with the phases."""
-
-    result: SolveResult
-    objective_kind: str
-    problem: Problem
-    phases: Mapping[str, Any] = field(default_factory=dict)
-    model: ModelSpec | None = None
-    message: str | None = None
-
-    @property
-    def status(self) -> Status:
-        """The backend's status (OPTIMAL, FEASIBLE, INFEASIBLE, NO_SOLUTION)."""
-        return self.result.status
-
-    @property
-    def limit(self) -> Limit | None:
-        """Why the search stopped early (TIME, ITERATIONS, INTERRUPTED), or None."""
-        return self.result.limit
-
-    @property
-    def objective(self) -> float | None:
-        """The answer's value re-scored by planner's evaluators (None without one)."""
-        return self.result.objective
-
-    @property
-    def bound(self) -> float | None:
-        """The proven lower bound, where the backend has one."""
-        return self.result.bound
-
-    @property
-    def backend(self) -> str:
-        """The backend's name."""
-        return self.result.backend
-
-    @property
-    def strategy(self) -> Strategy | None:
-        """The strategy (None for a cost-table problem or without an answer)."""
-        return self.result.strategy
-
-    @property
-    def choices(self) -> tuple[int, ...] | None:
-        """One config index per node (None without an answer)."""
-        return self.result.choices
-
-    @property
-    def stats(self) -> dict[str, Any]:
-        """The backend's statistics with the phase seconds of the call."""
-        return {**self.result.stats, **self.phases}
-
-    @property
-    def has_solution(self) -> bool:
-        """Whether an answer was found (`choices` is not None)."""
-        return self.result.has_solution
-
-    @property
-    def gap(self) -> float | None:
-        """objective / bound - 1 where both are known (0 when proven optimal)."""
-        return self.result.gap
-
-    def summary(self) -> dict[str, Any]:
-        """Status, objective, bound, gap and phase seconds as strict-JSON values (inf and
-        NaN are None): the head of a plan file and what `plan --json` prints."""
-        s = self.stats
-        out: dict[str, Any] = {
-            "status": self.status.value,
-            "limit": self.limit.value if self.limit else None,
-            "objective": self.objective,
-            "bound": self.bound,
-            "gap": self.gap,
-            "backend": self.backend,
-            "objective_kind": self.objective_kind,
-            **{k: s.get(k) for k in PHASES if k in s or k in ALWAYS},
-            **{k: s[k] for k in (*MEMORY_KEYS, *DEVICE_KEYS) if k in s},
-        }
-        if self.problem.is_dnn:  # what was searched (docs/space.md), as in the file
-            out["space"] = self.problem.dnn().space.describe()
-        if self.message:
-            out["message"] = self.message
-        out = {k: finite_or_none(v) for k, v in out.items()}
-        # backend choice, re-rank rule, the memory options "auto" chose
-        for key in (
-            "auto",
-            "recommendation",
-            "searched",
-            "zero",
-            "recompute",
-            "memory_fallback",
-            "pipeline_refused",
-        ):
-            if key in s:
-                out[key] = _strict(s[key])
-        return out
-
-    def to_json(self) -> dict[str, Any]:
-        """The plan file: a strategy file (docs/strategy.md) with the summary and the cost
-        options, or for a cost-table problem the summary and the choices. Strict JSON."""
-        head = self.summary()
-        if self.strategy is None:
-            data = {**head, "choices": list(self.choices) if self.choices else None}
-        else:
-            cost: dict[str, Any] = {}
-            if self.problem.is_dnn:
-                cm = self.problem.dnn().cost_model
-                cost = {**dataclasses.asdict(cm.options), "source": cm.source}
-            model = self.model.to_json() if self.model else None
-            data = self.strategy.to_json(model=model, extra={**head, "cost": cost})
-        return dict(_strict(data))
-
-    def save(self, path: str | Path) -> None:
-        """Write `to_json()` to `path` atomically (a temporary file, then a rename)."""
-        path = check_output_path(path, "plan")
-        write_text_atomic(path, strict_json(self.to_json(), indent=1))
-
-    def describe(self) -> list[tuple[str, str, str]]:
-        """(op name, kind, config) rows of the strategy (empty without one)."""
-        return self.strategy.describe() if self.strategy is not None else []
-
-    def evaluate(self) -> Evaluation:
-        """The strategy re-scored under both objectives with the cost model it was planned
-        with (LayerwiseError without a strategy)."""
-        if self.strategy is None:
-            raise LayerwiseError(
-                f"nothing to evaluate: the plan has no strategy (status {self.status.value})"
-            )
-        cm = self.problem.dnn().cost_model if self.problem.is_dnn else None
-        return evaluate_strategy(self.strategy, cm)
-
-
-PHASES = (
-    "capture_seconds",
-    "build_seconds",
-    "encode_seconds",
-    "search_seconds",
-    "rescore_seconds",
-    "recommend_seconds",
-    "total_seconds",
-)
-ALWAYS = ("build_seconds", "search_seconds", "total_seconds")
-MEMORY_KEYS = ("memory_peak_bytes", "memory_fits")
-DEVICE_KEYS = ("devices_used", "devices_total", "idle_devices")  # planner/problems/idle.py
-
-
-def _strict(value: Any) -> Any:
-    import json
-
-    return json.loads(strict_json(value))
 
 
 # -- the entry point --------------------------------------------------------------------------

@@ -14,31 +14,25 @@ file with a `pipeline` section that `planner evaluate`, `runtime.run` and
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from planner.costs.costmodel import CostOptions
 from planner.deadline import (
     Deadline,
     catch_interrupt,
-    stop_requested,
 )
-from planner.errors import LayerwiseError, given
-from planner.files import check_output_path, finite_or_none, strict_json, write_text_atomic
-from planner.graph.models import ModelSpec
+from planner.errors import LayerwiseError
 from planner.graph.opgraph import OpGraph
 from planner.hardware.devices import DeviceGraph
-from planner.pipeline.schedule import SCHEDULES
-from planner.pipeline.spec import PipelinedStrategy
-from planner.pipeline.timeline import PipelineTimeline
-from planner.problems.strategy import Strategy
+from planner.pipeline.problem import PipelineProblem
+from planner.pipeline.spec import PipelineError
+from planner.plans import PipelinePlan
+from planner.registry import get_pipeline_solver
 from planner.request import DEFAULT_TIME_LIMIT, PlanRequest
-from planner.result import Limit, Status
+from planner.result import SolveOptions
 
 __all__ = [
     "PER_OP",
@@ -51,107 +45,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("planner.pipeline")
-
-RECOMPUTE_CHOICES = ("none", "full")
-ZERO_CHOICES = (0, 1)  # with pipelines Megatron-LM-style runs shard the optimizer state at most
-
-
-@dataclass(frozen=True)
-class PipelinePlan:
-    """What `plan_pipeline` found: the pipelined strategy, the layout it follows (stages,
-    tensor and data degrees, micro-batches, schedule, recomputation, ZeRO, blocks per
-    stage), the cost options it was simulated with, its simulated step (`timeline`), a lower
-    bound on any layout's step (`bound`) and the phases' seconds."""
-
-    planned: PipelinedStrategy
-    layout: Any  # backends.pipeline.search.Layout
-    options: CostOptions
-    timeline: PipelineTimeline
-    bound: float
-    phases: Mapping[str, Any] = field(default_factory=dict)
-    model: ModelSpec | None = None
-    objective_kind: str = "makespan"
-
-    status = Status.FEASIBLE
-    backend = "pipeline"
-
-    @property
-    def limit(self) -> Limit | None:
-        if self.phases.get("interrupted"):
-            return Limit.INTERRUPTED
-        return Limit.TIME if self.phases.get("stopped_by_time_limit") else None
-
-    @property
-    def objective(self) -> float:
-        """The simulated step in seconds (m micro-batches, the bubble, messages, sync)."""
-        return self.timeline.makespan
-
-    @property
-    def gap(self) -> float | None:
-        return self.objective / self.bound - 1 if self.bound > 0 else None
-
-    @property
-    def strategy(self) -> Strategy:
-        """One micro-batch's strategy (its graph has B / m samples)."""
-        return self.planned.strategy
-
-    @property
-    def stats(self) -> dict[str, Any]:
-        return dict(self.phases)
-
-    @property
-    def has_solution(self) -> bool:
-        return True
-
-    def summary(self) -> dict[str, Any]:
-        lay = self.layout
-        out: dict[str, Any] = {
-            "status": self.status.value,
-            "limit": self.limit.value if self.limit else None,
-            "objective": self.objective,
-            "bound": self.bound,
-            "gap": self.gap,
-            "backend": self.backend,
-            "objective_kind": self.objective_kind,
-            **{k: v for k, v in self.phases.items() if k.endswith("_seconds")},
-            "memory_peak_bytes": max(self.timeline.peak_bytes),
-            "memory_fits": True,
-        }
-        out = {k: finite_or_none(v) for k, v in out.items()}
-        out["layout"] = {
-            "layout": lay.describe(),
-            "stages": lay.stages,
-            "tensor": lay.tensor,
-            "data": lay.data,
-            "micro_batches": lay.micro_batches,
-            "micro_batch": lay.micro_batch,
-            "schedule": lay.schedule,
-            "virtual": lay.virtual,
-            "recompute": self.options.recompute,
-            "zero": self.options.zero,
-            "bubble": self.timeline.bubble,
-            "blocks": list(lay.blocks),
-            "inner": getattr(lay, "inner", "rule"),
-            "layouts_fit": self.phases.get("layouts_fit"),
-            "simulated": self.phases.get("simulated_exactly"),
-        }
-        if "memory_fallback" in self.phases:
-            out["memory_fallback"] = self.phases["memory_fallback"]
-        return out
-
-    def to_json(self) -> dict[str, Any]:
-        """The plan file: the micro-batch strategy file with its `pipeline` section, the
-        summary and the cost options; `model` is the whole batch's, as planned."""
-        cost = {**dataclasses.asdict(self.options), "source": "analytic"}
-        model = self.model.to_json() if self.model else None
-        return self.planned.to_json(model=model, extra={**self.summary(), "cost": cost})
-
-    def save(self, path: str | Path) -> None:
-        path = check_output_path(path, "plan")
-        write_text_atomic(path, strict_json(self.to_json(), indent=1))
-
-    def describe(self) -> list[tuple[str, str, str]]:
-        return self.strategy.describe()
 
 
 def plan_pipeline(
@@ -207,15 +100,16 @@ def pipeline_plan(
     stages: Sequence[int] | None = None,
 ) -> PipelinePlan:
     """`plan_pipeline` of a request: the model captured (once: a captured request is not
-    captured again), then the pipeline search within the request's deadline."""
+    captured again), then the pipeline search (`planner.registry.get_pipeline_solver`, under
+    the result contract) within the request's deadline. PipelineError when it finds no
+    layout."""
     start = time.perf_counter()
     memory = request.memory
-    search_options = check_choices(request, schedules, stages)
+    solver = get_pipeline_solver()
+    settings = check_choices(request, schedules, stages)
     given = {"optimizer": memory.optimizer, "master_weights": memory.master_weights,
              "headroom": memory.headroom}  # fmt: skip
     options = CostOptions(**{k: v for k, v in given.items() if v is not None})  # type: ignore[arg-type]
-    from planner.registry import get_pipeline_search
-
     with catch_interrupt():
         request = request.capture()
         graph, device_graph = request.model, request.devices
@@ -232,84 +126,50 @@ def pipeline_plan(
             device_graph.name,
         )
         t0 = time.perf_counter()
-        answer = get_pipeline_search()(
-            graph, device_graph, options, deadline=request.deadline, **search_options
-        )
-        interrupted = stop_requested()
+        problem = PipelineProblem(graph, device_graph, options)
+        result = solver.solve(problem, SolveOptions(extra=settings, deadline=request.deadline))
+    if not result.has_solution:
+        raise PipelineError(result.message or _no_layout(result))
     phases = {
+        **{k: v for k, v in result.stats.items() if k != "seconds"},
         "capture_seconds": request.capture_seconds,
         "build_seconds": 0.0,
         "search_seconds": time.perf_counter() - t0,
         "total_seconds": time.perf_counter() - start + request.capture_seconds,
-        **{k: v for k, v in answer.stats.items() if k != "seconds"},
-        "interrupted": interrupted,
+        "memory_peak_bytes": result.peak_bytes,
+        "memory_fits": True,
     }
+    out = PipelinePlan(result, phases=phases, model=request.spec)
     log.info(
         "pipeline: %s, step %.4g s, bound %.4g s (%.3g s in all)",
-        answer.layout.describe(),
-        answer.step_seconds,
-        answer.bound,
+        out.layout.describe(),
+        out.objective,
+        out.bound,
         phases["total_seconds"],
     )
-    return PipelinePlan(
-        answer.planned,
-        answer.layout,
-        answer.options,
-        answer.timeline,
-        answer.bound,
-        phases,
-        request.spec,
-    )
+    return out
+
+
+def _no_layout(result: Any) -> str:
+    limit = f", limit {result.limit.value}" if result.limit else ""
+    return f"the pipeline search found no layout (status {result.status.value}{limit})"
 
 
 def check_choices(
     request: PlanRequest,
     schedules: Sequence[str] | None = None,
     stages: Sequence[int] | None = None,
-) -> dict[str, Any]:
-    """The pipeline search's choices from the request's memory options (and `schedules`,
-    `stages`), one-line errors for bad ones."""
+) -> Mapping[str, Any]:
+    """The pipeline search's settings from the request's memory options (zero, recompute:
+    None is "auto") and `schedules`, `stages` (None: all), validated by the search (one
+    BackendError line for a bad one)."""
     memory = request.memory
-    return _search_choices(memory.zero, memory.recompute, schedules, stages, request.seed)
-
-
-def _search_choices(
-    zero: Any, recompute: Any, schedules: Any, stages: Any, seed: Any
-) -> dict[str, Any]:
-    """The search's choices from plan()'s options, one-line errors for bad ones."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise LayerwiseError(f"seed must be an integer >= 0, got {given(seed)}")
-    if zero in (None, "auto"):
-        zeros: tuple[int, ...] = ZERO_CHOICES
-    elif zero in (0, 1, 2, 3) and not isinstance(zero, bool):
-        zeros = (int(zero),)
-    else:
-        raise LayerwiseError(f"zero must be 0, 1, 2, 3 or 'auto', got {given(zero)}")
-    if recompute in (None, "auto"):
-        modes: tuple[str, ...] = RECOMPUTE_CHOICES
-    elif recompute in RECOMPUTE_CHOICES:
-        modes = (recompute,)
-    else:
-        raise LayerwiseError(
-            f"with pipelines recompute must be 'none', 'full' or 'auto' (whole blocks), got "
-            f"{given(recompute)}"
-        )
-    chosen = tuple(schedules) if schedules is not None else SCHEDULES
-    bad = [s for s in chosen if s not in SCHEDULES]
-    if bad or not chosen:
-        raise LayerwiseError(
-            f"schedules must be some of {', '.join(SCHEDULES)}, got {given(schedules)}"
-        )
-    if stages is not None and (
-        not stages or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in stages)
-    ):
-        raise LayerwiseError(f"stages must be pipeline sizes >= 1, got {given(stages)}")
-    return {
-        "recompute": modes,
-        "zero": zeros,
-        "schedules": chosen,
-        "stages": tuple(stages) if stages is not None else None,
-    }
+    extra: dict[str, Any] = {}
+    for key, value in (("zero", memory.zero), ("recompute", memory.recompute),
+                       ("schedules", schedules), ("stages", stages)):  # fmt: skip
+        if value is not None:
+            extra[key] = value
+    return get_pipeline_solver().settings(SolveOptions(extra=extra))
 
 
 PIPELINE = "pipeline"

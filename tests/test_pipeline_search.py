@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -140,17 +141,26 @@ def test_cli_plans_with_pipelines(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_ctrl_c_ends_the_search_with_its_best_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     """A stop request (what Ctrl-C sends) during the search: the best answer so far, limit
     INTERRUPTED."""
+    import planner.pipelined
     import planner.registry
     from planner.deadline import request_stop
     from planner.result import Limit
 
-    real = planner.registry.get_pipeline_search()
+    real = planner.registry.get_pipeline_solver()
 
-    def stopped(*args: object, **kwargs: object) -> object:
-        request_stop()
-        return real(*args, **kwargs)
+    class Stopped:
+        """The search, with a Ctrl-C as it starts."""
 
-    monkeypatch.setattr(planner.registry, "get_pipeline_search", lambda: stopped)
+        name = real.name
+
+        def settings(self, options: Any) -> Any:
+            return real.settings(options)
+
+        def solve(self, problem: Any, options: Any = None) -> Any:
+            request_stop()
+            return real.solve(problem, options)
+
+    monkeypatch.setattr(planner.pipelined, "get_pipeline_solver", lambda name="pipeline": Stopped())
     kwargs = {"batch": 16, "n_layer": 4}
     out = planner.plan_pipeline("gpt2", "dgx-a100-80g-2", time_limit=60, model_kwargs=kwargs)
     assert out.limit is Limit.INTERRUPTED and out.stats["stopped_by_time_limit"]

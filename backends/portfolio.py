@@ -232,10 +232,9 @@ class _Run:
         members: list[str],
     ):
         self.board, self.options, self.deadline = board, options, deadline
-        self.clock = options.clock()
+        self.clock = options.clock()  # its `at` is `deadline` (a test may give another)
         wind_down = min(WIND_DOWN_SECONDS, WIND_DOWN_SHARE * self.clock.limit)
-        self.members_clock = self.clock.reserve(wind_down)  # the members' own deadline
-        self.members_until = self.members_clock.at
+        self.members_until = deadline - wind_down  # the members' own deadline
         self.members = members
         ctx = multiprocessing.get_context("fork")
         self.queue: Any = ctx.Queue()
@@ -386,8 +385,10 @@ class _Run:
         )
         while True:
             opts = replace(
-                # the members' deadline, or 50 ms if that is later (but not past ours)
-                self.options.within(self.clock.within(max(0.05, self.members_clock.left()))),
+                # the members' deadline, or 50 ms from now if that is later (not past ours)
+                self.options.within(
+                    self.clock.within(max(0.05, self.members_until - time.perf_counter()))
+                ),
                 threads=1,
                 warm_start=warm,
                 extra=self.settings[name],

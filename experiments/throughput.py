@@ -357,7 +357,7 @@ class Reproduction:
 def reproduce(rep: Reproduction, argv: Sequence[str] | None) -> int:
     """Run (or, with --from-results, reprint) a reproduction: tables, the setting line with the
     load, a plot; bad input is one `error:` line (exit 2), a second Ctrl-C (the first stops
-    the running search) exit 130 (`planner.cli.report_errors`)."""
+    the running search) exit 130 (`planner.cli.args.report_errors`)."""
     return report_errors(lambda: _reproduce(rep, argv))
 
 

@@ -684,8 +684,8 @@ def _overrun_answer(
     before = time.perf_counter() - deadline.began - used  # NaN for a deadline not `after`
     if before >= 0.01:
         spent = (
-            f"{before:.3g} s before planning began (start-up, reading the input, loading the "
-            f"solver) and {spent}"
+            f"{before:.3g} s before planning began (start-up, loading torch and the solver, "
+            f"reading the input) and {spent}"
         )
     head = f"the time limit of {deadline.limit:g} s ran out before the search began: {spent}"
     whole = used + (before if before >= 0.01 else 0.0)

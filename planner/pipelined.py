@@ -1,15 +1,15 @@
-"""Planning with pipeline parallelism: `plan_pipeline` and its answer, `PipelinePlan`.
+"""Planning with pipeline parallelism: `plan_pipeline` and its answer, a `PipelinePlan`
+(planner/plans.py).
 
 `plan_pipeline(model, devices, ...)` captures the model (no cost tables: a 70B GPT on 1,024
 GPUs would need millions of entries), then runs the pipeline search
-(`backends.pipeline.search.search_pipeline`, through `planner.registry`): stages, tensor
+(`backends.pipeline.search.PipelineSearch`, through `planner.registry`): stages, tensor
 and data degrees, micro-batches, schedule, recomputation and ZeRO. `planner.plan` calls it
 for a stack of alike numbered blocks on more than one host (`auto_search`; the per-op search
 when it finds no layout), and when a model does not fit the devices without it
-(docs/pipeline.md). The answer is a `PipelinedStrategy` (one
-micro-batch's strategy and its `Pipeline`) with its simulated step: `save` writes a plan
-file with a `pipeline` section that `planner evaluate`, `runtime.run` and
-`planner.export_pipeline` read.
+(docs/pipeline.md). The answer holds a `PipelinedStrategy` (one micro-batch's strategy
+and its `Pipeline`) with its simulated step: `save` writes a plan file with a `pipeline` section that `planner evaluate`, `runtime.run` and
+`planner.export.pipelining` read.
 """
 
 from __future__ import annotations

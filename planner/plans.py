@@ -263,6 +263,7 @@ class PipelinePlan(Plan):
         return self.answer.timeline
 
     def details(self) -> dict[str, Any]:
+        """The summary's `layout`: the layout, its bubble and how it was found."""
         if not self.has_solution:
             return {}
         lay, s = self.layout, self.stats

@@ -76,6 +76,7 @@ class MemoryOptions:
     recompute: str | int | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        """The five options by name (None: unset)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def check(self, sync: str | None) -> None:

@@ -11,8 +11,10 @@ from collections.abc import Iterator
 from typing import Any
 
 # Modules whose every public function, class and method is documented.
-WHOLE_MODULES = ("planner.api", "planner.sources", "planner.export", "planner.export_zero",
-                 "planner.graph.models", "planner.files",
+WHOLE_MODULES = ("planner.api", "planner.request", "planner.plans", "planner.pipelined",
+                 "planner.sources", "planner.export.dtensor", "planner.export.zero",
+                 "planner.export.pipelining", "planner.export.common", "planner.cli.args",
+                 "planner.cli.output", "planner.graph.models", "planner.files",
                  "planner.logs", "planner.result", "planner.deadline", "planner.registry",
                  "planner.recommend", "runtime.models")  # fmt: skip
 

@@ -111,7 +111,7 @@ def test_the_schema_lists_what_the_code_writes() -> None:
     assert tuple(inputs["properties"]["dtype"]["enum"]) == DTYPE_NAMES
     cost = set(SCHEMA["$defs"]["cost"]["properties"])
     assert {f.name for f in dataclasses.fields(CostOptions)} | {"source"} == cost
-    from planner.api import DEVICE_KEYS, MEMORY_KEYS, PHASES
+    from planner.plans import DEVICE_KEYS, MEMORY_KEYS, PHASES
 
     written = {"auto", "recommendation", "zero", "recompute", "memory_fallback", "layout"}
     assert {*PHASES, *MEMORY_KEYS, *DEVICE_KEYS, *written} <= set(props)

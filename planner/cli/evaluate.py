@@ -21,8 +21,8 @@ EVALUATE_LOG = logging.getLogger("planner.evaluate")
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Re-score a strategy file; each phase says what it does on stderr once it has lasted a
     few seconds (a 70B pipeline plan's simulation takes minutes): planner.logs.phase."""
-    from planner.api import Evaluation
     from planner.logs import phase
+    from planner.plans import Evaluation
     from planner.problems.evaluate import score_strategy
     from planner.problems.strategy import load_strategy
     from planner.sim.simulator import simulate

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from planner.api import DEFAULT_TIME_LIMIT
 from planner.cli.args import (
     MAX_LOAD_HELP,
     VERBOSE_HELP,
@@ -20,6 +19,7 @@ from planner.cli.args import (
     positive_seconds,
     size_bytes,
 )
+from planner.request import DEFAULT_TIME_LIMIT
 
 __all__ = ["MODEL_HELP", "build_parser", "plot_path"]
 

@@ -1,5 +1,6 @@
-"""`plan`: check the command line, call `planner.plan`, print the plan and say why it chose
-what it chose (ZeRO stage, recomputation, a memory fallback); write the plan file."""
+"""`plan`: check the command line, make one plan request and plan it (what `planner.plan`
+does with its arguments), print the plan and say why it chose what it chose (ZeRO stage,
+recomputation, a memory fallback); write the plan file."""
 
 from __future__ import annotations
 
@@ -16,23 +17,29 @@ __all__ = ["cmd_plan"]
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Plan (`planner.plan`) within --time-limit counted from the command's start; print the
-    plan, say what was chosen on the way, write -o. Exit status 1 when no solution."""
+    """Plan (`planner.api.plan_request`) within --time-limit counted from the command's
+    start; print the plan, say what was chosen on the way, write -o. Exit status 1 when no
+    solution."""
+    from planner.api import plan_request
     from planner.deadline import Deadline
 
     deadline = Deadline.after(args.time_limit)  # the limit counts from the command's start
-    _check_plan_input(args, deadline)
-    result = _plan(args, deadline)
+    _check_plan_input(args)
+    request = _request(args, deadline)  # every option checked, once
+    if not (args.problem or args.graph):  # the one step no clock can stop, bounded
+        from planner.sources import load_torch
+
+        load_torch(request.hard)  # as capture is: past the limit, up to its overrun
+    result = plan_request(request)
     summary = result.summary()
     _print_plan(result, summary, args)
     _print_choices(summary)
     return _finish_plan(result, summary, args)
 
 
-def _check_plan_input(args: argparse.Namespace, deadline: Any) -> None:
-    """Everything that can be refused before torch is imported; then torch's import, bounded
-    by the deadline (the one step no clock can stop)."""
-    from planner.api import check_backend
+def _check_plan_input(args: argparse.Namespace) -> None:
+    """What can be refused before torch is imported and before any option is read."""
+    from planner.request import check_backend
 
     _check_plan_args(args)
     check_outputs((args.output, "plan"))
@@ -41,19 +48,15 @@ def _check_plan_input(args: argparse.Namespace, deadline: Any) -> None:
         from planner.files import check_input_file  # a FIFO or directory: refused before torch
 
         check_input_file(args.model, "model")
-    if not (args.problem or args.graph):  # the one step no clock can stop, bounded
-        from planner.sources import load_torch
-
-        load_torch(deadline)
 
 
-def _plan(args: argparse.Namespace, deadline: Any) -> Any:
-    """`planner.plan` called with the command line's options (a PlanResult or PipelinePlan)."""
-    from planner.api import plan
+def _request(args: argparse.Namespace, deadline: Any) -> Any:
+    """The command line's options as one `planner.request.PlanRequest`, checked once."""
+    from planner.request import PlanRequest
 
     source, model_options = _plan_source(args)
     dnn = not args.problem
-    return plan(
+    return PlanRequest.make(
         source,
         args.devices if dnn else None,
         backend=args.backend,
@@ -90,7 +93,7 @@ def _plan(args: argparse.Namespace, deadline: Any) -> Any:
 def _print_plan(result: Any, summary: dict[str, Any], args: argparse.Namespace) -> None:
     """The plan on stdout: one JSON object with --json, else its ops (a pipeline's layout
     first) and the status line."""
-    from planner.pipelined import PipelinePlan
+    from planner.plans import PipelinePlan
 
     if args.json:
         print(strict_json(summary))
@@ -127,7 +130,7 @@ def _chosen(choice: dict[str, Any], key: str, what: str, each: str = "") -> str:
 
 def _finish_plan(result: Any, summary: dict[str, Any], args: argparse.Namespace) -> int:
     """No solution: one error line and exit status 1; else the plan file written (-o)."""
-    from planner.api import PlanResult
+    from planner.plans import PlanResult
 
     if isinstance(result, PlanResult) and not result.has_solution:
         reason = result.message or (

@@ -268,30 +268,15 @@ def _search(
     keys = _stage_layouts(space)
     fitting = _holding(space, keys)
     costed = _cost(space, fitting, deadline.share(COSTING_SHARE))
-    if not fitting and keys:
-        costed.least = min(_held(space, k) for k in keys)
     stats: dict[str, Any] = {
         "layouts_fit": len(costed.found),
         "stage_layouts_costed": costed.costed,
         "stage_layouts": len(fitting),
     }
-
-    def failed(status: Status, message: str, limit: Limit | None = None) -> PipelineResult:
-        seconds = time.perf_counter() - t0
-        return PipelineResult(
-            "pipeline", status, bound=bound, limit=limit, message=message,
-            stats={**stats, "stopped_by_time_limit": costed.stopped, "seconds": seconds},
-        )  # fmt: skip
-
-    n = devices.num_devices
     if not costed.found:
-        return failed(
-            Status.INFEASIBLE,
-            f"no pipeline layout of {graph.name!r} fits the {n} devices of {devices.name}: the "
-            f"least memory per device seen is {costed.least / 2**30:.1f} GiB of "
-            f"{space.usable / 2**30:.1f} GiB usable (more devices, a smaller batch, or "
-            f"recomputation and ZeRO among the choices)",
-        )
+        least = min(_held(space, k) for k in keys) if keys and not fitting else costed.least
+        message = _nothing_fits(problem, least, usable)
+        return _no_answer(Status.INFEASIBLE, None, message, bound, stats, costed.stopped, t0)
     found = sorted(costed.found, key=lambda c: (c.estimate, c.layout))
     say(
         f"pipeline search: {len(found)} layouts fit ({costed.costed} of {len(fitting)} stage "
@@ -301,23 +286,24 @@ def _search(
     ranked, simulated, stopped = _simulate_exactly(space, found, deadline)
     stopped = stopped or costed.stopped
     stats["simulated_exactly"] = simulated
-    if not ranked:
+    if not ranked:  # every one simulated did not fit: all of them, or `exact` of them
         every = simulated == len(found)
-        return failed(
-            Status.INFEASIBLE if every else Status.NO_SOLUTION,
+        status, limit = (
+            (Status.INFEASIBLE, None) if every else (Status.NO_SOLUTION, Limit.ITERATIONS)
+        )
+        message = (
             f"the pipeline layouts of {graph.name!r} estimated to fit the devices of "
             f"{devices.name} do not fit when simulated exactly: plan with recomputation or "
-            f"ZeRO among the choices, more devices or a smaller batch",
-            None if every else Limit.ITERATIONS,
+            f"ZeRO among the choices, more devices or a smaller batch"
         )
+        return _no_answer(status, limit, message, bound, stats, stopped, t0)
     best = _on_every_device(space, ranked, deadline)
-    stats["answer_simulated_on"] = (
-        "every device" if best.on_every_device else "two replicas per stage"
-    )
+    on = "every device" if best.on_every_device else "two replicas per stage"
+    stats["answer_simulated_on"] = on
     stats["stopped_by_time_limit"] = stopped
     stats["seconds"] = time.perf_counter() - t0
     return PipelineResult(
-        "pipeline",
+        PipelineSearch.name,
         Status.FEASIBLE,
         objective=best.step,
         bound=bound,
@@ -329,6 +315,36 @@ def _search(
         cost_options=best.options,
         timeline=best.timeline,
         estimate=best.candidate.estimate,
+    )
+
+
+def _nothing_fits(problem: PipelineProblem, least: float, usable: float) -> str:
+    graph, devices = problem.graph, problem.devices
+    return (
+        f"no pipeline layout of {graph.name!r} fits the {devices.num_devices} devices of "
+        f"{devices.name}: the least memory per device seen is {least / 2**30:.1f} GiB of "
+        f"{usable / 2**30:.1f} GiB usable (more devices, a smaller batch, or recomputation "
+        f"and ZeRO among the choices)"
+    )
+
+
+def _no_answer(
+    status: Status,
+    limit: Limit | None,
+    message: str,
+    bound: float,
+    stats: dict[str, Any],
+    stopped: bool,
+    t0: float,
+) -> PipelineResult:
+    seconds = time.perf_counter() - t0
+    return PipelineResult(
+        PipelineSearch.name,
+        status,
+        bound=bound,
+        limit=limit,
+        stats={**stats, "stopped_by_time_limit": stopped, "seconds": seconds},
+        message=message,
     )
 
 

@@ -2,8 +2,9 @@
 
 The entry point is `planner.plan(model, devices, backend=..., ...)` (planner/api.py): a zoo
 name, an `nn.Module` with example inputs, a "module:factory" path, an OpGraph, a Problem or
-a file, to a `PlanResult` (status, objective, bound, gap, strategy, phase seconds, the plan
-file). The export family `planner.export` runs a plan with PyTorch itself: a strategy with
+a file, to a `PlanResult` or, pipelined, a `PipelinePlan` (planner/plans.py: status,
+objective, bound, gap, strategy, phase seconds, the plan file). Its arguments become one
+frozen `PlanRequest` (planner/request.py), checked once; `plan_request` plans one. The export family `planner.export` runs a plan with PyTorch itself: a strategy with
 DTensor (`parallelize`, in the `process_group()` of a launch; ZeRO with FSDP2), a pipelined
 strategy with torch's pipelining (`parallelize_pipeline`).
 
@@ -22,11 +23,14 @@ from typing import Any
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
     "plan": "planner.api",
-    "PlanResult": "planner.api",
+    "plan_request": "planner.api",
+    "PlanRequest": "planner.request",
+    "Plan": "planner.plans",
+    "PlanResult": "planner.plans",
     "plan_pipeline": "planner.pipelined",
-    "PipelinePlan": "planner.pipelined",
-    "Evaluation": "planner.api",
-    "evaluate_strategy": "planner.api",
+    "PipelinePlan": "planner.plans",
+    "Evaluation": "planner.plans",
+    "evaluate_strategy": "planner.plans",
     "cost_model": "planner.sources",
     "parallelize": "planner.export",
     "export_plan": "planner.export",

@@ -202,7 +202,7 @@ def plan_request(request: PlanRequest) -> PlanResult | PipelinePlan:
 def _choose_search(request: PlanRequest) -> PlanResult | PipelinePlan:
     """`plan`'s choice between the per-op search and the pipeline search (see `plan`'s
     docstring, `pipeline`)."""
-    from planner.pipelined import PER_OP, auto_search, check_choices, pipeline_plan
+    from planner.pipelined import PER_OP, auto_search, check_choices, plan_pipeline_request
     from planner.problems.problem import Problem
     from planner.problems.sizes import MemoryRefusal
     from planner.sources import is_problem_file
@@ -217,7 +217,7 @@ def _choose_search(request: PlanRequest) -> PlanResult | PipelinePlan:
                 f"pipeline=True plans with the pipeline search, which takes no "
                 f"{', '.join(changed)}: leave them unset (or pipeline=False)"
             )
-        return pipeline_plan(request)
+        return plan_pipeline_request(request)
     if changed or isinstance(request.model, Problem) or is_problem_file(request.model):
         return _plan_plain(request)
     request = request.capture()  # once, for every attempt below
@@ -236,7 +236,7 @@ def _choose_search(request: PlanRequest) -> PlanResult | PipelinePlan:
     check_choices(request)  # the caller's own bad option is an error, not a reason to plan per op
     with catch_interrupt():  # a Ctrl-C during the pipeline search is not a refusal
         try:
-            return pipeline_plan(request)
+            return plan_pipeline_request(request)
         except LayerwiseError as exc:
             if stop_requested():
                 raise
@@ -267,14 +267,14 @@ def _pipeline_after_refusal(request: PlanRequest, refusal: MemoryRefusal) -> Pip
     """The per-op plan of the captured model was refused for memory: a pipelined one
     instead, for a stack of repeated blocks, in the time left; else the refusal, with why
     pipelines did not help (at once when it is `final`: nothing can fit)."""
-    from planner.pipelined import has_blocks, pipeline_plan
+    from planner.pipelined import has_blocks, plan_pipeline_request
     from planner.problems.sizes import MemoryRefusal
 
     if request.deadline.expired() or refusal.final or not has_blocks(request.model):
         raise refusal
     log.info("%s: searching pipelines instead", refusal)
     try:
-        out = pipeline_plan(request)
+        out = plan_pipeline_request(request)
     except LayerwiseError as exc:
         raise MemoryRefusal(
             f"{refusal}; no pipeline layout fits either ({exc})", refusal.fact

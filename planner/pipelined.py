@@ -40,7 +40,7 @@ __all__ = [
     "PipelinePlan",
     "auto_search",
     "has_blocks",
-    "pipeline_plan",
+    "plan_pipeline_request",
     "plan_pipeline",
 ]
 
@@ -91,10 +91,10 @@ def plan_pipeline(
         deadline=deadline,
         pipeline=True,
     )
-    return pipeline_plan(request, schedules, stages)
+    return plan_pipeline_request(request, schedules, stages)
 
 
-def pipeline_plan(
+def plan_pipeline_request(
     request: PlanRequest,
     schedules: Sequence[str] | None = None,
     stages: Sequence[int] | None = None,

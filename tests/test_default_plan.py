@@ -111,7 +111,7 @@ def test_a_pipeline_refusal_falls_back_to_the_per_op_search(
     def refuse(*args: object, **kwargs: object) -> None:
         raise PipelineError("no pipeline layout of 'gpt2' fits (a test's refusal)")
 
-    monkeypatch.setattr(planner.pipelined, "pipeline_plan", refuse)
+    monkeypatch.setattr(planner.pipelined, "plan_pipeline_request", refuse)
     gpt = small_graph("gpt2")
     with caplog.at_level(logging.WARNING, logger="planner.pipeline"):
         out = planner.plan(gpt, "p100-2x2", recommend=False)

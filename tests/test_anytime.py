@@ -331,11 +331,15 @@ def compiled() -> None:
 
 
 @pytest.mark.usefixtures("compiled")
-def test_portfolio_on_a_large_problem_runs_toulbar2_and_local_and_shares_answers() -> None:
+@pytest.mark.parametrize("limit", [4.0, pytest.param(10.0, marks=pytest.mark.slow)])
+def test_portfolio_on_a_large_problem_runs_toulbar2_and_local_and_shares_answers(
+    limit: float,
+) -> None:
     """From LARGE_NODES nodes the members are toulbar2 and local; the answer is valid and
-    no worse than any member's own; each member's answers reach the other."""
+    no worse than any member's own; each member's answers reach the other. (Both members
+    have answered and toulbar2 has its bound well within 4 s: 2.5 s did at load 5.)"""
     p = contest_problem(LARGE_NODES, seed=5)
-    r = get_backend("portfolio").solve(p, SolveOptions(time_limit=10.0))
+    r = get_backend("portfolio").solve(p, SolveOptions(time_limit=limit))
     assert r.has_solution and memory_feasible(p, r.choices)
     members = r.stats["members"]
     assert set(members) == {"toulbar2", "local"}
@@ -441,7 +445,8 @@ def test_portfolio_exits_with_answers_no_member_read() -> None:
 
 def test_portfolio_delegates_the_makespan_objective() -> None:
     p = build_problem(tiny_cnn(), get_preset("p100-1x2"), max_configs=3)
-    r = get_backend("portfolio").solve(p, SolveOptions(objective="makespan", time_limit=5.0))
+    # mcmc searches to the limit: 1 s is enough to see the delegation and an answer
+    r = get_backend("portfolio").solve(p, SolveOptions(objective="makespan", time_limit=1.0))
     assert r.stats["delegated"] == "mcmc" and r.has_solution
 
 

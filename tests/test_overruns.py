@@ -120,7 +120,7 @@ def test_symmetric_pinnings_are_solved_once() -> None:
 @pytest.mark.parametrize("backend", ["cpsat", "ilp"])
 def test_placement_model_not_encoded_in_time_keeps_the_start(backend: str) -> None:
     pp = random_placement_problem(40, get_preset("p100-1x4"), seed=0)
-    opts = SolveOptions(objective="makespan", time_limit=5.0, deadline=_over())
+    opts = SolveOptions(objective="makespan", deadline=_over())
     solver = get_backend(backend)
     out = solver.solve_placement(pp, opts)  # type: ignore[attr-defined]
     assert out.stats["solver_status"] == ENCODE_TIMEOUT
@@ -197,7 +197,7 @@ def test_lexicographic_leader_breaks_a_bounded_number_of_symmetries() -> None:
 
 def test_elimination_that_completes_is_optimal_with_no_time_left() -> None:
     problem = random_problem(40, 6, seed=1, edge_prob=0.08, memory=False)
-    opts = SolveOptions(time_limit=10.0, deadline=_over())
+    opts = SolveOptions(deadline=_over())
     result = get_backend("elimination").solve(problem, opts)
     assert result.status is Status.OPTIMAL and result.limit is None, result.stats
     assert result.stats["eliminations_finished"]
@@ -263,11 +263,21 @@ def test_baselines_stop_scoring_candidates_past_the_deadline(dnn: Problem) -> No
 # -- the command line's clock ----------------------------------------------------------------
 
 
-def test_plan_honours_a_deadline_started_by_its_caller() -> None:
+def test_plan_honours_a_deadline_started_by_its_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller's deadline has passed: no search runs (capture and build finish within
+    their overrun and the answer is found without a search, said in one line); with no
+    overrun allowed, one error."""
     import planner
+    import planner.request
 
+    spent = Deadline(time.perf_counter(), 7)
+    out = planner.plan("lenet5", "p100-1x4", time_limit=60, deadline=spent)
+    assert out.has_solution and "time limit of 7 s ran out before the search" in out.message
+    assert out.stats["search_seconds"] < 1.0 and out.stats["overrun"] == out.message
+    monkeypatch.setattr(planner.request, "OVERRUN", 0.0)
+    monkeypatch.setattr(planner.request, "OVERRUN_SECONDS", 0.0)
     with pytest.raises(LayerwiseError, match="time limit of 7 s"):
-        planner.plan("lenet5", "p100-1x4", time_limit=60, deadline=Deadline(time.perf_counter(), 7))
+        planner.plan("lenet5", "p100-1x4", time_limit=60, deadline=spent)
 
 
 # -- the measurement ---------------------------------------------------------------------------
@@ -329,12 +339,15 @@ def test_makespan_search_does_not_undo_its_simulation_after_the_deadline(
 
 
 def test_no_capture_begins_with_no_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    import planner.request
     import planner.sources
 
     def capture(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise AssertionError("captured with no time left")
 
     monkeypatch.setattr(planner.sources, "_capture", capture)
+    monkeypatch.setattr(planner.request, "OVERRUN", 0.0)  # no time past the limit either
+    monkeypatch.setattr(planner.request, "OVERRUN_SECONDS", 0.0)
     with pytest.raises(LayerwiseError, match="time limit of 7 s"):
         planner.plan("lenet5", "p100-1x4", time_limit=60, deadline=Deadline(time.perf_counter(), 7))
 
@@ -367,7 +380,7 @@ def test_cbc_is_killed_no_later_than_the_deadline(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(ilp, "run_cbc", recorded)
     deadline = Deadline.after(20.0)
     p = contest_problem(60, seed=4)
-    r = get_backend("ilp").solve(p, SolveOptions(time_limit=60.0, deadline=deadline))
+    r = get_backend("ilp").solve(p, SolveOptions(deadline=deadline))
     assert r.has_solution and kills  # CBC ran
     assert max(kills) <= deadline.at
 

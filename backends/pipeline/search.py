@@ -63,6 +63,7 @@ from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.costs.memory import usable_memory
 from planner.deadline import Deadline, OutOfTime, catch_interrupt, run_within, stop_requested
+from planner.errors import BackendError, given
 from planner.graph.opgraph import OpGraph
 from planner.hardware.devices import DeviceGraph
 from planner.pipeline.layouts import block_ranges
@@ -103,7 +104,8 @@ class PipelineSearch:
     """The pipeline search under the result contract: `solve(PipelineProblem, SolveOptions)`
     with its settings in `options.extra` (`PipelineSettings`), its time from
     `options.clock()`; a Ctrl-C (`planner.deadline.request_stop`) ends it with the best
-    layout so far, limit INTERRUPTED. Deterministic: the seed is not used."""
+    layout so far, limit INTERRUPTED. Its objective is always the simulated step
+    (`options.objective` is not read); deterministic: the seed is not used."""
 
     name: ClassVar[str] = "pipeline"
     settings_type: ClassVar[type[PipelineSettings]] = PipelineSettings
@@ -121,6 +123,11 @@ class PipelineSearch:
         Ctrl-C."""
         options = options or SolveOptions()
         settings = self.settings(options)
+        if not isinstance(problem, PipelineProblem):
+            raise BackendError(
+                f"the {self.name} search solves a PipelineProblem (planner.pipeline.problem), "
+                f"got {given(problem)}"
+            )
         with catch_interrupt():
             result = _search(problem, settings, options.clock(), log.info)
             proven = result.status is Status.INFEASIBLE and result.limit is None
@@ -168,7 +175,8 @@ def search_pipeline(
     """The fastest layout found for the full-batch `graph` (a model of numbered blocks) on
     `devices` within their usable memory (`options.headroom`). PipelineError when the model
     has no blocks or nothing in the space fits (one line, with the least memory seen).
-    The search of `PipelineSearch.solve`, with its choices given as arguments."""
+    The search of `PipelineSearch.solve`, with its choices given as arguments (and defaults
+    of its own: ZeRO 0 only, no deadline)."""
     settings = PipelineSettings(
         recompute=tuple(recompute),  # type: ignore[arg-type]
         zero=tuple(zero),

@@ -233,6 +233,13 @@ class PipelineConformance:
         with pytest.raises(BackendError):
             result.objective_value()
 
+    def test_another_problem_is_refused_in_one_line(self) -> None:
+        from planner.problems.costtable import random_problem
+
+        with pytest.raises(BackendError, match="PipelineProblem") as info:
+            get_pipeline_solver(self.search_name).solve(random_problem(3, 2, seed=0), self.opts())  # type: ignore[arg-type]
+        assert "\n" not in str(info.value)
+
     def test_a_model_without_blocks_is_not_a_problem(self) -> None:
         with pytest.raises(PipelineError, match="numbered blocks") as info:
             PipelineProblem(model_graph("lenet5", batch=8), get_preset(self.devices), CostOptions())

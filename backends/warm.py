@@ -24,12 +24,12 @@ __all__ = ["warm"]
 
 def warm() -> dict[str, float]:
     """Compile (or load) each family's kernels; the seconds each took."""
-    from backends.local.anneal import _compile
-    from planner.problems.costtable import _compiled_integers, contest_problem
+    from backends.local.anneal import compile_kernels
+    from planner.problems.costtable import compiled_integers, contest_problem
 
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
-    _compile()
+    compile_kernels()
     seconds["local"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -37,7 +37,7 @@ def warm() -> dict[str, float]:
     seconds["toulbar2"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    scan = _compiled_integers()
+    scan = compiled_integers()
     if scan is not None:
         text = np.frombuffer(b"[[1, 2], [3]]", dtype=np.uint8)
         scan(text, np.zeros(3), np.zeros(2, dtype=np.int64))

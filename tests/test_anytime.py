@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from backends import BackendError, Limit, SolveOptions, Status, get_backend
 from backends.heuristics.feasible import backtrack, feasible_choices
-from backends.local.anneal import _compile
+from backends.local.anneal import compile_kernels
 from backends.mathprog.common import CpsatSettings, IlpSettings
 from backends.mcmc.chain import McmcSettings
 from backends.model.selection import check_times, live_sets, selection
@@ -327,7 +327,7 @@ def test_portfolio_says_who_found_what_and_keeps_the_best_bound() -> None:
 @pytest.fixture
 def compiled() -> None:
     """The local kernels compiled or loaded outside any time limit (a cold compile: a minute)."""
-    _compile()
+    compile_kernels()
 
 
 @pytest.mark.usefixtures("compiled")

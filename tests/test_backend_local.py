@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from backends import SolveOptions, Status, get_backend
 from backends.base import Channel
 from backends.local import kernels
-from backends.local.anneal import _compile
+from backends.local.anneal import compile_kernels
 from backends.local.flat import flatten
 from backends.local.segtree import Profile
 from backends.testing import BackendConformance
@@ -31,7 +31,7 @@ FAST = {"round_moves": 20_000}
 def compiled() -> None:
     """Compile (or load) the kernels once, outside any time limit: a cold compile takes
     about a minute, and a solve whose limit ends first answers NO_SOLUTION."""
-    _compile()
+    compile_kernels()
 
 
 class TestLocalConformance(BackendConformance):

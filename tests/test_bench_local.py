@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from backends import SolveOptions, get_backend
-from backends.local.anneal import _compile
+from backends.local.anneal import compile_kernels
 from planner.problems.costtable import random_problem
 
 pytestmark = pytest.mark.benchmark
@@ -16,7 +16,7 @@ MOVES = 2_000_000
 
 @pytest.mark.parametrize("nodes", [1_000, 20_000])
 def test_moves_per_second(benchmark, nodes: int) -> None:  # type: ignore[no-untyped-def]
-    _compile()
+    compile_kernels()
     problem = random_problem(nodes, 12, seed=0, forbid_prob=0.1, memory=True)
     extra = {"max_moves": MOVES, "patience": 0}
     backend = get_backend("local")

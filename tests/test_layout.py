@@ -20,42 +20,69 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("planner", "backends", "runtime", "experiments")
-FOUNDATION = {"errors", "files", "deadline", "logs"}  # planner's modules that import no layer
-PLANNER_LAYERS = ("graph", "hardware", "costs", "problems", "sim", "pipeline")
 
-# layer -> the layers it may import (itself included)
-ALLOWED: dict[str, set[str]] = {
-    "planner.foundation": set(),
-    "planner.graph": {"planner.foundation"},
-    "planner.hardware": {"planner.foundation"},
-    "planner.costs": {"planner.foundation", "planner.graph", "planner.hardware"},
-    "planner.problems": {
-        "planner.foundation",
-        "planner.graph",
-        "planner.hardware",
-        "planner.costs",
-    },
-    "planner.sim": {
-        "planner.foundation",
-        "planner.graph",
-        "planner.hardware",
-        "planner.costs",
-        "planner.problems",
-    },
-    "planner.pipeline": {
-        "planner.foundation",
-        "planner.graph",
-        "planner.hardware",
-        "planner.costs",
-        "planner.problems",
-        "planner.sim",
-    },
+# planner's layers, low to high: each may import itself and the layers before it in its row
+# of ALLOWED. Top-level modules are placed by name; subpackages by their first name.
+PLANNER_MODULES = {
+    "errors": "foundation",  # modules that import no layer
+    "files": "foundation",
+    "deadline": "foundation",
+    "logs": "foundation",
+    "startup": "foundation",
+    "result": "contract",  # what backends see: the result contract and the registry by name
+    "registry": "contract",
+    "auto": "policy",  # choosing a backend, re-ranking an answer: they run backends
+    "recommend": "policy",
+    "request": "entry",  # a call's request, its plan types, sources, the two searches' entry
+    "plans": "entry",
+    "sources": "entry",
+    "pipelined": "entry",
+    "api": "entry",
+    "__main__": "cli",
 }
+PLANNER_LAYERS = ("graph", "hardware", "costs", "problems", "sim", "pipeline", "export", "cli")
+LOWER = ["planner.foundation"]
+ALLOWED: dict[str, set[str]] = {"planner.foundation": set()}
+for _name, _below in (
+    ("graph", ()),
+    ("hardware", ()),
+    ("costs", ("graph", "hardware")),
+    ("problems", ("graph", "hardware", "costs")),
+    ("sim", ("graph", "hardware", "costs", "problems")),
+    ("pipeline", ("graph", "hardware", "costs", "problems", "sim")),
+    ("contract", ("graph", "hardware", "costs", "problems", "sim", "pipeline")),
+    ("policy", ("graph", "hardware", "costs", "problems", "sim", "pipeline", "contract")),
+    ("export", ("graph", "hardware", "costs", "problems", "sim", "pipeline")),
+    ("entry", ("graph", "hardware", "costs", "problems", "sim", "pipeline", "contract", "policy")),
+    ("cli", ("graph", "hardware", "costs", "problems", "sim", "pipeline", "contract", "policy",
+             "entry", "export")),
+):  # fmt: skip
+    ALLOWED[f"planner.{_name}"] = {"planner.foundation", *(f"planner.{b}" for b in _below)}
 PLANNER = {*ALLOWED, "planner"}
-ALLOWED["planner"] = PLANNER
-ALLOWED["backends"] = PLANNER
+ALLOWED["planner"] = PLANNER  # the package: its public names, imported lazily by name
+
+# backends' layers: the base (the Backend class, settings, the conformance suite), the model
+# the families share, the families (each on its own: no family imports another of its row),
+# then the families built on others, then the tools over all of them
+BACKEND_ROWS: tuple[dict[str, tuple[str, ...]], ...] = (
+    {"base": ()},
+    {"model": ("base",)},
+    {f: ("base", "model") for f in ("exact", "heuristics", "placement", "local", "wcsp", "pipeline")},
+    {"mathprog": ("base", "model", "heuristics", "placement"), "mcmc": ("base", "model", "heuristics")},
+    {t: ("base", "model", "exact", "heuristics", "placement", "local", "wcsp", "pipeline",
+         "mathprog", "mcmc") for t in ("portfolio", "warm")},
+)  # fmt: skip
+BACKEND_BASE = {"base", "settings", "lazy", "testing"}  # backends' own top-level modules
+# what backends may see of planner: up to the contract, never the policy, entry, cli, export
+BACKENDS_SEE = {f"planner.{n}" for n in ("foundation", "graph", "hardware", "costs", "problems",
+                                          "sim", "pipeline", "contract")}  # fmt: skip
+for _row in BACKEND_ROWS:
+    for _family, _below in _row.items():
+        ALLOWED[f"backends.{_family}"] = BACKENDS_SEE | {f"backends.{b}" for b in _below}
 ALLOWED["runtime"] = PLANNER
-ALLOWED["experiments"] = PLANNER | {"backends", "runtime"}
+ALLOWED["experiments"] = (
+    PLANNER | {"backends", "runtime"} | {f"backends.{f}" for row in BACKEND_ROWS for f in row}
+)
 FORBIDDEN_THIRD_PARTY = {"backends": {"torch"}}
 
 
@@ -83,13 +110,19 @@ def our_modules() -> dict[str, Path]:
 
 def layer(module: str) -> str:
     parts = module.split(".")
+    if parts[0] == "backends":
+        if len(parts) == 1 or parts[1] in BACKEND_BASE:
+            return "backends.base"
+        return f"backends.{parts[1]}"
     if parts[0] != "planner":
         return parts[0]
-    if len(parts) > 1 and parts[1] in PLANNER_LAYERS:
+    if len(parts) == 1:
+        return "planner"
+    if parts[1] in PLANNER_LAYERS:
         return f"planner.{parts[1]}"
-    if len(parts) > 1 and parts[1] in FOUNDATION:
-        return "planner.foundation"
-    return "planner"  # the top: api, cli, sources, export, result, registry, recommend
+    if parts[1] in PLANNER_MODULES:
+        return f"planner.{PLANNER_MODULES[parts[1]]}"
+    raise AssertionError(f"{module} is in no layer: give it one in tests/test_layout.py")
 
 
 def _typing_blocks(tree: ast.AST) -> set[int]:
@@ -158,9 +191,45 @@ def test_every_import_goes_down_the_layers(all_imports: list[Import]) -> None:
     upward = [
         f"{i.source}:{i.line} imports {i.target}"
         for i in all_imports
-        if i.target in known and layer(i.target) not in ALLOWED[layer(i.source)] | {layer(i.source)}
+        if i.target in known and not allowed(i.source, i.target)
     ]
     assert upward == []
+
+
+def allowed(source: str, target: str) -> bool:
+    """Whether `source` may import `target` (its own layer or one ALLOWED below it)."""
+    return layer(target) in ALLOWED[layer(source)] | {layer(source)}
+
+
+def test_every_module_has_a_layer() -> None:
+    """A new top-level module of planner must be placed (layer() raises otherwise)."""
+    for module in our_modules():
+        assert layer(module) in ALLOWED or layer(module) in PACKAGES, module
+
+
+def test_backends_see_planner_up_to_the_contract_only(all_imports: list[Import]) -> None:
+    bad = [
+        f"{i.source}:{i.line} imports {i.target}"
+        for i in all_imports
+        if layer(i.source).startswith("backends")
+        and layer(i.target).startswith("planner")
+        and layer(i.target) not in BACKENDS_SEE
+    ]
+    assert bad == []
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    """`from a.b import _c` outside a.b reaches into another module's insides."""
+    bad = []
+    for module, path in our_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or not node.module:
+                continue
+            if node.module.split(".")[0] not in PACKAGES or node.module == module:
+                continue
+            bad += [f"{module}:{node.lineno} {node.module}.{a.name}" for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")]  # fmt: skip
+    assert bad == []
 
 
 def test_backends_never_import_torch_and_runtime_never_imports_a_backend(
@@ -176,11 +245,11 @@ def test_backends_never_import_torch_and_runtime_never_imports_a_backend(
 
 
 def test_planner_reaches_backends_only_through_the_registry_by_name() -> None:
-    from planner.registry import REGISTRY
+    from planner.registry import PIPELINE_REGISTRY, REGISTRY
 
-    for entry in REGISTRY.values():
+    for entry in (*REGISTRY.values(), *PIPELINE_REGISTRY.values()):
         module, _, cls = entry.partition(":")
-        assert layer(module) == "backends" and cls, entry
+        assert layer(module).startswith("backends.") and cls, entry
         assert (ROOT / Path(*module.split("."))).with_suffix(".py").exists(), entry
 
 
@@ -197,14 +266,35 @@ def test_no_import_cycles_at_run_time(all_imports: list[Import]) -> None:
 def test_the_layering_test_catches_an_upward_import_and_a_cycle(tmp_path: Path) -> None:
     """The checks can fail: a planner module importing a backend, and two modules importing
     each other, are both reported."""
-    known = {"planner.problems.x": tmp_path / "x.py", "backends.y": tmp_path / "y.py"}
-    known["planner.problems.x"].write_text("def f():\n    from backends.y import g\n")
-    known["backends.y"].write_text("from planner.problems.x import f\n")
+    known = {"planner.problems.x": tmp_path / "x.py", "backends.exact.y": tmp_path / "y.py"}
+    known["planner.problems.x"].write_text("def f():\n    from backends.exact.y import g\n")
+    known["backends.exact.y"].write_text("from planner.problems.x import f\n")
     found = [i for m, p in known.items() for i in imports_of(m, p, known)]
-    up = [i for i in found if layer(i.target) not in ALLOWED[layer(i.source)] | {layer(i.source)}]
-    assert [(i.source, i.target) for i in up] == [("planner.problems.x", "backends.y")]
+    up = [i for i in found if not allowed(i.source, i.target)]
+    assert [(i.source, i.target) for i in up] == [("planner.problems.x", "backends.exact.y")]
     graph = nx.DiGraph((i.source, i.target) for i in found)
     assert any(len(c) == 2 for c in nx.strongly_connected_components(graph))
+
+
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [
+        ("backends.heuristics.feasible", "backends.mathprog.selection"),  # a family up its row
+        ("backends.exact.search", "backends.local.anneal"),  # a family beside it
+        ("backends.model.selection", "backends.placement.problem"),  # the model up
+        ("backends.base", "backends.exact.search"),
+        ("backends.mcmc.chain", "planner.api"),  # a backend above the contract
+        ("backends.mcmc.chain", "planner.auto"),
+        ("planner.result", "planner.auto"),  # the contract above itself
+        ("planner.api", "planner.cli.args"),
+        ("planner.export.dtensor", "planner.api"),
+        ("planner.sim.simulator", "planner.pipeline.spec"),
+        ("runtime.run", "backends.base"),
+    ],
+)
+def test_the_layers_refuse_what_runs_up_or_across(source: str, target: str) -> None:
+    assert not allowed(source, target)
+    assert allowed(target, "planner.errors") and allowed(source, "planner.errors")
 
 
 def test_public_names_resolve_lazily() -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from backends.wcsp.memory import Steps, _pair, polish, profile, repair
+from backends.wcsp.memory import Steps, edge_cost, polish, profile, repair
 from planner.deadline import Deadline, past
 
 __all__ = ["components", "crossover", "crossover_repaired"]
@@ -64,7 +64,7 @@ def components(x, donor, g):  # pragma: no cover - compiled
         a, b = eu[e], ev[e]
         if differs[a] or differs[b]:
             r = parent[a] if differs[a] else parent[b]
-            gain[r] += _pair(e, x[a], x[b], g) - _pair(e, donor[a], donor[b], g)
+            gain[r] += edge_cost(e, x[a], x[b], g) - edge_cost(e, donor[a], donor[b], g)
     # the members of each component, grouped by root (a counting sort)
     start = np.zeros(n + 1, dtype=np.int64)
     for i in range(n):
@@ -164,7 +164,7 @@ def _cost(x, g):  # pragma: no cover - compiled
     for i in range(len(x)):
         total += unary[noff[i] + x[i]]
     for e in range(len(eu)):
-        total += _pair(e, x[eu[e]], x[ev[e]], g)
+        total += edge_cost(e, x[eu[e]], x[ev[e]], g)
     return total
 
 

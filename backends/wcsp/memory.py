@@ -23,7 +23,16 @@ from numba import njit
 
 from planner.problems.problem import Problem
 
-__all__ = ["Steps", "kernel_arrays", "node_prices", "polish", "profile", "repair", "steps"]
+__all__ = [
+    "Steps",
+    "edge_cost",
+    "kernel_arrays",
+    "node_prices",
+    "polish",
+    "profile",
+    "repair",
+    "steps",
+]
 
 CONFLICT = 1e30  # the price of a pair a neighbour must then leave
 TOL = 1e-9  # relative tolerance of the limit, as planner.problems.evaluate.memory_feasible
@@ -113,7 +122,7 @@ def _label(j, x, tent, stamp, now):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _pair(e, a, b, g):  # pragma: no cover - compiled
+def edge_cost(e, a, b, g):  # pragma: no cover - compiled
     """Edge e's cost with its lower end at a and its higher end at b."""
     noff, unary, eu, ev, eoff, binary, ioff, iedge, iside = g
     dv = noff[ev[e] + 1] - noff[ev[e]]
@@ -140,7 +149,7 @@ def _propagate(i, s, x, tent, stamp, now, changed, g, cap):  # pragma: no cover 
             other = ev[e] if iside[k] == 0 else eu[e]
             a = _label(eu[e], x, tent, stamp, now)
             b = _label(ev[e], x, tent, stamp, now)
-            if _pair(e, a, b, g) != np.inf:
+            if edge_cost(e, a, b, g) != np.inf:
                 continue
             if stamp[other] == now or count >= cap:
                 return 0, 0.0
@@ -151,10 +160,10 @@ def _propagate(i, s, x, tent, stamp, now, changed, g, cap):  # pragma: no cover 
                     f = iedge[q]
                     if iside[q] == 0:
                         far = ev[f]
-                        p = _pair(f, v, _label(far, x, tent, stamp, now), g)
+                        p = edge_cost(f, v, _label(far, x, tent, stamp, now), g)
                     else:
                         far = eu[f]
-                        p = _pair(f, _label(far, x, tent, stamp, now), v, g)
+                        p = edge_cost(f, _label(far, x, tent, stamp, now), v, g)
                     if p == np.inf:
                         if stamp[far] == now:
                             c = np.inf  # a node this move already set: never
@@ -179,8 +188,8 @@ def _propagate(i, s, x, tent, stamp, now, changed, g, cap):  # pragma: no cover 
             if stamp[other] == now and other < j:
                 continue  # counted from the other end
             a = _label(eu[e], x, tent, stamp, now)
-            new = _pair(e, a, _label(ev[e], x, tent, stamp, now), g)
-            old = _pair(e, x[eu[e]], x[ev[e]], g)
+            new = edge_cost(e, a, _label(ev[e], x, tent, stamp, now), g)
+            old = edge_cost(e, x[eu[e]], x[ev[e]], g)
             delta += new - (CONFLICT if old == np.inf else old)
     return count, delta
 
@@ -308,7 +317,7 @@ def unbreak(x, g, cap):  # pragma: no cover - compiled
     now = 0
     left = 0
     for e in range(len(eu)):
-        if _pair(e, x[eu[e]], x[ev[e]], g) != np.inf:
+        if edge_cost(e, x[eu[e]], x[ev[e]], g) != np.inf:
             continue
         best_i, best_s, best_d = -1, -1, np.inf
         for end in range(2):

@@ -42,6 +42,7 @@ from planner.problems.problem import FORBIDDEN, Problem, forbid
 __all__ = [
     "BRUTE_FORCE_LIMIT",
     "brute_force",
+    "compiled_integers",
     "contest_problem",
     "is_gzip",
     "load_problem",
@@ -419,7 +420,7 @@ def _numeric_rows(text: bytes | memoryview) -> tuple[np.ndarray, np.ndarray] | N
     if not ((rows_open < rows_close).all() and (rows_close[:-1] < rows_open[1:]).all()):
         return None  # nested deeper than rows of numbers
     if integral:
-        compiled = _compiled_integers() if len(arr) >= COMPILED_BYTES else None
+        compiled = compiled_integers() if len(arr) >= COMPILED_BYTES else None
         if compiled is not None:
             values = np.empty(commas + 1)
             lengths = np.zeros(len(rows_open), dtype=np.int64)
@@ -514,7 +515,7 @@ _FORBIDDEN_DIGITS = np.frombuffer(b"%d" % FORBIDDEN, dtype=np.uint8) - np.uint8(
 COMPILED_BYTES = 64 << 20  # arrays this large are parsed by the compiled loop (numba)
 
 
-def _compiled_integers() -> Any:
+def compiled_integers() -> Any:
     """`_scan_integers` compiled by numba (cached on disk), or None without numba."""
     global _COMPILED
     if _COMPILED is None:

@@ -8,8 +8,7 @@ pipeline search is reached the same way: `PIPELINE_REGISTRY`, `get_pipeline_solv
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
 from planner.errors import BackendError
 from planner.result import PipelineSolver, Solver
@@ -70,15 +69,3 @@ def get_pipeline_solver(name: str = "pipeline") -> PipelineSolver:
             f"unknown pipeline search {name!r}; available: {', '.join(PIPELINE_REGISTRY)}"
         ) from None
     return cast(PipelineSolver, getattr(importlib.import_module(module), cls)())
-
-
-# The function `planner.pipelined.plan_pipeline` calls until it switches to
-# `get_pipeline_solver` (then these two go).
-PIPELINE_SEARCH = "backends.pipeline.search:search_pipeline"
-
-
-def get_pipeline_search() -> Callable[..., Any]:
-    """The pipeline search as a function (`backends.pipeline.search.search_pipeline`),
-    imported on first use."""
-    module, name = PIPELINE_SEARCH.split(":")
-    return cast(Callable[..., Any], getattr(importlib.import_module(module), name))

@@ -36,7 +36,7 @@ import math  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Iterator, Sequence  # noqa: E402
-from dataclasses import dataclass, field, replace  # noqa: E402
+from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -48,6 +48,8 @@ from backends.base import evaluate_objective  # noqa: E402
 from experiments.compare_report import (  # noqa: E402
     PROBLEM_VERDICTS,
     RTOL,
+    Case,
+    Row,
     legend,
     plot,
     summary,
@@ -99,51 +101,6 @@ EXIT_DISAGREEMENT = 1
 EXIT_INTERRUPTED = 130
 RESULTS_FORMAT = "layerwise.compare"
 RESULTS_VERSION = 2
-
-
-@dataclass
-class Row:
-    """One method on one case. `objective` is the searched objective's value, `additive` and
-    `simulated` are both objectives (seconds); speedups are data parallelism's time over
-    this one's."""
-
-    model: str
-    preset: str
-    method: str  # a backend name, or "[name]" for an expert baseline
-    status: str  # "OPTIMAL", "FEASIBLE/TIME", ..., "baseline", "cannot run"
-    objective: float | None = None
-    speedup: float | None = None
-    search_seconds: float | None = None  # the backend's own clock (re-score excluded)
-    call_seconds: float | None = None  # the whole solve call, re-score included (harness)
-    gap: float | None = None
-    verdict: str = ""
-    simulated: float | None = None
-    additive: float | None = None
-    additive_speedup: float | None = None
-    simulated_speedup: float | None = None
-    bound: float | None = None
-    recommended: str = ""  # "same", or the baseline `recommend` switches to ("" for baselines)
-    recommended_simulated: float | None = None
-    choices: list[int] | None = None
-    plan: str | None = None  # the strategy file, relative to the results folder
-    note: str = ""  # why a backend could not run
-
-    @property
-    def is_baseline(self) -> bool:
-        return self.method.startswith("[")
-
-
-@dataclass
-class Case:
-    model: str
-    preset: str
-    devices: int
-    batch: int
-    build_seconds: float
-    rows: list[Row] = field(default_factory=list)
-    summary: str = ""
-    flagged: bool = False  # a proven additive optimum simulates slower than a baseline
-    seconds: float = 0.0
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

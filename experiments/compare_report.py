@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,14 +21,62 @@ from rich.text import Text
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from experiments.compare import Case, Row
-
 NEAR = 0.01  # "within 1%"
 OVER_BUDGET = 0.01  # a solve call longer than the budget by more than this is named
 RTOL = 1e-6
 OBJECTIVE_NAMES = {"additive": "additive (OptCNN Eq. 1)", "makespan": "simulated (FlexFlow)"}
 SHORT_LIMITS = {"ITERATIONS": "ITERS", "INTERRUPTED": "STOPPED"}
 PROBLEM_VERDICTS = ("DISAGREES", "BELOW PROVEN OPTIMUM")
+
+
+# -- what is reported (experiments/compare.py fills them) --------------------------------------
+
+
+@dataclass
+class Row:
+    """One method on one case. `objective` is the searched objective's value, `additive` and
+    `simulated` are both objectives (seconds); speedups are data parallelism's time over
+    this one's."""
+
+    model: str
+    preset: str
+    method: str  # a backend name, or "[name]" for an expert baseline
+    status: str  # "OPTIMAL", "FEASIBLE/TIME", ..., "baseline", "cannot run"
+    objective: float | None = None
+    speedup: float | None = None
+    search_seconds: float | None = None  # the backend's own clock (re-score excluded)
+    call_seconds: float | None = None  # the whole solve call, re-score included (harness)
+    gap: float | None = None
+    verdict: str = ""
+    simulated: float | None = None
+    additive: float | None = None
+    additive_speedup: float | None = None
+    simulated_speedup: float | None = None
+    bound: float | None = None
+    recommended: str = ""  # "same", or the baseline `recommend` switches to ("" for baselines)
+    recommended_simulated: float | None = None
+    choices: list[int] | None = None
+    plan: str | None = None  # the strategy file, relative to the results folder
+    note: str = ""  # why a backend could not run
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.method.startswith("[")
+
+
+@dataclass
+class Case:
+    """One model on one device preset: its rows (methods), summary and verdict flags."""
+
+    model: str
+    preset: str
+    devices: int
+    batch: int
+    build_seconds: float
+    rows: list[Row] = field(default_factory=list)
+    summary: str = ""
+    flagged: bool = False  # a proven additive optimum simulates slower than a baseline
+    seconds: float = 0.0
 
 
 # -- cells ----------------------------------------------------------------------------------

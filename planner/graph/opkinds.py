@@ -14,11 +14,36 @@ Region overlaps in the cost model and the runtime's transfer plan both come from
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal, Protocol
 
-if TYPE_CHECKING:
-    from planner.graph.opgraph import Op, Tensor
+
+class Tensor(Protocol):
+    """What this module reads of a tensor (`planner.graph.opgraph.Tensor`): its named
+    dimensions and their sizes. A protocol, so that opgraph (which uses this table) is not
+    imported back."""
+
+    @property
+    def dims(self) -> tuple[str, ...]: ...
+
+    def size(self, dim: str) -> int: ...
+
+
+class Op(Protocol):
+    """What this module reads of an op (`planner.graph.opgraph.Op`)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def output(self) -> Tensor: ...
+
+    @property
+    def params(self) -> Sequence[Any]: ...
+
+    def attr(self, key: str, default: Any = None) -> Any: ...
+
 
 SAMPLE, CHANNEL, HEIGHT, WIDTH, LENGTH = "sample", "channel", "height", "width", "length"
 

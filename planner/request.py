@@ -54,6 +54,9 @@ AUTO = "auto"  # planner.auto.AUTO: the backend chosen per problem
 ZERO_AUTO = "auto"
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE_MODES = ("none", "full")  # in the order "auto" tries them
+SOURCE_OPTIONS = ("example_inputs", "model_kwargs", "name", "coarsen")  # how to capture
+MEMORY_OPTIONS = ("optimizer", "master_weights", "zero", "headroom", "recompute")
+PER_OP_OPTIONS = ("memory_limit", "cost", "sync", "max_configs", "recommend", "check_memory")
 # the per-op search's options and their defaults: the pipeline search takes none of them
 PER_OP_DEFAULTS: dict[str, Any] = {
     "backend": AUTO,
@@ -176,52 +179,43 @@ class PlanRequest:
         time_limit: float = DEFAULT_TIME_LIMIT,
         seed: int = 0,
         *,
-        example_inputs: Any = None,
-        model_kwargs: Mapping[str, Any] | None = None,
-        name: str | None = None,
-        coarsen: bool = True,
-        memory_limit: float | str | None = None,
-        cost: str = "analytic",
-        sync: str | None = None,
-        optimizer: str | None = None,
-        master_weights: bool | None = None,
-        zero: int | str | None = None,
-        headroom: float | None = None,
-        recompute: str | int | None = None,
-        max_configs: int | None = None,
-        backend_options: Mapping[str, Any] | None = None,
-        recommend: bool = True,
-        check_memory: bool = True,
         deadline: Deadline | None = None,
         pipeline: bool | str | None = None,
-        **build_options: Any,
+        **options: Any,
     ) -> PlanRequest:
         """`planner.plan`'s arguments as a request, each checked once (one error line for a
-        bad one, before any capture). `deadline`: a clock the caller started earlier; the
-        earlier of it and `time_limit` from now is the request's."""
+        bad one, before any capture). `options` are `plan`'s keyword arguments (its docstring
+        says each): the model's capture (example_inputs, model_kwargs, name, coarsen), the
+        memory options (`MemoryOptions`' fields), the per-op search's (memory_limit, cost,
+        sync, max_configs, backend_options, recommend, check_memory), and the rest go to
+        `build_problem`. `deadline`: a clock the caller started earlier; the earlier of it
+        and `time_limit` from now is the request's."""
         if pipeline is None:
             pipeline = AUTO
         if not (pipeline is True or pipeline is False or pipeline == AUTO):
             raise LayerwiseError(f"pipeline must be True, False or 'auto', got {given(pipeline)}")
-        _check_call(objective, time_limit, seed, build_options, backend=backend,
-                    max_configs=max_configs, memory_limit=memory_limit,
+        source = {k: options.pop(k) for k in SOURCE_OPTIONS if k in options}
+        memory = MemoryOptions(**{k: options.pop(k) for k in MEMORY_OPTIONS if k in options})
+        backend_options = options.pop("backend_options", None)
+        per_op = {k: options.pop(k) for k in PER_OP_OPTIONS if k in options}
+        _check_call(objective, time_limit, seed, options, backend=backend,
+                    max_configs=per_op.get("max_configs"),
+                    memory_limit=per_op.get("memory_limit"),
                     backend_options=backend_options)  # fmt: skip
         settings: Mapping[str, Any] = backend_options or {}
         if pipeline is not True:  # the per-op search's backend and settings, before capture
             settings = checked_settings(backend, objective, backend_options)[1]
-        memory = MemoryOptions(optimizer, master_weights, zero, headroom, recompute)
-        memory.check(sync)
+        memory.check(per_op.get("sync"))
         from planner.graph.opgraph import OpGraph
 
         if isinstance(model, OpGraph):  # a model is checked once captured
-            check_graph_options(model, recompute, master_weights)
+            check_graph_options(model, memory.recompute, memory.master_weights)
         clock = Deadline.after(time_limit)
         if deadline is not None:
             clock = deadline.within(clock.left())
-        search = PerOpSearch(backend, objective, settings, cost, sync, memory_limit,
-                             max_configs, dict(build_options), recommend, check_memory)  # fmt: skip
+        search = PerOpSearch(backend, objective, settings, build_options=options, **per_op)
         return cls(model, devices, clock, overrun_deadline(clock), memory, search, pipeline,
-                   seed, example_inputs, model_kwargs, name, coarsen)  # fmt: skip
+                   seed, **source)  # fmt: skip
 
     def captured(
         self, graph: Any, devices: Any, spec: ModelSpec | None, seconds: float

@@ -27,7 +27,7 @@ from backends.placement.problem import (
     random_placement_problem,
 )
 from backends.testing import tiny_cnn
-from experiments.overruns import FIELDS, run_cell
+from experiments.overruns import FIELDS, NOT_SEARCHED, run_cell
 from planner.deadline import Deadline, catch_interrupt, clear_stop, request_stop
 from planner.errors import LayerwiseError
 from planner.hardware.presets import get_preset
@@ -293,7 +293,7 @@ def test_a_cell_of_the_overrun_table() -> None:
         "p100-1x4",
         2.0,
     )
-    assert row["outcome"] in ("answer", "no answer", "error"), row
+    assert row["outcome"] in ("answer", "no answer", "error", NOT_SEARCHED), row
     assert row["net"] == pytest.approx(row["wall"] - row["startup"], abs=2e-3)
     assert row["overrun"] == pytest.approx(row["net"] - 2.0, abs=2e-3)
     assert isinstance(row["passed"], bool)

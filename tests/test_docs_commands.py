@@ -63,6 +63,7 @@ LLAMA_70B = (
     "python -m planner plan llama2-70b --devices dgx-a100-80g-128 --set batch=1024 "
     "--set dtype=bfloat16 --optimizer adam --master-weights --time-limit 600 -o plan.json"
 )
+VGG16_JSON = "python -m planner graph vgg16 --batch 32 --json vgg16.json"
 RUNTIME_PLAN = (
     "python -m planner plan alexnet --batch 8 --set num_classes=100 --devices cpu-local-2 "
     "--backend elimination -o plan.json"
@@ -72,15 +73,15 @@ RUNTIME_PLAN = (
 TABLE: dict[tuple[str, str], Run] = {
     ("README.md", "python -m planner models"): fast(),
     ("README.md", "python -m planner graph inception_v3 --summary"): fast('"ops": 128'),
-    ("README.md", "python -m planner graph vgg16 --batch 32 --json vgg16.json"): fast(),
+    ("README.md", VGG16_JSON): slow(),
     ("README.md", "python -m planner devices p100-4x4"): fast(),
     ("README.md", "python -m planner devices cpu-local-2 --measure"): slow(),
     ("README.md", "python -m planner devices p100-2x4 --json my_cluster.json"): fast(),
     ("README.md", "python -m planner plan vgg16 --devices p100-1x4 --backend baselines -o plan.json"): fast(),  # noqa: E501
-    ("README.md", "python -m planner plan --graph vgg16.json --devices my_cluster.json --backend baselines"): fast(),  # noqa: E501
-    ("README.md", "python -m planner plan --problem problem.json --backend portfolio --time-limit 60"): fast(),  # noqa: E501
+    ("README.md", "python -m planner plan --graph vgg16.json --devices my_cluster.json --backend baselines"): slow(after=(VGG16_JSON,)),  # noqa: E501
+    ("README.md", "python -m planner plan --problem problem.json --backend portfolio --time-limit 60"): slow(),  # noqa: E501
     ("README.md", "python -m planner plan inception_v3 --devices p100-4x4 --backend mcmc --objective makespan --time-limit 60"): slow(),  # noqa: E501
-    ("README.md", "python -m planner plan alexnet --devices p100-1x4 --backend search --option mode=astar"): fast(),  # noqa: E501
+    ("README.md", "python -m planner plan alexnet --devices p100-1x4 --backend search --option mode=astar"): slow(),  # noqa: E501
     ("README.md", "python -m planner plan resnet101 --devices p100-256x4 --batch 32768 --backend elimination --time-limit 600"): slow(),  # noqa: E501
     ("README.md", "python -m planner plan my_pkg.models:make_net --input 64x3x32x32 --devices p100-2x4 --backend elimination"): skip(PLACEHOLDER),  # noqa: E501
     ("README.md", "python -m planner evaluate plan.json [--json]"): fast(),
@@ -118,10 +119,10 @@ TABLE: dict[tuple[str, str], Run] = {
     ("docs/pipeline.md", "python -m planner plan gpt2 --devices dgx-a100-80g-2 --pipeline on"): slow(),  # noqa: E501
     ("docs/pipeline.md", "python -m planner plan gpt2 --devices dgx-a100-80g-2 --pipeline off"): slow(),  # noqa: E501
     ("docs/pipeline.md", "python -m planner evaluate plan.json --plot timeline.png"): slow(after=(LLAMA_70B,)),  # noqa: E501
-    ("docs/runtime.md", RUNTIME_PLAN): fast(),
-    ("docs/runtime.md", "python -m runtime.run plan.json --steps 10"): slow(),
-    ("docs/runtime.md", "python -m runtime.run plan.json --steps 3 --check"): slow(),
-    ("docs/runtime.md", "python -m runtime.run plan.json --steps 10 --json"): slow(),
+    ("docs/runtime.md", RUNTIME_PLAN): slow(),
+    ("docs/runtime.md", "python -m runtime.run plan.json --steps 10"): slow(after=(RUNTIME_PLAN,)),
+    ("docs/runtime.md", "python -m runtime.run plan.json --steps 3 --check"): slow(after=(RUNTIME_PLAN,)),  # noqa: E501
+    ("docs/runtime.md", "python -m runtime.run plan.json --steps 10 --json"): slow(after=(RUNTIME_PLAN,)),  # noqa: E501
     ("docs/runtime.md", "python -m experiments.accuracy"): skip("about 17 minutes"),
     ("docs/runtime.md", "python -m experiments.accuracy --quick"): slow(),
     ("docs/runtime.md", "python -m experiments.accuracy --prediction additive"): skip("about 17 minutes"),  # noqa: E501

@@ -193,11 +193,19 @@ def test_world_1_equals_single_process_exactly() -> None:
 
 
 @pytest.mark.parametrize(
-    "make",
-    [data_parallel, model_parallel, owt, placed],
-    ids=["data_parallel", "model_parallel", "owt", "placed"],
+    "world,make",
+    # every baseline at world 2 and data parallelism at world 4 by default, the rest slow
+    [
+        pytest.param(
+            w,
+            m,
+            id=f"{w}-{m.__name__}",
+            marks=pytest.mark.slow if w == 4 and m is not data_parallel else (),
+        )
+        for w in (2, 4)
+        for m in (data_parallel, model_parallel, owt, placed)
+    ],
 )
-@pytest.mark.parametrize("world", [2, 4])
 def test_lenet_baselines(make: Callable[..., Strategy], world: int) -> None:
     check(make(LENET.graph(), devices(world)), LENET)
 
@@ -208,7 +216,15 @@ def test_lenet_spatial_splits_with_halos(rule: Callable[[Op], Any]) -> None:
     check(split_where(LENET.graph(), devices(world), rule), LENET)
 
 
-@pytest.mark.parametrize("world,seed", [(2, 0), (2, 1), (2, 2), (4, 0), (4, 1), (4, 2)])
+@pytest.mark.parametrize(
+    "world,seed",
+    # one draw per world by default, three per world under slow
+    [
+        (w, s) if s == 0 else pytest.param(w, s, marks=pytest.mark.slow)
+        for w in (2, 4)
+        for s in range(3)
+    ],
+)
 def test_lenet_random_strategies(world: int, seed: int) -> None:
     check(random_strategy(LENET.graph(), devices(world), seed), LENET)
 

@@ -193,7 +193,7 @@ class Backend(ABC, Generic[SettingsT]):
             search = clock
             if options.objective == "makespan" and math.isfinite(clock.at):
                 search = clock.reserve(RESCORE_SHARE * clock.left())
-            inner = options.within(search.from_now())
+            inner = options.with_deadline(search.from_now())
             raw = self._solve(problem, inner, settings)
             interrupted = stop_requested()
             elapsed = time.perf_counter() - start

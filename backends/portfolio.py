@@ -181,6 +181,7 @@ class PortfolioBackend(Backend[PortfolioSettings]):
             return replace(result, backend=self.name, strategy=None, stats=stats)
         t0 = time.perf_counter()
         deadline = options.clock().at
+        first = options.clock().part(START_FRACTION).at  # the heuristic's cap, from t0
         board = _Board(problem, t0)
         members = self._members(settings, problem)
         trivial = -math.inf  # no bound of our own unless the heuristic's tables give one
@@ -189,9 +190,7 @@ class PortfolioBackend(Backend[PortfolioSettings]):
             if sel.infeasible:
                 stats = {"reason": sel.infeasible}
                 return SolveResult(self.name, Status.INFEASIBLE, bound=math.inf, stats=stats)
-            start = feasible_positions(
-                sel, deadline, options.seed, options.clock().part(START_FRACTION).at
-            )
+            start = feasible_positions(sel, deadline, options.seed, first)
             if start is not None:
                 board.offer(sel.choices(start), "heuristic")
             trivial = sel.trivial_bound()
@@ -386,7 +385,7 @@ class _Run:
         while True:
             opts = replace(
                 # the members' deadline, or 50 ms from now if that is later (not past ours)
-                self.options.within(
+                self.options.with_deadline(
                     self.clock.within(max(0.05, self.members_until - time.perf_counter()))
                 ),
                 threads=1,

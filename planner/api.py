@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,6 +41,7 @@ from planner.request import (
     ZERO_STAGES,
     PlanRequest,
     check_backend,
+    overrun_words,
 )
 from planner.result import Limit, SolveOptions, SolveResult, Status
 from planner.sources import problem_of
@@ -314,7 +314,7 @@ def _plan_once(request: PlanRequest) -> PlanResult:
         problem, phases = _problem(request)
         if stop_requested():
             return _interrupted(request, problem, phases, start)
-        if request.deadline.expired():
+        if request.call.expired():  # (an attempt's share alone: its search gets no time)
             return _overrun_answer(request, problem, phases, start)
         beyond = usage_limit_error(problem)
         if beyond is not None:  # no answer can meet the limit: not searched (plan raises)
@@ -651,7 +651,7 @@ def _problem(request: PlanRequest) -> tuple[Problem, dict[str, float]]:
             "raise the time limit, or make the problem smaller (max_configs, space='mesh', "
             "fewer devices)",
         ) from None
-    if request.spec is not None:
+    if request.capture_seconds > 0:  # captured (or read) once, before this build
         phases = {**phases, "capture_seconds": request.capture_seconds}
     return problem, phases
 
@@ -675,23 +675,16 @@ def _overrun_answer(
     proven in `QUICK_EXACT_SECONDS`, else the best expert baseline that fits), FEASIBLE with
     limit TIME unless proven, and `stats["overrun"]`: the overrun, and what time limit would
     have left the search time. No answer (NO_SOLUTION, limit TIME) when there is none."""
-    deadline, search = request.deadline, request.search
+    search = request.search
     used = _total(request, start)
     what = "capturing the model and building its cost tables" if request.spec else "building"
     if not problem.is_dnn:
         what = "reading the problem"
-    spent = f"{used:.3g} s {what}"
-    before = time.perf_counter() - deadline.began - used  # NaN for a deadline not `after`
-    if before >= 0.01:
-        spent = (
-            f"{before:.3g} s before planning began (start-up, loading torch and the solver, "
-            f"reading the input) and {spent}"
-        )
-    head = f"the time limit of {deadline.limit:g} s ran out before the search began: {spent}"
-    whole = used + (before if before >= 0.01 else 0.0)
-    advice = f"a time limit of {math.ceil(2 * whole):d} s or more would have left the search time"
-    result = _quick_answer(problem, search.objective)
+    head, advice = overrun_words(
+        request.call, used, what, attempt=request.deadline is not request.call
+    )
     t0 = time.perf_counter()
+    result = _quick_answer(problem, search.objective)
     if result is None:
         message = f"{head}: no answer without a search. Raise the time limit ({advice})"
         result = SolveResult(search.backend, Status.NO_SOLUTION, limit=Limit.TIME)

@@ -62,12 +62,12 @@ def solve_auto(problem: Problem, options: SolveOptions) -> tuple[SolveResult, Pr
     first = clock.reserve(SECOND_SEARCH_SHARE * clock.left()) if _can_exceed(limited) else clock
     free = problem.with_usage_limit(None)
     why = "the additive objective: exact, and its answer fits the memory"
-    result = _solve("elimination", free, options.within(first), why)
+    result = _solve("elimination", free, options.with_deadline(first), why)
     if result.choices is not None and fits_devices(limited, result.choices):
         return result, problem
     tight = _tight(limited, result)
     log.warning("%s: searching again under the memory limit with %s", tight, MEMORY_BACKEND)
-    second = _solve(MEMORY_BACKEND, limited, options.within(clock), tight)
+    second = _solve(MEMORY_BACKEND, limited, options.with_deadline(clock), tight)
     proven = result.status is Status.OPTIMAL and result.limit is None
     bound = second.bound
     if proven and result.objective is not None:  # a limit only removes answers

@@ -8,8 +8,8 @@ and data degrees, micro-batches, schedule, recomputation and ZeRO. `planner.plan
 for a stack of alike numbered blocks on more than one host (`auto_search`; the per-op search
 when it finds no layout), and when a model does not fit the devices without it
 (docs/pipeline.md). The answer holds a `PipelinedStrategy` (one micro-batch's strategy
-and its `Pipeline`) with its simulated step: `save` writes a plan file with a `pipeline` section that `planner evaluate`, `runtime.run` and
-`planner.export.pipelining` read.
+and its `Pipeline`) with its simulated step: `save` writes a plan file with a `pipeline`
+section that `planner evaluate`, `runtime.run` and `planner.export.pipelining` read.
 """
 
 from __future__ import annotations
@@ -20,10 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from planner.costs.costmodel import CostOptions
-from planner.deadline import (
-    Deadline,
-    catch_interrupt,
-)
+from planner.deadline import Deadline, catch_interrupt, stop_requested
 from planner.errors import LayerwiseError
 from planner.graph.opgraph import OpGraph
 from planner.hardware.devices import DeviceGraph
@@ -31,7 +28,7 @@ from planner.pipeline.problem import PipelineProblem
 from planner.pipeline.spec import PipelineError
 from planner.plans import PipelinePlan
 from planner.registry import get_pipeline_solver
-from planner.request import DEFAULT_TIME_LIMIT, PlanRequest
+from planner.request import DEFAULT_TIME_LIMIT, PlanRequest, overrun_words
 from planner.result import SolveOptions
 
 __all__ = [
@@ -91,7 +88,10 @@ def plan_pipeline(
         deadline=deadline,
         pipeline=True,
     )
-    return plan_pipeline_request(request, schedules, stages)
+    out = plan_pipeline_request(request, schedules, stages)
+    if "overrun" in out.stats:
+        log.warning("%s", out.stats["overrun"])
+    return out
 
 
 def plan_pipeline_request(
@@ -125,6 +125,7 @@ def plan_pipeline_request(
             request.capture_seconds,
             device_graph.name,
         )
+        overrun = _overrun(request)
         t0 = time.perf_counter()
         problem = PipelineProblem(graph, device_graph, options)
         result = solver.solve(problem, SolveOptions(extra=settings, deadline=request.deadline))
@@ -138,6 +139,7 @@ def plan_pipeline_request(
         "total_seconds": time.perf_counter() - start + request.capture_seconds,
         "memory_peak_bytes": result.peak_bytes,
         "memory_fits": True,
+        **({"overrun": overrun} if overrun else {}),
     }
     out = PipelinePlan(result, phases=phases, model=request.spec)
     log.info(
@@ -148,6 +150,20 @@ def plan_pipeline_request(
         phases["total_seconds"],
     )
     return out
+
+
+def _overrun(request: PlanRequest) -> str | None:
+    """The line that says capture used the call's time limit up (None when it did not): the
+    search then runs only what gives a first answer."""
+    if not request.call.expired() or stop_requested():
+        return None
+    head, advice = overrun_words(request.call, request.capture_seconds, "capturing the model")
+    message = (
+        f"{head}: the pipeline search ran only what gives a first answer (one costing and "
+        f"one exact simulation); {advice}"
+    )
+    log.info("%s", message)
+    return message
 
 
 def _no_layout(result: Any) -> str:

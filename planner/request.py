@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ __all__ = [
     "PlanRequest",
     "check_backend",
     "checked_settings",
+    "overrun_words",
 ]
 
 # Seconds for a whole call. Exact backends return as soon as they have proven their answer
@@ -149,16 +151,18 @@ class PlanRequest:
     """What to plan (see the module docstring): the model (a zoo name, an nn.Module, a
     factory, an OpGraph, a Problem or a file) and how to capture it, the devices, the
     memory options, the per-op search, `pipeline` (True, False or "auto": `planner.plan`),
-    the `seed`, the `deadline` of the whole call and `hard`, past which capture and build
-    stop. Once captured (`captured`), `model` is the OpGraph, `devices` the DeviceGraph,
+    the `seed`, the `deadline` of this phase (the whole call's, or an "auto" attempt's
+    share of it: `within`), `call`, the whole call's, and `hard`, past which capture and
+    build stop. Once captured (`captured`), `model` is the OpGraph, `devices` the DeviceGraph,
     and `spec` and `capture_seconds` say what was captured and in how long."""
 
     model: Any
     devices: Any
     deadline: Deadline
+    call: Deadline
     hard: Deadline
-    memory: MemoryOptions = MemoryOptions()
-    search: PerOpSearch = PerOpSearch()
+    memory: MemoryOptions = field(default_factory=MemoryOptions)
+    search: PerOpSearch = field(default_factory=PerOpSearch)
     pipeline: bool | str = AUTO
     seed: int = 0
     example_inputs: Any = None
@@ -190,6 +194,7 @@ class PlanRequest:
         sync, max_configs, backend_options, recommend, check_memory), and the rest go to
         `build_problem`. `deadline`: a clock the caller started earlier; the earlier of it
         and `time_limit` from now is the request's."""
+        started = time.perf_counter()  # the limit counts from the call, its checks included
         if pipeline is None:
             pipeline = AUTO
         if not (pipeline is True or pipeline is False or pipeline == AUTO):
@@ -202,7 +207,7 @@ class PlanRequest:
                     max_configs=per_op.get("max_configs"),
                     memory_limit=per_op.get("memory_limit"),
                     backend_options=backend_options)  # fmt: skip
-        settings: Mapping[str, Any] = backend_options or {}
+        settings: Mapping[str, Any] = dict(backend_options or {})
         if pipeline is not True:  # the per-op search's backend and settings, before capture
             settings = checked_settings(backend, objective, backend_options)[1]
         memory.check(per_op.get("sync"))
@@ -210,12 +215,12 @@ class PlanRequest:
 
         if isinstance(model, OpGraph):  # a model is checked once captured
             check_graph_options(model, memory.recompute, memory.master_weights)
-        clock = Deadline.after(time_limit)
+        clock = Deadline(started + time_limit, time_limit, started)
         if deadline is not None:
             clock = deadline.within(clock.left())
         search = PerOpSearch(backend, objective, settings, build_options=options, **per_op)
-        return cls(model, devices, clock, overrun_deadline(clock), memory, search, pipeline,
-                   seed, **source)  # fmt: skip
+        return cls(model, devices, clock, clock, overrun_deadline(clock), memory, search,
+                   pipeline, seed, **source)  # fmt: skip
 
     def captured(
         self, graph: Any, devices: Any, spec: ModelSpec | None, seconds: float
@@ -238,8 +243,6 @@ class PlanRequest:
         model needs none (a Problem, a cost-table file); an OpGraph is taken as it is and
         its devices made a DeviceGraph. Capture may run
         past the deadline up to `hard`; a Ctrl-C stops it ("interrupted ...")."""
-        import time
-
         from planner.deadline import OutOfTime, catch_interrupt, stop_requested, stopped
         from planner.graph.opgraph import OpGraph
         from planner.problems.problem import Problem
@@ -286,12 +289,32 @@ class PlanRequest:
 
 
 def overrun_deadline(deadline: Deadline) -> Deadline:
-    """Where capture and build stop: `OVERRUN` times the deadline's span past it, and at
-    least `OVERRUN_SECONDS`."""
+    """Where capture and build stop: `OVERRUN` times what is left of the deadline past it
+    (its span, when the request is made), and at least `OVERRUN_SECONDS`."""
     if not math.isfinite(deadline.at):
         return deadline
     grace = max(OVERRUN * deadline.left(), OVERRUN_SECONDS)
     return Deadline(deadline.at + grace, deadline.limit, deadline.began)
+
+
+def overrun_words(call: Deadline, used: float, what: str, attempt: bool = False) -> tuple[str, str]:
+    """The head of the line that says the time limit of `call` ran out before the search
+    began (`used` seconds on `what`, and what went before), and the advice: a time limit
+    that would have left the search time."""
+    spent = f"{used:.3g} s {what}"
+    before = time.perf_counter() - call.began - used  # NaN for a deadline not made from a limit
+    if before >= 0.01:
+        earlier = ", earlier attempts" if attempt else ""
+        spent = (
+            f"{before:.3g} s before planning began (start-up, loading torch and the solver, "
+            f"reading the input{earlier}) and {spent}"
+        )
+    whole = used + (before if before >= 0.01 else 0.0)
+    head = f"the time limit of {call.limit:g} s ran out before the search began: {spent}"
+    return (
+        head,
+        f"a time limit of {math.ceil(2 * whole):d} s or more would have left the search time",
+    )
 
 
 def checked_settings(

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from planner.problems.strategy import Strategy
 
 __all__ = [
-    "DEFAULT_TIME_LIMIT",
+    "DEFAULT_SOLVE_SECONDS",
     "OBJECTIVES",
     "BackendError",
     "Channel",
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 OBJECTIVES = ("additive", "makespan")
-DEFAULT_TIME_LIMIT = 10.0  # seconds, for SolveOptions given neither a time_limit nor a deadline
+DEFAULT_SOLVE_SECONDS = 10.0  # seconds, for SolveOptions given neither a time_limit nor a deadline
 
 
 class Status(enum.Enum):
@@ -101,7 +101,7 @@ class SolveOptions:
     """What to solve and within what: `objective` ("additive": OptCNN's Eq. 1 cost tables;
     "makespan": the simulated iteration time, FlexFlow Sec. 5), the time the whole `solve`
     has: either a wall-clock `time_limit` in seconds or a `deadline` shared with the caller's
-    other phases, never both (neither: `DEFAULT_TIME_LIMIT`), a `seed` (every search is
+    other phases, never both (neither: `DEFAULT_SOLVE_SECONDS`), a `seed` (every search is
     deterministic for one seed, given the same limit), `threads` for the solvers that use
     several, an optional `warm_start` (a choice vector, used as the incumbent where
     supported), the backend-specific `extra` settings (a mapping of setting names to values,
@@ -125,7 +125,7 @@ class SolveOptions:
         if self.time_limit is not None and self.deadline is not None:
             raise BackendError(
                 "SolveOptions takes a time_limit or a deadline, not both "
-                f"(got time_limit={self.time_limit:g}): use options.within(deadline)"
+                f"(got time_limit={self.time_limit:g}): use options.with_deadline(deadline)"
             )
         if self.time_limit is not None and not self.time_limit > 0:
             raise BackendError(f"time_limit must be positive, got {self.time_limit}")
@@ -137,10 +137,11 @@ class SolveOptions:
         now (`Backend.solve` makes it once, so every phase reads the same)."""
         if self.deadline is not None:
             return self.deadline
-        return Deadline.after(DEFAULT_TIME_LIMIT if self.time_limit is None else self.time_limit)
+        return Deadline.after(DEFAULT_SOLVE_SECONDS if self.time_limit is None else self.time_limit)
 
-    def within(self, deadline: Deadline) -> SolveOptions:
-        """These options with `deadline` as their time (and no `time_limit`)."""
+    def with_deadline(self, deadline: Deadline) -> SolveOptions:
+        """These options with `deadline` as their time instead of theirs (and no
+        `time_limit`): a phase's own part of the solve's deadline."""
         return replace(self, time_limit=None, deadline=deadline)
 
 

@@ -275,3 +275,16 @@ def test_auto_searches_under_the_devices_memory_when_the_optimum_does_not_fit() 
     assert r.problem.has_memory_limit and r.objective >= free.objective
     with pytest.raises(planner.LayerwiseError, match="backend 'auto' .the default"):
         planner.plan("lenet5", small, backend="elimination", recommend=False, **LENET)
+
+
+def test_an_attempt_whose_share_ran_out_is_searched_not_answered_as_an_overrun() -> None:
+    """An "auto" option's attempt gets a share of the call's time: its share spent by its
+    build is not the call's limit spent (no answer without a search, no overrun line)."""
+    from planner.request import PlanRequest
+
+    graph = model_graph("lenet5", batch=8)
+    request = PlanRequest.make(graph, "p100-1x4", time_limit=600)
+    spent = request.within(request.deadline.share(0.0))  # a share with nothing left
+    out = planner.api._plan_plain(spent)
+    assert out.has_solution and "overrun" not in out.stats and out.message is None
+    assert not request.call.expired() and spent.call is request.call

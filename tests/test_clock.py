@@ -132,7 +132,7 @@ def test_the_check_finds_what_the_clock_was(line: str) -> None:
         "until = clock.part(LNS_WHOLE_SHARE).at",
         "cap = options.clock().share(0.1)",
         "frac = (time.perf_counter() - t0) / clock.limit",
-        "opts = options.within(clock.within(max(0.05, min(left, SEGMENT_SECONDS))))",
+        "opts = options.with_deadline(clock.within(max(0.05, min(left, SEGMENT_SECONDS))))",
         "time_limit = self.time_limit",
     ],
 )
@@ -152,14 +152,14 @@ def test_the_check_allows_the_one_clock_of_a_solve() -> None:
 def test_solve_options_take_a_time_limit_or_a_deadline_not_both() -> None:
     from planner.deadline import Deadline
     from planner.errors import BackendError
-    from planner.result import DEFAULT_TIME_LIMIT, SolveOptions
+    from planner.result import DEFAULT_SOLVE_SECONDS, SolveOptions
 
     with pytest.raises(BackendError, match="not both"):
         SolveOptions(time_limit=5.0, deadline=Deadline.after(5.0))
-    assert SolveOptions().clock().limit == DEFAULT_TIME_LIMIT
+    assert SolveOptions().clock().limit == DEFAULT_SOLVE_SECONDS
     assert SolveOptions(time_limit=3.0).clock().limit == 3.0
     given = Deadline.after(7.0)
-    narrowed = SolveOptions(time_limit=3.0, seed=4).within(given)
+    narrowed = SolveOptions(time_limit=3.0, seed=4).with_deadline(given)
     assert narrowed.time_limit is None and narrowed.clock() is given and narrowed.seed == 4
 
 

@@ -243,7 +243,9 @@ class LocalBackend(Backend[LocalSettings]):
         flat = flatten(problem)
         stats: dict[str, Any] = {"flatten_seconds": time.perf_counter() - t0}
         try:
-            stats["compile_seconds"] = compile_kernels() if _COMPILED else run_within(compile_kernels, clock)
+            stats["compile_seconds"] = (
+                compile_kernels() if _COMPILED else run_within(compile_kernels, clock)
+            )
         except OutOfTime:
             stats["reason"] = "out of time while compiling the kernels (numba)"
             return SolveResult(self.name, Status.NO_SOLUTION, limit=Limit.TIME, stats=stats)

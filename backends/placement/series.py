@@ -517,7 +517,7 @@ def solve_placement_problem(
 
         def segment(sub: PlacementProblem, left: float) -> tuple[float, Schedule | None]:
             cap = clock.within(max(0.05, min(left, SEGMENT_SECONDS))).from_now()
-            opts = options.within(cap)
+            opts = options.with_deadline(cap)
             start = greedy_placement(sub, order, cap.at)
             out = solve_model(sub, opts, inner, start)
             bound = out.bound if out.bound is not None else placement_lower_bound(sub)

@@ -10,7 +10,10 @@ result.save("plan.json")                       # the strategy file runtime.run e
 The time limit bounds the whole call from its start: capturing the model and building the
 cost tables count against it and the backend gets what is left (phase seconds in
 `result.stats`: capture, build, encode where the backend reports it, search, re-score,
-total). The library never imports a backend at module level (backends import planner);
+total). Its arguments become one `planner.request.PlanRequest`, checked once; only that
+request travels after. When capture and build use the limit up they are finished (up to
+the request's `hard` deadline) and the answer comes without a search (`_overrun_answer`),
+said in one warning line. The library never imports a backend at module level (backends import planner);
 `plan` imports the one it uses.
 """
 
@@ -107,7 +110,9 @@ def plan(
     when memory is tight; mcmc for the makespan objective; `stats["auto"]` says which and
     why: planner/auto.py) or a registered backend's name. objective: "additive" (OptCNN
     Eq. 1) or "makespan" (FlexFlow's simulated iteration time). time_limit: seconds for the
-    whole call, capture and build included. memory_limit: None, "device" or bytes per
+    whole call, capture and build included (when they use it up, they are finished and the
+    answer is found without a search: elimination's optimum when it is proven in 0.5 s, else
+    the best expert baseline that fits; `stats["overrun"]` and one warning say so). memory_limit: None, "device" or bytes per
     device. cost: "analytic" or "measured" (profiled: `python -m planner profile`); sync:
     "ring" or "ps". Training memory (docs/cost_model.md, "Memory"): optimizer "none" (the
     default: weights and gradients only), "sgd" (a momentum buffer) or "adam" (two fp32

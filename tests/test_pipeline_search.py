@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import planner
-from backends.pipeline.search import Layout, _simulate, search_pipeline
+from backends.pipeline.search import Layout, PipelineSearch, _simulate
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.costs.memory import usable_memory
 from planner.deadline import Deadline
@@ -21,11 +21,26 @@ from planner.graph.opgraph import OpGraph
 from planner.graph.zoo import model_graph
 from planner.hardware.presets import get_preset
 from planner.pipeline.layouts import pipelined
+from planner.pipeline.problem import PipelineProblem
 from planner.pipeline.spec import PipelineError, load_planned, micro_batch_graph
 from planner.pipeline.stages import simulate_pipelined
 from planner.problems.baselines import megatron
+from planner.result import SolveOptions
 
 OPTIONS = CostOptions(optimizer="adam", master_weights=True)
+
+
+def search_pipeline(
+    graph: OpGraph, devices: Any, options: Any, deadline: Deadline | None = None, **choices: Any
+) -> Any:
+    """The pipeline search's answer (ZeRO 0 unless asked, no deadline unless given), a
+    PipelineError when it has none."""
+    problem = PipelineProblem(graph, devices, options)
+    opts = SolveOptions(extra={"zero": (0,), **choices}, deadline=deadline or Deadline.never())
+    result = PipelineSearch().solve(problem, opts)
+    if not result.has_solution:
+        raise PipelineError(result.message)
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +53,12 @@ def test_the_answer_fits_and_is_its_own_simulation(gpt: OpGraph) -> None:
     answer = search_pipeline(gpt, devices, OPTIONS, exact=3)
     planned = answer.planned
     assert planned.strategy.graph.ops[0].output.size("sample") * answer.layout.micro_batches == 32
-    cm = CostModel(planned.strategy.graph, devices, answer.options)
+    cm = CostModel(planned.strategy.graph, devices, answer.cost_options)
     again = simulate_pipelined(cm, planned)  # every device: the answer was simulated so too
     assert answer.stats["answer_simulated_on"] == "every device"
-    assert again.makespan == pytest.approx(answer.step_seconds, rel=1e-12)
+    assert again.makespan == pytest.approx(answer.objective, rel=1e-12)
     assert answer.peak_bytes <= float(usable_memory(devices).min())
-    assert 0 < answer.bound <= answer.step_seconds
+    assert 0 < answer.bound <= answer.objective
 
 
 @pytest.mark.parametrize("stages,tensor", [(1, 8), (2, 8), (2, 4), (4, 2)])
@@ -59,7 +74,7 @@ def test_never_slower_than_a_hand_layout_of_its_space(
     mg = micro_batch_graph(gpt, m)
     hand = pipelined(mg, devices, stages, m, lambda g, d: megatron(g, d, tensor), "1f1b")
     step = simulate_pipelined(CostModel(mg, devices, OPTIONS), hand).makespan
-    assert answer.step_seconds <= step * 1.0001
+    assert answer.objective <= step * 1.0001
 
 
 def test_two_replicas_stand_for_many_within_ten_percent(gpt: OpGraph) -> None:
@@ -202,8 +217,8 @@ def test_stages_laid_out_by_the_per_op_search(gpt: OpGraph) -> None:
     answer = search_pipeline(gpt, devices, OPTIONS, inner=("search",), exact=2)
     assert answer.layout.inner == "search"
     assert answer.peak_bytes <= float(usable_memory(devices).min())
-    cm = CostModel(answer.planned.strategy.graph, devices, answer.options)
-    assert simulate_pipelined(cm, answer.planned).makespan == pytest.approx(answer.step_seconds)
+    cm = CostModel(answer.planned.strategy.graph, devices, answer.cost_options)
+    assert simulate_pipelined(cm, answer.planned).makespan == pytest.approx(answer.objective)
 
 
 def test_bad_plan_arguments_are_refused_before_either_search() -> None:

@@ -17,14 +17,16 @@ import planner.api
 import planner.problems.sizes
 import planner.sources
 from planner.costs.costmodel import CostOptions
-from planner.deadline import OutOfTime, clear_stop, request_stop
+from planner.deadline import Deadline, OutOfTime, clear_stop, request_stop
 from planner.errors import LayerwiseError
 from planner.graph.opgraph import OpGraph
 from planner.graph.zoo import model_graph
 from planner.hardware.devices import DeviceGraph
 from planner.hardware.presets import get_preset
+from planner.pipeline.problem import PipelineProblem
 from planner.problems.problem import Problem
 from planner.problems.sizes import MemoryRefusal, SizeError, least_memory
+from planner.result import SolveOptions
 
 TINY_GPT = {"seq": 16, "n_layer": 3, "n_head": 2, "n_embd": 32, "vocab_size": 128, "block_size": 16}
 
@@ -252,9 +254,10 @@ def test_a_ctrl_c_abandons_the_pipeline_searchs_step_in_progress(
 
     monkeypatch.setattr(search, step, slow_second)
     try:
-        answer = search.search_pipeline(
-            small_gpt, get_preset("dgx-a100-80g-2"), CostOptions(), exact=6, inner=("rule",)
-        )
+        problem = PipelineProblem(small_gpt, get_preset("dgx-a100-80g-2"), CostOptions())
+        extra = {"zero": (0,), "exact": 6, "inner": ("rule",)}
+        opts = SolveOptions(extra=extra, deadline=Deadline.never())
+        answer = search.PipelineSearch().solve(problem, opts)
     finally:
         release.set()
     assert len(calls) == 2 and answer.stats["stopped_by_time_limit"]

@@ -1,8 +1,7 @@
 """Pipeline parallelism searched: stages, tensor and data degrees, micro-batches, schedules.
 
 - `search`: the pipeline search (`PipelineSearch`, registered as "pipeline" in
-  `planner.registry.PIPELINE_REGISTRY`; `search_pipeline`, the same with its choices as
-  arguments);
+  `planner.registry.PIPELINE_REGISTRY`);
 - `settings`: its typed settings (`PipelineSettings`);
 - `units`: per-block costs composed into a layout's chunks, the compute bound;
 - `inner`: a stage's layout from the per-op search;

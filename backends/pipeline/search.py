@@ -35,7 +35,6 @@ simulation) and `_on_every_device` (the best few again on every device).
 `PipelineSearch` is the search under the result contract (`planner.result.PipelineResult`,
 reached through `planner.registry.get_pipeline_solver`): a `PipelineProblem`, its settings
 in `SolveOptions.extra` (`PipelineSettings`), its time from `options.clock()`.
-`search_pipeline` is the same search called with its choices as arguments.
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ from functools import partial
 from typing import Any, ClassVar, TypeVar
 
 from backends.pipeline.inner import SearchedLayout, searched_layout
-from backends.pipeline.settings import INNER, PipelineSettings
+from backends.pipeline.settings import PipelineSettings
 from backends.pipeline.units import (
     Units,
     compute_bound,
@@ -72,7 +71,6 @@ from planner.pipeline.schedule import in_flight, schedule
 from planner.pipeline.spec import (
     Pipeline,
     PipelinedStrategy,
-    PipelineError,
     batch_graph,
     micro_batch_graph,
 )
@@ -82,7 +80,7 @@ from planner.problems.baselines import megatron
 from planner.problems.strategy import Strategy
 from planner.result import Limit, PipelineResult, SolveOptions, Status
 
-__all__ = ["Layout", "PipelineAnswer", "PipelineSearch", "PipelineSettings", "search_pipeline"]
+__all__ = ["Layout", "PipelineSearch", "PipelineSettings"]
 
 log = logging.getLogger("backends.pipeline")
 T = TypeVar("T")
@@ -134,77 +132,6 @@ class PipelineSearch:
             if stop_requested() and not proven:
                 result = dataclasses.replace(result, limit=Limit.INTERRUPTED)
             return result
-
-
-@dataclass(frozen=True)
-class PipelineAnswer:
-    """The search's best layout, as a pipelined strategy with its exact simulation (what
-    `search_pipeline` returns)."""
-
-    planned: PipelinedStrategy
-    layout: Layout
-    options: CostOptions  # the cost options with the layout's recomputation and ZeRO
-    timeline: PipelineTimeline
-    estimate: float
-    bound: float
-    stats: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def step_seconds(self) -> float:
-        return self.timeline.makespan
-
-    @property
-    def peak_bytes(self) -> float:
-        return max(self.timeline.peak_bytes)
-
-
-def search_pipeline(
-    graph: OpGraph,
-    devices: DeviceGraph,
-    options: CostOptions,
-    *,
-    deadline: Deadline | None = None,
-    recompute: Sequence[str] = ("none", "full"),
-    zero: Sequence[int] = (0,),
-    schedules: Sequence[str] = ("1f1b", "interleaved", "gpipe"),
-    stages: Sequence[int] | None = None,
-    exact: int = 6,
-    inner: Sequence[str] = INNER,
-    progress: Callable[[str], None] | None = None,
-) -> PipelineAnswer:
-    """The fastest layout found for the full-batch `graph` (a model of numbered blocks) on
-    `devices` within their usable memory (`options.headroom`). PipelineError when the model
-    has no blocks or nothing in the space fits (one line, with the least memory seen).
-    The search of `PipelineSearch.solve`, with its choices given as arguments (and defaults
-    of its own: ZeRO 0 only, no deadline)."""
-    settings = PipelineSettings(
-        recompute=tuple(recompute),  # type: ignore[arg-type]
-        zero=tuple(zero),
-        schedules=tuple(schedules),  # type: ignore[arg-type]
-        stages=tuple(stages) if stages is not None else None,
-        exact=exact,
-        inner=tuple(inner),  # type: ignore[arg-type]
-    )
-    problem = PipelineProblem(graph, devices, options)
-    result = _search(problem, settings, deadline or Deadline.never(), progress or log.info)
-    if (
-        result.planned is None
-        or result.layout is None
-        or result.cost_options is None
-        or result.timeline is None
-        or result.estimate is None
-        or result.bound is None
-    ):
-        raise PipelineError(result.message or f"no pipeline layout of {graph.name!r} found")
-    return PipelineAnswer(
-        result.planned,
-        result.layout,
-        result.cost_options,
-        result.timeline,
-        result.estimate,
-        result.bound,
-        dict(result.stats),
-    )
 
 
 @dataclass(frozen=True)

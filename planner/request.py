@@ -256,13 +256,7 @@ class PlanRequest:
         with catch_interrupt():
             try:
                 graph, spec, devices, seconds = graph_of(
-                    self.model,
-                    self.devices,
-                    example_inputs=self.example_inputs,
-                    model_kwargs=self.model_kwargs,
-                    name=self.name,
-                    coarsen=self.coarsen,
-                    deadline=self.hard,
+                    self.model, self.devices, deadline=self.hard, **self.source()
                 )
                 if stop_requested():  # a Ctrl-C while the devices were built
                     raise OutOfTime
@@ -273,6 +267,10 @@ class PlanRequest:
         if not isinstance(self.model, OpGraph):  # an OpGraph was checked when made
             check_graph_options(graph, self.memory.recompute, self.memory.master_weights)
         return self.captured(graph, devices, spec, seconds)
+
+    def source(self) -> dict[str, Any]:
+        """How the model is captured: `planner.sources`' keyword arguments."""
+        return {k: getattr(self, k) for k in SOURCE_OPTIONS}
 
     def with_memory(self, **over: Any) -> PlanRequest:
         """This request with some memory options replaced (an "auto" option's attempt)."""

@@ -748,16 +748,16 @@ def test_backend_options_reach_the_backend(monkeypatch: pytest.MonkeyPatch) -> N
     import planner.api
 
     seen: dict[str, Any] = {}
-    real = planner.api.plan
+    real = planner.api.plan_request
 
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        seen.update(kwargs["backend_options"])
-        return real(*args, **kwargs)
+    def spy(request: Any) -> Any:
+        seen.update(request.search.settings)
+        return real(request)
 
-    monkeypatch.setattr(planner.api, "plan", spy)
+    monkeypatch.setattr(planner.api, "plan_request", spy)
     argv = ["plan", "lenet5", "--batch", "8", "--devices", "p100-1x2", "--backend", "search"]
     assert main([*argv, "--option", "mode=astar", "--json", "--no-recommend"]) == 0
-    assert seen == {"mode": "astar"}
+    assert seen["mode"] == "astar"  # the backend's checked settings, with its defaults
 
 
 def test_a_plan_with_recomputation_is_rescored_with_it(

@@ -100,7 +100,7 @@ def test_optcnn_fig7_shows_the_papers_scaling_only_for_1_to_16_gpus() -> None:
 
 
 def test_flexflow_throughput_on_four_gpus(tmp_path: Path) -> None:
-    argv = ["--models", "lenet5", "rnnlm", "--gpus", "4", "--time-limit", "1"]
+    argv = ["--models", "lenet5", "rnnlm", "--gpus", "4", "--time-limit", "0.5"]
     assert flexflow_throughput.main([*argv, "--out", str(tmp_path)]) == 0
     folder, data = results(tmp_path)
     assert (folder / "flexflow_throughput.png").exists()

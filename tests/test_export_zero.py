@@ -7,6 +7,7 @@ steps and from the forward to the backward, the optimizer state per rank."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -50,6 +51,7 @@ def gpt2() -> torch.nn.Module:
     return module
 
 
+@functools.cache  # one plan per model and world (callers read, never change, the dict)
 def strategies(world: int) -> dict[str, tuple[dict[str, Any], tuple[int, ...], str]]:
     """Data parallelism and Megatron's pairing: on a 1-D mesh at world 2, (2, 2) at world 4."""
     result = planner.plan(gpt2(), "cpu-local-2", example_inputs=(TOKENS,), backend="baselines")
@@ -104,6 +106,7 @@ def cnn() -> torch.nn.Module:
     return SmallCNN()
 
 
+@functools.cache  # one plan (callers read, never change, the dict)
 def cnn_strategies() -> dict[str, tuple[dict[str, Any], tuple[int, ...], str]]:
     """Data parallel (batch norm: DTensor computes it on the whole batch, so its gradients are
     whole on every rank), and a height split that falls back to replication."""
@@ -288,8 +291,15 @@ def _check(report: dict[str, Any]) -> None:
                 assert sum(r["states per rank"]) == r["params"], (case, r)
 
 
-def test_zero_stages_train_like_single_process_and_shard_on_gloo(tmp_path: Path) -> None:
-    _check(_launch(2, tmp_path, strategies(2), [1, 2, 3]))
+# The default run: stage 1 (the optimizer's sharding) and 3 (FSDP2); stage 2 differs from 3
+# only by keeping the weights gathered after the forward, and runs by default on the CNN below.
+@pytest.mark.parametrize(
+    "stages", [[1, 3], pytest.param([2], marks=pytest.mark.slow)], ids=["1-3", "2"]
+)
+def test_zero_stages_train_like_single_process_and_shard_on_gloo(
+    stages: list[int], tmp_path: Path
+) -> None:
+    _check(_launch(2, tmp_path, strategies(2), stages))
 
 
 @pytest.mark.slow  # world 4, 10-25 s; stage 3 at world 2 stays in the default run
@@ -310,10 +320,15 @@ def test_zero_composes_with_recomputation(tmp_path: Path) -> None:
         assert r["checkpointed"] == 2 and r["attention forwards"] == 2 * STEPS, (case, r)
 
 
-def test_batch_norm_and_a_replicated_fallback_are_sharded_right(tmp_path: Path) -> None:
+@pytest.mark.parametrize(  # stage 1 (the optimizer's sharding) runs by default on the GPT-2
+    "stages", [[2, 3], pytest.param([1], marks=pytest.mark.slow)], ids=["2-3", "1"]
+)
+def test_batch_norm_and_a_replicated_fallback_are_sharded_right(
+    stages: list[int], tmp_path: Path
+) -> None:
     """Gradients that DTensor leaves whole on every rank (batch norm's; a module replicated
     instead of split) are summed once, not once per rank, by stages 2-3."""
-    report = _launch(2, tmp_path, cnn_strategies(), [1, 2, 3])
+    report = _launch(2, tmp_path, cnn_strategies(), stages)
     _check(report)
     for case, r in report.items():
         assert r["fell back"] == (["conv1"] if "replicated" in case else []), (case, r)

@@ -5,6 +5,7 @@ splits, on gloo at world 2, against single-process training in float64."""
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -91,6 +92,7 @@ def megatron(strategy: Strategy, data: int = 1) -> Strategy:
     return Strategy(graph, strategy.devices, tuple(configs))
 
 
+@functools.cache  # one plan per model and world (callers read, never change, the dict)
 def strategies(name: str, world: int = 2) -> dict[str, Any]:
     module = MODELS[name]()
     graph = planner.plan(module, "cpu-local-2", example_inputs=(TOKENS,), backend="baselines")
@@ -183,8 +185,8 @@ def _worker(rank: int, world: int, tmp: str, name: str, cases: dict[str, Any]) -
         Path(tmp, "report.json").write_text(json.dumps(report))
 
 
-def _launch(name: str, world: int, tmp_path: Path) -> dict[str, Any]:
-    cases = strategies(name, world)
+def _launch(name: str, world: int, tmp_path: Path, only: tuple[str, ...] = ()) -> dict[str, Any]:
+    cases = {k: v for k, v in strategies(name, world).items() if not only or k in only}
     codes = run_workers(_worker, world, world, str(tmp_path), name, cases, timeout=150)
     assert codes == [0] * world
     report: dict[str, Any] = json.loads((tmp_path / "report.json").read_text())
@@ -208,9 +210,18 @@ def test_parallelized_transformers_train_like_single_process_on_gloo(
 
 
 @pytest.mark.parametrize(
-    "name", [pytest.param("gpt2-ones", marks=pytest.mark.slow), "llama-sdpa"]
-)  # the default run keeps one (8 s): world 4 on 2 cores is time-sliced
-def test_data_by_tensor_parallelism_on_a_two_by_two_mesh(name: str, tmp_path: Path) -> None:
+    "name, trained",
+    [
+        ("llama-sdpa", ("megatron-2x2",)),
+        pytest.param("llama-sdpa", ("2x2",), marks=pytest.mark.slow),
+        pytest.param("gpt2-ones", (), marks=pytest.mark.slow),
+    ],
+    ids=["llama-sdpa-megatron", "llama-sdpa-2x2", "gpt2-ones"],
+)  # the default run trains one strategy at world 4 (time-sliced on 2 cores): Megatron's
+# pairing by data x tensor parallelism; both strategies' plans are checked in each case
+def test_data_by_tensor_parallelism_on_a_two_by_two_mesh(
+    name: str, trained: tuple[str, ...], tmp_path: Path
+) -> None:
     plan = export_plan(strategy_from_json(strategies(name, 4)["2x2"][0]), MODELS[name](),
                        mesh_shape=(2, 2))  # fmt: skip
     assert not plan.fell_back and plan.mesh == (2, 2)
@@ -221,7 +232,7 @@ def test_data_by_tensor_parallelism_on_a_two_by_two_mesh(name: str, tmp_path: Pa
     )  # fmt: skip
     assert not megatron_plan.fell_back
     assert {s for _, s in megatron_plan.modules} >= {"data", "colwise", "rowwise"}
-    for case, r in _launch(name, 4, tmp_path).items():
+    for case, r in _launch(name, 4, tmp_path, trained).items():
         assert r["deviation"] < _tolerance(name, case) and r["count"] and r["tied"], (case, r)
 
 

@@ -106,7 +106,22 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+# The default run keeps one case per schedule, stage layout and model kind: GPipe (a CNN; a
+# transformer with tensor splits in 2-device stages), 1F1B (more micro-batches than stages;
+# 4 stages at world 4), interleaved (a residual skipping a chunk); the repeats run under slow.
+DEFAULT_CASES = (
+    "lenet5-2x1-gpipe-m2",
+    "lenet5-4x1-1f1b-m4",
+    "gpt2-2x1-1f1b-m4",
+    "gpt2-2x2-tensor-gpipe-m2",
+    "gpt2-interleaved-2x2chunks-m2",
+)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [c if c in DEFAULT_CASES else pytest.param(c, marks=pytest.mark.slow) for c in CASES],
+)
 def test_pipelines_train_like_single_process(case: str) -> None:
     name, bounds, groups, m, schedule, tensor = CASES[case]
     graph = graph_of(name)

@@ -254,7 +254,14 @@ def _brute_force_makespan(p: Problem) -> float:
     )
 
 
-@pytest.mark.parametrize("preset, cap", [("p100-1x2", 3), ("p100-2x2", 2)])
+@pytest.mark.parametrize(
+    "preset, cap",
+    [
+        ("p100-1x2", 2),
+        ("p100-2x2", 2),
+        pytest.param("p100-1x2", 3, marks=pytest.mark.slow),  # 3^7 simulations to brute-force
+    ],
+)
 def test_search_proves_the_makespan_optimum_of_small_graphs(preset: str, cap: int) -> None:
     from backends.testing import tiny_cnn
     from planner.hardware.presets import get_preset

@@ -48,7 +48,9 @@ def solve(problem, **kwargs):  # type: ignore[no-untyped-def]
 # ------------------------------------------------------------------------- brute force
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize(  # 20 by default (every size and memory case), the other 20 slow
+    "seed", [s if s < 20 else pytest.param(s, marks=pytest.mark.slow) for s in range(40)]
+)
 def test_valid_and_usually_optimal_on_small_random_problems(seed: int) -> None:
     """Memory limits and forbidden entries: the answer is always valid, never below the
     brute-force optimum, and equal to it on (nearly) all of these small problems."""

@@ -43,12 +43,26 @@ def search_pipeline(
     return result
 
 
+SMALL_GPT = {"seq": 64, "n_layer": 4, "n_head": 8, "n_embd": 128, "vocab_size": 512}
+FULL_GPT = {"seq": 256, "n_layer": 8, "n_head": 8, "n_embd": 512, "vocab_size": 2048}
+
+
 @pytest.fixture(scope="module")
 def gpt() -> OpGraph:
-    return model_graph("gpt2", batch=32, seq=256, n_layer=8, n_head=8, n_embd=512, vocab_size=2048)
+    return model_graph("gpt2", batch=32, **FULL_GPT)
 
 
-def test_the_answer_fits_and_is_its_own_simulation(gpt: OpGraph) -> None:
+@pytest.fixture(scope="module", params=["small", pytest.param("full", marks=pytest.mark.slow)])
+def sized_gpt(request: pytest.FixtureRequest, gpt: OpGraph) -> OpGraph:
+    """A GPT-2 of 4 small blocks by default (the checks that take it hold there too), the
+    module's `gpt` of 8 wider blocks under slow."""
+    if request.param == "full":
+        return gpt
+    return model_graph("gpt2", batch=32, **SMALL_GPT)
+
+
+def test_the_answer_fits_and_is_its_own_simulation(sized_gpt: OpGraph) -> None:
+    gpt = sized_gpt
     devices = get_preset("dgx-a100-80g-2")
     answer = search_pipeline(gpt, devices, OPTIONS, exact=3)
     planned = answer.planned
@@ -61,14 +75,23 @@ def test_the_answer_fits_and_is_its_own_simulation(gpt: OpGraph) -> None:
     assert 0 < answer.bound <= answer.objective
 
 
+@pytest.fixture(scope="module")
+def without_recompute(gpt: OpGraph) -> Any:
+    """The search's answer for `gpt` on two DGX hosts without recomputation: searched once,
+    compared with each hand layout below."""
+    return search_pipeline(
+        gpt, get_preset("dgx-a100-80g-2"), OPTIONS, recompute=("none",), exact=50
+    )
+
+
 @pytest.mark.parametrize("stages,tensor", [(1, 8), (2, 8), (2, 4), (4, 2)])
 def test_never_slower_than_a_hand_layout_of_its_space(
-    gpt: OpGraph, stages: int, tensor: int
+    gpt: OpGraph, without_recompute: Any, stages: int, tensor: int
 ) -> None:
     """Megatron-LM's layout by hand (equal blocks per stage, 1F1B, a micro-batch of one
     sample per replica) is a point of the space: the search's answer is at least as fast."""
     devices = get_preset("dgx-a100-80g-2")
-    answer = search_pipeline(gpt, devices, OPTIONS, recompute=("none",), exact=50)
+    answer = without_recompute
     data = 16 // (stages * tensor)
     m = 32 // data
     mg = micro_batch_graph(gpt, m)
@@ -109,11 +132,24 @@ def test_a_model_without_blocks_is_refused() -> None:
         search_pipeline(model_graph("lenet5", batch=8), get_preset("dgx-a100-80g-2"), OPTIONS)
 
 
-def test_plan_pipelines_a_transformer_across_hosts_by_default(tmp_path: Path) -> None:
-    kwargs = {"batch": 32, "seq": 256, "n_layer": 8, "n_head": 8, "n_embd": 512}
-    out = planner.plan(
-        "gpt2", "dgx-a100-80g-2", time_limit=60, model_kwargs=kwargs, optimizer="adam"
-    )
+SMALL_KWARGS = {"batch": 16, "seq": 64, "n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 512}
+FULL_KWARGS = {"batch": 32, "seq": 256, "n_layer": 8, "n_head": 8, "n_embd": 512}
+
+
+@pytest.mark.parametrize(
+    "hosts,host,kwargs",
+    [
+        ("p100-2x2", "p100-1x2", SMALL_KWARGS),
+        pytest.param("dgx-a100-80g-2", "dgx-a100-80g-1", FULL_KWARGS, marks=pytest.mark.slow),
+    ],
+    ids=["small", "full"],
+)
+def test_plan_pipelines_a_transformer_across_hosts_by_default(
+    tmp_path: Path, hosts: str, host: str, kwargs: dict[str, int]
+) -> None:
+    """By default a small GPT-2 on two hosts of two P100s (its pipeline search takes about a
+    quarter of the time it takes on two DGX hosts); the wider GPT-2 on DGX hosts under slow."""
+    out = planner.plan("gpt2", hosts, time_limit=60, model_kwargs=kwargs, optimizer="adam")
     assert isinstance(out, planner.PipelinePlan)
     assert out.summary()["layout"]["stages"] == out.layout.stages
     path = tmp_path / "plan.json"
@@ -121,9 +157,7 @@ def test_plan_pipelines_a_transformer_across_hosts_by_default(tmp_path: Path) ->
     again, data = load_planned(path)
     assert again == out.planned and "gpt2" in json.dumps(data["graph"]["model"])
     assert data["objective"] == pytest.approx(out.objective)
-    plain = planner.plan(
-        "gpt2", "dgx-a100-80g-1", time_limit=60, model_kwargs=kwargs, optimizer="adam"
-    )
+    plain = planner.plan("gpt2", host, time_limit=60, model_kwargs=kwargs, optimizer="adam")
     assert isinstance(plain, planner.PlanResult)  # one host, fits: the per-op search
 
 
@@ -138,13 +172,26 @@ def test_pipeline_options_are_checked() -> None:
         planner.plan_pipeline("gpt2", "dgx-a100-80g-2", recompute=3)
 
 
-def test_cli_plans_with_pipelines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "devices,sets",
+    [
+        ("p100-2x2", ("seq=64", "n_embd=128", "n_head=4", "vocab_size=512")),
+        pytest.param("dgx-a100-80g-2", (), marks=pytest.mark.slow),
+    ],
+    ids=["small", "full"],
+)
+def test_cli_plans_with_pipelines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], devices: str, sets: tuple[str, ...]
+) -> None:
+    """By default a small GPT-2 on two hosts of two P100s; GPT-2's default width on two DGX
+    hosts under slow."""
     from planner.cli import main
 
     out = tmp_path / "plan.json"
     code = main([
-        "plan", "gpt2", "--devices", "dgx-a100-80g-2", "--set", "batch=16",
-        "--set", "n_layer=4", "--pipeline", "on", "--time-limit", "60", "-o", str(out),
+        "plan", "gpt2", "--devices", devices, "--set", "batch=16", "--set", "n_layer=4",
+        *(arg for s in sets for arg in ("--set", s)),
+        "--pipeline", "on", "--time-limit", "60", "-o", str(out),
     ])  # fmt: skip
     printed = capsys.readouterr()
     assert code == 0, printed.err
@@ -201,19 +248,20 @@ def test_a_searched_layout_spreads_over_replicas_as_megatron_does(gpt: OpGraph) 
         assert layout.strategy(mg, group, tensor).configs == megatron(mg, group, tensor).configs
 
 
-def test_stages_laid_out_by_the_per_op_search(gpt: OpGraph) -> None:
+def test_stages_laid_out_by_the_per_op_search(sized_gpt: OpGraph) -> None:
     """Elimination on a few blocks of one tensor group (proven optimal for Eq. 1 there) lays
     out every stage; the search costs and simulates those layouts like the rule's."""
     from backends.pipeline.inner import searched_layout
 
+    gpt = sized_gpt
     devices = get_preset("dgx-a100-80g-2")
     found = searched_layout(gpt, devices, 8, OPTIONS, Deadline.after(30))
     assert found is not None  # on this small model Eq. 1 prefers fewer devices than the rule
     mg = micro_batch_graph(gpt, 2)
     strategy = found.strategy(mg, devices.subset(range(16)), 8)
-    middle = [c for op, c in zip(mg.ops, strategy.configs, strict=True) if ".h.3." in op.name]
-    again = [c for op, c in zip(mg.ops, strategy.configs, strict=True) if ".h.4." in op.name]
-    assert middle == again  # every middle block takes the same layout
+    middle = [c for op, c in zip(mg.ops, strategy.configs, strict=True) if ".h.1." in op.name]
+    again = [c for op, c in zip(mg.ops, strategy.configs, strict=True) if ".h.2." in op.name]
+    assert middle and middle == again  # every middle block takes the same layout
     answer = search_pipeline(gpt, devices, OPTIONS, inner=("search",), exact=2)
     assert answer.layout.inner == "search"
     assert answer.peak_bytes <= float(usable_memory(devices).min())

@@ -170,7 +170,7 @@ def test_bad_config(plan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_entry_point_runs_as_a_module(plan_file: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "runtime.run", str(plan_file), "--steps", "2", "--json"],
+        [sys.executable, "-m", "runtime.run", str(plan_file), "--steps", "1", "--json"],
         capture_output=True,
         text=True,
         timeout=100,

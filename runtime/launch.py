@@ -401,13 +401,20 @@ def _start_server(ctx: Any) -> None:
         threading.main_thread()
     ):
         return  # signal handlers can only be changed in the main thread
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver, resource_tracker
 
+    # While the server starts, SIGINT is ignored (what it inherits) and blocked here: a Ctrl-C
+    # in this window stays pending (Linux keeps a blocked signal even when ignored) and reaches
+    # the launcher once its handler is back; ignored alone, it was lost and the run went on to
+    # its end with status 0. The resource tracker starts first: starting, it unblocks SIGINT.
+    resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def stop_server() -> None:

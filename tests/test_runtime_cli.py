@@ -263,3 +263,35 @@ def test_the_zero_stage_comes_from_the_plan_file(
     assert main([str(bad)]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cost.zero must be 0, 1, 2 or 3" in err[0]
+
+
+PRESSED_WHILE_THE_SERVER_STARTS = """
+import os, signal, time
+if __name__ == "__main__":
+    import multiprocessing
+    from multiprocessing import forkserver
+    import runtime.launch as launch
+    real = forkserver.ensure_running
+    def pressed():
+        real()
+        os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C while the server starts
+    forkserver.ensure_running = pressed
+    try:
+        launch._start_server(multiprocessing.get_context("forkserver"))
+        time.sleep(0.5)
+        print("lost")
+    except KeyboardInterrupt:
+        print("interrupted")
+"""
+
+
+def test_a_ctrl_c_while_the_forkserver_starts_reaches_the_launcher(tmp_path: Path) -> None:
+    """The launcher ignores SIGINT while it starts the forkserver (so the server inherits the
+    ignore); a Ctrl-C in that window was lost and the run went on to its end (status 0)."""
+    script = tmp_path / "pressed.py"
+    script.write_text(PRESSED_WHILE_THE_SERVER_STARTS)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert out.stdout.strip() == "interrupted", out.stderr[-500:]

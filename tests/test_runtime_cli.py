@@ -216,6 +216,7 @@ def test_ctrl_c_while_workers_start_is_one_line_and_leaves_no_process(plan_file:
         text=True,
         cwd=ROOT,
         start_new_session=True,  # its own process group, as a terminal's foreground job
+        preexec_fn=as_from_a_terminal,
     )
 
     def importing_torch() -> bool:
@@ -265,6 +266,14 @@ def test_the_zero_stage_comes_from_the_plan_file(
     assert len(err) == 1 and "cost.zero must be 0, 1, 2 or 3" in err[0]
 
 
+def as_from_a_terminal() -> None:
+    """In the child before it runs: SIGINT at its default, as a command started at a terminal
+    has it. A test run started in the background by a shell without job control inherits
+    SIGINT ignored, and a child that starts with it ignored never sees a Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 PRESSED_WHILE_THE_SERVER_STARTS = """
 import os, signal, time
 if __name__ == "__main__":
@@ -292,6 +301,11 @@ def test_a_ctrl_c_while_the_forkserver_starts_reaches_the_launcher(tmp_path: Pat
     script.write_text(PRESSED_WHILE_THE_SERVER_STARTS)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        preexec_fn=as_from_a_terminal,
     )
     assert out.stdout.strip() == "interrupted", out.stderr[-500:]

@@ -204,12 +204,22 @@ def run_cell(
         row["detail"] = (errors or err.strip().splitlines()[-1:] or [""])[0].removeprefix(
             "error: "
         )[:300]
-    refused = row["outcome"] == "refused"
+    row["passed"] = _passed(row, summary, limit, killed)
+    return row
+
+
+def _passed(
+    row: dict[str, Any], summary: dict[str, Any] | None, limit: float, killed: bool
+) -> bool | None:
+    """The cell's verdict: None when refused; else it ended within the limit and its
+    tolerance, or (answered without a search) its answer took at most the tolerance after
+    capture and build."""
+    if row["outcome"] == "refused":
+        return None
     within = row["net"] <= limit + slack(limit)
     if row["outcome"] == NOT_SEARCHED and summary is not None:  # only capture and build ran on
         within = within or float(summary.get("search_seconds") or 0.0) <= slack(limit)
-    row["passed"] = None if refused else (not killed and within)
-    return row
+    return not killed and within
 
 
 def _last_json(out: str) -> dict[str, Any] | None:

@@ -106,7 +106,7 @@ def plan_pipeline_request(
     start = time.perf_counter()
     memory = request.memory
     solver = get_pipeline_solver()
-    settings = check_choices(request, schedules, stages)
+    settings = check_choices(request, schedules, stages, solver)
     given = {"optimizer": memory.optimizer, "master_weights": memory.master_weights,
              "headroom": memory.headroom}  # fmt: skip
     options = CostOptions(**{k: v for k, v in given.items() if v is not None})  # type: ignore[arg-type]
@@ -175,17 +175,18 @@ def check_choices(
     request: PlanRequest,
     schedules: Sequence[str] | None = None,
     stages: Sequence[int] | None = None,
+    solver: Any = None,
 ) -> Mapping[str, Any]:
     """The pipeline search's settings from the request's memory options (zero, recompute:
-    None is "auto") and `schedules`, `stages` (None: all), validated by the search (one
-    BackendError line for a bad one)."""
+    None is "auto") and `schedules`, `stages` (None: all), validated by the search (`solver`,
+    the registered one by default: one BackendError line for a bad one)."""
     memory = request.memory
     extra: dict[str, Any] = {}
     for key, value in (("zero", memory.zero), ("recompute", memory.recompute),
                        ("schedules", schedules), ("stages", stages)):  # fmt: skip
         if value is not None:
             extra[key] = value
-    return get_pipeline_solver().settings(SolveOptions(extra=extra))
+    return (solver or get_pipeline_solver()).settings(SolveOptions(extra=extra))
 
 
 PIPELINE = "pipeline"

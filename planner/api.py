@@ -82,6 +82,7 @@ def plan(
     model_kwargs: Mapping[str, Any] | None = None,
     name: str | None = None,
     coarsen: bool = True,
+    precision: str | None = None,
     memory_limit: float | str | None = None,
     cost: str = "analytic",
     sync: str | None = None,
@@ -104,7 +105,11 @@ def plan(
     "package.module:callable" with `example_inputs` (recorded in the plan file so that
     `runtime.run` can rebuild the module in other processes), an OpGraph, a Problem, or the
     path of a graph JSON or cost-table (IOPDDL) JSON file. `model_kwargs` size a zoo model
-    (e.g. {"batch": 8}) or are passed to the factory. devices: a preset name, a device JSON
+    (e.g. {"batch": 8}) or are passed to the factory. precision: how the model trains, in
+    Lightning's names: "bf16-mixed" or "16-mixed" (autocast: fp32 weights, matrix products
+    at the 16-bit tensor-core rate, norms and the loss in fp32), "bf16-true", "16-true",
+    "32-true", "64-true" (everything in that dtype); None (the default) prices the dtypes
+    the model holds (`planner.graph.precision`; recorded in the plan file). devices: a preset name, a device JSON
     path or a DeviceGraph (not for cost-table problems). backend: "auto" (the default:
     elimination, exact, when its answer fits the memory; portfolio under the memory limit
     when memory is tight; mcmc for the makespan objective; `stats["auto"]` says which and
@@ -171,6 +176,7 @@ def plan(
         model_kwargs=model_kwargs,
         name=name,
         coarsen=coarsen,
+        precision=precision,
         memory_limit=memory_limit,
         cost=cost,
         sync=sync,

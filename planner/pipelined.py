@@ -54,6 +54,7 @@ def plan_pipeline(
     model_kwargs: Mapping[str, Any] | None = None,
     name: str | None = None,
     coarsen: bool = True,
+    precision: str | None = None,
     optimizer: str | None = None,
     master_weights: bool | None = None,
     zero: int | str | None = None,
@@ -69,8 +70,8 @@ def plan_pipeline(
     zero: a stage, or None/"auto" (stages 0 and 1 are searched); recompute: "none", "full",
     or None/"auto" (both searched); schedules: of "gpipe", "1f1b", "interleaved" (default
     all); stages: pipeline sizes to try (default every divisor of the devices up to the
-    blocks). The search is deterministic: `seed` is recorded only. PipelineError when no
-    layout fits."""
+    blocks); precision: as `planner.plan`'s. The search is deterministic: `seed` is recorded
+    only. PipelineError when no layout fits."""
     request = PlanRequest.make(
         model,
         devices,
@@ -80,6 +81,7 @@ def plan_pipeline(
         model_kwargs=model_kwargs,
         name=name,
         coarsen=coarsen,
+        precision=precision,
         optimizer=optimizer,
         master_weights=master_weights,
         zero=zero,

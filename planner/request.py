@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from planner.costs.recompute import RECOMPUTE_AUTO, check_graph_options, recompute_error
 from planner.deadline import Deadline
 from planner.errors import BackendError, LayerwiseError, given
+from planner.graph.precision import check_precision
 
 if TYPE_CHECKING:
     from planner.graph.models import ModelSpec
@@ -56,7 +57,7 @@ AUTO = "auto"  # planner.auto.AUTO: the backend chosen per problem
 ZERO_AUTO = "auto"
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE_MODES = ("none", "full")  # in the order "auto" tries them
-SOURCE_OPTIONS = ("example_inputs", "model_kwargs", "name", "coarsen")  # how to capture
+SOURCE_OPTIONS = ("example_inputs", "model_kwargs", "name", "coarsen", "precision")  # capture
 MEMORY_OPTIONS = ("optimizer", "master_weights", "zero", "headroom", "recompute")
 PER_OP_OPTIONS = ("memory_limit", "cost", "sync", "max_configs", "recommend", "check_memory")
 # the per-op search's options and their defaults: the pipeline search takes none of them
@@ -169,6 +170,7 @@ class PlanRequest:
     model_kwargs: Mapping[str, Any] | None = None
     name: str | None = None
     coarsen: bool = True
+    precision: str | None = None
     spec: ModelSpec | None = None
     capture_seconds: float = 0.0
     is_captured: bool = False
@@ -200,6 +202,8 @@ class PlanRequest:
         if not (pipeline is True or pipeline is False or pipeline == AUTO):
             raise LayerwiseError(f"pipeline must be True, False or 'auto', got {given(pipeline)}")
         source = {k: options.pop(k) for k in SOURCE_OPTIONS if k in options}
+        if "precision" in source:
+            source["precision"] = check_precision(source["precision"])
         memory = MemoryOptions(**{k: options.pop(k) for k in MEMORY_OPTIONS if k in options})
         backend_options = options.pop("backend_options", None)
         per_op = {k: options.pop(k) for k in PER_OP_OPTIONS if k in options}
@@ -232,6 +236,7 @@ class PlanRequest:
             devices=devices,
             example_inputs=None,
             model_kwargs=None,
+            precision=None,  # the captured graph is in its dtypes already
             spec=spec,
             capture_seconds=seconds,
             is_captured=True,

@@ -48,6 +48,7 @@ def problem_of(
     max_configs: int | None,
     build_options: Mapping[str, Any],
     deadline: Deadline | None = None,
+    precision: str | None = None,
 ) -> tuple[Problem, ModelSpec | None, dict[str, float]]:
     """The Problem to search, the model spec to record, and the seconds of capture (model to
     OpGraph, torch's import included) and build (devices, cost model, cost tables). Past
@@ -58,6 +59,7 @@ def problem_of(
         unused = [k for k, v in options.items() if v not in (None, "analytic")]
         unused += ["devices"] * (devices is not None) + ["max_configs"] * (max_configs is not None)
         unused += list(build_options) + ["example_inputs"] * (example_inputs is not None)
+        unused += ["precision"] * (precision is not None)
         if unused:
             raise LayerwiseError(
                 f"{', '.join(unused)} do(es) not apply to a cost-table problem (it has its own "
@@ -67,7 +69,7 @@ def problem_of(
         problem = model if isinstance(model, Problem) else _load_problem(model)
         return problem, None, {"capture_seconds": 0.0, "build_seconds": time.perf_counter() - t0}
     t0 = time.perf_counter()
-    graph, spec = _graph(model, example_inputs, model_kwargs, name, coarsen, deadline)
+    graph, spec = _graph(model, example_inputs, model_kwargs, name, coarsen, deadline, precision)
     capture_seconds = time.perf_counter() - t0
     if deadline is not None:
         deadline.check()
@@ -116,6 +118,7 @@ def graph_of(
     name: str | None,
     coarsen: bool,
     deadline: Deadline | None = None,
+    precision: str | None = None,
 ) -> tuple[OpGraph, ModelSpec | None, DeviceGraph, float]:
     """The model's graph, its spec, the devices and the capture's seconds, without cost
     tables (what a pipeline search needs). OutOfTime past `deadline`."""
@@ -127,7 +130,7 @@ def graph_of(
             "pipeline (pipeline=False, --pipeline off)"
         )
     t0 = time.perf_counter()
-    graph, spec = _graph(model, example_inputs, model_kwargs, name, coarsen, deadline)
+    graph, spec = _graph(model, example_inputs, model_kwargs, name, coarsen, deadline, precision)
     seconds = time.perf_counter() - t0
     if devices is None:
         raise LayerwiseError("plan() needs devices: a preset name, a device JSON or a DeviceGraph")
@@ -141,18 +144,26 @@ def _graph(
     name: str | None,
     coarsen: bool,
     deadline: Deadline | None,
+    precision: str | None = None,
 ) -> tuple[OpGraph, ModelSpec | None]:
-    """An OpGraph as given, or the model captured (torch loaded within `deadline` first)."""
+    """An OpGraph as given, or the model captured (torch loaded within `deadline` first), in
+    the dtypes of `precision` (`planner.graph.precision`; the spec records it)."""
     from planner.graph.opgraph import OpGraph
+    from planner.graph.precision import with_precision
 
     if isinstance(model, OpGraph):
         if example_inputs is not None or model_kwargs:
             raise LayerwiseError("example_inputs and model_kwargs do not apply to an OpGraph")
-        return model, None
+        return with_precision(model, precision), None
     if deadline is not None:
         load_torch(deadline)
         deadline.check()  # no capture begins with no time left
-    return _capture(model, example_inputs, model_kwargs, name, coarsen, deadline)
+    graph, spec = _capture(model, example_inputs, model_kwargs, name, coarsen, deadline)
+    if precision is None:
+        return graph, spec
+    if spec is not None:
+        spec = dataclasses.replace(spec, precision=precision)
+    return with_precision(graph, precision), spec
 
 
 def _load_problem(path: str | Path) -> Problem:

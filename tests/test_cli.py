@@ -126,6 +126,28 @@ def test_graph_summary_is_one_json_object(capsys: pytest.CaptureFixture[str]) ->
     assert wide["parameter_bytes"] == LENET5_PARAMETER_BYTES + 4 * 10 * (84 + 1)
 
 
+def test_set_takes_an_optional_size_of_its_declared_type(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Llama's `hidden_dim` defaults to None (Meta's rule sizes the feed-forward): --set gives
+    it an integer, as for Llama 3.1 405B's 53,248 (it was refused: "must be NoneType")."""
+    tiny = ["llama3-8b", "--set", "n_layers=1", "--set", "dim=64", "--set", "n_heads=4"]
+    tiny += ["--set", "n_kv_heads=2", "--set", "vocab_size=128", "--set", "seq=8"]
+    rule = json.loads(ok(capsys, "graph", *tiny, "--summary"))
+    wide = json.loads(ok(capsys, "graph", *tiny, "--set", "hidden_dim=1000", "--summary"))
+    # three 64 x hidden matrices of the SwiGLU feed-forward, float32
+    rule_hidden = 1024  # Meta's rule at dim 64, multiple_of 1024
+    assert wide["parameter_bytes"] - rule["parameter_bytes"] == 4 * 3 * 64 * (1000 - rule_hidden)
+
+
+def test_precision_changes_the_dtypes_priced(capsys: pytest.CaptureFixture[str]) -> None:
+    """--precision bf16-true halves the parameter bytes; bf16-mixed keeps fp32 weights."""
+    base = json.loads(ok(capsys, "graph", *MODEL, "--summary"))
+    true = json.loads(ok(capsys, "graph", *MODEL, "--precision", "bf16-true", "--summary"))
+    mixed = json.loads(ok(capsys, "graph", *MODEL, "--precision", "bf16", "--summary"))
+    assert true["parameter_bytes"] * 2 == base["parameter_bytes"] == mixed["parameter_bytes"]
+
+
 def test_graph_json_round_trips_through_opgraph_load(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -399,6 +421,15 @@ BAD: dict[str, tuple[list[str], str]] = {
     "fractional batch": (["graph", "lenet5", "--batch", "2.5"], "positive integer"),
     "batch given twice": (["graph", *MODEL, "--set", "batch=4"], "batch size once"),
     "negative --set batch": (["graph", "lenet5", "--set", "batch=-1"], "positive integer"),
+    "--set of an optional size of the wrong type": (
+        ["graph", "llama3-8b", "--set", "hidden_dim=0.5"],
+        "hidden_dim must be a positive integer",
+    ),
+    "unknown --precision": (["graph", *MODEL, "--precision", "fp7"], "precision must be one of"),
+    "--precision with --problem": (
+        ["plan", "--problem", "{problem}", "--precision", "bf16"],
+        "--precision only applies to a model",
+    ),
     "graph --json into a missing folder": (
         ["graph", *MODEL, "--json", "{missing}/g.json"],
         "does not exist",

@@ -22,6 +22,7 @@ def model_spec(args: argparse.Namespace) -> Any:
 
     kwargs = dict(args.model_kwargs)
     coarsen = not args.no_coarsen
+    precision = getattr(args, "precision", None)
     if ":" in args.model:
         if args.batch is not None:
             raise UsageError("--batch applies to a zoo model; a factory's batch is --input's")
@@ -30,7 +31,7 @@ def model_spec(args: argparse.Namespace) -> Any:
                 f"model factory {args.model!r} needs --input SHAPE for each forward() argument"
             )
         name = args.model.rpartition(":")[2].rpartition(".")[2].lower()
-        return ModelSpec(name, None, kwargs, coarsen, args.model, tuple(args.inputs))
+        return ModelSpec(name, None, kwargs, coarsen, args.model, tuple(args.inputs), precision)
     if args.inputs:
         raise UsageError("--input applies to a factory model ('module:callable'), not a zoo model")
     batch = args.batch
@@ -41,7 +42,7 @@ def model_spec(args: argparse.Namespace) -> Any:
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise UsageError(f"--set batch must be a positive integer, got {batch!r}")
     _check_model_kwargs(args.model, kwargs)
-    return ModelSpec(args.model, batch, kwargs, coarsen)
+    return ModelSpec(args.model, batch, kwargs, coarsen, precision=precision)
 
 
 def _check_model_kwargs(name: str, kwargs: dict[str, Any]) -> None:
@@ -55,6 +56,11 @@ def _check_model_kwargs(name: str, kwargs: dict[str, Any]) -> None:
         if key not in info.defaults:
             continue  # model_graph names the valid options
         default = info.defaults[key]
+        if default is None:  # an optional size: checked against its declared type
+            kind = info.kinds.get(key)
+            if value is None or kind not in _EXAMPLES:
+                continue  # null keeps the default; other kinds: the model checks them
+            default = _EXAMPLES[kind]
         if isinstance(default, bool):
             ok, want = isinstance(value, bool), "true or false"
         elif isinstance(default, int):
@@ -68,6 +74,10 @@ def _check_model_kwargs(name: str, kwargs: dict[str, Any]) -> None:
             ok, want = isinstance(value, type(default)), type(default).__name__
         if not ok:
             raise UsageError(f"model {name!r}: --set {key} must be {want}, got {value!r}")
+
+
+# A value of each type an optional model size may declare, for `_check_model_kwargs`'s rules.
+_EXAMPLES: dict[Any, Any] = {bool: False, int: 1, float: 1.0, str: ""}
 
 
 def malformed(what: str, path: Path, load: Callable[[], Any]) -> Any:

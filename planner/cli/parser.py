@@ -278,6 +278,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "dtype float32 unless given, e.g. 8x40:int64); once per forward() argument",
     )
     p.add_argument("--no-coarsen", action="store_true", help="keep every captured op")
+    p.add_argument(
+        "--precision",
+        type=_precision,
+        help="how the model trains, in Lightning's names: bf16-mixed or 16-mixed (autocast: "
+        "fp32 weights, matrix products at the 16-bit rate, norms and the loss in fp32), "
+        "bf16-true, 16-true, 32-true, 64-true (default: the dtypes the model holds)",
+    )
 
 
 def _space_args(p: argparse.ArgumentParser) -> None:
@@ -372,6 +379,16 @@ def _kv(text: str) -> tuple[str, Any]:
         return key, json.loads(value)
     except json.JSONDecodeError:
         return key, value
+
+
+def _precision(text: str) -> str | None:
+    from planner.errors import LayerwiseError
+    from planner.graph.precision import check_precision
+
+    try:
+        return check_precision(text)
+    except LayerwiseError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _input_spec(text: str) -> Any:

@@ -157,6 +157,7 @@ def _check_plan_args(args: argparse.Namespace) -> None:
                 ("--set", args.model_kwargs),
                 ("--input", args.inputs),
                 ("--no-coarsen", args.no_coarsen),
+                ("--precision", args.problem and args.precision),
             )
             if value
         ]
@@ -205,7 +206,8 @@ def _plan_source(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         from planner.graph.opgraph import OpGraph
 
         path = args.graph
-        return malformed("graph file", path, lambda: OpGraph.load(path)), {}
+        graph = malformed("graph file", path, lambda: OpGraph.load(path))
+        return graph, {"precision": args.precision}
     spec = model_spec(args)
     kwargs = dict(spec.kwargs)
     if spec.factory is not None:
@@ -214,7 +216,8 @@ def _plan_source(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
             "example_inputs": spec.inputs,
             "name": spec.name,
             "coarsen": spec.coarsen,
+            "precision": spec.precision,
         }
     if spec.batch is not None:
         kwargs["batch"] = spec.batch
-    return spec.name, {"model_kwargs": kwargs, "coarsen": spec.coarsen}
+    return spec.name, {"model_kwargs": kwargs, "coarsen": spec.coarsen, "precision": spec.precision}

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import LayerwiseError
+from planner.graph.precision import check_precision, with_precision
 
 if TYPE_CHECKING:
     import torch
@@ -94,7 +95,9 @@ def load_factory(path: str) -> Callable[..., Any]:
 @dataclass(frozen=True)
 class ModelSpec:
     """A zoo model (`name`, `batch`, `kwargs`) or a user factory (`factory`, `kwargs`,
-    `inputs`) and whether its graph is coarsened: what `Strategy.to_json(model=...)` records."""
+    `inputs`), whether its graph is coarsened, and the `precision` it trains in (Lightning's
+    names, `planner.graph.precision`; None: the dtypes it holds): what
+    `Strategy.to_json(model=...)` records."""
 
     name: str
     batch: int | None = None
@@ -102,6 +105,7 @@ class ModelSpec:
     coarsen: bool = True
     factory: str | None = None
     inputs: tuple[InputSpec, ...] = ()
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         if self.factory is not None and not self.inputs:
@@ -121,10 +125,12 @@ class ModelSpec:
         if not isinstance(kwargs, Mapping) or not (batch is None or isinstance(batch, int)):
             raise LayerwiseError(f"{bad}: kwargs must be an object and batch an integer")
         factory = data.get("factory")
+        precision = check_precision(data.get("precision"))
         if factory is None:
             kwargs = dict(kwargs)
             batch = batch if batch is not None else kwargs.pop("batch", None)
-            return cls(str(data["name"]), batch, kwargs, bool(data.get("coarsen", True)))
+            coarse = bool(data.get("coarsen", True))
+            return cls(str(data["name"]), batch, kwargs, coarse, precision=precision)
         raw_inputs = data.get("inputs")
         if not isinstance(factory, str) or not isinstance(raw_inputs, list) or not raw_inputs:
             raise LayerwiseError(f"{bad}: a factory model needs 'factory' and 'inputs'")
@@ -135,7 +141,7 @@ class ModelSpec:
         except (TypeError, KeyError, AttributeError):
             raise LayerwiseError(f"{bad}: each input is {{'shape': [...], 'dtype': ...}}") from None
         coarsen = bool(data.get("coarsen", True))
-        return cls(str(data["name"]), None, dict(kwargs), coarsen, factory, inputs)
+        return cls(str(data["name"]), None, dict(kwargs), coarsen, factory, inputs, precision)
 
     def to_json(self) -> dict[str, Any]:
         """The plan file's `"model"` object (the inverse of `from_json`)."""
@@ -147,6 +153,8 @@ class ModelSpec:
             out["batch"] = self.batch
         out["kwargs"] = dict(self.kwargs)
         out["coarsen"] = self.coarsen
+        if self.precision is not None:
+            out["precision"] = self.precision
         return out
 
     def describe(self) -> str:
@@ -188,21 +196,22 @@ class ModelSpec:
         return tuple(x.empty(device) for x in self.inputs)
 
     def graph(self, deadline: Deadline | None = None) -> OpGraph:
-        """The model's OpGraph, captured on the meta device (and coarsened); OutOfTime past
-        `deadline`."""
+        """The model's OpGraph, captured on the meta device (and coarsened), in the dtypes of
+        its `precision`; OutOfTime past `deadline`."""
         if self.factory is None:
             from planner.graph.zoo import model_graph
 
-            return model_graph(
+            graph = model_graph(
                 self.name, self.batch, self.coarsen, deadline=deadline, **self.kwargs
             )
+            return with_precision(graph, self.precision)
         from planner.graph.capture import capture
         from planner.graph.coarsen import coarsen
 
         graph = capture(
             self.module("meta"), self.example_inputs("meta"), self.name, deadline=deadline
         )
-        return coarsen(graph) if self.coarsen else graph
+        return with_precision(coarsen(graph) if self.coarsen else graph, self.precision)
 
     def build(self, seed: int, dtype: torch.dtype) -> nn.Module:
         """The model on the CPU with its seeded initial parameters, dropout off."""

@@ -24,6 +24,7 @@ Recurrent models call the same cell module at every time step (shared parameters
 from __future__ import annotations
 
 import math
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -591,12 +592,15 @@ class Transformer(nn.Module):
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """A zoo entry: `builder(device=..., **sizes)` returns (module, example inputs)."""
+    """A zoo entry: `builder(device=..., **sizes)` returns (module, example inputs).
+    `kinds`: the type a size takes whose default is None (`int` for Llama's `hidden_dim`),
+    so that a value given for it can be checked."""
 
     name: str
     builder: Callable[..., tuple[nn.Module, Inputs]]
     description: str
     defaults: dict[str, Any] = field(default_factory=dict)
+    kinds: dict[str, type] = field(default_factory=dict)
 
 
 def _images(batch: int, channels: int, size: int, device: torch.device) -> Inputs:
@@ -775,6 +779,8 @@ def _llm_entries() -> list[ModelInfo]:
     out = []
     for name, config in LLM_SIZES.items():
         fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        hints = typing.get_type_hints(type(config))
+        kinds = {k: _not_none(hints[k]) for k, v in fields.items() if v is None}
         gpt = isinstance(config, GPT2Config)
         if isinstance(config, GPT2Config):
             fields["dropout"] = 0.0
@@ -782,8 +788,14 @@ def _llm_entries() -> list[ModelInfo]:
         else:
             what = f"Llama ({config.n_layers} layers, width {config.dim}), Meta's reference code"
         defaults = {"batch": 8, "seq": 1024 if gpt else 2048, "dtype": "float32", **fields}
-        out.append(ModelInfo(name, partial(_llm, name=name), what, defaults))
+        out.append(ModelInfo(name, partial(_llm, name=name), what, defaults, kinds))
     return out
+
+
+def _not_none(hint: Any) -> type:
+    """The type of an optional annotation (`int | None` -> int)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if len(args) == 1 else hint
 
 
 MODELS.update({m.name: m for m in _llm_entries()})

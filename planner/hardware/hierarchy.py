@@ -91,17 +91,21 @@ def route_levels(pairs: PairCosts, name: str) -> tuple[Hierarchy, Levels] | None
     if n == 1:
         one = Hierarchy((1,), (0.0,), (0.0,))
         return one, Levels((1,), np.zeros(2), np.zeros(2), np.zeros(2, dtype=np.int32))
-    everyone = np.arange(n)
-    inv_row, lat_row = pairs.costs(np.zeros(1, dtype=np.int64), everyone)
-    found = _candidate(inv_row.reshape(-1), lat_row.reshape(-1), n)
+    if pairs.small:
+        t = pairs.tables()
+        inv_row, lat_row, hops_row = t.inv_bandwidth[0], t.latency[0], t.hops[0]
+    else:  # device 0's tree alone (the costs of its pairs are its routes')
+        row = pairs.row(0, neighbours=False)
+        inv_row, lat_row, hops_row = row.inv_bandwidth, row.latency, row.hops
+    found = _candidate(inv_row, lat_row, n)
     if found is None:
         return None
     h = found
-    levels = _levels(h, pairs.hops(np.zeros(1, dtype=np.int64), everyone).reshape(-1))
+    levels = _levels(h, hops_row)
     if pairs.small:
         checked = _every_pair(pairs, levels)
         return None if checked is None else (h, checked)
-    why = _symmetry_fails(pairs.graph, h, levels, inv_row.reshape(-1), lat_row.reshape(-1))
+    why = _symmetry_fails(pairs.graph, h, levels, inv_row, lat_row)
     if why is None:  # hops are kept by automorphisms too: device 0's per level hold for all
         return h, levels
     if n <= EXACT_DEVICES:

@@ -181,11 +181,14 @@ class PairCosts:
 
     # -- trees ----------------------------------------------------------------------------
 
-    def row(self, source: int) -> _Row:
-        """The routes from device `source` (cached; derived with its chunk's neighbours)."""
+    def row(self, source: int, neighbours: bool = True) -> _Row:
+        """The routes from device `source` (cached; derived with its chunk's neighbours
+        unless `neighbours` is False)."""
         found = ROWS.get((self._token, source))
         if found is not None:
             return found
+        if not neighbours:
+            return dict(self._derive([source]))[source]
         return dict(self.rows(np.array([source])))[source]
 
     def rows(self, sources: np.ndarray) -> Iterator[tuple[int, _Row]]:

@@ -232,7 +232,9 @@ def core_nodes(ends: np.ndarray, num_nodes: int, num_devices: int) -> np.ndarray
     if not len(ends):
         alive[num_devices:] = False
         return alive
-    pairs = np.unique(np.sort(ends, axis=1), axis=0)
+    lo, hi = ends.min(axis=1), ends.max(axis=1)
+    key = np.unique(lo * num_nodes + hi)  # one per pair of nodes
+    pairs = np.stack([key // num_nodes, key % num_nodes], axis=1)
     live = np.ones(len(pairs), dtype=bool)
     switch = np.arange(num_nodes) >= num_devices
     while True:

@@ -337,3 +337,15 @@ def test_the_guard_counts_the_device_graph_not_its_pairs() -> None:
     assert device_graph_bytes(16384) < 2**30
     with pytest.raises(SizeError, match="800,000 devices: its device graph alone"):
         check_devices_spec("dgx-a100-100000")
+
+
+def test_a_pickled_graph_has_its_own_routes_cache() -> None:
+    """The tree cache is keyed per graph: a graph read back from a pickle (another process's
+    copy) is built again and never reads another graph's trees."""
+    import pickle
+
+    g = get_preset("p100-2x4").subset(range(1, 7))
+    again = pickle.loads(pickle.dumps(g))
+    assert again == g and again._pairs._token != g._pairs._token
+    idx = np.arange(g.num_devices)
+    assert np.array_equal(again.inv_bandwidth_of(idx[:, None], idx), g.inv_bandwidth)

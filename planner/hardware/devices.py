@@ -462,6 +462,10 @@ class DeviceGraph:
     def __hash__(self) -> int:
         return hash(self._key())
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its parts and built again (the routes' cache is per process)."""
+        return (DeviceGraph, (self._name, self._devices, self._links, self._switches))
+
     def __repr__(self) -> str:
         return (
             f"DeviceGraph({self._name!r}, {self.num_devices} devices, "

@@ -69,3 +69,29 @@ def test_a_405b_model_is_planned_on_16384_h100s_with_defaults() -> None:
     lay = out.layout
     assert lay.stages * lay.tensor * lay.data == 16384
     assert out.stats["memory_fits"]
+
+
+def test_a_chunk_cache_simulates_each_chunk_once_across_calls(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The exact simulations of a search share chunks: with a cache the second layout's
+    chunks that the first had are not simulated again, and the times are the same."""
+    from planner.costs.costmodel import CostModel
+    from planner.pipeline import stages
+    from planner.pipeline.layouts import pipelined
+    from planner.pipeline.spec import micro_batch_graph
+    from planner.problems.baselines import megatron
+
+    graph = micro_batch_graph(model_graph("gpt2", **SMALL_GPT), 4)
+    devices = get_preset("p100-2x2")
+    cm = CostModel(graph, devices, CostOptions())
+    ps = pipelined(graph, devices, 2, 4, lambda g, d: megatron(g, d, 2), "1f1b")
+    calls: list[int] = []
+    real = stages.simulate_chunk
+    monkeypatch.setattr(stages, "simulate_chunk", lambda *a: calls.append(1) or real(*a))
+    plain = stages.chunk_times(cm, ps)
+    cache = stages.ChunkCache(size=8)
+    assert stages.chunk_times(cm, ps, cache) == plain
+    first = len(calls)
+    assert stages.chunk_times(cm, ps, cache) == plain and len(calls) == first  # all kept
+    other = CostModel(graph, devices, CostOptions(recompute="full"))
+    stages.chunk_times(other, ps, cache)
+    assert len(calls) > first  # other cost options: simulated again

@@ -76,7 +76,7 @@ from planner.pipeline.spec import (
     batch_graph,
     micro_batch_graph,
 )
-from planner.pipeline.stages import chunk_times, simulate_pipelined
+from planner.pipeline.stages import ChunkCache, chunk_times, simulate_pipelined
 from planner.pipeline.timeline import PipelineTimeline, simulate_pipeline
 from planner.problems.baselines import megatron
 from planner.problems.strategy import Strategy
@@ -96,6 +96,9 @@ FULL_SIMULATION_COST = (
     0.4  # of the time left, for costing stage layouts; the rest simulates exactly
 )
 MAX_MICRO_BATCH = 16  # samples per replica per micro-batch: more only adds to the bubble
+# The chunks the exact simulations of two replicas per stage (`_simulate`) simulated lately:
+# layouts simulated one after another share most of them (planner.pipeline.stages).
+_CHUNKS = ChunkCache()
 
 StageLayout = tuple[int, int, int, str, int, str]  # (p, t, b, recompute, ZeRO, inner rule)
 
@@ -532,7 +535,7 @@ def _simulate(
     if -small_samples not in micro:
         micro[-small_samples] = batch_graph(graph, small_samples)
     small = strategy(-small_samples, reduced, t * here, here)
-    chunks = chunk_times(CostModel(small.strategy.graph, reduced, options), small)
+    chunks = chunk_times(CostModel(small.strategy.graph, reduced, options), small, _CHUNKS)
     sync = ring_factor(d) / ring_factor(here)
     zero = zero_factor(graph, options, d) / zero_factor(graph, options, here)
     scaled = [

@@ -180,14 +180,17 @@ def check_choices(
     solver: Any = None,
 ) -> Mapping[str, Any]:
     """The pipeline search's settings from the request's memory options (zero, recompute:
-    None is "auto") and `schedules`, `stages` (None: all), validated by the search (`solver`,
-    the registered one by default: one BackendError line for a bad one)."""
+    None is "auto"), its table budget (for the per-op searches inside the stages) and
+    `schedules`, `stages` (None: all), validated by the search (`solver`, the registered one
+    by default: one BackendError line for a bad one)."""
     memory = request.memory
     extra: dict[str, Any] = {}
     for key, value in (("zero", memory.zero), ("recompute", memory.recompute),
                        ("schedules", schedules), ("stages", stages)):  # fmt: skip
         if value is not None:
             extra[key] = value
+    if "table_budget" in request.search.build_options:
+        extra["table_budget"] = request.search.build_options["table_budget"]
     return (solver or get_pipeline_solver()).settings(SolveOptions(extra=extra))
 
 

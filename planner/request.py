@@ -69,6 +69,9 @@ PER_OP_DEFAULTS: dict[str, Any] = {
     "memory_limit": None,
     "max_configs": None,
 }
+# build options both searches take: the pipeline search's per-op searches inside its stages
+# build their tables within the same budget (`PipelineSettings.table_budget`)
+SHARED_BUILD_OPTIONS = ("table_budget",)
 
 
 @dataclass(frozen=True)
@@ -131,11 +134,12 @@ class PerOpSearch:
     check_memory: bool = True
 
     def changed(self) -> list[str]:
-        """The options set away from their defaults (what the pipeline search cannot take)."""
+        """The options set away from their defaults (what the pipeline search cannot take;
+        not the table budget, which bounds its per-op searches too)."""
         out = [k for k, v in PER_OP_DEFAULTS.items() if getattr(self, k) != v]
         if self.settings:
             out.append("backend_options")
-        return sorted(out) + sorted(self.build_options)
+        return sorted(out) + sorted(k for k in self.build_options if k not in SHARED_BUILD_OPTIONS)
 
     def cost_options(self, memory: MemoryOptions) -> dict[str, Any]:
         """The cost model's options (`planner.sources.problem_of`'s `options`)."""

@@ -56,6 +56,8 @@ EXPECTED_DEVICES = {
     "dgx-h100-4": 32,
     "dgx-h100-32": 256,
     "dgx-h100-128": 1024,
+    "dgx-h100-1024": 8192,
+    "dgx-h100-2048": 16384,
     "cpu-local-2": 2,
     "cpu-local-4": 4,
 }

@@ -35,6 +35,7 @@ from planner.pipeline.spec import batch_graph
 from planner.pipeline.stages import range_problem
 from planner.problems.baselines import megatron
 from planner.problems.problem import build_problem
+from planner.problems.sizes import DEFAULT_TABLE_BUDGET
 from planner.problems.strategy import Strategy
 from planner.registry import get_backend
 from planner.result import SolveOptions
@@ -72,9 +73,17 @@ class SearchedLayout:
         data = group.num_devices // tensor
         rule: Strategy | None = None
         configs = []
+        # One spread config per (config, where the samples are, whether they split): the
+        # blocks' ops share a few configs, each of t x d devices (16,384 GPUs: thousands).
+        spread_of: dict[tuple[int, int | None, bool], ParallelConfig | None] = {}
         for i, op in enumerate(graph.ops):
             cfg = self.config(op)
-            spread = _replicated(op, cfg, data, tensor) if cfg is not None else None
+            spread = None
+            if cfg is not None:
+                key = _spread_key(op, cfg, data)
+                if key not in spread_of:
+                    spread_of[key] = _replicated(op, cfg, data, tensor)
+                spread = spread_of[key]
             if spread is None:
                 rule = rule or megatron(graph, group, tensor)
                 spread = rule.configs[i]
@@ -88,10 +97,12 @@ def searched_layout(
     tensor: int,
     options: CostOptions,
     deadline: Deadline,
+    table_budget: float | None = DEFAULT_TABLE_BUDGET,
 ) -> SearchedLayout | None:
     """The per-op search's layout at tensor degree `tensor` on the first `tensor` devices of
     `devices` (one node), or None when the model is too small to cut, a range finds no
-    answer in time, or the answer is Megatron-LM's rule's own layout."""
+    answer in time or within `table_budget` (`build_problem`'s), or the answer is
+    Megatron-LM's rule's own layout."""
     try:
         one = batch_graph(graph, 1)
     except Exception:  # noqa: BLE001 - an op whose samples do not scale to one
@@ -115,7 +126,8 @@ def searched_layout(
         ch = range_problem(group, one, rule.configs, ops, mine, lambda j: mine)
         plain = dataclasses.replace(options, headroom=0.0)  # memory is the units' to check
         try:
-            problem = build_problem(ch.graph, ch.devices, CostModel(ch.graph, ch.devices, plain))
+            cm = CostModel(ch.graph, ch.devices, plain)
+            problem = build_problem(ch.graph, ch.devices, cm, table_budget=table_budget)
         except LayerwiseError:  # e.g. a range too big for one group: the rule alone
             return None
         result = get_backend("elimination").solve(problem, SolveOptions(deadline=deadline))
@@ -170,4 +182,15 @@ def _replicated(op: Op, cfg: ParallelConfig, data: int, tensor: int) -> Parallel
     replica, coords[k] = coords[k] // degrees[k], coords[k] % degrees[k]
     old = np.ravel_multi_index(tuple(coords), old_grid)
     devices = np.asarray(cfg.devices)[old] + replica * tensor
-    return ParallelConfig(new_degrees, tuple(int(x) for x in devices), cfg.reduce)
+    return ParallelConfig(new_degrees, tuple(devices.tolist()), cfg.reduce)
+
+
+def _spread_key(op: Op, cfg: ParallelConfig, data: int) -> tuple[int, int | None, bool]:
+    """What `_replicated(op, cfg, data, ...)` depends on besides data and the tensor degree:
+    the config (by identity: the layout's configs live as long as it), where op's samples
+    are and whether they split data more ways."""
+    dims = op.output.dims
+    if SAMPLE not in dims:
+        return id(cfg), None, False
+    k = dims.index(SAMPLE)
+    return id(cfg), k, op.output.size(SAMPLE) % (cfg.degrees[k] * data) == 0

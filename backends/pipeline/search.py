@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
+
 from backends.pipeline.inner import SearchedLayout, searched_layout
 from backends.pipeline.settings import PipelineSettings
 from backends.pipeline.units import (
@@ -74,7 +76,7 @@ from planner.pipeline.spec import (
     batch_graph,
     micro_batch_graph,
 )
-from planner.pipeline.stages import chunk_times, simulate_pipelined
+from planner.pipeline.stages import ChunkCache, chunk_times, simulate_pipelined
 from planner.pipeline.timeline import PipelineTimeline, simulate_pipeline
 from planner.problems.baselines import megatron
 from planner.problems.strategy import Strategy
@@ -94,6 +96,9 @@ FULL_SIMULATION_COST = (
     0.4  # of the time left, for costing stage layouts; the rest simulates exactly
 )
 MAX_MICRO_BATCH = 16  # samples per replica per micro-batch: more only adds to the bubble
+# The chunks the exact simulations of two replicas per stage (`_simulate`) simulated lately:
+# layouts simulated one after another share most of them (planner.pipeline.stages).
+_CHUNKS = ChunkCache()
 
 StageLayout = tuple[int, int, int, str, int, str]  # (p, t, b, recompute, ZeRO, inner rule)
 
@@ -199,7 +204,8 @@ def _search(
     space = _Space(problem, settings, usable, parameter_state(graph, options))
     bound = compute_bound(graph, devices, options)  # first: not on a Ctrl-C's way out
     if "search" in settings.inner:
-        space.searched = _searched_layouts(problem, deadline.share(INNER_SHARE))
+        looking = deadline.share(INNER_SHARE)
+        space.searched = _searched_layouts(problem, looking, settings.table_budget)
     keys = _stage_layouts(space)
     fitting = _holding(space, keys)
     costed = _cost(space, fitting, deadline.share(COSTING_SHARE))
@@ -283,16 +289,20 @@ def _no_answer(
     )
 
 
-def _searched_layouts(problem: PipelineProblem, looking: Deadline) -> dict[int, SearchedLayout]:
+def _searched_layouts(
+    problem: PipelineProblem, looking: Deadline, table_budget: float | None
+) -> dict[int, SearchedLayout]:
     """The per-op search on a few blocks of one tensor group, per tensor degree t, within
-    `looking` (`inner.searched_layout`); a Ctrl-C ends it with those found so far."""
+    `looking` and `table_budget` (`inner.searched_layout`); a Ctrl-C ends it with those found
+    so far."""
     graph, devices, options = problem.graph, problem.devices, problem.options
     n = devices.num_devices
     searched: dict[int, SearchedLayout] = {}
     for t in _powers(min(_host_size(devices), n)):
         try:
             found = _interruptible(
-                partial(searched_layout, graph, devices, t, options, looking), needed=False
+                partial(searched_layout, graph, devices, t, options, looking, table_budget),
+                needed=False,
             )
         except OutOfTime:
             break
@@ -525,7 +535,7 @@ def _simulate(
     if -small_samples not in micro:
         micro[-small_samples] = batch_graph(graph, small_samples)
     small = strategy(-small_samples, reduced, t * here, here)
-    chunks = chunk_times(CostModel(small.strategy.graph, reduced, options), small)
+    chunks = chunk_times(CostModel(small.strategy.graph, reduced, options), small, _CHUNKS)
     sync = ring_factor(d) / ring_factor(here)
     zero = zero_factor(graph, options, d) / zero_factor(graph, options, here)
     scaled = [
@@ -626,11 +636,13 @@ def _pipelined(
     groups = tuple(tuple(range(s * g, (s + 1) * g)) for s in range(p))
     pipe = Pipeline(tuple(bounds), groups, lay.micro_batches, lay.schedule)
     configs = []
+    moved: dict[tuple[int, int], tuple[int, ...]] = {}  # ops share device lists: move each once
     for i, cfg in enumerate(inner.configs):
         base = (pipe.chunk_of(i) % p) * g
-        configs.append(
-            ParallelConfig(cfg.degrees, tuple(base + x for x in cfg.devices), cfg.reduce)
-        )
+        key = (id(cfg.devices), base)
+        if key not in moved:
+            moved[key] = tuple((np.asarray(cfg.devices, dtype=np.int64) + base).tolist())
+        configs.append(ParallelConfig(cfg.degrees, moved[key], cfg.reduce))
     return PipelinedStrategy(Strategy(graph, devices, tuple(configs)), pipe)
 
 

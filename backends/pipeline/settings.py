@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, cast
 
 from backends.settings import BackendSettings, Check, Coerce, at_least
 from planner.pipeline.schedule import SCHEDULES
+from planner.problems.sizes import DEFAULT_TABLE_BUDGET
 
 __all__ = ["INNER", "RECOMPUTE_AUTO", "ZERO_AUTO", "PipelineSettings"]
 
@@ -85,3 +86,8 @@ class PipelineSettings(BackendSettings):
         Coerce(_listed(INNER, str)),
         _some("some of 'rule', 'search'"),
     ] = INNER
+    # bytes the cost tables of the per-op search inside a stage may take (`table_budget` of
+    # `build_problem`; None: no budget); the whole cluster's tables are never built
+    table_budget: Annotated[
+        float | None, Check("bytes > 0 (or None: no budget)", lambda v: v is None or v > 0)
+    ] = DEFAULT_TABLE_BUDGET

@@ -128,8 +128,12 @@ def device_ranges(devices: Sequence[int]) -> str:
     return ",".join(text)
 
 
-def check_config(op: Op, cfg: ParallelConfig, num_devices: int) -> None:
-    """Raise ConfigError if `cfg` does not fit `op` on `num_devices` devices."""
+def check_config(
+    op: Op, cfg: ParallelConfig, num_devices: int, checked: set[int] | None = None
+) -> None:
+    """Raise ConfigError if `cfg` does not fit `op` on `num_devices` devices. `checked`: ids
+    of device tuples already found distinct and in range (a strategy's ops share them: on
+    16,384 GPUs each lists thousands), skipped and added to."""
     if len(cfg.degrees) != len(op.output.dims):
         raise ConfigError(f"op {op.name!r}: {len(cfg.degrees)} degrees for dims {op.output.dims}")
     allowed = set(parallel_dims(op))
@@ -161,6 +165,14 @@ def check_config(op: Op, cfg: ParallelConfig, num_devices: int) -> None:
         raise ConfigError(
             f"op {op.name!r}: {cfg.num_tasks} tasks but {len(cfg.devices)} devices given"
         )
+    if checked is None or id(cfg.devices) not in checked:
+        _check_devices(op, cfg, num_devices)
+        if checked is not None:
+            checked.add(id(cfg.devices))
+
+
+def _check_devices(op: Op, cfg: ParallelConfig, num_devices: int) -> None:
+    """Raise ConfigError unless cfg's devices are distinct and in 0..num_devices-1."""
     if len(set(cfg.devices)) != len(cfg.devices):
         raise ConfigError(f"op {op.name!r}: two tasks on one device {list(cfg.devices)}")
     bad = [d for d in cfg.devices if not 0 <= d < num_devices]

@@ -72,6 +72,7 @@ from planner.graph.opkinds import (
     parameter_dims,
     stats_groups,
 )
+from planner.hardware.pairs import DENSE_DEVICES
 
 if TYPE_CHECKING:
     from planner.graph.opgraph import Edge, Op, OpGraph
@@ -225,14 +226,14 @@ class CostModel:
             measured = bind(graph)  # key tasks by the graph's real inputs (data: no gradient)
         self.measured = measured
         self.num_devices = devices.num_devices
-        self.inv_bw = np.asarray(devices.inv_bandwidth, dtype=np.float64)
-        self.latency = np.asarray(devices.latency, dtype=np.float64)
         self.flops = np.array([d.flops for d in devices.devices], dtype=np.float64)
         self.mem_bw = np.array([d.mem_bandwidth for d in devices.devices], dtype=np.float64)
         self.overhead = np.array([d.message_overhead for d in devices.devices], dtype=np.float64)
-        # Fixed seconds per message from i to j: route latency + both endpoints' overheads.
-        self.msg_cost = self.latency + self.overhead[:, None] + self.overhead[None, :]
-        np.fill_diagonal(self.msg_cost, 0.0)  # no message within a device
+        # A small graph's pair costs as D x D tables (a gather each); a larger one's asked of
+        # the device graph per query (`pair_costs`): nothing of size D x D is built.
+        self._tables: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        if devices.num_devices <= DENSE_DEVICES:
+            self._tables = (self.inv_bw, self.latency, self.msg_cost)
         groups = Counter(op.param_group for op in graph.ops if op.param_group is not None)
         self._group_size = dict(groups)
         self._norm_groups: dict[tuple[int, tuple[int, ...]], list[list[int]] | None] = {}
@@ -242,6 +243,46 @@ class CostModel:
     @property
     def source(self) -> str:
         return "measured" if self.measured is not None else "analytic"
+
+    # -- pair costs -----------------------------------------------------------------------
+
+    def pair_costs(self, a: Any, b: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds per byte, fixed seconds per message) from devices a to devices b (index
+        arrays, broadcast): the route's 1 / bottleneck bandwidth, and its latency plus both
+        endpoints' message overheads (0 within a device)."""
+        if self._tables is not None:
+            return self._tables[0][a, b], self._tables[2][a, b]
+        a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+        inv, lat = self.devices.pair_costs(a, b)
+        return inv, np.where(a == b, 0.0, lat + self.overhead[a] + self.overhead[b])
+
+    def _pair_latency(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(seconds per byte, latency, fixed seconds per message) from devices a to b."""
+        if self._tables is not None:
+            inv, lat, msg = self._tables
+            return inv[a, b], lat[a, b], msg[a, b]
+        a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+        inv, lat = self.devices.pair_costs(a, b)
+        return inv, lat, np.where(a == b, 0.0, lat + self.overhead[a] + self.overhead[b])
+
+    @cached_property
+    def inv_bw(self) -> np.ndarray:
+        """(D, D) seconds per byte between devices (a small graph's table; queries:
+        `pair_costs`)."""
+        return np.asarray(self.devices.inv_bandwidth, dtype=np.float64)
+
+    @cached_property
+    def latency(self) -> np.ndarray:
+        """(D, D) route latency between devices (a small graph's table)."""
+        return np.asarray(self.devices.latency, dtype=np.float64)
+
+    @cached_property
+    def msg_cost(self) -> np.ndarray:
+        """(D, D) fixed seconds per message from i to j: route latency + both endpoints'
+        overheads, 0 within a device (a small graph's table; queries: `pair_costs`)."""
+        out = self.latency + self.overhead[:, None] + self.overhead[None, :]
+        np.fill_diagonal(out, 0.0)  # no message within a device
+        return out
 
     # -- t_c ------------------------------------------------------------------------------
 
@@ -342,10 +383,8 @@ class CostModel:
         devs = np.sort(np.asarray(cfg.devices, dtype=np.int64)[members], axis=1)
         if devs.shape[1] == 2:
             a, b = devs[:, 0], devs[:, 1]
-            per_group = np.maximum(
-                nbytes * self.inv_bw[a, b] + self.msg_cost[a, b],
-                nbytes * self.inv_bw[b, a] + self.msg_cost[b, a],
-            )
+            (inv_ab, msg_ab), (inv_ba, msg_ba) = self.pair_costs(a, b), self.pair_costs(b, a)
+            per_group = np.maximum(nbytes * inv_ab + msg_ab, nbytes * inv_ba + msg_ba)
         else:
             per_group = self._sync_groups(devs, nbytes, bucketed=False)
         channel_of_task = np.unravel_index(np.arange(cfg.num_tasks), cfg.degrees)[c]
@@ -414,18 +453,23 @@ class CostModel:
             return np.zeros(len(devs))
         share = self.bucket_share(nbytes) if bucketed else 1.0
 
-        def fixed(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # latency + shared overheads
-            return self.latency[a, b] + share * (self.msg_cost[a, b] - self.latency[a, b])
+        def costs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """Seconds per byte, and latency + the bucket's share of both overheads."""
+            inv, lat, msg = self._pair_latency(a, b)
+            return inv, lat + share * (msg - lat)
 
         if self.options.sync == "ps":
             ps, rest = devs[:, :1], devs[:, 1:]
-            push = nbytes * self.inv_bw[rest, ps] + fixed(rest, ps)
-            pull = nbytes * self.inv_bw[ps, rest] + fixed(ps, rest)
+            inv_push, fixed_push = costs(rest, ps)
+            inv_pull, fixed_pull = costs(ps, rest)
+            push = nbytes * inv_push + fixed_push
+            pull = nbytes * inv_pull + fixed_pull
             return (push + pull).sum(axis=1)
         nxt = np.roll(devs, -1, axis=1)
-        slow = self.inv_bw[devs, nxt].max(axis=1)
+        inv, fixed = costs(devs, nxt)
+        slow = inv.max(axis=1)
         steps = float(passes) * (r - 1)
-        return steps / r * nbytes * slow + steps * fixed(devs, nxt).max(axis=1)
+        return steps / r * nbytes * slow + steps * fixed.max(axis=1)
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -528,12 +572,14 @@ class CostModel:
         far = dp != dq  # transfers between tasks on the same device are free
         q, p, dp, dq, b = q[far], p[far], dp[far], dq[far], vol[far] * nbytes
         # Each config has one task per device: the receiving tasks are the receiving devices.
-        there = b * self.inv_bw[dp, dq] + self.msg_cost[dp, dq]
+        inv_there, msg_there = self.pair_costs(dp, dq)
+        there = b * inv_there + msg_there
         fwd = np.bincount(q, weights=there, minlength=cv.num_tasks)
         passes = 1.0 + self._again(edge.dst)  # a recomputed consumer receives it again
         if src.kind == "input":  # data gets no gradient
             return passes * float(fwd.max(initial=0.0))
-        back = b * self.inv_bw[dq, dp] + self.msg_cost[dq, dp]
+        inv_back, msg_back = self.pair_costs(dq, dp)
+        back = b * inv_back + msg_back
         bwd = np.bincount(p, weights=back, minlength=cu.num_tasks)
         return passes * float(fwd.max(initial=0.0)) + float(bwd.max(initial=0.0))
 
@@ -599,7 +645,7 @@ class CostModel:
 
     def _edge_block(self, edge: Edge, ru: int, rv: int, cu: OpConfigs, cv: OpConfigs) -> np.ndarray:
         geom = self.edge_geometry(edge, ru, rv)
-        tables = EdgeTables(geom, self.hierarchy, self.inv_bw, self.msg_cost, self._layouts)
+        tables = EdgeTables(geom, self.hierarchy, self.pair_costs, self._layouts)
         return tables.table(cu, cv)
 
     def node_signature(self, i: int) -> tuple[Any, ...]:

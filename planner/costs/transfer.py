@@ -36,7 +36,7 @@ partitions at once).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,6 +48,10 @@ from planner.costs.regions import overlap_volume, task_boxes
 if TYPE_CHECKING:
     from planner.graph.opkinds import DimMap
     from planner.hardware.devices import Hierarchy
+
+# (seconds per byte, fixed seconds per message) from devices a to devices b, index arrays
+# broadcast against each other (`CostModel.pair_costs`).
+PairCostsOf = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 CHUNK = 1 << 21  # elements per dense step (bounds temporary memory to tens of MB)
 PAIR_CHUNK = 1 << 15  # (config pair, task) entries per hierarchical step: cache-sized arrays
@@ -146,14 +150,12 @@ class EdgeTables:
         self,
         geom: EdgeGeometry,
         hierarchy: Hierarchy | None,
-        inv_bw: np.ndarray,
-        msg_cost: np.ndarray,
+        pair_costs: PairCostsOf,
         layouts: dict[tuple[tuple[int, ...], bytes], Layout | None],
     ):
         self.geom = geom
         self.hierarchy = hierarchy
-        self.inv_bw = inv_bw
-        self.msg_cost = msg_cost
+        self.pair_costs = pair_costs
         self._layouts = layouts  # shared across edges: keyed by (degrees, devices bytes)
         refs = [r for r in geom.refs if r >= 0]
         if len(set(refs)) < len(refs):  # two tensor dims follow one output dim: no product form
@@ -163,8 +165,8 @@ class EdgeTables:
         if self.hierarchy is not None:
             # Per level: the route from device 0 to the first device differing at that level.
             peers = [self.hierarchy.block(level + 1) for level in range(len(self.hierarchy.sizes))]
-            self.w = np.array([inv_bw[0, p] for p in peers])
-            self.m = np.array([msg_cost[0, p] for p in peers])
+            w, m = pair_costs(np.zeros(len(peers), dtype=np.int64), np.array(peers))
+            self.w, self.m = np.asarray(w, dtype=np.float64), np.asarray(m, dtype=np.float64)
 
     def table(self, cu: OpConfigs, cv: OpConfigs) -> np.ndarray:
         out = np.zeros((len(cu), len(cv)))
@@ -370,13 +372,13 @@ class EdgeTables:
         """Bytes (ku, kv) on device sets (Ou, ku), (Ov, kv) -> t_x (Ou, Ov)."""
         su, sv = sets_u[:, :, None, None], sets_v[None, None, :, :]
         msg = (nbytes > 0).astype(np.float64)
-        fwd = np.einsum("pq,opwq->owq", nbytes, self.inv_bw[su, sv]) + np.einsum(
-            "pq,opwq->owq", msg, self.msg_cost[su, sv]
-        )
+        inv_bw, msg_cost = self.pair_costs(su, sv)
+        fwd = np.einsum("pq,opwq->owq", nbytes, inv_bw) + np.einsum("pq,opwq->owq", msg, msg_cost)
         t = fwd.max(axis=2) * self.geom.forward_passes
         if self.geom.backward:
-            bwd = np.einsum("pq,opwq->owp", nbytes, self.inv_bw[sv, su]) + np.einsum(
-                "pq,opwq->owp", msg, self.msg_cost[sv, su]
+            inv_bw, msg_cost = self.pair_costs(sv, su)
+            bwd = np.einsum("pq,opwq->owp", nbytes, inv_bw) + np.einsum(
+                "pq,opwq->owp", msg, msg_cost
             )
             t = t + bwd.max(axis=2)
         return t

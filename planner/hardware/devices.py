@@ -15,9 +15,20 @@ import numpy as np
 
 from planner.errors import DeviceGraphError
 from planner.files import read_json_checked, write_text_atomic
-from planner.hardware.routing import RouteTrees, route_trees, walk
+from planner.hardware.hierarchy import Hierarchy, route_levels
+from planner.hardware.pairs import Levels, PairCosts
+from planner.hardware.routing import ROUTE_PROBE_BYTES, RouteGraph, core_nodes
 
-__all__ = ["EFFICIENCY_CLASSES", "FORMAT", "VERSION", "Device", "DeviceGraph", "Hierarchy", "Link"]
+__all__ = [
+    "EFFICIENCY_CLASSES",
+    "FORMAT",
+    "ROUTE_PROBE_BYTES",
+    "VERSION",
+    "Device",
+    "DeviceGraph",
+    "Hierarchy",
+    "Link",
+]
 
 FORMAT = "layerwise.devicegraph"
 VERSION = 1
@@ -25,11 +36,10 @@ DEVICE_KINDS = ("gpu", "cpu")
 # The op classes a device may carry a calibrated achievable fraction of peak for
 # (`Device.efficiency`; the cost model maps op kinds to them: planner.costs.costmodel).
 EFFICIENCY_CLASSES = ("matmul", "attention")
-# A route minimises the sum over its links of (latency + ROUTE_PROBE_BYTES / bandwidth):
-# the time a 1 MiB message would take if every link forwarded it in turn.
-ROUTE_PROBE_BYTES = 2**20
 _PICOSECONDS = 1e12  # route weights are integers in ps, so equal-cost ties are exact
 ROUTE_CACHE = 1 << 16  # routes kept after `route` derived them
+DENSE_MATRIX_DEVICES = 2048  # the largest graph whose D x D cost tables are handed out
+SUMMARY_PAIRS_DEVICES = 1024  # `summary` reads every pair up to here
 # The slowest link modelled: 1 MiB in 1e4 s (100 bytes/s). Slower is a units mistake, and
 # a route of up to ~900 such links still sums to an int64 number of picoseconds.
 MAX_LINK_SECONDS = 1e4
@@ -171,45 +181,25 @@ class Link:
         return max(1, round(seconds * _PICOSECONDS))
 
 
-@dataclass(frozen=True)
-class Hierarchy:
-    """A homogeneous cluster seen as nested groups of devices (outermost level first).
-
-    `sizes[l]` groups of level l+1 make one group of level l; their product is the number of
-    devices, which are numbered group by group (device = mixed-radix digits over `sizes`).
-    Every device is identical, and the route between two devices costs `inv_bandwidth[l]`
-    seconds per byte and `latency[l]` seconds, where l is the outermost level at which their
-    digits differ. p100-16x4 is (16, 4): 16 nodes of 4 GPUs; k80-NxG has a level for the
-    PCIe switch a pair of dies shares; a DGX-1's cube-mesh is not a hierarchy (None)."""
-
-    sizes: tuple[int, ...]
-    inv_bandwidth: tuple[float, ...]
-    latency: tuple[float, ...]
-
-    @property
-    def num_devices(self) -> int:
-        return math.prod(self.sizes)
-
-    def block(self, level: int) -> int:
-        """Devices in one group of `level` (0: the whole cluster)."""
-        return math.prod(self.sizes[level:])
-
-
 class DeviceGraph:
-    """Devices and switches joined by links; routes and their costs are derived at construction.
+    """Devices and switches joined by links; routes and their costs are derived on demand.
 
-    Immutable; equality and hash are on (name, devices, switches, links).
+    Immutable; equality and hash are on (name, devices, switches, links). Construction
+    checks that every device reaches every other and derives no route: a pair's costs come
+    from its level (`hierarchy`), from D x D tables on a small graph, or from the
+    shortest-path tree of its lower device (`planner.hardware.pairs`), so building a graph
+    takes time and memory linear in its devices and links (docs/devices.md, "Routes at
+    scale").
     """
 
     __slots__ = (
         "_devices",
         "_ends",
-        "_inv_bandwidth",
-        "_latency",
+        "_levels",
         "_links",
         "_name",
+        "_pairs",
         "_route_cache",
-        "_routes",
         "_switches",
     )
 
@@ -227,11 +217,33 @@ class DeviceGraph:
         self._validate()
         names = [d.name for d in self._devices] + list(self._switches)
         index = {name: k for k, name in enumerate(names)}
-        self._routes = self._derive_routes()
-        self._inv_bandwidth, self._latency = self._routes.inv_bandwidth, self._routes.latency
-        self._ends = np.array(
+        ends = np.array(
             [(index[link.a], index[link.b]) for link in self._links], dtype=np.int64
         ).reshape(-1, 2)
+        weight = np.array([link.route_weight for link in self._links], dtype=np.int64)
+        bandwidth = np.array([link.bandwidth for link in self._links], dtype=np.float64)
+        latency = np.array([link.latency for link in self._links], dtype=np.float64)
+        self._connect(names, ends, weight, bandwidth, latency)
+
+    def _connect(
+        self,
+        names: list[str],
+        ends: np.ndarray,
+        weight: np.ndarray,
+        bandwidth: np.ndarray,
+        latency: np.ndarray,
+    ) -> None:
+        """The routing graph (`planner.hardware.routing.RouteGraph`) and the reachability
+        check: one DeviceGraphError naming a pair with no route."""
+        self._ends = ends
+        graph = RouteGraph(names, len(self._devices), ends, weight, bandwidth, latency)
+        if graph.unreachable is not None:
+            raise DeviceGraphError(
+                f"device graph {self._name!r}: no route from {names[0]} to "
+                f"{names[graph.unreachable]}"
+            )
+        self._pairs = PairCosts(graph)
+        self._levels: tuple[Hierarchy, Levels] | None | bool = False  # False: not looked for
         self._route_cache: dict[tuple[int, int], tuple[int, ...]] = {}
 
     # -- construction -------------------------------------------------------------------------
@@ -252,25 +264,6 @@ class DeviceGraph:
                     raise DeviceGraphError(
                         f"link {link.a}-{link.b}: endpoint {end!r} is neither a device nor a switch"
                     )
-
-    def _derive_routes(self) -> RouteTrees:
-        """Shortest-path trees from every device (`planner.hardware.routing`)."""
-        names = [d.name for d in self._devices] + list(self._switches)
-        index = {name: k for k, name in enumerate(names)}
-        trees = route_trees(
-            names,
-            len(self._devices),
-            [(index[link.a], index[link.b]) for link in self._links],
-            [link.route_weight for link in self._links],
-            [link.bandwidth for link in self._links],
-            [link.latency for link in self._links],
-        )
-        if trees.unreachable is not None:
-            i, j = trees.unreachable
-            raise DeviceGraphError(
-                f"device graph {self._name!r}: no route from {names[i]} to {names[j]}"
-            )
-        return trees
 
     # -- read-only attributes -----------------------------------------------------------------
 
@@ -296,63 +289,83 @@ class DeviceGraph:
 
     @property
     def inv_bandwidth(self) -> np.ndarray:
-        """(D, D) seconds per byte from i to j: 1 / bottleneck bandwidth of the route."""
-        return self._inv_bandwidth
+        """(D, D) seconds per byte from i to j: 1 / bottleneck bandwidth of the route (up to
+        `DENSE_MATRIX_DEVICES` devices; larger graphs: `inv_bandwidth_of`)."""
+        return self._matrix(0, "inv_bandwidth_of")
 
     @property
     def latency(self) -> np.ndarray:
-        """(D, D) seconds: sum of link latencies along the route from i to j."""
-        return self._latency
+        """(D, D) seconds: sum of link latencies along the route from i to j (up to
+        `DENSE_MATRIX_DEVICES` devices; larger graphs: `latency_of`)."""
+        return self._matrix(1, "latency_of")
+
+    def _matrix(self, which: int, instead: str) -> np.ndarray:
+        n = self.num_devices
+        if self._pairs.small:
+            tables = self._pairs.tables()
+            return tables.inv_bandwidth if which == 0 else tables.latency
+        if n > DENSE_MATRIX_DEVICES:
+            raise DeviceGraphError(
+                f"device graph {self._name!r}: a {n:,} x {n:,} table of route costs would need "
+                f"{n * n * 8 / 2**30:.3g} GiB; ask for the pairs you need with "
+                f"DeviceGraph.{instead}(i, j) (index arrays)"
+            )
+        idx = np.arange(n)
+        out = self.pair_costs(idx[:, None], idx[None, :])[which]
+        out.setflags(write=False)
+        return out
 
     # -- queries ------------------------------------------------------------------------------
+
+    def pair_costs(self, i: Any, j: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds per byte, latency) of the routes from devices i to devices j: index
+        arrays (or ints) broadcast against each other; 0 where i == j."""
+        return self._costs().costs(i, j)
+
+    def inv_bandwidth_of(self, i: Any, j: Any) -> np.ndarray:
+        """Seconds per byte from devices i to devices j (index arrays, broadcast): 1 / the
+        bottleneck bandwidth of each route, 0 where i == j."""
+        return self.pair_costs(i, j)[0]
+
+    def latency_of(self, i: Any, j: Any) -> np.ndarray:
+        """Seconds of latency from devices i to devices j (index arrays, broadcast): the sum
+        of each route's link latencies, 0 where i == j."""
+        return self.pair_costs(i, j)[1]
+
+    def hops_of(self, i: Any, j: Any) -> np.ndarray:
+        """Links on the routes from devices i to devices j (index arrays, broadcast)."""
+        return self._costs().hops(i, j)
+
+    def _costs(self) -> PairCosts:
+        """The pair costs, with their levels looked for first on a graph too large for D x D
+        tables (the costs of a proven hierarchy need no route)."""
+        if not self._pairs.small:
+            self._route_levels()
+        return self._pairs
+
+    def _route_levels(self) -> tuple[Hierarchy, Levels] | None:
+        """The proven levels of the route costs, whatever the devices (looked for once)."""
+        if self._levels is False:
+            found = route_levels(self._pairs, self._name)
+            self._levels = found
+            if found is not None and not self._pairs.small:
+                self._pairs.levels = found[1]
+        assert self._levels is not True
+        return self._levels
 
     def hierarchy(self) -> Hierarchy | None:
         """The cluster's nested groups when it is homogeneous (see `Hierarchy`), else None.
 
         Levels come from the distinct route costs: device 0's cheapest peers must be the
         devices right after it, the next cheapest the block after those, and so on, and every
-        other pair of devices must cost what the level of its first differing digit says."""
+        other pair of devices must cost what the level of its first differing digit says
+        (compared pair by pair on a small graph, proven by symmetry on a larger one:
+        `planner.hardware.hierarchy`)."""
         spec = _figures(self._devices[0])
         if any(_figures(d) != spec for d in self._devices):
             return None
-        n = self.num_devices
-        if n == 1:
-            return Hierarchy((1,), (0.0,), (0.0,))
-        cost = self._inv_bandwidth * ROUTE_PROBE_BYTES + self._latency
-        row = cost[0, 1:]
-        blocks: list[int] = []  # devices per group, innermost level first
-        inv_bw: list[float] = []
-        latency: list[float] = []
-        for value in np.unique(row):
-            near = np.flatnonzero(row <= value) + 1
-            size = len(near) + 1
-            if not np.array_equal(near, np.arange(1, size)) or n % size:
-                return None
-            if blocks and size % blocks[-1]:
-                return None
-            j = int(near[-1])
-            blocks.append(size)
-            inv_bw.append(float(self._inv_bandwidth[0, j]))
-            latency.append(float(self._latency[0, j]))
-        if blocks[-1] != n:
-            return None
-        levels = len(blocks)
-        sizes = tuple(
-            blocks[levels - 1 - k] // (blocks[levels - 2 - k] if k < levels - 1 else 1)
-            for k in range(levels)
-        )
-        idx = np.arange(n)
-        shared = np.zeros((n, n), dtype=np.int64)  # levels a pair shares (levels: one device)
-        for b in [*(blocks[levels - 1 - m] for m in range(1, levels)), 1]:  # groups of 1 .. L
-            shared += (idx[:, None] // b) == (idx[None, :] // b)
-        want_bw = np.array([*inv_bw[::-1], 0.0])
-        want_lat = np.array([*latency[::-1], 0.0])
-        if not (
-            np.array_equal(self._inv_bandwidth, want_bw[shared])
-            and np.array_equal(self._latency, want_lat[shared])
-        ):
-            return None
-        return Hierarchy(sizes, tuple(inv_bw[::-1]), tuple(latency[::-1]))
+        found = self._route_levels()
+        return None if found is None else found[0]
 
     def device_index(self, name: str) -> int:
         """Index of the device called `name`."""
@@ -376,30 +389,65 @@ class DeviceGraph:
         if route is None:
             if len(self._route_cache) >= ROUTE_CACHE:
                 self._route_cache.clear()
-            route = tuple(walk(self._routes.parent_link[a], self._ends, a, b))
+            route = tuple(self._pairs.route(a, b))
             self._route_cache[(a, b)] = route
         return route if i < j else route[::-1]
 
     def subset(self, indices: Sequence[int], name: str | None = None) -> DeviceGraph:
-        """The devices `indices` (in that order) with every switch and the links among them:
-        a pipeline stage's group. Routes through a device left out are lost (none in the
-        switched presets: their devices forward nothing)."""
-        keep = [self._devices[i] for i in indices]
-        names = {d.name for d in keep} | set(self._switches)
-        links = [link for link in self._links if link.a in names and link.b in names]
-        used = {end for link in links for end in (link.a, link.b)}
-        switches = [s for s in self._switches if s in used]
-        return DeviceGraph(name or f"{self._name}[{len(keep)}]", keep, links, switches)
+        """The devices `indices` (in that order) with the switches and links among them that
+        can carry a route: a pipeline stage's group. A switch left with links to one node
+        only (e.g. the NIC of a GPU left out) carries no route and is left out, again and
+        again, so a group's graph grows with the group, not with the cluster. Routes through
+        a device left out are lost (none in the switched presets: their devices forward
+        nothing)."""
+        keep = np.asarray(list(indices), dtype=np.int64)
+        n = self.num_devices
+        if (
+            len(keep) == 0
+            or keep.min() < 0
+            or keep.max() >= n
+            or len(set(keep.tolist())) < len(keep)
+        ):
+            raise DeviceGraphError(
+                f"device graph {self._name!r}: a subset takes distinct device indices in "
+                f"0..{n - 1}, got {list(indices)[:8]}"
+            )
+        V = n + len(self._switches)
+        node = np.full(V, -1, dtype=np.int64)  # the subset's index of each node kept
+        node[keep] = np.arange(len(keep))
+        node[n:] = 0  # every switch, for now
+        inside = (node[self._ends[:, 0]] >= 0) & (node[self._ends[:, 1]] >= 0)
+        alive = core_nodes(self._ends[inside], V, n) & (node >= 0)
+        switches = np.flatnonzero(alive[n:]) + n
+        node[n:] = -1
+        node[switches] = len(keep) + np.arange(len(switches))
+        chosen = np.flatnonzero(inside & alive[self._ends[:, 0]] & alive[self._ends[:, 1]])
+        out = DeviceGraph.__new__(DeviceGraph)
+        out._name = name or f"{self._name}[{len(keep)}]"
+        out._devices = tuple(self._devices[i] for i in keep.tolist())
+        out._switches = tuple(self._switches[s - n] for s in switches.tolist())
+        out._links = tuple(self._links[k] for k in chosen.tolist())
+        names = [d.name for d in out._devices] + list(out._switches)
+        g = self._pairs.graph
+        out._connect(
+            names,
+            node[self._ends[chosen]],
+            g.link_weight[chosen],
+            g.bandwidth[chosen],
+            g.latency[chosen],
+        )
+        return out
 
     def hops(self, i: int, j: int) -> int:
         """Links on the route from device i to device j."""
-        return int(self._routes.hops[i, j])
+        return int(self.hops_of(i, j))
 
     def transfer_time(self, i: int, j: int, nbytes: float) -> float:
         """Seconds to move nbytes from device i to device j (latency + nbytes / bottleneck)."""
         if i == j or nbytes == 0:
             return 0.0
-        return float(self._latency[i, j] + nbytes * self._inv_bandwidth[i, j])
+        inv_bw, lat = self._costs().pair(i, j)
+        return float(lat + nbytes * inv_bw)
 
     # -- identity and JSON --------------------------------------------------------------------
 
@@ -413,6 +461,10 @@ class DeviceGraph:
 
     def __hash__(self) -> int:
         return hash(self._key())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its parts and built again (the routes' cache is per process)."""
+        return (DeviceGraph, (self._name, self._devices, self._links, self._switches))
 
     def __repr__(self) -> str:
         return (
@@ -525,15 +577,43 @@ class DeviceGraph:
         ):
             lines.append(f"  {count} x {kind} link: {bw / 1e9:.3g} GB/s, {lat * 1e6:.3g} us")
         if self.num_devices > 1:
-            off = ~np.eye(self.num_devices, dtype=bool)
-            route_bw = 1.0 / self._inv_bandwidth[off]
-            hops = self._routes.hops[off]
-            lines.append(
-                f"  routes: {route_bw.min() / 1e9:.3g}-{route_bw.max() / 1e9:.3g} GB/s, "
-                f"{self._latency[off].min() * 1e6:.3g}-{self._latency[off].max() * 1e6:.3g} us, "
-                f"{hops.min()}-{hops.max()} hops"
-            )
+            lines.append(self._route_summary())
         return "\n".join(lines)
+
+    def _route_summary(self) -> str:
+        """One line: the range of the routes' bandwidth, latency and hops (over every pair;
+        over device 0's routes only on a graph of more than `SUMMARY_PAIRS_DEVICES` devices
+        whose costs follow no levels)."""
+        n = self.num_devices
+        whose = ""
+        if self._pairs.small:
+            off = ~np.eye(n, dtype=bool)
+            t = self._pairs.tables()
+            inv, lat, hops = t.inv_bandwidth[off], t.latency[off], t.hops[off]
+        else:
+            found = self._route_levels()
+            everyone = n <= SUMMARY_PAIRS_DEVICES
+            i, j = (
+                (np.arange(n)[:, None], np.arange(n)[None, :]) if everyone else (0, np.arange(1, n))
+            )
+            keep = ~np.eye(n, dtype=bool) if everyone else slice(None)
+            if found is not None:
+                h, levels = found
+                present = [k for k, size in enumerate(h.sizes) if size > 1]
+                inv, lat = levels.inv_bandwidth[present], levels.latency[present]
+            else:
+                inv, lat = (x[keep] for x in self.pair_costs(i, j))
+            if found is not None and found[1].hops is not None:
+                hops = found[1].hops[present]
+            else:
+                hops = self.hops_of(i, j)[keep]
+            if not everyone and (found is None or found[1].hops is None):
+                whose = f" (from {self._devices[0].name})"
+        route_bw = 1.0 / inv
+        return (
+            f"  routes{whose}: {route_bw.min() / 1e9:.3g}-{route_bw.max() / 1e9:.3g} GB/s, "
+            f"{lat.min() * 1e6:.3g}-{lat.max() * 1e6:.3g} us, {hops.min()}-{hops.max()} hops"
+        )
 
 
 def _figures(d: Device) -> tuple[Any, ...]:

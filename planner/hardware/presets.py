@@ -359,7 +359,9 @@ def preset_device_count(name: str) -> int | None:
 
 
 def list_presets() -> list[str]:
-    """Example preset names (the forms accept other sizes too)."""
+    """Example preset names (the forms accept other sizes too). Every one builds in under a
+    second, dgx-h100-2048 (16,384 GPUs) included: routes are derived on demand
+    (docs/devices.md, "Routes at scale")."""
     return [
         *(f"p100-{n}x4" for n in (1, 2, 4, 8, 16, 64, 256)),
         "k80-1x4",
@@ -368,7 +370,7 @@ def list_presets() -> list[str]:
         *(f"v100-dgx1-{g}" for g in DGX1_SIZES),
         *(f"dgx-a100-{n}" for n in (1, 4, 32, 128)),
         *(f"dgx-a100-80g-{n}" for n in (1, 4, 32, 128)),
-        *(f"dgx-h100-{n}" for n in (1, 4, 32, 128)),
+        *(f"dgx-h100-{n}" for n in (1, 4, 32, 128, 1024, 2048)),
         "cpu-local-2",
         "cpu-local-4",
     ]

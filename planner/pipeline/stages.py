@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -167,20 +169,27 @@ def message_seconds(cost_model: CostModel, ps: PipelinedStrategy) -> list[float]
     return out
 
 
-def chunk_times(cost_model: CostModel, ps: PipelinedStrategy) -> list[ChunkTimes]:
+def chunk_times(
+    cost_model: CostModel, ps: PipelinedStrategy, cache: ChunkCache | None = None
+) -> list[ChunkTimes]:
     """Every chunk's `ChunkTimes` (see the module's docstring). Chunks alike (the same ops
     but for their block numbers, the same configs, groups of the same devices and links) are
-    simulated once: the middle stages of a transformer's pipeline are."""
+    simulated once: the middle stages of a transformer's pipeline are; with a `cache`, once
+    across calls too."""
     pipe = ps.pipeline
     sends = message_seconds(cost_model, ps)
-    seen: dict[tuple[str, ...], tuple[float, float, float, float, float]] = {}
+    seen: dict[tuple[str, ...], tuple[float, ...]] = {}
     groups: dict[Any, DeviceGraph] = {}
     out = []
     for c in range(pipe.chunks):
         ch = chunk_problem(cost_model, ps, c, groups)
         key = chunk_key(ch)
         if key not in seen:
-            seen[key] = simulate_chunk(cost_model.options, cost_model.measured, ch)[:5]
+            seen[key] = (
+                cache.simulated(cost_model, ch, key)
+                if cache is not None
+                else simulate_chunk(cost_model.options, cost_model.measured, ch)[:5]
+            )
         forward, backward, sync, kept, fixed = seen[key]
         out.append(
             ChunkTimes(
@@ -194,6 +203,38 @@ def chunk_times(cost_model: CostModel, ps: PipelinedStrategy) -> list[ChunkTimes
             )
         )
     return out
+
+
+class ChunkCache:
+    """Chunk simulations kept across `chunk_times` calls, by `chunk_key` and cost options,
+    the `size` most recent (thread-safe). The layouts a search simulates one after another
+    share most chunks (blocks per stage [31, 32, 32, 31] and [32, 32, 31, 31] both hold a
+    middle stage of 32 blocks, seconds to simulate); equal keys, equal simulations
+    (`chunk_key`). Analytic costs only: a measured cost model is never cached."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._kept: OrderedDict[tuple[Any, ...], tuple[float, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def simulated(
+        self, cost_model: CostModel, ch: Chunk, key: tuple[str, ...]
+    ) -> tuple[float, ...]:
+        """`simulate_chunk`'s first five numbers for `ch`, whose `chunk_key` is `key`."""
+        if cost_model.measured is not None:
+            return simulate_chunk(cost_model.options, cost_model.measured, ch)[:5]
+        full = (key, cost_model.options)
+        with self._lock:
+            found = self._kept.get(full)
+            if found is not None:
+                self._kept.move_to_end(full)
+                return found
+        found = simulate_chunk(cost_model.options, None, ch)[:5]
+        with self._lock:
+            self._kept[full] = found
+            while len(self._kept) > self.size:
+                self._kept.popitem(last=False)
+        return found
 
 
 def simulate_chunk(

@@ -52,6 +52,15 @@ SECONDS_PER_TASK_PAIR = 2e-8
 SECONDS_PER_CONFIG = 1e-4
 SECONDS_PER_ROUTE = 2e-5
 ROUTE_BYTES = 3 * 8 + 64  # inv_bandwidth, latency, message cost, and the route itself
+# A device graph's own bytes per device: devices, switches, links, the routing graph and the
+# hierarchy's proof (dgx-h100-2048: 128 MiB over the imports at the peak of building it and
+# its hierarchy, 16,384 GPUs; p100-2048x8: 100 MiB), and seconds per device to build it and
+# prove its hierarchy (0.8 s for dgx-h100-2048, load 0.5; docs/devices.md).
+DEVICE_GRAPH_BYTES = 8 * 1024
+# A larger graph's cached trees per device pair: hops, seconds per byte and latency to every
+# device (20 bytes) and the parent links of its ~2 nodes per device (8).
+ROW_BYTES = 28
+SECONDS_PER_DEVICE = 5e-5
 
 
 class SizeError(ProblemError):
@@ -130,10 +139,10 @@ class SizeEstimate:
 
     @property
     def table_bytes(self) -> int:
-        """float64 node, memory (C x D) and edge tables, plus the D x D route tables."""
-        return (
-            8 * (self.node_entries * (1 + self.num_devices) + self.edge_entries)
-            + ROUTE_BYTES * self.num_devices**2
+        """float64 node, memory (C x D) and edge tables, plus the routes' (`route_table_bytes`:
+        D x D tables on a small graph, a bounded cache of trees on a larger one)."""
+        return 8 * (self.node_entries * (1 + self.num_devices) + self.edge_entries) + (
+            route_table_bytes(self.num_devices)
         )
 
     def describe(self) -> str:
@@ -143,6 +152,38 @@ class SizeEstimate:
             f"{self.edge_tables} distinct tables, {format_bytes(self.table_bytes)} of tables, "
             f"~{self.seconds:.0f} s to build"
         )
+
+
+def device_graph_bytes(num_devices: int) -> int:
+    """Bytes of a device graph of `num_devices` devices, what any search holds (the pipeline
+    search's included): its own (`DEVICE_GRAPH_BYTES` per device) and, up to
+    `pairs.DENSE_DEVICES` devices, its D x D route tables (`route_table_bytes`)."""
+    from planner.hardware.pairs import DENSE_DEVICES
+
+    tables = route_table_bytes(num_devices) if num_devices <= DENSE_DEVICES else 0
+    return DEVICE_GRAPH_BYTES * num_devices + tables
+
+
+def route_table_bytes(num_devices: int) -> int:
+    """Bytes of the routes the per-op search's cost tables ask of a device graph: up to
+    `pairs.DENSE_DEVICES` devices, the D x D route and cost tables (`ROUTE_BYTES` per pair);
+    beyond, the shortest-path trees of the sources it asks for (`ROW_BYTES` per pair at
+    most), in a cache every graph shares and that never exceeds `pairs.ROW_CACHE_BYTES` (a
+    cluster whose route costs follow a hierarchy needs none of it)."""
+    from planner.hardware.pairs import DENSE_DEVICES, ROW_CACHE_BYTES
+
+    if num_devices <= DENSE_DEVICES:
+        return ROUTE_BYTES * num_devices**2
+    return min(ROW_CACHE_BYTES, ROW_BYTES * num_devices**2)
+
+
+def route_seconds(num_devices: int) -> float:
+    """Rough seconds to build a device graph and the routes a plan asks of it."""
+    from planner.hardware.pairs import DENSE_DEVICES
+
+    if num_devices <= DENSE_DEVICES:
+        return SECONDS_PER_ROUTE * num_devices**2
+    return SECONDS_PER_DEVICE * num_devices
 
 
 def op_space_key(graph: OpGraph, i: int, reduce: bool = True) -> tuple[Any, ...]:
@@ -218,7 +259,7 @@ def estimate(
     nodes = {(sigs[i], keys[i]): configs[i] for i in range(len(graph.ops))}
     edges: dict[Any, tuple[int, int]] = {}
     hierarchical = kind == "mesh" or sizes is not None
-    seconds = SECONDS_PER_CONFIG * sum(nodes.values()) + SECONDS_PER_ROUTE * num_devices**2
+    seconds = SECONDS_PER_CONFIG * sum(nodes.values()) + route_seconds(num_devices)
     for n, e in enumerate(graph.edges):
         sig = edge_signatures[n] if edge_signatures is not None else n
         key = (sig, keys[e.src], keys[e.dst])
@@ -355,14 +396,15 @@ def check_memory_fits(graph: OpGraph, devices: DeviceGraph, options: CostOptions
 
 
 def check_devices_spec(spec: str, budget: float = DEFAULT_TABLE_BUDGET) -> None:
-    """Refuse a preset whose D x D route tables alone exceed `budget`, before building it."""
+    """Refuse a preset whose device graph alone (`device_graph_bytes`: linear in the devices
+    beyond a small graph's tables) exceeds `budget`, before building it."""
     n = preset_device_count(spec)
-    if n is None or ROUTE_BYTES * n * n <= budget:
+    if n is None or device_graph_bytes(n) <= budget:
         return
     raise SizeError(
-        f"{spec} has {n:,} devices: its device-pair route tables alone would need "
-        f"{format_bytes(ROUTE_BYTES * n * n)}, over the table budget of {format_bytes(budget)}: "
-        f"use fewer devices (or raise --table-budget)"
+        f"{spec} has {n:,} devices: its device graph alone would need "
+        f"{format_bytes(device_graph_bytes(n))}, over the table budget of "
+        f"{format_bytes(budget)}: use fewer devices (or raise --table-budget)"
     )
 
 

@@ -45,9 +45,10 @@ class Strategy:
             raise StrategyError(
                 f"{len(self.configs)} configs for {len(self.graph.ops)} ops of {self.graph.name!r}"
             )
+        checked: set[int] = set()  # device tuples the configs share, checked once
         for op, cfg in zip(self.graph.ops, self.configs, strict=True):
             try:
-                check_config(op, cfg, self.devices.num_devices)
+                check_config(op, cfg, self.devices.num_devices, checked)
             except ConfigError as exc:
                 raise StrategyError(str(exc)) from None
 

@@ -20,8 +20,12 @@ Per chunk c (ops `bounds[c]..bounds[c+1]`, devices `group_of(c)`):
 - **messages**: each tensor it sends to a later chunk goes task by task from the producer's
   devices to the same positions in the receiving group (`DeviceGraph.transfer_time`, the
   tasks at once: their slowest), and its gradient comes back the same way;
-- **memory per device**: its parameters' training state and the recomputation's working
-  set once, and its kept activations per micro-batch in flight (`CostModel.memory_parts`).
+- **memory per device**: its parameters' training state and its working set once (the
+  largest recomputed region's, or on the last stage the loss's logits gradient), and its
+  kept activations per micro-batch in flight (`CostModel.memory_parts`,
+  `planner.costs.activations`: on the first stage the embedding's output as the first block
+  keeps it, on the last the loss's fp32 probabilities); a stage's peak adds them up over
+  its chunks (`planner.pipeline.timeline.stage_peak`).
 
 `simulate_pipelined` feeds these to `planner.pipeline.timeline.simulate_pipeline`.
 
@@ -173,15 +177,15 @@ def chunk_times(cost_model: CostModel, ps: PipelinedStrategy) -> list[ChunkTimes
     simulated once: the middle stages of a transformer's pipeline are."""
     pipe = ps.pipeline
     sends = message_seconds(cost_model, ps)
-    seen: dict[tuple[str, ...], tuple[float, float, float, float, float]] = {}
+    seen: dict[tuple[str, ...], tuple[float, float, float, float, float, float]] = {}
     groups: dict[Any, DeviceGraph] = {}
     out = []
     for c in range(pipe.chunks):
         ch = chunk_problem(cost_model, ps, c, groups)
         key = chunk_key(ch)
         if key not in seen:
-            seen[key] = simulate_chunk(cost_model.options, cost_model.measured, ch)[:5]
-        forward, backward, sync, kept, fixed = seen[key]
+            seen[key] = simulate_chunk(cost_model.options, cost_model.measured, ch)
+        forward, backward, sync, kept, fixed, working = seen[key]
         out.append(
             ChunkTimes(
                 forward=forward,
@@ -191,6 +195,7 @@ def chunk_times(cost_model: CostModel, ps: PipelinedStrategy) -> list[ChunkTimes
                 sync=sync,
                 activation_bytes=kept,
                 fixed_bytes=fixed,
+                working_bytes=working,
             )
         )
     return out

@@ -128,3 +128,24 @@ def test_selective_recomputation_frees_the_logsumexp() -> None:
     graph = _gpt(GPUS)
     none, selective = layer_bytes(graph, 1), layer_bytes(graph, 1, "selective")
     assert none - selective == pytest.approx(4 * A * S, rel=1e-12)
+
+
+def test_selective_recomputation_never_raises_the_peak() -> None:
+    # the attention's output stays kept for the output projection, whose backward runs
+    # first and releases it: the recomputed copy replaces it, the working set is the
+    # logsumexp alone, and the peak and the additive rule's sum both drop
+    from planner.problems.sizes import least_memory
+
+    graph = _gpt(GPUS // 2)
+    devices = get_preset("dgx-a100-80g-1")
+    configs = megatron(graph, devices, 2).configs
+    cms = {m: CostModel(graph, devices, CostOptions(recompute=m)) for m in ("none", "selective")}  # type: ignore[arg-type]
+    none, selective = cms["none"].activations, cms["selective"].activations
+    for i in cms["selective"].recomputed.block:
+        assert selective.kept[i] == 1.0  # its output, which the projection keeps
+        assert selective.work[i] == pytest.approx(none.kept[i] - 1.0)  # the logsumexp
+    peaks = {m: cm.strategy_memory(configs) for m, cm in cms.items()}
+    assert (peaks["selective"] < peaks["none"]).all()
+    assert least_memory(graph, CostOptions(recompute="selective")) < least_memory(
+        graph, CostOptions()
+    )

@@ -32,9 +32,10 @@ again in the backward, Korthikanti et al. 2022, Sec. 4.2.2). An op no op reads k
 (a pipeline chunk's last tensor is kept by the next chunk, which reads it), except the loss.
 
 With activation recomputation (`planner.costs.recompute`) an op that recomputes keeps only
-what an op that does not recompute saves of it; what the recomputing ops would keep is
-rebuilt during their region's backward (`work`), and the tensors they read from outside the
-region are kept (the checkpoints). The loss's gradient of the logits (their dtype) exists
+what an op that does not recompute saves of it; the rest of what it would keep is rebuilt
+during its region's backward (`work`: by then the readers that do not recompute have run
+their backward and released their copy), and the tensors it reads from outside the region
+are kept (the checkpoints). The loss's gradient of the logits (their dtype) exists
 once, while every kept activation still does, at the start of the backward: a transient
 region of its own (`LOSS_REGION`), as a recomputed region's working set is.
 
@@ -216,8 +217,10 @@ def activation_memory(graph: OpGraph, recomputed: RecomputeShare) -> ActivationM
         own = _buffers(graph, i)
         itself = saved[i] or _saves_output(op) and not is_loss(graph, i)
         if i in recomputed:
+            # what an op that does not recompute saves of it stays; its own backward's copy
+            # replaces that one (released by then: the reader's backward runs first)
             kept[i] = float(saved_outside[i])
-            work[i] = float(itself) + own
+            work[i] = float(itself and not saved_outside[i]) + own
             region[i], share[i] = recomputed.block[i], recomputed.share[i]
             continue
         kept[i] = float(itself or read_by_recomputed[i]) + own

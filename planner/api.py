@@ -90,6 +90,7 @@ def plan(
     master_weights: bool | None = None,
     zero: int | str | None = None,
     headroom: float | None = None,
+    reserve: float | None = None,
     recompute: str | int | None = None,
     max_configs: int | None = None,
     backend_options: Mapping[str, Any] | None = None,
@@ -125,11 +126,15 @@ def plan(
     (optimizer state, then gradients, then weights sharded over the data-parallel replicas)
     or "auto" (stage 0, and the next stage while the answer does not fit the devices'
     memory; `stats["zero"]` says which stage and why); headroom: the fraction of each
-    device's memory kept free (default 0); recompute: "none" (the default), "full" (the ops
-    inside the model's numbered blocks, e.g. a GPT's `transformer.h.3`, keep no outputs
-    and run their forward again in the backward: `planner.costs.recompute`), a number k
-    (the first k blocks do) or "auto" (the fastest answer that fits of none, full and, after
-    full, the fewest blocks its answer needs; `stats["recompute"]` says which and why).
+    device's memory kept free (default 0.05: the allocator's fragmentation) and reserve: the
+    bytes kept free on each GPU (default 2 GiB: CUDA context, NCCL buffers, workspaces;
+    `planner.costs.memory.DEFAULT_RESERVE`); recompute: "none" (the default), "selective"
+    (the attention ops of the model's numbered blocks run their forward again in the
+    backward, Megatron-LM's selective recomputation), "full" (every op inside the numbered
+    blocks, e.g. a GPT's `transformer.h.3`, keeps nothing and runs its forward again in the
+    backward: `planner.costs.recompute`), a number k (the first k blocks do) or "auto" (the
+    fastest answer that fits of none, selective, full and, after full, the fewest blocks its
+    answer needs; `stats["recompute"]` says which and why).
     With zero and recompute both left unset and the backend "auto", a model or plan that
     does not fit without them is planned again with both "auto" instead of being refused
     (`stats["memory_fallback"]` says why); a plan that fits without them is unchanged.
@@ -184,6 +189,7 @@ def plan(
         master_weights=master_weights,
         zero=zero,
         headroom=headroom,
+        reserve=reserve,
         recompute=recompute,
         max_configs=max_configs,
         backend_options=backend_options,
@@ -425,11 +431,16 @@ def _memory_use(request: PlanRequest, problem: Problem, result: SolveResult) -> 
     devices it uses."""
     if result.strategy is None or not problem.is_dnn:
         return {}
-    from planner.problems.sizes import check_strategy_memory, strategy_memory
+    from planner.problems.sizes import check_strategy_memory, peak_parts, strategy_memory
 
     check = check_strategy_memory if request.search.check_memory else strategy_memory
-    fit = check(problem.dnn().cost_model, result.strategy)
-    memory: dict[str, Any] = {"memory_peak_bytes": float(fit.peak.max()), "memory_fits": fit.fits}
+    cm = problem.dnn().cost_model
+    fit = check(cm, result.strategy)
+    memory: dict[str, Any] = {
+        "memory_peak_bytes": float(fit.peak.max()),
+        "memory_fits": fit.fits,
+        "memory_peak_parts": peak_parts(cm, result.strategy.configs),
+    }
     return {**memory, **_device_use(problem, result, request.search.objective)}
 
 
@@ -507,16 +518,21 @@ def _plan_zero_auto(request: PlanRequest) -> PlanResult:
 
 def _plan_recompute_auto(request: PlanRequest) -> PlanResult:
     """recompute="auto": the fastest answer that fits the devices' memory, without
-    recomputation, with every block's ("full") or with the first k blocks' (`zero`, "auto"
-    included, applies to each attempt). In turn, each with a share of the time left:
+    recomputation, with the attention ops' ("selective"), with every block's ("full") or
+    with the first k blocks' (`zero`, "auto" included, applies to each attempt). In turn,
+    each with a share of the time left:
 
     1. "none", with elimination alone when the backend is "auto" (a quick probe: when its
        proven optimum fits it is the answer, since recomputing only adds time to a strategy);
        skipped when the model cannot fit at all without recomputing (`check_memory_fits`);
-    2. "full", with the backend asked for;
-    3. when "full"'s strategy would fit recomputing only its first k blocks (`_fewer_blocks`),
+    2. "selective", probed the same way, when it may fit: "none" found no answer, or its
+       answer fits once its attention ops recompute (`_fits_with`; selective frees little,
+       so an answer that misses by more is not planned again for it); its proven optimum,
+       when it fits, is the answer (every op "selective" recomputes, "full" does too);
+    3. "full", with the backend asked for;
+    4. when "full"'s strategy would fit recomputing only its first k blocks (`_fewer_blocks`),
        recompute=k: the choice per block, time for memory;
-    4. when nothing fits yet and step 1 was a probe, "none" with the backend asked for (the
+    5. when nothing fits yet and step 1 was a probe, "none" with the backend asked for (the
        portfolio under the memory limit) in the time left.
 
     The answer of lower objective (seconds per iteration under its own cost model) among
@@ -531,8 +547,11 @@ def _plan_recompute_auto(request: PlanRequest) -> PlanResult:
     answers: list[tuple[str | int, PlanResult]] = []
     probe = request.search.backend == AUTO and request.search.objective == "additive"
 
-    def fits(o: PlanResult) -> bool:
-        return o.has_solution and o.stats.get("memory_fits") is not False
+    def fits(o: PlanResult | None) -> bool:
+        return o is not None and o.has_solution and o.stats.get("memory_fits") is not False
+
+    def proven(o: PlanResult | None) -> bool:
+        return fits(o) and o.status is Status.OPTIMAL and o.backend == "elimination"  # type: ignore[union-attr]
 
     def attempt(mode: str | int, share: float, backend: str | None = None) -> PlanResult | None:
         attempt_request = unchecked.with_memory(recompute=mode).within(deadline.share(share))
@@ -556,10 +575,15 @@ def _plan_recompute_auto(request: PlanRequest) -> PlanResult:
         answers.append((mode, out))
         return out
 
-    first = attempt("none", 0.5, "elimination" if probe else None)
-    proven = (first is not None and fits(first) and first.status is Status.OPTIMAL
-              and first.backend == "elimination")  # fmt: skip
-    if not proven and not deadline.expired():
+    elimination = "elimination" if probe else None
+    first = attempt("none", 0.5, elimination)
+    done = proven(first)
+    if not done and not deadline.expired():
+        if first is None or not first.has_solution or _fits_with(first, "selective"):
+            done = proven(attempt("selective", 0.4, elimination))
+        else:
+            tried.append({"recompute": "selective", "why": _selective_short(first)})
+    if not done and not deadline.expired():
         full = attempt("full", 0.6)
         fewer = _fewer_blocks(full) if full is not None and fits(full) else None
         if fewer is not None and not deadline.expired():
@@ -582,6 +606,29 @@ def _plan_recompute_auto(request: PlanRequest) -> PlanResult:
             why = f"objective {o.objective:.6g} s against {answers[best][1].objective:.6g} s"
         tried.append({"recompute": option, "why": why})
     return _chosen(answers[best][1], "recompute", tried, request.search.check_memory)
+
+
+def _fits_with(out: PlanResult, mode: str | int) -> bool:
+    """Whether `out`'s strategy fits the devices' memory under recompute=`mode`."""
+    from planner.costs.costmodel import CostModel
+
+    if out.strategy is None or not out.problem.is_dnn:
+        return False
+    cm = out.problem.dnn().cost_model
+    other = CostModel(cm.graph, cm.devices, dataclasses.replace(cm.options, recompute=mode))  # type: ignore[arg-type]
+    return bool((other.strategy_memory(out.strategy.configs) <= other.usable_memory()).all())
+
+
+def _selective_short(out: PlanResult) -> str:
+    """Why "selective" was not planned after "none" gave `out`, an answer that does not fit."""
+    from planner.problems.sizes import format_bytes
+
+    peak = out.stats.get("memory_peak_bytes") or 0.0
+    return (
+        f"not planned: the 'none' answer (peak {format_bytes(peak)}) does not fit with its "
+        "attention ops recomputed either (selective frees only what FlashAttention keeps "
+        "beyond q, k, v and its output)"
+    )
 
 
 def _chosen(out: PlanResult, option: str, tried: list[dict[str, Any]], check: bool) -> PlanResult:

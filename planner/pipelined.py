@@ -27,6 +27,7 @@ from planner.hardware.devices import DeviceGraph
 from planner.pipeline.problem import PipelineProblem
 from planner.pipeline.spec import PipelineError
 from planner.plans import PipelinePlan
+from planner.problems.sizes import pipeline_peak_parts
 from planner.registry import get_pipeline_solver
 from planner.request import DEFAULT_TIME_LIMIT, PlanRequest, overrun_words
 from planner.result import SolveOptions
@@ -59,6 +60,7 @@ def plan_pipeline(
     master_weights: bool | None = None,
     zero: int | str | None = None,
     headroom: float | None = None,
+    reserve: float | None = None,
     recompute: str | None = None,
     schedules: Sequence[str] | None = None,
     stages: Sequence[int] | None = None,
@@ -67,8 +69,10 @@ def plan_pipeline(
     """The fastest pipelined layout found for `model` (a model of numbered blocks: a GPT's
     `transformer.h.3`, a Llama's `layers.3`) on `devices` within their memory.
 
-    zero: a stage, or None/"auto" (stages 0 and 1 are searched); recompute: "none", "full",
-    or None/"auto" (both searched); schedules: of "gpipe", "1f1b", "interleaved" (default
+    zero: a stage, or None/"auto" (stages 0 and 1 are searched); recompute: "none",
+    "selective", "full", or None/"auto" (all three searched); headroom and reserve: the
+    fraction of each device's memory and the bytes per GPU kept free (None: `planner.costs.
+    memory.DEFAULT_HEADROOM` and `DEFAULT_RESERVE`); schedules: of "gpipe", "1f1b", "interleaved" (default
     all); stages: pipeline sizes to try (default every divisor of the devices up to the
     blocks); precision: as `planner.plan`'s. The search is deterministic: `seed` is recorded
     only. PipelineError when no layout fits."""
@@ -86,6 +90,7 @@ def plan_pipeline(
         master_weights=master_weights,
         zero=zero,
         headroom=headroom,
+        reserve=reserve,
         recompute=recompute,
         deadline=deadline,
         pipeline=True,
@@ -109,9 +114,6 @@ def plan_pipeline_request(
     memory = request.memory
     solver = get_pipeline_solver()
     settings = check_choices(request, schedules, stages, solver)
-    given = {"optimizer": memory.optimizer, "master_weights": memory.master_weights,
-             "headroom": memory.headroom}  # fmt: skip
-    options = CostOptions(**{k: v for k, v in given.items() if v is not None})  # type: ignore[arg-type]
     with catch_interrupt():
         request = request.capture()
         graph, device_graph = request.model, request.devices
@@ -120,6 +122,10 @@ def plan_pipeline_request(
                 "a cost-table problem has no layers to cut into pipeline stages: plan it "
                 "without pipeline (pipeline=False, --pipeline off)"
             )
+        kept = memory.with_defaults(device_graph)  # the default headroom and reserve when unset
+        given = {"optimizer": memory.optimizer, "master_weights": memory.master_weights,
+                 "headroom": kept.headroom, "reserve": kept.reserve}  # fmt: skip
+        options = CostOptions(**{k: v for k, v in given.items() if v is not None})  # type: ignore[arg-type]
         log.info(
             "%s: %d ops captured in %.3g s; searching pipelines on %s",
             graph.name,
@@ -141,6 +147,9 @@ def plan_pipeline_request(
         "total_seconds": time.perf_counter() - start + request.capture_seconds,
         "memory_peak_bytes": result.peak_bytes,
         "memory_fits": True,
+        "memory_peak_parts": pipeline_peak_parts(
+            result.timeline, device_graph, result.cost_options or options
+        ),
         **({"overrun": overrun} if overrun else {}),
     }
     out = PipelinePlan(result, phases=phases, model=request.spec)

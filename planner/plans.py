@@ -305,7 +305,8 @@ PHASES = (
     "total_seconds",
 )
 ALWAYS = ("build_seconds", "search_seconds", "total_seconds")
-MEMORY_KEYS = ("memory_peak_bytes", "memory_fits")
+# the peak, whether it fits, and what it holds (`planner.problems.sizes.peak_parts`)
+MEMORY_KEYS = ("memory_peak_bytes", "memory_fits", "memory_peak_parts")
 DEVICE_KEYS = ("devices_used", "devices_total", "idle_devices")  # planner/problems/idle.py
 EXTRA_KEYS = (
     "auto",

@@ -25,7 +25,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from planner.costs.recompute import RECOMPUTE_AUTO, check_graph_options, recompute_error
+from planner.costs.memory import kept_free
+from planner.costs.recompute import (
+    RECOMPUTE,
+    RECOMPUTE_AUTO,
+    check_graph_options,
+    recompute_error,
+)
 from planner.deadline import Deadline
 from planner.errors import BackendError, LayerwiseError, given
 from planner.graph.precision import check_precision
@@ -56,9 +62,9 @@ OVERRUN_SECONDS = 30.0
 AUTO = "auto"  # planner.auto.AUTO: the backend chosen per problem
 ZERO_AUTO = "auto"
 ZERO_STAGES = (0, 1, 2, 3)
-RECOMPUTE_MODES = ("none", "full")  # in the order "auto" tries them
+RECOMPUTE_MODES = RECOMPUTE  # in the order "auto" tries them: none, selective, full
 SOURCE_OPTIONS = ("example_inputs", "model_kwargs", "name", "coarsen", "precision")  # capture
-MEMORY_OPTIONS = ("optimizer", "master_weights", "zero", "headroom", "recompute")
+MEMORY_OPTIONS = ("optimizer", "master_weights", "zero", "headroom", "reserve", "recompute")
 PER_OP_OPTIONS = ("memory_limit", "cost", "sync", "max_configs", "recommend", "check_memory")
 # the per-op search's options and their defaults: the pipeline search takes none of them
 PER_OP_DEFAULTS: dict[str, Any] = {
@@ -76,17 +82,27 @@ SHARED_BUILD_OPTIONS = ("table_budget",)
 
 @dataclass(frozen=True)
 class MemoryOptions:
-    """The training-memory options (docs/cost_model.md, "Memory"); None: the default."""
+    """The training-memory options (docs/cost_model.md, "Memory"); None: the default.
+    Unset, headroom and reserve are the plan's defaults (`with_defaults`, `planner.costs.
+    memory.kept_free`: 5% of each device's memory and 2 GiB per GPU kept free) for a model, and
+    nothing for a cost-table problem (its memory limit is its own)."""
 
     optimizer: str | None = None
     master_weights: bool | None = None
     zero: int | str | None = None
     headroom: float | None = None
+    reserve: float | None = None
     recompute: str | int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """The five options by name (None: unset)."""
+        """The six options by name (None: unset)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def with_defaults(self, devices: Any) -> MemoryOptions:
+        """These options with headroom and reserve set to the plan's defaults on `devices`
+        (a DeviceGraph) when unset."""
+        headroom, reserve = kept_free(self.headroom, self.reserve, devices)
+        return dataclasses.replace(self, headroom=headroom, reserve=reserve)
 
     def check(self, sync: str | None) -> None:
         """Refused before any work (CostOptions' one-line errors)."""
@@ -99,8 +115,8 @@ class MemoryOptions:
             values["recompute"] = RECOMPUTE_MODES[-1]
         elif "recompute" in values and recompute_error(values["recompute"]) is not None:
             raise LayerwiseError(
-                "recompute must be 'none', 'full', 'auto' or a number of blocks >= 0, got "
-                f"{given(self.recompute)}"
+                "recompute must be 'none', 'selective', 'full', 'auto' or a number of blocks "
+                f">= 0, got {given(self.recompute)}"
             )
         if "zero" in values and (not isinstance(values["zero"], int) or values["zero"] is True):
             raise LayerwiseError(f"zero must be 0, 1, 2, 3 or 'auto', got {given(self.zero)}")

@@ -83,9 +83,12 @@ def problem_of(
         capture_seconds,
         device_graph.name,
     )
-    memory = {
-        k: options.get(k) for k in ("optimizer", "master_weights", "zero", "headroom", "recompute")
-    }
+    from planner.costs.memory import kept_free
+
+    memory = {k: options.get(k) for k in ("optimizer", "master_weights", "zero", "recompute")}
+    memory["headroom"], memory["reserve"] = kept_free(  # a model's plan keeps them by default
+        options.get("headroom"), options.get("reserve"), device_graph
+    )
     cm = cost_model(graph, device_graph, options["cost"], sync=options["sync"], **memory)
     from planner.problems.problem import build_problem
 

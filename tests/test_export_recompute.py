@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 import torch
-from test_export_llm import MODELS, _train, budget, strategies  # noqa: F401 (budget: autouse)
+from test_export_llm import (  # noqa: F401 (budget: autouse)
+    MODELS,
+    TOKENS,
+    _tolerance,
+    _train,
+    budget,
+    strategies,
+)
 from workers import run_workers
 
 import planner
@@ -97,3 +104,83 @@ def test_checkpointed_blocks_train_like_without_on_gloo(tmp_path: Path) -> None:
         assert r["deviation"] < 1e-12 and r["from_plain"] < 1e-12 and r["names"], (case, r)
         # per step: the forward, and with recompute its second run in the backward
         assert r["calls"] == {"none": STEPS, "full": 2 * STEPS}, (case, r)
+
+
+SELECTIVE = "llama-sdpa"  # attention by F.scaled_dot_product_attention: what selective wraps
+
+
+def test_selective_recomputation_checkpoints_the_attention_modules() -> None:
+    data, _ = strategies(SELECTIVE)["data"]
+    strategy, module = strategy_from_json(data), MODELS[SELECTIVE]()
+    plan = export_plan(strategy, module, recompute="selective")
+    assert plan.checkpointed == ()
+    assert plan.checkpointed_attention == ("layers.0.attention", "layers.1.attention")
+    assert export_plan(strategy, module, recompute="full").checkpointed_attention == ()
+
+
+def _train_counting(net: Any, step: Any) -> tuple[list[float], list[int]]:
+    """`_train`'s steps, and per step the attention kernels selective recomputation ran
+    again in the backward pass."""
+    import torch.nn.functional as F
+
+    from planner.export.dtensor import ATTENTION_RECOMPUTED
+
+    g = torch.Generator().manual_seed(3)
+    losses, again = [], []
+    for _ in range(STEPS):
+        target = torch.randint(0, 64, (4, 16), generator=g)
+        out = net(*step((TOKENS,)))
+        logits = out.full_tensor() if hasattr(out, "full_tensor") else out
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+        before = ATTENTION_RECOMPUTED[0]
+        loss.backward()
+        again.append(ATTENTION_RECOMPUTED[0] - before)
+        with torch.no_grad():
+            for p in net.parameters():
+                p -= 0.1 * p.grad
+                p.grad = None
+        losses.append(float(loss.detach()))
+    return losses, again
+
+
+def _selective_worker(rank: int, world: int, tmp: str, cases: dict[str, Any]) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    store = dist.FileStore(os.path.join(tmp, "store"), world)
+    report: dict[str, Any] = {}
+    with planner.process_group("gloo", store=store, rank=rank, world_size=world,
+                               timeout=timedelta(seconds=60)):  # fmt: skip
+        for case, (data, _) in cases.items():
+            strategy = strategy_from_json(data)
+            net = MODELS[SELECTIVE]().double()
+            exported = planner.parallelize(strategy, net, recompute="selective")
+            losses, again = _train_counting(net, lambda a, e=exported: e.distribute_inputs(*a))
+            ref = MODELS[SELECTIVE]().double()
+            ref_losses = _train(ref, lambda a: a, STEPS)
+            report[case] = {"deviation": _deviation(net, ref, losses, ref_losses), "again": again}
+        # attention written as tensor code has no kernel call to checkpoint: one clear error
+        data, _ = strategies(NAME)["data"]
+        ones = MODELS[NAME]().double()
+        exported = planner.parallelize(strategy_from_json(data), ones, recompute="selective")
+        try:
+            ones(*exported.distribute_inputs(TOKENS))
+        except ExportError as exc:
+            report["refused"] = str(exc)
+    if rank == 0:
+        Path(tmp, "report.json").write_text(json.dumps(report))
+
+
+def test_selective_recomputation_trains_like_without_on_gloo(tmp_path: Path) -> None:
+    world = 2
+    cases = {k: v for k, v in strategies(SELECTIVE).items() if k in ("data", "megatron")}
+    codes = run_workers(_selective_worker, world, world, str(tmp_path), cases, timeout=150)
+    assert codes == [0] * world
+    report = json.loads((tmp_path / "report.json").read_text())
+    for case in cases:
+        r = report[case]
+        assert r["deviation"] < _tolerance(SELECTIVE, case), (case, r)  # (float32 RMSNorm)
+        # each step's backward runs both blocks' attention kernels again
+        assert r["again"] == [2] * STEPS, (case, r)
+    assert "'transformer.h.0.attn''s forward does not call" in report["refused"], report
+    assert "recompute='full' or 'none'" in report["refused"]

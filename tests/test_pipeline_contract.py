@@ -24,16 +24,17 @@ def test_settings_take_what_plan_takes() -> None:
     """ "auto" (or None) for what `plan` searches, one value for a list of one."""
     given = {"recompute": "auto", "zero": None, "schedules": "1f1b", "stages": [2]}
     settings = PipelineSettings.of(given)
-    assert settings.recompute == ("none", "full") and settings.zero == (0, 1)
+    assert settings.recompute == ("none", "selective", "full") and settings.zero == (0, 1)
     assert settings.schedules == ("1f1b",) and settings.stages == (2,)
     assert PipelineSettings.of({"zero": 1, "recompute": "full"}).zero == (1,)
+    assert PipelineSettings.of({"recompute": "selective"}).recompute == ("selective",)
 
 
 @pytest.mark.parametrize(
     "extra,says",
     [
         ({"zero": 5}, "setting 'zero' must be 0, 1, 2, 3 or 'auto', got 5"),
-        ({"recompute": 3}, "setting 'recompute' must be 'none', 'full' or 'auto'"),
+        ({"recompute": 3}, "setting 'recompute' must be 'none', 'selective', 'full' or 'auto'"),
         ({"schedules": ("zigzag",)}, "setting 'schedules' must be some of gpipe, 1f1b"),
         ({"stages": [0]}, "setting 'stages' must be pipeline sizes >= 1"),
         ({"exact": 0}, "setting 'exact' must be an integer >= 1"),

@@ -125,3 +125,31 @@ def test_bad_schedules_are_one_line_errors() -> None:
         schedule("1f1b", 2, 0)
     with pytest.raises(ScheduleError, match="do not spread evenly over 2 stages"):
         simulate_pipeline([ChunkTimes(1.0, 1.0)] * 3, "1f1b", 2, 4)
+
+
+@pytest.mark.parametrize("p, v", [(4, 2), (8, 5), (4, 20)])
+def test_interleaved_first_stage_keeps_korthikantis_count(p: int, v: int) -> None:
+    # Korthikanti et al. 2022, Sec. 4.2.3: with L layers in p v chunks, the first stage of
+    # interleaved 1F1B keeps L (1 + (p - 1) / (p v)) layers' activations, 1F1B's p x L / p
+    m, layers = 4 * p, p * v
+    chunks = [ChunkTimes(1.0, 2.0, activation_bytes=1.0)] * (p * v)  # a layer per chunk
+    tl = simulate_pipeline(chunks, "interleaved", p, m)
+    assert tl.peak_bytes[0] == pytest.approx(layers * (1 + (p - 1) / (p * v)))
+    assert tl.peak_parts[0]["activations"] == tl.peak_bytes[0]
+    one = [ChunkTimes(1.0, 2.0, activation_bytes=float(v))] * p  # v layers per stage
+    assert simulate_pipeline(one, "1f1b", p, m).peak_bytes[0] == layers
+
+
+def test_a_stage_keeps_its_largest_working_set_once() -> None:
+    # two chunks per stage, each with parameters and a working set (a recomputed block's,
+    # or the loss's gradient): the parameters add up, the working sets do not
+    p, m = 2, 4  # v = 2 chunks per stage: chunks 0, 2 on stage 0, 1, 3 on stage 1
+    chunks = [
+        ChunkTimes(1.0, 2.0, activation_bytes=1.0, fixed_bytes=10.0 + w, working_bytes=w)
+        for w in (3.0, 1.0, 2.0, 5.0)
+    ]
+    tl = simulate_pipeline(chunks, "interleaved", p, m)
+    parts = tl.peak_parts
+    assert parts[0]["parameters"] == 20.0 and parts[0]["working_set"] == 3.0
+    assert parts[1]["parameters"] == 20.0 and parts[1]["working_set"] == 5.0
+    assert tl.peak_bytes == tuple(sum(q.values()) for q in parts)

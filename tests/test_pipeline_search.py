@@ -300,3 +300,42 @@ def test_the_best_by_two_replicas_is_kept_when_its_full_simulation_is_skipped(
     best, next_best = ranked(1.0, 16, False), ranked(1.1, 2, True)
     monkeypatch.setattr(search, "_tasks", lambda graph, lay: search.FULL_SIMULATION_TASKS + 1)
     assert search._on_every_device(space, [best, next_best], Deadline.never()) is best
+
+
+@pytest.mark.slow
+def test_selective_recomputation_with_pipelines_and_what_the_peak_holds() -> None:
+    # the attention ops recompute in every chunk: one more attention forward per block; the
+    # peak of the largest stage says what it holds
+    from planner.problems.sizes import pipeline_peak_parts
+
+    gpt = model_graph("gpt2", batch=32, **SMALL_GPT)
+    devices = get_preset("dgx-a100-80g-2")
+    kept = dataclasses.replace(OPTIONS, headroom=0.05, reserve=2 * 2**30)
+    answers = {
+        mode: search_pipeline(
+            gpt, devices, kept, recompute=(mode,), stages=(2,), schedules=("1f1b",), exact=1
+        )  # fmt: skip
+        for mode in ("none", "selective")
+    }
+    out = answers["selective"]
+    assert out.cost_options.recompute == "selective" and out.layout.recompute == "selective"
+    parts = pipeline_peak_parts(out.timeline, devices, out.cost_options)
+    assert {"parameters", "activations", "working_set", "kept_free", "memory"} <= set(parts)
+    assert parts["total"] == pytest.approx(max(out.timeline.peak_bytes))
+    assert parts["memory"] - parts["kept_free"] == pytest.approx(
+        float(usable_memory(devices, 0.05, 2 * 2**30).min())
+    )
+    assert parts["working_set"] > 0  # the loss's gradient on the last stage, at least
+    none = answers["none"]
+    if none.layout.describe().replace("none", "") == out.layout.describe().replace("selective", ""):
+        assert out.objective > none.objective  # the same layout, attention run again
+
+
+def test_a_pipelined_plan_says_what_its_peak_holds() -> None:
+    gpt = model_graph("gpt2", batch=32, **SMALL_GPT)
+    out = planner.plan_pipeline(gpt, "dgx-a100-80g-2", recompute="selective", zero=0,
+                                stages=[2], schedules=["1f1b"], time_limit=60)  # fmt: skip
+    assert out.options.recompute == "selective"  # the attention ops recompute in each chunk
+    parts = out.stats["memory_peak_parts"]
+    assert parts["total"] == pytest.approx(max(out.timeline.peak_bytes))
+    assert out.summary()["memory_peak_parts"] == parts

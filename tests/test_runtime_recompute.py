@@ -107,17 +107,34 @@ def test_the_mode_comes_from_the_plan_file(
     assert _recompute_mode({}) == "none"
     assert _recompute_mode({"cost": {"zero": 1}}) == "none"
     assert _recompute_mode({"cost": {"recompute": "full"}}) == "full"
+    assert _recompute_mode({"cost": {"recompute": "selective"}}) == "selective"
     path = tmp_path / "plan.json"
     data = _strategy("data-2").to_json()
-    data["cost"] = {"recompute": "selective"}
+    data["cost"] = {"recompute": "some"}
     path.write_text(json.dumps(data))
     capsys.readouterr()  # what building the strategy logged (with a handler an earlier test set)
     assert main([str(path)]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "error: the strategy file's cost.recompute must be 'none', 'full' or a number of blocks >= 0, got 'selective'"
+        "error: the strategy file's cost.recompute must be 'none', 'selective', 'full' or a "
+        "number of blocks >= 0, got 'some'"
     ]
     with pytest.raises(
-        RuntimeConfigError, match="recompute must be 'none', 'full' or a number of blocks"
+        RuntimeConfigError,
+        match="recompute must be 'none', 'selective', 'full' or a number of blocks",
     ):
         runtime.RunOptions(recompute="block").validate()
+
+
+def test_selective_recomputation_reruns_the_attention_only() -> None:
+    # Megatron-LM's selective recomputation: the attention ops (one per block) run their
+    # forward again in the backward, on every rank, and training is unchanged
+    strategy = _strategy("data-2")
+    graph = strategy.graph
+    rec = recomputed_ops(graph, "selective").block
+    assert {graph.ops[i].kind for i in rec} == {"attention"} and len(rec) == 2
+    run = runtime.run_strategy(
+        strategy, gpt2("sdpa"), dataclasses.replace(F64, recompute="selective")
+    )
+    assert run.recomputed_tasks == [2 * strategy.devices.num_devices] * F64.steps
+    assert run.deviation is not None and run.deviation["max_deviation"] < 1e-9, run.deviation

@@ -79,7 +79,9 @@ def test_stats_count_shared_tables():
     s = problem.stats
     assert s["node_tables"] == len(g.ops) and s["node_tables_distinct"] < s["node_tables"]
     assert s["edge_tables"] == len(g.edges) and s["edge_tables_distinct"] < s["edge_tables"]
-    steps = [problem.node_names.index(f"step{i}") for i in range(1, 5)]  # step0 reads data
+    # step0 reads data; step4 feeds the loss, which keeps its own fp32 copy of step4's output
+    # rather than step4's output (planner/costs/activations.py): its memory table differs
+    steps = [problem.node_names.index(f"step{i}") for i in range(1, 4)]
     assert all(problem.node_cost[i] is problem.node_cost[steps[0]] for i in steps)
     assert all(problem.usage[i] is problem.usage[steps[0]] for i in steps)
     shared = [t for (u, v), t in zip(problem.edges, problem.edge_cost, strict=True)

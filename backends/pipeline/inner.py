@@ -124,7 +124,7 @@ def searched_layout(
         if deadline.expired():
             return None
         ch = range_problem(group, one, rule.configs, ops, mine, lambda j: mine)
-        plain = dataclasses.replace(options, headroom=0.0)  # memory is the units' to check
+        plain = dataclasses.replace(options, headroom=0.0, reserve=0.0)  # the units check memory
         try:
             cm = CostModel(ch.graph, ch.devices, plain)
             problem = build_problem(ch.graph, ch.devices, cm, table_budget=table_budget)

@@ -200,7 +200,7 @@ def _search(
     simulated exactly, the best few again on every device."""
     t0 = time.perf_counter()
     graph, devices, options = problem.graph, problem.devices, problem.options
-    usable = float(usable_memory(devices, options.headroom).min())
+    usable = float(usable_memory(devices, options.headroom, options.reserve).min())
     space = _Space(problem, settings, usable, parameter_state(graph, options))
     bound = compute_bound(graph, devices, options)  # first: not on a Ctrl-C's way out
     if "search" in settings.inner:
@@ -538,8 +538,13 @@ def _simulate(
     chunks = chunk_times(CostModel(small.strategy.graph, reduced, options), small, _CHUNKS)
     sync = ring_factor(d) / ring_factor(here)
     zero = zero_factor(graph, options, d) / zero_factor(graph, options, here)
-    scaled = [
-        dataclasses.replace(c, sync=c.sync * sync, fixed_bytes=c.fixed_bytes * zero) for c in chunks
+    scaled = [  # ZeRO shards the parameters' state over the d replicas, not the working set
+        dataclasses.replace(
+            c,
+            sync=c.sync * sync,
+            fixed_bytes=(c.fixed_bytes - c.working_bytes) * zero + c.working_bytes,
+        )
+        for c in chunks
     ]
     return planned, simulate_pipeline(scaled, lay.schedule, p, lay.micro_batches)
 

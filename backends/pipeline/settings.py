@@ -20,11 +20,11 @@ from planner.problems.sizes import DEFAULT_TABLE_BUDGET
 
 __all__ = ["INNER", "RECOMPUTE_AUTO", "ZERO_AUTO", "PipelineSettings"]
 
-Recompute = Literal["none", "full"]  # "full": whole blocks
+Recompute = Literal["none", "selective", "full"]  # "selective": attention ops; "full": whole blocks
 Schedule = Literal["gpipe", "1f1b", "interleaved"]
 Inner = Literal["rule", "search"]  # how a stage is laid out: Megatron-LM's rule, the per-op search
 
-RECOMPUTE_AUTO: tuple[Recompute, ...] = ("none", "full")
+RECOMPUTE_AUTO: tuple[Recompute, ...] = ("none", "selective", "full")
 ZERO_AUTO = (0, 1)  # with pipelines Megatron-LM-style runs shard the optimizer state at most
 INNER: tuple[Inner, ...] = ("rule", "search")
 ALL_SCHEDULES = cast(tuple[Schedule, ...], SCHEDULES)
@@ -56,11 +56,12 @@ def _stages(value: tuple[int, ...] | None) -> bool:
 class PipelineSettings(BackendSettings):
     """The pipeline search's choices (defaults: what `planner.plan` searches)."""
 
-    # activation recomputation modes to try, in order of preference ("full": whole blocks)
+    # activation recomputation modes to try, in order of preference ("selective": the
+    # attention ops, Megatron-LM's --recompute-granularity selective; "full": whole blocks)
     recompute: Annotated[
         tuple[Recompute, ...],
         Coerce(_listed(RECOMPUTE_AUTO, str)),
-        _some("'none', 'full' or 'auto' (whole blocks)"),
+        _some("'none', 'selective', 'full' or 'auto' (all three)"),
     ] = RECOMPUTE_AUTO
     # ZeRO stages to try (0: none; with pipelines at most 1 by default)
     zero: Annotated[

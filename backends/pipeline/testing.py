@@ -145,7 +145,9 @@ class PipelineConformance:
         its objective is that simulation's step (within two replicas' error when the answer
         was simulated on two replicas per stage)."""
         problem, result = solved
-        usable = float(usable_memory(problem.devices, problem.options.headroom).min())
+        usable = float(
+            usable_memory(problem.devices, problem.options.headroom, problem.options.reserve).min()
+        )
         assert result.peak_bytes is not None and result.peak_bytes <= usable
         planned = result.planned
         cm = CostModel(planned.strategy.graph, problem.devices, result.cost_options)

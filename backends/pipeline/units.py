@@ -70,6 +70,7 @@ class Units:
             sync=tail,
             activation_bytes=sum(u.kept for u in parts),
             fixed_bytes=sum(u.params for u in parts) + max(u.working for u in parts),
+            working_bytes=max(u.working for u in parts),
         )
 
 

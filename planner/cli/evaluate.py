@@ -24,6 +24,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from planner.logs import phase
     from planner.plans import Evaluation
     from planner.problems.evaluate import score_strategy
+    from planner.problems.sizes import describe_peak, peak_parts
     from planner.problems.strategy import load_strategy
     from planner.sim.simulator import simulate
     from planner.sources import cost_model
@@ -48,8 +49,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         b.total, timeline.makespan, b.compute, b.sync, b.transfer, float(b.memory.max()), timeline
     )
     _timeline_files(scores.timeline, strategy, args)
+    parts = peak_parts(cm, strategy.configs)
     if args.json:
-        print(strict_json(scores.to_json()))
+        print(strict_json({**scores.to_json(), "memory_peak_parts": parts}))
     else:
         print(
             f"additive (OptCNN Eq. 1): {scores.additive * 1e3:.3f} ms = compute "
@@ -58,6 +60,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             f"{scores.memory_peak_bytes / 2**20:.1f} MiB"
         )
         print(f"makespan (FlexFlow simulation): {scores.makespan * 1e3:.3f} ms")
+        print(f"memory: {describe_peak(parts)}")
     return 0
 
 
@@ -69,6 +72,7 @@ def _evaluate_pipelined(
     from planner.logs import phase
     from planner.pipeline.spec import Pipeline, PipelinedStrategy
     from planner.pipeline.stages import simulate_pipelined
+    from planner.problems.sizes import describe_peak, pipeline_peak_parts
 
     if args.trace:
         raise UsageError("--trace is not written for a pipelined plan: use --plot")
@@ -83,6 +87,7 @@ def _evaluate_pipelined(
         "bubble": timeline.bubble,
         "memory_peak_bytes": max(timeline.peak_bytes),
         "peak_bytes_per_stage": list(timeline.peak_bytes),
+        "memory_peak_parts": pipeline_peak_parts(timeline, strategy.devices, cm.options),
         "stages": pipe.stages,
         "chunks": pipe.chunks,
         "micro_batches": pipe.micro_batches,
@@ -107,6 +112,7 @@ def _evaluate_pipelined(
             f"step (pipeline simulation): {timeline.makespan * 1e3:.3f} ms, bubble "
             f"{timeline.bubble:.1%}"
         )
+        print(f"memory: {describe_peak(out['memory_peak_parts'])}")
     return 0
 
 

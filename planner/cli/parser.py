@@ -336,16 +336,24 @@ def _memory_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--headroom",
         type=_headroom,
-        help="fraction of each device's memory kept free, in [0, 1) (default 0)",
+        help="fraction of each device's memory kept free, in [0, 1) (default 0.05: the "
+        "allocator's fragmentation; docs/cost_model.md, Memory)",
+    )
+    p.add_argument(
+        "--reserve",
+        type=_reserve_gib,
+        help="GiB kept free on each GPU for the framework (CUDA context, NCCL buffers, "
+        "workspaces), besides the headroom (default 2)",
     )
     p.add_argument(
         "--recompute",
         type=_recompute_mode,
-        help="activation recomputation: none (default: keep every activation), full (the "
-        "ops inside the model's numbered blocks run their forward again in the backward "
-        "instead of keeping their outputs), N (the first N blocks do) or auto (the fastest "
-        "plan that fits); default: none, or auto with --zero auto when the plan does not "
-        "fit without them",
+        help="activation recomputation: none (default: keep what the backward reads), "
+        "selective (the attention ops of the model's numbered blocks run their forward again "
+        "in the backward, Megatron-LM's --recompute-granularity selective), full (every op "
+        "inside the numbered blocks does instead of keeping its activations), N (the first N "
+        "blocks do) or auto (the fastest plan that fits); default: none, or auto with --zero "
+        "auto when the plan does not fit without them",
     )
     p.add_argument(
         "--pipeline",
@@ -442,13 +450,24 @@ def _zero_stage(text: str) -> int | str:
 
 
 def _recompute_mode(text: str) -> str | int:
-    if text in ("none", "full", "auto"):
+    if text in ("none", "selective", "full", "auto"):
         return text
     if not text.isdigit():
         raise argparse.ArgumentTypeError(
-            f"expected none, full, auto or a number of blocks, got {text!r}"
+            f"expected none, selective, full, auto or a number of blocks, got {text!r}"
         )
     return int(text)
+
+
+def _reserve_gib(text: str) -> float:
+    """--reserve's GiB as bytes."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of GiB >= 0, got {text!r}")
+    return value * 2**30
 
 
 def _headroom(text: str) -> float:

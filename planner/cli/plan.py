@@ -71,6 +71,7 @@ def _request(args: argparse.Namespace, deadline: Any) -> Any:
         master_weights=args.master_weights,
         zero=args.zero,
         headroom=args.headroom,
+        reserve=args.reserve,
         recompute=args.recompute,
         pipeline=args.pipeline if dnn else False,
         recommend=not args.no_recommend,
@@ -108,6 +109,10 @@ def _print_plan(result: Any, summary: dict[str, Any], args: argparse.Namespace) 
     elif result.has_solution:
         print_ops(result.describe(), args.verbose > 0)
         print_summary(summary, seconds=result.problem.is_dnn, problem=result.problem)
+    if not args.json and summary.get("memory_peak_parts"):
+        from planner.problems.sizes import describe_peak
+
+        print(f"memory: {describe_peak(summary['memory_peak_parts'])}")
 
 
 def _print_choices(summary: dict[str, Any]) -> None:
@@ -178,6 +183,7 @@ def _check_plan_args(args: argparse.Namespace) -> None:
                 ("--master-weights", args.master_weights),
                 ("--zero", args.zero),
                 ("--headroom", args.headroom),
+                ("--reserve", args.reserve),
                 ("--recompute", args.recompute),
                 ("--space", args.space),
                 ("--max-split-dims", args.max_split_dims),

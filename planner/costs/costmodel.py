@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
+from planner.costs.activations import ActivationMemory, activation_memory
 from planner.costs.config import OpConfigs, ParallelConfig
 from planner.costs.memory import (
     OPTIMIZER_STATE_BYTES,
@@ -79,6 +80,10 @@ if TYPE_CHECKING:
     from planner.hardware.devices import Device, DeviceGraph, Hierarchy
 
 
+# What a device's peak holds (`CostModel.memory_breakdown`), in the order reports list them
+PEAK_PARTS = ("weights", "gradients", "optimizer_state", "activations", "working_set")
+
+
 class MeasuredTimes(Protocol):
     """A source of measured forward+backward times per task (see planner.costs.profile)."""
 
@@ -96,11 +101,16 @@ class CostOptions:
     two moments, fp32), fp32 `master_weights` of 16-bit parameters, the `zero` stage (0-3:
     optimizer state, then gradients, then weights sharded over each shard's data-parallel
     replicas; 1-2 sync by reduce-scatter + all-gather, 3 also all-gathers the weights before
-    the forward and the backward) and a `headroom` fraction of each device's memory kept
-    free (fragmentation, workspace, the framework), and activation `recompute` ("none";
-    "full": the ops inside a model's numbered blocks keep no outputs and run their forward
-    again in the backward pass; or a number k: the first k blocks do; `planner.costs.recompute`). The defaults are the plain rule:
-    weights, gradients and every output, no optimizer state, all of each device's memory.
+    the forward and the backward), a `headroom` fraction of each device's memory and a
+    `reserve` of bytes on each GPU kept free (the allocator's fragmentation; the CUDA
+    context, NCCL's buffers, workspaces: `planner.costs.memory.DEFAULT_RESERVE`), and
+    activation `recompute` ("none"; "selective": the attention ops of a model's numbered
+    blocks; "full": the ops inside its numbered blocks keep nothing and run their forward
+    again in the backward pass; or a number k: the first k blocks do;
+    `planner.costs.recompute`). Activations count what the backward reads
+    (`planner.costs.activations`). The defaults are the plain rule: weights, gradients and
+    the activations, no optimizer state, all of each device's memory (`planner.plan` keeps
+    `DEFAULT_HEADROOM` and `DEFAULT_RESERVE` free by default).
 
     Compute per op class (`compute_efficiency_of`): `matmul_efficiency` (linear, conv2d,
     lstm, rnn_attention) and `attention_efficiency` (scaled dot-product attention: its two
@@ -119,7 +129,8 @@ class CostOptions:
     master_weights: bool = False
     zero: int = 0
     headroom: float = 0.0
-    recompute: Literal["none", "full"] | int = "none"
+    reserve: float = 0.0
+    recompute: Literal["none", "selective", "full"] | int = "none"
     matmul_efficiency: float | None = None
     attention_efficiency: float | None = None
     tf32: bool | None = None
@@ -163,6 +174,15 @@ class CostOptions:
         if not (isinstance(self.headroom, int | float) and 0 <= self.headroom < 1):
             raise LayerwiseError(
                 f"headroom must be a fraction of device memory in [0, 1), got {self.headroom!r}"
+            )
+        reserve = self.reserve
+        if (
+            isinstance(reserve, bool)
+            or not isinstance(reserve, int | float)
+            or not (0 <= reserve < float("inf"))
+        ):
+            raise LayerwiseError(
+                f"reserve must be a number of bytes >= 0 kept free on each GPU, got {reserve!r}"
             )
         error = recompute_error(self.recompute)
         if error is not None:
@@ -475,63 +495,109 @@ class CostModel:
 
     def memory(self, i: int, cfg: ParallelConfig) -> np.ndarray:
         """Bytes op i keeps on each device under cfg: its parameters' training state
-        (`param_copies`) and its output activations (a recomputed op's: its share of its
-        block's, `planner.costs.recompute`; a strategy's peak: `strategy_memory`)."""
+        (`param_copies`) and the activations kept of it for the backward (its output when a
+        consumer saves it, its own buffers: `planner.costs.activations`; of a recomputed op,
+        its share of its region's working set; a strategy's peak: `strategy_memory`)."""
         out = np.zeros(self.num_devices)
         out[list(cfg.devices)] = self._task_memory(i, cfg)
         return out
 
     def _task_memory(self, i: int, cfg: ParallelConfig) -> float:
-        op = self.graph.ops[i]
-        shards = math.prod(cfg.degree(op, d) for d in parameter_dims(op)) if op.params else 1
-        shards *= cfg.reduce  # a contraction split cuts the weight too
-        copies = self.param_copies(op, cfg.num_tasks // shards)
-        per_task = op.param_bytes / shards * copies / self._share(op)
-        # the tasks of a contraction split each hold a partial sum of their whole box
-        return per_task + self._output_bytes(i, cfg) * self.recomputed.share.get(i, 1.0)
+        return self._param_memory(i, cfg) + self._kept_unit(i, cfg) * self.activations.per_op(i)
 
-    def _output_bytes(self, i: int, cfg: ParallelConfig) -> float:
-        """Bytes of op i's output each task of cfg holds."""
-        return self.graph.ops[i].output.nbytes / (cfg.num_tasks // cfg.reduce)
+    def _kept_unit(self, i: int, cfg: ParallelConfig) -> float:
+        """Bytes of op i's output per task of cfg, as activations are kept: a contraction
+        split's partial sums are kept (and its folded dropout's mask made) after the sum is
+        scattered over its tasks, as Megatron-LM's row-parallel layer with sequence
+        parallelism does: 1 / every task of it."""
+        return self.graph.ops[i].output.nbytes / cfg.num_tasks
+
+    def activation_bytes(self, i: int, cfg: ParallelConfig) -> float:
+        """Bytes of activations each task of cfg keeps of op i from the forward to the
+        backward pass (`planner.costs.activations`: its output when an op's backward reads it,
+        its own buffers; not a recomputed op's working set)."""
+        return self._kept_unit(i, cfg) * float(self.activations.kept[i])
+
+    def _param_memory(self, i: int, cfg: ParallelConfig) -> float:
+        """Bytes of op i's parameters' training state each task of cfg keeps."""
+        return sum(self._param_parts(i, cfg))
+
+    def _param_parts(self, i: int, cfg: ParallelConfig) -> tuple[float, float, float]:
+        """(weights, gradients, optimizer state with master copies) bytes of op i's
+        parameters each task of cfg keeps (`planner.costs.memory.ParamBytes.held`)."""
+        op = self.graph.ops[i]
+        if not op.params:
+            return 0.0, 0.0, 0.0
+        shards = math.prod(cfg.degree(op, d) for d in parameter_dims(op))
+        shards *= cfg.reduce  # a contraction split cuts the weight too
+        r, zero = max(1, cfg.num_tasks // shards), self.options.zero
+        state = self.param_state(op)
+        scale = 1.0 / (shards * self._share(op))
+        return (
+            state.weights / (r if zero >= 3 else 1) * scale,
+            state.gradients / (r if zero >= 2 else 1) * scale,
+            state.state / (r if zero >= 1 else 1) * scale,
+        )
+
+    @cached_property
+    def activations(self) -> ActivationMemory:
+        """What each op keeps for the backward, per byte of its output, under the options'
+        recomputation (`planner.costs.activations.activation_memory`)."""
+        return activation_memory(self.graph, self.recomputed)
 
     def strategy_memory(self, configs: Sequence[ParallelConfig | None]) -> np.ndarray:
         """(D,) peak bytes per device of a strategy's configs (None: an op not placed yet):
-        the sum of `memory`, where recomputed outputs count as the largest block's on each
-        device (`planner.costs.recompute`) rather than as their per-op shares."""
+        the parameters' training state, the activations kept for the backward, and the
+        largest working set of one region on each device (a recomputed block or attention
+        op rebuilding its activations, or the loss's logits gradient: `planner.costs.
+        activations`) rather than the per-op shares `memory` charges."""
         peak = np.zeros(self.num_devices)
-        blocks: dict[str, np.ndarray] = {}
-        rec = self.recomputed
+        regions: dict[str, np.ndarray] = {}
+        act = self.activations
         for i, cfg in enumerate(configs):
             if cfg is None:
                 continue
             peak += self.memory(i, cfg)
-            if i in rec:
-                out = blocks.setdefault(rec.block[i], np.zeros(self.num_devices))
-                held = self._output_bytes(i, cfg)
-                out[list(cfg.devices)] += held
-                peak[list(cfg.devices)] -= held * rec.share[i]
-        if blocks:
-            peak += np.max(np.stack(list(blocks.values())), axis=0)
+            if i in act.region:
+                devs = list(cfg.devices)
+                work = regions.setdefault(act.region[i], np.zeros(self.num_devices))
+                held = self._kept_unit(i, cfg) * float(act.work[i])
+                work[devs] += held
+                peak[devs] -= held * act.share[i]
+        if regions:
+            peak += np.max(np.stack(list(regions.values())), axis=0)
         return peak
 
     def memory_parts(
         self, configs: Sequence[ParallelConfig]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(D,) bytes per device of a strategy's configs in three parts that sum to
-        `strategy_memory`: the parameters' training state, the activations kept for the
-        backward (outputs not recomputed), and the recomputation's working set (the largest
-        block's recomputed outputs). A pipeline keeps the second per micro-batch in flight."""
+        `strategy_memory`: the parameters' training state, the activations kept from the
+        forward to the backward, and the largest region's working set (a recomputed block or
+        attention op, or the loss's logits gradient). A pipeline keeps the second per
+        micro-batch in flight, the others once."""
         params = np.zeros(self.num_devices)
         kept = np.zeros(self.num_devices)
-        rec = self.recomputed
         for i, cfg in enumerate(configs):
             devs = list(cfg.devices)
-            out = self._output_bytes(i, cfg)
-            params[devs] += self._task_memory(i, cfg) - out * rec.share.get(i, 1.0)
-            if i not in rec:
-                kept[devs] += out
+            params[devs] += self._param_memory(i, cfg)
+            kept[devs] += self.activation_bytes(i, cfg)
         working = self.strategy_memory(configs) - params - kept
         return params, kept, working
+
+    def memory_breakdown(self, configs: Sequence[ParallelConfig]) -> dict[str, np.ndarray]:
+        """(D,) bytes per device of a strategy's configs by what they hold, summing to
+        `strategy_memory`: "weights", "gradients", "optimizer_state" (optimizer state and
+        fp32 master copies), "activations" (kept from the forward to the backward) and
+        "working_set" (the largest region's: a recomputed block or attention op, or the
+        loss's logits gradient)."""
+        parts = {k: np.zeros(self.num_devices) for k in PEAK_PARTS[:3]}
+        for i, cfg in enumerate(configs):
+            devs = list(cfg.devices)
+            for key, value in zip(PEAK_PARTS[:3], self._param_parts(i, cfg), strict=True):
+                parts[key][devs] += value
+        _, kept, working = self.memory_parts(configs)
+        return {**parts, "activations": kept, "working_set": working}
 
     def param_state(self, op: Op) -> ParamBytes:
         """Op's parameter bytes in training, unsharded: weights, gradients, fp32 state."""
@@ -553,8 +619,9 @@ class CostModel:
         return self.param_state(op).updated(replicas, self.options.zero) / op.param_bytes
 
     def usable_memory(self) -> np.ndarray:
-        """(D,) bytes of each device a plan may use: (1 - headroom) x its memory."""
-        return usable_memory(self.devices, self.options.headroom)
+        """(D,) bytes of each device a plan may use: (1 - headroom) x its memory, less the
+        reserve on each GPU (`planner.costs.memory.usable_memory`)."""
+        return usable_memory(self.devices, self.options.headroom, self.options.reserve)
 
     # -- t_x (direct, task by task) -------------------------------------------------------
 
@@ -649,10 +716,11 @@ class CostModel:
         return tables.table(cu, cv)
 
     def node_signature(self, i: int) -> tuple[Any, ...]:
-        """Everything op i's node and memory tables depend on (`node_signature`, and whether
-        it recomputes, with its output's memory share)."""
+        """Everything op i's node and memory tables depend on (`node_signature`, whether it
+        recomputes, and the activation bytes kept of it)."""
         again = self.recomputed.share.get(i) if i in self.recomputed else None
-        return (*node_signature(self.graph, i, self._share(self.graph.ops[i])), again)
+        memory = self.activations.per_op(i)
+        return (*node_signature(self.graph, i, self._share(self.graph.ops[i])), again, memory)
 
     def edge_signature(self, edge: Edge) -> tuple[EdgeGeometry, Any]:
         """Everything `edge`'s t_x table depends on besides the two config lists (the

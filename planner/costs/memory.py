@@ -30,12 +30,62 @@ if TYPE_CHECKING:
     from planner.graph.opgraph import Param
     from planner.hardware.devices import DeviceGraph
 
-__all__ = ["OPTIMIZER_STATE_BYTES", "ParamBytes", "param_bytes", "usable_memory"]
+__all__ = [
+    "DEFAULT_HEADROOM",
+    "DEFAULT_RESERVE",
+    "OPTIMIZER_STATE_BYTES",
+    "default_reserve",
+    "kept_free",
+    "ParamBytes",
+    "param_bytes",
+    "usable_memory",
+]
 
 # fp32 bytes of optimizer state per parameter element (ZeRO Sec. 3.1: Adam's K = 12 is these
 # 8 plus the 4-byte master copy).
 OPTIMIZER_STATE_BYTES = {"none": 0, "sgd": 4, "adam": 8}
 FP32 = 4
+GiB = 2**30
+
+# What a plan leaves free of each device by default (`planner.plan`, the CLI, the pipeline
+# search; docs/cost_model.md, "Memory"): what the cost model does not count, the training
+# framework's and the allocator's own.
+# - DEFAULT_RESERVE, bytes on each GPU: the CUDA context with PyTorch's kernels (0.5-1 GiB
+#   per process: "~700+MB depending on the CUDA version and device", PyTorch forums,
+#   discuss.pytorch.org/t/high-gpu-memory-overhead/81330; less with lazy module loading),
+#   NCCL's buffers (NCCL_BUFFSIZE, 4 MiB by default, per channel and peer of every
+#   communicator: docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html; a Megatron-LM
+#   rank holds tensor-, pipeline-, data-parallel and embedding communicators, some hundreds
+#   of MiB to a GiB in all) and the cuBLAS/cuBLASLt workspaces (32 MiB per handle on Hopper
+#   in PyTorch and Transformer Engine): 2 GiB.
+# - DEFAULT_HEADROOM, a fraction of each device's memory: the caching allocator's
+#   fragmentation (memory "reserved but unallocated", the PyTorch CUDA semantics notes on
+#   `expandable_segments`, docs.pytorch.org/docs/stable/notes/cuda.html), and the transients
+#   the count leaves out (an op's output before the op that reads it frees its input, the
+#   activation gradients of the layer in its backward): 5%.
+# On an 80 GiB GPU a plan may use 74 GiB (2 GiB + 4 GiB kept), on a 40 GiB one 36 GiB. On
+# GPUs of less than 20 GiB the default reserve is a tenth of their memory (`default_reserve`).
+DEFAULT_RESERVE = 2 * GiB
+DEFAULT_HEADROOM = 0.05
+RESERVE_SHARE_CAP = 0.1
+
+
+def kept_free(
+    headroom: float | None, reserve: float | None, devices: DeviceGraph
+) -> tuple[float, float]:
+    """A plan's headroom and reserve on `devices`: the given ones, the defaults for None."""
+    return (
+        DEFAULT_HEADROOM if headroom is None else headroom,
+        default_reserve(devices) if reserve is None else reserve,
+    )
+
+
+def default_reserve(devices: DeviceGraph) -> int:
+    """The reserve a plan keeps on each GPU of `devices` by default: `DEFAULT_RESERVE`, or a
+    tenth of the smallest GPU's memory when that is less (16 GiB P100s keep 1.6 GiB; a toy
+    device of a few MiB keeps a tenth of it, not more than it has)."""
+    gpus = [float(d.memory) for d in devices.devices if d.kind == "gpu"]
+    return math.floor(min([DEFAULT_RESERVE, *(RESERVE_SHARE_CAP * m for m in gpus)]))
 
 
 @dataclass(frozen=True)
@@ -80,8 +130,14 @@ def param_bytes(params: Iterable[Param], optimizer: str, master_weights: bool) -
     return ParamBytes(weights=w, gradients=w, state=s)
 
 
-def usable_memory(devices: DeviceGraph, headroom: float = 0.0) -> np.ndarray:
-    """(D,) bytes of each device a plan may use: (1 - headroom) x its memory (the headroom
-    is kept free for fragmentation, workspace and the framework)."""
+def usable_memory(devices: DeviceGraph, headroom: float = 0.0, reserve: float = 0.0) -> np.ndarray:
+    """(D,) bytes of each device a plan may use: (1 - headroom) x its memory, less `reserve`
+    bytes on each GPU (the framework's own: CUDA context, NCCL buffers, workspaces; CPU
+    workers have none of them), at least 0 (`DEFAULT_HEADROOM`, `DEFAULT_RESERVE`)."""
     mem = np.array([float(d.memory) for d in devices.devices])
-    return mem * (1.0 - headroom) if headroom else mem
+    if headroom:
+        mem = mem * (1.0 - headroom)
+    if reserve:
+        gpu = np.array([d.kind == "gpu" for d in devices.devices])
+        mem = np.maximum(0.0, mem - reserve * gpu)
+    return mem

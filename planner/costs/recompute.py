@@ -7,20 +7,36 @@ layer): the repeated blocks of a model (the layers of a ModuleList or Sequential
 keep only their outputs; in the backward pass each block runs its forward again from the
 kept tensors before its backward.
 
-Per op of such a block whose output only ops of the same block read (`recomputed_ops`):
-- time: one more forward pass, charged to its backward task (`CostModel.task_times`);
-- memory: its output is not kept between the forward and the backward. During a block's
-  backward its recomputed outputs are all live at once, so a device's peak is what the kept
-  tensors take plus the largest block's recomputed outputs (`CostModel.strategy_memory`).
-  The per-op memory the searches add up charges each recomputed output 1/n of its bytes,
-  n the blocks that hold the same op (`RecomputeShare.share`): the sum is one block's worth,
-  exact when the blocks are alike and alike placed.
+Per op that recomputes (`recomputed_ops`):
+- time: one more forward pass, charged to its backward task (`CostModel.task_times`), and
+  its inputs from other devices received again (`CostModel.transfer_time`);
+- memory: what it would keep for the backward (`planner.costs.activations`) is not kept
+  between the forward and the backward; what ops that do not recompute save of it stays, and
+  so do the tensors it reads from outside its region (the checkpoints). During a region's
+  backward its recomputed activations are all live at once, so a device's peak is what the
+  kept tensors take plus the largest region's working set (`CostModel.strategy_memory`).
+  The per-op memory the searches add up charges each recomputed op 1/n of its working set,
+  n the regions that hold the same op (`RecomputeShare.share`): the sum is one region's
+  worth, exact when the regions are alike and alike placed.
 
-The block's outputs (read by the next block or by ops outside the blocks) stay, as does every
-op outside the blocks (embeddings, the head, the loss). `CostOptions.recompute`: "none" (the
-default), "full" (every block) or a number k of blocks (the first k in graph order, Megatron-
-LM's `--recompute-num-layers`: time for memory a block at a time); `planner.plan(recompute=
-"auto")` chooses (planner/api.py).
+`CostOptions.recompute`:
+- "none" (the default);
+- "selective": Megatron-LM's `--recompute-granularity selective` (Korthikanti et al.,
+  "Reducing Activation Recomputation in Large Transformer Models", 2022, Sec. 5; Megatron-
+  Core's default recompute module "core_attn"): the attention ops of the numbered blocks,
+  each its own region. Written unfused, core attention keeps 5 a s^2 b bytes per layer (the
+  softmax, its dropout mask and output); our attention op is FlashAttention's, which never
+  keeps them, so selective frees only its logsumexp (4 bytes per row and head) for one more
+  attention forward: it is a choice worth making only where memory is that tight;
+- "full" (every op of every block whose output only ops of its own block read: the block's
+  outputs, read by the next block or by ops outside the blocks, stay, as does every op
+  outside the blocks: embeddings, the head, the loss);
+- a number k of blocks (the first k in graph order, Megatron-LM's `--recompute-num-layers`:
+  time for memory a block at a time).
+
+`planner.plan(recompute="auto")` chooses (planner/api.py). Not modelled: Megatron-Core's
+further recompute modules ("layernorm", "mlp", "moe_act": a norm's or the MLP's outputs
+rebuilt from their inputs).
 """
 
 from __future__ import annotations
@@ -45,18 +61,20 @@ __all__ = [
     "check_recompute",
     "recompute_error",
     "recomputed_ops",
+    "selective_ops",
 ]
 
-RECOMPUTE = ("none", "full")
-RECOMPUTE_AUTO = "auto"  # planner.plan chooses: every block, none, or ZeRO first
+RECOMPUTE = ("none", "selective", "full")  # in the order recompute="auto" tries them
+RECOMPUTE_AUTO = "auto"  # planner.plan chooses: none, selective, full, or k blocks
+SELECTIVE_KINDS = ("attention",)  # what "selective" recomputes: Megatron's core attention
 
 
 def recompute_error(mode: object) -> str | None:
-    """What is wrong with a recompute mode ("none", "full" or a number of blocks >= 0), or
-    None when it is valid."""
+    """What is wrong with a recompute mode ("none", "selective", "full" or a number of blocks
+    >= 0), or None when it is valid."""
     if mode in RECOMPUTE or (isinstance(mode, int) and not isinstance(mode, bool) and mode >= 0):
         return None
-    return f"recompute must be 'none', 'full' or a number of blocks >= 0, got {mode!r}"
+    return f"recompute must be 'none', 'selective', 'full' or a number of blocks >= 0, got {mode!r}"
 
 
 def check_recompute(mode: object) -> str | int:
@@ -80,8 +98,9 @@ def block_of(name: str) -> tuple[str, str] | None:
 
 @dataclass(frozen=True)
 class RecomputeShare:
-    """The ops a graph recomputes: op index -> its block, and the share of its output bytes
-    the additive memory rule charges it (1 / the blocks holding the same op)."""
+    """The ops a graph recomputes: op index -> its region (the block, or for "selective" the
+    attention op itself), and the share of its working set the additive memory rule charges
+    it (1 / the regions holding the same op)."""
 
     block: dict[int, str]
     share: dict[int, float]
@@ -98,11 +117,29 @@ def blocks_of(graph: OpGraph) -> list[str]:
     return list(dict.fromkeys(_recomputable(graph)[0].values()))
 
 
+def selective_ops(graph: OpGraph) -> list[int]:
+    """The ops "selective" recomputes: the attention ops inside numbered blocks."""
+    return [
+        i
+        for i, op in enumerate(graph.ops)
+        if op.kind in SELECTIVE_KINDS and block_of(op.name) is not None
+    ]
+
+
 def recomputed_ops(graph: OpGraph, mode: str | int = "full") -> RecomputeShare:
-    """The ops that recompute under `mode`: none, every op of `graph`'s numbered blocks whose
-    output only ops of its own block read ("full"), or those of the first `mode` blocks."""
+    """The ops that recompute under `mode`: none; the attention ops of `graph`'s numbered
+    blocks, each a region of its own ("selective"); every op of the numbered blocks whose
+    output only ops of its own block read, a region per block ("full"); or those of the first
+    `mode` blocks."""
     if mode == "none":
         return RecomputeShare({}, {})
+    if mode == "selective":
+        ops = selective_ops(graph)
+        inner = {i: block_of(graph.ops[i].name)[1] for i in ops}  # type: ignore[index]
+        alike = Counter(inner.values())
+        return RecomputeShare(
+            {i: graph.ops[i].name for i in ops}, {i: 1.0 / alike[inner[i]] for i in ops}
+        )
     block, inner = _recomputable(graph)
     if not isinstance(mode, str):
         keep = set(list(dict.fromkeys(block.values()))[:mode])
@@ -134,7 +171,13 @@ def check_graph_options(graph: OpGraph, recompute: Any, master_weights: Any) -> 
     """The training-memory options the caller gave that would do nothing on `graph`: a
     recomputation it has no blocks for is refused, master weights of 32-bit parameters are
     a warning (one line each)."""
-    if recompute not in (None, "none", RECOMPUTE_AUTO, 0):
+    if recompute == "selective" and not selective_ops(graph):
+        raise LayerwiseError(
+            f"recompute='selective' recomputes nothing in {graph.name!r}: it has no attention "
+            "op inside numbered blocks (a transformer's 'layers.3.attention'): leave recompute "
+            "unset, or recompute whole blocks (recompute='full')"
+        )
+    if recompute not in (None, "none", "selective", RECOMPUTE_AUTO, 0):
         blocks = len(blocks_of(graph))
         if blocks == 0:
             raise LayerwiseError(

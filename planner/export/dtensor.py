@@ -63,6 +63,7 @@ up for a block and tears it down after a barrier: see docs/runtime.md.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -122,6 +123,8 @@ class ExportPlan:
     inputs: str
     mesh: tuple[int, ...] = ()  # the mesh's shape: (world,), or (data, tensor) for 2-D
     checkpointed: tuple[str, ...] = ()  # block modules that recompute (recompute="full")
+    # modules whose F.scaled_dot_product_attention calls recompute (recompute="selective")
+    checkpointed_attention: tuple[str, ...] = ()
     zero: int = 0  # the ZeRO stage
     # (module path, mesh dims its parameters are sharded over) of the modules ZeRO shards
     sharded: tuple[tuple[str, tuple[int, ...]], ...] = ()
@@ -210,9 +213,12 @@ def export_plan(
     inputs = [o for o in ops if o.kind == "input"]
     shard = world > 1 and all(o.style == "data" for o in inputs)
     placed = tuple(modules.items())
-    blocks = _blocks(graph, types, recompute)
+    blocks = () if recompute == "selective" else _blocks(graph, types, recompute)
+    attention = _attention_modules(graph, types) if recompute == "selective" else ()
     inputs_style = "shard" if shard else "replicate"
-    return ExportPlan(world, tuple(ops), placed, inputs_style, shape, blocks, zero, sharded)
+    return ExportPlan(
+        world, tuple(ops), placed, inputs_style, shape, blocks, attention, zero, sharded
+    )
 
 
 def _sharded(
@@ -245,6 +251,25 @@ def _blocks(graph: Any, types: dict[str, Any], recompute: str | int) -> tuple[st
             f"no submodule {missing[0]!r}: the graph's op names are not this module's paths"
         )
     return blocks
+
+
+def _attention_modules(graph: Any, types: dict[str, Any]) -> tuple[str, ...]:
+    """The modules that compute the attention ops "selective" recomputes: per op, the
+    longest module path its name starts with (`transformer.h.0.attn` for the op
+    `transformer.h.0.attn.attention`)."""
+    out = []
+    for i in recomputed_ops(graph, "selective").block:
+        parts = graph.ops[i].name.split(".")
+        paths = [".".join(parts[:k]) for k in range(len(parts) - 1, 0, -1)]
+        found = next((p for p in paths if p in types), None)
+        if found is None:
+            raise ExportError(
+                f"recompute='selective' checkpoints the attention of {graph.ops[i].name!r}, "
+                "but the module has no submodule of that path: the graph's op names are not "
+                "this module's paths"
+            )
+        out.append(found)
+    return tuple(dict.fromkeys(out))
 
 
 def _tied_modules(module: nn.Module) -> list[set[str]]:
@@ -482,6 +507,8 @@ def parallelize(
     _compute_in_mode(module)
     for path in plan.checkpointed:
         _checkpoint(module.get_submodule(path))
+    for path in plan.checkpointed_attention:
+        _checkpoint_attention(module.get_submodule(path), path)
     if plan.zero >= 2 and plan.sharded:
         tied = _tied_modules(module)
         fully_shard_plan(module, mesh, plan.sharded, tied, reshard_after_forward=plan.zero == 3)
@@ -564,12 +591,51 @@ def _checkpoint(block: Any) -> None:
     block.forward = checkpointed
 
 
+# Attention kernels selective recomputation ran again in backward passes, in this process
+ATTENTION_RECOMPUTED = [0]
+# While a module of `ExportPlan.checkpointed_attention` runs its forward: a one-element list
+# counting its F.scaled_dot_product_attention calls, each checkpointed by `_DTensorMode`
+_SELECTIVE: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "layerwise_selective", default=None
+)
+
+
+def _checkpoint_attention(attn: Any, path: str) -> None:
+    """Megatron-LM's selective recomputation in the export: every
+    `F.scaled_dot_product_attention` call of `attn`'s forward runs under non-reentrant
+    checkpointing (it keeps q, k and v, none of the kernel's own buffers, and runs again
+    in the backward pass). A forward that makes no such call (attention written out as
+    tensor code) is one ExportError: nothing would be recomputed. Idempotent."""
+    forward = attn.forward
+    if getattr(forward, "_layerwise_selective", False):
+        return
+
+    def selective(*args: Any, **kwargs: Any) -> Any:
+        calls = [0]
+        token = _SELECTIVE.set(calls)
+        try:
+            out = forward(*args, **kwargs)
+        finally:
+            _SELECTIVE.reset(token)
+        if not calls[0]:
+            raise ExportError(
+                f"recompute='selective' checkpoints F.scaled_dot_product_attention, which "
+                f"{path!r}'s forward does not call (its attention is written out as tensor "
+                "code): export with recompute='full' or 'none'"
+            )
+        return out
+
+    selective._layerwise_selective = True  # type: ignore[attr-defined]
+    attn.forward = selective
+
+
 def _dtensor_mode_class() -> Any:
     import torch
     import torch.nn.functional as F
     from torch.distributed.tensor import DTensor, Replicate
     from torch.distributed.tensor.experimental import local_map
     from torch.overrides import TorchFunctionMode
+    from torch.utils.checkpoint import checkpoint
 
     sdpa = F.scaled_dot_product_attention
 
@@ -587,18 +653,30 @@ def _dtensor_mode_class() -> Any:
         ) -> Any:
             kwargs = kwargs or {}
             found = [a for a in (*args, *kwargs.values()) if isinstance(a, DTensor)]
+            counting = _SELECTIVE.get()
+            if func is sdpa and counting is not None:  # recompute="selective"
+                counting[0] += 1
+                q, k, v = args[:3]
+                rest, extra = args[3:], dict(kwargs)
+                if isinstance(q, DTensor):
+                    mesh, layout = q.device_mesh, list(q.placements)
+                    k, v = k.redistribute(mesh, layout), v.redistribute(mesh, layout)
+                attend = self._attend(q, rest, extra)
+                runs = [0]
+
+                def counted(a: Any, b: Any, c: Any) -> Any:
+                    runs[0] += 1
+                    ATTENTION_RECOMPUTED[0] += runs[0] > 1  # a run after the first: again
+                    return attend(a, b, c)
+
+                return checkpoint(counted, q, k, v, use_reentrant=False)
             if not found:
                 return func(*args, **kwargs)
             mesh = found[0].device_mesh
             if func is sdpa and isinstance(args[0], DTensor):
                 q, k, v = args[:3]
                 layout = list(q.placements)
-                rest, extra = args[3:], dict(kwargs)
-                attend = local_map(
-                    lambda a, b, c: sdpa(a, b, c, *rest, **extra),
-                    out_placements=layout,
-                    in_placements=(layout, layout, layout),
-                )
+                attend = self._attend(q, args[3:], dict(kwargs))
                 return attend(q, k.redistribute(mesh, layout), v.redistribute(mesh, layout))
 
             def replicated(a: Any) -> Any:
@@ -609,6 +687,20 @@ def _dtensor_mode_class() -> Any:
             args = tuple(replicated(a) for a in args)
             kwargs = {k: replicated(v) for k, v in kwargs.items()}
             return func(*args, **kwargs)
+
+        @staticmethod
+        def _attend(q: Any, rest: Any, extra: dict[str, Any]) -> Any:
+            """sdpa of (q, k, v) with `rest` and `extra` as its other arguments: on each
+            rank's local tensors in q's layout when q is a DTensor (k and v redistributed to
+            it first)."""
+            if not isinstance(q, DTensor):
+                return lambda a, b, c: sdpa(a, b, c, *rest, **extra)
+            layout = list(q.placements)
+            return local_map(
+                lambda a, b, c: sdpa(a, b, c, *rest, **extra),
+                out_placements=layout,
+                in_placements=(layout, layout, layout),
+            )
 
     return Mode
 

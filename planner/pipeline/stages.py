@@ -20,8 +20,12 @@ Per chunk c (ops `bounds[c]..bounds[c+1]`, devices `group_of(c)`):
 - **messages**: each tensor it sends to a later chunk goes task by task from the producer's
   devices to the same positions in the receiving group (`DeviceGraph.transfer_time`, the
   tasks at once: their slowest), and its gradient comes back the same way;
-- **memory per device**: its parameters' training state and the recomputation's working
-  set once, and its kept activations per micro-batch in flight (`CostModel.memory_parts`).
+- **memory per device**: its parameters' training state and its working set once (the
+  largest recomputed region's, or on the last stage the loss's logits gradient), and its
+  kept activations per micro-batch in flight (`CostModel.memory_parts`,
+  `planner.costs.activations`: on the first stage the embedding's output as the first block
+  keeps it, on the last the loss's fp32 probabilities); a stage's peak adds them up over
+  its chunks (`planner.pipeline.timeline.stage_peak`).
 
 `simulate_pipelined` feeds these to `planner.pipeline.timeline.simulate_pipeline`.
 
@@ -188,9 +192,9 @@ def chunk_times(
             seen[key] = (
                 cache.simulated(cost_model, ch, key)
                 if cache is not None
-                else simulate_chunk(cost_model.options, cost_model.measured, ch)[:5]
+                else simulate_chunk(cost_model.options, cost_model.measured, ch)
             )
-        forward, backward, sync, kept, fixed = seen[key]
+        forward, backward, sync, kept, fixed, working = seen[key]
         out.append(
             ChunkTimes(
                 forward=forward,
@@ -200,6 +204,7 @@ def chunk_times(
                 sync=sync,
                 activation_bytes=kept,
                 fixed_bytes=fixed,
+                working_bytes=working,
             )
         )
     return out
@@ -220,16 +225,16 @@ class ChunkCache:
     def simulated(
         self, cost_model: CostModel, ch: Chunk, key: tuple[str, ...]
     ) -> tuple[float, ...]:
-        """`simulate_chunk`'s first five numbers for `ch`, whose `chunk_key` is `key`."""
+        """`simulate_chunk`'s numbers for `ch`, whose `chunk_key` is `key`."""
         if cost_model.measured is not None:
-            return simulate_chunk(cost_model.options, cost_model.measured, ch)[:5]
+            return simulate_chunk(cost_model.options, cost_model.measured, ch)
         full = (key, cost_model.options)
         with self._lock:
             found = self._kept.get(full)
             if found is not None:
                 self._kept.move_to_end(full)
                 return found
-        found = simulate_chunk(cost_model.options, None, ch)[:5]
+        found = simulate_chunk(cost_model.options, None, ch)
         with self._lock:
             self._kept[full] = found
             while len(self._kept) > self.size:

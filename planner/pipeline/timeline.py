@@ -4,7 +4,9 @@ Input: per chunk (`ChunkTimes`) the seconds of one micro-batch's forward and bac
 group, the seconds to send its output forward and its input's gradient back (point-to-point
 between groups, on the device graph), the exposed seconds of its gradient synchronization
 and update after its last backward, and its bytes (kept per in-flight micro-batch, and
-fixed: parameters and their training state). `simulate_pipeline` runs the schedule:
+fixed: parameters with their training state, and its working set). `simulate_pipeline` runs
+the schedule, and a group's peak memory is its chunks' parameters, the most activations its
+order keeps at once and its largest working set (`stage_peak`):
 
 - a group runs its works (`planner.pipeline.schedule`) one at a time, in order, each as
   soon as the one before it on the group is done and its input is there;
@@ -46,7 +48,8 @@ class ChunkTimes:
     send_backward: float = 0.0  # its input's gradient to the previous chunk (0 for the first)
     sync: float = 0.0  # gradient sync and update left after its last backward
     activation_bytes: float = 0.0  # kept per in-flight micro-batch, on each device of its group
-    fixed_bytes: float = 0.0  # parameters and their training state, on each device
+    fixed_bytes: float = 0.0  # parameters, their training state and working_bytes, on each device
+    working_bytes: float = 0.0  # of fixed_bytes: the largest working set (recomputation, loss)
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,11 @@ class PipelineTimeline:
     makespan: float
     busy: tuple[float, ...]  # per group: seconds of forward and backward work
     in_flight: tuple[int, ...]  # per group: most micro-batch chunks whose activations it keeps
-    peak_bytes: tuple[float, ...]  # per group, per device: fixed bytes + in-flight activations
+    peak_bytes: tuple[float, ...]  # per group, per device: the sum of its `peak_parts`
+    # per group, per device: what its peak holds (`stage_peak`): "parameters" (weights,
+    # gradients, optimizer state), "activations" (the micro-batches in flight) and
+    # "working_set" (the largest of its chunks'); () when not computed
+    peak_parts: tuple[dict[str, float], ...] = ()
 
     @property
     def bubble(self) -> float:
@@ -207,12 +214,7 @@ def simulate_pipeline(
     for s in works:
         busy[s.group] += s.end - s.start
     flight = [in_flight(o) for o in orders]
-    peak = []
-    for g in range(p):
-        mine = [chunks[k] for k in range(g, n, p)]
-        fixed = sum(c.fixed_bytes for c in mine)
-        act = _activation_peak(orders[g], chunks)
-        peak.append(fixed + act)
+    parts = [stage_peak(orders[g], [chunks[k] for k in range(g, n, p)], chunks) for g in range(p)]
     works.sort(key=lambda s: (s.start, s.group))
     return PipelineTimeline(
         groups=p,
@@ -225,13 +227,31 @@ def simulate_pipeline(
         makespan=makespan,
         busy=tuple(busy),
         in_flight=tuple(flight),
-        peak_bytes=tuple(peak),
+        peak_bytes=tuple(sum(q.values()) for q in parts),
+        peak_parts=tuple(parts),
     )
+
+
+def stage_peak(
+    order: Sequence[Work], mine: Sequence[ChunkTimes], chunks: Sequence[ChunkTimes]
+) -> dict[str, float]:
+    """What a group's peak holds per device: its chunks' parameters (with gradients and
+    optimizer state), the most activation bytes it keeps at once in its schedule's `order`
+    (`_activation_peak`), and the largest working set of its chunks (one runs at a time)."""
+    return {
+        "parameters": sum(c.fixed_bytes - c.working_bytes for c in mine),
+        "activations": _activation_peak(order, chunks),
+        "working_set": max((c.working_bytes for c in mine), default=0.0),
+    }
 
 
 def _activation_peak(order: Sequence[Work], chunks: Sequence[ChunkTimes]) -> float:
     """The most activation bytes a group keeps at once: each forward adds its chunk's
-    bytes per micro-batch until that micro-batch's backward on the chunk frees them."""
+    bytes per micro-batch until that micro-batch's backward on the chunk frees them. With
+    uniform chunks of L / (p v) layers this is Korthikanti et al.'s count (2022, Sec. 4.2.3):
+    1F1B keeps p - s micro-batches on stage s (the first stage: p x L / p = L layers' worth),
+    interleaved 1F1B on the first stage (p - 1) 2 + (v - 1) p + 1 chunks, L (1 + (p - 1) /
+    (p v)) layers' worth."""
     live = peak = 0.0
     for w in order:
         b = chunks[w.chunk].activation_bytes

@@ -316,23 +316,25 @@ def check_int64(graph: OpGraph) -> None:
 
 
 def least_memory(graph: OpGraph, options: CostOptions) -> float:
-    """Bytes every placement must keep somewhere at the turn from forward to backward: each
-    op's output once and its parameters' training state once (weights, gradients, optimizer
-    state, master copy: `planner.costs.memory`; ZeRO shards only what replicas would repeat,
-    so no stage keeps less than one copy), shared groups once. With recomputation, the
-    recomputed outputs count as one block's (`planner.costs.recompute`)."""
+    """Bytes every placement must keep somewhere at the turn from forward to backward: the
+    activations kept of each op for the backward once (`planner.costs.activations`; with
+    recomputation, a recomputed op's working set counts as one region's) and its parameters'
+    training state once (weights, gradients, optimizer state, master copy:
+    `planner.costs.memory`; ZeRO shards only what replicas would repeat, so no stage keeps
+    less than one copy), shared groups once."""
+    from planner.costs.activations import activation_memory
     from planner.costs.recompute import recomputed_ops
 
     groups: dict[str, int] = {}
     for op in graph.ops:
         if op.param_group is not None:
             groups[op.param_group] = groups.get(op.param_group, 0) + 1
-    again = recomputed_ops(graph, options.recompute)
+    act = activation_memory(graph, recomputed_ops(graph, options.recompute))
     total = 0.0
     for i, op in enumerate(graph.ops):
         share = groups.get(op.param_group, 1) if op.param_group is not None else 1
         held = param_bytes(op.params, options.optimizer, options.master_weights).total
-        total += float(op.output.nbytes) * again.share.get(i, 1.0) + held / share
+        total += float(op.output.nbytes) * act.per_op(i) + held / share
     return total
 
 
@@ -346,6 +348,16 @@ def state_memory(graph: OpGraph, options: CostOptions) -> float:
     )
 
 
+def kept_words(options: CostOptions) -> str:
+    """' (less the 5% headroom and a 2 GiB reserve per GPU)', or '' when nothing is kept."""
+    parts = []
+    if options.headroom:
+        parts.append(f"the {options.headroom:.0%} headroom")
+    if options.reserve:
+        parts.append(f"a {format_bytes(options.reserve)} reserve per GPU")
+    return f" (less {' and '.join(parts)})" if parts else ""
+
+
 def check_memory_fits(graph: OpGraph, devices: DeviceGraph, options: CostOptions) -> None:
     """Stop when even spread evenly over every device the model cannot fit: the least bytes
     any placement needs (`least_memory`) exceed the devices' usable memory summed. When its
@@ -354,11 +366,18 @@ def check_memory_fits(graph: OpGraph, devices: DeviceGraph, options: CostOptions
     from planner.costs.recompute import recomputed_ops
 
     need = least_memory(graph, options)
-    have = float(usable_memory(devices, options.headroom).sum())
+    have = float(usable_memory(devices, options.headroom, options.reserve).sum())
     if need <= have:
         return
     n = devices.num_devices
-    kept = f" (less the {options.headroom:.0%} headroom)" if options.headroom else ""
+    kept = kept_words(options)
+    if have <= 0:
+        raise MemoryRefusal(
+            f"the memory of {devices.name!r} is all kept free{kept}: nothing fits; give a smaller "
+            "headroom or reserve (headroom=, reserve=; --headroom, --reserve)",
+            f"{devices.name!r} has no memory left to plan with{kept}",
+            final=True,
+        )
     state = state_memory(graph, options)
     if state > have:
         fact = (
@@ -413,8 +432,10 @@ def check_devices_spec(spec: str, budget: float = DEFAULT_TABLE_BUDGET) -> None:
 
 @dataclass(frozen=True)
 class MemoryFit:
-    """A strategy's peak bytes per device (every op's parameters and output live at the turn
-    from forward to backward) against each device's memory."""
+    """A strategy's peak bytes per device (parameters with their training state, the
+    activations kept for the backward and the largest working set: `CostModel.
+    strategy_memory`) against what each device may use (its memory less the headroom and
+    reserve kept free)."""
 
     peak: np.ndarray  # (D,)
     capacity: np.ndarray  # (D,)
@@ -427,7 +448,7 @@ class MemoryFit:
     @property
     def worst(self) -> int:
         """The device with the largest peak / capacity."""
-        return int(np.argmax(self.peak / self.capacity))
+        return worst_device(self.peak, self.capacity)
 
     def describe(self) -> str:
         d = self.worst
@@ -437,9 +458,76 @@ class MemoryFit:
         )
 
 
+def worst_device(peak: np.ndarray, capacity: np.ndarray) -> int:
+    """The device whose peak is largest for what it may use (over it first, when any is)."""
+    over = peak - capacity
+    if (over > 0).any():
+        return int(np.argmax(over))
+    ratio = np.divide(peak, capacity, out=np.zeros_like(peak), where=capacity > 0)
+    return int(np.argmax(ratio))
+
+
+def peak_parts(cost_model: CostModel, configs: Sequence[Any]) -> dict[str, Any]:
+    """What a strategy's peak holds, on the device where it is tightest (`worst_device`):
+    bytes of weights, gradients, optimizer state (with master copies), activations kept for
+    the backward and the largest working set (`CostModel.memory_breakdown`), their `total`,
+    and the device's `memory`, of which `kept_free` bytes (headroom and reserve) are not
+    for the plan. What plan summaries, plan files and `planner evaluate` report."""
+    parts = cost_model.memory_breakdown(configs)
+    total = np.sum(np.stack(list(parts.values())), axis=0)
+    usable = cost_model.usable_memory()
+    d = worst_device(total, usable)
+    memory = float(cost_model.devices.devices[d].memory)
+    return {
+        "device": cost_model.devices.devices[d].name,
+        **{k: float(v[d]) for k, v in parts.items()},
+        "total": float(total[d]),
+        "kept_free": memory - float(usable[d]),
+        "memory": memory,
+    }
+
+
+_PEAK_META = ("device", "stage", "total", "kept_free", "memory")
+
+
+def pipeline_peak_parts(
+    timeline: Any, devices: DeviceGraph, options: CostOptions
+) -> dict[str, Any]:
+    """What a pipelined step's peak holds, on the stage whose peak is largest (`PipelineTimeline.
+    peak_parts`: parameters with their training state, activations in flight, the working
+    set), with its `total`, a device's `memory` and the `kept_free` bytes of it."""
+    g = int(np.argmax(timeline.peak_bytes))
+    usable = usable_memory(devices, options.headroom, options.reserve)
+    d = int(np.argmin(usable))
+    memory = float(devices.devices[d].memory)
+    parts = timeline.peak_parts[g] if timeline.peak_parts else {}
+    return {
+        "stage": g,
+        **{k: float(v) for k, v in parts.items()},
+        "total": float(timeline.peak_bytes[g]),
+        "kept_free": memory - float(usable[d]),
+        "memory": memory,
+    }
+
+
+def describe_peak(parts: dict[str, Any]) -> str:
+    """'peak 61.2 GiB = weights 8 GiB + ... on gpu3, of 80 GiB (6 GiB of it kept free: ...)'."""
+    terms = " + ".join(
+        f"{k.replace('_', ' ')} {format_bytes(v)}"
+        for k, v in parts.items()
+        if k not in _PEAK_META and v
+    )
+    where = f"stage {parts['stage']}" if "stage" in parts else parts.get("device", "?")
+    return (
+        f"peak {format_bytes(parts['total'])} = {terms or 'nothing'} on {where}, of "
+        f"{format_bytes(parts['memory'])} ({format_bytes(parts['kept_free'])} of it kept free: "
+        "headroom and reserve)"
+    )
+
+
 def strategy_memory(cost_model: CostModel, strategy: Strategy) -> MemoryFit:
     """Peak bytes per device of `strategy` (the cost model's memory rule) and the capacity
-    (each device's memory less the cost options' headroom)."""
+    (each device's memory less the cost options' headroom and reserve)."""
     peak = cost_model.strategy_memory(strategy.configs)
     names = tuple(d.name for d in cost_model.devices.devices)
     return MemoryFit(peak, cost_model.usable_memory(), names)
@@ -449,7 +537,8 @@ def check_strategy_memory(cost_model: CostModel, strategy: Strategy) -> MemoryFi
     """The strategy's MemoryFit; SizeError when some device's peak exceeds its memory."""
     fit = strategy_memory(cost_model, strategy)
     if not fit.fits:
-        fact = f"the plan does not fit the devices' memory ({fit.describe()})"
+        parts = describe_peak(peak_parts(cost_model, strategy.configs))
+        fact = f"the plan does not fit the devices' memory ({parts})"
         raise MemoryRefusal(
             f"{fact}: plan again with "
             f"backend 'auto' (the default: it searches under the devices' memory when memory "

@@ -531,7 +531,9 @@ def _simulate(
     scaled = [
         dataclasses.replace(c, sync=c.sync * sync, fixed_bytes=c.fixed_bytes * zero) for c in chunks
     ]
-    return planned, simulate_pipeline(scaled, lay.schedule, p, lay.micro_batches)
+    return planned, simulate_pipeline(
+        scaled, lay.schedule, p, lay.micro_batches, options.pp_overlap
+    )
 
 
 def _candidates(

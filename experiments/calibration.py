@@ -689,32 +689,33 @@ def write(records: Sequence[dict[str, Any]], out: Path, meta: dict[str, Any]) ->
 
 
 def _plot(records: Sequence[dict[str, Any]], path: Path) -> None:
+    """Each predicted row's error, in file order, coloured by its set, with the +-10% and
+    +-15% bands."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 6))
     done = [r for r in records if "error" in r]
-    top = max([r["tokens_published"] for r in done] + [r["tokens_predicted"] for r in done] + [1])
-    for name, color in (
-        ("calibration", "tab:orange"),
-        ("held-out", "tab:blue"),
-        ("yours", "tab:green"),
-    ):
-        mine = [r for r in done if r["set"] == name]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    colors = {"calibration": "tab:orange", "held-out": "tab:blue", "yours": "tab:green"}
+    for name, color in colors.items():
+        mine = [(k, r) for k, r in enumerate(done) if r["set"] == name]
         if mine:
-            ax.scatter(
-                [r["tokens_published"] for r in mine],
-                [r["tokens_predicted"] for r in mine],
-                label=f"{name} ({len(mine)})",
+            ax.bar(
+                [k for k, _ in mine],
+                [100 * r["error"] for _, r in mine],
                 color=color,
+                label=f"{name} ({len(mine)} rows)",
             )
-    for scale, style in ((1.0, "-"), (1.15, ":"), (0.85, ":")):
-        ax.plot([1, top * 1.2], [scale, top * 1.2 * scale], "k" + style, linewidth=0.8)
-    ax.set(xscale="log", yscale="log", xlabel="published tokens/s per GPU")
-    ax.set(ylabel="predicted tokens/s per GPU", title="H100 training runs: predicted vs published")
-    ax.legend()
+    for level, style in ((10, ":"), (15, "--")):
+        for sign in (1, -1):
+            ax.axhline(sign * level, color="grey", linestyle=style, linewidth=0.8)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(done)), [str(r["line"]) for r in done], rotation=90, fontsize=6)
+    ax.set(xlabel="line of the rows file", ylabel="predicted / published tokens/s - 1 (%)")
+    ax.set_title("Published training runs: the error of the prediction per row")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

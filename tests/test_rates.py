@@ -55,13 +55,13 @@ def times(graph: OpGraph, preset: str = "dgx-h100-1", **options: object) -> tupl
 def test_the_gemm_fit_matches_its_measured_table() -> None:
     """The H100 fit's error on the 150 measured GEMMs (experiments/data/gemm_h100_bf16.csv):
     median 3.3%, at most 18.3% on the transformer-sized ones; one flat fraction (0.7 of
-    peak, the preset's) is off by a median 12% there, 40% overall."""
+    peak, the preset's) is off by a median 13% there, and twofold over the table."""
     table = load_table()
     fit = errors(H100_GEMM, table)
     assert fit["rows"] == 150 and fit["large_rows"] == 57
     assert fit["median"] < 0.04 and fit["large_median"] < 0.05 and fit["large_max"] < 0.2
     flat = np.abs(0.7 * PEAK / 1e12 / table["tflops"] - 1)
-    assert np.median(flat) > 0.3  # small GEMMs: far below 0.7 of peak
+    assert np.median(flat) > 1.0  # small GEMMs: far below 0.7 of peak
     assert fit["max"] < 0.4
 
 

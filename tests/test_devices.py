@@ -56,6 +56,10 @@ EXPECTED_DEVICES = {
     "dgx-h100-4": 32,
     "dgx-h100-32": 256,
     "dgx-h100-128": 1024,
+    "dgx-h200-1": 8,
+    "dgx-h200-4": 32,
+    "dgx-h200-32": 256,
+    "dgx-h200-128": 1024,
     "cpu-local-2": 2,
     "cpu-local-4": 4,
 }

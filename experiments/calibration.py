@@ -88,6 +88,7 @@ __all__ = [
     "read_rows",
     "recompute",
     "replica_devices",
+    "replica_layout",
     "simulate_row",
     "unsupported",
 ]
@@ -134,22 +135,29 @@ def chunk_layers(layers: int, chunks: int) -> list[int]:
     return out
 
 
-def replica_devices(row: Published) -> tuple[Any, int]:
-    """The devices simulated, and how many data-parallel replicas per stage that is: the
-    first and the last replica of every stage (Megatron-LM's rank order: tensor innermost,
-    then data, then pipeline), on a preset of just the nodes they occupy (every node alike,
-    one non-blocking fabric: the same links between them as in the whole cluster)."""
-    from planner.hardware.presets import get_preset
-
+def replica_layout(row: Published) -> tuple[tuple[int, ...], int, int]:
+    """Which devices are simulated: the first and the last data-parallel replica of every
+    stage (Megatron-LM's rank order: tensor innermost, then data, then pipeline), as indices
+    on a preset of just the nodes they occupy (every node alike on one non-blocking fabric:
+    the same links between them as in the whole cluster); that preset's nodes; the replicas
+    per stage simulated."""
     t, d, p = row.tp, row.data, row.pp
     group = t * d
     replicas = (0, d - 1) if d >= 2 else (0,)
     real = [s * group + r * t + k for s in range(p) for r in replicas for k in range(t)]
     nodes = sorted({x // GPUS_PER_NODE for x in real})
     compact = {n: i for i, n in enumerate(nodes)}
-    keep = [compact[x // GPUS_PER_NODE] * GPUS_PER_NODE + x % GPUS_PER_NODE for x in real]
-    graph = get_preset(f"{PRESETS[row.gpu]}-{len(nodes)}")
-    return graph.subset(keep, f"{graph.name}[{p} x {t * len(replicas)}]"), len(replicas)
+    keep = tuple(compact[x // GPUS_PER_NODE] * GPUS_PER_NODE + x % GPUS_PER_NODE for x in real)
+    return keep, len(nodes), len(replicas)
+
+
+def replica_devices(row: Published) -> tuple[Any, int]:
+    """The simulated devices (`replica_layout`) and the replicas per stage among them."""
+    from planner.hardware.presets import get_preset
+
+    keep, nodes, here = replica_layout(row)
+    graph = get_preset(f"{PRESETS[row.gpu]}-{nodes}")
+    return graph.subset(keep, f"{graph.name}[{row.pp} x {row.tp * here}]"), here
 
 
 # -- the simulation -----------------------------------------------------------------------
@@ -238,30 +246,36 @@ def simulate_row(row: Published, options: Any) -> tuple[float, Breakdown]:
     )
 
 
-def _layout_key(row: Published) -> Published:
-    """The row with what its chunks' simulation does not depend on set aside: the GPUs and
-    the batch (beyond whether a stage has one replica, two on one node, or two on two)."""
-    here = min(row.data, 2)
-    spans = row.tp * row.data > GPUS_PER_NODE
-    return dataclasses.replace(
-        row, line=0, source="", release="", gpus=row.tp * row.pp * here * (2 if spans else 1),
+def _layout_key(row: Published) -> tuple[Published, tuple[int, ...], int]:
+    """What a row's chunk simulation depends on: the row without its GPUs, batch and
+    provenance, and its simulated devices (`replica_layout`: which of them share a node)."""
+    keep, nodes, here = replica_layout(row)
+    bare = dataclasses.replace(
+        row, line=0, source="", release="", gpus=row.tp * row.pp * here,
         gbs=here * row.micro_batch * row.pp, tokens=None, tflops=1.0, notes="",
     )  # fmt: skip
+    return bare, keep, nodes
 
 
 @functools.lru_cache(maxsize=64)
-def _chunks(row: Published, options: Any) -> tuple[list[Any], list[dict[str, float]]]:
+def _chunks(
+    key: tuple[Published, tuple[int, ...], int], options: Any
+) -> tuple[list[Any], list[dict[str, float]]]:
     """Every chunk's `ChunkTimes` (sync not scaled yet) and its compute per micro-batch by
-    class, for the row's layout on two replicas per stage (`replica_devices`)."""
+    class, for a row's layout (`_layout_key`) on its simulated devices."""
     from planner.costs.config import ParallelConfig
     from planner.costs.costmodel import CostModel
+    from planner.hardware.presets import get_preset
     from planner.pipeline.layouts import block_ranges
     from planner.pipeline.spec import Pipeline, PipelinedStrategy
     from planner.pipeline.stages import chunk_problem, chunk_times
     from planner.problems.baselines import megatron
     from planner.problems.strategy import Strategy
 
-    devices, here = replica_devices(row)
+    row, keep, nodes = key
+    graph_of = get_preset(f"{PRESETS[row.gpu]}-{nodes}")
+    here = row.data
+    devices = graph_of.subset(keep, f"{graph_of.name}[{row.pp} x {row.tp * here}]")
     t, p, v = row.tp, row.pp, row.virtual
     graph = build_graph(row, here * row.micro_batch)
     group = t * here

@@ -288,6 +288,20 @@ def test_the_40_gb_a100_gains_its_16_bit_peak_and_keeps_the_rest() -> None:
     assert d.mem_bandwidth == 1555e9 and d.efficiency == ()
 
 
+def test_the_h200_is_an_h100_with_more_and_faster_memory() -> None:
+    """NVIDIA H200 datasheet: 141 GB of HBM3e at 4.8 TB/s, the H100's compute; the DGX
+    H200's NVLink 4 (450 GB/s per direction per GPU) and one 400 Gb/s NDR NIC per GPU."""
+    h100, h200 = get_preset("dgx-h100-2"), get_preset("dgx-h200-2")
+    d = h200.devices[0]
+    assert (d.memory, d.mem_bandwidth) == (141 * 2**30, 4.8e12)
+    same = ("flops", "flops16", "flops_tf32", "flops64", "efficiency")
+    assert all(getattr(d, f) == getattr(h100.devices[0], f) for f in same)
+    assert [(x.bandwidth, x.latency, x.kind) for x in h200.links] == [
+        (x.bandwidth, x.latency, x.kind) for x in h100.links
+    ]
+    assert h200.inv_bandwidth[0, 1] == 1 / 450e9 and h200.inv_bandwidth[0, 8] == 1 / 50e9
+
+
 def test_the_presets_are_listed_and_their_sizes_checked() -> None:
     assert {"dgx-a100-80g-1", "dgx-h100-1", "dgx-h100-128"} <= set(list_presets())
     assert preset_device_count("dgx-h100-100000") == 800_000
@@ -306,7 +320,8 @@ def test_the_devices_command_shows_the_16_bit_peak(capsys: pytest.CaptureFixture
 
 
 def test_a_bf16_layer_is_faster_on_the_h100_by_the_ratio_of_peaks() -> None:
-    """The same bf16 layer on one GPU: DGX H100 against DGX A100 80 GB."""
+    """The same bf16 layer on one GPU: DGX H100 against DGX A100 80 GB, each class at one
+    fraction (`rates="flat"`: the H100's GEMMs by shape are tested in test_rates.py)."""
     h100, a100 = get_preset("dgx-h100-1"), get_preset("dgx-a100-80g-1")
-    ratio = seconds(mlp(2), a100, "fc") / seconds(mlp(2), h100, "fc")
+    ratio = seconds(mlp(2), a100, "fc", rates="flat") / seconds(mlp(2), h100, "fc", rates="flat")
     assert ratio == pytest.approx(989 / 312, rel=1e-12)  # both at matmul 0.7

@@ -546,7 +546,9 @@ def _simulate(
         )
         for c in chunks
     ]
-    return planned, simulate_pipeline(scaled, lay.schedule, p, lay.micro_batches)
+    return planned, simulate_pipeline(
+        scaled, lay.schedule, p, lay.micro_batches, options.pp_overlap
+    )
 
 
 def _candidates(

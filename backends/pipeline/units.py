@@ -11,7 +11,9 @@ the final norm, the head, the loss). A chunk of k blocks is then composed: the f
 kept activations add, parameters add, the recomputation's working set (one block's) does
 not. The gradient sync left after a chunk's last backward grows by (k - 1) x what a block's
 sync exceeds its backward (a ring all-reduce per block overlapping the next block's
-backward). These are estimates for ranking layouts: the search simulates its best ones
+backward). The overlap options (`planner.costs.overlap`) enter through the simulated units
+(tensor-parallel and data-parallel overlap, ZeRO's hidden all-gathers) and, for the pipeline's
+messages, through `Units.blocking`: a blocking send's seconds are its sender's. These are estimates for ranking layouts: the search simulates its best ones
 exactly (`planner.pipeline.stages.simulate_pipelined`).
 """
 
@@ -53,6 +55,7 @@ class Units:
     middle: Unit
     last: Unit
     message: float  # seconds to send the residual stream to the next group (and its gradient)
+    blocking: float = 0.0  # share of a message its sender waits for (1 - CostOptions.pp_overlap)
 
     def chunk(self, index: int, count: int, blocks: int) -> ChunkTimes:
         """Chunk `index` of `count`, holding `blocks` blocks, composed."""
@@ -62,11 +65,13 @@ class Units:
         if index == count - 1:
             parts[-1] = self.last if blocks > 1 or index > 0 else _merge(self.first, self.last)
         tail = parts[-1].sync + (blocks - 1) * max(0.0, self.middle.sync - self.middle.backward)
-        return ChunkTimes(
-            forward=sum(u.forward for u in parts),
-            backward=sum(u.backward for u in parts),
-            send_forward=self.message if index < count - 1 else 0.0,
-            send_backward=self.message if index > 0 else 0.0,
+        send_forward = self.message if index < count - 1 else 0.0
+        send_backward = self.message if index > 0 else 0.0
+        return ChunkTimes(  # a blocking send keeps its sender busy (`planner.costs.overlap`)
+            forward=sum(u.forward for u in parts) + self.blocking * send_forward,
+            backward=sum(u.backward for u in parts) + self.blocking * send_backward,
+            send_forward=send_forward,
+            send_backward=send_backward,
             sync=tail,
             activation_bytes=sum(u.kept for u in parts),
             fixed_bytes=sum(u.params for u in parts) + max(u.working for u in parts),
@@ -136,7 +141,7 @@ def unit_costs(
             message += max(
                 devices.transfer_time(d, d + next_group_offset, nbytes) for d in cfg.devices
             )
-    return Units(units["first"], units["middle"], units["last"], message)
+    return Units(units["first"], units["middle"], units["last"], message, 1 - options.pp_overlap)
 
 
 def ring_factor(replicas: int) -> float:

@@ -105,14 +105,18 @@ def check_cost_section(cost: Any) -> dict[str, Any]:
             f"the strategy file's cost source must be 'analytic' or 'measured', "
             f"got {cost.get('source')!r}"
         )
+    checked = {"sync", "optimizer", "master_weights", "recompute", "tf32", "rates"}
+    checked |= {"attention_kernel", "transfer_once"}
     for f in dataclasses.fields(CostOptions):
         value = cost.get(f.name)
-        if value is None or f.name in ("sync", "optimizer", "master_weights", "recompute", "tf32"):
+        if value is None or f.name in checked:
             continue  # CostOptions checks these
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise LayerwiseError(
                 f"the strategy file's cost option {f.name!r} must be a number, got {value!r}"
             )
+    if cost and "rates" not in cost:  # planned before kernel rates by shape: as it was priced
+        cost = {**cost, "rates": "flat"}
     return cost
 
 

@@ -60,6 +60,14 @@ from planner.costs.memory import (
     param_bytes,
     usable_memory,
 )
+from planner.costs.overlap import OVERLAP_FIELDS
+from planner.costs.rates import (
+    ATTENTION_KERNELS,
+    ChipRates,
+    attention_seconds,
+    chip_rates,
+    linear_gemms,
+)
 from planner.costs.recompute import RecomputeShare, recompute_error, recomputed_ops
 from planner.costs.regions import EdgeGrid, edge_grid
 from planner.costs.transfer import EdgeGeometry, EdgeTables, Layout
@@ -117,7 +125,30 @@ class CostOptions:
     batched matmuls and softmax) override, when given, the fraction a device calibrates for
     the class (`Device.efficiency`); a class neither gives, and every memory-bound op, takes
     `compute_efficiency`. `tf32`: float32 matmul-like ops run at the device's TF32 peak
-    (None or False: FP32, PyTorch's default for matmuls)."""
+    (None or False: FP32, PyTorch's default for matmuls).
+
+    `rates`: "shape" prices 16-bit linears and attention on a chip with measured kernel rates
+    (`planner.costs.rates.chip_rates`: the H100 and H200 presets) by their kernels' shapes: a
+    linear as its three GEMMs at the fraction of peak their (m, n, k) reach, attention at
+    the measured rate of `attention_kernel` ("fa2": FlashAttention-2, what PyTorch's
+    scaled_dot_product_attention runs; "cudnn": cuDNN's fused attention, Transformer
+    Engine's on Hopper; "fa3": FlashAttention-3) at its sequence length, a causal kernel
+    doing half the work of the full product. A class's fraction given in the options
+    (`matmul_efficiency`, `attention_efficiency`) still wins. "flat": one fraction per class
+    everywhere, as before (docs/cost_model.md, "Kernel rates by shape").
+
+    Communication overlap per kind (`planner.costs.overlap`; fractions in [0, 1], read by
+    the simulator and the pipeline timeline, not by the additive t_s and t_x):
+    `dp_overlap` of each op's gradient sync runs under the rest of the backward pass (the
+    rest after it), `param_gather_overlap` of ZeRO's parameter all-gathers runs under
+    compute (off the step), `tp_overlap` of each transfer into or out of a linear runs under
+    its GEMM, `pp_overlap` of each pipeline message travels while its sender computes (the
+    rest blocks it). The defaults are PyTorch's (`FRAMEWORK_OVERLAP["pytorch"]`).
+    `transfer_once`: in the simulator, a tensor that several consumers need in the same
+    boxes on the same devices moves once (its gradients summed where they are made, then
+    sent once), as frameworks that fuse those consumers' inputs do (Megatron-LM's fused
+    QKV and gate/up projections: one all-gather of a layer norm's output); False: every
+    edge moves its own copy, as layerwise's runtime does."""
 
     sync: Literal["ring", "ps"] = "ring"
     compute_efficiency: float = 0.5
@@ -134,6 +165,13 @@ class CostOptions:
     matmul_efficiency: float | None = None
     attention_efficiency: float | None = None
     tf32: bool | None = None
+    rates: Literal["shape", "flat"] = "shape"
+    attention_kernel: Literal["fa2", "fa3", "cudnn"] = "fa2"
+    dp_overlap: float = 1.0
+    param_gather_overlap: float = 0.0
+    tp_overlap: float = 0.0
+    pp_overlap: float = 1.0
+    transfer_once: bool = False
 
     def __post_init__(self) -> None:
         if self.sync not in ("ring", "ps"):
@@ -153,6 +191,25 @@ class CostOptions:
                 )
         if self.tf32 not in (None, True, False):
             raise LayerwiseError(f"tf32 must be True, False or None, got {self.tf32!r}")
+        if self.rates not in ("shape", "flat"):
+            raise LayerwiseError(
+                f"rates must be 'shape' (kernel rates by shape where the chip has a "
+                f"calibration) or 'flat' (one fraction per op class), got {self.rates!r}"
+            )
+        if not isinstance(self.transfer_once, bool):
+            raise LayerwiseError(f"transfer_once must be True or False, got {self.transfer_once!r}")
+        for name in OVERLAP_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+                raise LayerwiseError(
+                    f"{name} must be the fraction of that communication hidden under compute, "
+                    f"in [0, 1], got {value!r}"
+                )
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise LayerwiseError(
+                f"attention_kernel must be one of {', '.join(map(repr, ATTENTION_KERNELS))}, "
+                f"got {self.attention_kernel!r}"
+            )
         self._check_memory_options()
 
     def _check_memory_options(self) -> None:
@@ -259,6 +316,7 @@ class CostModel:
         self._norm_groups: dict[tuple[int, tuple[int, ...]], list[list[int]] | None] = {}
         self._layouts: dict[tuple[tuple[int, ...], bytes], Layout | None] = {}
         self._rates: dict[tuple[str, int], np.ndarray] = {}
+        self._kernels: dict[tuple[int, tuple[int, ...], int, int], tuple[float, float] | None] = {}
 
     @property
     def source(self) -> str:
@@ -349,11 +407,65 @@ class CostModel:
             return fwd + o.task_overhead, fwd * (o.backward_factor + self._again(i))
         flops, nbytes = self._task_work(op)
         dev = np.asarray(cfg.devices)
-        fwd = np.maximum(
-            flops / k / self.compute_rate(op)[dev],
-            nbytes / k / (self.mem_bw[dev] * o.memory_efficiency),
-        )
+        memory = nbytes / k / (self.mem_bw[dev] * o.memory_efficiency)
+        kernels = self._kernel_times(i, cfg)
+        if kernels is not None:  # by the kernels' shapes (`planner.costs.rates`)
+            fwd = np.maximum(kernels[0], memory)
+            bwd = np.maximum(kernels[1], memory * o.backward_factor) + fwd * self._again(i)
+            return fwd + o.task_overhead, bwd
+        fwd = np.maximum(flops / k / self.compute_rate(op)[dev], memory)
         return fwd + o.task_overhead, fwd * (o.backward_factor + self._again(i))
+
+    @cached_property
+    def _chips(self) -> tuple[list[ChipRates | None], np.ndarray]:
+        """Each device's measured chip rates (or None), and its chip's index (-1: none)."""
+        chips = [chip_rates(d) for d in self.devices.devices]
+        known = {id(c): n for n, c in enumerate({id(c): c for c in chips if c}.values())}
+        index = np.array([known[id(c)] if c else -1 for c in chips], dtype=np.int64)
+        return chips, index
+
+    def _kernel_times(self, i: int, cfg: ParallelConfig) -> tuple[float, float] | None:
+        """Forward and backward seconds of one task of op i (a 16-bit linear or attention)
+        on a chip with measured kernel rates, when `rates` is "shape", every device of cfg
+        has the same such chip and the options give no fraction for the op's class; else
+        None (the flat fraction prices it)."""
+        op, o = self.graph.ops[i], self.options
+        given = {"linear": o.matmul_efficiency, "attention": o.attention_efficiency}
+        if o.rates != "shape" or op.output.dtype_bytes != 2 or op.kind not in given:
+            return None
+        if given[op.kind] is not None:
+            return None
+        chips, index = self._chips
+        found = index[np.asarray(cfg.devices)]
+        if found[0] < 0 or np.any(found != found[0]):
+            return None
+        chip = chips[int(cfg.devices[0])]
+        assert chip is not None
+        key = (i, cfg.degrees, cfg.reduce, int(found[0]))
+        times = self._kernels.get(key)
+        if times is None:
+            times = self._shaped(op, cfg, chip, self.devices.devices[cfg.devices[0]].peak16)
+            self._kernels[key] = times
+        return times
+
+    def _shaped(
+        self, op: Op, cfg: ParallelConfig, chip: ChipRates, peak: float
+    ) -> tuple[float, float] | None:
+        if op.kind == "attention":
+            seq = op.output.size("length") if "length" in op.output.dims else 1
+            kernel = chip.attention[self.options.attention_kernel]
+            flops = op.flops / cfg.num_tasks
+            return attention_seconds(kernel, flops, seq, bool(op.attr("causal", False)))
+        shapes = linear_gemms(op, cfg)
+        if shapes is None:
+            return None
+        gemm = chip.gemm
+        ((m, n, k),) = shapes
+        forward = gemm.seconds(m, n, k, peak)
+        backward = gemm.seconds(m, k, n, peak) + gemm.seconds(n, k, m, peak)
+        # folded functions (`coarsen`) add FLOPs the GEMMs do not have: at the flat rate
+        extra = max(0.0, op.flops / cfg.num_tasks - 2.0 * m * n * k) / (peak * gemm.cap)
+        return forward + extra, backward + extra * self.options.backward_factor
 
     @cached_property
     def recomputed(self) -> RecomputeShare:
@@ -449,6 +561,14 @@ class CostModel:
         """Ring passes (each r - 1 steps of shard / r) of one step's parameter sync: 2 (an
         all-reduce, or ZeRO 1-2's reduce-scatter + all-gather), 3 at ZeRO 3."""
         return 3 if self.options.zero >= 3 else 2
+
+    @property
+    def exposed_passes(self) -> float:
+        """The ring passes of a step's parameter sync left on the simulated step: all of
+        them, less `param_gather_overlap` of ZeRO's all-gathers (one pass at ZeRO 1-2, two
+        at ZeRO 3), which run under compute (`planner.costs.overlap`)."""
+        gathers = {0: 0, 1: 1, 2: 1, 3: 2}[self.options.zero]
+        return self.ring_passes - self.options.param_gather_overlap * gathers
 
     def _share(self, op: Op) -> int:
         """Ops of a shared parameter group each carry 1/|group| of its sync and memory."""

@@ -43,6 +43,7 @@ __all__ = [
 
 GPT2_ATTENTION = ("sdpa", "buffer", "ones")
 LLAMA_ATTENTION = ("sdpa", "ones")
+LLAMA_MLP = ("swiglu", "relu2")
 
 
 def _check_sizes(config: object, names: tuple[str, ...]) -> None:
@@ -246,7 +247,9 @@ class LlamaConfig:
     `n_kv_heads` None means n_heads (no grouped-query attention). The feed-forward width is
     `hidden_dim` if given, else Meta's rule `ffn_hidden_dim(dim, multiple_of,
     ffn_dim_multiplier)`. `attention`: "sdpa" or "ones" (explicit softmax with a mask built in
-    forward). `torch_rmsnorm`: `nn.RMSNorm` instead of the hand-written `RMSNorm`."""
+    forward). `torch_rmsnorm`: `nn.RMSNorm` instead of the hand-written `RMSNorm`. `mlp`:
+    "swiglu" (Llama's gated SiLU, three linears) or "relu2" (squared ReLU, not gated, two
+    linears: Nemotron-4's)."""
 
     vocab_size: int = 32000
     dim: int = 4096
@@ -262,6 +265,7 @@ class LlamaConfig:
     tie_embeddings: bool = False
     attention: str = "sdpa"
     torch_rmsnorm: bool = False
+    mlp: str = "swiglu"
 
     def __post_init__(self) -> None:
         sizes = ("vocab_size", "dim", "n_layers", "n_heads", "multiple_of", "max_seq_len")
@@ -278,6 +282,7 @@ class LlamaConfig:
                 "each key/value head serves a whole group of query heads"
             )
         _check_choice("attention", self.attention, LLAMA_ATTENTION)
+        _check_choice("mlp", self.mlp, LLAMA_MLP)
 
     @property
     def kv_heads(self) -> int:
@@ -394,13 +399,18 @@ class LlamaAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden_dim: int) -> None:
+    def __init__(self, dim: int, hidden_dim: int, mlp: str = "swiglu") -> None:
         super().__init__()
+        self.gated = mlp == "swiglu"
         self.w1 = nn.Linear(dim, hidden_dim, bias=False)
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+        if self.gated:
+            self.w3 = nn.Linear(dim, hidden_dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.gated:  # squared ReLU (Nemotron-4)
+            r = F.relu(self.w1(x))
+            return self.w2(r * r)
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
@@ -414,7 +424,7 @@ class TransformerBlock(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.attention = LlamaAttention(config)
-        self.feed_forward = FeedForward(config.dim, config.ffn_hidden)
+        self.feed_forward = FeedForward(config.dim, config.ffn_hidden, config.mlp)
         self.attention_norm = _norm(config)
         self.ffn_norm = _norm(config)
 

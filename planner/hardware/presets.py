@@ -35,6 +35,7 @@ __all__ = [
     "dgx_a100",
     "dgx_a100_80g",
     "dgx_h100",
+    "dgx_h200",
     "get_preset",
     "k80_cluster",
     "list_presets",
@@ -88,6 +89,9 @@ H100 = {
     "mem_bandwidth": 3.35e12,
     "memory": 80 * GiB,
 }
+# H200 SXM: the H100's compute (the same GH100 die and clocks) with 141 GB of HBM3e at
+# 4.8 TB/s (NVIDIA H200 Tensor Core GPU datasheet).
+H200 = H100 | {"mem_bandwidth": 4.8e12, "memory": 141 * GiB}
 # Achievable fractions of peak per op class (`Device.efficiency`) for the LLM-era presets:
 # matmul from "optimized GEMM can reach up to 80-90% of the theoretical maximum" (Dao,
 # FlashAttention-2, 2023, Sec. 1; Shah et al., FlashAttention-3, 2024, Sec. 1 for H100), less
@@ -120,8 +124,8 @@ logger = logging.getLogger(__name__)
 
 VALID_FORMS = (
     "p100-NxG (N >= 1 nodes, G in 1..8 GPUs), k80-NxG (N >= 1, G in 1..8), "
-    "v100-dgx1-G (G in 1,2,3,4,8), dgx-a100-N, dgx-a100-80g-N, dgx-h100-N (N >= 1 nodes of "
-    "8 GPUs), cpu-local-N (N >= 1)"
+    "v100-dgx1-G (G in 1,2,3,4,8), dgx-a100-N, dgx-a100-80g-N, dgx-h100-N, dgx-h200-N (N >= 1 "
+    "nodes of 8 GPUs), cpu-local-N (N >= 1)"
 )
 
 
@@ -234,6 +238,15 @@ def dgx_h100(nodes: int) -> DeviceGraph:
     )
 
 
+def dgx_h200(nodes: int) -> DeviceGraph:
+    """`nodes` DGX H200 systems: the `dgx_h100` layout (NVLink 4, one NDR NIC per GPU) with
+    H200 SXM 141 GB (HBM3e, 4.8 TB/s; the H100's compute and calibrated fractions)."""
+    spec = H200 | {"efficiency": H100_EFFICIENCY}
+    return _dgx(
+        f"dgx-h200-{nodes}", nodes, spec, NVLINK4_GPU_BANDWIDTH, PCIE5_BANDWIDTH, IB_NDR_BANDWIDTH
+    )
+
+
 def _dgx(
     name: str, nodes: int, spec: dict[str, Any], nvlink: float, pcie: float, fabric: float
 ) -> DeviceGraph:
@@ -331,6 +344,11 @@ _PATTERNS: list[tuple[re.Pattern[str], _Count, _Build]] = [
         lambda n, m: dgx_h100(_ranged(n, m[1], 1)),
     ),
     (
+        re.compile(r"dgx-h200-(\d+)"),
+        lambda m: DGX_GPUS * int(m[1]),
+        lambda n, m: dgx_h200(_ranged(n, m[1], 1)),
+    ),
+    (
         re.compile(r"cpu-local-(\d+)"),
         lambda m: int(m[1]),
         lambda n, m: cpu_local(_ranged(n, m[1], 1)),
@@ -371,6 +389,7 @@ def list_presets() -> list[str]:
         *(f"dgx-a100-{n}" for n in (1, 4, 32, 128)),
         *(f"dgx-a100-80g-{n}" for n in (1, 4, 32, 128)),
         *(f"dgx-h100-{n}" for n in (1, 4, 32, 128, 1024, 2048)),
+        *(f"dgx-h200-{n}" for n in (1, 4, 32, 128)),
         "cpu-local-2",
         "cpu-local-4",
     ]

@@ -317,5 +317,9 @@ def simulate_pipelined(cost_model: CostModel, ps: PipelinedStrategy) -> Pipeline
     costs. `cost_model` is the micro-batch graph's on every device (the strategy's own)."""
     pipe = ps.pipeline
     return simulate_pipeline(
-        chunk_times(cost_model, ps), pipe.schedule, pipe.stages, pipe.micro_batches
+        chunk_times(cost_model, ps),
+        pipe.schedule,
+        pipe.stages,
+        pipe.micro_batches,
+        cost_model.options.pp_overlap,
     )

@@ -15,7 +15,8 @@ order keeps at once and its largest working set (`stage_peak`):
   backward of i on c + 1 and its message (the last chunk's backward follows its forward);
 - a message travels while the groups compute (its own stream: Megatron-LM's p2p
   communication), on its own link: messages between the same two groups in the same
-  direction go one at a time, in the order they are ready;
+  direction go one at a time, in the order they are ready; with `p2p_overlap` below 1
+  (`CostOptions.pp_overlap`) the rest of its seconds keep the sender from its next work;
 - after a group's last backward of a chunk, that chunk's gradient sync and update
   (`sync`): they overlap the group's later backwards of other chunks (interleaved) and end
   the step on that group at the latest.
@@ -95,10 +96,17 @@ class PipelineTimeline:
 
 
 def simulate_pipeline(
-    chunks: Sequence[ChunkTimes], name: str, groups: int, micro_batches: int
+    chunks: Sequence[ChunkTimes],
+    name: str,
+    groups: int,
+    micro_batches: int,
+    p2p_overlap: float = 1.0,
 ) -> PipelineTimeline:
     """Time one step of `name`'s schedule over `groups` device groups; `chunks` has
-    groups x v entries (v chunks per group; chunk c on group c % groups)."""
+    groups x v entries (v chunks per group; chunk c on group c % groups). `p2p_overlap`
+    (`CostOptions.pp_overlap`): the share of each message that travels while its sender
+    goes on; the rest of it keeps the sender busy after the work that sent it (a blocking
+    send)."""
     p, m = groups, micro_batches
     if not chunks or len(chunks) % p:
         raise ScheduleError(
@@ -138,17 +146,19 @@ def simulate_pipeline(
                 times.append(arrive[w])
         return max(times, default=0.0)
 
-    def send(w: Work, end: float) -> None:
-        """Queue w's outgoing message (forward to chunk + 1, or a gradient to chunk - 1)."""
+    def send(w: Work, end: float) -> float:
+        """Queue w's outgoing message (forward to chunk + 1, or a gradient to chunk - 1);
+        the seconds it blocks its sender."""
         nonlocal seq
         if w.kind == FORWARD and w.chunk < n - 1:
             to, seconds = Work(FORWARD, w.micro, w.chunk + 1), chunks[w.chunk].send_forward
         elif w.kind == BACKWARD and w.chunk > 0:
             to, seconds = Work(BACKWARD, w.micro, w.chunk - 1), chunks[w.chunk].send_backward
         else:
-            return
+            return 0.0
         heapq.heappush(messages_in, (end, seq, to, w.chunk % p, to.chunk % p, seconds))
         seq += 1
+        return (1.0 - p2p_overlap) * seconds
 
     def deliver(until: float) -> None:
         """Put every message ready by `until` on its link, in the order they were ready."""
@@ -196,11 +206,10 @@ def simulate_pipeline(
         c = chunks[w.chunk]
         end = start + (c.forward if w.kind == FORWARD else c.backward)
         done[w] = end
-        free[g] = end
         nxt[g] += 1
         remaining -= 1
         works.append(Slot(w, g, start, end))
-        send(w, end)
+        free[g] = end + send(w, end)
         refresh(g)
     deliver(float("inf"))
     syncs: list[Slot] = []

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import gc
 import math
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -54,6 +55,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from planner.costs.overlap import exposed_seconds
+from planner.costs.regions import needed_boxes, task_boxes
 from planner.deadline import OutOfTime, past
 from planner.sim.tasks import JOIN, PHASE_SHIFT, SUB_SHIFT, TaskBatch, TaskGraph, pack, unpack
 from planner.sim.transfers import transfer_pairs
@@ -128,10 +131,17 @@ class Simulator:
         self._sync_op = _sync_ops(self.graph)
         self._sync_of = {i: s for s, members in self._sync_op.items() for i in members}
         self._incident: list[list[int]] = [[] for _ in range(self.n)]
+        self._out_edges: list[list[int]] = [[] for _ in range(self.n)]
         for k, e in enumerate(self.graph.edges):
             self._incident[e.src].append(k)
+            self._out_edges[e.src].append(k)
             if e.dst != e.src:
                 self._incident[e.dst].append(k)
+        # `CostOptions.transfer_once`: per producer, each out-edge's leader (the edge whose
+        # messages it shares), and each leader's messages by task pair (arrival, first task
+        # of the gradient's message)
+        self._leaders: dict[int, dict[int, int]] = {}
+        self._shared: dict[int, tuple[dict[tuple[int, int], int], dict[tuple[int, int], int]]] = {}
         self.tasks = TaskGraph()
         self.owned: list[list[int]] = [[] for _ in range(self.n)]  # op -> its F/B tasks
         self.edge_tasks: dict[int, list[int]] = {}  # edge index -> its transfer tasks
@@ -284,6 +294,15 @@ class Simulator:
         back_v, back_u = self.n - 1 - v, self.n - 1 - u
         preds, succs = tg.preds, tg.succs
         devs_u, devs_v = cu.devices, cv.devices
+        hidden = self._hidden_share(u, v, cu, cv, *self._pairs(e, cu, cv)[:2])
+        leader = self._leader(e)
+        if leader != e:  # the tensor is on these devices already: share the leader's messages
+            self.edge_tasks[e] = []
+            self._share(e, leader, gradient, u_end, v_start, u_back, v_back)
+            return []
+        arrive: dict[tuple[int, int], int] = {}
+        first_back: dict[tuple[int, int], int] = {}
+        self._shared[e] = (arrive, first_back)
         for p, q, nbytes in zip(*self._pairs(e, cu, cv), strict=True):
             dp, dq = devs_u[p], devs_v[q]
             if dp == dq:  # a dependency each way (inlined: most pairs of many strategies)
@@ -295,24 +314,133 @@ class Simulator:
                 succs[a].append(b)
                 continue
             size = nbytes * components  # an LSTM state: h and c together
+            there = size if hidden is None else self._exposed(dp, dq, size, hidden[0][p, q])
             pair = p * 65536 + q
             keys: _Keys = ((FWD, u, 4, e, pair, 0), (FWD, v, 1, e, pair), None)
-            out.depend(self._message(out, keys, dp, dq, size, u_end[p], fwd_label), v_start[q])
+            arrive[p, q] = self._message(out, keys, dp, dq, there, u_end[p], fwd_label)
+            out.depend(arrive[p, q], v_start[q])
             if again:  # before v's backward task, which recomputes v first
                 keys = ((BWD, back_v, -1, e, pair, -1), (BWD, back_v, -1, e, pair), None)
-                msg = self._message(out, keys, dp, dq, size, u_end[p], again_label)
+                msg = self._message(out, keys, dp, dq, there, u_end[p], again_label)
                 out.depend(msg, v_again[q])
             if not gradient:
                 continue
+            back = size if hidden is None else self._exposed(dq, dp, size, hidden[1][p, q])
             pair = q * 65536 + p
             keys = (
                 (BWD, back_v, 1, e, pair, -1),
                 (BWD, back_v, 1, e, pair),
                 (BWD, back_u, -1, e, pair, 0),
             )
-            out.depend(self._message(out, keys, dq, dp, size, v_back[q], bwd_label), u_back[p])
+            firsts: list[int] = []
+            msg = self._message(out, keys, dq, dp, back, v_back[q], bwd_label, firsts=firsts)
+            first_back[p, q] = firsts[0]
+            out.depend(msg, u_back[p])
         self.edge_tasks[e] = made = out.commit()
         return made
+
+    def _leaders_first(self, edges: Sequence[int]) -> list[int]:
+        """`edges` in order, each group's leader before the edges that share its messages."""
+        if not self.cm.options.transfer_once:
+            return list(edges)
+        return sorted(edges, key=lambda k: (self._leader(k) != k, k))
+
+    def _leader(self, e: int) -> int:
+        """The edge whose messages edge e shares (`CostOptions.transfer_once`): among the
+        out-edges of e's producer whose consumers have the same devices and need the same
+        boxes of the tensor, the one into the earliest consumer (its messages come first in
+        the forward and last in the backward). e itself without the option or a twin."""
+        if not self.cm.options.transfer_once:
+            return e
+        u = self.graph.edges[e].src
+        leaders = self._leaders.get(u)
+        if leaders is None:
+            leaders = self._leaders[u] = self._group_out_edges(u)
+        return leaders.get(e, e)
+
+    def _group_out_edges(self, u: int) -> dict[int, int]:
+        """Each configured out-edge of op u -> the leader of its group of twins."""
+        groups: dict[tuple[object, ...], list[int]] = {}
+        cu = self.configs[u]
+        for k in self._out_edges[u]:
+            edge = self.graph.edges[k]
+            cv = self.configs[edge.dst]
+            if cu is None or cv is None or edge.dst in self.cm.recomputed:
+                continue
+            grid = self.cm.edge_grid(edge, cu.reduce, cv.reduce)
+            k_v = math.prod(cv.grid)
+            lo, hi = task_boxes(grid.out_sizes, np.array([cv.grid]), k_v)
+            nlo, nhi = needed_boxes(grid.maps, grid.in_sizes, grid.out_dims, lo, hi)
+            key = (cv.devices, cv.grid, self.cm.edge_components(edge), nlo.tobytes(), nhi.tobytes())
+            groups.setdefault(key, []).append(k)
+        out: dict[int, int] = {}
+        for members in groups.values():
+            first = min(members, key=lambda k: (self.graph.edges[k].dst, k))
+            out |= {k: first for k in members}
+        return out
+
+    def _share(
+        self,
+        e: int,
+        leader: int,
+        gradient: bool,
+        u_end: list[int],
+        v_start: list[int],
+        u_back: list[int],
+        v_back: list[int],
+    ) -> None:
+        """Edge e's dependencies on its leader's messages: its consumer's tasks start when
+        the leader's arrive, and the gradient the leader sends back waits for e's consumer's
+        backward too (the gradients are summed where they are made, then sent once)."""
+        edge = self.graph.edges[e]
+        cu, cv = self.configs[edge.src], self.configs[edge.dst]
+        assert cu is not None and cv is not None
+        arrive, first_back = self._shared[leader]
+        tg = self.tasks
+        for p, q, _ in zip(*self._pairs(e, cu, cv), strict=True):
+            if cu.devices[p] == cv.devices[q]:
+                tg.depend(u_end[p], v_start[q])
+                tg.depend(v_back[q], u_back[p])
+                continue
+            tg.depend(arrive[p, q], v_start[q])
+            if gradient:
+                tg.depend(v_back[q], first_back[p, q])
+
+    def _hidden_share(
+        self, u: int, v: int, cu: ParallelConfig, cv: ParallelConfig, ps: list[int], qs: list[int]
+    ) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]] | None:
+        """Tensor-parallel overlap (`CostOptions.tp_overlap`, `planner.costs.overlap`): per
+        task pair (p, q) of an edge into or out of a linear op, the GEMM seconds each of its
+        forward and backward messages may run under: the linear's task at that end (the
+        consumer's when both are linear), shared among the messages that task sends or
+        receives on this edge. None when nothing overlaps (no overlap, or no linear)."""
+        if self.cm.options.tp_overlap <= 0:
+            return None
+        kinds = self.graph.ops[u].kind, self.graph.ops[v].kind
+        if "linear" not in kinds:
+            return None
+        side, cfg, tasks = (v, cv, qs) if kinds[1] == "linear" else (u, cu, ps)
+        fwd, bwd = self._op_costs(side, cfg)[:2]
+        count = Counter(tasks)
+        forward: dict[tuple[int, int], float] = {}
+        backward: dict[tuple[int, int], float] = {}
+        for p, q in zip(ps, qs, strict=True):
+            t = q if side == v else p
+            forward[p, q] = fwd[t] / count[t]
+            backward[p, q] = bwd[t] / count[t]
+        return forward, backward
+
+    def _exposed(self, a: int, b: int, size: float, partner: float) -> float:
+        """The bytes of a message from a to b whose transfer is left exposed when it may run
+        under `partner` seconds of compute (`planner.costs.overlap.exposed_seconds`): the
+        message is sent with those bytes (its hops' latencies stay)."""
+        hops = self._hops(a, b)
+        inv = sum(h[1] for h in hops)
+        lat = sum(h[2] for h in hops)
+        if inv <= 0:
+            return size
+        seconds = exposed_seconds(size * inv + lat, partner, self.cm.options.tp_overlap)
+        return max(0.0, seconds - lat) / inv
 
     def _message(
         self,
@@ -324,18 +452,25 @@ class Simulator:
         after: int,
         what: str,
         share: float = 1.0,
+        firsts: list[int] | None = None,
     ) -> int:
         """A message from device a to b after task `after`: the sender's overhead (key 0),
         the hops (key prefix 1, hop index last), the receiver's overhead (key 2; None: the
-        hop prefix with the hop count); overheads scaled by `share`. Returns the last task."""
+        hop prefix with the hop count); overheads scaled by `share`. Returns the last task
+        (and appends the first to `firsts` when given)."""
+        made: list[int] = []
         cost = self._overhead[a] * share
         if cost > 0:  # the send runs on the sender's processor
             after = out.add(pack(*keys[0]), a, cost, ("send", what), [after])
+            made.append(after)
         label = (what, a, b)
         hops = self._hops(a, b)
         hop_key = pack(*keys[1], -1)  # + h + 1: hop h's key (the hop is the lowest field)
         for h, (res, inv_bw, lat) in enumerate(hops, start=1):
             after = out.add(hop_key + h, res, size * inv_bw + lat, label, [after])
+            made.append(after)
+        if firsts is not None and made:
+            firsts.append(made[0])
         cost = self._overhead[b] * share
         if cost > 0:  # the arrival is handled on the receiver's processor
             recv = keys[2] if keys[2] is not None else (*keys[1], len(hops))
@@ -371,9 +506,10 @@ class Simulator:
                 if (t := where[j].get(d)) is not None
             ]
             done: list[int] = ready
+            last = pack(BWD, self.n - 1 - s, SYNC_SUB, g, _LAST, 0)
             if len(devs) > 1:
-                done = self._sync_transfers(out, s, g, devs, shard, ready)
-            done = self._join(out, pack(BWD, self.n - 1 - s, SYNC_SUB, g, _LAST, 0), done)
+                done, last = self._overlapped_sync(out, s, g, devs, shard, ready)
+            done = self._join(out, last, done)
             label = f"{update}{g}"
             for d in devs:
                 dur = copies * shard / (self.cm.mem_bw[d] * self.cm.options.memory_efficiency)
@@ -382,8 +518,32 @@ class Simulator:
         self.sync_tasks[s] = made = out.commit()
         return made
 
-    def _sync_transfers(
+    def _overlapped_sync(
         self, out: TaskBatch, s: int, g: int, devs: list[int], shard: float, ready: list[int]
+    ) -> tuple[list[int], int]:
+        """The sync of replica group g of op s, split by `CostOptions.dp_overlap` f: f of the
+        shard right after the group's backward of the op (under the rest of the backward),
+        the rest keyed into the update phase, so that on every device it waits for the whole
+        backward pass (the FIFO order). Returns the last tasks and the key of their join."""
+        f = self.cm.options.dp_overlap
+        done: list[int] = []
+        if f > 0:
+            base = (BWD, self.n - 1 - s, SYNC_SUB, g)
+            done += self._sync_transfers(out, base, s, devs, shard * f, ready)
+        if f < 1:
+            base = (UPDATE, s, -1, g)
+            done += self._sync_transfers(out, base, s, devs, shard * (1 - f), ready)
+            return done, pack(UPDATE, s, -1, g, _LAST, 0)
+        return done, pack(BWD, self.n - 1 - s, SYNC_SUB, g, _LAST, 0)
+
+    def _sync_transfers(
+        self,
+        out: TaskBatch,
+        base: tuple[int, int, int, int],
+        s: int,
+        devs: list[int],
+        shard: float,
+        ready: list[int],
     ) -> list[int]:
         """Ring all-reduce: every replica sends 2 (r - 1) / r of the shard to the next one
         (its 2 (r - 1) pipelined steps as one transfer, after every replica's backward), each
@@ -392,9 +552,10 @@ class Simulator:
         transfer of 3 (r - 1) / r of the shard here, as t_s prices them (the simulator does
         not place the gathers before the op's forward and backward). Parameter server: pushes to the first
         device, then pulls. Overheads count the shard's share of a gradient bucket
-        (`CostModel.bucket_share`)."""
+        (`CostModel.bucket_share`). The passes are `CostModel.exposed_passes` (ZeRO's
+        all-gathers hidden under compute leave the step). `base`: the key prefix of the
+        tasks."""
         r = len(devs)
-        base = (BWD, self.n - 1 - s, SYNC_SUB, g)
         name = self._names[s]
         share = self.cm.bucket_share(shard)
 
@@ -403,7 +564,7 @@ class Simulator:
 
         ready = self._join(out, pack(*base, 0, -1), ready)
         if self.cm.options.sync == "ring":
-            passes = self.cm.ring_passes  # 2: all-reduce (ZeRO 1-2: reduce-scatter + gather)
+            passes = self.cm.exposed_passes  # 2: all-reduce (ZeRO 1-2: reduce-scatter + gather)
             size = passes * (r - 1) / r * shard
             steps = passes * (r - 1) * share  # each step: one message to the next replica
             what, gate_label = f"allreduce {name}", f"sync {name} ready"
@@ -442,7 +603,9 @@ class Simulator:
             if watch and past(at):
                 raise OutOfTime
             self._build_op(i)
-        for e in range(len(self.graph.edges)):
+        self._leaders.clear()
+        self._shared.clear()
+        for e in self._leaders_first(range(len(self.graph.edges))):
             if watch and past(at):
                 raise OutOfTime
             self._build_edge(e)
@@ -470,6 +633,9 @@ class Simulator:
         tg = self.tasks
         ops = sorted({i for i, _ in changes})
         edges = sorted({k for i in ops for k in self._incident[i]})
+        if self.cm.options.transfer_once:  # twins share messages: rebuild a producer's all
+            srcs = {self.graph.edges[k].src for k in edges}
+            edges = sorted(set(edges) | {k for u in srcs for k in self._out_edges[u]})
         syncs = sorted({self._sync_of[i] for i in ops})
         old = [t for i in ops for t in self.owned[i]]
         old += [t for k in edges for t in self.edge_tasks[k]]
@@ -485,7 +651,9 @@ class Simulator:
         for i in ops:
             new += self._build_op(i)
         # A rebuilt op's tasks are new: every edge and sync that reads them is rebuilt too.
-        for k in edges:
+        for u in {self.graph.edges[k].src for k in edges}:
+            self._leaders.pop(u, None)
+        for k in self._leaders_first(edges):
             new += self._build_edge(k)
         for s in syncs:
             new += self._build_sync(s)

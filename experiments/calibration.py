@@ -1,0 +1,567 @@
+"""`python -m experiments.calibration`: predicted against published H100 training throughput.
+
+Each row of a file of published runs (default `experiments/data/h100_published.csv`, columns
+`COLUMNS`; sources in `experiments/data/SOURCES.md`; read by `experiments.published`) gives a
+dense decoder-only model, the GPUs, the batch and the layout the run used, and its measured
+tokens/s (and TFLOP/s) per GPU. For every row the model can express (`unsupported` says why
+another is skipped):
+
+1. the model as the row says (`build_graph`: a Llama-style block of `planner.graph.llm`,
+   squared-ReLU for Nemotron-4, GPT for GPT-3) in bf16, captured at one micro-batch of the
+   two data-parallel replicas simulated per stage;
+2. the published layout (`simulate_row`): tensor parallelism of the row's size inside each
+   node with sequence parallelism (`planner.problems.baselines.megatron`), the row's
+   pipeline stages and virtual stages (interleaved 1F1B; the first and last chunks a layer
+   lighter when the layers do not divide), data parallelism over the rest, the
+   distributed optimizer as ZeRO 1 (a sharded data-parallel layout as ZeRO 3), the
+   recomputation published, MBS and GBS as micro-batches; simulated on `dgx-h100-N`
+   (`dgx-h200-N`) as the pipeline search does (`backends.pipeline.search._simulate`): two
+   replicas per stage, the gradient sync scaled to the stage's replicas;
+3. the training the frameworks ran (`framework_options`): mixed-precision Adam with fp32
+   master weights, the kernels (`CostOptions.rates` "shape", cuDNN fused attention) and the
+   communication overlap of Megatron-Core's performance recipes;
+4. predicted tokens/s per GPU = GBS x sequence / step / GPUs, and TFLOP/s per GPU in the
+   row's own convention: the published TFLOP/s x predicted / published tokens/s (the FLOPs
+   per token the source counted); a row without tokens/s converts its TFLOP/s with NeMo's
+   formula (`nemo_flops_per_token`).
+
+Each row's step is broken down (`Breakdown`): the busiest stage's compute by class (GEMMs,
+attention, memory-bound ops), its exposed tensor-parallel communication, the pipeline
+bubble, the exposed point-to-point messages and the exposed data-parallel sync.
+
+Calibration (docs/calibration.md): the physical constants come from independent sources
+(datasheets, the GEMM table, the attention kernels' benchmarks, the frameworks' settings);
+the global parameters in `FITTED` were fitted on the rows of the configurations
+`calibration_configurations` picks by a rule on the rows' metadata, and the error is
+reported separately on the others.
+Writes calibration.csv, calibration.json and calibration.png to --out (results/calibration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from experiments.published import (
+    COLUMNS,
+    GPUS_PER_NODE,
+    PRESETS,
+    ROWS,
+    Published,
+    assumptions,
+    family,
+    nemo_flops_per_token,
+    read_rows,
+    recompute,
+    unsupported,
+    zero_stage,
+)
+from planner.cli.args import OneLineArgumentParser, one_line, report_errors
+from planner.errors import LayerwiseError
+
+__all__ = [
+    "COLUMNS",
+    "ROWS",
+    "Breakdown",
+    "build_graph",
+    "calibration_configurations",
+    "chunk_layers",
+    "configuration",
+    "fit",
+    "framework_options",
+    "main",
+    "nemo_flops_per_token",
+    "predict",
+    "read_rows",
+    "recompute",
+    "replica_devices",
+    "replica_layout",
+    "simulate_row",
+    "unsupported",
+]
+
+log = logging.getLogger("experiments.calibration")
+
+CALIBRATION_SHARE = 1 / 3  # of the configurations (`configuration`)
+
+
+def build_graph(row: Published, batch: int, layers: int | None = None) -> Any:
+    """The row's model in bf16 captured at `batch` samples (and `layers` blocks, default
+    the row's), coarsened as the planner plans it (`planner.graph.coarsen`: an activation
+    or dropout folds into the linear before it, as the frameworks fuse them)."""
+    from planner.graph.capture import capture
+    from planner.graph.coarsen import coarsen
+    from planner.graph.llm import build_llm
+
+    n = layers or row.layers
+    if family(row) == "gpt":
+        module, inputs = build_llm(
+            "gpt2", dtype="bfloat16", batch=batch, seq=row.seq, n_layer=n, n_head=row.heads,
+            n_embd=row.hidden, vocab_size=row.vocab, block_size=row.seq, dropout=0.0,
+        )  # fmt: skip
+    else:
+        module, inputs = build_llm(
+            "llama3-8b", dtype="bfloat16", batch=batch, seq=row.seq, n_layers=n,
+            dim=row.hidden, n_heads=row.heads, n_kv_heads=row.kv_heads,
+            hidden_dim=row.ffn_hidden, vocab_size=row.vocab, max_seq_len=row.seq,
+            tie_embeddings=row.tied, mlp="relu2" if family(row) == "nemotron" else "swiglu",
+        )  # fmt: skip
+    return coarsen(capture(module, inputs, row.model))
+
+
+def chunk_layers(layers: int, chunks: int) -> list[int]:
+    """Layers per pipeline chunk: equal shares, the layers left over going to the middle
+    chunks, evenly spread, so that the first and the last chunks (which also hold the
+    embedding and the head) are the lighter ones (Llama 3 405B: 126 layers on 16 stages, 7
+    on the first and the last, 8 on the others)."""
+    base, extra = divmod(layers, chunks)
+    out = [base] * chunks
+    middle = list(range(1, chunks - 1)) or list(range(chunks))
+    for k in range(extra):
+        out[middle[(k * len(middle)) // extra if extra <= len(middle) else k % len(middle)]] += 1
+    return out
+
+
+def replica_layout(row: Published) -> tuple[tuple[int, ...], int, int]:
+    """Which devices are simulated: the first and the last data-parallel replica of every
+    stage (Megatron-LM's rank order: tensor innermost, then data, then pipeline), as indices
+    on a preset of just the nodes they occupy (every node alike on one non-blocking fabric:
+    the same links between them as in the whole cluster); that preset's nodes; the replicas
+    per stage simulated."""
+    t, d, p = row.tp, row.data, row.pp
+    group = t * d
+    replicas = (0, d - 1) if d >= 2 else (0,)
+    real = [s * group + r * t + k for s in range(p) for r in replicas for k in range(t)]
+    nodes = sorted({x // GPUS_PER_NODE for x in real})
+    compact = {n: i for i, n in enumerate(nodes)}
+    keep = tuple(compact[x // GPUS_PER_NODE] * GPUS_PER_NODE + x % GPUS_PER_NODE for x in real)
+    return keep, len(nodes), len(replicas)
+
+
+def replica_devices(row: Published) -> tuple[Any, int]:
+    """The simulated devices (`replica_layout`) and the replicas per stage among them."""
+    from planner.hardware.presets import get_preset
+
+    keep, nodes, here = replica_layout(row)
+    graph = get_preset(f"{PRESETS[row.gpu]}-{nodes}")
+    return graph.subset(keep, f"{graph.name}[{row.pp} x {row.tp * here}]"), here
+
+
+# -- the simulation -----------------------------------------------------------------------
+
+
+def framework_options(row: Published, **overrides: Any) -> Any:
+    """The training the published runs did, as cost options: mixed-precision Adam with fp32
+    master weights (16 bytes per parameter), the row's ZeRO stage (the distributed optimizer
+    when the row does not say) and recomputation, the kernels of Megatron-Core with
+    Transformer Engine on Hopper (`CostOptions.rates` "shape", cuDNN fused attention) and the
+    overlap of its performance recipes (`FRAMEWORK_OVERLAP["megatron-recipe"]`).
+    `overrides`: other cost options."""
+    from planner.costs.costmodel import CostOptions
+    from planner.costs.overlap import FRAMEWORK_OVERLAP
+
+    zero = zero_stage(row)
+    values: dict[str, Any] = {
+        "optimizer": "adam",
+        "master_weights": True,
+        "zero": 1 if zero is None else zero,
+        "recompute": recompute(row),
+        "rates": "shape",
+        "attention_kernel": "cudnn",
+        "transfer_once": True,
+    }
+    values |= FRAMEWORK_OVERLAP["megatron-recipe"].options()
+    # Megatron-Bridge overlaps p2p only with interleaving; else batched, blocking sends
+    values["pp_overlap"] = 1.0 if row.virtual > 1 else 0.0
+    values |= FITTED
+    return CostOptions(**(values | overrides))
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Seconds of one step on the busiest stage: its compute by class (GEMMs, attention,
+    memory-bound ops, summed over its micro-batches and chunks), its exposed tensor-parallel
+    communication (its busy time beyond that compute), the pipeline bubble (the step without
+    messages and sync, beyond the busiest stage's busy time), the exposed point-to-point
+    messages and the exposed data-parallel sync and update. They add up to the step."""
+
+    gemm: float
+    attention: float
+    memory: float
+    tp: float
+    bubble: float
+    p2p: float
+    dp: float
+
+    @property
+    def step(self) -> float:
+        return sum(dataclasses.astuple(self))
+
+
+_KINDS = {"linear": "gemm", "matmul": "gemm", "conv2d": "gemm", "attention": "attention"}
+
+
+def simulate_row(row: Published, options: Any) -> tuple[float, Breakdown]:
+    """The row's step in seconds (its published layout simulated on two replicas per stage,
+    the gradient sync scaled to the stage's replicas), and its breakdown."""
+    from backends.pipeline.units import ring_factor
+    from planner.pipeline.timeline import simulate_pipeline
+
+    p, v, m = row.pp, row.virtual, row.micro_batches
+    here = min(row.data, 2)
+    simulated, work = _chunks(_layout_key(row), options)
+    scale = ring_factor(row.data) / ring_factor(here) if here > 1 else 0.0
+    chunks = [dataclasses.replace(c, sync=c.sync * scale) for c in simulated]
+    schedule = "interleaved" if v > 1 else "1f1b"
+    overlap = options.pp_overlap
+    full = simulate_pipeline(chunks, schedule, p, m, overlap)
+    quiet = [dataclasses.replace(c, send_forward=0.0, send_backward=0.0, sync=0.0) for c in chunks]
+    no_sync = [dataclasses.replace(c, sync=0.0) for c in chunks]
+    t0 = simulate_pipeline(quiet, schedule, p, m, overlap).makespan
+    t1 = simulate_pipeline(no_sync, schedule, p, m, overlap).makespan
+    busiest = max(range(p), key=lambda g: full.busy[g])
+    compute = {k: m * sum(w[k] for w in work[busiest::p]) for k in ("gemm", "attention", "memory")}
+    busy = full.busy[busiest]
+    return full.makespan, Breakdown(
+        gemm=compute["gemm"],
+        attention=compute["attention"],
+        memory=compute["memory"],
+        tp=busy - sum(compute.values()),
+        bubble=t0 - busy,
+        p2p=t1 - t0,
+        dp=full.makespan - t1,
+    )
+
+
+def _layout_key(row: Published) -> tuple[Published, tuple[int, ...], int]:
+    """What a row's chunk simulation depends on: the row without its GPUs, batch and
+    provenance, and its simulated devices (`replica_layout`: which of them share a node)."""
+    keep, nodes, here = replica_layout(row)
+    bare = dataclasses.replace(
+        row, line=0, source="", release="", gpus=row.tp * row.pp * here,
+        gbs=here * row.micro_batch * row.pp, tokens=None, tflops=1.0, notes="",
+    )  # fmt: skip
+    return bare, keep, nodes
+
+
+@functools.lru_cache(maxsize=64)
+def _chunks(
+    key: tuple[Published, tuple[int, ...], int], options: Any
+) -> tuple[list[Any], list[dict[str, float]]]:
+    """Every chunk's `ChunkTimes` (sync not scaled yet) and its compute per micro-batch by
+    class, for a row's layout (`_layout_key`) on its simulated devices."""
+    from planner.costs.config import ParallelConfig
+    from planner.costs.costmodel import CostModel
+    from planner.hardware.presets import get_preset
+    from planner.pipeline.layouts import block_ranges
+    from planner.pipeline.spec import Pipeline, PipelinedStrategy
+    from planner.pipeline.stages import chunk_problem, chunk_times
+    from planner.problems.baselines import megatron
+    from planner.problems.strategy import Strategy
+
+    row, keep, nodes = key
+    graph_of = get_preset(f"{PRESETS[row.gpu]}-{nodes}")
+    here = row.data
+    devices = graph_of.subset(keep, f"{graph_of.name}[{row.pp} x {row.tp * here}]")
+    t, p, v = row.tp, row.pp, row.virtual
+    graph = build_graph(row, here * row.micro_batch)
+    group = t * here
+    ranges = block_ranges(graph)
+    bounds, at = [0], 0
+    for k in chunk_layers(row.layers, p * v)[:-1]:
+        at += k
+        bounds.append(ranges[at][0])
+    bounds.append(len(graph.ops))
+    groups = tuple(tuple(range(s * group, (s + 1) * group)) for s in range(p))
+    pipe = Pipeline(
+        tuple(bounds), groups, p * v if v > 1 else 1, "interleaved" if v > 1 else "1f1b"
+    )
+    inner = megatron(graph, devices.subset(range(group)), t)
+    configs = tuple(
+        ParallelConfig(
+            c.degrees, tuple(groups[pipe.chunk_of(i) % p][d] for d in c.devices), c.reduce
+        )
+        for i, c in enumerate(inner.configs)
+    )
+    ps = PipelinedStrategy(Strategy(graph, devices, configs), pipe)
+    cm = CostModel(graph, devices, options)
+    work = []
+    for c in range(p * v):  # compute per micro-batch by class, on the chunk's first device
+        ch = chunk_problem(cm, ps, c)
+        local = CostModel(ch.graph, ch.devices, options)
+        mine = {"gemm": 0.0, "attention": 0.0, "memory": 0.0}
+        for i, (op, cfg) in enumerate(zip(ch.graph.ops, ch.configs, strict=True)):
+            fwd, bwd = local.task_times(i, cfg)
+            mine[_KINDS.get(op.kind, "memory")] += float(fwd[0] + bwd[0])
+        work.append(mine)
+    return chunk_times(cm, ps), work
+
+
+# -- calibration --------------------------------------------------------------------------
+
+
+def configuration(row: Published) -> str:
+    """A row's configuration: its source, release, model and layout, but not its scale (a
+    scaling series of one layout on more GPUs is one configuration)."""
+    parts = (row.source, row.release, row.model, row.tp, row.pp, row.virtual, row.mbs, row.seq)
+    return "|".join(map(str, parts))
+
+
+def calibration_configurations(rows: Sequence[Published]) -> set[str]:
+    """The calibration subset's configurations: of those the model can express, the third
+    (rounded up) with the smallest SHA-256 digests of `configuration` (a rule on the rows'
+    metadata only; docs/calibration.md says how it came about)."""
+    keys = sorted({configuration(r) for r in rows if unsupported(r) is None}, key=_digest)
+    return set(keys[: math.ceil(len(keys) * CALIBRATION_SHARE)])
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+# The global parameters fitted on the calibration subset (`fit`, `--fit`): the fraction of
+# tensor-parallel traffic Transformer Engine's userbuffers overlap leaves hidden net of
+# what it costs the GEMMs it runs beside (docs/calibration.md, "What is fitted").
+FITTED: dict[str, float] = {"tp_overlap": 0.0}
+FIT_GRID = {"tp_overlap": tuple(k / 10 for k in range(11))}
+
+
+def fit(rows: Sequence[Published]) -> dict[str, float]:
+    """Each parameter of `FIT_GRID` (one at a time, the others at `FITTED`): the grid value
+    with the smallest median absolute error on the calibration subset's rows."""
+    chosen = calibration_configurations(rows)
+    mine = [r for r in rows if configuration(r) in chosen and unsupported(r) is None]
+    out = dict(FITTED)
+    for name, grid in FIT_GRID.items():
+        scores = []
+        for value in grid:
+            options = {**out, name: value}
+            errors = sorted(abs(predict(r, framework_options(r, **options))["error"]) for r in mine)
+            scores.append((errors[len(errors) // 2], value))
+            print(f"fit {name} = {value}: median |error| {scores[-1][0]:.1%} on {len(mine)} "
+                  "calibration rows", file=sys.stderr, flush=True)  # fmt: skip
+        out[name] = min(scores)[1]
+    return out
+
+
+def predict(row: Published, options: Any) -> dict[str, Any]:
+    """The row's prediction: step, tokens/s and TFLOP/s per GPU (the row's convention), the
+    error against the published figure, and the step's breakdown (shares of the step)."""
+    step, parts = simulate_row(row, options)
+    tokens = row.gbs * row.seq / step / row.gpus
+    if row.tokens is not None:
+        published = row.tokens
+        per_token = row.tflops / row.tokens if row.tflops is not None else None
+    else:
+        assert row.tflops is not None
+        per_token = nemo_flops_per_token(row) / 1e12
+        published = row.tflops / per_token
+    out: dict[str, Any] = {
+        "step_seconds": step,
+        "tokens_predicted": tokens,
+        "tokens_published": published,
+        "tflops_published": row.tflops,
+        "tflops_predicted": tokens * per_token if per_token is not None else None,
+        "error": tokens / published - 1,
+    }
+    out |= {f"share_{k}": v / step for k, v in dataclasses.asdict(parts).items()}
+    return out
+
+
+def run(rows: Sequence[Published], calibrated: bool, **overrides: Any) -> list[dict[str, Any]]:
+    """Every row's record: what it is, why it is skipped or its prediction; `calibrated`:
+    the rows are the default table, split into calibration and held-out rows."""
+    records = []
+    chosen = calibration_configurations(rows) if calibrated else set()
+    for row in rows:
+        held = "calibration" if configuration(row) in chosen else "held-out"
+        rec: dict[str, Any] = {
+            "line": row.line,
+            "source": row.source,
+            "release": row.release,
+            "run": row.name,
+            "set": held if calibrated else "yours",
+        }
+        reason = unsupported(row)
+        if reason is not None:
+            records.append(rec | {"skipped": reason})
+            continue
+        t0 = time.perf_counter()
+        try:
+            rec |= predict(row, framework_options(row, **overrides))
+        except LayerwiseError as exc:
+            records.append(rec | {"skipped": f"error: {one_line(exc)}"})
+            continue
+        rec["assumes"] = "; ".join(assumptions(row))
+        rec["seconds"] = time.perf_counter() - t0
+        print(
+            f"line {row.line}: {row.name}: published {rec['tokens_published']:.0f}, predicted "
+            f"{rec['tokens_predicted']:.0f} tokens/s per GPU ({rec['error']:+.1%}, "
+            f"{rec['set']}; {rec['seconds']:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+        records.append(rec)
+    return records
+
+
+def summary(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Median and largest absolute error, and the count, per set of predicted rows."""
+    out: dict[str, dict[str, float]] = {}
+    for name in sorted({r["set"] for r in records if "error" in r}):
+        errors = sorted(abs(r["error"]) for r in records if r.get("set") == name and "error" in r)
+        mid = len(errors) // 2
+        median = errors[mid] if len(errors) % 2 else (errors[mid - 1] + errors[mid]) / 2
+        out[name] = {"rows": len(errors), "median": median, "max": errors[-1]}
+    return out
+
+
+def table(records: Sequence[dict[str, Any]]) -> str:
+    """A Markdown table of the predicted rows, then the skipped ones by reason."""
+    head = (
+        "| line | run | set | published tok/s | predicted | error | published TFLOP/s | "
+        "predicted | GEMM | attn | mem | TP | bubble | p2p | DP | assumes |"
+    )
+    lines = [head, "|" + " --- |" * 16]
+    for r in records:
+        if "error" not in r:
+            continue
+        tflops = (
+            f"{r['tflops_published']:.0f} | {r['tflops_predicted']:.0f}"
+            if r["tflops_predicted"] is not None
+            else "- | -"
+        )
+        shares = " | ".join(
+            f"{r['share_' + k]:.0%}"
+            for k in ("gemm", "attention", "memory", "tp", "bubble", "p2p", "dp")
+        )
+        lines.append(
+            f"| {r['line']} | {r['run']} | {r['set']} | {r['tokens_published']:.0f} | "
+            f"{r['tokens_predicted']:.0f} | {r['error']:+.1%} | {tflops} | {shares} | "
+            f"{r.get('assumes', '')} |"
+        )
+    skipped: dict[str, int] = {}
+    for r in records:
+        if "skipped" in r:
+            skipped[r["skipped"]] = skipped.get(r["skipped"], 0) + 1
+    lines.append("")
+    lines += [f"skipped, {n} rows: {reason}" for reason, n in sorted(skipped.items())]
+    for name, s in summary(records).items():
+        lines.append(
+            f"{name}: {s['rows']} rows, median |error| {s['median']:.1%}, max {s['max']:.1%}"
+        )
+    return "\n".join(lines)
+
+
+def write(records: Sequence[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
+    """calibration.csv, calibration.json (with `meta` and the summary) and calibration.png."""
+    from planner.files import write_text_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    keys: list[str] = []
+    for r in records:
+        keys += [k for k in r if k not in keys]
+    with open(out / "calibration.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(records)
+    payload = {"meta": meta, "summary": summary(records), "rows": list(records)}
+    write_text_atomic(out / "calibration.json", json.dumps(payload, indent=2, default=str) + "\n")
+    _plot(records, out / "calibration.png")
+
+
+def _plot(records: Sequence[dict[str, Any]], path: Path) -> None:
+    """Each predicted row's error, in file order, coloured by its set, with the +-10% and
+    +-15% bands."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in records if "error" in r]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    colors = {"calibration": "tab:orange", "held-out": "tab:blue", "yours": "tab:green"}
+    for name, color in colors.items():
+        mine = [(k, r) for k, r in enumerate(done) if r["set"] == name]
+        if mine:
+            ax.bar(
+                [k for k, _ in mine],
+                [100 * r["error"] for _, r in mine],
+                color=color,
+                label=f"{name} ({len(mine)} rows)",
+            )
+    for level, style in ((10, ":"), (15, "--")):
+        for sign in (1, -1):
+            ax.axhline(sign * level, color="grey", linestyle=style, linewidth=0.8)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(done)), [str(r["line"]) for r in done], rotation=90, fontsize=6)
+    ax.set(xlabel="line of the rows file", ylabel="predicted / published tokens/s - 1 (%)")
+    ax.set_title("Published training runs: the error of the prediction per row")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = OneLineArgumentParser(prog="python -m experiments.calibration", description=__doc__)
+    p.add_argument(
+        "--rows",
+        type=Path,
+        help=f"a CSV of published runs with the header {','.join(COLUMNS)} (default: "
+        f"{ROWS.relative_to(Path(__file__).parent.parent)})",
+    )
+    p.add_argument("--lines", type=int, nargs="+", help="only these lines of the rows file")
+    p.add_argument(
+        "--fit",
+        action="store_true",
+        help="fit the global parameters (FITTED) on the calibration subset again and use them",
+    )
+    p.add_argument("--out", type=Path, default=Path("results/calibration"))
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the experiment; a bad argument or rows file is one `error:` line, exit status 2."""
+    return report_errors(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    rows = read_rows(args.rows or ROWS)
+    if args.lines:
+        rows = [r for r in rows if r.line in set(args.lines)]
+    t0 = time.perf_counter()
+    fitted = fit(rows) if args.fit else dict(FITTED)
+    records = run(rows, calibrated=args.rows is None, **fitted)
+    meta = {
+        "command": "python -m experiments.calibration "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        "seconds": time.perf_counter() - t0,
+        "load": os.getloadavg(),
+        "rows": str(args.rows or ROWS),
+        "fitted": fitted,
+    }
+    write(records, args.out, meta)
+    print(table(records))
+    print(f"wrote {args.out}/calibration.csv, .json, .png in {meta['seconds']:.0f} s "
+          f"(load {meta['load'][0]:.1f})", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""What the pipeline search simulates and returns: best first, over values that grow more exact.
+
+Every layout the search considers has, at any time, one value, at one of four levels:
+
+1. STAGE: its stage layout's estimate in closed form (`backends.pipeline.estimate`: the cost
+   model's per-op times summed, no simulation);
+2. ESTIMATE: its own estimate from its stage layout's costed units (three small simulations,
+   `backends.pipeline.units.unit_costs`; `backends.pipeline.candidates`);
+3. TWO_REPLICAS: its step simulated exactly with two data-parallel replicas per stage;
+4. EVERY_DEVICE: its step simulated on every device.
+
+All of them wait in one queue. The lowest value is taken out and measured one level further
+(a stage layout is costed and each of its candidates goes in; a candidate is simulated; a
+two-replica step is simulated on every device), and goes back in with its new value. A
+value that cannot be made more exact is final: a step on every device, or on two replicas
+when the layout is too large to simulate on every device or the time left is too short,
+or when the two replicas are every device already. The first final value taken out is the
+answer: every other value then in the queue is at least its step, so the search never
+returns a layout worse than one it has estimated, at any level, without having measured
+that one better, or found that it does not fit. Values are compared as they are; a layout
+is measured on every device before its step is trusted over another's estimate.
+
+This is the order of A* (Hart, Nilsson and Raphael 1968) with estimates in place of lower
+bounds: it is cheap to go on when the estimates are close to the simulations, and they are
+(docs/pipeline.md, "How a layout is scored"). Ties go in the order they came, so the search
+is deterministic. The time limit or a Ctrl-C end it early once something fits: the answer
+is then the best step measured so far, each layout at its most exact measure; a cap on the
+layouts simulated (`exact`) stops new simulations but lets those simulated be measured on.
+Stage layouts the first ranking did not reach (its share of the time ran out) are estimated
+before an answer is taken, as time allows.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from planner.deadline import Deadline, stop_requested
+
+__all__ = ["ESTIMATE", "EVERY_DEVICE", "STAGE", "TWO_REPLICAS", "BestFirst", "Measure", "Tally"]
+
+STAGE, ESTIMATE, TWO_REPLICAS, EVERY_DEVICE = range(4)
+
+
+class Measure(Protocol):
+    """A layout simulated exactly: its step, at which level, and the layout."""
+
+    @property
+    def step(self) -> float: ...
+
+    @property
+    def level(self) -> int: ...
+
+    @property
+    def layout(self) -> Hashable: ...
+
+
+@dataclass
+class Tally:
+    """What the selection found (`answer`; None: nothing fits) and how it went."""
+
+    answer: Any = None
+    estimated: int = 0  # stage layouts estimated in closed form after the first ranking
+    costed: int = 0  # stage layouts costed
+    fit: int = 0  # candidates of those within memory
+    simulated: int = 0  # candidates simulated exactly
+    everywhere: int = 0  # of those, simulated again on every device
+    least: float = float("inf")  # the least memory per device seen
+    stopped: bool = False  # the time limit or a Ctrl-C ended it
+    capped: bool = False  # the `exact` cap ended new simulations
+
+
+class BestFirst(ABC):
+    """The queue and its rule (the module's docstring); the steps that measure a value one
+    level further are the subclass's."""
+
+    def __init__(self, deadline: Deadline, pending: list[Any], cap: int | None) -> None:
+        self.deadline = deadline
+        self.pending = pending  # stage layouts not estimated yet
+        self.cap = cap
+        self.tally = Tally()
+        self.measured: dict[Hashable, Measure] = {}  # each layout's most exact measure
+        self.cut: set[Hashable] = set()  # measured on two replicas only for want of time
+        self._queue: list[tuple[float, int, int, bool, int, Any]] = []
+        self._order = itertools.count()
+
+    def push(self, value: float, level: int, item: Any, final: bool = False) -> None:
+        """`item` at `level` with `value`: more exact first among equal values, then first come."""
+        heapq.heappush(self._queue, (value, -level, next(self._order), final, level, item))
+
+    def late(self) -> bool:
+        return self.deadline.expired() or stop_requested()
+
+    def run(self) -> Tally:
+        """The answer, by the rule of the module's docstring."""
+        steps: dict[int, Callable[[Any], bool]] = {
+            STAGE: self.cost,
+            ESTIMATE: self.simulate,
+            TWO_REPLICAS: self.everywhere,
+        }
+        tally = self.tally
+        while self._queue or self.pending:
+            final_next = bool(self._queue) and self._queue[0][3]
+            if self.pending and (not self._queue or final_next) and self._rank_more():
+                continue
+            if not self._queue:
+                break
+            _, _, _, final, level, item = heapq.heappop(self._queue)
+            if final:
+                return self._answer(item)
+            if self.measured and self.late():
+                tally.stopped = True
+                break
+            if level in (STAGE, ESTIMATE) and self.cap is not None and tally.simulated >= self.cap:
+                tally.capped = True  # the measured ones are still measured further
+                continue
+            if not steps[level](item):
+                tally.stopped = True
+                break
+        if not self.measured:
+            return tally
+        return self._answer(min(self.measured.values(), key=lambda r: (r.step, r.layout)))
+
+    def _answer(self, best: Measure) -> Tally:
+        self.tally.answer = best
+        self.tally.stopped |= best.layout in self.cut  # with more time: on every device
+        return self.tally
+
+    def _rank_more(self) -> bool:
+        """The next stage layouts not estimated yet, estimated and queued (True), unless the
+        time is up and there is an answer (False: it is taken without them)."""
+        if self.measured and self.late():
+            self.tally.stopped = True
+            return False
+        batch, self.pending = self.pending[: self.batch], self.pending[self.batch :]
+        self.pending = self.rank(batch, needed=not self.measured) + self.pending
+        return True
+
+    batch = 64  # stage layouts estimated at a time once the first ranking's share is spent
+
+    def keep(self, measure: Measure | None) -> None:
+        """A simulation's result: queued by its step (final on every device), or nothing
+        when it does not fit."""
+        if measure is not None:
+            self.measured[measure.layout] = measure
+            self.push(measure.step, measure.level, measure, final=measure.level == EVERY_DEVICE)
+
+    @abstractmethod
+    def rank(self, batch: list[Any], needed: bool) -> list[Any]:
+        """Estimate `batch` (all of it when `needed`, else until the deadline), queue each at
+        STAGE, and return those not reached."""
+
+    @abstractmethod
+    def cost(self, key: Any) -> bool:
+        """Cost a stage layout and queue its candidates at ESTIMATE (False: stopped)."""
+
+    @abstractmethod
+    def simulate(self, candidate: Any) -> bool:
+        """Simulate a candidate exactly and `keep` it (False: stopped)."""
+
+    @abstractmethod
+    def everywhere(self, measure: Any) -> bool:
+        """Simulate a two-replica measure on every device and `keep` it, or queue it final
+        (adding it to `cut` when time was short), or drop it from `measured` when it does
+        not fit (False: stopped)."""

@@ -173,7 +173,7 @@ class _Fake(BestFirst):
         self.done.append((measure.layout, TWO_REPLICAS))
         full = self.steps[measure.layout].get(EVERY_DEVICE)
         if full is None:  # too large: two replicas are its measure
-            self.push(measure.step, TWO_REPLICAS, measure, final=True)
+            self.settle(measure)
         else:
             self.keep(_Measure(full, EVERY_DEVICE, measure.layout))
         return True
@@ -204,3 +204,20 @@ def test_best_first_stops_once_the_answer_is_below_every_other_value() -> None:
     tally = fake.run()
     assert tally.answer.layout == "A" and tally.answer.step == 1.2
     assert all(key == "A" for key, _ in fake.done)
+
+
+def test_cut_short_the_answer_is_one_measured_as_far_as_it_can_be() -> None:
+    """B is settled on every device (1.2); A has a two-replica step of 1.0 when the time
+    runs out, not yet simulated on every device (where it would take 1.5): the answer is B,
+    not A's optimistic two-replica step."""
+    steps = {
+        "A": {ESTIMATE: 0.92, TWO_REPLICAS: 1.0, EVERY_DEVICE: 1.5},
+        "B": {ESTIMATE: 0.6, TWO_REPLICAS: 0.7, EVERY_DEVICE: 1.2},
+    }
+
+    class Late(_Fake):
+        def late(self) -> bool:  # the time runs out once A is simulated on two replicas
+            return ("A", ESTIMATE) in self.done
+
+    tally = Late({"A": 0.9, "B": 0.5}, steps).run()
+    assert tally.stopped and tally.answer.layout == "B" and tally.answer.step == 1.2

@@ -556,9 +556,7 @@ class _Selection(BestFirst):
         elif why == "memory":  # it does not fit when every device is simulated
             del self.measured[measure.layout]
         else:  # as exact as it can be: two replicas are its measure
-            if why == "time":
-                self.cut.add(measure.layout)
-            self.push(measure.step, measure.level, measure, final=True)
+            self.settle(measure, for_want_of_time=why == "time")
         return True
 
 

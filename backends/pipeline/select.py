@@ -24,7 +24,9 @@ This is the order of A* (Hart, Nilsson and Raphael 1968) with estimates in place
 bounds: it is cheap to go on when the estimates are close to the simulations, and they are
 (docs/pipeline.md, "How a layout is scored"). Ties go in the order they came, so the search
 is deterministic. The time limit or a Ctrl-C end it early once something fits: the answer
-is then the best step measured so far, each layout at its most exact measure; a cap on the
+is then the best step of those measured as far as they can be (a two-replica step not yet
+simulated on every device is optimistic: on the 177B GPT of docs/pipeline.md one was 6.78 s
+and 9.07 s on every device), or the best two-replica step when none is; a cap on the
 layouts simulated (`exact`) stops new simulations but lets those simulated be measured on.
 Stage layouts the first ranking did not reach (its share of the time ran out) are estimated
 before an answer is taken, as time allows.
@@ -84,6 +86,7 @@ class BestFirst(ABC):
         self.cap = cap
         self.tally = Tally()
         self.measured: dict[Hashable, Measure] = {}  # each layout's most exact measure
+        self.settled: set[Hashable] = set()  # layouts measured as far as they can be
         self.cut: set[Hashable] = set()  # measured on two replicas only for want of time
         self._queue: list[tuple[float, int, int, bool, int, Any]] = []
         self._order = itertools.count()
@@ -123,7 +126,12 @@ class BestFirst(ABC):
                 break
         if not self.measured:
             return tally
-        return self._answer(min(self.measured.values(), key=lambda r: (r.step, r.layout)))
+        # cut short: like with like, the best of those measured as far as they can be (a
+        # two-replica step that has not been simulated on every device yet is optimistic)
+        settled = [m for key, m in self.measured.items() if key in self.settled]
+        return self._answer(
+            min(settled or self.measured.values(), key=lambda r: (r.step, r.layout))
+        )
 
     def _answer(self, best: Measure) -> Tally:
         self.tally.answer = best
@@ -145,9 +153,19 @@ class BestFirst(ABC):
     def keep(self, measure: Measure | None) -> None:
         """A simulation's result: queued by its step (final on every device), or nothing
         when it does not fit."""
-        if measure is not None:
-            self.measured[measure.layout] = measure
-            self.push(measure.step, measure.level, measure, final=measure.level == EVERY_DEVICE)
+        if measure is None:
+            return
+        self.measured[measure.layout] = measure
+        if measure.level == EVERY_DEVICE:
+            self.settle(measure)
+        else:
+            self.push(measure.step, measure.level, measure)
+
+    def settle(self, measure: Measure, for_want_of_time: bool = False) -> None:
+        """`measure` as exact as it can be (on every device, or on two replicas when it
+        cannot be simulated on every device): queued final."""
+        (self.cut if for_want_of_time else self.settled).add(measure.layout)
+        self.push(measure.step, measure.level, measure, final=True)
 
     @abstractmethod
     def rank(self, batch: list[Any], needed: bool) -> list[Any]:
@@ -164,6 +182,5 @@ class BestFirst(ABC):
 
     @abstractmethod
     def everywhere(self, measure: Any) -> bool:
-        """Simulate a two-replica measure on every device and `keep` it, or queue it final
-        (adding it to `cut` when time was short), or drop it from `measured` when it does
-        not fit (False: stopped)."""
+        """Simulate a two-replica measure on every device and `keep` it, or `settle` it,
+        or drop it from `measured` when it does not fit there (False: stopped)."""

@@ -221,3 +221,23 @@ def test_cut_short_the_answer_is_one_measured_as_far_as_it_can_be() -> None:
 
     tally = Late({"A": 0.9, "B": 0.5}, steps).run()
     assert tally.stopped and tally.answer.layout == "B" and tally.answer.step == 1.2
+
+
+def test_a_layout_left_on_two_replicas_for_want_of_time_is_not_trusted() -> None:
+    """A's two-replica step (1.0) is the lowest value, but the time left is too short to
+    simulate it on every device (where it takes 1.5): the search stops there and answers
+    with B, settled on every device (1.2), rather than trust A's two-replica step."""
+    steps = {
+        "A": {ESTIMATE: 0.92, TWO_REPLICAS: 1.0, EVERY_DEVICE: 1.5},
+        "B": {ESTIMATE: 0.6, TWO_REPLICAS: 0.7, EVERY_DEVICE: 1.2},
+    }
+
+    class Short(_Fake):
+        def everywhere(self, measure: _Measure) -> bool:
+            if measure.layout == "A":  # too little time left for it
+                self.settle(measure, for_want_of_time=True)
+                return True
+            return super().everywhere(measure)
+
+    tally = Short({"A": 0.9, "B": 0.5}, steps).run()
+    assert tally.stopped and tally.answer.layout == "B" and tally.answer.step == 1.2

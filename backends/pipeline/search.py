@@ -226,8 +226,9 @@ def _search(
     say: Callable[[str], None],
 ) -> PipelineResult:
     """The search's steps: the per-op search's stage layouts (if asked), the stage layouts
-    that can hold the parameters, each estimated in closed form, then best first (`_Selection`):
-    costed, estimated, simulated on two replicas per stage and on every device."""
+    that can hold the parameters, each estimated in closed form, then best first
+    (`_Selection`): costed, estimated, simulated on two replicas per stage and on every
+    device."""
     t0 = time.perf_counter()
     graph, devices, options = problem.graph, problem.devices, problem.options
     usable = float(usable_memory(devices, options.headroom).min())
@@ -241,7 +242,8 @@ def _search(
     chosen = _Selection(space, deadline, ranked).run()
     stats: dict[str, Any] = {
         "stage_layouts": len(fitting),
-        "stage_layouts_estimated": len(ranked.estimates) + chosen.estimated,
+        "stage_layouts_estimated": ranked.estimated + chosen.estimated,
+        "stage_layouts_within_memory": len(ranked.estimates) + chosen.within,
         "stage_layouts_costed": chosen.costed,
         "layouts_fit": chosen.fit,
         "simulated_exactly": chosen.simulated,
@@ -253,9 +255,9 @@ def _search(
         return _without_answer(space, keys, fitting, ranked, chosen, bound, stats, t0)
     say(
         f"pipeline search: {stats['stage_layouts_estimated']} of {len(fitting)} stage layouts "
-        f"estimated, "
-        f"{chosen.costed} costed, {chosen.simulated} layouts simulated"
-        f"{', stopped by the time limit' if stopped else ''}; answer "
+        f"estimated, {stats['stage_layouts_within_memory']} within memory, {chosen.costed} "
+        f"costed; {chosen.simulated} layouts "
+        f"simulated{', stopped by the time limit' if stopped else ''}; answer "
         f"{best.step:.3f} s on {ON[best.level]} ({best.candidate.layout.describe()})"
     )
     stats["answer_simulated_on"] = ON[best.level]
@@ -463,6 +465,7 @@ class _Ranked:
     estimates: list[tuple[float, StageLayout]]
     unreached: list[StageLayout]
     least: float
+    estimated: int = 0  # stage layouts estimated, within memory or not
 
 
 def _rank(space: _Space, fitting: list[StageLayout], ranking: Deadline | None) -> _Ranked:
@@ -504,6 +507,7 @@ def _rank(space: _Space, fitting: list[StageLayout], ranking: Deadline | None) -
         found = candidates(
             u, (p, t, d, b, m, rc, z, rule), problem.blocks, space.settings.schedules, space.flights
         )
+        out.estimated += 1
         out.least = min([out.least, *(c.peak for c in found)])
         fits = [c.estimate for c in found if c.peak <= space.usable]
         if fits:
@@ -524,7 +528,8 @@ class _Selection(BestFirst):
 
     def rank(self, batch: list[StageLayout], needed: bool) -> list[StageLayout]:
         more = _rank(self.space, batch, None if needed else self.deadline)
-        self.tally.estimated += len(more.estimates)
+        self.tally.estimated += more.estimated
+        self.tally.within += len(more.estimates)
         self.tally.least = min(self.tally.least, more.least)
         for estimate, key in more.estimates:
             self.push(estimate, STAGE, key)

@@ -13,17 +13,18 @@ All of them wait in one queue. The lowest value is taken out and measured one le
 (a stage layout is costed and each of its candidates goes in; a candidate is simulated; a
 two-replica step is simulated on every device), and goes back in with its new value. A
 value that cannot be made more exact is final: a step on every device, or on two replicas
-when the layout is too large to simulate on every device or the time left is too short,
-or when the two replicas are every device already. The first final value taken out is the
-answer: every other value then in the queue is at least its step, so the search never
-returns a layout worse than one it has estimated, at any level, without having measured
-that one better, or found that it does not fit. Values are compared as they are; a layout
-is measured on every device before its step is trusted over another's estimate.
+when the layout is too large to simulate on every device (or the two replicas are every
+device already). The first final value taken out is the answer: every other value then in
+the queue is at least its step, so the search never returns a layout worse than one it has
+estimated, at any level, without having measured that one better, or found that it does
+not fit. A layout is measured on every device before its step is trusted over another's
+estimate.
 
 This is the order of A* (Hart, Nilsson and Raphael 1968) with estimates in place of lower
 bounds: it is cheap to go on when the estimates are close to the simulations, and they are
 (docs/pipeline.md, "How a layout is scored"). Ties go in the order they came, so the search
-is deterministic. The time limit or a Ctrl-C end it early once something fits: the answer
+is deterministic. The time limit or a Ctrl-C end it early once something fits, and so does
+a lowest value whose simulation on every device the time left is too short for: the answer
 is then the best step of those measured as far as they can be (a two-replica step not yet
 simulated on every device is optimistic: on the 177B GPT of docs/pipeline.md one was 6.78 s
 and 9.07 s on every device), or the best two-replica step when none is; a cap on the
@@ -67,6 +68,7 @@ class Tally:
 
     answer: Any = None
     estimated: int = 0  # stage layouts estimated in closed form after the first ranking
+    within: int = 0  # of those, with a candidate within memory
     costed: int = 0  # stage layouts costed
     fit: int = 0  # candidates of those within memory
     simulated: int = 0  # candidates simulated exactly
@@ -113,6 +115,9 @@ class BestFirst(ABC):
             if not self._queue:
                 break
             _, _, _, final, level, item = heapq.heappop(self._queue)
+            if final and item.layout in self.cut:  # its step is optimistic: time is short
+                tally.stopped = True
+                break
             if final:
                 return self._answer(item)
             if self.measured and self.late():

@@ -225,7 +225,7 @@ def test_cut_short_the_answer_is_one_measured_as_far_as_it_can_be() -> None:
 
 def test_a_layout_left_on_two_replicas_for_want_of_time_is_not_trusted() -> None:
     """A's two-replica step (1.0) is the lowest value, but the time left is too short to
-    simulate it on every device (where it takes 1.5): the search stops there and answers
+    simulate it on every device (where it takes 1.5): the search sets it aside and answers
     with B, settled on every device (1.2), rather than trust A's two-replica step."""
     steps = {
         "A": {ESTIMATE: 0.92, TWO_REPLICAS: 1.0, EVERY_DEVICE: 1.5},

@@ -23,9 +23,10 @@ estimate.
 This is the order of A* (Hart, Nilsson and Raphael 1968) with estimates in place of lower
 bounds: it is cheap to go on when the estimates are close to the simulations, and they are
 (docs/pipeline.md, "How a layout is scored"). Ties go in the order they came, so the search
-is deterministic. The time limit or a Ctrl-C end it early once something fits, and so does
-a lowest value whose simulation on every device the time left is too short for: the answer
-is then the best step of those measured as far as they can be (a two-replica step not yet
+is deterministic. A lowest value whose simulation on every device the time left is too
+short for is set aside (the search goes on, limit TIME). The time limit or a Ctrl-C end it
+early once something fits: the answer is then the best step of those measured as far as
+they can be (a two-replica step not yet
 simulated on every device is optimistic: on the 177B GPT of docs/pipeline.md one was 6.78 s
 and 9.07 s on every device), or the best two-replica step when none is; a cap on the
 layouts simulated (`exact`) stops new simulations but lets those simulated be measured on.
@@ -115,9 +116,9 @@ class BestFirst(ABC):
             if not self._queue:
                 break
             _, _, _, final, level, item = heapq.heappop(self._queue)
-            if final and item.layout in self.cut:  # its step is optimistic: time is short
-                tally.stopped = True
-                break
+            if final and item.layout in self.cut:  # optimistic, and no time to know better
+                tally.stopped = True  # set aside: the answer is one measured as far as it can be
+                continue
             if final:
                 return self._answer(item)
             if self.measured and self.late():

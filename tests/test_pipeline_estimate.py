@@ -241,3 +241,21 @@ def test_a_layout_left_on_two_replicas_for_want_of_time_is_not_trusted() -> None
 
     tally = Short({"A": 0.9, "B": 0.5}, steps).run()
     assert tally.stopped and tally.answer.layout == "B" and tally.answer.step == 1.2
+
+
+def test_late_with_no_answer_the_shortest_way_to_one() -> None:
+    """The time limit was spent before the search began: A is costed (an answer needs one),
+    then its candidate is simulated at once, though B's closed-form estimate (0.6) is below
+    A's costed estimate (1.0): B is not costed."""
+    steps = {
+        "A": {ESTIMATE: 1.0, TWO_REPLICAS: 1.1, EVERY_DEVICE: 1.2},
+        "B": {ESTIMATE: 0.7, TWO_REPLICAS: 0.8, EVERY_DEVICE: 0.9},
+    }
+
+    class Late(_Fake):
+        def late(self) -> bool:
+            return True
+
+    fake = Late({"A": 0.5, "B": 0.6}, steps)
+    tally = fake.run()
+    assert tally.stopped and tally.answer.layout == "A" and ("B", STAGE) not in fake.done

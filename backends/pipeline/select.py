@@ -30,6 +30,8 @@ they can be (a two-replica step not yet
 simulated on every device is optimistic: on the 177B GPT of docs/pipeline.md one was 6.78 s
 and 9.07 s on every device), or the best two-replica step when none is; a cap on the
 layouts simulated (`exact`) stops new simulations but lets those simulated be measured on.
+Late with no answer yet (a limit spent before the search began), it takes the shortest way to
+one: no stage layout is costed while a costed candidate waits to be simulated.
 Stage layouts the first ranking did not reach (its share of the time ran out) are estimated
 before an answer is taken, as time allows.
 """
@@ -93,10 +95,12 @@ class BestFirst(ABC):
         self.cut: set[Hashable] = set()  # measured on two replicas only for want of time
         self._queue: list[tuple[float, int, int, bool, int, Any]] = []
         self._order = itertools.count()
+        self._candidates = 0  # ESTIMATE values in the queue
 
     def push(self, value: float, level: int, item: Any, final: bool = False) -> None:
         """`item` at `level` with `value`: more exact first among equal values, then first come."""
         heapq.heappush(self._queue, (value, -level, next(self._order), final, level, item))
+        self._candidates += int(level == ESTIMATE)
 
     def late(self) -> bool:
         return self.deadline.expired() or stop_requested()
@@ -116,6 +120,10 @@ class BestFirst(ABC):
             if not self._queue:
                 break
             _, _, _, final, level, item = heapq.heappop(self._queue)
+            self._candidates -= int(level == ESTIMATE)
+            if level == STAGE and self._candidates and not self.measured and self.late():
+                tally.stopped = True  # no answer yet, and late: the shortest way to one
+                continue
             if final and item.layout in self.cut:  # optimistic, and no time to know better
                 tally.stopped = True  # set aside: the answer is one measured as far as it can be
                 continue

@@ -15,8 +15,7 @@ with v chunks per stage) and the blocks of each chunk. Its `estimate` of the ste
   backward, its chunks' syncs in turn), the largest over the stages.
 
 Its `peak` per device: each stage's fixed bytes plus its kept activations times the
-micro-batches its schedule keeps in flight (`in_flight_counts`); its
-`floor`: m x the busiest stage's work (no schedule beats it).
+micro-batches its schedule keeps in flight (`in_flight_counts`).
 
 Blocks per stage (`splits`): equal chunks when interleaved; else the first stage (which
 also holds the embeddings) and the last (the final norm, the head and the loss) take their
@@ -44,11 +43,10 @@ Flights = dict[tuple[str, int, int, int], tuple[int, ...]]
 
 @dataclass(frozen=True)
 class Candidate:
-    """A point of the space, estimated in closed form: its step, a floor under it, and its
-    peak bytes per device."""
+    """A point of the space, estimated in closed form: its step and its peak bytes per
+    device."""
 
     estimate: float
-    floor: float
     layout: Layout
     peak: float
 
@@ -78,16 +76,16 @@ def candidates(
                     if where not in composed:
                         composed[where] = u.chunk(c, count, k)
                     chunks.append(composed[where])
-                estimate, floor, peak = _score(chunks, p, v, m, u.message, flights[key])
+                estimate, peak = _score(chunks, p, v, m, u.message, flights[key])
                 layout_ = Layout(p, t, d, b, m, name, v, rc, z, tuple(split), rule)
-                out.append(Candidate(estimate, floor, layout_, peak))
+                out.append(Candidate(estimate, layout_, peak))
     return out
 
 
 def _score(
     chunks: list[ChunkTimes], p: int, v: int, m: int, message: float, flight: tuple[int, ...]
-) -> tuple[float, float, float]:
-    """(estimate, floor, peak) of chunks c on stage c % p (the module's docstring)."""
+) -> tuple[float, float]:
+    """(estimate, peak) of chunks c on stage c % p (the module's docstring)."""
     work = [0.0] * p
     fixed = [0.0] * p
     kept = [0.0] * p
@@ -106,7 +104,7 @@ def _score(
         estimate = (m - 1) * busiest + sum(work) + messages + tail
     else:
         estimate = m * busiest + (p - 1) * busiest / v + messages + tail
-    return estimate, m * busiest, peak
+    return estimate, peak
 
 
 def in_flight_counts(name: str, p: int, m: int, v: int) -> tuple[int, ...]:

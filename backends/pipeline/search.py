@@ -385,10 +385,10 @@ def _stage_layouts(space: _Space) -> list[StageLayout]:
 
 def _holding(space: _Space, keys: list[StageLayout]) -> list[StageLayout]:
     """The stage layouts whose devices can hold their share of the parameter state (p x t
-    ways, x d with ZeRO), in the order they are costed: the least model parallelism that
-    holds the parameters first (the fewest stages, the least bubble), then the smallest
-    micro-batches (more of them: less bubble), then keeping activations before recomputing
-    them."""
+    ways, x d with ZeRO), in the order they are estimated in closed form (what a short time
+    limit reaches first): the least model parallelism that holds the parameters first (the
+    fewest stages, the least bubble), then the smallest micro-batches (more of them: less
+    bubble), then keeping activations before recomputing them."""
     recompute = space.settings.recompute
     fitting = [k for k in keys if _held(space, k) <= space.usable]
     fitting.sort(key=lambda k: (k[0] * k[1], k[0], k[2], recompute.index(k[3]), k[4], k[5]))

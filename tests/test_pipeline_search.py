@@ -337,3 +337,18 @@ def test_a_layout_too_large_for_every_device_is_compared_at_its_own_measure(
     assert answer.stats["answer_simulated_on"] == "two replicas per stage"
     first = _simulate(graph, devices, asked[0], OPTIONS, {}, {})[1].makespan
     assert answer.objective < 30.0 * first
+
+
+@pytest.mark.slow
+def test_126_layers_over_16_stages_are_searched() -> None:
+    """126 blocks do not cut into 16 equal stages: the search splits them unevenly, and the
+    last stage, whose head of a 32k vocabulary weighs several of these narrow blocks, is the
+    lightest (6.7 s to capture, 2.7 s to search here)."""
+    graph = model_graph(
+        "gpt2", batch=32, seq=64, n_layer=126, n_head=4, n_embd=128, vocab_size=32768
+    )
+    devices = get_preset("dgx-a100-80g-2")
+    answer = search_pipeline(graph, devices, OPTIONS, stages=(16,), inner="rule", schedules="1f1b")
+    blocks = answer.layout.blocks
+    assert len(blocks) == 16 and sum(blocks) == 126
+    assert blocks[-1] < min(blocks[1:-1])

@@ -342,8 +342,9 @@ def test_a_layout_too_large_for_every_device_is_compared_at_its_own_measure(
 @pytest.mark.slow
 def test_126_layers_over_16_stages_are_searched() -> None:
     """126 blocks do not cut into 16 equal stages: the search splits them unevenly, and the
-    last stage, whose head of a 32k vocabulary weighs several of these narrow blocks, is the
-    lightest (6.7 s to capture, 2.7 s to search here)."""
+    last stage, whose head of a 32k vocabulary weighs several of these narrow blocks, holds
+    one or two (6, 9 x 7, 8 x 7, 1: 6.17 ms). Splits within 3 blocks of an equal share (7)
+    gave it 4 at least (4, 9 x 6, 8 x 8, 4: 6.87 ms). 6.7 s to capture, 2.7 s to search."""
     graph = model_graph(
         "gpt2", batch=32, seq=64, n_layer=126, n_head=4, n_embd=128, vocab_size=32768
     )
@@ -351,4 +352,4 @@ def test_126_layers_over_16_stages_are_searched() -> None:
     answer = search_pipeline(graph, devices, OPTIONS, stages=(16,), inner="rule", schedules="1f1b")
     blocks = answer.layout.blocks
     assert len(blocks) == 16 and sum(blocks) == 126
-    assert blocks[-1] < min(blocks[1:-1])
+    assert blocks[-1] <= 2 < min(blocks[1:-1])

@@ -120,7 +120,7 @@ TABLE: dict[tuple[str, str], Run] = {
     ("docs/megatron.md", "python -m experiments.megatron --rows 5 6 7 8 9 10 --time-limit 150"): slow(),  # noqa: E501
     ("docs/megatron.md", "python -m experiments.megatron --no-search"): slow(),
     ("docs/megatron.md", "python -m experiments.megatron --rows 1 --attention-efficiency 0.5"): slow(),  # noqa: E501
-    ("docs/pipeline.md", LLAMA_70B): slow("PP 2 x TP 4 x DP 128"),
+    ("docs/pipeline.md", LLAMA_70B): slow("PP 1 x TP 8 x DP 128"),
     ("docs/pipeline.md", "python -m planner plan gpt2 --devices dgx-a100-80g-2 --pipeline on"): slow(),  # noqa: E501
     ("docs/pipeline.md", "python -m planner plan gpt2 --devices dgx-a100-80g-2 --pipeline off"): slow(),  # noqa: E501
     ("docs/pipeline.md", "python -m planner evaluate plan.json --plot timeline.png"): slow(after=(LLAMA_70B,)),  # noqa: E501

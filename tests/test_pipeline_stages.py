@@ -178,3 +178,55 @@ def test_alike_chunks_are_simulated_once_and_time_as_each_alone(
     monkeypatch.setattr(stages, "chunk_key", lambda ch: (repr(ch.group),))  # every chunk alone
     alone = chunk_times(cm, ps)
     assert len(calls) == 3 + 4 and shared == alone
+
+
+def test_uneven_stages_as_megatron_sets_them() -> None:
+    """The first and last stage's blocks given (Megatron-LM's
+    --decoder-first/last-pipeline-num-layers), the rest shared by the stages between: a
+    model of 10 blocks as 2, 3, 3, 2 over four stages, its chunks cut at those blocks, the
+    embeddings with the first and the head with the last; 126 blocks over 16 as 7, 8 x 14, 7."""
+    from planner.pipeline.layouts import stage_blocks
+
+    assert stage_blocks(126, 16, 7, 7) == (7, *[8] * 14, 7)
+    assert stage_blocks(10, 4, 2, 2) == (2, 3, 3, 2)
+    graph = model_graph("gpt2", batch=8, seq=64, n_layer=10, n_head=4, n_embd=128, vocab_size=512)
+    devices = get_preset("dgx-a100-80g-1")
+    ps = pipelined(graph, devices, 4, 2, _megatron(2), first=2, last=2)
+    starts = block_starts(graph)
+    assert ps.pipeline.bounds == (0, starts[2], starts[5], starts[8], len(graph.ops))
+    listed = pipelined(graph, devices, 4, 2, _megatron(2), blocks=(2, 3, 3, 2))
+    assert listed.pipeline == ps.pipeline
+    assert block_bounds(graph, 2, [1, 9]) == (0, starts[1], len(graph.ops))
+
+
+@pytest.mark.parametrize(
+    "call,says",
+    [
+        (lambda g: block_bounds(g, 2, [5, 4]), "add up to 9, but 'gpt2' has 10 blocks"),
+        (lambda g: block_bounds(g, 2, [10]), "must be 2 whole numbers >= 1"),
+        (lambda g: block_bounds(g, 2, [0, 10]), "must be 2 whole numbers >= 1"),
+        (lambda g: block_bounds(g, 3), "or give the blocks per chunk"),
+        (lambda g: _uneven(g, first=2, last=3), "8 on each|leave|do not share"),
+        (lambda g: _uneven(g, first=0), "from 1 to 9"),
+        (lambda g: _uneven(g, first=2, virtual=2), "one chunk per stage"),
+    ],
+)
+def test_uneven_stages_refuse_bad_counts_in_one_line(call, says: str) -> None:  # noqa: ANN001
+    graph = model_graph("gpt2", batch=8, seq=64, n_layer=10, n_head=4, n_embd=128, vocab_size=512)
+    with pytest.raises(PipelineError) as info:
+        call(graph)
+    assert "\n" not in str(info.value)
+    assert any(part in str(info.value) for part in says.split("|")), str(info.value)
+
+
+def _uneven(graph: OpGraph, **kwargs: int) -> object:
+    m = 2 * kwargs.get("virtual", 1)
+    return pipelined(
+        graph,
+        get_preset("dgx-a100-80g-1"),
+        4,
+        m,
+        _megatron(2),
+        "interleaved" if kwargs.get("virtual", 1) > 1 else "1f1b",
+        **kwargs,
+    )

@@ -253,6 +253,14 @@ def test_a_ctrl_c_abandons_the_pipeline_searchs_step_in_progress(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(search, step, slow_second)
+    if step == "unit_costs":  # the first answer simulates slow: the next stage layout is costed
+        simulate = search._simulate
+
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            planned, timeline = simulate(*args, **kwargs)
+            return planned, dataclasses.replace(timeline, makespan=100 * timeline.makespan)
+
+        monkeypatch.setattr(search, "_simulate", slow)
     try:
         problem = PipelineProblem(small_gpt, get_preset("dgx-a100-80g-2"), CostOptions())
         extra = {"zero": (0,), "exact": 6, "inner": ("rule",)}

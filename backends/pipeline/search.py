@@ -1,36 +1,31 @@
 """The pipeline search: stages, tensor and data degrees, micro-batches, schedule, recomputation
-and ZeRO for a transformer on a cluster, ranked by per-block estimates, the best simulated
-exactly.
+and ZeRO for a transformer on a cluster, ranked by closed-form estimates, the best simulated.
 
 The space (the one Narayanan et al., SC'21, Sec. 3, explore by hand, searched here):
 
 - p stages of g = N / p consecutive devices each (p divides the N devices and is at most
   the blocks), every stage laid out by Megatron-LM's rule at tensor degree t (a power of two
   up to a host's devices, dividing g: tensor parallelism inside a node) and data degree
-  d = g / t (`planner.problems.baselines.megatron`);
+  d = g / t (`planner.problems.baselines.megatron`), or by the per-op search (`inner`);
 - b samples per replica per micro-batch (powers of two), so m = B / (d b) micro-batches;
 - the schedule: GPipe and 1F1B with one chunk per stage, or interleaved 1F1B with v chunks;
 - recomputation ("none" or "full") and the ZeRO stage, from the caller's choices;
 - the blocks per stage: equal for interleaved; else the first and last stages (which also
-  hold the embeddings and the head) take a few blocks more or fewer than the others, which
-  share the rest evenly: the layer-range partition minimising the busiest stage's work per
-  micro-batch, within the devices' memory (a dynamic program over layer ranges reduces to
-  this on a model of equal blocks).
+  hold the embeddings and the head) around the counts that balance the stages' work, the
+  others sharing the rest evenly (`backends.pipeline.candidates.splits`).
 
-Each (p, t, b, recomputation, ZeRO) costs three small simulations (`units.unit_costs`); a
-candidate is then scored in closed form: `estimate` = fill and drain through every stage
-plus (m - 1) x the busiest stage (m x it plus its share of the bubble, interleaved), and
-its memory per stage = fixed bytes + kept bytes x the micro-batches in flight of its
-schedule. Candidates that fit are simulated exactly (`planner.pipeline.stages.
-simulate_pipelined`: every distinct chunk with FlexFlow's simulator, the schedule's
-timeline) in order of estimate until the next one's `floor` (m x the busiest stage's work:
-no schedule beats it) is above the best exact step, the deadline passes, or `exact` have
-been. `bound` is `units.compute_bound`: no layout of any kind steps faster.
-
-The steps, in `_search`: `_searched_layouts` (the per-op search's stage layouts),
-`_stage_layouts` (enumerate the space), `_holding` (those whose devices hold the parameters,
-in costing order), `_cost` (units and estimates), `_simulate_exactly` (rank by two replicas'
-simulation) and `_on_every_device` (the best few again on every device).
+How it is searched, in `_search`: `_searched_layouts` (the per-op search's stage layouts),
+`_stage_layouts` (every (p, t, b, recomputation, ZeRO, rule)), `_holding` (those whose
+devices hold the parameters), `_rank` (each estimated in closed form, no simulation:
+`backends.pipeline.estimate`), then `_Selection`, best first on one queue
+(`backends.pipeline.select`): the lowest value is measured one level further (a stage
+layout's closed-form estimate -> its units costed with three small simulations,
+`units.unit_costs`, and its candidates estimated, `backends.pipeline.candidates` -> a
+candidate simulated exactly on two replicas per stage, `_simulate` -> on every device,
+`planner.pipeline.stages.simulate_pipelined`) until the lowest is measured as far as it can
+be: the answer. No layout estimated below the answer's step is left unmeasured
+(docs/pipeline.md, "What is simulated and returned"). `bound` is `units.compute_bound`: no
+layout of any kind steps faster.
 
 `PipelineSearch` is the search under the result contract (`planner.result.PipelineResult`,
 reached through `planner.registry.get_pipeline_solver`): a `PipelineProblem`, its settings
@@ -43,17 +38,19 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from backends.pipeline.candidates import Candidate, candidates
+from backends.pipeline.estimate import QuickUnits
 from backends.pipeline.inner import SearchedLayout, searched_layout
+from backends.pipeline.select import ESTIMATE, EVERY_DEVICE, STAGE, TWO_REPLICAS, BestFirst, Tally
 from backends.pipeline.settings import PipelineSettings
 from backends.pipeline.units import (
-    Units,
     compute_bound,
     parameter_state,
     ring_factor,
@@ -67,9 +64,8 @@ from planner.deadline import Deadline, OutOfTime, catch_interrupt, run_within, s
 from planner.errors import BackendError, given
 from planner.graph.opgraph import OpGraph
 from planner.hardware.devices import DeviceGraph
-from planner.pipeline.layouts import block_ranges
+from planner.pipeline.layouts import block_bounds
 from planner.pipeline.problem import Layout, PipelineProblem
-from planner.pipeline.schedule import in_flight, schedule
 from planner.pipeline.spec import (
     Pipeline,
     PipelinedStrategy,
@@ -89,16 +85,14 @@ T = TypeVar("T")
 
 FULL_SIMULATION_TASKS = 200_000  # the answer is simulated on every device up to this
 INNER_SHARE = 0.1  # of the time, at most, for the per-op searches of the stages' layouts
-COSTING_SHARE = 0.45
-FULL_SIMULATIONS = 3  # the best layouts by two replicas' simulation simulated on every device
+RANKING_SHARE = 0.3  # of the time left, at most, for every stage layout's closed-form estimate
 # seconds of a full simulation per second of two replicas', per replica pair (measured 0.18-0.38)
-FULL_SIMULATION_COST = (
-    0.4  # of the time left, for costing stage layouts; the rest simulates exactly
-)
+FULL_SIMULATION_COST = 0.4
 MAX_MICRO_BATCH = 16  # samples per replica per micro-batch: more only adds to the bubble
 # The chunks the exact simulations of two replicas per stage (`_simulate`) simulated lately:
 # layouts simulated one after another share most of them (planner.pipeline.stages).
 _CHUNKS = ChunkCache()
+ON = {TWO_REPLICAS: "two replicas per stage", EVERY_DEVICE: "every device"}
 
 StageLayout = tuple[int, int, int, str, int, str]  # (p, t, b, recompute, ZeRO, inner rule)
 
@@ -140,24 +134,24 @@ class PipelineSearch:
 
 
 @dataclass(frozen=True)
-class _Candidate:
-    estimate: float
-    floor: float
-    layout: Layout
-    peak: float
-
-
-@dataclass(frozen=True)
 class _Simulated:
     """A candidate simulated exactly: its step, the seconds that took, and what it was."""
 
     step: float
     seconds: float
-    candidate: _Candidate
+    candidate: Candidate
     planned: PipelinedStrategy
     timeline: PipelineTimeline
     options: CostOptions
     on_every_device: bool
+
+    @property
+    def level(self) -> int:
+        return EVERY_DEVICE if self.on_every_device else TWO_REPLICAS
+
+    @property
+    def layout(self) -> Layout:
+        return self.candidate.layout
 
 
 @dataclass
@@ -174,16 +168,57 @@ class _Space:
     micro: dict[int, OpGraph] = field(default_factory=dict)
     flights: dict[tuple[str, int, int, int], tuple[int, ...]] = field(default_factory=dict)
     searched: dict[int, SearchedLayout] = field(default_factory=dict)
+    layouts: dict[tuple[int, int, int, str], Strategy] = field(default_factory=dict)
+    quick: QuickUnits = field(default_factory=QuickUnits)
 
     def cost_options(self, recompute: str, zero: int) -> CostOptions:
         return dataclasses.replace(self.problem.options, recompute=recompute, zero=zero)  # type: ignore[arg-type]
+
+    def stage_rule(self, rule: str, t: int) -> Callable[[OpGraph, DeviceGraph, int], Strategy]:
+        """How a stage is laid out at tensor degree t (Megatron-LM's rule or the per-op
+        search's layout), each graph on each group size laid out once (a 1,000-op graph
+        takes tens of milliseconds, and the closed form and the costing both ask)."""
+        lay_out = self.searched[t].strategy if rule == "search" else megatron
+
+        def laid_out(graph: OpGraph, group: DeviceGraph, tensor: int) -> Strategy:
+            key = (id(graph), group.num_devices, tensor, rule)  # graphs stay in `micro`
+            if key not in self.layouts:
+                self.layouts[key] = lay_out(graph, group, tensor)
+            return self.layouts[key]
+
+        return laid_out
+
+    def unit_group(self, g: int, t: int, here: int) -> DeviceGraph:
+        """The devices a stage of g is costed on: its first and last of `here` replicas."""
+        key = ("units", g, t * here)
+        if key not in self.groups:
+            devices = self.problem.devices
+            ends = _unit_ends(g, t, here)
+            self.groups[key] = devices.subset(ends, f"{devices.name}[{t * here} of {g}]")
+        return self.groups[key]
+
+    def first_devices(self, size: int) -> DeviceGraph:
+        """The first `size` devices: what a stage rule lays a group of that size out on."""
+        if size not in self.groups:  # as `_simulate` makes them: the same cache
+            devices = self.problem.devices
+            whole = size == devices.num_devices
+            self.groups[size] = (
+                devices if whole else devices.subset(range(size), f"{devices.name}[{size}]")
+            )
+        return self.groups[size]
+
+    def samples_graph(self, samples: int) -> OpGraph:
+        """The problem's graph at a batch of `samples` (`micro` keyed by minus them)."""
+        if -samples not in self.micro:
+            self.micro[-samples] = batch_graph(self.problem.graph, samples)
+        return self.micro[-samples]
 
 
 @dataclass
 class _Costed:
     """What the costing found: the candidates that fit, by estimate, and how it went."""
 
-    found: list[_Candidate]
+    found: list[Candidate]
     costed: int  # stage layouts whose units were simulated
     least: float  # the least memory per device seen
     stopped: bool
@@ -196,8 +231,9 @@ def _search(
     say: Callable[[str], None],
 ) -> PipelineResult:
     """The search's steps: the per-op search's stage layouts (if asked), the stage layouts
-    that can hold the parameters, their units costed and candidates estimated, the best
-    simulated exactly, the best few again on every device."""
+    that can hold the parameters, each estimated in closed form, then best first
+    (`_Selection`): costed, estimated, simulated on two replicas per stage and on every
+    device."""
     t0 = time.perf_counter()
     graph, devices, options = problem.graph, problem.devices, problem.options
     usable = float(usable_memory(devices, options.headroom, options.reserve).min())
@@ -208,47 +244,38 @@ def _search(
         space.searched = _searched_layouts(problem, looking, settings.table_budget)
     keys = _stage_layouts(space)
     fitting = _holding(space, keys)
-    costed = _cost(space, fitting, deadline.share(COSTING_SHARE))
+    ranked = _rank(space, fitting, deadline.share(RANKING_SHARE))
+    chosen = _Selection(space, deadline, ranked).run()
     stats: dict[str, Any] = {
-        "layouts_fit": len(costed.found),
-        "stage_layouts_costed": costed.costed,
         "stage_layouts": len(fitting),
+        "stage_layouts_estimated": ranked.estimated + chosen.estimated,
+        "stage_layouts_within_memory": len(ranked.estimates) + chosen.within,
+        "stage_layouts_costed": chosen.costed,
+        "layouts_fit": chosen.fit,
+        "simulated_exactly": chosen.simulated,
+        "simulated_on_every_device": chosen.everywhere,
     }
-    if not costed.found:
-        least = min(_held(space, k) for k in keys) if keys and not fitting else costed.least
-        message = _nothing_fits(problem, least, usable)
-        return _no_answer(Status.INFEASIBLE, None, message, bound, stats, costed.stopped, t0)
-    found = sorted(costed.found, key=lambda c: (c.estimate, c.layout))
+    stopped = chosen.stopped
+    best = chosen.answer
+    if best is None:
+        return _without_answer(space, keys, fitting, ranked, chosen, bound, stats, t0)
     say(
-        f"pipeline search: {len(found)} layouts fit ({costed.costed} of {len(fitting)} stage "
-        f"layouts costed{', stopped by the time limit' if costed.stopped else ''}); best "
-        f"estimate {found[0].estimate:.3f} s ({found[0].layout.describe()})"
+        f"pipeline search: {stats['stage_layouts_estimated']} of {len(fitting)} stage layouts "
+        f"estimated, {stats['stage_layouts_within_memory']} within memory, {chosen.costed} "
+        f"costed; {chosen.simulated} layouts "
+        f"simulated{', stopped by the time limit' if stopped else ''}; answer "
+        f"{best.step:.3f} s on {ON[best.level]} ({best.candidate.layout.describe()})"
     )
-    ranked, simulated, stopped = _simulate_exactly(space, found, deadline)
-    stopped = stopped or costed.stopped
-    stats["simulated_exactly"] = simulated
-    if not ranked:  # every one simulated did not fit: all of them, or `exact` of them
-        every = simulated == len(found)
-        status, limit = (
-            (Status.INFEASIBLE, None) if every else (Status.NO_SOLUTION, Limit.ITERATIONS)
-        )
-        message = (
-            f"the pipeline layouts of {graph.name!r} estimated to fit the devices of "
-            f"{devices.name} do not fit when simulated exactly: plan with recomputation or "
-            f"ZeRO among the choices, more devices or a smaller batch"
-        )
-        return _no_answer(status, limit, message, bound, stats, stopped, t0)
-    best = _on_every_device(space, ranked, deadline)
-    on = "every device" if best.on_every_device else "two replicas per stage"
-    stats["answer_simulated_on"] = on
+    stats["answer_simulated_on"] = ON[best.level]
     stats["stopped_by_time_limit"] = stopped
     stats["seconds"] = time.perf_counter() - t0
+    limit = Limit.TIME if stopped else Limit.ITERATIONS if chosen.capped else None
     return PipelineResult(
         PipelineSearch.name,
         Status.FEASIBLE,
         objective=best.step,
         bound=bound,
-        limit=Limit.TIME if stopped else None,
+        limit=limit,
         strategy=best.planned.strategy,
         stats=stats,
         planned=best.planned,
@@ -257,6 +284,36 @@ def _search(
         timeline=best.timeline,
         estimate=best.candidate.estimate,
     )
+
+
+def _without_answer(
+    space: _Space,
+    keys: list[StageLayout],
+    fitting: list[StageLayout],
+    ranked: _Ranked,
+    chosen: Tally,
+    bound: float,
+    stats: dict[str, Any],
+    t0: float,
+) -> PipelineResult:
+    """INFEASIBLE when nothing estimated fits, or every layout simulated did not; else
+    NO_SOLUTION (the `exact` cap, the time limit or a Ctrl-C came first)."""
+    problem, usable = space.problem, space.usable
+    stopped = chosen.stopped  # before an answer, only the `exact` cap cuts the queue short
+    if not chosen.simulated:
+        least = min(_held(space, k) for k in keys) if keys and not fitting else ranked.least
+        message = _nothing_fits(problem, min(least, chosen.least), usable)
+        return _no_answer(Status.INFEASIBLE, None, message, bound, stats, stopped, t0)
+    graph, devices = problem.graph, problem.devices
+    message = (
+        f"the pipeline layouts of {graph.name!r} estimated to fit the devices of "
+        f"{devices.name} do not fit when simulated exactly: plan with recomputation or "
+        f"ZeRO among the choices, more devices or a smaller batch"
+    )
+    if chosen.capped:
+        return _no_answer(Status.NO_SOLUTION, Limit.ITERATIONS, message, bound, stats, stopped, t0)
+    status, limit = (Status.NO_SOLUTION, Limit.TIME) if stopped else (Status.INFEASIBLE, None)
+    return _no_answer(status, limit, message, bound, stats, stopped, t0)
 
 
 def _nothing_fits(problem: PipelineProblem, least: float, usable: float) -> str:
@@ -338,26 +395,29 @@ def _stage_layouts(space: _Space) -> list[StageLayout]:
 
 def _holding(space: _Space, keys: list[StageLayout]) -> list[StageLayout]:
     """The stage layouts whose devices can hold their share of the parameter state (p x t
-    ways, x d with ZeRO), in the order they are costed: the least model parallelism that
-    holds the parameters first (the fewest stages, the least bubble), then the smallest
-    micro-batches (more of them: less bubble), then keeping activations before recomputing
-    them."""
+    ways, x d with ZeRO), in the order they are estimated in closed form (what a short time
+    limit reaches first): the least model parallelism that holds the parameters first (the
+    fewest stages, the least bubble), then the smallest micro-batches (more of them: less
+    bubble), then keeping activations before recomputing them."""
     recompute = space.settings.recompute
     fitting = [k for k in keys if _held(space, k) <= space.usable]
     fitting.sort(key=lambda k: (k[0] * k[1], k[0], k[2], recompute.index(k[3]), k[4], k[5]))
     return fitting
 
 
-def _cost(space: _Space, fitting: list[StageLayout], costing: Deadline) -> _Costed:
+def _cost(
+    space: _Space, fitting: list[StageLayout], costing: Deadline, answered: bool = False
+) -> _Costed:
     """Each stage layout's units (`units.unit_costs`) and the candidates they give (every
     schedule, interleaving and blocks per stage), those within memory kept; until `costing`
-    passes or a Ctrl-C once some fit (a needed costing finishes)."""
+    passes or a Ctrl-C once some fit or the search has an answer (`answered`; a needed
+    costing finishes, one that is not is abandoned)."""
     problem = space.problem
     graph, devices = problem.graph, problem.devices
     n, batch = devices.num_devices, problem.samples
     out = _Costed([], 0, math.inf, False)
     for p, t, b, rc, z, rule in fitting:
-        if (costing.expired() or stop_requested()) and out.found:
+        if (costing.expired() or stop_requested()) and (out.found or answered):
             out.stopped = True
             break
         g = n // p
@@ -373,7 +433,7 @@ def _cost(space: _Space, fitting: list[StageLayout], costing: Deadline) -> _Cost
         try:
             if mu not in space.micro:
                 space.micro[mu] = batch_graph(graph, here * b)
-            lay_out = space.searched[t].strategy if rule == "search" else megatron
+            lay_out = space.stage_rule(rule, t)
             u = _interruptible(
                 partial(
                     unit_costs,
@@ -386,7 +446,8 @@ def _cost(space: _Space, fitting: list[StageLayout], costing: Deadline) -> _Cost
                     d,
                     lay_out,
                 ),
-                needed=not out.found,
+                needed=not (out.found or answered),
+                deadline=costing,
             )
         except OutOfTime:  # a Ctrl-C: what is costed so far is ranked
             out.stopped = True
@@ -395,100 +456,194 @@ def _cost(space: _Space, fitting: list[StageLayout], costing: Deadline) -> _Cost
             log.debug("skipped PP %d TP %d b %d: %s", p, t, b, exc)
             continue
         out.costed += 1
-        candidates = _candidates(
-            u, p, t, d, b, m, rc, z, rule, problem.blocks, space.settings.schedules, space.flights
+        found = candidates(
+            u, (p, t, d, b, m, rc, z, rule), problem.blocks, space.settings.schedules, space.flights
         )
-        for cand in candidates:
+        for cand in found:
             out.least = min(out.least, cand.peak)
             if cand.peak <= space.usable:
                 out.found.append(cand)
     return out
 
 
-def _simulate_exactly(
-    space: _Space, found: list[_Candidate], deadline: Deadline
-) -> tuple[list[_Simulated], int, bool]:
-    """The candidates, best estimate first, simulated exactly (`_simulate`) until the next
-    one's floor is above the best step, `exact` have been, or the deadline passes once one
-    fits: those within memory by step, how many were simulated, whether time stopped it."""
+@dataclass
+class _Ranked:
+    """Every stage layout's closed-form estimate (`_rank`): those with a candidate within
+    memory, by estimate; those the time did not reach, in costing order; the least memory
+    per device seen."""
+
+    estimates: list[tuple[float, StageLayout]]
+    unreached: list[StageLayout]
+    least: float
+    estimated: int = 0  # stage layouts estimated, within memory or not
+
+
+def _rank(space: _Space, fitting: list[StageLayout], ranking: Deadline | None) -> _Ranked:
+    """Each stage layout estimated without a simulation: its units in closed form
+    (`estimate.QuickUnits`: the cost model's per-op times summed per op range), its
+    candidates scored as the costing scores them; its estimate the best of those within
+    memory (the memory is the costing's own, so a layout none of whose candidates fits is
+    dropped: its costing would find none). Until `ranking` passes or a Ctrl-C (None: all of
+    them, the search has no answer without them)."""
     problem = space.problem
-    ranked: list[_Simulated] = []
-    simulated = 0
-    for cand in found:
-        if simulated >= space.settings.exact or (ranked and cand.floor >= ranked[0].step):
+    devices, n, batch = problem.devices, problem.devices.num_devices, problem.samples
+    out = _Ranked([], [], math.inf)
+    for i, (p, t, b, rc, z, rule) in enumerate(fitting):
+        if ranking is not None and (ranking.expired() or stop_requested()):
+            out.unreached = fitting[i:]
             break
-        if ranked and (deadline.expired() or stop_requested()):
-            return ranked, simulated, True
-        lay = cand.layout
-        opts = space.cost_options(lay.recompute, lay.zero)
-        t1 = time.perf_counter()
+        g = n // p
+        d = g // t
+        m = batch // (d * b)
+        here = d if z >= 3 else min(d, 2)  # replicas costed, as `_cost` does
+        opts = space.cost_options(rc, z)
         try:
-            planned, timeline = _interruptible(
-                partial(
-                    _simulate,
-                    problem.graph,
-                    problem.devices,
-                    lay,
-                    opts,
-                    space.micro,
-                    space.groups,
-                    space.searched,
-                ),
-                needed=not ranked,
+            graph = space.samples_graph(here * b)
+            strategy = space.stage_rule(rule, t)(graph, space.first_devices(t * here), t)
+            u = space.quick.units(
+                graph,
+                devices,
+                _unit_ends(g, t, here),
+                partial(space.unit_group, g, t, here),
+                strategy,
+                opts,
+                g if p > 1 else 0,
+                here,
+                d,
             )
-        except OutOfTime:
-            return ranked, simulated, True
-        simulated += 1
-        if max(timeline.peak_bytes) <= space.usable:
-            seconds = time.perf_counter() - t1
-            whole = lay.data <= 2 or lay.zero >= 3  # every device simulated already
-            ranked.append(
-                _Simulated(timeline.makespan, seconds, cand, planned, timeline, opts, whole)
-            )
-            ranked.sort(key=lambda r: r.step)
-    return ranked, simulated, False
-
-
-def _on_every_device(space: _Space, ranked: list[_Simulated], deadline: Deadline) -> _Simulated:
-    """The best few of `ranked` again on every device (contention two replicas do not see),
-    in order, as time allows, and the best of those. The first that cannot be (too many
-    tasks, too little time) ends the comparison, like with like: it ranks above the rest by
-    two replicas, so it is the answer if none before it was simulated on every device. The
-    best by two replicas when none was."""
-    problem = space.problem
-    full: list[_Simulated] = []
-    for best in ranked[:FULL_SIMULATIONS]:
-        lay = best.candidate.layout
-        if best.on_every_device:
-            full.append(best)
+        except Exception as exc:  # noqa: BLE001 - a layout the rule cannot express: skip it
+            log.debug("skipped PP %d TP %d b %d: %s", p, t, b, exc)
             continue
-        expected = best.seconds * lay.data / 2 * FULL_SIMULATION_COST
-        if _tasks(problem.graph, lay) > FULL_SIMULATION_TASKS or expected > deadline.left():
-            if not full:
-                full.append(best)
-            break
-        cm = CostModel(best.planned.strategy.graph, problem.devices, best.options)
+        found = candidates(
+            u, (p, t, d, b, m, rc, z, rule), problem.blocks, space.settings.schedules, space.flights
+        )
+        out.estimated += 1
+        out.least = min([out.least, *(c.peak for c in found)])
+        fits = [c.estimate for c in found if c.peak <= space.usable]
+        if fits:
+            out.estimates.append((min(fits), (p, t, b, rc, z, rule)))
+    return out
+
+
+class _Selection(BestFirst):
+    """The rule of `backends.pipeline.select` on this search's steps: `_rank`, `_cost`,
+    `_simulate_one` and `_on_every_device`."""
+
+    def __init__(self, space: _Space, deadline: Deadline, ranked: _Ranked) -> None:
+        super().__init__(deadline, list(ranked.unreached), space.settings.exact)
+        self.space = space
+        self.tally.least = ranked.least
+        for estimate, key in ranked.estimates:
+            self.push(estimate, STAGE, key)
+
+    def rank(self, batch: list[StageLayout], needed: bool) -> list[StageLayout]:
+        more = _rank(self.space, batch, None if needed else self.deadline)
+        self.tally.estimated += more.estimated
+        self.tally.within += len(more.estimates)
+        self.tally.least = min(self.tally.least, more.least)
+        for estimate, key in more.estimates:
+            self.push(estimate, STAGE, key)
+        return more.unreached
+
+    def cost(self, key: StageLayout) -> bool:
+        costed = _cost(self.space, [key], self.deadline, answered=bool(self.measured))
+        self.tally.costed += costed.costed
+        self.tally.fit += len(costed.found)
+        self.tally.least = min(self.tally.least, costed.least)
+        for cand in costed.found:
+            self.push(cand.estimate, ESTIMATE, cand)
+        return not costed.stopped
+
+    def simulate(self, candidate: Candidate) -> bool:
         try:
-            again = _interruptible(partial(simulate_pipelined, cm, best.planned), needed=False)
+            sim = _simulate_one(self.space, candidate, self.deadline, needed=not self.measured)
         except OutOfTime:
-            break
-        if max(again.peak_bytes) <= space.usable:
-            full.append(
-                dataclasses.replace(best, step=again.makespan, timeline=again, on_every_device=True)
-            )
-    return min(full, key=lambda r: r.step) if full else ranked[0]
+            return False
+        self.tally.simulated += 1
+        self.keep(sim)
+        return True
+
+    def everywhere(self, measure: _Simulated) -> bool:
+        again, why = _on_every_device(self.space, measure, self.deadline)
+        if again is not None:
+            self.tally.everywhere += 1
+            self.keep(again)
+        elif why == "memory":  # it does not fit when every device is simulated
+            del self.measured[measure.layout]
+        else:  # as exact as it can be: two replicas are its measure
+            self.settle(measure, for_want_of_time=why == "time")
+        return True
 
 
-def _interruptible(step: Callable[[], T], needed: bool) -> T:
-    """`step()`, abandoned at a Ctrl-C (OutOfTime at once; the step ends in the background)
-    unless it is `needed` (the search has no answer without it: it finishes, as at the
-    time limit). One costing or simulation of a 1,024-device layout takes seconds, and a
-    stop request should end the search within a fraction of one."""
+def _simulate_one(
+    space: _Space, cand: Candidate, deadline: Deadline, needed: bool
+) -> _Simulated | None:
+    """`cand` simulated exactly (`_simulate`: two replicas per stage, every device with one
+    or two replicas or ZeRO 3); None when it does not fit the memory. OutOfTime at the
+    deadline or a Ctrl-C unless `needed`."""
+    problem = space.problem
+    lay = cand.layout
+    opts = space.cost_options(lay.recompute, lay.zero)
+    t1 = time.perf_counter()
+    planned, timeline = _interruptible(
+        partial(
+            _simulate,
+            problem.graph,
+            problem.devices,
+            lay,
+            opts,
+            space.micro,
+            space.groups,
+            space.searched,
+        ),
+        needed=needed,
+        deadline=deadline,
+    )
+    if max(timeline.peak_bytes) > space.usable:
+        return None
+    whole = lay.data <= 2 or lay.zero >= 3  # every device simulated already
+    seconds = time.perf_counter() - t1
+    return _Simulated(timeline.makespan, seconds, cand, planned, timeline, opts, whole)
+
+
+def _on_every_device(
+    space: _Space, best: _Simulated, deadline: Deadline
+) -> tuple[_Simulated | None, str]:
+    """`best` (simulated on two replicas per stage) simulated again on every device
+    (contention two replicas do not see), and why not when it is not: "size" (its distinct
+    chunks have more than FULL_SIMULATION_TASKS tasks), "time" (its expected seconds are
+    more than the time left, or the deadline or a Ctrl-C came first), "memory" (it does not
+    fit when every device is simulated)."""
+    problem = space.problem
+    lay = best.candidate.layout
+    if _tasks(problem.graph, lay) > FULL_SIMULATION_TASKS:
+        return None, "size"
+    expected = best.seconds * lay.data / 2 * FULL_SIMULATION_COST
+    if expected > deadline.left():
+        return None, "time"
+    cm = CostModel(best.planned.strategy.graph, problem.devices, best.options)
+    try:
+        again = _interruptible(
+            partial(simulate_pipelined, cm, best.planned), needed=False, deadline=deadline
+        )
+    except OutOfTime:
+        return None, "time"
+    if max(again.peak_bytes) > space.usable:
+        return None, "memory"
+    return dataclasses.replace(best, step=again.makespan, timeline=again, on_every_device=True), ""
+
+
+def _interruptible(step: Callable[[], T], needed: bool, deadline: Deadline | None = None) -> T:
+    """`step()`, abandoned at a Ctrl-C or past `deadline` (OutOfTime at once; the step ends
+    in the background) unless it is `needed` (the search has no answer without it: it
+    finishes, as at the time limit). One costing or simulation of a 1,024-device layout
+    takes seconds, and a stop request or the time limit should end the search within a
+    fraction of one."""
     if needed:
         return step()
     if stop_requested():
         raise OutOfTime
-    return run_within(step, Deadline.never())
+    return run_within(step, deadline or Deadline.never())
 
 
 def _simulate(
@@ -551,81 +706,6 @@ def _simulate(
     )
 
 
-def _candidates(
-    u: Units,
-    p: int,
-    t: int,
-    d: int,
-    b: int,
-    m: int,
-    rc: str,
-    z: int,
-    rule: str,
-    blocks: int,
-    schedules: Sequence[str],
-    flights: dict[tuple[str, int, int, int], tuple[int, ...]],
-) -> list[_Candidate]:
-    out = []
-    for name in schedules:
-        for v in _virtuals(name, p, m, blocks):
-            for split in _splits(blocks, p, v, name):
-                chunks = [u.chunk(c, p * v, k) for c, k in enumerate(split)]
-                work = [0.0] * p
-                fixed = [0.0] * p
-                kept = [0.0] * p
-                for c, ch in enumerate(chunks):
-                    work[c % p] += ch.forward + ch.backward
-                    fixed[c % p] += ch.fixed_bytes
-                    kept[c % p] = max(kept[c % p], ch.activation_bytes)
-                key = (name, p, m, v)
-                if key not in flights:
-                    flights[key] = tuple(in_flight(o) for o in schedule(name, p, m, v))
-                peak = max(f + k * a for f, k, a in zip(fixed, kept, flights[key], strict=True))
-                busiest = max(work)
-                tail = max(ch.sync for ch in chunks)
-                messages = 2 * (p * v - 1) * u.message
-                if v == 1:
-                    estimate = (m - 1) * busiest + sum(work) + messages + tail
-                else:
-                    estimate = m * busiest + (p - 1) * busiest / v + messages + tail
-                layout = Layout(p, t, d, b, m, name, v, rc, z, tuple(split), rule)
-                out.append(_Candidate(estimate, m * busiest, layout, peak))
-    return out
-
-
-def _virtuals(name: str, p: int, m: int, blocks: int) -> list[int]:
-    if name != "interleaved":
-        return [1] if name == "1f1b" or p > 1 else []
-    if p == 1 or m % p:
-        return []
-    return [v for v in range(2, blocks // p + 1) if blocks % (p * v) == 0]
-
-
-def _splits(blocks: int, p: int, v: int, name: str) -> list[list[int]]:
-    """Blocks per chunk: equal when interleaved; else the first and last stages within 3
-    blocks of an equal share, the middle ones sharing the rest evenly."""
-    if v > 1:
-        return [[blocks // (p * v)] * (p * v)]
-    if p == 1:
-        return [[blocks]]
-    share = blocks // p
-    out = []
-    for first in range(max(1, share - 3), share + 4):
-        for last in range(max(1, share - 3), share + 4):
-            rest = blocks - first - last
-            if p == 2:
-                if rest == 0:
-                    out.append([first, last])
-                continue
-            if rest < p - 2:
-                continue
-            q, r = divmod(rest, p - 2)
-            middle = [q + (1 if k < r else 0) for k in range(p - 2)]
-            if min(middle) >= 1:
-                out.append([first, *middle, last])
-    return out
-
-
 def _pipelined(
     graph: OpGraph, devices: DeviceGraph, inner: Strategy, lay: Layout
 ) -> PipelinedStrategy:
@@ -633,15 +713,9 @@ def _pipelined(
     devices) moved to each chunk's group; bounds at the blocks' first ops."""
     p = lay.stages
     g = devices.num_devices // p
-    ranges = block_ranges(graph)
-    bounds = [0]
-    at = 0
-    for k in lay.blocks[:-1]:
-        at += k
-        bounds.append(ranges[at][0])
-    bounds.append(len(graph.ops))
+    bounds = block_bounds(graph, len(lay.blocks), lay.blocks)
     groups = tuple(tuple(range(s * g, (s + 1) * g)) for s in range(p))
-    pipe = Pipeline(tuple(bounds), groups, lay.micro_batches, lay.schedule)
+    pipe = Pipeline(bounds, groups, lay.micro_batches, lay.schedule)
     configs = []
     moved: dict[tuple[int, int], tuple[int, ...]] = {}  # ops share device lists: move each once
     for i, cfg in enumerate(inner.configs):
@@ -651,6 +725,12 @@ def _pipelined(
             moved[key] = tuple((np.asarray(cfg.devices, dtype=np.int64) + base).tolist())
         configs.append(ParallelConfig(cfg.degrees, moved[key], cfg.reduce))
     return PipelinedStrategy(Strategy(graph, devices, tuple(configs)), pipe)
+
+
+def _unit_ends(g: int, t: int, here: int) -> tuple[int, ...]:
+    """The devices of a stage of g that `unit_costs` costs: its first and last of `here`
+    replicas of t (the last across the same links as the stage's sync crosses)."""
+    return (*range(t * here - t), *range(g - t, g))
 
 
 def _tasks(graph: OpGraph, lay: Layout) -> int:

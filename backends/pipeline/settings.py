@@ -1,8 +1,8 @@
 """The pipeline search's settings (`SolveOptions.extra`), typed and checked once.
 
 The choices the search explores: recomputation modes and ZeRO stages to try, the schedules,
-the pipeline sizes, how many of the best estimates to simulate exactly, and how a stage is
-laid out (`inner`). Besides lists, a setting takes what `planner.plan` takes: "auto" (or
+the pipeline sizes, a cap on the layouts simulated exactly, and how a stage is laid out
+(`inner`). Besides lists, a setting takes what `planner.plan` takes: "auto" (or
 None) for the recomputation modes and ZeRO stages `plan` searches, one mode, stage or
 schedule for a list of one. A bad value is one BackendError line naming it and the valid
 settings (`backends.settings.BackendSettings.of`).
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, cast
 
-from backends.settings import BackendSettings, Check, Coerce, at_least
+from backends.settings import BackendSettings, Check, Coerce
 from planner.pipeline.schedule import SCHEDULES
 from planner.problems.sizes import DEFAULT_TABLE_BUDGET
 
@@ -79,8 +79,11 @@ class PipelineSettings(BackendSettings):
     stages: Annotated[
         tuple[int, ...] | None, Check("pipeline sizes >= 1 (or None: every divisor)", _stages)
     ] = None
-    # the best estimates simulated exactly, at most
-    exact: Annotated[int, at_least(1, "an integer")] = 6
+    # a cap on the layouts simulated exactly (None: as many as the rule needs: every layout
+    # estimated below the answer's step is simulated; docs/pipeline.md)
+    exact: Annotated[
+        int | None, Check("an integer >= 1 (or None: no cap)", lambda v: v is None or v >= 1)
+    ] = None
     # how a stage is laid out: Megatron-LM's "rule", the per-op "search" (both: the better)
     inner: Annotated[
         tuple[Inner, ...],

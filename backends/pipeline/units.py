@@ -23,13 +23,14 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.costs.memory import param_bytes
 from planner.graph.opgraph import OpGraph
 from planner.hardware.devices import DeviceGraph
 from planner.pipeline.layouts import block_ranges
-from planner.pipeline.stages import range_problem, simulate_chunk
+from planner.pipeline.stages import Chunk, range_problem, simulate_chunk
 from planner.pipeline.timeline import ChunkTimes
 from planner.problems.baselines import megatron
 from planner.problems.strategy import Strategy
@@ -97,6 +98,7 @@ def unit_costs(
     next_group_offset: int,
     replicas: int | None = None,
     layout: Callable[[OpGraph, DeviceGraph, int], Strategy] = megatron,
+    measure: Callable[[CostOptions, Any, Chunk], tuple[float, ...]] = simulate_chunk,
 ) -> Units:
     """The three units of the micro-batch graph `graph` at tensor degree `tensor` on `group`
     (the first devices of `devices`; the next stage's group starts at device
@@ -106,42 +108,76 @@ def unit_costs(
     (each with the same samples: `graph` has the group's share of the micro-batch). Every
     replica computes and exchanges within its tensor-parallel group alike, so two stand for
     many; only the gradient sync differs, and it is scaled by the ring all-reduce's
-    2 (r - 1) / r (ZeRO's collectives are not: simulate every replica with ZeRO)."""
+    2 (r - 1) / r (ZeRO's collectives are not: simulate every replica with ZeRO).
+
+    `measure`: how a range's micro-batch is timed, `simulate_chunk` (FlexFlow's simulator)
+    or `backends.pipeline.estimate.closed_form_chunk` (the cost model's per-op times)."""
     strategy = layout(graph, group, tensor)
+    mine = tuple(range(group.num_devices))
+    ranges = unit_ranges(graph)
+    measured = {}
+    for key, ops in ranges.items():
+        ch = range_problem(group, graph, strategy.configs, ops, mine, lambda j: mine)
+        measured[key] = measure(options, None, ch)
+    message = unit_message(devices, group, graph, strategy, ranges["middle"], next_group_offset)
+    return composed_units(measured, graph, group.num_devices // tensor, replicas, options, message)
+
+
+def unit_ranges(graph: OpGraph) -> dict[str, range]:
+    """The op ranges of the three units: `first` (the ops before block 1), `middle` (block
+    1) and `last` (the last block and what follows it)."""
     blocks = block_ranges(graph)
-    g = group.num_devices
-    mine = tuple(range(g))
     n = len(graph.ops)
     first_end = blocks[1][0]
     last_start = blocks[-1][0] if len(blocks) > 2 else blocks[1][0]
-    ranges = {
+    return {
         "first": range(0, first_end),
         "middle": range(blocks[1][0], blocks[1][1]),
         "last": range(last_start, n),
     }
+
+
+def composed_units(
+    measured: dict[str, tuple[float, ...]],
+    graph: OpGraph,
+    here: int,
+    replicas: int | None,
+    options: CostOptions,
+    message: float,
+) -> Units:
+    """The units from each range's measured (forward, backward, sync, kept, fixed, working)
+    on `here` replicas, the sync and parameter bytes scaled to `replicas`."""
     units = {}
-    for key, ops in ranges.items():
-        ch = range_problem(group, graph, strategy.configs, ops, mine, lambda j: mine)
-        forward, backward, sync, kept, fixed, working = simulate_chunk(options, None, ch)
-        here = group.num_devices // tensor
+    for key, (forward, backward, sync, kept, fixed, working) in measured.items():
         params = fixed - working
         if replicas is not None and replicas > here:
             sync *= ring_factor(replicas) / ring_factor(here) if here > 1 else 1.0
             params *= zero_factor(graph, options, replicas) / zero_factor(graph, options, here)
         units[key] = Unit(forward, backward, sync, kept, params, working)
-    message = 0.0
-    if next_group_offset:
-        middle = range_problem(
-            group, graph, strategy.configs, ranges["middle"], mine, lambda j: mine
-        )
-        for op, cfg in zip(middle.graph.ops, middle.configs, strict=True):
-            if op.kind != "input":
-                continue
-            nbytes = op.output.nbytes / max(1, cfg.num_tasks // cfg.reduce)
-            message += max(
-                devices.transfer_time(d, d + next_group_offset, nbytes) for d in cfg.devices
-            )
     return Units(units["first"], units["middle"], units["last"], message, 1 - options.pp_overlap)
+
+
+def unit_message(
+    devices: DeviceGraph,
+    group: DeviceGraph,
+    graph: OpGraph,
+    strategy: Strategy,
+    middle_ops: range,
+    next_group_offset: int,
+) -> float:
+    """Seconds to send a middle block's input (the residual stream) from `group`'s devices
+    to the next stage's, `next_group_offset` devices on (0: no next stage)."""
+    if not next_group_offset:
+        return 0.0
+    mine = tuple(range(group.num_devices))
+    middle = range_problem(group, graph, strategy.configs, middle_ops, mine, lambda j: mine)
+    message = 0.0
+    for op, cfg in zip(middle.graph.ops, middle.configs, strict=True):
+        if op.kind != "input":
+            continue
+        nbytes = op.output.nbytes / max(1, cfg.num_tasks // cfg.reduce)
+        message += max(devices.transfer_time(d, d + next_group_offset, nbytes) for d in cfg.devices)
+    return message
 
 
 def ring_factor(replicas: int) -> float:
@@ -156,10 +192,24 @@ def zero_factor(graph: OpGraph, options: CostOptions, replicas: int) -> float:
     / 16)."""
     if not options.zero:
         return 1.0
+    key = (id(graph), repr(options), replicas)
+    found = _FACTORS.get(key)
+    if found is not None and found[0] is graph:
+        return found[1]
     total = [param_bytes(op.params, options.optimizer, options.master_weights) for op in graph.ops]
     whole = sum(b.total for b in total)
     held = sum(b.held(replicas, options.zero) for b in total)
-    return held / whole if whole else 1.0
+    factor = held / whole if whole else 1.0
+    if len(_FACTORS) >= _FACTORS_KEPT:
+        _FACTORS.clear()
+    _FACTORS[key] = (graph, factor)
+    return factor
+
+
+# The factors computed last, by graph (checked by identity: an id may be reused): the
+# pipeline search asks for each of its stage layouts, and a 1,000-op graph takes milliseconds.
+_FACTORS: dict[tuple[int, str, int], tuple[OpGraph, float]] = {}
+_FACTORS_KEPT = 256
 
 
 def parameter_state(graph: OpGraph, options: CostOptions) -> float:

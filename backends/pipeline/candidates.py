@@ -1,0 +1,175 @@
+"""A stage layout's candidates: every schedule, chunks per stage and blocks per stage, each
+estimated in closed form from the layout's units (`backends.pipeline.units.Units`).
+
+For p stages of t x d devices, b samples per replica per micro-batch (m micro-batches),
+recomputation and ZeRO fixed, a candidate adds the schedule ("gpipe", "1f1b", "interleaved"
+with v chunks per stage) and the blocks of each chunk. Its `estimate` of the step:
+
+- one chunk per stage: fill and drain through every stage plus (m - 1) x the busiest
+  stage's work per micro-batch (Narayanan et al., SC'21, Sec. 2.2.1: the bubble is p - 1
+  micro-batch times on uniform stages), plus the messages and the sync left at the end;
+- interleaved: m x the busiest stage's work plus (p - 1) / v of it (Sec. 2.2.2: the bubble
+  shrinks v-fold), plus the messages and the sync left at the end;
+- the sync left at the end is the stage's chunks' syncs one after another, as the pipeline's
+  timeline runs them (`planner.pipeline.timeline.simulate_pipeline`: after a stage's last
+  backward, its chunks' syncs in turn), the largest over the stages.
+
+Its `peak` per device: each stage's fixed bytes plus its kept activations times the
+micro-batches its schedule keeps in flight (`in_flight_counts`).
+
+Blocks per stage (`splits`): equal chunks when interleaved; else the first stage (which
+also holds the embeddings) and the last (the final norm, the head and the loss) take their
+counts around the point where the stages' work balances, and the stages between share the
+rest evenly. A head of a 128k vocabulary weighs several blocks, so the last stage's count
+is centred that many blocks below the others' (what Megatron-LM's
+`--decoder-first-pipeline-num-layers` and `--decoder-last-pipeline-num-layers` set by hand).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from backends.pipeline.units import Units
+from planner.pipeline.problem import Layout
+from planner.pipeline.timeline import ChunkTimes
+
+__all__ = ["SPLIT_WINDOW", "Candidate", "balance", "candidates", "in_flight_counts", "splits"]
+
+SPLIT_WINDOW = 3  # blocks either side of the balance point the first and last stages try
+
+Flights = dict[tuple[str, int, int, int], tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A point of the space, estimated in closed form: its step and its peak bytes per
+    device."""
+
+    estimate: float
+    layout: Layout
+    peak: float
+
+
+def candidates(
+    u: Units,
+    layout: tuple[int, int, int, int, int, str, int, str],
+    blocks: int,
+    schedules: Sequence[str],
+    flights: Flights,
+) -> list[Candidate]:
+    """Every candidate of a stage layout `(p, t, d, b, m, recompute, zero, rule)` whose units
+    are `u`, on a model of `blocks` blocks; `flights` caches the schedules' in-flight counts."""
+    p, t, d, b, m, rc, z, rule = layout
+    composed: dict[tuple[bool, bool, int], ChunkTimes] = {}
+    out = []
+    for name in schedules:
+        for v in virtuals(name, p, m, blocks):
+            count = p * v
+            key = (name, p, m, v)
+            if key not in flights:
+                flights[key] = in_flight_counts(name, p, m, v)
+            for split in splits(blocks, p, v, u):
+                chunks = []
+                for c, k in enumerate(split):
+                    where = (c == 0, c == count - 1, k)  # all a chunk's composition reads
+                    if where not in composed:
+                        composed[where] = u.chunk(c, count, k)
+                    chunks.append(composed[where])
+                estimate, peak = _score(chunks, p, v, m, u.message, flights[key])
+                layout_ = Layout(p, t, d, b, m, name, v, rc, z, tuple(split), rule)
+                out.append(Candidate(estimate, layout_, peak))
+    return out
+
+
+def _score(
+    chunks: list[ChunkTimes], p: int, v: int, m: int, message: float, flight: tuple[int, ...]
+) -> tuple[float, float]:
+    """(estimate, peak) of chunks c on stage c % p (the module's docstring)."""
+    work = [0.0] * p
+    fixed = [0.0] * p
+    kept = [0.0] * p
+    syncs = [0.0] * p
+    for c, ch in enumerate(chunks):
+        s = c % p
+        work[s] += ch.forward + ch.backward
+        fixed[s] += ch.fixed_bytes
+        kept[s] = max(kept[s], ch.activation_bytes)
+        syncs[s] += ch.sync
+    peak = max(f + k * a for f, k, a in zip(fixed, kept, flight, strict=True))
+    busiest = max(work)
+    messages = 2 * (p * v - 1) * message
+    tail = max(syncs)
+    if v == 1:
+        estimate = (m - 1) * busiest + sum(work) + messages + tail
+    else:
+        estimate = m * busiest + (p - 1) * busiest / v + messages + tail
+    return estimate, peak
+
+
+def in_flight_counts(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
+    """Per stage, the most micro-batch chunks whose activations it keeps at once under
+    schedule `name` (`planner.pipeline.schedule.in_flight` of its order, in closed form: the
+    orders of 1,000 micro-batches take milliseconds to build): GPipe m; 1F1B min(p - s, m),
+    its warm-up forwards and one more (Narayanan et al. 2021, Fig. 3); interleaved the
+    same over its (p - s - 1) 2 + (v - 1) p warm-up forwards of m v (Megatron-LM's)."""
+    if name == "gpipe":
+        return (m,) * p
+    if name == "1f1b":
+        return tuple(min(p - s, m) for s in range(p))
+    total = m * v
+    return tuple(min((p - s - 1) * 2 + (v - 1) * p + 1, total) for s in range(p))
+
+
+def virtuals(name: str, p: int, m: int, blocks: int) -> list[int]:
+    """The chunks per stage schedule `name` takes: 1 for GPipe (more than one stage) and
+    1F1B; interleaved, every v >= 2 that cuts the blocks into p x v equal chunks (m a
+    multiple of p)."""
+    if name != "interleaved":
+        return [1] if name == "1f1b" or p > 1 else []
+    if p == 1 or m % p:
+        return []
+    return [v for v in range(2, blocks // p + 1) if blocks % (p * v) == 0]
+
+
+def splits(blocks: int, p: int, v: int, u: Units) -> list[list[int]]:
+    """Blocks per chunk: equal when interleaved (v > 1); else the first and last stages
+    within `SPLIT_WINDOW` blocks of their balance points (`balance`), the stages between
+    sharing the rest evenly (the earlier ones one more when it does not divide)."""
+    if v > 1:
+        return [[blocks // (p * v)] * (p * v)]
+    if p == 1:
+        return [[blocks]]
+    centre_first, centre_last = balance(blocks, p, u)
+    out = []
+    for first in _around(centre_first, blocks):
+        for last in _around(centre_last, blocks):
+            rest = blocks - first - last
+            if p == 2:
+                if rest == 0:
+                    out.append([first, last])
+                continue
+            if rest < p - 2:
+                continue
+            q, r = divmod(rest, p - 2)
+            out.append([first, *(q + (1 if k < r else 0) for k in range(p - 2)), last])
+    return out
+
+
+def balance(blocks: int, p: int, u: Units) -> tuple[int, int]:
+    """The blocks of the first and the last stage that equal the others' work per
+    micro-batch: with the embeddings weighing e_f middle blocks' work beside block 0 and
+    the head and loss e_l beside the last block, each of p stages does T = (blocks + e_f +
+    e_l) / p blocks' work; the first holds T - e_f blocks, the last T - e_l (rounded, at
+    least 1)."""
+    block = u.middle.forward + u.middle.backward
+    if block <= 0:
+        return blocks // p, blocks // p
+    extra_first = (u.first.forward + u.first.backward) / block - 1
+    extra_last = (u.last.forward + u.last.backward) / block - 1
+    share = (blocks + extra_first + extra_last) / p
+    return max(1, round(share - extra_first)), max(1, round(share - extra_last))
+
+
+def _around(centre: int, blocks: int) -> range:
+    return range(max(1, centre - SPLIT_WINDOW), min(blocks, centre + SPLIT_WINDOW) + 1)

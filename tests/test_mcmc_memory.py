@@ -38,6 +38,9 @@ problems = st.builds(
 # Over the limit by 1e-5 of it: a charge proportional to the excess alone never made the one
 # feasible answer (cost +124) worth taking, so the chain stayed over the limit.
 @example(_tightened(2, 3, 3, 0.99999), ["data_parallel"])
+# A random start with a forbidden pair and a cost of 26, where the one valid strategy costs
+# 6,475: a penalty in the start's cost could never pay for the climb (NO_SOLUTION).
+@example(_tightened(4, 3, 141, 1.0), ["random"])
 def test_finds_a_feasible_answer_wherever_brute_force_does(p: Problem, inits) -> None:
     # The old backend rejected every proposal over the limit: from an infeasible start it had
     # no path to feasibility (19 of 100 such problems ended with NO_SOLUTION).

@@ -82,6 +82,20 @@ def _energy(cost: float, violation: float, weight: float, scale: float) -> float
     return cost + weight * over * scale
 
 
+def _unit(problem: Problem, state: ChainState) -> float:
+    """The unit of temperature and of the memory penalty: the chain's first state's cost when
+    that state is valid. An invalid first state's cost (forbidden terms left out, memory
+    over the limit) may be far below every valid one's (a random start: 26 where the one
+    valid strategy costs 6,475), and a penalty in its unit could then never outweigh the
+    climb to validity: the unit is then at least an upper bound of any strategy's finite
+    cost, the sum of every node's and edge's dearest finite cost."""
+    if state.valid:
+        return max(state.cost, 1e-300)
+    tables = (np.asarray(t, dtype=np.float64) for t in (*problem.node_cost, *problem.edge_cost))
+    dearest = sum(float(t[np.isfinite(t)].max()) for t in tables if np.isfinite(t).any())
+    return max(state.cost, dearest, 1e-300)
+
+
 __all__ = ["McmcBackend", "McmcSettings"]
 
 
@@ -283,7 +297,7 @@ class _Search:
 
     def _chain(self, state: ChainState) -> Limit:
         s, rng = self.s, self.rng
-        self.scale = max(state.cost, 1e-300)
+        self.scale = _unit(self.p, state)
         mix = s.mix or (DNN_MIX if self.p.is_dnn else TABLE_MIX)
         proposer = Proposer(self.p, mix, rng)
         screen = s.screen if state.sim is not None else 0.0

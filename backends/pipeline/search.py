@@ -127,7 +127,7 @@ class PipelineSearch:
                 f"got {given(problem)}"
             )
         with catch_interrupt():
-            result = _search(problem, settings, options.clock(), log.info)
+            result = _search(problem, settings, options.clock(), log.info, options.gap_tolerance)
             proven = result.status is Status.INFEASIBLE and result.limit is None
             if stop_requested() and not proven:
                 result = dataclasses.replace(result, limit=Limit.INTERRUPTED)
@@ -165,6 +165,7 @@ class _Space:
     settings: PipelineSettings
     usable: float
     state: float  # bytes of the parameters' training state, unsharded
+    tolerance: float = 0.0  # the relative gap at which the exact simulations stop
     groups: dict[Any, DeviceGraph] = field(default_factory=dict)
     micro: dict[int, OpGraph] = field(default_factory=dict)
     flights: dict[tuple[str, int, int, int], tuple[int, ...]] = field(default_factory=dict)
@@ -189,14 +190,16 @@ def _search(
     settings: PipelineSettings,
     deadline: Deadline,
     say: Callable[[str], None],
+    tolerance: float = 0.0,
 ) -> PipelineResult:
     """The search's steps: the per-op search's stage layouts (if asked), the stage layouts
     that can hold the parameters, their units costed and candidates estimated, the best
-    simulated exactly, the best few again on every device."""
+    simulated exactly (within the relative gap `tolerance`), the best few again on every
+    device."""
     t0 = time.perf_counter()
     graph, devices, options = problem.graph, problem.devices, problem.options
     usable = float(usable_memory(devices, options.headroom).min())
-    space = _Space(problem, settings, usable, parameter_state(graph, options))
+    space = _Space(problem, settings, usable, parameter_state(graph, options), tolerance)
     bound = compute_bound(graph, devices, options)  # first: not on a Ctrl-C's way out
     if "search" in settings.inner:
         space.searched = _searched_layouts(problem, deadline.share(INNER_SHARE))
@@ -399,13 +402,15 @@ def _simulate_exactly(
     space: _Space, found: list[_Candidate], deadline: Deadline
 ) -> tuple[list[_Simulated], int, bool]:
     """The candidates, best estimate first, simulated exactly (`_simulate`) until the next
-    one's floor is above the best step, `exact` have been, or the deadline passes once one
-    fits: those within memory by step, how many were simulated, whether time stopped it."""
+    one's floor is above the best step (less the gap tolerance: it cannot beat the best by
+    more), `exact` have been, or the deadline passes once one fits: those within memory by
+    step, how many were simulated, whether time stopped it."""
     problem = space.problem
     ranked: list[_Simulated] = []
     simulated = 0
+    shrink = 1.0 / (1.0 + space.tolerance)
     for cand in found:
-        if simulated >= space.settings.exact or (ranked and cand.floor >= ranked[0].step):
+        if simulated >= space.settings.exact or (ranked and cand.floor >= ranked[0].step * shrink):
             break
         if ranked and (deadline.expired() or stop_requested()):
             return ranked, simulated, True

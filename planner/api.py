@@ -46,7 +46,7 @@ from planner.request import (
     check_backend,
     overrun_words,
 )
-from planner.result import Limit, SolveOptions, SolveResult, Status
+from planner.result import DEFAULT_GAP_TOLERANCE, Limit, SolveOptions, SolveResult, Status
 from planner.sources import problem_of
 
 if TYPE_CHECKING:
@@ -96,6 +96,7 @@ def plan(
     check_memory: bool = True,
     deadline: Deadline | None = None,
     pipeline: bool | str | None = None,
+    gap_tolerance: float = DEFAULT_GAP_TOLERANCE,
     **build_options: Any,
 ) -> PlanResult | PipelinePlan:
     """Find a parallelization strategy for `model` on `devices` with `backend`.
@@ -141,8 +142,12 @@ def plan(
     {"mode": "astar"} for "search"; docs/architecture.md, "Settings"), checked before any
     work: an unknown name or a bad value is a BackendError. deadline: a clock the caller
     started earlier (a command line's, from its own start): the earlier of it and
-    `time_limit` from now ends the call. Further keyword arguments go to `build_problem`
-    unchanged (space, table_budget, max_split_dims: docs/space.md).
+    `time_limit` from now ends the call. gap_tolerance: the relative gap (objective / bound
+    - 1) at which every search stops once its answer is proven within it, the answer then
+    OPTIMAL (MIP solvers' convention and default, 1e-4; 0 proves the optimum exactly;
+    `planner.result.SolveOptions`, docs/solvers.md "Gap tolerance"); `stats["gap_tolerance"]`
+    records it. Further keyword arguments go to `build_problem` unchanged (space,
+    table_budget, max_split_dims: docs/space.md).
 
     pipeline (docs/pipeline.md): True plans with pipeline parallelism (`planner.pipelined.
     plan_pipeline`: stages, micro-batches, schedule, tensor and data degrees, recomputation
@@ -185,6 +190,7 @@ def plan(
         check_memory=check_memory,
         deadline=deadline,
         pipeline=pipeline,
+        gap_tolerance=gap_tolerance,
         **build_options,
     )
     return plan_request(request)
@@ -333,6 +339,7 @@ def _plan_once(request: PlanRequest) -> PlanResult:
         **phases,
         **_memory_use(request, problem, result),
         **searched,
+        "gap_tolerance": request.gap_tolerance,
         "total_seconds": _total(request, start),
     }
     log.info(
@@ -370,7 +377,11 @@ def _search(
         deadline.limit,
     )
     options = SolveOptions(
-        objective=search.objective, seed=request.seed, extra=search.settings, deadline=clock
+        objective=search.objective,
+        seed=request.seed,
+        extra=search.settings,
+        deadline=clock,
+        gap_tolerance=request.gap_tolerance,
     )
     t0 = time.perf_counter()
     if solver is None:

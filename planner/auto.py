@@ -67,11 +67,14 @@ def solve_auto(problem: Problem, options: SolveOptions) -> tuple[SolveResult, Pr
         return result, problem
     tight = _tight(limited, result)
     log.warning("%s: searching again under the memory limit with %s", tight, MEMORY_BACKEND)
-    second = _solve(MEMORY_BACKEND, limited, options.with_deadline(clock), tight)
-    proven = result.status is Status.OPTIMAL and result.limit is None
+    # a limit only removes answers: elimination's bound without it bounds the search under it
+    free_bound = result.bound if result.status is Status.OPTIMAL else None
+    channel = dataclasses.replace(options.channel, bound=lambda: free_bound)
+    second_options = dataclasses.replace(options.with_deadline(clock), channel=channel)
+    second = _solve(MEMORY_BACKEND, limited, second_options, tight)
     bound = second.bound
-    if proven and result.objective is not None:  # a limit only removes answers
-        bound = result.objective if bound is None else max(bound, result.objective)
+    if free_bound is not None:
+        bound = free_bound if bound is None else max(bound, free_bound)
     auto = {**second.stats["auto"], "unconstrained": _summary(result)}
     return dataclasses.replace(second, bound=bound, stats={**second.stats, "auto": auto}), limited
 

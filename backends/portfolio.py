@@ -32,10 +32,15 @@ the best answer is within the gap tolerance of the best bound (`SolveOptions.gap
 and the answer is OPTIMAL. The answer is the best valid answer any member found (ties: the
 first member in MEMBERS order), the bound the best proven one; `stats["events"]` lists who
 found what and when, `stats["bounds"]` who proved which bound when, `stats["members"]`
-each member's result. Deterministic for a seed only when every member finishes before the limit (a search
+each member's result. With a patience (settings "patience", seconds, and "patience_share",
+of the time to the last gain; `auto` sets them for a DNN's search under the memory limit)
+the members are also stopped once no answer has been better by "patience_gain" (default:
+the gap tolerance) for that long: FEASIBLE, limit None, `stats["stalled"]` (seconds without
+a gain). Deterministic for a seed only when every member finishes before the limit (a search
 stopped by the clock, the neighbourhood search's rounds included, depends on the machine's
 speed). Settings (`PortfolioSettings`, given as `SolveOptions.extra`): "members" (names,
-default by cores), "workers" (cores to use, default all), and each member's own settings
+default by cores), "workers" (cores to use, default all), "patience", "patience_share" and
+"patience_gain" (above), and each member's own settings
 ("ilp", "cpsat", "mcmc", "toulbar2", "local": `IlpSettings`, `CpsatSettings`,
 `McmcSettings`, `Toulbar2Settings`, `LocalSettings`, as mappings; local's patience is 0 here,
 so it searches to the limit). A `warm_start` is the first answer on the board.
@@ -71,6 +76,8 @@ from backends.base import (
     SolveOptions,
     SolveResult,
     Status,
+    at_least,
+    between,
     past,
     proven_within,
     request_stop,
@@ -139,6 +146,16 @@ class PortfolioSettings(BackendSettings):
     has the other core)"""
     local: LocalSettings = field(default_factory=lambda: LocalSettings(patience=0))
     """the local member's settings (by default it searches to the limit: patience 0)"""
+    patience: Annotated[float, at_least(0.0, "a number of seconds >= 0")] = 0.0
+    """seconds without a gain (an answer better by `patience_gain`) after which every member
+    is stopped, FEASIBLE with limit None and `stats["stalled"]`; 0 (with `patience_share`
+    0): never (the members search to the time limit or a proof)"""
+    patience_share: Annotated[float, at_least(0.0, "a number >= 0")] = 0.0
+    """... or, when longer, this share of the time the search took to its last gain (1:
+    stop at twice that time, the same rule on a machine k times slower)"""
+    patience_gain: Annotated[float, between(0.0, 1.0, "a fraction")] = 0.0
+    """what counts as a gain: an answer better than the last gain's by this fraction (0: by
+    more than the gap tolerance)"""
 
 
 @dataclass
@@ -150,6 +167,8 @@ class _Board:
     best: tuple[float, int, tuple[int, ...], str] | None = None  # value, rank, choices, who
     bound: float = -math.inf  # the best lower bound proven so far (any member's, or given)
     bound_from: str = ""
+    gain: float = 0.0  # a better answer by less than this (relative) is no gain (patience)
+    gained: tuple[float, float] = (math.inf, 0.0)  # the last gain: value, perf_counter time
     events: list[tuple[float, str, float]] = field(default_factory=list)  # better answers
     bounds: list[tuple[float, str, float]] = field(default_factory=list)  # better bounds
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -166,7 +185,10 @@ class _Board:
             if self.best is not None and ((value, rank) >= self.best[:2] or ch == self.best[2]):
                 return False  # not better (or the answer itself, handed to another member)
             self.best = (value, rank, ch, source)
-            self.events.append((round(time.perf_counter() - self.start, 3), source, value))
+            now = time.perf_counter()
+            self.events.append((round(now - self.start, 3), source, value))
+            if value < self.gained[0] * (1 - self.gain):
+                self.gained = (value, now)
         self.progress(lambda: f"best {value:.6g} from {source}")
         return True
 
@@ -200,7 +222,7 @@ class PortfolioBackend(Backend[PortfolioSettings]):
         t0 = time.perf_counter()
         deadline = options.clock().at
         first = options.clock().part(START_FRACTION).at  # the heuristic's cap, from t0
-        board = _Board(problem, t0)
+        board = _Board(problem, t0, gain=settings.patience_gain or options.gap_tolerance)
         members = self._members(settings, problem)
         trivial = -math.inf  # no bound of our own unless the heuristic's tables give one
         if "local" not in members:  # local finds a first answer sooner than the heuristic
@@ -253,6 +275,8 @@ class _Run:
     ):
         self.board, self.options, self.deadline = board, options, deadline
         self.tolerance = options.gap_tolerance
+        self.patience = (settings.patience, settings.patience_share)
+        self.stalled: float | None = None  # seconds without a gain when patience ended it
         self.clock = options.clock()  # its `at` is `deadline` (a test may give another)
         wind_down = min(WIND_DOWN_SECONDS, WIND_DOWN_SHARE * self.clock.limit)
         self.members_until = deadline - wind_down  # the members' own deadline
@@ -312,7 +336,7 @@ class _Run:
                 # the members' answers so far are on the board (each sends every better
                 # one); what they would send while stopping is not worth the user's wait
                 hard = min(hard, time.perf_counter() + INTERRUPT_GRACE_SECONDS)
-            if self.interrupted or self._proven():
+            if self.interrupted or self._proven() or self._stalled():
                 self.done.set()
                 self.ended.value = 1
                 for e in self.stop.values():
@@ -452,6 +476,19 @@ class _Run:
         with self.board.lock:
             return max([self.board.bound, *ended])
 
+    def _stalled(self) -> bool:
+        """Whether the patience (`patience` seconds, or `patience_share` of the time to the
+        last gain) passed without a gain (`patience_gain`): the search is stopped
+        (`stats["stalled"]`)."""
+        seconds, share = self.patience
+        if not (seconds or share) or self.board.best is None:
+            return self.stalled is not None
+        gained = self.board.gained[1]
+        quiet = time.perf_counter() - gained
+        if self.stalled is None and quiet >= max(seconds, share * (gained - self.board.start)):
+            self.stalled = quiet
+        return self.stalled is not None
+
     def _infeasible(self) -> bool:
         """Whether a member proved that no answer is valid (an exact member's proof)."""
         return any(r.status is Status.INFEASIBLE for rs in self.results.values() for r in rs)
@@ -473,7 +510,9 @@ class _Run:
         stats["answer_from"] = source
         optimal = self._proven() or proven_within(value, bound, self.tolerance)
         status = Status.OPTIMAL if optimal else Status.FEASIBLE
-        limit = None if optimal else Limit.TIME
+        limit = None if optimal or self.stalled is not None else Limit.TIME
+        if self.stalled is not None:
+            stats["stalled"] = round(self.stalled, 3)
         if optimal and not proven_within(value, bound, self.tolerance):
             # a member's own proof (its result OPTIMAL, no worse than the best): the
             # optimum is at least its answer / (1 + tolerance)

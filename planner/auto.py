@@ -12,6 +12,13 @@ whose answer a user can trust most, chosen for the problem and the objective.
   limit, stays as a lower bound. A cost-table problem with a memory limit (every IOPDDL
   problem has one) goes to `portfolio` directly. When some answer could exceed the limit,
   elimination gets the search time but `SECOND_SEARCH_SHARE` (25%), kept for that search.
+  For a DNN problem that second search is `toulbar2` and `local` (`DNN_MEMBERS`), with
+  elimination's optimum as the portfolio's first bound, and it ends as soon as its answer is
+  within the gap tolerance of the bound, or once it has stopped improving (`DNN_PATIENCE`):
+  on a model's tables (a 7B Llama on 8 GPUs: 421 nodes, every one live at the memory peak)
+  they find in seconds answers as good as `ilp` and `cpsat` found in the whole minute, and
+  prove them within 0.2-1% (toulbar2's Lagrangian bound) where `ilp` and `cpsat` proved
+  nothing closer than 6-19% (docs/solvers.md, "auto under the memory limit").
 - The makespan objective (FlexFlow's simulated iteration time): `mcmc`, FlexFlow's search.
 
 Every backend except `elimination` enforces a memory limit (`MEMORY_BACKENDS`).
@@ -41,6 +48,15 @@ MEMORY_BACKENDS = ("portfolio", "cpsat", "ilp", "search", "mcmc", "local", "toul
 # it (elimination usually needs a fraction of a second, and a proof, not this share, is what
 # a large problem may need the time for).
 SECOND_SEARCH_SHARE = 0.25
+# A DNN's search under the memory limit: these members (the portfolio's for large tables)
+# and a patience: stopped once no answer gained DNN_PATIENCE_GAIN on the last gain's for
+# DNN_PATIENCE seconds or, when longer, for as long as the search took to that gain (so at
+# twice that time: the same rule on a busy machine). Measured on the 7B plans of
+# docs/solvers.md, "auto under the memory limit".
+DNN_MEMBERS = ("toulbar2", "local")
+DNN_PATIENCE = 2.0
+DNN_PATIENCE_SHARE = 1.0
+DNN_PATIENCE_GAIN = 1e-3
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +86,32 @@ def solve_auto(problem: Problem, options: SolveOptions) -> tuple[SolveResult, Pr
     # a limit only removes answers: elimination's bound without it bounds the search under it
     free_bound = result.bound if result.status is Status.OPTIMAL else None
     channel = dataclasses.replace(options.channel, bound=lambda: free_bound)
-    second_options = dataclasses.replace(options.with_deadline(clock), channel=channel)
+    second_options = dataclasses.replace(
+        options.with_deadline(clock), channel=channel, extra=_memory_settings(limited, options)
+    )
     second = _solve(MEMORY_BACKEND, limited, second_options, tight)
     bound = second.bound
     if free_bound is not None:
         bound = free_bound if bound is None else max(bound, free_bound)
     auto = {**second.stats["auto"], "unconstrained": _summary(result)}
     return dataclasses.replace(second, bound=bound, stats={**second.stats, "auto": auto}), limited
+
+
+def _memory_settings(problem: Problem, options: SolveOptions) -> dict[str, Any]:
+    """The portfolio's settings for the search under the memory limit: for a DNN problem
+    `DNN_MEMBERS` (when installed) and the patience; none for a cost-table problem (its
+    search uses the whole time limit)."""
+    if not problem.is_dnn:
+        return {}
+    out: dict[str, Any] = {
+        "patience": DNN_PATIENCE,
+        "patience_share": DNN_PATIENCE_SHARE,
+        "patience_gain": DNN_PATIENCE_GAIN,
+    }
+    plain = dataclasses.replace(options, extra={})
+    if all(get_backend(m).can_run(problem, plain) is None for m in DNN_MEMBERS):
+        out["members"] = list(DNN_MEMBERS)
+    return out
 
 
 def _limited(problem: Problem) -> Problem | None:

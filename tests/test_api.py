@@ -277,6 +277,22 @@ def test_auto_searches_under_the_devices_memory_when_the_optimum_does_not_fit() 
         planner.plan("lenet5", small, backend="elimination", recommend=False, **LENET)
 
 
+def test_auto_under_the_memory_limit_ends_proven_or_stalled_not_at_the_time_limit() -> None:
+    """A DNN's search under the devices' memory (planner/auto.py): toulbar2 and local with
+    the patience, elimination's optimum without the limit as the portfolio's first bound;
+    it ends proven within the gap tolerance or stalled, not at the time limit."""
+    from planner.auto import DNN_MEMBERS
+
+    free = planner.plan("lenet5", "p100-1x4", backend="elimination", recommend=False, **LENET)
+    small = _with_memory("p100-1x4", free.stats["memory_peak_bytes"] * MEMORY_SHARE)
+    r = planner.plan("lenet5", small, recommend=False, time_limit=120, **LENET)
+    assert r.backend == "portfolio" and set(r.stats["members"]) == set(DNN_MEMBERS)
+    given = r.stats["bounds"][0]
+    assert given[1] == "given" and given[2] == pytest.approx(free.objective, rel=1e-12)
+    assert r.limit is None  # proven (OPTIMAL) or stalled (FEASIBLE, stats["stalled"])
+    assert r.status is Status.OPTIMAL or r.stats["stalled"] > 0
+
+
 def test_an_attempt_whose_share_ran_out_is_searched_not_answered_as_an_overrun() -> None:
     """An "auto" option's attempt gets a share of the call's time: its share spent by its
     build is not the call's limit spent (no answer without a search, no overrun line)."""

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import planner
-from backends import BackendError, SolveOptions, Status, get_backend
+from backends import BackendError, Limit, SolveOptions, Status, get_backend
 from backends.exact.branch_and_bound import solve_exact
 from planner.errors import LayerwiseError
 from planner.problems.costtable import brute_force, random_problem
@@ -135,6 +135,26 @@ def test_the_portfolio_stops_its_members_at_the_shared_bound() -> None:
     assert r.status is Status.OPTIMAL and r.limit is None
     assert r.stats["bounds"][0][1:] == ("given", optimum)
     assert r.stats["portfolio_seconds"] < 60 and time.perf_counter() - t0 < 60
+
+
+def test_the_portfolio_stops_once_its_answer_stalls() -> None:
+    """With a patience (what auto gives a DNN's search under the memory limit), the members
+    stop once no answer has gained for that long: FEASIBLE, limit None, `stats["stalled"]`;
+    without one they search to the time limit (limit TIME)."""
+    p = random_problem(10, 3, seed=1, memory=False)
+    extra = {"members": ["local"], "local": {"patience": 0}}
+    r = get_backend("portfolio").solve(
+        p, SolveOptions(time_limit=60, extra={**extra, "patience": 0.5})
+    )
+    assert r.status is Status.FEASIBLE and r.limit is None
+    assert r.stats["stalled"] >= 0.5 and r.stats["portfolio_seconds"] < 60
+    # ... or, when longer, 100 x the time to the last gain (local's first answer comes
+    # after 0.1 s at least): not within 2 s
+    shared = {**extra, "patience": 0.5, "patience_share": 100.0}
+    r = get_backend("portfolio").solve(p, SolveOptions(time_limit=2, extra=shared))
+    assert r.limit is Limit.TIME and "stalled" not in r.stats
+    without = get_backend("portfolio").solve(p, SolveOptions(time_limit=1, extra=extra))
+    assert without.limit is Limit.TIME and "stalled" not in without.stats
 
 
 def test_plan_records_the_tolerance(tmp_path) -> None:

@@ -311,13 +311,56 @@ def _plan_plain(request: PlanRequest) -> PlanResult:
         return _recommend_chosen(request, out)
     from planner.problems.sizes import MemoryRefusal
 
+    chosen = memory.zero is not None or memory.recompute is not None
+    fallback = not chosen and search.check_memory and search.backend == AUTO
     try:
+        if fallback and _free_first(request):
+            return _plan_free_first(request)
         return _plan_once(request)
     except MemoryRefusal as exc:  # ZeRO and recomputation unset: both "auto" instead
-        chosen = memory.zero is not None or memory.recompute is not None
-        if chosen or not search.check_memory or search.backend != AUTO:
+        if not fallback:
             raise
         return _plan_memory_fallback(request, exc)
+
+
+def _free_first(request: PlanRequest) -> bool:
+    """Whether the default plan of a model (ZeRO and recomputation unset, backend auto)
+    tries elimination's optimum first (`_plan_free_first`): the additive objective, a
+    captured DNN and no memory limit given."""
+    from planner.graph.opgraph import OpGraph
+
+    search = request.search
+    return (
+        isinstance(request.model, OpGraph)
+        and search.objective == "additive"
+        and search.memory_limit is None
+    )
+
+
+def _plan_free_first(request: PlanRequest) -> PlanResult:
+    """The default plan of a model: elimination's proven optimum when it fits the devices'
+    memory (what backend "auto" returns then); when memory is tight, MemoryRefusal, so that
+    `_plan_plain` plans again with ZeRO and recomputation "auto" (their attempts search
+    under the memory limit where that could beat what they find: ZeRO-1 often makes the
+    optimum fit at no cost, where a search at stage 0 used the whole time limit)."""
+    from planner.problems.sizes import MemoryRefusal, format_bytes
+
+    probe = request.with_search(backend="elimination", check_memory=False, recommend=False)
+    out = _plan_once(probe)
+    if not _fits(out):
+        usable = float(out.problem.dnn().cost_model.usable_memory().min())
+        peak = out.stats.get("memory_peak_bytes")
+        why = (
+            f"memory is tight: elimination's optimum peaks at {format_bytes(peak or 0.0)} on a "
+            f"device, over the {format_bytes(usable)} it can use"
+            if out.has_solution
+            else f"elimination found no answer (status {out.status.value})"
+        )
+        raise MemoryRefusal(why, why)
+    auto = {"chose": "elimination", "why": "the additive objective: exact, and its answer fits "
+            "the memory"}  # fmt: skip
+    result = dataclasses.replace(out.result, stats={**out.result.stats, "auto": auto})
+    return _recommend_chosen(request, dataclasses.replace(out, result=result))
 
 
 def _recommend_chosen(request: PlanRequest, out: PlanResult) -> PlanResult:
@@ -410,7 +453,7 @@ def _search(
     if solver is None:
         from planner.auto import solve_auto
 
-        result, problem = solve_auto(problem, options)
+        result, problem = solve_auto(problem, options, request.cutoff)
     else:
         result = solver.solve(problem, options)
     solve_seconds = time.perf_counter() - t0
@@ -555,6 +598,7 @@ def _plan_zero_probed(request: PlanRequest) -> PlanResult:
     below: list[tuple[int, PlanResult]] = []  # the stages whose optimum does not fit
     best: PlanResult | None = None
     last: PlanResult | None = None
+    cutoff = request.cutoff  # an answer in hand from the caller's other attempts
     from planner.problems.sizes import MemoryRefusal
 
     refusal: MemoryRefusal | None = None
@@ -575,11 +619,9 @@ def _plan_zero_probed(request: PlanRequest) -> PlanResult:
             break
     for k, (stage, free) in enumerate(below):
         low = free.objective if free.status is Status.OPTIMAL else None
-        if best is not None and low is not None and low * (1 + tolerance) >= _value(best):
-            why = (
-                f"its optimum without the memory limit, {low:.6g} s, cannot beat "
-                f"{_value(best):.6g} s"
-            )
+        beat = min(_value(best) if best is not None else math.inf, cutoff or math.inf)
+        if low is not None and low * (1 + tolerance) >= beat:
+            why = f"its optimum without the memory limit, {low:.6g} s, cannot beat {beat:.6g} s"
             tried.append({"zero": stage, "why": why})
             continue
         if deadline.expired():
@@ -642,8 +684,10 @@ def _plan_recompute_auto(request: PlanRequest) -> PlanResult:
     2. "full", with the backend asked for;
     3. when "full"'s strategy would fit recomputing only its first k blocks (`_fewer_blocks`),
        recompute=k: the choice per block, time for memory;
-    4. when nothing fits yet and step 1 was a probe, "none" with the backend asked for (the
-       portfolio under the memory limit) in the time left.
+    4. when step 1 was a probe, "none" with the backend asked for (the portfolio under the
+       memory limit) in the time left, when nothing fits yet, or else only where its bound
+       (elimination's optimum without the limit, per ZeRO stage) could beat the answer in
+       hand by more than the gap tolerance (`PlanRequest.cutoff`).
 
     The answer of lower objective (seconds per iteration under its own cost model) among
     those that fit wins, else the last. `stats["recompute"]`: the mode chosen and, per other
@@ -660,10 +704,14 @@ def _plan_recompute_auto(request: PlanRequest) -> PlanResult:
     def fits(o: PlanResult) -> bool:
         return o.has_solution and o.stats.get("memory_fits") is not False
 
-    def attempt(mode: str | int, share: float, backend: str | None = None) -> PlanResult | None:
+    def attempt(
+        mode: str | int, share: float, backend: str | None = None, cutoff: float | None = None
+    ) -> PlanResult | None:
         attempt_request = unchecked.with_memory(recompute=mode).within(deadline.share(share))
         if backend is not None:
             attempt_request = attempt_request.with_search(backend=backend)
+        if cutoff is not None:
+            attempt_request = dataclasses.replace(attempt_request, cutoff=cutoff)
         try:
             out = _plan_plain(attempt_request)
         except MemoryRefusal as exc:  # this mode cannot fit at all
@@ -690,8 +738,11 @@ def _plan_recompute_auto(request: PlanRequest) -> PlanResult:
         fewer = _fewer_blocks(full) if full is not None and fits(full) else None
         if fewer is not None and not deadline.expired():
             attempt(fewer, 1.0)
-        if probe and not any(fits(o) for _, o in answers) and not deadline.expired():
-            attempt("none", 1.0)
+        found = [_value(o) for _, o in answers if fits(o)]
+        if probe and not deadline.expired() and (not found or first is not None):
+            # none fits yet, or the probe's optimum did not fit: "none" searched under the
+            # memory limit where that could beat the answer in hand (`cutoff`)
+            attempt("none", 1.0, cutoff=min(found, default=None))
     if not answers:  # every mode was refused: the last refusal stands
         raise refusals[-1]
     fitting = sorted((o.objective, k) for k, (_, o) in enumerate(answers) if fits(o))
@@ -704,6 +755,10 @@ def _plan_recompute_auto(request: PlanRequest) -> PlanResult:
             why = f"no answer (status {o.status.value})"
         elif o.stats.get("memory_fits") is False:
             why = f"the answer's peak {format_bytes(peak or 0.0)} does not fit"
+            beaten = [t["why"] for t in o.stats.get("zero", {}).get("tried", [])
+                      if "cannot beat" in t["why"]]  # fmt: skip
+            if beaten:  # not searched under the memory limit: it could not win
+                why = f"not searched under the memory limit: {beaten[0]}"
         else:
             why = f"objective {o.objective:.6g} s against {answers[best][1].objective:.6g} s"
         tried.append({"recompute": option, "why": why})

@@ -61,9 +61,14 @@ DNN_PATIENCE_GAIN = 1e-3
 log = logging.getLogger(__name__)
 
 
-def solve_auto(problem: Problem, options: SolveOptions) -> tuple[SolveResult, Problem]:
+def solve_auto(
+    problem: Problem, options: SolveOptions, cutoff: float | None = None
+) -> tuple[SolveResult, Problem]:
     """Solve `problem` as the module docstring says; the result and the problem it answers
-    (the one searched last: with the memory limit it was searched under)."""
+    (the one searched last: with the memory limit it was searched under). `cutoff`: an
+    answer the caller has in hand; when elimination's optimum without the memory limit
+    cannot beat it by more than the gap tolerance, there is no search under the limit (its
+    answers would cost at least that optimum): elimination's answer is returned as it is."""
     if options.objective == "makespan":
         why = "the makespan objective: FlexFlow's MCMC search"
         return _solve("mcmc", problem, options, why), problem
@@ -82,6 +87,11 @@ def solve_auto(problem: Problem, options: SolveOptions) -> tuple[SolveResult, Pr
     if result.choices is not None and fits_devices(limited, result.choices):
         return result, problem
     tight = _tight(limited, result)
+    low = result.bound if result.status is Status.OPTIMAL else None
+    if cutoff is not None and low is not None and low * (1 + options.gap_tolerance) >= cutoff:
+        why = f"{tight}; its optimum cannot beat the answer in hand ({cutoff:.6g}): no search"
+        auto = {**result.stats["auto"], "why": why}
+        return dataclasses.replace(result, stats={**result.stats, "auto": auto}), problem
     log.warning("%s: searching again under the memory limit with %s", tight, MEMORY_BACKEND)
     # a limit only removes answers: elimination's bound without it bounds the search under it
     free_bound = result.bound if result.status is Status.OPTIMAL else None

@@ -175,6 +175,9 @@ class PlanRequest:
     spec: ModelSpec | None = None
     capture_seconds: float = 0.0
     is_captured: bool = False
+    # an "auto" attempt's answer in hand (seconds per step): its search under the memory
+    # limit runs only where its bound could beat it by more than the gap tolerance
+    cutoff: float | None = None
 
     @classmethod
     def make(

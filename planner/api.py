@@ -127,9 +127,13 @@ def plan(
     and run their forward again in the backward: `planner.costs.recompute`), a number k
     (the first k blocks do) or "auto" (the fastest answer that fits of none, full and, after
     full, the fewest blocks its answer needs; `stats["recompute"]` says which and why).
-    With zero and recompute both left unset and the backend "auto", a model or plan that
-    does not fit without them is planned again with both "auto" instead of being refused
-    (`stats["memory_fallback"]` says why); a plan that fits without them is unchanged.
+    With zero and recompute both left unset and the backend "auto", a model whose
+    elimination optimum does not fit the devices' memory (memory is tight), or a plan that
+    does not fit, is planned again with both "auto" instead of being refused or searched
+    under the memory limit at once (`stats["memory_fallback"]` says why; the search under
+    the limit without ZeRO or recomputation is still made where it could beat what they
+    give: docs/solvers.md, "auto under the memory limit"); a plan whose optimum fits is
+    unchanged.
     recommend: never return a strategy that
     FlexFlow's simulator says is slower than an expert baseline that fits the memory
     (docs/compare.md): when one is faster beyond the simulator's stated error (10%) it is
@@ -583,43 +587,21 @@ def _plan_zero_auto(request: PlanRequest) -> PlanResult:
 
 def _plan_zero_probed(request: PlanRequest) -> PlanResult:
     """zero="auto" with backend "auto": each stage's optimum without the memory limit first
-    (elimination, a fraction of a second once its tables are built), stage after stage until
-    one fits the devices' memory: that one is proven the best of its stage. The stages below
-    it are then searched under the memory limit (auto's second search), each only while its
-    optimum without the limit, a lower bound of any answer of its, could beat the answer in
-    hand by more than the gap tolerance (ZeRO-1 often costs no time in the model: then the
-    stage-1 optimum that fits ends it at once, where the search at stage 0 took its share
-    of the time limit). The fastest answer that fits wins, else the last tried (refused as
-    usual)."""
+    (`_zero_probes`), stage after stage until one fits the devices' memory: that one is
+    proven the best of its stage. The stages below it are then searched under the memory
+    limit (auto's second search), each only while its optimum without the limit, a lower
+    bound of any answer of its, could beat the answer in hand (and `request.cutoff`, the
+    caller's) by more than the gap tolerance (ZeRO-1 often costs no time in the model: then
+    the stage-1 optimum that fits ends it at once, where the search at stage 0 took its
+    share of the time limit). The fastest answer that fits wins, else the last tried
+    (refused as usual)."""
     deadline, tolerance = request.deadline, request.gap_tolerance
     unchecked = request.with_search(check_memory=False)
-    probe = unchecked.with_search(backend="elimination")
     tried: list[dict[str, Any]] = []
-    below: list[tuple[int, PlanResult]] = []  # the stages whose optimum does not fit
-    best: PlanResult | None = None
-    last: PlanResult | None = None
-    cutoff = request.cutoff  # an answer in hand from the caller's other attempts
-    from planner.problems.sizes import MemoryRefusal
-
-    refusal: MemoryRefusal | None = None
-    for stage in ZERO_STAGES:
-        try:
-            last = _plan_plain(probe.with_memory(zero=stage))
-        except MemoryRefusal as exc:  # nothing fits at this stage: the next one may
-            if exc.final:
-                raise
-            refusal = exc
-            tried.append({"zero": stage, "why": str(exc)})
-            continue
-        if _fits(last):
-            best = last
-            break
-        below.append((stage, last))
-        if deadline.expired():
-            break
+    best, below, last = _zero_probes(unchecked.with_search(backend="elimination"), tried)
     for k, (stage, free) in enumerate(below):
         low = free.objective if free.status is Status.OPTIMAL else None
-        beat = min(_value(best) if best is not None else math.inf, cutoff or math.inf)
+        beat = min(_value(best) if best is not None else math.inf, request.cutoff or math.inf)
         if low is not None and low * (1 + tolerance) >= beat:
             why = f"its optimum without the memory limit, {low:.6g} s, cannot beat {beat:.6g} s"
             tried.append({"zero": stage, "why": why})
@@ -636,11 +618,40 @@ def _plan_zero_probed(request: PlanRequest) -> PlanResult:
         else:
             tried.append({"zero": stage, "why": _not_chosen(last, best)})
     out = best if best is not None else last
-    if out is None:  # every stage was refused: the last refusal stands
-        assert refusal is not None
-        raise refusal
     tried = [t for t in tried if t["zero"] != _zero_of(out)]
     return _chosen(out, "zero", tried, request.search.check_memory)
+
+
+def _zero_probes(
+    probe: PlanRequest, tried: list[dict[str, Any]]
+) -> tuple[PlanResult | None, list[tuple[int, PlanResult]], PlanResult]:
+    """Each ZeRO stage's plan with `probe` (elimination, no memory check) in turn until one
+    fits: that plan (None if none did), the stages probed before it with their plans, and
+    the last plan. A stage refused for memory is said in `tried` and skipped (the next may
+    fit); MemoryRefusal when every stage was."""
+    from planner.problems.sizes import MemoryRefusal
+
+    below: list[tuple[int, PlanResult]] = []
+    last: PlanResult | None = None
+    refusal: MemoryRefusal | None = None
+    for stage in ZERO_STAGES:
+        try:
+            last = _plan_plain(probe.with_memory(zero=stage))
+        except MemoryRefusal as exc:
+            if exc.final:
+                raise
+            refusal = exc
+            tried.append({"zero": stage, "why": str(exc)})
+            continue
+        if _fits(last):
+            return last, below, last
+        below.append((stage, last))
+        if probe.deadline.expired():
+            break
+    if last is None:  # every stage was refused: the last refusal stands
+        assert refusal is not None
+        raise refusal
+    return None, below, last
 
 
 def _fits(out: PlanResult) -> bool:

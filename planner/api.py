@@ -383,16 +383,22 @@ def _recommend_chosen(request: PlanRequest, out: PlanResult) -> PlanResult:
     return dataclasses.replace(out, result=result, phases=phases)
 
 
-def _plan_once(request: PlanRequest) -> PlanResult:
-    """Build the problem, search it, re-rank the answer against the baselines and measure
-    its memory: one per-op plan with every option fixed."""
+def _plan_once(request: PlanRequest, built: Problem | None = None) -> PlanResult:
+    """Build the problem (`built`: built already, for these options), search it, re-rank the
+    answer against the baselines and measure its memory: one per-op plan with every option
+    fixed."""
     from planner.problems.sizes import usage_limit_error
 
     start = time.perf_counter()
     search = request.search
     solver = check_backend(search.backend, search.objective)  # its settings checked already
     with catch_interrupt():
-        problem, phases = _problem(request)
+        if built is None:
+            problem, phases = _problem(request)
+        else:  # captured once, as `_problem` says
+            problem, phases = built, {"build_seconds": 0.0}
+            if request.capture_seconds > 0:
+                phases["capture_seconds"] = request.capture_seconds
         if stop_requested():
             return _interrupted(request, problem, phases, start)
         if request.call.expired():  # (an attempt's share alone: its search gets no time)
@@ -515,6 +521,7 @@ BELOW_FOOTPRINT = "limit_below_least_footprint"
 OVERRUN_KEY = "overrun"  # stats key: capture and build used the time limit up (`_overrun_answer`)
 RECOMMEND_SHARE = 0.1  # of the time left after the build, kept for the recommendation
 QUICK_EXACT_SECONDS = 0.5  # what an exact search past the time limit may take (`_quick_answer`)
+MIN_SEARCH_SECONDS = 1.0  # an "auto" attempt's search under the memory limit gets this at least
 
 
 def _plan_memory_fallback(request: PlanRequest, refusal: MemoryRefusal) -> PlanResult:
@@ -606,11 +613,12 @@ def _plan_zero_probed(request: PlanRequest) -> PlanResult:
             why = f"its optimum without the memory limit, {low:.6g} s, cannot beat {beat:.6g} s"
             tried.append({"zero": stage, "why": why})
             continue
-        if deadline.expired():
+        share = deadline.share(1.0 / (len(below) - k))
+        if share.left() < MIN_SEARCH_SECONDS:
             tried.append({"zero": stage, "why": "no time left to search it under the memory limit"})
             continue
-        share = deadline.share(1.0 / (len(below) - k))
-        last = _plan_plain(unchecked.with_memory(zero=stage).within(share))
+        # its tables are the probe's (a 7B Llama's on a DGX-1: 1-3 s to build again)
+        last = _plan_once(unchecked.with_memory(zero=stage).within(share), free.problem)
         if _fits(last) and (best is None or _value(last) < _value(best)):
             if best is not None:
                 tried.append({"zero": _zero_of(best), "why": _slower(best, last)})
@@ -646,12 +654,19 @@ def _zero_probes(
         if _fits(last):
             return last, below, last
         below.append((stage, last))
-        if probe.deadline.expired():
+        if probe.deadline.expired() or not _time_for_another(probe, last):
             break
     if last is None:  # every stage was refused: the last refusal stands
         assert refusal is not None
         raise refusal
     return None, below, last
+
+
+def _time_for_another(request: PlanRequest, out: PlanResult) -> bool:
+    """Whether the call has time for another attempt like `out`: its tables' build twice over
+    (the build, then its search), so that an attempt does not start only to be answered
+    without a search past the time limit (a 7B Llama's tables on a DGX-1: 1-7 s)."""
+    return request.call.left() > 2 * float(out.phases.get("build_seconds", 0.0))
 
 
 def _fits(out: PlanResult) -> bool:
@@ -747,10 +762,12 @@ def _plan_recompute_auto(request: PlanRequest) -> PlanResult:
     if not proven and not deadline.expired():
         full = attempt("full", 0.6)
         fewer = _fewer_blocks(full) if full is not None and fits(full) else None
-        if fewer is not None and not deadline.expired():
+        room = not answers or _time_for_another(request, answers[-1][1])
+        if fewer is not None and not deadline.expired() and room:
             attempt(fewer, 1.0)
         found = [_value(o) for _, o in answers if fits(o)]
-        if probe and not deadline.expired() and (not found or first is not None):
+        room = not answers or _time_for_another(request, answers[-1][1])
+        if probe and not deadline.expired() and (not found or (first is not None and room)):
             # none fits yet, or the probe's optimum did not fit: "none" searched under the
             # memory limit where that could beat the answer in hand (`cutoff`)
             attempt("none", 1.0, cutoff=min(found, default=None))

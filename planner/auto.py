@@ -16,9 +16,10 @@ whose answer a user can trust most, chosen for the problem and the objective.
   elimination's optimum as the portfolio's first bound, and it ends as soon as its answer is
   within the gap tolerance of the bound, or once it has stopped improving (`DNN_PATIENCE`):
   on a model's tables (a 7B Llama on 8 GPUs: 421 nodes, every one live at the memory peak)
-  they find in seconds answers as good as `ilp` and `cpsat` found in the whole minute, and
-  prove them within 0.2-1% (toulbar2's Lagrangian bound) where `ilp` and `cpsat` proved
-  nothing closer than 6-19% (docs/solvers.md, "auto under the memory limit").
+  they find in 10-20 s answers within 0.5% of what `ilp` and `cpsat` found in the whole
+  minute, often better (by up to 11%), and prove them within 0.2-1.6% (toulbar2's
+  Lagrangian bound) where `ilp` and `cpsat` proved nothing closer than 6-19%
+  (docs/solvers.md, "auto under the memory limit").
 - The makespan objective (FlexFlow's simulated iteration time): `mcmc`, FlexFlow's search.
 
 Every backend except `elimination` enforces a memory limit (`MEMORY_BACKENDS`).

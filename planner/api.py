@@ -522,6 +522,11 @@ OVERRUN_KEY = "overrun"  # stats key: capture and build used the time limit up (
 RECOMMEND_SHARE = 0.1  # of the time left after the build, kept for the recommendation
 QUICK_EXACT_SECONDS = 0.5  # what an exact search past the time limit may take (`_quick_answer`)
 MIN_SEARCH_SECONDS = 1.0  # an "auto" attempt's search under the memory limit gets this at least
+# ZeRO stages that cost no more time than the stage below them: 1 and 2 replace the
+# all-reduce by a reduce-scatter and an all-gather of the same volume (ZeRO, Rajbhandari et
+# al. 2020, Sec. 7.2.1; docs/cost_model.md, "t_s with ZeRO"), and they only shard more. So
+# every answer at stage s - 1 is an answer at stage s of the same cost.
+ZERO_AT_NO_COST = (1, 2)
 
 
 def _plan_memory_fallback(request: PlanRequest, refusal: MemoryRefusal) -> PlanResult:
@@ -606,11 +611,24 @@ def _plan_zero_probed(request: PlanRequest) -> PlanResult:
     unchecked = request.with_search(check_memory=False)
     tried: list[dict[str, Any]] = []
     best, below, last = _zero_probes(unchecked.with_search(backend="elimination"), tried)
+    below.reverse()  # the highest stage first: it has the most memory to spare
+    proven_at: int | None = None  # a stage whose search proved its answer (within tolerance)
+    overfull = False  # a search's answer did not fit: a stage below has less memory still
     for k, (stage, free) in enumerate(below):
         low = free.objective if free.status is Status.OPTIMAL else None
         beat = min(_value(best) if best is not None else math.inf, request.cutoff or math.inf)
         if low is not None and low * (1 + tolerance) >= beat:
             why = f"its optimum without the memory limit, {low:.6g} s, cannot beat {beat:.6g} s"
+            tried.append({"zero": stage, "why": why})
+            continue
+        if overfull:
+            why = "the stage above it found no answer that fits under the memory limit"
+            tried.append({"zero": stage, "why": why})
+            continue
+        if proven_at is not None and proven_at in ZERO_AT_NO_COST:
+            # every answer of this stage is one of that stage's at the same cost (it shards
+            # more and costs no more time): it cannot beat that stage's proven optimum
+            why = f"stage {proven_at}'s optimum under the memory limit, proven, is at least as good"
             tried.append({"zero": stage, "why": why})
             continue
         share = deadline.share(1.0 / (len(below) - k))
@@ -619,6 +637,9 @@ def _plan_zero_probed(request: PlanRequest) -> PlanResult:
             continue
         # its tables are the probe's (a 7B Llama's on a DGX-1: 1-3 s to build again)
         last = _plan_once(unchecked.with_memory(zero=stage).within(share), free.problem)
+        if _fits(last) and last.status is Status.OPTIMAL:
+            proven_at = stage
+        overfull = not _fits(last)
         if _fits(last) and (best is None or _value(last) < _value(best)):
             if best is not None:
                 tried.append({"zero": _zero_of(best), "why": _slower(best, last)})

@@ -613,16 +613,11 @@ def _plan_zero_probed(request: PlanRequest) -> PlanResult:
     best, below, last = _zero_probes(unchecked.with_search(backend="elimination"), tried)
     below.reverse()  # the highest stage first: it has the most memory to spare
     proven_at: int | None = None  # a stage whose search proved its answer (within tolerance)
-    overfull = False  # a search's answer did not fit: a stage below has less memory still
     for k, (stage, free) in enumerate(below):
         low = free.objective if free.status is Status.OPTIMAL else None
         beat = min(_value(best) if best is not None else math.inf, request.cutoff or math.inf)
         if low is not None and low * (1 + tolerance) >= beat:
             why = f"its optimum without the memory limit, {low:.6g} s, cannot beat {beat:.6g} s"
-            tried.append({"zero": stage, "why": why})
-            continue
-        if overfull:
-            why = "the stage above it found no answer that fits under the memory limit"
             tried.append({"zero": stage, "why": why})
             continue
         if proven_at is not None and proven_at in ZERO_AT_NO_COST:
@@ -639,8 +634,7 @@ def _plan_zero_probed(request: PlanRequest) -> PlanResult:
         last = _plan_once(unchecked.with_memory(zero=stage).within(share), free.problem)
         if _fits(last) and last.status is Status.OPTIMAL:
             proven_at = stage
-        overfull = not _fits(last)
-        if _fits(last) and (best is None or _value(last) < _value(best)):
+        if _fits(last) and (best is None or _value(last) <= _value(best)):  # ties: lower stage
             if best is not None:
                 tried.append({"zero": _zero_of(best), "why": _slower(best, last)})
             best = last

@@ -12,7 +12,8 @@ whose answer a user can trust most, chosen for the problem and the objective.
   limit, stays as a lower bound. A cost-table problem with a memory limit (every IOPDDL
   problem has one) goes to `portfolio` directly. When some answer could exceed the limit,
   elimination gets the search time but `SECOND_SEARCH_SHARE` (25%), kept for that search.
-  For a DNN problem that second search is `toulbar2` and `local` (`DNN_MEMBERS`), with
+  For a DNN problem of `DNN_MEMBERS_NODES` nodes or more that second search is `toulbar2`
+  and `local` (`DNN_MEMBERS`; on smaller ones the portfolio's default members), with
   elimination's optimum as the portfolio's first bound, and it ends as soon as its answer is
   within the gap tolerance of the bound, or once it has stopped improving (`DNN_PATIENCE`):
   on a model's tables (a 7B Llama on 8 GPUs: 421 nodes, every one live at the memory peak)
@@ -55,6 +56,10 @@ SECOND_SEARCH_SHARE = 0.25
 # twice that time: the same rule on a busy machine). Measured on the 7B plans of
 # docs/solvers.md, "auto under the memory limit".
 DNN_MEMBERS = ("toulbar2", "local")
+# ... from this many nodes: on smaller tables ilp and cpsat (the portfolio's default) prove
+# the optimum in a second or two, where toulbar2 and local stalled 32% above it (a 3-layer
+# GPT-2 on 2 GPUs, 42 nodes: tests/test_cli.py)
+DNN_MEMBERS_NODES = 200
 DNN_PATIENCE = 2.0
 DNN_PATIENCE_SHARE = 1.0
 DNN_PATIENCE_GAIN = 1e-3
@@ -120,7 +125,8 @@ def _memory_settings(problem: Problem, options: SolveOptions) -> dict[str, Any]:
         "patience_gain": DNN_PATIENCE_GAIN,
     }
     plain = dataclasses.replace(options, extra={})
-    if all(get_backend(m).can_run(problem, plain) is None for m in DNN_MEMBERS):
+    large = problem.num_nodes >= DNN_MEMBERS_NODES
+    if large and all(get_backend(m).can_run(problem, plain) is None for m in DNN_MEMBERS):
         out["members"] = list(DNN_MEMBERS)
     return out
 

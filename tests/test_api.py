@@ -277,12 +277,16 @@ def test_auto_searches_under_the_devices_memory_when_the_optimum_does_not_fit() 
         planner.plan("lenet5", small, backend="elimination", recommend=False, **LENET)
 
 
-def test_auto_under_the_memory_limit_ends_proven_or_stalled_not_at_the_time_limit() -> None:
-    """A DNN's search under the devices' memory (planner/auto.py): toulbar2 and local with
-    the patience, elimination's optimum without the limit as the portfolio's first bound;
-    it ends proven within the gap tolerance or stalled, not at the time limit."""
+def test_auto_under_the_memory_limit_ends_proven_or_stalled_not_at_the_time_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A DNN's search under the devices' memory (planner/auto.py): toulbar2 and local (on
+    tables of `DNN_MEMBERS_NODES` nodes or more; here made 1) with the patience,
+    elimination's optimum without the limit as the portfolio's first bound; it ends proven
+    within the gap tolerance or stalled, not at the time limit."""
     from planner.auto import DNN_MEMBERS
 
+    monkeypatch.setattr("planner.auto.DNN_MEMBERS_NODES", 1)
     free = planner.plan("lenet5", "p100-1x4", backend="elimination", recommend=False, **LENET)
     small = _with_memory("p100-1x4", free.stats["memory_peak_bytes"] * MEMORY_SHARE)
     r = planner.plan("lenet5", small, recommend=False, time_limit=120, **LENET)

@@ -605,14 +605,16 @@ def _plan_zero_probed(request: PlanRequest) -> PlanResult:
     bound of any answer of its, could beat the answer in hand (and `request.cutoff`, the
     caller's) by more than the gap tolerance (ZeRO-1 often costs no time in the model: then
     the stage-1 optimum that fits ends it at once, where the search at stage 0 took its
-    share of the time limit). The fastest answer that fits wins, else the last tried
-    (refused as usual)."""
+    share of the time limit). They are searched highest first (the most memory to spare);
+    once a stage of `ZERO_AT_NO_COST` found an answer that fits, the stages below it are not
+    searched (their answers are its answers at the same cost). The fastest answer that fits
+    wins, else the last tried (refused as usual)."""
     deadline, tolerance = request.deadline, request.gap_tolerance
     unchecked = request.with_search(check_memory=False)
     tried: list[dict[str, Any]] = []
     best, below, last = _zero_probes(unchecked.with_search(backend="elimination"), tried)
     below.reverse()  # the highest stage first: it has the most memory to spare
-    proven_at: int | None = None  # a stage whose search proved its answer (within tolerance)
+    found_at: int | None = None  # the stage whose search found an answer that fits
     for k, (stage, free) in enumerate(below):
         low = free.objective if free.status is Status.OPTIMAL else None
         beat = min(_value(best) if best is not None else math.inf, request.cutoff or math.inf)
@@ -620,10 +622,10 @@ def _plan_zero_probed(request: PlanRequest) -> PlanResult:
             why = f"its optimum without the memory limit, {low:.6g} s, cannot beat {beat:.6g} s"
             tried.append({"zero": stage, "why": why})
             continue
-        if proven_at is not None and proven_at in ZERO_AT_NO_COST:
+        if found_at is not None and found_at in ZERO_AT_NO_COST:
             # every answer of this stage is one of that stage's at the same cost (it shards
-            # more and costs no more time): it cannot beat that stage's proven optimum
-            why = f"stage {proven_at}'s optimum under the memory limit, proven, is at least as good"
+            # more and costs no more time): its search looks among answers that one's did
+            why = f"its answers are stage {found_at}'s at the same cost, searched already"
             tried.append({"zero": stage, "why": why})
             continue
         share = deadline.share(1.0 / (len(below) - k))
@@ -632,8 +634,8 @@ def _plan_zero_probed(request: PlanRequest) -> PlanResult:
             continue
         # its tables are the probe's (a 7B Llama's on a DGX-1: 1-3 s to build again)
         last = _plan_once(unchecked.with_memory(zero=stage).within(share), free.problem)
-        if _fits(last) and last.status is Status.OPTIMAL:
-            proven_at = stage
+        if _fits(last):
+            found_at = stage
         if _fits(last) and (best is None or _value(last) <= _value(best)):  # ties: lower stage
             if best is not None:
                 tried.append({"zero": _zero_of(best), "why": _slower(best, last)})

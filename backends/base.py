@@ -28,6 +28,15 @@ setting 'tyop'; its settings are: mode". A settings object is itself a read-only
 its fields, so it can be given as `extra` directly. What the caller and a running search say
 to each other (answers, a stop flag) is not a setting: `SolveOptions.channel`.
 
+The gap tolerance (`SolveOptions.gap_tolerance`, default 1e-4). A search with a lower bound
+stops as soon as its answer is proven within the tolerance (objective <= bound * (1 +
+tolerance), `proven_within`) and says OPTIMAL, as MIP solvers do; the bound it returns is
+the one it proved, so `SolveResult.gap` is the gap reached, and `stats["gap_tolerance"]`
+the tolerance. `_finish` holds every backend to that rule on the re-scored objective: an
+answer its bound proves within the tolerance is OPTIMAL (limit None, unless the user
+interrupted the search), and an OPTIMAL one its bound does not prove is FEASIBLE, with a
+warning. Tolerance 0: exact proofs only (to float rounding, `PROOF_RTOL`).
+
 Progress. Long searches report best-so-far lines through the standard `logging` module
 (`logging.getLogger("backends.<name>")`), at most one every `PROGRESS_SECONDS`
 (`ProgressLog`); the command lines show them on stderr.
@@ -75,6 +84,7 @@ from planner.result import (
     Status,
     StopFlag,
     evaluate_objective,
+    proven_within,
 )
 
 __all__ = [
@@ -99,6 +109,7 @@ __all__ = [
     "evaluate_objective",
     "integral_bound",
     "past",
+    "proven_within",
     "request_stop",
     "stop_requested",
 ]
@@ -137,6 +148,33 @@ class ProgressLog:
         if (force or now - self.last >= self.every) and self.logger.isEnabledFor(logging.INFO):
             self.last = now
             self.logger.info("%.1f s: %s", now - self.start, message())
+
+
+def _by_gap(
+    raw: SolveResult, value: float, tolerance: float, name: str
+) -> tuple[Status, Limit | None]:
+    """The status the answer's re-scored `value` and its bound earn under the gap tolerance:
+    OPTIMAL when the bound proves it within the tolerance (also when the search did not say
+    so: it stopped on its clock just after the proof; not after a Ctrl-C, which says it was
+    stopped), FEASIBLE when a search said OPTIMAL with a bound that does not prove it (a bug
+    in that search, logged)."""
+    status, limit = raw.status, raw.limit
+    if raw.bound is None:
+        return status, limit
+    within = proven_within(value, raw.bound, tolerance)
+    if status is Status.FEASIBLE and within and limit is not Limit.INTERRUPTED:
+        return Status.OPTIMAL, None
+    if status is Status.OPTIMAL and not within:
+        log.warning(
+            "%s: said OPTIMAL but its bound %.9g does not prove %.9g within the gap "
+            "tolerance %g: reported as FEASIBLE",
+            name,
+            raw.bound,
+            value,
+            tolerance,
+        )
+        return Status.FEASIBLE, limit
+    return status, limit
 
 
 SettingsT = TypeVar("SettingsT", bound=BackendSettings)
@@ -216,8 +254,10 @@ class Backend(ABC, Generic[SettingsT]):
         elapsed: float,
         clock: Deadline | None = None,
     ) -> SolveResult:
-        """Re-score `raw` (see the module docstring); `clock`: the whole solve's deadline."""
-        stats = {"search_seconds": elapsed, **raw.stats}
+        """Re-score `raw` (see the module docstring); `clock`: the whole solve's deadline.
+        `stats["gap_tolerance"]`: the tolerance the search stopped at (an OPTIMAL answer is
+        proven within it; `SolveResult.gap` is the gap reached)."""
+        stats = {"search_seconds": elapsed, **raw.stats, "gap_tolerance": options.gap_tolerance}
         bound = raw.bound
         if (
             bound is not None
@@ -253,7 +293,6 @@ class Backend(ABC, Generic[SettingsT]):
                 f"backend {self.name!r} returned an invalid answer (forbidden choice or memory "
                 "over the limit): this is a bug in the backend"
             )
+        status, limit = _by_gap(raw, value, options.gap_tolerance, self.name)
         strategy = problem.strategy(choices) if problem.is_dnn else None
-        return SolveResult(
-            self.name, raw.status, choices, value, raw.bound, raw.limit, strategy, stats
-        )
+        return SolveResult(self.name, status, choices, value, raw.bound, limit, strategy, stats)

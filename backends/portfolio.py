@@ -23,13 +23,24 @@ answer either finds goes to the other (`channel.incoming`; SHARED), so local's a
 continues from toulbar2's repaired rounds and toulbar2's bound uses local's answers as its
 upper value. The bound is toulbar2's Lagrangian bound.
 
-When a member proves its answer optimal the others are stopped. The answer is the best valid
-answer any member found (ties: the first member in MEMBERS order), the bound the best proven
-one; `stats["events"]` lists who found what and when, `stats["members"]` each member's
-result. Deterministic for a seed only when every member finishes before the limit (a search
+Members share answers and bounds: each sends every better answer and every better lower
+bound it proves while it runs (`Channel.on_bound`: CBC's, CP-SAT's, toulbar2's Lagrangian
+bound; at most one every BOUND_SECONDS), and a bound given to the portfolio
+(`SolveOptions.channel.bound`, e.g. `auto`'s unconstrained optimum) starts the board's. When
+the best answer is within the gap tolerance of the best bound (`SolveOptions.gap_tolerance`,
+`proven_within`), or a member proves its answer optimal within it, every member is stopped
+and the answer is OPTIMAL. The answer is the best valid answer any member found (ties: the
+first member in MEMBERS order), the bound the best proven one; `stats["events"]` lists who
+found what and when, `stats["bounds"]` who proved which bound when, `stats["members"]`
+each member's result. With a patience (settings "patience", seconds, and "patience_share",
+of the time to the last gain; `auto` sets them for a DNN's search under the memory limit)
+the members are also stopped once no answer has been better by "patience_gain" (default:
+the gap tolerance) for that long: FEASIBLE, limit None, `stats["stalled"]` (seconds without
+a gain). Deterministic for a seed only when every member finishes before the limit (a search
 stopped by the clock, the neighbourhood search's rounds included, depends on the machine's
 speed). Settings (`PortfolioSettings`, given as `SolveOptions.extra`): "members" (names,
-default by cores), "workers" (cores to use, default all), and each member's own settings
+default by cores), "workers" (cores to use, default all), "patience", "patience_share" and
+"patience_gain" (above), and each member's own settings
 ("ilp", "cpsat", "mcmc", "toulbar2", "local": `IlpSettings`, `CpsatSettings`,
 `McmcSettings`, `Toulbar2Settings`, `LocalSettings`, as mappings; local's patience is 0 here,
 so it searches to the limit). A `warm_start` is the first answer on the board.
@@ -65,7 +76,10 @@ from backends.base import (
     SolveOptions,
     SolveResult,
     Status,
+    at_least,
+    between,
     past,
+    proven_within,
     request_stop,
     stop_requested,
 )
@@ -97,6 +111,7 @@ WIND_DOWN_SHARE = 0.1  # this share of the time limit, if less): their wind-down
 START_FRACTION = 0.1  # of the time limit for polishing the heuristic's answer
 RESTART_GAIN = 0.002  # CP-SAT gets another member's answer when it is this much better
 POLL_SECONDS = 0.1
+BOUND_SECONDS = 0.05  # a member sends a better bound at most this often
 INTERRUPT_GRACE_SECONDS = 0.4  # after Ctrl-C, members still running this much later are killed
 MAILBOX_TRIES = 100  # reads of a mailbox that is being written before `latest` gives up
 
@@ -131,6 +146,16 @@ class PortfolioSettings(BackendSettings):
     has the other core)"""
     local: LocalSettings = field(default_factory=lambda: LocalSettings(patience=0))
     """the local member's settings (by default it searches to the limit: patience 0)"""
+    patience: Annotated[float, at_least(0.0, "a number of seconds >= 0")] = 0.0
+    """seconds without a gain (an answer better by `patience_gain`) after which every member
+    is stopped, FEASIBLE with limit None and `stats["stalled"]`; 0 (with `patience_share`
+    0): never (the members search to the time limit or a proof)"""
+    patience_share: Annotated[float, at_least(0.0, "a number >= 0")] = 0.0
+    """... or, when longer, this share of the time the search took to its last gain (1:
+    stop at twice that time, the same rule on a machine k times slower)"""
+    patience_gain: Annotated[float, between(0.0, 1.0, "a fraction")] = 0.0
+    """what counts as a gain: an answer better than the last gain's by this fraction (0: by
+    more than the gap tolerance)"""
 
 
 @dataclass
@@ -140,7 +165,12 @@ class _Board:
     problem: Problem
     start: float
     best: tuple[float, int, tuple[int, ...], str] | None = None  # value, rank, choices, who
-    events: list[tuple[float, str, float]] = field(default_factory=list)
+    bound: float = -math.inf  # the best lower bound proven so far (any member's, or given)
+    bound_from: str = ""
+    gain: float = 0.0  # a better answer by less than this (relative) is no gain (patience)
+    gained: tuple[float, float] = (math.inf, 0.0)  # the last gain: value, perf_counter time
+    events: list[tuple[float, str, float]] = field(default_factory=list)  # better answers
+    bounds: list[tuple[float, str, float]] = field(default_factory=list)  # better bounds
     lock: threading.Lock = field(default_factory=threading.Lock)
     progress: ProgressLog = field(default_factory=lambda: ProgressLog("portfolio"))
 
@@ -155,9 +185,19 @@ class _Board:
             if self.best is not None and ((value, rank) >= self.best[:2] or ch == self.best[2]):
                 return False  # not better (or the answer itself, handed to another member)
             self.best = (value, rank, ch, source)
-            self.events.append((round(time.perf_counter() - self.start, 3), source, value))
+            now = time.perf_counter()
+            self.events.append((round(now - self.start, 3), source, value))
+            if value < self.gained[0] * (1 - self.gain):
+                self.gained = (value, now)
         self.progress(lambda: f"best {value:.6g} from {source}")
         return True
+
+    def offer_bound(self, bound: float, source: str) -> None:
+        """Record a member's proven lower bound if it is the best so far."""
+        with self.lock:
+            if bound > self.bound:
+                self.bound, self.bound_from = bound, source
+                self.bounds.append((round(time.perf_counter() - self.start, 3), source, bound))
 
     def value(self) -> float:
         with self.lock:
@@ -182,7 +222,7 @@ class PortfolioBackend(Backend[PortfolioSettings]):
         t0 = time.perf_counter()
         deadline = options.clock().at
         first = options.clock().part(START_FRACTION).at  # the heuristic's cap, from t0
-        board = _Board(problem, t0)
+        board = _Board(problem, t0, gain=settings.patience_gain or options.gap_tolerance)
         members = self._members(settings, problem)
         trivial = -math.inf  # no bound of our own unless the heuristic's tables give one
         if "local" not in members:  # local finds a first answer sooner than the heuristic
@@ -196,6 +236,9 @@ class PortfolioBackend(Backend[PortfolioSettings]):
             trivial = sel.trivial_bound()
         if options.warm_start is not None:
             board.offer(problem.check_choices(options.warm_start), "warm start")
+        given = options.channel.known_bound()
+        if given is not None:  # a bound proven elsewhere (auto's unconstrained optimum)
+            board.offer_bound(given, "given")
         run = _Run(board, options, settings, deadline, members)
         run.go()
         return run.result(self.name, trivial, time.perf_counter() - t0)
@@ -231,6 +274,9 @@ class _Run:
         members: list[str],
     ):
         self.board, self.options, self.deadline = board, options, deadline
+        self.tolerance = options.gap_tolerance
+        self.patience = (settings.patience, settings.patience_share)
+        self.stalled: float | None = None  # seconds without a gain when patience ended it
         self.clock = options.clock()  # its `at` is `deadline` (a test may give another)
         wind_down = min(WIND_DOWN_SECONDS, WIND_DOWN_SHARE * self.clock.limit)
         self.members_until = deadline - wind_down  # the members' own deadline
@@ -290,7 +336,7 @@ class _Run:
                 # the members' answers so far are on the board (each sends every better
                 # one); what they would send while stopping is not worth the user's wait
                 hard = min(hard, time.perf_counter() + INTERRUPT_GRACE_SECONDS)
-            if self.interrupted or self._proven():
+            if self.interrupted or self._proven() or self._stalled():
                 self.done.set()
                 self.ended.value = 1
                 for e in self.stop.values():
@@ -315,6 +361,8 @@ class _Run:
         while True:
             if kind == "answer":
                 self.board.offer(item, name)
+            elif kind == "bound":
+                self.board.offer_bound(item, name)
             elif kind == "candidate":
                 if self.candidates is not None and not self.done.is_set():
                     self.candidates.put(item)
@@ -371,6 +419,7 @@ class _Run:
         with_candidates = self.candidates is not None
         channel = Channel(
             on_incumbent=lambda ch, who: send(("answer", name, tuple(ch))),
+            on_bound=_BoundSender(name, send),
             stop=self.stop[name],
             incoming=self.hints[name].latest
             if name in SHARED or name == "cpsat" and self.lns
@@ -406,8 +455,14 @@ class _Run:
             self.stop[name].clear()
 
     def _proven(self) -> bool:
+        """Whether the search is over: a member proved that nothing is valid, or the best
+        answer is within the gap tolerance of the best bound (any member's, sent as it was
+        proven or with its result), or a member proved its answer optimal (within the
+        tolerance) and the best is no worse."""
         value = self.board.value()
-        return self._infeasible() or any(
+        if self._infeasible() or proven_within(value, self._bound(), self.tolerance):
+            return True
+        return any(
             r.status is Status.OPTIMAL
             and r.objective is not None
             and r.objective <= value * (1 + 1e-9)
@@ -415,20 +470,37 @@ class _Run:
             for r in rs
         )
 
+    def _bound(self) -> float:
+        """The best lower bound proven so far: sent while the members ran, or in a result."""
+        ended = [r.bound for rs in self.results.values() for r in rs if r.bound is not None]
+        with self.board.lock:
+            return max([self.board.bound, *ended])
+
+    def _stalled(self) -> bool:
+        """Whether the patience (`patience` seconds, or `patience_share` of the time to the
+        last gain) passed without a gain (`patience_gain`): the search is stopped
+        (`stats["stalled"]`)."""
+        seconds, share = self.patience
+        if not (seconds or share) or self.board.best is None:
+            return self.stalled is not None
+        gained = self.board.gained[1]
+        quiet = time.perf_counter() - gained
+        if self.stalled is None and quiet >= max(seconds, share * (gained - self.board.start)):
+            self.stalled = quiet
+        return self.stalled is not None
+
     def _infeasible(self) -> bool:
         """Whether a member proved that no answer is valid (an exact member's proof)."""
         return any(r.status is Status.INFEASIBLE for rs in self.results.values() for r in rs)
 
     def result(self, name: str, trivial: float, elapsed: float) -> SolveResult:
-        bounds = [trivial] + [
-            r.bound for rs in self.results.values() for r in rs if r.bound is not None
-        ]
-        best_bound = max(bounds)
+        best_bound = max(trivial, self._bound())
         bound = best_bound if best_bound > -math.inf else None  # no member proved one
         stats: dict[str, Any] = {
             "events": list(self.board.events),
             "members": {m: [dict(r.stats) for r in rs] for m, rs in self.results.items()},
             "portfolio_seconds": elapsed,
+            "bounds": list(self.board.bounds),
         }
         if self.board.best is None:
             if self._infeasible():
@@ -436,12 +508,34 @@ class _Run:
             return SolveResult(name, Status.NO_SOLUTION, bound=bound, limit=Limit.TIME, stats=stats)
         value, _, choices, source = self.board.best
         stats["answer_from"] = source
-        optimal = self._proven() or (bound is not None and bound >= value * (1 - 1e-9))
+        optimal = self._proven() or proven_within(value, bound, self.tolerance)
         status = Status.OPTIMAL if optimal else Status.FEASIBLE
-        limit = None if optimal else Limit.TIME
+        limit = None if optimal or self.stalled is not None else Limit.TIME
+        if self.stalled is not None:
+            stats["stalled"] = round(self.stalled, 3)
+        if optimal and not proven_within(value, bound, self.tolerance):
+            # a member's own proof (its result OPTIMAL, no worse than the best): the
+            # optimum is at least its answer / (1 + tolerance)
+            bound = max(-math.inf if bound is None else bound, value / (1 + self.tolerance))
         if bound is not None:
             bound = min(bound, value)
         return SolveResult(name, status, choices, bound=bound, limit=limit, stats=stats)
+
+
+class _BoundSender:
+    """In a member's process: its better bounds to the portfolio, at most one every
+    BOUND_SECONDS (the Lagrangian bound improves many times a second; the member's result
+    carries its last bound)."""
+
+    def __init__(self, name: str, send: Any):
+        self.name, self.send = name, send
+        self.sent, self.at = -math.inf, -math.inf
+
+    def __call__(self, bound: float, who: str) -> None:
+        now = time.perf_counter()
+        if bound > self.sent and now - self.at >= BOUND_SECONDS:
+            self.sent, self.at = float(bound), now
+            self.send(("bound", self.name, float(bound)))
 
 
 def _stop_when(ended: Any) -> None:

@@ -2,7 +2,10 @@
 
 Subclass `BackendConformance` in a test module and set `backend_name`; every test below then
 runs against that backend. The reference optimum comes from brute force, and every answer is
-re-scored by planner's evaluators, never trusted. The backend's settings (`settings_type`)
+re-scored by planner's evaluators, never trusted. The gap tolerance (`SolveOptions.
+gap_tolerance`): with 0 an exact backend's OPTIMAL answer agrees with brute force to RTOL;
+with the default (1e-4), or a large one, an OPTIMAL answer is within that tolerance of the
+optimum, its bound at most the optimum and its gap at most the tolerance. The backend's settings (`settings_type`)
 are checked too: the defaults validate, an unknown or ill-typed setting is one BackendError
 line that lists the valid names, and `given_settings` (default: `extra`) round-trip.
 """
@@ -20,7 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from backends import BackendError, SolveOptions, Status, get_backend
+from backends import BackendError, SolveOptions, SolveResult, Status, get_backend
 from backends.base import Backend, BackendSettings, evaluate_objective
 from planner.graph.opgraph import Op, OpGraph, Param, Tensor
 from planner.hardware.presets import get_preset
@@ -207,12 +210,27 @@ def degenerate_problems() -> list[Problem]:
 DEGENERATE_SECONDS = 2.0  # the time limit of a degenerate table's solve (they are tiny)
 
 
+def check_optimal(result: SolveResult, value: float, tolerance: float, where: str) -> None:
+    """An OPTIMAL `result` against the brute-force optimum `value`: proven within the gap
+    `tolerance` (its gap at most it, its bound at most the optimum), and with tolerance 0
+    the optimum itself (RTOL)."""
+    objective = result.objective_value()
+    assert objective <= value * (1 + tolerance) * (1 + RTOL) + 1e-12, where
+    assert objective >= value * (1 - RTOL) - 1e-12, where
+    if tolerance == 0:
+        assert math.isclose(objective, value, rel_tol=RTOL, abs_tol=1e-12), where
+    if result.bound is not None:
+        assert result.bound <= value * (1 + RTOL) + 1e-12, where
+        assert result.gap is not None and result.gap <= tolerance + RTOL, where
+
+
 def check_answer(name: str, problem: Problem, options: SolveOptions) -> None:
     """Solve a small cost-table `problem` with backend `name` and check the answer against
     brute force: no exception (nor numpy warning) but a refusal `can_run` announced; an exact
-    backend proves the optimum (OPTIMAL) or that nothing is valid (INFEASIBLE); any backend's
-    answer is valid, re-scores to the objective it reported and never beats the optimum, its
-    bound never exceeds it; with nothing valid, no answer (INFEASIBLE or NO_SOLUTION)."""
+    backend proves the optimum (OPTIMAL: within `options.gap_tolerance`, `check_optimal`) or
+    that nothing is valid (INFEASIBLE); any backend's answer is valid, re-scores to the
+    objective it reported and never beats the optimum, its bound never exceeds it; with
+    nothing valid, no answer (INFEASIBLE or NO_SOLUTION)."""
     backend = get_backend(name)
     reason = backend.can_run(problem, options)
     if reason is not None:
@@ -245,7 +263,7 @@ def check_answer(name: str, problem: Problem, options: SolveOptions) -> None:
     assert objective >= value * (1 - RTOL) - 1e-12, where
     if backend.exact or result.status is Status.OPTIMAL:
         assert result.status is Status.OPTIMAL, where
-        assert math.isclose(objective, value, rel_tol=RTOL, abs_tol=1e-12), where
+        check_optimal(result, value, options.gap_tolerance, where)
     if result.bound is not None:
         assert result.bound <= value * (1 + RTOL) + 1e-12, where
 
@@ -267,9 +285,19 @@ class BackendConformance:
     @pytest.fixture(scope="class")
     @classmethod
     def solved(cls) -> list[tuple[Problem, object]]:
-        """Every reference problem the backend says it can run, with its answer."""
+        """Every reference problem the backend says it can run, with its answer (the
+        default gap tolerance)."""
+        return cls._solve_references(cls.opts(seed=0))
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def solved_exactly(cls) -> list[tuple[Problem, object]]:
+        """The same with gap tolerance 0: an exact backend's answer is the optimum."""
+        return cls._solve_references(cls.opts(seed=0, gap_tolerance=0.0))
+
+    @classmethod
+    def _solve_references(cls, opts: SolveOptions) -> list[tuple[Problem, object]]:
         backend = get_backend(cls.backend_name)
-        opts = cls.opts(seed=0)
         runnable = [p for p in reference_problems() if backend.can_run(p, opts) is None]
         assert runnable, f"{cls.backend_name} can run none of the reference problems"
         return [(p, backend.solve(p, opts)) for p in runnable]
@@ -297,8 +325,8 @@ class BackendConformance:
                 assert not exact, f"{self.backend_name} found nothing on {problem.name}"
                 continue
             assert result.objective >= value * (1 - RTOL) - 1e-12
-            if result.status is Status.OPTIMAL:
-                assert math.isclose(result.objective, value, rel_tol=RTOL, abs_tol=1e-12)
+            if result.status is Status.OPTIMAL:  # within the default tolerance
+                check_optimal(result, value, SolveOptions().gap_tolerance, problem.name)
             if result.bound is not None:
                 assert result.bound <= value * (1 + RTOL) + 1e-12
 
@@ -309,6 +337,44 @@ class BackendConformance:
             best, _ = brute_force(problem)
             expected = Status.INFEASIBLE if best is None else Status.OPTIMAL
             assert result.status is expected, problem.name
+            assert result.stats["gap_tolerance"] == SolveOptions().gap_tolerance
+
+    def test_with_tolerance_zero_optima_agree_with_brute_force(self, solved_exactly: list) -> None:
+        """Gap tolerance 0: an OPTIMAL answer (every answer of an exact backend) is the
+        brute-force optimum to RTOL, its bound too."""
+        exact = get_backend(self.backend_name).exact
+        for problem, result in solved_exactly:
+            best, value = brute_force(problem)
+            if best is None or result.choices is None:
+                assert best is None or not exact, problem.name
+                continue
+            assert result.stats["gap_tolerance"] == 0.0
+            if exact:
+                assert result.status is Status.OPTIMAL, problem.name
+            if result.status is Status.OPTIMAL:
+                check_optimal(result, value, 0.0, problem.name)
+                if result.bound is not None:
+                    assert math.isclose(result.bound, value, rel_tol=RTOL, abs_tol=1e-12)
+
+    def test_a_large_gap_tolerance_is_met_and_said(self) -> None:
+        """Gap tolerance 0.5 on problems with several answers: an exact backend still says
+        OPTIMAL, now only within 50% of the optimum (its bound proves it, its gap says how
+        far it got); any OPTIMAL answer is within the tolerance."""
+        backend = get_backend(self.backend_name)
+        tolerance = 0.5
+        for seed in range(4):
+            problem = random_problem(7, 4, seed=10 + seed, memory=seed % 2 == 1)
+            opts = self.opts(seed=0, gap_tolerance=tolerance)
+            if backend.can_run(problem, opts) is not None:
+                continue
+            result = backend.solve(problem, opts)
+            best, value = brute_force(problem)
+            assert best is not None  # random tables with a loose limit: something fits
+            assert result.stats["gap_tolerance"] == tolerance
+            if backend.exact:
+                assert result.status is Status.OPTIMAL, problem.name
+            if result.status is Status.OPTIMAL:
+                check_optimal(result, value, tolerance, problem.name)
 
     def test_dnn_answers_come_with_a_strategy(self, solved: list) -> None:
         problem, result = solved[-1]

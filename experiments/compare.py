@@ -69,7 +69,7 @@ from planner.errors import LayerwiseError  # noqa: E402
 from planner.files import write_text_atomic  # noqa: E402
 from planner.problems.problem import Problem  # noqa: E402
 from planner.recommend import BaselineTime, baseline_times, recommend  # noqa: E402
-from planner.result import Solver  # noqa: E402
+from planner.result import DEFAULT_GAP_TOLERANCE, Solver  # noqa: E402
 
 if __name__ == "__main__":
     end_guard(_previous)
@@ -251,7 +251,7 @@ def _run_case(
         progress.update(task, description=f"{model} on {preset}: {backend.name}")
         opts_k = replace(opts, warm_start=warm)
         case.rows.append(_solve_row(model, preset, problem, backend, opts_k, times))
-    judge(case.rows)
+    judge(case.rows, opts.gap_tolerance)
     case.seconds = time.perf_counter() - t0
     case.summary, case.flagged = summary(case, args.objective, args.time_limit)
     return case, problem
@@ -357,19 +357,21 @@ def _reinstall_sigint() -> None:
             signal.signal(signal.SIGINT, handler)
 
 
-def judge(rows: list[Row]) -> None:
+def judge(rows: list[Row], tolerance: float = DEFAULT_GAP_TOLERANCE) -> None:
     """Speedups over data parallelism and agreement verdicts for the rows of one case.
 
-    Proven optima (status OPTIMAL) must agree to RTOL: if they do not, every OPTIMAL row is
-    "DISAGREES" (which proof is wrong is not known). No answer may be below the smallest
-    proven optimum ("BELOW PROVEN OPTIMUM"); other answers get their excess over it.
+    Proven optima (status OPTIMAL: within the gap `tolerance` of the optimum, the searches'
+    `SolveOptions.gap_tolerance`) must agree within it (to RTOL with tolerance 0): if they do
+    not, every OPTIMAL row is "DISAGREES" (which proof is wrong is not known). No answer may
+    be below the smallest proven optimum by more than the tolerance ("BELOW PROVEN
+    OPTIMUM"); other answers get their excess over it.
     """
     dp = next((r for r in rows if r.method == "[data_parallel]"), None)
     proven = [
         r.objective for r in rows if r.status.startswith("OPTIMAL") and r.objective is not None
     ]
     optimum = min(proven) if proven else None
-    agree = optimum is None or all(math.isclose(v, optimum, rel_tol=RTOL) for v in proven)
+    agree = optimum is None or all(v <= optimum * (1 + tolerance) * (1 + RTOL) for v in proven)
     for r in rows:
         if r.objective is None:
             continue
@@ -381,7 +383,7 @@ def judge(rows: list[Row]) -> None:
             continue
         if r.status.startswith("OPTIMAL"):
             r.verdict = "agrees" if agree else "DISAGREES"
-        elif r.objective < optimum * (1 - RTOL):
+        elif r.objective < optimum / (1 + tolerance) * (1 - RTOL):
             r.verdict = "BELOW PROVEN OPTIMUM"
         elif r.objective <= optimum * (1 + RTOL):
             r.verdict = "= optimum"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -46,7 +47,7 @@ from planner.request import (
     check_backend,
     overrun_words,
 )
-from planner.result import Limit, SolveOptions, SolveResult, Status
+from planner.result import DEFAULT_GAP_TOLERANCE, Limit, SolveOptions, SolveResult, Status
 from planner.sources import problem_of
 
 if TYPE_CHECKING:
@@ -98,6 +99,7 @@ def plan(
     check_memory: bool = True,
     deadline: Deadline | None = None,
     pipeline: bool | str | None = None,
+    gap_tolerance: float = DEFAULT_GAP_TOLERANCE,
     **build_options: Any,
 ) -> PlanResult | PipelinePlan:
     """Find a parallelization strategy for `model` on `devices` with `backend`.
@@ -135,9 +137,13 @@ def plan(
     backward: `planner.costs.recompute`), a number k (the first k blocks do) or "auto" (the
     fastest answer that fits of none, selective, full and, after full, the fewest blocks its
     answer needs; `stats["recompute"]` says which and why).
-    With zero and recompute both left unset and the backend "auto", a model or plan that
-    does not fit without them is planned again with both "auto" instead of being refused
-    (`stats["memory_fallback"]` says why); a plan that fits without them is unchanged.
+    With zero and recompute both left unset and the backend "auto", a model whose
+    elimination optimum does not fit the devices' memory (memory is tight), or a plan that
+    does not fit, is planned again with both "auto" instead of being refused or searched
+    under the memory limit at once (`stats["memory_fallback"]` says why; the search under
+    the limit without ZeRO or recomputation is still made where it could beat what they
+    give: docs/solvers.md, "auto under the memory limit"); a plan whose optimum fits is
+    unchanged.
     recommend: never return a strategy that
     FlexFlow's simulator says is slower than an expert baseline that fits the memory
     (docs/compare.md): when one is faster beyond the simulator's stated error (10%) it is
@@ -151,8 +157,12 @@ def plan(
     {"mode": "astar"} for "search"; docs/architecture.md, "Settings"), checked before any
     work: an unknown name or a bad value is a BackendError. deadline: a clock the caller
     started earlier (a command line's, from its own start): the earlier of it and
-    `time_limit` from now ends the call. Further keyword arguments go to `build_problem`
-    unchanged (space, table_budget, max_split_dims: docs/space.md).
+    `time_limit` from now ends the call. gap_tolerance: the relative gap (objective / bound
+    - 1) at which every search stops once its answer is proven within it, the answer then
+    OPTIMAL (MIP solvers' convention and default, 1e-4; 0 proves the optimum exactly;
+    `planner.result.SolveOptions`, docs/solvers.md "Gap tolerance"); `stats["gap_tolerance"]`
+    records it. Further keyword arguments go to `build_problem` unchanged (space,
+    table_budget, max_split_dims: docs/space.md).
 
     pipeline (docs/pipeline.md): True plans with pipeline parallelism (`planner.pipelined.
     plan_pipeline`: stages, micro-batches, schedule, tensor and data degrees, recomputation
@@ -197,6 +207,7 @@ def plan(
         check_memory=check_memory,
         deadline=deadline,
         pipeline=pipeline,
+        gap_tolerance=gap_tolerance,
         **build_options,
     )
     return plan_request(request)
@@ -304,31 +315,102 @@ def _plan_plain(request: PlanRequest) -> PlanResult:
     memory options or one plan (planned again with both "auto" when it does not fit)."""
     request = request.capture()
     memory, search = request.memory, request.search
-    if memory.recompute == RECOMPUTE_AUTO:  # plan again per choice
-        return _plan_recompute_auto(request)
-    if memory.zero == ZERO_AUTO:
-        return _plan_zero_auto(request)
+    if memory.recompute == RECOMPUTE_AUTO or memory.zero == ZERO_AUTO:  # plan again per choice
+        # the attempts are compared by their searched objective; only the one chosen is
+        # re-ranked against the baselines (each re-rank simulates them: 2-5 s of a 7B
+        # Llama's attempt, most of its time when the answer was proven at once)
+        quiet = request.with_search(recommend=False)
+        if memory.recompute == RECOMPUTE_AUTO:
+            out = _plan_recompute_auto(quiet)
+        else:
+            out = _plan_zero_auto(quiet)
+        return _recommend_chosen(request, out)
     from planner.problems.sizes import MemoryRefusal
 
+    chosen = memory.zero is not None or memory.recompute is not None
+    fallback = not chosen and search.check_memory and search.backend == AUTO
     try:
+        if fallback and _free_first(request):
+            return _plan_free_first(request)
         return _plan_once(request)
     except MemoryRefusal as exc:  # ZeRO and recomputation unset: both "auto" instead
-        chosen = memory.zero is not None or memory.recompute is not None
-        if chosen or not search.check_memory or search.backend != AUTO:
+        if not fallback:
             raise
         return _plan_memory_fallback(request, exc)
 
 
-def _plan_once(request: PlanRequest) -> PlanResult:
-    """Build the problem, search it, re-rank the answer against the baselines and measure
-    its memory: one per-op plan with every option fixed."""
+def _free_first(request: PlanRequest) -> bool:
+    """Whether the default plan of a model (ZeRO and recomputation unset, backend auto)
+    tries elimination's optimum first (`_plan_free_first`): the additive objective, a
+    captured DNN and no memory limit given."""
+    from planner.graph.opgraph import OpGraph
+
+    search = request.search
+    return (
+        isinstance(request.model, OpGraph)
+        and search.objective == "additive"
+        and search.memory_limit is None
+    )
+
+
+def _plan_free_first(request: PlanRequest) -> PlanResult:
+    """The default plan of a model: elimination's proven optimum when it fits the devices'
+    memory (what backend "auto" returns then); when memory is tight, MemoryRefusal, so that
+    `_plan_plain` plans again with ZeRO and recomputation "auto" (their attempts search
+    under the memory limit where that could beat what they find: ZeRO-1 often makes the
+    optimum fit at no cost, where a search at stage 0 used the whole time limit)."""
+    from planner.problems.sizes import MemoryRefusal, format_bytes
+
+    probe = request.with_search(backend="elimination", check_memory=False, recommend=False)
+    out = _plan_once(probe)
+    if not _fits(out):
+        usable = float(out.problem.dnn().cost_model.usable_memory().min())
+        peak = out.stats.get("memory_peak_bytes")
+        why = (
+            f"memory is tight: elimination's optimum peaks at {format_bytes(peak or 0.0)} on a "
+            f"device, over the {format_bytes(usable)} it can use"
+            if out.has_solution
+            else f"elimination found no answer (status {out.status.value})"
+        )
+        raise MemoryRefusal(why, why)
+    auto = {"chose": "elimination", "why": "the additive objective: exact, and its answer fits "
+            "the memory"}  # fmt: skip
+    result = dataclasses.replace(out.result, stats={**out.result.stats, "auto": auto})
+    return _recommend_chosen(request, dataclasses.replace(out, result=result))
+
+
+def _recommend_chosen(request: PlanRequest, out: PlanResult) -> PlanResult:
+    """The answer an "auto" memory option chose, re-ranked against the baselines
+    (`planner.recommend`) as `_search` re-ranks one plan's, its memory use measured again
+    when a baseline replaced it."""
+    if not (request.search.recommend and out.has_solution and out.problem.is_dnn):
+        return out
+    t1 = time.perf_counter()
+    result = _recommended(out.problem, out.result, request.search.objective, request.deadline)
+    seconds = time.perf_counter() - t1
+    phases = {**out.phases, "recommend_seconds": seconds}
+    phases["total_seconds"] = phases.get("total_seconds", 0.0) + seconds
+    if result.choices != out.result.choices:  # a baseline (it fits: recommend checks)
+        phases.update(_memory_use(request, out.problem, result))
+    return dataclasses.replace(out, result=result, phases=phases)
+
+
+def _plan_once(request: PlanRequest, built: Problem | None = None) -> PlanResult:
+    """Build the problem (`built`: built already, for these options), search it, re-rank the
+    answer against the baselines and measure its memory: one per-op plan with every option
+    fixed."""
     from planner.problems.sizes import usage_limit_error
 
     start = time.perf_counter()
     search = request.search
     solver = check_backend(search.backend, search.objective)  # its settings checked already
     with catch_interrupt():
-        problem, phases = _problem(request)
+        if built is None:
+            problem, phases = _problem(request)
+        else:  # captured once, as `_problem` says
+            problem, phases = built, {"build_seconds": 0.0}
+            if request.capture_seconds > 0:
+                phases["capture_seconds"] = request.capture_seconds
         if stop_requested():
             return _interrupted(request, problem, phases, start)
         if request.call.expired():  # (an attempt's share alone: its search gets no time)
@@ -345,6 +427,7 @@ def _plan_once(request: PlanRequest) -> PlanResult:
         **phases,
         **_memory_use(request, problem, result),
         **searched,
+        "gap_tolerance": request.gap_tolerance,
         "total_seconds": _total(request, start),
     }
     log.info(
@@ -382,13 +465,17 @@ def _search(
         deadline.limit,
     )
     options = SolveOptions(
-        objective=search.objective, seed=request.seed, extra=search.settings, deadline=clock
+        objective=search.objective,
+        seed=request.seed,
+        extra=search.settings,
+        deadline=clock,
+        gap_tolerance=request.gap_tolerance,
     )
     t0 = time.perf_counter()
     if solver is None:
         from planner.auto import solve_auto
 
-        result, problem = solve_auto(problem, options)
+        result, problem = solve_auto(problem, options, request.cutoff)
     else:
         result = solver.solve(problem, options)
     solve_seconds = time.perf_counter() - t0
@@ -451,6 +538,12 @@ BELOW_FOOTPRINT = "limit_below_least_footprint"
 OVERRUN_KEY = "overrun"  # stats key: capture and build used the time limit up (`_overrun_answer`)
 RECOMMEND_SHARE = 0.1  # of the time left after the build, kept for the recommendation
 QUICK_EXACT_SECONDS = 0.5  # what an exact search past the time limit may take (`_quick_answer`)
+MIN_SEARCH_SECONDS = 1.0  # an "auto" attempt's search under the memory limit gets this at least
+# ZeRO stages that cost no more time than the stage below them: 1 and 2 replace the
+# all-reduce by a reduce-scatter and an all-gather of the same volume (ZeRO, Rajbhandari et
+# al. 2020, Sec. 7.2.1; docs/cost_model.md, "t_s with ZeRO"), and they only shard more. So
+# every answer at stage s - 1 is an answer at stage s of the same cost.
+ZERO_AT_NO_COST = (1, 2)
 
 
 def _plan_memory_fallback(request: PlanRequest, refusal: MemoryRefusal) -> PlanResult:
@@ -491,7 +584,12 @@ def _plan_zero_auto(request: PlanRequest) -> PlanResult:
     """zero="auto": plan at ZeRO stage 0, then at the next stage while the answer does not
     fit the devices' memory (or none was found), each stage with an equal share of the time
     left; the first that fits, else the last tried (which `check_memory` refuses as usual).
-    `stats["zero"]`: the stage chosen and, per stage tried before it, why it was not enough."""
+    With backend "auto" (additive, no memory limit given) the stages are probed first
+    (`_plan_zero_probed`). `stats["zero"]`: the stage chosen and, per stage tried before it,
+    why it was not enough."""
+    search = request.search
+    if search.backend == AUTO and search.objective == "additive" and search.memory_limit is None:
+        return _plan_zero_probed(request)
     from planner.problems.sizes import format_bytes
 
     deadline = request.deadline
@@ -516,6 +614,125 @@ def _plan_zero_auto(request: PlanRequest) -> PlanResult:
     return _chosen(out, "zero", tried, request.search.check_memory)
 
 
+def _plan_zero_probed(request: PlanRequest) -> PlanResult:
+    """zero="auto" with backend "auto": each stage's optimum without the memory limit first
+    (`_zero_probes`), stage after stage until one fits the devices' memory: that one is
+    proven the best of its stage. The stages below it are then searched under the memory
+    limit (auto's second search), each only while its optimum without the limit, a lower
+    bound of any answer of its, could beat the answer in hand (and `request.cutoff`, the
+    caller's) by more than the gap tolerance (ZeRO-1 often costs no time in the model: then
+    the stage-1 optimum that fits ends it at once, where the search at stage 0 took its
+    share of the time limit). They are searched highest first (the most memory to spare);
+    once a stage of `ZERO_AT_NO_COST` found an answer that fits, the stages below it are not
+    searched (their answers are its answers at the same cost). The fastest answer that fits
+    wins, else the last tried (refused as usual)."""
+    deadline, tolerance = request.deadline, request.gap_tolerance
+    unchecked = request.with_search(check_memory=False)
+    tried: list[dict[str, Any]] = []
+    best, below, last = _zero_probes(unchecked.with_search(backend="elimination"), tried)
+    below.reverse()  # the highest stage first: it has the most memory to spare
+    found_at: int | None = None  # the stage whose search found an answer that fits
+    for k, (stage, free) in enumerate(below):
+        low = free.objective if free.status is Status.OPTIMAL else None
+        beat = min(_value(best) if best is not None else math.inf, request.cutoff or math.inf)
+        if low is not None and low * (1 + tolerance) >= beat:
+            why = f"its optimum without the memory limit, {low:.6g} s, cannot beat {beat:.6g} s"
+            tried.append({"zero": stage, "why": why})
+            continue
+        if found_at is not None and found_at in ZERO_AT_NO_COST:
+            # every answer of this stage is one of that stage's at the same cost (it shards
+            # more and costs no more time): its search looks among answers that one's did
+            why = f"its answers are stage {found_at}'s at the same cost, searched already"
+            tried.append({"zero": stage, "why": why})
+            continue
+        share = deadline.share(1.0 / (len(below) - k))
+        if share.left() < MIN_SEARCH_SECONDS:
+            tried.append({"zero": stage, "why": "no time left to search it under the memory limit"})
+            continue
+        # its tables are the probe's (a 7B Llama's on a DGX-1: 1-3 s to build again)
+        last = _plan_once(unchecked.with_memory(zero=stage).within(share), free.problem)
+        if _fits(last):
+            found_at = stage
+        if _fits(last) and (best is None or _value(last) <= _value(best)):  # ties: lower stage
+            if best is not None:
+                tried.append({"zero": _zero_of(best), "why": _slower(best, last)})
+            best = last
+        else:
+            tried.append({"zero": stage, "why": _not_chosen(last, best)})
+    out = best if best is not None else last
+    tried = [t for t in tried if t["zero"] != _zero_of(out)]
+    return _chosen(out, "zero", tried, request.search.check_memory)
+
+
+def _zero_probes(
+    probe: PlanRequest, tried: list[dict[str, Any]]
+) -> tuple[PlanResult | None, list[tuple[int, PlanResult]], PlanResult]:
+    """Each ZeRO stage's plan with `probe` (elimination, no memory check) in turn until one
+    fits: that plan (None if none did), the stages probed before it with their plans, and
+    the last plan. A stage refused for memory is said in `tried` and skipped (the next may
+    fit); MemoryRefusal when every stage was."""
+    from planner.problems.sizes import MemoryRefusal
+
+    below: list[tuple[int, PlanResult]] = []
+    last: PlanResult | None = None
+    refusal: MemoryRefusal | None = None
+    for stage in ZERO_STAGES:
+        try:
+            last = _plan_plain(probe.with_memory(zero=stage))
+        except MemoryRefusal as exc:
+            if exc.final:
+                raise
+            refusal = exc
+            tried.append({"zero": stage, "why": str(exc)})
+            continue
+        if _fits(last):
+            return last, below, last
+        below.append((stage, last))
+        if probe.deadline.expired() or not _time_for_another(probe, last):
+            break
+    if last is None:  # every stage was refused: the last refusal stands
+        assert refusal is not None
+        raise refusal
+    return None, below, last
+
+
+def _time_for_another(request: PlanRequest, out: PlanResult) -> bool:
+    """Whether the call has time for another attempt like `out`: its tables' build twice over
+    (the build, then its search), so that an attempt does not start only to be answered
+    without a search past the time limit (a 7B Llama's tables on a DGX-1: 1-7 s)."""
+    return request.call.left() > 2 * float(out.phases.get("build_seconds", 0.0))
+
+
+def _fits(out: PlanResult) -> bool:
+    """An answer, and it fits the devices' memory."""
+    return out.has_solution and out.stats.get("memory_fits") is not False
+
+
+def _value(out: PlanResult) -> float:
+    """The answer's objective (inf without one)."""
+    return out.objective if out.objective is not None else math.inf
+
+
+def _zero_of(out: PlanResult) -> int:
+    return int(out.problem.dnn().cost_model.options.zero)
+
+
+def _slower(out: PlanResult, than: PlanResult) -> str:
+    return f"objective {_value(out):.6g} s against {_value(than):.6g} s"
+
+
+def _not_chosen(out: PlanResult, best: PlanResult | None) -> str:
+    """Why an attempt's answer was not taken: none, it does not fit, or it is slower."""
+    from planner.problems.sizes import format_bytes
+
+    if not out.has_solution:
+        return f"no answer that fits (status {out.status.value})"
+    if not _fits(out):
+        return f"the answer's peak {format_bytes(out.stats.get('memory_peak_bytes') or 0.0)} does not fit"
+    assert best is not None
+    return _slower(out, best)
+
+
 def _plan_recompute_auto(request: PlanRequest) -> PlanResult:
     """recompute="auto": the fastest answer that fits the devices' memory, without
     recomputation, with the attention ops' ("selective"), with every block's ("full") or
@@ -532,8 +749,10 @@ def _plan_recompute_auto(request: PlanRequest) -> PlanResult:
     3. "full", with the backend asked for;
     4. when "full"'s strategy would fit recomputing only its first k blocks (`_fewer_blocks`),
        recompute=k: the choice per block, time for memory;
-    5. when nothing fits yet and step 1 was a probe, "none" with the backend asked for (the
-       portfolio under the memory limit) in the time left.
+    5. when step 1 was a probe, "none" with the backend asked for (the portfolio under the
+       memory limit) in the time left, when nothing fits yet, or else only where its bound
+       (elimination's optimum without the limit, per ZeRO stage) could beat the answer in
+       hand by more than the gap tolerance (`PlanRequest.cutoff`).
 
     The answer of lower objective (seconds per iteration under its own cost model) among
     those that fit wins, else the last. `stats["recompute"]`: the mode chosen and, per other
@@ -553,10 +772,14 @@ def _plan_recompute_auto(request: PlanRequest) -> PlanResult:
     def proven(o: PlanResult | None) -> bool:
         return fits(o) and o.status is Status.OPTIMAL and o.backend == "elimination"  # type: ignore[union-attr]
 
-    def attempt(mode: str | int, share: float, backend: str | None = None) -> PlanResult | None:
+    def attempt(
+        mode: str | int, share: float, backend: str | None = None, cutoff: float | None = None
+    ) -> PlanResult | None:
         attempt_request = unchecked.with_memory(recompute=mode).within(deadline.share(share))
         if backend is not None:
             attempt_request = attempt_request.with_search(backend=backend)
+        if cutoff is not None:
+            attempt_request = dataclasses.replace(attempt_request, cutoff=cutoff)
         try:
             out = _plan_plain(attempt_request)
         except MemoryRefusal as exc:  # this mode cannot fit at all
@@ -586,10 +809,15 @@ def _plan_recompute_auto(request: PlanRequest) -> PlanResult:
     if not done and not deadline.expired():
         full = attempt("full", 0.6)
         fewer = _fewer_blocks(full) if full is not None and fits(full) else None
-        if fewer is not None and not deadline.expired():
+        room = not answers or _time_for_another(request, answers[-1][1])
+        if fewer is not None and not deadline.expired() and room:
             attempt(fewer, 1.0)
-        if probe and not any(fits(o) for _, o in answers) and not deadline.expired():
-            attempt("none", 1.0)
+        found = [_value(o) for _, o in answers if fits(o)]
+        room = not answers or _time_for_another(request, answers[-1][1])
+        if probe and not deadline.expired() and (not found or (first is not None and room)):
+            # none fits yet, or the probe's optimum did not fit: "none" searched under the
+            # memory limit where that could beat the answer in hand (`cutoff`)
+            attempt("none", 1.0, cutoff=min(found, default=None))
     if not answers:  # every mode was refused: the last refusal stands
         raise refusals[-1]
     fitting = sorted((o.objective, k) for k, (_, o) in enumerate(answers) if fits(o))
@@ -602,6 +830,10 @@ def _plan_recompute_auto(request: PlanRequest) -> PlanResult:
             why = f"no answer (status {o.status.value})"
         elif o.stats.get("memory_fits") is False:
             why = f"the answer's peak {format_bytes(peak or 0.0)} does not fit"
+            beaten = [t["why"] for t in o.stats.get("zero", {}).get("tried", [])
+                      if "cannot beat" in t["why"]]  # fmt: skip
+            if beaten:  # not searched under the memory limit: it could not win
+                why = f"not searched under the memory limit: {beaten[0]}"
         else:
             why = f"objective {o.objective:.6g} s against {answers[best][1].objective:.6g} s"
         tried.append({"recompute": option, "why": why})

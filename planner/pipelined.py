@@ -136,7 +136,10 @@ def plan_pipeline_request(
         overrun = _overrun(request)
         t0 = time.perf_counter()
         problem = PipelineProblem(graph, device_graph, options)
-        result = solver.solve(problem, SolveOptions(extra=settings, deadline=request.deadline))
+        solve = SolveOptions(
+            extra=settings, deadline=request.deadline, gap_tolerance=request.gap_tolerance
+        )
+        result = solver.solve(problem, solve)
     if not result.has_solution:
         raise PipelineError(result.message or _no_layout(result))
     phases = {
@@ -150,6 +153,7 @@ def plan_pipeline_request(
         "memory_peak_parts": pipeline_peak_parts(
             result.timeline, device_graph, result.cost_options or options
         ),
+        "gap_tolerance": request.gap_tolerance,
         **({"overrun": overrun} if overrun else {}),
     }
     out = PipelinePlan(result, phases=phases, model=request.spec)

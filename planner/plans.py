@@ -150,6 +150,7 @@ class Plan:
             "objective": self.objective,
             "bound": self.bound,
             "gap": self.gap,
+            **({"gap_tolerance": s["gap_tolerance"]} if "gap_tolerance" in s else {}),
             "backend": self.backend,
             "objective_kind": self.objective_kind,
             **{k: s.get(k) for k in PHASES if k in s or k in ALWAYS},

@@ -35,6 +35,7 @@ from planner.costs.recompute import (
 from planner.deadline import Deadline
 from planner.errors import BackendError, LayerwiseError, given
 from planner.graph.precision import check_precision
+from planner.result import DEFAULT_GAP_TOLERANCE, gap_tolerance_error
 
 if TYPE_CHECKING:
     from planner.graph.models import ModelSpec
@@ -172,7 +173,8 @@ class PlanRequest:
     """What to plan (see the module docstring): the model (a zoo name, an nn.Module, a
     factory, an OpGraph, a Problem or a file) and how to capture it, the devices, the
     memory options, the per-op search, `pipeline` (True, False or "auto": `planner.plan`),
-    the `seed`, the `deadline` of this phase (the whole call's, or an "auto" attempt's
+    the `seed`, the `gap_tolerance` every search stops at (`SolveOptions.gap_tolerance`), the
+    `deadline` of this phase (the whole call's, or an "auto" attempt's
     share of it: `within`), `call`, the whole call's, and `hard`, past which capture and
     build stop. Once captured (`captured`), `model` is the OpGraph, `devices` the DeviceGraph,
     and `spec` and `capture_seconds` say what was captured and in how long."""
@@ -186,6 +188,7 @@ class PlanRequest:
     search: PerOpSearch = field(default_factory=PerOpSearch)
     pipeline: bool | str = AUTO
     seed: int = 0
+    gap_tolerance: float = DEFAULT_GAP_TOLERANCE
     example_inputs: Any = None
     model_kwargs: Mapping[str, Any] | None = None
     name: str | None = None
@@ -194,6 +197,9 @@ class PlanRequest:
     spec: ModelSpec | None = None
     capture_seconds: float = 0.0
     is_captured: bool = False
+    # an "auto" attempt's answer in hand (seconds per step): its search under the memory
+    # limit runs only where its bound could beat it by more than the gap tolerance
+    cutoff: float | None = None
 
     @classmethod
     def make(
@@ -207,6 +213,7 @@ class PlanRequest:
         *,
         deadline: Deadline | None = None,
         pipeline: bool | str | None = None,
+        gap_tolerance: float = DEFAULT_GAP_TOLERANCE,
         **options: Any,
     ) -> PlanRequest:
         """`planner.plan`'s arguments as a request, each checked once (one error line for a
@@ -221,6 +228,12 @@ class PlanRequest:
             pipeline = AUTO
         if not (pipeline is True or pipeline is False or pipeline == AUTO):
             raise LayerwiseError(f"pipeline must be True, False or 'auto', got {given(pipeline)}")
+        if gap_tolerance_error(gap_tolerance) is not None:
+            raise LayerwiseError(
+                "gap_tolerance must be a number in [0, 1) (the relative gap at which a search "
+                "stops: 1e-4, the default, is 0.01%; 0 proves the optimum exactly), got "
+                f"{given(gap_tolerance)}"
+            )
         source = {k: options.pop(k) for k in SOURCE_OPTIONS if k in options}
         if "precision" in source:
             source["precision"] = check_precision(source["precision"])
@@ -244,7 +257,7 @@ class PlanRequest:
             clock = deadline.within(clock.left())
         search = PerOpSearch(backend, objective, settings, build_options=options, **per_op)
         return cls(model, devices, clock, clock, overrun_deadline(clock), memory, search,
-                   pipeline, seed, **source)  # fmt: skip
+                   pipeline, seed, float(gap_tolerance), **source)  # fmt: skip
 
     def captured(
         self, graph: Any, devices: Any, spec: ModelSpec | None, seconds: float

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from planner.problems.strategy import Strategy
 
 __all__ = [
+    "DEFAULT_GAP_TOLERANCE",
     "DEFAULT_SOLVE_SECONDS",
     "OBJECTIVES",
     "BackendError",
@@ -41,17 +42,28 @@ __all__ = [
     "StopFlag",
     "evaluate_objective",
     "format_cost",
+    "gap_tolerance_error",
+    "proven_within",
     "result_gap",
 ]
 
 OBJECTIVES = ("additive", "makespan")
 DEFAULT_SOLVE_SECONDS = 10.0  # seconds, for SolveOptions given neither a time_limit nor a deadline
+# The relative gap (objective / bound - 1) at which every search with a bound stops and calls
+# its answer OPTIMAL: the default of MIP solvers (Gurobi's MIPGap and CPLEX's mip tolerances
+# mipgap are 1e-4; HiGHS's mip_rel_gap too). 0 proves the optimum exactly.
+DEFAULT_GAP_TOLERANCE = 1e-4
+# Floating point in the proofs themselves (sums in another order, integer scaling): a gap this
+# small above the tolerance still counts as within it (the exact backends agree to 1e-9).
+PROOF_RTOL = 1e-9
 
 
 class Status(enum.Enum):
     """How a search ended: what its answer is worth (a proof, an answer, or nothing)."""
 
-    OPTIMAL = "OPTIMAL"  # proven optimal (within the solver's gap tolerance)
+    # proven optimal within the relative gap tolerance (`SolveOptions.gap_tolerance`, the MIP
+    # convention): objective <= bound * (1 + tolerance); exactly optimal with tolerance 0
+    OPTIMAL = "OPTIMAL"
     FEASIBLE = "FEASIBLE"  # a valid answer, optimality not proven
     INFEASIBLE = "INFEASIBLE"  # proven that no valid answer exists
     NO_SOLUTION = "NO_SOLUTION"  # nothing found, nothing proven
@@ -86,14 +98,26 @@ class Channel:
     from at its next round. `on_candidate(choices, who)` is called with a valid answer that
     is not better than the search's best but may lead to one (`toulbar2`'s repaired rounds
     within a few percent of its best), and `candidate()` returns such an answer found
-    elsewhere, or None, which `local` anneals from once its own search has stalled. Backends
-    that do not take part ignore the channel."""
+    elsewhere, or None, which `local` anneals from once its own search has stalled.
+    `on_bound(bound, who)` is called with each better lower bound a search proves while it
+    runs (`ilp`'s CBC, `cpsat`'s, `toulbar2`'s Lagrangian bound), so that the portfolio can
+    stop every member once the best answer is within the gap tolerance of the best bound;
+    `bound()` returns the best lower bound proven elsewhere, or None (the portfolio's shared
+    bound, `auto`'s unconstrained optimum): `local` and `mcmc`, which prove none, stop when
+    their answer is within the tolerance of it. Backends that do not take part ignore the
+    channel."""
 
     on_incumbent: Callable[[tuple[int, ...], str], None] | None = None
     stop: StopFlag | None = None
     incoming: Callable[[], Sequence[int] | None] | None = None
     on_candidate: Callable[[tuple[int, ...], str], None] | None = None
     candidate: Callable[[], Sequence[int] | None] | None = None
+    on_bound: Callable[[float, str], None] | None = None
+    bound: Callable[[], float | None] | None = None
+
+    def known_bound(self) -> float | None:
+        """The lower bound proven elsewhere (`bound()`), None when there is none."""
+        return self.bound() if self.bound is not None else None
 
 
 @dataclass(frozen=True)
@@ -108,7 +132,14 @@ class SolveOptions:
     or the backend's settings object, itself such a mapping: `Backend.solve` checks it
     against the backend's `settings_type` once, and an unknown name or a bad value is a
     BackendError) and the `channel` a caller talks with the running search through
-    (`Channel`). A caller that narrows the time of a solve it was given uses `within`."""
+    (`Channel`). A caller that narrows the time of a solve it was given uses `within`.
+
+    `gap_tolerance`: every search with a lower bound stops as soon as its answer is proven
+    within this relative gap of the optimum (objective <= bound * (1 + gap_tolerance),
+    `proven_within`) and returns it as OPTIMAL, the MIP solvers' convention; the bound it
+    reports stays the one it proved, so `SolveResult.gap` is the gap actually reached
+    (`stats["gap_tolerance"]` records the tolerance). 0 proves the optimum exactly;
+    default `DEFAULT_GAP_TOLERANCE` (1e-4)."""
 
     objective: str = "additive"
     time_limit: float | None = None
@@ -116,6 +147,7 @@ class SolveOptions:
     threads: int = 1
     warm_start: tuple[int, ...] | None = None  # choices from another backend, where supported
     extra: Mapping[str, Any] = field(default_factory=dict)  # backend-specific settings
+    gap_tolerance: float = DEFAULT_GAP_TOLERANCE
     deadline: Deadline | None = field(default=None, compare=False)
     channel: Channel = field(default_factory=Channel, compare=False)
 
@@ -131,6 +163,9 @@ class SolveOptions:
             raise BackendError(f"time_limit must be positive, got {self.time_limit}")
         if self.threads < 1:
             raise BackendError(f"threads must be >= 1, got {self.threads}")
+        reason = gap_tolerance_error(self.gap_tolerance)
+        if reason is not None:
+            raise BackendError(reason)
 
     def clock(self) -> Deadline:
         """The deadline of this solve: `deadline`, else `time_limit` (or the default) from
@@ -143,6 +178,26 @@ class SolveOptions:
         """These options with `deadline` as their time instead of theirs (and no
         `time_limit`): a phase's own part of the solve's deadline."""
         return replace(self, time_limit=None, deadline=deadline)
+
+
+def gap_tolerance_error(value: Any) -> str | None:
+    """None when `value` is a valid relative gap tolerance (a number in [0, 1)), else what is
+    wrong with it, in one line."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if ok and 0 <= value < 1:
+        return None
+    return (
+        "gap_tolerance must be a number in [0, 1) (a relative gap: 1e-4 stops a search once "
+        f"its answer is proven within 0.01% of the optimum; 0 proves it exactly), got {value!r}"
+    )
+
+
+def proven_within(objective: float | None, bound: float | None, tolerance: float) -> bool:
+    """Whether `bound` proves `objective` within the relative gap `tolerance` of the optimum
+    (objective / bound - 1 <= tolerance, `result_gap`, up to `PROOF_RTOL` of floating point):
+    the rule at which every search stops (`SolveOptions.gap_tolerance`)."""
+    gap = result_gap(objective, bound)
+    return gap is not None and gap <= tolerance + PROOF_RTOL
 
 
 def result_gap(objective: float | None, bound: float | None) -> float | None:

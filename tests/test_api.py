@@ -277,6 +277,43 @@ def test_auto_searches_under_the_devices_memory_when_the_optimum_does_not_fit() 
         planner.plan("lenet5", small, backend="elimination", recommend=False, **LENET)
 
 
+def test_auto_under_the_memory_limit_ends_proven_or_stalled_not_at_the_time_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A DNN's search under the devices' memory (planner/auto.py): toulbar2 and local (on
+    tables of `DNN_MEMBERS_NODES` nodes or more; here made 1) with the patience,
+    elimination's optimum without the limit as the portfolio's first bound; it ends proven
+    within the gap tolerance or stalled, not at the time limit."""
+    from planner.auto import DNN_MEMBERS
+
+    monkeypatch.setattr("planner.auto.DNN_MEMBERS_NODES", 1)
+    free = planner.plan("lenet5", "p100-1x4", backend="elimination", recommend=False, **LENET)
+    small = _with_memory("p100-1x4", free.stats["memory_peak_bytes"] * MEMORY_SHARE)
+    r = planner.plan("lenet5", small, recommend=False, time_limit=120, **LENET)
+    assert r.backend == "portfolio" and set(r.stats["members"]) == set(DNN_MEMBERS)
+    given = r.stats["bounds"][0]
+    assert given[1] == "given" and given[2] == pytest.approx(free.objective, rel=1e-12)
+    assert r.limit is None  # proven (OPTIMAL) or stalled (FEASIBLE, stats["stalled"])
+    assert r.status is Status.OPTIMAL or r.stats["stalled"] > 0
+
+
+def test_zero_auto_skips_a_stage_whose_optimum_cannot_beat_the_answer_in_hand() -> None:
+    """zero="auto" with backend "auto" probes each stage's optimum without the memory limit
+    first: ZeRO-1 costs a tiny GPT-2 no time in the model and its optimum fits 18.8 MiB
+    (18.7 MiB) where stage 0's does not (18.9 MiB), so stage 0 is not searched under the
+    memory limit (its answers cost at least that optimum): the proven optimum at stage 1.
+    (Before: the portfolio searched stage 0 under the limit, 0.6% slower, and stopped.)"""
+    gpt = {"batch": 8, "n_layer": 2, "n_embd": 128, "n_head": 4, "seq": 64,
+           "vocab_size": 1000, "block_size": 64}  # fmt: skip
+    small = _with_memory("p100-1x4", 18.8 * 2**20)
+    r = planner.plan("gpt2", small, zero="auto", optimizer="adam", recommend=False,
+                     headroom=0.0, reserve=0, model_kwargs=gpt)  # fmt: skip
+    assert r.backend == "elimination" and r.status is Status.OPTIMAL
+    assert r.stats["zero"]["chose"] == 1 and r.stats["memory_fits"]
+    (tried,) = r.stats["zero"]["tried"]
+    assert tried["zero"] == 0 and "cannot beat" in tried["why"]
+
+
 def test_an_attempt_whose_share_ran_out_is_searched_not_answered_as_an_overrun() -> None:
     """An "auto" option's attempt gets a share of the call's time: its share spent by its
     build is not the call's limit spent (no answer without a search, no overrun line)."""

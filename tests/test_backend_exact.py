@@ -38,7 +38,8 @@ def _no_memory(p: Problem) -> Problem:
 
 
 def _solve(name: str, p: Problem, **extra: str) -> object:
-    return get_backend(name).solve(p, SolveOptions(time_limit=30.0, extra=extra))
+    # gap tolerance 0: compared with brute force to 1e-9
+    return get_backend(name).solve(p, SolveOptions(time_limit=30.0, extra=extra, gap_tolerance=0.0))
 
 
 def test_min_plus_matches_the_definition() -> None:
@@ -269,7 +270,9 @@ def test_search_proves_the_makespan_optimum_of_small_graphs(preset: str, cap: in
 
     p = build_problem(tiny_cnn(), get_preset(preset), max_configs=cap)
     best = _brute_force_makespan(p)
-    r = get_backend("search").solve(p, SolveOptions(objective="makespan", time_limit=60))
+    r = get_backend("search").solve(
+        p, SolveOptions(objective="makespan", time_limit=60, gap_tolerance=0.0)
+    )
     assert r.status is Status.OPTIMAL
     assert math.isclose(r.objective, best, rel_tol=1e-12)
     m = get_backend("mcmc").solve(

@@ -91,7 +91,8 @@ class TestCpsatConformance(BackendConformance):
 
 
 def _opts(**kw: object) -> SolveOptions:
-    return SolveOptions(**{"time_limit": 20.0, **kw})  # type: ignore[arg-type]
+    """Gap tolerance 0 unless given: these tests compare optima to RTOL."""
+    return SolveOptions(**{"time_limit": 20.0, "gap_tolerance": 0.0, **kw})  # type: ignore[arg-type]
 
 
 def _tiny() -> Problem:
@@ -364,7 +365,9 @@ def test_placement_models_agree_when_every_task_takes_no_time() -> None:
 
 def _placement_agree(pp: PlacementProblem, order: str) -> None:
     reference = brute_force_makespan(pp, order)
-    opts = SolveOptions(objective="makespan", time_limit=20.0, extra={"order": order})
+    opts = SolveOptions(
+        objective="makespan", time_limit=20.0, extra={"order": order}, gap_tolerance=0.0
+    )
     outcomes = {
         "cpsat": cpsat_mod.solve_placement(pp, opts),
         "ilp": ilp_mod.solve_placement(pp, opts),

@@ -40,7 +40,7 @@ def test_exact_against_brute_force(memory: bool) -> None:
     backend = get_backend("toulbar2")
     for problem in _problems(25, memory=memory):
         best, value = brute_force(problem)
-        result = backend.solve(problem, SolveOptions(time_limit=10, seed=0))
+        result = backend.solve(problem, SolveOptions(time_limit=10, seed=0, gap_tolerance=0.0))
         if best is None:
             assert result.choices is None and result.status is Status.INFEASIBLE
             continue
@@ -54,7 +54,7 @@ def test_priced_rounds_are_valid_and_bounded(count: int) -> None:
     bound never above it, OPTIMAL only at the optimum (10 problems by default, some of them
     ending at the time limit; 25 under slow)."""
     backend = get_backend("toulbar2")
-    opts = SolveOptions(time_limit=2, seed=0, extra={"exact_memory_nodes": 0})
+    opts = SolveOptions(time_limit=2, seed=0, extra={"exact_memory_nodes": 0}, gap_tolerance=0.0)
     round_bounds = 0
     for problem in _problems(count, nodes=9):
         best, value = brute_force(problem)
@@ -73,7 +73,9 @@ def test_priced_rounds_are_valid_and_bounded(count: int) -> None:
             assert result.bound <= value * (1 + RTOL) + 1e-9
         if result.status is Status.OPTIMAL:
             assert math.isclose(result.objective, value, rel_tol=RTOL)
-    assert round_bounds >= count * 2 // 5  # the priced rounds' bounds were checked, not skipped
+    # the priced rounds' bounds were checked, not skipped (the problems whose optimum the
+    # Lagrangian bound proves before any round, half of them, need none)
+    assert round_bounds >= count // 5
 
 
 @pytest.mark.parametrize("seeds", [20, pytest.param(60, marks=pytest.mark.slow)])

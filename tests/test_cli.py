@@ -693,7 +693,8 @@ def test_logging_goes_to_stderr_and_the_log_file(
     log_file = tmp_path / "plan.log"
     ok(capsys, "plan", *MODEL, *DEVICES, "--json", "--log-file", str(log_file))
     text = log_file.read_text()
-    assert "planner.api INFO: searching with auto" in text  # everything goes to the file
+    # everything goes to the file (the default plan tries elimination's optimum first)
+    assert "planner.api INFO: searching with elimination" in text
     # default stderr: warnings only; a backend's progress lines (INFO) need -v (README)
     logging.getLogger("backends.test").info("best so far 1.0")
     logging.getLogger("planner.api").info("phase detail")
@@ -702,7 +703,7 @@ def test_logging_goes_to_stderr_and_the_log_file(
     assert "best so far" not in err and "phase detail" not in err
     assert "backends.test: a warning" in err
     code, out, err = run(capsys, "plan", *MODEL, *DEVICES, "--json", "-v")
-    assert code == 0 and "planner.api: searching with auto" in err
+    assert code == 0 and "planner.api: searching with elimination" in err
     logging.getLogger("backends.test").info("best so far 2.0")
     assert "backends.test: best so far 2.0" in capsys.readouterr().err
     only_json(out)  # logging never goes to stdout

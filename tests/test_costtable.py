@@ -583,8 +583,10 @@ def test_plan_and_the_api_read_a_gzipped_problem(
     f = tmp_path / "p.json.gz"
     save_problem(p, tmp_path / "p.json")
     f.write_bytes(gzip.compress((tmp_path / "p.json").read_bytes()))
-    assert main(["plan", "--problem", str(f), "--backend", "search", "--json"]) == 0
+    argv = ["plan", "--problem", str(f), "--backend", "search", "--gap-tolerance", "0", "--json"]
+    assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["status"] == "OPTIMAL"
+    assert summary["status"] == "OPTIMAL" and summary["gap_tolerance"] == 0
     assert math.isclose(summary["objective"], brute_force(p)[1])
-    assert math.isclose(plan(str(f), backend="search").objective, brute_force(p)[1])
+    exact = plan(str(f), backend="search", gap_tolerance=0)
+    assert math.isclose(exact.objective, brute_force(p)[1])

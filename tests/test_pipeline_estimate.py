@@ -149,8 +149,10 @@ class _Measure:
 class _Fake(BestFirst):
     """Stage layouts "A" and "B", each one candidate of the same name; steps by level."""
 
-    def __init__(self, quick: dict[str, float], steps: dict[str, dict[int, float]]) -> None:
-        super().__init__(Deadline.never(), [], None)
+    def __init__(
+        self, quick: dict[str, float], steps: dict[str, dict[int, float]], tolerance: float = 0.0
+    ) -> None:
+        super().__init__(Deadline.never(), [], None, tolerance)
         self.steps = steps
         self.done: list[tuple[str, int]] = []
         for key, value in quick.items():
@@ -204,6 +206,20 @@ def test_best_first_stops_once_the_answer_is_below_every_other_value() -> None:
     tally = fake.run()
     assert tally.answer.layout == "A" and tally.answer.step == 1.2
     assert all(key == "A" for key, _ in fake.done)
+
+
+def test_best_first_stops_within_the_gap_tolerance() -> None:
+    """A settles at 1.2 on every device; B's closed-form estimate (1.15) could beat it by
+    4%, within a 10% gap tolerance: B is not costed (at tolerance 0 it is, and wins)."""
+    steps = {
+        "A": {ESTIMATE: 1.0, TWO_REPLICAS: 1.1, EVERY_DEVICE: 1.2},
+        "B": {ESTIMATE: 1.15, TWO_REPLICAS: 1.15, EVERY_DEVICE: 1.15},
+    }
+    near = _Fake({"A": 0.9, "B": 1.15}, steps, tolerance=0.1)
+    tally = near.run()
+    assert tally.answer.layout == "A" and all(key == "A" for key, _ in near.done)
+    exact = _Fake({"A": 0.9, "B": 1.15}, steps).run()
+    assert exact.answer.layout == "B" and exact.answer.step == 1.15
 
 
 def test_cut_short_the_answer_is_one_measured_as_far_as_it_can_be() -> None:

@@ -14,6 +14,12 @@ unassigned earlier neighbours. Assigning a node replaces those column minima by 
 so the bound only grows along a path (consistent). Children are tried cheapest first, so the
 first dive is a greedy solution. With a memory limit, unassigned nodes count with their
 smallest usage, so a partial assignment whose live usage already exceeds the limit is cut.
+
+A relative gap `tolerance` (`SolveOptions.gap_tolerance`) prunes every subtree whose bound
+is within it of the incumbent (bound * (1 + tolerance) >= incumbent), as MIP solvers do:
+the search then proves the incumbent within the tolerance of the optimum, and the bound it
+returns is the least bound of a subtree pruned so (the incumbent's value when none was),
+a proven lower bound on the optimum. Tolerance 0 is the exact search.
 """
 
 from __future__ import annotations
@@ -61,8 +67,11 @@ class _Search:
         deadline: float,
         lookahead: bool = True,
         progress: ProgressLog | None = None,
+        tolerance: float = 0.0,
     ):
         n = len(node_cost)
+        self.shrink = 1.0 / (1.0 + tolerance)  # a subtree must beat incumbent * shrink
+        self.pruned_low = math.inf  # the least bound of a subtree the tolerance pruned
         self.order = list(order) if order is not None else list(range(n))
         pos = {node: k for k, node in enumerate(self.order)}
         self.node_cost = [np.asarray(c, dtype=np.float64) for c in node_cost]
@@ -116,6 +125,19 @@ class _Search:
     def root_bound(self) -> float:
         return float(sum(c.min() for c in self.base))
 
+    def _beats(self, low: float) -> bool:
+        """Whether a subtree of lower bound `low` is searched: below the incumbent by more
+        than the tolerance; when only the tolerance prunes it, its bound is remembered."""
+        if low < self.best_value * self.shrink:
+            return True
+        if low < self.best_value:
+            self.pruned_low = min(self.pruned_low, low)
+        return False
+
+    def proven_bound(self) -> float:
+        """After a complete search: the least bound of what was not searched."""
+        return min(self.best_value, self.pruned_low)
+
     def _out_of_time(self, every: int = CHECK_EVERY) -> bool:
         self.expanded += 1
         if self.expanded % every == 0:
@@ -167,7 +189,7 @@ class _Search:
             row = acc[a]
             for c in np.argsort(row, kind="stable"):
                 gc = g + row[c]
-                if not gc + h_rest < self.best_value:
+                if not self._beats(gc + h_rest):
                     break  # children are sorted: no later c can do better
                 if use is not None and not self._fits(use, a, c):
                     continue
@@ -180,7 +202,7 @@ class _Search:
                         new_min = acc[b].min()
                         delta = math.inf if new_min == math.inf else delta + new_min - mins[b]
                         mins[b] = new_min
-                if gc + h_rest + delta < self.best_value:
+                if self._beats(gc + h_rest + delta):
                     choice[a] = int(c)
                     visit(depth + 1, gc, h_rest + delta)
                 for b, row_b, min_b in reversed(saved):  # parallel edges: undo in order
@@ -197,7 +219,7 @@ class _Search:
             return Outcome(self.best, self.best_value, True, self.best_value, self.expanded)
         visit(0, 0.0, root if self.lookahead else 0.0)
         complete = not self.timed_out
-        bound = self.best_value if complete else self.root_bound()
+        bound = self.proven_bound() if complete else self.root_bound()
         return Outcome(self.best, self.best_value, complete, bound, self.expanded)
 
     def _fits(self, use: np.ndarray, a: int, c: int) -> bool:
@@ -223,8 +245,8 @@ class _Search:
         while heap:
             f, _, g, partial = heapq.heappop(heap)
             bound = f
-            if f >= best_value:
-                return Outcome(best, best_value, True, best_value, self.expanded)
+            if f >= best_value * self.shrink:  # every open node within the tolerance
+                return Outcome(best, best_value, True, min(f, best_value), self.expanded)
             if len(partial) == n:
                 return Outcome(self._reorder(partial), g, True, g, self.expanded)
             self.best_value = best_value
@@ -278,14 +300,22 @@ def solve_exact(
     order: Sequence[int] | None = None,
     mode: str = "dfs",
     progress: ProgressLog | None = None,
+    tolerance: float = 0.0,
 ) -> Outcome:
-    """Minimize node + edge costs exactly until `deadline` (a `time.perf_counter()` value;
-    then best-so-far).
+    """Minimize node + edge costs exactly (within the relative gap `tolerance`: the module
+    docstring) until `deadline` (a `time.perf_counter()` value; then best-so-far).
 
     mode: "dfs" (branch and bound with the admissible bound), "astar", or "plain" (the
     depth-first search OptCNN compares against: pruned only by the cost so far)."""
     search = _Search(
-        node_cost, edges, order, memory, deadline, lookahead=mode != "plain", progress=progress
+        node_cost,
+        edges,
+        order,
+        memory,
+        deadline,
+        lookahead=mode != "plain",
+        progress=progress,
+        tolerance=tolerance,
     )
     if incumbent is None and memory is None:  # anytime: an answer even at a tiny limit
         incumbent = search.greedy()

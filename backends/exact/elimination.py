@@ -12,10 +12,11 @@ of an edge only depends on the configs at its two ends, whichever way the tensor
   single neighbour i folds into i's cost, cost_i[c_i] += min_{c_j} t(i, j)[c_i, c_j] + cost_j[c_j].
 
 Eliminations run until none applies; the final graph (K nodes; K <= 1 for the zoo's CNNs,
-whose graphs are series-parallel) is solved exactly by branch and bound
-(`backends.exact.branch_and_bound`) within the time limit, and the eliminations are undone in
-reverse order, each choosing the eliminated node's best config given its neighbours'
-(Algorithm 1, lines "undo").
+whose graphs are series-parallel) is solved exactly (within `SolveOptions.gap_tolerance`) by
+branch and bound (`backends.exact.branch_and_bound`) within the time limit, and the
+eliminations are undone in reverse order, each choosing the eliminated node's best config
+given its neighbours' (Algorithm 1, lines "undo"): the eliminations are exact, so the
+answer's gap is the final graph's.
 
 At scale. The min-plus product of Eq. 2 is pruned by bounds (`backends.exact.minplus`, exact).
 An elimination is a pure function of its input tables, and a Problem shares one read-only
@@ -263,7 +264,10 @@ class EliminationBackend(Backend[EliminationSettings]):
         final = sorted(g.cost)
         index = {node: k for k, node in enumerate(final)}
         edges = [(index[a], index[b], _view(t)) for (a, b), t in g.table.items()]
-        out = solve_exact([g.cost[n] for n in final], edges, deadline, progress=progress)
+        out = solve_exact(
+            [g.cost[n] for n in final], edges, deadline, progress=progress,
+            tolerance=options.gap_tolerance,
+        )  # fmt: skip
         stats = {
             "final_nodes": len(final),
             "final_edges": len(edges),
@@ -283,8 +287,8 @@ class EliminationBackend(Backend[EliminationSettings]):
         choice = {node: out.choices[index[node]] for node in final}
         g.undo(choice)
         choices = tuple(choice[i] for i in range(problem.num_nodes))
-        if complete:
-            return SolveResult(self.name, Status.OPTIMAL, choices, bound=out.value, stats=stats)
+        if complete:  # optimal, within the gap tolerance (branch and bound's bound)
+            return SolveResult(self.name, Status.OPTIMAL, choices, bound=out.bound, stats=stats)
         bound = out.bound if math.isfinite(out.bound) else None
         progress(lambda: f"time limit: best {out.value:.6g}, bound {bound}", force=True)
         return SolveResult(

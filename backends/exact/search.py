@@ -12,7 +12,8 @@ nodes in topological order with delta simulation of the partial strategy: ops no
 yet are left out of the task graph, and since every op only adds tasks and dependencies, the
 partial makespan is a lower bound for every completion (the max-plus timeline is monotone).
 Exact, but exponential: meant for small graphs (FlexFlow Sec. 8.4) or as a time-limited
-improver from a warm start.
+improver from a warm start. Both searches prune within `SolveOptions.gap_tolerance`
+(`backends.exact.branch_and_bound`): OPTIMAL is then optimal within it.
 """
 
 from __future__ import annotations
@@ -88,12 +89,13 @@ class SearchBackend(Backend[SearchSettings]):
             incumbent=incumbent,
             mode=mode,
             progress=ProgressLog(self.name),
+            tolerance=options.gap_tolerance,
         )
         stats = {"expanded": out.expanded, "mode": mode, "warm_start_used": incumbent is not None}
         if out.complete:
             if out.choices is None:
                 return SolveResult(self.name, Status.INFEASIBLE, bound=math.inf, stats=stats)
-            return SolveResult(self.name, Status.OPTIMAL, out.choices, bound=out.value, stats=stats)
+            return SolveResult(self.name, Status.OPTIMAL, out.choices, bound=out.bound, stats=stats)
         if out.choices is None:
             return SolveResult(
                 self.name, Status.NO_SOLUTION, bound=out.bound, limit=Limit.TIME, stats=stats
@@ -114,6 +116,8 @@ class SearchBackend(Backend[SearchSettings]):
             if memory_feasible(problem, start):
                 best = [Simulator(cm, problem.strategy(start).configs).makespan, start]
         warm_used = best[1] is not None
+        shrink = 1.0 / (1.0 + options.gap_tolerance)  # a partial makespan must beat best * shrink
+        pruned_low = [math.inf]  # the least partial makespan the tolerance alone pruned
         sim = Simulator(cm, [None] * len(graph.ops))
         ops_of = problem.ops_of_nodes
         order = [np.argsort(c, kind="stable") for c in problem.node_cost]  # cheap first
@@ -141,8 +145,10 @@ class SearchBackend(Backend[SearchSettings]):
                     continue
                 assign(depth, int(c))
                 choice[depth] = int(c)
-                if sim.makespan < best[0]:
+                if sim.makespan < best[0] * shrink:
                     visit(depth + 1)
+                elif sim.makespan < best[0]:
+                    pruned_low[0] = min(pruned_low[0], sim.makespan)
                 if timed_out[0]:
                     return
             assign(depth, None)
@@ -152,6 +158,7 @@ class SearchBackend(Backend[SearchSettings]):
         if not timed_out[0]:
             if best[1] is None:
                 return SolveResult(self.name, Status.INFEASIBLE, bound=math.inf, stats=stats)
-            return SolveResult(self.name, Status.OPTIMAL, best[1], bound=best[0], stats=stats)
+            bound = min(best[0], pruned_low[0])  # a partial makespan bounds its completions
+            return SolveResult(self.name, Status.OPTIMAL, best[1], bound=bound, stats=stats)
         status = Status.FEASIBLE if best[1] is not None else Status.NO_SOLUTION
         return SolveResult(self.name, status, best[1], limit=Limit.TIME, stats=stats)

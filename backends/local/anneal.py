@@ -55,6 +55,7 @@ from backends.base import (
     at_least,
     between,
     past,
+    proven_within,
 )
 from backends.local import kernels
 from backends.local.flat import FlatProblem, flatten
@@ -223,6 +224,12 @@ class _Link:
     def stopped(self) -> bool:
         return self.channel.stop is not None and self.channel.stop.is_set()
 
+    def proven(self, tolerance: float) -> bool:
+        """Whether the best answer is within the gap tolerance of a bound proven elsewhere
+        (`Channel.bound`): nothing left worth finding."""
+        bound = self.channel.known_bound()
+        return bound is not None and proven_within(self.best()[0], bound, tolerance)
+
 
 def _report(rounds: int, moves: int, floats: np.ndarray) -> Callable[[], str]:
     return lambda: f"round {rounds}: best {floats[kernels.F_BEST]:.6g} after {moves} moves"
@@ -268,11 +275,13 @@ class LocalBackend(Backend[LocalSettings]):
                 return found
         link = _Link(options.channel, arrays, state)
         link.send(force=True)
-        limit = self._anneal(flat, arrays, state, settings, clock.at, stats, link)
+        limit = self._anneal(flat, arrays, state, settings, clock.at, stats, link, options)
         value, choices = link.best()
+        bound = options.channel.known_bound()  # proven elsewhere: OPTIMAL when within it
         return SolveResult(
-            self.name, Status.FEASIBLE, choices, objective=value, limit=limit, stats=stats
-        )
+            self.name, Status.FEASIBLE, choices, objective=value, bound=bound, limit=limit,
+            stats=stats,
+        )  # fmt: skip
 
     def _first_feasible(
         self,
@@ -336,8 +345,10 @@ class LocalBackend(Backend[LocalSettings]):
         at: float,
         stats: dict[str, Any],
         link: _Link,
+        options: SolveOptions,
     ) -> Limit | None:
-        """Annealing rounds (module docstring, 4.); the limit that ended them."""
+        """Annealing rounds (module docstring, 4.); the limit that ended them (None also
+        when the best is within the gap tolerance of a bound given by the channel)."""
         floats, ints = state[6], state[7]
         uphill = kernels.uphill_deltas(arrays, state, CALIBRATION_SAMPLES)
         unit = float(np.median(uphill)) if len(uphill) else 0.0
@@ -350,7 +361,7 @@ class LocalBackend(Backend[LocalSettings]):
         per_round = longest
         progress = ProgressLog(self.name)
         t0 = time.perf_counter()
-        moves, rounds, stale, limit = 0, 0, 0, None
+        moves, rounds, stale, limit, proven = 0, 0, 0, None, False
         chunk_size = FIRST_CHUNK
         first = float(floats[kernels.F_BEST])
         while True:
@@ -365,6 +376,9 @@ class LocalBackend(Backend[LocalSettings]):
             while done < per_round and limit is None:
                 if past(at) or link.stopped():  # also before the first chunk: an expired
                     limit = Limit.TIME  # deadline keeps the start
+                    break
+                proven = link.proven(options.gap_tolerance)
+                if proven:
                     break
                 if link.receive():  # a better answer from elsewhere: a new round from it
                     stats["adopted"] = stats.get("adopted", 0) + 1
@@ -400,7 +414,7 @@ class LocalBackend(Backend[LocalSettings]):
             stale = 0 if better else stale + 1
             kernels.reset_to_best(arrays, state)
             link.send(force=True)
-            if limit is not None or (settings.patience and stale >= settings.patience):
+            if limit is not None or proven or (settings.patience and stale >= settings.patience):
                 break
         seconds = time.perf_counter() - t0
         stats.update(

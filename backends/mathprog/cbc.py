@@ -12,6 +12,7 @@ run's last bound and incumbent value can be read (`parse_log`).
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import shutil
 import signal
@@ -50,16 +51,22 @@ def run_cbc(
     stop_at: float,
     kill_at: float,
     should_stop: Callable[[], bool] = lambda: False,
+    on_bound: Callable[[float], None] | None = None,
 ) -> CbcProcess:
     """Run CBC with `args`; SIGINT at `stop_at` (or as soon as `should_stop()`), kill at
-    `kill_at` (perf_counter times; kill_at moves up to a few seconds after an early stop)."""
+    `kill_at` (perf_counter times; kill_at moves up to a few seconds after an early stop).
+    `on_bound(bound)`: each better lower bound CBC's log shows while it runs (in CBC's
+    objective: scaled, without a constant kept out of the model)."""
     prefix = ["stdbuf", "-oL"] if shutil.which("stdbuf") else []
     start = time.perf_counter()
     interrupted = killed = False
+    bounds = _BoundWatch(log, on_bound) if on_bound is not None else None
     with open(log, "w") as out:
         proc = subprocess.Popen([*prefix, *args], stdout=out, stderr=out, stdin=subprocess.DEVNULL)
         peak = 0.0
         while proc.poll() is None and time.perf_counter() < stop_at and not should_stop():
+            if bounds is not None:
+                bounds.read()
             peak = max(peak, _peak_mib(proc.pid))
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=min(POLL_SECONDS, max(0.0, stop_at - time.perf_counter())))
@@ -77,6 +84,31 @@ def run_cbc(
     text = log.read_text(errors="replace")
     wall = time.perf_counter() - start
     return CbcProcess(text, interrupted, killed, proc.returncode, wall, peak)
+
+
+class _BoundWatch:
+    """Reads what CBC has appended to its log and reports each better "best possible" bound
+    (its progress lines: "Cbc0010I After 100 nodes, ... best possible 85900 (0.50 seconds)")."""
+
+    def __init__(self, log: Path, on_bound: Callable[[float], None]):
+        self.log, self.on_bound = log, on_bound
+        self.offset, self.best = 0, -math.inf
+
+    def read(self) -> None:
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return
+        cut = data.rfind(b"\n") + 1  # whole lines only: the rest is read next time
+        self.offset += cut
+        text = data[:cut].decode(errors="replace")
+        for found in re.findall(rf"best possible ({NUMBER})", text):
+            value = float(found)
+            if self.best < value < 1e30:
+                self.best = value
+                self.on_bound(value)
 
 
 def _peak_mib(pid: int) -> float:

@@ -43,6 +43,7 @@ from backends.base import (
     SolveResult,
     Status,
     past,
+    proven_within,
 )
 from backends.heuristics.feasible import (
     feasible_positions,
@@ -447,25 +448,33 @@ class SolverBackend(Backend[SettingsT], Generic[SettingsT, ModelT, RunT]):
         when its last neighbourhood was the whole problem, or when it meets the bound."""
         assert best.choices is not None and self.solve_sub is not None
         channel = options.channel
+        tolerance = options.gap_tolerance
+        bound = max(
+            best.bound if best.bound is not None else full.trivial_bound(),
+            channel.known_bound() or -math.inf,  # e.g. the unconstrained optimum (auto)
+        )
         out = neighbourhood_search(
             problem, full, best.choices, deadline, seed=options.seed, stop=channel.stop,
             incoming=channel.incoming, on_incumbent=channel.on_incumbent,
-            solve_sub=self.solve_sub,
+            solve_sub=self.solve_sub, bound=bound, tolerance=tolerance,
         )  # fmt: skip
         phases["lns"] = out.stats
         phases["lns_seconds"] = out.stats["seconds"]
         current = best.objective if best.objective is not None else full.cost(best.choices)
         improved = out.value < current
         value = out.value if improved else current
-        bound = best.bound if best.bound is not None else full.trivial_bound()
-        optimal = out.proven or best.status is Status.OPTIMAL or bound >= value * (1 - 1e-9)
+        bound = max(bound, out.bound if out.bound is not None else -math.inf)
+        optimal = out.proven or best.status is Status.OPTIMAL
+        optimal = optimal or proven_within(value, bound, tolerance)
+        if optimal:  # what the proof says: the optimum is at least value / (1 + tolerance)
+            bound = max(bound, value / (1 + tolerance))
         stats = {**best.stats, "answer": "lns"} if improved else dict(best.stats)
         return replace(
             best,
             status=Status.OPTIMAL if optimal else Status.FEASIBLE,
             choices=out.choices if improved else best.choices,
             objective=value,
-            bound=value if optimal else min(bound, value),
+            bound=min(bound, value),
             limit=None if optimal else Limit.TIME,
             stats=stats,
         )
@@ -495,6 +504,8 @@ class SolverBackend(Backend[SettingsT], Generic[SettingsT, ModelT, RunT]):
         phases["restricted"] = k
         if sel is None:  # even the smallest model is too large for the time left
             return out_of_time(full, warm, self.name), k, None
+        if k is not None:  # a restricted model's bounds say nothing of the problem's optimum
+            options = replace(options, channel=replace(options.channel, on_bound=None))
         try:
             model = self.steps.encode_selection(sel, options, settings, warm, deadline)
         except OutOfTime:

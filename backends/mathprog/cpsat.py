@@ -583,6 +583,13 @@ def solve_encoded(
     # Python's handler takes a Ctrl-C (the stop request `_watch` ends the search with): CP-SAT's
     # own would swallow it, and the phases after this solve would run on
     solver.parameters.catch_sigint_signal = False
+    # CP-SAT stops with OPTIMAL once |objective - bound| <= relative_gap_limit * |objective|
+    # (sat_parameters.proto): r / (1 + r) keeps objective / bound - 1 <= r
+    r = options.gap_tolerance
+    solver.parameters.relative_gap_limit = r / (1 + r)
+    on_bound = options.channel.on_bound
+    if on_bound is not None and model.objective == "additive":  # in real units (the portfolio)
+        solver.best_bound_callback = lambda bound: on_bound(bound / model.scale, "cpsat")
     if options.threads > 1:
         solver.parameters.interleave_search = settings.interleave
     for key, value in {**_DEFAULTS.get(model.objective, {}), **settings.parameters}.items():
@@ -753,8 +760,8 @@ def solve_sub(
     model = encode_selection(sub, options, SUB_SETTINGS, hint, time.perf_counter() + seconds)
     seconds = max(1e-3, min(seconds, latest - time.perf_counter()))
     run = solve_encoded(model, options, SUB_SETTINGS, seconds)
-    found, _ = decode_selection(model, run)
-    return SubRun(found, run.status == "OPTIMAL", run.wall)
+    found, bound = decode_selection(model, run)
+    return SubRun(found, run.status == "OPTIMAL", run.wall, bound)
 
 
 # ----------------------------------------------------------------------------- backend

@@ -113,6 +113,18 @@ KILL_SECONDS = 0.0  # CBC still running this long past the deadline is killed: a
 # limit by 0.3 s on a busy machine)
 
 
+def _ratio_gap(options: SolveOptions, offset: float = 0.0) -> list[str]:
+    """CBC's relative gap option for `options.gap_tolerance` (none for 0: CBC proves exactly,
+    its default). CBC stops when best - bound <= ratioGap * |best| (CbcModel's
+    CbcAllowableFractionGap, relative to the incumbent), so r / (1 + r) keeps best / bound - 1
+    <= r; the additive model's constant `offset`, kept out of CBC's objective, must be >= 0
+    for that to hold of the whole objective (else CBC proves exactly)."""
+    r = options.gap_tolerance
+    if r <= 0 or offset < 0:
+        return []
+    return ["-ratioGap", f"{r / (1 + r):.12g}"]
+
+
 def _stop_margin(options: SolveOptions, io_seconds: float) -> float:
     """Seconds before the deadline at which CBC gets its SIGINT (its own limit one margin
     earlier): enough to write and read its solution, STOP_FRACTION of the time limit (of
@@ -447,6 +459,7 @@ def solve_encoded(
     if searching <= 0:  # writing it would take the time that is left: the start is the answer
         why = f"not run (writing the model takes ~{write:.2g} s)"
         return IlpRun("UNKNOWN", None, None, 0.0, True, {"cbc_result": why, "result": "UNKNOWN"})
+    gap = _ratio_gap(options)  # pulp passes each option as "-name value"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # PULP_CBC_CMD's notice about pulp 4
         solver = pulp.PULP_CBC_CMD(
@@ -458,6 +471,7 @@ def solve_encoded(
                 f"randomS {options.seed + 1}",
                 f"randomC {options.seed + 1}",
                 "timeMode elapsed",
+                *([f"{gap[0][1:]} {gap[1]}"] if gap else []),
             ],
         )
     with tempfile.TemporaryDirectory(prefix="layerwise-cbc-") as tmp:
@@ -517,10 +531,12 @@ def _solve_additive(
         args += ["-timeMode", "elapsed", "-sec", f"{max(0.1, seconds - margin):.2f}",
                  "-threads", str(options.threads),
                  "-randomS", str(options.seed + 1), "-randomC", str(options.seed + 1),
+                 *_ratio_gap(options, model.offset),
                  "-solve", "-printingOptions", "normal", "-solution", str(sol)]  # fmt: skip
         stop_at = deadline - margin
         kill_at = deadline + KILL_SECONDS
-        proc = run_cbc(args, log, stop_at, kill_at, _should_stop(options))
+        proc = run_cbc(args, log, stop_at, kill_at, _should_stop(options),
+                       _bound_reporter(model, options))  # fmt: skip
         parsed = parse_log(proc.text)
         parsed.update(lp_stats, cbc_peak_mib=proc.peak_mib)
         values = None
@@ -554,6 +570,16 @@ def _solve_additive(
     return IlpRun(status, objective, bound, wall, bool(parsed["stopped"]), parsed, values)
 
 
+def _bound_reporter(model: IlpModel, options: SolveOptions) -> Callable[[float], None] | None:
+    """CBC's bounds as it proves them, in real units, to `options.channel.on_bound` (the
+    portfolio's shared bound), when the caller listens."""
+    on_bound = options.channel.on_bound
+    if on_bound is None:
+        return None
+    scale, offset = model.scale, model.offset
+    return lambda bound: on_bound((bound + offset) / scale * (1 - 1e-12), "ilp")
+
+
 def _should_stop(options: SolveOptions) -> Callable[[], bool]:
     """A stop request: the user's (Ctrl-C) or the caller's (`options.channel.stop`)."""
     event = options.channel.stop
@@ -585,6 +611,9 @@ def _lp_start(
     if status.startswith("Optimal"):
         value = float(status.rsplit(" ", 1)[-1])
         out["lp_bound"] = value  # scaled, without the offset (as CBC's bound)
+        report = _bound_reporter(model, options)
+        if report is not None:
+            report(value)
     polish = min(deadline, time.perf_counter() + LP_FRACTION * left)
     choices, out["lp_start"] = rounded_lp_start(sel, ap, x, model.warm, polish)
     if choices is not None:

@@ -25,8 +25,10 @@ time limit, so the path depends on the machine's speed. They stop at `deadline`,
 request (Ctrl-C) or when `stop` (an Event: `SolveOptions.channel.stop`) is set.
 `incoming()` (optional: `SolveOptions.channel.incoming`) returns a better answer found
 elsewhere (the portfolio's other members), which the search then continues from. Each round
-gets SolveOptions with one thread, its seed, its time limit and the channel's `stop`; the
-round solver's settings are its own (`cpsat`: its defaults without the LP start).
+gets SolveOptions with one thread, its seed, its time limit, the channel's `stop` and the
+gap tolerance; the round solver's settings are its own (`cpsat`: its defaults without the LP
+start). Given a proven `bound` (the whole model's, before the search), the search stops once
+its answer is within the gap tolerance of it.
 """
 
 from __future__ import annotations
@@ -39,7 +41,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from backends.base import BackendError, Channel, ProgressLog, SolveOptions, StopFlag, past
+from backends.base import (
+    BackendError,
+    Channel,
+    ProgressLog,
+    SolveOptions,
+    StopFlag,
+    past,
+    proven_within,
+)
 from backends.model.selection import Memory, Selection, edge_sizes, range_sum
 from planner.deadline import OutOfTime
 
@@ -66,12 +76,14 @@ MIN_SUB_SECONDS = 0.05  # no round starts with less time than this left
 
 @dataclass(frozen=True)
 class SubRun:
-    """One round's exact sub-solve: its answer (None if none), whether it was proven optimal,
-    and the seconds its solver ran."""
+    """One round's exact sub-solve: its answer (None if none), whether it was proven optimal
+    (within the gap tolerance), the seconds its solver ran, and its proven bound (in the
+    sub-problem's costs; None if none)."""
 
     choices: tuple[int, ...] | None
     optimal: bool
     wall: float
+    bound: float | None = None
 
 
 class SubSolve(Protocol):
@@ -90,12 +102,15 @@ class SubSolve(Protocol):
 
 @dataclass
 class LnsOutcome:
-    """The best answer of a search, whether it was proven optimal, and what the rounds did."""
+    """The best answer of a search, whether it was proven optimal (within the gap tolerance:
+    by a whole-problem round, or by `bound`), the best bound known (the caller's, or a
+    whole-problem round's), and what the rounds did."""
 
     choices: tuple[int, ...]
     value: float
     proven: bool = False
     stats: dict[str, Any] = field(default_factory=dict)
+    bound: float | None = None
 
 
 class _Graph:
@@ -269,10 +284,14 @@ def neighbourhood_search(
     on_incumbent: Callable[[tuple[int, ...], str], None] | None = None,
     sub_seconds: float = SUB_SECONDS,
     solve_sub: SubSolve,
+    bound: float | None = None,
+    tolerance: float = 0.0,
 ) -> LnsOutcome:
     """Improve the valid answer `choices` of `problem` (reduced tables `sel`) until
     `deadline` (a `time.perf_counter()` value), solving each round with `solve_sub`; see the
-    module docstring."""
+    module docstring. `bound`, a proven lower bound of the problem's optimum: the search
+    stops as soon as its answer is within the relative gap `tolerance` of it (each round's
+    sub-solve proves within `tolerance` too)."""
 
     t0 = time.perf_counter()
     start = sel.positions(choices)
@@ -288,10 +307,12 @@ def neighbourhood_search(
     progress = ProgressLog("lns")
     stats: dict[str, Any] = {"rounds": 0, "improved": 0, "proofs": 0, "timeouts": 0,
                              "taken": 0}  # fmt: skip
-    opts = SolveOptions(threads=1, channel=Channel(stop=stop))
+    opts = SolveOptions(threads=1, channel=Channel(stop=stop), gap_tolerance=tolerance)
     proven = False
 
     def stopped() -> bool:
+        if proven_within(value, bound, tolerance):
+            return True  # within the tolerance of the bound: nothing left worth finding
         return past(deadline - MIN_SUB_SECONDS) or (stop is not None and stop.is_set())
 
     while n > 0 and not stopped():
@@ -327,8 +348,10 @@ def neighbourhood_search(
         found = run.choices
         if run.optimal:
             stats["proofs"] += 1
-            if whole:
+            if whole:  # the sub-problem is the problem: its bound is the problem's
                 proven = True
+                if run.bound is not None:
+                    bound = run.bound if bound is None else max(bound, run.bound)
         moved = sub.positions(found) if found is not None else None
         if moved is not None:
             # the sub-problem's cost differs from the problem's by a constant and its memory
@@ -350,7 +373,9 @@ def neighbourhood_search(
             size = max(MIN_TERMS, int(size * SHRINK))
     stats.update(terms=size, seconds=time.perf_counter() - t0)
     final = pos.tolist()  # the value summed once more, without the rounds' rounding
-    return LnsOutcome(sel.choices(final), sel.position_cost(final), proven, stats)
+    value = sel.position_cost(final)
+    proven = proven or proven_within(value, bound, tolerance)
+    return LnsOutcome(sel.choices(final), value, proven, stats, bound)
 
 
 def _line(value: float, rounds: int, terms: int) -> str:

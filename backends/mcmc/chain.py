@@ -64,6 +64,7 @@ from backends.base import (
     at_least,
     between,
     past,
+    proven_within,
 )
 from backends.mcmc.proposals import DNN_MIX, KINDS, TABLE_MIX, Proposer
 from backends.mcmc.starts import INITS, start_choices
@@ -226,7 +227,10 @@ class _Search:
         if self.best is None:
             return SolveResult("mcmc", Status.NO_SOLUTION, limit=limit, stats=self.stats)
         best, value = self.best[1], self.best[0]
-        return SolveResult("mcmc", Status.FEASIBLE, best, value, limit=limit, stats=self.stats)
+        bound = self.opts.channel.known_bound()  # proven elsewhere: OPTIMAL when within it
+        return SolveResult(
+            "mcmc", Status.FEASIBLE, best, value, bound, limit=limit, stats=self.stats
+        )
 
     def _keep(self, state: ChainState) -> bool:
         """Record the state if it is valid and better than the best so far."""
@@ -295,7 +299,14 @@ class _Search:
     def _energy(self, cost: float, violation: float, weight: float) -> float:
         return _energy(cost, violation, weight, self.scale)
 
-    def _chain(self, state: ChainState) -> Limit:
+    def _proven(self) -> bool:
+        """Whether the best is within the gap tolerance of a bound proven elsewhere
+        (`SolveOptions.channel.bound`; mcmc proves none itself)."""
+        bound = self.opts.channel.known_bound()
+        best = self.best[0] if self.best is not None else None
+        return bound is not None and proven_within(best, bound, self.opts.gap_tolerance)
+
+    def _chain(self, state: ChainState) -> Limit | None:
         s, rng = self.s, self.rng
         self.scale = _unit(self.p, state)
         mix = s.mix or (DNN_MIX if self.p.is_dnn else TABLE_MIX)
@@ -304,6 +315,7 @@ class _Search:
         first, hottest = s.temperature
         self.max_level = max(0, math.ceil(math.log2(hottest / first)))
         step = accepted = screened = level = since = restarts = 0
+        limit: Limit | None = None
         beta = weight = 0.0
         longest, last = 0.0, time.perf_counter()  # the slowest step so far, and when it began
         while True:
@@ -349,6 +361,9 @@ class _Search:
                 if self._keep(state):
                     self.counts[kind][2] += 1
                     level = since = 0  # improving: stay greedy
+                    if self._proven():
+                        limit = None  # within the gap tolerance of a bound given: done
+                        break
                 if accepted % RESYNC == 0 and state.memory is not None:
                     state.memory.resync()
             else:

@@ -126,7 +126,7 @@ class PipelineSearch:
                 f"got {given(problem)}"
             )
         with catch_interrupt():
-            result = _search(problem, settings, options.clock(), log.info)
+            result = _search(problem, settings, options.clock(), log.info, options.gap_tolerance)
             proven = result.status is Status.INFEASIBLE and result.limit is None
             if stop_requested() and not proven:
                 result = dataclasses.replace(result, limit=Limit.INTERRUPTED)
@@ -164,6 +164,7 @@ class _Space:
     settings: PipelineSettings
     usable: float
     state: float  # bytes of the parameters' training state, unsharded
+    tolerance: float = 0.0  # the relative gap at which the exact simulations stop
     groups: dict[Any, DeviceGraph] = field(default_factory=dict)
     micro: dict[int, OpGraph] = field(default_factory=dict)
     flights: dict[tuple[str, int, int, int], tuple[int, ...]] = field(default_factory=dict)
@@ -229,15 +230,17 @@ def _search(
     settings: PipelineSettings,
     deadline: Deadline,
     say: Callable[[str], None],
+    tolerance: float = 0.0,
 ) -> PipelineResult:
     """The search's steps: the per-op search's stage layouts (if asked), the stage layouts
     that can hold the parameters, each estimated in closed form, then best first
     (`_Selection`): costed, estimated, simulated on two replicas per stage and on every
-    device."""
+    device, until the best measured on every device is within the relative gap `tolerance`
+    of every value still queued."""
     t0 = time.perf_counter()
     graph, devices, options = problem.graph, problem.devices, problem.options
     usable = float(usable_memory(devices, options.headroom, options.reserve).min())
-    space = _Space(problem, settings, usable, parameter_state(graph, options))
+    space = _Space(problem, settings, usable, parameter_state(graph, options), tolerance)
     bound = compute_bound(graph, devices, options)  # first: not on a Ctrl-C's way out
     if "search" in settings.inner:
         looking = deadline.share(INNER_SHARE)
@@ -530,7 +533,7 @@ class _Selection(BestFirst):
     `_simulate_one` and `_on_every_device`."""
 
     def __init__(self, space: _Space, deadline: Deadline, ranked: _Ranked) -> None:
-        super().__init__(deadline, list(ranked.unreached), space.settings.exact)
+        super().__init__(deadline, list(ranked.unreached), space.settings.exact, space.tolerance)
         self.space = space
         self.tally.least = ranked.least
         for estimate, key in ranked.estimates:

@@ -85,8 +85,11 @@ class BestFirst(ABC):
     """The queue and its rule (the module's docstring); the steps that measure a value one
     level further are the subclass's."""
 
-    def __init__(self, deadline: Deadline, pending: list[Any], cap: int | None) -> None:
+    def __init__(
+        self, deadline: Deadline, pending: list[Any], cap: int | None, tolerance: float = 0.0
+    ) -> None:
         self.deadline = deadline
+        self.shrink = 1.0 / (1.0 + tolerance)  # a final within the gap tolerance is taken
         self.pending = pending  # stage layouts not estimated yet
         self.cap = cap
         self.tally = Tally()
@@ -119,6 +122,9 @@ class BestFirst(ABC):
                 continue
             if not self._queue:
                 break
+            near = self._within_tolerance()
+            if near is not None:
+                return self._answer(near)
             _, _, _, final, level, item = heapq.heappop(self._queue)
             self._candidates -= int(level == ESTIMATE)
             if level == STAGE and self._candidates and not self.measured and self.late():
@@ -146,6 +152,20 @@ class BestFirst(ABC):
         return self._answer(
             min(settled or self.measured.values(), key=lambda r: (r.step, r.layout))
         )
+
+    def _within_tolerance(self) -> Measure | None:
+        """The best settled measure when no value still queued (nor a stage layout not yet
+        estimated) could beat it by more than the gap tolerance, else None."""
+        if self.shrink == 1.0 or self.pending or not self.settled:
+            return None
+        best = min(
+            (self.measured[k] for k in self.settled if k in self.measured),
+            key=lambda r: (r.step, r.layout),
+            default=None,
+        )
+        if best is None or best.step * self.shrink > self._queue[0][0]:
+            return None
+        return best
 
     def _answer(self, best: Measure) -> Tally:
         self.tally.answer = best

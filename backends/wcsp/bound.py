@@ -35,6 +35,7 @@ from backends.wcsp.memory import Steps, node_prices, profile, steps
 from backends.wcsp.network import Network, build_network
 from planner.deadline import Deadline, past
 from planner.problems.problem import Problem
+from planner.result import proven_within
 
 __all__ = ["Lagrangian", "lower_bound"]
 
@@ -78,6 +79,8 @@ class Lagrangian:
     best: float = -math.inf
     best_lam: np.ndarray | None = None
     iterations: int = 0
+    tolerance: float = 0.0  # the relative gap at which `run` stops (`SolveOptions.gap_tolerance`)
+    on_bound: Callable[[float], None] | None = None  # called with each better bound
     lam: np.ndarray = field(init=False)
     solved: Network = field(init=False)
 
@@ -149,6 +152,8 @@ class Lagrangian:
             self.best, self.best_lam = value, self.lam.copy()
             self.best_msgs = (self.msg_u.copy(), self.msg_v.copy())
             self.stall = 0
+            if self.on_bound is not None:
+                self.on_bound(value)
         else:
             self.stall += 1
             if self.stall >= self.patience:  # Polyak's step overshoots near the top
@@ -198,9 +203,9 @@ class Lagrangian:
         on_labelling: Callable[[np.ndarray], float | None] | None = None,
         max_steps: int | None = None,
     ) -> float:
-        """Steps until `deadline`, `max_steps`, or no gain; the best bound. `on_labelling`
-        sees every labelling and may return the cost of an answer it made of it (which
-        becomes the target `upper`)."""
+        """Steps until `deadline`, `max_steps`, no gain, or a bound that proves `upper`
+        within `tolerance`; the best bound. `on_labelling` sees every labelling and may
+        return the cost of an answer it made of it (which becomes the target `upper`)."""
         if self.net.empty is not None or self._least_overfills():
             self.best = math.inf
             return math.inf
@@ -216,8 +221,8 @@ class Lagrangian:
                 cost = on_labelling(x)
                 if cost is not None and (upper is None or cost < upper):
                     upper = cost
-            if upper is not None and self.best >= upper * (1 - 1e-9):
-                break  # proven: nothing left to close
+            if proven_within(upper, self.best, self.tolerance):
+                break  # proven within the tolerance: nothing left worth closing
             gained = self.best - before
             flat = flat + 1 if gained <= 1e-7 * max(abs(self.best), 1.0) else 0
             if self.st is None or self.count == 0:

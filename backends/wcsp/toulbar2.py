@@ -66,6 +66,7 @@ from backends.base import (
     at_least,
     between,
     past,
+    proven_within,
     stop_requested,
 )
 from backends.wcsp import trws
@@ -242,21 +243,26 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         seconds = _seconds(net, clock.left())
         if seconds is None:
             return self._answer(best, None, Limit.TIME, stats)
+        tolerance = options.gap_tolerance
+        # UB - LB <= tolerance x a bound known now (<= LB) keeps UB / LB - 1 <= tolerance
+        least = _least_cost(net)
+        gap = tolerance * least * (1 - 1e-6) if 0 < least < math.inf else 0.0
         run = _apart(
-            clock, net, np.zeros_like(net.unary), scale, options.seed, seconds, st, problem
+            clock, net, np.zeros_like(net.unary), scale, options.seed, seconds, st, problem, gap
         )
         stats.update(rounds=1, toulbar2_seconds=run.seconds, toulbar2_nodes=run.nodes)
         if run.labels is not None:
             best.offer(problem, net.choices(run.labels), "toulbar2")
-        bound = run.bound / run.scale if run.proven else None
+        # rounded down: the network's optimum / scale <= the real one, and the answer is
+        # within n / scale of it (the module docstring)
+        bound = run.bound / run.scale if run.labels is not None or run.proven else None
         if run.proven and best.choices is None:
             return SolveResult(self.name, Status.INFEASIBLE, bound=math.inf, stats=stats)
-        if run.proven and best.choices is not None:
-            # rounded down: the network's optimum / scale <= the real one, and the answer is
-            # within n / scale of it (the module docstring)
-            slack = 1e-9 * max(abs(best.cost), 1e-300)
-            if best.cost - run.bound / run.scale <= slack:
-                return self._answer(best, best.cost, None, stats, Status.OPTIMAL)
+        if best.choices is not None and proven_within(best.cost, bound, tolerance):
+            if run.proven and tolerance == 0:  # exact: the rounding is below the proof's
+                bound = best.cost
+            return self._answer(best, bound, None, stats, Status.OPTIMAL)
+        if run.proven:
             return self._answer(best, bound, None, stats)
         limit = Limit.TIME if past(clock.at) or run.timed_out else None
         return self._answer(best, bound, limit, stats)
@@ -288,8 +294,8 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         bound = best_bound if math.isfinite(best_bound) else None
         if lagrange.best == math.inf:
             return SolveResult(self.name, Status.INFEASIBLE, bound=math.inf, stats=stats)
-        if bound is not None and best.choices is not None and bound >= best.cost * (1 - 1e-9):
-            return self._answer(best, best.cost, None, stats, Status.OPTIMAL)
+        if best.choices is not None and proven_within(best.cost, bound, options.gap_tolerance):
+            return self._answer(best, bound, None, stats, Status.OPTIMAL)
         limit = Limit.TIME if timed_out or past(clock.at) else Limit.ITERATIONS
         return self._answer(best, bound, limit, stats)
 
@@ -339,7 +345,12 @@ class _PricedSearch:
         inc = trws.incidence(net.noff, net.eu, net.ev)
         self.con = _contraction(net, clock, stats)
         self.solved = self.con.net if self.con is not None else net  # what toulbar2 is given
-        self.lagrange = Lagrangian(net, st, contraction=self.con)
+        self.tolerance = options.gap_tolerance
+        on_bound = options.channel.on_bound
+        self.lagrange = Lagrangian(
+            net, st, contraction=self.con, tolerance=self.tolerance,
+            on_bound=(lambda b: on_bound(b, "toulbar2")) if on_bound is not None else None,
+        )  # fmt: skip
         self.upper = best.cost if best.choices is not None else None
         self.g = kernel_arrays(net.noff, net.unary, net.eu, net.ev, net.eoff, net.binary, inc)
         self.pool: list[np.ndarray] = []  # the rounds' labellings and answers, newest last
@@ -384,6 +395,13 @@ class _PricedSearch:
             self.fix(x, "lagrangian")
         return best.cost if best.choices is not None else None
 
+    def proven(self) -> bool:
+        """Whether the best answer is within the gap tolerance of the best bound (the
+        Lagrangian one, or a round's): the search can stop."""
+        bound = max(self.lagrange.best, self.stats.get("round_bound", -math.inf))
+        cost = self.best.cost if self.best.choices is not None else None
+        return proven_within(cost, bound, self.tolerance)
+
     def step(self) -> None:
         """One step of the bound while a round runs (`overlap`)."""
         best = self.best
@@ -391,22 +409,24 @@ class _PricedSearch:
             self.clock, best.cost if best.choices is not None else None, self.on_labelling, 1
         )
 
-    def idle(self) -> None:
+    def idle(self) -> bool:
         """While a round runs: a step of the bound (`overlap`), or a short sleep; and
         every CROSS_SECONDS, if another member's answer is better than the best the
-        last crossover started from, the crossovers from it."""
+        last crossover started from, the crossovers from it. True: the best answer is now
+        proven within the gap tolerance (the round is stopped)."""
         if self.settings.overlap:
             self.step()
         else:
             time.sleep(POLL_SECONDS)
         if self.options.channel.incoming is None or not self.pool:
-            return
+            return self.proven()
         if time.perf_counter() - self.crossed[0] >= CROSS_SECONDS:
             self.best.receive(self.problem)
             if self.best.cost < self.crossed[1]:
                 self.recombine(None, None, "crossover", self.idle_budget)
             else:
                 self.crossed = time.perf_counter(), self.crossed[1]
+        return self.proven()
 
     # -- the rounds --------------------------------------------------------------------
 
@@ -423,6 +443,8 @@ class _PricedSearch:
         timed_out = False
         round_limit = settings.round_seconds
         for k in range(settings.max_rounds):
+            if self.proven():
+                break  # the best answer is within the gap tolerance of the bound
             seconds = self._round_seconds(k, round_limit)
             if seconds is None:
                 timed_out = True
@@ -430,8 +452,8 @@ class _PricedSearch:
             run = self._round(k, lam, seconds)
             timed_out = run.timed_out
             if run.labels is None:
-                if run.proven or past(clock.at):
-                    break  # nothing avoids the forbidden pairs, or no time is left
+                if run.proven or past(clock.at) or self.proven():
+                    break  # nothing avoids the forbidden pairs, no time is left, or proven
                 # too short to find a labelling (S with 10 s rounds: none in 240 s): the
                 # same prices again, twice as long
                 stats["empty_rounds"] = stats.get("empty_rounds", 0) + 1
@@ -620,6 +642,15 @@ def _contraction(net: Network, clock: Deadline, stats: dict[str, Any]) -> Contra
     return con
 
 
+def _least_cost(net: Network) -> float:
+    """A lower bound of any labelling's cost: each node's cheapest value and each edge's
+    cheapest allowed pair, summed."""
+    unary = np.minimum.reduceat(net.unary, net.noff[:-1]).sum() if net.num_nodes else 0.0
+    finite = np.where(np.isfinite(net.binary), net.binary, np.inf)
+    pairs = np.minimum.reduceat(finite, net.eoff[:-1]).sum() if len(net.eu) else 0.0
+    return float(unary + pairs)
+
+
 def _conflicts(net: Network, x: np.ndarray) -> int:
     """How many forbidden pairs labelling x has."""
     dv = net.noff[net.ev + 1] - net.noff[net.ev]
@@ -679,12 +710,13 @@ def _exact_memory(problem: Problem, net: Network, settings: Toulbar2Settings) ->
     return bool(np.all(net.usage == np.round(net.usage))) and bool(np.all(np.isfinite(limit)))
 
 
-def _apart(clock: Deadline, *args: Any, idle: Callable[[], Any] | None = None) -> _Run:
+def _apart(clock: Deadline, *args: Any, idle: Callable[[], bool] | None = None) -> _Run:
     """`_run(*args)` in a forked child process: toulbar2's solve cannot be interrupted in
     this one (it holds the interpreter, and pytoulbar2 takes over SIGINT), so the child is
     killed at the deadline (plus KILL_SECONDS) or at Ctrl-C (plus INTERRUPT_GRACE_SECONDS),
     and the round counts as one without an answer. The child ignores SIGINT itself. `idle`,
-    if given, is called again and again while the child works (a short step each time)."""
+    if given, is called again and again while the child works (a short step each time); when
+    it returns True the child is killed too."""
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     log = _new_log()  # made and removed here: a killed child leaves none behind
@@ -702,7 +734,8 @@ def _apart(clock: Deadline, *args: Any, idle: Callable[[], Any] | None = None) -
                 except EOFError:  # the child died without an answer
                     break
             if idle is not None and not past(clock.at):
-                idle()
+                if idle():
+                    break  # the caller needs the round no more: killed below
             elif idle is not None:
                 time.sleep(POLL_SECONDS)
             now = time.perf_counter()
@@ -755,11 +788,15 @@ def _run(
     seconds: int,
     st: Steps | None,
     problem: Problem,
+    gap: float = 0.0,
     log: str | None = None,
 ) -> _Run:
     """One toulbar2 solve of the network, unary costs raised by `penalty` (flat, per value)
-    and, with `st`, the memory rows as knapsack constraints. High prices lower the scale so
-    that the total stays within TOTAL (a priced round proves nothing anyway)."""
+    and, with `st`, the memory rows as knapsack constraints; it stops once its answer is
+    within `gap` (real units) of its dual bound (toulbar2's -agap; its relative gap cannot
+    be set through pytoulbar2 0.0.0.x, whose `option.relgap` takes only integers). High
+    prices lower the scale so that the total stays within TOTAL (a priced round proves
+    nothing anyway)."""
     priced = net.unary + penalty
     most = float(np.maximum.reduceat(priced, net.noff[:-1]).sum())
     most += float(np.max(net.binary, where=np.isfinite(net.binary), initial=0.0)) * len(net.eu)
@@ -803,6 +840,7 @@ def _run(
             return _Run(None, top, True, False, 0.0, 0, time.perf_counter() - t0, scale)
     t1 = time.perf_counter()
     pytoulbar2.pytb2.option.limited = False  # set by toulbar2 when a limit stops the search
+    pytoulbar2.pytb2.option.absgap = max(0, math.floor(gap * scale))
     result = cfn.Solve(timeLimit=seconds)
     elapsed = time.perf_counter() - t1
     dual = float(cfn.GetDDualBound())

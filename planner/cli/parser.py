@@ -20,6 +20,7 @@ from planner.cli.args import (
     size_bytes,
 )
 from planner.request import DEFAULT_TIME_LIMIT
+from planner.result import DEFAULT_GAP_TOLERANCE
 
 __all__ = ["MODEL_HELP", "build_parser", "plot_path"]
 
@@ -150,6 +151,14 @@ def _search_args(p: argparse.ArgumentParser) -> None:
         "backends stop as soon as they have proven their answer)",
     )
     p.add_argument("--seed", type=nonnegative_int, default=0, help="random seed >= 0 (default 0)")
+    p.add_argument(
+        "--gap-tolerance",
+        type=_gap_tolerance,
+        default=DEFAULT_GAP_TOLERANCE,
+        help="relative gap (objective / bound - 1) at which a search stops once its answer is "
+        f"proven within it, the answer then OPTIMAL (default {DEFAULT_GAP_TOLERANCE:g}, as MIP "
+        "solvers; 0: prove the optimum exactly)",
+    )
     p.add_argument(
         "--option",
         dest="backend_options",
@@ -468,6 +477,18 @@ def _reserve_gib(text: str) -> float:
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a number of GiB >= 0, got {text!r}")
     return value * 2**30
+
+
+def _gap_tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a relative gap in [0, 1) (e.g. 1e-4, or 0 to prove exactly), got {text!r}"
+        )
+    return value
 
 
 def _headroom(text: str) -> float:

@@ -63,6 +63,7 @@ def _request(args: argparse.Namespace, deadline: Any) -> Any:
         objective=args.objective,
         time_limit=args.time_limit,
         seed=args.seed,
+        gap_tolerance=args.gap_tolerance,
         max_configs=args.max_configs,
         memory_limit=args.memory_limit,
         cost=args.cost or "analytic",

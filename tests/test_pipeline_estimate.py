@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import backends.pipeline.search as search
-from backends.pipeline.candidates import balance, in_flight_counts, splits
+from backends.pipeline.candidates import balance, in_flight_counts, splits, virtuals
 from backends.pipeline.estimate import closed_form_chunk
 from backends.pipeline.select import ESTIMATE, EVERY_DEVICE, STAGE, TWO_REPLICAS, BestFirst
 from backends.pipeline.settings import PipelineSettings
@@ -78,7 +78,8 @@ def test_the_closed_form_keeps_the_simulations_memory() -> None:
 def test_an_interleaved_estimate_counts_every_chunks_sync() -> None:
     """Interleaved, a stage's chunks sync one after another once its last backward is done
     (the pipeline's timeline): the estimate adds them, and comes within 10% of the
-    simulation. With the largest chunk's sync alone it was up to 20% below."""
+    simulation on equal chunks, 12% on uneven ones (their stages' fill and drain
+    approximated). With the largest chunk's sync alone it was up to 20% below."""
     space = _space("dgx-a100-80g-2", zero=0)
     options = space.cost_options("none", 0)
     checked = 0
@@ -90,9 +91,11 @@ def test_an_interleaved_estimate_counts_every_chunks_sync() -> None:
             _, timeline = search._simulate(
                 graph, devices, cand.layout, options, space.micro, space.groups
             )
-            assert cand.estimate == pytest.approx(timeline.makespan, rel=0.10)
+            even = len(set(cand.layout.blocks)) == 1
+            rel = 0.10 if even else 0.12
+            assert cand.estimate == pytest.approx(timeline.makespan, rel=rel)
             checked += 1
-    assert checked >= 3
+    assert checked >= 10
 
 
 def test_in_flight_counts_are_the_schedules_own() -> None:
@@ -133,7 +136,20 @@ def test_126_blocks_over_16_stages_are_searched() -> None:
     the search tries when the first and last stages weigh about a block each."""
     tried = splits(126, 16, 1, _units(1.0, 1.0))
     assert [7, *[8] * 14, 7] in tried
-    assert splits(126, 16, 2, _units(1.0, 1.0)) == [[126 // 32] * 32]  # interleaved: equal
+
+
+def test_interleaved_chunks_need_not_divide_the_blocks() -> None:
+    """126 blocks on 16 stages interleaved (Llama 3 405B's layout): no v >= 2 cuts them into
+    equal chunks, yet every v up to 7 (a block per chunk at least) is a candidate, its
+    chunks one block apart at most between the first and last; 96 blocks divide into 32
+    equal chunks, which are tried too."""
+    assert virtuals("interleaved", 16, 16, 126) == [2, 3, 4, 5, 6, 7]
+    for v in (2, 7):
+        tried = splits(126, 16, v, _units(1.0, 1.0))
+        assert tried and all(len(s) == 16 * v and sum(s) == 126 and min(s) >= 1 for s in tried)
+        assert any(max(s[1:-1]) - min(s[1:-1]) <= 1 for s in tried)
+    assert [3] * 32 in splits(96, 16, 2, _units(1.0, 1.0))
+    assert virtuals("interleaved", 16, 8, 126) == []  # m not a multiple of p
 
 
 # -- best first on fake steps ----------------------------------------------------------------

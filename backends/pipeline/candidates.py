@@ -8,8 +8,9 @@ with v chunks per stage) and the blocks of each chunk. Its `estimate` of the ste
 - one chunk per stage: fill and drain through every stage plus (m - 1) x the busiest
   stage's work per micro-batch (Narayanan et al., SC'21, Sec. 2.2.1: the bubble is p - 1
   micro-batch times on uniform stages), plus the messages and the sync left at the end;
-- interleaved: m x the busiest stage's work plus (p - 1) / v of it (Sec. 2.2.2: the bubble
-  shrinks v-fold), plus the messages and the sync left at the end;
+- interleaved: m x the busiest stage's work plus the other stages' work per micro-batch
+  over v ((p - 1) / v of the busiest on equal stages: Sec. 2.2.2, the bubble shrinks
+  v-fold), plus the messages and the sync left at the end;
 - the sync left at the end is the stage's chunks' syncs one after another, as the pipeline's
   timeline runs them (`planner.pipeline.timeline.simulate_pipeline`: after a stage's last
   backward, its chunks' syncs in turn), the largest over the stages.
@@ -17,10 +18,10 @@ with v chunks per stage) and the blocks of each chunk. Its `estimate` of the ste
 Its `peak` per device: each stage's fixed bytes plus its kept activations times the
 micro-batches its schedule keeps in flight (`in_flight_counts`).
 
-Blocks per stage (`splits`): equal chunks when interleaved; else the first stage (which
-also holds the embeddings) and the last (the final norm, the head and the loss) take their
-counts around the point where the stages' work balances, and the stages between share the
-rest evenly. A head of a 128k vocabulary weighs several blocks, so the last stage's count
+Blocks per chunk (`splits`): the first chunk (which also holds the embeddings) and the last
+(the final norm, the head and the loss) take their counts around the point where the
+chunks' work balances, and the chunks between share the rest evenly (interleaved: equal
+chunks too, when they divide the blocks). A head of a 128k vocabulary weighs several blocks, so the last stage's count
 is centred that many blocks below the others' (what Megatron-LM's
 `--decoder-first-pipeline-num-layers` and `--decoder-last-pipeline-num-layers` set by hand).
 """
@@ -100,10 +101,10 @@ def _score(
     busiest = max(work)
     messages = 2 * (p * v - 1) * message
     tail = max(syncs)
-    if v == 1:
-        estimate = (m - 1) * busiest + sum(work) + messages + tail
-    else:
-        estimate = m * busiest + (p - 1) * busiest / v + messages + tail
+    # the busiest stage's m micro-batches, and the others' work it waits for in the fill
+    # and drain, v-fold less interleaved: (p - 1) / v of it on equal stages (SC'21 Sec.
+    # 2.2.2); one chunk per stage, (m - 1) x busiest + sum(work) (Sec. 2.2.1)
+    estimate = m * busiest + (sum(work) - busiest) / v + messages + tail
     return estimate, peak
 
 
@@ -123,36 +124,43 @@ def in_flight_counts(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
 
 def virtuals(name: str, p: int, m: int, blocks: int) -> list[int]:
     """The chunks per stage schedule `name` takes: 1 for GPipe (more than one stage) and
-    1F1B; interleaved, every v >= 2 that cuts the blocks into p x v equal chunks (m a
-    multiple of p)."""
+    1F1B; interleaved, every v >= 2 that gives each of the p x v chunks a block at least
+    (m a multiple of p, as Megatron-LM's interleaved schedule requires)."""
     if name != "interleaved":
         return [1] if name == "1f1b" or p > 1 else []
     if p == 1 or m % p:
         return []
-    return [v for v in range(2, blocks // p + 1) if blocks % (p * v) == 0]
+    return list(range(2, blocks // p + 1))
 
 
 def splits(blocks: int, p: int, v: int, u: Units) -> list[list[int]]:
-    """Blocks per chunk: equal when interleaved (v > 1); else the first and last stages
-    within `SPLIT_WINDOW` blocks of their balance points (`balance`), the stages between
-    sharing the rest evenly (the earlier ones one more when it does not divide)."""
-    if v > 1:
-        return [[blocks // (p * v)] * (p * v)]
-    if p == 1:
+    """Blocks per chunk (p x v chunks, chunk c on stage c % p): the first chunk (which also
+    holds the embeddings) and the last (the final norm, the head and the loss) within
+    `SPLIT_WINDOW` blocks of their balance points (`balance`; one block when interleaved,
+    whose chunks are small), the chunks between sharing the rest evenly (the earlier ones
+    one more when it does not divide: with v > 1 those are on different stages while the
+    remainder is below p); interleaved, also equal chunks when they divide the blocks.
+    Llama 3 405B's 126 layers on 16 stages are 7 or 8 per stage, or with v = 7 one or two
+    per chunk, the first and last chunks one."""
+    count = p * v
+    if count == 1:
         return [[blocks]]
-    centre_first, centre_last = balance(blocks, p, u)
-    out = []
-    for first in _around(centre_first, blocks):
-        for last in _around(centre_last, blocks):
+    centre_first, centre_last = balance(blocks, count, u)
+    window = SPLIT_WINDOW if v == 1 else 1
+    out = [[blocks // count] * count] if v > 1 and blocks % count == 0 else []
+    for first in _around(centre_first, blocks, window):
+        for last in _around(centre_last, blocks, window):
             rest = blocks - first - last
-            if p == 2:
+            if count == 2:
                 if rest == 0:
                     out.append([first, last])
                 continue
-            if rest < p - 2:
+            if rest < count - 2:
                 continue
-            q, r = divmod(rest, p - 2)
-            out.append([first, *(q + (1 if k < r else 0) for k in range(p - 2)), last])
+            q, r = divmod(rest, count - 2)
+            split = [first, *(q + (1 if k < r else 0) for k in range(count - 2)), last]
+            if split not in out:
+                out.append(split)
     return out
 
 
@@ -171,5 +179,5 @@ def balance(blocks: int, p: int, u: Units) -> tuple[int, int]:
     return max(1, round(share - extra_first)), max(1, round(share - extra_last))
 
 
-def _around(centre: int, blocks: int) -> range:
-    return range(max(1, centre - SPLIT_WINDOW), min(blocks, centre + SPLIT_WINDOW) + 1)
+def _around(centre: int, blocks: int, window: int = SPLIT_WINDOW) -> range:
+    return range(max(1, centre - window), min(blocks, centre + window) + 1)

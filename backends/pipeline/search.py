@@ -10,9 +10,10 @@ The space (the one Narayanan et al., SC'21, Sec. 3, explore by hand, searched he
 - b samples per replica per micro-batch (powers of two), so m = B / (d b) micro-batches;
 - the schedule: GPipe and 1F1B with one chunk per stage, or interleaved 1F1B with v chunks;
 - recomputation ("none" or "full") and the ZeRO stage, from the caller's choices;
-- the blocks per stage: equal for interleaved; else the first and last stages (which also
-  hold the embeddings and the head) around the counts that balance the stages' work, the
-  others sharing the rest evenly (`backends.pipeline.candidates.splits`).
+- the blocks per chunk: the first and last chunks (which also hold the embeddings and the
+  head) around the counts that balance the chunks' work, the others sharing the rest evenly,
+  and equal chunks when interleaved and they divide the blocks
+  (`backends.pipeline.candidates.splits`).
 
 How it is searched, in `_search`: `_searched_layouts` (the per-op search's stage layouts),
 `_stage_layouts` (every (p, t, b, recomputation, ZeRO, rule)), `_holding` (those whose

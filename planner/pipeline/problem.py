@@ -93,8 +93,8 @@ class Layout:
         )
 
     def _blocks(self) -> str:
+        per = "chunk" if self.virtual > 1 else "stage"
         if len(set(self.blocks)) == 1:
-            per = "chunk" if self.virtual > 1 else "stage"
             k = self.blocks[0]
             return f"{k} block{'s' if k != 1 else ''} per {per}"
-        return f"blocks per stage {list(self.blocks)}"
+        return f"blocks per {per} {list(self.blocks)}"

@@ -215,3 +215,19 @@ def test_a_device_file_without_flops8_keeps_its_16_bit_peak_for_fp8() -> None:
     d = Device("g", "gpu", 1e13, 1e12, 2**30, "h", flops16=1e14)
     assert d.peak8 == 1e14
     assert replace(d, flops8=2e14).peak8 == 2e14
+
+
+def test_fused_consumers_cast_their_shared_input_once() -> None:
+    """With `transfer_once` (Megatron-Core's fused QKV and gate/up projections: one linear),
+    the FP8 linears reading one tensor share its cast and transpose."""
+    g = block_graph()
+    twin = replace(g.op("layers.0.fc"), name="layers.0.fc2")
+    fp8 = with_precision(OpGraph("twins", (*g.ops[:3], twin)), "transformer-engine")
+    devices = get_preset("dgx-h100-1")
+    cfg = ParallelConfig((1, 1), (0,))
+    apart = CostModel(fp8, devices)._fp8_casts(fp8.op("layers.0.fc"), cfg)
+    fused = CostModel(fp8, devices, CostOptions(transfer_once=True))._fp8_casts(
+        fp8.op("layers.0.fc"), cfg
+    )
+    assert fused[0] == apart[0] / 2  # X cast once for both
+    assert apart[1] - fused[1] == pytest.approx(2.0 * ROWS * K / 2)  # X transposed once

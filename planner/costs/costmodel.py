@@ -447,7 +447,7 @@ class CostModel:
         if shapes is None:
             return 0.0, 0.0
         ((m, n, k),) = shapes
-        return cast_bytes(op, cfg, m, n, k)
+        return cast_bytes(op, cfg, m, n, k, self._cast_sharers(op))
 
     def _cast_sharers(self, op: Op) -> int:
         """The FP8 linears that cast `op`'s input once between them: with `transfer_once`

@@ -85,6 +85,7 @@ __all__ = [
     "fit",
     "framework_options",
     "main",
+    "micro_batch_times",
     "nemo_flops_per_token",
     "predict",
     "read_rows",
@@ -277,7 +278,7 @@ def _chunks(
     from planner.hardware.presets import get_preset
     from planner.pipeline.layouts import block_ranges
     from planner.pipeline.spec import Pipeline, PipelinedStrategy
-    from planner.pipeline.stages import chunk_problem, chunk_times
+    from planner.pipeline.stages import chunk_problem
     from planner.problems.baselines import megatron
     from planner.problems.strategy import Strategy
 
@@ -316,10 +317,10 @@ def _chunks(
             fwd, bwd = local.task_times(i, cfg)
             mine[_KINDS.get(op.kind, "memory")] += float(fwd[0] + bwd[0])
         work.append(mine)
-    return chunk_times(cm, ps), work
+    return micro_batch_times(cm, ps), work
 
 
-def _micro_batch_times(cm: Any, ps: Any) -> list[Any]:
+def micro_batch_times(cm: Any, ps: Any) -> list[Any]:
     """Every chunk's `ChunkTimes`, its forward and backward those of a micro-batch that
     syncs nothing: `chunk_times` simulates one micro-batch with its gradient sync, which
     runs beside its backward (`dp_overlap`) and, on links the backward's own messages use

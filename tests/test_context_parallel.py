@@ -117,3 +117,26 @@ def test_attention_on_chunks_runs_its_own_block_causal_and_the_others_full() -> 
     causal, full = cudnn.rates(4096, True)[0], cudnn.rates(4096, False)[0]
     work = flops / 2 * 0.5  # a rank's half of the causal product
     assert fwd == pytest.approx(work / 2 / causal + work / 2 / full)
+
+
+def test_a_micro_batch_that_syncs_nothing_keeps_its_backward_clean(graph: OpGraph) -> None:
+    """`experiments.calibration.micro_batch_times`: the forward and backward of every
+    micro-batch without the gradient sync beside it, the sync what the last one takes
+    beyond them (the same step for the last micro-batch)."""
+    from experiments.calibration import micro_batch_times
+    from planner.pipeline.spec import Pipeline, PipelinedStrategy
+    from planner.pipeline.stages import chunk_times
+    from planner.problems.strategy import Strategy
+
+    devices = get_preset("dgx-h100-2")
+    s = megatron(graph, devices, tensor=4, context=2)  # context pairs on two nodes
+    pipe = Pipeline((0, len(graph.ops)), (tuple(range(16)),), 1, "1f1b")
+    ps = PipelinedStrategy(Strategy(graph, devices, s.configs), pipe)
+    cm = CostModel(graph, devices, CostOptions(dp_overlap=1.0))
+    (full,) = chunk_times(cm, ps)
+    (clean,) = micro_batch_times(cm, ps)
+    (after,) = chunk_times(CostModel(graph, devices, CostOptions(dp_overlap=0.0)), ps)
+    assert (clean.forward, clean.backward) == (after.forward, after.backward)
+    total = full.forward + full.backward + full.sync
+    assert clean.forward + clean.backward + clean.sync == pytest.approx(total)
+    assert clean.backward < full.backward  # the sync delayed the keys and values

@@ -172,9 +172,10 @@ def framework_options(row: Published, **overrides: Any) -> Any:
     """The training the published runs did, as cost options: mixed-precision Adam with fp32
     master weights (16 bytes per parameter), the row's ZeRO stage (the distributed optimizer
     when the row does not say) and recomputation, the kernels of Megatron-Core with
-    Transformer Engine on Hopper (`CostOptions.rates` "shape", cuDNN fused attention) and the
-    overlap of its performance recipes (`FRAMEWORK_OVERLAP["megatron-recipe"]`).
-    `overrides`: other cost options."""
+    Transformer Engine on Hopper (`CostOptions.rates` "shape", cuDNN fused attention;
+    torchtitan's rows PyTorch's `scaled_dot_product_attention`, FlashAttention-2), the
+    overlap of its performance recipes (`FRAMEWORK_OVERLAP["megatron-recipe"]`) and NCCL's
+    rings, one per NIC (`nic_rails`). `overrides`: other cost options."""
     from planner.costs.costmodel import CostOptions
     from planner.costs.overlap import FRAMEWORK_OVERLAP
 
@@ -185,8 +186,9 @@ def framework_options(row: Published, **overrides: Any) -> Any:
         "zero": 1 if zero is None else zero,
         "recompute": recompute(row),
         "rates": "shape",
-        "attention_kernel": "cudnn",
+        "attention_kernel": "fa2" if "torchtitan" in row.source.lower() else "cudnn",
         "transfer_once": True,
+        "nic_rails": True,
     }
     values |= FRAMEWORK_OVERLAP["megatron-recipe"].options()
     # Megatron-Bridge overlaps p2p only with interleaving; else batched, blocking sends

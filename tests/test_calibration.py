@@ -202,6 +202,9 @@ def test_the_frameworks_settings(tmp_path: Path) -> None:
         write_rows(tmp_path / "m.csv", TINY | {"source": "maxtext", "recompute": "unknown"})
     )
     assert recompute(maxtext) == "full" and recompute(row) == "none"
+    (titan,) = read_rows(write_rows(tmp_path / "t.csv", TINY | {"source": "pytorch/torchtitan"}))
+    assert framework_options(titan).attention_kernel == "fa2"  # PyTorch's SDPA
+    assert options.nic_rails  # NCCL's rings, one per NIC
 
 
 def test_a_small_row_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,10 +7,12 @@ tokens/s (and TFLOP/s) per GPU. For every row the model can express (`unsupporte
 another is skipped):
 
 1. the model as the row says (`build_graph`: a Llama-style block of `planner.graph.llm`,
-   squared-ReLU for Nemotron-4, GPT for GPT-3) in bf16, captured at one micro-batch of the
-   two data-parallel replicas simulated per stage;
+   squared-ReLU for Nemotron-4, GPT for GPT-3) in bf16, an FP8 row's block linears in FP8
+   as Transformer Engine runs them, captured at one micro-batch of the two data-parallel
+   replicas simulated per stage;
 2. the published layout (`simulate_row`): tensor parallelism of the row's size inside each
-   node with sequence parallelism (`planner.problems.baselines.megatron`), the row's
+   node with sequence parallelism, then context parallelism
+   (`planner.problems.baselines.megatron`), the row's
    pipeline stages and virtual stages (interleaved 1F1B; the first and last chunks a layer
    lighter when the layers do not divide), data parallelism over the rest, the
    distributed optimizer as ZeRO 1 (a sharded data-parallel layout as ZeRO 3), the
@@ -18,8 +20,9 @@ another is skipped):
    (`dgx-h200-N`) as the pipeline search does (`backends.pipeline.search._simulate`): two
    replicas per stage, the gradient sync scaled to the stage's replicas;
 3. the training the frameworks ran (`framework_options`): mixed-precision Adam with fp32
-   master weights, the kernels (`CostOptions.rates` "shape", cuDNN fused attention) and the
-   communication overlap of Megatron-Core's performance recipes;
+   master weights, the kernels (`CostOptions.rates` "shape", cuDNN fused attention;
+   torchtitan's FlashAttention-2), NCCL's rails and the communication overlap of
+   Megatron-Core's performance recipes;
 4. predicted tokens/s per GPU = GBS x sequence / step / GPUs, and TFLOP/s per GPU in the
    row's own convention: the published TFLOP/s x predicted / published tokens/s (the FLOPs
    per token the source counted); a row without tokens/s converts its TFLOP/s with NeMo's

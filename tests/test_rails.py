@@ -66,3 +66,14 @@ def test_rails_divide_the_host_crossing_time_by_the_replicas_per_host() -> None:
         for f in (False, True)
     ]  # fmt: skip
     assert sims[1] < sims[0] and np.isfinite(sims).all()
+
+
+def test_a_strategy_file_keeps_nic_rails() -> None:
+    """A plan's cost section with `nic_rails` (a bool, as the plan writes it) reads back; a
+    non-bool is refused by `CostOptions`, in one line."""
+    from planner.cli.inputs import check_cost_section
+    from planner.errors import LayerwiseError
+
+    assert CostOptions(**check_cost_section({"nic_rails": True})).nic_rails
+    with pytest.raises(LayerwiseError, match="nic_rails must be True or False"):
+        CostOptions(**check_cost_section({"nic_rails": 1}))

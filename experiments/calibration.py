@@ -7,10 +7,12 @@ tokens/s (and TFLOP/s) per GPU. For every row the model can express (`unsupporte
 another is skipped):
 
 1. the model as the row says (`build_graph`: a Llama-style block of `planner.graph.llm`,
-   squared-ReLU for Nemotron-4, GPT for GPT-3) in bf16, captured at one micro-batch of the
-   two data-parallel replicas simulated per stage;
+   squared-ReLU for Nemotron-4, GPT for GPT-3) in bf16, an FP8 row's block linears in FP8
+   as Transformer Engine runs them, captured at one micro-batch of the two data-parallel
+   replicas simulated per stage;
 2. the published layout (`simulate_row`): tensor parallelism of the row's size inside each
-   node with sequence parallelism (`planner.problems.baselines.megatron`), the row's
+   node with sequence parallelism, then context parallelism
+   (`planner.problems.baselines.megatron`), the row's
    pipeline stages and virtual stages (interleaved 1F1B; the first and last chunks a layer
    lighter when the layers do not divide), data parallelism over the rest, the
    distributed optimizer as ZeRO 1 (a sharded data-parallel layout as ZeRO 3), the
@@ -18,8 +20,9 @@ another is skipped):
    (`dgx-h200-N`) as the pipeline search does (`backends.pipeline.search._simulate`): two
    replicas per stage, the gradient sync scaled to the stage's replicas;
 3. the training the frameworks ran (`framework_options`): mixed-precision Adam with fp32
-   master weights, the kernels (`CostOptions.rates` "shape", cuDNN fused attention) and the
-   communication overlap of Megatron-Core's performance recipes;
+   master weights, the kernels (`CostOptions.rates` "shape", cuDNN fused attention;
+   torchtitan's FlashAttention-2), NCCL's rails and the communication overlap of
+   Megatron-Core's performance recipes;
 4. predicted tokens/s per GPU = GBS x sequence / step / GPUs, and TFLOP/s per GPU in the
    row's own convention: the published TFLOP/s x predicted / published tokens/s (the FLOPs
    per token the source counted); a row without tokens/s converts its TFLOP/s with NeMo's
@@ -50,7 +53,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,12 +61,14 @@ from typing import Any
 from experiments.published import (
     COLUMNS,
     GPUS_PER_NODE,
+    LLAMA3_PAPER,
     PRESETS,
     ROWS,
     Published,
     assumptions,
     family,
     nemo_flops_per_token,
+    precision,
     read_rows,
     recompute,
     unsupported,
@@ -83,6 +88,7 @@ __all__ = [
     "fit",
     "framework_options",
     "main",
+    "micro_batch_times",
     "nemo_flops_per_token",
     "predict",
     "read_rows",
@@ -101,10 +107,12 @@ CALIBRATION_SHARE = 1 / 3  # of the configurations (`configuration`)
 def build_graph(row: Published, batch: int, layers: int | None = None) -> Any:
     """The row's model in bf16 captured at `batch` samples (and `layers` blocks, default
     the row's), coarsened as the planner plans it (`planner.graph.coarsen`: an activation
-    or dropout folds into the linear before it, as the frameworks fuse them)."""
+    or dropout folds into the linear before it, as the frameworks fuse them), in the row's
+    precision (`experiments.published.precision`: FP8 rows as Transformer Engine trains)."""
     from planner.graph.capture import capture
     from planner.graph.coarsen import coarsen
     from planner.graph.llm import build_llm
+    from planner.graph.precision import with_precision
 
     n = layers or row.layers
     if family(row) == "gpt":
@@ -119,7 +127,7 @@ def build_graph(row: Published, batch: int, layers: int | None = None) -> Any:
             hidden_dim=row.ffn_hidden, vocab_size=row.vocab, max_seq_len=row.seq,
             tie_embeddings=row.tied, mlp="relu2" if family(row) == "nemotron" else "swiglu",
         )  # fmt: skip
-    return coarsen(capture(module, inputs, row.model))
+    return with_precision(coarsen(capture(module, inputs, row.model)), precision(row))
 
 
 def chunk_layers(layers: int, chunks: int) -> list[int]:
@@ -137,11 +145,11 @@ def chunk_layers(layers: int, chunks: int) -> list[int]:
 
 def replica_layout(row: Published) -> tuple[tuple[int, ...], int, int]:
     """Which devices are simulated: the first and the last data-parallel replica of every
-    stage (Megatron-LM's rank order: tensor innermost, then data, then pipeline), as indices
-    on a preset of just the nodes they occupy (every node alike on one non-blocking fabric:
-    the same links between them as in the whole cluster); that preset's nodes; the replicas
-    per stage simulated."""
-    t, d, p = row.tp, row.data, row.pp
+    stage (Megatron-LM's rank order: tensor innermost, then context, then data, then
+    pipeline), as indices on a preset of just the nodes they occupy (every node alike on one
+    non-blocking fabric: the same links between them as in the whole cluster); that preset's
+    nodes; the replicas per stage simulated."""
+    t, d, p = row.tp * row.cp, row.data, row.pp  # a replica: its tensor x context ranks
     group = t * d
     replicas = (0, d - 1) if d >= 2 else (0,)
     real = [s * group + r * t + k for s in range(p) for r in replicas for k in range(t)]
@@ -157,7 +165,7 @@ def replica_devices(row: Published) -> tuple[Any, int]:
 
     keep, nodes, here = replica_layout(row)
     graph = get_preset(f"{PRESETS[row.gpu]}-{nodes}")
-    return graph.subset(keep, f"{graph.name}[{row.pp} x {row.tp * here}]"), here
+    return graph.subset(keep, f"{graph.name}[{row.pp} x {row.tp * row.cp * here}]"), here
 
 
 # -- the simulation -----------------------------------------------------------------------
@@ -167,9 +175,10 @@ def framework_options(row: Published, **overrides: Any) -> Any:
     """The training the published runs did, as cost options: mixed-precision Adam with fp32
     master weights (16 bytes per parameter), the row's ZeRO stage (the distributed optimizer
     when the row does not say) and recomputation, the kernels of Megatron-Core with
-    Transformer Engine on Hopper (`CostOptions.rates` "shape", cuDNN fused attention) and the
-    overlap of its performance recipes (`FRAMEWORK_OVERLAP["megatron-recipe"]`).
-    `overrides`: other cost options."""
+    Transformer Engine on Hopper (`CostOptions.rates` "shape", cuDNN fused attention;
+    torchtitan's rows PyTorch's `scaled_dot_product_attention`, FlashAttention-2), the
+    overlap of its performance recipes (`FRAMEWORK_OVERLAP["megatron-recipe"]`) and NCCL's
+    rings, one per NIC (`nic_rails`). `overrides`: other cost options."""
     from planner.costs.costmodel import CostOptions
     from planner.costs.overlap import FRAMEWORK_OVERLAP
 
@@ -180,12 +189,17 @@ def framework_options(row: Published, **overrides: Any) -> Any:
         "zero": 1 if zero is None else zero,
         "recompute": recompute(row),
         "rates": "shape",
-        "attention_kernel": "cudnn",
+        "attention_kernel": "fa2" if "torchtitan" in row.source.lower() else "cudnn",
         "transfer_once": True,
+        "nic_rails": True,
     }
     values |= FRAMEWORK_OVERLAP["megatron-recipe"].options()
     # Megatron-Bridge overlaps p2p only with interleaving; else batched, blocking sends
     values["pp_overlap"] = 1.0 if row.virtual > 1 else 0.0
+    if row.source == LLAMA3_PAPER:  # Sec. 3.3.2: "asynchronous point-to-point communication
+        # in PP"; all-gather context parallelism, "the all-gather communication latency is
+        # exposed in the critical path"
+        values |= {"pp_overlap": 1.0, "cp_overlap": 0.0}
     values |= FITTED
     return CostOptions(**(values | overrides))
 
@@ -221,9 +235,9 @@ def simulate_row(row: Published, options: Any) -> tuple[float, Breakdown]:
     from planner.pipeline.timeline import simulate_pipeline
 
     p, v, m = row.pp, row.virtual, row.micro_batches
-    here = min(row.data, 2)
+    here = min(row.data, 2) * row.cp  # a weight's replicas: data x context ranks
     simulated, work = _chunks(_layout_key(row), options)
-    scale = ring_factor(row.data) / ring_factor(here) if here > 1 else 0.0
+    scale = ring_factor(row.data * row.cp) / ring_factor(here) if here > 1 else 0.0
     chunks = [dataclasses.replace(c, sync=c.sync * scale) for c in simulated]
     schedule = "interleaved" if v > 1 else "1f1b"
     overlap = options.pp_overlap
@@ -251,7 +265,8 @@ def _layout_key(row: Published) -> tuple[Published, tuple[int, ...], int]:
     provenance, and its simulated devices (`replica_layout`: which of them share a node)."""
     keep, nodes, here = replica_layout(row)
     bare = dataclasses.replace(
-        row, line=0, source="", release="", gpus=row.tp * row.pp * here,
+        row, line=0, source="torchtitan" if "torchtitan" in row.source.lower() else "",
+        release="", gpus=row.tp * row.cp * row.pp * here,
         gbs=here * row.micro_batch * row.pp, tokens=None, tflops=1.0, notes="",
     )  # fmt: skip
     return bare, keep, nodes
@@ -268,28 +283,28 @@ def _chunks(
     from planner.hardware.presets import get_preset
     from planner.pipeline.layouts import block_ranges
     from planner.pipeline.spec import Pipeline, PipelinedStrategy
-    from planner.pipeline.stages import chunk_problem, chunk_times
+    from planner.pipeline.stages import chunk_problem
     from planner.problems.baselines import megatron
     from planner.problems.strategy import Strategy
 
     row, keep, nodes = key
     graph_of = get_preset(f"{PRESETS[row.gpu]}-{nodes}")
     here = row.data
-    devices = graph_of.subset(keep, f"{graph_of.name}[{row.pp} x {row.tp * here}]")
-    t, p, v = row.tp, row.pp, row.virtual
+    t, c, p, v = row.tp, row.cp, row.pp, row.virtual
+    devices = graph_of.subset(keep, f"{graph_of.name}[{p} x {t * c * here}]")
     graph = build_graph(row, here * row.micro_batch)
-    group = t * here
+    group = t * c * here
     ranges = block_ranges(graph)
     bounds, at = [0], 0
     for k in chunk_layers(row.layers, p * v)[:-1]:
-        at += k
-        bounds.append(ranges[at][0])
+        at += k  # a chunk past the last block holds the head alone
+        bounds.append(ranges[at][0] if at < len(ranges) else ranges[-1][1])
     bounds.append(len(graph.ops))
     groups = tuple(tuple(range(s * group, (s + 1) * group)) for s in range(p))
     pipe = Pipeline(
         tuple(bounds), groups, p * v if v > 1 else 1, "interleaved" if v > 1 else "1f1b"
     )
-    inner = megatron(graph, devices.subset(range(group)), t)
+    inner = megatron(graph, devices.subset(range(group)), t, c)
     configs = tuple(
         ParallelConfig(
             c.degrees, tuple(groups[pipe.chunk_of(i) % p][d] for d in c.devices), c.reduce
@@ -307,7 +322,34 @@ def _chunks(
             fwd, bwd = local.task_times(i, cfg)
             mine[_KINDS.get(op.kind, "memory")] += float(fwd[0] + bwd[0])
         work.append(mine)
-    return chunk_times(cm, ps), work
+    return micro_batch_times(cm, ps), work
+
+
+def micro_batch_times(cm: Any, ps: Any) -> list[Any]:
+    """Every chunk's `ChunkTimes`, its forward and backward those of a micro-batch that
+    syncs nothing: `chunk_times` simulates one micro-batch with its gradient sync, which
+    runs beside its backward (`dp_overlap`) and, on links the backward's own messages use
+    (keys and values between context ranks on two nodes), delays them; every micro-batch
+    would pay that, where only the last one of a step syncs. So the forward and backward
+    come from the same simulation with the sync after the backward, and the sync is what
+    the last micro-batch takes beyond them."""
+    from planner.costs.costmodel import CostModel
+    from planner.pipeline.stages import chunk_times
+
+    full = chunk_times(cm, ps)
+    if cm.options.dp_overlap <= 0:
+        return full
+    after = dataclasses.replace(cm.options, dp_overlap=0.0)
+    quiet = chunk_times(CostModel(cm.graph, cm.devices, after), ps)
+    return [
+        dataclasses.replace(
+            f,
+            forward=q.forward,
+            backward=q.backward,
+            sync=max(0.0, f.forward + f.backward + f.sync - q.forward - q.backward),
+        )
+        for f, q in zip(full, quiet, strict=True)
+    ]
 
 
 # -- calibration --------------------------------------------------------------------------
@@ -321,11 +363,30 @@ def configuration(row: Published) -> str:
 
 
 def calibration_configurations(rows: Sequence[Published]) -> set[str]:
-    """The calibration subset's configurations: of those the model can express, the third
-    (rounded up) with the smallest SHA-256 digests of `configuration` (a rule on the rows'
-    metadata only; docs/calibration.md says how it came about)."""
-    keys = sorted({configuration(r) for r in rows if unsupported(r) is None}, key=_digest)
+    """The calibration subset's configurations: of those the model could express before FP8
+    and context parallelism (`calibration_candidate`), the third (rounded up) with the
+    smallest SHA-256 digests of `configuration` (a rule on the rows' metadata only;
+    docs/calibration.md says how it came about). Every FP8 row, every row with context
+    parallelism and the Llama 3 paper's rows are held out."""
+    keys = sorted({configuration(r) for r in rows if calibration_candidate(r)}, key=_digest)
     return set(keys[: math.ceil(len(keys) * CALIBRATION_SHARE)])
+
+
+def calibration_candidate(row: Published) -> bool:
+    """Whether `row` may be in the calibration subset: a row the model expresses, in bf16,
+    without context parallelism, whose virtual stages its source gives (not the Llama 3
+    paper's, derived from its text)."""
+    plain = row.precision.lower() == "bf16" and row.cp == 1 and row.source != LLAMA3_PAPER
+    return plain and unsupported(row) is None
+
+
+def held_out_kind(row: Published) -> str:
+    """What kind of row a held-out row is, for the summaries: "fp8", "cp", "fp8+cp" (both),
+    "frontier" (the Llama 3 paper's rows), or "bf16"."""
+    if row.source == LLAMA3_PAPER:
+        return "frontier"
+    fp8, cp = row.precision.lower().startswith("fp8"), row.cp > 1
+    return "fp8+cp" if fp8 and cp else "fp8" if fp8 else "cp" if cp else "bf16"
 
 
 def _digest(key: str) -> str:
@@ -343,7 +404,7 @@ def fit(rows: Sequence[Published]) -> dict[str, float]:
     """Each parameter of `FIT_GRID` (one at a time, the others at `FITTED`): the grid value
     with the smallest median absolute error on the calibration subset's rows."""
     chosen = calibration_configurations(rows)
-    mine = [r for r in rows if configuration(r) in chosen and unsupported(r) is None]
+    mine = [r for r in rows if configuration(r) in chosen and calibration_candidate(r)]
     out = dict(FITTED)
     for name, grid in FIT_GRID.items():
         scores = []
@@ -387,12 +448,16 @@ def run(rows: Sequence[Published], calibrated: bool, **overrides: Any) -> list[d
     records = []
     chosen = calibration_configurations(rows) if calibrated else set()
     for row in rows:
-        held = "calibration" if configuration(row) in chosen else "held-out"
+        mine = configuration(row) in chosen and calibration_candidate(row)
+        held = "calibration" if mine else "held-out"
         rec: dict[str, Any] = {
             "line": row.line,
             "source": row.source,
             "release": row.release,
             "run": row.name,
+            "model": row.model,
+            "precision": row.precision,
+            "kind": held_out_kind(row),
             "set": held if calibrated else "yours",
         }
         reason = unsupported(row)
@@ -418,15 +483,38 @@ def run(rows: Sequence[Published], calibrated: bool, **overrides: Any) -> list[d
     return records
 
 
-def summary(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Median and largest absolute error, and the count, per set of predicted rows."""
+def summary(
+    records: Sequence[dict[str, Any]], key: Callable[[dict[str, Any]], str] | None = None
+) -> dict[str, dict[str, float]]:
+    """Median and largest absolute error, the mean signed error, and the count, per set of
+    predicted rows (or per `key` of a record)."""
+    group = key or (lambda r: str(r["set"]))
     out: dict[str, dict[str, float]] = {}
-    for name in sorted({r["set"] for r in records if "error" in r}):
-        errors = sorted(abs(r["error"]) for r in records if r.get("set") == name and "error" in r)
+    done = [r for r in records if "error" in r]
+    for name in sorted({group(r) for r in done}):
+        signed = [r["error"] for r in done if group(r) == name]
+        errors = sorted(abs(e) for e in signed)
         mid = len(errors) // 2
         median = errors[mid] if len(errors) % 2 else (errors[mid - 1] + errors[mid]) / 2
-        out[name] = {"rows": len(errors), "median": median, "max": errors[-1]}
+        out[name] = {
+            "rows": len(errors),
+            "median": median,
+            "max": errors[-1],
+            "mean": sum(signed) / len(signed),
+        }
     return out
+
+
+def held_out_summaries(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """The held-out rows' summaries by kind (`held_out_kind`), and the FP8 and context-
+    parallel rows' by model and precision."""
+    held = [r for r in records if r.get("set") == "held-out"]
+    out = {f"held-out {k}": v for k, v in summary(held, lambda r: r["kind"]).items()}
+    new = [r for r in held if r["kind"] in ("fp8", "cp", "fp8+cp")]
+    by = summary(
+        new, lambda r: f"{r['model']} {r['precision']}{' CP' if 'cp' in r['kind'] else ''}"
+    )
+    return out | {f"  {k}": v for k, v in by.items()}
 
 
 def table(records: Sequence[dict[str, Any]]) -> str:
@@ -459,9 +547,10 @@ def table(records: Sequence[dict[str, Any]]) -> str:
             skipped[r["skipped"]] = skipped.get(r["skipped"], 0) + 1
     lines.append("")
     lines += [f"skipped, {n} rows: {reason}" for reason, n in sorted(skipped.items())]
-    for name, s in summary(records).items():
+    for name, s in (summary(records) | held_out_summaries(records)).items():
         lines.append(
-            f"{name}: {s['rows']} rows, median |error| {s['median']:.1%}, max {s['max']:.1%}"
+            f"{name}: {s['rows']} rows, median |error| {s['median']:.1%}, max {s['max']:.1%}, "
+            f"mean {s['mean']:+.1%}"
         )
     return "\n".join(lines)
 
@@ -478,7 +567,11 @@ def write(records: Sequence[dict[str, Any]], out: Path, meta: dict[str, Any]) ->
         writer = csv.DictWriter(fh, fieldnames=keys)
         writer.writeheader()
         writer.writerows(records)
-    payload = {"meta": meta, "summary": summary(records), "rows": list(records)}
+    payload = {
+        "meta": meta,
+        "summary": summary(records) | held_out_summaries(records),
+        "rows": list(records),
+    }
     write_text_atomic(out / "calibration.json", json.dumps(payload, indent=2, default=str) + "\n")
     _plot(records, out / "calibration.png")
 

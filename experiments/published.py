@@ -111,8 +111,10 @@ class Published:
 
     @property
     def name(self) -> str:
-        layout = f"TP{self.tp} PP{self.pp}" + (f" VP{self.virtual}" if self.virtual > 1 else "")
-        return f"{self.model} {self.gpus} GPUs {layout} GBS {self.gbs}"
+        layout = f"TP{self.tp} PP{self.pp}" + (f" CP{self.cp}" if self.cp > 1 else "")
+        layout += f" VP{self.virtual}" if self.virtual > 1 else ""
+        fp8 = f" {self.precision.upper()}" if self.precision.lower().startswith("fp8") else ""
+        return f"{self.model} {self.gpus} GPUs {layout} GBS {self.gbs}{fp8}"
 
 
 _INTS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "gpus", "seq", "gbs")
@@ -185,16 +187,25 @@ def family(row: Published) -> str | None:
     return None
 
 
+# Precisions a row may give, and the `planner.graph.precision` name each trains in
+PRECISIONS = {"bf16": None, "fp8": "transformer-engine", "fp8-cs": "transformer-engine-cs"}
+LLAMA3_PAPER = "arxiv.org/abs/2407.21783"  # the Llama 3 paper's rows (Table 4)
+
+
 def unsupported(row: Published) -> str | None:
     """Why the cost model cannot express `row` (None: it can)."""
     if row.missing:
         return f"no {', '.join(row.missing)} given"
     checks = (
         (row.ep > 1 or "moe" in row.notes.lower(), "mixture of experts: no expert layers"),
-        (row.cp > 1, "context parallelism (CP > 1) is not modelled"),
         (
-            not row.precision.lower().startswith("bf16"),
-            f"{row.precision} is not priced (bf16 only)",
+            "finetun" in row.release.lower(),
+            "fine-tuning on packed sequences: attention within each packed sequence, whose "
+            "lengths are not given",
+        ),
+        (
+            row.precision.lower() not in PRECISIONS,
+            f"precision {row.precision!r} is not priced (bf16, fp8, fp8-cs)",
         ),
         (row.gpu not in PRESETS, f"no preset for the GPU {row.gpu!r}"),
         (family(row) is None, f"{row.model!r} is not a Llama, Nemotron or GPT block"),
@@ -211,8 +222,8 @@ def unsupported(row: Published) -> str | None:
         return "pipelined without its virtual stages: the schedule's bubble is not known"
     if row.virtual > 1 and row.micro_batches % row.pp:
         return "interleaved schedule needs micro-batches that the stages divide"
-    if row.layers < row.pp * row.virtual:
-        return "fewer layers than pipeline chunks"
+    if row.layers < row.pp * row.virtual - 2:
+        return "fewer layers than pipeline chunks, the embedding's and the head's aside"
     if family(row) == "gpt" and (row.ffn_hidden != 4 * row.hidden or row.kv_heads != row.heads):
         return "GPT block with other than a 4h MLP and one key/value head per head"
     if row.recompute not in ("none", "full", "selective", "unknown"):
@@ -238,6 +249,18 @@ def assumptions(row: Published) -> list[str]:
     return out
 
 
+def precision(row: Published) -> str | None:
+    """The `planner.graph.precision` name of the row's training: None for bf16 (the graph is
+    captured in bf16), Transformer Engine's FP8 with delayed scaling for "fp8" (the recipes'
+    default: NeMo's `fp8_hybrid`, Megatron-Bridge's "FP8"), with current scaling for
+    "fp8-cs"; torchtitan's float8 (torchao's `Float8Linear`, tensorwise dynamic scaling: the
+    tensor's own amax, as current scaling) as current scaling."""
+    name = PRECISIONS[row.precision.lower()]
+    if name == "transformer-engine" and "torchtitan" in row.source.lower():
+        return "transformer-engine-cs"
+    return name
+
+
 def recompute(row: Published) -> str:
     """The row's recomputation: as published, else the framework's default for these
     models: MaxText's GPU configurations rematerialise every layer (`remat_policy: 'full'`,
@@ -257,6 +280,8 @@ def zero_stage(row: Published) -> int | None:
     kind = row.fsdp.lower()
     if kind.startswith(("mfsdp", "fsdp2", "fsdp:")):
         return 3
+    if kind.startswith("fsdp-like"):  # the Llama 3 paper: optimizer state and gradients
+        return 2  # sharded, weights not resharded after the forward (Sec. 3.3.2)
     if kind.startswith("distopt"):
         return 1
     if kind in ("none", "ddp", "0"):

@@ -111,7 +111,8 @@ TABLE: dict[tuple[str, str], Run] = {
     ("docs/guide.md", "python -m planner plan mygpt:GPT --input 8x32:int64 --devices cpu-local-2 -o gpt.json"): skip(GUIDE),  # noqa: E501
     ("docs/guide.md", "python -m runtime.run gpt.json --steps 3 --dtype float64 --check"): skip(GUIDE),  # noqa: E501
     ("docs/cost_model.md", "python -m experiments.gemm_fit"): fast("median 3.3%, max 38.1%"),
-    ("docs/calibration.md", "python -m experiments.calibration"): slow("held-out: 20 rows, median |error| 6.1%, max 10.2%"),
+    ("docs/cost_model.md", "python -m experiments.gemm_fit --fp8"): fast("(median |error| 2.3%)"),
+    ("docs/calibration.md", "python -m experiments.calibration"): slow("held-out bf16: 20 rows, median |error| 6.8%, max 10.2%"),
     ("docs/calibration.md", "python -m experiments.calibration --rows mine.csv"): skip(PLACEHOLDER),  # noqa: E501
     ("docs/calibration.md", "python -m experiments.calibration --lines 171 203"): slow(),
     ("docs/calibration.md", "python -m experiments.calibration --fit"): skip("about 12 minutes"),  # noqa: E501

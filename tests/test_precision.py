@@ -219,8 +219,9 @@ def test_the_json_holds_only_the_fields_a_device_gives() -> None:
     h100 = get_preset("dgx-h100-1").to_json()["devices"][0]
     assert h100["efficiency"] == {"attention": 0.35, "matmul": 0.7}
     assert (h100["flops"], h100["flops16"], h100["flops_tf32"]) == (67e12, 989e12, 494.5e12)
+    assert h100["flops8"] == 1979e12
     cpu = get_preset("cpu-local-2").to_json()["devices"][0]
-    assert not {"flops16", "flops_tf32", "flops64", "efficiency"} & set(cpu)
+    assert not {"flops16", "flops_tf32", "flops64", "flops8", "efficiency"} & set(cpu)
 
 
 def test_devices_that_differ_in_a_peak_are_no_hierarchy() -> None:
@@ -315,7 +316,7 @@ def test_the_presets_are_listed_and_their_sizes_checked() -> None:
 def test_the_devices_command_shows_the_16_bit_peak(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["devices", "dgx-h100-1"]) == 0
     out = capsys.readouterr().out
-    assert "67 TFLOP/s FP32, 989 TFLOP/s 16-bit, 80 GiB" in out
+    assert "67 TFLOP/s FP32, 989 TFLOP/s 16-bit, 1979 TFLOP/s FP8, 80 GiB" in out
     assert "matmul 0.7" in out and "attention 0.35" in out
 
 

@@ -8,7 +8,7 @@ entropy):
 
 | op | saves for its backward |
 | --- | --- |
-| linear, conv2d, embedding | its input (the activation; an embedding: the token ids) |
+| linear, conv2d, embedding | its input (the activation; an embedding: the token ids); an FP8 linear (`planner.costs.fp8`) its input's FP8 copy, 1 byte per element, as Transformer Engine saves it |
 | lstm, rnn_attention | its inputs, and its gates (an LSTM: 4 gates and the cell, 5 outputs' worth) |
 | norm (layer, RMS, batch) | its input and fp32 statistics: mean and 1/std per row (layer), 1/std (RMS) |
 | attention | q, k, v and its output, and the fp32 logsumexp per row and head (FlashAttention: the s x s scores are never kept) |
@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from planner.graph.opkinds import CHANNEL, fused_ops
+from planner.graph.precision import computes_in_fp8
 
 if TYPE_CHECKING:
     from planner.costs.recompute import RecomputeShare
@@ -61,6 +62,7 @@ __all__ = ["LOSS_REGION", "ActivationMemory", "activation_memory", "is_loss", "s
 
 FP32 = 4
 MASK_BYTES = 1  # a dropout mask: one byte (torch.bool) per element
+FP8_BYTES = 1  # an FP8 linear's saved input (Transformer Engine: planner.costs.fp8)
 INDEX_BYTES = 8  # max pooling's int64 argmax per output element
 LSTM_GATES = 5  # an LSTM cell keeps its 4 gates and its cell state: 5 outputs' worth
 LOSS_REGION = "(loss)"  # the transient region of the loss's logits gradient
@@ -201,10 +203,14 @@ def activation_memory(graph: OpGraph, recomputed: RecomputeShare) -> ActivationM
     saved = np.zeros(n, dtype=bool)  # some op's backward reads op j's output
     saved_outside = np.zeros(n, dtype=bool)  # ... some op that does not recompute
     read_by_recomputed = np.zeros(n, dtype=bool)
+    fp8_copy = np.zeros(n)  # an FP8 linear that does not recompute keeps an FP8 copy of it
     for i, op in enumerate(graph.ops):
         for position, name in enumerate(op.inputs):
             j = graph.index(name)
-            if saves_input(graph, i, position):
+            if saves_input(graph, i, position) and computes_in_fp8(op):
+                if i not in recomputed:  # (a recomputed one casts it again)
+                    fp8_copy[j] = FP8_BYTES / graph.ops[j].output.dtype_bytes
+            elif saves_input(graph, i, position):
                 saved[j] = True
                 saved_outside[j] |= i not in recomputed
             if i in recomputed:
@@ -219,11 +225,11 @@ def activation_memory(graph: OpGraph, recomputed: RecomputeShare) -> ActivationM
         if i in recomputed:
             # what an op that does not recompute saves of it stays; its own backward's copy
             # replaces that one (released by then: the reader's backward runs first)
-            kept[i] = float(saved_outside[i])
+            kept[i] = float(saved_outside[i]) + fp8_copy[i]
             work[i] = float(itself and not saved_outside[i]) + own
             region[i], share[i] = recomputed.block[i], recomputed.share[i]
             continue
-        kept[i] = float(itself or read_by_recomputed[i]) + own
+        kept[i] = float(itself or read_by_recomputed[i]) + own + fp8_copy[i]
         if is_loss(graph, i):
             work[i] = 1.0  # the logits' gradient, in their dtype (~ the loss output's)
             region[i], share[i] = LOSS_REGION, 1.0

@@ -43,6 +43,7 @@ re-score strategies and in tests.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -54,6 +55,7 @@ import numpy as np
 
 from planner.costs.activations import ActivationMemory, activation_memory
 from planner.costs.config import OpConfigs, ParallelConfig
+from planner.costs.fp8 import FP8_BYTES, WEIGHT_CACHE_BYTES, cast_bytes, computes_in_fp8
 from planner.costs.memory import (
     OPTIMIZER_STATE_BYTES,
     ParamBytes,
@@ -64,6 +66,7 @@ from planner.costs.overlap import OVERLAP_FIELDS
 from planner.costs.rates import (
     ATTENTION_KERNELS,
     ChipRates,
+    GemmFit,
     attention_seconds,
     chip_rates,
     linear_gemms,
@@ -74,6 +77,7 @@ from planner.costs.transfer import EdgeGeometry, EdgeTables, Layout
 from planner.errors import LayerwiseError
 from planner.graph.opkinds import (
     CHANNEL,
+    LENGTH,
     DimMap,
     contraction,
     fused_ops,
@@ -143,12 +147,17 @@ class CostOptions:
     rest after it), `param_gather_overlap` of ZeRO's parameter all-gathers runs under
     compute (off the step), `tp_overlap` of each transfer into or out of a linear runs under
     its GEMM, `pp_overlap` of each pipeline message travels while its sender computes (the
-    rest blocks it). The defaults are PyTorch's (`FRAMEWORK_OVERLAP["pytorch"]`).
+    rest blocks it), `cp_overlap` of the keys and values a context-parallel attention op
+    exchanges runs under its kernels (ring attention). The defaults are PyTorch's
+    (`FRAMEWORK_OVERLAP["pytorch"]`).
     `transfer_once`: in the simulator, a tensor that several consumers need in the same
     boxes on the same devices moves once (its gradients summed where they are made, then
     sent once), as frameworks that fuse those consumers' inputs do (Megatron-LM's fused
     QKV and gate/up projections: one all-gather of a layer norm's output); False: every
-    edge moves its own copy, as layerwise's runtime does."""
+    edge moves its own copy, as layerwise's runtime does. `nic_rails`: a gradient ring whose
+    replicas are several on each of several hosts runs one ring per member position, each
+    crossing hosts on its own NIC, as NCCL does ("rails", `CostModel.ring_plan`); False: one
+    ring, whose host-crossing link (one NIC) is its slowest."""
 
     sync: Literal["ring", "ps"] = "ring"
     compute_efficiency: float = 0.5
@@ -171,7 +180,9 @@ class CostOptions:
     param_gather_overlap: float = 0.0
     tp_overlap: float = 0.0
     pp_overlap: float = 1.0
+    cp_overlap: float = 0.0
     transfer_once: bool = False
+    nic_rails: bool = False
 
     def __post_init__(self) -> None:
         if self.sync not in ("ring", "ps"):
@@ -196,8 +207,9 @@ class CostOptions:
                 f"rates must be 'shape' (kernel rates by shape where the chip has a "
                 f"calibration) or 'flat' (one fraction per op class), got {self.rates!r}"
             )
-        if not isinstance(self.transfer_once, bool):
-            raise LayerwiseError(f"transfer_once must be True or False, got {self.transfer_once!r}")
+        for name in ("transfer_once", "nic_rails"):
+            if not isinstance(getattr(self, name), bool):
+                raise LayerwiseError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in OVERLAP_FIELDS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
@@ -255,17 +267,22 @@ def efficiency_class(kind: str) -> str | None:
     return "attention" if kind == "attention" else "matmul"
 
 
-def compute_peak(device: Device, kind: str, dtype_bytes: int, tf32: bool = False) -> float:
+def compute_peak(
+    device: Device, kind: str, dtype_bytes: int, tf32: bool = False, fp8: bool = False
+) -> float:
     """FLOP/s `device` peaks at for an op of `kind` whose output has `dtype_bytes` per element.
 
-    Matrix products (FLOP-bound kinds) in 16-bit floats run on tensor cores (`peak16`),
-    float32 ones at FP32 or, with `tf32`, at `peak_tf32`; float64 runs at `peak64` whatever
-    the kind; memory-bound kinds' few FLOPs run on the vector units at FP32 (their bytes, not
-    their peak, set their time)."""
+    Matrix products (FLOP-bound kinds) in 16-bit floats run on tensor cores (`peak16`), in
+    FP8 (`fp8`: a linear the "transformer-engine" precisions mark) at `peak8`, float32 ones at
+    FP32 or, with `tf32`, at `peak_tf32`; float64 runs at `peak64` whatever the kind;
+    memory-bound kinds' few FLOPs run on the vector units at FP32 (their bytes, not their
+    peak, set their time)."""
     if dtype_bytes == 8:
         return device.peak64
     if efficiency_class(kind) is None:
         return device.flops
+    if fp8:
+        return device.peak8
     if dtype_bytes == 2:
         return device.peak16
     return device.peak_tf32 if tf32 and dtype_bytes == 4 else device.flops
@@ -315,7 +332,7 @@ class CostModel:
         self._group_size = dict(groups)
         self._norm_groups: dict[tuple[int, tuple[int, ...]], list[list[int]] | None] = {}
         self._layouts: dict[tuple[tuple[int, ...], bytes], Layout | None] = {}
-        self._rates: dict[tuple[str, int], np.ndarray] = {}
+        self._rates: dict[tuple[str, int, bool], np.ndarray] = {}
         self._kernels: dict[tuple[int, tuple[int, ...], int, int], tuple[float, float] | None] = {}
 
     @property
@@ -375,13 +392,14 @@ class CostModel:
     def compute_rate(self, op: Op) -> np.ndarray:
         """(D,) FLOP/s each device reaches on `op`'s kernels: the peak of its precision and
         kind (`compute_peak`) times the fraction its class reaches (`compute_efficiency_of`)."""
-        key = (op.kind, op.output.dtype_bytes)
+        fp8 = computes_in_fp8(op)
+        key = (op.kind, op.output.dtype_bytes, fp8)
         rate = self._rates.get(key)
         if rate is None:
             o = self.options
             rate = np.array(
                 [
-                    compute_peak(d, op.kind, op.output.dtype_bytes, bool(o.tf32))
+                    compute_peak(d, op.kind, op.output.dtype_bytes, bool(o.tf32), fp8)
                     * compute_efficiency_of(d, op.kind, o)
                     for d in self.devices.devices
                 ],
@@ -407,14 +425,38 @@ class CostModel:
             return fwd + o.task_overhead, fwd * (o.backward_factor + self._again(i))
         flops, nbytes = self._task_work(op)
         dev = np.asarray(cfg.devices)
-        memory = nbytes / k / (self.mem_bw[dev] * o.memory_efficiency)
+        bandwidth = self.mem_bw[dev] * o.memory_efficiency
+        memory = nbytes / k / bandwidth
+        casts = self._fp8_casts(op, cfg)  # Transformer Engine's casts of an FP8 linear
         kernels = self._kernel_times(i, cfg)
         if kernels is not None:  # by the kernels' shapes (`planner.costs.rates`)
-            fwd = np.maximum(kernels[0], memory)
-            bwd = np.maximum(kernels[1], memory * o.backward_factor) + fwd * self._again(i)
-            return fwd + o.task_overhead, bwd
+            fwd = np.maximum(kernels[0], memory) + casts[0] / bandwidth
+            bwd = np.maximum(kernels[1], memory * o.backward_factor) + casts[1] / bandwidth
+            return fwd + o.task_overhead, bwd + fwd * self._again(i)
         fwd = np.maximum(flops / k / self.compute_rate(op)[dev], memory)
-        return fwd + o.task_overhead, fwd * (o.backward_factor + self._again(i))
+        bwd = fwd * o.backward_factor + casts[1] / bandwidth
+        fwd = fwd + casts[0] / bandwidth
+        return fwd + o.task_overhead, bwd + fwd * self._again(i)
+
+    def _fp8_casts(self, op: Op, cfg: ParallelConfig) -> tuple[float, float]:
+        """(forward, backward) bytes of one task of an FP8 linear's casts and transposes
+        (`planner.costs.fp8.cast_bytes`); (0, 0) for every other op."""
+        if not computes_in_fp8(op):
+            return 0.0, 0.0
+        shapes = linear_gemms(op, cfg)
+        if shapes is None:
+            return 0.0, 0.0
+        ((m, n, k),) = shapes
+        return cast_bytes(op, cfg, m, n, k, self._cast_sharers(op))
+
+    def _cast_sharers(self, op: Op) -> int:
+        """The FP8 linears that cast `op`'s input once between them: with `transfer_once`
+        (frameworks that fuse the consumers of one tensor, Megatron-Core's QKV and gate/up
+        projections) every FP8 linear reading the same tensor, else 1."""
+        if not self.options.transfer_once:
+            return 1
+        readers = self.graph.consumers[self.graph.index(op.inputs[0])]
+        return max(1, sum(computes_in_fp8(self.graph.ops[r]) for r in readers))
 
     @cached_property
     def _chips(self) -> tuple[list[ChipRates | None], np.ndarray]:
@@ -444,22 +486,29 @@ class CostModel:
         key = (i, cfg.degrees, cfg.reduce, int(found[0]))
         times = self._kernels.get(key)
         if times is None:
-            times = self._shaped(op, cfg, chip, self.devices.devices[cfg.devices[0]].peak16)
+            device = self.devices.devices[cfg.devices[0]]
+            if computes_in_fp8(op):  # FP8 GEMMs at the chip's FP8 fit, when it has one
+                gemm, peak = chip.gemm8, device.peak8
+            else:
+                gemm, peak = chip.gemm, device.peak16
+            times = None if gemm is None else self._shaped(op, cfg, chip, gemm, peak)
             self._kernels[key] = times
         return times
 
     def _shaped(
-        self, op: Op, cfg: ParallelConfig, chip: ChipRates, peak: float
+        self, op: Op, cfg: ParallelConfig, chip: ChipRates, gemm: GemmFit, peak: float
     ) -> tuple[float, float] | None:
         if op.kind == "attention":
-            seq = op.output.size("length") if "length" in op.output.dims else 1
+            dims = op.output.dims
+            seq = op.output.size(LENGTH) if LENGTH in dims else 1
+            chunks = cfg.degrees[dims.index(LENGTH)] if LENGTH in dims else 1
             kernel = chip.attention[self.options.attention_kernel]
             flops = op.flops / cfg.num_tasks
-            return attention_seconds(kernel, flops, seq, bool(op.attr("causal", False)))
+            causal = bool(op.attr("causal", False))
+            return attention_seconds(kernel, flops, seq, causal, chunks)
         shapes = linear_gemms(op, cfg)
         if shapes is None:
             return None
-        gemm = chip.gemm
         ((m, n, k),) = shapes
         forward = gemm.seconds(m, n, k, peak)
         backward = gemm.seconds(m, k, n, peak) + gemm.seconds(n, k, m, peak)
@@ -605,11 +654,46 @@ class CostModel:
             push = nbytes * inv_push + fixed_push
             pull = nbytes * inv_pull + fixed_pull
             return (push + pull).sum(axis=1)
+        steps = float(passes) * (r - 1)
+        if self.options.nic_rails:
+            out = np.zeros(len(devs))
+            for g, row in enumerate(devs):
+                src, dst, part = self.ring_plan(row.tolist())
+                inv, fixed = costs(src, dst)
+                out[g] = steps / r * nbytes * float((part * inv).max()) + steps * fixed.max()
+            return out
         nxt = np.roll(devs, -1, axis=1)
         inv, fixed = costs(devs, nxt)
         slow = inv.max(axis=1)
-        steps = float(passes) * (r - 1)
         return steps / r * nbytes * slow + steps * fixed.max(axis=1)
+
+    def ring_plan(self, devs: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The messages of a ring all-reduce over `devs` (ring order): senders, receivers and
+        each one's share of what a member sends. One ring: every member to the next. With
+        `nic_rails`, a group of m > 1 members on each of several hosts runs one ring per
+        member position, as NCCL runs one ring per NIC ("rails"): each member sends (m - 1)
+        / m of it to the next member of its host and 1 / m to the member at its position on
+        the next host, so the hosts' m NICs share the inter-host traffic (docs/devices.md,
+        "Rails")."""
+        r = len(devs)
+        ring = (np.asarray(devs), np.roll(np.asarray(devs), -1), np.ones(r))
+        if not self.options.nic_rails:
+            return ring
+        hosts: dict[str, list[int]] = {}
+        for d in devs:
+            hosts.setdefault(self.devices.devices[d].host, []).append(d)
+        members = [sorted(h) for h in hosts.values()]
+        m = len(members[0])
+        if len(members) < 2 or m < 2 or any(len(h) != m for h in members):
+            return ring
+        src, dst, part = [], [], []
+        for k, here in enumerate(members):
+            there = members[(k + 1) % len(members)]
+            for j, d in enumerate(here):
+                src += [d, d]
+                dst += [here[(j + 1) % m], there[j]]
+                part += [(m - 1) / m, 1 / m]
+        return np.asarray(src), np.asarray(dst), np.asarray(part)
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -720,8 +804,14 @@ class CostModel:
         return {**parts, "activations": kept, "working_set": working}
 
     def param_state(self, op: Op) -> ParamBytes:
-        """Op's parameter bytes in training, unsharded: weights, gradients, fp32 state."""
-        return param_bytes(op.params, self.options.optimizer, self.options.master_weights)
+        """Op's parameter bytes in training, unsharded: weights, gradients, fp32 state. The
+        weights of an FP8 linear count Transformer Engine's FP8 copy of its weight and of its
+        transpose, kept across micro-batches (`planner.costs.fp8.WEIGHT_CACHE_BYTES`)."""
+        state = param_bytes(op.params, self.options.optimizer, self.options.master_weights)
+        if computes_in_fp8(op):
+            cache = WEIGHT_CACHE_BYTES * math.prod(op.params[0].shape)
+            state = dataclasses.replace(state, weights=state.weights + cache)
+        return state
 
     def param_copies(self, op: Op, replicas: int = 1) -> float:
         """Bytes a task keeps per byte of op's parameters it holds, when each shard has
@@ -750,7 +840,7 @@ class CostModel:
         whose regions overlap (vectorized; independent of the tables' per-level sums)."""
         src = self.graph.ops[edge.src]
         grid = self.edge_grid(edge, cu.reduce, cv.reduce)
-        nbytes = src.output.dtype_bytes * self.edge_components(edge)
+        nbytes, grad_nbytes = self.edge_element_bytes(edge)
         olo, ohi = _boxes(grid.out_sizes, cv.grid)
         nlo, nhi = _needs(grid.maps, grid.in_sizes, grid.out_dims, olo, ohi)  # (k_v, n)
         q, p, vol = _overlapping_pairs(grid.in_sizes, cu.grid, nlo, nhi)
@@ -766,9 +856,22 @@ class CostModel:
         if src.kind == "input":  # data gets no gradient
             return passes * float(fwd.max(initial=0.0))
         inv_back, msg_back = self.pair_costs(dq, dp)
-        back = b * inv_back + msg_back
+        back = b * (grad_nbytes / nbytes) * inv_back + msg_back
         bwd = np.bincount(p, weights=back, minlength=cu.num_tasks)
         return passes * float(fwd.max(initial=0.0)) + float(bwd.max(initial=0.0))
+
+    def edge_element_bytes(self, edge: Edge) -> tuple[int, int]:
+        """Bytes per element of `edge`'s tensor as it travels forward and as its gradient
+        travels back (times the tensors it carries, `edge_components`): the producer's dtype,
+        but 1 byte (FP8) into an FP8 linear, which Transformer Engine casts before gathering
+        it, and for the gradient sent back to an FP8 linear, cast before its gather as well
+        (`planner.costs.fp8`)."""
+        src, dst = self.graph.ops[edge.src], self.graph.ops[edge.dst]
+        size = src.output.dtype_bytes
+        forward = FP8_BYTES if computes_in_fp8(dst) and edge.position == 0 else size
+        backward = FP8_BYTES if computes_in_fp8(src) else size
+        n = self.edge_components(edge)
+        return forward * n, backward * n
 
     def edge_components(self, edge: Edge) -> int:
         """Tensors an edge carries: 2 for an LSTM step's state (h and c, the same box, sent
@@ -810,7 +913,8 @@ class CostModel:
             out_sizes=grid.out_sizes,
             out_dims=grid.out_dims,
             maps=grid.maps,
-            nbytes=src.output.dtype_bytes * self.edge_components(edge),
+            nbytes=self.edge_element_bytes(edge)[0],
+            grad_nbytes=self.edge_element_bytes(edge)[1],
             backward=src.kind != "input",
             forward_passes=1 + int(self._again(edge.dst)),
         )

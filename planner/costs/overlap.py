@@ -23,6 +23,14 @@ each in [0, 1]; the simulator (`planner.sim.simulator`), the pipeline timeline
 - `pp_overlap`, pipeline point-to-point messages: that fraction travels while the sender
   goes on computing (Megatron-Core's `--overlap-p2p-communication`, asynchronous sends);
   the rest blocks the sender, as a blocking send does.
+- `cp_overlap`, context parallelism's key/value exchange: that fraction of the keys and
+  values an attention op whose sequence is split receives (and of their gradients it sends
+  back) runs under its own kernels, never more than they last (`exposed_seconds`).
+  Megatron-Core's context parallelism is Transformer Engine's ring attention
+  (`AttnFuncWithCPAndKVP2P`, `--cp-comm-type p2p`, the default): each step's attention
+  block runs while the next block's keys and values travel, so it overlaps by design (1).
+  An all-gather form gathers them before the kernel: the Llama 3 paper's ("the all-gather
+  communication latency is exposed in the critical path", Sec. 3.3.2): 0.
 
 `FRAMEWORK_OVERLAP` gives the settings of the frameworks; the defaults of `CostOptions` are
 PyTorch's ("pytorch": the runtime's DDP-style sync overlaps the backward pass, nothing else is
@@ -36,7 +44,7 @@ from dataclasses import asdict, dataclass
 
 __all__ = ["FRAMEWORK_OVERLAP", "OVERLAP_FIELDS", "Overlap", "exposed_seconds"]
 
-OVERLAP_FIELDS = ("dp_overlap", "param_gather_overlap", "tp_overlap", "pp_overlap")
+OVERLAP_FIELDS = ("dp_overlap", "param_gather_overlap", "tp_overlap", "pp_overlap", "cp_overlap")
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,7 @@ class Overlap:
     param_gather_overlap: float
     tp_overlap: float
     pp_overlap: float
+    cp_overlap: float
 
     def options(self) -> dict[str, float]:
         """The fractions as `CostOptions` keyword arguments."""
@@ -56,14 +65,16 @@ class Overlap:
 FRAMEWORK_OVERLAP: Mapping[str, Overlap] = {
     # PyTorch DDP all-reduces gradient buckets as the backward produces them; nothing else
     # is overlapped (the runtime's own execution, and the defaults of CostOptions).
-    "pytorch": Overlap(1.0, 0.0, 0.0, 1.0),
+    "pytorch": Overlap(1.0, 0.0, 0.0, 1.0, 0.0),
     # Megatron-LM's argument defaults (megatron/training/arguments.py): --overlap-grad-reduce,
-    # --overlap-param-gather and --tp-comm-overlap off; --overlap-p2p-communication on.
-    "megatron": Overlap(0.0, 0.0, 0.0, 1.0),
+    # --overlap-param-gather and --tp-comm-overlap off; --overlap-p2p-communication on;
+    # context parallelism by Transformer Engine's ring attention (--cp-comm-type p2p).
+    "megatron": Overlap(0.0, 0.0, 0.0, 1.0, 1.0),
     # NeMo / Megatron-Bridge performance recipes on H100 (the runs of their performance
     # summaries): the distributed optimizer with overlap_grad_reduce and
-    # overlap_param_gather, tp_comm_overlap with userbuffers when TP > 1, overlapped p2p.
-    "megatron-recipe": Overlap(1.0, 1.0, 1.0, 1.0),
+    # overlap_param_gather, tp_comm_overlap with userbuffers when TP > 1, overlapped p2p,
+    # ring attention for context parallelism.
+    "megatron-recipe": Overlap(1.0, 1.0, 1.0, 1.0, 1.0),
 }
 
 

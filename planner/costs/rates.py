@@ -47,6 +47,8 @@ __all__ = [
     "AttentionKernel",
     "ChipRates",
     "GemmFit",
+    "H100_FP8_GEMM",
+    "H100_GEMM",
     "H100_RATES",
     "attention_seconds",
     "chip_rates",
@@ -155,12 +157,13 @@ ATTENTION_KERNELS: Mapping[str, AttentionKernel] = {
 @dataclass(frozen=True)
 class ChipRates:
     """A chip's measured kernel rates: its 16-bit peak (how a device is recognised), its
-    GEMM fit and its attention kernels."""
+    GEMM fit, its attention kernels and its FP8 GEMM fit."""
 
     name: str
     peak16: float
     gemm: GemmFit
     attention: Mapping[str, AttentionKernel]
+    gemm8: GemmFit | None = None  # FP8 GEMMs (None: the chip has no FP8 calibration)
 
 
 # H100 SXM, bf16. The cap is the Maximum Achievable Matmul FLOPS measured on an H100 SXM,
@@ -169,7 +172,17 @@ class ChipRates:
 # experiments/data/gemm_h100_bf16.csv by `python -m experiments.gemm_fit` (docs/cost_model.md,
 # "GEMMs by shape").
 H100_GEMM = GemmFit(cap=794.5 / 989.0, tiles=3.06e5, exponent=1.15, depth=111.1, launch=5.5e-6)
-H100_RATES = ChipRates("H100 SXM", 989e12, H100_GEMM, ATTENTION_KERNELS)
+# H100 SXM, FP8 (E4M3 x E4M3 -> bf16, per-tensor scales: Transformer Engine's cuBLASLt GEMMs).
+# The cap is the FP8 Maximum Achievable Matmul FLOPS of an H100 SXM, 1,402.6 of 1,979 TFLOP/s
+# (the same table as the bf16 cap: S. Bekman, "Machine Learning Engineering", "Maximum
+# Achievable Matmul FLOPS comparison table", FP8 float8_e4m3fn, torch 2.7.0+cu126); tiles,
+# exponent and launch are the bf16 fit's; depth is fitted on DeepGEMM's dense FP8 GEMMs on an
+# H800 SXM (deepseek-ai/DeepGEMM README, "Normal GEMMs for dense models", M = 4,096) by
+# `python -m experiments.gemm_fit --fp8` (docs/cost_model.md, "FP8 training").
+H100_FP8_GEMM = GemmFit(
+    cap=1402.6 / 1979.0, tiles=3.06e5, exponent=1.15, depth=659.0, launch=5.5e-6
+)
+H100_RATES = ChipRates("H100 SXM", 989e12, H100_GEMM, ATTENTION_KERNELS, H100_FP8_GEMM)
 CHIPS = (H100_RATES,)
 
 
@@ -210,11 +223,29 @@ def linear_gemms(op: Op, cfg: ParallelConfig) -> tuple[tuple[int, int, int], ...
 
 
 def attention_seconds(
-    kernel: AttentionKernel, flops: float, seq: int, causal: bool
+    kernel: AttentionKernel, flops: float, seq: int, causal: bool, chunks: int = 1
 ) -> tuple[float, float]:
     """(forward, backward) seconds of a task's attention whose graph records `flops` (4 s^2 h
     per sample: the full, unmasked product) at sequence length `seq`: a causal kernel does
-    half the work, at its measured causal rate."""
+    half the work, at its measured causal rate.
+
+    With the queries split in `chunks` (context parallelism: the task holds s / chunks of the
+    sequence and reads every key and value), the task's work runs as the kernels of ring
+    attention (Megatron-Core with Transformer Engine, `AttnFuncWithCPAndKVP2P`; Liu et al.,
+    "Ring Attention", 2023) on blocks of s / chunks queries and keys: for a causal mask, the
+    block of its own chunk causal (1 / chunks of its work) and the blocks of the others full
+    (the rest), each at the kernel's rate at length s / chunks. `flops` / tasks is the same
+    work on every task: the load-balanced order (each rank holds chunks i and 2 c - 1 - i of
+    2 c, as Megatron-LM and the Llama 3 paper order them) gives every rank the same share of
+    the causal product."""
     work = flops * (0.5 if causal else 1.0)
-    forward, backward = kernel.rates(seq, causal)
-    return work / forward, ATTENTION_BACKWARD_WORK * work / backward
+    if chunks <= 1 or not causal:
+        forward, backward = kernel.rates(max(1, seq // max(1, chunks)), causal)
+        return work / forward, ATTENTION_BACKWARD_WORK * work / backward
+    local = max(1, seq // chunks)
+    own, rest = work / chunks, work * (chunks - 1) / chunks
+    fwd_causal, bwd_causal = kernel.rates(local, True)
+    fwd_full, bwd_full = kernel.rates(local, False)
+    forward = own / fwd_causal + rest / fwd_full
+    backward = ATTENTION_BACKWARD_WORK * (own / bwd_causal + rest / bwd_full)
+    return forward, backward

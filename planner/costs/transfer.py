@@ -70,6 +70,12 @@ class EdgeGeometry:
     nbytes: int  # bytes per element times tensors carried (an LSTM state: h and c)
     backward: bool
     forward_passes: int = 1  # 2 into an op that recomputes: its forward runs twice
+    grad_nbytes: int | None = None  # the gradient's bytes per element (None: nbytes)
+
+    @property
+    def back_nbytes(self) -> int:
+        """Bytes per element of the gradient sent back (FP8 to an FP8 linear)."""
+        return self.nbytes if self.grad_nbytes is None else self.grad_nbytes
 
     @property
     def refs(self) -> tuple[int, ...]:
@@ -339,7 +345,7 @@ class EdgeTables:
                         span -= np.take(lo[level][o][vc], gid[level], axis=1)
                         inner *= span
                         inner_cnt *= span
-                    total += (self.w[level] * geom.nbytes) * (vol - inner)
+                    total += (self.w[level] * geom.back_nbytes) * (vol - inner)
                     total += self.m[level] * (cnt - inner_cnt)
                     vol, cnt = inner, inner_cnt
                 b = len(range(*uc.indices(len(members))))
@@ -364,18 +370,18 @@ class EdgeTables:
                 need = _need(geom, olo[0], ohi[0])
                 vol = overlap_volume(plo, phi, need[None, ..., 0], need[None, ..., 1])[0, :, 0, :]
                 for ru, rv in _set_chunks(len(sets_u), len(sets_v), vol.size):
-                    out[np.ix_(idx_u[ru], idx_v[rv])] = self._combine(
-                        vol * geom.nbytes, sets_u[ru], sets_v[rv]
-                    )
+                    out[np.ix_(idx_u[ru], idx_v[rv])] = self._combine(vol, sets_u[ru], sets_v[rv])
 
-    def _combine(self, nbytes: np.ndarray, sets_u: np.ndarray, sets_v: np.ndarray) -> np.ndarray:
-        """Bytes (ku, kv) on device sets (Ou, ku), (Ov, kv) -> t_x (Ou, Ov)."""
+    def _combine(self, vol: np.ndarray, sets_u: np.ndarray, sets_v: np.ndarray) -> np.ndarray:
+        """Elements (ku, kv) on device sets (Ou, ku), (Ov, kv) -> t_x (Ou, Ov)."""
         su, sv = sets_u[:, :, None, None], sets_v[None, None, :, :]
-        msg = (nbytes > 0).astype(np.float64)
+        msg = (vol > 0).astype(np.float64)
+        nbytes = vol * self.geom.nbytes
         inv_bw, msg_cost = self.pair_costs(su, sv)
         fwd = np.einsum("pq,opwq->owq", nbytes, inv_bw) + np.einsum("pq,opwq->owq", msg, msg_cost)
         t = fwd.max(axis=2) * self.geom.forward_passes
         if self.geom.backward:
+            nbytes = vol * self.geom.back_nbytes
             inv_bw, msg_cost = self.pair_costs(sv, su)
             bwd = np.einsum("pq,opwq->owp", nbytes, inv_bw) + np.einsum(
                 "pq,opwq->owp", msg, msg_cost

@@ -21,10 +21,28 @@ bytes the run keeps:
   flatten, pooling) take the widest of their inputs (PyTorch's type promotion: a bf16
   linear output added to an fp32 residual stream is fp32).
 
+- "transformer-engine" (Lightning's name for NVIDIA Transformer Engine's FP8 training, which
+  converts the weights to bf16: `TransformerEnginePrecision(weights_dtype=torch.bfloat16)`;
+  alias "fp8") and "transformer-engine-cs" (alias "fp8-cs"): every output and parameter in
+  bf16 as "bf16-true", and the linears of the model's numbered blocks (`layers.3.mlp.w1`: the
+  transformer layers Megatron-Core builds from Transformer Engine modules; the LM head and
+  the embedding stay bf16, as Megatron-Core's output layer does) compute their three GEMMs
+  (forward, input gradient, weight gradient) in FP8. Such a linear keeps its bf16 output and
+  parameters and carries the attributes `compute="fp8"` and `fp8_scaling`: "delayed"
+  (Transformer Engine's default recipe, `DelayedScaling`: each tensor scaled by the amax
+  history of earlier steps, recorded in the same pass that casts it) or "current"
+  (`Float8CurrentScaling`, the "fp8-cs" of the Megatron-Bridge recipes: the amax of the
+  tensor itself, one more read before its cast). A linear whose sizes FP8 GEMMs cannot take
+  stays bf16 (input features a multiple of 8 and output features a multiple of 16, the rule
+  by which Lightning's plugin converts `nn.Linear`s). Attention, norms and the rest stay bf16,
+  as Transformer Engine's FP8 recipes leave them. What the cost model does with it:
+  `planner.costs.fp8` and docs/cost_model.md, "FP8 training".
+
 Input ops (the data) keep the dtype they were captured with. Lightning's short names map as
 Lightning maps them ("bf16" -> "bf16-mixed", "16" -> "16-mixed", "32" -> "32-true", "64" ->
 "64-true"). The rewrite is idempotent and keeps shapes, FLOPs and names; an op's `mem_bytes`
-(bytes its forward moves) scales with its inputs', output's and parameters' bytes.
+(bytes its forward moves) scales with its inputs', output's and parameters' bytes. Another
+precision applied to an FP8 graph drops the FP8 attributes.
 """
 
 from __future__ import annotations
@@ -35,13 +53,25 @@ from collections.abc import Mapping
 from planner.errors import LayerwiseError, given
 from planner.graph.opgraph import Op, OpGraph, Param
 
-__all__ = ["PRECISIONS", "check_precision", "with_precision"]
+__all__ = ["FP8_SCALING", "PRECISIONS", "check_precision", "computes_in_fp8", "with_precision"]
 
 # Lightning's names (lightning.fabric.connector's precision values) and the bytes they mean.
 TRUE_BYTES = {"64-true": 8, "32-true": 4, "16-true": 2, "bf16-true": 2}
 MIXED = ("16-mixed", "bf16-mixed")
-ALIASES = {"64": "64-true", "32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
-PRECISIONS = (*TRUE_BYTES, *MIXED)
+# Transformer Engine's FP8 training, by its scaling recipe (module docstring)
+FP8_SCALING = {"transformer-engine": "delayed", "transformer-engine-cs": "current"}
+ALIASES = {
+    "64": "64-true",
+    "32": "32-true",
+    "16": "16-mixed",
+    "bf16": "bf16-mixed",
+    "fp8": "transformer-engine",
+    "fp8-cs": "transformer-engine-cs",
+}
+PRECISIONS = (*TRUE_BYTES, *MIXED, *FP8_SCALING)
+FP8_ATTRS = ("compute", "fp8_scaling")  # what the rewrite marks on an FP8 linear
+# FP8 GEMMs take sizes Lightning's plugin converts (in % 8, out % 16: its `_convert_layers`)
+FP8_IN_MULTIPLE, FP8_OUT_MULTIPLE = 8, 16
 # Under autocast: kinds computed on the 16-bit tensor cores, and kinds kept in fp32.
 LOWER = frozenset(("linear", "conv2d", "attention", "lstm", "rnn_attention"))
 FP32 = frozenset(("norm", "softmax", "embedding"))
@@ -77,13 +107,44 @@ def with_precision(graph: OpGraph, precision: str | None) -> OpGraph:
         nbytes = _output_bytes(op, name, ins)
         params = _param_bytes(name)
         out[op.name] = nbytes
-        ops.append(_retyped(op, nbytes, params, ins, graph))
+        ops.append(_fp8_marked(_retyped(op, nbytes, params, ins, graph), name))
     return OpGraph(graph.name, tuple(ops))
+
+
+def computes_in_fp8(op: Op) -> bool:
+    """Whether `op` runs its GEMMs in FP8 (a linear the "transformer-engine" precisions mark)."""
+    return op.attr("compute") == "fp8"
+
+
+def _fp8_marked(op: Op, name: str) -> Op:
+    """`op` with the FP8 attributes of `name` (a linear of a numbered block under a
+    Transformer Engine precision), and without them otherwise."""
+    attrs = {k: v for k, v in op.attrs if k not in FP8_ATTRS}
+    if name in FP8_SCALING and _fp8_linear(op):
+        attrs |= {"compute": "fp8", "fp8_scaling": FP8_SCALING[name]}
+    if len(attrs) == len(op.attrs) and all(op.attr(k) == v for k, v in attrs.items()):
+        return op
+    return dataclasses.replace(op, attrs=Op.make_attrs(attrs))
+
+
+def _fp8_linear(op: Op) -> bool:
+    """A linear with a 2-D weight, inside a numbered block (a numeric part in its module
+    path: `layers.3.mlp.w1`), of sizes FP8 GEMMs take."""
+    if op.kind != "linear" or not op.params or len(op.params[0].shape) != 2:
+        return False
+    if not any(part.isdigit() for part in op.name.split(".")):
+        return False
+    out_f, in_f = op.params[0].shape
+    if op.attr("transposed"):
+        out_f, in_f = in_f, out_f
+    return in_f % FP8_IN_MULTIPLE == 0 and out_f % FP8_OUT_MULTIPLE == 0
 
 
 def _output_bytes(op: Op, name: str, inputs: list[int]) -> int:
     if op.kind == "input":
         return op.output.dtype_bytes
+    if name in FP8_SCALING:
+        return HALF
     if name in TRUE_BYTES:
         return TRUE_BYTES[name]
     if op.kind in LOWER:
@@ -94,7 +155,7 @@ def _output_bytes(op: Op, name: str, inputs: list[int]) -> int:
 
 
 def _param_bytes(name: str) -> int:
-    return TRUE_BYTES.get(name, FULL)
+    return HALF if name in FP8_SCALING else TRUE_BYTES.get(name, FULL)
 
 
 def _retyped(op: Op, nbytes: int, param_bytes: int, inputs: list[int], graph: OpGraph) -> Op:

@@ -55,9 +55,10 @@ class Device:
     engines move the data (GPUs).
 
     Peaks by precision (FLOP/s, dense, no sparsity), each optional: `flops16` for 16-bit
-    floats (bf16/fp16 matrix products on tensor cores; default `flops`), `flops_tf32` for
-    float32 matrix products in TF32 (default `flops`), `flops64` for float64 (default
-    `flops / 2`). `efficiency` holds calibrated achievable fractions of peak per op class
+    floats (bf16/fp16 matrix products on tensor cores; default `flops`), `flops8` for FP8
+    matrix products (E4M3/E5M2 tensor cores, Hopper on; default the 16-bit peak: a device
+    without FP8 tensor cores runs them in 16 bits), `flops_tf32` for float32 matrix products
+    in TF32 (default `flops`), `flops64` for float64 (default `flops / 2`). `efficiency` holds calibrated achievable fractions of peak per op class
     (`EFFICIENCY_CLASSES`): given as pairs or a mapping, kept as (class, fraction) pairs
     sorted by class; a class it leaves out takes the cost options' fraction
     (docs/cost_model.md, "Analytic mode")."""
@@ -73,6 +74,7 @@ class Device:
     flops_tf32: float | None = None
     flops64: float | None = None
     efficiency: tuple[tuple[str, float], ...] = ()
+    flops8: float | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -90,12 +92,12 @@ class Device:
                 f"device {self.name}: message_overhead must be finite and >= 0, "
                 f"got {self.message_overhead}"
             )
-        for field in ("flops16", "flops_tf32", "flops64"):
+        for field in _PEAKS:
             value = getattr(self, field)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise DeviceGraphError(
                     f"device {self.name}: {field} must be finite and > 0 (or left out: "
-                    f"{'flops / 2' if field == 'flops64' else 'flops'}), got {value}"
+                    f"{_PEAK_DEFAULTS[field]}), got {value}"
                 )
         self._check_efficiency()
 
@@ -129,6 +131,11 @@ class Device:
     def peak16(self) -> float:
         """FLOP/s of 16-bit float matrix products (bf16/fp16 tensor cores)."""
         return self.flops16 if self.flops16 is not None else self.flops
+
+    @property
+    def peak8(self) -> float:
+        """FLOP/s of FP8 matrix products (the 16-bit peak on a device without FP8 ones)."""
+        return self.flops8 if self.flops8 is not None else self.peak16
 
     @property
     def peak_tf32(self) -> float:
@@ -560,14 +567,15 @@ class DeviceGraph:
             f"{self._name}: {self.num_devices} devices on {len(hosts)} host(s), "
             f"{len(self._switches)} switches, {len(self._links)} links"
         ]
-        for (kind, flops, flops16, mem_bw, memory, efficiency), count in Counter(
-            (d.kind, d.flops, d.peak16, d.mem_bandwidth, d.memory, d.efficiency)
+        for (kind, flops, flops16, flops8, mem_bw, memory, efficiency), count in Counter(
+            (d.kind, d.flops, d.peak16, d.flops8, d.mem_bandwidth, d.memory, d.efficiency)
             for d in self._devices
         ).items():
             reach = "".join(f", {c} {f:.3g}" for c, f in efficiency)
+            fp8 = f", {flops8 / 1e12:.4g} TFLOP/s FP8" if flops8 is not None else ""
             lines.append(
                 f"  {count} x {kind}: {flops / 1e12:.3g} TFLOP/s FP32, {flops16 / 1e12:.3g} "
-                f"TFLOP/s 16-bit, {memory / 2**30:.3g} GiB, {mem_bw / 1e9:.3g} GB/s memory"
+                f"TFLOP/s 16-bit{fp8}, {memory / 2**30:.3g} GiB, {mem_bw / 1e9:.3g} GB/s memory"
                 + (f" (fraction of peak reached: {reach[2:]})" if reach else "")
             )
         for (kind, bw, lat), count in sorted(
@@ -619,7 +627,7 @@ class DeviceGraph:
 def _figures(d: Device) -> tuple[Any, ...]:
     """Everything a device computes and holds with (all but its name and host)."""
     return (d.kind, d.flops, d.mem_bandwidth, d.memory, d.message_overhead, d.flops16,
-            d.flops_tf32, d.flops64, d.efficiency)  # fmt: skip
+            d.flops_tf32, d.flops64, d.efficiency, d.flops8)  # fmt: skip
 
 
 def _device_json(d: Device) -> dict[str, Any]:
@@ -643,7 +651,13 @@ def _device_json(d: Device) -> dict[str, Any]:
     return out
 
 
-_PEAKS = ("flops16", "flops_tf32", "flops64")
+_PEAKS = ("flops16", "flops_tf32", "flops64", "flops8")
+_PEAK_DEFAULTS = {
+    "flops16": "flops",
+    "flops_tf32": "flops",
+    "flops64": "flops / 2",
+    "flops8": "the 16-bit peak",
+}
 
 # What to give for each field of a device's or a link's JSON entry (error messages say it).
 _DEVICE_HINTS = {
@@ -657,6 +671,7 @@ _DEVICE_HINTS = {
     "flops16": "its 16-bit peak in FLOP/s (or leave it out)",
     "flops_tf32": "its TF32 peak in FLOP/s (or leave it out)",
     "flops64": "its float64 peak in FLOP/s (or leave it out)",
+    "flops8": "its FP8 peak in FLOP/s (or leave it out)",
 }
 _LINK_HINTS = {
     "a": "the name of a device or switch",

@@ -84,6 +84,7 @@ A100_80G = A100 | {"mem_bandwidth": 2039e9, "memory": 80 * GiB}
 H100 = {
     "flops": 67e12,
     "flops16": 989e12,
+    "flops8": 1979e12,
     "flops_tf32": 494.5e12,
     "flops64": 34e12,
     "mem_bandwidth": 3.35e12,

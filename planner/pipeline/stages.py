@@ -287,7 +287,8 @@ def group_key(devices: DeviceGraph) -> str:
     hosts: dict[str, int] = {}
     parts = [
         repr((d.kind, d.flops, d.mem_bandwidth, d.memory, d.message_overhead, d.flops16,
-              d.flops_tf32, d.flops64, d.efficiency, hosts.setdefault(d.host, len(hosts))))
+              d.flops_tf32, d.flops64, d.efficiency, d.flops8,
+              hosts.setdefault(d.host, len(hosts))))
         for d in devices.devices
     ]  # fmt: skip
     name = {d.name: f"d{k:06d}" for k, d in enumerate(devices.devices)}

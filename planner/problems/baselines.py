@@ -9,7 +9,8 @@
   device per host (layer l on local device l mod G), data parallel across hosts; other ops data
   parallel;
 - Megatron-LM's tensor parallelism (`megatron`, Shoeybi et al. 2019, Sec. 3; Narayanan et al.
-  SC'21, Sec. 2.3) within groups of `tensor` consecutive devices, data parallelism across them.
+  SC'21, Sec. 2.3) within groups of `tensor` consecutive devices, context parallelism (the
+  sequence split over groups of them, Megatron-Core's) and data parallelism across them.
 
 Each degree is the largest one that divides both the dimension and the device count.
 """
@@ -102,25 +103,39 @@ def _divides(op: Op, dim: str, degree: int) -> bool:
     return dim in parallel_dims(op) and (op.output.size(dim) // split_unit(op, dim)) % degree == 0
 
 
-def megatron(graph: OpGraph, devices: DeviceGraph, tensor: int) -> Strategy:
+def megatron(graph: OpGraph, devices: DeviceGraph, tensor: int, context: int = 1) -> Strategy:
     """Megatron-LM's layout: tensor parallelism of degree `tensor` within groups of that many
-    consecutive devices (a node's GPUs), data parallelism of degree devices / tensor across
-    the groups (every op's samples split that many ways, group-major).
+    consecutive devices (a node's GPUs), context parallelism of degree `context` over
+    consecutive tensor groups, data parallelism of degree devices / (tensor x context)
+    across the rest (every op's samples split that many ways): Megatron-LM's rank order,
+    tensor innermost, then context, then data.
 
-    Within a group, in graph order: a linear whose summed input is split along its channels
-    splits its sum (row-parallel, `reduce`), else linears, embeddings and attention split
-    their output channels (column-parallel; attention by whole heads); an op whose inputs are
-    all channel-split keeps the split when it can (slices, activations); every other op (norms,
-    dropout, residual adds, the loss) splits the sequence (Korthikanti et al. 2022's sequence
-    parallelism: Megatron-LM of SC'21 repeats them on every rank of the group instead), so
-    each column/row pair reduce-scatters into the sequence and all-gathers out of it, the
-    volume of Megatron's all-reduce. With tensor 1: data parallelism."""
+    Within a tensor group, in graph order: a linear whose summed input is split along its
+    channels splits its sum (row-parallel, `reduce`), else linears, embeddings and attention
+    split their output channels (column-parallel; attention by whole heads); an op whose
+    inputs are all channel-split keeps the split when it can (slices, activations); every
+    other op (norms, dropout, residual adds, the loss) splits the sequence (Korthikanti et
+    al. 2022's sequence parallelism: Megatron-LM of SC'21 repeats them on every rank of the
+    group instead), so each column/row pair reduce-scatters into the sequence and
+    all-gathers out of it, the volume of Megatron's all-reduce. With tensor 1: data
+    parallelism.
+
+    Context parallelism (Megatron-Core's `--context-parallel-size`) splits every op's
+    sequence `context` ways on top of that (the data's tokens too: each rank loads its own
+    chunks), so the tensor groups of one replica hold consecutive chunks of the sequence
+    (the load-balanced order of Megatron's two chunks per rank changes which tokens, not how
+    many or what they cost: `planner.costs.rates.attention_seconds`); attention keeps its
+    queries' chunk and reads the keys and values of every chunk from the other context
+    ranks (the exchange the simulator prices, `CostOptions.cp_overlap`), and a weight is
+    replicated over data x context ranks, whose gradients it syncs. Every op that a context
+    split applies to must have a sequence that `context` x `tensor` divides."""
     n = devices.num_devices
-    if tensor < 1 or n % tensor:
+    if tensor < 1 or context < 1 or n % (tensor * context):
         raise LayerwiseError(
-            f"tensor-parallel size {tensor} must divide the {n} devices of {devices.name}"
+            f"tensor-parallel size {tensor} x context-parallel size {context} must divide the "
+            f"{n} devices of {devices.name}"
         )
-    data = n // tensor
+    data = n // (tensor * context)
     devs = tuple(range(n))
     channel_split: dict[str, bool] = {}
     configs = []
@@ -131,6 +146,13 @@ def megatron(graph: OpGraph, devices: DeviceGraph, tensor: int) -> Strategy:
                 f"data-parallel degree {data}: use a batch that {data} divides"
             )
         split: dict[str, int] = {SAMPLE: data}
+        if context > 1:
+            if not _divides(op, LENGTH, context):
+                raise LayerwiseError(
+                    f"op {op.name!r} has no sequence that context-parallel size {context} "
+                    f"divides: context parallelism splits every op along its sequence"
+                )
+            split[LENGTH] = context
         reduce = 1
         if tensor > 1:
             ins = [channel_split[name] for name in op.inputs]
@@ -141,9 +163,9 @@ def megatron(graph: OpGraph, devices: DeviceGraph, tensor: int) -> Strategy:
                 op.kind in ("linear", "embedding", "attention") or (ins and all(ins))
             ) and _divides(op, CHANNEL, tensor):
                 split[CHANNEL] = tensor
-            elif _divides(op, LENGTH, tensor):
-                split[LENGTH] = tensor
-            elif _divides(op, SAMPLE, n):
+            elif _divides(op, LENGTH, tensor * context):
+                split[LENGTH] = tensor * context
+            elif context == 1 and _divides(op, SAMPLE, n):
                 split[SAMPLE] = n
             else:
                 raise LayerwiseError(

@@ -58,13 +58,14 @@ import numpy as np
 from planner.costs.overlap import exposed_seconds
 from planner.costs.regions import needed_boxes, task_boxes
 from planner.deadline import OutOfTime, past
+from planner.graph.opkinds import LENGTH
 from planner.sim.tasks import JOIN, PHASE_SHIFT, SUB_SHIFT, TaskBatch, TaskGraph, pack, unpack
 from planner.sim.transfers import transfer_pairs
 
 if TYPE_CHECKING:
     from planner.costs.config import ParallelConfig
     from planner.costs.costmodel import CostModel
-    from planner.graph.opgraph import OpGraph
+    from planner.graph.opgraph import Op, OpGraph
     from planner.problems.strategy import Strategy
 
 Key = tuple[int, int, int, int, int, int]
@@ -257,19 +258,17 @@ class Simulator:
         return hops
 
     def _pairs(self, e: int, cu: ParallelConfig, cv: ParallelConfig) -> tuple:
-        """(p, q, bytes) of the task pairs of edge e that share data, as Python lists (the
+        """(p, q, elements) of the task pairs of edge e that share data, as Python lists (the
         same for every edge with the same shapes, maps and degrees: unrolled steps)."""
         edge = self.graph.edges[e]
         grid = self.cm.edge_grid(edge, cu.reduce, cv.reduce)  # partial sums: contraction splits
-        dtype_bytes = self.graph.ops[edge.src].output.dtype_bytes
-        key = (grid, dtype_bytes, cu.grid, cv.grid)
+        key = (grid, cu.grid, cv.grid)
         found = self._pairs_cache.get(key)
         if found is None:
             p, q, vol = transfer_pairs(
                 grid.maps, grid.in_sizes, cu.grid, grid.out_sizes, grid.out_dims, cv.grid
             )
-            nbytes = vol * dtype_bytes
-            found = (p.tolist(), q.tolist(), nbytes.tolist())
+            found = (p.tolist(), q.tolist(), vol.tolist())
             if len(self._pairs_cache) >= PAIRS_CACHE:
                 self._pairs_cache.clear()
             self._pairs_cache[key] = found
@@ -283,13 +282,16 @@ class Simulator:
             self.edge_tasks[e] = []
             return []
         tg, out = self.tasks, TaskBatch(self.tasks)
-        components = self.cm.edge_components(edge)
+        fwd_bytes, bwd_bytes = self.cm.edge_element_bytes(edge)  # x tensors carried
         fwd_label = f"{self._names[u]}->{self._names[v]}"
         bwd_label = f"grad {self._names[v]}->{self._names[u]}"
         gradient = self.graph.ops[u].kind != "input"  # data gets no gradient
         u_end, v_start = self._ends[(FWD, u)], self._starts[(FWD, v)]
         u_back, v_back = self._starts[(BWD, u)], self._ends[(BWD, v)]
-        again = v in self.cm.recomputed  # v runs its forward again: it receives again
+        # v runs its forward again, or is context-parallel attention reading keys and values
+        # it did not keep (`_context_kv`): it receives them again before its backward
+        ring = self._context_kv(e, cv)
+        again = v in self.cm.recomputed or ring
         v_again, again_label = self._starts[(BWD, v)], f"again {fwd_label}"
         back_v, back_u = self.n - 1 - v, self.n - 1 - u
         preds, succs = tg.preds, tg.succs
@@ -303,7 +305,7 @@ class Simulator:
         arrive: dict[tuple[int, int], int] = {}
         first_back: dict[tuple[int, int], int] = {}
         self._shared[e] = (arrive, first_back)
-        for p, q, nbytes in zip(*self._pairs(e, cu, cv), strict=True):
+        for p, q, elements in zip(*self._pairs(e, cu, cv), strict=True):
             dp, dq = devs_u[p], devs_v[q]
             if dp == dq:  # a dependency each way (inlined: most pairs of many strategies)
                 a, b = u_end[p], v_start[q]
@@ -313,19 +315,26 @@ class Simulator:
                 preds[b].append(a)
                 succs[a].append(b)
                 continue
-            size = nbytes * components  # an LSTM state: h and c together
-            there = size if hidden is None else self._exposed(dp, dq, size, hidden[0][p, q])
+            size = elements * fwd_bytes  # an LSTM state: h and c together
+            there = (
+                size if hidden is None else self._exposed(dp, dq, size, hidden[0][p, q], hidden[2])
+            )
             pair = p * 65536 + q
             keys: _Keys = ((FWD, u, 4, e, pair, 0), (FWD, v, 1, e, pair), None)
             arrive[p, q] = self._message(out, keys, dp, dq, there, u_end[p], fwd_label)
             out.depend(arrive[p, q], v_start[q])
             if again:  # before v's backward task, which recomputes v first
+                if ring and hidden is not None:  # under v's backward, with the gradients
+                    there = self._exposed(dp, dq, size, hidden[1][p, q], hidden[2])
                 keys = ((BWD, back_v, -1, e, pair, -1), (BWD, back_v, -1, e, pair), None)
                 msg = self._message(out, keys, dp, dq, there, u_end[p], again_label)
                 out.depend(msg, v_again[q])
             if not gradient:
                 continue
-            back = size if hidden is None else self._exposed(dq, dp, size, hidden[1][p, q])
+            size = elements * bwd_bytes
+            back = (
+                size if hidden is None else self._exposed(dq, dp, size, hidden[1][p, q], hidden[2])
+            )
             pair = q * 65536 + p
             keys = (
                 (BWD, back_v, 1, e, pair, -1),
@@ -408,38 +417,61 @@ class Simulator:
 
     def _hidden_share(
         self, u: int, v: int, cu: ParallelConfig, cv: ParallelConfig, ps: list[int], qs: list[int]
-    ) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]] | None:
-        """Tensor-parallel overlap (`CostOptions.tp_overlap`, `planner.costs.overlap`): per
-        task pair (p, q) of an edge into or out of a linear op, the GEMM seconds each of its
-        forward and backward messages may run under: the linear's task at that end (the
-        consumer's when both are linear), shared among the messages that task sends or
-        receives on this edge. None when nothing overlaps (no overlap, or no linear)."""
-        if self.cm.options.tp_overlap <= 0:
-            return None
+    ) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float], float] | None:
+        """Communication a kernel hides (`planner.costs.overlap`): per task pair (p, q) of an
+        edge into or out of a linear op (`CostOptions.tp_overlap`), or of the keys and values
+        into a context-parallel attention op (`cp_overlap`: the ring's messages run beside
+        its blocks' kernels), the compute seconds each of its forward and backward messages
+        may run under: that op's task at that end (the consumer's when both are linear),
+        shared among the messages that task sends or receives on this edge; and the fraction
+        hidden. None when nothing overlaps."""
         kinds = self.graph.ops[u].kind, self.graph.ops[v].kind
-        if "linear" not in kinds:
+        fraction = self.cm.options.tp_overlap
+        if kinds[1] == "attention" and _splits_length(self.graph.ops[v], cv):
+            fraction = self.cm.options.cp_overlap
+            side, cfg, tasks = v, cv, qs
+        elif "linear" in kinds:
+            side, cfg, tasks = (v, cv, qs) if kinds[1] == "linear" else (u, cu, ps)
+        else:
             return None
-        side, cfg, tasks = (v, cv, qs) if kinds[1] == "linear" else (u, cu, ps)
+        if fraction <= 0:
+            return None
         fwd, bwd = self._op_costs(side, cfg)[:2]
         count = Counter(tasks)
+        # a ring attention's backward also receives the keys and values again: half each
+        split = 2.0 if side == v and kinds[1] == "attention" and fraction > 0 else 1.0
         forward: dict[tuple[int, int], float] = {}
         backward: dict[tuple[int, int], float] = {}
         for p, q in zip(ps, qs, strict=True):
             t = q if side == v else p
             forward[p, q] = fwd[t] / count[t]
-            backward[p, q] = bwd[t] / count[t]
-        return forward, backward
+            backward[p, q] = bwd[t] / count[t] / split
+        return forward, backward, fraction
 
-    def _exposed(self, a: int, b: int, size: float, partner: float) -> float:
-        """The bytes of a message from a to b whose transfer is left exposed when it may run
-        under `partner` seconds of compute (`planner.costs.overlap.exposed_seconds`): the
-        message is sent with those bytes (its hops' latencies stay)."""
+    def _context_kv(self, e: int, cv: ParallelConfig | None) -> bool:
+        """Whether edge e brings keys or values (an input after the first) to an attention op
+        whose config splits its sequence (context parallelism). Ring attention (Megatron-Core
+        with Transformer Engine) and all-gather attention (the Llama 3 paper) keep only their
+        own chunk of keys and values, so the backward receives the others again beside the
+        gradients it sends back (`CostModel.activations` keeps the producers' shards)."""
+        edge = self.graph.edges[e]
+        op = self.graph.ops[edge.dst]
+        return op.kind == "attention" and edge.position > 0 and _splits_length(op, cv)
+
+    def _exposed(
+        self, a: int, b: int, size: float, partner: float, fraction: float | None = None
+    ) -> float:
+        """The bytes of a message from a to b whose transfer is left exposed when `fraction`
+        of it may run under `partner` seconds of compute (`planner.costs.overlap.
+        exposed_seconds`; default the tensor-parallel overlap): the message is sent with
+        those bytes (its hops' latencies stay)."""
         hops = self._hops(a, b)
         inv = sum(h[1] for h in hops)
         lat = sum(h[2] for h in hops)
         if inv <= 0:
             return size
-        seconds = exposed_seconds(size * inv + lat, partner, self.cm.options.tp_overlap)
+        f = self.cm.options.tp_overlap if fraction is None else fraction
+        seconds = exposed_seconds(size * inv + lat, partner, f)
         return max(0.0, seconds - lat) / inv
 
     def _message(
@@ -568,13 +600,16 @@ class Simulator:
             size = passes * (r - 1) / r * shard
             steps = passes * (r - 1) * share  # each step: one message to the next replica
             what, gate_label = f"allreduce {name}", f"sync {name} ready"
-            ends = []
-            for j, a in enumerate(devs):
-                gate = out.add(pack(*base, 0, j), a, 0.0, gate_label, ready)
-                ends.append(
-                    self._message(out, keys(j), a, devs[(j + 1) % r], size, gate, what, steps)
+            src, dst, part = self.cm.ring_plan(devs)  # one ring, or one per NIC (rails)
+            gates = {
+                a: out.add(pack(*base, 0, j), a, 0.0, gate_label, ready) for j, a in enumerate(devs)
+            }
+            return [
+                self._message(out, keys(k), a, b, size * f, gates[a], what, steps)
+                for k, (a, b, f) in enumerate(
+                    zip(src.tolist(), dst.tolist(), part.tolist(), strict=True)
                 )
-            return ends
+            ]
         ps, rest = devs[0], devs[1:]
         gate = out.add(pack(*base, 0, 0), ps, 0.0, f"sync {name} ready", ready)
         ins = [
@@ -754,6 +789,12 @@ def _distinct(groups: list[list[int]]) -> tuple[list[list[int]], list[int]]:
             by_id[id(members)] = g
         group_of.append(g)
     return [list(m) for m in index], group_of
+
+
+def _splits_length(op: Op, cfg: ParallelConfig | None) -> bool:
+    """Whether `cfg` splits `op`'s sequence (its `length` dim) over more than one task."""
+    dims = op.output.dims
+    return cfg is not None and LENGTH in dims and cfg.degrees[dims.index(LENGTH)] > 1
 
 
 def _positions(cfg: ParallelConfig | None) -> dict[int, int]:

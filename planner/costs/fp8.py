@@ -1,0 +1,78 @@
+"""FP8 training as NVIDIA Transformer Engine runs it: what an FP8 linear costs besides its GEMMs.
+
+A linear the "transformer-engine" precisions mark (`planner.graph.precision`: `compute="fp8"`)
+runs its three GEMMs (forward Y = X W^T, input gradient dX = dY W, weight gradient dW =
+dY^T X) on the FP8 tensor cores (`Device.peak8`; on a chip with kernel rates, at the FP8 GEMM
+fit `planner.costs.rates.H100_FP8_GEMM`). Hopper's FP8 GEMMs take only the "TN" layout, so
+each operand exists in FP8 as it is and, for the backward GEMMs, transposed. Transformer
+Engine makes those copies in memory-bound passes (its `_Linear` and `grad_output_preprocess`,
+transformer_engine/pytorch/module/linear.py and base.py; with sequence parallelism, the
+usual layout of tensor-parallel runs):
+
+- forward: the input X is cast to FP8 (read 2 bytes, write 1 per element) on each rank's
+  sequence shard before its all-gather, which then moves FP8 (1 byte per element: the
+  transfer into an FP8 linear is priced so, `CostModel.edge_element_bytes`);
+- backward: the output gradient dY is cast to FP8 (read 2, write 1) with its transpose (1
+  more) where it is local, or on each rank's shard before its all-gather (a row-parallel
+  linear: the gathered FP8 gradient, 1 byte per element, is then transposed, read 1 write 1);
+  the saved FP8 input is transposed for the weight gradient (read 1, write 1);
+- the weights are cast to FP8 with their transposes once per step (the first micro-batch;
+  Transformer Engine keeps both across micro-batches: 2 bytes per element of the weight in
+  memory, `WEIGHT_CACHE_BYTES`), counted with the optimizer step.
+
+Scaling (the recipes' names): "delayed" (`DelayedScaling`, Transformer Engine's default and
+the "fp8" of NeMo's and Megatron-Bridge's recipes) takes each tensor's scale from the amax
+history of earlier steps and records the new amax in the same pass that casts it; "current"
+(`Float8CurrentScaling`, the recipes' "fp8-cs") computes the tensor's own amax first: one
+more read of X and of dY (2 bytes per element) before each cast. Its amax all-reduce over the
+tensor-parallel group (a few bytes, a latency each) and delayed scaling's once-per-step
+history update are not priced; neither is the fusion of a layer norm with the cast of its
+output (Transformer Engine's LayerNormLinear writes the FP8 output directly: the norm's bf16
+write and this cast's read are counted, 3 bytes per element of the shard more than it moves).
+
+The activations kept for the backward: the FP8 copy of the input (1 byte per element,
+`planner.costs.activations`), not the bf16 one. "mxfp8" (Blackwell's block scaling) is not
+modelled.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from planner.graph.opkinds import CHANNEL
+from planner.graph.precision import computes_in_fp8
+
+if TYPE_CHECKING:
+    from planner.costs.config import ParallelConfig
+    from planner.graph.opgraph import Op
+
+__all__ = ["FP8_BYTES", "WEIGHT_CACHE_BYTES", "cast_bytes", "computes_in_fp8"]
+
+FP8_BYTES = 1  # bytes per element of an FP8 tensor (E4M3 or E5M2)
+WEIGHT_CACHE_BYTES = 2  # per weight element: its FP8 copy and its FP8 transpose
+_CAST = 3  # read 2 bytes (bf16), write 1 (FP8)
+_AMAX = 2  # current scaling: one more read of the bf16 tensor for its amax
+_TRANSPOSE = 2  # read 1 byte (FP8), write 1
+
+
+def cast_bytes(
+    op: Op, cfg: ParallelConfig, m: int, n: int, k: int, sharers: int = 1
+) -> tuple[float, float]:
+    """(forward, backward) bytes of memory traffic one task of an FP8 linear `op` under `cfg`
+    spends on Transformer Engine's casts and transposes (module docstring), for its GEMM of m
+    rows, n outputs and k contracted inputs; (0, 0) for an op that is not FP8. `sharers`:
+    the FP8 linears that read the same input and cast it once between them (Megatron-Core's
+    fused QKV and gate/up projections are one linear: `CostOptions.transfer_once`), each
+    charged its share of the input's cast and transpose."""
+    if not computes_in_fp8(op):
+        return 0.0, 0.0
+    quantize = _CAST + (_AMAX if op.attr("fp8_scaling") == "current" else 0)
+    dims = op.output.dims
+    column = cfg.degrees[dims.index(CHANNEL)] if CHANNEL in dims else 1
+    # X: each of the `column` tasks that read the same rows casts its shard before the gather
+    forward = quantize * m * k / column / sharers
+    if cfg.reduce > 1:  # row-parallel: dY cast on the shard, gathered in FP8, transposed
+        grad = quantize * m * n / cfg.reduce + _TRANSPOSE * m * n
+    else:  # dY local: cast with its transpose (one more byte written)
+        grad = (quantize + FP8_BYTES) * m * n
+    return float(forward), float(grad + _TRANSPOSE * m * k / sharers)

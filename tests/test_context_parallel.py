@@ -1,0 +1,142 @@
+"""Context parallelism in the published-layout rule (`planner.problems.baselines.megatron`
+with `context`): the layout, the key/value exchange the simulator prices and overlaps
+(`CostOptions.cp_overlap`), the gradient sync over data x context replicas, and attention's
+kernels on sequence chunks (docs/space.md, "Context parallelism in the published layouts")."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.costs.costmodel import CostModel, CostOptions
+from planner.costs.rates import ATTENTION_KERNELS, attention_seconds
+from planner.errors import LayerwiseError
+from planner.graph.capture import capture
+from planner.graph.coarsen import coarsen
+from planner.graph.llm import build_llm
+from planner.graph.opgraph import OpGraph
+from planner.graph.opkinds import CHANNEL, LENGTH, SAMPLE
+from planner.hardware.presets import get_preset
+from planner.problems.baselines import megatron
+from planner.sim.simulator import Simulator
+
+BATCH, SEQ, DIM, HEADS, KV_HEADS = 4, 256, 256, 4, 2
+
+
+@pytest.fixture(scope="module")
+def graph() -> OpGraph:
+    module, inputs = build_llm(
+        "llama3-8b", dtype="bfloat16", batch=BATCH, seq=SEQ, n_layers=2, dim=DIM,
+        n_heads=HEADS, n_kv_heads=KV_HEADS, hidden_dim=512, vocab_size=512, max_seq_len=SEQ,
+    )  # fmt: skip
+    return coarsen(capture(module, inputs, "tiny"))
+
+
+def attention_of(graph: OpGraph) -> int:
+    return next(i for i, op in enumerate(graph.ops) if op.kind == "attention")
+
+
+def test_every_op_splits_its_sequence_over_context_ranks_inside_data_outside_tensor(
+    graph: OpGraph,
+) -> None:
+    devices = get_preset("dgx-h100-1")
+    s = megatron(graph, devices, tensor=2, context=2)  # data 2
+    for op, cfg in zip(graph.ops, s.configs, strict=True):
+        degree = dict(zip(op.output.dims, cfg.degrees, strict=True))
+        assert degree[SAMPLE] == 2
+        split = degree.get(CHANNEL, 1) * cfg.reduce  # tensor parallel, else sequence parallel
+        assert degree[LENGTH] == (2 if split == 2 else 4), op.name
+    a = attention_of(graph)
+    att = s.configs[a]
+    assert att.degrees == (2, 2, 2) and att.devices == tuple(range(8))
+    # task (sample s, chunk l, heads h) on device 4 s + 2 l + h: tensor, context, data
+    assert att.devices[att.num_tasks - 1] == 7
+    with pytest.raises(LayerwiseError, match="context-parallel size 3"):
+        megatron(graph, devices, tensor=1, context=3)
+
+
+def test_keys_and_values_arrive_from_the_other_context_ranks(graph: OpGraph) -> None:
+    """Each attention task reads its heads' keys over the whole sequence: (c - 1) / c of them
+    from the other context ranks, one message each, and their gradients go back the same
+    way: t_x = 2 (c - 1) (bytes / bandwidth + latency)."""
+    devices = get_preset("dgx-h100-1")
+    c = 4
+    s = megatron(graph, devices, tensor=1, context=c)  # data 2
+    cm = CostModel(graph, devices)
+    a = attention_of(graph)
+    k_edge = next(e for e in graph.edges if e.dst == a and e.position == 1)
+    per_rank = (BATCH // 2) * (SEQ // c) * (DIM // HEADS * KV_HEADS) * 2  # bytes of a chunk
+    inv, fixed = cm.pair_costs(0, 1)
+    expected = 2 * (c - 1) * (per_rank * float(inv) + float(fixed))
+    got = cm.transfer_time(k_edge, s.configs[k_edge.src], s.configs[a])
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_ring_receives_keys_and_values_again_in_the_backward(graph: OpGraph) -> None:
+    devices = get_preset("dgx-h100-1")
+    s = megatron(graph, devices, tensor=1, context=2)
+    names = [t.name for t in Simulator(CostModel(graph, devices), s.configs).timeline().tasks]
+    again = [n for n in names if n.startswith("xfer again")]
+    assert again and all(".wk->" in n or ".wv->" in n for n in again)
+    plain = megatron(graph, devices, tensor=2)  # no context parallelism: nothing again
+    names = [t.name for t in Simulator(CostModel(graph, devices), plain.configs).timeline().tasks]
+    assert not any(n.startswith("xfer again") for n in names)
+
+
+def test_cp_overlap_hides_the_exchange_under_attention(graph: OpGraph) -> None:
+    devices = get_preset("dgx-h100-2")  # the context ranks on two nodes: a slow ring
+    s = megatron(graph, devices, tensor=4, context=2)  # data 2; context pairs cross nodes
+    steps = [
+        Simulator(CostModel(graph, devices, CostOptions(cp_overlap=f)), s.configs).makespan
+        for f in (0.0, 1.0)
+    ]
+    assert steps[1] < steps[0]
+    node = get_preset("dgx-h100-1")
+    plain = megatron(graph, node, tensor=2)  # attention split by heads
+    both = [
+        Simulator(CostModel(graph, node, CostOptions(cp_overlap=f)), plain.configs).makespan
+        for f in (0.0, 1.0)
+    ]
+    assert both[0] == both[1]  # without context parallelism it changes nothing
+
+
+def test_weights_sync_over_data_times_context_replicas(graph: OpGraph) -> None:
+    devices = get_preset("dgx-h100-1")
+    s = megatron(graph, devices, tensor=2, context=2)
+    cm = CostModel(graph, devices)
+    wq = graph.index("layers.0.attention.wq")
+    groups = cm.replica_groups(graph.ops[wq], s.configs[wq])
+    assert sorted(map(sorted, groups)) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+
+
+def test_attention_on_chunks_runs_its_own_block_causal_and_the_others_full() -> None:
+    cudnn = ATTENTION_KERNELS["cudnn"]
+    flops = 4.0 * 8192**2 * 4096
+    whole = attention_seconds(cudnn, flops, 8192, causal=True)
+    assert whole == attention_seconds(cudnn, flops, 8192, causal=True, chunks=1)
+    fwd, _ = attention_seconds(cudnn, flops / 2, 8192, causal=True, chunks=2)
+    causal, full = cudnn.rates(4096, True)[0], cudnn.rates(4096, False)[0]
+    work = flops / 2 * 0.5  # a rank's half of the causal product
+    assert fwd == pytest.approx(work / 2 / causal + work / 2 / full)
+
+
+def test_a_micro_batch_that_syncs_nothing_keeps_its_backward_clean(graph: OpGraph) -> None:
+    """`experiments.calibration.micro_batch_times`: the forward and backward of every
+    micro-batch without the gradient sync beside it, the sync what the last one takes
+    beyond them (the same step for the last micro-batch)."""
+    from experiments.calibration import micro_batch_times
+    from planner.pipeline.spec import Pipeline, PipelinedStrategy
+    from planner.pipeline.stages import chunk_times
+    from planner.problems.strategy import Strategy
+
+    devices = get_preset("dgx-h100-2")
+    s = megatron(graph, devices, tensor=4, context=2)  # context pairs on two nodes
+    pipe = Pipeline((0, len(graph.ops)), (tuple(range(16)),), 1, "1f1b")
+    ps = PipelinedStrategy(Strategy(graph, devices, s.configs), pipe)
+    cm = CostModel(graph, devices, CostOptions(dp_overlap=1.0))
+    (full,) = chunk_times(cm, ps)
+    (clean,) = micro_batch_times(cm, ps)
+    (after,) = chunk_times(CostModel(graph, devices, CostOptions(dp_overlap=0.0)), ps)
+    assert (clean.forward, clean.backward) == (after.forward, after.backward)
+    total = full.forward + full.backward + full.sync
+    assert clean.forward + clean.backward + clean.sync == pytest.approx(total)
+    assert clean.backward < full.backward  # the sync delayed the keys and values

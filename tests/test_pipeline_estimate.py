@@ -5,13 +5,14 @@ its simulation, the in-flight counts and blocks per stage, and best first on fak
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Any
 
 import numpy as np
 import pytest
 
 import backends.pipeline.search as search
-from backends.pipeline.candidates import balance, in_flight_counts, splits, virtuals
+from backends.pipeline.candidates import balance, in_flight_counts, splits, sync_tail, virtuals
 from backends.pipeline.estimate import closed_form_chunk
 from backends.pipeline.select import ESTIMATE, EVERY_DEVICE, STAGE, TWO_REPLICAS, BestFirst
 from backends.pipeline.settings import PipelineSettings
@@ -23,6 +24,7 @@ from planner.hardware.presets import get_preset
 from planner.pipeline.problem import PipelineProblem
 from planner.pipeline.schedule import in_flight, schedule
 from planner.pipeline.stages import simulate_chunk
+from planner.pipeline.timeline import ChunkTimes, simulate_pipeline
 from planner.problems.baselines import megatron
 
 OPTIONS = CostOptions(optimizer="adam", master_weights=True)
@@ -75,11 +77,13 @@ def test_the_closed_form_keeps_the_simulations_memory() -> None:
         assert (a.kept, a.params, a.working) == (b.kept, b.params, b.working)
 
 
-def test_an_interleaved_estimate_counts_every_chunks_sync() -> None:
-    """Interleaved, a stage's chunks sync one after another once its last backward is done
-    (the pipeline's timeline): the estimate adds them, and comes within 10% of the
-    simulation on equal chunks, 12% on uneven ones (their stages' fill and drain
-    approximated). With the largest chunk's sync alone it was up to 20% below."""
+def test_an_interleaved_estimate_counts_its_chunks_syncs() -> None:
+    """Interleaved, a stage's chunks sync one at a time as their last backwards end (the
+    pipeline's timeline): the estimate counts what they leave after the stage's last
+    backward (`sync_tail`) and comes within 12% of the simulation (uneven chunks: their
+    stages' fill and drain approximated; 11% below to 11% above here); every chunk's sync added, as
+    when the timeline ran them all after the last backward, was 6-9% above; the largest
+    chunk's sync alone up to 20% below."""
     space = _space("dgx-a100-80g-2", zero=0)
     options = space.cost_options("none", 0)
     checked = 0
@@ -91,11 +95,35 @@ def test_an_interleaved_estimate_counts_every_chunks_sync() -> None:
             _, timeline = search._simulate(
                 graph, devices, cand.layout, options, space.micro, space.groups
             )
-            even = len(set(cand.layout.blocks)) == 1
-            rel = 0.10 if even else 0.12
-            assert cand.estimate == pytest.approx(timeline.makespan, rel=rel)
+            assert cand.estimate == pytest.approx(timeline.makespan, rel=0.12)
             checked += 1
     assert checked >= 10
+
+
+def test_the_sync_tail_bounds_the_timelines() -> None:
+    """`sync_tail`, a stage's syncs past its last backward in closed form, is never below
+    what the pipeline's timeline leaves there (it takes the shortest gaps between the
+    chunks' last backwards), equals it on one chunk per stage, and interleaved it hides a
+    later chunk's sync under the backwards of the chunks before it."""
+    rng = random.Random(0)
+    for _ in range(200):
+        p, v = rng.randint(1, 5), rng.randint(1, 4)
+        name = "interleaved" if v > 1 else rng.choice(["gpipe", "1f1b"])
+        m = p * rng.randint(1, 4)
+        chunks = [
+            ChunkTimes(rng.uniform(0.1, 1.0), rng.uniform(0.2, 2.0), sync=rng.uniform(0, 3))
+            for _ in range(p * v)
+        ]
+        timeline = simulate_pipeline(chunks, name, p, m)
+        for g in range(p):
+            last = max(s.end for s in timeline.works if s.group == g)
+            tail = max(s.end for s in timeline.syncs if s.group == g) - last
+            estimate = sync_tail(chunks[g::p], p)
+            assert estimate >= tail - 1e-9
+            if v == 1:
+                assert estimate == pytest.approx(tail, abs=1e-9)
+    uniform = [ChunkTimes(1.0, 2.0, sync=0.5)] * 8  # 2 stages of 4 chunks
+    assert sync_tail(uniform[0::2], 2) == 0.5  # not 4 x 0.5
 
 
 def test_in_flight_counts_are_the_schedules_own() -> None:

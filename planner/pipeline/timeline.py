@@ -18,8 +18,10 @@ order keeps at once and its largest working set (`stage_peak`):
   direction go one at a time, in the order they are ready; with `p2p_overlap` below 1
   (`CostOptions.pp_overlap`) the rest of its seconds keep the sender from its next work;
 - after a group's last backward of a chunk, that chunk's gradient sync and update
-  (`sync`): they overlap the group's later backwards of other chunks (interleaved) and end
-  the step on that group at the latest.
+  (`sync`), one chunk's at a time per group, in the order the chunks' last backwards end:
+  with the interleaved schedule, whose backwards run a group's chunks in reverse, the later
+  chunks' syncs overlap the group's later backwards of earlier chunks; the last of them
+  ends the step on that group at the latest.
 
 The timeline is exact for this model: on uniform chunks with free messages and no sync its
 idle share is the closed form `schedule.bubble_fraction` (a test checks it).
@@ -212,12 +214,7 @@ def simulate_pipeline(
         free[g] = end + send(w, end)
         refresh(g)
     deliver(float("inf"))
-    syncs: list[Slot] = []
-    for k, c in enumerate(chunks):
-        last = max(done[Work(BACKWARD, i, k)] for i in range(m))
-        g = k % p
-        start = max(last, max((s.end for s in syncs if s.group == g), default=0.0))
-        syncs.append(Slot(Work("S", m - 1, k), g, start, start + c.sync))
+    syncs = _syncs(chunks, p, m, done)
     makespan = max([s.end for s in syncs] + [s.end for s in works] + [s.end for s in messages])
     busy = [0.0] * p
     for s in works:
@@ -239,6 +236,23 @@ def simulate_pipeline(
         peak_bytes=tuple(sum(q.values()) for q in parts),
         peak_parts=tuple(parts),
     )
+
+
+def _syncs(chunks: Sequence[ChunkTimes], p: int, m: int, done: dict[Work, float]) -> list[Slot]:
+    """Per chunk (in chunk order), its gradient sync and update: on its group, after its
+    last backward and the group's sync before it, the group's chunks taken in the order
+    their last backwards end (Megatron-Core's overlapped gradient reduce starts a chunk's
+    buckets when its backward is done: with interleaving, the later chunks first, under the
+    earlier chunks' backwards)."""
+    last = [max(done[Work(BACKWARD, i, k)] for i in range(m)) for k in range(len(chunks))]
+    free = [0.0] * p  # when each group's previous sync ends
+    slots: dict[int, Slot] = {}
+    for k in sorted(range(len(chunks)), key=lambda k: (last[k], k)):
+        g = k % p
+        start = max(last[k], free[g])
+        free[g] = start + chunks[k].sync
+        slots[k] = Slot(Work("S", m - 1, k), g, start, free[g])
+    return [slots[k] for k in range(len(chunks))]
 
 
 def stage_peak(

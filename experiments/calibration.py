@@ -226,12 +226,12 @@ def simulate_row(row: Published, options: Any) -> tuple[float, Breakdown]:
     scale = ring_factor(row.data) / ring_factor(here) if here > 1 else 0.0
     chunks = [dataclasses.replace(c, sync=c.sync * scale) for c in simulated]
     schedule = "interleaved" if v > 1 else "1f1b"
-    overlap = options.pp_overlap
-    full = simulate_pipeline(chunks, schedule, p, m, overlap)
+    overlap = (options.pp_overlap, options.dp_overlap)
+    full = simulate_pipeline(chunks, schedule, p, m, *overlap)
     quiet = [dataclasses.replace(c, send_forward=0.0, send_backward=0.0, sync=0.0) for c in chunks]
     no_sync = [dataclasses.replace(c, sync=0.0) for c in chunks]
-    t0 = simulate_pipeline(quiet, schedule, p, m, overlap).makespan
-    t1 = simulate_pipeline(no_sync, schedule, p, m, overlap).makespan
+    t0 = simulate_pipeline(quiet, schedule, p, m, *overlap).makespan
+    t1 = simulate_pipeline(no_sync, schedule, p, m, *overlap).makespan
     busiest = max(range(p), key=lambda g: full.busy[g])
     compute = {k: m * sum(w[k] for w in work[busiest::p]) for k in ("gemm", "attention", "memory")}
     busy = full.busy[busiest]

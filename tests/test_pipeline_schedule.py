@@ -95,6 +95,14 @@ def test_interleaved_syncs_overlap_the_earlier_chunks_backwards() -> None:
         assert mine[-1].work.chunk == g and mine[-1].start == last_backward
     assert [s.work.chunk for s in tl.syncs] == list(range(p * v))  # listed in chunk order
     assert tl.makespan == pytest.approx(free.makespan + 0.5)
+    # without the overlapped reduce (Megatron-LM's default) every sync follows the flush
+    late = simulate_pipeline(chunks, "interleaved", p, m, grad_overlap=0.0)
+    for g in range(p):
+        last_backward = max(s.end for s in late.works if s.group == g)
+        assert all(s.start >= last_backward for s in late.syncs if s.group == g)
+    assert late.makespan == pytest.approx(free.makespan + v * 0.5)
+    half = simulate_pipeline(chunks, "interleaved", p, m, grad_overlap=0.5)
+    assert tl.makespan < half.makespan < late.makespan
 
 
 def test_messages_on_one_link_go_one_at_a_time() -> None:

@@ -88,14 +88,14 @@ def candidates(
                     if where not in composed:
                         composed[where] = u.chunk(c, count, k)
                     chunks.append(composed[where])
-                estimate, peak = _score(chunks, p, v, m, u.message, flights[key])
+                estimate, peak = _score(chunks, p, v, m, u, flights[key])
                 layout_ = Layout(p, t, d, b, m, name, v, rc, z, tuple(split), rule)
                 out.append(Candidate(estimate, layout_, peak))
     return out
 
 
 def _score(
-    chunks: list[ChunkTimes], p: int, v: int, m: int, message: float, flight: tuple[int, ...]
+    chunks: list[ChunkTimes], p: int, v: int, m: int, u: Units, flight: tuple[int, ...]
 ) -> tuple[float, float]:
     """(estimate, peak) of chunks c on stage c % p (the module's docstring)."""
     work = [0.0] * p
@@ -108,8 +108,8 @@ def _score(
         kept[s] = max(kept[s], ch.activation_bytes)
     peak = max(f + k * a for f, k, a in zip(fixed, kept, flight, strict=True))
     busiest = max(work)
-    messages = 2 * (p * v - 1) * message
-    tail = max(sync_tail(chunks[s::p], p) for s in range(p))
+    messages = 2 * (p * v - 1) * u.message
+    tail = max(sync_tail(chunks[s::p], p, u.grad_overlap) for s in range(p))
     # the busiest stage's m micro-batches, and the others' work it waits for in the fill
     # and drain, v-fold less interleaved: (p - 1) / v of it on equal stages (SC'21 Sec.
     # 2.2.2); one chunk per stage, (m - 1) x busiest + sum(work) (Sec. 2.2.1)
@@ -117,20 +117,25 @@ def _score(
     return estimate, peak
 
 
-def sync_tail(mine: Sequence[ChunkTimes], p: int) -> float:
+def sync_tail(mine: Sequence[ChunkTimes], p: int, overlap: float = 1.0) -> float:
     """Seconds a stage's chunk syncs run past its last backward, its chunks `mine` in local
     order (chunk j: the stage's j-th), as the pipeline's timeline runs them: one at a time,
-    each after its chunk's last backward, in the order those end. The backward runs a
-    stage's chunks in reverse, and in the last round each chunk's p micro-batches in turn
-    (`planner.pipeline.schedule`), so chunk j's last backward ends at least p x chunk j - 1's
-    backward before chunk j - 1's; at those gaps (no waiting: the longest tail) chunk j's
-    sync runs under the backwards of the chunks before it. One chunk: its sync."""
+    `overlap` (`CostOptions.dp_overlap`) of each ready at its chunk's last backward, the
+    rest at the stage's last, in the order they are ready. The backward runs a stage's
+    chunks in reverse, and in the last round each chunk's p micro-batches in turn
+    (`planner.pipeline.schedule`), so chunk j's last backward ends at least p x chunk
+    j - 1's backward before chunk j - 1's; at those gaps (no waiting: the longest tail) the
+    overlapped share of chunk j's sync runs under the backwards of the chunks before it.
+    One chunk, or no overlap: the syncs added."""
     ends = [0.0]  # when chunk j's last backward ends, relative to the stage's last (chunk 0's)
     for ch in mine[:-1]:
         ends.append(ends[-1] - p * ch.backward)
+    parts = [(ends[j], j, overlap * ch.sync) for j, ch in enumerate(mine)]
+    if overlap < 1:
+        parts += [(0.0, j, (1.0 - overlap) * ch.sync) for j, ch in enumerate(mine)]
     free = -math.inf
-    for j in reversed(range(len(mine))):
-        free = max(free, ends[j]) + mine[j].sync
+    for ready, _, seconds in sorted(parts):
+        free = max(free, ready) + seconds
     return max(0.0, free)
 
 

@@ -336,7 +336,10 @@ def _digest(key: str) -> str:
 # tensor-parallel traffic Transformer Engine's userbuffers overlap leaves hidden net of
 # what it costs the GEMMs it runs beside (docs/calibration.md, "What is fitted").
 FITTED: dict[str, float] = {"tp_overlap": 0.0}
-FIT_GRID = {"tp_overlap": tuple(k / 10 for k in range(11))}
+FIT_GRID = {
+    "tp_overlap": tuple(k / 10 for k in range(11)),
+    "dp_overlap": tuple(k / 10 for k in range(11)),
+}
 
 
 def fit(rows: Sequence[Published]) -> dict[str, float]:

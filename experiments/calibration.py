@@ -240,12 +240,12 @@ def simulate_row(row: Published, options: Any) -> tuple[float, Breakdown]:
     scale = ring_factor(row.data * row.cp) / ring_factor(here) if here > 1 else 0.0
     chunks = [dataclasses.replace(c, sync=c.sync * scale) for c in simulated]
     schedule = "interleaved" if v > 1 else "1f1b"
-    overlap = options.pp_overlap
-    full = simulate_pipeline(chunks, schedule, p, m, overlap)
+    overlap = (options.pp_overlap, options.dp_overlap)
+    full = simulate_pipeline(chunks, schedule, p, m, *overlap)
     quiet = [dataclasses.replace(c, send_forward=0.0, send_backward=0.0, sync=0.0) for c in chunks]
     no_sync = [dataclasses.replace(c, sync=0.0) for c in chunks]
-    t0 = simulate_pipeline(quiet, schedule, p, m, overlap).makespan
-    t1 = simulate_pipeline(no_sync, schedule, p, m, overlap).makespan
+    t0 = simulate_pipeline(quiet, schedule, p, m, *overlap).makespan
+    t1 = simulate_pipeline(no_sync, schedule, p, m, *overlap).makespan
     busiest = max(range(p), key=lambda g: full.busy[g])
     compute = {k: m * sum(w[k] for w in work[busiest::p]) for k in ("gemm", "attention", "memory")}
     busy = full.busy[busiest]
@@ -397,7 +397,10 @@ def _digest(key: str) -> str:
 # tensor-parallel traffic Transformer Engine's userbuffers overlap leaves hidden net of
 # what it costs the GEMMs it runs beside (docs/calibration.md, "What is fitted").
 FITTED: dict[str, float] = {"tp_overlap": 0.0}
-FIT_GRID = {"tp_overlap": tuple(k / 10 for k in range(11))}
+FIT_GRID = {
+    "tp_overlap": tuple(k / 10 for k in range(11)),
+    "dp_overlap": tuple(k / 10 for k in range(11)),
+}
 
 
 def fit(rows: Sequence[Published]) -> dict[str, float]:

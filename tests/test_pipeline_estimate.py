@@ -5,13 +5,14 @@ its simulation, the in-flight counts and blocks per stage, and best first on fak
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Any
 
 import numpy as np
 import pytest
 
 import backends.pipeline.search as search
-from backends.pipeline.candidates import balance, in_flight_counts, splits, virtuals
+from backends.pipeline.candidates import balance, in_flight_counts, splits, sync_tail, virtuals
 from backends.pipeline.estimate import closed_form_chunk
 from backends.pipeline.select import ESTIMATE, EVERY_DEVICE, STAGE, TWO_REPLICAS, BestFirst
 from backends.pipeline.settings import PipelineSettings
@@ -23,6 +24,7 @@ from planner.hardware.presets import get_preset
 from planner.pipeline.problem import PipelineProblem
 from planner.pipeline.schedule import in_flight, schedule
 from planner.pipeline.stages import simulate_chunk
+from planner.pipeline.timeline import ChunkTimes, simulate_pipeline
 from planner.problems.baselines import megatron
 
 OPTIONS = CostOptions(optimizer="adam", master_weights=True)
@@ -75,11 +77,13 @@ def test_the_closed_form_keeps_the_simulations_memory() -> None:
         assert (a.kept, a.params, a.working) == (b.kept, b.params, b.working)
 
 
-def test_an_interleaved_estimate_counts_every_chunks_sync() -> None:
-    """Interleaved, a stage's chunks sync one after another once its last backward is done
-    (the pipeline's timeline): the estimate adds them, and comes within 10% of the
-    simulation on equal chunks, 12% on uneven ones (their stages' fill and drain
-    approximated). With the largest chunk's sync alone it was up to 20% below."""
+def test_an_interleaved_estimate_counts_its_chunks_syncs() -> None:
+    """Interleaved, a stage's chunks sync one at a time as their last backwards end (the
+    pipeline's timeline): the estimate counts what they leave after the stage's last
+    backward (`sync_tail`) and comes within 12% of the simulation (uneven chunks: their
+    stages' fill and drain approximated; 11% below to 11% above here); every chunk's sync added, as
+    when the timeline ran them all after the last backward, was 6-9% above; the largest
+    chunk's sync alone up to 20% below."""
     space = _space("dgx-a100-80g-2", zero=0)
     options = space.cost_options("none", 0)
     checked = 0
@@ -91,11 +95,56 @@ def test_an_interleaved_estimate_counts_every_chunks_sync() -> None:
             _, timeline = search._simulate(
                 graph, devices, cand.layout, options, space.micro, space.groups
             )
-            even = len(set(cand.layout.blocks)) == 1
-            rel = 0.10 if even else 0.12
-            assert cand.estimate == pytest.approx(timeline.makespan, rel=rel)
+            assert cand.estimate == pytest.approx(timeline.makespan, rel=0.12)
             checked += 1
     assert checked >= 10
+
+
+def test_the_sync_tail_bounds_the_timelines() -> None:
+    """`sync_tail`, a stage's syncs past its last backward in closed form, is never below
+    what the pipeline's timeline leaves there (it takes the shortest gaps between the
+    chunks' last backwards), equals it on one chunk per stage or without overlap, and
+    interleaved it hides a later chunk's overlapped sync under the backwards of the chunks
+    before it."""
+    rng = random.Random(0)
+    for _ in range(200):
+        p, v = rng.randint(1, 5), rng.randint(1, 4)
+        name = "interleaved" if v > 1 else rng.choice(["gpipe", "1f1b"])
+        m = p * rng.randint(1, 4)
+        overlap = rng.choice([0.0, 0.3, 1.0])
+        chunks = [
+            ChunkTimes(rng.uniform(0.1, 1.0), rng.uniform(0.2, 2.0), sync=rng.uniform(0, 3))
+            for _ in range(p * v)
+        ]
+        timeline = simulate_pipeline(chunks, name, p, m, grad_overlap=overlap)
+        for g in range(p):
+            last = max(s.end for s in timeline.works if s.group == g)
+            tail = max(s.end for s in timeline.syncs if s.group == g) - last
+            estimate = sync_tail(chunks[g::p], p, overlap)
+            assert estimate >= tail - 1e-9
+            if v == 1 or overlap == 0:
+                assert estimate == pytest.approx(tail, abs=1e-9)
+    uniform = [ChunkTimes(1.0, 2.0, sync=0.5)] * 8  # 2 stages of 4 chunks
+    assert sync_tail(uniform[0::2], 2) == 0.5  # not 4 x 0.5
+    assert sync_tail(uniform[0::2], 2, overlap=0.0) == 2.0  # after the flush: all of them
+
+
+def test_without_the_overlapped_reduce_the_syncs_wait_for_the_flush() -> None:
+    """`grad_overlap` 0.5 (`CostOptions.dp_overlap`): half of each chunk's sync runs under
+    the earlier chunks' backwards, the other half after the stage's last backward, in the
+    timeline and in `sync_tail` alike. By hand, stage 0's chunks 0, 2, 4, 6 (syncs 0.5, 0.4,
+    0.6, 0.5 s; their last backwards 4 s apart, room for every early half): past the last
+    backward, chunk 0's early half and then every late half, 0.25 + 1.0 = 1.25 s."""
+    p, m = 2, 4
+    syncs = (0.5, 0.3, 0.4, 0.2, 0.6, 0.1, 0.5, 0.3)
+    chunks = [ChunkTimes(1.0, 2.0, sync=s) for s in syncs]
+    timeline = simulate_pipeline(chunks, "interleaved", p, m, grad_overlap=0.5)
+    for g, want in ((0, 1.25), (1, 0.15 + 0.45)):
+        last = max(s.end for s in timeline.works if s.group == g)
+        tail = max(s.end for s in timeline.syncs if s.group == g) - last
+        assert tail == pytest.approx(want)
+        assert sync_tail(chunks[g::p], p, 0.5) == pytest.approx(want)
+    assert sync_tail(chunks[0::p], p) == 0.5  # all overlapped: chunk 0's sync only
 
 
 def test_in_flight_counts_are_the_schedules_own() -> None:

@@ -77,6 +77,34 @@ def test_messages_and_sync_lengthen_the_step() -> None:
     assert synced.makespan == pytest.approx(free.makespan + 0.25)
 
 
+def test_interleaved_syncs_overlap_the_earlier_chunks_backwards() -> None:
+    """The interleaved backward runs a group's chunks in reverse: a later chunk's last
+    backward ends first, and its sync starts then, under the group's backwards of earlier
+    chunks (Megatron-Core's overlapped gradient reduce). Only the first chunk's sync is
+    left after the group's last backward. (Ordered by chunk index, every sync waited for
+    the first chunk's, after the last backward: 4 x 0.5 s past it.)"""
+    p, m, v = 2, 4, 4
+    chunks = [ChunkTimes(1.0, 2.0, sync=0.5)] * (p * v)
+    tl = simulate_pipeline(chunks, "interleaved", p, m)
+    free = simulate_pipeline([ChunkTimes(1.0, 2.0)] * (p * v), "interleaved", p, m)
+    for g in range(p):
+        last_backward = max(s.end for s in tl.works if s.group == g)
+        mine = sorted((s for s in tl.syncs if s.group == g), key=lambda s: s.start)
+        assert [s.work.chunk for s in mine] == list(range(g + (v - 1) * p, -1, -p))
+        assert all(s.end <= last_backward for s in mine[:-1])  # under later backwards
+        assert mine[-1].work.chunk == g and mine[-1].start == last_backward
+    assert [s.work.chunk for s in tl.syncs] == list(range(p * v))  # listed in chunk order
+    assert tl.makespan == pytest.approx(free.makespan + 0.5)
+    # without the overlapped reduce (Megatron-LM's default) every sync follows the flush
+    late = simulate_pipeline(chunks, "interleaved", p, m, grad_overlap=0.0)
+    for g in range(p):
+        last_backward = max(s.end for s in late.works if s.group == g)
+        assert all(s.start >= last_backward for s in late.syncs if s.group == g)
+    assert late.makespan == pytest.approx(free.makespan + v * 0.5)
+    half = simulate_pipeline(chunks, "interleaved", p, m, grad_overlap=0.5)
+    assert tl.makespan < half.makespan < late.makespan
+
+
 def test_messages_on_one_link_go_one_at_a_time() -> None:
     # a fast first stage sends its outputs faster than the link carries them
     chunks = [ChunkTimes(0.1, 0.1, send_forward=1.0), ChunkTimes(0.1, 0.1)]

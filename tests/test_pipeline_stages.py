@@ -106,6 +106,25 @@ def test_interleaved_chunks_alternate_groups(gpt: OpGraph) -> None:
     assert len(inter.messages) == 2 * (4 * 3)  # 4 micro-batches x 3 chunk boundaries, both ways
 
 
+def test_the_pipelines_syncs_take_the_cost_options_gradient_overlap(gpt: OpGraph) -> None:
+    """`CostOptions.dp_overlap` reaches the pipeline's timeline: without the overlapped
+    gradient reduce every chunk's sync waits for its group's last backward."""
+    from planner.pipeline.timeline import simulate_pipeline
+
+    devices = get_preset("dgx-a100-80g-2")
+    mg = micro_batch_graph(gpt, 4)
+    ps = pipelined(mg, devices, 2, 4, _megatron(8), "interleaved", 2)
+    cm = CostModel(mg, devices, dataclasses.replace(OPTIONS, dp_overlap=0.0))
+    chunks = chunk_times(cm, ps)
+    late = simulate_pipeline(chunks, "interleaved", 2, 4, cm.options.pp_overlap, 0.0)
+    early = simulate_pipeline(chunks, "interleaved", 2, 4, cm.options.pp_overlap, 1.0)
+    assert early.makespan < late.makespan
+    assert simulate_pipelined(cm, ps).makespan == pytest.approx(late.makespan, rel=1e-12)
+    for g in range(2):
+        last_backward = max(s.end for s in late.works if s.group == g)
+        assert all(s.start >= last_backward for s in late.syncs if s.group == g)
+
+
 def test_bad_pipelines_are_one_line_errors(gpt: OpGraph) -> None:
     devices = get_preset("dgx-a100-80g-1")
     n = len(gpt.ops)

@@ -11,9 +11,11 @@ with v chunks per stage) and the blocks of each chunk. Its `estimate` of the ste
 - interleaved: m x the busiest stage's work plus the other stages' work per micro-batch
   over v ((p - 1) / v of the busiest on equal stages: Sec. 2.2.2, the bubble shrinks
   v-fold), plus the messages and the sync left at the end;
-- the sync left at the end is the stage's chunks' syncs one after another, as the pipeline's
-  timeline runs them (`planner.pipeline.timeline.simulate_pipeline`: after a stage's last
-  backward, its chunks' syncs in turn), the largest over the stages.
+- the sync left at the end is what a stage's chunks' syncs run past its last backward, as
+  the pipeline's timeline runs them (`planner.pipeline.timeline.simulate_pipeline`: one at
+  a time, each after its chunk's last backward, in the order those end), the largest over
+  the stages (`sync_tail`): one chunk's sync per stage, or interleaved the last chunk's and
+  whatever the earlier ones' did not finish under the backwards after them.
 
 Its `peak` per device: each stage's fixed bytes plus its kept activations times the
 micro-batches its schedule keeps in flight (`in_flight_counts`).
@@ -28,6 +30,7 @@ is centred that many blocks below the others' (what Megatron-LM's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,7 +38,15 @@ from backends.pipeline.units import Units
 from planner.pipeline.problem import Layout
 from planner.pipeline.timeline import ChunkTimes
 
-__all__ = ["SPLIT_WINDOW", "Candidate", "balance", "candidates", "in_flight_counts", "splits"]
+__all__ = [
+    "SPLIT_WINDOW",
+    "Candidate",
+    "balance",
+    "candidates",
+    "in_flight_counts",
+    "splits",
+    "sync_tail",
+]
 
 SPLIT_WINDOW = 3  # blocks either side of the balance point the first and last stages try
 
@@ -77,35 +88,55 @@ def candidates(
                     if where not in composed:
                         composed[where] = u.chunk(c, count, k)
                     chunks.append(composed[where])
-                estimate, peak = _score(chunks, p, v, m, u.message, flights[key])
+                estimate, peak = _score(chunks, p, v, m, u, flights[key])
                 layout_ = Layout(p, t, d, b, m, name, v, rc, z, tuple(split), rule)
                 out.append(Candidate(estimate, layout_, peak))
     return out
 
 
 def _score(
-    chunks: list[ChunkTimes], p: int, v: int, m: int, message: float, flight: tuple[int, ...]
+    chunks: list[ChunkTimes], p: int, v: int, m: int, u: Units, flight: tuple[int, ...]
 ) -> tuple[float, float]:
     """(estimate, peak) of chunks c on stage c % p (the module's docstring)."""
     work = [0.0] * p
     fixed = [0.0] * p
     kept = [0.0] * p
-    syncs = [0.0] * p
     for c, ch in enumerate(chunks):
         s = c % p
         work[s] += ch.forward + ch.backward
         fixed[s] += ch.fixed_bytes
         kept[s] = max(kept[s], ch.activation_bytes)
-        syncs[s] += ch.sync
     peak = max(f + k * a for f, k, a in zip(fixed, kept, flight, strict=True))
     busiest = max(work)
-    messages = 2 * (p * v - 1) * message
-    tail = max(syncs)
+    messages = 2 * (p * v - 1) * u.message
+    tail = max(sync_tail(chunks[s::p], p, u.grad_overlap) for s in range(p))
     # the busiest stage's m micro-batches, and the others' work it waits for in the fill
     # and drain, v-fold less interleaved: (p - 1) / v of it on equal stages (SC'21 Sec.
     # 2.2.2); one chunk per stage, (m - 1) x busiest + sum(work) (Sec. 2.2.1)
     estimate = m * busiest + (sum(work) - busiest) / v + messages + tail
     return estimate, peak
+
+
+def sync_tail(mine: Sequence[ChunkTimes], p: int, overlap: float = 1.0) -> float:
+    """Seconds a stage's chunk syncs run past its last backward, its chunks `mine` in local
+    order (chunk j: the stage's j-th), as the pipeline's timeline runs them: one at a time,
+    `overlap` (`CostOptions.dp_overlap`) of each ready at its chunk's last backward, the
+    rest at the stage's last, in the order they are ready. The backward runs a stage's
+    chunks in reverse, and in the last round each chunk's p micro-batches in turn
+    (`planner.pipeline.schedule`), so chunk j's last backward ends at least p x chunk
+    j - 1's backward before chunk j - 1's; at those gaps (no waiting: the longest tail) the
+    overlapped share of chunk j's sync runs under the backwards of the chunks before it.
+    One chunk, or no overlap: the syncs added."""
+    ends = [0.0]  # when chunk j's last backward ends, relative to the stage's last (chunk 0's)
+    for ch in mine[:-1]:
+        ends.append(ends[-1] - p * ch.backward)
+    parts = [(ends[j], j, overlap * ch.sync) for j, ch in enumerate(mine)]
+    if overlap < 1:
+        parts += [(0.0, j, (1.0 - overlap) * ch.sync) for j, ch in enumerate(mine)]
+    free = -math.inf
+    for ready, _, seconds in sorted(parts):
+        free = max(free, ready) + seconds
+    return max(0.0, free)
 
 
 def in_flight_counts(name: str, p: int, m: int, v: int) -> tuple[int, ...]:

@@ -13,8 +13,10 @@ not. The gradient sync left after a chunk's last backward grows by (k - 1) x wha
 sync exceeds its backward (a ring all-reduce per block overlapping the next block's
 backward). The overlap options (`planner.costs.overlap`) enter through the simulated units
 (tensor-parallel and data-parallel overlap, ZeRO's hidden all-gathers) and, for the pipeline's
-messages, through `Units.blocking`: a blocking send's seconds are its sender's. These are estimates for ranking layouts: the search simulates its best ones
-exactly (`planner.pipeline.stages.simulate_pipelined`).
+messages, through `Units.blocking`: a blocking send's seconds are its sender's, and for
+the chunks' syncs through `Units.grad_overlap` (`backends.pipeline.candidates.sync_tail`).
+These are estimates for ranking layouts: the search simulates its best ones exactly
+(`planner.pipeline.stages.simulate_pipelined`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class Units:
     last: Unit
     message: float  # seconds to send the residual stream to the next group (and its gradient)
     blocking: float = 0.0  # share of a message its sender waits for (1 - CostOptions.pp_overlap)
+    grad_overlap: float = 1.0  # share of a chunk's sync ready at its last backward (dp_overlap)
 
     def chunk(self, index: int, count: int, blocks: int) -> ChunkTimes:
         """Chunk `index` of `count`, holding `blocks` blocks, composed."""
@@ -154,7 +157,14 @@ def composed_units(
             sync *= ring_factor(replicas) / ring_factor(here) if here > 1 else 1.0
             params *= zero_factor(graph, options, replicas) / zero_factor(graph, options, here)
         units[key] = Unit(forward, backward, sync, kept, params, working)
-    return Units(units["first"], units["middle"], units["last"], message, 1 - options.pp_overlap)
+    return Units(
+        units["first"],
+        units["middle"],
+        units["last"],
+        message,
+        1 - options.pp_overlap,
+        options.dp_overlap,
+    )
 
 
 def unit_message(

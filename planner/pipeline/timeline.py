@@ -18,8 +18,12 @@ order keeps at once and its largest working set (`stage_peak`):
   direction go one at a time, in the order they are ready; with `p2p_overlap` below 1
   (`CostOptions.pp_overlap`) the rest of its seconds keep the sender from its next work;
 - after a group's last backward of a chunk, that chunk's gradient sync and update
-  (`sync`): they overlap the group's later backwards of other chunks (interleaved) and end
-  the step on that group at the latest.
+  (`sync`), one chunk's at a time per group, in the order the chunks' last backwards end:
+  with the interleaved schedule, whose backwards run a group's chunks in reverse, the later
+  chunks' syncs overlap the group's later backwards of earlier chunks; the last of them
+  ends the step on that group at the latest. Without the overlapped gradient reduce
+  (`grad_overlap` below 1: Megatron-LM's default) that share of every sync waits for the
+  group's last backward.
 
 The timeline is exact for this model: on uniform chunks with free messages and no sync its
 idle share is the closed form `schedule.bubble_fraction` (a test checks it).
@@ -101,12 +105,15 @@ def simulate_pipeline(
     groups: int,
     micro_batches: int,
     p2p_overlap: float = 1.0,
+    grad_overlap: float = 1.0,
 ) -> PipelineTimeline:
     """Time one step of `name`'s schedule over `groups` device groups; `chunks` has
     groups x v entries (v chunks per group; chunk c on group c % groups). `p2p_overlap`
     (`CostOptions.pp_overlap`): the share of each message that travels while its sender
     goes on; the rest of it keeps the sender busy after the work that sent it (a blocking
-    send)."""
+    send). `grad_overlap` (`CostOptions.dp_overlap`): the share of a chunk's gradient sync
+    that may start when the chunk's last backward is done; the rest waits for its group's
+    last backward."""
     p, m = groups, micro_batches
     if not chunks or len(chunks) % p:
         raise ScheduleError(
@@ -212,12 +219,7 @@ def simulate_pipeline(
         free[g] = end + send(w, end)
         refresh(g)
     deliver(float("inf"))
-    syncs: list[Slot] = []
-    for k, c in enumerate(chunks):
-        last = max(done[Work(BACKWARD, i, k)] for i in range(m))
-        g = k % p
-        start = max(last, max((s.end for s in syncs if s.group == g), default=0.0))
-        syncs.append(Slot(Work("S", m - 1, k), g, start, start + c.sync))
+    syncs = _syncs(chunks, p, m, done, grad_overlap)
     makespan = max([s.end for s in syncs] + [s.end for s in works] + [s.end for s in messages])
     busy = [0.0] * p
     for s in works:
@@ -239,6 +241,35 @@ def simulate_pipeline(
         peak_bytes=tuple(sum(q.values()) for q in parts),
         peak_parts=tuple(parts),
     )
+
+
+def _syncs(
+    chunks: Sequence[ChunkTimes], p: int, m: int, done: dict[Work, float], grad_overlap: float
+) -> list[Slot]:
+    """Per chunk (in chunk order), its gradient sync and update, one at a time per group:
+    `grad_overlap` (`CostOptions.dp_overlap`) of it ready at the chunk's last backward
+    (Megatron-Core's overlapped gradient reduce starts a chunk's buckets when its backward
+    is done: with interleaving, the later chunks first, under the earlier chunks'
+    backwards), the rest at the group's last backward (without the overlap, Megatron-LM
+    reduces the gradients after the pipeline's flush); the parts in the order they are
+    ready. A chunk's slot spans its parts."""
+    last = [max(done[Work(BACKWARD, i, k)] for i in range(m)) for k in range(len(chunks))]
+    flush = [max(last[g::p]) for g in range(p)]
+    parts = []  # (ready, chunk, seconds)
+    for k, c in enumerate(chunks):
+        if grad_overlap > 0:
+            parts.append((last[k], k, grad_overlap * c.sync))
+        if grad_overlap < 1:
+            parts.append((flush[k % p], k, (1.0 - grad_overlap) * c.sync))
+    free = [0.0] * p  # when each group's previous sync ends
+    span: dict[int, tuple[float, float]] = {}
+    for ready, k, seconds in sorted(parts):
+        g = k % p
+        start = max(ready, free[g])
+        free[g] = start + seconds
+        first = span[k][0] if k in span else start
+        span[k] = (first, free[g])
+    return [Slot(Work("S", m - 1, k), k % p, *span[k]) for k in range(len(chunks))]
 
 
 def stage_peak(

@@ -31,8 +31,8 @@ OPTIONS = CostOptions(optimizer="adam", master_weights=True)
 GPT = {"seq": 64, "n_layer": 8, "n_head": 8, "n_embd": 256, "vocab_size": 512}
 
 
-def _space(devices: str, **settings: Any) -> search._Space:
-    graph = model_graph("gpt2", batch=32, **GPT)
+def _space(devices: str, layers: int = 8, **settings: Any) -> search._Space:
+    graph = model_graph("gpt2", batch=32, **(GPT | {"n_layer": layers}))
     problem = PipelineProblem(graph, get_preset(devices), OPTIONS)
     chosen = PipelineSettings.of({"inner": "rule", **settings}, "the pipeline search")
     return search._Space(problem, chosen, 80e9, parameter_state(graph, OPTIONS))
@@ -80,24 +80,26 @@ def test_the_closed_form_keeps_the_simulations_memory() -> None:
 def test_an_interleaved_estimate_counts_its_chunks_syncs() -> None:
     """Interleaved, a stage's chunks sync one at a time as their last backwards end (the
     pipeline's timeline): the estimate counts what they leave after the stage's last
-    backward (`sync_tail`) and comes within 12% of the simulation (uneven chunks: their
-    stages' fill and drain approximated; 11% below to 11% above here); every chunk's sync added, as
+    backward (`sync_tail`) and comes within 13% of the simulation (uneven chunks: their
+    stages' fill and drain approximated; 12% below to 11% above here); every chunk's sync added, as
     when the timeline ran them all after the last backward, was 6-9% above; the largest
-    chunk's sync alone up to 20% below."""
-    space = _space("dgx-a100-80g-2", zero=0)
-    options = space.cost_options("none", 0)
-    checked = 0
-    for key in [(2, 1, 1, "none", 0, "rule"), (4, 1, 1, "none", 0, "rule")]:
-        for cand in search._cost(space, [key], Deadline.never()).found:
-            if cand.layout.virtual == 1:
-                continue
-            graph, devices = space.problem.graph, space.problem.devices
-            _, timeline = search._simulate(
-                graph, devices, cand.layout, options, space.micro, space.groups
-            )
-            assert cand.estimate == pytest.approx(timeline.makespan, rel=0.12)
-            checked += 1
-    assert checked >= 10
+    chunk's sync alone up to 20% below. 8 blocks: equal chunks; 10 blocks on 4 stages:
+    uneven ones."""
+    uneven = 0
+    for layers in (8, 10):
+        space = _space("dgx-a100-80g-2", layers, zero=0)
+        options = space.cost_options("none", 0)
+        for key in [(2, 1, 1, "none", 0, "rule"), (4, 1, 1, "none", 0, "rule")]:
+            for cand in search._cost(space, [key], Deadline.never()).found:
+                if cand.layout.virtual == 1:
+                    continue
+                graph, devices = space.problem.graph, space.problem.devices
+                _, timeline = search._simulate(
+                    graph, devices, cand.layout, options, space.micro, space.groups
+                )
+                assert cand.estimate == pytest.approx(timeline.makespan, rel=0.13)
+                uneven += len(set(cand.layout.blocks)) > 1
+    assert uneven >= 3
 
 
 def test_the_sync_tail_bounds_the_timelines() -> None:
@@ -191,13 +193,15 @@ def test_interleaved_chunks_need_not_divide_the_blocks() -> None:
     """126 blocks on 16 stages interleaved (Llama 3 405B's layout): no v >= 2 cuts them into
     equal chunks, yet every v up to 7 (a block per chunk at least) is a candidate, its
     chunks one block apart at most between the first and last; 96 blocks divide into 32
-    equal chunks, which are tried too."""
+    equal chunks, the only split tried then, and 48 blocks on 2 stages are interleaved
+    only at the v that divide them."""
     assert virtuals("interleaved", 16, 16, 126) == [2, 3, 4, 5, 6, 7]
     for v in (2, 7):
         tried = splits(126, 16, v, _units(1.0, 1.0))
         assert tried and all(len(s) == 16 * v and sum(s) == 126 and min(s) >= 1 for s in tried)
         assert any(max(s[1:-1]) - min(s[1:-1]) <= 1 for s in tried)
-    assert [3] * 32 in splits(96, 16, 2, _units(1.0, 1.0))
+    assert splits(96, 16, 2, _units(1.0, 1.0)) == [[3] * 32]
+    assert virtuals("interleaved", 2, 4, 48) == [2, 3, 4, 6, 8, 12, 24]
     assert virtuals("interleaved", 16, 8, 126) == []  # m not a multiple of p
 
 

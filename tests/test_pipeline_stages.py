@@ -107,19 +107,27 @@ def test_interleaved_chunks_alternate_groups(gpt: OpGraph) -> None:
 
 
 def test_the_pipelines_syncs_take_the_cost_options_gradient_overlap(gpt: OpGraph) -> None:
-    """`CostOptions.dp_overlap` reaches the pipeline's timeline: without the overlapped
-    gradient reduce every chunk's sync waits for its group's last backward."""
+    """`CostOptions.chunk_sync_share` (dp_overlap x chunk_sync_overlap) reaches the
+    pipeline's timeline: with both 1 a chunk's sync starts at its last backward; without
+    the overlapped gradient reduce, or with chunk_sync_overlap 0 (the default), every
+    chunk's sync waits for its group's last backward."""
     from planner.pipeline.timeline import simulate_pipeline
 
     devices = get_preset("dgx-a100-80g-2")
     mg = micro_batch_graph(gpt, 4)
     ps = pipelined(mg, devices, 2, 4, _megatron(8), "interleaved", 2)
+
+    def step(dp: float, chunk: float) -> float:
+        options = dataclasses.replace(OPTIONS, dp_overlap=dp, chunk_sync_overlap=chunk)
+        return simulate_pipelined(CostModel(mg, devices, options), ps).makespan
+
     cm = CostModel(mg, devices, dataclasses.replace(OPTIONS, dp_overlap=0.0))
     chunks = chunk_times(cm, ps)
     late = simulate_pipeline(chunks, "interleaved", 2, 4, cm.options.pp_overlap, 0.0)
     early = simulate_pipeline(chunks, "interleaved", 2, 4, cm.options.pp_overlap, 1.0)
     assert early.makespan < late.makespan
-    assert simulate_pipelined(cm, ps).makespan == pytest.approx(late.makespan, rel=1e-12)
+    assert step(0.0, 1.0) == pytest.approx(late.makespan, rel=1e-12)
+    assert step(1.0, 0.0) > step(1.0, 1.0)
     for g in range(2):
         last_backward = max(s.end for s in late.works if s.group == g)
         assert all(s.start >= last_backward for s in late.syncs if s.group == g)

@@ -120,7 +120,7 @@ def _score(
 def sync_tail(mine: Sequence[ChunkTimes], p: int, overlap: float = 1.0) -> float:
     """Seconds a stage's chunk syncs run past its last backward, its chunks `mine` in local
     order (chunk j: the stage's j-th), as the pipeline's timeline runs them: one at a time,
-    `overlap` (`CostOptions.dp_overlap`) of each ready at its chunk's last backward, the
+    `overlap` (`CostOptions.chunk_sync_share`) of each ready at its chunk's last backward, the
     rest at the stage's last, in the order they are ready. The backward runs a stage's
     chunks in reverse, and in the last round each chunk's p micro-batches in turn
     (`planner.pipeline.schedule`), so chunk j's last backward ends at least p x chunk
@@ -155,13 +155,20 @@ def in_flight_counts(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
 
 def virtuals(name: str, p: int, m: int, blocks: int) -> list[int]:
     """The chunks per stage schedule `name` takes: 1 for GPipe (more than one stage) and
-    1F1B; interleaved, every v >= 2 that gives each of the p x v chunks a block at least
-    (m a multiple of p, as Megatron-LM's interleaved schedule requires)."""
+    1F1B; interleaved (m a multiple of p, as Megatron-LM's interleaved schedule requires),
+    every v >= 2 that cuts the blocks into p x v equal chunks, or, when none does (126
+    blocks on 4, 8 or 16 stages), every v that gives each chunk a block at least, its
+    chunks uneven (`splits`). Uneven chunks where equal ones exist add many candidates whose
+    closed form is less exact, and cost the search its time: on the 48-layer GPT of
+    docs/pipeline.md it stopped at the limit with a layout 5% slower than it found without
+    them in 25 s."""
     if name != "interleaved":
         return [1] if name == "1f1b" or p > 1 else []
     if p == 1 or m % p:
         return []
-    return list(range(2, blocks // p + 1))
+    every = list(range(2, blocks // p + 1))
+    equal = [v for v in every if blocks % (p * v) == 0]
+    return equal or every
 
 
 def splits(blocks: int, p: int, v: int, u: Units) -> list[list[int]]:
@@ -170,15 +177,17 @@ def splits(blocks: int, p: int, v: int, u: Units) -> list[list[int]]:
     `SPLIT_WINDOW` blocks of their balance points (`balance`; one block when interleaved,
     whose chunks are small), the chunks between sharing the rest evenly (the earlier ones
     one more when it does not divide: with v > 1 those are on different stages while the
-    remainder is below p); interleaved, also equal chunks when they divide the blocks.
+    remainder is below p); interleaved, equal chunks when they divide the blocks.
     Llama 3 405B's 126 layers on 16 stages are 7 or 8 per stage, or with v = 7 one or two
     per chunk, the first and last chunks one."""
     count = p * v
     if count == 1:
         return [[blocks]]
+    if v > 1 and blocks % count == 0:
+        return [[blocks // count] * count]
     centre_first, centre_last = balance(blocks, count, u)
     window = SPLIT_WINDOW if v == 1 else 1
-    out = [[blocks // count] * count] if v > 1 and blocks % count == 0 else []
+    out: list[list[int]] = []
     for first in _around(centre_first, blocks, window):
         for last in _around(centre_last, blocks, window):
             rest = blocks - first - last

@@ -706,7 +706,7 @@ def _simulate(
         for c in chunks
     ]
     return planned, simulate_pipeline(
-        scaled, lay.schedule, p, lay.micro_batches, options.pp_overlap, options.dp_overlap
+        scaled, lay.schedule, p, lay.micro_batches, options.pp_overlap, options.chunk_sync_share
     )
 
 

@@ -59,7 +59,7 @@ class Units:
     last: Unit
     message: float  # seconds to send the residual stream to the next group (and its gradient)
     blocking: float = 0.0  # share of a message its sender waits for (1 - CostOptions.pp_overlap)
-    grad_overlap: float = 1.0  # share of a chunk's sync ready at its last backward (dp_overlap)
+    grad_overlap: float = 1.0  # share of a chunk's sync ready at its last backward
 
     def chunk(self, index: int, count: int, blocks: int) -> ChunkTimes:
         """Chunk `index` of `count`, holding `blocks` blocks, composed."""
@@ -163,7 +163,7 @@ def composed_units(
         units["last"],
         message,
         1 - options.pp_overlap,
-        options.dp_overlap,
+        options.chunk_sync_share,
     )
 
 

@@ -149,7 +149,11 @@ class CostOptions:
     its GEMM, `pp_overlap` of each pipeline message travels while its sender computes (the
     rest blocks it), `cp_overlap` of the keys and values a context-parallel attention op
     exchanges runs under its kernels (ring attention). The defaults are PyTorch's
-    (`FRAMEWORK_OVERLAP["pytorch"]`).
+    (`FRAMEWORK_OVERLAP["pytorch"]`). `chunk_sync_overlap`: of a pipeline chunk's overlapped
+    sync (`dp_overlap`), the share that starts at that chunk's last backward and runs under
+    the stage's later backwards (interleaved schedules: the other chunks'); the rest waits
+    for the stage's last backward. 0 (the default) is what published interleaved runs step
+    like (fitted on the calibration rows: docs/calibration.md, "What is fitted").
     `transfer_once`: in the simulator, a tensor that several consumers need in the same
     boxes on the same devices moves once (its gradients summed where they are made, then
     sent once), as frameworks that fuse those consumers' inputs do (Megatron-LM's fused
@@ -181,8 +185,15 @@ class CostOptions:
     tp_overlap: float = 0.0
     pp_overlap: float = 1.0
     cp_overlap: float = 0.0
+    chunk_sync_overlap: float = 0.0
     transfer_once: bool = False
     nic_rails: bool = False
+
+    @property
+    def chunk_sync_share(self) -> float:
+        """The share of each pipeline chunk's gradient sync that starts at the chunk's last
+        backward (the pipeline timeline's `grad_overlap`): dp_overlap x chunk_sync_overlap."""
+        return self.dp_overlap * self.chunk_sync_overlap
 
     def __post_init__(self) -> None:
         if self.sync not in ("ring", "ps"):
@@ -210,7 +221,7 @@ class CostOptions:
         for name in ("transfer_once", "nic_rails"):
             if not isinstance(getattr(self, name), bool):
                 raise LayerwiseError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        for name in OVERLAP_FIELDS:
+        for name in (*OVERLAP_FIELDS, "chunk_sync_overlap"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
                 raise LayerwiseError(

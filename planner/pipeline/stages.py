@@ -323,5 +323,5 @@ def simulate_pipelined(cost_model: CostModel, ps: PipelinedStrategy) -> Pipeline
         pipe.stages,
         pipe.micro_batches,
         cost_model.options.pp_overlap,
-        cost_model.options.dp_overlap,
+        cost_model.options.chunk_sync_share,
     )

@@ -111,7 +111,7 @@ def simulate_pipeline(
     groups x v entries (v chunks per group; chunk c on group c % groups). `p2p_overlap`
     (`CostOptions.pp_overlap`): the share of each message that travels while its sender
     goes on; the rest of it keeps the sender busy after the work that sent it (a blocking
-    send). `grad_overlap` (`CostOptions.dp_overlap`): the share of a chunk's gradient sync
+    send). `grad_overlap` (`CostOptions.chunk_sync_share`): the share of a chunk's gradient sync
     that may start when the chunk's last backward is done; the rest waits for its group's
     last backward."""
     p, m = groups, micro_batches
@@ -247,7 +247,7 @@ def _syncs(
     chunks: Sequence[ChunkTimes], p: int, m: int, done: dict[Work, float], grad_overlap: float
 ) -> list[Slot]:
     """Per chunk (in chunk order), its gradient sync and update, one at a time per group:
-    `grad_overlap` (`CostOptions.dp_overlap`) of it ready at the chunk's last backward
+    `grad_overlap` (`CostOptions.chunk_sync_share`) of it ready at the chunk's last backward
     (Megatron-Core's overlapped gradient reduce starts a chunk's buckets when its backward
     is done: with interleaving, the later chunks first, under the earlier chunks'
     backwards), the rest at the group's last backward (without the overlap, Megatron-LM

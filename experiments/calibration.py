@@ -50,7 +50,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -643,26 +642,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    from experiments.runinfo import finish, load_line, run_info
+
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    info = run_info("experiments.calibration", argv, args)
     rows = read_rows(args.rows or ROWS)
     if args.lines:
         rows = [r for r in rows if r.line in set(args.lines)]
-    t0 = time.perf_counter()
     fitted = fit(rows) if args.fit else dict(FITTED)
     records = run(rows, calibrated=args.rows is None, **fitted)
-    meta = {
-        "command": "python -m experiments.calibration "
-        + " ".join(sys.argv[1:] if argv is None else argv),
-        "seconds": time.perf_counter() - t0,
-        "load": os.getloadavg(),
-        "rows": str(args.rows or ROWS),
-        "fitted": fitted,
-    }
+    meta = finish(info) | {"rows": str(args.rows or ROWS), "fitted": fitted}
     write(records, args.out, meta)
     print(table(records))
-    print(f"wrote {args.out}/calibration.csv, .json, .png in {meta['seconds']:.0f} s "
-          f"(load {meta['load'][0]:.1f})", file=sys.stderr)  # fmt: skip
+    print(f"wrote {args.out}/calibration.csv, .json, .png in {meta['elapsed_seconds']:.0f} s "
+          f"({load_line(meta)})", file=sys.stderr)  # fmt: skip
     return 0
 
 

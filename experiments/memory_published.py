@@ -109,21 +109,21 @@ NEMO = "github.com/NVIDIA/NeMo/blob/main/docs/source/performance/performance_sum
 DGXC = "github.com/NVIDIA/dgxc-benchmarking"
 META = "arxiv.org/abs/2407.21783 (The Llama 3 Herd of Models, Sec. 3.3.2, Table 4)"
 SC21 = "Narayanan et al., SC'21, Table 1 (examples/sc21/run_table_1.sh)"
-LLAMA3_70B = {"arch": "llama", "layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8,
+LLAMA3_70B: dict[str, Any] = {"arch": "llama", "layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8,
               "ffn": 28672, "vocab": 128256, "seq": 8192}  # fmt: skip
-LLAMA31_405B = {"arch": "llama", "layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8,
+LLAMA31_405B: dict[str, Any] = {"arch": "llama", "layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8,
                 "ffn": 53248, "vocab": 128256, "seq": 8192}  # fmt: skip
-GPT3_175B = {"arch": "gpt", "layers": 96, "hidden": 12288, "heads": 96, "kv_heads": 96,
+GPT3_175B: dict[str, Any] = {"arch": "gpt", "layers": 96, "hidden": 12288, "heads": 96, "kv_heads": 96,
              "ffn": 49152, "vocab": 51200, "seq": 2048}  # fmt: skip
-LLAMA2_70B = {"arch": "llama", "layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8,
+LLAMA2_70B: dict[str, Any] = {"arch": "llama", "layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8,
               "ffn": 28672, "vocab": 32000, "seq": 4096}  # fmt: skip
 
 # experiments/data/h100_published.csv's dense rows with pipelines (the memory-heavy ones)
 H100_RUNS = (
-    Run("Llama3-70B", MB, **LLAMA3_70B, gpus=64, gbs=128, mbs=1, tp=4, pp=8, vp=5),  # type: ignore[arg-type]
-    Run("Llama3-70B", NEMO, **LLAMA3_70B, gpus=64, gbs=128, mbs=1, tp=4, pp=4, cp=2, vp=5),  # type: ignore[arg-type]
-    Run("Llama3.1-70B", DGXC, **LLAMA3_70B, gpus=64, gbs=128, mbs=1, tp=4, pp=4, cp=2, vp=5),  # type: ignore[arg-type]
-    Run("Llama2-70B", NEMO, **LLAMA2_70B, gpus=64, gbs=128, mbs=1, tp=4, pp=4, vp=20),  # type: ignore[arg-type]
+    Run("Llama3-70B", MB, **LLAMA3_70B, gpus=64, gbs=128, mbs=1, tp=4, pp=8, vp=5),
+    Run("Llama3-70B", NEMO, **LLAMA3_70B, gpus=64, gbs=128, mbs=1, tp=4, pp=4, cp=2, vp=5),
+    Run("Llama3.1-70B", DGXC, **LLAMA3_70B, gpus=64, gbs=128, mbs=1, tp=4, pp=4, cp=2, vp=5),
+    Run("Llama2-70B", NEMO, **LLAMA2_70B, gpus=64, gbs=128, mbs=1, tp=4, pp=4, vp=20),
     Run(
         "GPT3-175B",
         NEMO,
@@ -133,9 +133,9 @@ H100_RUNS = (
         mbs=1,
         tp=4,
         pp=8,
-        vp=6,  # type: ignore[arg-type]
+        vp=6,
         recompute="selective",
-    ),  # fmt: skip
+    ),
     Run(
         "GPT3-175B",
         NEMO,
@@ -145,9 +145,9 @@ H100_RUNS = (
         mbs=2,
         tp=4,
         pp=8,
-        vp=6,  # type: ignore[arg-type]
+        vp=6,
         recompute="selective",
-    ),  # fmt: skip
+    ),
     Run(
         "GPT3-175B",
         DGXC,
@@ -157,9 +157,9 @@ H100_RUNS = (
         mbs=1,
         tp=4,
         pp=8,
-        vp=12,  # type: ignore[arg-type]
+        vp=12,
         recompute="selective",
-    ),  # fmt: skip
+    ),
     # 126 layers in 64 chunks: the first and last hold one block (and the embedding, the head)
     Run(
         "Llama3.1-405B",
@@ -170,10 +170,10 @@ H100_RUNS = (
         mbs=1,
         tp=8,
         pp=8,
-        cp=2,  # type: ignore[arg-type]
+        cp=2,
         vp=8,
         split=(1, *(2,) * 62, 1),
-    ),  # fmt: skip
+    ),
     # Meta's: one block fewer on the first and the last of 16 stages
     Run(
         "Llama3.1-405B",
@@ -183,9 +183,9 @@ H100_RUNS = (
         gbs=2048,
         mbs=1,
         tp=8,
-        pp=16,  # type: ignore[arg-type]
+        pp=16,
         split=(7, *(8,) * 14, 7),
-    ),  # fmt: skip
+    ),
 )
 
 
@@ -253,7 +253,7 @@ def options(run: Run, before: bool) -> Any:
     from planner.costs.costmodel import CostOptions
 
     recompute = "none" if before and run.recompute == "selective" else run.recompute
-    return CostOptions(optimizer="adam", master_weights=True, zero=run.zero, recompute=recompute)  # type: ignore[arg-type]
+    return CostOptions(optimizer="adam", master_weights=True, zero=run.zero, recompute=recompute)
 
 
 def usable(run: Run) -> float:

@@ -212,6 +212,9 @@ def test_a_small_row_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[st
     out = tmp_path / "out"
     assert main(["--rows", str(rows), "--out", str(out)]) == 0
     report = json.loads((out / "calibration.json").read_text())
+    meta = report["meta"]  # the project's provenance (experiments.runinfo)
+    assert meta["command"].startswith("python -m experiments.calibration --rows")
+    assert meta["elapsed_seconds"] >= 0 and "git" in meta and meta["rows"] == str(rows)
     done, skipped = report["rows"]
     assert done["set"] == "yours" and done["step_seconds"] > 0
     assert done["tokens_predicted"] == pytest.approx(16 * 128 / done["step_seconds"] / 16)

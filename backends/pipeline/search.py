@@ -58,7 +58,6 @@ from backends.pipeline.units import (
     unit_costs,
     zero_factor,
 )
-from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.costs.memory import usable_memory
 from planner.deadline import Deadline, OutOfTime, catch_interrupt, run_within, stop_requested
@@ -727,7 +726,7 @@ def _pipelined(
         key = (id(cfg.devices), base)
         if key not in moved:
             moved[key] = tuple((np.asarray(cfg.devices, dtype=np.int64) + base).tolist())
-        configs.append(ParallelConfig(cfg.degrees, moved[key], cfg.reduce))
+        configs.append(dataclasses.replace(cfg, devices=moved[key]))
     return PipelinedStrategy(Strategy(graph, devices, tuple(configs)), pipe)
 
 

@@ -109,7 +109,7 @@ def saves_input(graph: OpGraph, i: int, position: int) -> bool:
     kind = op.kind
     if kind in ("linear", "conv2d", "embedding"):
         return position == 0
-    if kind in ("lstm", "rnn_attention", "attention", "pool2d"):
+    if kind in ("lstm", "rnn_attention", "attention", "pool2d", "moe"):
         return True
     if kind == "norm":
         return position == 0
@@ -165,6 +165,8 @@ def _buffers(graph: OpGraph, i: int) -> float:
         extra += FP32 / (head_dim * b)
     elif op.kind == "norm":
         extra += _stats(op)
+    elif op.kind == "moe":
+        extra += _moe_buffers(op)
     elif op.kind == "lstm":
         extra += LSTM_GATES
     elif op.kind == "rnn_attention":
@@ -186,6 +188,20 @@ def _buffers(graph: OpGraph, i: int) -> float:
         elif fn not in _SAVE_NOTHING:
             extra += 1.0  # its input, inside the op
     return extra
+
+
+def _moe_buffers(op: Op) -> float:
+    """What a mixture of experts keeps per byte of its output (h elements per token): each
+    of a token's k copies dispatched (h) and its expert output before the combine (h), the
+    expert MLP's hidden activations (w1's and w3's outputs and their product: 3 f gated, 2 f
+    otherwise), the router's fp32 probabilities (E) and the shared expert's hidden
+    activations (as Megatron-Core's MoE layer keeps them for its backward)."""
+    from planner.graph.moe import moe_spec
+
+    spec = moe_spec(op)
+    h = op.output.size(CHANNEL)
+    kept = spec.top_k * (2 * h + spec.matrices * spec.ffn) + spec.matrices * spec.shared_ffn
+    return kept / h + FP32 * spec.experts / (h * op.output.dtype_bytes)
 
 
 def _stats(op: Op, norm: str | None = None) -> float:

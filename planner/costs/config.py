@@ -50,11 +50,18 @@ class ParallelConfig:
     and the degree of a contraction split (`reduce`; `planner.graph.opkinds.contraction`):
     with reduce r > 1 every output box is computed by r tasks, each summing over 1/r of the
     contracted dim, and its consumers add the r partial results. Tasks are numbered row-major
-    over `grid` = degrees + (r,): task t computes output box t // r, partial t % r."""
+    over `grid` = degrees + (r,): task t computes output box t // r, partial t % r.
+
+    `expert` (a mixture of experts, `planner.graph.moe`: expert parallelism) e > 1 spreads
+    the routed experts over e tasks: every e consecutive token boxes form an expert-parallel
+    group whose member m holds experts [m E/e, (m+1) E/e) and runs them on the tokens of the
+    whole group routed to them, exchanged by all-to-all inside the op (Megatron-Core's
+    alltoall dispatcher, Lepikhin et al. 2021 GShard Sec. 2.2). It adds no tasks."""
 
     degrees: tuple[int, ...]
     devices: tuple[int, ...]
     reduce: int = 1
+    expert: int = 1
 
     @property
     def num_tasks(self) -> int:
@@ -69,6 +76,21 @@ class ParallelConfig:
     def partition(self) -> tuple[int, ...]:
         return self.grid
 
+    def expert_groups(self) -> list[list[int]]:
+        """The expert-parallel groups: tasks of e consecutive token boxes (one group of
+        one task each when `expert` is 1)."""
+        boxes = self.num_tasks // self.reduce
+        e = self.expert
+        return [
+            [b * self.reduce + r for b in range(g * e, (g + 1) * e)]
+            for g in range(boxes // e)
+            for r in range(self.reduce)
+        ]
+
+    def expert_rank(self, task: int) -> int:
+        """The task's member index in its expert-parallel group (its expert shard)."""
+        return (task // self.reduce) % self.expert
+
     def degree(self, op: Op, dim: str) -> int:
         if dim == REDUCE:
             return self.reduce
@@ -80,6 +102,8 @@ class ParallelConfig:
         split = [f"{d}={g}" for d, g in zip(op.output.dims, self.degrees, strict=True) if g > 1]
         if self.reduce > 1:
             split.append(f"{REDUCE}={self.reduce}")
+        if self.expert > 1:
+            split.append(f"expert={self.expert}")
         return f"{','.join(split) or 'whole'} @ [{device_ranges(self.devices)}]"
 
     def to_json(self, op: Op) -> dict[str, Any]:
@@ -89,6 +113,8 @@ class ParallelConfig:
         }
         if self.reduce > 1:
             out["reduce"] = self.reduce
+        if self.expert > 1:
+            out["expert"] = self.expert
         return out
 
     @classmethod
@@ -101,6 +127,7 @@ class ParallelConfig:
             tuple(int(degrees.get(d, 1)) for d in op.output.dims),
             tuple(int(x) for x in data.get("devices", [])),
             int(data.get("reduce", 1)),
+            int(data.get("expert", 1)),
         )
         check_config(op, cfg, num_devices)
         return cfg
@@ -161,6 +188,8 @@ def check_config(
                 f"op {op.name!r}: reduce degree {cfg.reduce} does not divide the {con.size} "
                 f"elements it sums over"
             )
+    if cfg.expert != 1:
+        _check_expert(op, cfg)
     if len(cfg.devices) != cfg.num_tasks:
         raise ConfigError(
             f"op {op.name!r}: {cfg.num_tasks} tasks but {len(cfg.devices)} devices given"
@@ -169,6 +198,23 @@ def check_config(
         _check_devices(op, cfg, num_devices)
         if checked is not None:
             checked.add(id(cfg.devices))
+
+
+def _check_expert(op: Op, cfg: ParallelConfig) -> None:
+    """Expert parallelism: only on a mixture of experts, its degree dividing the experts
+    and the op's token boxes."""
+    if op.kind != "moe":
+        raise ConfigError(
+            f"op {op.name!r} ({op.kind}) has no experts to spread (expert {cfg.expert}): "
+            "expert parallelism applies to moe ops only"
+        )
+    experts = int(op.attr("experts", 0))
+    boxes = cfg.num_tasks // cfg.reduce
+    if cfg.expert < 1 or experts % cfg.expert or boxes % cfg.expert:
+        raise ConfigError(
+            f"op {op.name!r}: expert degree {cfg.expert} must divide its {experts} experts "
+            f"and its {boxes} token boxes (split sample or length so that it does)"
+        )
 
 
 def _check_devices(op: Op, cfg: ParallelConfig, num_devices: int) -> None:

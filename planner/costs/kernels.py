@@ -32,6 +32,9 @@ Conventions of the op kinds (see `planner.graph.capture`):
   splits by heads (k and v: the kv_heads groups those heads read);
   a length split gives each task its query rows (k and v whole), with the causal mask at the
   task's absolute positions.
+- moe: a mixture of experts over the channel (`planner.graph.moe`: params by attr roles,
+  none split); a sample or length split gives each task its tokens, which it routes and runs
+  through the experts alone (expert parallelism's exchange is the runtime's).
 - rnn_attention: (h, encoder states...), params of the output projection (C, 2C) + bias.
 - norm: "batch" (batch statistics of the task's box), "layer" (over channel) or "rms" (root
   mean square over channel, weight only); attrs eps, and compute "float32" when the model
@@ -66,6 +69,7 @@ from planner.costs.config import ParallelConfig, check_config
 from planner.costs.regions import needed_boxes, task_boxes
 from planner.errors import GraphError
 from planner.graph.attention import attention_math
+from planner.graph.moe import moe_math, moe_spec
 from planner.graph.opgraph import Op, OpGraph
 from planner.graph.opgraph import Tensor as Shape
 from planner.graph.opkinds import (
@@ -380,6 +384,8 @@ def _param_roles(op: Op) -> tuple[ParamRole, ...]:
     """Own parameters (leading, sharing the first one's module prefix), then a folded norm's
     weight and bias, then extras."""
     params = op.params
+    if op.kind == "moe":  # every parameter is the block's own, none split with the channel
+        return tuple(ParamRole("own", None) for _ in params)
     layout = _OWN_PARAMS.get(op.kind, ())
     if op.kind == "norm" and op.attr("norm") in ("layer", "rms"):
         layout = ((-1, 1), (-1, 1))  # layer and RMS norm: channel is never split
@@ -979,6 +985,16 @@ def _softmax(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], ex
     return torch.softmax(xs[0], dim=axis)
 
 
+def _moe(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], extras: Any) -> Any:
+    """A mixture-of-experts block on the task's tokens (`planner.graph.moe.moe_math`): tokens
+    are independent, so a box of them computes alone; the channel is read whole."""
+    x = xs[0]
+    axis = plan.in_shapes[0].dims.index(CHANNEL)
+    last = x.movedim(axis, -1)
+    y = moe_math(last, own, moe_spec(plan.op))
+    return y.movedim(-1, plan.op.output.dims.index(CHANNEL))
+
+
 KERNELS: dict[str, Kernel] = {
     "input": _input,
     "conv2d": _conv2d,
@@ -989,6 +1005,7 @@ KERNELS: dict[str, Kernel] = {
     "attention": _attention,
     "rnn_attention": _rnn_attention,
     "norm": _norm,
+    "moe": _moe,
     "elementwise": _elementwise,
     "concat": _concat,
     "slice": _slice,

@@ -59,7 +59,7 @@ def coarsen(
 
 
 def _can_fold(op: Op, producer: Op, kinds: frozenset[str], n_consumers: Counter[str]) -> bool:
-    if op.kind not in kinds or producer.kind == "input" or n_consumers[producer.name] != 1:
+    if op.kind not in kinds or producer.kind in ("input", "moe") or n_consumers[producer.name] != 1:
         return False
     if op.output.shape != producer.output.shape:
         return False

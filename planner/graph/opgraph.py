@@ -410,7 +410,13 @@ def _check_weight(op: Op, inputs: Sequence[Tensor]) -> None:
     """The op's weight (its first parameter, as the kernels read it) agrees with its output
     and its input: a conv's out channels and in channels x groups, a linear's out and in
     features, an embedding's width, an LSTM cell's 4 x hidden rows and input width, a
-    norm's per-channel parameters. Ops without parameters are not checked."""
+    norm's per-channel parameters, a mixture of experts' router and experts
+    (`planner.graph.moe.check_params`). Other ops without parameters are not checked."""
+    if op.kind == "moe" and inputs:
+        from planner.graph.moe import check_params
+
+        check_params(op, inputs[0].size(CHANNEL), op.output.size(CHANNEL))
+        return
     if not op.params or not inputs:
         return
     weight = op.params[0]

@@ -182,6 +182,15 @@ KINDS: dict[str, KindSpec] = {
             in_dims=(CHANNEL,),
         ),
         _spec(
+            "moe",
+            {SAMPLE: "S", LENGTH: "A"},
+            "flops",
+            "mixture of experts: a router, the top k of E expert MLPs per token, optionally a "
+            "shared expert (planner.graph.moe; experts spread by ParallelConfig.expert)",
+            out_dims=(CHANNEL,),
+            in_dims=(CHANNEL,),
+        ),
+        _spec(
             "norm",
             {SAMPLE: "S", HEIGHT: "A", WIDTH: "A", LENGTH: "A", CHANNEL: "P"},
             "bytes",
@@ -372,7 +381,7 @@ def _dim_map(op: Op, index: int, dim: str, out: tuple[str, ...]) -> DimMap:
             head = op.output.size(CHANNEL) // int(op.attr("heads", 1))
             return DimMap("group", CHANNEL, kernel=head, stride=group)
         return DimMap("same", dim) if dim in out else DimMap("full")
-    if kind in ("linear", "lstm", "rnn_attention", "flatten", "softmax") and dim == CHANNEL:
+    if kind in ("linear", "lstm", "rnn_attention", "flatten", "softmax", "moe") and dim == CHANNEL:
         return DimMap("full")
     if kind == "norm" and dim == CHANNEL and op.attr("norm") in ("layer", "rms"):
         return DimMap("full")

@@ -73,7 +73,7 @@ FP8_ATTRS = ("compute", "fp8_scaling")  # what the rewrite marks on an FP8 linea
 # FP8 GEMMs take sizes Lightning's plugin converts (in % 8, out % 16: its `_convert_layers`)
 FP8_IN_MULTIPLE, FP8_OUT_MULTIPLE = 8, 16
 # Under autocast: kinds computed on the 16-bit tensor cores, and kinds kept in fp32.
-LOWER = frozenset(("linear", "conv2d", "attention", "lstm", "rnn_attention"))
+LOWER = frozenset(("linear", "conv2d", "attention", "lstm", "rnn_attention", "moe"))
 FP32 = frozenset(("norm", "softmax", "embedding"))
 HALF, FULL = 2, 4
 

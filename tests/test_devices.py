@@ -62,6 +62,9 @@ EXPECTED_DEVICES = {
     "dgx-h200-4": 32,
     "dgx-h200-32": 256,
     "dgx-h200-128": 1024,
+    "hgx-h800-1": 8,
+    "hgx-h800-32": 256,
+    "hgx-h800-256": 2048,
     "cpu-local-2": 2,
     "cpu-local-4": 4,
 }
@@ -572,3 +575,10 @@ def test_dgx_a100_nvswitch_and_a_nic_per_gpu() -> None:
     assert g.links[route[0]].b == "node0/nic3" and g.links[route[-1]].b == "node1/nic4"
     assert g.inv_bandwidth[3, 12] == 1 / 25e9
     assert g.devices[0].memory == 40 * 2**30 and g.devices[0].flops == 19.5e12
+
+
+def test_h800_has_the_h100s_compute_and_a_cut_nvlink() -> None:
+    h100, h800 = get_preset("dgx-h100-2"), get_preset("hgx-h800-2")
+    assert h800.devices[0].flops16 == h100.devices[0].flops16
+    assert h800.inv_bandwidth[0, 1] == 1 / 200e9 and h100.inv_bandwidth[0, 1] == 1 / 450e9
+    assert h800.inv_bandwidth[0, 8] == h100.inv_bandwidth[0, 8] == 1 / 50e9

@@ -37,6 +37,7 @@ __all__ = [
     "dgx_h100",
     "dgx_h200",
     "get_preset",
+    "hgx_h800",
     "k80_cluster",
     "list_presets",
     "load_devices",
@@ -53,6 +54,9 @@ NVLINK1_BANDWIDTH = 20e9  # NVLink 1.0 (P100), per link
 NVLINK2_BANDWIDTH = 25e9  # NVLink 2.0 (V100), per link
 NVLINK3_GPU_BANDWIDTH = 300e9  # NVLink 3.0 (A100): 12 links x 25 GB/s, all to the NVSwitches
 NVLINK4_GPU_BANDWIDTH = 450e9  # NVLink 4.0 (H100): 18 links x 25 GB/s, all to the NVSwitches
+# H800 SXM (the export H100): NVLink cut to 400 GB/s both directions, 200 GB/s each way
+# (Zhao et al., Insights into DeepSeek-V3, ISCA '25, arXiv 2505.09343, Sec. 4.1)
+NVLINK4_H800_BANDWIDTH = 200e9
 PCIE4_BANDWIDTH = 25e9  # PCIe 4.0 x16, achievable (31.5 GB/s raw)
 PCIE5_BANDWIDTH = 50e9  # PCIe 5.0 x16, achievable (63 GB/s raw)
 IB_HDR_BANDWIDTH = 25e9  # 200 Gb/s HDR InfiniBand
@@ -125,8 +129,8 @@ logger = logging.getLogger(__name__)
 
 VALID_FORMS = (
     "p100-NxG (N >= 1 nodes, G in 1..8 GPUs), k80-NxG (N >= 1, G in 1..8), "
-    "v100-dgx1-G (G in 1,2,3,4,8), dgx-a100-N, dgx-a100-80g-N, dgx-h100-N, dgx-h200-N (N >= 1 "
-    "nodes of 8 GPUs), cpu-local-N (N >= 1)"
+    "v100-dgx1-G (G in 1,2,3,4,8), dgx-a100-N, dgx-a100-80g-N, dgx-h100-N, dgx-h200-N, hgx-h800-N "
+    "(N >= 1 nodes of 8 GPUs), cpu-local-N (N >= 1)"
 )
 
 
@@ -248,6 +252,18 @@ def dgx_h200(nodes: int) -> DeviceGraph:
     )
 
 
+def hgx_h800(nodes: int) -> DeviceGraph:
+    """`nodes` HGX H800 servers as in DeepSeek-V3's cluster (DeepSeek-AI 2024, Sec. 3.1;
+    Zhao et al., ISCA '25, Sec. 4.1): 8 H800 SXM 80 GB (the H100's compute and memory,
+    calibrated fractions and kernel rates) on NVSwitch with NVLink cut to 200 GB/s per GPU
+    and direction, every GPU with its own 400 Gb/s InfiniBand NIC (ConnectX-7) over PCIe 5.0.
+    DeepSeek measures 160 GB/s of NVLink and 50 GB/s of InfiniBand achievable (Sec. 3.2.2)."""
+    spec = H100 | {"efficiency": H100_EFFICIENCY}
+    return _dgx(
+        f"hgx-h800-{nodes}", nodes, spec, NVLINK4_H800_BANDWIDTH, PCIE5_BANDWIDTH, IB_NDR_BANDWIDTH
+    )
+
+
 def _dgx(
     name: str, nodes: int, spec: dict[str, Any], nvlink: float, pcie: float, fabric: float
 ) -> DeviceGraph:
@@ -350,6 +366,11 @@ _PATTERNS: list[tuple[re.Pattern[str], _Count, _Build]] = [
         lambda n, m: dgx_h200(_ranged(n, m[1], 1)),
     ),
     (
+        re.compile(r"hgx-h800-(\d+)"),
+        lambda m: DGX_GPUS * int(m[1]),
+        lambda n, m: hgx_h800(_ranged(n, m[1], 1)),
+    ),
+    (
         re.compile(r"cpu-local-(\d+)"),
         lambda m: int(m[1]),
         lambda n, m: cpu_local(_ranged(n, m[1], 1)),
@@ -391,6 +412,7 @@ def list_presets() -> list[str]:
         *(f"dgx-a100-80g-{n}" for n in (1, 4, 32, 128)),
         *(f"dgx-h100-{n}" for n in (1, 4, 32, 128, 1024, 2048)),
         *(f"dgx-h200-{n}" for n in (1, 4, 32, 128)),
+        *(f"hgx-h800-{n}" for n in (1, 32, 256)),
         "cpu-local-2",
         "cpu-local-4",
     ]

@@ -268,10 +268,24 @@ def partitions(
     return parts
 
 
-def make_config(op: Op, grid: tuple[int, ...], devices: tuple[int, ...]) -> ParallelConfig:
-    """The config of `op` with task grid `grid` (`ParallelConfig.grid`) on `devices`."""
+def make_config(
+    op: Op, grid: tuple[int, ...], devices: tuple[int, ...], expert: int = 1
+) -> ParallelConfig:
+    """The config of `op` with task grid `grid` (`ParallelConfig.grid`) on `devices`, its
+    routed experts spread `expert` ways (a moe op: `ParallelConfig.expert`)."""
     n = len(op.output.dims)
-    return ParallelConfig(grid[:n], devices, grid[n] if len(grid) > n else 1)
+    return ParallelConfig(grid[:n], devices, grid[n] if len(grid) > n else 1, expert)
+
+
+def expert_options(op: Op, grid: tuple[int, ...]) -> list[int]:
+    """The expert-parallel degrees a config of `op` with task grid `grid` may take: for a moe
+    op, the divisors of gcd(experts, token boxes) (every degree `_check_expert` accepts),
+    ascending; [1] for every other op."""
+    if op.kind != "moe":
+        return [1]
+    n = len(op.output.dims)
+    boxes = math.prod(grid[:n])
+    return divisors(math.gcd(int(op.attr("experts", 1)), boxes))
 
 
 def partition_order(p: tuple[int, ...]) -> tuple[Any, ...]:
@@ -283,7 +297,9 @@ def count_partitions(
     op: Op, num_devices: int, max_split_dims: int | None = None, reduce: bool = True
 ) -> dict[int, int]:
     """Partitions of `op` per task count k, counted without listing them (a dynamic program
-    over dims whose state is the product so far and the split dims used)."""
+    over dims whose state is the product so far and the split dims used); a moe op's counts
+    times its expert-parallel degrees per partition (`expert_options`), as `ConfigSpace`
+    lists them."""
     states: dict[tuple[int, int], int] = {(1, 0): 1}
     for opts in degree_options(op, num_devices, reduce):
         nxt: dict[tuple[int, int], int] = {}
@@ -297,6 +313,9 @@ def count_partitions(
     out: dict[int, int] = {}
     for (k, _), n in states.items():
         out[k] = out.get(k, 0) + n
+    if op.kind == "moe":  # no contraction: k tasks are k token boxes (`expert_options`)
+        experts = int(op.attr("experts", 1))
+        out = {k: n * len(divisors(math.gcd(experts, k))) for k, n in out.items()}
     return out
 
 
@@ -459,6 +478,7 @@ class ConfigSpace:
         key = (
             tuple((d, s, d in pdims, split_unit(op, d)) for d, s in op.output.shape),
             con.size if con is not None else None,
+            op.attr("experts") if op.kind == "moe" else None,
             seeds,
         )
         if key not in self._cache:
@@ -468,23 +488,31 @@ class ConfigSpace:
     def _enumerate(
         self, op: Op, seeds: tuple[ParallelConfig, ...], reduce: bool = False
     ) -> OpConfigs:
-        extra: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        extra: dict[tuple[int, ...], dict[int, list[tuple[int, ...]]]] = {}
         for cfg in seeds:
             check_config(op, cfg, self.num_devices)
-            extra.setdefault(cfg.grid, []).append(cfg.devices)
+            extra.setdefault(cfg.grid, {}).setdefault(cfg.expert, []).append(cfg.devices)
         parts = partitions(op, self.num_devices, self.max_split_dims, reduce)
         parts += sorted(set(extra) - set(parts), key=partition_order)
         parts.sort(key=partition_order)
         configs: list[ParallelConfig] = []
         groups = []
-        for part in parts:
+        # a moe op: each grid once per expert-parallel degree (it adds no tasks and no split
+        # dim: `max_split_dims` does not count it), each its own group of device sets
+        cases = [
+            (part, e)
+            for part in parts
+            for e in sorted(set(expert_options(op, part)) | set(extra.get(part, {})))
+        ]
+        for part, e in cases:
             if self.max_configs is not None and len(configs) >= self.max_configs:
                 break
             k = math.prod(part)
             structured = self.max_split_dims is None or _splits(part) <= self.max_split_dims
+            structured = structured and e in expert_options(op, part)
             sets = self._device_sets(k) if structured else np.zeros((0, k), dtype=np.int64)
             rows = self._set_tuples(k) if structured else []
-            more = [s for s in extra.get(part, []) if s not in set(rows)]
+            more = [s for s in extra.get(part, {}).get(e, []) if s not in set(rows)]
             if more:
                 sets = np.concatenate([sets, np.array(more, dtype=np.int64)])
                 sets.setflags(write=False)
@@ -493,7 +521,7 @@ class ConfigSpace:
                 sets = sets[: self.max_configs - len(configs)]
                 rows = rows[: len(sets)]
             idx = np.arange(len(configs), len(configs) + len(sets))
-            configs.extend(make_config(op, part, row) for row in rows)
+            configs.extend(make_config(op, part, row, e) for row in rows)
             groups.append((part, sets, idx))
         return OpConfigs(tuple(configs), tuple(groups))
 

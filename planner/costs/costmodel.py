@@ -55,6 +55,15 @@ import numpy as np
 
 from planner.costs.activations import ActivationMemory, activation_memory
 from planner.costs.config import OpConfigs, ParallelConfig
+from planner.costs.experts import (
+    a2a_bytes,
+    a2a_seconds,
+    dispatched_share,
+    expert_gemm_seconds,
+    moe_task_flops,
+    param_classes,
+    spreads_experts,
+)
 from planner.costs.fp8 import FP8_BYTES, WEIGHT_CACHE_BYTES, cast_bytes, computes_in_fp8
 from planner.costs.memory import (
     OPTIMIZER_STATE_BYTES,
@@ -148,7 +157,9 @@ class CostOptions:
     compute (off the step), `tp_overlap` of each transfer into or out of a linear runs under
     its GEMM, `pp_overlap` of each pipeline message travels while its sender computes (the
     rest blocks it), `cp_overlap` of the keys and values a context-parallel attention op
-    exchanges runs under its kernels (ring attention). The defaults are PyTorch's
+    exchanges runs under its kernels (ring attention), `ep_overlap` of a mixture of experts'
+    all-to-alls runs under its own compute (DeepSeek-V3's DualPipe hides them under another
+    micro-batch's). The defaults are PyTorch's
     (`FRAMEWORK_OVERLAP["pytorch"]`). `chunk_sync_overlap`: of a pipeline chunk's overlapped
     sync (`dp_overlap`), the share that starts at that chunk's last backward and runs under
     the stage's later backwards (interleaved schedules: the other chunks'); the rest waits
@@ -161,7 +172,13 @@ class CostOptions:
     edge moves its own copy, as layerwise's runtime does. `nic_rails`: a gradient ring whose
     replicas are several on each of several hosts runs one ring per member position, each
     crossing hosts on its own NIC, as NCCL does ("rails", `CostModel.ring_plan`); False: one
-    ring, whose host-crossing link (one NIC) is its slowest."""
+    ring, whose host-crossing link (one NIC) is its slowest.
+
+    `expert_capacity` (>= 1): with expert parallelism (`ParallelConfig.expert` > 1), the
+    busiest expert-parallel rank's routed tokens over the mean (Fedus et al. 2021's capacity
+    factor, Megatron-Core's `--moe-expert-capacity-factor`): it scales that rank's expert
+    compute, the tokens it receives and the activations it keeps (`planner.costs.experts`;
+    1: perfectly balanced routing)."""
 
     sync: Literal["ring", "ps"] = "ring"
     compute_efficiency: float = 0.5
@@ -185,6 +202,8 @@ class CostOptions:
     tp_overlap: float = 0.0
     pp_overlap: float = 1.0
     cp_overlap: float = 0.0
+    ep_overlap: float = 0.0
+    expert_capacity: float = 1.0
     chunk_sync_overlap: float = 0.0
     transfer_once: bool = False
     nic_rails: bool = False
@@ -228,6 +247,14 @@ class CostOptions:
                     f"{name} must be the fraction of that communication hidden under compute, "
                     f"in [0, 1], got {value!r}"
                 )
+        capacity = self.expert_capacity
+        if isinstance(capacity, bool) or not isinstance(capacity, int | float):
+            capacity = float("nan")
+        if not 1 <= capacity < float("inf"):
+            raise LayerwiseError(
+                f"expert_capacity must be the busiest expert-parallel rank's tokens over the "
+                f"mean, a number >= 1 (1: balanced routing), got {self.expert_capacity!r}"
+            )
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise LayerwiseError(
                 f"attention_kernel must be one of {', '.join(map(repr, ATTENTION_KERNELS))}, "
@@ -344,7 +371,9 @@ class CostModel:
         self._norm_groups: dict[tuple[int, tuple[int, ...]], list[list[int]] | None] = {}
         self._layouts: dict[tuple[tuple[int, ...], bytes], Layout | None] = {}
         self._rates: dict[tuple[str, int, bool], np.ndarray] = {}
-        self._kernels: dict[tuple[int, tuple[int, ...], int, int], tuple[float, float] | None] = {}
+        self._kernels: dict[
+            tuple[int, tuple[int, ...], int, int, int], tuple[float, float] | None
+        ] = {}
 
     @property
     def source(self) -> str:
@@ -431,6 +460,8 @@ class CostModel:
         if op.kind == "input":
             return np.zeros(k), np.zeros(k)
         measured = self.measured.task_time(op, cfg) if self.measured is not None else None
+        if spreads_experts(op, cfg):  # a profile times a task alone: not its group's routing
+            measured = None
         if measured is not None:
             fwd = np.full(k, measured / (1.0 + o.backward_factor))
             return fwd + o.task_overhead, fwd * (o.backward_factor + self._again(i))
@@ -444,6 +475,8 @@ class CostModel:
             fwd = np.maximum(kernels[0], memory) + casts[0] / bandwidth
             bwd = np.maximum(kernels[1], memory * o.backward_factor) + casts[1] / bandwidth
             return fwd + o.task_overhead, bwd + fwd * self._again(i)
+        if op.kind == "moe":  # the busiest expert-parallel rank (`planner.costs.experts`)
+            flops = moe_task_flops(op, cfg, o.expert_capacity) * k
         fwd = np.maximum(flops / k / self.compute_rate(op)[dev], memory)
         bwd = fwd * o.backward_factor + casts[1] / bandwidth
         fwd = fwd + casts[0] / bandwidth
@@ -483,7 +516,11 @@ class CostModel:
         has the same such chip and the options give no fraction for the op's class; else
         None (the flat fraction prices it)."""
         op, o = self.graph.ops[i], self.options
-        given = {"linear": o.matmul_efficiency, "attention": o.attention_efficiency}
+        given = {
+            "linear": o.matmul_efficiency,
+            "moe": o.matmul_efficiency,
+            "attention": o.attention_efficiency,
+        }
         if o.rates != "shape" or op.output.dtype_bytes != 2 or op.kind not in given:
             return None
         if given[op.kind] is not None:
@@ -494,7 +531,7 @@ class CostModel:
             return None
         chip = chips[int(cfg.devices[0])]
         assert chip is not None
-        key = (i, cfg.degrees, cfg.reduce, int(found[0]))
+        key = (i, cfg.degrees, cfg.reduce, cfg.expert, int(found[0]))
         times = self._kernels.get(key)
         if times is None:
             device = self.devices.devices[cfg.devices[0]]
@@ -517,6 +554,8 @@ class CostModel:
             flops = op.flops / cfg.num_tasks
             causal = bool(op.attr("causal", False))
             return attention_seconds(kernel, flops, seq, causal, chunks)
+        if op.kind == "moe":  # router, shared expert, grouped expert GEMMs
+            return expert_gemm_seconds(op, cfg, gemm, peak, self.options.expert_capacity)
         shapes = linear_gemms(op, cfg)
         if shapes is None:
             return None
@@ -539,13 +578,30 @@ class CostModel:
 
     def compute_time(self, i: int, cfg: ParallelConfig) -> float:
         """t_c: forward + backward seconds of the slowest task of op i under cfg, with its
-        batch-norm statistics exchanges (one forward, one backward)."""
+        batch-norm statistics exchanges (one forward, one backward) or its experts'
+        all-to-alls (`expert_exchange`: whole, as the additive objective prices every
+        communication; the simulator hides `ep_overlap` of them)."""
         fwd, bwd = self.task_times(i, cfg)
         total = fwd + bwd
         exchange = self.norm_exchange(i, cfg)
         if exchange is not None:
             total = total + 2.0 * exchange
+        a2a = self.expert_exchange(i, cfg)
+        if a2a is not None:
+            total = total + a2a[0] + a2a[1]
         return float(total.max())
+
+    def expert_exchange(self, i: int, cfg: ParallelConfig) -> tuple[np.ndarray, np.ndarray] | None:
+        """(forward, backward) seconds per task of op i's expert-parallel all-to-alls under
+        cfg: dispatch + combine each way (`planner.costs.experts.a2a_seconds`; a recomputed op
+        dispatches and combines again in its backward), or None when cfg spreads no experts."""
+        op = self.graph.ops[i]
+        if not spreads_experts(op, cfg):
+            return None
+        capacity = self.options.expert_capacity
+        dispatch, combine = a2a_seconds(self.pair_costs, cfg, a2a_bytes(op, cfg), capacity)
+        once = dispatch + combine
+        return once, once * (1.0 + self._again(i))
 
     def norm_groups(self, i: int, cfg: ParallelConfig) -> list[list[int]] | None:
         """Per task, the task indices that hold the same channels of a batch-norm op whose
@@ -611,10 +667,27 @@ class CostModel:
         op = self.graph.ops[i]
         if not op.params or cfg.num_tasks == 1:
             return 0.0
-        groups = self.replica_array(op, cfg)
-        shard = op.param_bytes / len(groups)
-        passes = self.ring_passes
-        return float(self._sync_groups(groups, shard, passes=passes).max()) / self._share(op)
+        total = 0.0
+        for nbytes, groups in self.param_groups(op, cfg):
+            shard = nbytes / len(groups)
+            total += float(self._sync_groups(groups, shard, passes=self.ring_passes).max())
+        return total / self._share(op)
+
+    def param_groups(self, op: Op, cfg: ParallelConfig) -> list[tuple[float, np.ndarray]]:
+        """op's parameters by class under cfg: (bytes, (shards, replicas) devices) each, the
+        replica array as `replica_array` gives it. One class for every op but a moe op whose
+        experts cfg spreads: its router and shared expert replicated on every task, its
+        routed experts cut `expert` ways, replicated over the tasks of one expert rank
+        (`planner.costs.experts.param_classes`). Each class syncs its gradients over its own
+        replicas, one after the other."""
+        out = []
+        for params, tasks in param_classes(op, cfg):
+            nbytes = float(sum(p.nbytes for p in params))
+            if tasks.size:
+                out.append((nbytes, np.asarray(cfg.devices, dtype=np.int64)[tasks]))
+            elif params:
+                out.append((nbytes, self.replica_array(op, cfg)))
+        return out
 
     @property
     def ring_passes(self) -> int:
@@ -718,7 +791,8 @@ class CostModel:
         return out
 
     def _task_memory(self, i: int, cfg: ParallelConfig) -> float:
-        return self._param_memory(i, cfg) + self._kept_unit(i, cfg) * self.activations.per_op(i)
+        kept = self._kept_unit(i, cfg) * self.activations.per_op(i) + self._dispatched_extra(i, cfg)
+        return self._param_memory(i, cfg) + kept
 
     def _kept_unit(self, i: int, cfg: ParallelConfig) -> float:
         """Bytes of op i's output per task of cfg, as activations are kept: a contraction
@@ -731,7 +805,8 @@ class CostModel:
         """Bytes of activations each task of cfg keeps of op i from the forward to the
         backward pass (`planner.costs.activations`: its output when an op's backward reads it,
         its own buffers; not a recomputed op's working set)."""
-        return self._kept_unit(i, cfg) * float(self.activations.kept[i])
+        kept = self._kept_unit(i, cfg) * float(self.activations.kept[i])
+        return kept + self._dispatched_extra(i, cfg)
 
     def _param_memory(self, i: int, cfg: ParallelConfig) -> float:
         """Bytes of op i's parameters' training state each task of cfg keeps."""
@@ -743,6 +818,8 @@ class CostModel:
         op = self.graph.ops[i]
         if not op.params:
             return 0.0, 0.0, 0.0
+        if spreads_experts(op, cfg):
+            return self._class_parts(op, cfg)
         shards = math.prod(cfg.degree(op, d) for d in parameter_dims(op))
         shards *= cfg.reduce  # a contraction split cuts the weight too
         r, zero = max(1, cfg.num_tasks // shards), self.options.zero
@@ -753,6 +830,33 @@ class CostModel:
             state.gradients / (r if zero >= 2 else 1) * scale,
             state.state / (r if zero >= 1 else 1) * scale,
         )
+
+    def _class_parts(self, op: Op, cfg: ParallelConfig) -> tuple[float, float, float]:
+        """`_param_parts` of a moe op whose experts cfg spreads: per parameter class
+        (`param_classes`), its state over its shards, ZeRO over its replicas."""
+        zero, o = self.options.zero, self.options
+        parts = np.zeros(3)
+        for params, tasks in param_classes(op, cfg):
+            if not params:
+                continue
+            shards, r = tasks.shape if tasks.size else (1, cfg.num_tasks)
+            state = param_bytes(params, o.optimizer, o.master_weights)
+            held = (state.weights, state.gradients, state.state)
+            cut = (zero >= 3, zero >= 2, zero >= 1)
+            scale = 1.0 / (shards * self._share(op))
+            parts += [b / (r if c else 1) * scale for b, c in zip(held, cut, strict=True)]
+        return float(parts[0]), float(parts[1]), float(parts[2])
+
+    def _dispatched_extra(self, i: int, cfg: ParallelConfig) -> float:
+        """Bytes the busiest expert-parallel rank keeps beyond a task's share of op i's
+        activations: (capacity - 1) x the dispatched part (`planner.costs.experts.
+        dispatched_share`); 0 unless op i is a moe op whose experts cfg spreads and keeps
+        its activations (a recomputed one keeps none)."""
+        op = self.graph.ops[i]
+        if not spreads_experts(op, cfg) or not self.activations.kept[i]:
+            return 0.0
+        extra = (self.options.expert_capacity - 1.0) * dispatched_share(op)
+        return self._kept_unit(i, cfg) * extra
 
     @cached_property
     def activations(self) -> ActivationMemory:

@@ -31,6 +31,13 @@ each in [0, 1]; the simulator (`planner.sim.simulator`), the pipeline timeline
   block runs while the next block's keys and values travel, so it overlaps by design (1).
   An all-gather form gathers them before the kernel: the Llama 3 paper's ("the all-gather
   communication latency is exposed in the critical path", Sec. 3.3.2): 0.
+- `ep_overlap`, expert parallelism's all-to-alls (a mixture of experts' token dispatch and
+  combine, `planner.costs.experts`): that fraction runs under the moe op's own compute,
+  never more than it lasts (`exposed_seconds`). Megatron-Core's alltoall dispatcher blocks
+  on them by default (`--overlap-moe-expert-parallel-comm`, Megatron-Bridge's
+  `overlap_moe_expert_parallel_comm`, is off by default): 0. DeepSeek-V3's DualPipe
+  (DeepSeek-AI 2024, Sec. 3.2.1) runs one micro-batch's dispatch and combine under another
+  micro-batch's compute and reports the all-to-all "almost fully hidden": close to 1.
 
 `FRAMEWORK_OVERLAP` gives the settings of the frameworks; the defaults of `CostOptions` are
 PyTorch's ("pytorch": the runtime's DDP-style sync overlaps the backward pass, nothing else is
@@ -44,7 +51,14 @@ from dataclasses import asdict, dataclass
 
 __all__ = ["FRAMEWORK_OVERLAP", "OVERLAP_FIELDS", "Overlap", "exposed_seconds"]
 
-OVERLAP_FIELDS = ("dp_overlap", "param_gather_overlap", "tp_overlap", "pp_overlap", "cp_overlap")
+OVERLAP_FIELDS = (
+    "dp_overlap",
+    "param_gather_overlap",
+    "tp_overlap",
+    "pp_overlap",
+    "cp_overlap",
+    "ep_overlap",
+)
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,7 @@ class Overlap:
     tp_overlap: float
     pp_overlap: float
     cp_overlap: float
+    ep_overlap: float = 0.0
 
     def options(self) -> dict[str, float]:
         """The fractions as `CostOptions` keyword arguments."""
@@ -73,7 +88,9 @@ FRAMEWORK_OVERLAP: Mapping[str, Overlap] = {
     # NeMo / Megatron-Bridge performance recipes on H100 (the runs of their performance
     # summaries): the distributed optimizer with overlap_grad_reduce and
     # overlap_param_gather, tp_comm_overlap with userbuffers when TP > 1, overlapped p2p,
-    # ring attention for context parallelism.
+    # ring attention for context parallelism. Expert parallelism's all-to-alls are left
+    # blocking in all three (ep_overlap 0: the flag that overlaps them is off by default;
+    # whether a recipe turns it on was not checked).
     "megatron-recipe": Overlap(1.0, 1.0, 1.0, 1.0, 1.0),
 }
 

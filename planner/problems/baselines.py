@@ -10,17 +10,22 @@
   parallel;
 - Megatron-LM's tensor parallelism (`megatron`, Shoeybi et al. 2019, Sec. 3; Narayanan et al.
   SC'21, Sec. 2.3) within groups of `tensor` consecutive devices, context parallelism (the
-  sequence split over groups of them, Megatron-Core's) and data parallelism across them.
+  sequence split over groups of them, Megatron-Core's) and data parallelism across them,
+  a mixture of experts' experts spread over `expert` consecutive devices (expert
+  parallelism, Megatron-Core's `--expert-model-parallel-size`);
+- expert parallelism (`expert_parallel`): data parallelism, a mixture of experts' experts
+  spread over groups of consecutive devices of one node where they fit.
 
 Each degree is the largest one that divides both the dimension and the device count.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
-from planner.costs.config import ParallelConfig
+from planner.costs.config import ParallelConfig, divisors
 from planner.errors import LayerwiseError
 from planner.graph.opgraph import Op, OpGraph
 from planner.graph.opkinds import (
@@ -103,7 +108,9 @@ def _divides(op: Op, dim: str, degree: int) -> bool:
     return dim in parallel_dims(op) and (op.output.size(dim) // split_unit(op, dim)) % degree == 0
 
 
-def megatron(graph: OpGraph, devices: DeviceGraph, tensor: int, context: int = 1) -> Strategy:
+def megatron(
+    graph: OpGraph, devices: DeviceGraph, tensor: int, context: int = 1, expert: int = 1
+) -> Strategy:
     """Megatron-LM's layout: tensor parallelism of degree `tensor` within groups of that many
     consecutive devices (a node's GPUs), context parallelism of degree `context` over
     consecutive tensor groups, data parallelism of degree devices / (tensor x context)
@@ -128,7 +135,13 @@ def megatron(graph: OpGraph, devices: DeviceGraph, tensor: int, context: int = 1
     queries' chunk and reads the keys and values of every chunk from the other context
     ranks (the exchange the simulator prices, `CostOptions.cp_overlap`), and a weight is
     replicated over data x context ranks, whose gradients it syncs. Every op that a context
-    split applies to must have a sequence that `context` x `tensor` divides."""
+    split applies to must have a sequence that `context` x `tensor` divides.
+
+    Expert parallelism (`expert` e > 1): every mixture-of-experts op spreads its experts over
+    e consecutive token boxes, which are e consecutive devices (`ParallelConfig.expert`):
+    inside one replica's tensor x context ranks when e divides them, across replicas beyond
+    that (Megatron-Core's MoE "parallel folding" places EP beside TP and CP the same way);
+    e must divide the experts of every moe op and its token boxes (the devices)."""
     n = devices.num_devices
     if tensor < 1 or context < 1 or n % (tensor * context):
         raise LayerwiseError(
@@ -175,7 +188,57 @@ def megatron(graph: OpGraph, devices: DeviceGraph, tensor: int, context: int = 1
         channel_split[op.name] = CHANNEL in split
         degrees = tuple(split.get(d, 1) for d in op.output.dims)
         configs.append(ParallelConfig(degrees, devs, reduce))
+    return with_experts(Strategy(graph, devices, tuple(configs)), expert)
+
+
+def with_experts(strategy: Strategy, expert: int) -> Strategy:
+    """`strategy` with every moe op's experts spread `expert` ways over consecutive token
+    boxes; a LayerwiseError when `expert` does not divide an op's experts or token boxes."""
+    if expert == 1:
+        return strategy
+    configs = list(strategy.configs)
+    moe = [i for i, op in enumerate(strategy.graph.ops) if op.kind == "moe"]
+    if expert < 1 or not moe:
+        raise LayerwiseError(
+            f"expert-parallel size {expert} needs a positive size and mixture-of-experts ops; "
+            f"{strategy.graph.name!r} has {len(moe)}"
+        )
+    for i in moe:
+        op, cfg = strategy.graph.ops[i], configs[i]
+        experts, boxes = int(op.attr("experts", 0)), cfg.num_tasks // cfg.reduce
+        if experts % expert or boxes % expert:
+            raise LayerwiseError(
+                f"op {op.name!r}: expert-parallel size {expert} must divide its {experts} "
+                f"experts and its {boxes} token boxes (devices): choose a size dividing both"
+            )
+        configs[i] = dataclasses.replace(cfg, expert=expert)
+    return Strategy(strategy.graph, strategy.devices, tuple(configs))
+
+
+def expert_parallel(graph: OpGraph, devices: DeviceGraph) -> Strategy:
+    """Data parallelism with every mixture of experts' experts spread over e consecutive
+    devices: e the largest divisor of its experts and token boxes that fits in one node
+    (EP inside a node, on NVLink, as Megatron-Core's MoE recipes place it first), else the
+    largest over nodes. Data parallelism alone when no moe op splits its tokens."""
+    strategy = data_parallel(graph, devices)
+    local = min(_per_host(devices).values())
+    configs = list(strategy.configs)
+    for i, op in enumerate(graph.ops):
+        if op.kind != "moe":
+            continue
+        cfg = configs[i]
+        options = divisors(math.gcd(int(op.attr("experts", 1)), cfg.num_tasks))
+        inside = [e for e in options if e <= local]
+        e = inside[-1] if inside[-1] > 1 else options[-1]
+        configs[i] = dataclasses.replace(cfg, expert=e)
     return Strategy(graph, devices, tuple(configs))
+
+
+def _per_host(devices: DeviceGraph) -> dict[str, int]:
+    hosts: dict[str, int] = {}
+    for d in devices.devices:
+        hosts[d.host] = hosts.get(d.host, 0) + 1
+    return hosts
 
 
 BASELINES: dict[str, Callable[[OpGraph, DeviceGraph], Strategy]] = {
@@ -183,12 +246,16 @@ BASELINES: dict[str, Callable[[OpGraph, DeviceGraph], Strategy]] = {
     "model_parallel": model_parallel,
     "owt": owt,
     "expert": expert_rnn,
+    "expert_parallel": expert_parallel,
 }
 
 
 def applicable(graph: OpGraph) -> list[str]:
-    """Baselines that make sense for `graph` (the RNN expert only where there are LSTMs)."""
+    """Baselines that make sense for `graph` (the RNN expert only where there are LSTMs,
+    expert parallelism only where there are mixtures of experts)."""
     names = ["data_parallel", "model_parallel", "owt"]
     if any(op.kind == "lstm" for op in graph.ops):
         names.append("expert")
+    if any(op.kind == "moe" for op in graph.ops):
+        names.append("expert_parallel")
     return names

@@ -372,7 +372,7 @@ def choose_space(
     level_sizes = hierarchy.sizes if hierarchy is not None else None
 
     def est(kind: str) -> sizes.SizeEstimate:
-        seeds = len(BASELINES) if kind == "mesh" else 0
+        seeds = seed_bound(graph) if kind == "mesh" else 0
         split = max_split_dims if kind == "mesh" or max_split_dims is not None else None
         return sizes.estimate(
             graph, devices.num_devices, kind, level_sizes, hosts, split, max_configs, seeds,
@@ -386,6 +386,13 @@ def choose_space(
     if cheap or hierarchy is None:
         return "full", full
     return "mesh", est("mesh")
+
+
+def seed_bound(graph: OpGraph) -> int:
+    """At most this many baseline configs per op seed the mesh space: every baseline, but
+    expert parallelism only for a graph with mixtures of experts."""
+    moe = any(op.kind == "moe" for op in graph.ops)
+    return sum(moe or name != "expert_parallel" for name in BASELINES)
 
 
 def baseline_seeds(graph: OpGraph, devices: DeviceGraph) -> list[list[ParallelConfig]]:

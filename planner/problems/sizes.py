@@ -192,7 +192,8 @@ def op_space_key(graph: OpGraph, i: int, reduce: bool = True) -> tuple[Any, ...]
     pdims = parallel_dims(op)
     con = graph.contraction(i) if reduce else None
     shape = tuple((d, s, d in pdims, split_unit(op, d)) for d, s in op.output.shape)
-    return (*shape, ("reduce", con.size if con is not None else None))
+    experts = op.attr("experts") if op.kind == "moe" else None  # its expert degrees
+    return (*shape, ("reduce", con.size if con is not None else None), ("experts", experts))
 
 
 def op_configs(

@@ -24,7 +24,14 @@ its thread) and the receiving device just before the consumer task (the arrival 
 on its processor). Synchronized batch norm: a batch-norm op whose config splits samples,
 height or width gets an exchange task after its forward and after its backward task on every
 device (`CostModel.norm_exchange`), which waits for every task holding the same channels;
-the op's consumers and gradient transfers wait for it.
+the op's consumers and gradient transfers wait for it. Expert parallelism: a moe op whose
+config spreads its experts gets the same exchange tasks for its all-to-alls (dispatch and
+combine, `CostModel.expert_exchange`), each waiting for its expert-parallel group's join (a
+collective waits for its slowest member), less what `CostOptions.ep_overlap` hides under the
+task's own compute (`planner.costs.overlap.exposed_seconds`). They occupy the devices, not
+the links: all-to-all traffic does not contend with transfers on the simulated links. Its
+gradient sync runs per parameter class (`CostModel.param_groups`: the router and shared
+expert over every task, the routed experts over each expert rank's tasks).
 
 A task that waits for a whole group (a batch-norm exchange for its group's tasks, a ring
 all-reduce for every replica's backward, an update for every ring transfer) waits for one
@@ -162,7 +169,7 @@ class Simulator:
         self.owned[i] = made
         if cfg is None:  # absent from a partial strategy
             return made
-        fwd, bwd, groups, exchange = self._op_costs(i, cfg)
+        fwd, bwd, groups, exchange = self._op_costs(i, cfg)[:4]
         back = self.n - 1 - i
         devs = list(cfg.devices)
         k = len(devs)
@@ -181,6 +188,10 @@ class Simulator:
         self._ends[(FWD, i)], self._ends[(BWD, i)] = fs, bs
         if groups is not None and exchange is not None:
             made += self._build_exchanges(i, devs, fs, bs, groups, exchange)
+        a2a = self._op_costs(i, cfg)[4]
+        if a2a is not None:
+            labels = ("ep a2a", "ep grad a2a")
+            made += self._build_exchanges(i, devs, fs, bs, a2a[0], a2a[1], labels, a2a[2])
         return made
 
     def _build_exchanges(
@@ -191,14 +202,18 @@ class Simulator:
         bs: list[int],
         groups: list[list[int]],
         exchange: list[float],
+        labels: tuple[str, str] = ("bn stats", "bn grad stats"),
+        backward: list[float] | None = None,
     ) -> list[int]:
-        """Synchronized batch norm: after each forward and backward task, a statistics
+        """Synchronized batch norm (or expert parallelism's all-to-alls: `labels`, with the
+        `backward` exchange's own seconds): after each forward and backward task, an
         exchange that waits for its group's join of all its members; inputs still go to the
         compute tasks, outputs leave after the exchange."""
         tg, name, back, k = self.tasks, self._names[i], self.n - 1 - i, len(devs)
         made: list[int] = []
         distinct, group_of = _distinct(groups)
-        for phase, tasks, label in ((FWD, fs, "bn stats"), (BWD, bs, "bn grad stats")):
+        seconds = {FWD: exchange, BWD: exchange if backward is None else backward}
+        for phase, tasks, label in ((FWD, fs, labels[0]), (BWD, bs, labels[1])):
             joins = []
             for g, members in enumerate(distinct):
                 key = (
@@ -213,16 +228,16 @@ class Simulator:
                 else [pack(BWD, back, 0, _AFTER + t, 0, 0) for t in range(k)]
             )
             preds = [[joins[g]] for g in group_of]
-            ends = tg.add_many(keys, devs, exchange, [f"{label} {name} #"] * k, preds)
+            ends = tg.add_many(keys, devs, seconds[phase], [f"{label} {name} #"] * k, preds)
             made += joins + ends
             self._ends[(phase, i)] = ends
         return made
 
-    def _op_costs(
-        self, i: int, cfg: ParallelConfig
-    ) -> tuple[list[float], list[float], list[list[int]] | None, list[float] | None]:
-        """Task times, batch-norm groups and exchange times of op i under cfg (cached: delta
-        simulation rebuilds the same configs again and again)."""
+    def _op_costs(self, i: int, cfg: ParallelConfig) -> tuple:
+        """Task times, batch-norm groups and exchange times of op i under cfg, and its
+        expert-parallel all-to-alls (None, or per-task groups, forward and backward exposed
+        seconds: `_all_to_all`) (cached: delta simulation rebuilds the same configs again
+        and again)."""
         key = (i, cfg)
         found = self._cost_cache.get(key)
         if found is None:
@@ -234,11 +249,31 @@ class Simulator:
                 bwd.tolist(),
                 groups,
                 None if exchange is None else exchange.tolist(),
+                self._all_to_all(i, cfg, fwd, bwd),
             )
             if len(self._cost_cache) >= COST_CACHE:
                 self._cost_cache.clear()
             self._cost_cache[key] = found
         return found
+
+    def _all_to_all(
+        self, i: int, cfg: ParallelConfig, fwd: np.ndarray, bwd: np.ndarray
+    ) -> tuple[list[list[int]], list[float], list[float]] | None:
+        """Op i's expert-parallel all-to-alls under cfg: each task's expert-parallel group
+        (task indices), and the forward and backward seconds of its exchange task: the
+        all-to-alls' (`CostModel.expert_exchange`) less `ep_overlap` of them hidden under
+        the task's own compute of that pass. None when cfg spreads no experts."""
+        a2a = self.cm.expert_exchange(i, cfg)
+        if a2a is None:
+            return None
+        f = self.cm.options.ep_overlap
+        group_of = {t: members for members in cfg.expert_groups() for t in members}
+        groups = [group_of[t] for t in range(cfg.num_tasks)]
+        exposed = [
+            [exposed_seconds(float(x), float(c), f) for x, c in zip(a, comp, strict=True)]
+            for a, comp in ((a2a[0], fwd), (a2a[1], bwd))
+        ]
+        return groups, exposed[0], exposed[1]
 
     def _hops(self, a: int, b: int) -> list[tuple[int, float, float]]:
         """(resource, seconds per byte, latency) of each link on the route a -> b."""
@@ -523,14 +558,18 @@ class Simulator:
             self.sync_tasks[s] = []
             return []
         out = TaskBatch(self.tasks)
-        groups = self.cm.replica_groups(op, cfg)
-        shard = op.param_bytes / len(groups)
-        # The step reads and writes what the memory rule keeps (weights, gradients,
-        # optimizer state, master copy); with ZeRO each replica only its 1/r slice.
-        copies = self.cm.update_copies(op, len(groups[0]))
         where = {j: _positions(self.configs[j]) for j in members}
         update = f"update {op.name} shard "
-        for g, devs in enumerate(groups):
+        # per parameter class (one but for a moe op whose experts are spread), its shards
+        # numbered on from the class before's: g indexes class x shard
+        classes = []
+        for nbytes, array in self.cm.param_groups(op, cfg):
+            groups = array.tolist()
+            # The step reads and writes what the memory rule keeps (weights, gradients,
+            # optimizer state, master copy); with ZeRO each replica only its 1/r slice.
+            copies = self.cm.update_copies(op, len(groups[0]))
+            classes += [(devs, nbytes / len(groups), copies) for devs in groups]
+        for g, (devs, shard, copies) in enumerate(classes):
             ready = [
                 self._ends[(BWD, j)][t]
                 for j in members

@@ -1,0 +1,218 @@
+"""Expert parallelism's costs: a mixture of experts' compute, all-to-all, parameters by class.
+
+A `moe` op (`planner.graph.moe`) under a config with `ParallelConfig.expert` e > 1 spreads its
+E routed experts over every e consecutive token boxes (an expert-parallel, EP, group): member
+m holds experts [m E/e, (m+1) E/e) and runs them on the tokens of the whole group routed to
+them (Megatron-Core's alltoall token dispatcher; Lepikhin et al. 2021, GShard, Sec. 2.2).
+
+- **Compute.** The router and the shared expert run on the task's own tokens: their FLOPs /
+  tasks. The routed experts' FLOPs are tokens x k active experts (`moe_flops`); with e > 1 the
+  busiest rank of a group gets `capacity` (`CostOptions.expert_capacity`, >= 1) times the
+  mean share of them: the capacity factor of Fedus et al. 2021 (Switch Transformers, Sec. 2.2:
+  expert capacity = tokens per batch / experts x capacity factor) and Megatron-Core's
+  `--moe-expert-capacity-factor`. A collective waits for its slowest member, so the op's time
+  is that rank's. With e = 1 every task runs its own tokens through all experts: no
+  imbalance between devices.
+- **All-to-all** (`a2a_seconds`). Dispatch: each member sends each peer the copies of its
+  tokens routed to the peer's experts, on average tokens_m x k x h x bytes / e (tokens_m: the
+  member's tokens; each token goes to k experts, E/e of the E on each member); the busiest
+  receiver gets `capacity` times that from each peer. Combine returns the expert outputs the
+  same way (the busiest rank sends `capacity` times the mean). The backward pass runs the two
+  again, reversed (the gradients of the combine, then of the dispatch): 4 all-to-alls per
+  step. A member's messages leave through its egress one after another and arrive through
+  its ingress one after another (NCCL's all-to-all: one send and one receive per peer on one
+  GPU's links); an all-to-all lasts, for a member, the slower of the two, each message
+  priced by the device graph's pair costs (NVLink peers at NVLink, peers on other nodes at
+  the NIC's InfiniBand bandwidth, plus the message's fixed cost); the group waits for its
+  slowest member. Per member and direction that is tokens_m x k x h x bytes x (e - 1) / e.
+- **Parameters by class** (`param_classes`): the router (and its bias) and the shared
+  expert are replicated on every task of the op (their gradients synchronized over all of
+  them, as a data-parallel weight's); the routed experts are cut e ways: each expert's
+  weights, gradients and optimizer state live on one member of each EP group, replicated on
+  the tasks with the same expert rank (Megatron-Core's expert-data-parallel group, size
+  tasks / e), which synchronize their gradients and over which ZeRO shards their state.
+- **Activations.** What a mixture of experts keeps for the backward
+  (`planner.costs.activations`): the dispatched part (the k copies of each token, the experts'
+  outputs and hidden activations) lives on the expert's rank: the busiest keeps `capacity`
+  times the mean (`dispatched_share`).
+
+Not modelled: all-to-all traffic contending with other transfers on the same links (the
+simulator prices it as device-occupying exchange tasks), NVLink and InfiniBand messages of
+one member running at once (serialised here), dropped tokens (the runtime is dropless:
+`capacity` only prices the imbalance), DeepSeek-V3's node-limited routing (a token sent once
+per node, Sec. 2.1.2) and FP8 dispatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from planner.graph.moe import is_routed, moe_flops, moe_spec, tokens_of
+from planner.graph.opkinds import CHANNEL
+
+if TYPE_CHECKING:
+    from planner.costs.config import ParallelConfig
+    from planner.costs.rates import GemmFit
+    from planner.graph.moe import MoESpec
+    from planner.graph.opgraph import Op, Param
+
+__all__ = [
+    "a2a_bytes",
+    "a2a_seconds",
+    "dispatched_share",
+    "expert_gemm_seconds",
+    "expert_replicas",
+    "moe_task_flops",
+    "param_classes",
+    "spreads_experts",
+]
+
+PairCosts = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def spreads_experts(op: Op, cfg: ParallelConfig) -> bool:
+    """Whether `cfg` spreads op's routed experts over more than one task."""
+    return op.kind == "moe" and cfg.expert > 1
+
+
+def routed_flops(op: Op) -> float:
+    """Forward FLOPs of op's k active routed experts over all its tokens."""
+    spec = moe_spec(op)
+    return moe_flops(spec, op.output.size(CHANNEL), tokens_of(op.output.sizes)).experts
+
+
+def moe_task_flops(op: Op, cfg: ParallelConfig, capacity: float) -> float:
+    """Forward FLOPs of the busiest task of a moe op: router and shared expert / tasks, the
+    routed experts' / tasks times `capacity` when the experts are spread (module doc)."""
+    flops = op.flops / cfg.num_tasks
+    if not spreads_experts(op, cfg):
+        return flops
+    return flops + (capacity - 1.0) * routed_flops(op) / cfg.num_tasks
+
+
+def a2a_bytes(op: Op, cfg: ParallelConfig) -> float:
+    """Bytes one member of an EP group sends each peer in one all-to-all on average:
+    tokens_m x k x h x bytes / e (module doc)."""
+    spec = moe_spec(op)
+    tokens = tokens_of(op.output.sizes) / cfg.num_tasks
+    h = op.output.size(CHANNEL)
+    return tokens * spec.top_k * h * op.output.dtype_bytes / cfg.expert
+
+
+def expert_replicas(cfg: ParallelConfig) -> np.ndarray:
+    """(e, tasks / e) task indices: row m holds the tasks of expert rank m (each holds the
+    same experts: Megatron-Core's expert-data-parallel group), in task order."""
+    tasks = np.arange(cfg.num_tasks)
+    ranks = (tasks // cfg.reduce) % cfg.expert
+    return np.stack([tasks[ranks == m] for m in range(cfg.expert)])
+
+
+def a2a_seconds(
+    pair_costs: PairCosts, cfg: ParallelConfig, nbytes: float, capacity: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(dispatch, combine) seconds per task of one all-to-all each, every member sending each
+    peer `nbytes` on average and the busiest receiving (dispatch) or sending (combine)
+    `capacity` times that; a member's egress and ingress each serialise its messages, and
+    every member of a group waits for the group's slowest (module doc)."""
+    groups = np.asarray(cfg.expert_groups(), dtype=np.int64)  # (groups, e) task indices
+    devs = np.asarray(cfg.devices, dtype=np.int64)[groups]
+    e = devs.shape[1]
+    src = np.repeat(devs[:, :, None], e, axis=2)  # [g, m, p]: m sends to p
+    dst = np.repeat(devs[:, None, :], e, axis=1)
+    off = ~np.eye(e, dtype=bool)[None, :, :]
+    inv, msg = pair_costs(src, dst)
+    inv, msg = np.where(off, inv, 0.0), np.where(off, msg, 0.0)
+
+    def collective(sent: float, received: float) -> np.ndarray:
+        egress = (sent * inv + msg).sum(axis=2)  # [g, m]
+        ingress = (received * inv + msg).sum(axis=1)  # [g, p]: what p receives
+        slowest = np.maximum(egress, ingress).max(axis=1)  # [g]
+        out = np.zeros(cfg.num_tasks)
+        out[groups] = slowest[:, None]
+        return out
+
+    return collective(nbytes, capacity * nbytes), collective(capacity * nbytes, nbytes)
+
+
+def param_classes(op: Op, cfg: ParallelConfig) -> list[tuple[tuple[Param, ...], np.ndarray]]:
+    """A moe op's parameters by class when its experts are spread: (the router's and the
+    shared expert's, None: replicated like any weight), (the routed experts', their replica
+    tasks: `expert_replicas`). One class of all parameters otherwise (empty tasks array:
+    the op's own replica rule)."""
+    none = np.zeros((0, 0), dtype=np.int64)
+    if not spreads_experts(op, cfg):
+        return [(op.params, none)]
+    roles = moe_spec(op).roles
+    routed = tuple(p for p, r in zip(op.params, roles, strict=True) if is_routed(r))
+    dense = tuple(p for p, r in zip(op.params, roles, strict=True) if not is_routed(r))
+    return [(dense, none), (routed, expert_replicas(cfg))]
+
+
+def dispatched_share(op: Op) -> float:
+    """Of what a moe op keeps for its backward per byte of its output, the part that lives
+    where the tokens are dispatched: each token's k copies (h each), the experts' outputs
+    (h) and their hidden activations (3 f gated, 2 f otherwise), as
+    `planner.costs.activations` counts them."""
+    spec = moe_spec(op)
+    h = op.output.size(CHANNEL)
+    return spec.top_k * (2 * h + spec.matrices * spec.ffn) / h
+
+
+def expert_gemm_seconds(
+    op: Op, cfg: ParallelConfig, gemm: GemmFit, peak: float, capacity: float
+) -> tuple[float, float]:
+    """(forward, backward) seconds of one task of a moe op as its GEMMs at the shaped rates
+    (`planner.costs.rates.GemmFit`): the router (m x E, contracting h) and the shared
+    expert's as plain GEMMs on the task's m tokens; the routed experts as grouped GEMMs of
+    the task's E / e local experts, each on m_x = group tokens x k / E rows (times
+    `capacity` when spread): per gated expert three (w1 and w3: m_x x f contracting h; w2:
+    m_x x h contracting f), each backward twice (the input gradient, and the weight
+    gradient contracting the m_x rows). A grouped GEMM of b problems runs at the fraction
+    of one GEMM of b x m_x rows (GemmFit's convention for batched GEMMs); a weight gradient
+    at that of its b x f outputs and m_x-long contraction, with one launch per grouped
+    GEMM. Tile waste of uneven per-expert rows (Megatron-Core's padded grouped GEMM) is not
+    modelled."""
+    spec = moe_spec(op)
+    h, f, fs = op.output.size(CHANNEL), spec.ffn, spec.shared_ffn
+    m = tokens_of(op.output.sizes) / cfg.num_tasks
+    local = spec.experts // cfg.expert
+    rows = m * cfg.expert * spec.top_k / spec.experts
+    if cfg.expert > 1:
+        rows *= capacity
+    forward = backward = 0.0
+
+    def dense(n: float, k: float, count: int = 1) -> None:
+        nonlocal forward, backward
+        if n < 1 or m < 1:
+            return
+        forward += count * gemm.seconds(m, n, k, peak)
+        backward += count * (gemm.seconds(m, k, n, peak) + gemm.seconds(n, k, m, peak))
+
+    def grouped(n: float, k: float) -> float:
+        flops = 2.0 * local * rows * n * k
+        return gemm.launch + flops / (peak * gemm.fraction(local * rows, n, k))
+
+    def grouped_grad(n: float, k: float) -> float:  # dW: local problems of n x k over rows
+        flops = 2.0 * local * rows * n * k
+        return gemm.launch + flops / (peak * gemm.fraction(local * n, k, max(rows, 1.0)))
+
+    dense(spec.experts, h)
+    if fs:
+        dense(fs, h, spec.matrices - 1)
+        dense(h, fs)
+    if rows > 0:
+        for n, k in [(f, h)] * (spec.matrices - 1) + [(h, f)]:
+            forward += grouped(n, k)
+            backward += grouped(k, n) + grouped_grad(n, k)
+    extra = max(0.0, op.flops / cfg.num_tasks - _gemm_flops(spec, h, m))
+    return forward + extra / (peak * gemm.cap), backward + 2 * extra / (peak * gemm.cap)
+
+
+def _gemm_flops(spec: MoESpec, h: int, m: float) -> float:
+    """Forward FLOPs of the GEMMs `expert_gemm_seconds` prices, on m tokens at capacity 1."""
+    per_token = 2.0 * h * spec.experts + 2.0 * spec.matrices * h * spec.shared_ffn
+    per_token += spec.top_k * 2.0 * spec.matrices * h * spec.ffn
+    return m * per_token

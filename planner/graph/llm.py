@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -558,7 +559,7 @@ class MoeArgs:
 class MoeLayer(nn.Module):
     """Mixtral's sparse block as Mistral's reference writes it."""
 
-    def __init__(self, experts: list[nn.Module], gate: nn.Module, moe_args: MoeArgs) -> None:
+    def __init__(self, experts: Sequence[nn.Module], gate: nn.Module, moe_args: MoeArgs) -> None:
         super().__init__()
         self.experts = nn.ModuleList(experts)
         self.gate = gate

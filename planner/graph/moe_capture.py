@@ -44,7 +44,16 @@ from torch import nn
 from planner.graph.attention import _class_key, _NoKey, _plain, _tensor_shape
 from planner.graph.moe import MoESpec, moe_flops, moe_math, spec_of, tokens_of
 
-__all__ = ["MOE_VERIFY_NUMEL", "MoEFound", "declared_moe", "moe_found", "moe_of", "READS"]
+__all__ = [
+    "MOE_VERIFY_NUMEL",
+    "READS",
+    "MoEFound",
+    "declared_moe",
+    "moe_found",
+    "moe_of",
+    "refusal",
+    "unread_moe",
+]
 
 MOE_VERIFY_NUMEL = 2**24  # float64 stand-in parameters run to check a reading (128 MiB)
 REDUCED_FFN = 2  # the experts' hidden width of a large module's stand-in
@@ -92,7 +101,7 @@ class MoEFound:
 
     def flops(self, shape: Sequence[int]) -> float:
         """Forward FLOPs on an input of `shape` (..., h): `moe_flops(...).total`."""
-        return moe_flops(self.spec, self.hidden, tokens_of(shape)).total
+        return moe_flops(self.spec, int(shape[-1]), tokens_of(shape)).total
 
 
 def moe_of(m: nn.Module) -> dict[str, Any] | None:
@@ -112,6 +121,9 @@ def moe_found(m: nn.Module) -> MoEFound | None:
     hit = _SEEN.get(id(m))
     if hit is not None and hit[0] is m:
         return hit[1]
+    if not _may_be_moe(m):
+        _SEEN[id(m)] = (m, None)
+        return None
     key = tree_key(m)
     if key is not None and key in _BY_KEY:
         found = _BY_KEY[key]
@@ -138,34 +150,89 @@ def declared_moe(m: nn.Module) -> MoEFound | None:
     return MoEFound(attrs, hidden)
 
 
+def unread_moe(module: nn.Module) -> str | None:
+    """The qualified name of the first submodule of `module` that looks like a mixture of
+    experts (an int top-k attribute, E experts in a ModuleList or 3-D parameters) but is
+    neither recognised nor declared; None when there is none."""
+    for name, m in module.named_modules():
+        if moe_found(m) is not None or declared_moe(m) is not None:
+            continue
+        experts = any(isinstance(c, nn.ModuleList) for c in m.children()) or any(
+            p.dim() == 3 for p in m.parameters(recurse=False)
+        )
+        if experts and _attribute(m, TOP_K_NAMES, int) is not None:
+            return name or type(m).__name__
+    return None
+
+
+def refusal(where: str) -> str:
+    """The one-line refusal of a mixture of experts written in a form not read."""
+    return (
+        f"{where} looks like a mixture of experts that layerwise cannot read: the recogniser "
+        f"reads {READS}, and checks the reading against planner.graph.moe.moe_math; write the "
+        'block in that form, or declare it: a class attribute layerwise_kind = "moe" and a '
+        "layerwise_attrs() method giving the moe op's attrs (planner.graph.moe)"
+    )
+
+
+def _may_be_moe(m: nn.Module) -> bool:
+    """A quick look before the structure key: E >= 2 alike experts of 2 or 3 matrices in a
+    child ModuleList, or 3-D parameters on the module or a child (a model's 80 layers, or a
+    MoE's 256 experts, are refused here without a key)."""
+    if type(m).__module__.startswith("torch.nn."):
+        return False
+    for child in m.children():
+        if isinstance(child, nn.ModuleList) and len(child) >= 2:
+            first = list(child[0].parameters())
+            if len(first) in (2, 3) and all(p.dim() == 2 for p in first):
+                return True
+    owners = [m, *m.children()]
+    return any(p.dim() == 3 for o in owners for p in o.parameters(recurse=False))
+
+
 # -- structure keys -----------------------------------------------------------------------------
 
 
 def tree_key(m: nn.Module) -> Hashable | None:
     """What running `m` depends on, over its whole module tree (`attention.module_key` is per
-    leaf module): every submodule's classes, parameter names and shapes, and plain attributes
-    (a dataclass config by its fields). None when a submodule holds a buffer, a hook, or an
-    object attribute that is not plain."""
+    leaf module): every submodule's classes, parameter names and shapes, and public plain
+    attributes (a dataclass config by its fields). None when a submodule holds a buffer, a
+    hook, or a public attribute that is not plain."""
+    from torch.nn.modules import module as torch_module
+
+    if any(getattr(torch_module, "_global" + h) for h in _HOOKS[:4]):
+        return None
+    classes: dict[type, Hashable] = {}
     try:
         parts = []
         for name, sub in m.named_modules():
-            if sub._buffers:
+            if sub._buffers or any(getattr(sub, h) for h in _HOOKS):
                 return None
-            state = vars(sub)
+            cls = type(sub)
+            if cls not in classes:
+                classes[cls] = _class_key(cls)
             params = tuple(
                 (n, None if p is None else _tensor_shape(p)) for n, p in sub._parameters.items()
             )
             plain = tuple(
-                (k, _config_plain(v))
-                for k, v in sorted(state.items())
-                if k not in ("_parameters", "_buffers", "_modules")
+                (k, _config_plain(v)) for k, v in vars(sub).items() if not k.startswith("_")
             )
-            parts.append((name, _class_key(type(sub)), params, plain))
+            parts.append((name, classes[cls], params, plain))
         key = tuple(parts)
         hash(key)
     except (_NoKey, TypeError):
         return None
     return key
+
+
+_HOOKS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_pre_hooks_with_kwargs",
+)
 
 
 def _config_plain(v: Any) -> Hashable:
@@ -194,7 +261,7 @@ class _Reading:
 def _recognise(m: nn.Module) -> MoEFound | None:
     if type(m).__module__.startswith("torch.nn.") or m._buffers:
         return None
-    params = list(m.named_parameters())
+    params: list[tuple[str, torch.Tensor]] = list(m.named_parameters())
     if len(params) < 3 or any(b is not None for _, b in m.named_buffers()):
         return None
     readings = list(_readings(m, params))
@@ -435,6 +502,22 @@ def _verify(
     if full > MOE_VERIFY_NUMEL and reduced > MOE_VERIFY_NUMEL:
         return _unchecked(m, reading, top_k, f"{full:,} parameters")
     shrink = full > MOE_VERIFY_NUMEL
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: on a busy 2-core machine 2 threads took 1000x longer
+    try:
+        return _run_readings(m, params, readings, top_k, shrink)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_readings(
+    m: nn.Module,
+    params: list[tuple[str, torch.Tensor]],
+    readings: list[_Reading],
+    top_k: int | None,
+    shrink: bool,
+) -> MoEFound | None:
+    reading = readings[0]
     g = torch.Generator().manual_seed(0)
     x = torch.randn(*TOKENS, reading.hidden, generator=g, dtype=torch.float64)
     for r in readings:

@@ -691,6 +691,9 @@ class _Builder:
             if not isinstance(value, torch.Tensor):
                 return _Ref("none")
             return _Ref("param", params=((str(node.target), value),))
+        logits = [r for a in _node_args(node) if (r := self.refs.get(a)) and r.kind == "logits"]
+        if logits:
+            raise self._logits_read(node, logits[0])
         folded = self._fold(node)
         if folded is not None:
             if self.flops.get(node, 0):

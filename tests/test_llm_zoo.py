@@ -284,3 +284,93 @@ def test_a_bf16_model_is_captured_with_two_byte_tensors(name: str) -> None:
     assert {p.dtype_bytes for op in graph.ops for p in op.params} == {2}
     with pytest.raises(LayerwiseError, match="dtype must be one of float32, bfloat16, float16"):
         build_llm(name, dtype="fp8", **TINY[name])
+
+
+# -- mixtures of experts ------------------------------------------------------------------------
+
+MOE_PUBLISHED = {  # HF config.json shapes; mistral.ai: 46.7B, Qwen's card: 14.3B
+    "mixtral-8x7b": 46_702_792_704,
+    "qwen-moe-like": 14_315_784_192,
+}
+MOE_TINY: dict[str, dict[str, Any]] = {
+    "mixtral-8x7b": dict(n_experts=4, top_k=2, moe_hidden=48),
+    "deepseek-v3-like": dict(
+        n_experts=8, top_k=2, moe_hidden=16, n_groups=4, topk_groups=2, first_dense=1,
+        hidden_dim=96,
+    ),
+    "qwen-moe-like": dict(n_experts=6, top_k=2, moe_hidden=16, shared_hidden=32),
+}  # fmt: skip
+
+
+def moe_tiny(name: str) -> tuple[nn.Module, torch.Tensor]:
+    model, (tokens,) = build_llm(
+        name, device="cpu", batch=2, seq=16, **{**TINY["llama2-7b"], **MOE_TINY[name]}
+    )
+    return model.double(), tokens
+
+
+@pytest.mark.parametrize("name", MOE_PUBLISHED)
+def test_the_moe_parameter_counts(name: str) -> None:
+    model, _ = build_llm(name)
+    assert next(model.parameters()).device.type == "meta"
+    assert n_params(model) == MOE_PUBLISHED[name]
+    assert round(n_params(model) / 1e8) / 10 == {"mixtral-8x7b": 46.7, "qwen-moe-like": 14.3}[name]
+
+
+def test_mixtral_activates_12_9b_parameters_per_token() -> None:
+    model, _ = build_llm("mixtral-8x7b")
+    c = model.config
+    idle = c.n_layers * (c.n_experts - c.top_k) * 3 * c.dim * c.moe_hidden
+    assert n_params(model) - idle == 12_879_925_248  # mistral.ai: 12.9B active
+
+
+def test_deepseek_v3_likes_moe_part_is_the_published_architectures() -> None:
+    """58 MoE layers of 256 routed + 1 shared expert (3 x 7168 x 2048 each), the router
+    (256 x 7168) and its selection bias (256, a parameter as in DeepSeek's code); the rest:
+    untied embeddings, 3 dense SwiGLU layers of 18432, and (instead of MLA) 61 layers of
+    multi-head attention of 4 x 7168^2 with 2 RMSNorms."""
+    model, _ = build_llm("deepseek-v3-like")
+    moe = sum(
+        p.numel() for n, p in model.named_parameters() if ".feed_forward." in n
+        and int(n.split(".")[1]) >= 3
+    )  # fmt: skip
+    assert moe == 58 * (257 * 3 * 7168 * 2048 + 256 * 7168 + 256) == 656_569_547_264
+    d = 7168
+    rest = 2 * 129280 * d + d + 61 * (4 * d * d + 2 * d) + 3 * 3 * d * 18432
+    assert n_params(model) == moe + rest
+
+
+@pytest.mark.parametrize("name", MOE_TINY)
+def test_tiny_moes_train_and_every_expert_weight_gets_a_gradient(name: str) -> None:
+    torch.manual_seed(0)
+    model, tokens = moe_tiny(name)
+    targets = torch.roll(tokens, -1, dims=1)
+    logits, loss = model(tokens, targets)
+    assert logits.shape == (2, 16, 97) and logits.dtype == torch.float64
+    loss.backward()
+    for key, p in model.named_parameters():
+        if key.endswith("gate.bias"):  # DeepSeek's selection bias: chooses, never weighs
+            assert p.grad is None
+            continue
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, key
+
+
+def test_the_moe_models_are_plain_pytorch() -> None:
+    for name in MOE_TINY:
+        model, _ = moe_tiny(name)
+        assert not any(hasattr(m, "layerwise_kind") for m in model.modules())
+        assert {type(m).__module__.split(".")[0] for m in model.modules()} == {"planner", "torch"}
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (dict(top_k=9), "top_k 9 is more than the 8 experts"),
+        (dict(n_groups=3), "n_groups 3 must divide n_experts 8"),
+        (dict(moe="switch"), "moe must be one of mixtral, deepseek, qwen"),
+        (dict(first_dense=33), "first_dense must be between 0 and n_layers 32"),
+    ],
+)
+def test_bad_moe_sizes_raise_a_layerwise_error(override: dict[str, Any], message: str) -> None:
+    with pytest.raises(LayerwiseError, match=message):
+        build_llm("mixtral-8x7b", **override)

@@ -47,6 +47,9 @@ def test_list_models_names_the_zoo() -> None:
         "llama2-13b",
         "llama2-70b",
         "llama3-8b",
+        "mixtral-8x7b",
+        "deepseek-v3-like",
+        "qwen-moe-like",
     ]
     for name, info in MODELS.items():
         assert info.name == name and info.description and "batch" in info.defaults

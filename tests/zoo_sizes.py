@@ -6,7 +6,8 @@ from typing import Any
 
 GPT2S = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 LLAMAS = ("llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b")
-LLMS = GPT2S + LLAMAS
+MOES = ("mixtral-8x7b", "deepseek-v3-like", "qwen-moe-like")
+LLMS = GPT2S + LLAMAS + MOES
 
 GPT2_SMALL: dict[str, Any] = {
     "seq": 16,
@@ -27,6 +28,20 @@ LLAMA_SMALL: dict[str, Any] = {
     "multiple_of": 32,
 }
 
+# The mixtures of experts at Llama's small size: 4 experts of 32 (DeepSeek: 2 groups and no
+# dense layer, so that its blocks are alike as the pipeline search needs; Qwen: a shared
+# expert of 48).
+MOE_SMALL: dict[str, dict[str, Any]] = {
+    "mixtral-8x7b": {**LLAMA_SMALL, "n_experts": 4, "top_k": 2, "moe_hidden": 32},
+    "deepseek-v3-like": {
+        **LLAMA_SMALL, "n_experts": 4, "top_k": 2, "moe_hidden": 32, "n_groups": 2,
+        "topk_groups": 1, "first_dense": 0,
+    },
+    "qwen-moe-like": {
+        **LLAMA_SMALL, "n_experts": 4, "top_k": 2, "moe_hidden": 32, "shared_hidden": 48,
+    },
+}  # fmt: skip
+
 # Small sizes for the recurrent models and the transformers.
 SMALL: dict[str, dict[str, Any]] = {
     "rnntc": {"steps": 5, "hidden": 32, "vocab": 100},
@@ -35,4 +50,5 @@ SMALL: dict[str, dict[str, Any]] = {
     "transformer": {"seq": 16, "width": 32, "layers": 2, "heads": 4, "vocab": 100},
     **{name: GPT2_SMALL for name in GPT2S},
     **{name: LLAMA_SMALL for name in LLAMAS},
+    **MOE_SMALL,
 }

@@ -22,6 +22,12 @@ channel), 2D (sample, channel); integer token tensors (sample, length) or (sampl
 
 A module may declare its own op kind: a class attribute `layerwise_kind = "attention"` makes
 it a leaf mapped to that kind, with attrs from its `layerwise_attrs()` method if it has one.
+
+Mixtures of experts (docs/moe.md, "Capture"): a module `planner.graph.moe_capture.moe_of`
+recognises, or one declaring `layerwise_kind = "moe"`, is a leaf never run on meta (its
+reference forms cannot: `torch.where(mask)`, `bincount().tolist()`): its output is its input's
+shape (with (tokens, E) router logits when it returns them, which nothing may read) and its
+FLOPs are `planner.graph.moe.moe_flops` (the k active experts), not FlopCounterMode's.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from planner.deadline import Deadline, OutOfTime
 from planner.errors import GraphError
 from planner.graph.attention import evaluate_constant, find_regions, module_key
+from planner.graph.moe_capture import MoEFound, declared_moe, moe_found, moe_of, refusal, unread_moe
 from planner.graph.opgraph import Op, OpGraph, Param, Tensor
 from planner.graph.opkinds import CHANNEL, HEIGHT, LENGTH, SAMPLE, WIDTH
 
@@ -224,11 +231,15 @@ class _Tracer(MetaTracer):
     on meta copies of its parameters (the module may hold real ones)."""
 
     def __init__(
-        self, leaf_modules: tuple[type[nn.Module], ...], norms: dict[int, Any] | None = None
+        self,
+        leaf_modules: tuple[type[nn.Module], ...],
+        norms: dict[int, Any] | None = None,
+        moes: dict[int, MoEFound] | None = None,
     ) -> None:
         super().__init__()
         self.leaf_modules = leaf_modules
         self.norms = norms or {}  # id(module) -> norm attrs (found before tracing: `norm_of`)
+        self.moes = moes or {}  # id(module) -> a mixture of experts (`_moe_leaves`)
         self.proxy_buffer_attributes = True  # buffers (masks, rotary tables) as get_attr
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -253,6 +264,13 @@ class _Tracer(MetaTracer):
                     proxy.install_tensor_meta(_to_meta(meta))  # a parameter read directly
                 return proxy
             mod = self.root.get_submodule(target)
+            found = self.moes.get(id(mod))
+            if found is not None:  # never run on meta (module docstring)
+                leaf = fx.Tracer.create_proxy(self, kind, target, args, kwargs, *rest, **kw)
+                x = getattr(args[0], "_tensor_meta", None) if args else None
+                if isinstance(leaf, MetaProxy) and isinstance(x, torch.Tensor):
+                    leaf.install_tensor_meta(found.output(_to_meta(x)))
+                return leaf
             state = {
                 k: _to_meta(v)
                 for k, v in itertools.chain(
@@ -409,16 +427,56 @@ def _trace(
     }
     try:
         # norms are recognised by running them, which cannot happen while fx traces
+        moes = _moe_leaves(module, leaf_modules)
         norms = {
-            id(m): norm_of(m) or linear_of(m)
-            for m in module.modules()
+            id(m): norm_of(m) or linear_of(m) or moe_of(m)
+            for m in _traced_modules(module, moes)
             if not isinstance(m, leaf_modules)
         }
-        tracer = _Tracer(leaf_modules, norms)
+        tracer = _Tracer(leaf_modules, norms, moes)
         graph = tracer.trace(module, meta, concrete_args=concrete or None)
     except Exception as exc:  # fx raises many kinds: TraceError, TypeError, NotImplementedError
+        unread = unread_moe(module)
+        if unread is not None:
+            raise GraphError(
+                f"torch.fx could not trace {name!r} ({type(exc).__name__}); "
+                + refusal(f"module {unread!r}")
+            ) from exc
         raise GraphError(f"torch.fx could not trace {name!r}: {type(exc).__name__}: {exc}") from exc
-    return fx.GraphModule(module, graph)
+    gm = fx.GraphModule(module, graph)
+    gm.meta["moe"] = {
+        str(n.target): moes[id(gm.get_submodule(str(n.target)))]
+        for n in graph.nodes
+        if n.op == "call_module" and id(gm.get_submodule(str(n.target))) in moes
+    }
+    return gm
+
+
+def _traced_modules(module: nn.Module, moes: dict[int, MoEFound]) -> Iterator[nn.Module]:
+    """module's submodules but those inside a mixture of experts (a leaf: never traced)."""
+    inside = None  # named_modules is depth first: a leaf's submodules follow it
+    for name, m in module.named_modules():
+        if inside is not None and name.startswith(inside):
+            continue
+        if id(m) in moes:
+            inside = f"{name}." if name else ""
+        yield m
+
+
+def _moe_leaves(
+    module: nn.Module, leaf_modules: tuple[type[nn.Module], ...]
+) -> dict[int, MoEFound]:
+    """The mixtures of experts among module's submodules, recognised or declared, by id."""
+    out: dict[int, MoEFound] = {}
+    inside = None
+    for name, m in module.named_modules():
+        if inside is not None and name.startswith(inside) or isinstance(m, leaf_modules):
+            continue
+        found = declared_moe(m) or moe_found(m)
+        if found is not None:
+            out[id(m)] = found
+            inside = f"{name}." if name else ""
+    return out
 
 
 TRACE_DTYPE = torch.float64
@@ -467,10 +525,18 @@ class _Recorder(fx.Interpreter):
         self.deadline = deadline
         self.values: dict[fx.Node, Any] = {}
         self.flops: dict[fx.Node, int] = {}
+        self.moes: dict[str, MoEFound] = gm.meta.get("moe", {})
 
     def run_node(self, n: fx.Node) -> Any:
         if self.deadline is not None:
             self.deadline.check()
+        found = self.moes.get(str(n.target)) if n.op == "call_module" else None
+        if found is not None:  # output meta and analytic FLOPs (module docstring)
+            args, _ = self.fetch_args_kwargs_from_env(n)
+            out = found.output(args[0])
+            self.flops[n] = int(found.flops(args[0].shape))
+            self.values[n] = out
+            return out
         before = self.counter.get_total_flops()
         out = super().run_node(n)
         self.flops[n] = self.counter.get_total_flops() - before
@@ -512,10 +578,11 @@ def _run_on_meta(
     except (GraphError, OutOfTime):
         raise
     except Exception as exc:
-        raise GraphError(
-            f"running {name!r} on meta tensors failed: {type(exc).__name__}: "
-            + (str(exc).splitlines() or [""])[0]
-        ) from exc
+        failure = f"running {name!r} on meta tensors failed: {type(exc).__name__}"
+        topk = _topk_node(gm)
+        if topk is not None:
+            raise GraphError(f"{failure}; " + refusal(_where(topk))) from exc
+        raise GraphError(f"{failure}: " + (str(exc).splitlines() or [""])[0]) from exc
     finally:
         for m, flag in training.items():
             m.training = flag
@@ -530,7 +597,7 @@ class _Ref:
     """What an fx node stands for: an op's output, an LSTM cell state, a slice of an input op,
     a parameter (get_attr), or nothing (ints, sizes)."""
 
-    kind: str  # "op" | "state" | "select" | "param" | "none" | "const" | "split"
+    kind: str  # "op" | "state" | "select" | "param" | "none" | "const" | "split" | "logits"
     op: str = ""
     select: tuple[str, int] | None = None
     params: tuple[tuple[str, torch.Tensor], ...] = ()
@@ -624,6 +691,9 @@ class _Builder:
             if not isinstance(value, torch.Tensor):
                 return _Ref("none")
             return _Ref("param", params=((str(node.target), value),))
+        logits = [r for a in _node_args(node) if (r := self.refs.get(a)) and r.kind == "logits"]
+        if logits:
+            raise self._logits_read(node, logits[0])
         folded = self._fold(node)
         if folded is not None:
             if self.flops.get(node, 0):
@@ -734,6 +804,8 @@ class _Builder:
         and its reference apply it to the model's output)."""
         for arg in _node_args(output):
             ref = self.refs.get(arg)
+            if ref is not None and ref.kind == "logits":
+                raise self._logits_read(output, ref)
             if ref is None or ref.kind != "op":
                 continue
             op = self._op(ref.op)
@@ -825,6 +897,8 @@ class _Builder:
         if isinstance(src_value, tuple | list):
             if ref.kind == "op" and self._op(ref.op).kind == "lstm" and index in (0, 1):
                 return ref if index == 0 else _Ref("state", ref.op)
+            if ref.kind == "op" and self._op(ref.op).kind == "moe" and index in (0, 1):
+                return ref if index == 0 else _Ref("logits", ref.op)  # refused when read
             if not any(isinstance(v, torch.Tensor) for v in src_value):
                 return _Ref("none")
             raise GraphError(
@@ -868,6 +942,9 @@ class _Builder:
             attrs_fn = getattr(m, "layerwise_attrs", None)
             self.declared.append((node, m))
             return str(declared), dict(attrs_fn()) if callable(attrs_fn) else {}
+        moe = moe_found(m)
+        if moe is not None:
+            return "moe", dict(moe.attrs)
         found = None if isinstance(m, nn.LayerNorm | nn.BatchNorm2d) else norm_of(m)
         if found is not None:
             return "norm", dict(found)
@@ -1013,7 +1090,8 @@ class _Builder:
         """Node as an op of `kind`; `args` replaces the fx nodes it reads (an attention
         region's q, k, v; a slice's source), `flops` its counted FLOPs."""
         value = self.values[node]
-        out_value = value[0] if kind == "lstm" and isinstance(value, tuple | list) else value
+        tuple_out = kind in ("lstm", "moe") and isinstance(value, tuple | list)
+        out_value = value[0] if tuple_out else value  # (h, c); (out, router logits)
         output = self._tensor(node, out_value)
         reads = _node_args(node) if args is None else args
         inputs, params = self._inputs(node, kind, attrs, reads)
@@ -1055,6 +1133,8 @@ class _Builder:
                     "computed without the inputs (from shapes or buffers); layerwise reads "
                     "such tensors only as attention masks and position indices"
                 )
+            if ref.kind == "logits":
+                raise self._logits_read(node, ref)
             if ref.kind == "split":
                 raise GraphError(
                     f"fx node {node.name!r} ({_target(node)}) reads the pieces of "
@@ -1194,7 +1274,16 @@ class _Builder:
     def _op(self, name: str) -> Op:
         return self.by_name[name]
 
+    def _logits_read(self, node: fx.Node, ref: _Ref) -> GraphError:
+        return GraphError(
+            f"fx node {node.name!r} ({_target(node)}) reads the router logits of the mixture "
+            f"of experts {ref.op!r}; layerwise computes no auxiliary (load-balancing) loss: "
+            "leave the logits unread (the runtime routes without one)"
+        )
+
     def _unmappable(self, node: fx.Node) -> GraphError:
+        if _is_topk(node):
+            return GraphError(refusal(_where(node)))
         return GraphError(
             f"cannot map fx node {node.name!r} ({_target(node)}) to a layerwise op kind; "
             "supported modules: Conv2d, Linear, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, "
@@ -1202,6 +1291,25 @@ class _Builder:
             "Softmax, Flatten, Identity and modules with a `layerwise_kind`; functions: "
             "pointwise math, torch.cat, torch.flatten, softmax, pooling"
         )
+
+
+def _is_topk(node: fx.Node) -> bool:
+    if node.op == "call_function":
+        return node.target is torch.topk
+    return node.op == "call_method" and node.target == "topk"
+
+
+def _topk_node(gm: fx.GraphModule) -> fx.Node | None:
+    """The first top-k in the graph: a router's, in a mixture of experts not read."""
+    return next((n for n in gm.graph.nodes if _is_topk(n)), None)
+
+
+def _where(node: fx.Node) -> str:
+    """'fx node N (target) in module M' for a refusal."""
+    stack = node.meta.get("nn_module_stack") or OrderedDict()
+    module = list(stack.values())[-1][0] if stack else ""
+    inside = f" in module {module!r}" if module else ""
+    return f"fx node {node.name!r} ({_target(node)}){inside}"
 
 
 def _constants(gm: fx.GraphModule, values: dict[fx.Node, Any]) -> set[fx.Node]:

@@ -8,6 +8,8 @@
 - `Llama` follows Meta's reference llama/model.py (RMSNorm, SwiGLU feed-forward and its
   hidden-size rule, grouped-query attention, no biases) with the rotary embedding in Hugging
   Face's real-valued form (modeling_llama.py: `rotate_half`, cached cos/sin tables).
+- `MoETransformer` is that Llama with mixture-of-experts feed-forwards written as Mixtral's,
+  DeepSeek-V3's and Qwen1.5-MoE's reference code writes them (`MoEConfig`).
 
 Plain PyTorch: nothing here is written for the planner (no leaf modules, no op kinds), and the
 models are not in `zoo.MODELS`. `LLM_SIZES` holds the published sizes; `build_llm` builds one
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +36,8 @@ __all__ = [
     "GPT2Model",
     "Llama",
     "LlamaConfig",
+    "MoEConfig",
+    "MoETransformer",
     "RMSNorm",
     "DTYPES",
     "build_llm",
@@ -373,9 +378,10 @@ class LlamaAttention(nn.Module):
         self.n_rep = self.n_heads // self.n_kv_heads
         self.head_dim = config.dim // config.n_heads
         self.attention = config.attention
-        self.wq = nn.Linear(config.dim, self.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=False)
+        bias = bool(getattr(config, "qkv_bias", False))  # Qwen's q, k, v have biases
+        self.wq = nn.Linear(config.dim, self.n_heads * self.head_dim, bias=bias)
+        self.wk = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=bias)
+        self.wv = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=bias)
         self.wo = nn.Linear(self.n_heads * self.head_dim, config.dim, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -421,15 +427,22 @@ def _norm(config: LlamaConfig) -> nn.Module:
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, feed_forward: nn.Module | None = None) -> None:
         super().__init__()
         self.attention = LlamaAttention(config)
-        self.feed_forward = FeedForward(config.dim, config.ffn_hidden, config.mlp)
+        if feed_forward is None:
+            feed_forward = FeedForward(config.dim, config.ffn_hidden, config.mlp)
+        self.feed_forward = feed_forward
         self.attention_norm = _norm(config)
         self.ffn_norm = _norm(config)
+        # Hugging Face's sparse MoE blocks return (hidden states, router logits)
+        self.router_logits = isinstance(feed_forward, Qwen2MoeSparseMoeBlock)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)
+        if self.router_logits:
+            out, _router_logits = self.feed_forward(self.ffn_norm(h))  # no auxiliary loss
+            return h + out
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -445,11 +458,15 @@ class Llama(nn.Module):
         self.rotary_emb = RotaryEmbedding(
             config.dim // config.n_heads, config.max_seq_len, config.rope_theta
         )
-        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
+        self.layers = nn.ModuleList(self.block(config, i) for i in range(config.n_layers))
         self.norm = _norm(config)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
+
+    def block(self, config: LlamaConfig, layer_id: int) -> nn.Module:
+        """Layer `layer_id`: attention and a dense feed-forward."""
+        return TransformerBlock(config)
 
     def forward(
         self, tokens: torch.Tensor, targets: torch.Tensor | None = None
@@ -468,9 +485,257 @@ class Llama(nn.Module):
         return logits, loss
 
 
+# -- mixtures of experts (Mixtral, DeepSeek-V3, Qwen-MoE) ---------------------------------------
+
+MOE_STYLES = ("mixtral", "deepseek", "qwen")
+SCORE_FUNCS = ("softmax", "sigmoid")
+
+
+@dataclass(frozen=True)
+class MoEConfig(LlamaConfig):
+    """A Llama-style decoder whose feed-forward is a mixture of experts (defaults: Mixtral
+    8x7B's MoE sizes), written as its authors' reference code writes the block (`moe`):
+
+    - "mixtral": Mistral's reference `MoeLayer` (mistral-src moe.py): a gate linear, top-k of
+      the logits, softmax over the k, a loop over the experts with `torch.where`.
+    - "deepseek": DeepSeek-V3's reference `Gate` and `MoE` (DeepSeek-V3 inference/model.py):
+      sigmoid (or softmax) scores, a selection bias, group-limited routing (`n_groups`,
+      `topk_groups`, groups ranked by their two best biased scores), the chosen scores
+      normalised and scaled by `route_scale`, `bincount` then `torch.where` per expert, plus
+      `n_shared` shared experts as one MLP of width n_shared x moe_hidden.
+    - "qwen": Hugging Face's Qwen2MoeSparseMoeBlock (Qwen1.5-MoE): softmax over E, top-k,
+      normalised when `norm_topk`, a shared expert of width `shared_hidden` with a sigmoid gate
+      (h -> 1); it returns (hidden states, router logits).
+
+    Layers below `first_dense` keep a dense feed-forward of width `ffn_hidden` (DeepSeek-V3's
+    first 3 layers). `qkv_bias`: biases on q, k and v (Qwen). The gate weights are computed in
+    the input's dtype (the references take the softmax in float32), so that a float64 model
+    computes exactly what the `moe` op's kernel does."""
+
+    moe: str = "mixtral"
+    n_experts: int = 8
+    top_k: int = 2
+    moe_hidden: int = 14336
+    n_shared: int = 0
+    shared_hidden: int = 0
+    score_func: str = "softmax"
+    norm_topk: bool = True
+    route_scale: float = 1.0
+    n_groups: int = 1
+    topk_groups: int = 1
+    first_dense: int = 0
+    qkv_bias: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_sizes(self, ("n_experts", "top_k", "moe_hidden", "n_groups", "topk_groups"))
+        _check_choice("moe", self.moe, MOE_STYLES)
+        _check_choice("score_func", self.score_func, SCORE_FUNCS)
+        if self.top_k > self.n_experts:
+            raise LayerwiseError(
+                f"top_k {self.top_k} is more than the {self.n_experts} experts: choose top_k "
+                "<= n_experts"
+            )
+        if self.n_experts % self.n_groups or self.topk_groups > self.n_groups:
+            raise LayerwiseError(
+                f"n_groups {self.n_groups} must divide n_experts {self.n_experts} and "
+                f"topk_groups {self.topk_groups} be at most n_groups"
+            )
+        if not 0 <= self.first_dense <= self.n_layers:
+            raise LayerwiseError(
+                f"first_dense must be between 0 and n_layers {self.n_layers}, got "
+                f"{given(self.first_dense)}"
+            )
+
+
+@dataclass(frozen=True)
+class MoeArgs:
+    """Mistral's MoE arguments (mistral-src moe.py)."""
+
+    num_experts: int
+    num_experts_per_tok: int
+
+
+class MoeLayer(nn.Module):
+    """Mixtral's sparse block as Mistral's reference writes it."""
+
+    def __init__(self, experts: Sequence[nn.Module], gate: nn.Module, moe_args: MoeArgs) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(experts)
+        self.gate = gate
+        self.args = moe_args
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        inputs_squashed = inputs.view(-1, inputs.shape[-1])
+        gate_logits = self.gate(inputs_squashed)
+        weights, selected_experts = torch.topk(gate_logits, self.args.num_experts_per_tok)
+        weights = F.softmax(weights, dim=1).type_as(inputs)  # reference: dtype=torch.float
+        results = torch.zeros_like(inputs_squashed)
+        for i, expert in enumerate(self.experts):
+            batch_idx, nth_expert = torch.where(selected_experts == i)
+            results[batch_idx] += weights[batch_idx, nth_expert, None] * expert(
+                inputs_squashed[batch_idx]
+            )
+        return results.view_as(inputs)
+
+
+class Gate(nn.Module):
+    """DeepSeek-V3's router (inference/model.py `Gate`). Its selection bias (the report's
+    auxiliary-loss-free balancing bias, Sec. 2.1.2) is a parameter as in DeepSeek's code
+    (`self.bias = nn.Parameter(...)`); it only shifts which experts are chosen, so no gradient
+    reaches it (the report adjusts it by a fixed step per batch, outside the optimizer)."""
+
+    def __init__(self, config: MoEConfig) -> None:
+        super().__init__()
+        self.dim = config.dim
+        self.topk = config.top_k
+        self.n_groups = config.n_groups
+        self.topk_groups = config.topk_groups
+        self.score_func = config.score_func
+        self.route_scale = config.route_scale
+        self.weight = nn.Parameter(torch.empty(config.n_experts, config.dim))
+        self.bias = nn.Parameter(torch.zeros(config.n_experts))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # as nn.Linear initialises
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = F.linear(x, self.weight)
+        # the reference's softmax is in float32 (dtype=torch.float32)
+        scores = scores.softmax(dim=-1) if self.score_func == "softmax" else scores.sigmoid()
+        original_scores = scores
+        scores = scores + self.bias
+        if self.n_groups > 1:
+            scores = scores.view(x.size(0), self.n_groups, -1)
+            group_scores = scores.topk(2, dim=-1)[0].sum(dim=-1)
+            indices = group_scores.topk(self.topk_groups, dim=-1)[1]
+            mask = scores.new_ones(x.size(0), self.n_groups, dtype=torch.bool)
+            mask = mask.scatter(1, indices, False)
+            scores = scores.masked_fill(mask.unsqueeze(-1), float("-inf")).flatten(1)
+        indices = torch.topk(scores, self.topk, dim=-1)[1]
+        weights = original_scores.gather(1, indices)
+        if self.score_func == "sigmoid":  # out of place (the reference divides in place)
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights * self.route_scale
+        return weights.type_as(x), indices
+
+
+class MoE(nn.Module):
+    """DeepSeek-V3's MoE block (inference/model.py `MoE`, on one process: all experts local)
+    with its shared experts as one MLP (`FeedForward`, DeepSeek's `MLP`)."""
+
+    def __init__(self, config: MoEConfig) -> None:
+        super().__init__()
+        self.dim = config.dim
+        self.n_routed_experts = config.n_experts
+        self.n_activated_experts = config.top_k
+        self.gate = Gate(config)
+        self.experts = nn.ModuleList(
+            FeedForward(config.dim, config.moe_hidden) for _ in range(config.n_experts)
+        )
+        self.shared_experts = FeedForward(config.dim, config.n_shared * config.moe_hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.size()
+        x = x.view(-1, self.dim)
+        weights, indices = self.gate(x)
+        y = torch.zeros_like(x)
+        counts = torch.bincount(indices.flatten(), minlength=self.n_routed_experts).tolist()
+        for i in range(self.n_routed_experts):
+            if counts[i] == 0:
+                continue
+            expert = self.experts[i]
+            idx, top = torch.where(indices == i)
+            y[idx] += expert(x[idx]) * weights[idx, top, None]
+        z = self.shared_experts(x)
+        return (y + z).view(shape)
+
+
+class Qwen2MoeMLP(nn.Module):
+    """Qwen-MoE's expert (Hugging Face modeling_qwen2_moe.py): a SwiGLU MLP."""
+
+    def __init__(self, dim: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(dim, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, dim, bias=False)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen2MoeSparseMoeBlock(nn.Module):
+    """Qwen1.5-MoE's sparse block as Hugging Face writes it (modeling_qwen2_moe.py)."""
+
+    def __init__(self, config: MoEConfig) -> None:
+        super().__init__()
+        self.num_experts = config.n_experts
+        self.top_k = config.top_k
+        self.norm_topk_prob = config.norm_topk
+        self.gate = nn.Linear(config.dim, config.n_experts, bias=False)
+        self.experts = nn.ModuleList(
+            Qwen2MoeMLP(config.dim, config.moe_hidden) for _ in range(config.n_experts)
+        )
+        self.shared_expert = Qwen2MoeMLP(config.dim, config.shared_hidden)
+        self.shared_expert_gate = nn.Linear(config.dim, 1, bias=False)
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch_size, sequence_length, hidden_dim = hidden_states.shape
+        hidden_states = hidden_states.view(-1, hidden_dim)
+        router_logits = self.gate(hidden_states)  # (batch * sequence_length, n_experts)
+        routing_weights = F.softmax(router_logits, dim=1)  # reference: dtype=torch.float
+        routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            routing_weights = routing_weights / routing_weights.sum(dim=-1, keepdim=True)
+        routing_weights = routing_weights.to(hidden_states.dtype)
+        final_hidden_states = torch.zeros_like(hidden_states)
+        # one-hot of the chosen experts: (n_experts, top_k, tokens)
+        expert_mask = F.one_hot(selected_experts, num_classes=self.num_experts).permute(2, 1, 0)
+        for expert_idx in range(self.num_experts):
+            expert_layer = self.experts[expert_idx]
+            idx, top_x = torch.where(expert_mask[expert_idx])
+            current_state = hidden_states[None, top_x].reshape(-1, hidden_dim)
+            current_hidden_states = expert_layer(current_state) * routing_weights[top_x, idx, None]
+            final_hidden_states = final_hidden_states.index_add(
+                0, top_x, current_hidden_states.to(hidden_states.dtype)
+            )  # the reference adds in place (index_add_)
+        shared_expert_output = self.shared_expert(hidden_states)
+        shared_expert_output = (
+            F.sigmoid(self.shared_expert_gate(hidden_states)) * shared_expert_output
+        )
+        final_hidden_states = final_hidden_states + shared_expert_output
+        final_hidden_states = final_hidden_states.reshape(batch_size, sequence_length, hidden_dim)
+        return final_hidden_states, router_logits
+
+
+def moe_block(config: MoEConfig) -> nn.Module:
+    """The sparse feed-forward of `config.moe`'s reference code."""
+    if config.moe == "deepseek":
+        return MoE(config)
+    if config.moe == "qwen":
+        return Qwen2MoeSparseMoeBlock(config)
+    experts = [FeedForward(config.dim, config.moe_hidden) for _ in range(config.n_experts)]
+    gate = nn.Linear(config.dim, config.n_experts, bias=False)
+    return MoeLayer(experts, gate, MoeArgs(config.n_experts, config.top_k))
+
+
+class MoETransformer(Llama):
+    """A Llama-style decoder (`Llama`: attention, RMSNorm, rotary) whose feed-forward is a
+    mixture of experts from layer `first_dense` on (`MoEConfig`)."""
+
+    def __init__(self, config: MoEConfig) -> None:
+        super().__init__(config)
+
+    def block(self, config: LlamaConfig, layer_id: int) -> nn.Module:
+        """Layer `layer_id`: attention and a dense or sparse feed-forward."""
+        assert isinstance(config, MoEConfig)
+        if layer_id < config.first_dense:
+            return TransformerBlock(config)
+        return TransformerBlock(config, moe_block(config))
+
+
 # -- registry -----------------------------------------------------------------------------------
 
-LlmConfig = GPT2Config | LlamaConfig
+LlmConfig = GPT2Config | LlamaConfig  # MoEConfig is a LlamaConfig
 
 # Published sizes: GPT-2 (Radford et al. 2019, Hugging Face configs), Llama 2 (params.json of
 # Meta's release: multiple_of 256, 70B with 1.3 and 4096), Llama 3 8B (multiple_of 1024, 1.3).
@@ -495,7 +760,29 @@ LLM_SIZES: dict[str, LlmConfig] = {
         rope_theta=500000.0,
         max_seq_len=8192,
     ),
-}
+    # Mixtral 8x7B: HF mistralai/Mixtral-8x7B-v0.1 config.json (46.7B parameters, 12.9B
+    # active: mistral.ai/news/mixtral-of-experts).
+    "mixtral-8x7b": MoEConfig(
+        dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, hidden_dim=14336, rope_theta=1e6,
+        max_seq_len=32768, moe="mixtral", n_experts=8, top_k=2, moe_hidden=14336,
+    ),
+    # DeepSeek-V3's sizes (arXiv 2412.19437 Sec. 4.2; HF deepseek-ai/DeepSeek-V3 config.json:
+    # 61 layers, the first 3 dense of 18432, then 1 shared + 256 routed experts of 2048, top 8
+    # in 4 of 8 groups, sigmoid scores, route scale 2.5, vocabulary 129280) with standard
+    # multi-head attention (128 heads of 7168 / 128 = 56) instead of MLA, and no MTP module.
+    "deepseek-v3-like": MoEConfig(
+        vocab_size=129280, dim=7168, n_layers=61, n_heads=128, hidden_dim=18432, norm_eps=1e-6,
+        max_seq_len=4096, moe="deepseek", n_experts=256, top_k=8, moe_hidden=2048, n_shared=1,
+        score_func="sigmoid", route_scale=2.5, n_groups=8, topk_groups=4, first_dense=3,
+    ),
+    # Qwen1.5-MoE-A2.7B: HF Qwen/Qwen1.5-MoE-A2.7B config.json (60 experts of 1408, top 4 not
+    # renormalised, a gated shared expert of 5632, q/k/v biases; 14.3B parameters).
+    "qwen-moe-like": MoEConfig(
+        vocab_size=151936, dim=2048, n_layers=24, n_heads=16, hidden_dim=5632, norm_eps=1e-6,
+        rope_theta=1e6, max_seq_len=8192, moe="qwen", n_experts=60, top_k=4, moe_hidden=1408,
+        shared_hidden=5632, norm_topk=False, qkv_bias=True,
+    ),
+}  # fmt: skip
 
 
 def _config(name: str, overrides: dict[str, object]) -> LlmConfig:
@@ -549,7 +836,12 @@ def build_llm(
             )
     dev = torch.device(device)
     with dev:
-        module = GPT2(config) if isinstance(config, GPT2Config) else Llama(config)
+        if isinstance(config, GPT2Config):
+            module: nn.Module = GPT2(config)
+        elif isinstance(config, MoEConfig):
+            module = MoETransformer(config)
+        else:
+            module = Llama(config)
     module.train()
     if dtype != "float32":
         module = module.to(DTYPES[dtype])

@@ -769,12 +769,13 @@ def _llm(
 
 
 def _llm_entries() -> list[ModelInfo]:
-    """GPT-2 and Llama as their authors write them (`planner.graph.llm`), at published sizes:
-    batch 8, sequence 1024 (GPT-2) or 2048 (Llama); dropout 0 as nanoGPT pretrains."""
+    """GPT-2, Llama and mixtures of experts (Mixtral, DeepSeek-V3-like, Qwen-MoE-like) as
+    their authors write them (`planner.graph.llm`), at published sizes: batch 8, sequence 1024
+    (GPT-2) or 2048 (the others); dropout 0 as nanoGPT pretrains."""
     import dataclasses
     from functools import partial
 
-    from planner.graph.llm import LLM_SIZES, GPT2Config
+    from planner.graph.llm import LLM_SIZES, GPT2Config, MoEConfig
 
     out = []
     for name, config in LLM_SIZES.items():
@@ -785,6 +786,12 @@ def _llm_entries() -> list[ModelInfo]:
         if isinstance(config, GPT2Config):
             fields["dropout"] = 0.0
             what = f"GPT-2 ({config.n_layer} layers, width {config.n_embd}), nanoGPT's code"
+        elif isinstance(config, MoEConfig):
+            what = (
+                f"mixture of experts ({config.n_layers} layers, width {config.dim}, top "
+                f"{config.top_k} of {config.n_experts} experts), {config.moe}'s reference code "
+                "in a Llama decoder"
+            )
         else:
             what = f"Llama ({config.n_layers} layers, width {config.dim}), Meta's reference code"
         defaults = {"batch": 8, "seq": 1024 if gpt else 2048, "dtype": "float32", **fields}

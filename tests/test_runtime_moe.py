@@ -297,3 +297,16 @@ def test_shard_keys_of_a_moe_without_expert_parallelism_hold_everything() -> Non
     for keys in moe.shards:
         assert all(k.hi > k.lo for k in keys)
         assert {ShardKey(name, 0, 8) for name in stacked} <= set(keys)
+
+
+def test_dtensor_export_refuses_expert_parallelism_naming_it() -> None:
+    from planner.errors import LayerwiseError
+    from planner.export.dtensor import export_plan
+
+    module, graph = _model("mixtral-stacked")
+    strategy = _strategy(graph, 2, {SAMPLE: 2, "expert": 2})
+    with pytest.raises(LayerwiseError, match=r"expert parallelism \(expert 2\) is not exported"):
+        export_plan(strategy, module)
+    plan = export_plan(strategy, module, fallback="replicate")
+    assert {o.op for o in plan.fell_back} == {"layers.0.moe", "layers.1.moe"}
+    assert export_plan(_strategy(graph, 2, {SAMPLE: 2}), module).fell_back == ()

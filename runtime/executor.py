@@ -37,6 +37,7 @@ from torch.utils.checkpoint import checkpoint
 from planner.costs.kernels import BN_EPS, TaskPlan, lstm_step, run_task
 from planner.costs.recompute import recompute_error, recomputed_ops
 from planner.graph.opkinds import CHANNEL
+from runtime.experts import GroupExchange
 from runtime.plan import ExecPlan, OpExec, RuntimeConfigError, ShardKey, Transfer
 from runtime.reference import log_head, nll_part
 from runtime.sync import GradientSync, group_sum
@@ -148,6 +149,9 @@ class Executor:
         # per step: forward, backward, sync + update seconds, and seconds spent waiting
         self.phase_seconds: list[tuple[float, float, float, float]] = []
         self.recomputed_tasks: list[int] = []  # per step: task forwards run in the backward
+        # per step, per moe op under expert parallelism: (token copies this rank sent to each
+        # expert, copies each of its own experts computed)
+        self.expert_tokens: dict[int, dict[str, tuple[list[int], list[int]]]] = {}
         self.waited = 0.0
 
     def step(self, inputs: Sequence[torch.Tensor], targets: Sequence[torch.Tensor]) -> float:
@@ -238,6 +242,8 @@ class Executor:
                 return tuple(lstm_step(plan, ins, ps))
             if o.batch_norm:
                 return (self._batch_norm_task(o, t, ins, ps),)
+            if plan.experts is not None:
+                return (run_task(plan, ins, ps, exchange=self._expert_exchange(o, t)),)
             return (run_task(plan, ins, ps, tables=self.tables.get(o.index)),)
 
         outs: tuple[torch.Tensor, ...]
@@ -312,6 +318,20 @@ class Executor:
             return y
 
         return run_task(plan, xs, params, reduce, eps)
+
+    def _expert_exchange(self, o: OpExec, t: int) -> GroupExchange:
+        """The all-to-all of a moe task with its expert-parallel group (`runtime.experts`);
+        the counts of the step's first forward of the op go to `expert_tokens`."""
+        members = o.expert_groups[t]
+        group = self.groups[("expert", tuple(sorted(members)))]
+        step = self.step_index
+
+        def log(sent: torch.Tensor, received: torch.Tensor) -> None:
+            record = self.expert_tokens.setdefault(step, {})
+            if o.op.name not in record:  # not again when the task is recomputed
+                record[o.op.name] = (sent.reshape(-1).tolist(), received.sum(0).tolist())
+
+        return GroupExchange(members, group, log, self.status.waiting)
 
     # -- backward ------------------------------------------------------------------------------
 

@@ -89,6 +89,11 @@ class RunResult:
     phase_seconds: list[tuple[float, ...]] = field(default_factory=list)
     # per step, the task forwards all ranks ran again in the backward (recompute="full")
     recomputed_tasks: list[int] = field(default_factory=list)
+    # per step, per moe op under expert parallelism: rank -> (token copies it sent to each
+    # expert, copies each of its own experts computed), from the op's first forward
+    expert_tokens: list[dict[str, dict[int, tuple[list[int], list[int]]]]] = field(
+        default_factory=list
+    )
     deviation: dict[str, Any] | None = None
     params: dict[str, torch.Tensor] | None = field(default=None, repr=False)
 
@@ -120,6 +125,10 @@ class RunResult:
                 "waiting": [p[3] for p in self.phase_seconds],
             },
             "recomputed_tasks": self.recomputed_tasks,
+            "expert_tokens": [
+                {op: {str(r): v for r, v in ranks.items()} for op, ranks in step.items()}
+                for step in self.expert_tokens
+            ],
             "deviation": self.deviation,
         }
 
@@ -301,6 +310,7 @@ def _finish(
         * plan.transfer_bytes(torch.finfo(DTYPES[options.dtype]).bits // 8),
         phase_seconds=phases,
         recomputed_tasks=[sum(r["recomputed"][s] for r in results) for s in range(steps)],
+        expert_tokens=[_expert_tokens(results, s) for s in range(steps)],
     )
     if options.check:
         assert model is not None
@@ -308,6 +318,17 @@ def _finish(
         ref = _reference(model, full_batch_graph(plan.graph, micro_batches), options)
         out.params = params
         out.deviation = {**deviation(losses, params, ref), "replica_deviation": replica_dev}
+    return out
+
+
+def _expert_tokens(
+    results: Sequence[dict[str, Any]], step: int
+) -> dict[str, dict[int, tuple[list[int], list[int]]]]:
+    """Step `step`'s expert token counts of every rank, by op (RunResult.expert_tokens)."""
+    out: dict[str, dict[int, tuple[list[int], list[int]]]] = {}
+    for rank, r in enumerate(results):
+        for op, counts in r.get("expert_tokens", {}).get(step, {}).items():
+            out.setdefault(op, {})[rank] = counts
     return out
 
 

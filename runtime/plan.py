@@ -132,6 +132,9 @@ class OpExec:
     plans: tuple[TaskPlan, ...]
     shards: tuple[tuple[ShardKey, ...], ...]  # per task, one key per op parameter
     norm_groups: tuple[tuple[int, ...], ...]  # per task: ranks sharing its batch statistics
+    # per task: the ranks of its expert-parallel group in member order (a moe op under
+    # `ParallelConfig.expert` e > 1; else the task's rank alone)
+    expert_groups: tuple[tuple[int, ...], ...] = ()
 
     @property
     def batch_norm(self) -> bool:
@@ -188,6 +191,7 @@ def build_plan(strategy: Strategy) -> ExecPlan:
     )
     sync_groups = sorted({it.ranks for it in sync if len(it.ranks) > 1})
     norm_groups = sorted({g for o in ops for g in o.norm_groups if len(g) > 1})
+    expert_groups = sorted({tuple(sorted(g)) for o in ops for g in o.expert_groups if len(g) > 1})
     into: dict[tuple[int, int], list[Transfer]] = {}
     out_of: dict[tuple[int, int], list[Transfer]] = {}
     for t in transfers:
@@ -202,7 +206,11 @@ def build_plan(strategy: Strategy) -> ExecPlan:
         params=params,
         sync=sync,
         sinks=sinks,
-        groups={"sync": tuple(sync_groups), "norm": tuple(norm_groups)},
+        groups={
+            "sync": tuple(sync_groups),
+            "norm": tuple(norm_groups),
+            "expert": tuple(expert_groups),
+        },
         into={k: tuple(v) for k, v in into.items()},
         out_of={k: tuple(v) for k, v in out_of.items()},
         whole=whole,
@@ -254,7 +262,7 @@ def _op_exec(graph: OpGraph, i: int, cfg: ParallelConfig) -> OpExec:
     else:
         plans = tuple(_deterministic(plan_task(graph, i, cfg, t)) for t in range(cfg.num_tasks))
     shards = tuple(_shard_keys(p) for p in plans)
-    return OpExec(i, op, cfg, plans, shards, _norm_groups(op, cfg))
+    return OpExec(i, op, cfg, plans, shards, _norm_groups(op, cfg), _expert_groups(cfg))
 
 
 def _input_plan(graph: OpGraph, i: int, cfg: ParallelConfig, t: int) -> TaskPlan:
@@ -284,6 +292,8 @@ def _channel_split(op: Op) -> bool:
 
 def _shard_keys(plan: TaskPlan) -> tuple[ShardKey, ...]:
     op = plan.op
+    if plan.experts is not None:
+        return _expert_shard_keys(plan)
     keys = []
     for p, role in zip(op.params, plan.roles, strict=True):
         if role.axis is None:
@@ -296,6 +306,31 @@ def _shard_keys(plan: TaskPlan) -> tuple[ShardKey, ...]:
             lo, hi = 0, extent
         keys.append(ShardKey(p.name, lo, hi))
     return tuple(keys)
+
+
+def _expert_shard_keys(plan: TaskPlan) -> tuple[ShardKey, ...]:
+    """A moe task under expert parallelism holds its routed experts only: rows [lo, hi) of a
+    stacked expert weight (split along its expert axis), an expert's own weight whole when
+    the expert is its, else nothing (lo = hi: it covers no interval, so its gradient is
+    summed over the ranks that hold the expert, the expert-data-parallel group); the router
+    and the shared expert whole, summed over every replica."""
+    keys = []
+    for p, role, shape in zip(plan.op.params, plan.roles, plan.param_shapes, strict=True):
+        if role.axis is not None:  # stacked: axis 0 holds the experts
+            lo, _ = plan.experts or (0, 0)
+            keys.append(ShardKey(p.name, lo, lo + shape[0]))
+        else:
+            keys.append(ShardKey(p.name, 0, 1 if shape == tuple(p.shape) else 0))
+    return tuple(keys)
+
+
+def _expert_groups(cfg: ParallelConfig) -> tuple[tuple[int, ...], ...]:
+    """Per task, the ranks of its expert-parallel group in member order."""
+    out: list[tuple[int, ...]] = [()] * cfg.num_tasks
+    for group in cfg.expert_groups():
+        for t in group:
+            out[t] = tuple(cfg.devices[m] for m in group)
+    return tuple(out)
 
 
 def _norm_groups(op: Op, cfg: ParallelConfig) -> tuple[tuple[int, ...], ...]:

@@ -80,14 +80,17 @@ class GradientSync:
             if t is None or not o.op.params:
                 continue
             keys = o.shards[t]
-            if any(k not in self.shards for k in keys):
-                views = shard_params(o.plans[t], [params[p.name] for p in o.op.params])
-                for key, v, p in zip(keys, views, o.op.params, strict=True):
-                    if key not in self.shards:
-                        v = params[p.name] if p.name in plan.whole else v
-                        leaf = v.detach().to(device, dtype, copy=True)
-                        self.shards[key] = leaf.requires_grad_()
-            self.op_params[o.index] = [self.shards[k] for k in keys]
+            views = shard_params(o.plans[t], [params[p.name] for p in o.op.params])
+            for key, v, p in zip(keys, views, o.op.params, strict=True):
+                if key not in self.shards and key.lo < key.hi:
+                    v = params[p.name] if p.name in plan.whole else v
+                    leaf = v.detach().to(device, dtype, copy=True)
+                    self.shards[key] = leaf.requires_grad_()
+            # a shard of nothing (lo = hi: another rank's expert) is an empty tensor here
+            self.op_params[o.index] = [
+                self.shards[k] if k.lo < k.hi else v.detach().to(device, dtype)
+                for k, v in zip(keys, views, strict=True)
+            ]
             whole = [i for i, p in enumerate(o.op.params) if p.name in plan.whole]
             if whole:  # the task's slices are cut from the whole leaf at every use
                 full = [

@@ -200,6 +200,7 @@ def session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
         "seconds": seconds,
         "phases": ex.phase_seconds,
         "recomputed": ex.recomputed_tasks,
+        "expert_tokens": ex.expert_tokens,
     }
     if opts.check:
         result["shards"] = ex.shard_state()
@@ -229,7 +230,7 @@ def _groups(plan: ExecPlan, world: int) -> dict[tuple[str, tuple[int, ...]], Any
     """A process group per (use, rank set) of the plan, created in the same order on every
     rank; point-to-point transfers use the default group."""
     groups: dict[tuple[str, tuple[int, ...]], Any] = {}
-    for use in ("sync", "norm"):
+    for use in ("sync", "norm", "expert"):
         for ranks in plan.groups[use]:
             groups[(use, ranks)] = dist.new_group(list(ranks))
     return groups

@@ -33,8 +33,10 @@ Conventions of the op kinds (see `planner.graph.capture`):
   a length split gives each task its query rows (k and v whole), with the causal mask at the
   task's absolute positions.
 - moe: a mixture of experts over the channel (`planner.graph.moe`: params by attr roles,
-  none split); a sample or length split gives each task its tokens, which it routes and runs
-  through the experts alone (expert parallelism's exchange is the runtime's).
+  none split with the channel); a sample or length split gives each task its tokens, which
+  it routes and runs through the experts alone; under expert parallelism (`expert` e > 1) a
+  task holds its group member's E/e routed experts (rows of a stacked weight) and swaps
+  token copies with its group through the runtime's `exchange` (`expert_parallel_moe`).
 - rnn_attention: (h, encoder states...), params of the output projection (C, 2C) + bias.
 - norm: "batch" (batch statistics of the task's box), "layer" (over channel) or "rms" (root
   mean square over channel, weight only); attrs eps, and compute "float32" when the model
@@ -59,7 +61,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -69,7 +71,17 @@ from planner.costs.config import ParallelConfig, check_config
 from planner.costs.regions import needed_boxes, task_boxes
 from planner.errors import GraphError
 from planner.graph.attention import attention_math
-from planner.graph.moe import moe_math, moe_spec
+from planner.graph.moe import (
+    MoESpec,
+    Weights,
+    expert_of,
+    is_routed,
+    mlp,
+    moe_math,
+    moe_spec,
+    route,
+    shared_forward,
+)
 from planner.graph.opgraph import Op, OpGraph
 from planner.graph.opgraph import Tensor as Shape
 from planner.graph.opkinds import (
@@ -90,7 +102,9 @@ from planner.graph.opkinds import (
 
 __all__ = [
     "KERNELS",
+    "ExpertExchange",
     "conv_input_channels",
+    "expert_parallel_moe",
     "TaskPlan",
     "fused_ops",
     "infer_input_shapes",
@@ -182,6 +196,10 @@ class TaskPlan:
     # sums over (its input box and weight shard hold that slice); it computes a partial sum
     # of its output box, with the bias only in the task that starts the range at 0.
     summed: tuple[int, int] | None = None
+    # A moe task under expert parallelism (`ParallelConfig.expert` e > 1): the routed experts
+    # [lo, hi) it holds and runs, and e; None when it holds them all (e = 1).
+    experts: tuple[int, int] | None = None
+    expert_degree: int = 1
 
     @property
     def adds_bias(self) -> bool:
@@ -323,6 +341,12 @@ def _plan(
         shape = list(param_shapes[con.param])
         shape[con.axis] = summed[1] - summed[0]
         param_shapes = (*param_shapes[: con.param], tuple(shape), *param_shapes[con.param + 1 :])
+    experts = _expert_range(op, cfg, task)
+    if experts is not None:
+        param_shapes = tuple(
+            _expert_shard_shape(s, role, experts)
+            for s, role in zip(param_shapes, moe_spec(op).roles, strict=True)
+        )
     return TaskPlan(
         op=op,
         degrees=tuple(cfg.degrees),
@@ -337,7 +361,34 @@ def _plan(
         pre=tuple(str(f) for f in op.attr("pre_ops", ())),
         stats_count=_stats_count(op, cfg),
         summed=summed,
+        experts=experts,
+        expert_degree=cfg.expert if experts is not None else 1,
     )
+
+
+def _expert_range(op: Op, cfg: ParallelConfig, task: int) -> tuple[int, int] | None:
+    """The routed experts [lo, hi) task `task` holds under expert parallelism (None: e = 1):
+    member m of its group holds [m E/e, (m+1) E/e) (`ParallelConfig.expert_groups`)."""
+    if op.kind != "moe" or cfg.expert == 1:
+        return None
+    per = moe_spec(op).experts // cfg.expert
+    m = cfg.expert_rank(task)
+    return (m * per, (m + 1) * per)
+
+
+def _expert_shard_shape(
+    shape: tuple[int, ...], role: str, experts: tuple[int, int]
+) -> tuple[int, ...]:
+    """The shape of a moe parameter that a task holding routed experts [lo, hi) keeps: a
+    stacked expert weight its rows [lo, hi), another expert's own weight nothing (0 rows),
+    the router and the shared expert whole."""
+    lo, hi = experts
+    if not is_routed(role):
+        return shape
+    index = expert_of(role)
+    if index is None:
+        return (hi - lo, *shape[1:])
+    return shape if lo <= index < hi else (0, *shape[1:])
 
 
 def _stats_count(op: Op, cfg: ParallelConfig) -> int:
@@ -384,8 +435,10 @@ def _param_roles(op: Op) -> tuple[ParamRole, ...]:
     """Own parameters (leading, sharing the first one's module prefix), then a folded norm's
     weight and bias, then extras."""
     params = op.params
-    if op.kind == "moe":  # every parameter is the block's own, none split with the channel
-        return tuple(ParamRole("own", None) for _ in params)
+    if op.kind == "moe":  # every parameter is the block's own, none split with the channel;
+        # a stacked expert weight's axis 0 holds the experts (expert parallelism cuts it)
+        moe_roles = moe_spec(op).roles
+        return tuple(ParamRole("own", 0 if _stacked_expert(r) else None) for r in moe_roles)
     layout = _OWN_PARAMS.get(op.kind, ())
     if op.kind == "norm" and op.attr("norm") in ("layer", "rms"):
         layout = ((-1, 1), (-1, 1))  # layer and RMS norm: channel is never split
@@ -420,6 +473,11 @@ def _param_roles(op: Op) -> tuple[ParamRole, ...]:
     for p in rest:
         roles.append(ParamRole("extra", _extra_axis(op, p.shape)))
     return tuple(roles)
+
+
+def _stacked_expert(role: str) -> bool:
+    """Whether a moe role is a routed weight stacked over the experts (E, ...)."""
+    return is_routed(role) and expert_of(role) is None
 
 
 def _axis(axis: int) -> int | None:
@@ -522,6 +580,12 @@ def shard_params(plan: TaskPlan, params: Sequence[torch.Tensor]) -> list[torch.T
     full = op.output.size(CHANNEL) if CHANNEL in op.output.dims else 0
     out = []
     con = contraction(op) if plan.summed is not None else None
+    if plan.experts is not None:  # expert parallelism: the task's routed experts only
+        lo, hi = plan.experts
+        return [
+            p.narrow(0, lo if expert_of(r) is None else 0, s[0]) if is_routed(r) else p
+            for p, r, s in zip(params, moe_spec(op).roles, plan.param_shapes, strict=True)
+        ]
     for k, (p, role) in enumerate(zip(params, plan.roles, strict=True)):
         if con is not None and k == con.param:  # a contraction split's slice of the weight
             assert plan.summed is not None
@@ -546,6 +610,35 @@ def shard_params(plan: TaskPlan, params: Sequence[torch.Tensor]) -> list[torch.T
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 
 
+class ExpertExchange(Protocol):
+    """How the tasks of an expert-parallel group swap token copies: the runtime's
+    all-to-all over the group's ranks (`runtime.experts.GroupExchange`). Members are
+    numbered in the group's task order (`ParallelConfig.expert_groups`)."""
+
+    def counts(self, sent: torch.Tensor) -> torch.Tensor:
+        """From (e, E/e) int64 counts, row m this task's token copies for member m's
+        experts, to the same shape, row m member m's copies for this task's experts."""
+        ...
+
+    def __call__(self, x: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
+        """Rows of x, send[m] of them to member m in member order, exchanged for recv[m]
+        rows from each member m (differentiable: the gradient goes back the reverse way)."""
+        ...
+
+
+class _Loopback:
+    """The exchange of a task alone (the profiler's, or a kernel run without the runtime):
+    its copies come back to it as if every member routed as it does, so it runs as many
+    rows through its experts as a rank of a balanced group (timing only: the numbers are
+    not the op's)."""
+
+    def counts(self, sent: torch.Tensor) -> torch.Tensor:
+        return sent
+
+    def __call__(self, x: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
+        return x
+
+
 def run_task(
     plan: TaskPlan,
     inputs: Sequence[torch.Tensor],
@@ -553,9 +646,15 @@ def run_task(
     reduce: Reduce | None = None,
     eps: float = BN_EPS,
     tables: Sequence[torch.Tensor] | None = None,
+    exchange: ExpertExchange | None = None,
 ) -> torch.Tensor:
     """The task's output box from its input boxes (`plan.in_boxes`, plus c_prev for an LSTM
     step) and its parameter shards (`plan.param_shapes`).
+
+    A moe task under expert parallelism (`plan.experts`) swaps its tokens with its group by
+    `exchange` (`expert_parallel_moe`); without one, given the op's whole parameters, it
+    computes its tokens with every expert itself (`moe_math`), and given its shards, it
+    runs its experts on its own token copies (`_Loopback`: the work, not the result).
 
     Batch norm uses epsilon `eps`; when the plan's statistics are shared (`stats_count`),
     `reduce` sums a tensor over the task's group (the runtime's exchange; None: this task
@@ -582,6 +681,8 @@ def run_task(
         return _normalize(plan, xs[0], _norm_fn(plan.op), own, norm_args)
     if op.kind == "attention" and tables:  # the model's rotary tables (cos, sin)
         return kernel(plan, xs, own, list(tables))
+    if op.kind == "moe" and plan.experts is not None:
+        return _epilogue(plan, _moe(plan, xs, own, extras, exchange), norm, extras, norm_args)
     y = kernel(plan, xs, own, extras)
     return _epilogue(plan, y, norm, extras, norm_args)
 
@@ -985,14 +1086,95 @@ def _softmax(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], ex
     return torch.softmax(xs[0], dim=axis)
 
 
-def _moe(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], extras: Any) -> Any:
+def _moe(
+    plan: TaskPlan,
+    xs: list[torch.Tensor],
+    own: list[torch.Tensor],
+    extras: Any,
+    exchange: ExpertExchange | None = None,
+) -> Any:
     """A mixture-of-experts block on the task's tokens (`planner.graph.moe.moe_math`): tokens
-    are independent, so a box of them computes alone; the channel is read whole."""
+    are independent, so a box of them computes alone; the channel is read whole. Under
+    expert parallelism the task runs its experts on its group's tokens (`run_task`)."""
     x = xs[0]
     axis = plan.in_shapes[0].dims.index(CHANNEL)
     last = x.movedim(axis, -1)
-    y = moe_math(last, own, moe_spec(plan.op))
+    spec = moe_spec(plan.op)
+    whole = all(tuple(p.shape) == q.shape for p, q in zip(own, plan.op.params, strict=True))
+    if plan.experts is None or (exchange is None and whole):
+        y = moe_math(last, own, spec)
+    else:
+        tokens = last.reshape(-1, last.shape[-1])
+        y = expert_parallel_moe(
+            tokens, own, spec, plan.experts, plan.expert_degree, exchange or _Loopback()
+        ).reshape(last.shape)
     return y.movedim(-1, plan.op.output.dims.index(CHANNEL))
+
+
+def expert_parallel_moe(
+    x: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    spec: MoESpec,
+    experts: tuple[int, int],
+    degree: int,
+    exchange: ExpertExchange,
+) -> torch.Tensor:
+    """The moe block on tokens x (T, h) of one member of an expert-parallel group of
+    `degree` members that holds routed experts [lo, hi) (`params`: its shards), dropless:
+
+    route the tokens (the router is replicated); sort the T k token copies by expert (stable:
+    token order within an expert); exchange the per-expert counts, then the copies, so that
+    each member receives the copies of its experts from every member (dispatch); run each
+    local expert on its rows; send the results back the reverse way (combine); weight them
+    with the gates and add them up per token in ascending expert order, as
+    `planner.graph.moe.experts_forward` does; add the shared expert, computed locally.
+    Megatron-Core's all-to-all token dispatcher (Lepikhin et al. 2021, GShard, Sec. 2.2)
+    without a capacity: every copy is computed."""
+    lo, hi = experts
+    weights = Weights(spec, params)
+    gate, index = route(x, spec, weights)
+    flat = index.reshape(-1)  # copy c is token c // k's choice c % k
+    order = torch.argsort(flat, stable=True)
+    token = order // spec.top_k
+    sent = torch.bincount(flat, minlength=spec.experts).view(degree, hi - lo)
+    received = exchange.counts(sent)
+    send, recv = sent.sum(1).tolist(), received.sum(1).tolist()
+    arrived = exchange(x.index_select(0, token), send, recv)
+    done = _run_local_experts(arrived, received.tolist(), spec, weights, lo)
+    back = exchange(done, recv, send)
+    weighted = back * gate.reshape(-1).index_select(0, order).unsqueeze(-1)
+    out = torch.zeros_like(x).index_add(0, token, weighted)
+    shared = shared_forward(x, spec, weights)
+    return out if shared is None else out + shared
+
+
+def _run_local_experts(
+    arrived: torch.Tensor,
+    counts: list[list[int]],
+    spec: MoESpec,
+    weights: Weights,
+    lo: int,
+) -> torch.Tensor:
+    """Each local expert j on its rows of `arrived` (laid out member by member, expert by
+    expert within a member: counts[m][j] rows), the results in the same layout."""
+    per = len(counts[0])
+    starts, at = [], 0
+    for row in counts:
+        starts.append([at + sum(row[:j]) for j in range(per)])
+        at += sum(row)
+    stacked = any(_stacked_expert(r) for r in spec.roles)
+    outs, rows = [], []
+    for j in range(per):
+        idx = torch.cat(
+            [torch.arange(starts[m][j], starts[m][j] + c[j]) for m, c in enumerate(counts)]
+        ).to(arrived.device)
+        w1, w3, w2 = weights.expert(j if stacked else lo + j)  # a stacked shard starts at lo
+        outs.append(mlp(arrived.index_select(0, idx), w1, w3, w2, spec.expert_act))
+        rows.append(idx)
+    perm = torch.cat(rows)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+    return torch.cat(outs).index_select(0, inverse)
 
 
 KERNELS: dict[str, Kernel] = {

@@ -295,6 +295,11 @@ def _style(
 
     world = math.prod(shape)
     split = {d: g for d, g in zip(op.output.dims, cfg.degrees, strict=True) if g > 1}
+    if cfg.expert > 1:  # not "data": that would hold every expert on every rank, silently
+        return "replicate", (
+            f"expert parallelism (expert {cfg.expert}) is not exported to DTensor placements "
+            "(the layerwise runtime runs it: runtime.run_strategy)"
+        )
     if world == 1 or (
         split == {SAMPLE: world} and cfg.devices == tuple(range(world)) and cfg.reduce == 1
     ):

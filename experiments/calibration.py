@@ -277,14 +277,9 @@ def _chunks(
 ) -> tuple[list[Any], list[dict[str, float]]]:
     """Every chunk's `ChunkTimes` (sync not scaled yet) and its compute per micro-batch by
     class, for a row's layout (`_layout_key`) on its simulated devices."""
-    from planner.costs.config import ParallelConfig
     from planner.costs.costmodel import CostModel
     from planner.hardware.presets import get_preset
-    from planner.pipeline.layouts import block_ranges
-    from planner.pipeline.spec import Pipeline, PipelinedStrategy
     from planner.pipeline.stages import chunk_problem
-    from planner.problems.baselines import megatron
-    from planner.problems.strategy import Strategy
 
     row, keep, nodes = key
     graph_of = get_preset(f"{PRESETS[row.gpu]}-{nodes}")
@@ -292,25 +287,7 @@ def _chunks(
     t, c, p, v = row.tp, row.cp, row.pp, row.virtual
     devices = graph_of.subset(keep, f"{graph_of.name}[{p} x {t * c * here}]")
     graph = build_graph(row, here * row.micro_batch)
-    group = t * c * here
-    ranges = block_ranges(graph)
-    bounds, at = [0], 0
-    for k in chunk_layers(row.layers, p * v)[:-1]:
-        at += k  # a chunk past the last block holds the head alone
-        bounds.append(ranges[at][0] if at < len(ranges) else ranges[-1][1])
-    bounds.append(len(graph.ops))
-    groups = tuple(tuple(range(s * group, (s + 1) * group)) for s in range(p))
-    pipe = Pipeline(
-        tuple(bounds), groups, p * v if v > 1 else 1, "interleaved" if v > 1 else "1f1b"
-    )
-    inner = megatron(graph, devices.subset(range(group)), t, c)
-    configs = tuple(
-        ParallelConfig(
-            c.degrees, tuple(groups[pipe.chunk_of(i) % p][d] for d in c.devices), c.reduce
-        )
-        for i, c in enumerate(inner.configs)
-    )
-    ps = PipelinedStrategy(Strategy(graph, devices, configs), pipe)
+    ps = pipelined_megatron(graph, devices, row.layers, t, c, p, v)
     cm = CostModel(graph, devices, options)
     work = []
     for c in range(p * v):  # compute per micro-batch by class, on the chunk's first device
@@ -322,6 +299,40 @@ def _chunks(
             mine[_KINDS.get(op.kind, "memory")] += float(fwd[0] + bwd[0])
         work.append(mine)
     return micro_batch_times(cm, ps), work
+
+
+def pipelined_megatron(
+    graph: Any, devices: Any, layers: int, t: int, c: int, p: int, v: int, expert: int = 1
+) -> Any:
+    """A published layout on `devices` (p stages of equal groups, in order): `layers` blocks
+    in p x v chunks (`chunk_layers`; a chunk past the last block holds the head alone),
+    interleaved when v > 1, each stage laid out by Megatron-LM's rule
+    (`planner.problems.baselines.megatron` at tensor t, context c and expert degree
+    `expert`)."""
+    from planner.pipeline.layouts import block_ranges
+    from planner.pipeline.spec import Pipeline, PipelinedStrategy
+    from planner.problems.baselines import megatron
+    from planner.problems.strategy import Strategy
+
+    group = devices.num_devices // p
+    ranges = block_ranges(graph)
+    bounds, at = [0], 0
+    for k in chunk_layers(layers, p * v)[:-1]:
+        at += k
+        bounds.append(ranges[at][0] if at < len(ranges) else ranges[-1][1])
+    bounds.append(len(graph.ops))
+    groups = tuple(tuple(range(s * group, (s + 1) * group)) for s in range(p))
+    pipe = Pipeline(
+        tuple(bounds), groups, p * v if v > 1 else 1, "interleaved" if v > 1 else "1f1b"
+    )
+    inner = megatron(graph, devices.subset(range(group)), t, c, expert)
+    configs = tuple(
+        dataclasses.replace(
+            cfg, devices=tuple(groups[pipe.chunk_of(i) % p][d] for d in cfg.devices)
+        )
+        for i, cfg in enumerate(inner.configs)
+    )
+    return PipelinedStrategy(Strategy(graph, devices, configs), pipe)
 
 
 def micro_batch_times(cm: Any, ps: Any) -> list[Any]:

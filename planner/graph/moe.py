@@ -42,14 +42,34 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from planner.errors import GraphError
 
-if TYPE_CHECKING:
-    from planner.graph.opgraph import Op
+
+class _Param(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
+class Op(Protocol):
+    """What this module reads of an op (`planner.graph.opgraph.Op`; a protocol, so that
+    opgraph, which checks moe ops with `check_params`, is not imported back)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def attrs(self) -> tuple[tuple[str, Any], ...]: ...
+
+    @property
+    def params(self) -> tuple[_Param, ...]: ...
+
 
 ROUTERS = ("softmax", "sigmoid")
 ACTIVATIONS = ("swiglu", "gelu", "relu", "silu")

@@ -17,7 +17,12 @@ from planner.costs.config import (
     partitions,
 )
 from planner.costs.costmodel import CostModel, CostOptions
-from planner.costs.experts import a2a_bytes, a2a_seconds, expert_gemm_seconds
+from planner.costs.experts import (
+    a2a_bytes,
+    a2a_seconds,
+    expert_gemm_seconds,
+    token_pass_bytes,
+)
 from planner.costs.memory import param_bytes
 from planner.costs.overlap import exposed_seconds
 from planner.costs.rates import chip_rates
@@ -181,8 +186,10 @@ def test_the_capacity_factor_scales_the_busiest_ranks_expert_compute_only() -> N
     for cf in (1.0, 1.5):
         cm = CostModel(graph, devices, CostOptions(expert_capacity=cf))
         times[cf] = (cm.task_times(2, spread_)[0], cm.task_times(2, alone)[0])
-    rate = CostModel(graph, devices).compute_rate(op)[0]
-    extra = 0.5 * parts.experts / 8 / rate
+    cm = CostModel(graph, devices)
+    rate, bandwidth = cm.compute_rate(op)[0], cm.mem_bw[0] * cm.options.memory_efficiency
+    activation = token_pass_bytes(op, spread_, 1.5) - token_pass_bytes(op, spread_, 1.0)
+    extra = 0.5 * parts.experts / 8 / rate + activation / bandwidth
     assert times[1.5][0] - times[1.0][0] == pytest.approx(np.full(8, extra), rel=1e-9)
     assert np.array_equal(times[1.5][1], times[1.0][1])  # e = 1: every rank its own tokens
     assert np.allclose(times[1.0][0], times[1.0][1])
@@ -259,8 +266,10 @@ def test_on_an_h100_the_experts_run_as_grouped_gemms_of_their_routed_rows() -> N
     assert chip is not None and chip.gemm is not None
     want = expert_gemm_seconds(op, cfg, chip.gemm, devices.devices[0].peak16, 1.25)
     fwd, bwd = cm.task_times(2, cfg)
-    assert fwd[0] == pytest.approx(want[0], rel=1e-12)
-    assert bwd[0] == pytest.approx(want[1], rel=1e-12)
+    passes = token_pass_bytes(op, cfg, 1.25) / (cm.mem_bw[0] * cm.options.memory_efficiency)
+    overhead = cm.options.task_overhead
+    assert fwd[0] == pytest.approx(want[0] + passes + overhead, rel=1e-12)
+    assert bwd[0] == pytest.approx(want[1] + passes * cm.options.backward_factor, rel=1e-12)
     # 2 local experts of 4096 x 4 x 2 / 8 x 1.25 = 5120 rows: w1 and w3 (5120 x 64, over h)
     g, peak = chip.gemm, devices.devices[0].peak16
     w1 = g.launch + 2.0 * 2 * 5120 * 64 * 1024 / (peak * g.fraction(2 * 5120, 64, 1024))
@@ -351,3 +360,25 @@ def test_the_expert_parallel_baseline_is_applicable_and_in_the_mesh_space() -> N
     assert expert_parallel(graph, get_preset("dgx-h100-1")).configs[2].expert == 8
     problem = build_problem(graph, devices, space="mesh")
     assert problem.strategy(problem.choices_of(strategy)).configs == strategy.configs
+
+
+def test_routing_permutation_and_activation_passes_add_to_the_gemms() -> None:
+    graph = moe_model(around=False)
+    op = graph.ops[1]
+    cfg = spread(8, 4)
+    h, f, fs, k, b = 16, 24, 8, 2, 2
+    tokens = 16 * 8 / 8
+    per_token = 16 * 8 + b * (2 * h + 2 * k * h + 3 * fs + 3 * h)
+    assert token_pass_bytes(op, cfg, 1.0) == tokens * (per_token + b * k * 3 * f)
+    assert token_pass_bytes(op, cfg, 1.5) == tokens * (per_token + 1.5 * b * k * 3 * f)
+    devices = get_preset("p100-2x4")  # a roofline chip: compute or memory, then the passes
+    cm = CostModel(graph, devices, CostOptions(task_overhead=0.0))
+    fwd, bwd = cm.task_times(1, cfg)
+    compute = moe_flops(moe_spec(op), h, 16 * 8).total / 8 / cm.compute_rate(op)[0]
+    bandwidth = cm.mem_bw[0] * cm.options.memory_efficiency
+    memory = op.mem_bytes / 8 / bandwidth if op.mem_bytes else 0.0
+    passes = token_pass_bytes(op, cfg, 1.0) / bandwidth
+    assert fwd[0] == pytest.approx(max(compute, memory) + passes, rel=1e-9)
+    assert bwd[0] == pytest.approx(
+        cm.options.backward_factor * (max(compute, memory) + passes) + 0.0, rel=1e-9
+    )

@@ -63,6 +63,7 @@ from planner.costs.experts import (
     moe_task_flops,
     param_classes,
     spreads_experts,
+    token_pass_bytes,
 )
 from planner.costs.fp8 import FP8_BYTES, WEIGHT_CACHE_BYTES, cast_bytes, computes_in_fp8
 from planner.costs.memory import (
@@ -470,6 +471,9 @@ class CostModel:
         bandwidth = self.mem_bw[dev] * o.memory_efficiency
         memory = nbytes / k / bandwidth
         casts = self._fp8_casts(op, cfg)  # Transformer Engine's casts of an FP8 linear
+        if op.kind == "moe":  # its routing, permutation and activation kernels
+            passes = token_pass_bytes(op, cfg, o.expert_capacity)
+            casts = (casts[0] + passes, casts[1] + passes * o.backward_factor)
         kernels = self._kernel_times(i, cfg)
         if kernels is not None:  # by the kernels' shapes (`planner.costs.rates`)
             fwd = np.maximum(kernels[0], memory) + casts[0] / bandwidth

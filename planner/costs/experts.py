@@ -68,6 +68,7 @@ __all__ = [
     "moe_task_flops",
     "param_classes",
     "spreads_experts",
+    "token_pass_bytes",
 ]
 
 PairCosts = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -100,6 +101,27 @@ def a2a_bytes(op: Op, cfg: ParallelConfig) -> float:
     tokens = tokens_of(op.output.sizes) / cfg.num_tasks
     h = op.output.size(CHANNEL)
     return tokens * spec.top_k * h * op.output.dtype_bytes / cfg.expert
+
+
+def token_pass_bytes(op: Op, cfg: ParallelConfig, capacity: float) -> float:
+    """Bytes one task of a moe op moves in its memory-bound kernels in the forward pass, on
+    top of its GEMMs: the router's fp32 scores (written, softmaxed, ranked: 16 bytes per
+    expert per token), the permutation (each token read, its k copies written in expert
+    order), the experts' activation (SwiGLU reads the w1 and w3 outputs and writes their
+    product: 3 f per copy; 2 f ungated) on the busiest rank's `capacity` x its share of the
+    copies when the experts are spread, the un-permutation with the gate weights (k copies
+    read, the token written), and the shared expert's activation and its sum into the output
+    (3 h). Megatron-Core runs each as its own kernel (moe/token_dispatcher.py, experts.py), so
+    they add to the GEMMs' time rather than hide under it."""
+    spec = moe_spec(op)
+    h, b, k = op.output.size(CHANNEL), op.output.dtype_bytes, spec.top_k
+    tokens = tokens_of(op.output.sizes) / cfg.num_tasks
+    spread = capacity if spreads_experts(op, cfg) else 1.0
+    per_token = 16.0 * spec.experts + b * (2 * h + 2 * k * h)
+    per_token += b * k * spec.matrices * spec.ffn * spread
+    if spec.shared_ffn:
+        per_token += b * (spec.matrices * spec.shared_ffn + 3 * h)
+    return tokens * per_token
 
 
 def expert_replicas(cfg: ParallelConfig) -> np.ndarray:

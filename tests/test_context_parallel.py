@@ -140,3 +140,52 @@ def test_a_micro_batch_that_syncs_nothing_keeps_its_backward_clean(graph: OpGrap
     total = full.forward + full.backward + full.sync
     assert clean.forward + clean.backward + clean.sync == pytest.approx(total)
     assert clean.backward < full.backward  # the sync delayed the keys and values
+
+
+def test_contiguous_causal_chunks_do_unequal_work_and_the_balanced_order_equal() -> None:
+    from planner.costs.context import balanced_positions, chunk_work
+
+    assert list(balanced_positions(8, 2)) == [0, 1, 6, 7, 2, 3, 4, 5]
+    assert list(chunk_work(256, 4, "contiguous")) == [0.25, 0.75, 1.25, 1.75]
+    assert list(chunk_work(256, 4, "balanced")) == [1.0] * 4
+    assert list(chunk_work(12, 4, "balanced")) == [0.25, 0.75, 1.25, 1.75]  # 8 does not divide
+
+
+def test_the_cost_model_prices_contiguous_chunks_by_their_work(graph: OpGraph) -> None:
+    devices = get_preset("dgx-h100-1")
+    s = megatron(graph, devices, tensor=1, context=4)  # data 2: tasks (sample, chunk)
+    a = attention_of(graph)
+    times = {
+        order: CostModel(graph, devices, CostOptions(cp_order=order)).task_times(a, s.configs[a])
+        for order in ("balanced", "contiguous")
+    }
+    assert len(set(times["balanced"][0])) == 1
+    contiguous = times["contiguous"][0]
+    assert list(contiguous[:4]) == sorted(contiguous[:4]) and contiguous[3] > contiguous[0]
+    assert list(contiguous[4:]) == list(contiguous[:4])  # the other replica alike
+    assert max(contiguous) > times["balanced"][0][0]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("cp_order", "zigzag"), ("cp_exchange", "p2p"), ("cp_order", None)]
+)
+def test_context_options_are_checked(field: str, value: object) -> None:
+    with pytest.raises(LayerwiseError, match=field):
+        CostOptions(**{field: value})  # type: ignore[arg-type]
+
+
+def test_a_ring_hides_its_steps_under_one_block_each_and_the_gather_under_all(
+    graph: OpGraph,
+) -> None:
+    """Ring attention passes one chunk per step under one of c blocks of the kernel, so
+    it hides less than a gather that may run under the whole kernel; with nothing
+    overlapped both are the same exposed exchange."""
+    devices = get_preset("dgx-h100-2")
+    s = megatron(graph, devices, tensor=4, context=2)  # context pairs cross nodes
+
+    def step(overlap: float, exchange: str) -> float:
+        options = CostOptions(cp_overlap=overlap, cp_exchange=exchange)  # type: ignore[arg-type]
+        return Simulator(CostModel(graph, devices, options), s.configs).makespan
+
+    assert step(0.0, "ring") == step(0.0, "all-gather")
+    assert step(1.0, "all-gather") < step(1.0, "ring") < step(0.0, "ring")

@@ -55,6 +55,7 @@ import numpy as np
 
 from planner.costs.activations import ActivationMemory, activation_memory
 from planner.costs.config import OpConfigs, ParallelConfig
+from planner.costs.context import CP_EXCHANGES, CP_ORDERS, permutable, task_work
 from planner.costs.fp8 import FP8_BYTES, WEIGHT_CACHE_BYTES, cast_bytes, computes_in_fp8
 from planner.costs.memory import (
     OPTIMIZER_STATE_BYTES,
@@ -148,7 +149,11 @@ class CostOptions:
     compute (off the step), `tp_overlap` of each transfer into or out of a linear runs under
     its GEMM, `pp_overlap` of each pipeline message travels while its sender computes (the
     rest blocks it), `cp_overlap` of the keys and values a context-parallel attention op
-    exchanges runs under its kernels (ring attention). The defaults are PyTorch's
+    exchanges runs under its kernels: `cp_exchange` "all-gather" (the default) lets that
+    share run under the op's whole kernels, "ring" under one block's per step of the ring
+    (c - 1 steps of one chunk); `cp_order` is the sequence order of context parallelism:
+    "balanced" (the default: rank i holds chunks i and 2c-1-i of 2c, equal causal work) or
+    "contiguous" (chunk l does (2l+1)/c of the mean: `planner.costs.context`). The defaults are PyTorch's
     (`FRAMEWORK_OVERLAP["pytorch"]`). `chunk_sync_overlap`: of a pipeline chunk's overlapped
     sync (`dp_overlap`), the share that starts at that chunk's last backward and runs under
     the stage's later backwards (interleaved schedules: the other chunks'); the rest waits
@@ -185,6 +190,8 @@ class CostOptions:
     tp_overlap: float = 0.0
     pp_overlap: float = 1.0
     cp_overlap: float = 0.0
+    cp_exchange: Literal["all-gather", "ring"] = "all-gather"
+    cp_order: Literal["balanced", "contiguous"] = "balanced"
     chunk_sync_overlap: float = 0.0
     transfer_once: bool = False
     nic_rails: bool = False
@@ -228,6 +235,16 @@ class CostOptions:
                     f"{name} must be the fraction of that communication hidden under compute, "
                     f"in [0, 1], got {value!r}"
                 )
+        if self.cp_exchange not in CP_EXCHANGES:
+            raise LayerwiseError(
+                f"cp_exchange must be 'all-gather' (keys and values gathered before attention) "
+                f"or 'ring' (passed chunk by chunk beside its blocks), got {self.cp_exchange!r}"
+            )
+        if self.cp_order not in CP_ORDERS:
+            raise LayerwiseError(
+                f"cp_order must be 'balanced' (rank i holds sequence chunks i and 2c-1-i of "
+                f"2c) or 'contiguous', got {self.cp_order!r}"
+            )
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise LayerwiseError(
                 f"attention_kernel must be one of {', '.join(map(repr, ATTENTION_KERNELS))}, "
@@ -392,6 +409,13 @@ class CostModel:
 
     # -- t_c ------------------------------------------------------------------------------
 
+    @cached_property
+    def _cp_order(self) -> str:
+        """The token order causal attention's sequence chunks run in: the options', but
+        contiguous where the graph cannot run permuted (`planner.costs.context.permutable`:
+        the runtime keeps such a sequence in order)."""
+        return self.options.cp_order if permutable(self.graph) else "contiguous"
+
     def _task_work(self, op: Op) -> tuple[float, float]:
         """(FLOPs, bytes) of the whole op's forward pass."""
         nbytes = op.mem_bytes
@@ -439,12 +463,17 @@ class CostModel:
         bandwidth = self.mem_bw[dev] * o.memory_efficiency
         memory = nbytes / k / bandwidth
         casts = self._fp8_casts(op, cfg)  # Transformer Engine's casts of an FP8 linear
-        kernels = self._kernel_times(i, cfg)
+        shaped = self._kernel_times(i, cfg)
+        kernels: tuple[Any, Any] | None = shaped
+        work = task_work(op, cfg, self._cp_order)  # causal chunks' unequal shares
+        task_flops: Any = flops if work is None else flops * work
+        if work is not None and shaped is not None:
+            kernels = (shaped[0] * work, shaped[1] * work)
         if kernels is not None:  # by the kernels' shapes (`planner.costs.rates`)
             fwd = np.maximum(kernels[0], memory) + casts[0] / bandwidth
             bwd = np.maximum(kernels[1], memory * o.backward_factor) + casts[1] / bandwidth
             return fwd + o.task_overhead, bwd + fwd * self._again(i)
-        fwd = np.maximum(flops / k / self.compute_rate(op)[dev], memory)
+        fwd = np.maximum(task_flops / k / self.compute_rate(op)[dev], memory)
         bwd = fwd * o.backward_factor + casts[1] / bandwidth
         fwd = fwd + casts[0] / bandwidth
         return fwd + o.task_overhead, bwd + fwd * self._again(i)

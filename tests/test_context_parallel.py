@@ -20,6 +20,7 @@ from planner.problems.baselines import megatron
 from planner.sim.simulator import Simulator
 
 BATCH, SEQ, DIM, HEADS, KV_HEADS = 4, 256, 256, 4, 2
+BATCH_LONG, PRESET_LONG = 2, "dgx-h100-1"
 
 
 @pytest.fixture(scope="module")
@@ -189,3 +190,31 @@ def test_a_ring_hides_its_steps_under_one_block_each_and_the_gather_under_all(
 
     assert step(0.0, "ring") == step(0.0, "all-gather")
     assert step(1.0, "all-gather") < step(1.0, "ring") < step(0.0, "ring")
+
+
+def _long_context_search(seq: int, **settings: object) -> tuple[int, int, float]:
+    """The pipeline search's (context, tensor, step) for a 2-block Llama 3 8B-wide model at
+    `seq` tokens, 2 sequences, on one DGX H100 (one stage, no recomputation or ZeRO)."""
+    from backends.pipeline.search import PipelineSearch
+    from planner.pipeline.problem import PipelineProblem
+    from planner.result import SolveOptions
+
+    module, inputs = build_llm(
+        "llama3-8b", dtype="bfloat16", batch=BATCH_LONG, seq=seq, n_layers=2, max_seq_len=seq
+    )
+    graph = capture(module, inputs, "llama3-8b-2")
+    options = CostOptions(optimizer="adam", master_weights=True)
+    problem = PipelineProblem(graph, get_preset(PRESET_LONG), options)
+    extra = {"stages": (1,), "recompute": "none", "zero": 0, "inner": "rule", "schedules": "1f1b"}
+    result = PipelineSearch().solve(problem, SolveOptions(extra=extra | settings, time_limit=60))
+    assert result.layout is not None, result.message
+    return result.layout.context, result.layout.tensor, result.objective
+
+
+def test_the_pipeline_search_splits_a_long_sequence_over_context_ranks() -> None:
+    # 128K tokens: a replica's activations fit only split over sequence chunks; at 4K data
+    # parallelism over the 2 sequences is cheaper
+    long, short = _long_context_search(131072), _long_context_search(4096)
+    assert long[0] > 1 and short[0] == 1, (long, short)
+    without = _long_context_search(131072, context=(1,))  # chosen by cost: slower without
+    assert without[0] == 1 and without[2] > long[2]

@@ -86,3 +86,16 @@ def test_the_searched_strategy_splits_attention_by_sequence_and_trains_exactly(w
     assert found.strategy is not None
     assert all(c > 1 for c in attention_length_degrees(found.strategy))
     assert _deviation(found.strategy, model) <= 1e-9
+
+
+def test_the_dtensor_export_names_why_a_sequence_split_attention_is_not_exported() -> None:
+    from planner.errors import ExportError
+    from planner.export.dtensor import CONTEXT_PARALLEL_REASON, export_plan
+
+    strategy, model = _megatron(2, 1, 2)
+    with pytest.raises(ExportError, match="context-parallel"):
+        export_plan(strategy, model)
+    plan = export_plan(strategy, model, fallback="replicate")
+    fell = [o for o in plan.ops if o.kind == "attention"]
+    assert fell and all(str(o.reason).startswith(CONTEXT_PARALLEL_REASON) for o in fell)
+    assert "CUDA" in CONTEXT_PARALLEL_REASON

@@ -273,6 +273,7 @@ class PipelinePlan(Plan):
                 "layout": lay.describe(),
                 "stages": lay.stages,
                 "tensor": lay.tensor,
+                "context": lay.context,
                 "data": lay.data,
                 "micro_batches": lay.micro_batches,
                 "micro_batch": lay.micro_batch,

@@ -118,6 +118,9 @@ class Executor:
         self.norm_eps = norm_eps or {}
         self.ordered = ordered
         self.tables = tables or {}  # rotary (cos, sin) of attention ops, by op index
+        # the token position at each place of the sequence when it runs permuted (context
+        # parallelism's balanced order: `planner.costs.context.sequence_positions`)
+        self.positions: torch.Tensor | None = None
         self.task: list[int | None] = [o.task_of(rank) for o in plan.ops]
         self.in_edges: list[list[int]] = [[] for _ in plan.ops]
         for k, e in sorted(enumerate(self.graph.edges), key=lambda ke: ke[1].position):
@@ -244,7 +247,8 @@ class Executor:
                 return (self._batch_norm_task(o, t, ins, ps),)
             if plan.experts is not None:
                 return (run_task(plan, ins, ps, exchange=self._expert_exchange(o, t)),)
-            return (run_task(plan, ins, ps, tables=self.tables.get(o.index)),)
+            tables = self.tables.get(o.index)
+            return (run_task(plan, ins, ps, tables=tables, positions=self.positions),)
 
         outs: tuple[torch.Tensor, ...]
         with torch.enable_grad():

@@ -42,6 +42,7 @@ from planner.cli.args import (  # noqa: E402
     positive_seconds,
     report_errors,
 )
+from planner.costs.context import CP_ORDERS  # noqa: E402
 from planner.costs.recompute import recompute_error  # noqa: E402
 from planner.errors import LayerwiseError  # noqa: E402
 from planner.pipeline.timeline import counted  # noqa: E402
@@ -155,6 +156,7 @@ def _run(args: argparse.Namespace) -> int:
         check=args.check,
         zero=_zero_stage(data),
         recompute=_recompute_mode(data),
+        cp_order=_cp_order(data),
     )
     if under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
@@ -189,6 +191,19 @@ def _zero_stage(data: dict[str, Any]) -> int:
     if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
         raise LayerwiseError(f"the strategy file's cost.zero must be 0, 1, 2 or 3, got {zero!r}")
     return int(zero)
+
+
+def _cp_order(data: dict[str, Any]) -> str:
+    """The token order of context parallelism the plan was priced for (its `cost.cp_order`;
+    "balanced" when absent: `planner.costs.context`)."""
+    cost = data.get("cost")
+    order = cost.get("cp_order", "balanced") if isinstance(cost, dict) else "balanced"
+    if order not in CP_ORDERS:
+        raise LayerwiseError(
+            f"the strategy file's cost.cp_order must be one of {', '.join(map(repr, CP_ORDERS))}, "
+            f"got {order!r}"
+        )
+    return str(order)
 
 
 def _recompute_mode(data: dict[str, Any]) -> str | int:

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -22,7 +22,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from planner.costs.context import CP_ORDERS, sequence_positions
 from planner.costs.recompute import recompute_error
+from planner.graph.opgraph import OpGraph
+from planner.graph.opkinds import CHANNEL, LENGTH
 from planner.pipeline.spec import Pipeline
 from planner.problems.strategy import strategy_from_json
 from runtime.executor import DONE, INIT, Executor, Status
@@ -67,6 +70,8 @@ class RunOptions:
     fault: Mapping[str, Any] | None = None  # tests: {"rank", "step", "kind": raise|exit|hang}
     zero: int = 0  # ZeRO stage (the plan file's cost.zero)
     recompute: str | int = "none"  # activation recomputation (the plan file's cost.recompute)
+    # context parallelism's token order (the plan file's cost.cp_order: planner.costs.context)
+    cp_order: str = "balanced"
 
     def validate(self) -> None:
         if self.steps < 1:
@@ -86,6 +91,10 @@ class RunOptions:
             raise RuntimeConfigError(f"zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero!r}")
         if (error := recompute_error(self.recompute)) is not None:
             raise RuntimeConfigError(error)
+        if self.cp_order not in CP_ORDERS:
+            raise RuntimeConfigError(
+                f"cp_order must be one of {', '.join(map(repr, CP_ORDERS))}, got {self.cp_order!r}"
+            )
         if self.exchange not in ("auto", "eager", "ordered"):
             raise RuntimeConfigError(
                 f"exchange must be 'auto', 'eager' or 'ordered', got {self.exchange!r}"
@@ -178,6 +187,9 @@ def session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
     more = (opts.ordered, tables, opts.zero, opts.recompute)
     ex = Executor(*args, *more) if pipeline is None else PipelineExecutor(pipeline, *args, *more)
     del params, args
+    positions = sequence_positions(plan.graph, strategy.configs, opts.cp_order)
+    if positions is not None:
+        ex.positions = torch.as_tensor(positions)
     needs_inputs = any(o.op.kind == "input" and o.task_of(rank) is not None for o in plan.ops)
     needs_targets = any(plan.ops[i].task_of(rank) is not None for i in plan.sinks)
     losses, seconds = [], []
@@ -185,6 +197,8 @@ def session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
         status.set(s, INIT)
         inputs = make_inputs(data_graph, s, opts.seed, dtype) if needs_inputs else []
         targets = make_targets(data_graph, plan.sinks, s, opts.seed) if needs_targets else []
+        if positions is not None:  # the data loader lays every sequence out in that order
+            inputs, targets = permuted(data_graph, plan.sinks, inputs, targets, ex.positions)
         _inject(opts.fault, rank, s)
         status.waiting(True)
         dist.barrier()
@@ -205,6 +219,30 @@ def session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
     if opts.check:
         result["shards"] = ex.shard_state()
     return result
+
+
+def permuted(
+    graph: OpGraph,
+    sinks: Sequence[int],
+    inputs: list[torch.Tensor],
+    targets: list[torch.Tensor],
+    positions: torch.Tensor | None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The inputs (one per input op, or none) and the targets (one per sink, or none) with
+    their sequences laid out in `positions`' order: place j holds token positions[j]."""
+    if positions is None:
+        return inputs, targets
+    ins = [op for op in graph.ops if op.kind == "input"]
+
+    def take(x: torch.Tensor, dims: Sequence[str]) -> torch.Tensor:
+        return x.index_select(list(dims).index(LENGTH), positions) if LENGTH in dims else x
+
+    if inputs:
+        inputs = [take(x, op.output.dims) for x, op in zip(inputs, ins, strict=True)]
+    if targets:
+        dims = [[d for d in graph.ops[i].output.dims if d != CHANNEL] for i in sinks]
+        targets = [take(t, d) for t, d in zip(targets, dims, strict=True)]
+    return inputs, targets
 
 
 def _check_step(ex: Executor, loss: float, rank: int, step: int) -> None:

@@ -5,6 +5,7 @@ kernels on sequence chunks (docs/space.md, "Context parallelism in the published
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from planner.costs.costmodel import CostModel, CostOptions
@@ -20,6 +21,7 @@ from planner.problems.baselines import megatron
 from planner.sim.simulator import Simulator
 
 BATCH, SEQ, DIM, HEADS, KV_HEADS = 4, 256, 256, 4, 2
+BATCH_LONG, PRESET_LONG = 2, "dgx-h100-1"
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +142,101 @@ def test_a_micro_batch_that_syncs_nothing_keeps_its_backward_clean(graph: OpGrap
     total = full.forward + full.backward + full.sync
     assert clean.forward + clean.backward + clean.sync == pytest.approx(total)
     assert clean.backward < full.backward  # the sync delayed the keys and values
+
+
+def test_contiguous_causal_chunks_do_unequal_work_and_the_balanced_order_equal() -> None:
+    from planner.costs.context import balanced_positions, chunk_work
+
+    assert list(balanced_positions(8, 2)) == [0, 1, 6, 7, 2, 3, 4, 5]
+    assert list(chunk_work(256, 4, "contiguous")) == [0.25, 0.75, 1.25, 1.75]
+    assert list(chunk_work(256, 4, "balanced")) == [1.0] * 4
+    assert list(chunk_work(12, 4, "balanced")) == [0.25, 0.75, 1.25, 1.75]  # 8 does not divide
+
+
+def test_the_cost_model_prices_contiguous_chunks_by_their_work(graph: OpGraph) -> None:
+    devices = get_preset("dgx-h100-1")
+    s = megatron(graph, devices, tensor=1, context=4)  # data 2: tasks (sample, chunk)
+    a = attention_of(graph)
+    times = {
+        order: CostModel(graph, devices, CostOptions(cp_order=order)).task_times(a, s.configs[a])
+        for order in ("balanced", "contiguous")
+    }
+    assert len(set(times["balanced"][0])) == 1
+    contiguous = times["contiguous"][0]
+    assert list(contiguous[:4]) == sorted(contiguous[:4]) and contiguous[3] > contiguous[0]
+    assert list(contiguous[4:]) == list(contiguous[:4])  # the other replica alike
+    assert max(contiguous) > times["balanced"][0][0]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("cp_order", "zigzag"), ("cp_exchange", "p2p"), ("cp_order", None)]
+)
+def test_context_options_are_checked(field: str, value: object) -> None:
+    with pytest.raises(LayerwiseError, match=field):
+        CostOptions(**{field: value})  # type: ignore[arg-type]
+
+
+def test_a_ring_hides_its_steps_under_one_block_each_and_the_gather_under_all(
+    graph: OpGraph,
+) -> None:
+    """Ring attention passes one chunk per step under one of c blocks of the kernel, so
+    it hides less than a gather that may run under the whole kernel; with nothing
+    overlapped both are the same exposed exchange."""
+    devices = get_preset("dgx-h100-2")
+    s = megatron(graph, devices, tensor=4, context=2)  # context pairs cross nodes
+
+    def step(overlap: float, exchange: str) -> float:
+        options = CostOptions(cp_overlap=overlap, cp_exchange=exchange)  # type: ignore[arg-type]
+        return Simulator(CostModel(graph, devices, options), s.configs).makespan
+
+    assert step(0.0, "ring") == step(0.0, "all-gather")
+    assert step(1.0, "all-gather") < step(1.0, "ring") < step(0.0, "ring")
+
+
+def _long_context_search(seq: int, **settings: object) -> tuple[int, int, float]:
+    """The pipeline search's (context, tensor, step) for a 2-block Llama 3 8B-wide model at
+    `seq` tokens, 2 sequences, on one DGX H100 (one stage, no recomputation or ZeRO)."""
+    from backends.pipeline.search import PipelineSearch
+    from planner.pipeline.problem import PipelineProblem
+    from planner.result import SolveOptions
+
+    module, inputs = build_llm(
+        "llama3-8b", dtype="bfloat16", batch=BATCH_LONG, seq=seq, n_layers=2, max_seq_len=seq
+    )
+    graph = capture(module, inputs, "llama3-8b-2")
+    options = CostOptions(optimizer="adam", master_weights=True)
+    problem = PipelineProblem(graph, get_preset(PRESET_LONG), options)
+    extra = {"stages": (1,), "recompute": "none", "zero": 0, "inner": "rule", "schedules": "1f1b"}
+    result = PipelineSearch().solve(problem, SolveOptions(extra=extra | settings, time_limit=60))
+    assert result.layout is not None, result.message
+    return result.layout.context, result.layout.tensor, result.objective
+
+
+def test_the_pipeline_search_splits_a_long_sequence_over_context_ranks() -> None:
+    # 128K tokens: a replica's activations fit only split over sequence chunks; at 4K data
+    # parallelism over the 2 sequences is cheaper
+    long, short = _long_context_search(131072), _long_context_search(4096)
+    assert long[0] > 1 and short[0] == 1, (long, short)
+    without = _long_context_search(131072, context=(1,))  # chosen by cost: slower without
+    assert without[0] == 1 and without[2] > long[2]
+
+
+def test_a_gather_holds_every_other_chunk_while_attention_runs_and_a_ring_two(
+    graph: OpGraph,
+) -> None:
+    devices = get_preset("dgx-h100-1")
+    s = megatron(graph, devices, tensor=1, context=4)  # data 2
+    a = attention_of(graph)
+    kv = sum(graph.ops[graph.index(n)].output.nbytes for n in graph.ops[a].inputs[1:])
+    held = {
+        x: CostModel(graph, devices, CostOptions(cp_exchange=x))._exchange_bytes(a, s.configs[a])  # type: ignore[arg-type]
+        for x in ("all-gather", "ring")
+    }
+    assert held == {"all-gather": kv / 8 * 3, "ring": kv / 8 * 2}
+    peaks = {
+        x: CostModel(graph, devices, CostOptions(cp_exchange=x)).strategy_memory(s.configs)  # type: ignore[arg-type]
+        for x in ("all-gather", "ring")
+    }
+    assert np.all(peaks["all-gather"] >= peaks["ring"]) and np.any(
+        peaks["all-gather"] > peaks["ring"]
+    )

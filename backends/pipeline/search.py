@@ -63,6 +63,7 @@ from planner.costs.memory import usable_memory
 from planner.deadline import Deadline, OutOfTime, catch_interrupt, run_within, stop_requested
 from planner.errors import BackendError, given
 from planner.graph.opgraph import OpGraph
+from planner.graph.opkinds import LENGTH
 from planner.hardware.devices import DeviceGraph
 from planner.pipeline.layouts import block_bounds
 from planner.pipeline.problem import Layout, PipelineProblem
@@ -94,7 +95,8 @@ MAX_MICRO_BATCH = 16  # samples per replica per micro-batch: more only adds to t
 _CHUNKS = ChunkCache()
 ON = {TWO_REPLICAS: "two replicas per stage", EVERY_DEVICE: "every device"}
 
-StageLayout = tuple[int, int, int, str, int, str]  # (p, t, b, recompute, ZeRO, inner rule)
+# (p, t, b, recompute, ZeRO, inner rule, c): c the context-parallel degree
+StageLayout = tuple[int, int, int, str, int, str, int]
 
 
 class PipelineSearch:
@@ -169,22 +171,27 @@ class _Space:
     micro: dict[int, OpGraph] = field(default_factory=dict)
     flights: dict[tuple[str, int, int, int], tuple[int, ...]] = field(default_factory=dict)
     searched: dict[int, SearchedLayout] = field(default_factory=dict)
-    layouts: dict[tuple[int, int, int, str], Strategy] = field(default_factory=dict)
+    layouts: dict[tuple[int, int, int, int, str], Strategy] = field(default_factory=dict)
     quick: QuickUnits = field(default_factory=QuickUnits)
 
     def cost_options(self, recompute: str, zero: int) -> CostOptions:
         return dataclasses.replace(self.problem.options, recompute=recompute, zero=zero)  # type: ignore[arg-type]
 
-    def stage_rule(self, rule: str, t: int) -> Callable[[OpGraph, DeviceGraph, int], Strategy]:
-        """How a stage is laid out at tensor degree t (Megatron-LM's rule or the per-op
-        search's layout), each graph on each group size laid out once (a 1,000-op graph
-        takes tens of milliseconds, and the closed form and the costing both ask)."""
+    def stage_rule(
+        self, rule: str, t: int, c: int = 1
+    ) -> Callable[[OpGraph, DeviceGraph, int], Strategy]:
+        """How a stage is laid out at tensor degree t and context degree c (Megatron-LM's
+        rule or the per-op search's layout, at c = 1), each graph on each group size laid out
+        once (a 1,000-op graph takes tens of milliseconds, and the closed form and the
+        costing both ask). The callable's third argument is a replica's width, t x c."""
         lay_out = self.searched[t].strategy if rule == "search" else megatron
 
-        def laid_out(graph: OpGraph, group: DeviceGraph, tensor: int) -> Strategy:
-            key = (id(graph), group.num_devices, tensor, rule)  # graphs stay in `micro`
+        def laid_out(graph: OpGraph, group: DeviceGraph, width: int) -> Strategy:
+            key = (id(graph), group.num_devices, t, c, rule)  # graphs stay in `micro`
             if key not in self.layouts:
-                self.layouts[key] = lay_out(graph, group, tensor)
+                self.layouts[key] = (
+                    lay_out(graph, group, t) if c == 1 else megatron(graph, group, t, c)
+                )
             return self.layouts[key]
 
         return laid_out
@@ -372,28 +379,41 @@ def _searched_layouts(
 
 
 def _stage_layouts(space: _Space) -> list[StageLayout]:
-    """Every (p, t, b, recomputation, ZeRO, inner rule) of the space: p stages dividing the
-    devices (at most the blocks), t a power of two up to a host dividing a stage's devices,
-    b samples per replica per micro-batch whose micro-batches divide the batch."""
+    """Every (p, t, b, recomputation, ZeRO, inner rule, c) of the space: p stages dividing
+    the devices (at most the blocks), t a power of two up to a host dividing a stage's
+    devices, c a context-parallel degree (`_context_degrees`) with t x c dividing them, b
+    samples per replica per micro-batch whose micro-batches divide the batch."""
     settings, problem = space.settings, space.problem
     n = problem.devices.num_devices
     node = _host_size(problem.devices)
     batch = problem.samples
     choices = [p for p in (settings.stages or _divisors(n)) if n % p == 0 and p <= problem.blocks]
     rules = [r for r in ("rule", "search") if r in settings.inner]
+    contexts = settings.context or _context_degrees(problem.graph, n)
     return [
-        (p, t, b, rc, z, rule)
+        (p, t, b, rc, z, rule, c)
         for p in choices
         for t in _powers(min(node, n // p))
-        if (n // p) % t == 0
+        for c in contexts
+        if (n // p) % (t * c) == 0
         for b in _powers(min(batch, MAX_MICRO_BATCH))
-        if batch % ((n // p // t) * b) == 0
+        if batch % ((n // p // (t * c)) * b) == 0
         for rc in settings.recompute
         for z in settings.zero
-        if not (z and n // p // t == 1)  # ZeRO shards over replicas: none to shard over
+        if not (z and n // p // (t * c) == 1)  # ZeRO shards over replicas: none to shard over
         for rule in rules
-        if rule == "rule" or t in space.searched
+        if rule == "rule" or (t in space.searched and c == 1)
     ]
+
+
+def _context_degrees(graph: OpGraph, n: int) -> list[int]:
+    """The context-parallel degrees to try: 1, and for a graph with attention the powers of
+    two up to the devices that divide its sequence (Megatron-LM's rule lays every op's
+    sequence out in c chunks; a layout whose sequence t x c does not divide is skipped)."""
+    seqs = [op.output.size(LENGTH) for op in graph.ops if op.kind == "attention"]
+    if not seqs or any(LENGTH not in op.output.dims for op in graph.ops if op.kind == "attention"):
+        return [1]
+    return [c for c in _powers(n) if all(seq % c == 0 for seq in seqs)]
 
 
 def _holding(space: _Space, keys: list[StageLayout]) -> list[StageLayout]:
@@ -404,7 +424,9 @@ def _holding(space: _Space, keys: list[StageLayout]) -> list[StageLayout]:
     bubble), then keeping activations before recomputing them."""
     recompute = space.settings.recompute
     fitting = [k for k in keys if _held(space, k) <= space.usable]
-    fitting.sort(key=lambda k: (k[0] * k[1], k[0], k[2], recompute.index(k[3]), k[4], k[5]))
+    fitting.sort(
+        key=lambda k: (k[0] * k[1] * k[6], k[0], k[6], k[2], recompute.index(k[3]), k[4], k[5])
+    )
     return fitting
 
 
@@ -419,31 +441,32 @@ def _cost(
     graph, devices = problem.graph, problem.devices
     n, batch = devices.num_devices, problem.samples
     out = _Costed([], 0, math.inf, False)
-    for p, t, b, rc, z, rule in fitting:
+    for p, t, b, rc, z, rule, c in fitting:
         if (costing.expired() or stop_requested()) and (out.found or answered):
             out.stopped = True
             break
         g = n // p
-        d = g // t
+        w = t * c  # a replica's devices: tensor innermost, then context
+        d = g // w
         m = batch // (d * b)
         opts = space.cost_options(rc, z)
         here = d if z >= 3 else min(d, 2)  # replicas simulated (`unit_costs`)
         mu = -here * b  # keyed by minus the samples: a graph of here x b samples
-        key = ("units", g, t * here)
+        key = ("units", g, w * here)
         if key not in space.groups:
-            ends = (*range(t * here - t), *range(g - t, g))  # first and last replicas
-            space.groups[key] = devices.subset(ends, f"{devices.name}[{t * here} of {g}]")
+            ends = (*range(w * here - w), *range(g - w, g))  # first and last replicas
+            space.groups[key] = devices.subset(ends, f"{devices.name}[{w * here} of {g}]")
         try:
             if mu not in space.micro:
                 space.micro[mu] = batch_graph(graph, here * b)
-            lay_out = space.stage_rule(rule, t)
+            lay_out = space.stage_rule(rule, t, c)
             u = _interruptible(
                 partial(
                     unit_costs,
                     space.micro[mu],
                     devices,
                     space.groups[key],
-                    t,
+                    w,
                     opts,
                     g if p > 1 else 0,
                     d,
@@ -456,12 +479,13 @@ def _cost(
             out.stopped = True
             break
         except Exception as exc:  # noqa: BLE001 - a layout the rule cannot express: skip it
-            log.debug("skipped PP %d TP %d b %d: %s", p, t, b, exc)
+            log.debug("skipped PP %d TP %d CP %d b %d: %s", p, t, c, b, exc)
             continue
         out.costed += 1
         found = candidates(
-            u, (p, t, d, b, m, rc, z, rule), problem.blocks, space.settings.schedules, space.flights
-        )
+            u, (p, t, d, b, m, rc, z, rule), problem.blocks, space.settings.schedules,
+            space.flights, c,
+        )  # fmt: skip
         for cand in found:
             out.least = min(out.least, cand.peak)
             if cand.peak <= space.usable:
@@ -491,23 +515,24 @@ def _rank(space: _Space, fitting: list[StageLayout], ranking: Deadline | None) -
     problem = space.problem
     devices, n, batch = problem.devices, problem.devices.num_devices, problem.samples
     out = _Ranked([], [], math.inf)
-    for i, (p, t, b, rc, z, rule) in enumerate(fitting):
+    for i, (p, t, b, rc, z, rule, c) in enumerate(fitting):
         if ranking is not None and (ranking.expired() or stop_requested()):
             out.unreached = fitting[i:]
             break
         g = n // p
-        d = g // t
+        w = t * c  # a replica's devices
+        d = g // w
         m = batch // (d * b)
         here = d if z >= 3 else min(d, 2)  # replicas costed, as `_cost` does
         opts = space.cost_options(rc, z)
         try:
             graph = space.samples_graph(here * b)
-            strategy = space.stage_rule(rule, t)(graph, space.first_devices(t * here), t)
+            strategy = space.stage_rule(rule, t, c)(graph, space.first_devices(w * here), w)
             u = space.quick.units(
                 graph,
                 devices,
-                _unit_ends(g, t, here),
-                partial(space.unit_group, g, t, here),
+                _unit_ends(g, w, here),
+                partial(space.unit_group, g, w, here),
                 strategy,
                 opts,
                 g if p > 1 else 0,
@@ -515,16 +540,17 @@ def _rank(space: _Space, fitting: list[StageLayout], ranking: Deadline | None) -
                 d,
             )
         except Exception as exc:  # noqa: BLE001 - a layout the rule cannot express: skip it
-            log.debug("skipped PP %d TP %d b %d: %s", p, t, b, exc)
+            log.debug("skipped PP %d TP %d CP %d b %d: %s", p, t, c, b, exc)
             continue
         found = candidates(
-            u, (p, t, d, b, m, rc, z, rule), problem.blocks, space.settings.schedules, space.flights
-        )
+            u, (p, t, d, b, m, rc, z, rule), problem.blocks, space.settings.schedules,
+            space.flights, c,
+        )  # fmt: skip
         out.estimated += 1
-        out.least = min([out.least, *(c.peak for c in found)])
-        fits = [c.estimate for c in found if c.peak <= space.usable]
+        out.least = min([out.least, *(f.peak for f in found)])
+        fits = [f.estimate for f in found if f.peak <= space.usable]
         if fits:
-            out.estimates.append((min(fits), (p, t, b, rc, z, rule)))
+            out.estimates.append((min(fits), (p, t, b, rc, z, rule, c)))
     return out
 
 
@@ -665,6 +691,7 @@ def _simulate(
     one or two replicas, or ZeRO 3, every device simulated."""
     n, p, t, d = devices.num_devices, lay.stages, lay.tensor, lay.data
     g = n // p
+    w = t * lay.context  # a replica's devices: tensor innermost, then context
 
     def strategy(m: int, devs: DeviceGraph, size: int, data: int) -> PipelinedStrategy:
         if m not in micro:
@@ -674,10 +701,10 @@ def _simulate(
             groups[size] = (
                 devices if whole else devices.subset(range(size), f"{devices.name}[{size}]")
             )
-        if lay.inner == "search" and searched and t in searched:
+        if lay.inner == "search" and searched and t in searched and lay.context == 1:
             inner = searched[t].strategy(micro[m], groups[size], t)
         else:
-            inner = megatron(micro[m], groups[size], t)
+            inner = megatron(micro[m], groups[size], t, lay.context)
         return _pipelined(micro[m], devs, inner, dataclasses.replace(lay, data=data))
 
     planned = strategy(lay.micro_batches, devices, g, d)
@@ -687,12 +714,12 @@ def _simulate(
             CostModel(planned.strategy.graph, devices, options), planned
         )
     # the first and the last replica: across the same links as the stage's sync crosses
-    keep = [s * g + k for s in range(p) for k in (*range(t), *range(g - t, g))]
-    reduced = devices.subset(keep, f"{devices.name}[{p} x {t * here}]")
+    keep = [s * g + k for s in range(p) for k in (*range(w), *range(g - w, g))]
+    reduced = devices.subset(keep, f"{devices.name}[{p} x {w * here}]")
     small_samples = here * lay.micro_batch
     if -small_samples not in micro:
         micro[-small_samples] = batch_graph(graph, small_samples)
-    small = strategy(-small_samples, reduced, t * here, here)
+    small = strategy(-small_samples, reduced, w * here, here)
     chunks = chunk_times(CostModel(small.strategy.graph, reduced, options), small, _CHUNKS)
     sync = ring_factor(d) / ring_factor(here)
     zero = zero_factor(graph, options, d) / zero_factor(graph, options, here)
@@ -740,12 +767,12 @@ def _tasks(graph: OpGraph, lay: Layout) -> int:
     """About the tasks a full simulation of the layout's distinct chunks has: ops of the
     first, a middle and the last chunk, each on every device of its stage."""
     per_chunk = len(graph.ops) / (lay.stages * lay.virtual)
-    return int(min(3, lay.stages * lay.virtual) * per_chunk * lay.tensor * lay.data)
+    return int(min(3, lay.stages * lay.virtual) * per_chunk * lay.tensor * lay.context * lay.data)
 
 
 def _held(space: _Space, key: StageLayout) -> float:
     """A lower bound of a device's parameter bytes: the state split p x t ways (x d: ZeRO)."""
-    p, t, _, _, z, _ = key
+    p, t, _, _, z, _, _ = key
     n = space.problem.devices.num_devices
     return space.state / (p * t) / (n // (p * t) if z else 1)
 

@@ -79,6 +79,13 @@ class PipelineSettings(BackendSettings):
     stages: Annotated[
         tuple[int, ...] | None, Check("pipeline sizes >= 1 (or None: every divisor)", _stages)
     ] = None
+    # context-parallel degrees to try (None: 1 and every power of two up to the devices that
+    # divides the sequence of a model with attention; `search._context_degrees`)
+    context: Annotated[
+        tuple[int, ...] | None,
+        Coerce(lambda v: (v,) if isinstance(v, int) and not isinstance(v, bool) else v),
+        Check("context-parallel degrees >= 1 (or None: every power of two)", _stages),
+    ] = None
     # a cap on the layouts simulated exactly (None: as many as the rule needs: every layout
     # estimated below the answer's step is simulated; docs/pipeline.md)
     exact: Annotated[

@@ -126,7 +126,7 @@ class PipelineConformance:
         assert m == layout.micro_batches
         assert planned.strategy.graph == micro_batch_graph(problem.graph, m)
         n = problem.devices.num_devices
-        assert layout.stages * layout.tensor * layout.data == n
+        assert layout.stages * layout.tensor * layout.context * layout.data == n
         groups = planned.pipeline.groups
         assert len(groups) == layout.stages
         assert sorted(d for g in groups for d in g) == list(range(n))

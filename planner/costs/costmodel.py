@@ -55,6 +55,7 @@ import numpy as np
 
 from planner.costs.activations import ActivationMemory, activation_memory
 from planner.costs.config import OpConfigs, ParallelConfig
+from planner.costs.context import CP_EXCHANGES, CP_ORDERS, permutable, task_work
 from planner.costs.experts import (
     a2a_bytes,
     a2a_seconds,
@@ -158,9 +159,13 @@ class CostOptions:
     compute (off the step), `tp_overlap` of each transfer into or out of a linear runs under
     its GEMM, `pp_overlap` of each pipeline message travels while its sender computes (the
     rest blocks it), `cp_overlap` of the keys and values a context-parallel attention op
-    exchanges runs under its kernels (ring attention), `ep_overlap` of a mixture of experts'
-    all-to-alls runs under its own compute (DeepSeek-V3's DualPipe hides them under another
-    micro-batch's). The defaults are PyTorch's
+    exchanges runs under its kernels: `cp_exchange` "all-gather" (the default) lets that
+    share run under the op's whole kernels, "ring" under one block's per step of the ring
+    (c - 1 steps of one chunk); `cp_order` is the sequence order of context parallelism:
+    "balanced" (the default: rank i holds chunks i and 2c-1-i of 2c, equal causal work) or
+    "contiguous" (chunk l does (2l+1)/c of the mean: `planner.costs.context`);
+    `ep_overlap` of a mixture of experts' all-to-alls runs under its own compute
+    (DeepSeek-V3's DualPipe hides them under another micro-batch's). The defaults are PyTorch's
     (`FRAMEWORK_OVERLAP["pytorch"]`). `chunk_sync_overlap`: of a pipeline chunk's overlapped
     sync (`dp_overlap`), the share that starts at that chunk's last backward and runs under
     the stage's later backwards (interleaved schedules: the other chunks'); the rest waits
@@ -205,6 +210,8 @@ class CostOptions:
     cp_overlap: float = 0.0
     ep_overlap: float = 0.0
     expert_capacity: float = 1.0
+    cp_exchange: Literal["all-gather", "ring"] = "all-gather"
+    cp_order: Literal["balanced", "contiguous"] = "balanced"
     chunk_sync_overlap: float = 0.0
     transfer_once: bool = False
     nic_rails: bool = False
@@ -255,6 +262,16 @@ class CostOptions:
             raise LayerwiseError(
                 f"expert_capacity must be the busiest expert-parallel rank's tokens over the "
                 f"mean, a number >= 1 (1: balanced routing), got {self.expert_capacity!r}"
+            )
+        if self.cp_exchange not in CP_EXCHANGES:
+            raise LayerwiseError(
+                f"cp_exchange must be 'all-gather' (keys and values gathered before attention) "
+                f"or 'ring' (passed chunk by chunk beside its blocks), got {self.cp_exchange!r}"
+            )
+        if self.cp_order not in CP_ORDERS:
+            raise LayerwiseError(
+                f"cp_order must be 'balanced' (rank i holds sequence chunks i and 2c-1-i of "
+                f"2c) or 'contiguous', got {self.cp_order!r}"
             )
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise LayerwiseError(
@@ -422,6 +439,13 @@ class CostModel:
 
     # -- t_c ------------------------------------------------------------------------------
 
+    @cached_property
+    def _cp_order(self) -> str:
+        """The token order causal attention's sequence chunks run in: the options', but
+        contiguous where the graph cannot run permuted (`planner.costs.context.permutable`:
+        the runtime keeps such a sequence in order)."""
+        return self.options.cp_order if permutable(self.graph) else "contiguous"
+
     def _task_work(self, op: Op) -> tuple[float, float]:
         """(FLOPs, bytes) of the whole op's forward pass."""
         nbytes = op.mem_bytes
@@ -474,14 +498,19 @@ class CostModel:
         if op.kind == "moe":  # its routing, permutation and activation kernels
             passes = token_pass_bytes(op, cfg, o.expert_capacity)
             casts = (casts[0] + passes, casts[1] + passes * o.backward_factor)
-        kernels = self._kernel_times(i, cfg)
+        shaped = self._kernel_times(i, cfg)
+        kernels: tuple[Any, Any] | None = shaped
+        work = task_work(op, cfg, self._cp_order)  # causal chunks' unequal shares
+        task_flops: Any = flops if work is None else flops * work
+        if work is not None and shaped is not None:
+            kernels = (shaped[0] * work, shaped[1] * work)
         if kernels is not None:  # by the kernels' shapes (`planner.costs.rates`)
             fwd = np.maximum(kernels[0], memory) + casts[0] / bandwidth
             bwd = np.maximum(kernels[1], memory * o.backward_factor) + casts[1] / bandwidth
             return fwd + o.task_overhead, bwd + fwd * self._again(i)
         if op.kind == "moe":  # the busiest expert-parallel rank (`planner.costs.experts`)
-            flops = moe_task_flops(op, cfg, o.expert_capacity) * k
-        fwd = np.maximum(flops / k / self.compute_rate(op)[dev], memory)
+            task_flops = moe_task_flops(op, cfg, o.expert_capacity) * k
+        fwd = np.maximum(task_flops / k / self.compute_rate(op)[dev], memory)
         bwd = fwd * o.backward_factor + casts[1] / bandwidth
         fwd = fwd + casts[0] / bandwidth
         return fwd + o.task_overhead, bwd + fwd * self._again(i)
@@ -887,9 +916,28 @@ class CostModel:
                 held = self._kept_unit(i, cfg) * float(act.work[i])
                 work[devs] += held
                 peak[devs] -= held * act.share[i]
+            exchange = self._exchange_bytes(i, cfg)
+            if exchange:  # the keys and values of other chunks, while attention runs
+                work = regions.setdefault(f"(exchange {i})", np.zeros(self.num_devices))
+                work[list(cfg.devices)] += exchange
         if regions:
             peak += np.max(np.stack(list(regions.values())), axis=0)
         return peak
+
+    def _exchange_bytes(self, i: int, cfg: ParallelConfig) -> float:
+        """Bytes of other chunks' keys and values each task of a context-parallel attention
+        op holds while it runs (0 for every other op): all of them gathered
+        (`cp_exchange` "all-gather": (c - 1) chunks), or the chunk it computes on and the
+        one arriving (a ring's two receive buffers, Transformer Engine's)."""
+        op = self.graph.ops[i]
+        if op.kind != "attention" or LENGTH not in op.output.dims:
+            return 0.0
+        c = cfg.degrees[op.output.dims.index(LENGTH)]
+        if c <= 1:
+            return 0.0
+        kv = sum(self.graph.ops[self.graph.index(n)].output.nbytes for n in op.inputs[1:])
+        chunks = c - 1 if self.options.cp_exchange == "all-gather" else min(2, c - 1)
+        return kv / cfg.num_tasks * chunks
 
     def memory_parts(
         self, configs: Sequence[ParallelConfig]

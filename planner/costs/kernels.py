@@ -647,6 +647,7 @@ def run_task(
     eps: float = BN_EPS,
     tables: Sequence[torch.Tensor] | None = None,
     exchange: ExpertExchange | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The task's output box from its input boxes (`plan.in_boxes`, plus c_prev for an LSTM
     step) and its parameter shards (`plan.param_shapes`).
@@ -659,7 +660,10 @@ def run_task(
     Batch norm uses epsilon `eps`; when the plan's statistics are shared (`stats_count`),
     `reduce` sums a tensor over the task's group (the runtime's exchange; None: this task
     alone, which computes the same arithmetic, as the profiler measures it). `tables`: an
-    attention op's rotary tables (cos, sin), as the model computes them."""
+    attention op's rotary tables (cos, sin), as the model computes them. `positions`: the
+    token position at each place of the sequence when it runs permuted (context
+    parallelism's balanced order, `planner.costs.context`), which attention's mask and
+    rotation and a position embedding's rows follow."""
     norm_args = (reduce, eps)
     op = plan.op
     expected = len(plan.in_boxes) + (1 if op.kind == "lstm" and len(plan.in_boxes) == 2 else 0)
@@ -671,7 +675,9 @@ def run_task(
     own = [p for p, r in zip(params, plan.roles, strict=True) if r.role == "own"]
     norm = [p for p, r in zip(params, plan.roles, strict=True) if r.role == "norm"]
     extras = [
-        _align_extra(plan, p) for p, r in zip(params, plan.roles, strict=True) if r.role == "extra"
+        _align_extra(plan, p, positions)
+        for p, r in zip(params, plan.roles, strict=True)
+        if r.role == "extra"
     ]
     try:
         kernel = KERNELS[op.kind]
@@ -680,10 +686,13 @@ def run_task(
     if op.kind == "norm":
         return _normalize(plan, xs[0], _norm_fn(plan.op), own, norm_args)
     if op.kind == "attention" and tables:  # the model's rotary tables (cos, sin)
-        return kernel(plan, xs, own, list(tables))
+        return _attention(plan, xs, own, list(tables), positions)
     if op.kind == "moe" and plan.experts is not None:
         return _epilogue(plan, _moe(plan, xs, own, extras, exchange), norm, extras, norm_args)
-    y = kernel(plan, xs, own, extras)
+    if op.kind == "attention":
+        y = _attention(plan, xs, own, extras, positions)
+    else:
+        y = kernel(plan, xs, own, extras)
     return _epilogue(plan, y, norm, extras, norm_args)
 
 
@@ -692,8 +701,11 @@ def _select(plan: TaskPlan, pos: int, x: torch.Tensor) -> torch.Tensor:
     return x if sel is None else x.select(sel[0], sel[1])
 
 
-def _align_extra(plan: TaskPlan, p: torch.Tensor) -> torch.Tensor:
-    """A broadcast parameter cut to the task's output box on its non-parameter dims."""
+def _align_extra(
+    plan: TaskPlan, p: torch.Tensor, positions: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A broadcast parameter cut to the task's output box on its non-parameter dims (along
+    the sequence, the rows of the box's `positions` when the sequence runs permuted)."""
     dims, sizes = plan.op.output.dims, plan.op.output.sizes
     pdims = parameter_dims(plan.op)
     for axis in range(p.dim()):
@@ -705,7 +717,10 @@ def _align_extra(plan: TaskPlan, p: torch.Tensor) -> torch.Tensor:
         if p.shape[axis] != sizes[k] and not (dims[k] == LENGTH and p.shape[axis] > sizes[k]):
             continue
         lo, hi = plan.out_box[k]
-        p = p.narrow(axis, lo, hi - lo)
+        if positions is not None and dims[k] == LENGTH:
+            p = p.index_select(axis, positions[lo:hi].to(p.device))
+        else:
+            p = p.narrow(axis, lo, hi - lo)
     return p
 
 
@@ -1002,9 +1017,16 @@ def _lstm(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], extra
     return _lstm_cell(plan, xs, own)[0]
 
 
-def _attention(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], extras: Any) -> Any:
+def _attention(
+    plan: TaskPlan,
+    xs: list[torch.Tensor],
+    own: list[torch.Tensor],
+    extras: Any,
+    positions: torch.Tensor | None = None,
+) -> Any:
     """`planner.graph.attention.attention_math` on the task's heads and query rows; `extras`
-    holds the rotary tables (cos, sin) when the op has them (the runtime passes the model's)."""
+    holds the rotary tables (cos, sin) when the op has them (the runtime passes the model's);
+    `positions` the tokens' positions when the sequence runs permuted."""
     op = plan.op
     if op.output.dims != (SAMPLE, LENGTH, CHANNEL) or len(xs) != 3:
         raise GraphError(f"attention {op.name!r} needs q, k, v of dims (sample, length, channel)")
@@ -1012,7 +1034,9 @@ def _attention(plan: TaskPlan, xs: list[torch.Tensor], own: list[torch.Tensor], 
     heads = int(op.attr("heads", 1)) * q.shape[-1] // op.output.size(CHANNEL)
     tables = (extras[0], extras[1]) if len(extras) == 2 else None
     start = plan.out_range(LENGTH)[0]
-    return attention_math(q, xs[1], xs[2], op, q_start=start, heads=heads, tables=tables)
+    return attention_math(
+        q, xs[1], xs[2], op, q_start=start, heads=heads, tables=tables, positions=positions
+    )
 
 
 def _rnn_attention(

@@ -234,10 +234,11 @@ def attention_seconds(
     attention (Megatron-Core with Transformer Engine, `AttnFuncWithCPAndKVP2P`; Liu et al.,
     "Ring Attention", 2023) on blocks of s / chunks queries and keys: for a causal mask, the
     block of its own chunk causal (1 / chunks of its work) and the blocks of the others full
-    (the rest), each at the kernel's rate at length s / chunks. `flops` / tasks is the same
-    work on every task: the load-balanced order (each rank holds chunks i and 2 c - 1 - i of
-    2 c, as Megatron-LM and the Llama 3 paper order them) gives every rank the same share of
-    the causal product."""
+    (the rest), each at the kernel's rate at length s / chunks. `flops` / tasks is the mean
+    work of a task: the load-balanced order (each rank holds chunks i and 2 c - 1 - i of 2 c,
+    as Megatron-LM and the Llama 3 paper order them, and as the runtime runs
+    `CostOptions.cp_order` "balanced") gives every rank that share of the causal product;
+    contiguous chunks scale it by their own share (`planner.costs.context.task_work`)."""
     work = flops * (0.5 if causal else 1.0)
     if chunks <= 1 or not causal:
         forward, backward = kernel.rates(max(1, seq // max(1, chunks)), causal)

@@ -73,7 +73,7 @@ from planner.costs.recompute import recompute_error, recomputed_ops
 from planner.errors import ExportError
 from planner.export.common import check_params
 from planner.export.zero import ZeroOneOptimizer, fully_shard_plan
-from planner.graph.opkinds import CHANNEL, SAMPLE
+from planner.graph.opkinds import CHANNEL, LENGTH, SAMPLE
 
 if TYPE_CHECKING:
     from torch import nn
@@ -202,9 +202,11 @@ def export_plan(
     if bad and fallback == "error":
         listed = "; ".join(f"{o.op} ({o.kind}, {o.config}): {o.reason}" for o in bad[:6])
         more = f"; and {len(bad) - 6} more" if len(bad) > 6 else ""
+        cp = any(o.reason.startswith(CONTEXT_PARALLEL_REASON) for o in bad if o.reason)
+        why = f" Context parallelism is not exported: {CONTEXT_PARALLEL_REASON}." if cp else ""
         raise ExportError(
             f"{len(bad)} op(s) of the strategy cannot be expressed as DTensor placements: "
-            f"{listed}{more}. Pass fallback='replicate' to run them replicated"
+            f"{listed}{more}.{why} Pass fallback='replicate' to run them replicated"
         )
     modules: dict[str, str] = {}
     for o in ops:
@@ -319,6 +321,8 @@ def _style(
                 f"its samples {data} and its channels {tensor} ways"
             )
         split, world = {CHANNEL: tensor}, tensor
+    if op.kind == "attention" and LENGTH in split:
+        return "replicate", CONTEXT_PARALLEL_REASON
     if op.kind == "attention" and split == {CHANNEL: world}:
         # heads: computed per rank on its heads (_DTensorMode), as q arrives sharded
         heads = int(op.attr("kv_heads", op.attr("heads", 1)))
@@ -351,6 +355,17 @@ def _style(
     if dim in ("height", "width"):
         return "replicate", f"a {dim} split (DTensor convolutions have no halo exchange)"
     return "replicate", f"a {dim} split of a {op.kind} op"
+
+
+# torch 2.13's context_parallel (torch.distributed.tensor.experimental._context_parallel.
+# _attention) replaces only the CUDA kernels aten._scaled_dot_product_{flash,efficient,cudnn}
+# _attention ("CP only supports flash attention and memory efficient attention now"); a
+# DTensor sharded along the sequence has no CPU SDPA sharding rule
+CONTEXT_PARALLEL_REASON = (
+    "a sequence (context-parallel) split of attention: DTensor on gloo has no CPU "
+    "scaled_dot_product_attention for sequence shards, and torch's experimental "
+    "context_parallel runs only the CUDA flash/efficient/cuDNN kernels"
+)
 
 
 def _rowwise(

@@ -470,11 +470,17 @@ def attention_math(
     q_start: int = 0,
     heads: int | None = None,
     tables: tuple[torch.Tensor, torch.Tensor] | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The attention op on (sample, length, channel) q, k, v: `heads` heads in q (default:
     the op's; a task holds fewer), k and v with the heads their channels hold (each shared by
     a group of q's), the causal mask at q's positions [q_start, q_start + length), the scale,
-    the rotary tables (positions x head size) and a float32 softmax as attrs say."""
+    the rotary tables (positions x head size) and a float32 softmax as attrs say.
+
+    `positions`: the token position at each place of the whole sequence when it is laid out
+    in another order (context parallelism's balanced order, `planner.costs.context`): q holds
+    places [q_start, q_start + length), k and v every place; the mask and the rotation follow
+    the tokens' positions."""
     get = attrs.get if isinstance(attrs, dict) else attrs.attr
     n, lq, c = q.shape
     lk = k.shape[1]
@@ -487,6 +493,8 @@ def attention_math(
         return x.reshape(n, -1, x.shape[-1] // d, d).transpose(1, 2)
 
     qh, kh, vh = split(q), split(k), split(v)
+    if positions is not None:
+        return _permuted_attention(qh, kh, vh, attrs, q_start, heads, tables, positions)
     if get("rope"):
         if tables is None:  # no values (cost measurements): the same work, identity rotation
             tables = (
@@ -518,6 +526,48 @@ def attention_math(
     else:
         y = F.scaled_dot_product_attention(qh, kh, vh, mask, is_causal=causal, scale=s)
     return y.transpose(1, 2).reshape(n, lq, c)
+
+
+def _permuted_attention(
+    qh: torch.Tensor,
+    kh: torch.Tensor,
+    vh: torch.Tensor,
+    attrs: dict[str, Any] | Any,
+    q_start: int,
+    heads: int,
+    tables: tuple[torch.Tensor, torch.Tensor] | None,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """`attention_math` on (sample, heads, places, head size) q, k, v whose places hold the
+    tokens at `positions` (k and v the whole sequence, q from place q_start)."""
+    get = attrs.get if isinstance(attrs, dict) else attrs.attr
+    n, _, lq, d = qh.shape
+    pos = positions.to(qh.device)
+    pq, pk = pos[q_start : q_start + lq], pos[: kh.shape[2]]
+    if get("rope"):
+        if tables is None:
+            tables = (
+                torch.ones(len(pos), d, dtype=qh.dtype),
+                torch.zeros(len(pos), d, dtype=qh.dtype),
+            )
+        cos, sin = (t.to(qh.device, qh.dtype) for t in tables)
+        qh = qh * cos[pq] + rotate_half(qh) * sin[pq]
+        kh = kh * cos[pk] + rotate_half(kh) * sin[pk]
+    kv = kh.shape[1]
+    if kv != heads:
+        kh = kh.repeat_interleave(heads // kv, dim=1)
+        vh = vh.repeat_interleave(heads // kv, dim=1)
+    mask = pq.unsqueeze(1) >= pk.unsqueeze(0) if get("causal", False) else None
+    scale = get("scale")
+    s = float(scale) if scale is not None else 1 / math.sqrt(d)
+    if get("softmax") == "float32":
+        scores = (qh @ kh.transpose(-2, -1)) * s
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        y = torch.softmax(scores.float(), dim=-1).to(qh.dtype) @ vh
+    else:
+        y = F.scaled_dot_product_attention(qh, kh, vh, mask, scale=s)
+    return y.transpose(1, 2).reshape(n, lq, heads * d)
 
 
 def _check_allowed(gm: fx.GraphModule, n: fx.Node) -> None:

@@ -80,13 +80,16 @@ class Layout:
     zero: int
     blocks: tuple[int, ...]  # per chunk, in chunk order
     inner: str = "rule"  # each stage laid out by Megatron-LM's rule or the per-op search
+    context: int = 1  # context-parallel degree: the sequence split over that many tensor groups
 
     def describe(self) -> str:
-        """One line: 'PP 2 x TP 4 x DP 2, 8 micro-batches of 1 per replica, 1f1b, ...'."""
+        """One line: 'PP 2 x TP 4 x DP 2, 8 micro-batches of 1 per replica, 1f1b, ...'
+        ('x CP c' after TP with context parallelism)."""
         sched = self.schedule if self.virtual == 1 else f"{self.schedule} v={self.virtual}"
         zero = f", ZeRO {self.zero}" if self.zero else ""
+        cp = f" x CP {self.context}" if self.context > 1 else ""
         return (
-            f"PP {self.stages} x TP {self.tensor} x DP {self.data}, {self.micro_batches} "
+            f"PP {self.stages} x TP {self.tensor}{cp} x DP {self.data}, {self.micro_batches} "
             f"micro-batches of {self.micro_batch} per replica, {sched}, recompute "
             f"{self.recompute}{zero}, {self._blocks()}"
             + (", stages laid out by the per-op search" if self.inner == "search" else "")

@@ -129,9 +129,10 @@ def megatron(
 
     Context parallelism (Megatron-Core's `--context-parallel-size`) splits every op's
     sequence `context` ways on top of that (the data's tokens too: each rank loads its own
-    chunks), so the tensor groups of one replica hold consecutive chunks of the sequence
-    (the load-balanced order of Megatron's two chunks per rank changes which tokens, not how
-    many or what they cost: `planner.costs.rates.attention_seconds`); attention keeps its
+    chunks), so the tensor groups of one replica hold consecutive chunks of the sequence as
+    laid out (in `CostOptions.cp_order` "balanced", the default, the runtime lays the tokens
+    out so that chunk i holds Megatron's halves i and 2c-1-i: `planner.costs.context`);
+    attention keeps its
     queries' chunk and reads the keys and values of every chunk from the other context
     ranks (the exchange the simulator prices, `CostOptions.cp_overlap`), and a weight is
     replicated over data x context ranks, whose gradients it syncs. Every op that a context

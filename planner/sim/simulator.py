@@ -462,8 +462,10 @@ class Simulator:
         hidden. None when nothing overlaps."""
         kinds = self.graph.ops[u].kind, self.graph.ops[v].kind
         fraction = self.cm.options.tp_overlap
+        ring = False
         if kinds[1] == "attention" and _splits_length(self.graph.ops[v], cv):
             fraction = self.cm.options.cp_overlap
+            ring = self.cm.options.cp_exchange == "ring"
             side, cfg, tasks = v, cv, qs
         elif "linear" in kinds:
             side, cfg, tasks = (v, cv, qs) if kinds[1] == "linear" else (u, cu, ps)
@@ -473,6 +475,8 @@ class Simulator:
             return None
         fwd, bwd = self._op_costs(side, cfg)[:2]
         count = Counter(tasks)
+        if ring:
+            count = self._ring_steps(v, cv, tasks)
         # a ring attention's backward also receives the keys and values again: half each
         split = 2.0 if side == v and kinds[1] == "attention" and fraction > 0 else 1.0
         forward: dict[tuple[int, int], float] = {}
@@ -482,6 +486,16 @@ class Simulator:
             forward[p, q] = fwd[t] / count[t]
             backward[p, q] = bwd[t] / count[t] / split
         return forward, backward, fraction
+
+    def _ring_steps(self, v: int, cv: ParallelConfig, tasks: list[int]) -> Counter[int]:
+        """Ring attention (`CostOptions.cp_exchange` "ring", Megatron-Core's
+        `AttnFuncWithCPAndKVP2P`): each of the c - 1 steps passes one chunk of keys and values
+        while one of the c blocks computes, so a message of one of the op's key/value edges
+        runs under 1 / c of the task's kernels, shared with the other key/value edges'."""
+        op = self.graph.ops[v]
+        c = cv.degrees[op.output.dims.index(LENGTH)]
+        edges = sum(1 for e in self.graph.edges if e.dst == v and e.position > 0)
+        return Counter({t: c * edges for t in set(tasks)})
 
     def _context_kv(self, e: int, cv: ParallelConfig | None) -> bool:
         """Whether edge e brings keys or values (an input after the first) to an attention op

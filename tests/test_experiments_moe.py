@@ -1,0 +1,49 @@
+"""`experiments.moe`: the published MoE anchors' layouts and their simulation, on a tiny
+stand-in of the Mixtral anchor (the full anchors run in `python -m experiments.moe`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from experiments.moe import ANCHORS, Anchor, predict, table
+from experiments.moe_flops import megatron_flops_per_token
+
+TINY = dict(
+    n_layers=4, dim=256, n_heads=4, n_kv_heads=2, hidden_dim=512, moe_hidden=512,
+    vocab_size=1024,
+)  # fmt: skip
+
+
+def tiny(**changes: object) -> Anchor:
+    mixtral = next(a for a in ANCHORS if a.model == "mixtral-8x7b")
+    base = dict(gpus=16, seq=256, gbs=32, mbs=1, tp=1, pp=2, vp=1, ep=8, sizes=TINY)
+    return dataclasses.replace(mixtral, **(base | changes))  # type: ignore[arg-type]
+
+
+def test_the_anchors_layouts_are_the_published_ones() -> None:
+    mixtral, deepseek = ANCHORS
+    assert (mixtral.data, mixtral.micro_batches) == (16, 16)  # 64 / (TP1 x PP4); 256 / 16
+    assert mixtral.layout == "TP1 PP4 VP8 EP8 DP16 MBS1 GBS256"
+    assert (deepseek.data, deepseek.micro_batches) == (128, 120)  # 2,048 / PP16; 15,360 / 128
+    assert deepseek.ep == 64 and deepseek.gpus // 8 == 256
+
+
+def test_a_tiny_anchor_is_predicted_in_its_published_unit() -> None:
+    anchor = tiny()
+    out = predict(anchor)
+    tokens = anchor.gbs * anchor.seq / out["step_seconds"] / anchor.gpus
+    assert out["tokens_per_gpu"] == pytest.approx(tokens)
+    per_token = megatron_flops_per_token(anchor.shape, anchor.seq, causal=False)
+    assert out["predicted"] == pytest.approx(tokens * per_token / 1e12)
+    assert out["error"] == pytest.approx(out["predicted"] / anchor.published - 1)
+    assert 0 < out["peak_gib"] <= sum(out["peak_parts_gib"].values()) + 1e-9
+    assert "468" in table([out]) and anchor.layout in table([out])
+
+
+def test_spreading_the_experts_changes_the_prediction() -> None:
+    spread, alone = predict(tiny(ep=8)), predict(tiny(ep=1))
+    assert spread["step_seconds"] != pytest.approx(alone["step_seconds"], rel=1e-6)
+    # each GPU holds 1/8 of the routed experts: less for its parameters' training state
+    assert spread["peak_parts_gib"]["parameters"] < alone["peak_parts_gib"]["parameters"]

@@ -37,6 +37,7 @@ FAMILIES = {
     "dgx-a100-80g": lambda h: f"dgx-a100-80g-{h}",
     "dgx-h100": lambda h: f"dgx-h100-{h}",
     "dgx-h200": lambda h: f"dgx-h200-{h}",
+    "hgx-h800": lambda h: f"hgx-h800-{h}",
     "cpu-local": lambda h: "cpu-local-2" if h == 1 else None,
 }
 FAST_FAMILY = "p100"

@@ -5,7 +5,6 @@ kernels on sequence chunks (docs/space.md, "Context parallelism in the published
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from planner.costs.costmodel import CostModel, CostOptions
@@ -219,24 +218,3 @@ def test_the_pipeline_search_splits_a_long_sequence_over_context_ranks() -> None
     assert long[0] > 1 and short[0] == 1, (long, short)
     without = _long_context_search(131072, context=(1,))  # chosen by cost: slower without
     assert without[0] == 1 and without[2] > long[2]
-
-
-def test_a_gather_holds_every_other_chunk_while_attention_runs_and_a_ring_two(
-    graph: OpGraph,
-) -> None:
-    devices = get_preset("dgx-h100-1")
-    s = megatron(graph, devices, tensor=1, context=4)  # data 2
-    a = attention_of(graph)
-    kv = sum(graph.ops[graph.index(n)].output.nbytes for n in graph.ops[a].inputs[1:])
-    held = {
-        x: CostModel(graph, devices, CostOptions(cp_exchange=x))._exchange_bytes(a, s.configs[a])  # type: ignore[arg-type]
-        for x in ("all-gather", "ring")
-    }
-    assert held == {"all-gather": kv / 8 * 3, "ring": kv / 8 * 2}
-    peaks = {
-        x: CostModel(graph, devices, CostOptions(cp_exchange=x)).strategy_memory(s.configs)  # type: ignore[arg-type]
-        for x in ("all-gather", "ring")
-    }
-    assert np.all(peaks["all-gather"] >= peaks["ring"]) and np.any(
-        peaks["all-gather"] > peaks["ring"]
-    )

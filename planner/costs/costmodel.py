@@ -916,28 +916,9 @@ class CostModel:
                 held = self._kept_unit(i, cfg) * float(act.work[i])
                 work[devs] += held
                 peak[devs] -= held * act.share[i]
-            exchange = self._exchange_bytes(i, cfg)
-            if exchange:  # the keys and values of other chunks, while attention runs
-                work = regions.setdefault(f"(exchange {i})", np.zeros(self.num_devices))
-                work[list(cfg.devices)] += exchange
         if regions:
             peak += np.max(np.stack(list(regions.values())), axis=0)
         return peak
-
-    def _exchange_bytes(self, i: int, cfg: ParallelConfig) -> float:
-        """Bytes of other chunks' keys and values each task of a context-parallel attention
-        op holds while it runs (0 for every other op): all of them gathered
-        (`cp_exchange` "all-gather": (c - 1) chunks), or the chunk it computes on and the
-        one arriving (a ring's two receive buffers, Transformer Engine's)."""
-        op = self.graph.ops[i]
-        if op.kind != "attention" or LENGTH not in op.output.dims:
-            return 0.0
-        c = cfg.degrees[op.output.dims.index(LENGTH)]
-        if c <= 1:
-            return 0.0
-        kv = sum(self.graph.ops[self.graph.index(n)].output.nbytes for n in op.inputs[1:])
-        chunks = c - 1 if self.options.cp_exchange == "all-gather" else min(2, c - 1)
-        return kv / cfg.num_tasks * chunks
 
     def memory_parts(
         self, configs: Sequence[ParallelConfig]

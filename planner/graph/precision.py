@@ -58,7 +58,6 @@ import dataclasses
 from collections.abc import Mapping
 
 from planner.errors import LayerwiseError, given
-from planner.graph.moe import moe_spec
 from planner.graph.opgraph import Op, OpGraph, Param
 from planner.graph.opkinds import CHANNEL
 
@@ -169,6 +168,8 @@ def _fp8_moe(op: Op) -> bool:
     features, `FP8_OUT_MULTIPLE`, and another's input features)."""
     if op.kind != "moe" or not _in_block(op) or CHANNEL not in op.output.dims:
         return False
+    from planner.graph.moe import moe_spec  # (imports torch: only for a moe op)
+
     spec = moe_spec(op)
     sizes = (op.output.size(CHANNEL), spec.ffn, spec.shared_ffn)
     return all(size % FP8_OUT_MULTIPLE == 0 for size in sizes)

@@ -9,6 +9,7 @@ entropy):
 | op | saves for its backward |
 | --- | --- |
 | linear, conv2d, embedding | its input (the activation; an embedding: the token ids); an FP8 linear (`planner.costs.fp8`) its input's FP8 copy, 1 byte per element, as Transformer Engine saves it |
+| moe | its input, its router's fp32 probabilities, each token's k dispatched copies, the experts' outputs and hidden activations, the shared expert's; FP8 (`planner.costs.fp8`): its GEMMs' inputs as FP8 copies (`_moe_buffers`) |
 | lstm, rnn_attention | its inputs, and its gates (an LSTM: 4 gates and the cell, 5 outputs' worth) |
 | norm (layer, RMS, batch) | its input and fp32 statistics: mean and 1/std per row (layer), 1/std (RMS) |
 | attention | q, k, v and its output, and the fp32 logsumexp per row and head (FlashAttention: the s x s scores are never kept) |
@@ -52,13 +53,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from planner.graph.opkinds import CHANNEL, fused_ops
-from planner.graph.precision import computes_in_fp8
+from planner.graph.precision import computes_in_fp8, fp8_linear
 
 if TYPE_CHECKING:
     from planner.costs.recompute import RecomputeShare
     from planner.graph.opgraph import Op, OpGraph
 
-__all__ = ["LOSS_REGION", "ActivationMemory", "activation_memory", "is_loss", "saves_input"]
+__all__ = [
+    "LOSS_REGION",
+    "ActivationMemory",
+    "activation_memory",
+    "is_loss",
+    "moe_dispatched_bytes",
+    "saves_input",
+]
 
 FP32 = 4
 MASK_BYTES = 1  # a dropout mask: one byte (torch.bool) per element
@@ -195,13 +203,35 @@ def _moe_buffers(op: Op) -> float:
     of a token's k copies dispatched (h) and its expert output before the combine (h), the
     expert MLP's hidden activations (w1's and w3's outputs and their product: 3 f gated, 2 f
     otherwise), the router's fp32 probabilities (E) and the shared expert's hidden
-    activations (as Megatron-Core's MoE layer keeps them for its backward)."""
+    activations (as Megatron-Core's MoE layer keeps them for its backward). An FP8 moe
+    (`planner.costs.fp8`) keeps its GEMMs' inputs as Transformer Engine saves them, FP8
+    copies of 1 byte per element: the dispatched copies and the activations' products (w2's
+    inputs), and the shared expert's FP8 copy of the token (its router keeps the bf16 one)."""
     from planner.graph.moe import moe_spec
 
     spec = moe_spec(op)
-    h = op.output.size(CHANNEL)
-    kept = spec.top_k * (2 * h + spec.matrices * spec.ffn) + spec.matrices * spec.shared_ffn
-    return kept / h + FP32 * spec.experts / (h * op.output.dtype_bytes)
+    h, b = op.output.size(CHANNEL), op.output.dtype_bytes
+    shared = float(spec.matrices * spec.shared_ffn)
+    if computes_in_fp8(op) and spec.shared_ffn:
+        # the token's FP8 copy (h, 1 byte) more; w2's input (fs) in 1 byte, not b
+        shared += (h * FP8_BYTES - spec.shared_ffn * (b - FP8_BYTES)) / b
+    return (moe_dispatched_bytes(op) + shared) / h + FP32 * spec.experts / (h * b)
+
+
+def moe_dispatched_bytes(op: Op) -> float:
+    """Per token, in elements of a moe op's output dtype, what it keeps where its tokens are
+    dispatched (`_moe_buffers`): k x (the copy, h; the expert's output, h; its hidden
+    activations, 3 f gated, 2 f otherwise), the copy and w2's input at 1 byte per element
+    when the op is FP8."""
+    from planner.graph.moe import moe_spec
+
+    spec = moe_spec(op)
+    h, f = op.output.size(CHANNEL), spec.ffn
+    per_copy = 2.0 * h + spec.matrices * f
+    if computes_in_fp8(op):
+        b = op.output.dtype_bytes
+        per_copy -= (h + f) * (b - FP8_BYTES) / b
+    return spec.top_k * per_copy
 
 
 def _stats(op: Op, norm: str | None = None) -> float:
@@ -223,7 +253,7 @@ def activation_memory(graph: OpGraph, recomputed: RecomputeShare) -> ActivationM
     for i, op in enumerate(graph.ops):
         for position, name in enumerate(op.inputs):
             j = graph.index(name)
-            if saves_input(graph, i, position) and computes_in_fp8(op):
+            if saves_input(graph, i, position) and fp8_linear(op):
                 if i not in recomputed:  # (a recomputed one casts it again)
                     fp8_copy[j] = FP8_BYTES / graph.ops[j].output.dtype_bytes
             elif saves_input(graph, i, position):

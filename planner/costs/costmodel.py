@@ -66,7 +66,15 @@ from planner.costs.experts import (
     spreads_experts,
     token_pass_bytes,
 )
-from planner.costs.fp8 import FP8_BYTES, WEIGHT_CACHE_BYTES, cast_bytes, computes_in_fp8
+from planner.costs.fp8 import (
+    FP8_BYTES,
+    WEIGHT_CACHE_BYTES,
+    cast_bytes,
+    computes_in_fp8,
+    fp8_linear,
+    fp8_weight_elements,
+    moe_cast_bytes,
+)
 from planner.costs.memory import (
     OPTIMIZER_STATE_BYTES,
     ParamBytes,
@@ -86,6 +94,7 @@ from planner.costs.recompute import RecomputeShare, recompute_error, recomputed_
 from planner.costs.regions import EdgeGrid, edge_grid
 from planner.costs.transfer import EdgeGeometry, EdgeTables, Layout
 from planner.errors import LayerwiseError
+from planner.graph.moe import moe_flops, moe_spec, tokens_of
 from planner.graph.opkinds import (
     CHANNEL,
     LENGTH,
@@ -457,15 +466,18 @@ class CostModel:
     def compute_rate(self, op: Op) -> np.ndarray:
         """(D,) FLOP/s each device reaches on `op`'s kernels: the peak of its precision and
         kind (`compute_peak`) times the fraction its class reaches (`compute_efficiency_of`)."""
-        fp8 = computes_in_fp8(op)
-        key = (op.kind, op.output.dtype_bytes, fp8)
+        return self._rate(op.kind, op.output.dtype_bytes, computes_in_fp8(op))
+
+    def _rate(self, kind: str, dtype_bytes: int, fp8: bool) -> np.ndarray:
+        """`compute_rate` of an op of `kind`, output dtype and FP8 marking."""
+        key = (kind, dtype_bytes, fp8)
         rate = self._rates.get(key)
         if rate is None:
             o = self.options
             rate = np.array(
                 [
-                    compute_peak(d, op.kind, op.output.dtype_bytes, bool(o.tf32), fp8)
-                    * compute_efficiency_of(d, op.kind, o)
+                    compute_peak(d, kind, dtype_bytes, bool(o.tf32), fp8)
+                    * compute_efficiency_of(d, kind, o)
                     for d in self.devices.devices
                 ],
                 dtype=np.float64,
@@ -510,16 +522,30 @@ class CostModel:
             return fwd + o.task_overhead, bwd + fwd * self._again(i)
         if op.kind == "moe":  # the busiest expert-parallel rank (`planner.costs.experts`)
             task_flops = moe_task_flops(op, cfg, o.expert_capacity) * k
-        fwd = np.maximum(task_flops / k / self.compute_rate(op)[dev], memory)
+        fwd = np.maximum(self._flat_seconds(op, task_flops / k, dev, cfg), memory)
         bwd = fwd * o.backward_factor + casts[1] / bandwidth
         fwd = fwd + casts[0] / bandwidth
         return fwd + o.task_overhead, bwd + fwd * self._again(i)
 
+    def _flat_seconds(self, op: Op, flops: Any, dev: np.ndarray, cfg: ParallelConfig) -> Any:
+        """Seconds of a task's `flops` on devices `dev` at the flat rates (`compute_rate`); an
+        FP8 moe's router FLOPs at the bf16 rate, the rest at the FP8 one."""
+        rate = self.compute_rate(op)[dev]
+        if op.kind != "moe" or not computes_in_fp8(op):
+            return flops / rate
+        router = moe_flops(moe_spec(op), op.output.size(CHANNEL), tokens_of(op.output.sizes))
+        mine = router.router / cfg.num_tasks
+        bf16 = self._rate(op.kind, op.output.dtype_bytes, False)[dev]
+        return (flops - mine) / rate + mine / bf16
+
     def _fp8_casts(self, op: Op, cfg: ParallelConfig) -> tuple[float, float]:
         """(forward, backward) bytes of one task of an FP8 linear's casts and transposes
-        (`planner.costs.fp8.cast_bytes`); (0, 0) for every other op."""
+        (`planner.costs.fp8.cast_bytes`), or of an FP8 moe's expert GEMMs' (`moe_cast_bytes`);
+        (0, 0) for every other op."""
         if not computes_in_fp8(op):
             return 0.0, 0.0
+        if op.kind == "moe":
+            return moe_cast_bytes(op, cfg, self.options.expert_capacity)
         shapes = linear_gemms(op, cfg)
         if shapes is None:
             return 0.0, 0.0
@@ -533,7 +559,7 @@ class CostModel:
         if not self.options.transfer_once:
             return 1
         readers = self.graph.consumers[self.graph.index(op.inputs[0])]
-        return max(1, sum(computes_in_fp8(self.graph.ops[r]) for r in readers))
+        return max(1, sum(fp8_linear(self.graph.ops[r]) for r in readers))
 
     @cached_property
     def _chips(self) -> tuple[list[ChipRates | None], np.ndarray]:
@@ -568,16 +594,27 @@ class CostModel:
         times = self._kernels.get(key)
         if times is None:
             device = self.devices.devices[cfg.devices[0]]
-            if computes_in_fp8(op):  # FP8 GEMMs at the chip's FP8 fit, when it has one
+            gemm: GemmFit | None
+            experts: tuple[GemmFit, float] | None = None
+            if computes_in_fp8(op) and op.kind == "moe":  # experts in FP8, the router bf16
+                gemm, peak = (chip.gemm if chip.gemm8 else None), device.peak16
+                experts = None if chip.gemm8 is None else (chip.gemm8, device.peak8)
+            elif computes_in_fp8(op):  # FP8 GEMMs at the chip's FP8 fit, when it has one
                 gemm, peak = chip.gemm8, device.peak8
             else:
                 gemm, peak = chip.gemm, device.peak16
-            times = None if gemm is None else self._shaped(op, cfg, chip, gemm, peak)
+            times = None if gemm is None else self._shaped(op, cfg, chip, gemm, peak, experts)
             self._kernels[key] = times
         return times
 
     def _shaped(
-        self, op: Op, cfg: ParallelConfig, chip: ChipRates, gemm: GemmFit, peak: float
+        self,
+        op: Op,
+        cfg: ParallelConfig,
+        chip: ChipRates,
+        gemm: GemmFit,
+        peak: float,
+        experts: tuple[GemmFit, float] | None = None,
     ) -> tuple[float, float] | None:
         if op.kind == "attention":
             dims = op.output.dims
@@ -588,7 +625,8 @@ class CostModel:
             causal = bool(op.attr("causal", False))
             return attention_seconds(kernel, flops, seq, causal, chunks)
         if op.kind == "moe":  # router, shared expert, grouped expert GEMMs
-            return expert_gemm_seconds(op, cfg, gemm, peak, self.options.expert_capacity)
+            capacity = self.options.expert_capacity
+            return expert_gemm_seconds(op, cfg, gemm, peak, capacity, experts)
         shapes = linear_gemms(op, cfg)
         if shapes is None:
             return None
@@ -874,7 +912,8 @@ class CostModel:
                 continue
             shards, r = tasks.shape if tasks.size else (1, cfg.num_tasks)
             state = param_bytes(params, o.optimizer, o.master_weights)
-            held = (state.weights, state.gradients, state.state)
+            cache = WEIGHT_CACHE_BYTES * fp8_weight_elements(op, params)  # FP8 experts
+            held = (state.weights + cache, state.gradients, state.state)
             cut = (zero >= 3, zero >= 2, zero >= 1)
             scale = 1.0 / (shards * self._share(op))
             parts += [b / (r if c else 1) * scale for b, c in zip(held, cut, strict=True)]
@@ -953,11 +992,12 @@ class CostModel:
 
     def param_state(self, op: Op) -> ParamBytes:
         """Op's parameter bytes in training, unsharded: weights, gradients, fp32 state. The
-        weights of an FP8 linear count Transformer Engine's FP8 copy of its weight and of its
-        transpose, kept across micro-batches (`planner.costs.fp8.WEIGHT_CACHE_BYTES`)."""
+        weights of an FP8 linear (an FP8 moe's experts) count Transformer Engine's FP8 copy of
+        its weight and of its transpose, kept across micro-batches (`planner.costs.fp8.
+        WEIGHT_CACHE_BYTES`, `fp8_weight_elements`)."""
         state = param_bytes(op.params, self.options.optimizer, self.options.master_weights)
         if computes_in_fp8(op):
-            cache = WEIGHT_CACHE_BYTES * math.prod(op.params[0].shape)
+            cache = WEIGHT_CACHE_BYTES * fp8_weight_elements(op)
             state = dataclasses.replace(state, weights=state.weights + cache)
         return state
 
@@ -1016,8 +1056,8 @@ class CostModel:
         (`planner.costs.fp8`)."""
         src, dst = self.graph.ops[edge.src], self.graph.ops[edge.dst]
         size = src.output.dtype_bytes
-        forward = FP8_BYTES if computes_in_fp8(dst) and edge.position == 0 else size
-        backward = FP8_BYTES if computes_in_fp8(src) else size
+        forward = FP8_BYTES if fp8_linear(dst) and edge.position == 0 else size
+        backward = FP8_BYTES if fp8_linear(src) else size
         n = self.edge_components(edge)
         return forward * n, backward * n
 

@@ -40,7 +40,9 @@ Not modelled: all-to-all traffic contending with other transfers on the same lin
 simulator prices it as device-occupying exchange tasks), NVLink and InfiniBand messages of
 one member running at once (serialised here), dropped tokens (the runtime is dropless:
 `capacity` only prices the imbalance), DeepSeek-V3's node-limited routing (a token sent once
-per node, Sec. 2.1.2) and FP8 dispatch.
+per node, Sec. 2.1.2) and FP8 dispatch. Under the "transformer-engine" precisions the
+experts' GEMMs run in FP8 and the router's in bf16 (`expert_gemm_seconds`' `experts`;
+`planner.costs.fp8`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from planner.costs.activations import moe_dispatched_bytes
 from planner.graph.moe import is_routed, moe_flops, moe_spec, tokens_of
 from planner.graph.opkinds import CHANNEL
 
@@ -176,15 +179,18 @@ def param_classes(op: Op, cfg: ParallelConfig) -> list[tuple[tuple[Param, ...], 
 def dispatched_share(op: Op) -> float:
     """Of what a moe op keeps for its backward per byte of its output, the part that lives
     where the tokens are dispatched: each token's k copies (h each), the experts' outputs
-    (h) and their hidden activations (3 f gated, 2 f otherwise), as
-    `planner.costs.activations` counts them."""
-    spec = moe_spec(op)
-    h = op.output.size(CHANNEL)
-    return spec.top_k * (2 * h + spec.matrices * spec.ffn) / h
+    (h) and their hidden activations (3 f gated, 2 f otherwise; an FP8 moe's GEMM inputs
+    at 1 byte per element), as `planner.costs.activations` counts them."""
+    return moe_dispatched_bytes(op) / op.output.size(CHANNEL)
 
 
 def expert_gemm_seconds(
-    op: Op, cfg: ParallelConfig, gemm: GemmFit, peak: float, capacity: float
+    op: Op,
+    cfg: ParallelConfig,
+    gemm: GemmFit,
+    peak: float,
+    capacity: float,
+    experts: tuple[GemmFit, float] | None = None,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of one task of a moe op as its GEMMs at the shaped rates
     (`planner.costs.rates.GemmFit`): the router (m x E, contracting h) and the shared
@@ -195,7 +201,9 @@ def expert_gemm_seconds(
     gradient contracting the m_x rows). A grouped GEMM of b problems runs at the fraction
     of one GEMM of b x m_x rows (GemmFit's convention for batched GEMMs); a weight gradient
     at that of its b x f outputs and m_x-long contraction, with one launch per grouped
-    GEMM. Tile waste of uneven per-expert rows (Megatron-Core's padded grouped GEMM) is not
+    GEMM. `experts`: the (fit, peak) the routed and shared experts' GEMMs run at when they
+    differ from the router's (an FP8 moe, `planner.costs.fp8`: the router stays bf16).
+    Tile waste of uneven per-expert rows (Megatron-Core's padded grouped GEMM) is not
     modelled."""
     spec = moe_spec(op)
     h, f, fs = op.output.size(CHANNEL), spec.ffn, spec.shared_ffn
@@ -205,26 +213,27 @@ def expert_gemm_seconds(
     if cfg.expert > 1:
         rows *= capacity
     forward = backward = 0.0
+    fit, fit_peak = experts or (gemm, peak)
 
-    def dense(n: float, k: float, count: int = 1) -> None:
+    def dense(n: float, k: float, count: int = 1, g: GemmFit = gemm, top: float = peak) -> None:
         nonlocal forward, backward
         if n < 1 or m < 1:
             return
-        forward += count * gemm.seconds(m, n, k, peak)
-        backward += count * (gemm.seconds(m, k, n, peak) + gemm.seconds(n, k, m, peak))
+        forward += count * g.seconds(m, n, k, top)
+        backward += count * (g.seconds(m, k, n, top) + g.seconds(n, k, m, top))
 
     def grouped(n: float, k: float) -> float:
         flops = 2.0 * local * rows * n * k
-        return gemm.launch + flops / (peak * gemm.fraction(local * rows, n, k))
+        return fit.launch + flops / (fit_peak * fit.fraction(local * rows, n, k))
 
     def grouped_grad(n: float, k: float) -> float:  # dW: local problems of n x k over rows
         flops = 2.0 * local * rows * n * k
-        return gemm.launch + flops / (peak * gemm.fraction(local * n, k, max(rows, 1.0)))
+        return fit.launch + flops / (fit_peak * fit.fraction(local * n, k, max(rows, 1.0)))
 
     dense(spec.experts, h)
     if fs:
-        dense(fs, h, spec.matrices - 1)
-        dense(h, fs)
+        dense(fs, h, spec.matrices - 1, fit, fit_peak)
+        dense(h, fs, 1, fit, fit_peak)
     if rows > 0:
         for n, k in [(f, h)] * (spec.matrices - 1) + [(h, f)]:
             forward += grouped(n, k)

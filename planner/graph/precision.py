@@ -35,8 +35,15 @@ bytes the run keeps:
   tensor itself, one more read before its cast). A linear whose sizes FP8 GEMMs cannot take
   stays bf16 (input features a multiple of 8 and output features a multiple of 16, the rule
   by which Lightning's plugin converts `nn.Linear`s). Attention, norms and the rest stay bf16,
-  as Transformer Engine's FP8 recipes leave them. What the cost model does with it:
-  `planner.costs.fp8` and docs/cost_model.md, "FP8 training".
+  as Transformer Engine's FP8 recipes leave them. A mixture of experts (a `moe` op) of a
+  numbered block is marked alike: its experts' GEMMs (the routed experts' grouped GEMMs and
+  the shared expert's) run in FP8 as Megatron-Core's `TEGroupedLinear` and Transformer
+  Engine's linears run them (DeepSeek-AI 2024, DeepSeek-V3 report, Sec. 3.3.1: the three
+  GEMMs of each expert linear in FP8), while its router (and a shared expert's sigmoid gate)
+  stays bf16, as both keep the gating in higher precision; it is marked when its expert
+  matrices are of sizes FP8 GEMMs take (h, f and the shared expert's width multiples of 16).
+  What the cost model does with it: `planner.costs.fp8` and docs/cost_model.md, "FP8
+  training".
 
 Input ops (the data) keep the dtype they were captured with. Lightning's short names map as
 Lightning maps them ("bf16" -> "bf16-mixed", "16" -> "16-mixed", "32" -> "32-true", "64" ->
@@ -52,8 +59,16 @@ from collections.abc import Mapping
 
 from planner.errors import LayerwiseError, given
 from planner.graph.opgraph import Op, OpGraph, Param
+from planner.graph.opkinds import CHANNEL
 
-__all__ = ["FP8_SCALING", "PRECISIONS", "check_precision", "computes_in_fp8", "with_precision"]
+__all__ = [
+    "FP8_SCALING",
+    "PRECISIONS",
+    "check_precision",
+    "computes_in_fp8",
+    "fp8_linear",
+    "with_precision",
+]
 
 # Lightning's names (lightning.fabric.connector's precision values) and the bytes they mean.
 TRUE_BYTES = {"64-true": 8, "32-true": 4, "16-true": 2, "bf16-true": 2}
@@ -69,7 +84,7 @@ ALIASES = {
     "fp8-cs": "transformer-engine-cs",
 }
 PRECISIONS = (*TRUE_BYTES, *MIXED, *FP8_SCALING)
-FP8_ATTRS = ("compute", "fp8_scaling")  # what the rewrite marks on an FP8 linear
+FP8_ATTRS = ("compute", "fp8_scaling")  # what the rewrite marks on an FP8 linear or moe
 # FP8 GEMMs take sizes Lightning's plugin converts (in % 8, out % 16: its `_convert_layers`)
 FP8_IN_MULTIPLE, FP8_OUT_MULTIPLE = 8, 16
 # Under autocast: kinds computed on the 16-bit tensor cores, and kinds kept in fp32.
@@ -112,15 +127,22 @@ def with_precision(graph: OpGraph, precision: str | None) -> OpGraph:
 
 
 def computes_in_fp8(op: Op) -> bool:
-    """Whether `op` runs its GEMMs in FP8 (a linear the "transformer-engine" precisions mark)."""
+    """Whether `op` runs its GEMMs in FP8 (a linear the "transformer-engine" precisions mark,
+    or a moe op they mark: its experts' GEMMs, not its router)."""
     return op.attr("compute") == "fp8"
+
+
+def fp8_linear(op: Op) -> bool:
+    """Whether `op` is a linear that runs its GEMMs in FP8 (its input and output gradient
+    travel in FP8; a moe op's tokens travel in bf16, its router reads them so)."""
+    return op.kind == "linear" and computes_in_fp8(op)
 
 
 def _fp8_marked(op: Op, name: str) -> Op:
     """`op` with the FP8 attributes of `name` (a linear of a numbered block under a
     Transformer Engine precision), and without them otherwise."""
     attrs = {k: v for k, v in op.attrs if k not in FP8_ATTRS}
-    if name in FP8_SCALING and _fp8_linear(op):
+    if name in FP8_SCALING and (_fp8_linear(op) or _fp8_moe(op)):
         attrs |= {"compute": "fp8", "fp8_scaling": FP8_SCALING[name]}
     if len(attrs) == len(op.attrs) and all(op.attr(k) == v for k, v in attrs.items()):
         return op
@@ -132,12 +154,30 @@ def _fp8_linear(op: Op) -> bool:
     path: `layers.3.mlp.w1`), of sizes FP8 GEMMs take."""
     if op.kind != "linear" or not op.params or len(op.params[0].shape) != 2:
         return False
-    if not any(part.isdigit() for part in op.name.split(".")):
+    if not _in_block(op):
         return False
     out_f, in_f = op.params[0].shape
     if op.attr("transposed"):
         out_f, in_f = in_f, out_f
     return in_f % FP8_IN_MULTIPLE == 0 and out_f % FP8_OUT_MULTIPLE == 0
+
+
+def _fp8_moe(op: Op) -> bool:
+    """A moe op inside a numbered block whose expert matrices FP8 GEMMs take: hidden size,
+    expert width and shared expert width multiples of 16 (each is some GEMM's output
+    features, `FP8_OUT_MULTIPLE`, and another's input features)."""
+    if op.kind != "moe" or not _in_block(op) or CHANNEL not in op.output.dims:
+        return False
+    from planner.graph.moe import moe_spec  # (imports torch: only for a moe op)
+
+    spec = moe_spec(op)
+    sizes = (op.output.size(CHANNEL), spec.ffn, spec.shared_ffn)
+    return all(size % FP8_OUT_MULTIPLE == 0 for size in sizes)
+
+
+def _in_block(op: Op) -> bool:
+    """Whether op's module path has a numeric part (`layers.3.mlp.w1`): a numbered block."""
+    return any(part.isdigit() for part in op.name.split("."))
 
 
 def _output_bytes(op: Op, name: str, inputs: list[int]) -> int:

@@ -70,10 +70,11 @@ def candidates(
     schedules: Sequence[str],
     flights: Flights,
     context: int = 1,
+    expert: int = 1,
 ) -> list[Candidate]:
     """Every candidate of a stage layout `(p, t, d, b, m, recompute, zero, rule)` at context
-    degree `context` whose units are `u`, on a model of `blocks` blocks; `flights` caches the
-    schedules' in-flight counts."""
+    degree `context` and expert degree `expert` whose units are `u`, on a model of `blocks`
+    blocks; `flights` caches the schedules' in-flight counts."""
     p, t, d, b, m, rc, z, rule = layout
     composed: dict[tuple[bool, bool, int], ChunkTimes] = {}
     out = []
@@ -91,7 +92,7 @@ def candidates(
                         composed[where] = u.chunk(c, count, k)
                     chunks.append(composed[where])
                 estimate, peak = _score(chunks, p, v, m, u, flights[key])
-                layout_ = Layout(p, t, d, b, m, name, v, rc, z, tuple(split), rule, context)
+                layout_ = Layout(p, t, d, b, m, name, v, rc, z, tuple(split), rule, context, expert)
                 out.append(Candidate(estimate, layout_, peak))
     return out
 

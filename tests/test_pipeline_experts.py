@@ -6,6 +6,7 @@ expert degree where they are rebuilt."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ from planner.problems.problem import build_problem
 from planner.result import SolveOptions
 
 OPTIONS = CostOptions(optimizer="adam", master_weights=True)
-TINY = dict(
+TINY: dict[str, Any] = dict(
     vocab_size=512, dim=128, n_layers=4, n_heads=4, n_kv_heads=2, max_seq_len=64,
     n_experts=8, top_k=2, moe_hidden=256,
 )  # fmt: skip
@@ -78,11 +79,12 @@ def test_the_search_lays_stages_out_with_experts_spread(moe: OpGraph) -> None:
     extra = {"expert": (4,), "stages": (2,), "zero": (1,), "recompute": ("none",)}
     result = PipelineSearch().solve(problem, SolveOptions(extra=extra, deadline=Deadline.never()))
     assert result.has_solution, result.message
-    lay = result.layout
+    lay, planned, timeline = result.layout, result.planned, result.timeline
+    assert lay is not None and planned is not None and timeline is not None
     assert lay.expert == 4 and "EP 4" in lay.describe()
-    configs = result.planned.strategy.configs
-    assert {configs[i].expert for i in moe_ops(result.planned.strategy.graph)} == {4}
-    assert max(result.timeline.peak_bytes) <= float(devices.devices[0].memory)
+    configs = planned.strategy.configs
+    assert {configs[i].expert for i in moe_ops(planned.strategy.graph)} == {4}
+    assert max(timeline.peak_bytes) <= float(devices.devices[0].memory)
 
 
 @pytest.mark.parametrize("zero", [0, 1])

@@ -49,6 +49,7 @@ from backends.pipeline.units import (
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.graph.opgraph import OpGraph
 from planner.hardware.devices import DeviceGraph
+from planner.pipeline.layouts import block_kinds
 from planner.pipeline.stages import Chunk, range_problem
 from planner.problems.strategy import Strategy
 
@@ -132,6 +133,7 @@ class QuickUnits:
     def __init__(self) -> None:
         self._ranges: dict[tuple[Any, ...], tuple[float, ...]] = {}
         self._messages: dict[tuple[int, int], float] = {}
+        self._kinds: dict[int, tuple[int, ...]] = {}
         self._scales: dict[tuple[Any, ...], dict[str, tuple[float, float]]] = {}
         self._unit_ranges: dict[int, dict[str, range]] = {}
         self._kept: list[Any] = []  # what the keys' ids name, alive while this is
@@ -177,7 +179,10 @@ class QuickUnits:
         if scales is None:
             scales = range_scales(graph, strategy.configs, ranges, options, here, replicas)
             self._scales[id(strategy), repr(options), here, replicas] = scales
-        return composed_units(measured, scales, options, self._messages[where])
+        if id(graph) not in self._kinds:
+            self._kinds[id(graph)] = block_kinds(graph)
+        kinds = self._kinds[id(graph)]
+        return composed_units(measured, scales, options, self._messages[where], kinds)
 
 
 def _figures(devices: DeviceGraph, ends: tuple[int, ...]) -> tuple[Any, ...]:

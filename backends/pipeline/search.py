@@ -61,8 +61,8 @@ from backends.pipeline.units import (
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.costs.memory import usable_memory
 from planner.deadline import Deadline, OutOfTime, catch_interrupt, run_within, stop_requested
-from planner.errors import BackendError, given
-from planner.graph.opgraph import OpGraph
+from planner.errors import BackendError, LayerwiseError, given
+from planner.graph.opgraph import Op, OpGraph
 from planner.graph.opkinds import LENGTH
 from planner.hardware.devices import DeviceGraph
 from planner.pipeline.layouts import block_bounds
@@ -174,6 +174,30 @@ class _Space:
     searched: dict[int, SearchedLayout] = field(default_factory=dict)
     layouts: dict[tuple[int, int, int, int, int, str], Strategy] = field(default_factory=dict)
     quick: QuickUnits = field(default_factory=QuickUnits)
+    fronts: dict[Any, list[int]] = field(default_factory=dict)  # `_expert_front`'s
+    # seconds of the first moe op per (g, t, c, b, ZeRO, e) (`_expert_front`), and per stage
+    # layout but its expert degree the fastest such seconds of a degree all of whose
+    # candidates fit (`_rank`: a slower degree cannot do better there)
+    moe_seconds: dict[tuple[int, ...], float] = field(default_factory=dict)
+    settled: dict[tuple[Any, ...], float] = field(default_factory=dict)
+
+    def needless(self, key: StageLayout) -> bool:
+        """Whether the stage layout `key` is slower at its mixture of experts than another
+        expert degree of the same layout all of whose candidates fit (`_rank`)."""
+        seconds = self.moe_seconds.get(self._moe_key(key))
+        settled = self.settled.get(key[:7])
+        return seconds is not None and settled is not None and seconds >= settled
+
+    def settle(self, key: StageLayout) -> None:
+        """Every candidate of `key` fits: its slower expert degrees are needless."""
+        seconds = self.moe_seconds.get(self._moe_key(key))
+        if seconds is not None:
+            self.settled[key[:7]] = min(seconds, self.settled.get(key[:7], math.inf))
+
+    def _moe_key(self, key: StageLayout) -> tuple[int, ...]:
+        p, t, b, _, z, rule, c, e = key
+        g = self.problem.devices.num_devices // p
+        return (g, t, c, b, z, e) if rule == "rule" else (-1,)
 
     def cost_options(self, recompute: str, zero: int) -> CostOptions:
         return dataclasses.replace(self.problem.options, recompute=recompute, zero=zero)  # type: ignore[arg-type]
@@ -407,12 +431,65 @@ def _stage_layouts(space: _Space) -> list[StageLayout]:
         if (n // p) % (t * c) == 0
         for b in _powers(min(batch, MAX_MICRO_BATCH))
         if batch % ((n // p // (t * c)) * b) == 0
-        for rc in settings.recompute
         for z in settings.zero
         if not (z and n // p // (t * c) == 1)  # ZeRO shards over replicas: none to shard over
+        for front in [_expert_front(space, n // p, t, c, b, z, experts[p])]
+        for rc in settings.recompute
         for rule in rules
-        for e in (experts[p] if rule == "rule" else _searched_expert(space, t))
+        for e in (front if rule == "rule" else _searched_expert(space, t))
         if rule == "rule" or c == 1
+    ]
+
+
+def _expert_front(
+    space: _Space, g: int, t: int, c: int, b: int, z: int, degrees: list[int]
+) -> list[int]:
+    """Of the expert degrees `degrees` of a stage of g devices at (t, c, b, ZeRO z), those
+    not dominated: e is dropped when another degree's mixture of experts (the graph's first
+    moe op at the stage's micro-batch, laid out by Megatron-LM's rule on the stage's
+    devices) is no slower (its compute and all-to-alls, `CostModel.compute_time`, and its
+    gradient sync, `CostModel.sync_time`: experts not spread sync over the tensor ranks
+    that share their tokens) and keeps
+    no more parameter bytes and no more activations per device. Only moe ops change with
+    e, so a dominated degree never gives a faster layout nor one that fits where the other
+    does not. Every degree when the rule cannot lay the op out."""
+    if len(degrees) < 2:
+        return degrees
+    key = ("front", g, t, c, b, z, tuple(degrees))
+    if key not in space.fronts:
+        space.fronts[key] = _undominated(space, g, t, c, b, z, degrees)
+    return space.fronts[key]
+
+
+def _undominated(
+    space: _Space, g: int, t: int, c: int, b: int, z: int, degrees: list[int]
+) -> list[int]:
+    graph = space.problem.graph
+    i = next(k for k, op in enumerate(graph.ops) if op.kind == "moe")
+    moe = graph.ops[i]
+    source = graph.ops[graph.index(moe.inputs[0])]
+    alone = OpGraph(f"{graph.name}[{moe.name}]", (Op(source.name, "input", (), source.output), moe))
+    d = g // (t * c)
+    devices = space.first_devices(g)
+    cm = CostModel(batch_graph(alone, d * b), devices, space.cost_options("none", z))
+    scores = {}
+    for e in degrees:
+        try:
+            configs = megatron(cm.graph, devices, t, c, e).configs
+        except LayerwiseError:
+            return degrees
+        params, kept, _ = cm.memory_parts(configs)
+        seconds = cm.compute_time(1, configs[1]) + cm.sync_time(1, configs[1])
+        scores[e] = (seconds, float(params.max()), float(kept.max()))
+        space.moe_seconds[g, t, c, b, z, e] = scores[e][0]
+    return [
+        e
+        for e in degrees
+        if not any(
+            all(x <= y for x, y in zip(scores[f], scores[e], strict=True))
+            and scores[f] != scores[e]
+            for f in degrees
+        )
     ]
 
 
@@ -475,8 +552,8 @@ def _holding(space: _Space, keys: list[StageLayout]) -> list[StageLayout]:
             k[2],
             recompute.index(k[3]),
             k[4],
-            -k[7],
             k[5],
+            k[7],  # expert degrees in turn: a slower one after one all of whose layouts fit
         )
     )
     return fitting
@@ -564,6 +641,8 @@ def _rank(space: _Space, fitting: list[StageLayout], ranking: Deadline | None) -
         if ranking is not None and (ranking.expired() or stop_requested()):
             out.unreached = fitting[i:]
             break
+        if space.needless(fitting[i]):
+            continue
         g = n // p
         w = t * c  # a replica's devices
         d = g // w
@@ -594,6 +673,8 @@ def _rank(space: _Space, fitting: list[StageLayout], ranking: Deadline | None) -
         out.estimated += 1
         out.least = min([out.least, *(f.peak for f in found)])
         fits = [f.estimate for f in found if f.peak <= space.usable]
+        if found and len(fits) == len(found):
+            space.settle(fitting[i])
         if fits:
             out.estimates.append((min(fits), (p, t, b, rc, z, rule, c, e)))
     return out

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from planner.costs.config import ParallelConfig
@@ -35,7 +35,7 @@ from planner.graph.moe import is_routed, moe_spec
 from planner.graph.opgraph import Op, OpGraph
 from planner.graph.opkinds import parameter_dims
 from planner.hardware.devices import DeviceGraph
-from planner.pipeline.layouts import block_ranges
+from planner.pipeline.layouts import block_kinds, block_ranges
 from planner.pipeline.stages import Chunk, range_problem, simulate_chunk
 from planner.pipeline.timeline import ChunkTimes
 from planner.problems.baselines import megatron
@@ -58,21 +58,39 @@ class Unit:
 
 @dataclass(frozen=True)
 class Units:
+    """The units of a layout: `first`, `middle` (block 1's) and `last`, and in a stack of
+    blocks of two kinds (`planner.pipeline.layouts.block_kinds`) the middle unit of each
+    kind (`kinds` per block, `others` by kind)."""
+
     first: Unit
     middle: Unit
     last: Unit
     message: float  # seconds to send the residual stream to the next group (and its gradient)
     blocking: float = 0.0  # share of a message its sender waits for (1 - CostOptions.pp_overlap)
     grad_overlap: float = 1.0  # share of a chunk's sync ready at its last backward
+    kinds: tuple[int, ...] = ()  # per block, its kind (empty: every block alike)
+    others: dict[int, Unit] = field(default_factory=dict)  # middle unit by kind
 
-    def chunk(self, index: int, count: int, blocks: int) -> ChunkTimes:
-        """Chunk `index` of `count`, holding `blocks` blocks, composed."""
-        parts = [self.middle] * blocks
+    @property
+    def mixed(self) -> bool:
+        """Whether blocks differ in kind (a chunk's composition then depends on its blocks)."""
+        return len(set(self.kinds)) > 1
+
+    def block(self, j: int) -> Unit:
+        """The middle unit of block j's kind."""
+        if not self.kinds:
+            return self.middle
+        return self.others.get(self.kinds[j], self.middle)
+
+    def chunk(self, index: int, count: int, blocks: int, start: int = 0) -> ChunkTimes:
+        """Chunk `index` of `count`, holding `blocks` blocks from block `start`, composed."""
+        middles = [self.block(start + j) for j in range(blocks)]
+        parts = list(middles)
         if index == 0:
             parts[0] = self.first
         if index == count - 1:
             parts[-1] = self.last if blocks > 1 or index > 0 else _merge(self.first, self.last)
-        tail = parts[-1].sync + (blocks - 1) * max(0.0, self.middle.sync - self.middle.backward)
+        tail = parts[-1].sync + sum(max(0.0, u.sync - u.backward) for u in middles[:-1])
         send_forward = self.message if index < count - 1 else 0.0
         send_backward = self.message if index > 0 else 0.0
         return ChunkTimes(  # a blocking send keeps its sender busy (`planner.costs.overlap`)
@@ -131,21 +149,28 @@ def unit_costs(
     message = unit_message(devices, group, graph, strategy, ranges["middle"], next_group_offset)
     here = group.num_devices // tensor
     scales = range_scales(graph, strategy.configs, ranges, options, here, replicas)
-    return composed_units(measured, scales, options, message)
+    return composed_units(measured, scales, options, message, block_kinds(graph))
 
 
 def unit_ranges(graph: OpGraph) -> dict[str, range]:
-    """The op ranges of the three units: `first` (the ops before block 1), `middle` (block
-    1) and `last` (the last block and what follows it)."""
+    """The op ranges of the units: `first` (the ops before block 1), `middle` (block 1) and
+    `last` (the last block and what follows it); in a stack of blocks of more than one kind
+    (`planner.pipeline.layouts.block_kinds`), `middle.k` for each other kind k that a block
+    between the first and the last has (its first such block)."""
     blocks = block_ranges(graph)
     n = len(graph.ops)
     first_end = blocks[1][0]
     last_start = blocks[-1][0] if len(blocks) > 2 else blocks[1][0]
-    return {
+    out = {
         "first": range(0, first_end),
         "middle": range(blocks[1][0], blocks[1][1]),
         "last": range(last_start, n),
     }
+    kinds = block_kinds(graph)
+    for j in range(2, len(blocks) - 1):
+        if kinds[j] != kinds[1] and f"middle.{kinds[j]}" not in out:
+            out[f"middle.{kinds[j]}"] = range(*blocks[j])
+    return out
 
 
 def composed_units(
@@ -153,15 +178,20 @@ def composed_units(
     scales: dict[str, tuple[float, float]],
     options: CostOptions,
     message: float,
+    kinds: tuple[int, ...] = (),
 ) -> Units:
     """The units from each range's measured (forward, backward, sync, kept, fixed, working)
     on the replicas simulated, its sync and parameter bytes times the range's `scales`
-    (`range_scales`: to the stage's real replicas)."""
+    (`range_scales`: to the stage's real replicas); `kinds`: each block's kind, when the
+    ranges hold a `middle.k` per other kind (`unit_ranges`)."""
     units = {}
     for key, (forward, backward, sync, kept, fixed, working) in measured.items():
         sync_scale, param_scale = scales.get(key, (1.0, 1.0))
         params = (fixed - working) * param_scale
         units[key] = Unit(forward, backward, sync * sync_scale, kept, params, working)
+    others = {int(key.split(".")[1]): u for key, u in units.items() if key.startswith("middle.")}
+    if kinds and len(kinds) > 1:
+        others[kinds[1]] = units["middle"]
     return Units(
         units["first"],
         units["middle"],
@@ -169,6 +199,8 @@ def composed_units(
         message,
         1 - options.pp_overlap,
         options.chunk_sync_share,
+        kinds if len(set(kinds)) > 1 else (),
+        others if len(set(kinds)) > 1 else {},
     )
 
 

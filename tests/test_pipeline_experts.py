@@ -13,10 +13,11 @@ import pytest
 
 from backends.mcmc.proposals import DNN_MIX, Proposer
 from backends.pipeline import search
+from backends.pipeline.candidates import balance
 from backends.pipeline.estimate import closed_form_chunk
 from backends.pipeline.inner import _replicated
 from backends.pipeline.search import Layout, PipelineSearch, _simulate
-from backends.pipeline.units import scale_factors
+from backends.pipeline.units import Unit, Units, scale_factors, unit_ranges
 from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.deadline import Deadline
@@ -27,8 +28,10 @@ from planner.graph.moe import moe_flops, moe_spec
 from planner.graph.opgraph import Op, OpGraph, Param, Tensor
 from planner.graph.zoo import model_graph
 from planner.hardware.presets import get_preset
+from planner.pipeline.layouts import block_kinds, repeated_blocks
 from planner.pipeline.problem import PipelineProblem
 from planner.pipeline.stages import range_problem, simulate_pipelined
+from planner.pipelined import has_blocks
 from planner.problems.baselines import megatron
 from planner.problems.problem import build_problem
 from planner.result import SolveOptions
@@ -192,3 +195,60 @@ def test_an_mcmc_translation_keeps_the_expert_degree() -> None:
         assert got is not None
         theirs, mine = dnn.space[a].configs[c], dnn.space[b].configs[got]
         assert (mine.degrees, mine.devices, mine.expert) == (theirs.degrees, theirs.devices, 2)
+
+
+def test_a_degree_no_faster_and_no_lighter_is_not_searched() -> None:
+    """At TP 8 the experts not spread are replicated on the 8 tensor ranks (their sync over
+    them) and kept whole: EP 8 is faster and lighter, the only degree left (Mixtral's
+    width, two blocks)."""
+    wide = {**TINY, "dim": 4096, "n_heads": 32, "n_kv_heads": 8, "moe_hidden": 14336}
+    module, inputs = build_llm("mixtral-8x7b", dtype="bfloat16", batch=8, seq=64, **wide)
+    graph = coarsen(capture(module, inputs, "wide-mixtral"))
+    devices = get_preset("dgx-h100-2")
+    problem = PipelineProblem(graph, devices, OPTIONS)
+    space = search._Space(problem, search.PipelineSettings(), 7e10, 0.0)
+    assert search._expert_front(space, 8, 8, 1, 1, 0, [1, 2, 4, 8]) == [8]
+    keys = search._stage_layouts(space)
+    assert {k[7] for k in keys if k[0] == 2 and k[1] == 8} == {8}
+
+
+def mixed_stack() -> OpGraph:
+    """A DeepSeek-V3-style decoder of 6 blocks, the first 2 dense, the other 4 MoE."""
+    module, inputs = build_llm(
+        "deepseek-v3-like", dtype="bfloat16", batch=16, seq=64, vocab_size=512, dim=128,
+        n_layers=6, n_heads=4, n_kv_heads=4, max_seq_len=64, n_experts=8, top_k=2,
+        moe_hidden=64, n_groups=1, topk_groups=1, first_dense=2, hidden_dim=256,
+    )  # fmt: skip
+    return coarsen(capture(module, inputs, "tiny-deepseek"))
+
+
+def test_a_stack_of_dense_then_moe_blocks_is_pipelined() -> None:
+    """Two kinds of block one run after the other are cut (before: planned per op only),
+    each kind with its middle unit."""
+    graph = mixed_stack()
+    assert block_kinds(graph) == (0, 0, 1, 1, 1, 1)
+    assert repeated_blocks(graph) and has_blocks(graph)
+    assert set(unit_ranges(graph)) == {"first", "middle", "last", "middle.1"}
+
+
+@pytest.mark.slow
+def test_the_search_answers_on_a_stack_of_dense_then_moe_blocks() -> None:
+    graph = mixed_stack()
+    devices = get_preset("dgx-h100-2")
+    problem = PipelineProblem(graph, devices, OPTIONS)
+    extra = {"stages": (2,), "zero": (1,), "recompute": ("none",), "inner": ("rule",)}
+    result = PipelineSearch().solve(problem, SolveOptions(extra=extra, deadline=Deadline.never()))
+    assert result.has_solution, result.message
+    assert result.layout is not None and sum(result.layout.blocks) == 6
+
+
+def test_the_first_and_last_stage_balance_by_the_blocks_costs() -> None:
+    """Blocks of two kinds: the first stage takes the cheap blocks up to its share of the
+    work, where counts alone would give it as many as the others."""
+    cheap, dear = Unit(1.0, 2.0, 0, 0, 0, 0), Unit(3.0, 6.0, 0, 0, 0, 0)
+    units = Units(cheap, cheap, dear, 0.0, kinds=(0, 0, 0, 0, 1, 1, 1, 1), others={1: dear})
+    # 4 cheap (3 s each) and 4 dear (9 s each) blocks over 2 stages: 24 s each, the first
+    # stage's 4 cheap blocks and one dear
+    assert balance(8, 2, units) == (5, 3)
+    alike = Units(cheap, cheap, cheap, 0.0)
+    assert balance(8, 2, alike) == (4, 4)

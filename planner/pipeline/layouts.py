@@ -86,7 +86,7 @@ def block_kinds(graph: OpGraph) -> tuple[int, ...]:
     output shapes and parameter shapes, in the same order) share one, numbered by first
     appearance (a transformer's blocks are all 0; DeepSeek-V3's 0, 0, 0, 1, ..., 1)."""
     starts = block_starts(graph)
-    ends = [*starts[1:], len(graph.ops)]
+    ends = [*starts[1:], len(graph.ops)] if starts else []
     seen: dict[tuple[object, ...], int] = {}
     kinds = []
     for a, b in zip(starts, ends, strict=True):

@@ -275,4 +275,5 @@ def test_mixtral_on_64_h100s_with_defaults_fits_and_spreads_its_experts() -> Non
     assert out.has_solution and out.stats["memory_fits"]
     planned = out.planned
     graph, configs = planned.strategy.graph, planned.strategy.configs
-    assert min(configs[i].expert for i in moe_ops(graph)) > 1
+    spread = {configs[i].expert for i in moe_ops(graph)}
+    assert min(spread) > 1 and spread == {out.layout.expert}  # and the layout says so

@@ -7,6 +7,11 @@ The space (the one Narayanan et al., SC'21, Sec. 3, explore by hand, searched he
   the blocks), every stage laid out by Megatron-LM's rule at tensor degree t (a power of two
   up to a host's devices, dividing g: tensor parallelism inside a node) and data degree
   d = g / t (`planner.problems.baselines.megatron`), or by the per-op search (`inner`);
+- a context degree c and, for a model with mixtures of experts, an expert degree e (the
+  divisors of the experts and of g not dominated at the moe op: `_expert_front`), laid out
+  by Megatron-LM's rule (`megatron(graph, group, t, c, e)`), d = g / (t c); a stage is
+  simulated on whole expert-parallel groups and its sync and ZeRO scaled per parameter
+  class (`_replicas_simulated`, `units.scale_factors`);
 - b samples per replica per micro-batch (powers of two), so m = B / (d b) micro-batches;
 - the schedule: GPipe and 1F1B with one chunk per stage, or interleaved 1F1B with v chunks;
 - recomputation ("none" or "full") and the ZeRO stage, from the caller's choices;

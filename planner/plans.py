@@ -274,6 +274,7 @@ class PipelinePlan(Plan):
                 "stages": lay.stages,
                 "tensor": lay.tensor,
                 "context": lay.context,
+                "expert": lay.expert,
                 "data": lay.data,
                 "micro_batches": lay.micro_batches,
                 "micro_batch": lay.micro_batch,

@@ -126,6 +126,7 @@ TABLE: dict[tuple[str, str], Run] = {
     ("docs/pipeline.md", "python -m planner plan gpt2 --devices dgx-a100-80g-2 --pipeline on"): slow(),  # noqa: E501
     ("docs/pipeline.md", "python -m planner plan gpt2 --devices dgx-a100-80g-2 --pipeline off"): slow(),  # noqa: E501
     ("docs/pipeline.md", "python -m planner evaluate plan.json --plot timeline.png"): slow(after=(LLAMA_70B,)),  # noqa: E501
+    ("docs/pipeline.md", "python -m planner plan mixtral-8x7b --devices dgx-h100-8 -o plan.json"): slow("PP 8 x TP 8 x DP 1, EP 8"),  # noqa: E501
     ("docs/runtime.md", RUNTIME_PLAN): slow(),
     ("docs/runtime.md", "python -m runtime.run plan.json --steps 10"): slow(after=(RUNTIME_PLAN,)),
     ("docs/runtime.md", "python -m runtime.run plan.json --steps 3 --check"): slow(after=(RUNTIME_PLAN,)),  # noqa: E501

@@ -89,7 +89,7 @@ def test_an_interleaved_estimate_counts_its_chunks_syncs() -> None:
     for layers in (8, 10):
         space = _space("dgx-a100-80g-2", layers, zero=0)
         options = space.cost_options("none", 0)
-        for key in [(2, 1, 1, "none", 0, "rule", 1), (4, 1, 1, "none", 0, "rule", 1)]:
+        for key in [(2, 1, 1, "none", 0, "rule", 1, 1), (4, 1, 1, "none", 0, "rule", 1, 1)]:
             for cand in search._cost(space, [key], Deadline.never()).found:
                 if cand.layout.virtual == 1:
                     continue

@@ -188,7 +188,8 @@ class Proposer:
             return None  # a split dimension that node i does not have
         from planner.costs.config import ParallelConfig
 
-        return self._neighbours(i).index.get(ParallelConfig(degrees, theirs.devices))
+        expert = theirs.expert if op_i.kind == "moe" else 1  # only a moe op spreads experts
+        return self._neighbours(i).index.get(ParallelConfig(degrees, theirs.devices, 1, expert))
 
     def _group(self, state: ChainState, i: int, c: int) -> list[tuple[int, int]]:
         """Node i to c, and with it a random connected region of the nodes around i whose

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from backends.pipeline.units import Units
 from planner.pipeline.problem import Layout
@@ -70,12 +71,13 @@ def candidates(
     schedules: Sequence[str],
     flights: Flights,
     context: int = 1,
+    expert: int = 1,
 ) -> list[Candidate]:
     """Every candidate of a stage layout `(p, t, d, b, m, recompute, zero, rule)` at context
-    degree `context` whose units are `u`, on a model of `blocks` blocks; `flights` caches the
-    schedules' in-flight counts."""
+    degree `context` and expert degree `expert` whose units are `u`, on a model of `blocks`
+    blocks; `flights` caches the schedules' in-flight counts."""
     p, t, d, b, m, rc, z, rule = layout
-    composed: dict[tuple[bool, bool, int], ChunkTimes] = {}
+    composed: dict[tuple[bool, bool, int, int], ChunkTimes] = {}
     out = []
     for name in schedules:
         for v in virtuals(name, p, m, blocks):
@@ -85,13 +87,16 @@ def candidates(
                 flights[key] = in_flight_counts(name, p, m, v)
             for split in splits(blocks, p, v, u):
                 chunks = []
+                start = 0
                 for c, k in enumerate(split):
-                    where = (c == 0, c == count - 1, k)  # all a chunk's composition reads
+                    # all a chunk's composition reads (its first block too, kinds mixed)
+                    where = (c == 0, c == count - 1, k, start if u.mixed else 0)
                     if where not in composed:
-                        composed[where] = u.chunk(c, count, k)
+                        composed[where] = u.chunk(c, count, k, start)
                     chunks.append(composed[where])
+                    start += k
                 estimate, peak = _score(chunks, p, v, m, u, flights[key])
-                layout_ = Layout(p, t, d, b, m, name, v, rc, z, tuple(split), rule, context)
+                layout_ = Layout(p, t, d, b, m, name, v, rc, z, tuple(split), rule, context, expert)
                 out.append(Candidate(estimate, layout_, peak))
     return out
 
@@ -208,17 +213,43 @@ def splits(blocks: int, p: int, v: int, u: Units) -> list[list[int]]:
 
 def balance(blocks: int, p: int, u: Units) -> tuple[int, int]:
     """The blocks of the first and the last stage that equal the others' work per
-    micro-batch: with the embeddings weighing e_f middle blocks' work beside block 0 and
-    the head and loss e_l beside the last block, each of p stages does T = (blocks + e_f +
-    e_l) / p blocks' work; the first holds T - e_f blocks, the last T - e_l (rounded, at
-    least 1)."""
-    block = u.middle.forward + u.middle.backward
-    if block <= 0:
+    micro-batch: with the embeddings weighing e_f mean blocks' work beside block 0 and the
+    head and loss e_l beside the last block, each of p stages does T = (blocks + e_f + e_l)
+    / p mean blocks' work; the first holds the blocks from the start whose work with e_f
+    comes nearest T, the last those from the end with e_l (at least 1). Blocks of two
+    kinds (`Units.kinds`) weigh their own kind's middle unit: DeepSeek-V3's dense blocks
+    and MoE blocks differ in work."""
+    work = [_work(u.block(j)) for j in range(blocks)]
+    mean = sum(work) / blocks
+    if mean <= 0:
         return blocks // p, blocks // p
-    extra_first = (u.first.forward + u.first.backward) / block - 1
-    extra_last = (u.last.forward + u.last.backward) / block - 1
+    extra_first = (_work(u.first) - work[0]) / mean
+    extra_last = (_work(u.last) - work[-1]) / mean
     share = (blocks + extra_first + extra_last) / p
-    return max(1, round(share - extra_first)), max(1, round(share - extra_last))
+    if not u.mixed:  # alike blocks: counts, rounded
+        return max(1, round(share - extra_first)), max(1, round(share - extra_last))
+    share *= mean
+    return (
+        _nearest(work, share - extra_first * mean),
+        _nearest(work[::-1], share - extra_last * mean),
+    )
+
+
+def _work(unit: Any) -> float:
+    return float(unit.forward + unit.backward)
+
+
+def _nearest(work: list[float], target: float) -> int:
+    """The count of blocks from the start of `work` whose sum comes nearest `target` (at
+    least 1; alike blocks: target / work rounded)."""
+    total, best, gap = 0.0, 1, math.inf
+    for k, w in enumerate(work, start=1):
+        total += w
+        if abs(total - target) < gap - 1e-12:
+            best, gap = k, abs(total - target)
+        elif total > target:
+            break
+    return best
 
 
 def _around(centre: int, blocks: int, window: int = SPLIT_WINDOW) -> range:

@@ -7,8 +7,10 @@ returns the same six figures for one op range on its group (`planner.pipeline.st
 range_problem`), from the same `CostModel`, so that they follow its compute rates, transfers
 and sync (and any change to them):
 
-- **forward**: every op's slowest forward task (`CostModel.task_times`), one after another,
-  plus each edge's transfer forward (`CostModel.transfer_time`, its forward share);
+- **forward**: every op's slowest forward task (`CostModel.task_times`, with a mixture of
+  experts' all-to-alls, `CostModel.expert_exchange`, less the `ep_overlap` the simulator
+  hides), one after another, plus each edge's transfer forward (`CostModel.transfer_time`,
+  its forward share);
 - **backward**: the ops in reverse, each its slowest backward task (recomputation in it) and
   the gradients of its inputs sent back;
 - **sync**: what is left after the backward of the gradient sync and the update, as
@@ -37,10 +39,17 @@ from typing import Any
 
 import numpy as np
 
-from backends.pipeline.units import Units, composed_units, unit_message, unit_ranges
+from backends.pipeline.units import (
+    Units,
+    composed_units,
+    range_scales,
+    unit_message,
+    unit_ranges,
+)
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.graph.opgraph import OpGraph
 from planner.hardware.devices import DeviceGraph
+from planner.pipeline.layouts import block_kinds
 from planner.pipeline.stages import Chunk, range_problem
 from planner.problems.strategy import Strategy
 
@@ -60,6 +69,9 @@ def closed_form_chunk(
     bwd = np.zeros(n)
     for i in range(n):
         f, b = cm.task_times(i, configs[i])
+        a2a = cm.expert_exchange(i, configs[i])  # the simulator's exchange tasks, as it hides them
+        if a2a is not None:
+            f, b = f + a2a[0] * (1 - options.ep_overlap), b + a2a[1] * (1 - options.ep_overlap)
         fwd[i], bwd[i] = float(f.max(initial=0.0)), float(b.max(initial=0.0))
     grad_back = np.zeros(n)  # gradients op i sends back to its inputs, after its backward
     for edge in graph.edges:
@@ -102,11 +114,11 @@ def _sync_left(cm: CostModel, configs: Any, done: np.ndarray, backward: float) -
     device = backward
     for i in sorted(synced):
         op, cfg = graph.ops[i], configs[i]
-        groups = cm.replica_array(op, cfg)
-        shard = op.param_bytes / len(groups)
-        copies = cm.update_copies(op, groups.shape[1])
         rate = float(np.min(cm.mem_bw[list(cfg.devices)])) * cm.options.memory_efficiency
-        device = max(device, synced[i]) + copies * shard / rate
+        update = 0.0
+        for nbytes, groups in cm.param_groups(op, cfg):  # a moe op's classes: their replicas
+            update += cm.update_copies(op, groups.shape[1]) * nbytes / len(groups) / rate
+        device = max(device, synced[i]) + update
     return device - backward
 
 
@@ -121,6 +133,8 @@ class QuickUnits:
     def __init__(self) -> None:
         self._ranges: dict[tuple[Any, ...], tuple[float, ...]] = {}
         self._messages: dict[tuple[int, int], float] = {}
+        self._kinds: dict[int, tuple[int, ...]] = {}
+        self._scales: dict[tuple[Any, ...], dict[str, tuple[float, float]]] = {}
         self._unit_ranges: dict[int, dict[str, range]] = {}
         self._kept: list[Any] = []  # what the keys' ids name, alive while this is
 
@@ -161,7 +175,14 @@ class QuickUnits:
             self._messages[where] = unit_message(
                 devices, group or group_of(), graph, strategy, ranges["middle"], next_group_offset
             )
-        return composed_units(measured, graph, here, replicas, options, self._messages[where])
+        scales = self._scales.get((id(strategy), repr(options), here, replicas))
+        if scales is None:
+            scales = range_scales(graph, strategy.configs, ranges, options, here, replicas)
+            self._scales[id(strategy), repr(options), here, replicas] = scales
+        if id(graph) not in self._kinds:
+            self._kinds[id(graph)] = block_kinds(graph)
+        kinds = self._kinds[id(graph)]
+        return composed_units(measured, scales, options, self._messages[where], kinds)
 
 
 def _figures(devices: DeviceGraph, ends: tuple[int, ...]) -> tuple[Any, ...]:

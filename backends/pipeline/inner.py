@@ -56,6 +56,12 @@ class SearchedLayout:
     first_middle: int  # blocks from this index up to last_middle take the relative layout
     last_middle: int
 
+    @property
+    def expert(self) -> int:
+        """The largest expert-parallel degree of its configs (1 without mixtures of experts):
+        the per-op search may spread a moe op's experts inside its tensor group."""
+        return max((c.expert for c in (*self.exact.values(), *self.relative.values())), default=1)
+
     def config(self, op: Op) -> ParallelConfig | None:
         found = self.exact.get(op.name)
         if found is not None:
@@ -182,7 +188,8 @@ def _replicated(op: Op, cfg: ParallelConfig, data: int, tensor: int) -> Parallel
     replica, coords[k] = coords[k] // degrees[k], coords[k] % degrees[k]
     old = np.ravel_multi_index(tuple(coords), old_grid)
     devices = np.asarray(cfg.devices)[old] + replica * tensor
-    return ParallelConfig(new_degrees, tuple(devices.tolist()), cfg.reduce)
+    # its expert degree kept: EP groups are consecutive token boxes, inside each replica
+    return dataclasses.replace(cfg, degrees=new_degrees, devices=tuple(devices.tolist()))
 
 
 def _spread_key(op: Op, cfg: ParallelConfig, data: int) -> tuple[int, int | None, bool]:

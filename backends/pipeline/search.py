@@ -7,6 +7,11 @@ The space (the one Narayanan et al., SC'21, Sec. 3, explore by hand, searched he
   the blocks), every stage laid out by Megatron-LM's rule at tensor degree t (a power of two
   up to a host's devices, dividing g: tensor parallelism inside a node) and data degree
   d = g / t (`planner.problems.baselines.megatron`), or by the per-op search (`inner`);
+- a context degree c and, for a model with mixtures of experts, an expert degree e (the
+  divisors of the experts and of g not dominated at the moe op: `_expert_front`), laid out
+  by Megatron-LM's rule (`megatron(graph, group, t, c, e)`), d = g / (t c); a stage is
+  simulated on whole expert-parallel groups and its sync and ZeRO scaled per parameter
+  class (`_replicas_simulated`, `units.scale_factors`);
 - b samples per replica per micro-batch (powers of two), so m = B / (d b) micro-batches;
 - the schedule: GPipe and 1F1B with one chunk per stage, or interleaved 1F1B with v chunks;
 - recomputation ("none" or "full") and the ZeRO stage, from the caller's choices;
@@ -54,15 +59,15 @@ from backends.pipeline.settings import PipelineSettings
 from backends.pipeline.units import (
     compute_bound,
     parameter_state,
-    ring_factor,
+    routed_state,
+    scale_factors,
     unit_costs,
-    zero_factor,
 )
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.costs.memory import usable_memory
 from planner.deadline import Deadline, OutOfTime, catch_interrupt, run_within, stop_requested
-from planner.errors import BackendError, given
-from planner.graph.opgraph import OpGraph
+from planner.errors import BackendError, LayerwiseError, given
+from planner.graph.opgraph import Op, OpGraph
 from planner.graph.opkinds import LENGTH
 from planner.hardware.devices import DeviceGraph
 from planner.pipeline.layouts import block_bounds
@@ -95,8 +100,8 @@ MAX_MICRO_BATCH = 16  # samples per replica per micro-batch: more only adds to t
 _CHUNKS = ChunkCache()
 ON = {TWO_REPLICAS: "two replicas per stage", EVERY_DEVICE: "every device"}
 
-# (p, t, b, recompute, ZeRO, inner rule, c): c the context-parallel degree
-StageLayout = tuple[int, int, int, str, int, str, int]
+# (p, t, b, recompute, ZeRO, inner rule, c, e): c the context-parallel degree, e the expert's
+StageLayout = tuple[int, int, int, str, int, str, int, int]
 
 
 class PipelineSearch:
@@ -166,42 +171,71 @@ class _Space:
     settings: PipelineSettings
     usable: float
     state: float  # bytes of the parameters' training state, unsharded
+    routed: float = 0.0  # of which the routed experts' (cut e ways by expert parallelism)
     tolerance: float = 0.0  # the relative gap at which the exact simulations stop
     groups: dict[Any, DeviceGraph] = field(default_factory=dict)
     micro: dict[int, OpGraph] = field(default_factory=dict)
     flights: dict[tuple[str, int, int, int], tuple[int, ...]] = field(default_factory=dict)
     searched: dict[int, SearchedLayout] = field(default_factory=dict)
-    layouts: dict[tuple[int, int, int, int, str], Strategy] = field(default_factory=dict)
+    layouts: dict[tuple[int, int, int, int, int, str], Strategy] = field(default_factory=dict)
     quick: QuickUnits = field(default_factory=QuickUnits)
+    fronts: dict[Any, list[int]] = field(default_factory=dict)  # `_expert_front`'s
+    # seconds of the first moe op per (g, t, c, b, ZeRO, e) (`_expert_front`), and per stage
+    # layout but its expert degree the fastest such seconds of a degree all of whose
+    # candidates fit (`_rank`: a slower degree cannot do better there)
+    moe_seconds: dict[tuple[int, ...], float] = field(default_factory=dict)
+    settled: dict[tuple[Any, ...], float] = field(default_factory=dict)
+
+    def needless(self, key: StageLayout) -> bool:
+        """Whether the stage layout `key` is slower at its mixture of experts than another
+        expert degree of the same layout all of whose candidates fit (`_rank`)."""
+        seconds = self.moe_seconds.get(self._moe_key(key))
+        settled = self.settled.get(key[:7])
+        return seconds is not None and settled is not None and seconds >= settled
+
+    def settle(self, key: StageLayout) -> None:
+        """Every candidate of `key` fits: its slower expert degrees are needless."""
+        seconds = self.moe_seconds.get(self._moe_key(key))
+        if seconds is not None:
+            self.settled[key[:7]] = min(seconds, self.settled.get(key[:7], math.inf))
+
+    def _moe_key(self, key: StageLayout) -> tuple[int, ...]:
+        p, t, b, _, z, rule, c, e = key
+        g = self.problem.devices.num_devices // p
+        return (g, t, c, b, z, e) if rule == "rule" else (-1,)
 
     def cost_options(self, recompute: str, zero: int) -> CostOptions:
         return dataclasses.replace(self.problem.options, recompute=recompute, zero=zero)  # type: ignore[arg-type]
 
     def stage_rule(
-        self, rule: str, t: int, c: int = 1
+        self, rule: str, t: int, c: int = 1, e: int = 1
     ) -> Callable[[OpGraph, DeviceGraph, int], Strategy]:
-        """How a stage is laid out at tensor degree t and context degree c (Megatron-LM's
-        rule or the per-op search's layout, at c = 1), each graph on each group size laid out
-        once (a 1,000-op graph takes tens of milliseconds, and the closed form and the
-        costing both ask). The callable's third argument is a replica's width, t x c."""
+        """How a stage is laid out at tensor degree t, context degree c and expert degree e
+        (Megatron-LM's rule, or the per-op search's layout: c = 1, e its own), each graph on each
+        group size laid out once (a 1,000-op graph takes tens of milliseconds, and the
+        closed form and the costing both ask). The callable's third argument is a replica's
+        width, t x c."""
         lay_out = self.searched[t].strategy if rule == "search" else megatron
 
         def laid_out(graph: OpGraph, group: DeviceGraph, width: int) -> Strategy:
-            key = (id(graph), group.num_devices, t, c, rule)  # graphs stay in `micro`
+            key = (id(graph), group.num_devices, t, c, e, rule)  # graphs stay in `micro`
             if key not in self.layouts:
                 self.layouts[key] = (
-                    lay_out(graph, group, t) if c == 1 else megatron(graph, group, t, c)
+                    lay_out(graph, group, t)
+                    if rule == "search" or (c == 1 and e == 1)
+                    else megatron(graph, group, t, c, e)
                 )
             return self.layouts[key]
 
         return laid_out
 
-    def unit_group(self, g: int, t: int, here: int) -> DeviceGraph:
-        """The devices a stage of g is costed on: its first and last of `here` replicas."""
-        key = ("units", g, t * here)
+    def unit_group(self, g: int, t: int, here: int, span: int = 1) -> DeviceGraph:
+        """The devices a stage of g is costed on: its first and last `span` of `here`
+        replicas of t (`_unit_ends`)."""
+        key = ("units", g, t * here, span)
         if key not in self.groups:
             devices = self.problem.devices
-            ends = _unit_ends(g, t, here)
+            ends = _unit_ends(g, t, here, span)
             self.groups[key] = devices.subset(ends, f"{devices.name}[{t * here} of {g}]")
         return self.groups[key]
 
@@ -248,6 +282,7 @@ def _search(
     graph, devices, options = problem.graph, problem.devices, problem.options
     usable = float(usable_memory(devices, options.headroom, options.reserve).min())
     space = _Space(problem, settings, usable, parameter_state(graph, options), tolerance)
+    space.routed = routed_state(graph, options)
     bound = compute_bound(graph, devices, options)  # first: not on a Ctrl-C's way out
     if "search" in settings.inner:
         looking = deadline.share(INNER_SHARE)
@@ -379,10 +414,12 @@ def _searched_layouts(
 
 
 def _stage_layouts(space: _Space) -> list[StageLayout]:
-    """Every (p, t, b, recomputation, ZeRO, inner rule, c) of the space: p stages dividing
+    """Every (p, t, b, recomputation, ZeRO, inner rule, c, e) of the space: p stages dividing
     the devices (at most the blocks), t a power of two up to a host dividing a stage's
-    devices, c a context-parallel degree (`_context_degrees`) with t x c dividing them, b
-    samples per replica per micro-batch whose micro-batches divide the batch."""
+    devices, c a context-parallel degree (`_context_degrees`) with t x c dividing them, e an
+    expert-parallel degree (`_expert_degrees`: 1 without mixtures of experts), b samples per
+    replica per micro-batch whose micro-batches divide the batch. Only Megatron-LM's rule
+    lays out c > 1 or e > 1."""
     settings, problem = space.settings, space.problem
     n = problem.devices.num_devices
     node = _host_size(problem.devices)
@@ -390,20 +427,108 @@ def _stage_layouts(space: _Space) -> list[StageLayout]:
     choices = [p for p in (settings.stages or _divisors(n)) if n % p == 0 and p <= problem.blocks]
     rules = [r for r in ("rule", "search") if r in settings.inner]
     contexts = settings.context or _context_degrees(problem.graph, n)
+    experts = {p: _expert_degrees(problem.graph, n // p, settings.expert) for p in choices}
     return [
-        (p, t, b, rc, z, rule, c)
+        (p, t, b, rc, z, rule, c, e)
         for p in choices
         for t in _powers(min(node, n // p))
         for c in contexts
         if (n // p) % (t * c) == 0
         for b in _powers(min(batch, MAX_MICRO_BATCH))
         if batch % ((n // p // (t * c)) * b) == 0
-        for rc in settings.recompute
         for z in settings.zero
         if not (z and n // p // (t * c) == 1)  # ZeRO shards over replicas: none to shard over
+        for front in [_expert_front(space, n // p, t, c, b, z, experts[p])]
+        for rc in settings.recompute
         for rule in rules
-        if rule == "rule" or (t in space.searched and c == 1)
+        for e in (front if rule == "rule" else _searched_expert(space, t))
+        if rule == "rule" or c == 1
     ]
+
+
+def _expert_front(
+    space: _Space, g: int, t: int, c: int, b: int, z: int, degrees: list[int]
+) -> list[int]:
+    """Of the expert degrees `degrees` of a stage of g devices at (t, c, b, ZeRO z), those
+    not dominated: e is dropped when another degree's mixture of experts (the graph's first
+    moe op at the stage's micro-batch, laid out by Megatron-LM's rule on the stage's
+    devices) is no slower (its compute and all-to-alls, `CostModel.compute_time`, and its
+    gradient sync, `CostModel.sync_time`: experts not spread sync over the tensor ranks
+    that share their tokens) and keeps
+    no more parameter bytes and no more activations per device. Only moe ops change with
+    e, so a dominated degree never gives a faster layout nor one that fits where the other
+    does not. Every degree when the rule cannot lay the op out."""
+    if len(degrees) < 2:
+        return degrees
+    key = ("front", g, t, c, b, z, tuple(degrees))
+    if key not in space.fronts:
+        space.fronts[key] = _undominated(space, g, t, c, b, z, degrees)
+    return space.fronts[key]
+
+
+def _undominated(
+    space: _Space, g: int, t: int, c: int, b: int, z: int, degrees: list[int]
+) -> list[int]:
+    graph = space.problem.graph
+    i = next(k for k, op in enumerate(graph.ops) if op.kind == "moe")
+    moe = graph.ops[i]
+    source = graph.ops[graph.index(moe.inputs[0])]
+    alone = OpGraph(f"{graph.name}[{moe.name}]", (Op(source.name, "input", (), source.output), moe))
+    d = g // (t * c)
+    devices = space.first_devices(g)
+    cm = CostModel(batch_graph(alone, d * b), devices, space.cost_options("none", z))
+    scores = {}
+    for e in degrees:
+        try:
+            configs = megatron(cm.graph, devices, t, c, e).configs
+        except LayerwiseError:
+            return degrees
+        params, kept, _ = cm.memory_parts(configs)
+        seconds = cm.compute_time(1, configs[1]) + cm.sync_time(1, configs[1])
+        scores[e] = (seconds, float(params.max()), float(kept.max()))
+        space.moe_seconds[g, t, c, b, z, e] = scores[e][0]
+    return [
+        e
+        for e in degrees
+        if not any(
+            all(x <= y for x, y in zip(scores[f], scores[e], strict=True))
+            and scores[f] != scores[e]
+            for f in degrees
+        )
+    ]
+
+
+def _searched_expert(space: _Space, t: int) -> list[int]:
+    """The per-op search's layout at tensor degree t, if any, as its expert degree (the
+    experts it spreads inside its tensor group; 1 without)."""
+    if t not in space.searched:
+        return []
+    e = space.searched[t].expert
+    return [e] if space.settings.expert is None or e in space.settings.expert else []
+
+
+def _expert_degrees(graph: OpGraph, g: int, chosen: tuple[int, ...] | None) -> list[int]:
+    """The expert-parallel degrees to try on a stage of g devices: for a graph with
+    mixtures of experts the divisors of their experts and of g (Megatron-LM's rule gives a
+    moe op a token box per device of the stage: EP groups of e consecutive devices), those
+    of `chosen` when given; 1 for a graph without."""
+    counts = [int(op.attr("experts", 0)) for op in graph.ops if op.kind == "moe"]
+    if not counts:
+        return [1]
+    common = math.gcd(g, *counts)
+    return [e for e in (chosen or _divisors(common)) if common % e == 0]
+
+
+def _replicas_simulated(d: int, w: int, e: int, zero: int) -> tuple[int, int]:
+    """(here, span): a stage of d replicas of w devices is simulated on `here` of them, its
+    first and last `span` (`_unit_ends`). span covers whole expert-parallel groups of e
+    devices (lcm(e, w) / w replicas, 1 when e divides w), so that the all-to-alls run in
+    whole groups and each class of parameters, routed experts too, has two replicas whose
+    sync scales to the stage's; every replica when d is at most 2 spans, or at ZeRO 3."""
+    span = math.lcm(e, w) // w
+    if zero >= 3 or d <= 2 * span:
+        return d, span
+    return 2 * span, span
 
 
 def _context_degrees(graph: OpGraph, n: int) -> list[int]:
@@ -425,7 +550,16 @@ def _holding(space: _Space, keys: list[StageLayout]) -> list[StageLayout]:
     recompute = space.settings.recompute
     fitting = [k for k in keys if _held(space, k) <= space.usable]
     fitting.sort(
-        key=lambda k: (k[0] * k[1] * k[6], k[0], k[6], k[2], recompute.index(k[3]), k[4], k[5])
+        key=lambda k: (
+            k[0] * k[1] * k[6],
+            k[0],
+            k[6],
+            k[2],
+            recompute.index(k[3]),
+            k[4],
+            k[5],
+            k[7],  # expert degrees in turn: a slower one after one all of whose layouts fit
+        )
     )
     return fitting
 
@@ -438,10 +572,10 @@ def _cost(
     passes or a Ctrl-C once some fit or the search has an answer (`answered`; a needed
     costing finishes, one that is not is abandoned)."""
     problem = space.problem
-    graph, devices = problem.graph, problem.devices
+    devices = problem.devices
     n, batch = devices.num_devices, problem.samples
     out = _Costed([], 0, math.inf, False)
-    for p, t, b, rc, z, rule, c in fitting:
+    for p, t, b, rc, z, rule, c, e in fitting:
         if (costing.expired() or stop_requested()) and (out.found or answered):
             out.stopped = True
             break
@@ -450,22 +584,15 @@ def _cost(
         d = g // w
         m = batch // (d * b)
         opts = space.cost_options(rc, z)
-        here = d if z >= 3 else min(d, 2)  # replicas simulated (`unit_costs`)
-        mu = -here * b  # keyed by minus the samples: a graph of here x b samples
-        key = ("units", g, w * here)
-        if key not in space.groups:
-            ends = (*range(w * here - w), *range(g - w, g))  # first and last replicas
-            space.groups[key] = devices.subset(ends, f"{devices.name}[{w * here} of {g}]")
+        here, span = _replicas_simulated(d, w, e, z)  # replicas simulated (`unit_costs`)
         try:
-            if mu not in space.micro:
-                space.micro[mu] = batch_graph(graph, here * b)
-            lay_out = space.stage_rule(rule, t, c)
+            lay_out = space.stage_rule(rule, t, c, e)
             u = _interruptible(
                 partial(
                     unit_costs,
-                    space.micro[mu],
+                    space.samples_graph(here * b),
                     devices,
-                    space.groups[key],
+                    space.unit_group(g, w, here, span),
                     w,
                     opts,
                     g if p > 1 else 0,
@@ -479,12 +606,12 @@ def _cost(
             out.stopped = True
             break
         except Exception as exc:  # noqa: BLE001 - a layout the rule cannot express: skip it
-            log.debug("skipped PP %d TP %d CP %d b %d: %s", p, t, c, b, exc)
+            log.debug("skipped PP %d TP %d CP %d EP %d b %d: %s", p, t, c, e, b, exc)
             continue
         out.costed += 1
         found = candidates(
             u, (p, t, d, b, m, rc, z, rule), problem.blocks, space.settings.schedules,
-            space.flights, c,
+            space.flights, c, e,
         )  # fmt: skip
         for cand in found:
             out.least = min(out.least, cand.peak)
@@ -515,24 +642,26 @@ def _rank(space: _Space, fitting: list[StageLayout], ranking: Deadline | None) -
     problem = space.problem
     devices, n, batch = problem.devices, problem.devices.num_devices, problem.samples
     out = _Ranked([], [], math.inf)
-    for i, (p, t, b, rc, z, rule, c) in enumerate(fitting):
+    for i, (p, t, b, rc, z, rule, c, e) in enumerate(fitting):
         if ranking is not None and (ranking.expired() or stop_requested()):
             out.unreached = fitting[i:]
             break
+        if space.needless(fitting[i]):
+            continue
         g = n // p
         w = t * c  # a replica's devices
         d = g // w
         m = batch // (d * b)
-        here = d if z >= 3 else min(d, 2)  # replicas costed, as `_cost` does
+        here, span = _replicas_simulated(d, w, e, z)  # replicas costed, as `_cost` does
         opts = space.cost_options(rc, z)
         try:
             graph = space.samples_graph(here * b)
-            strategy = space.stage_rule(rule, t, c)(graph, space.first_devices(w * here), w)
+            strategy = space.stage_rule(rule, t, c, e)(graph, space.first_devices(w * here), w)
             u = space.quick.units(
                 graph,
                 devices,
-                _unit_ends(g, w, here),
-                partial(space.unit_group, g, w, here),
+                _unit_ends(g, w, here, span),
+                partial(space.unit_group, g, w, here, span),
                 strategy,
                 opts,
                 g if p > 1 else 0,
@@ -540,17 +669,19 @@ def _rank(space: _Space, fitting: list[StageLayout], ranking: Deadline | None) -
                 d,
             )
         except Exception as exc:  # noqa: BLE001 - a layout the rule cannot express: skip it
-            log.debug("skipped PP %d TP %d CP %d b %d: %s", p, t, c, b, exc)
+            log.debug("skipped PP %d TP %d CP %d EP %d b %d: %s", p, t, c, e, b, exc)
             continue
         found = candidates(
             u, (p, t, d, b, m, rc, z, rule), problem.blocks, space.settings.schedules,
-            space.flights, c,
+            space.flights, c, e,
         )  # fmt: skip
         out.estimated += 1
         out.least = min([out.least, *(f.peak for f in found)])
         fits = [f.estimate for f in found if f.peak <= space.usable]
+        if found and len(fits) == len(found):
+            space.settle(fitting[i])
         if fits:
-            out.estimates.append((min(fits), (p, t, b, rc, z, rule, c)))
+            out.estimates.append((min(fits), (p, t, b, rc, z, rule, c, e)))
     return out
 
 
@@ -630,7 +761,7 @@ def _simulate_one(
     )
     if max(timeline.peak_bytes) > space.usable:
         return None
-    whole = lay.data <= 2 or lay.zero >= 3  # every device simulated already
+    whole = _replicas_of(lay)[0] == lay.data  # every device simulated already
     seconds = time.perf_counter() - t1
     return _Simulated(timeline.makespan, seconds, cand, planned, timeline, opts, whole)
 
@@ -647,7 +778,7 @@ def _on_every_device(
     lay = best.candidate.layout
     if _tasks(problem.graph, lay) > FULL_SIMULATION_TASKS:
         return None, "size"
-    expected = best.seconds * lay.data / 2 * FULL_SIMULATION_COST
+    expected = best.seconds * lay.data / _replicas_of(lay)[0] * FULL_SIMULATION_COST
     if expected > deadline.left():
         return None, "time"
     cm = CostModel(best.planned.strategy.graph, problem.devices, best.options)
@@ -686,9 +817,11 @@ def _simulate(
 ) -> tuple[PipelinedStrategy, PipelineTimeline]:
     """The layout's pipelined strategy, and its step: every distinct chunk simulated with
     FlexFlow's simulator on two of its stage's data-parallel replicas (all compute and
-    exchange alike within their tensor-parallel groups), their gradient sync scaled to the
-    stage's replicas (`units.ring_factor`) and ZeRO's parameter bytes to its sharding; with
-    one or two replicas, or ZeRO 3, every device simulated."""
+    exchange alike within their tensor-parallel groups; with expert parallelism two sets of
+    replicas that hold whole expert-parallel groups: `_replicas_simulated`), their gradient
+    sync and ZeRO's parameter bytes scaled to the stage's replicas per parameter class
+    (`units.scale_factors`); with one or two replicas (sets), or ZeRO 3, every device
+    simulated."""
     n, p, t, d = devices.num_devices, lay.stages, lay.tensor, lay.data
     g = n // p
     w = t * lay.context  # a replica's devices: tensor innermost, then context
@@ -704,33 +837,34 @@ def _simulate(
         if lay.inner == "search" and searched and t in searched and lay.context == 1:
             inner = searched[t].strategy(micro[m], groups[size], t)
         else:
-            inner = megatron(micro[m], groups[size], t, lay.context)
+            inner = megatron(micro[m], groups[size], t, lay.context, lay.expert)
         return _pipelined(micro[m], devs, inner, dataclasses.replace(lay, data=data))
 
     planned = strategy(lay.micro_batches, devices, g, d)
-    here = d if lay.zero >= 3 else min(d, 2)
+    here, span = _replicas_of(lay)
     if here == d:
         return planned, simulate_pipelined(
             CostModel(planned.strategy.graph, devices, options), planned
         )
-    # the first and the last replica: across the same links as the stage's sync crosses
-    keep = [s * g + k for s in range(p) for k in (*range(w), *range(g - w, g))]
+    # the first and the last replicas: across the same links as the stage's sync crosses
+    keep = [s * g + k for s in range(p) for k in _unit_ends(g, w, here, span)]
     reduced = devices.subset(keep, f"{devices.name}[{p} x {w * here}]")
     small_samples = here * lay.micro_batch
     if -small_samples not in micro:
         micro[-small_samples] = batch_graph(graph, small_samples)
     small = strategy(-small_samples, reduced, w * here, here)
     chunks = chunk_times(CostModel(small.strategy.graph, reduced, options), small, _CHUNKS)
-    sync = ring_factor(d) / ring_factor(here)
-    zero = zero_factor(graph, options, d) / zero_factor(graph, options, here)
-    scaled = [  # ZeRO shards the parameters' state over the d replicas, not the working set
-        dataclasses.replace(
-            c,
-            sync=c.sync * sync,
-            fixed_bytes=(c.fixed_bytes - c.working_bytes) * zero + c.working_bytes,
-        )
-        for c in chunks
-    ]
+    scaled = []
+    factors: dict[tuple[int, int], tuple[float, float]] = {}
+    for k, c in enumerate(chunks):  # ZeRO shards the parameters' state, not the working set
+        ops = small.pipeline.chunk_ops(k)
+        if (ops.start, ops.stop) not in factors:
+            factors[ops.start, ops.stop] = scale_factors(
+                small.strategy.graph, small.strategy.configs, ops, options, d / here
+            )
+        sync, zero = factors[ops.start, ops.stop]
+        fixed = (c.fixed_bytes - c.working_bytes) * zero + c.working_bytes
+        scaled.append(dataclasses.replace(c, sync=c.sync * sync, fixed_bytes=fixed))
     return planned, simulate_pipeline(
         scaled, lay.schedule, p, lay.micro_batches, options.pp_overlap, options.chunk_sync_share
     )
@@ -757,10 +891,18 @@ def _pipelined(
     return PipelinedStrategy(Strategy(graph, devices, tuple(configs)), pipe)
 
 
-def _unit_ends(g: int, t: int, here: int) -> tuple[int, ...]:
-    """The devices of a stage of g that `unit_costs` costs: its first and last of `here`
-    replicas of t (the last across the same links as the stage's sync crosses)."""
-    return (*range(t * here - t), *range(g - t, g))
+def _unit_ends(g: int, t: int, here: int, span: int = 1) -> tuple[int, ...]:
+    """The devices of a stage of g that `unit_costs` costs: its first `here - span` and last
+    `span` of `here` replicas of t (the last across the same links as the stage's sync
+    crosses; `span` replicas hold whole expert-parallel groups, `_replicas_simulated`)."""
+    if t * here >= g:
+        return tuple(range(g))
+    return (*range(t * (here - span)), *range(g - t * span, g))
+
+
+def _replicas_of(lay: Layout) -> tuple[int, int]:
+    """`_replicas_simulated` of a layout: (replicas simulated, replicas per EP span)."""
+    return _replicas_simulated(lay.data, lay.tensor * lay.context, lay.expert, lay.zero)
 
 
 def _tasks(graph: OpGraph, lay: Layout) -> int:
@@ -771,10 +913,15 @@ def _tasks(graph: OpGraph, lay: Layout) -> int:
 
 
 def _held(space: _Space, key: StageLayout) -> float:
-    """A lower bound of a device's parameter bytes: the state split p x t ways (x d: ZeRO)."""
-    p, t, _, _, z, _, _ = key
+    """A lower bound of a device's parameter bytes: the dense state split p x t ways, the
+    routed experts' p x e ways (Megatron-LM's rule cuts no expert by t), each also over its
+    data-parallel replicas with ZeRO."""
+    p, t, _, _, z, _, _, e = key
     n = space.problem.devices.num_devices
-    return space.state / (p * t) / (n // (p * t) if z else 1)
+    dense, routed = space.state - space.routed, space.routed
+    dense_ways = p * t * (n // (p * t) if z else 1)
+    routed_ways = p * e * (n // (p * e) if z else 1)
+    return dense / dense_ways + routed / routed_ways
 
 
 def _host_size(devices: DeviceGraph) -> int:

@@ -86,6 +86,13 @@ class PipelineSettings(BackendSettings):
         Coerce(lambda v: (v,) if isinstance(v, int) and not isinstance(v, bool) else v),
         Check("context-parallel degrees >= 1 (or None: every power of two)", _stages),
     ] = None
+    # expert-parallel degrees to try (None: for a model with mixtures of experts every
+    # divisor of their experts and a stage's devices; `search._expert_degrees`)
+    expert: Annotated[
+        tuple[int, ...] | None,
+        Coerce(lambda v: (v,) if isinstance(v, int) and not isinstance(v, bool) else v),
+        Check("expert-parallel degrees >= 1 (or None: every divisor)", _stages),
+    ] = None
     # a cap on the layouts simulated exactly (None: as many as the rule needs: every layout
     # estimated below the answer's step is simulated; docs/pipeline.md)
     exact: Annotated[

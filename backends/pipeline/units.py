@@ -23,15 +23,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
-from planner.costs.memory import param_bytes
-from planner.graph.opgraph import OpGraph
+from planner.costs.experts import param_classes, spreads_experts
+from planner.costs.memory import ParamBytes, param_bytes
+from planner.graph.moe import is_routed, moe_spec
+from planner.graph.opgraph import Op, OpGraph
+from planner.graph.opkinds import parameter_dims
 from planner.hardware.devices import DeviceGraph
-from planner.pipeline.layouts import block_ranges
+from planner.pipeline.layouts import block_kinds, block_ranges
 from planner.pipeline.stages import Chunk, range_problem, simulate_chunk
 from planner.pipeline.timeline import ChunkTimes
 from planner.problems.baselines import megatron
@@ -54,21 +58,39 @@ class Unit:
 
 @dataclass(frozen=True)
 class Units:
+    """The units of a layout: `first`, `middle` (block 1's) and `last`, and in a stack of
+    blocks of two kinds (`planner.pipeline.layouts.block_kinds`) the middle unit of each
+    kind (`kinds` per block, `others` by kind)."""
+
     first: Unit
     middle: Unit
     last: Unit
     message: float  # seconds to send the residual stream to the next group (and its gradient)
     blocking: float = 0.0  # share of a message its sender waits for (1 - CostOptions.pp_overlap)
     grad_overlap: float = 1.0  # share of a chunk's sync ready at its last backward
+    kinds: tuple[int, ...] = ()  # per block, its kind (empty: every block alike)
+    others: dict[int, Unit] = field(default_factory=dict)  # middle unit by kind
 
-    def chunk(self, index: int, count: int, blocks: int) -> ChunkTimes:
-        """Chunk `index` of `count`, holding `blocks` blocks, composed."""
-        parts = [self.middle] * blocks
+    @property
+    def mixed(self) -> bool:
+        """Whether blocks differ in kind (a chunk's composition then depends on its blocks)."""
+        return len(set(self.kinds)) > 1
+
+    def block(self, j: int) -> Unit:
+        """The middle unit of block j's kind."""
+        if not self.kinds:
+            return self.middle
+        return self.others.get(self.kinds[j], self.middle)
+
+    def chunk(self, index: int, count: int, blocks: int, start: int = 0) -> ChunkTimes:
+        """Chunk `index` of `count`, holding `blocks` blocks from block `start`, composed."""
+        middles = [self.block(start + j) for j in range(blocks)]
+        parts = list(middles)
         if index == 0:
             parts[0] = self.first
         if index == count - 1:
             parts[-1] = self.last if blocks > 1 or index > 0 else _merge(self.first, self.last)
-        tail = parts[-1].sync + (blocks - 1) * max(0.0, self.middle.sync - self.middle.backward)
+        tail = parts[-1].sync + sum(max(0.0, u.sync - u.backward) for u in middles[:-1])
         send_forward = self.message if index < count - 1 else 0.0
         send_backward = self.message if index > 0 else 0.0
         return ChunkTimes(  # a blocking send keeps its sender busy (`planner.costs.overlap`)
@@ -110,8 +132,10 @@ def unit_costs(
     `replicas`: the stage's real data-parallel degree when `group` holds fewer replicas
     (each with the same samples: `graph` has the group's share of the micro-batch). Every
     replica computes and exchanges within its tensor-parallel group alike, so two stand for
-    many; only the gradient sync differs, and it is scaled by the ring all-reduce's
-    2 (r - 1) / r (ZeRO's collectives are not: simulate every replica with ZeRO).
+    many (an expert-parallel group spans whole replicas of `group`: the search simulates
+    whole groups); only the gradient sync and ZeRO's sharding differ, scaled per parameter
+    class from its replicas in `group` to the stage's (`scale_factors`; ZeRO 3's
+    all-gathers are not: simulate every replica with ZeRO 3).
 
     `measure`: how a range's micro-batch is timed, `simulate_chunk` (FlexFlow's simulator)
     or `backends.pipeline.estimate.closed_form_chunk` (the cost model's per-op times)."""
@@ -123,40 +147,51 @@ def unit_costs(
         ch = range_problem(group, graph, strategy.configs, ops, mine, lambda j: mine)
         measured[key] = measure(options, None, ch)
     message = unit_message(devices, group, graph, strategy, ranges["middle"], next_group_offset)
-    return composed_units(measured, graph, group.num_devices // tensor, replicas, options, message)
+    here = group.num_devices // tensor
+    scales = range_scales(graph, strategy.configs, ranges, options, here, replicas)
+    return composed_units(measured, scales, options, message, block_kinds(graph))
 
 
 def unit_ranges(graph: OpGraph) -> dict[str, range]:
-    """The op ranges of the three units: `first` (the ops before block 1), `middle` (block
-    1) and `last` (the last block and what follows it)."""
+    """The op ranges of the units: `first` (the ops before block 1), `middle` (block 1) and
+    `last` (the last block and what follows it); in a stack of blocks of more than one kind
+    (`planner.pipeline.layouts.block_kinds`), `middle.k` for each other kind k that a block
+    between the first and the last has (its first such block)."""
     blocks = block_ranges(graph)
     n = len(graph.ops)
     first_end = blocks[1][0]
     last_start = blocks[-1][0] if len(blocks) > 2 else blocks[1][0]
-    return {
+    out = {
         "first": range(0, first_end),
         "middle": range(blocks[1][0], blocks[1][1]),
         "last": range(last_start, n),
     }
+    kinds = block_kinds(graph)
+    for j in range(2, len(blocks) - 1):
+        if kinds[j] != kinds[1] and f"middle.{kinds[j]}" not in out:
+            out[f"middle.{kinds[j]}"] = range(*blocks[j])
+    return out
 
 
 def composed_units(
     measured: dict[str, tuple[float, ...]],
-    graph: OpGraph,
-    here: int,
-    replicas: int | None,
+    scales: dict[str, tuple[float, float]],
     options: CostOptions,
     message: float,
+    kinds: tuple[int, ...] = (),
 ) -> Units:
     """The units from each range's measured (forward, backward, sync, kept, fixed, working)
-    on `here` replicas, the sync and parameter bytes scaled to `replicas`."""
+    on the replicas simulated, its sync and parameter bytes times the range's `scales`
+    (`range_scales`: to the stage's real replicas); `kinds`: each block's kind, when the
+    ranges hold a `middle.k` per other kind (`unit_ranges`)."""
     units = {}
     for key, (forward, backward, sync, kept, fixed, working) in measured.items():
-        params = fixed - working
-        if replicas is not None and replicas > here:
-            sync *= ring_factor(replicas) / ring_factor(here) if here > 1 else 1.0
-            params *= zero_factor(graph, options, replicas) / zero_factor(graph, options, here)
-        units[key] = Unit(forward, backward, sync, kept, params, working)
+        sync_scale, param_scale = scales.get(key, (1.0, 1.0))
+        params = (fixed - working) * param_scale
+        units[key] = Unit(forward, backward, sync * sync_scale, kept, params, working)
+    others = {int(key.split(".")[1]): u for key, u in units.items() if key.startswith("middle.")}
+    if kinds and len(kinds) > 1:
+        others[kinds[1]] = units["middle"]
     return Units(
         units["first"],
         units["middle"],
@@ -164,7 +199,84 @@ def composed_units(
         message,
         1 - options.pp_overlap,
         options.chunk_sync_share,
+        kinds if len(set(kinds)) > 1 else (),
+        others if len(set(kinds)) > 1 else {},
     )
+
+
+def range_scales(
+    graph: OpGraph,
+    configs: Sequence[ParallelConfig],
+    ranges: dict[str, range],
+    options: CostOptions,
+    here: int,
+    replicas: int | None,
+) -> dict[str, tuple[float, float]]:
+    """Per op range, `scale_factors` from `here` simulated data-parallel replicas to
+    `replicas` (None or no more: no scaling)."""
+    if replicas is None or replicas <= here:
+        return {key: (1.0, 1.0) for key in ranges}
+    return {
+        key: scale_factors(graph, configs, ops, options, replicas / here)
+        for key, ops in ranges.items()
+    }
+
+
+def scale_factors(
+    graph: OpGraph,
+    configs: Sequence[ParallelConfig],
+    ops: range,
+    options: CostOptions,
+    scale: float,
+) -> tuple[float, float]:
+    """(sync, parameter bytes) of op range `ops` laid out by `configs` on some of a stage's
+    data-parallel replicas, per second and byte simulated there, when every parameter class
+    has `scale` times the replicas it has there (the stage's replicas / those simulated).
+
+    Each class of parameters (`param_class_replicas`: one per op, two for a moe op whose
+    experts are spread) syncs over its own replicas r: a dense weight over data x context
+    ranks (and the tensor ranks that do not cut it, as a sequence-parallel norm's), a
+    routed expert over its expert-data-parallel group (tasks / e). Its ring moves
+    2 (r - 1) / r of its shard per device (`ring_factor`), and ZeRO shards its state r
+    ways (`ParamBytes.held`); the factors weigh each class by its shard's bytes."""
+    sync = [0.0, 0.0]  # scaled, simulated
+    held = [0.0, 0.0]
+    zero = options.zero
+    for i in ops:
+        op = graph.ops[i]
+        if not op.params:
+            continue
+        for state, shards, r in param_class_replicas(op, configs[i], options):
+            real = max(1, round(r * scale))
+            shard = state.weights / shards
+            sync[0] += shard * ring_factor(real)
+            sync[1] += shard * ring_factor(r)
+            held[0] += state.held(real, zero) / shards
+            held[1] += state.held(r, zero) / shards
+    return (
+        sync[0] / sync[1] if sync[1] else 1.0,
+        held[0] / held[1] if held[1] else 1.0,
+    )
+
+
+def param_class_replicas(
+    op: Op, cfg: ParallelConfig, options: CostOptions
+) -> list[tuple[ParamBytes, int, int]]:
+    """op's parameters by class under cfg, each (its unsharded training bytes, its shards,
+    the replicas of each shard), as the cost model counts them (`CostModel.param_groups`,
+    `_param_parts`): one class, or a moe op's router and shared expert (replicated on every
+    task) and its routed experts (cut `expert` ways, `expert_replicas`) when cfg spreads
+    them."""
+    opt, master = options.optimizer, options.master_weights
+    if not spreads_experts(op, cfg):
+        shards = math.prod(cfg.degree(op, d) for d in parameter_dims(op)) * cfg.reduce
+        return [(param_bytes(op.params, opt, master), shards, max(1, cfg.num_tasks // shards))]
+    out = []
+    for params, tasks in param_classes(op, cfg):
+        if params:
+            shards, r = tasks.shape if tasks.size else (1, cfg.num_tasks)
+            out.append((param_bytes(params, opt, master), int(shards), int(r)))
+    return out
 
 
 def unit_message(
@@ -198,7 +310,7 @@ def ring_factor(replicas: int) -> float:
 
 def zero_factor(graph: OpGraph, options: CostOptions, replicas: int) -> float:
     """A device's parameter bytes at `options.zero` over `replicas` data-parallel copies, per
-    byte unsharded (1.0 at ZeRO 0; with Adam, master weights and ZeRO 1 over r: (4 + 12 / r)
+    byte unsharded, every parameter alike (`scale_factors` counts each class's replicas) (1.0 at ZeRO 0; with Adam, master weights and ZeRO 1 over r: (4 + 12 / r)
     / 16)."""
     if not options.zero:
         return 1.0
@@ -233,13 +345,23 @@ def parameter_state(graph: OpGraph, options: CostOptions) -> float:
     )
 
 
+def routed_state(graph: OpGraph, options: CostOptions) -> float:
+    """Of `parameter_state`, the bytes of the mixtures of experts' routed experts (those
+    expert parallelism cuts: `planner.graph.moe.is_routed`)."""
+    total = 0.0
+    for op in graph.ops:
+        if op.kind == "moe":
+            roles = moe_spec(op).roles
+            routed = [p for p, r in zip(op.params, roles, strict=True) if is_routed(r)]
+            total += param_bytes(routed, options.optimizer, options.master_weights).total
+    return total
+
+
 def compute_bound(graph: OpGraph, devices: DeviceGraph, options: CostOptions) -> float:
     """A lower bound on the step of any layout of the full-batch `graph` on `devices`: every
     op's forward and backward on one device of the fastest kind, summed, over the devices
     (splitting an op never makes its work smaller in the cost model; no recomputation, no
     transfer, no sync)."""
-    from planner.costs.config import ParallelConfig
-
     fastest = max(range(devices.num_devices), key=lambda i: devices.devices[i].flops)
     one = devices.subset([fastest], f"{devices.name}[1]")
     cm = CostModel(graph, one, dataclasses.replace(options, recompute="none"))

@@ -67,18 +67,28 @@ def block_ranges(graph: OpGraph) -> list[tuple[int, int]]:
 
 def repeated_blocks(graph: OpGraph) -> bool:
     """Whether `graph` is a stack of at least two numbered blocks that are the same layer
-    repeated (every block's ops: the same names within the block, kinds, output shapes and
-    parameter shapes, in the same order), as a transformer's are: what the pipeline search
-    can cut, costing one block for all (`backends.pipeline.units`). A CNN's `features.3` or
-    a ResNet's `layer2.1` are numbered but not alike."""
+    repeated, as a transformer's are, or of two such layers one run after the other (a
+    mixture of experts' stack whose first layers are dense: DeepSeek-V3's 3 dense blocks,
+    then 58 MoE blocks; `block_kinds`): what the pipeline search can cut, costing one block
+    of each kind for all (`backends.pipeline.units`). A CNN's `features.3` or a ResNet's
+    `layer2.1` are numbered but not alike."""
     try:
-        starts = block_starts(graph)
+        kinds = block_kinds(graph)
     except PipelineError:
         return False
-    if len(starts) < 2:
+    if len(kinds) < 2 or max(kinds) > 1:
         return False
-    ends = [*starts[1:], len(graph.ops)]
-    first = None
+    return list(kinds) == sorted(kinds)  # one kind, or a run of one kind and a run of another
+
+
+def block_kinds(graph: OpGraph) -> tuple[int, ...]:
+    """Per numbered block, its kind: blocks alike (the same op names within the block, kinds,
+    output shapes and parameter shapes, in the same order) share one, numbered by first
+    appearance (a transformer's blocks are all 0; DeepSeek-V3's 0, 0, 0, 1, ..., 1)."""
+    starts = block_starts(graph)
+    ends = [*starts[1:], len(graph.ops)] if starts else []
+    seen: dict[tuple[object, ...], int] = {}
+    kinds = []
     for a, b in zip(starts, ends, strict=True):
         found = block_of(graph.ops[a].name)
         assert found is not None
@@ -89,11 +99,8 @@ def repeated_blocks(graph: OpGraph) -> bool:
                 continue  # an op after the last block (or between blocks): not its own
             params = tuple(p.shape for p in op.params)
             signature.append((here[1], op.kind, op.output.shape, params))
-        if first is None:
-            first = signature
-        elif signature != first:
-            return False
-    return True
+        kinds.append(seen.setdefault(tuple(signature), len(seen)))
+    return tuple(kinds)
 
 
 def block_bounds(

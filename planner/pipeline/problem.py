@@ -81,15 +81,18 @@ class Layout:
     blocks: tuple[int, ...]  # per chunk, in chunk order
     inner: str = "rule"  # each stage laid out by Megatron-LM's rule or the per-op search
     context: int = 1  # context-parallel degree: the sequence split over that many tensor groups
+    expert: int = 1  # expert-parallel degree: a moe op's experts over that many token boxes
 
     def describe(self) -> str:
         """One line: 'PP 2 x TP 4 x DP 2, 8 micro-batches of 1 per replica, 1f1b, ...'
-        ('x CP c' after TP with context parallelism)."""
+        ('x CP c' after TP with context parallelism; ', EP e' after DP with expert
+        parallelism, whose groups fold into a stage's TP x CP x DP ranks)."""
         sched = self.schedule if self.virtual == 1 else f"{self.schedule} v={self.virtual}"
         zero = f", ZeRO {self.zero}" if self.zero else ""
         cp = f" x CP {self.context}" if self.context > 1 else ""
+        ep = f", EP {self.expert}" if self.expert > 1 else ""
         return (
-            f"PP {self.stages} x TP {self.tensor}{cp} x DP {self.data}, {self.micro_batches} "
+            f"PP {self.stages} x TP {self.tensor}{cp} x DP {self.data}{ep}, {self.micro_batches} "
             f"micro-batches of {self.micro_batch} per replica, {sched}, recompute "
             f"{self.recompute}{zero}, {self._blocks()}"
             + (", stages laid out by the per-op search" if self.inner == "search" else "")

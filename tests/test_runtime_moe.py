@@ -61,7 +61,9 @@ def _strategy(graph: OpGraph, world: int, moe: dict[str, int], reverse: bool = F
     return Strategy(graph, get_preset(f"cpu-local-{world}"), tuple(configs))
 
 
-def _check_run(run: runtime.RunResult, graph: OpGraph, strategy: Strategy) -> None:
+def _check_run(
+    run: runtime.RunResult, graph: OpGraph, strategy: Strategy, tokens: int | None = None
+) -> None:
     """Deviation within 1e-9, and per step every moe op's token copies dispatched to their
     experts' owners, each owner computing exactly the copies sent to its experts."""
     assert run.deviation is not None
@@ -83,7 +85,7 @@ def _check_run(run: runtime.RunResult, graph: OpGraph, strategy: Strategy) -> No
                     ]
                     assert computed == sent
             total = sum(sum(sent) for sent, _ in counts.values())
-            assert total == TOKENS[0].numel() * moe_spec(op).top_k
+            assert total == (tokens or TOKENS[0].numel()) * moe_spec(op).top_k
             assert all(len(sent) == experts for sent, _ in counts.values())
 
 
@@ -310,3 +312,30 @@ def test_dtensor_export_refuses_expert_parallelism_naming_it() -> None:
     plan = export_plan(strategy, module, fallback="replicate")
     assert {o.op for o in plan.fell_back} == {"layers.0.moe", "layers.1.moe"}
     assert export_plan(_strategy(graph, 2, {SAMPLE: 2}), module).fell_back == ()
+
+
+def _searched(world: int) -> tuple[MoELM, Strategy]:
+    """The exact search's strategy for a MoE whose experts outweigh its tokens (the
+    experts' gradient sync costs more than the all-to-all of 128 tokens), on `world` CPU
+    workers."""
+    import planner
+
+    torch.manual_seed(0)
+    module = MoELM(hidden=64, experts=8, ffn=1024, layers=2)
+    tokens = (torch.randint(0, 32, (4, 32), generator=torch.Generator().manual_seed(0)),)
+    graph = capture(module, tokens, "moe_lm")
+    planned = planner.plan(graph, f"cpu-local-{world}", backend="elimination", pipeline=False)
+    assert planned.strategy is not None
+    return module, planned.strategy
+
+
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_the_searched_strategy_spreads_the_experts_and_trains_like_one_process(
+    world: int,
+) -> None:
+    module, strategy = _searched(world)
+    pairs = zip(strategy.graph.ops, strategy.configs, strict=True)
+    spread = [cfg.expert for op, cfg in pairs if op.kind == "moe"]
+    assert spread and min(spread) > 1, spread
+    run = runtime.run_strategy(strategy, module, F64)
+    _check_run(run, strategy.graph, strategy, tokens=4 * 32)

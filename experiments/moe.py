@@ -144,12 +144,14 @@ ANCHORS: tuple[Anchor, ...] = (
             "DualPipe stood for by 1F1B (its bubble, (PP - 1)(F + B), is about three times "
             "DualPipe's (PP/2 - 1)(F&B + B - 3W), Table 2; the interleaved schedule needs "
             "micro-batches in rounds of 16, and 15,360 / 128 = 120 are not) with the "
-            "all-to-alls hidden under compute (ep_overlap 1, Sec. 3.2.1); FP8 with "
+            "all-to-alls hidden under compute (ep_overlap 1, Sec. 3.2.1), a token sent once "
+            "to each node it uses (node-limited routing, at most 4 nodes, and DeepEP's "
+            "forwarding over NVLink, Sec. 3.2.2) in FP8 (Sec. 3.3.4); FP8 with "
             "fine-grained (current) "
             "scaling; the zoo's model has multi-head attention instead of MLA and no MTP "
             "module; micro-batch size not published (1 assumed)"
         ),
-        options={"ep_overlap": 1.0},
+        options={"ep_overlap": 1.0, "ep_dispatch": "node", "ep_dispatch_bytes": 1},
     ),  # fmt: skip
 )
 

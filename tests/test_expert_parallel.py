@@ -382,3 +382,55 @@ def test_routing_permutation_and_activation_passes_add_to_the_gemms() -> None:
     assert bwd[0] == pytest.approx(
         cm.options.backward_factor * (max(compute, memory) + passes) + 0.0, rel=1e-9
     )
+
+
+def _routed(experts: int, top_k: int, groups: int = 1, topk_groups: int = 1) -> OpGraph:
+    """A moe op on 64 tasks of 4096 tokens (h 1024, bf16), for the node dispatch."""
+    graph = moe_model(sample=64, length=4096, hidden=1024, experts=experts, top_k=top_k)
+    op = graph.ops[2]
+    attrs = dict(op.attrs) | {"groups": groups, "topk_groups": topk_groups}
+    moe = Op(op.name, "moe", op.inputs, op.output, op.params, op.flops, attrs=Op.make_attrs(attrs))
+    return OpGraph(graph.name, (*graph.ops[:2], moe, graph.ops[3]))
+
+
+def test_node_dispatch_sends_a_token_once_per_node_it_uses() -> None:
+    from planner.costs.experts import nodes_per_token
+
+    graph, devices = _routed(64, 8, groups=8, topk_groups=4), get_preset("dgx-h100-8")
+    op, cfg = graph.ops[2], spread(64, 64)  # one group over 8 nodes of 8 GPUs
+    assert nodes_per_token(op, 8) == 4.0  # 8 (1 - (7/8)^8) = 5.25, limited to 4 groups
+    free = _routed(64, 8).ops[2]
+    assert nodes_per_token(free, 8) == pytest.approx(8 * (1 - (7 / 8) ** 8))
+    direct = CostModel(graph, devices, CostOptions()).expert_exchange(2, cfg)
+    node = CostModel(graph, devices, CostOptions(ep_dispatch="node")).expert_exchange(2, cfg)
+    assert direct is not None and node is not None
+    cm = CostModel(graph, devices)
+    # direct: 56 of a member's 63 messages cross InfiniBand, each tokens x k x h x 2 / 64
+    per_peer = 4096 * 8 * 1024 * 2 / 64
+    ib = 56 * (per_peer * cm.inv_bw[0, 8] + cm.msg_cost[0, 8])
+    nvl = 7 * (per_peer * cm.inv_bw[0, 1] + cm.msg_cost[0, 1])
+    assert direct[0][0] == pytest.approx(2 * (ib + nvl), rel=1e-9)
+    # node: the token once to each of 4 x 7 / 8 remote nodes on average, spread over 7
+    # nodes' same-place GPUs; its 8 copies fanned out over NVLink, the slower leg each time
+    per_node = 4096 * 1024 * 2 * 4 * (7 / 8) / 7
+    ib = 7 * (per_node * cm.inv_bw[0, 8] + cm.msg_cost[0, 8])
+    nvl = 7 * (per_peer * 8 * cm.inv_bw[0, 1] + cm.msg_cost[0, 1])
+    assert node[0][0] == pytest.approx(2 * max(ib, nvl), rel=1e-9)
+    assert node[0][0] < direct[0][0] / 2
+
+
+def test_fp8_dispatch_halves_the_dispatch_not_the_combine() -> None:
+    graph, devices = _routed(64, 8), get_preset("dgx-h100-8")
+    cfg = spread(64, 64)
+    bf16 = CostModel(graph, devices).expert_exchange(2, cfg)
+    fp8 = CostModel(graph, devices, CostOptions(ep_dispatch_bytes=1)).expert_exchange(2, cfg)
+    assert bf16 is not None and fp8 is not None
+    cm = CostModel(graph, devices)
+    per_peer = 4096 * 8 * 1024 * 2 / 64
+    fixed = 56 * cm.msg_cost[0, 8] + 7 * cm.msg_cost[0, 1]
+    one = 56 * per_peer * cm.inv_bw[0, 8] + 7 * per_peer * cm.inv_bw[0, 1]
+    assert bf16[0][0] == pytest.approx(2 * (one + fixed), rel=1e-9)
+    assert fp8[0][0] == pytest.approx(one / 2 + one + 2 * fixed, rel=1e-9)
+    for bad in ("nodes", 3, True):
+        with pytest.raises(LayerwiseError, match="ep_dispatch"):
+            CostOptions(**{"ep_dispatch" if isinstance(bad, str) else "ep_dispatch_bytes": bad})

@@ -107,6 +107,7 @@ def check_cost_section(cost: Any) -> dict[str, Any]:
         )
     checked = {"sync", "optimizer", "master_weights", "recompute", "tf32", "rates"}
     checked |= {"attention_kernel", "transfer_once", "nic_rails", "cp_exchange", "cp_order"}
+    checked |= {"ep_dispatch", "ep_dispatch_bytes"}
     for f in dataclasses.fields(CostOptions):
         value = cost.get(f.name)
         if value is None or f.name in checked:

@@ -57,11 +57,13 @@ from planner.costs.activations import ActivationMemory, activation_memory
 from planner.costs.config import OpConfigs, ParallelConfig
 from planner.costs.context import CP_EXCHANGES, CP_ORDERS, permutable, task_work
 from planner.costs.experts import (
+    EP_DISPATCHES,
     a2a_bytes,
     a2a_seconds,
     dispatched_share,
     expert_gemm_seconds,
     moe_task_flops,
+    node_a2a_seconds,
     param_classes,
     spreads_experts,
     token_pass_bytes,
@@ -193,7 +195,12 @@ class CostOptions:
     busiest expert-parallel rank's routed tokens over the mean (Fedus et al. 2021's capacity
     factor, Megatron-Core's `--moe-expert-capacity-factor`): it scales that rank's expert
     compute, the tokens it receives and the activations it keeps (`planner.costs.experts`;
-    1: perfectly balanced routing)."""
+    1: perfectly balanced routing). `ep_dispatch`: how the all-to-alls move tokens between
+    nodes, "direct" (every copy to its expert's GPU, NCCL's all-to-all: Megatron-Core's
+    alltoall dispatcher) or "node" (a token crosses to each node it uses once, then fans out
+    over NVLink: DeepEP, DeepSeek-V3 Sec. 3.2.2); `ep_dispatch_bytes`: bytes per element of
+    the dispatched tokens (0: the activations' own; 1: FP8 dispatch, DeepSeek-V3 Sec. 3.3.4;
+    the combine moves the activations' dtype)."""
 
     sync: Literal["ring", "ps"] = "ring"
     compute_efficiency: float = 0.5
@@ -219,6 +226,8 @@ class CostOptions:
     cp_overlap: float = 0.0
     ep_overlap: float = 0.0
     expert_capacity: float = 1.0
+    ep_dispatch: Literal["direct", "node"] = "direct"
+    ep_dispatch_bytes: int = 0
     cp_exchange: Literal["all-gather", "ring"] = "all-gather"
     cp_order: Literal["balanced", "contiguous"] = "balanced"
     chunk_sync_overlap: float = 0.0
@@ -271,6 +280,16 @@ class CostOptions:
             raise LayerwiseError(
                 f"expert_capacity must be the busiest expert-parallel rank's tokens over the "
                 f"mean, a number >= 1 (1: balanced routing), got {self.expert_capacity!r}"
+            )
+        if self.ep_dispatch not in EP_DISPATCHES:
+            raise LayerwiseError(
+                f"ep_dispatch must be 'direct' (every token copy to its expert's GPU) or "
+                f"'node' (once to each node, then over NVLink), got {self.ep_dispatch!r}"
+            )
+        if isinstance(self.ep_dispatch_bytes, bool) or self.ep_dispatch_bytes not in (0, 1, 2, 4):
+            raise LayerwiseError(
+                f"ep_dispatch_bytes must be 0 (the activations' dtype), 1 (FP8), 2 or 4, got "
+                f"{self.ep_dispatch_bytes!r}"
             )
         if self.cp_exchange not in CP_EXCHANGES:
             raise LayerwiseError(
@@ -669,10 +688,32 @@ class CostModel:
         op = self.graph.ops[i]
         if not spreads_experts(op, cfg):
             return None
-        capacity = self.options.expert_capacity
-        dispatch, combine = a2a_seconds(self.pair_costs, cfg, a2a_bytes(op, cfg), capacity)
+        o = self.options
+        combine_bytes = a2a_bytes(op, cfg)
+        width = o.ep_dispatch_bytes or op.output.dtype_bytes
+        dispatch_bytes = combine_bytes * width / op.output.dtype_bytes
+        if o.ep_dispatch == "node":
+            hosts = self._host_ids()
+            dispatch = node_a2a_seconds(
+                self.pair_costs, op, cfg, hosts, dispatch_bytes, o.expert_capacity
+            )[0]
+            combine = node_a2a_seconds(
+                self.pair_costs, op, cfg, hosts, combine_bytes, o.expert_capacity
+            )[1]
+        else:
+            dispatch = a2a_seconds(self.pair_costs, cfg, dispatch_bytes, o.expert_capacity)[0]
+            combine = a2a_seconds(self.pair_costs, cfg, combine_bytes, o.expert_capacity)[1]
         once = dispatch + combine
         return once, once * (1.0 + self._again(i))
+
+    def _host_ids(self) -> np.ndarray:
+        """(D,) an integer per device naming its host (devices that share NVLink)."""
+        if not hasattr(self, "_hosts"):
+            names: dict[str, int] = {}
+            self._hosts = np.array(
+                [names.setdefault(d.host, len(names)) for d in self.devices.devices]
+            )
+        return self._hosts
 
     def norm_groups(self, i: int, cfg: ParallelConfig) -> list[list[int]] | None:
         """Per task, the task indices that hold the same channels of a batch-norm op whose

@@ -39,8 +39,8 @@ them (Megatron-Core's alltoall token dispatcher; Lepikhin et al. 2021, GShard, S
 Not modelled: all-to-all traffic contending with other transfers on the same links (the
 simulator prices it as device-occupying exchange tasks), NVLink and InfiniBand messages of
 one member running at once (serialised here), dropped tokens (the runtime is dropless:
-`capacity` only prices the imbalance), DeepSeek-V3's node-limited routing (a token sent once
-per node, Sec. 2.1.2) and FP8 dispatch. Under the "transformer-engine" precisions the
+`capacity` only prices the imbalance), the SMs a dispatch kernel takes from the GEMMs.
+`node_a2a_seconds` prices DeepEP's node dispatch (`CostOptions.ep_dispatch`). Under the "transformer-engine" precisions the
 experts' GEMMs run in FP8 and the router's in bf16 (`expert_gemm_seconds`' `experts`;
 `planner.costs.fp8`).
 """
@@ -72,6 +72,9 @@ __all__ = [
     "param_classes",
     "spreads_experts",
     "token_pass_bytes",
+    "EP_DISPATCHES",
+    "node_a2a_seconds",
+    "nodes_per_token",
 ]
 
 PairCosts = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -160,6 +163,80 @@ def a2a_seconds(
         return out
 
     return collective(nbytes, capacity * nbytes), collective(capacity * nbytes, nbytes)
+
+
+EP_DISPATCHES = ("direct", "node")
+
+
+def nodes_per_token(op: Op, nodes: int) -> float:
+    """The expected number of nodes a token's k chosen experts sit on, of an expert-parallel
+    group spread over `nodes` nodes with the experts in contiguous blocks per node: k experts
+    chosen uniformly, n (1 - (1 - 1/n)^k); at most `topk_groups` when group-limited routing's
+    groups fall whole on nodes (DeepSeek-V3's node-limited routing: groups of experts = nodes,
+    a token's experts in at most 4 of them, Sec. 2.1.2 and 3.2.2)."""
+    spec = moe_spec(op)
+    expected = nodes * (1.0 - (1.0 - 1.0 / nodes) ** spec.top_k)
+    if spec.groups > 1 and spec.groups % nodes == 0:
+        expected = min(expected, float(spec.topk_groups))
+    return min(expected, float(spec.top_k))
+
+
+def node_a2a_seconds(
+    pair_costs: PairCosts,
+    op: Op,
+    cfg: ParallelConfig,
+    hosts: np.ndarray,
+    nbytes: float,
+    capacity: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(dispatch, combine) seconds per task of one all-to-all each that moves a token to each
+    node it uses once (DeepEP's normal kernels, DeepSeek-V3 Sec. 3.2.2): over InfiniBand to the
+    GPU with the same place on that node, then over NVLink to the GPUs of its experts there,
+    the two pipelined (a member's time is the slower). `nbytes` is `a2a_bytes`' mean per peer
+    (tokens_m x k x h x bytes / e): across nodes a member sends each other node of its group
+    tokens_m x h x bytes x (expected remote nodes per token) / (nodes - 1)
+    (`nodes_per_token`); over NVLink it hands each of its node's other g - 1 members of the
+    group the copies for their experts, tokens_m x k x h x bytes / g each (n nodes, g = e / n
+    members on each). A group on one node is `a2a_seconds`'s."""
+    groups = np.asarray(cfg.expert_groups(), dtype=np.int64)
+    devs = np.asarray(cfg.devices, dtype=np.int64)[groups]  # [g, e]
+    node_of = hosts[devs]
+    n = len(np.unique(node_of[0]))
+    if n == 1:
+        return a2a_seconds(pair_costs, cfg, nbytes, capacity)
+    e = devs.shape[1]
+    g = e // n
+    spec = moe_spec(op)
+    token_bytes = nbytes * e / spec.top_k  # tokens_m x h x bytes
+    remote = nodes_per_token(op, n) * (n - 1) / n
+    per_node = token_bytes * remote / (n - 1)
+    # over NVLink a member hands each other member of its node the copies for that member's
+    # experts that reached it (its own tokens' and, as the IB receiver of its place, the
+    # other nodes'): a member receives tokens_m x k copies in all, 1/g of them directly
+    forward = nbytes * n
+    # the IB leg: member m to the member of each other node at the same place on that node
+    place = np.arange(e) % g
+    src = np.repeat(devs[:, :, None], e, axis=2)
+    dst = np.repeat(devs[:, None, :], e, axis=1)
+    cross = (node_of[:, :, None] != node_of[:, None, :]) & (place[:, None] == place[None, :])
+    same = (node_of[:, :, None] == node_of[:, None, :]) & ~np.eye(e, dtype=bool)[None]
+    inv, msg = pair_costs(src, dst)
+
+    def leg(mask: np.ndarray, sent: float, received: float) -> np.ndarray:
+        i, m = np.where(mask, inv, 0.0), np.where(mask, msg, 0.0)
+        egress = (sent * i + m).sum(axis=2)
+        ingress = (received * i + m).sum(axis=1)
+        return np.maximum(egress, ingress)  # [g, member]
+
+    def collective(sent: float, received: float) -> np.ndarray:
+        ib = leg(cross, per_node * sent, per_node * received)
+        nvl = leg(same, forward * sent, forward * received)
+        slowest = np.maximum(ib, nvl).max(axis=1)
+        out = np.zeros(cfg.num_tasks)
+        out[groups] = slowest[:, None]
+        return out
+
+    return collective(1.0, capacity), collective(capacity, 1.0)
 
 
 def param_classes(op: Op, cfg: ParallelConfig) -> list[tuple[tuple[Param, ...], np.ndarray]]:

@@ -32,6 +32,7 @@ softmax or a dropout) is refused with a GraphError naming it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import operator
@@ -995,30 +996,34 @@ def _describe(n: fx.Node) -> str:
 # -- structure keys: a numeric check done once per distinct structure ------------------------
 
 
-class _NoKey(Exception):
+class NoKey(Exception):
     """A value that a structure key cannot stand for by value: its owner is checked itself."""
 
 
 _PLAIN_TYPES = (bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout)
 
 
-def _plain(v: Any) -> Hashable:
+def plain_key(v: Any) -> Hashable:
     """`v` as a hashable value that compares as `v` does (with its type: 1, 1.0 and True
-    differ); _NoKey for anything else (a function, a tensor, an object)."""
+    differ): plain values, containers of them, a dataclass config by its fields; NoKey for
+    anything else (a function, a tensor, an object)."""
     if v is None or v is Ellipsis or isinstance(v, _PLAIN_TYPES + (torch.memory_format,)):
         return (type(v), v)
     if isinstance(v, tuple | list):
-        return (type(v), tuple(_plain(x) for x in v))
+        return (type(v), tuple(plain_key(x) for x in v))
     if isinstance(v, set | frozenset):
-        return (type(v), frozenset(_plain(x) for x in v))
+        return (type(v), frozenset(plain_key(x) for x in v))
     if isinstance(v, dict):
-        return (type(v), tuple((_plain(k), _plain(x)) for k, x in v.items()))
+        return (type(v), tuple((plain_key(k), plain_key(x)) for k, x in v.items()))
     if isinstance(v, slice):
-        return (slice, _plain(v.start), _plain(v.stop), _plain(v.step))
-    raise _NoKey
+        return (slice, plain_key(v.start), plain_key(v.stop), plain_key(v.step))
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):  # a config object
+        fields = dataclasses.fields(v)
+        return (type(v), tuple((f.name, plain_key(getattr(v, f.name))) for f in fields))
+    raise NoKey
 
 
-def _class_key(cls: type) -> Hashable:
+def class_key(cls: type) -> Hashable:
     """The classes of `cls` up to nn.Module with what they define: their functions by
     identity (a forward patched between two captures is another key), plain values by value."""
     parts: list[Hashable] = []
@@ -1029,27 +1034,27 @@ def _class_key(cls: type) -> Hashable:
             if isinstance(v, type | staticmethod | classmethod | property) or callable(v):
                 parts.append((name, v))
             elif not name.startswith("__"):
-                parts.append((name, _plain(v)))
+                parts.append((name, plain_key(v)))
         parts.append(c)
     return tuple(parts)
 
 
-def _tensor_shape(t: torch.Tensor) -> Hashable:
+def tensor_shape(t: torch.Tensor) -> Hashable:
     return (tuple(t.shape), t.dtype)
 
 
 def _module_key(m: nn.Module) -> Hashable:
     # buffers: values a forward may read; children: what recognising refuses at once
     if m._buffers or m._modules:
-        raise _NoKey
+        raise NoKey
     state = vars(m)
-    params = tuple((n, None if p is None else _tensor_shape(p)) for n, p in m._parameters.items())
+    params = tuple((n, None if p is None else tensor_shape(p)) for n, p in m._parameters.items())
     plain = tuple(
-        (k, _plain(v))
+        (k, plain_key(v))
         for k, v in sorted(state.items())
         if k not in ("_parameters", "_buffers", "_modules")
     )  # hooks are dicts of functions: a module with one has no key
-    return (_class_key(type(m)), params, plain)
+    return (class_key(type(m)), params, plain)
 
 
 def module_key(m: nn.Module) -> Hashable | None:
@@ -1072,7 +1077,7 @@ def module_key(m: nn.Module) -> Hashable | None:
     try:
         key = _module_key(m)
         hash(key)  # a class attribute may be an unhashable callable
-    except (_NoKey, TypeError):
+    except (NoKey, TypeError):
         return None
     return key
 
@@ -1081,19 +1086,19 @@ def _value_key(value: Any) -> Hashable:
     """A constant's value (a mask, a rotary table, a size) as a key: tensors by their bytes."""
     if isinstance(value, torch.Tensor):
         data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-        return (_tensor_shape(value), hashlib.blake2b(data.tobytes(), digest_size=16).digest())
+        return (tensor_shape(value), hashlib.blake2b(data.tobytes(), digest_size=16).digest())
     if isinstance(value, tuple | list):
         return (type(value), tuple(_value_key(v) for v in value))
-    return _plain(value)
+    return plain_key(value)
 
 
 def _meta_key(value: Any) -> Hashable:
     """A node's meta value as a key: tensors by shape and dtype."""
     if isinstance(value, torch.Tensor):
-        return _tensor_shape(value)
+        return tensor_shape(value)
     if isinstance(value, tuple | list):
         return (type(value), tuple(_meta_key(v) for v in value))
-    return _plain(value)
+    return plain_key(value)
 
 
 def _region_key(
@@ -1116,7 +1121,7 @@ def _region_key(
 
     def ref(a: fx.Node | None) -> Any:
         if a not in local:
-            raise _NoKey  # a node outside the region: not keyed
+            raise NoKey  # a node outside the region: not keyed
         return local[a]
 
     try:
@@ -1125,7 +1130,7 @@ def _region_key(
             named = {n.name: n for n in order}
             attrs["rope_tables"] = [ref(named.get(t)) for t in attrs["rope_tables"]]
         parts: list[Hashable] = [
-            _plain(attrs),
+            plain_key(attrs),
             region.packed,
             tuple(local[x] for x in entries),
             tuple(_meta_key(values[x]) for x in entries),
@@ -1141,9 +1146,9 @@ def _region_key(
                 if target is None:
                     return None
             args = fx.node.map_arg((n.args, n.kwargs), ref)
-            parts.append((n.op, target, _plain(args), _meta_key(values.get(n))))
+            parts.append((n.op, target, plain_key(args), _meta_key(values.get(n))))
         key = tuple(parts)
         hash(key)
-    except (_NoKey, TypeError):
+    except (NoKey, TypeError):
         return None
     return key

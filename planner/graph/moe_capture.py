@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from planner.graph.attention import NoKey, class_key, plain_key, tensor_shape
 from planner.graph.moe import MoESpec, moe_flops, moe_math, spec_of, tokens_of
 
 __all__ = [
@@ -209,17 +210,15 @@ def tree_key(m: nn.Module) -> Hashable | None:
                 return None
             cls = type(sub)
             if cls not in classes:
-                classes[cls] = _class_key(cls)
+                classes[cls] = class_key(cls)
             params = tuple(
-                (n, None if p is None else _tensor_shape(p)) for n, p in sub._parameters.items()
+                (n, None if p is None else tensor_shape(p)) for n, p in sub._parameters.items()
             )
-            plain = tuple(
-                (k, _config_plain(v)) for k, v in vars(sub).items() if not k.startswith("_")
-            )
+            plain = tuple((k, plain_key(v)) for k, v in vars(sub).items() if not k.startswith("_"))
             parts.append((name, classes[cls], params, plain))
         key = tuple(parts)
         hash(key)
-    except (_NoKey, TypeError):
+    except (NoKey, TypeError):
         return None
     return key
 
@@ -232,48 +231,6 @@ _HOOKS = (
     "_forward_hooks_with_kwargs",
     "_forward_pre_hooks_with_kwargs",
 )
-
-
-class _NoKey(Exception):
-    """A value a structure key cannot stand for: the module is recognised itself."""
-
-
-_PLAIN = (bool, int, float, complex, str, bytes, torch.dtype, torch.device, type(None))
-
-
-def _config_plain(v: Any) -> Hashable:
-    """`v` by value with its type (1, 1.0 and True differ): plain values, tuples and lists of
-    them, a dataclass config by its fields; _NoKey for anything else."""
-    if isinstance(v, _PLAIN):
-        return (type(v), v)
-    if isinstance(v, tuple | list):
-        return (type(v), tuple(_config_plain(x) for x in v))
-    if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        return (
-            type(v),
-            tuple((f.name, _config_plain(getattr(v, f.name))) for f in dataclasses.fields(v)),
-        )
-    raise _NoKey
-
-
-def _class_key(cls: type) -> Hashable:
-    """`cls` and its bases up to nn.Module, with what each defines: functions by identity (a
-    forward patched between captures is another key), other values by value."""
-    parts: list[Hashable] = []
-    for c in cls.__mro__:
-        if c is nn.Module:
-            break
-        for name, v in vars(c).items():
-            if isinstance(v, type | staticmethod | classmethod | property) or callable(v):
-                parts.append((name, v))
-            elif not name.startswith("__"):
-                parts.append((name, _config_plain(v)))
-        parts.append(c)
-    return tuple(parts)
-
-
-def _tensor_shape(t: torch.Tensor) -> Hashable:
-    return (tuple(t.shape), t.dtype)
 
 
 # -- reading the structure ----------------------------------------------------------------------

@@ -692,28 +692,24 @@ class CostModel:
         combine_bytes = a2a_bytes(op, cfg)
         width = o.ep_dispatch_bytes or op.output.dtype_bytes
         dispatch_bytes = combine_bytes * width / op.output.dtype_bytes
-        if o.ep_dispatch == "node":
-            hosts = self._host_ids()
-            dispatch = node_a2a_seconds(
-                self.pair_costs, op, cfg, hosts, dispatch_bytes, o.expert_capacity
-            )[0]
-            combine = node_a2a_seconds(
-                self.pair_costs, op, cfg, hosts, combine_bytes, o.expert_capacity
-            )[1]
-        else:
-            dispatch = a2a_seconds(self.pair_costs, cfg, dispatch_bytes, o.expert_capacity)[0]
-            combine = a2a_seconds(self.pair_costs, cfg, combine_bytes, o.expert_capacity)[1]
+
+        def both(nbytes: float) -> tuple[np.ndarray, np.ndarray]:  # (dispatch, combine)
+            if o.ep_dispatch == "node":
+                hosts = self._host_ids
+                return node_a2a_seconds(self.pair_costs, op, cfg, hosts, nbytes, o.expert_capacity)
+            return a2a_seconds(self.pair_costs, cfg, nbytes, o.expert_capacity)
+
+        dispatch, combine = both(combine_bytes)
+        if dispatch_bytes != combine_bytes:  # FP8 dispatch: the combine stays as it was
+            dispatch = both(dispatch_bytes)[0]
         once = dispatch + combine
         return once, once * (1.0 + self._again(i))
 
+    @cached_property
     def _host_ids(self) -> np.ndarray:
         """(D,) an integer per device naming its host (devices that share NVLink)."""
-        if not hasattr(self, "_hosts"):
-            names: dict[str, int] = {}
-            self._hosts = np.array(
-                [names.setdefault(d.host, len(names)) for d in self.devices.devices]
-            )
-        return self._hosts
+        names: dict[str, int] = {}
+        return np.array([names.setdefault(d.host, len(names)) for d in self.devices.devices])
 
     def norm_groups(self, i: int, cfg: ParallelConfig) -> list[list[int]] | None:
         """Per task, the task indices that hold the same channels of a batch-norm op whose

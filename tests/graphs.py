@@ -259,3 +259,41 @@ GRAPHS: dict[str, Callable[[], OpGraph]] = {
     "linear_head": linear_head,
     "shared_steps": shared_steps,
 }
+
+
+def moe_op(
+    name: str,
+    src: str,
+    out: Tensor,
+    experts: int,
+    top_k: int,
+    ffn: int,
+    shared: int = 0,
+    stacked: bool = True,
+    shared_gate: bool = False,
+    **attrs: object,
+) -> Op:
+    """A gated mixture of experts over `out`'s channels (planner.graph.moe): a router, the
+    experts stacked ((E, 2f, h) and (E, h, f)) or one (w1, w3, w2) per expert, a shared
+    expert of width `shared` (with its sigmoid gate), its FLOPs `moe_flops`' total; `attrs`
+    beside the sizes (router, groups, ...)."""
+    from planner.graph.moe import moe_flops, spec_of
+
+    h = out.size("channel")
+    if stacked:
+        roles = ["router", "w13", "w2"]
+        shapes = [(experts, h), (experts, 2 * ffn, h), (experts, h, ffn)]
+    else:
+        per = {"w1": (ffn, h), "w3": (ffn, h), "w2": (h, ffn)}
+        roles = ["router"] + [f"{w}.{i}" for i in range(experts) for w in ("w1", "w3", "w2")]
+        shapes = [(experts, h)] + [per[r.split(".")[0]] for r in roles[1:]]
+    if shared:
+        roles += ["sw1", "sw3", "sw2"] + ["sgate"] * shared_gate
+        shapes += [(shared, h), (shared, h), (h, shared)] + [(1, h)] * shared_gate
+    values = dict(experts=experts, top_k=top_k, ffn=ffn, roles=roles, shared_ffn=shared)
+    values |= attrs
+    tokens = out.numel // h
+    flops = moe_flops(spec_of(values, name), h, tokens).total
+    b = out.dtype_bytes
+    params = tuple(Param(f"{name}.{r}", s, b) for r, s in zip(roles, shapes, strict=True))
+    return Op(name, "moe", (src,), out, params, flops, attrs=Op.make_attrs(values))

@@ -8,6 +8,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from graphs import moe_op
 
 from planner.costs.config import (
     ConfigSpace,
@@ -58,24 +59,10 @@ def moe_model(
         params = (Param(f"{name}.weight", (hidden, hidden), dtype),)
         return Op(name, "linear", (src,), tensor(), params, flops=flops)
 
-    roles = ["router", "w13", "w2", "sw1", "sw3", "sw2"]
-    shapes = [
-        (experts, hidden),
-        (experts, 2 * ffn, hidden),
-        (experts, hidden, ffn),
-        (shared, hidden),
-        (shared, hidden),
-        (hidden, shared),
-    ]
-    attrs = dict(experts=experts, top_k=top_k, ffn=ffn, roles=roles, shared_ffn=shared)
-    spec = moe_spec(Op("m", "moe", (), tensor(), attrs=Op.make_attrs(attrs)))
-    flops = moe_flops(spec, hidden, sample * length).total
-    params = tuple(Param(f"moe.{r}", s, dtype) for r, s in zip(roles, shapes, strict=True))
     x = Op("x", "input", (), tensor())
     if not around:
-        moe = Op("moe", "moe", ("x",), tensor(), params, flops, attrs=Op.make_attrs(attrs))
-        return OpGraph("moe1", (x, moe))
-    moe = Op("moe", "moe", ("up",), tensor(), params, flops, attrs=Op.make_attrs(attrs))
+        return OpGraph("moe1", (x, moe_op("moe", "x", tensor(), experts, top_k, ffn, shared)))
+    moe = moe_op("moe", "up", tensor(), experts, top_k, ffn, shared)
     return OpGraph("moe3", (x, dense("up", "x"), moe, dense("out", "moe")))
 
 

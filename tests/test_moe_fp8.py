@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from graphs import moe_op
 
 from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
@@ -44,17 +45,8 @@ def moe_graph(
     def tensor() -> Tensor:
         return Tensor.of(2, sample=tokens // 1024, length=1024, channel=hidden)
 
-    roles = ["router", "w13", "w2"] + (["sw1", "sw3", "sw2"] if shared else [])
-    shapes = [(experts, hidden), (experts, 2 * ffn, hidden), (experts, hidden, ffn)]
-    shapes += [(shared, hidden), (shared, hidden), (hidden, shared)] if shared else []
-    attrs = Op.make_attrs(
-        dict(experts=experts, top_k=top_k, ffn=ffn, roles=roles, shared_ffn=shared)
-    )
-    spec = moe_spec(Op(name, "moe", (), tensor(), attrs=attrs))
-    flops = moe_flops(spec, hidden, tokens).total
-    params = tuple(Param(f"{name}.{r}", s, 2) for r, s in zip(roles, shapes, strict=True))
     x = Op("x", "input", (), tensor())
-    moe = Op(name, "moe", ("x",), tensor(), params, flops, attrs=attrs)
+    moe = moe_op(name, "x", tensor(), experts, top_k, ffn, shared)
     out = Op(
         "out",
         "linear",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graphs import moe_op
 
 from planner.costs.config import ParallelConfig, check_config
 from planner.costs.kernels import plan_task, run_task
@@ -30,22 +31,12 @@ def moe_graph(
     extra: dict | None = None,
     length: int = 6,
 ) -> OpGraph:
-    if stacked:
-        roles = ["router", "w13", "w2"]
-        shapes = [(experts, H), (experts, 2 * F, H), (experts, H, F)]
-    else:
-        roles = ["router"] + [f"{w}.{i}" for i in range(experts) for w in ("w1", "w3", "w2")]
-        per = {"w1": (F, H), "w3": (F, H), "w2": (H, F)}
-        shapes = [(experts, H)] + [per[r.split(".")[0]] for r in roles[1:]]
-    if shared:
-        roles += ["sw1", "sw3", "sw2", "sgate"]
-        shapes += [(shared, H), (shared, H), (H, shared), (1, H)]
-    params = tuple(Param(f"moe.p{k}", s, 8) for k, s in enumerate(shapes))
-    attrs = dict(experts=experts, top_k=top_k, ffn=F, roles=roles, shared_ffn=shared)
-    attrs |= extra or {}
     x = Op("x", "input", (), Tensor.of(8, sample=2, length=length, channel=H))
     out = Tensor.of(8, sample=2, length=length, channel=H)
-    return OpGraph("m", (x, Op("moe", "moe", ("x",), out, params, attrs=Op.make_attrs(attrs))))
+    rest = dict(experts=experts, top_k=top_k) | (extra or {})
+    e, k = rest.pop("experts"), rest.pop("top_k")
+    moe = moe_op("moe", "x", out, e, k, F, shared, stacked, bool(shared), **rest)
+    return OpGraph("m", (x, moe))
 
 
 def random_params(graph: OpGraph, seed: int = 0) -> list[torch.Tensor]:

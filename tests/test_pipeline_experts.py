@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from graphs import moe_op
 
 from backends.mcmc.proposals import DNN_MIX, Proposer
 from backends.pipeline import search
@@ -24,8 +25,7 @@ from planner.deadline import Deadline
 from planner.graph.capture import capture
 from planner.graph.coarsen import coarsen
 from planner.graph.llm import build_llm
-from planner.graph.moe import moe_flops, moe_spec
-from planner.graph.opgraph import Op, OpGraph, Param, Tensor
+from planner.graph.opgraph import Op, OpGraph, Tensor
 from planner.graph.zoo import model_graph
 from planner.hardware.presets import get_preset
 from planner.pipeline.layouts import block_kinds, repeated_blocks
@@ -165,13 +165,7 @@ def two_moes(sample: int = 8, hidden: int = 16) -> OpGraph:
         return Tensor.of(2, sample=sample, length=4, channel=hidden)
 
     def moe(name: str, src: str, experts: int, ffn: int = 24) -> Op:
-        roles = ["router", "w13", "w2"]
-        shapes = [(experts, hidden), (experts, 2 * ffn, hidden), (experts, hidden, ffn)]
-        attrs = Op.make_attrs(dict(experts=experts, top_k=2, ffn=ffn, roles=roles))
-        spec = moe_spec(Op(name, "moe", (), tensor(), attrs=attrs))
-        flops = moe_flops(spec, hidden, sample * 4).total
-        params = tuple(Param(f"{name}.{r}", s, 2) for r, s in zip(roles, shapes, strict=True))
-        return Op(name, "moe", (src,), tensor(), params, flops, attrs=attrs)
+        return moe_op(name, src, tensor(), experts, 2, ffn)
 
     x = Op("x", "input", (), tensor())
     return OpGraph("two-moes", (x, moe("a", "x", 4), moe("b", "a", 2)))

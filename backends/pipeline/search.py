@@ -63,6 +63,7 @@ from backends.pipeline.units import (
     scale_factors,
     unit_costs,
 )
+from planner.costs.config import divisors
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.costs.memory import usable_memory
 from planner.deadline import Deadline, OutOfTime, catch_interrupt, run_within, stop_requested
@@ -424,7 +425,7 @@ def _stage_layouts(space: _Space) -> list[StageLayout]:
     n = problem.devices.num_devices
     node = _host_size(problem.devices)
     batch = problem.samples
-    choices = [p for p in (settings.stages or _divisors(n)) if n % p == 0 and p <= problem.blocks]
+    choices = [p for p in (settings.stages or divisors(n)) if n % p == 0 and p <= problem.blocks]
     rules = [r for r in ("rule", "search") if r in settings.inner]
     contexts = settings.context or _context_degrees(problem.graph, n)
     experts = {p: _expert_degrees(problem.graph, n // p, settings.expert) for p in choices}
@@ -516,7 +517,7 @@ def _expert_degrees(graph: OpGraph, g: int, chosen: tuple[int, ...] | None) -> l
     if not counts:
         return [1]
     common = math.gcd(g, *counts)
-    return [e for e in (chosen or _divisors(common)) if common % e == 0]
+    return [e for e in (chosen or divisors(common)) if common % e == 0]
 
 
 def _replicas_simulated(d: int, w: int, e: int, zero: int) -> tuple[int, int]:
@@ -927,10 +928,6 @@ def _held(space: _Space, key: StageLayout) -> float:
 def _host_size(devices: DeviceGraph) -> int:
     first = devices.devices[0].host
     return sum(1 for d in devices.devices if d.host == first)
-
-
-def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
 
 
 def _powers(limit: int) -> list[int]:

@@ -278,7 +278,7 @@ def plan_anchor(anchor: Anchor, time_limit: float) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> bool:
-    return isinstance(value, str | int | float | bool | type(None) | list | tuple)
+    return isinstance(value, str | int | float | bool | type(None) | list | tuple | dict)
 
 
 # -- output -------------------------------------------------------------------------------

@@ -47,3 +47,16 @@ def test_spreading_the_experts_changes_the_prediction() -> None:
     assert spread["step_seconds"] != pytest.approx(alone["step_seconds"], rel=1e-6)
     # each GPU holds 1/8 of the routed experts: less for its parameters' training state
     assert spread["peak_parts_gib"]["parameters"] < alone["peak_parts_gib"]["parameters"]
+
+
+@pytest.mark.slow
+def test_the_planner_plans_a_tiny_anchors_model_on_its_gpus() -> None:
+    from experiments.moe import plan_anchor
+
+    anchor = tiny()
+    out = plan_anchor(anchor, time_limit=10.0)
+    summary = out["summary"]
+    assert summary["status"] in ("FEASIBLE", "OPTIMAL") and summary["memory_fits"]
+    layout = summary["layout"]
+    devices = layout["stages"] * layout["tensor"] * layout["context"] * layout["data"]
+    assert devices == anchor.gpus and anchor.gpus % layout["expert"] == 0

@@ -69,6 +69,8 @@ class Anchor:
     causal: bool  # the FLOP convention: causal attention halved or not
     source: str
     notes: str
+    routing: str = "learned"  # "learned" (the router's own choices) or "balanced" (forced)
+    capacity_factor: float | None = None  # token dropping at this factor; None: dropless
     zero: int = 1
     recompute: str = "none"
     options: dict[str, Any] = field(default_factory=dict)
@@ -77,6 +79,22 @@ class Anchor:
     @property
     def data(self) -> int:
         return self.gpus // (self.tp * self.pp)
+
+    def __post_init__(self) -> None:
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {ROUTINGS}, got {self.routing!r}")
+        if self.capacity_factor is not None and not self.capacity_factor >= 1:
+            raise ValueError(f"capacity_factor must be >= 1 or None, got {self.capacity_factor}")
+
+    @property
+    def expert_capacity(self) -> float:
+        """The busiest expert-parallel rank's routed tokens over the mean
+        (`CostOptions.expert_capacity`): 1 when the run forced balanced routing (Megatron-
+        Bridge's "force-balanced" benchmarks), else `LEARNED_IMBALANCE`, capped by the
+        capacity factor of a run that drops the tokens beyond it."""
+        if self.routing == "balanced":
+            return 1.0
+        return min(LEARNED_IMBALANCE, self.capacity_factor or LEARNED_IMBALANCE)
 
     @property
     def micro_batches(self) -> int:
@@ -87,6 +105,13 @@ class Anchor:
         v = f" VP{self.vp}" if self.vp > 1 else ""
         return f"TP{self.tp} PP{self.pp}{v} EP{self.ep} DP{self.data} MBS{self.mbs} GBS{self.gbs}"
 
+
+# The busiest expert-parallel rank's tokens over the mean in training with a learned router:
+# the low end of the final inter-rank imbalance UltraEP measured without rebalancing, 1.30 to
+# 4.01 over MoE models of 106B to 671B parameters in training and prefill (Wei et al. 2026,
+# arXiv 2606.04101, abstract). The published runs report no imbalance of their own.
+LEARNED_IMBALANCE = 1.3
+ROUTINGS = ("learned", "balanced")
 
 MEGATRON_MOE = (
     "github.com/NVIDIA/Megatron-LM megatron/core/transformer/moe/README.md (MCore v0.9: 468 "
@@ -151,7 +176,12 @@ ANCHORS: tuple[Anchor, ...] = (
             "scaling; the zoo's model has multi-head attention instead of MLA and no MTP "
             "module; micro-batch size not published (1 assumed)"
         ),
-        options={"ep_overlap": 1.0, "ep_dispatch": "node", "ep_dispatch_bytes": 1},
+        options={
+            "ep_overlap": 1.0,
+            "ep_dispatch": "node",
+            "ep_dispatch_bytes": 1,
+            "comm_sm_share": 20 / 132,
+        },
     ),  # fmt: skip
 )
 
@@ -179,7 +209,7 @@ def options_of(anchor: Anchor) -> Any:
     from experiments.calibration import framework_options
 
     row = _row(anchor)
-    return framework_options(row, **anchor.options)
+    return framework_options(row, **({"expert_capacity": anchor.expert_capacity} | anchor.options))
 
 
 def _row(anchor: Anchor) -> Any:
@@ -253,6 +283,8 @@ def predict(anchor: Anchor) -> dict[str, Any]:
         "error": predicted / anchor.published - 1,
         "tokens_per_gpu": tokens,
         "flops_per_token": per_token,
+        "routing": anchor.routing,
+        "expert_capacity": options_of(anchor).expert_capacity,
         "flop_convention": "Megatron-LM, causal attention "
         + ("halved" if anchor.causal else "not halved"),
         "seconds": time.perf_counter() - start,
@@ -288,15 +320,16 @@ def table(records: Sequence[dict[str, Any]]) -> str:
     """The anchors as a markdown table."""
     lines = [
         "| anchor | layout | GPUs | published | predicted | error | tok/s/GPU | FLOP/token "
-        "(convention) | step | bubble | peak memory / usable |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "(convention) | routing (busiest rank / mean) | step | bubble | peak memory / usable |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in records:
         lines.append(
             f"| {r['anchor']} | {r['layout']} | {r['gpus']} | {r['published']:,.0f} "
             f"{r['unit']} | {r['predicted']:,.0f} | {r['error']:+.1%} | "
             f"{r['tokens_per_gpu']:,.0f} | {r['flops_per_token'] / 1e9:.1f} G "
-            f"({r['flop_convention']}) | {r['step_seconds']:.2f} s | {r['bubble']:.1%} | "
+            f"({r['flop_convention']}) | {r['routing']} ({r['expert_capacity']:.2f}) | "
+            f"{r['step_seconds']:.2f} s | {r['bubble']:.1%} | "
             f"{r['peak_gib']:.1f} / {r['usable_gib']:.1f} GiB |"
         )
     return "\n".join(lines)

@@ -691,3 +691,32 @@ def test_stats_groups_are_the_tasks_with_the_same_channels(degrees) -> None:
     for t, members in enumerate(groups):
         assert members == [m for m in range(tasks) if channel[m] == channel[t]]
     assert stats_groups(g.ops[g.index("relu1")], degrees) is None
+
+
+@pytest.mark.parametrize("rates", ["shape", "flat"])
+def test_communication_sms_slow_every_kernel_by_the_share_they_take(rates):
+    from planner.graph.precision import with_precision
+
+    graph = with_precision(model_graph("gpt2", batch=4, seq=64), "bf16-mixed")
+    devices = get_preset("dgx-h100-1")
+    base = CostOptions(rates=rates, task_overhead=1e-5)
+    share = CostOptions(rates=rates, task_overhead=1e-5, comm_sm_share=0.25)
+    cm, cs = CostModel(graph, devices, base), CostModel(graph, devices, share)
+    space = ConfigSpace(graph, devices)
+    checked = shaped = 0
+    for i, op in enumerate(graph.ops):
+        if op.kind == "input":
+            continue
+        cfg = space[i].configs[-1]
+        (f0, b0), (f1, b1) = cm.task_times(i, cfg), cs.task_times(i, cfg)
+        np.testing.assert_allclose(f1 - 1e-5, (f0 - 1e-5) / 0.75, rtol=1e-12)
+        np.testing.assert_allclose(b1, b0 / 0.75, rtol=1e-12)
+        checked += 1
+        shaped += cm._kernel_times(i, cfg) is not None
+    assert checked > 10 and (shaped > 0) == (rates == "shape")
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0, True, "20/132"])
+def test_communication_sm_share_must_be_a_fraction_below_one(bad):
+    with pytest.raises(LayerwiseError, match="comm_sm_share"):
+        CostOptions(comm_sm_share=bad)

@@ -49,6 +49,18 @@ def test_spreading_the_experts_changes_the_prediction() -> None:
     assert spread["peak_parts_gib"]["parameters"] < alone["peak_parts_gib"]["parameters"]
 
 
+def test_learned_routing_loads_the_busiest_rank_beyond_the_mean() -> None:
+    from experiments.moe import LEARNED_IMBALANCE, options_of
+
+    assert tiny(routing="balanced").expert_capacity == 1.0
+    assert tiny().expert_capacity == LEARNED_IMBALANCE > 1.0  # dropless, learned router
+    assert tiny(capacity_factor=1.1).expert_capacity == 1.1  # tokens beyond 1.1 are dropped
+    assert options_of(tiny()).expert_capacity == LEARNED_IMBALANCE
+    balanced, learned = predict(tiny(routing="balanced")), predict(tiny())
+    assert learned["step_seconds"] > balanced["step_seconds"]
+    assert (learned["routing"], balanced["expert_capacity"]) == ("learned", 1.0)
+
+
 @pytest.mark.slow
 def test_the_planner_plans_a_tiny_anchors_model_on_its_gpus() -> None:
     from experiments.moe import plan_anchor

@@ -200,7 +200,12 @@ class CostOptions:
     alltoall dispatcher) or "node" (a token crosses to each node it uses once, then fans out
     over NVLink: DeepEP, DeepSeek-V3 Sec. 3.2.2); `ep_dispatch_bytes`: bytes per element of
     the dispatched tokens (0: the activations' own; 1: FP8 dispatch, DeepSeek-V3 Sec. 3.3.4;
-    the combine moves the activations' dtype)."""
+    the combine moves the activations' dtype). `comm_sm_share` (in [0, 1)): the share of each
+    GPU's compute units that communication kernels hold for the whole step, so that every
+    kernel runs on the rest, its seconds divided by 1 - share (DeepSeek-V3 gives 20 of an
+    H800's 132 SMs to its all-to-all dispatch and combine, which DualPipe keeps in flight
+    beside the computation: Sec. 3.2.2; 0, the default: communication takes no SMs from
+    compute, as NCCL's few channels are priced)."""
 
     sync: Literal["ring", "ps"] = "ring"
     compute_efficiency: float = 0.5
@@ -228,6 +233,7 @@ class CostOptions:
     expert_capacity: float = 1.0
     ep_dispatch: Literal["direct", "node"] = "direct"
     ep_dispatch_bytes: int = 0
+    comm_sm_share: float = 0.0
     cp_exchange: Literal["all-gather", "ring"] = "all-gather"
     cp_order: Literal["balanced", "contiguous"] = "balanced"
     chunk_sync_overlap: float = 0.0
@@ -290,6 +296,12 @@ class CostOptions:
             raise LayerwiseError(
                 f"ep_dispatch_bytes must be 0 (the activations' dtype), 1 (FP8), 2 or 4, got "
                 f"{self.ep_dispatch_bytes!r}"
+            )
+        share = self.comm_sm_share
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share < 1:
+            raise LayerwiseError(
+                f"comm_sm_share must be the share of each GPU's compute units held by "
+                f"communication kernels, in [0, 1) (DeepSeek-V3: 20/132), got {share!r}"
             )
         if self.cp_exchange not in CP_EXCHANGES:
             raise LayerwiseError(
@@ -519,7 +531,7 @@ class CostModel:
         if spreads_experts(op, cfg):  # a profile times a task alone: not its group's routing
             measured = None
         if measured is not None:
-            fwd = np.full(k, measured / (1.0 + o.backward_factor))
+            fwd = np.full(k, measured / (1.0 + o.backward_factor) / (1.0 - o.comm_sm_share))
             return fwd + o.task_overhead, fwd * (o.backward_factor + self._again(i))
         flops, nbytes = self._task_work(op)
         dev = np.asarray(cfg.devices)
@@ -538,12 +550,14 @@ class CostModel:
         if kernels is not None:  # by the kernels' shapes (`planner.costs.rates`)
             fwd = np.maximum(kernels[0], memory) + casts[0] / bandwidth
             bwd = np.maximum(kernels[1], memory * o.backward_factor) + casts[1] / bandwidth
-            return fwd + o.task_overhead, bwd + fwd * self._again(i)
-        if op.kind == "moe":  # the busiest expert-parallel rank (`planner.costs.experts`)
-            task_flops = moe_task_flops(op, cfg, o.expert_capacity) * k
-        fwd = np.maximum(self._flat_seconds(op, task_flops / k, dev, cfg), memory)
-        bwd = fwd * o.backward_factor + casts[1] / bandwidth
-        fwd = fwd + casts[0] / bandwidth
+        else:
+            if op.kind == "moe":  # the busiest expert-parallel rank (`planner.costs.experts`)
+                task_flops = moe_task_flops(op, cfg, o.expert_capacity) * k
+            fwd = np.maximum(self._flat_seconds(op, task_flops / k, dev, cfg), memory)
+            bwd = fwd * o.backward_factor + casts[1] / bandwidth
+            fwd = fwd + casts[0] / bandwidth
+        if o.comm_sm_share:  # the kernels run on the compute units communication leaves
+            fwd, bwd = fwd / (1.0 - o.comm_sm_share), bwd / (1.0 - o.comm_sm_share)
         return fwd + o.task_overhead, bwd + fwd * self._again(i)
 
     def _flat_seconds(self, op: Op, flops: Any, dev: np.ndarray, cfg: ParallelConfig) -> Any:

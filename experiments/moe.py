@@ -38,7 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from experiments.moe_flops import DEEPSEEK_V3, MIXTRAL_8X7B, MoEShape, megatron_flops_per_token
+from experiments.moe_flops import (
+    DEEPSEEK_V3,
+    MIXTRAL_8X7B,
+    QWEN3_30B_A3B,
+    QWEN3_235B_A22B,
+    MoEShape,
+    megatron_flops_per_token,
+)
 from planner.cli.args import OneLineArgumentParser, report_errors
 
 __all__ = ["ANCHORS", "Anchor", "main", "predict"]
@@ -186,6 +193,86 @@ ANCHORS: tuple[Anchor, ...] = (
 )
 
 
+# Megatron-Bridge's published MoE rows (experiments/data/h100_published.csv) by zoo entry,
+# with the shape of the published model for its FLOP count
+ROW_MODELS: dict[str, tuple[str, MoEShape]] = {
+    "DeepSeekV3": ("deepseek-v3-like", DEEPSEEK_V3),
+    "Qwen3-30B-A3B": ("qwen3-30b-a3b", QWEN3_30B_A3B),
+    "Qwen3-235B-A22B": ("qwen3-235b-a22b", QWEN3_235B_A22B),
+}
+
+
+# DeepEP as Megatron-Core runs it (`--moe-token-dispatcher-type flex --moe-enable-deepep`):
+# a token once to each node it uses, then over NVLink, its kernels holding 20 SMs
+# (`--moe-deepep-num-sms`' default) of an H100's 132 beside the computation
+DEEPEP: dict[str, Any] = {"ep_dispatch": "node", "comm_sm_share": 20 / 132}
+
+
+def row_anchors(rows: Sequence[Any] | None = None) -> tuple[list[Anchor], list[tuple[Any, str]]]:
+    """The published MoE rows (`experiments.published.read_rows`: rows with expert
+    parallelism) as anchors in tokens/s per GPU, and the rows left out with the reason.
+
+    A row's routing is its notes': "force-balanced" runs balanced routing (`expert_capacity`
+    1), "tokendrop" pads every expert to capacity factor 1 (Megatron-Bridge's token-dropping
+    recipes: every rank computes the capacity, 1), other dropless runs learned routing
+    (`LEARNED_IMBALANCE`). Its precision is the dense calibration's reading
+    (`experiments.published.precision`); micro-batch size 1 when not given. Expert
+    parallelism across nodes dispatches as DeepEP (`DEEPEP`: Megatron-Core's MoE recipes
+    for H100 enable it, NVIDIA's Megatron-MoE-ModelZoo best practices for DeepSeek-V3 and
+    Qwen3-235B), all-to-alls not overlapped (the rows do not say they are)."""
+    from experiments.published import PRESETS, ROWS, precision, read_rows
+    from planner.graph.llm import LLM_SIZES
+
+    rows = read_rows(ROWS) if rows is None else rows
+    anchors: list[Anchor] = []
+    skipped: list[tuple[Any, str]] = []
+    for row in rows:
+        if row.ep <= 1:
+            continue
+        model, shape = ROW_MODELS.get(row.model, ("", None))
+        reason = ""
+        if shape is None:
+            reason = f"{row.model!r}: no zoo entry builds it"
+        elif model not in LLM_SIZES:
+            reason = f"{row.model!r}: the zoo has no {model!r}"
+        elif row.gpu not in PRESETS:
+            reason = f"no preset for the GPU {row.gpu!r}"
+        elif row.tokens is None:
+            reason = "no tokens/s published"
+        if reason:
+            skipped.append((row, reason))
+            continue
+        assert shape is not None and row.tokens is not None
+        notes = row.notes.lower()
+        balanced = "force-balanced" in notes
+        anchors.append(
+            Anchor(
+                name=f"{row.model} ({row.release}, line {row.line})",
+                model=model,
+                preset=PRESETS[row.gpu],
+                gpus=row.gpus,
+                seq=row.seq,
+                gbs=row.gbs,
+                mbs=row.micro_batch,
+                tp=row.tp,
+                pp=row.pp,
+                vp=row.virtual,
+                ep=row.ep,
+                precision=precision(row) or "bf16-mixed",
+                published=row.tokens,
+                unit="tokens/s per GPU",
+                shape=shape,
+                causal=True,
+                source=row.source,
+                notes=row.notes,
+                routing="balanced" if balanced else "learned",
+                capacity_factor=1.0 if "tokendrop" in notes else None,
+                options=dict(DEEPEP) if row.gpus // GPUS_PER_NODE > 1 else {},
+            )
+        )
+    return anchors, skipped
+
+
 def build(anchor: Anchor, batch: int) -> Any:
     """The anchor's model captured at `batch` samples, coarsened, in its precision."""
     from planner.graph.capture import capture
@@ -271,6 +358,8 @@ def predict(anchor: Anchor) -> dict[str, Any]:
     per_token = megatron_flops_per_token(anchor.shape, anchor.seq, causal=anchor.causal)
     if anchor.unit == "TFLOP/s per GPU":
         predicted = tokens * per_token / 1e12
+    elif anchor.unit == "tokens/s per GPU":
+        predicted = tokens
     else:
         predicted = 1e12 / tokens / 3600
     return {
@@ -347,9 +436,15 @@ def write(records: Sequence[dict[str, Any]], out: Path, meta: dict[str, Any]) ->
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = OneLineArgumentParser(prog="python -m experiments.moe", description=__doc__)
-    names = [a.model for a in ANCHORS]
+    names = sorted({a.model for a in ANCHORS} | {m for m, _ in ROW_MODELS.values()})
     parser.add_argument(
         "--anchor", action="append", choices=names, help="only these anchors (default: all)"
+    )
+    parser.add_argument(
+        "--rows",
+        action="store_true",
+        help="also Megatron-Bridge's published MoE rows on H100 (experiments/data/"
+        "h100_published.csv) whose model the zoo builds, in tokens/s per GPU",
     )
     parser.add_argument("--out", type=Path, default=Path("results/moe"))
     parser.add_argument(
@@ -370,6 +465,11 @@ def _main(argv: Sequence[str] | None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     info = run_info("experiments.moe", argv, args)
     chosen = [a for a in ANCHORS if not args.anchor or a.model in args.anchor]
+    if args.rows:
+        rows, skipped = row_anchors()
+        chosen += [a for a in rows if not args.anchor or a.model in args.anchor]
+        for row, reason in skipped:
+            print(f"line {row.line} {row.name}: left out: {reason}", file=sys.stderr)
     records = []
     for anchor in chosen:
         print(f"{anchor.name}: simulating {anchor.layout} ...", file=sys.stderr, flush=True)

@@ -125,6 +125,14 @@ MIXTRAL_8X7B = MoEShape(
     hidden=4096, heads=32, kv_heads=8, head_dim=128, vocab=32000, dense_layers=0, dense_ffn=0,
     moe_layers=32, moe_ffn=14336, top_k=2, experts=8,
 )  # fmt: skip
+QWEN3_30B_A3B = MoEShape(
+    hidden=2048, heads=32, kv_heads=4, head_dim=128, vocab=151936, dense_layers=0, dense_ffn=0,
+    moe_layers=48, moe_ffn=768, top_k=8, experts=128,
+)  # fmt: skip
+QWEN3_235B_A22B = MoEShape(
+    hidden=4096, heads=64, kv_heads=4, head_dim=128, vocab=151936, dense_layers=0, dense_ffn=0,
+    moe_layers=94, moe_ffn=1536, top_k=8, experts=128,
+)  # fmt: skip
 DEEPSEEK_V3 = MoEShape(
     hidden=7168, heads=128, kv_heads=128, head_dim=128, vocab=129280, dense_layers=3,
     dense_ffn=18432, moe_layers=58, moe_ffn=2048, top_k=8, experts=256, shared_ffn=2048,

@@ -72,3 +72,30 @@ def test_the_planner_plans_a_tiny_anchors_model_on_its_gpus() -> None:
     layout = summary["layout"]
     devices = layout["stages"] * layout["tensor"] * layout["context"] * layout["data"]
     assert devices == anchor.gpus and anchor.gpus % layout["expert"] == 0
+
+
+def test_published_moe_rows_become_anchors_or_say_why_not() -> None:
+    from experiments.moe import DEEPEP, LEARNED_IMBALANCE, row_anchors
+    from experiments.published import ROWS, read_rows
+
+    moe_rows = [r for r in read_rows(ROWS) if r.ep > 1]
+    anchors, skipped = row_anchors()
+    assert len(anchors) + len(skipped) == len(moe_rows) > 0
+    assert all(reason for _, reason in skipped)
+    assert any(r.model == "GPT-OSS-120B" for r, _ in skipped)  # no zoo entry builds it
+    for a in anchors:
+        assert a.unit == "tokens/s per GPU" and a.published > 0
+        assert a.gpus == a.tp * a.pp * a.data and a.micro_batches >= 1
+        row = next(r for r in moe_rows if a.name.endswith(f"line {r.line})"))
+        balanced = "force-balanced" in row.notes
+        assert a.routing == ("balanced" if balanced else "learned")
+        dropping = "tokendrop" in row.notes
+        assert a.expert_capacity == (1.0 if balanced or dropping else LEARNED_IMBALANCE)
+        assert (a.options == DEEPEP) == (a.gpus > 8)
+
+
+def test_a_row_anchor_is_predicted_in_tokens_per_gpu() -> None:
+    anchor = tiny(unit="tokens/s per GPU", published=1000.0)
+    out = predict(anchor)
+    assert out["predicted"] == pytest.approx(out["tokens_per_gpu"])
+    assert out["error"] == pytest.approx(out["predicted"] / 1000.0 - 1)

@@ -348,7 +348,7 @@ def test_shard_keys_of_a_moe_without_expert_parallelism_hold_everything() -> Non
         assert {ShardKey(name, 0, 8) for name in stacked} <= set(keys)
 
 
-def test_dtensor_export_refuses_expert_parallelism_naming_it() -> None:
+def test_dtensor_export_refuses_expert_and_expert_tensor_parallelism_naming_them() -> None:
     from planner.errors import LayerwiseError
     from planner.export.dtensor import export_plan
 
@@ -359,6 +359,14 @@ def test_dtensor_export_refuses_expert_parallelism_naming_it() -> None:
     plan = export_plan(strategy, module, fallback="replicate")
     assert {o.op for o in plan.fell_back} == {"layers.0.moe", "layers.1.moe"}
     assert export_plan(_strategy(graph, 2, {SAMPLE: 2}), module).fell_back == ()
+    cut = _strategy(graph, 2, {"reduce": 2})
+    widths = r"expert tensor parallelism \(the experts' widths cut 2 ways\) is not exported"
+    with pytest.raises(LayerwiseError, match=widths):
+        export_plan(cut, module)
+    both = _strategy(graph, 4, {SAMPLE: 2, "reduce": 2, "expert": 2})
+    with pytest.raises(LayerwiseError, match=r"\(expert 2\) and expert tensor parallelism"):
+        export_plan(both, module)
+    assert len(export_plan(cut, module, fallback="replicate").fell_back) == 2
 
 
 def _searched(world: int) -> tuple[MoELM, Strategy]:

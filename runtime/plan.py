@@ -37,6 +37,7 @@ from planner.costs.config import ParallelConfig
 from planner.costs.kernels import TaskPlan, fused_ops, plan_task
 from planner.costs.regions import edge_grid, needed_boxes, overlap_volume, task_boxes
 from planner.errors import LayerwiseError
+from planner.graph.moe import ffn_axis, moe_spec
 from planner.graph.opgraph import Op, OpGraph
 from planner.graph.opkinds import (
     CHANNEL,
@@ -393,7 +394,9 @@ def _param_infos(ops: Sequence[OpExec]) -> tuple[dict[str, ParamInfo], frozenset
         if not o.op.params:
             continue
         con = contraction(o.op) if o.cfg.reduce > 1 else None
-        if con is not None:  # cut along its summed axis too: held whole (the runtime's
+        if con is not None and con.internal:  # a moe op's experts cut along their width
+            whole.update(_ffn_params(o.op))
+        elif con is not None:  # cut along its summed axis too: held whole (the runtime's
             whole.add(o.op.params[con.param].name)  # shard keys are one axis's intervals)
         roles = o.plans[0].roles
         for p, role in zip(o.op.params, roles, strict=True):
@@ -404,6 +407,14 @@ def _param_infos(ops: Sequence[OpExec]) -> tuple[dict[str, ParamInfo], frozenset
     for name in whole:
         infos[name] = ParamInfo(name, infos[name].shape, None, 1, 1)
     return infos, frozenset(whole)
+
+
+def _ffn_params(op: Op) -> list[str]:
+    """The parameters of a moe op that expert tensor parallelism cuts along the experts'
+    hidden width (`planner.graph.moe.ffn_axis`): held whole, each task computing with its
+    slices of them (as a row-parallel linear's weight), their gradients summed over all."""
+    roles = moe_spec(op).roles
+    return [p.name for p, r in zip(op.params, roles, strict=True) if ffn_axis(r) is not None]
 
 
 def _hold_whole(o: OpExec, whole: frozenset[str]) -> OpExec:

@@ -37,6 +37,9 @@ CASES: dict[str, tuple[str, list[str], str]] = {
     "megatron: no such row": ("megatron", ["--rows", "11"], "invalid choice"),
     "megatron: zero time limit": ("megatron", ["--time-limit", "0"], "--time-limit"),
     "megatron: attention above peak": ("megatron", ["--attention-efficiency", "2"], "(0, 1]"),
+    "expert tensor: a layout of two sizes": ("expert_tensor", ["--layouts", "2x4"], "2x4x2"),
+    "expert tensor: a zero size": ("expert_tensor", ["--layouts", "2x0x1"], "positive sizes"),
+    "expert tensor: zero batch": ("expert_tensor", ["--batch", "0"], "positive integer"),
     "pipeline chart: no stages": (
         "pipeline_chart",
         ["--stages", "0"],

@@ -80,12 +80,13 @@ def test_moe_configs_take_every_expert_degree_and_the_estimate_counts_them(kind)
     space = ConfigSpace(graph, devices, kind=kind)
     moe, dense = space[2].configs, space[1].configs
     by_grid = Counter(c.grid for c in moe)
-    for cfg in moe:
-        assert cfg.expert in divisors(math.gcd(4, cfg.num_tasks))
+    for cfg in moe:  # degrees dividing the token boxes (a reduce degree adds none)
+        assert cfg.expert in divisors(math.gcd(4, cfg.num_tasks // cfg.reduce))
     degrees = Counter((c.grid, c.expert) for c in moe)
     for (grid, _), n in degrees.items():  # every degree on every grid's device sets
-        assert n * len(divisors(math.gcd(4, math.prod(grid)))) == by_grid[grid]
+        assert n * len(divisors(math.gcd(4, math.prod(grid[:3])))) == by_grid[grid]
     assert {c.expert for c in moe} == {1, 2, 4}
+    assert {c.reduce for c in moe} == {1, 2, 4, 8}  # expert tensor parallelism: ffn 16
     assert all(c.expert == 1 for c in dense)
     sizes = devices.hierarchy().sizes
     for cap in (None, 7):
@@ -93,9 +94,10 @@ def test_moe_configs_take_every_expert_degree_and_the_estimate_counts_them(kind)
         est = estimate(graph, 8, kind, sizes, 2, max_configs=cap)
         assert est.configs_total == sum(space.sizes())
     split = 2 if kind == "mesh" else None
-    grids = Counter(math.prod(p) for p in partitions(graph.ops[2], 8, split))
-    want = {k: n * len(divisors(math.gcd(4, k))) for k, n in grids.items()}
-    assert count_partitions(graph.ops[2], 8, split) == want
+    want: Counter[int] = Counter()
+    for p in partitions(graph.ops[2], 8, split):
+        want[math.prod(p)] += len(divisors(math.gcd(4, math.prod(p[:3]))))
+    assert count_partitions(graph.ops[2], 8, split) == dict(want)
 
 
 def test_the_mesh_space_keeps_the_zoo_config_counts() -> None:

@@ -48,16 +48,17 @@ def _model(name: str) -> tuple[MoELM, OpGraph]:
 
 def _strategy(graph: OpGraph, world: int, moe: dict[str, int], reverse: bool = False) -> Strategy:
     """Every op split by samples over all ranks, except the moe ops: `moe` gives their
-    sample/length degrees and "expert" (on ranks in reverse order with `reverse`)."""
+    sample/length degrees, "expert" and "reduce" (expert tensor parallelism; on ranks in
+    reverse order with `reverse`)."""
     configs = []
     for op in graph.ops:
         split = moe if op.kind == "moe" else {SAMPLE: world}
         degrees = tuple(split.get(d, 1) for d in op.output.dims)
-        devices = tuple(range(math.prod(degrees)))
+        expert, reduce = split.get("expert", 1), split.get("reduce", 1)
+        devices = tuple(range(math.prod(degrees) * reduce))
         if reverse and op.kind == "moe":
             devices = devices[::-1]
-        expert = split.get("expert", 1)
-        configs.append(ParallelConfig(degrees, devices, expert=expert))
+        configs.append(ParallelConfig(degrees, devices, reduce, expert))
     return Strategy(graph, get_preset(f"cpu-local-{world}"), tuple(configs))
 
 
@@ -84,8 +85,8 @@ def _check_run(
                         for j in range(per)
                     ]
                     assert computed == sent
-            total = sum(sum(sent) for sent, _ in counts.values())
-            assert total == (tokens or TOKENS[0].numel()) * moe_spec(op).top_k
+            total = sum(sum(sent) for sent, _ in counts.values())  # each partial's copies
+            assert total == (tokens or TOKENS[0].numel()) * moe_spec(op).top_k * cfg.reduce
             assert all(len(sent) == experts for sent, _ in counts.values())
 
 
@@ -122,6 +123,52 @@ def test_expert_parallel_trains_like_single_process(case: str, model: str) -> No
     _check_run(run, graph, strategy)
     if moe.get("expert", 1) > 1:
         assert run.expert_tokens and all(run.expert_tokens)
+
+
+ETP_CASES = {  # expert tensor parallelism: name: (world, moe split)
+    "etp-2": (2, {"reduce": 2}),
+    "etp-4": (4, {"reduce": 4}),
+    "etp-2-data": (4, {SAMPLE: 2, "reduce": 2}),
+    "etp-2-expert-2": (4, {SAMPLE: 2, "reduce": 2, "expert": 2}),
+    "etp-2-expert-2-length": (4, {LENGTH: 2, "reduce": 2, "expert": 2}),
+}
+
+
+@pytest.mark.parametrize(
+    ("case", "model"),
+    [
+        ("etp-2", "deepseek"),
+        pytest.param("etp-2", "mixtral-stacked", marks=pytest.mark.slow),
+        pytest.param("etp-4", "deepseek-stacked", marks=pytest.mark.slow),
+        pytest.param("etp-2-data", "mixtral", marks=pytest.mark.slow),
+        pytest.param("etp-2-expert-2", "deepseek", marks=pytest.mark.slow),
+        pytest.param("etp-2-expert-2", "mixtral-stacked", marks=pytest.mark.slow),
+        pytest.param("etp-2-expert-2-length", "deepseek-stacked", marks=pytest.mark.slow),
+    ],
+)
+def test_expert_tensor_parallel_trains_like_single_process(case: str, model: str) -> None:
+    """Each moe op's experts (and shared expert) cut along their hidden width over `reduce`
+    ranks that compute the same tokens, the consumers adding the partial sums; alone and
+    with the experts spread (then one expert-parallel group per partial index)."""
+    world, moe = ETP_CASES[case]
+    module, graph = _model(model)
+    strategy = _strategy(graph, world, moe)
+    run = runtime.run_strategy(strategy, module, F64)
+    _check_run(run, graph, strategy)
+    assert run.deviation is not None and run.deviation["max_deviation"] <= 1e-9
+
+
+def test_expert_tensor_parallel_ranks_hold_the_cut_weights_whole_and_sum_them() -> None:
+    _, graph = _model("deepseek-stacked")
+    plan = build_plan(_strategy(graph, 4, {SAMPLE: 2, "reduce": 2, "expert": 2}))
+    moe = next(o for o in plan.ops if o.op.kind == "moe")
+    assert plan.groups["expert"] == ((0, 2), (1, 3))  # one group per partial index
+    roles = dict(zip((p.name for p in moe.op.params), moe_spec(moe.op).roles, strict=True))
+    cut = {n for n, r in roles.items() if r.startswith(("w13", "w2", "sw"))}
+    assert cut <= plan.whole and not {n for n, r in roles.items() if r == "router"} & plan.whole
+    for item in plan.sync:
+        if item.param in cut or roles.get(item.param) == "router":
+            assert item.ranks == (0, 1, 2, 3)
 
 
 def test_uneven_routing_with_empty_splits_and_ranks_out_of_order() -> None:
@@ -301,7 +348,7 @@ def test_shard_keys_of_a_moe_without_expert_parallelism_hold_everything() -> Non
         assert {ShardKey(name, 0, 8) for name in stacked} <= set(keys)
 
 
-def test_dtensor_export_refuses_expert_parallelism_naming_it() -> None:
+def test_dtensor_export_refuses_expert_and_expert_tensor_parallelism_naming_them() -> None:
     from planner.errors import LayerwiseError
     from planner.export.dtensor import export_plan
 
@@ -312,6 +359,14 @@ def test_dtensor_export_refuses_expert_parallelism_naming_it() -> None:
     plan = export_plan(strategy, module, fallback="replicate")
     assert {o.op for o in plan.fell_back} == {"layers.0.moe", "layers.1.moe"}
     assert export_plan(_strategy(graph, 2, {SAMPLE: 2}), module).fell_back == ()
+    cut = _strategy(graph, 2, {"reduce": 2})
+    widths = r"expert tensor parallelism \(the experts' widths cut 2 ways\) is not exported"
+    with pytest.raises(LayerwiseError, match=widths):
+        export_plan(cut, module)
+    both = _strategy(graph, 4, {SAMPLE: 2, "reduce": 2, "expert": 2})
+    with pytest.raises(LayerwiseError, match=r"\(expert 2\) and expert tensor parallelism"):
+        export_plan(both, module)
+    assert len(export_plan(cut, module, fallback="replicate").fell_back) == 2
 
 
 def _searched(world: int) -> tuple[MoELM, Strategy]:

@@ -184,12 +184,15 @@ class Proposer:
         theirs = space[oj].configs[c]
         op_i, op_j = graph.ops[oi], graph.ops[oj]
         degrees = tuple(theirs.degree(op_j, d) for d in op_i.output.dims)
-        if np.prod(degrees) != theirs.num_tasks:
+        # moe to moe: the experts' width cut alike (expert tensor parallelism)
+        reduce = theirs.reduce if op_i.kind == op_j.kind == "moe" else 1
+        if np.prod(degrees) * reduce != theirs.num_tasks:
             return None  # a split dimension that node i does not have
         from planner.costs.config import ParallelConfig
 
         expert = theirs.expert if op_i.kind == "moe" else 1  # only a moe op spreads experts
-        return self._neighbours(i).index.get(ParallelConfig(degrees, theirs.devices, 1, expert))
+        cfg = ParallelConfig(degrees, theirs.devices, reduce, expert)
+        return self._neighbours(i).index.get(cfg)
 
     def _group(self, state: ChainState, i: int, c: int) -> list[tuple[int, int]]:
         """Node i to c, and with it a random connected region of the nodes around i whose

@@ -29,7 +29,7 @@ from typing import Any
 
 from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
-from planner.costs.experts import param_classes, spreads_experts
+from planner.costs.experts import cuts_experts, param_classes
 from planner.costs.memory import ParamBytes, param_bytes
 from planner.graph.moe import is_routed, moe_spec
 from planner.graph.opgraph import Op, OpGraph
@@ -266,9 +266,10 @@ def param_class_replicas(
     the replicas of each shard), as the cost model counts them (`CostModel.param_groups`,
     `_param_parts`): one class, or a moe op's router and shared expert (replicated on every
     task) and its routed experts (cut `expert` ways, `expert_replicas`) when cfg spreads
-    them."""
+    them, with the shared expert a class of its own when cfg cuts the experts' widths
+    (`planner.costs.experts.param_classes`)."""
     opt, master = options.optimizer, options.master_weights
-    if not spreads_experts(op, cfg):
+    if not cuts_experts(op, cfg):
         shards = math.prod(cfg.degree(op, d) for d in parameter_dims(op)) * cfg.reduce
         return [(param_bytes(op.params, opt, master), shards, max(1, cfg.num_tasks // shards))]
     out = []

@@ -312,7 +312,8 @@ def _space_args(p: argparse.ArgumentParser) -> None:
         dest="reduce",
         action="store_const",
         const=False,
-        help="no contraction (row-parallel) splits of linears and convolutions",
+        help="no contraction splits: row-parallel linears and convolutions, a mixture of "
+        "experts' hidden widths (expert tensor parallelism)",
     )
     p.add_argument(
         "--table-budget",

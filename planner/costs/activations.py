@@ -9,7 +9,7 @@ entropy):
 | op | saves for its backward |
 | --- | --- |
 | linear, conv2d, embedding | its input (the activation; an embedding: the token ids); an FP8 linear (`planner.costs.fp8`) its input's FP8 copy, 1 byte per element, as Transformer Engine saves it |
-| moe | its input, its router's fp32 probabilities, each token's k dispatched copies, the experts' outputs and hidden activations, the shared expert's; FP8 (`planner.costs.fp8`): its GEMMs' inputs as FP8 copies (`_moe_buffers`) |
+| moe | its input, its router's fp32 probabilities, each token's k dispatched copies, the experts' outputs and hidden activations, the shared expert's; FP8 (`planner.costs.fp8`): its GEMMs' inputs as FP8 copies (`moe_buffers`) |
 | lstm, rnn_attention | its inputs, and its gates (an LSTM: 4 gates and the cell, 5 outputs' worth) |
 | norm (layer, RMS, batch) | its input and fp32 statistics: mean and 1/std per row (layer), 1/std (RMS) |
 | attention | q, k, v and its output, and the fp32 logsumexp per row and head (FlashAttention: the s x s scores are never kept) |
@@ -64,6 +64,7 @@ __all__ = [
     "ActivationMemory",
     "activation_memory",
     "is_loss",
+    "moe_buffers",
     "moe_dispatched_bytes",
     "saves_input",
 ]
@@ -174,7 +175,7 @@ def _buffers(graph: OpGraph, i: int) -> float:
     elif op.kind == "norm":
         extra += _stats(op)
     elif op.kind == "moe":
-        extra += _moe_buffers(op)
+        extra += moe_buffers(op)
     elif op.kind == "lstm":
         extra += LSTM_GATES
     elif op.kind == "rnn_attention":
@@ -198,7 +199,7 @@ def _buffers(graph: OpGraph, i: int) -> float:
     return extra
 
 
-def _moe_buffers(op: Op) -> float:
+def moe_buffers(op: Op, parts: int = 1) -> float:
     """What a mixture of experts keeps per byte of its output (h elements per token): each
     of a token's k copies dispatched (h) and its expert output before the combine (h), the
     expert MLP's hidden activations (w1's and w3's outputs and their product: 3 f gated, 2 f
@@ -206,27 +207,30 @@ def _moe_buffers(op: Op) -> float:
     activations (as Megatron-Core's MoE layer keeps them for its backward). An FP8 moe
     (`planner.costs.fp8`) keeps its GEMMs' inputs as Transformer Engine saves them, FP8
     copies of 1 byte per element: the dispatched copies and the activations' products (w2's
-    inputs), and the shared expert's FP8 copy of the token (its router keeps the bf16 one)."""
+    inputs), and the shared expert's FP8 copy of the token (its router keeps the bf16 one).
+    `parts`: the hidden widths cut that many ways (one task of expert tensor parallelism:
+    its token's copies, outputs and probabilities whole, its hidden activations 1/parts)."""
     from planner.graph.moe import moe_spec
 
     spec = moe_spec(op)
     h, b = op.output.size(CHANNEL), op.output.dtype_bytes
-    shared = float(spec.matrices * spec.shared_ffn)
+    fs = spec.shared_ffn / parts
+    shared = float(spec.matrices * fs)
     if computes_in_fp8(op) and spec.shared_ffn:
         # the token's FP8 copy (h, 1 byte) more; w2's input (fs) in 1 byte, not b
-        shared += (h * FP8_BYTES - spec.shared_ffn * (b - FP8_BYTES)) / b
-    return (moe_dispatched_bytes(op) + shared) / h + FP32 * spec.experts / (h * b)
+        shared += (h * FP8_BYTES - fs * (b - FP8_BYTES)) / b
+    return (moe_dispatched_bytes(op, parts) + shared) / h + FP32 * spec.experts / (h * b)
 
 
-def moe_dispatched_bytes(op: Op) -> float:
+def moe_dispatched_bytes(op: Op, parts: int = 1) -> float:
     """Per token, in elements of a moe op's output dtype, what it keeps where its tokens are
-    dispatched (`_moe_buffers`): k x (the copy, h; the expert's output, h; its hidden
-    activations, 3 f gated, 2 f otherwise), the copy and w2's input at 1 byte per element
-    when the op is FP8."""
+    dispatched (`moe_buffers`): k x (the copy, h; the expert's output, h; its hidden
+    activations, 3 f gated, 2 f otherwise, f cut `parts` ways), the copy and w2's input at
+    1 byte per element when the op is FP8."""
     from planner.graph.moe import moe_spec
 
     spec = moe_spec(op)
-    h, f = op.output.size(CHANNEL), spec.ffn
+    h, f = op.output.size(CHANNEL), spec.ffn / parts
     per_copy = 2.0 * h + spec.matrices * f
     if computes_in_fp8(op):
         b = op.output.dtype_bytes

@@ -300,6 +300,8 @@ def count_partitions(
     over dims whose state is the product so far and the split dims used); a moe op's counts
     times its expert-parallel degrees per partition (`expert_options`), as `ConfigSpace`
     lists them."""
+    if op.kind == "moe":
+        return _count_moe_partitions(op, num_devices, max_split_dims, reduce)
     states: dict[tuple[int, int], int] = {(1, 0): 1}
     for opts in degree_options(op, num_devices, reduce):
         nxt: dict[tuple[int, int], int] = {}
@@ -313,9 +315,18 @@ def count_partitions(
     out: dict[int, int] = {}
     for (k, _), n in states.items():
         out[k] = out.get(k, 0) + n
-    if op.kind == "moe":  # no contraction: k tasks are k token boxes (`expert_options`)
-        experts = int(op.attr("experts", 1))
-        out = {k: n * len(divisors(math.gcd(experts, k))) for k, n in out.items()}
+    return out
+
+
+def _count_moe_partitions(
+    op: Op, num_devices: int, max_split_dims: int | None, reduce: bool
+) -> dict[int, int]:
+    """`count_partitions` of a moe op: its few grids listed, each times its expert-parallel
+    degrees (`expert_options`: they divide its token boxes, k / reduce)."""
+    out: dict[int, int] = {}
+    for grid in partitions(op, num_devices, max_split_dims, reduce):
+        k = math.prod(grid)
+        out[k] = out.get(k, 0) + len(expert_options(op, grid))
     return out
 
 

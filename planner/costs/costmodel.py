@@ -53,15 +53,16 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
-from planner.costs.activations import ActivationMemory, activation_memory
+from planner.costs.activations import ActivationMemory, activation_memory, moe_buffers
 from planner.costs.config import OpConfigs, ParallelConfig
 from planner.costs.context import CP_EXCHANGES, CP_ORDERS, permutable, task_work
 from planner.costs.experts import (
     EP_DISPATCHES,
     a2a_bytes,
     a2a_seconds,
-    dispatched_share,
+    cuts_experts,
     expert_gemm_seconds,
+    kept_by_task,
     moe_task_flops,
     node_a2a_seconds,
     param_classes,
@@ -567,7 +568,7 @@ class CostModel:
         if op.kind != "moe" or not computes_in_fp8(op):
             return flops / rate
         router = moe_flops(moe_spec(op), op.output.size(CHANNEL), tokens_of(op.output.sizes))
-        mine = router.router / cfg.num_tasks
+        mine = router.router / (cfg.num_tasks // cfg.reduce)  # whole on each partial's task
         bf16 = self._rate(op.kind, op.output.dtype_bytes, False)[dev]
         return (flops - mine) / rate + mine / bf16
 
@@ -940,7 +941,7 @@ class CostModel:
         op = self.graph.ops[i]
         if not op.params:
             return 0.0, 0.0, 0.0
-        if spreads_experts(op, cfg):
+        if cuts_experts(op, cfg):
             return self._class_parts(op, cfg)
         shards = math.prod(cfg.degree(op, d) for d in parameter_dims(op))
         shards *= cfg.reduce  # a contraction split cuts the weight too
@@ -971,15 +972,17 @@ class CostModel:
         return float(parts[0]), float(parts[1]), float(parts[2])
 
     def _dispatched_extra(self, i: int, cfg: ParallelConfig) -> float:
-        """Bytes the busiest expert-parallel rank keeps beyond a task's share of op i's
-        activations: (capacity - 1) x the dispatched part (`planner.costs.experts.
-        dispatched_share`); 0 unless op i is a moe op whose experts cfg spreads and keeps
-        its activations (a recomputed one keeps none)."""
+        """Bytes a task of a moe op keeps beyond its share of op i's activations: on the
+        busiest expert-parallel rank (capacity - 1) x the dispatched part, and under expert
+        tensor parallelism the box's tokens' copies, outputs and probabilities on every task
+        of the box (`planner.costs.experts.kept_by_task` less the share the graph-wide rule
+        gives it); 0 unless op i is a moe op whose experts cfg spreads or cuts and keeps its
+        activations (a recomputed one keeps none)."""
         op = self.graph.ops[i]
-        if not spreads_experts(op, cfg) or not self.activations.kept[i]:
+        if not cuts_experts(op, cfg) or not self.activations.kept[i]:
             return 0.0
-        extra = (self.options.expert_capacity - 1.0) * dispatched_share(op)
-        return self._kept_unit(i, cfg) * extra
+        mine = kept_by_task(op, cfg, self.options.expert_capacity)
+        return mine - self._kept_unit(i, cfg) * moe_buffers(op)
 
     @cached_property
     def activations(self) -> ActivationMemory:

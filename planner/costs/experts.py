@@ -36,6 +36,22 @@ them (Megatron-Core's alltoall token dispatcher; Lepikhin et al. 2021, GShard, S
   outputs and hidden activations) lives on the expert's rank: the busiest keeps `capacity`
   times the mean (`dispatched_share`).
 
+**Expert tensor parallelism** (a config's `reduce` t > 1, Megatron-Core's
+`--expert-tensor-parallel-size`): each token box is computed by t tasks that read the same
+tokens (the consumers add their partial sums: priced as any contraction split's, a
+reduce-scatter or an all-reduce of the partials on the device graph), each holding 1/t of
+every expert's hidden width (`planner.graph.moe.ffn_shard`). Per task: the router (and the
+shared expert's gate) run whole on the box's tokens, replicated; the routed and shared
+experts' GEMMs have f / t (fs / t) columns or rows; the permutation, the un-permutation and
+the all-to-alls move every token of the box (each of the t tasks dispatches the box's
+tokens to its own expert-parallel group, `ParallelConfig.expert_groups`: one group per
+partial index), so an all-to-all is t times the volume Megatron-Core's dispatcher moves
+when its TP ranks hold disjoint tokens and all-gather them inside the expert-tensor group
+after the dispatch; only the activation's hidden elements and what the experts keep of
+them are cut t ways. The parameters: the router, its bias and the shared gate replicated on
+every task; the shared expert cut t ways (replicated over the boxes); the routed experts cut
+e x t ways (`expert_replicas`).
+
 Not modelled: all-to-all traffic contending with other transfers on the same links (the
 simulator prices it as device-occupying exchange tasks), NVLink and InfiniBand messages of
 one member running at once (serialised here), dropped tokens (the runtime is dropless:
@@ -52,8 +68,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.costs.activations import moe_dispatched_bytes
-from planner.graph.moe import is_routed, moe_flops, moe_spec, tokens_of
+from planner.costs.activations import moe_buffers, moe_dispatched_bytes
+from planner.graph.moe import ffn_axis, is_routed, moe_flops, moe_spec, tokens_of
 from planner.graph.opkinds import CHANNEL
 
 if TYPE_CHECKING:
@@ -65,6 +81,8 @@ if TYPE_CHECKING:
 __all__ = [
     "a2a_bytes",
     "a2a_seconds",
+    "cuts_experts",
+    "kept_by_task",
     "dispatched_share",
     "expert_gemm_seconds",
     "expert_replicas",
@@ -85,16 +103,37 @@ def spreads_experts(op: Op, cfg: ParallelConfig) -> bool:
     return op.kind == "moe" and cfg.expert > 1
 
 
+def cuts_experts(op: Op, cfg: ParallelConfig) -> bool:
+    """Whether `cfg` places a moe op's parameters by class (`param_classes`): it spreads its
+    experts or cuts their hidden width (expert tensor parallelism, `reduce` > 1)."""
+    return op.kind == "moe" and (cfg.expert > 1 or cfg.reduce > 1)
+
+
+def box_tokens(op: Op, cfg: ParallelConfig) -> float:
+    """Tokens of one task's box: every task of a token box (its t expert-tensor-parallel
+    partials) reads all of them."""
+    return tokens_of(op.output.sizes) / (cfg.num_tasks // cfg.reduce)
+
+
 def routed_flops(op: Op) -> float:
     """Forward FLOPs of op's k active routed experts over all its tokens."""
     spec = moe_spec(op)
     return moe_flops(spec, op.output.size(CHANNEL), tokens_of(op.output.sizes)).experts
 
 
+def router_flops(op: Op) -> float:
+    """Forward FLOPs of op's router over all its tokens."""
+    spec = moe_spec(op)
+    return moe_flops(spec, op.output.size(CHANNEL), tokens_of(op.output.sizes)).router
+
+
 def moe_task_flops(op: Op, cfg: ParallelConfig, capacity: float) -> float:
-    """Forward FLOPs of the busiest task of a moe op: router and shared expert / tasks, the
-    routed experts' / tasks times `capacity` when the experts are spread (module doc)."""
+    """Forward FLOPs of the busiest task of a moe op: the experts' / tasks (the routed ones
+    times `capacity` when the experts are spread), the router's / token boxes (each of a
+    box's expert-tensor-parallel tasks routes all its tokens; module doc)."""
     flops = op.flops / cfg.num_tasks
+    if cfg.reduce > 1:
+        flops += router_flops(op) * (cfg.reduce - 1) / cfg.num_tasks
     if not spreads_experts(op, cfg):
         return flops
     return flops + (capacity - 1.0) * routed_flops(op) / cfg.num_tasks
@@ -102,11 +141,10 @@ def moe_task_flops(op: Op, cfg: ParallelConfig, capacity: float) -> float:
 
 def a2a_bytes(op: Op, cfg: ParallelConfig) -> float:
     """Bytes one member of an EP group sends each peer in one all-to-all on average:
-    tokens_m x k x h x bytes / e (module doc)."""
+    tokens_m x k x h x bytes / e, tokens_m its box's tokens (module doc)."""
     spec = moe_spec(op)
-    tokens = tokens_of(op.output.sizes) / cfg.num_tasks
     h = op.output.size(CHANNEL)
-    return tokens * spec.top_k * h * op.output.dtype_bytes / cfg.expert
+    return box_tokens(op, cfg) * spec.top_k * h * op.output.dtype_bytes / cfg.expert
 
 
 def token_pass_bytes(op: Op, cfg: ParallelConfig, capacity: float) -> float:
@@ -118,24 +156,29 @@ def token_pass_bytes(op: Op, cfg: ParallelConfig, capacity: float) -> float:
     copies when the experts are spread, the un-permutation with the gate weights (k copies
     read, the token written), and the shared expert's activation and its sum into the output
     (3 h). Megatron-Core runs each as its own kernel (moe/token_dispatcher.py, experts.py), so
-    they add to the GEMMs' time rather than hide under it."""
+    they add to the GEMMs' time rather than hide under it. Under expert tensor parallelism
+    every task passes its box's tokens, and the hidden widths are its 1/t."""
     spec = moe_spec(op)
-    h, b, k = op.output.size(CHANNEL), op.output.dtype_bytes, spec.top_k
-    tokens = tokens_of(op.output.sizes) / cfg.num_tasks
+    h, b, k, t = op.output.size(CHANNEL), op.output.dtype_bytes, spec.top_k, cfg.reduce
     spread = capacity if spreads_experts(op, cfg) else 1.0
     per_token = 16.0 * spec.experts + b * (2 * h + 2 * k * h)
-    per_token += b * k * spec.matrices * spec.ffn * spread
+    per_token += b * k * spec.matrices * spec.ffn / t * spread
     if spec.shared_ffn:
-        per_token += b * (spec.matrices * spec.shared_ffn + 3 * h)
-    return tokens * per_token
+        per_token += b * (spec.matrices * spec.shared_ffn / t + 3 * h)
+    return box_tokens(op, cfg) * per_token
 
 
 def expert_replicas(cfg: ParallelConfig) -> np.ndarray:
-    """(e, tasks / e) task indices: row m holds the tasks of expert rank m (each holds the
-    same experts: Megatron-Core's expert-data-parallel group), in task order."""
+    """(e t, tasks / (e t)) task indices: row m t + j holds the tasks of expert rank m and
+    partial index j (each holds the same slice of the same experts: Megatron-Core's
+    expert-data-parallel group), in task order; t = `reduce`, 1 without expert tensor
+    parallelism."""
     tasks = np.arange(cfg.num_tasks)
     ranks = (tasks // cfg.reduce) % cfg.expert
-    return np.stack([tasks[ranks == m] for m in range(cfg.expert)])
+    part = tasks % cfg.reduce
+    return np.stack(
+        [tasks[(ranks == m) & (part == j)] for m in range(cfg.expert) for j in range(cfg.reduce)]
+    )
 
 
 def a2a_seconds(
@@ -242,15 +285,42 @@ def node_a2a_seconds(
 def param_classes(op: Op, cfg: ParallelConfig) -> list[tuple[tuple[Param, ...], np.ndarray]]:
     """A moe op's parameters by class when its experts are spread: (the router's and the
     shared expert's, None: replicated like any weight), (the routed experts', their replica
-    tasks: `expert_replicas`). One class of all parameters otherwise (empty tasks array:
-    the op's own replica rule)."""
+    tasks: `expert_replicas`). Under expert tensor parallelism (`reduce` t > 1) three, each
+    with its (shards, replicas) task array: the router, its bias and the shared gate on every
+    task; the shared expert cut t ways (shard j on the tasks of partial j); the routed
+    experts cut e t ways (`expert_replicas`); classes without parameters left out. One class
+    of all parameters otherwise (empty tasks array: the op's own replica rule)."""
     none = np.zeros((0, 0), dtype=np.int64)
-    if not spreads_experts(op, cfg):
+    if not cuts_experts(op, cfg):
         return [(op.params, none)]
     roles = moe_spec(op).roles
-    routed = tuple(p for p, r in zip(op.params, roles, strict=True) if is_routed(r))
-    dense = tuple(p for p, r in zip(op.params, roles, strict=True) if not is_routed(r))
-    return [(dense, none), (routed, expert_replicas(cfg))]
+    pairs = list(zip(op.params, roles, strict=True))
+    routed = tuple(p for p, r in pairs if is_routed(r))
+    dense = tuple(p for p, r in pairs if not is_routed(r))
+    if cfg.reduce == 1:
+        return [(dense, none), (routed, expert_replicas(cfg))]
+    tasks = np.arange(cfg.num_tasks, dtype=np.int64)
+    replicated = tuple(p for p, r in pairs if not is_routed(r) and ffn_axis(r) is None)
+    shared = tuple(p for p, r in pairs if not is_routed(r) and ffn_axis(r) is not None)
+    classes = [
+        (replicated, tasks[None, :]),
+        (shared, tasks.reshape(-1, cfg.reduce).T),
+        (routed, expert_replicas(cfg)),
+    ]
+    return [(params, where) for params, where in classes if params]
+
+
+def kept_by_task(op: Op, cfg: ParallelConfig, capacity: float) -> float:
+    """Bytes one task of a moe op keeps of its own buffers for the backward
+    (`planner.costs.activations.moe_buffers`) under cfg: its box's tokens', the hidden widths
+    cut `reduce` ways, the dispatched part on the busiest expert-parallel rank `capacity`
+    times the mean when cfg spreads the experts."""
+    h = op.output.size(CHANNEL)
+    t = cfg.reduce
+    per_token = moe_buffers(op, t) * h * op.output.dtype_bytes
+    if spreads_experts(op, cfg):
+        per_token += (capacity - 1.0) * moe_dispatched_bytes(op, t) * op.output.dtype_bytes
+    return box_tokens(op, cfg) * per_token
 
 
 def dispatched_share(op: Op) -> float:
@@ -283,8 +353,9 @@ def expert_gemm_seconds(
     Tile waste of uneven per-expert rows (Megatron-Core's padded grouped GEMM) is not
     modelled."""
     spec = moe_spec(op)
-    h, f, fs = op.output.size(CHANNEL), spec.ffn, spec.shared_ffn
-    m = tokens_of(op.output.sizes) / cfg.num_tasks
+    t = cfg.reduce  # expert tensor parallelism: the hidden widths' 1/t, the box's tokens
+    h, f, fs = op.output.size(CHANNEL), spec.ffn / t, spec.shared_ffn / t
+    m = box_tokens(op, cfg)
     local = spec.experts // cfg.expert
     rows = m * cfg.expert * spec.top_k / spec.experts
     if cfg.expert > 1:
@@ -315,12 +386,13 @@ def expert_gemm_seconds(
         for n, k in [(f, h)] * (spec.matrices - 1) + [(h, f)]:
             forward += grouped(n, k)
             backward += grouped(k, n) + grouped_grad(n, k)
-    extra = max(0.0, op.flops / cfg.num_tasks - _gemm_flops(spec, h, m))
+    extra = max(0.0, moe_task_flops(op, cfg, 1.0) - _gemm_flops(spec, h, m, t))
     return forward + extra / (peak * gemm.cap), backward + 2 * extra / (peak * gemm.cap)
 
 
-def _gemm_flops(spec: MoESpec, h: int, m: float) -> float:
-    """Forward FLOPs of the GEMMs `expert_gemm_seconds` prices, on m tokens at capacity 1."""
-    per_token = 2.0 * h * spec.experts + 2.0 * spec.matrices * h * spec.shared_ffn
-    per_token += spec.top_k * 2.0 * spec.matrices * h * spec.ffn
+def _gemm_flops(spec: MoESpec, h: int, m: float, t: int = 1) -> float:
+    """Forward FLOPs of the GEMMs `expert_gemm_seconds` prices, on m tokens at capacity 1,
+    the hidden widths cut t ways."""
+    per_token = 2.0 * h * spec.experts + 2.0 * spec.matrices * h * spec.shared_ffn / t
+    per_token += spec.top_k * 2.0 * spec.matrices * h * spec.ffn / t
     return m * per_token

@@ -42,8 +42,9 @@ sigmoid stay bf16 (fp32 scores), as both keep the gating in higher precision. It
 (`moe_cast_bytes`) are `cast_bytes`' for each of its GEMMs: the dispatched token copies
 (the task's routed rows x h) cast once before fc1, the activation's output (rows x f) before
 fc2, the two output gradients cast with their transposes, the two saved FP8 inputs
-transposed; the shared expert's alike on the task's own tokens. Nothing is split inside an
-expert (no expert tensor parallelism), so each cast is local. Its weights (the routed and
+transposed; the shared expert's alike on the task's own tokens. Under expert tensor
+parallelism each task casts its box's token copies itself (it dispatched them) and its slice
+of the hidden activations, so each cast is local. Its weights (the routed and
 shared experts' matrices, `fp8_weight_elements`; not the router) keep `WEIGHT_CACHE_BYTES`
 of FP8 caches per element. Its tokens travel in bf16 (the router reads them in bf16;
 DeepSeek-V3's FP8 dispatch, Sec. 3.3.4, is not modelled) and it keeps FP8 copies of its
@@ -121,14 +122,17 @@ def moe_cast_bytes(op: Op, cfg: ParallelConfig, capacity: float) -> tuple[float,
     (w1, w3) outputs, contracting h) and fc2 (rows x h, contracting f) of its routed rows,
     the task's tokens x k (times `capacity` on the busiest rank when `cfg` spreads the
     experts, as `planner.costs.experts` prices it), and of the shared expert on the task's
-    tokens; (0, 0) for an op that is not an FP8 moe."""
+    tokens; under expert tensor parallelism (`reduce` t) the box's tokens and 1/t of the
+    hidden widths, every task casting its own copies (no FP8 gather); (0, 0) for an op that
+    is not an FP8 moe."""
     if op.kind != "moe" or not computes_in_fp8(op):
         return 0.0, 0.0
     spec = moe_spec(op)
-    h, quantize = op.output.size(CHANNEL), _quantize(op)
-    m = tokens_of(op.output.sizes) / cfg.num_tasks
+    h, quantize, t = op.output.size(CHANNEL), _quantize(op), cfg.reduce
+    m = tokens_of(op.output.sizes) / (cfg.num_tasks // t)  # its box's tokens
     rows = m * spec.top_k * (capacity if cfg.expert > 1 else 1.0)
-    gemms = [(rows, spec.ffn), (m, spec.shared_ffn)] if spec.shared_ffn else [(rows, spec.ffn)]
+    f, fs = spec.ffn / t, spec.shared_ffn / t  # expert tensor parallelism: 1/t of the widths
+    gemms = [(rows, f), (m, fs)] if spec.shared_ffn else [(rows, f)]
     forward = backward = 0.0
     for tokens, f in gemms:
         for n, k in ((spec.matrices - 1) * f, h), (h, f):  # fc1, fc2

@@ -36,7 +36,10 @@ Conventions of the op kinds (see `planner.graph.capture`):
   none split with the channel); a sample or length split gives each task its tokens, which
   it routes and runs through the experts alone; under expert parallelism (`expert` e > 1) a
   task holds its group member's E/e routed experts (rows of a stacked weight) and swaps
-  token copies with its group through the runtime's `exchange` (`expert_parallel_moe`).
+  token copies with its group through the runtime's `exchange` (`expert_parallel_moe`);
+  under expert tensor parallelism (`reduce` r > 1) each of r tasks reads the same tokens,
+  holds 1/r of every expert's hidden width (`planner.graph.moe.ffn_shard`) and computes a
+  partial sum of their output.
 - rnn_attention: (h, encoder states...), params of the output projection (C, 2C) + bias.
 - norm: "batch" (batch statistics of the task's box), "layer" (over channel) or "rms" (root
   mean square over channel, weight only); attrs eps, and compute "float32" when the model
@@ -75,6 +78,8 @@ from planner.graph.moe import (
     MoESpec,
     Weights,
     expert_of,
+    ffn_shard,
+    ffn_shard_shape,
     is_routed,
     mlp,
     moe_math,
@@ -337,7 +342,13 @@ def _plan(
     param_shapes = tuple(
         _shard_shape(p.shape, r, op, c_lo, c_hi) for p, r in zip(op.params, roles, strict=True)
     )
-    if con is not None and summed is not None:  # the weight's slice of the summed dim
+    if con is not None and summed is not None and con.internal:  # a moe op's ffn slices
+        widths = con.size // (summed[1] - summed[0])
+        param_shapes = tuple(
+            ffn_shard_shape(s, role, widths)
+            for s, role in zip(param_shapes, moe_spec(op).roles, strict=True)
+        )
+    elif con is not None and summed is not None:  # the weight's slice of the summed dim
         shape = list(param_shapes[con.param])
         shape[con.axis] = summed[1] - summed[0]
         param_shapes = (*param_shapes[: con.param], tuple(shape), *param_shapes[con.param + 1 :])
@@ -580,12 +591,8 @@ def shard_params(plan: TaskPlan, params: Sequence[torch.Tensor]) -> list[torch.T
     full = op.output.size(CHANNEL) if CHANNEL in op.output.dims else 0
     out = []
     con = contraction(op) if plan.summed is not None else None
-    if plan.experts is not None:  # expert parallelism: the task's routed experts only
-        lo, hi = plan.experts
-        return [
-            p.narrow(0, lo if expert_of(r) is None else 0, s[0]) if is_routed(r) else p
-            for p, r, s in zip(params, moe_spec(op).roles, plan.param_shapes, strict=True)
-        ]
+    if op.kind == "moe":
+        return _moe_shards(plan, params)
     for k, (p, role) in enumerate(zip(params, plan.roles, strict=True)):
         if con is not None and k == con.param:  # a contraction split's slice of the weight
             assert plan.summed is not None
@@ -601,6 +608,27 @@ def shard_params(plan: TaskPlan, params: Sequence[torch.Tensor]) -> list[torch.T
                 p.narrow(role.axis, k * block + c_lo, c_hi - c_lo) for k in range(role.blocks)
             ]
             out.append(torch.cat(pieces, dim=role.axis))
+    return out
+
+
+def _moe_shards(plan: TaskPlan, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """A moe task's shards: under expert tensor parallelism (`plan.summed`) its slice of
+    every expert's hidden width (`planner.graph.moe.ffn_shard`), under expert parallelism
+    its routed experts only (rows [lo, hi) of a stacked weight, nothing of another
+    member's expert)."""
+    roles = moe_spec(plan.op).roles
+    out = list(params)
+    con = contraction(plan.op) if plan.summed is not None else None
+    if con is not None and plan.summed is not None:
+        lo, hi = plan.summed
+        part, parts = lo // (hi - lo), con.size // (hi - lo)
+        out = [ffn_shard(p, r, part, parts) for p, r in zip(out, roles, strict=True)]
+    if plan.experts is not None:
+        first = plan.experts[0]
+        out = [
+            p.narrow(0, first if expert_of(r) is None else 0, s[0]) if is_routed(r) else p
+            for p, r, s in zip(out, roles, plan.param_shapes, strict=True)
+        ]
     return out
 
 
@@ -1119,12 +1147,16 @@ def _moe(
 ) -> Any:
     """A mixture-of-experts block on the task's tokens (`planner.graph.moe.moe_math`): tokens
     are independent, so a box of them computes alone; the channel is read whole. Under
-    expert parallelism the task runs its experts on its group's tokens (`run_task`)."""
+    expert parallelism the task runs its experts on its group's tokens (`run_task`); under
+    expert tensor parallelism (`plan.summed`) its slice of the experts' hidden width, a
+    partial sum of the output (given the op's whole parameters, it cuts its slices)."""
     x = xs[0]
     axis = plan.in_shapes[0].dims.index(CHANNEL)
     last = x.movedim(axis, -1)
     spec = moe_spec(plan.op)
     whole = all(tuple(p.shape) == q.shape for p, q in zip(own, plan.op.params, strict=True))
+    if whole and plan.summed is not None:  # expert tensor parallelism: the task's ffn slices
+        own = _moe_shards(replace(plan, experts=None), own)
     if plan.experts is None or (exchange is None and whole):
         y = moe_math(last, own, spec)
     else:

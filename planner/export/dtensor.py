@@ -297,10 +297,15 @@ def _style(
 
     world = math.prod(shape)
     split = {d: g for d, g in zip(op.output.dims, cfg.degrees, strict=True) if g > 1}
-    if cfg.expert > 1:  # not "data": that would hold every expert on every rank, silently
+    if op.kind == "moe" and (cfg.expert > 1 or cfg.reduce > 1):
+        # not "data": that would hold every expert whole on every rank, silently
+        what = [f"expert parallelism (expert {cfg.expert})"] if cfg.expert > 1 else []
+        if cfg.reduce > 1:  # no DTensor style cuts a fused block's experts' hidden width
+            what.append(f"expert tensor parallelism (the experts' widths cut {cfg.reduce} ways)")
         return "replicate", (
-            f"expert parallelism (expert {cfg.expert}) is not exported to DTensor placements "
-            "(the layerwise runtime runs it: runtime.run_strategy)"
+            f"{' and '.join(what)} {'is' if len(what) == 1 else 'are'} not exported to DTensor "
+            f"placements (the layerwise runtime runs {'it' if len(what) == 1 else 'them'}: "
+            "runtime.run_strategy)"
         )
     if world == 1 or (
         split == {SAMPLE: world} and cfg.devices == tuple(range(world)) and cfg.reduce == 1

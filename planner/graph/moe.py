@@ -7,7 +7,12 @@ the k chosen experts' MLPs on the token summed with those weights, and optionall
 expert every token goes through. Tokens are independent: a task owning a box of tokens (a
 split of `sample` or `length`) computes its box alone. The channel is never split (the output
 is a sum over experts); expert parallelism (`ParallelConfig.expert`) spreads the experts, not
-the tokens, and exchanges tokens inside the op (all-to-all).
+the tokens, and exchanges tokens inside the op (all-to-all). Expert tensor parallelism (a
+config's `reduce` r > 1: the op's internal contraction, `planner.graph.opkinds.contraction`)
+cuts every expert's hidden width r ways (`ffn_shard`: w1 and w3 rows, w2 columns, the shared
+expert's alike): `moe_math` on such a shard computes a partial sum of the output, the r
+partial sums adding up to the whole (the router and the shared expert's gate run whole on
+every shard: the gates multiply each expert's output, a linear function of its w2 columns).
 
 Attributes of the op (`Op.attr`):
 
@@ -210,6 +215,49 @@ def expected_shape(spec: MoESpec, role: str, hidden: int) -> tuple[int, ...]:
     if base in EXPERT_ROLES and index is None:
         shape = (e, *shape)
     return shape
+
+
+# where each role holds the experts' hidden width, as stored: (axis, blocks of it on the axis)
+_FFN_AXES = {"w1": (0, 1), "w3": (0, 1), "w13": (0, 2), "w2": (1, 1)}
+_FFN_AXES |= {"s" + base: axes for base, axes in _FFN_AXES.items() if base != "w13"}
+
+
+def ffn_axis(role: str) -> tuple[int, int] | None:
+    """(axis, blocks) of the hidden width f (a shared expert's: fs) in a parameter of `role`
+    as stored (`expected_shape`): w1 and w3 rows, w2 columns, one block each, w13 two (the
+    gate rows, then the up rows); None for the router, its bias and the shared gate."""
+    base, index, transposed = split_role(role)
+    if base not in _FFN_AXES:
+        return None
+    axis, blocks = _FFN_AXES[base]
+    if transposed:
+        axis = 1 - axis
+    if base in EXPERT_ROLES and index is None:  # stacked: the experts lead
+        axis += 1
+    return axis, blocks
+
+
+def ffn_shard(p: torch.Tensor, role: str, part: int, parts: int) -> torch.Tensor:
+    """Slice `part` of `parts` of the hidden width of parameter `p` of `role` (`ffn_axis`;
+    of each block: a w13 keeps its gate and its up rows of the slice): expert tensor
+    parallelism's shard. `p` itself when its role has no hidden width or `parts` is 1."""
+    found = ffn_axis(role)
+    if found is None or parts == 1:
+        return p
+    axis, blocks = found
+    width = p.shape[axis] // blocks
+    step = width // parts
+    pieces = [p.narrow(axis, b * width + part * step, step) for b in range(blocks)]
+    return pieces[0] if blocks == 1 else torch.cat(pieces, dim=axis)
+
+
+def ffn_shard_shape(shape: Sequence[int], role: str, parts: int) -> tuple[int, ...]:
+    """The shape of `ffn_shard`'s slices of a parameter shaped `shape`."""
+    found = ffn_axis(role)
+    out = list(shape)
+    if found is not None:
+        out[found[0]] //= parts
+    return tuple(out)
 
 
 def check_params(op: Op, hidden: int, output_channels: int) -> None:

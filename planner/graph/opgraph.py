@@ -180,7 +180,9 @@ class OpGraph:
         sums over), or None."""
         op = self.ops[i]
         con = contraction(op)
-        if con is None or con.position >= len(op.inputs):
+        if con is None or con.internal:  # internal: no input is cut with it (a moe op)
+            return con
+        if con.position >= len(op.inputs):
             return None
         return contraction(op, self.op(op.inputs[con.position]).output)
 

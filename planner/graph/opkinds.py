@@ -295,13 +295,24 @@ class Contraction:
     sums; weight parameter `param` is cut along its `axis` with it. Task j of r computes the
     sum over elements [j size/r, (j+1) size/r): a partial result of its whole output box,
     which the consumers add up (a reduce-scatter or an all-reduce, priced and run as the
-    transfers of the partials)."""
+    transfers of the partials).
+
+    An internal contraction (`position` -1, `param` -1) sums over a dim inside the op that no
+    input holds: a mixture of experts' expert hidden width (`planner.graph.moe`, expert
+    tensor parallelism). Every task of it reads its inputs whole and holds a slice of the
+    weights that `planner.graph.moe.ffn_axes` names; `size` is the width every slice
+    divides."""
 
     position: int
     dim: str
     size: int
     param: int
     axis: int
+
+    @property
+    def internal(self) -> bool:
+        """Whether the summed dim is inside the op (no input is cut with it)."""
+        return self.position < 0
 
 
 def contraction(op: Op, summed: Tensor | None = None) -> Contraction | None:
@@ -311,7 +322,9 @@ def contraction(op: Op, summed: Tensor | None = None) -> Contraction | None:
     activation of a partial sum would compute something else). With `summed`, the input it
     sums over (`OpGraph.contraction` passes it): a linear that flattens other dims of it into
     its features, or whose channels differ from the weight's, sums over more than one dim:
-    None."""
+    None. A moe op: its experts' hidden width, an internal contraction (`Contraction`)."""
+    if op.kind == "moe":
+        return _expert_contraction(op)
     if op.kind not in ("linear", "conv2d") or not op.params or op.attr("flatten"):
         return None
     if summed is not None:
@@ -334,6 +347,21 @@ def contraction(op: Op, summed: Tensor | None = None) -> Contraction | None:
     if len(weight) != 4 or int(op.attr("groups", 1)) != 1:
         return None
     return Contraction(0, CHANNEL, int(weight[1]), 0, 1)
+
+
+FFN = "ffn"  # the internal contracted dim of a moe op: its experts' hidden width
+
+
+def _expert_contraction(op: Op) -> Contraction | None:
+    """A moe op's experts' hidden width (and its shared expert's: a split must divide both,
+    so `size` is their gcd), which expert tensor parallelism cuts (Megatron-Core's
+    `--expert-tensor-parallel-size`): each task holds 1/r of every expert's w1 and w3 rows
+    and w2 columns, and its output is a partial sum. None without the `ffn` attribute."""
+    ffn = int(op.attr("ffn", 0))
+    if ffn < 1:
+        return None
+    shared = int(op.attr("shared_ffn", 0))
+    return Contraction(-1, FFN, math.gcd(ffn, shared) if shared else ffn, -1, -1)
 
 
 def input_dim_map(op: Op, index: int, tensor: Tensor) -> tuple[DimMap, ...]:

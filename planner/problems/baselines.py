@@ -32,6 +32,7 @@ from planner.graph.opkinds import (
     CHANNEL,
     LENGTH,
     SAMPLE,
+    contraction,
     parallel_dims,
     parameter_dims,
     split_unit,
@@ -109,7 +110,12 @@ def _divides(op: Op, dim: str, degree: int) -> bool:
 
 
 def megatron(
-    graph: OpGraph, devices: DeviceGraph, tensor: int, context: int = 1, expert: int = 1
+    graph: OpGraph,
+    devices: DeviceGraph,
+    tensor: int,
+    context: int = 1,
+    expert: int = 1,
+    expert_tensor: int | None = None,
 ) -> Strategy:
     """Megatron-LM's layout: tensor parallelism of degree `tensor` within groups of that many
     consecutive devices (a node's GPUs), context parallelism of degree `context` over
@@ -142,7 +148,16 @@ def megatron(
     e consecutive token boxes, which are e consecutive devices (`ParallelConfig.expert`):
     inside one replica's tensor x context ranks when e divides them, across replicas beyond
     that (Megatron-Core's MoE "parallel folding" places EP beside TP and CP the same way);
-    e must divide the experts of every moe op and its token boxes (the devices)."""
+    e must divide the experts of every moe op and its token boxes (the devices).
+
+    Expert tensor parallelism (`expert_tensor` t, Megatron-Core's
+    `--expert-tensor-parallel-size`): every moe op splits its experts' hidden width over t
+    consecutive devices (`reduce` t: each computes a partial sum of the same tokens, the
+    router on each) and its tokens over the devices / t boxes that remain (samples `data`
+    ways, the sequence tensor x context / t ways); t must divide tensor x context and the
+    experts' widths. None (the default) keeps the layout this function had before it: a moe
+    op's tokens split tensor x context ways, each expert whole (t = 1), where Megatron-Core
+    defaults to t = tensor."""
     n = devices.num_devices
     if tensor < 1 or context < 1 or n % (tensor * context):
         raise LayerwiseError(
@@ -150,6 +165,11 @@ def megatron(
             f"{n} devices of {devices.name}"
         )
     data = n // (tensor * context)
+    if expert_tensor is not None and (expert_tensor < 1 or (tensor * context) % expert_tensor):
+        raise LayerwiseError(
+            f"expert-tensor-parallel size {expert_tensor} must divide tensor-parallel size "
+            f"{tensor} x context-parallel size {context}"
+        )
     devs = tuple(range(n))
     channel_split: dict[str, bool] = {}
     configs = []
@@ -168,10 +188,13 @@ def megatron(
                 )
             split[LENGTH] = context
         reduce = 1
-        if tensor > 1:
+        if op.kind == "moe" and expert_tensor is not None:
+            split, reduce = _expert_tensor_split(op, expert_tensor, data, tensor * context)
+        elif tensor > 1:
             ins = [channel_split[name] for name in op.inputs]
             con = graph.contraction(i)
-            if con is not None and ins[con.position] and con.size % tensor == 0:
+            internal = con is None or con.internal  # a moe op's ffn: not its input's
+            if not internal and con is not None and ins[con.position] and con.size % tensor == 0:
                 reduce = tensor
             elif (
                 op.kind in ("linear", "embedding", "attention") or (ins and all(ins))
@@ -190,6 +213,30 @@ def megatron(
         degrees = tuple(split.get(d, 1) for d in op.output.dims)
         configs.append(ParallelConfig(degrees, devs, reduce))
     return with_experts(Strategy(graph, devices, tuple(configs)), expert)
+
+
+def _expert_tensor_split(op: Op, t: int, data: int, group: int) -> tuple[dict[str, int], int]:
+    """A moe op's (token splits, reduce) in `megatron` with expert tensor parallelism t: its
+    hidden width t ways, its tokens over the data x group / t boxes (samples `data` ways, the
+    sequence group / t ways, or the samples all of them when the sequence cannot)."""
+    con = contraction(op)
+    if con is None or con.size % t:
+        width = con.size if con is not None else op.attr("ffn")
+        raise LayerwiseError(
+            f"op {op.name!r}: expert-tensor-parallel size {t} must divide its experts' hidden "
+            f"width {width} (and its shared expert's)"
+        )
+    per = group // t
+    if per == 1 or _divides(op, LENGTH, per):
+        split = {SAMPLE: data} | ({LENGTH: per} if per > 1 else {})
+    elif _divides(op, SAMPLE, data * per):
+        split = {SAMPLE: data * per}
+    else:
+        raise LayerwiseError(
+            f"op {op.name!r} splits neither its sequence {per} ways nor its samples "
+            f"{data * per} ways: expert tensor parallelism {t} leaves it that many token boxes"
+        )
+    return split, t
 
 
 def with_experts(strategy: Strategy, expert: int) -> Strategy:

@@ -157,6 +157,17 @@ def test_replicating_a_searched_layout_keeps_its_expert_degree(moe: OpGraph) -> 
     assert spread is not None and spread.expert == 2 and spread.num_tasks == 8
 
 
+def test_a_rule_laid_out_on_stages_keeps_its_expert_degree(moe: OpGraph) -> None:
+    from planner.pipeline.layouts import pipelined
+
+    devices = get_preset("dgx-h100-2")  # 16 GPUs: 2 stages of 8
+    planned = pipelined(moe, devices, 2, 4, lambda g, d: megatron(g, d, 2, expert=4))
+    configs = planned.strategy.configs
+    assert {configs[i].expert for i in moe_ops(moe)} == {4}
+    second = [i for i in moe_ops(moe) if planned.pipeline.chunk_of(i) == 1]
+    assert second and all(min(configs[i].devices) >= 8 for i in second)
+
+
 def two_moes(sample: int = 8, hidden: int = 16) -> OpGraph:
     """input -> moe (4 experts) -> moe (2 experts): two moe ops whose config lists differ
     (their expert degrees do)."""

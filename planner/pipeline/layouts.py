@@ -18,6 +18,7 @@ its group.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 
@@ -243,5 +244,5 @@ def pipelined(
     configs = []
     for i, cfg in enumerate(inner.configs):
         group = pipe.group_of(pipe.chunk_of(i))
-        configs.append(type(cfg)(cfg.degrees, tuple(group[d] for d in cfg.devices), cfg.reduce))
+        configs.append(dataclasses.replace(cfg, devices=tuple(group[d] for d in cfg.devices)))
     return PipelinedStrategy(Strategy(graph, devices, tuple(configs)), pipe)

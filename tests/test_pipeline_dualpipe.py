@@ -282,3 +282,108 @@ def test_fig_5s_first_group() -> None:
         "F0", "F1", "F2", "F3", "F4", "F5", "F6", "F10.7",
         "B10.7", "W10.7", "F11.7", "B11.7", "W11.7", "F12.7", "B12.7", "W12.7", "F13.7",
     ]  # fmt: skip
+
+
+# -- a pipelined strategy with DualPipe: timed, both copies counted; refused where it cannot run
+
+
+@pytest.fixture(scope="module")
+def gpt_dualpipe():  # noqa: ANN201
+    from planner.costs.costmodel import CostModel, CostOptions
+    from planner.graph.zoo import model_graph
+    from planner.hardware.presets import get_preset
+    from planner.pipeline.layouts import pipelined
+    from planner.pipeline.spec import micro_batch_graph
+    from planner.problems.baselines import megatron
+
+    gpt = model_graph("gpt2", batch=8, seq=64, n_layer=4, n_head=4, n_embd=128, vocab_size=512)
+    devices = get_preset("dgx-a100-80g-2")
+    mg = micro_batch_graph(gpt, 4)
+    cm = CostModel(mg, devices, CostOptions(optimizer="adam", master_weights=True))
+    return cm, pipelined(mg, devices, 2, 4, lambda g, d: megatron(g, d, 8), "dualpipe")
+
+
+def test_a_pipelined_strategy_runs_dualpipe_with_both_copies(gpt_dualpipe) -> None:  # noqa: ANN001
+    from planner.pipeline.stages import chunk_problem, chunk_times, simulate_pipelined, weight_share
+
+    cm, ps = gpt_dualpipe
+    chunks = chunk_times(cm, ps)
+    tl = simulate_pipelined(cm, ps)
+    assert tl.schedule == "dualpipe" and len(tl.works) == 3 * 4 * 2
+    params = [c.fixed_bytes - c.working_bytes for c in chunks]
+    assert all(parts["parameters"] == pytest.approx(sum(params)) for parts in tl.peak_parts)
+    # attention's scores have no weights: a block's weight gradients are under half its backward
+    assert all(0.3 < c.weight_share < 0.5 for c in chunks)
+    assert chunks[0].weight_share == weight_share(chunk_problem(cm, ps, 0).graph, 2.0)
+    one = simulate_pipeline(chunks, "1f1b", 2, 4)
+    assert sum(tl.busy) == pytest.approx(sum(one.busy))
+
+
+def test_weight_share_is_the_weight_gradients_flops() -> None:
+    from graphs import attention_block, input_op, linear
+
+    from planner.graph.opgraph import OpGraph
+    from planner.pipeline.stages import weight_share
+
+    x = input_op("x", sample=4, channel=8)
+    a = linear("a", x, 16)
+    chain = OpGraph("chain", (x, a, linear("b", a, 8)))
+    assert weight_share(chain, 2.0) == 0.5  # dW beside dX, each the forward's GEMM
+    assert weight_share(chain, 3.0) == pytest.approx(1 / 3)
+    g = attention_block()
+    flops = {op.name: op.flops for op in g.ops}  # attention and loss: no weight gradient
+    assert weight_share(g, 2.0) == pytest.approx(flops["proj"] / (2 * sum(flops.values())))
+    assert weight_share(OpGraph("none", (x,)), 2.0) == 0.5
+
+
+def test_dualpipe_pipelines_need_alike_groups(gpt_dualpipe) -> None:  # noqa: ANN001
+    from planner.pipeline.spec import Pipeline, PipelinedStrategy, PipelineError
+    from planner.pipeline.stages import simulate_pipelined
+    from planner.problems.baselines import megatron
+    from planner.problems.strategy import Strategy
+
+    cm, ps = gpt_dualpipe
+    pipe, graph, devices = ps.pipeline, ps.strategy.graph, ps.strategy.devices
+    with pytest.raises(PipelineError, match=r"equally many devices, got \[4, 8\]"):
+        Pipeline(pipe.bounds, (tuple(range(4)), tuple(range(8, 16))), 4, "dualpipe")
+    # stage 0 on two GPUs of node 0, stage 1 on the last of node 0 and the first of node 1
+    groups = ((0, 1), (7, 8))
+    inner = megatron(graph, devices.subset(groups[0]), 2)
+    unlike = Pipeline(pipe.bounds, groups, 4, "dualpipe")
+    configs = tuple(
+        type(c)(c.degrees, tuple(groups[unlike.chunk_of(i)][d] for d in c.devices), c.reduce)
+        for i, c in enumerate(inner.configs)
+    )
+    planned = PipelinedStrategy(Strategy(graph, devices, configs), unlike)
+    with pytest.raises(PipelineError, match="the two groups' devices or links differ"):
+        simulate_pipelined(cm, planned)
+    alike = Pipeline(pipe.bounds, ((0, 1), (2, 3)), 4, "dualpipe")
+    configs = tuple(
+        type(c)(c.degrees, tuple(alike.groups[alike.chunk_of(i)][d] for d in c.devices), c.reduce)
+        for i, c in enumerate(inner.configs)
+    )
+    assert simulate_pipelined(cm, PipelinedStrategy(Strategy(graph, devices, configs), alike))
+
+
+def test_the_runtime_and_the_export_refuse_dualpipe(gpt_dualpipe) -> None:  # noqa: ANN001
+    import torch
+
+    from planner.errors import ExportError
+    from planner.export.pipelining import pipeline_plan
+    from runtime.pipeline import check_pipelined
+    from runtime.plan import RuntimeConfigError
+
+    _, ps = gpt_dualpipe
+    with pytest.raises(RuntimeConfigError, match="dualpipe schedule is timed by the planner only"):
+        check_pipelined(ps.strategy.graph, ps.pipeline, ordered=False)
+    with pytest.raises(ExportError, match="torch's pipelining has no 'dualpipe' schedule"):
+        pipeline_plan(ps, torch.nn.Linear(2, 2))
+
+
+def test_the_pipeline_search_does_not_choose_dualpipe() -> None:
+    from backends.pipeline.settings import PipelineSettings
+    from planner.errors import BackendError
+
+    assert "dualpipe" not in PipelineSettings().schedules
+    with pytest.raises(BackendError, match="'schedules' must be some of gpipe, 1f1b, inter"):
+        PipelineSettings.of({"schedules": "dualpipe"})

@@ -42,11 +42,12 @@ idle share is the closed form `schedule.bubble_fraction` (a test checks it).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from planner.pipeline.schedule import (
     BACKWARD,
+    DUALPIPE,
     FORWARD,
     WEIGHT,
     ScheduleError,
@@ -160,42 +161,31 @@ def simulate_pipeline(
     messages_in: list[tuple[float, int, Work, int, int, float]] = []
     seq = 0
 
-    def unit(g: int) -> range:
-        """The positions of the unit that starts group g's next work (`Work.joined`)."""
-        order, k = orders[g], nxt[g]
-        end = k + 1
-        while order[end - 1].joined:
-            end += 1
-        return range(k, end)
+    ends = [_unit_ends(o) for o in orders]  # per position: the end of the unit it starts
+    lengths = {  # seconds of each kind of work per chunk
+        FORWARD: [c.forward for c in chunks],
+        BACKWARD: [c.backward * (1.0 - c.weight_share) if split else c.backward for c in chunks],
+        WEIGHT: [c.backward * c.weight_share for c in chunks],
+    }
+    mirrored = name == DUALPIPE
 
-    def duration(w: Work) -> float:
-        c = chunks[w.chunk]
-        if w.kind == FORWARD:
-            return c.forward
-        if not split:
-            return c.backward
-        return c.backward * (c.weight_share if w.kind == WEIGHT else 1.0 - c.weight_share)
-
-    def ready(w: Work, inside: frozenset[Work]) -> float | None:
+    def ready(w: Work, inside: Collection[Work] = ()) -> float | None:
         """When w's inputs are all there (those from works of its own unit, `inside`, do not
         count), or None while one is missing."""
-        times = []
-        needs: list[Work] = []
-        if w.kind == WEIGHT:
-            needs.append(Work(BACKWARD, w.micro, w.chunk))
-        elif w.kind == BACKWARD:
-            needs.append(Work(FORWARD, w.micro, w.chunk))
-        for own in needs:
-            if own in inside:
-                continue
-            if own not in done:
-                return None
-            times.append(done[own])
-        if (w.kind == FORWARD and w.chunk > 0) or (w.kind == BACKWARD and w.chunk < n - 1):
+        kind, t = w.kind, 0.0
+        if kind != FORWARD:  # its own forward (or for W its input gradient) on this group
+            own = Work(BACKWARD if kind == WEIGHT else FORWARD, w.micro, w.chunk)
+            if own not in inside:
+                if own not in done:
+                    return None
+                t = done[own]
+            if kind == WEIGHT:
+                return t
+        if (kind == FORWARD and w.chunk > 0) or (kind == BACKWARD and w.chunk < n - 1):
             if w not in arrive:
                 return None
-            times.append(arrive[w])
-        return max(times, default=0.0)
+            t = max(t, arrive[w])
+        return t
 
     def send(w: Work, end: float) -> float:
         """Queue w's outgoing message (forward to chunk + 1, or a gradient to chunk - 1);
@@ -207,7 +197,10 @@ def simulate_pipeline(
             to, seconds = Work(BACKWARD, w.micro, w.chunk - 1), chunks[w.chunk].send_backward
         else:
             return 0.0
-        a, b = group_of(name, p, m, w), group_of(name, p, m, to)
+        if mirrored:
+            a, b = group_of(name, p, m, w), group_of(name, p, m, to)
+        else:
+            a, b = w.chunk % p, to.chunk % p
         heapq.heappush(messages_in, (end, seq, to, a, b, seconds))
         seq += 1
         return (1.0 - p2p_overlap) * seconds
@@ -229,12 +222,16 @@ def simulate_pipeline(
 
     def refresh(g: int) -> None:
         version[g] += 1
-        if nxt[g] < len(orders[g]):
-            mine = [orders[g][k] for k in unit(g)]
-            inside = frozenset(mine) if len(mine) > 1 else frozenset()
-            times = [ready(w, inside) for w in mine]
-            if None not in times:
-                r = max(t for t in times if t is not None)
+        order, k = orders[g], nxt[g]
+        if k < len(order):
+            end = ends[g][k]
+            if end == k + 1:
+                r = ready(order[k])
+            else:  # a unit: when all its works' inputs are there
+                mine = order[k:end]
+                times = [ready(w, mine) for w in mine]
+                r = None if None in times else max(t for t in times if t is not None)
+            if r is not None:
                 heapq.heappush(heads, (max(r, free[g]), g, version[g]))
 
     def earliest() -> tuple[float, int, int] | None:
@@ -257,17 +254,18 @@ def simulate_pipeline(
                 f"{counted(m, 'micro-batch', 'micro-batches')}"
             )
         start, g, _ = heapq.heappop(heads)
-        ran = []
-        for k in unit(g):  # one after another; the unit's messages leave when it ends
+        first, last = nxt[g], ends[g][nxt[g]]
+        for k in range(first, last):  # one after another
             w = orders[g][k]
-            end = start + duration(w)
+            end = start + lengths[w.kind][w.chunk]
             done[w] = end
             works.append(Slot(w, g, start, end))
-            ran.append(w)
             start = end
-        nxt[g] += len(ran)
-        remaining -= len(ran)
-        free[g] = end + sum(send(w, end) for w in ran)
+        nxt[g], remaining = last, remaining - (last - first)
+        if last == first + 1:
+            free[g] = end + send(orders[g][first], end)
+        else:  # a unit's messages leave when it ends
+            free[g] = end + sum(send(orders[g][k], end) for k in range(first, last))
         refresh(g)
     deliver(float("inf"))
     syncs = _syncs(chunks, name, p, m, done, grad_overlap)
@@ -294,6 +292,15 @@ def simulate_pipeline(
         peak_bytes=tuple(sum(q.values()) for q in parts),
         peak_parts=tuple(parts),
     )
+
+
+def _unit_ends(order: Sequence[Work]) -> list[int]:
+    """Per position of `order`, the end of the unit of works joined to it (`Work.joined`)
+    that starts there: the position after its last work."""
+    ends = [0] * len(order)
+    for k in range(len(order) - 1, -1, -1):
+        ends[k] = ends[k + 1] if order[k].joined and k + 1 < len(order) else k + 1
+    return ends
 
 
 def _syncs(

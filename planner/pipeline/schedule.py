@@ -169,8 +169,8 @@ def _interleaved(s: int, p: int, m: int, v: int) -> tuple[Work, ...]:
 
 
 def _dualpipe(g: int, p: int, m: int) -> tuple[Work, ...]:
-    """DualPipe on group g (DeepSeek-V3 Fig. 5; its reference implementation's eight steps,
-    in its words). The group is h = min(g, p - 1 - g) stages from its end of the pipeline:
+    """DualPipe on group g (DeepSeek-V3 Fig. 5, in the eight steps of its reference
+    implementation, deepseek-ai/DualPipe). The group is h = min(g, p - 1 - g) stages from its end of the pipeline:
     the "near" direction (g < p / 2: the micro-batches fed at group 0) runs stage h on it, the
     "far" one stage p - 1 - h; with P = p / 2 and n = m / 2 micro-batches per direction:
 

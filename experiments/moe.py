@@ -82,6 +82,9 @@ class Anchor:
     recompute: str = "none"
     options: dict[str, Any] = field(default_factory=dict)
     sizes: dict[str, Any] = field(default_factory=dict)  # the zoo entry's sizes overridden
+    # the pipeline schedule (`planner.pipeline.schedule`); "": "interleaved" with vp > 1,
+    # else "1f1b"
+    schedule: str = ""
 
     @property
     def data(self) -> int:
@@ -102,6 +105,11 @@ class Anchor:
         if self.routing == "balanced":
             return 1.0
         return min(LEARNED_IMBALANCE, self.capacity_factor or LEARNED_IMBALANCE)
+
+    @property
+    def pipeline_schedule(self) -> str:
+        """`schedule`, or by default "interleaved" with virtual stages, else "1f1b"."""
+        return self.schedule or ("interleaved" if self.vp > 1 else "1f1b")
 
     @property
     def micro_batches(self) -> int:
@@ -173,9 +181,9 @@ ANCHORS: tuple[Anchor, ...] = (
         causal=True,
         source=DEEPSEEK_REPORT,
         notes=(
-            "DualPipe stood for by 1F1B (its bubble, (PP - 1)(F + B), is about three times "
-            "DualPipe's (PP/2 - 1)(F&B + B - 3W), Table 2; the interleaved schedule needs "
-            "micro-batches in rounds of 16, and 15,360 / 128 = 120 are not) with the "
+            "DualPipe (Sec. 3.2.1, Fig. 5: two copies of the stages, micro-batches fed from "
+            "both ends, a forward overlapped with a backward, weight gradients filling the "
+            "drain; planner.pipeline.schedule) with the "
             "all-to-alls hidden under compute (ep_overlap 1, Sec. 3.2.1), a token sent once "
             "to each node it uses (node-limited routing, at most 4 nodes, and DeepEP's "
             "forwarding over NVLink, Sec. 3.2.2) in FP8 (Sec. 3.3.4); FP8 with "
@@ -189,6 +197,7 @@ ANCHORS: tuple[Anchor, ...] = (
             "ep_dispatch_bytes": 1,
             "comm_sm_share": 20 / 132,
         },
+        schedule="dualpipe",
     ),  # fmt: skip
 )
 
@@ -330,11 +339,13 @@ def simulate(anchor: Anchor) -> dict[str, Any]:
     )
     cm = CostModel(graph, devices, options)
     chunks = micro_batch_times(cm, planned)
-    schedule = "interleaved" if anchor.vp > 1 else "1f1b"
     overlap = (options.pp_overlap, options.chunk_sync_share)
-    timeline = simulate_pipeline(chunks, schedule, anchor.pp, anchor.micro_batches, *overlap)
+    timeline = simulate_pipeline(
+        chunks, anchor.pipeline_schedule, anchor.pp, anchor.micro_batches, *overlap
+    )
     peak = max(range(anchor.pp), key=lambda g: timeline.peak_bytes[g])
     return {
+        "schedule": anchor.pipeline_schedule,
         "step_seconds": timeline.makespan,
         "bubble": timeline.bubble,
         "peak_gib": timeline.peak_bytes[peak] / 2**30,

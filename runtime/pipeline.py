@@ -50,7 +50,7 @@ import torch
 
 from planner.graph.opgraph import OpGraph, Tensor
 from planner.graph.opkinds import CHANNEL, SAMPLE, is_batch_norm
-from planner.pipeline.schedule import FORWARD, Work, schedule
+from planner.pipeline.schedule import DUALPIPE, FORWARD, Work, schedule
 from planner.pipeline.spec import Pipeline
 from runtime.executor import SYNC, Executor, Message
 from runtime.plan import ExecPlan, RuntimeConfigError
@@ -60,6 +60,12 @@ __all__ = ["PipelineExecutor", "check_pipelined", "full_batch_graph"]
 
 def check_pipelined(graph: OpGraph, pipeline: Pipeline, ordered: bool) -> None:
     """Refuse what a pipelined run cannot compute as single-process training does."""
+    if pipeline.schedule == DUALPIPE:
+        raise RuntimeConfigError(
+            "the dualpipe schedule is timed by the planner only: the runtime does not run it "
+            "(two copies of each stage, split backwards); run the plan with 1f1b or "
+            "interleaved"
+        )
     if ordered:
         raise RuntimeConfigError(
             "a pipelined run exchanges messages eagerly (gloo); the ordered exchange that "

@@ -99,3 +99,17 @@ def test_a_row_anchor_is_predicted_in_tokens_per_gpu() -> None:
     out = predict(anchor)
     assert out["predicted"] == pytest.approx(out["tokens_per_gpu"])
     assert out["error"] == pytest.approx(out["predicted"] / 1000.0 - 1)
+
+
+def test_the_deepseek_anchor_runs_dualpipe() -> None:
+    from planner.pipeline.schedule import check_schedule
+
+    mixtral, deepseek = ANCHORS
+    assert (mixtral.pipeline_schedule, tiny(vp=1).pipeline_schedule) == ("interleaved", "1f1b")
+    assert deepseek.pipeline_schedule == "dualpipe"
+    check_schedule("dualpipe", deepseek.pp, deepseek.micro_batches)  # 120 on PP16
+    one, dual = predict(tiny()), predict(tiny(schedule="dualpipe"))  # PP2, 4 micro-batches
+    assert (one["schedule"], dual["schedule"]) == ("1f1b", "dualpipe")
+    assert dual["step_seconds"] != pytest.approx(one["step_seconds"], rel=1e-6)
+    # each stage's copy on the other group too: the parameters' training state twice
+    assert dual["peak_parts_gib"]["parameters"] > 1.5 * one["peak_parts_gib"]["parameters"]

@@ -110,6 +110,11 @@ def pipeline_plan(planned: PipelinedStrategy, module: nn.Module) -> PipelineExpo
             "export a plain strategy with planner.parallelize"
         )
     graph, pipe = planned.strategy.graph, planned.pipeline
+    if pipe.schedule not in TORCH_SCHEDULES:
+        raise ExportError(
+            f"torch's pipelining has no {pipe.schedule!r} schedule (the planner times it "
+            f"only): export the plan with one of {', '.join(TORCH_SCHEDULES)}"
+        )
     kinds = {name: type(m).__name__ for name, m in module.named_modules()}
     check_params(planned.strategy, module)
     _refusals(planned)

@@ -10,7 +10,13 @@ and a schedule; and the strategy that adds one config per op (`PipelinedStrategy
 - `micro_batches`: m; the strategy's graph is one micro-batch's (a global batch of B
   samples is m micro-batches of B / m, each spread over the data-parallel replicas of its
   stage as the configs say): `micro_batch_graph` makes it from a full-batch graph.
-- `schedule`: "gpipe", "1f1b" or "interleaved" (`planner.pipeline.schedule`).
+- `schedule`: "gpipe", "1f1b", "interleaved" or "dualpipe" (`planner.pipeline.schedule`).
+  DualPipe (one chunk per group, p even, groups of equally many devices) also keeps a copy
+  of chunk c on group p - 1 - c for the micro-batches fed from the other end, its configs
+  at the same positions in that group; `planner.pipeline.stages.simulate_pipelined` times
+  the copy as the chunk (the groups must be alike) and counts both copies' memory. It is
+  timed only: the pipeline search does not choose it, the runtime and the exports refuse
+  it.
 
 In a plan file (docs/strategy.md) the pipeline is the `pipeline` section:
 `{"bounds": [...], "groups": [[...], ...], "micro_batches": m, "schedule": "1f1b"}`.
@@ -29,7 +35,7 @@ from typing import Any
 from planner.errors import LayerwiseError, StrategyError, given
 from planner.graph.opgraph import OpGraph, Tensor
 from planner.graph.opkinds import SAMPLE
-from planner.pipeline.schedule import check_schedule
+from planner.pipeline.schedule import DUALPIPE, check_schedule
 from planner.problems.strategy import Strategy, load_strategy, strategy_from_json
 
 
@@ -74,6 +80,12 @@ class Pipeline:
                 )
             seen |= set(g)
         check_schedule(self.schedule, p, self.micro_batches, self.virtual)
+        sizes = sorted({len(g) for g in self.groups})
+        if self.schedule == DUALPIPE and len(sizes) > 1:
+            raise PipelineError(
+                f"dualpipe keeps a copy of stage s on group p - 1 - s laid out as on group s: "
+                f"its groups need equally many devices, got {sizes}"
+            )
 
     @property
     def stages(self) -> int:

@@ -17,6 +17,8 @@ Per chunk c (ops `bounds[c]..bounds[c+1]`, devices `group_of(c)`):
   last micro-batch; in the earlier ones, which sync nothing, it may slow them a little;
 - **sync**: the rest of that simulated step, i.e. the gradient sync and the optimizer step
   left after one micro-batch's backward;
+- **the weight gradient's share of the backward** (for schedules that run it apart,
+  "dualpipe"): of the backward's FLOPs, those of the weight gradients (`weight_share`);
 - **messages**: each tensor it sends to a later chunk goes task by task from the producer's
   devices to the same positions in the receiving group (`DeviceGraph.transfer_time`, the
   tasks at once: their slowest), and its gradient comes back the same way;
@@ -50,6 +52,8 @@ from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.costs.recompute import block_of
 from planner.graph.opgraph import Op, OpGraph
+from planner.graph.opkinds import kind_spec
+from planner.pipeline.schedule import DUALPIPE
 from planner.pipeline.spec import PipelinedStrategy, PipelineError
 from planner.pipeline.timeline import ChunkTimes, PipelineTimeline, simulate_pipeline
 from planner.sim.simulator import Simulator
@@ -205,9 +209,28 @@ def chunk_times(
                 activation_bytes=kept,
                 fixed_bytes=fixed,
                 working_bytes=working,
+                weight_share=weight_share(ch.graph, cost_model.options.backward_factor),
             )
         )
     return out
+
+
+def weight_share(graph: OpGraph, backward_factor: float) -> float:
+    """The weight gradients' share of `graph`'s backward FLOPs (backward_factor x its
+    forward's): an op with weights whose cost is FLOPs (a linear, convolution, LSTM cell,
+    mixture of experts' router and experts) computes its weight gradient as one GEMM of its
+    forward's size (dW = X^T dY beside dX = dY W^T: half a linear's backward); attention's
+    scores and the byte-bound ops (norms' and embeddings' parameters among them) none.
+    0.5 (a linear's) for a graph without FLOPs."""
+    total = sum(max(op.flops, 0.0) for op in graph.ops)
+    if total <= 0 or backward_factor <= 0:
+        return 0.5
+    weights = sum(
+        max(op.flops, 0.0)
+        for op in graph.ops
+        if op.params and kind_spec(op.kind).compute == "flops"
+    )
+    return min(1.0, weights / (backward_factor * total))
 
 
 class ChunkCache:
@@ -315,8 +338,21 @@ def group_key(devices: DeviceGraph) -> str:
 
 def simulate_pipelined(cost_model: CostModel, ps: PipelinedStrategy) -> PipelineTimeline:
     """The step of a pipelined strategy: the schedule's timeline of its chunks' micro-batch
-    costs. `cost_model` is the micro-batch graph's on every device (the strategy's own)."""
+    costs. `cost_model` is the micro-batch graph's on every device (the strategy's own).
+    With "dualpipe" the copy of chunk c on group p - 1 - c and its messages are timed as
+    chunk c's on group c: the two groups must be alike (`group_key`)."""
     pipe = ps.pipeline
+    if pipe.schedule == DUALPIPE:
+        devices = cost_model.devices
+        for g in range(pipe.stages // 2):
+            mirror = pipe.stages - 1 - g
+            a, b = (group_key(devices.subset(pipe.groups[k])) for k in (g, mirror))
+            if a != b:
+                raise PipelineError(
+                    f"dualpipe runs stage {g}'s copy on stage {mirror}'s devices and times it "
+                    f"as on stage {g}'s, but the two groups' devices or links differ: use "
+                    f"alike groups (the same devices and links) or another schedule"
+                )
     return simulate_pipeline(
         chunk_times(cost_model, ps),
         pipe.schedule,

@@ -13,6 +13,11 @@ order keeps at once and its largest working set (`stage_peak`):
 - the forward of micro-batch i on chunk c needs the forward of i on chunk c - 1 and its
   message; the backward of i on chunk c needs the forward of i on c (same group) and the
   backward of i on c + 1 and its message (the last chunk's backward follows its forward);
+- where the schedule splits the backward ("dualpipe"), "B" is its input gradient,
+  `1 - weight_share` of `backward`, and "W" the weight gradient, the rest, after B on the
+  same group; works joined into one unit (`Work.joined`: DualPipe's overlapped forward and
+  backward, a backward with its weight gradient) start when all their inputs are there,
+  run one after another, and send their messages when the unit ends;
 - a message travels while the groups compute (its own stream: Megatron-LM's p2p
   communication), on its own link: messages between the same two groups in the same
   direction go one at a time, in the order they are ready; with `p2p_overlap` below 1
@@ -25,6 +30,11 @@ order keeps at once and its largest working set (`stage_peak`):
   (`grad_overlap` below 1: Megatron-LM's default) that share of every sync waits for the
   group's last backward.
 
+With "dualpipe" the chunks are its p stages, each on two groups (`schedule.group_of`:
+micro-batches fed from either end), messages go both ways between neighbours, a group
+keeps both its stages' parameters (`schedule.held`), and each copy syncs its own
+gradients (`_syncs`). A micro-batch's activations are kept until its weight gradient.
+
 The timeline is exact for this model: on uniform chunks with free messages and no sync its
 idle share is the closed form `schedule.bubble_fraction` (a test checks it).
 """
@@ -32,10 +42,22 @@ idle share is the closed form `schedule.bubble_fraction` (a test checks it).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from planner.pipeline.schedule import BACKWARD, FORWARD, ScheduleError, Work, in_flight, schedule
+from planner.pipeline.schedule import (
+    BACKWARD,
+    DUALPIPE,
+    FORWARD,
+    WEIGHT,
+    ScheduleError,
+    Work,
+    group_of,
+    held,
+    in_flight,
+    releases,
+    schedule,
+)
 
 
 def counted(n: int, noun: str, plural: str = "") -> str:
@@ -55,6 +77,9 @@ class ChunkTimes:
     activation_bytes: float = 0.0  # kept per in-flight micro-batch, on each device of its group
     fixed_bytes: float = 0.0  # parameters, their training state and working_bytes, on each device
     working_bytes: float = 0.0  # of fixed_bytes: the largest working set (recomputation, loss)
+    # of backward: the weight gradient's share, where a schedule runs it apart ("dualpipe");
+    # a linear's backward is two GEMMs of its forward's size, dX and dW: 0.5
+    weight_share: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -108,7 +133,8 @@ def simulate_pipeline(
     grad_overlap: float = 1.0,
 ) -> PipelineTimeline:
     """Time one step of `name`'s schedule over `groups` device groups; `chunks` has
-    groups x v entries (v chunks per group; chunk c on group c % groups). `p2p_overlap`
+    groups x v entries (v chunks per group; chunk c on group c % groups; "dualpipe": v = 1,
+    each chunk on two groups, `schedule.group_of`). `p2p_overlap`
     (`CostOptions.pp_overlap`): the share of each message that travels while its sender
     goes on; the rest of it keeps the sender busy after the work that sent it (a blocking
     send). `grad_overlap` (`CostOptions.chunk_sync_share`): the share of a chunk's gradient sync
@@ -123,6 +149,7 @@ def simulate_pipeline(
     v = len(chunks) // p
     orders = schedule(name, p, m, v)
     n = len(chunks)
+    split = any(w.kind == WEIGHT for o in orders for w in o)  # B is the input gradient only
     done: dict[Work, float] = {}  # work -> its end
     arrive: dict[Work, float] = {}  # work -> when its input message is there
     link_free: dict[tuple[int, int], float] = {}
@@ -134,24 +161,31 @@ def simulate_pipeline(
     messages_in: list[tuple[float, int, Work, int, int, float]] = []
     seq = 0
 
-    def ready(w: Work) -> float | None:
-        """When w's inputs are all there, or None while one is missing."""
-        times = []
-        if w.kind == FORWARD:
-            if w.chunk > 0:
-                if w not in arrive:
+    ends = [_unit_ends(o) for o in orders]  # per position: the end of the unit it starts
+    lengths = {  # seconds of each kind of work per chunk
+        FORWARD: [c.forward for c in chunks],
+        BACKWARD: [c.backward * (1.0 - c.weight_share) if split else c.backward for c in chunks],
+        WEIGHT: [c.backward * c.weight_share for c in chunks],
+    }
+    mirrored = name == DUALPIPE
+
+    def ready(w: Work, inside: Collection[Work] = ()) -> float | None:
+        """When w's inputs are all there (those from works of its own unit, `inside`, do not
+        count), or None while one is missing."""
+        kind, t = w.kind, 0.0
+        if kind != FORWARD:  # its own forward (or for W its input gradient) on this group
+            own = Work(BACKWARD if kind == WEIGHT else FORWARD, w.micro, w.chunk)
+            if own not in inside:
+                if own not in done:
                     return None
-                times.append(arrive[w])
-        else:
-            own = Work(FORWARD, w.micro, w.chunk)
-            if own not in done:
+                t = done[own]
+            if kind == WEIGHT:
+                return t
+        if (kind == FORWARD and w.chunk > 0) or (kind == BACKWARD and w.chunk < n - 1):
+            if w not in arrive:
                 return None
-            times.append(done[own])
-            if w.chunk < n - 1:
-                if w not in arrive:
-                    return None
-                times.append(arrive[w])
-        return max(times, default=0.0)
+            t = max(t, arrive[w])
+        return t
 
     def send(w: Work, end: float) -> float:
         """Queue w's outgoing message (forward to chunk + 1, or a gradient to chunk - 1);
@@ -163,7 +197,11 @@ def simulate_pipeline(
             to, seconds = Work(BACKWARD, w.micro, w.chunk - 1), chunks[w.chunk].send_backward
         else:
             return 0.0
-        heapq.heappush(messages_in, (end, seq, to, w.chunk % p, to.chunk % p, seconds))
+        if mirrored:
+            a, b = group_of(name, p, m, w), group_of(name, p, m, to)
+        else:
+            a, b = w.chunk % p, to.chunk % p
+        heapq.heappush(messages_in, (end, seq, to, a, b, seconds))
         seq += 1
         return (1.0 - p2p_overlap) * seconds
 
@@ -184,8 +222,15 @@ def simulate_pipeline(
 
     def refresh(g: int) -> None:
         version[g] += 1
-        if nxt[g] < len(orders[g]):
-            r = ready(orders[g][nxt[g]])
+        order, k = orders[g], nxt[g]
+        if k < len(order):
+            end = ends[g][k]
+            if end == k + 1:
+                r = ready(order[k])
+            else:  # a unit: when all its works' inputs are there
+                mine = order[k:end]
+                times = [ready(w, mine) for w in mine]
+                r = None if None in times else max(t for t in times if t is not None)
             if r is not None:
                 heapq.heappush(heads, (max(r, free[g]), g, version[g]))
 
@@ -209,23 +254,29 @@ def simulate_pipeline(
                 f"{counted(m, 'micro-batch', 'micro-batches')}"
             )
         start, g, _ = heapq.heappop(heads)
-        w = orders[g][nxt[g]]
-        c = chunks[w.chunk]
-        end = start + (c.forward if w.kind == FORWARD else c.backward)
-        done[w] = end
-        nxt[g] += 1
-        remaining -= 1
-        works.append(Slot(w, g, start, end))
-        free[g] = end + send(w, end)
+        first, last = nxt[g], ends[g][nxt[g]]
+        for k in range(first, last):  # one after another
+            w = orders[g][k]
+            end = start + lengths[w.kind][w.chunk]
+            done[w] = end
+            works.append(Slot(w, g, start, end))
+            start = end
+        nxt[g], remaining = last, remaining - (last - first)
+        if last == first + 1:
+            free[g] = end + send(orders[g][first], end)
+        else:  # a unit's messages leave when it ends
+            free[g] = end + sum(send(orders[g][k], end) for k in range(first, last))
         refresh(g)
     deliver(float("inf"))
-    syncs = _syncs(chunks, p, m, done, grad_overlap)
+    syncs = _syncs(chunks, name, p, m, done, grad_overlap)
     makespan = max([s.end for s in syncs] + [s.end for s in works] + [s.end for s in messages])
     busy = [0.0] * p
     for s in works:
         busy[s.group] += s.end - s.start
     flight = [in_flight(o) for o in orders]
-    parts = [stage_peak(orders[g], [chunks[k] for k in range(g, n, p)], chunks) for g in range(p)]
+    parts = [
+        stage_peak(orders[g], [chunks[k] for k in held(name, p, n, g)], chunks) for g in range(p)
+    ]
     works.sort(key=lambda s: (s.start, s.group))
     return PipelineTimeline(
         groups=p,
@@ -243,33 +294,61 @@ def simulate_pipeline(
     )
 
 
+def _unit_ends(order: Sequence[Work]) -> list[int]:
+    """Per position of `order`, the end of the unit of works joined to it (`Work.joined`)
+    that starts there: the position after its last work."""
+    ends = [0] * len(order)
+    for k in range(len(order) - 1, -1, -1):
+        ends[k] = ends[k + 1] if order[k].joined and k + 1 < len(order) else k + 1
+    return ends
+
+
 def _syncs(
-    chunks: Sequence[ChunkTimes], p: int, m: int, done: dict[Work, float], grad_overlap: float
+    chunks: Sequence[ChunkTimes],
+    name: str,
+    p: int,
+    m: int,
+    done: dict[Work, float],
+    grad_overlap: float,
 ) -> list[Slot]:
-    """Per chunk (in chunk order), its gradient sync and update, one at a time per group:
-    `grad_overlap` (`CostOptions.chunk_sync_share`) of it ready at the chunk's last backward
-    (Megatron-Core's overlapped gradient reduce starts a chunk's buckets when its backward
-    is done: with interleaving, the later chunks first, under the earlier chunks'
-    backwards), the rest at the group's last backward (without the overlap, Megatron-LM
-    reduces the gradients after the pipeline's flush); the parts in the order they are
-    ready. A chunk's slot spans its parts."""
-    last = [max(done[Work(BACKWARD, i, k)] for i in range(m)) for k in range(len(chunks))]
-    flush = [max(last[g::p]) for g in range(p)]
-    parts = []  # (ready, chunk, seconds)
-    for k, c in enumerate(chunks):
+    """Per copy of a chunk's parameters (one per chunk; "dualpipe": two, on groups c and
+    p - 1 - c), in chunk order, its gradient sync and update, one at a time per group:
+    `grad_overlap` (`CostOptions.chunk_sync_share`) of it ready at the copy's last backward
+    (its last weight gradient where the backward is split) (Megatron-Core's overlapped
+    gradient reduce starts a chunk's buckets when its backward is done: with interleaving,
+    the later chunks first, under the earlier chunks' backwards), the rest at the group's
+    last backward (without the overlap, Megatron-LM reduces the gradients after the
+    pipeline's flush); the parts in the order they are ready. A copy's slot spans its
+    parts. DualPipe's two copies of a stage each reduce their own gradients over the
+    stage's data-parallel replicas, at the chunk's sync seconds (adding the two copies'
+    gradients makes that reduce one over twice the replicas, a ring's bytes per device
+    (2n - 1) / n against 2 (n - 1) / n: not counted)."""
+    n = len(chunks)
+    kind = WEIGHT if any(w.kind == WEIGHT for w in done) else BACKWARD  # a gradient's last
+    copies = [(g, k) for g in range(p) for k in held(name, p, n, g)]
+    copies.sort(key=lambda c: (c[1], c[0]))
+    final: dict[tuple[int, int], float] = {}  # copy -> its gradient's last work's end
+    for w, end in done.items():
+        g = group_of(name, p, m, w)
+        if w.kind == kind:
+            final[g, w.chunk] = max(final.get((g, w.chunk), end), end)
+    last = [final[c] for c in copies]
+    flush = [max(t for (g, _), t in zip(copies, last, strict=True) if g == h) for h in range(p)]
+    parts = []  # (ready, chunk, group, seconds, copy)
+    for j, (g, k) in enumerate(copies):
+        c = chunks[k]
         if grad_overlap > 0:
-            parts.append((last[k], k, grad_overlap * c.sync))
+            parts.append((last[j], k, g, grad_overlap * c.sync, j))
         if grad_overlap < 1:
-            parts.append((flush[k % p], k, (1.0 - grad_overlap) * c.sync))
+            parts.append((flush[g], k, g, (1.0 - grad_overlap) * c.sync, j))
     free = [0.0] * p  # when each group's previous sync ends
     span: dict[int, tuple[float, float]] = {}
-    for ready, k, seconds in sorted(parts):
-        g = k % p
+    for ready, _, g, seconds, j in sorted(parts):
         start = max(ready, free[g])
         free[g] = start + seconds
-        first = span[k][0] if k in span else start
-        span[k] = (first, free[g])
-    return [Slot(Work("S", m - 1, k), k % p, *span[k]) for k in range(len(chunks))]
+        first = span[j][0] if j in span else start
+        span[j] = (first, free[g])
+    return [Slot(Work("S", m - 1, k), g, *span[j]) for j, (g, k) in enumerate(copies)]
 
 
 def stage_peak(
@@ -292,9 +371,13 @@ def _activation_peak(order: Sequence[Work], chunks: Sequence[ChunkTimes]) -> flo
     1F1B keeps p - s micro-batches on stage s (the first stage: p x L / p = L layers' worth),
     interleaved 1F1B on the first stage (p - 1) 2 + (v - 1) p + 1 chunks, L (1 + (p - 1) /
     (p v)) layers' worth."""
+    release = releases(order)
     live = peak = 0.0
     for w in order:
         b = chunks[w.chunk].activation_bytes
-        live += b if w.kind == FORWARD else -b
+        if w.kind == FORWARD:
+            live += b
+        elif w.kind == release:
+            live -= b
         peak = max(peak, live)
     return peak

@@ -193,6 +193,7 @@ ANCHORS: tuple[Anchor, ...] = (
         ),
         options={
             "ep_overlap": 1.0,
+            "pp_overlap": 1.0,  # Sec. 3.2.1: DualPipe hides "both all-to-all and PP communication"
             "ep_dispatch": "node",
             "ep_dispatch_bytes": 1,
             "comm_sm_share": 20 / 132,

@@ -168,6 +168,16 @@ def test_a_rule_laid_out_on_stages_keeps_its_expert_degree(moe: OpGraph) -> None
     assert second and all(min(configs[i].devices) >= 8 for i in second)
 
 
+def test_the_last_block_ends_after_its_last_op() -> None:
+    from planner.pipeline.layouts import block_ranges
+
+    graph = model_graph("gpt2", batch=2, seq=16)
+    ranges = block_ranges(graph)
+    assert all(b - a == ranges[0][1] - ranges[0][0] for a, b in ranges)  # alike blocks
+    assert graph.ops[ranges[-1][1] - 1].name.startswith("transformer.h.11.")
+    assert not graph.ops[ranges[-1][1]].name.startswith("transformer.h.")
+
+
 def two_moes(sample: int = 8, hidden: int = 16) -> OpGraph:
     """input -> moe (4 experts) -> moe (2 experts): two moe ops whose config lists differ
     (their expert degrees do)."""

@@ -61,9 +61,15 @@ def block_ranges(graph: OpGraph) -> list[tuple[int, int]]:
         )
     last = block_of(graph.ops[starts[-1]].name)
     end = starts[-1]
-    while end < len(graph.ops) and block_of(graph.ops[end].name) == last:
+    while end < len(graph.ops) and _block_name(graph.ops[end].name) == (last and last[0]):
         end += 1
     return [(a, b) for a, b in zip(starts, [*starts[1:], end], strict=True)]
+
+
+def _block_name(name: str) -> str | None:
+    """The numbered block an op's module path is in (`block_of`'s block), or None."""
+    found = block_of(name)
+    return None if found is None else found[0]
 
 
 def repeated_blocks(graph: OpGraph) -> bool:

@@ -277,8 +277,8 @@ def parameter_dims(op: Op) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class AttentionDims:
-    """The head geometry of an attention op (attrs heads, kv_heads, head_dim, rope_dim, mla;
-    the output holds heads x v_head_dim channels).
+    """The head geometry of an attention op (attrs heads, kv_heads, head_dim, rope_dim, mla,
+    qk_norm; the output holds heads x v_head_dim channels).
 
     Standard attention reads q (heads x head_dim), k (kv_heads x head_dim) and v (kv_heads x
     v_head_dim); multi-head latent attention (`mla`, DeepSeek-V2/V3 without weight
@@ -293,6 +293,7 @@ class AttentionDims:
     v_head_dim: int  # v and output channels per head
     rope_dim: int
     mla: bool
+    qk_norm: bool = False  # q and k heads RMS-normed (Qwen3), two weights of head_dim
 
     @property
     def group(self) -> int:
@@ -321,6 +322,7 @@ def attention_dims(op: Op) -> AttentionDims:
         v_head_dim=v,
         rope_dim=int(op.attr("rope_dim", d)),
         mla=bool(op.attr("mla", False)),
+        qk_norm=bool(op.attr("qk_norm", False)),
     )
 
 

@@ -24,13 +24,18 @@ from planner.graph.moe import moe_math, spec_of
 from planner.graph.moe_capture import moe_of
 
 TINY = dict(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16)
+# DeepSeek-V3's multi-head latent attention at a tiny size
+MLA_TINY = dict(
+    q_lora_rank=16, kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6
+)
 STYLES: dict[str, dict[str, Any]] = {
     "mixtral-8x7b": dict(n_experts=4, top_k=2, moe_hidden=24),
     "deepseek-v3-like": dict(
         n_experts=8, top_k=3, moe_hidden=16, n_groups=4, topk_groups=2, first_dense=1,
-        hidden_dim=40,
+        hidden_dim=40, n_kv_heads=None, **MLA_TINY,
     ),
     "qwen-moe-like": dict(n_experts=6, top_k=2, moe_hidden=16, shared_hidden=24),
+    "qwen3-30b-a3b": dict(n_experts=6, top_k=3, moe_hidden=16, head_dim=12),
 }  # fmt: skip
 # what moe_of reads from each tiny block (besides its roles)
 ATTRS: dict[str, dict[str, Any]] = {
@@ -42,6 +47,7 @@ ATTRS: dict[str, dict[str, Any]] = {
     "qwen-moe-like": dict(
         router="softmax", norm_topk=False, experts=6, top_k=2, ffn=16, shared_ffn=24
     ),
+    "qwen3-30b-a3b": dict(router="softmax", norm_topk=True, experts=6, top_k=3, ffn=16),
 }  # fmt: skip
 
 
@@ -77,6 +83,9 @@ def test_each_reference_block_is_recognised_with_its_attrs_and_roles(name: str) 
     if name == "qwen-moe-like":
         assert by_name["experts.5.down_proj.weight"] == "w2.5"
         assert by_name["shared_expert_gate.weight"] == "sgate"
+    if name == "qwen3-30b-a3b":  # Qwen3-MoE's block: Qwen-MoE's without the shared expert
+        assert by_name["experts.5.down_proj.weight"] == "w2.5"
+        assert not any("shared" in r or r == "sgate" for r in roles)
 
 
 @pytest.mark.parametrize("name", STYLES)

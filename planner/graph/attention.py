@@ -675,7 +675,7 @@ def attention_math(
         kh, vh = split(k, d), split(v, dv)
     if get("qk_norm"):
         eps, float32 = float(get("qk_norm_eps", 1e-6)), get("qk_norm_compute") == "float32"
-        qh, kh = _rms(qh, norms[0], eps, float32), _rms(kh, norms[1], eps, float32)
+        qh, kh = (_rms(x, w, eps, float32) for x, w in ((qh, norms[0]), (kh, norms[1])))
     if positions is not None:
         pos = positions.to(q.device)
         q_rows, k_rows = pos[q_start : q_start + lq], pos[:lk]
@@ -727,9 +727,14 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dim: int) -> 
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float, float32: bool) -> torch.Tensor:
-    """RMS norm over the last dim (in float32 when the model computes it so), times weight."""
+    """RMS norm of (batch, heads, rows, head) x over each head (in float32 when the model
+    computes it so), times weight; computed on the (batch, rows, heads, head) layout the
+    model normalises, contiguous, so that float32 sums add in the model's order whatever
+    part of the rows a task holds."""
+    x = x.transpose(1, 2).contiguous()
     xc = x.float() if float32 else x
-    return (xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    y = (xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    return y.transpose(1, 2)
 
 
 def _check_allowed(gm: fx.GraphModule, n: fx.Node, norm_of: NormOf | None = None) -> None:

@@ -325,18 +325,27 @@ def test_a_tiny_moe_is_planned_end_to_end(name: str) -> None:
 FULL = {
     "mixtral-8x7b": (32, 46_702_792_704),
     "qwen-moe-like": (24, 14_315_784_192),
-    "deepseek-v3-like": (58, None),
+    "deepseek-v3-like": (58, 671_026_419_200),
+    "qwen3-30b-a3b": (48, 30_532_122_624),
+    "qwen3-235b-a22b": (94, 235_093_634_560),
 }
 
 
 @pytest.mark.parametrize(
     "name",
-    ["mixtral-8x7b", "qwen-moe-like", pytest.param("deepseek-v3-like", marks=pytest.mark.slow)],
+    [
+        "mixtral-8x7b",
+        "qwen-moe-like",
+        pytest.param("deepseek-v3-like", marks=pytest.mark.slow),
+        pytest.param("qwen3-30b-a3b", marks=pytest.mark.slow),
+        pytest.param("qwen3-235b-a22b", marks=pytest.mark.slow),
+    ],
 )
 def test_full_sizes_capture_on_meta_with_every_parameter_and_analytic_flops(name: str) -> None:
     """Mixtral 8x7B's 32 blocks of 8 x 3 x 4096 x 14336 run nowhere: each is read once (on
     narrow stand-in experts) and costed by formula. Timing (batch 8, sequence 2048, a busy
-    2-core machine at load 4.5): Mixtral 2.0 s, Qwen 2.5 s, DeepSeek-V3-like 12.5 s."""
+    2-core machine at load 4.5): Mixtral 2.0 s, Qwen 2.5 s, DeepSeek-V3-like 12.5 s; at load
+    1.8: Qwen3-30B-A3B 3.8 s, Qwen3-235B-A22B 7.4 s, DeepSeek-V3-like (MLA) 8.1 s."""
     module, tokens = build_llm(name, batch=8, seq=2048)
     graph = capture(module, tokens, name)
     layers, count = FULL[name]

@@ -140,7 +140,7 @@ def qwen3_like(attention: str = "sdpa", torch_rmsnorm: bool = False) -> Llama:
     return Llama(config)
 
 
-def mla_like(attention: str = "sdpa") -> MoETransformer:
+def mla_like(attention: str = "sdpa", torch_rmsnorm: bool = False) -> MoETransformer:
     """DeepSeek-V3's multi-head latent attention at width 64, dense: 4 heads, q/k heads of
     12 + 4 rotary channels, v heads of 8, ranks 32 (q) and 16 (kv)."""
     torch.manual_seed(0)
@@ -148,6 +148,7 @@ def mla_like(attention: str = "sdpa") -> MoETransformer:
         vocab_size=64, dim=64, n_layers=2, n_heads=4, max_seq_len=16, multiple_of=32,
         attention=attention, mla=True, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=12,
         qk_rope_head_dim=4, v_head_dim=8, first_dense=2, hidden_dim=96,
+        torch_rmsnorm=torch_rmsnorm,
     )  # fmt: skip
     return MoETransformer(config)
 

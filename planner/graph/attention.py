@@ -391,11 +391,12 @@ def _latent(
     tensors, the one v is read from (per head, head - rope key channels then the value's)
     and a rotary key of `rope` < head channels that every head appends to its key (checked
     by running the region, `_verify`)."""
-    (v,) = sources["v"] if len(sources["v"]) == 1 else (None,)
-    if v is None or len(sources["q"]) != 1 or len(sources["k"]) != 2 or v not in sources["k"]:
+    if len(sources["q"]) != 1 or len(sources["v"]) != 1 or len(sources["k"]) != 2:
+        return None
+    (q,), (v,) = sources["q"], sources["v"]
+    if v not in sources["k"]:
         return None
     (k_rope,) = sources["k"] - {v}
-    (q,) = sources["q"]
     width = {x: int(values[x].shape[-1]) for x in (q, v, k_rope)}
     if rope >= head or width[k_rope] != rope or width[q] != heads * head:
         return None

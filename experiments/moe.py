@@ -188,8 +188,8 @@ ANCHORS: tuple[Anchor, ...] = (
             "to each node it uses (node-limited routing, at most 4 nodes, and DeepEP's "
             "forwarding over NVLink, Sec. 3.2.2) in FP8 (Sec. 3.3.4); FP8 with "
             "fine-grained (current) "
-            "scaling; the zoo's model has multi-head attention instead of MLA and no MTP "
-            "module; micro-batch size not published (1 assumed)"
+            "scaling; the zoo's model has DeepSeek-V3's MLA (naive form: per-head keys and "
+            "values) and no MTP module; micro-batch size not published (1 assumed)"
         ),
         options={
             "ep_overlap": 1.0,

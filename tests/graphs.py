@@ -251,6 +251,50 @@ def attention_block(heads: int = 4) -> OpGraph:
     return OpGraph("attention_block", (tokens, emb, att, proj, sm))
 
 
+def attention_heads(form: str) -> OpGraph:
+    """int64 tokens -> q, k, v embeddings -> attention -> linear -> softmax, with the
+    attention's inputs read by head: `form` "gqa" (4 query heads of 4 sharing 2 k/v heads)
+    or "mla" (4 heads, q and k heads of 6 channels, the last 2 rotary from a rotary key all
+    heads share, v heads of 4; kv holds per head 4 key then 4 value channels)."""
+    n, length = 4, 8
+    tokens = Op("tokens", "input", (), Tensor.of(dtype_bytes=8, sample=n, length=length))
+    if form == "gqa":
+        widths, out = {"q": 16, "k": 8, "v": 8}, 16
+        attrs: dict[str, object] = {"heads": 4, "kv_heads": 2, "causal": True}
+    else:
+        widths, out = {"q": 24, "kv": 32, "k_rope": 2}, 16
+        attrs = {"heads": 4, "causal": True, "head_dim": 6, "v_head_dim": 4, "rope_dim": 2}
+        attrs["mla"] = True
+    ops = [tokens]
+    for name, c in widths.items():
+        ops.append(
+            Op(
+                name,
+                "embedding",
+                ("tokens",),
+                Tensor.of(sample=n, length=length, channel=c),
+                params=(Param(f"{name}.weight", (100, c)),),
+            )
+        )
+    att = Op(
+        "attn",
+        "attention",
+        tuple(widths),
+        Tensor.of(sample=n, length=length, channel=out),
+        flops=4.0 * n * length * length * out,
+        attrs=Op.make_attrs(attrs),
+    )
+    proj = Op(
+        "proj",
+        "linear",
+        ("attn",),
+        Tensor.of(sample=n, length=length, channel=16),
+        params=(Param("proj.weight", (16, out)),),
+        flops=2.0 * n * length * 16 * out,
+    )
+    return OpGraph(f"attention_{form}", (*ops, att, proj, softmax("loss", proj)))
+
+
 GRAPHS: dict[str, Callable[[], OpGraph]] = {
     "attention_block": attention_block,
     "chain_cnn": chain_cnn,

@@ -15,7 +15,16 @@ import planner
 from planner.costs.declared import check_declared
 from planner.errors import GraphError, LayerwiseError
 from planner.graph.capture import capture
-from planner.graph.llm import GPT2, GPT2Config, Llama, LlamaConfig, build_llm
+from planner.graph.llm import (
+    GPT2,
+    GPT2Config,
+    Llama,
+    LlamaConfig,
+    MoEConfig,
+    MoETransformer,
+    apply_rotary_pos_emb,
+    build_llm,
+)
 from planner.graph.zoo import Attention
 
 TOKENS = (torch.zeros(2, 16, dtype=torch.long),)
@@ -120,6 +129,30 @@ def llama(attention: str = "sdpa", torch_rmsnorm: bool = False, kv: int = 2) -> 
     return Llama(config)
 
 
+def qwen3_like(attention: str = "sdpa", torch_rmsnorm: bool = False) -> Llama:
+    """Qwen3's attention at width 64: 4 heads of 24 (heads x head_dim = 96, not the width),
+    2 k/v heads, QK-norm."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=24, qk_norm=True,
+        max_seq_len=16, attention=attention, torch_rmsnorm=torch_rmsnorm, multiple_of=32,
+    )  # fmt: skip
+    return Llama(config)
+
+
+def mla_like(attention: str = "sdpa", torch_rmsnorm: bool = False) -> MoETransformer:
+    """DeepSeek-V3's multi-head latent attention at width 64, dense: 4 heads, q/k heads of
+    12 + 4 rotary channels, v heads of 8, ranks 32 (q) and 16 (kv)."""
+    torch.manual_seed(0)
+    config = MoEConfig(
+        vocab_size=64, dim=64, n_layers=2, n_heads=4, max_seq_len=16, multiple_of=32,
+        attention=attention, mla=True, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=12,
+        qk_rope_head_dim=4, v_head_dim=8, first_dense=2, hidden_dim=96,
+        torch_rmsnorm=torch_rmsnorm,
+    )  # fmt: skip
+    return MoETransformer(config)
+
+
 def kinds(graph) -> list[str]:  # type: ignore[no-untyped-def]
     return [op.kind for op in graph.ops]
 
@@ -175,6 +208,128 @@ def test_llama_as_written_captures_rms_norm_rotary_and_grouped_query_attention(
         assert (op.attr("softmax") == "float32") == (attention == "ones")
         assert [graph.op(i).output.size("channel") for i in op.inputs] == [64, 32, 32]
     assert "embedding" in kinds(graph) and kinds(graph).count("linear") == 2 * 7 + 1
+
+
+def _params(graph) -> int:  # type: ignore[no-untyped-def]
+    return sum(
+        math.prod(p.shape) for p in {p.name: p for op in graph.ops for p in op.params}.values()
+    )
+
+
+@pytest.mark.parametrize(
+    ("attention", "torch_rmsnorm", "device"),
+    [
+        ("sdpa", False, "cpu"),
+        ("ones", False, "cpu"),
+        ("sdpa", True, "cpu"),
+        ("sdpa", False, "meta"),
+    ],
+)
+def test_qwen3s_attention_captures_with_heads_apart_from_the_width_and_qk_norm(
+    attention: str, torch_rmsnorm: bool, device: str
+) -> None:
+    """4 heads of 24 on a width of 64: q and the op's output have 96 channels, the output
+    projection maps 96 -> 64; the QK-norm's two weights (24 each) are the op's parameters;
+    FLOPs are QK^T and AV over the heads of 24."""
+    with torch.device(device):
+        model = qwen3_like(attention, torch_rmsnorm)
+    graph = capture(model, TOKENS, "qwen3")
+    attn = [op for op in graph.ops if op.kind == "attention"]
+    assert len(attn) == 2
+    for op in attn:
+        want = {
+            "heads": 4, "kv_heads": 2, "causal": True, "scale": pytest.approx(24**-0.5),
+            "rope": "half", "qk_norm": "rms", "qk_norm_eps": 1e-5,
+        }  # fmt: skip
+        if not torch_rmsnorm:  # Meta's (and Hugging Face's) RMSNorm compute in float32
+            want["qk_norm_compute"] = "float32"
+        if attention == "ones":
+            want["softmax"] = "float32"
+        assert {k: v for k, v in dict(op.attrs).items() if k != "rope_tables"} == want
+        assert [graph.op(i).output.size("channel") for i in op.inputs] == [96, 48, 48]
+        assert op.output.size("channel") == 96
+        assert [(p.name.rsplit(".", 2)[-2], p.shape) for p in op.params] == [
+            ("q_norm", (24,)),
+            ("k_norm", (24,)),
+        ]
+        assert op.flops == 2 * (2 * 2 * 4 * 16 * 16 * 24)  # QK^T and AV, B 2, T 16
+        (wo,) = [graph.ops[c] for c in graph.consumers[graph.index(op.name)]]
+        assert wo.kind == "linear" and wo.params[0].shape == (64, 96)
+    assert _params(graph) == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("attention", "device"), [("sdpa", "cpu"), ("ones", "cpu"), ("sdpa", "meta")]
+)
+def test_mla_captures_as_one_attention_of_q_the_per_head_kv_and_the_shared_rotary_key(
+    attention: str, device: str
+) -> None:
+    """DeepSeek's naive MLA: the op reads q (wq_b: 4 x 16), kv (wkv_b: 4 x (12 key + 8
+    value)) and the rotary key (4 channels of wkv_a, a slice); q/k heads of 16, v and
+    output heads of 8, the last 4 channels of each q/k head rotated; FLOPs QK^T over 16 and
+    AV over 8; wo maps 4 x 8 -> 64."""
+    with torch.device(device):
+        model = mla_like(attention)
+    graph = capture(model, TOKENS, "mla")
+    attn = [op for op in graph.ops if op.kind == "attention"]
+    assert len(attn) == 2
+    for op in attn:
+        want = {
+            "heads": 4, "kv_heads": 4, "causal": True, "scale": pytest.approx(16**-0.5),
+            "rope": "half", "head_dim": 16, "v_head_dim": 8, "rope_dim": 4, "mla": True,
+        }  # fmt: skip
+        if attention == "ones":
+            want["softmax"] = "float32"
+        assert {k: v for k, v in dict(op.attrs).items() if k != "rope_tables"} == want
+        sources = [graph.op(i) for i in op.inputs]
+        assert [s.kind for s in sources] == ["linear", "linear", "slice"]
+        assert [s.name.rsplit(".", 1)[-1] for s in sources[:2]] == ["wq_b", "wkv_b"]
+        assert [s.output.size("channel") for s in sources] == [64, 80, 4]
+        assert op.output.size("channel") == 32 and not op.params
+        assert op.flops == 2 * 2 * 4 * 16 * 16 * (16 + 8)
+        (wo,) = [graph.ops[c] for c in graph.consumers[graph.index(op.name)]]
+        assert wo.kind == "linear" and wo.params[0].shape == (64, 32)
+    assert kinds(graph).count("norm") == 2 * 2 + 2 * 2 + 1  # q and kv latents' norms too
+    assert _params(graph) == sum(p.numel() for p in model.parameters())
+
+
+class PartialRotary(nn.Module):
+    """GPT-NeoX's partial rotary (the first channels of each head turned) and, with
+    `norm_after`, a QK-norm applied after the rotation: both refused."""
+
+    def __init__(self, norm_after: bool = False) -> None:
+        super().__init__()
+        self.qkv, self.out = nn.Linear(32, 96), nn.Linear(32, 32)
+        from planner.graph.llm import RMSNorm, RotaryEmbedding
+
+        self.norm_after = norm_after
+        self.rotary = RotaryEmbedding(8 if norm_after else 4, 16, 10000.0)
+        self.q_norm, self.k_norm = RMSNorm(8), RMSNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = (y.view(b, t, 4, 8).transpose(1, 2) for y in self.qkv(x).split(32, dim=2))
+        cos, sin = self.rotary(x, t)
+        if self.norm_after:
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            q, k = self.q_norm(q), self.k_norm(k)
+        else:
+            q_rot, k_rot = apply_rotary_pos_emb(q[..., :4], k[..., :4], cos, sin)
+            q, k = torch.cat([q_rot, q[..., 4:]], dim=-1), torch.cat([k_rot, k[..., 4:]], dim=-1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, t, 32))
+
+
+@pytest.mark.parametrize(
+    ("norm_after", "message"),
+    [(False, "not its last channels"), (True, "after their rotary embedding")],
+)
+def test_a_rotation_of_the_first_channels_or_a_qk_norm_after_it_is_refused(
+    norm_after: bool, message: str
+) -> None:
+    net = nn.Sequential(nn.Embedding(64, 32), PartialRotary(norm_after))
+    with pytest.raises(GraphError, match=message):
+        capture(net, TOKENS, "partial")
 
 
 class _Attention(nn.Module):

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from budget import time_budget
-from test_capture_llm import gpt2, llama
+from test_capture_llm import gpt2, llama, mla_like, qwen3_like
 from workers import run_workers
 
 import planner
@@ -29,7 +29,14 @@ from planner.problems.baselines import data_parallel, split_along
 from planner.problems.strategy import Strategy, strategy_from_json
 
 TOKENS = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
-MODELS = {"gpt2-ones": lambda: gpt2("ones"), "llama-sdpa": lambda: llama("sdpa")}
+MODELS = {
+    "gpt2-ones": lambda: gpt2("ones"),
+    "llama-sdpa": lambda: llama("sdpa"),
+    # Qwen3's heads of 24 on a width of 64 with QK-norm, DeepSeek's MLA (the shared rotary
+    # key whole on every rank): their norms in the model's dtype (float64 here)
+    "qwen3-qk-norm": lambda: qwen3_like(torch_rmsnorm=True),
+    "mla": lambda: mla_like(torch_rmsnorm=True),
+}
 
 
 @pytest.fixture(autouse=True)
@@ -135,6 +142,16 @@ def test_attention_ops_export_by_samples_and_by_heads() -> None:
         assert modules.get("lm_head", modules["transformer.wte"]) == modules["transformer.wte"]
         expected = "data" if kind == "data" else "colwise"  # the fused q/k/v projection
         assert modules["transformer.h.0.attn.c_attn"] == expected
+
+
+@pytest.mark.parametrize("name", ["qwen3-qk-norm", "mla"])
+def test_qk_norm_and_latent_attention_export_by_heads(name: str) -> None:
+    """Their attention ops split by heads run the model's own code on each rank's heads
+    (its q/k/v or q, kv and rotary key projections column-parallel), nothing replicated."""
+    data, _ = strategies(name)["heads"]
+    plan = export_plan(strategy_from_json(data), MODELS[name]())
+    assert {o.style for o in plan.ops if o.kind == "attention"} == {"heads"}
+    assert not plan.fell_back
 
 
 def _train(module: Any, step: Any, steps: int = 2) -> list[float]:

@@ -14,8 +14,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from planner.errors import LayerwiseError
 from planner.graph.llm import (
     LLM_SIZES,
+    MLA,
     GPT2Config,
     LlamaConfig,
+    MoEConfig,
     RMSNorm,
     build_llm,
     rotate_half,
@@ -288,23 +290,35 @@ def test_a_bf16_model_is_captured_with_two_byte_tensors(name: str) -> None:
 
 # -- mixtures of experts ------------------------------------------------------------------------
 
-MOE_PUBLISHED = {  # HF config.json shapes; mistral.ai: 46.7B, Qwen's card: 14.3B
+MOE_PUBLISHED = {  # HF config.json shapes; mistral.ai: 46.7B, Qwen's cards: 14.3B, 30.5B, 235B
     "mixtral-8x7b": 46_702_792_704,
     "qwen-moe-like": 14_315_784_192,
+    "qwen3-30b-a3b": 30_532_122_624,
+    "qwen3-235b-a22b": 235_093_634_560,
+    "deepseek-v3-like": 671_026_419_200,  # the report's 671B (its MTP module not built)
+}
+MOE_ROUNDED = {  # billions, as published
+    "mixtral-8x7b": 46.7,
+    "qwen-moe-like": 14.3,
+    "qwen3-30b-a3b": 30.5,
+    "qwen3-235b-a22b": 235.1,
+    "deepseek-v3-like": 671.0,
 }
 MOE_TINY: dict[str, dict[str, Any]] = {
     "mixtral-8x7b": dict(n_experts=4, top_k=2, moe_hidden=48),
     "deepseek-v3-like": dict(
         n_experts=8, top_k=2, moe_hidden=16, n_groups=4, topk_groups=2, first_dense=1,
-        hidden_dim=96,
+        hidden_dim=96, n_kv_heads=None, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=12,
+        qk_rope_head_dim=4, v_head_dim=8,
     ),
     "qwen-moe-like": dict(n_experts=6, top_k=2, moe_hidden=16, shared_hidden=32),
+    "qwen3-30b-a3b": dict(n_experts=6, top_k=2, moe_hidden=16, head_dim=24),
 }  # fmt: skip
 
 
-def moe_tiny(name: str) -> tuple[nn.Module, torch.Tensor]:
+def moe_tiny(name: str, **overrides: Any) -> tuple[nn.Module, torch.Tensor]:
     model, (tokens,) = build_llm(
-        name, device="cpu", batch=2, seq=16, **{**TINY["llama2-7b"], **MOE_TINY[name]}
+        name, device="cpu", batch=2, seq=16, **{**TINY["llama2-7b"], **MOE_TINY[name], **overrides}
     )
     return model.double(), tokens
 
@@ -314,7 +328,27 @@ def test_the_moe_parameter_counts(name: str) -> None:
     model, _ = build_llm(name)
     assert next(model.parameters()).device.type == "meta"
     assert n_params(model) == MOE_PUBLISHED[name]
-    assert round(n_params(model) / 1e8) / 10 == {"mixtral-8x7b": 46.7, "qwen-moe-like": 14.3}[name]
+    assert round(n_params(model) / 1e8) / 10 == MOE_ROUNDED[name]
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "qwen3-235b-a22b"])
+def test_qwen3_counts_follow_the_hugging_face_config(name: str) -> None:
+    """Per layer: q and o of heads x head_dim (not the width: 32 x 128 = 4096 for a width of
+    2048), k and v of 4 heads, the two QK-norm weights (head_dim each), 2 RMSNorms, the
+    router and 128 SwiGLU experts; untied embeddings and a final norm."""
+    c = LLM_SIZES[name]
+    assert isinstance(c, MoEConfig) and c.head_dim == 128 and c.n_heads * 128 != c.dim
+    h, d = c.dim, c.head_size
+    attention = 2 * h * c.n_heads * d + 2 * h * c.kv_heads * d + 2 * d
+    layer = attention + 2 * h + c.n_experts * h + c.n_experts * 3 * h * c.moe_hidden
+    formula = c.n_layers * layer + 2 * c.vocab_size * h + h
+    assert formula == MOE_PUBLISHED[name]
+    model, _ = build_llm(name, n_layers=1)
+    attn = model.layers[0].attention
+    assert attn.wq.weight.shape == (c.n_heads * 128, h)
+    assert attn.wo.weight.shape == (h, c.n_heads * 128)  # heads x head_dim -> the width
+    assert attn.q_norm.weight.shape == attn.k_norm.weight.shape == (128,)
+    assert not hasattr(model.layers[0].feed_forward, "shared_expert")
 
 
 def test_mixtral_activates_12_9b_parameters_per_token() -> None:
@@ -327,17 +361,88 @@ def test_mixtral_activates_12_9b_parameters_per_token() -> None:
 def test_deepseek_v3_likes_moe_part_is_the_published_architectures() -> None:
     """58 MoE layers of 256 routed + 1 shared expert (3 x 7168 x 2048 each), the router
     (256 x 7168) and its selection bias (256, a parameter as in DeepSeek's code); the rest:
-    untied embeddings, 3 dense SwiGLU layers of 18432, and (instead of MLA) 61 layers of
-    multi-head attention of 4 x 7168^2 with 2 RMSNorms."""
+    untied embeddings, 3 dense SwiGLU layers of 18432, and 61 layers of multi-head latent
+    attention (HF config: q_lora_rank 1536, kv_lora_rank 512, 128 heads of 128 + 64 rotary
+    q/k channels and 128 v channels, with the q and kv latents' RMSNorms) with 2 RMSNorms:
+    671,026,419,200, DeepSeek-V3's 671B (its 14B multi-token-prediction module not built)."""
     model, _ = build_llm("deepseek-v3-like")
     moe = sum(
         p.numel() for n, p in model.named_parameters() if ".feed_forward." in n
         and int(n.split(".")[1]) >= 3
     )  # fmt: skip
     assert moe == 58 * (257 * 3 * 7168 * 2048 + 256 * 7168 + 256) == 656_569_547_264
-    d = 7168
-    rest = 2 * 129280 * d + d + 61 * (4 * d * d + 2 * d) + 3 * 3 * d * 18432
-    assert n_params(model) == moe + rest
+    d, heads, q_rank, kv_rank, nope, rope, v = 7168, 128, 1536, 512, 128, 64, 128
+    mla = (
+        d * q_rank + q_rank + q_rank * heads * (nope + rope)  # wq_a, q_norm, wq_b
+        + d * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v)  # wkv_a, kv_norm, wkv_b
+        + heads * v * d  # wo
+    )  # fmt: skip
+    assert mla == 187_107_328
+    rest = 2 * 129280 * d + d + 61 * (mla + 2 * d) + 3 * 3 * d * 18432
+    assert n_params(model) == moe + rest == 671_026_419_200
+
+
+def _absorbed_mla(attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):  # type: ignore[no-untyped-def]
+    """DeepSeek-V3's other form of MLA (inference/model.py, attn_impl "absorb"): wkv_b's key
+    half folded into q and its value half applied after the attention, scores over the
+    kv_norm'd latent plus the rotary parts; no per-head keys or values formed."""
+    b, t, _ = x.shape
+    heads, nope, rope, v = (
+        attn.n_heads,
+        attn.qk_nope_head_dim,
+        attn.qk_rope_head_dim,
+        attn.v_head_dim,
+    )
+    q = attn.wq_b(attn.q_norm(attn.wq_a(x))).view(b, t, heads, nope + rope)
+    q_nope, q_pe = q[..., :nope], q[..., nope:]
+    latent, k_pe = attn.wkv_a(x).split([attn.kv_lora_rank, rope], dim=-1)
+    latent = attn.kv_norm(latent)
+    q_pe = q_pe * cos[:, None] + rotate_half(q_pe) * sin[:, None]
+    k_pe = k_pe * cos + rotate_half(k_pe) * sin
+    wkv_b = attn.wkv_b.weight.view(heads, nope + v, attn.kv_lora_rank)
+    q_nope = torch.einsum("bshd,hdc->bshc", q_nope, wkv_b[:, :nope])
+    scores = torch.einsum("bshc,btc->bsht", q_nope, latent)
+    scores = (scores + torch.einsum("bshr,btr->bsht", q_pe, k_pe)) * attn.softmax_scale
+    future = torch.ones(t, t, dtype=torch.bool).triu(1)
+    scores = scores.masked_fill(future[:, None, :], float("-inf")).softmax(dim=-1)
+    out = torch.einsum("bsht,btc->bshc", scores, latent)
+    out = torch.einsum("bshc,hdc->bshd", out, wkv_b[:, -v:])
+    return attn.wo(out.flatten(2))
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "ones"])
+def test_deepseek_v3_likes_mla_equals_deepseeks_absorbed_form(attention: str) -> None:
+    """The zoo writes MLA in DeepSeek's naive form (per-head keys and values, SDPA over q/k
+    heads of nope + rope channels and v heads of v_head_dim); its absorbed form from the same
+    weights computes the same attention."""
+    model, tokens = moe_tiny("deepseek-v3-like", attention=attention)
+    attn = model.layers[0].attention
+    assert isinstance(attn, MLA) and attn.softmax_scale == (12 + 4) ** -0.5
+    x = model.layers[0].attention_norm(model.tok_embeddings(tokens))
+    cos, sin = model.rotary_emb(x, tokens.shape[1])
+    assert cos.shape == (16, 4)  # the rotary part only
+    atol = 1e-12 if attention == "sdpa" else 1e-6  # "ones": the softmax in float32
+    torch.testing.assert_close(
+        attn(x, cos, sin), _absorbed_mla(attn, x, cos, sin), rtol=0, atol=atol
+    )
+
+
+def test_qwen3s_qk_norm_normalises_each_head_before_the_rotary_embedding() -> None:
+    """With QK-norm weights of ones and no epsilon, every q and k head reaches the rotary
+    embedding with unit RMS, whatever the projection's scale."""
+    model, tokens = moe_tiny("qwen3-30b-a3b")
+    attn = model.layers[0].attention
+    seen = {}
+    attn.q_norm.register_forward_hook(lambda m, i, o: seen.setdefault("q", o))
+    attn.k_norm.register_forward_hook(lambda m, i, o: seen.setdefault("k", o))
+    with torch.no_grad():
+        attn.wq.weight.mul_(100.0)
+    model(tokens)
+    assert all(bool((n.weight == 1).all()) for n in (attn.q_norm, attn.k_norm))  # as built
+    for out in seen.values():
+        assert out.shape[-2:] == (4 if out is seen["q"] else 2, 24)  # per head
+        rms = out.pow(2).mean(-1).sqrt()
+        torch.testing.assert_close(rms, torch.ones_like(rms), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", MOE_TINY)

@@ -24,13 +24,18 @@ from planner.graph.moe import moe_math, spec_of
 from planner.graph.moe_capture import moe_of
 
 TINY = dict(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16)
+# DeepSeek-V3's multi-head latent attention at a tiny size
+MLA_TINY = dict(
+    q_lora_rank=16, kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6
+)
 STYLES: dict[str, dict[str, Any]] = {
     "mixtral-8x7b": dict(n_experts=4, top_k=2, moe_hidden=24),
     "deepseek-v3-like": dict(
         n_experts=8, top_k=3, moe_hidden=16, n_groups=4, topk_groups=2, first_dense=1,
-        hidden_dim=40,
+        hidden_dim=40, n_kv_heads=None, **MLA_TINY,
     ),
     "qwen-moe-like": dict(n_experts=6, top_k=2, moe_hidden=16, shared_hidden=24),
+    "qwen3-30b-a3b": dict(n_experts=6, top_k=3, moe_hidden=16, head_dim=12),
 }  # fmt: skip
 # what moe_of reads from each tiny block (besides its roles)
 ATTRS: dict[str, dict[str, Any]] = {
@@ -42,6 +47,7 @@ ATTRS: dict[str, dict[str, Any]] = {
     "qwen-moe-like": dict(
         router="softmax", norm_topk=False, experts=6, top_k=2, ffn=16, shared_ffn=24
     ),
+    "qwen3-30b-a3b": dict(router="softmax", norm_topk=True, experts=6, top_k=3, ffn=16),
 }  # fmt: skip
 
 
@@ -77,6 +83,9 @@ def test_each_reference_block_is_recognised_with_its_attrs_and_roles(name: str) 
     if name == "qwen-moe-like":
         assert by_name["experts.5.down_proj.weight"] == "w2.5"
         assert by_name["shared_expert_gate.weight"] == "sgate"
+    if name == "qwen3-30b-a3b":  # Qwen3-MoE's block: Qwen-MoE's without the shared expert
+        assert by_name["experts.5.down_proj.weight"] == "w2.5"
+        assert not any("shared" in r or r == "sgate" for r in roles)
 
 
 @pytest.mark.parametrize("name", STYLES)
@@ -316,18 +325,27 @@ def test_a_tiny_moe_is_planned_end_to_end(name: str) -> None:
 FULL = {
     "mixtral-8x7b": (32, 46_702_792_704),
     "qwen-moe-like": (24, 14_315_784_192),
-    "deepseek-v3-like": (58, None),
+    "deepseek-v3-like": (58, 671_026_419_200),
+    "qwen3-30b-a3b": (48, 30_532_122_624),
+    "qwen3-235b-a22b": (94, 235_093_634_560),
 }
 
 
 @pytest.mark.parametrize(
     "name",
-    ["mixtral-8x7b", "qwen-moe-like", pytest.param("deepseek-v3-like", marks=pytest.mark.slow)],
+    [
+        "mixtral-8x7b",
+        "qwen-moe-like",
+        pytest.param("deepseek-v3-like", marks=pytest.mark.slow),
+        pytest.param("qwen3-30b-a3b", marks=pytest.mark.slow),
+        pytest.param("qwen3-235b-a22b", marks=pytest.mark.slow),
+    ],
 )
 def test_full_sizes_capture_on_meta_with_every_parameter_and_analytic_flops(name: str) -> None:
     """Mixtral 8x7B's 32 blocks of 8 x 3 x 4096 x 14336 run nowhere: each is read once (on
     narrow stand-in experts) and costed by formula. Timing (batch 8, sequence 2048, a busy
-    2-core machine at load 4.5): Mixtral 2.0 s, Qwen 2.5 s, DeepSeek-V3-like 12.5 s."""
+    2-core machine at load 4.5): Mixtral 2.0 s, Qwen 2.5 s, DeepSeek-V3-like 12.5 s; at load
+    1.8: Qwen3-30B-A3B 3.8 s, Qwen3-235B-A22B 7.4 s, DeepSeek-V3-like (MLA) 8.1 s."""
     module, tokens = build_llm(name, batch=8, seq=2048)
     graph = capture(module, tokens, name)
     layers, count = FULL[name]

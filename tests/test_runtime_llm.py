@@ -9,12 +9,25 @@ from collections.abc import Iterator
 import pytest
 import torch
 from budget import time_budget
-from test_capture_llm import HFGPT, EinsumNet, PackedNet, _DeclaredRMS, _Net, gpt2, llama
+from test_capture_llm import (
+    HFGPT,
+    EinsumNet,
+    PackedNet,
+    _DeclaredRMS,
+    _Net,
+    gpt2,
+    llama,
+    mla_like,
+    qwen3_like,
+)
 
 import planner
 import runtime
+from planner.costs.config import ParallelConfig
 from planner.graph.llm import GPT2, GPT2Config
+from planner.graph.opkinds import CHANNEL, LENGTH
 from planner.hardware.presets import get_preset
+from planner.problems.strategy import Strategy
 from runtime.plan import RuntimeConfigError
 from runtime.strategies import random_strategy
 
@@ -55,6 +68,45 @@ def test_reference_style_transformers_train_like_single_process(make) -> None:  
     # slices of the fused QKV, the vocabulary of the tied head (held whole where the
     # embedding cuts it the other way)
     assert max(_runs(make(), 2, 1)) < 1e-9
+
+
+def _attention_split(strategy: Strategy, dim: str) -> Strategy:
+    """`strategy` with every attention op cut 2 ways along `dim` (its heads or its rows)."""
+    configs = list(strategy.configs)
+    for i, op in enumerate(strategy.graph.ops):
+        if op.kind == "attention":
+            degrees = tuple(2 if d == dim else 1 for d in op.output.dims)
+            configs[i] = ParallelConfig(degrees, (0, 1))
+    return Strategy(strategy.graph, strategy.devices, tuple(configs))
+
+
+@pytest.mark.parametrize(
+    ("make", "dims"),
+    [
+        (lambda: qwen3_like(torch_rmsnorm=True), (LENGTH, CHANNEL)),
+        (lambda: qwen3_like(), (CHANNEL,)),
+        (lambda: mla_like(), (LENGTH, CHANNEL)),
+    ],
+    ids=["qwen3-qk-norm", "qwen3-qk-norm-float32", "mla"],
+)
+def test_qk_norm_and_latent_attention_cut_by_heads_or_rows_train_like_single_process(
+    make, dims
+) -> None:  # type: ignore[no-untyped-def]
+    """Qwen3's attention (heads of 24 on a width of 64, QK-norm) and DeepSeek's MLA (q/k heads
+    of 16, v heads of 8, a rotary key every head shares) with their attention ops cut in 2
+    by heads (a task: 2 query heads, their k/v head or their per-head k|v and the whole
+    rotary key) and by query rows, against one process in float64. A QK-norm computed in
+    float32 whatever the model's dtype (Hugging Face's and Meta's RMSNorm) is checked cut by
+    heads: cut by rows, each task normalises the whole k and runs that norm's float32
+    backward on its part of k's gradient, which one process runs once on the sum (2.9e-9
+    apart after 2 steps: float32 rounding, as any float32 sum in another order)."""
+    module = make()
+    result = planner.plan(module, "cpu-local-2", example_inputs=TOKENS, backend="elimination")
+    for dim in dims:
+        strategy = _attention_split(result.strategy, dim)
+        run = runtime.run_strategy(strategy, module, F64)
+        assert run.deviation is not None and all(math.isfinite(x) for x in run.losses)
+        assert run.deviation["max_deviation"] < 1e-9, (dim, run.deviation)
 
 
 @pytest.mark.slow

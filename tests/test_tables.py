@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from graphs import (
     GRAPHS,
+    attention_heads,
     batch_norm,
     concat,
     conv2d,
@@ -63,6 +64,9 @@ def _need(m: DimMap, size, out_dims, out_box):
         a, b = a * m.stride - m.pad, (b - 1) * m.stride - m.pad + m.dilation * (m.kernel - 1) + 1
     elif m.kind == "offset":
         a, b = a - m.offset, b - m.offset
+    elif m.kind == "group":
+        per = m.per_input_head
+        a, b = a // per * m.kernel, -(-b // per) * m.kernel
     a, b = min(max(a, 0), size), min(max(b, 0), size)
     return a, max(a, b)
 
@@ -290,6 +294,29 @@ def test_whole_edge_tables_of_both_spaces(name, preset):
                 [[cm.transfer_time(e, a, b) for b in cv[::step_v]] for a in cu[::step_u]]
             )
             np.testing.assert_allclose(table[::step_u, ::step_v], direct, rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize("form", ["gqa", "mla"])
+@pytest.mark.parametrize("preset", ["p100-2x4", "k80-2x4"])
+def test_attention_inputs_read_by_head_price_alike_on_both_paths(form, preset):
+    """Grouped-query k and v (two query heads per k/v head) and MLA's q and kv (heads wider
+    than the output's) need whole input heads of a task's query heads: the hierarchical
+    path agrees with the task-pair loop (it once read such inputs as the output's range)."""
+    g, dg = attention_heads(form), _preset(preset)
+    cm = CostModel(g, dg)
+    space = ConfigSpace(g, dg, kind="full")
+    attn = g.index("attn")
+    edges = [e for e in g.edges if e.dst == attn]
+    assert len(edges) == 3
+    for e in edges:
+        cu, cv = space[e.src].configs, space[e.dst].configs
+        table = cm.edge_table(e, space[e.src], space[e.dst])
+        direct = np.array([[cm.transfer_time(e, a, b) for b in cv] for a in cu])
+        np.testing.assert_allclose(table, direct, rtol=1e-9, atol=1e-15)
+        for a, b in list(zip(cu[::7], cv[::5], strict=False))[:6]:
+            assert cm.transfer_time(e, a, b) == pytest.approx(
+                reference_transfer_time(cm, e, a, b), rel=1e-9, abs=1e-15
+            )
 
 
 # -- t_c, t_s, memory ---------------------------------------------------------------------------

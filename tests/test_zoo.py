@@ -50,6 +50,8 @@ def test_list_models_names_the_zoo() -> None:
         "mixtral-8x7b",
         "deepseek-v3-like",
         "qwen-moe-like",
+        "qwen3-30b-a3b",
+        "qwen3-235b-a22b",
     ]
     for name, info in MODELS.items():
         assert info.name == name and info.description and "batch" in info.defaults

@@ -6,7 +6,7 @@ from typing import Any
 
 GPT2S = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 LLAMAS = ("llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b")
-MOES = ("mixtral-8x7b", "deepseek-v3-like", "qwen-moe-like")
+MOES = ("mixtral-8x7b", "deepseek-v3-like", "qwen-moe-like", "qwen3-30b-a3b", "qwen3-235b-a22b")
 LLMS = GPT2S + LLAMAS + MOES
 
 GPT2_SMALL: dict[str, Any] = {
@@ -29,16 +29,23 @@ LLAMA_SMALL: dict[str, Any] = {
 }
 
 # The mixtures of experts at Llama's small size: 4 experts of 32 (DeepSeek: 2 groups and no
-# dense layer, so that its blocks are alike as the pipeline search needs; Qwen: a shared
-# expert of 48).
+# dense layer, so that its blocks are alike as the pipeline search needs, and small MLA
+# ranks and heads; Qwen: a shared expert of 48; Qwen3: heads of 24, not 64 / 4).
 MOE_SMALL: dict[str, dict[str, Any]] = {
     "mixtral-8x7b": {**LLAMA_SMALL, "n_experts": 4, "top_k": 2, "moe_hidden": 32},
     "deepseek-v3-like": {
         **LLAMA_SMALL, "n_experts": 4, "top_k": 2, "moe_hidden": 32, "n_groups": 2,
-        "topk_groups": 1, "first_dense": 0,
+        "topk_groups": 1, "first_dense": 0, "n_kv_heads": None, "q_lora_rank": 32,
+        "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8,
     },
     "qwen-moe-like": {
         **LLAMA_SMALL, "n_experts": 4, "top_k": 2, "moe_hidden": 32, "shared_hidden": 48,
+    },
+    "qwen3-30b-a3b": {
+        **LLAMA_SMALL, "n_experts": 4, "top_k": 2, "moe_hidden": 32, "head_dim": 24,
+    },
+    "qwen3-235b-a22b": {
+        **LLAMA_SMALL, "n_experts": 4, "top_k": 2, "moe_hidden": 32, "head_dim": 24,
     },
 }  # fmt: skip
 

@@ -12,7 +12,7 @@ entropy):
 | moe | its input, its router's fp32 probabilities, each token's k dispatched copies, the experts' outputs and hidden activations, the shared expert's; FP8 (`planner.costs.fp8`): its GEMMs' inputs as FP8 copies (`moe_buffers`) |
 | lstm, rnn_attention | its inputs, and its gates (an LSTM: 4 gates and the cell, 5 outputs' worth) |
 | norm (layer, RMS, batch) | its input and fp32 statistics: mean and 1/std per row (layer), 1/std (RMS) |
-| attention | q, k, v and its output, and the fp32 logsumexp per row and head (FlashAttention: the s x s scores are never kept) |
+| attention | q, k, v and its output, and the fp32 logsumexp per row and head (FlashAttention: the s x s scores are never kept); with QK-norm (Qwen3) also the normed q and k and their fp32 1/rms per row and head; MLA (DeepSeek-V3) also the key it forms (its rotary part copied to every head) |
 | gelu, silu, leaky relu, hardtanh | its input |
 | relu, sigmoid, tanh, exp, softmax | its output |
 | mul, div | both inputs (an activation's output read only by muls, the gated unit act(a) * b of SwiGLU and GeGLU, is not: it is recomputed from act's input in the fused kernel, as Megatron-Core's `bias_swiglu` and torch.compile do) |
@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.graph.opkinds import CHANNEL, fused_ops
+from planner.graph.opkinds import CHANNEL, attention_dims, fused_ops
 from planner.graph.precision import computes_in_fp8, fp8_linear
 
 if TYPE_CHECKING:
@@ -170,8 +170,13 @@ def _buffers(graph: OpGraph, i: int) -> float:
         return FP32 / b  # the probabilities in fp32
     extra = 0.0
     if op.kind == "attention":  # logsumexp: fp32 per (sample, head, row)
-        head_dim = out.size(CHANNEL) / int(op.attr("heads", 1))
-        extra += FP32 / (head_dim * b)
+        a = attention_dims(op)
+        extra += FP32 / (a.v_head_dim * b)
+        if a.qk_norm:  # normed q and k (the core's inputs) and their 1/rms per head
+            qk_heads = (a.heads + a.kv_heads) / a.heads
+            extra += qk_heads * (a.head_dim / a.v_head_dim + FP32 / (a.v_head_dim * b))
+        if a.mla:  # the formed key's rotary part, one copy per head
+            extra += a.rope_dim / a.v_head_dim
     elif op.kind == "norm":
         extra += _stats(op)
     elif op.kind == "moe":

@@ -1262,7 +1262,7 @@ def _needs(
         elif m.kind == "offset":
             a, b = a - m.offset, b - m.offset
         elif m.kind == "group":
-            per = m.kernel * m.stride
+            per = m.per_input_head
             a, b = (a // per) * m.kernel, -(-b // per) * m.kernel
         lo[:, d] = np.clip(a, 0, size)
         hi[:, d] = np.maximum(lo[:, d], np.clip(b, 0, size))

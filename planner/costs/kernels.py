@@ -28,10 +28,12 @@ Conventions of the op kinds (see `planner.graph.capture`):
   along rows; a channel split holds the rows of its hidden units in each gate. With a
   previous step, the inputs are (x, h_prev, c_prev): the previous op's output stands for the
   (h, c) pair, and c_prev has the same box as h_prev.
-- attention: q, k, v (sample, length, channel), attrs heads, causal, [kv_heads, scale]; channel
-  splits by heads (k and v: the kv_heads groups those heads read);
-  a length split gives each task its query rows (k and v whole), with the causal mask at the
-  task's absolute positions.
+- attention: q, k, v (sample, length, channel), attrs heads, causal, [kv_heads, scale,
+  head_dim, v_head_dim, rope, rope_dim, mla, qk_norm] (`planner.graph.opkinds.AttentionDims`,
+  `planner.graph.attention.attention_math`); channel splits by heads (k and v: the kv_heads
+  groups those heads read; MLA's shared rotary key whole); QK-norm's two weights are whole in
+  every task; a length split gives each task its query rows (k and v whole), with the
+  causal mask at the task's absolute positions.
 - moe: a mixture of experts over the channel (`planner.graph.moe`: params by attr roles,
   none split with the channel); a sample or length split gives each task its tokens, which
   it routes and runs through the experts alone; under expert parallelism (`expert` e > 1) a
@@ -98,6 +100,7 @@ from planner.graph.opkinds import (
     SAMPLE,
     WIDTH,
     DimMap,
+    attention_dims,
     contraction,
     fused_ops,
     input_dim_map,
@@ -158,6 +161,7 @@ _OWN_PARAMS: dict[str, tuple[tuple[int, int], ...]] = {
     "lstm": ((0, 4), (0, 4), (0, 4), (0, 4)),
     "rnn_attention": ((0, 1), (0, 1)),
     "norm": ((0, 1), (0, 1)),
+    "attention": ((-1, 1), (-1, 1)),  # QK-norm's q and k weights (head_dim,): whole per task
 }
 
 
@@ -456,7 +460,9 @@ def _param_roles(op: Op) -> tuple[ParamRole, ...]:
     if op.kind == "linear" and op.attr("transposed"):
         layout = ((1, 1), (0, 1))  # weight (in, out): the output channels are its columns
     n_own = 0
-    if layout and params:
+    if op.kind == "attention":  # QK-norm's weights (two modules: q_norm, k_norm)
+        n_own = min(len(params), 2) if op.attr("qk_norm") else 0
+    elif layout and params:
         first = _prefix(params[0].name)
         n_own = 1
         while (
@@ -1059,11 +1065,19 @@ def _attention(
     if op.output.dims != (SAMPLE, LENGTH, CHANNEL) or len(xs) != 3:
         raise GraphError(f"attention {op.name!r} needs q, k, v of dims (sample, length, channel)")
     q = xs[0]
-    heads = int(op.attr("heads", 1)) * q.shape[-1] // op.output.size(CHANNEL)
+    heads = q.shape[-1] // attention_dims(op).head_dim
     tables = (extras[0], extras[1]) if len(extras) == 2 else None
     start = plan.out_range(LENGTH)[0]
     return attention_math(
-        q, xs[1], xs[2], op, q_start=start, heads=heads, tables=tables, positions=positions
+        q,
+        xs[1],
+        xs[2],
+        op,
+        q_start=start,
+        heads=heads,
+        tables=tables,
+        positions=positions,
+        norms=own,
     )
 
 

@@ -106,6 +106,7 @@ def plan_key(plan: TaskPlan) -> str:
         c_lo, c_hi = plan.out_range("channel")
         heads = int(op.attr("heads", 1)) * (c_hi - c_lo) // op.output.size("channel")
         attrs = {"heads": heads, "causal": bool(op.attr("causal", False))}
+        attrs |= {k: op.attr(k) for k in ("mla", "qk_norm") if op.attr(k)}  # more work
     elif op.kind in ("elementwise", "softmax"):
         attrs = {"op": op.attr("op", op.attr("fn"))}
     elif op.kind == "norm":

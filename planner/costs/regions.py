@@ -94,8 +94,8 @@ def needed_boxes(
             extent = m.dilation * (m.kernel - 1) + 1
             a = olo * m.stride - m.pad
             b = (ohi - 1) * m.stride - m.pad + extent
-        elif m.kind == "group":  # whole key heads of the query heads' groups
-            per = m.kernel * m.stride
+        elif m.kind == "group":  # whole input heads of the query heads' groups
+            per = m.per_input_head
             a = (olo // per) * m.kernel
             b = -(-ohi // per) * m.kernel
         else:  # offset: the input sits at [offset, offset + size) of the output

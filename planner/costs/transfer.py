@@ -22,10 +22,11 @@ interval intersections. Backward, a producer task p receives from the consumer t
 group: they form a box of the consumer's degree grid, and the sum over it of p's overlaps
 with their needed boxes is a product over dimensions of sums over an index range of
 |P ∩ [j delta + a, j delta + b)| (a needed interval moves by a fixed step per consumer index:
-'same', 'offset' and 'window' maps alike): one interval intersection when the needed
-intervals tile, a difference of prefix sums over j when windows overlap (halos). A config
-pair then costs O(tasks x levels x dims), not O(tasks^2); the work is vectorized over config
-pairs in cache-sized chunks, and the divisions are done once per distinct width.
+'same', 'offset', 'window' and attention's 'group' maps alike): one interval intersection
+when the needed intervals tile, a difference of prefix sums over j when windows overlap
+(halos). A config pair then costs O(tasks x levels x dims), not O(tasks^2); the work is
+vectorized over config pairs in cache-sized chunks, and the divisions are done once per
+distinct width.
 
 **Dense path.** Elsewhere (no hierarchy, or a block not aligned with its degrees) the bytes
 between every task pair of one partition pair are computed and combined per device set,
@@ -130,14 +131,28 @@ def _need(geom: EdgeGeometry, out_lo: np.ndarray, out_hi: np.ndarray) -> np.ndar
             continue
         a, b = _affine(m)
         o = geom.out_dims.index(m.out_dim)
-        lo = np.clip(out_lo[..., o] * _scale(m) + a, 0, size)
-        hi = np.clip((out_hi[..., o] - 1) * _scale(m) + b, 0, size)
+        if m.kind == "group":  # whole input heads of the output's query heads
+            per = m.per_input_head
+            lo = np.clip(out_lo[..., o] // per * m.kernel, 0, size)
+            hi = np.clip(-(-out_hi[..., o] // per) * m.kernel, 0, size)
+        else:
+            lo = np.clip(out_lo[..., o] * _scale(m) + a, 0, size)
+            hi = np.clip((out_hi[..., o] - 1) * _scale(m) + b, 0, size)
         need[..., d, 0], need[..., d, 1] = lo, np.maximum(lo, hi)
     return need
 
 
 def _scale(m: DimMap) -> int:
     return m.stride if m.kind == "window" else 1
+
+
+def _cells(m: DimMap, widths: np.ndarray) -> np.ndarray:
+    """The input extent that consecutive output cells of `widths` step by: widths x stride
+    for a window; for "group", whole groups of query heads (a config splits attention's
+    channel only so: `split_unit`) read widths / (out_head x stride) input heads."""
+    if m.kind == "group":
+        return widths // m.per_input_head * m.kernel
+    return widths * _scale(m)
 
 
 def _affine(m: DimMap) -> tuple[int, int]:
@@ -402,7 +417,7 @@ class _IntervalSums:
         self, m: DimMap, p1: np.ndarray, p2: np.ndarray, widths: np.ndarray, out_size: int
     ):
         a, b = _affine(m)
-        cell = (widths * _scale(m))[:, None, None]  # (W, 1, 1)
+        cell = _cells(m, widths)[:, None, None]  # (W, 1, 1)
         self.a, self.b, self.cell = a, cell - _scale(m) + b, cell
         self.p1, self.p2 = p1, p2
         self.tiles = _tiles(m)

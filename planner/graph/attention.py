@@ -36,7 +36,7 @@ import dataclasses
 import hashlib
 import math
 import operator
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +69,7 @@ _SHAPE_METHODS = {
     "squeeze",
     "repeat_interleave",
     "unbind",
+    "split",
     "float",
     "type_as",
     "to",
@@ -82,6 +83,7 @@ _SHAPE_FUNCTIONS: set[Any] = {
     torch.flatten,
     torch.repeat_interleave,
     torch.unbind,
+    torch.split,
 }
 _ENTRY_METHODS = {"view", "reshape", "transpose", "permute", "unflatten"}
 _ENTRY_FUNCTIONS: set[Any] = {torch.reshape, torch.transpose, torch.permute}
@@ -122,6 +124,24 @@ class AttentionRegion:
     flops: int = 0
     packed: bool = False  # q, k, v are the thirds of one tensor (q = k = v here): capture
     # reads them through three slice ops of it
+    # QK-norm's modules (q's, k's), whose weights the op holds as its parameters
+    norms: tuple[fx.Node, ...] = ()
+
+    @property
+    def inputs(self) -> tuple[fx.Node, fx.Node, fx.Node]:
+        """The op's three inputs: q, k, v (MLA: q, kv, the shared rotary key)."""
+        return (self.q, self.k, self.v)
+
+    def params(self, gm: fx.GraphModule) -> list[tuple[str, torch.Tensor]]:
+        """The op's parameters: QK-norm's weights, named by their modules."""
+        out: list[tuple[str, torch.Tensor]] = []
+        for n in self.norms:
+            for name, p in gm.get_submodule(str(n.target)).named_parameters():
+                out.append((f"{n.target}.{name}", p))
+        return out
+
+
+NormOf = Callable[[nn.Module], "dict[str, Any] | None"]
 
 
 def find_regions(
@@ -130,10 +150,13 @@ def find_regions(
     flops: dict[fx.Node, int],
     constant: set[fx.Node],
     sequence: Callable[[fx.Node], bool],
+    norm_of: NormOf | None = None,
 ) -> list[AttentionRegion]:
     """The attention regions of `gm`. `values` are the nodes' meta values, `constant` the
     nodes computed without the inputs, and `sequence(n)` says whether node n is a
-    (sample, length, channel) tensor of an op that capture maps (a region's possible entry)."""
+    (sample, length, channel) tensor of an op that capture maps (a region's possible entry).
+    `norm_of(module)`: a module's norm attrs (`planner.graph.capture.norm_of`), to read an
+    RMS norm of q's and k's heads (QK-norm)."""
     inside: set[fx.Node] = set()
     exits: set[fx.Node] = set()
     for node in gm.graph.nodes:
@@ -152,7 +175,7 @@ def find_regions(
     regions = []
     for group in _components(inside):
         out = [e for e in exits if any(a in group for a in _args(e))]
-        regions.append(_region(gm, group, out, values, flops, constant))
+        regions.append(_region(gm, group, out, values, flops, constant, norm_of))
     return regions
 
 
@@ -215,6 +238,7 @@ def _region(
     values: dict[fx.Node, Any],
     flops: dict[fx.Node, int],
     constant: set[fx.Node],
+    norm_of: NormOf | None = None,
 ) -> AttentionRegion:
     where = _where(group)
     if len(exits) != 1:
@@ -229,7 +253,7 @@ def _region(
         )
     exit_node = exits[0]
     for n in group:
-        _check_allowed(gm, n)
+        _check_allowed(gm, n, norm_of)
     sdpa = [n for n in group if _is_call(n, F.scaled_dot_product_attention)]
     softmax = [n for n in group if _is_softmax(n)]
     if len(sdpa) + len(softmax) != 1:
@@ -243,10 +267,6 @@ def _region(
         q_op, k_op, v_op, scale, causal = _read_sdpa(sdpa[0], values, constant)
     else:
         q_op, k_op, v_op, scale, causal = _read_manual(softmax[0], values, constant, group)
-    q, k, v = (
-        _entry(x, group, values, constant, where, role)
-        for x, role in ((q_op, "q"), (k_op, "k"), (v_op, "v"))
-    )
     q4 = values[q_op]
     if q4.dim() != 4:
         raise GraphError(
@@ -254,45 +274,162 @@ def _region(
             "reads attention over (batch, heads, length, head size) tensors"
         )
     heads, head = int(q4.shape[1]), int(q4.shape[3])
-    channels = [int(values[x].shape[-1]) for x in (q, k, v)]
     out_channels = int(values[exit_node].shape[-1])
-    packed = q is k is v  # one projection viewed as (..., 3, heads, head) and indexed
-    if packed and channels[0] == 3 * out_channels:
-        channels = [out_channels] * 3  # its thirds (checked by running the region)
-    if channels[0] != heads * head or out_channels != heads * head:
+    if out_channels % heads:
         raise GraphError(
-            f"the attention at {where}: q has {channels[0]} channels and the output "
-            f"{out_channels}, not heads x head size = {heads} x {head}"
+            f"the attention at {where}: its output has {out_channels} channels, not whole "
+            f"heads of its {heads} query heads"
         )
-    if channels[1] != channels[2] or channels[1] % head or heads % (channels[1] // head):
-        raise GraphError(
-            f"the attention at {where}: k and v have {channels[1]} and {channels[2]} channels; "
-            f"layerwise needs whole heads of {head} that divide the {heads} query heads"
-        )
+    v_head = out_channels // heads
+    sources = {
+        role: _entries(x, group, values, constant)
+        for x, role in ((q_op, "q"), (k_op, "k"), (v_op, "v"))
+    }
+    tables = _rope_tables(group, consts, values, where)
+    rope = head if tables is None else int(values[tables[0]].shape[-1])
+    mla = _latent(sources, values, heads, head, v_head, rope)
+    if mla is not None:  # MLA: (q, the per-head k | v, the shared rotary key)
+        q, k, v = mla
+        kv_heads = heads
+    else:
+        q, k, v = (_one(sources[r], r, where) for r in ("q", "k", "v"))
+        kv_heads = _check_heads(values, (q, k, v), out_channels, heads, head, where)
     scale *= _factors(q_op, q, group, values) * _factors(k_op, k, group, values)
     attrs: dict[str, Any] = {
         "heads": heads,
-        "kv_heads": channels[1] // head,
+        "kv_heads": kv_heads,
         "causal": causal,
         "scale": scale,
     }
+    if head != v_head:  # q/k heads wider or narrower than v's (MLA: 192 and 128)
+        attrs |= {"head_dim": head, "v_head_dim": v_head}
+    if mla is not None:
+        attrs["mla"] = True
     if any(_mentions(c, _TRIANGLES) for c in consts) and not causal:
         raise GraphError(
             f"the attention at {where} builds a triangular mask that is not read as causal; "
             "layerwise reads masked_fill(~tril, -inf), masked_fill(tril == 0, -inf) and "
             "is_causal=True"
         )
-    tables = _rope_tables(group, consts, values, where)
     if tables is not None:
         attrs["rope"] = "half"
         attrs["rope_tables"] = [tables[0].name, tables[1].name]
+        if rope != head:
+            _check_rope_last(group, tables, where)
+            attrs["rope_dim"] = rope
+    norms = _qk_norms(gm, group, q_op, k_op, head, norm_of, tables or (), where)
+    if norms:
+        attrs |= _qk_norm_attrs(gm, norms, norm_of, where)
     if any(_is_float32_cast(n) for n in group):
         attrs["softmax"] = "float32"  # the model computes its softmax in float32
+    packed = q is k is v  # one projection viewed as (..., 3, heads, head) and indexed
     region = AttentionRegion(
-        group | consts, exit_node, q, k, v, attrs, sum(flops.get(n, 0) for n in group), packed
+        group | consts,
+        exit_node,
+        q,
+        k,
+        v,
+        attrs,
+        sum(flops.get(n, 0) for n in group),
+        packed,
+        norms,
     )
     _verify(gm, region, values, where)
     return region
+
+
+def _one(found: set[fx.Node], role: str, where: str) -> fx.Node:
+    if len(found) != 1:
+        names = ", ".join(sorted(n.name for n in found)) or "none"
+        raise GraphError(
+            f"the attention at {where}: its {role} comes from {len(found)} tensors ({names}); "
+            "layerwise needs q, k and v each to be one (batch, length, channel) tensor (or "
+            "multi-head latent attention's key: per-head channels and a rotary key all heads "
+            "share)"
+        )
+    return next(iter(found))
+
+
+def _check_heads(
+    values: dict[fx.Node, Any],
+    qkv: tuple[fx.Node, fx.Node, fx.Node],
+    out_channels: int,
+    heads: int,
+    head: int,
+    where: str,
+) -> int:
+    """The k/v heads of standard attention, after checking that q, k and v hold whole heads
+    (q and k of `head` channels, v of the output's)."""
+    channels = [int(values[x].shape[-1]) for x in qkv]
+    v_head = out_channels // heads
+    if qkv[0] is qkv[1] is qkv[2] and channels[0] == 2 * heads * head + out_channels:
+        channels = [heads * head, heads * head, out_channels]  # its thirds (checked by running)
+    if channels[0] != heads * head:
+        raise GraphError(
+            f"the attention at {where}: q has {channels[0]} channels, not heads x head size = "
+            f"{heads} x {head}"
+        )
+    kv = channels[1] // head
+    if channels[1] % head or channels[2] != kv * v_head or heads % kv:
+        raise GraphError(
+            f"the attention at {where}: k and v have {channels[1]} and {channels[2]} channels; "
+            f"layerwise needs whole heads (k of {head}, v of {v_head}) that divide the "
+            f"{heads} query heads"
+        )
+    return kv
+
+
+def _latent(
+    sources: dict[str, set[fx.Node]],
+    values: dict[fx.Node, Any],
+    heads: int,
+    head: int,
+    v_head: int,
+    rope: int,
+) -> tuple[fx.Node, fx.Node, fx.Node] | None:
+    """Multi-head latent attention's inputs (q, kv, rotary key), or None: k read from two
+    tensors, the one v is read from (per head, head - rope key channels then the value's)
+    and a rotary key of `rope` < head channels that every head appends to its key (checked
+    by running the region, `_verify`)."""
+    if len(sources["q"]) != 1 or len(sources["v"]) != 1 or len(sources["k"]) != 2:
+        return None
+    (q,), (v,) = sources["q"], sources["v"]
+    if v not in sources["k"]:
+        return None
+    (k_rope,) = sources["k"] - {v}
+    width = {x: int(values[x].shape[-1]) for x in (q, v, k_rope)}
+    if rope >= head or width[k_rope] != rope or width[q] != heads * head:
+        return None
+    if width[v] != heads * (head - rope + v_head):
+        return None
+    return q, v, k_rope
+
+
+def _check_rope_last(group: set[fx.Node], tables: tuple[fx.Node, fx.Node], where: str) -> None:
+    """A rotary table narrower than the head turns the head's last channels: the rotated
+    part (x * cos + rotate_half(x) * sin, then views or an expand) is the last piece of the
+    torch.cat that rebuilds q and k (MLA's cat(nope, rope)); a rotation of the first
+    channels (GPT-NeoX's partial rotary) is refused."""
+    refused = GraphError(
+        f"the attention at {where} turns part of each head with its rotary tables but not "
+        "its last channels; layerwise reads a partial rotation of the last rope_dim channels "
+        "of each q and k head (DeepSeek's MLA: cat(nope, rope))"
+    )
+    for turned in (n for n in group if tables[0] in _args(n)):  # x * cos
+        node = turned
+        for _ in range(8):
+            users = [u for u in node.users if u in group]
+            cat = next((u for u in users if _is_call(u, torch.cat)), None)
+            if cat is not None:
+                pieces = _argument(cat, 0, "tensors")
+                if not isinstance(pieces, list | tuple) or pieces[-1] is not node:
+                    raise refused
+                break
+            if len(users) != 1:
+                raise refused
+            node = users[0]
+        else:
+            raise refused
 
 
 def _rope_tables(
@@ -378,6 +515,14 @@ def _verify(
     g = torch.Generator().manual_seed(0)
     for x in entries:
         memo[x] = torch.randn(tuple(values[x].shape), generator=g, dtype=torch.float64)
+    # QK-norm's modules run with random weights, the same the op gets
+    weights = {
+        n: {
+            name: torch.randn(tuple(p.shape), generator=g, dtype=torch.float64) + 1.0
+            for name, p in gm.get_submodule(str(n.target)).named_parameters()
+        }
+        for n in region.norms
+    }
     qkv = [memo[x] for x in entries]
     if region.packed:  # its thirds, as the slice ops will give them
         third = qkv[0].shape[-1] // 3
@@ -386,7 +531,7 @@ def _verify(
         if n in memo or n in constants:
             continue
         try:
-            memo[n] = _run_node(gm, n, memo, values)
+            memo[n] = _run_node(gm, n, memo, values, weights.get(n))
         except Exception:  # noqa: BLE001 - e.g. a view of a float64 input; not checkable
             return
     got = memo.get(region.exit)
@@ -400,22 +545,31 @@ def _verify(
             for t in region.attrs["rope_tables"]
         )
         tables = (cos, sin)
-    want = attention_math(qkv[0], qkv[1], qkv[2], region.attrs, tables=tables)
+    norms = [next(iter(weights[n].values())) for n in region.norms]
+    want = attention_math(qkv[0], qkv[1], qkv[2], region.attrs, tables=tables, norms=norms)
     scale = float(want.abs().max()) or 1.0
     error = float((got.to(want.dtype) - want).abs().max()) / scale
-    limit = 1e-5 if region.attrs.get("softmax") == "float32" else 1e-9
+    float32 = "float32" in (region.attrs.get("softmax"), region.attrs.get("qk_norm_compute"))
+    limit = 1e-5 if float32 else 1e-9
     if not error <= limit:
         raise GraphError(
             f"the attention at {where} was read as {_summary(region.attrs)}, but its code "
             f"computes something else (relative difference {error:.2g} on a random input); "
             "layerwise reads causal or full attention, rotary tables in the rotate-half form "
-            "and constant scales"
+            "(on whole heads or their last channels), QK-norm before them, multi-head latent "
+            "attention's shared rotary key and constant scales"
         )
     if key is not None:
         _VERIFIED.add(key)
 
 
-def _run_node(gm: fx.GraphModule, n: fx.Node, memo: dict[fx.Node, Any], values: dict) -> Any:
+def _run_node(
+    gm: fx.GraphModule,
+    n: fx.Node,
+    memo: dict[fx.Node, Any],
+    values: dict,
+    weights: dict[str, torch.Tensor] | None = None,
+) -> Any:
     def get(a: fx.Node) -> Any:
         return memo[a] if a in memo else _evaluate(a, memo, values)
 
@@ -427,6 +581,8 @@ def _run_node(gm: fx.GraphModule, n: fx.Node, memo: dict[fx.Node, Any], values: 
         mod = gm.get_submodule(str(n.target))
         if isinstance(mod, nn.Dropout):
             return args[0]  # attention dropout: compared without it
+        if weights is not None:  # a QK-norm, with the weights the op is compared with
+            return torch.func.functional_call(mod, weights, tuple(args), kwargs)
         return mod(*args, **kwargs)
     if n.op == "call_function":
         if n.target is F.dropout:
@@ -442,8 +598,15 @@ def _summary(attrs: dict[str, Any]) -> str:
     parts = [f"{attrs['heads']} heads", f"{attrs['kv_heads']} k/v heads"]
     parts.append("causal" if attrs["causal"] else "not masked")
     parts.append(f"scale {attrs['scale']:.4g}")
+    if attrs.get("head_dim"):
+        parts.append(f"q/k heads of {attrs['head_dim']}, v heads of {attrs['v_head_dim']}")
     if attrs.get("rope"):
-        parts.append("rotary (rotate-half)")
+        turned = f" of the last {attrs['rope_dim']} channels" if attrs.get("rope_dim") else ""
+        parts.append(f"rotary (rotate-half{turned})")
+    if attrs.get("qk_norm"):
+        parts.append("QK-norm")
+    if attrs.get("mla"):
+        parts.append("multi-head latent attention")
     return "attention (" + ", ".join(parts) + ")"
 
 
@@ -472,11 +635,21 @@ def attention_math(
     heads: int | None = None,
     tables: tuple[torch.Tensor, torch.Tensor] | None = None,
     positions: torch.Tensor | None = None,
+    norms: Sequence[torch.Tensor] = (),
 ) -> torch.Tensor:
     """The attention op on (sample, length, channel) q, k, v: `heads` heads in q (default:
     the op's; a task holds fewer), k and v with the heads their channels hold (each shared by
     a group of q's), the causal mask at q's positions [q_start, q_start + length), the scale,
-    the rotary tables (positions x head size) and a float32 softmax as attrs say.
+    the rotary tables (positions x rope_dim) and a float32 softmax as attrs say.
+
+    Heads (`planner.graph.opkinds.AttentionDims`): q and k heads of head_dim channels (q's
+    channels / heads), v and output heads of v_head_dim (default head_dim); rotary
+    embeddings turn the last rope_dim channels of each q and k head (default all). With attr
+    mla, k is the key/value up-projection's output (per head head_dim - rope_dim key then
+    v_head_dim value channels) and v the rotary key (rope_dim channels) every head appends to
+    its key. With attr qk_norm "rms", `norms` holds the weights (head_dim,) of q's and k's RMS
+    norm over each head's channels (epsilon qk_norm_eps, in float32 with qk_norm_compute),
+    applied before the rotation (Qwen3's QK-norm).
 
     `positions`: the token position at each place of the whole sequence when it is laid out
     in another order (context parallelism's balanced order, `planner.costs.context`): q holds
@@ -487,35 +660,51 @@ def attention_math(
     lk = k.shape[1]
     heads = int(get("heads", 1)) if heads is None else heads
     d = c // heads
-    kv = k.shape[-1] // d
-    scale = get("scale")
+    dv = int(get("v_head_dim", d))
+    rope_dim = int(get("rope_dim", d))
 
-    def split(x: torch.Tensor) -> torch.Tensor:
-        return x.reshape(n, -1, x.shape[-1] // d, d).transpose(1, 2)
+    def split(x: torch.Tensor, size: int) -> torch.Tensor:
+        return x.reshape(n, x.shape[1], x.shape[-1] // size, size).transpose(1, 2)
 
-    qh, kh, vh = split(q), split(k), split(v)
+    qh = split(q, d)
+    if get("mla"):  # per head (key | value) of the up-projection, one rotary key for all
+        kv = split(k, d - rope_dim + dv)
+        k_nope, vh = kv.split([d - rope_dim, dv], dim=-1)
+        k_rope = v.reshape(n, 1, lk, rope_dim).expand(n, kv.shape[1], lk, rope_dim)
+        kh = torch.cat([k_nope, k_rope], dim=-1)
+    else:
+        kh, vh = split(k, d), split(v, dv)
+    if get("qk_norm"):
+        eps, float32 = float(get("qk_norm_eps", 1e-6)), get("qk_norm_compute") == "float32"
+        qh, kh = (_rms(x, w, eps, float32) for x, w in ((qh, norms[0]), (kh, norms[1])))
     if positions is not None:
-        return _permuted_attention(qh, kh, vh, attrs, q_start, heads, tables, positions)
+        pos = positions.to(q.device)
+        q_rows, k_rows = pos[q_start : q_start + lq], pos[:lk]
+        mask = q_rows.unsqueeze(1) >= k_rows.unsqueeze(0) if get("causal", False) else None
+        causal = False
+        count = len(pos)
+    else:
+        q_rows = torch.arange(q_start, q_start + lq, device=q.device)
+        k_rows = torch.arange(lk, device=q.device)
+        causal = bool(get("causal", False)) and q_start == 0 and lq == lk
+        mask = None
+        if get("causal", False) and not causal:
+            mask = q_rows.unsqueeze(1) >= k_rows.unsqueeze(0)
+        count = q_start + lq + lk
     if get("rope"):
         if tables is None:  # no values (cost measurements): the same work, identity rotation
             tables = (
-                torch.ones(q_start + lq + lk, d, dtype=q.dtype),
-                torch.zeros(q_start + lq + lk, d, dtype=q.dtype),
+                torch.ones(count, rope_dim, dtype=q.dtype),
+                torch.zeros(count, rope_dim, dtype=q.dtype),
             )
         cos, sin = (t.to(q.device, q.dtype) for t in tables)
-        qh = qh * cos[q_start : q_start + lq] + rotate_half(qh) * sin[q_start : q_start + lq]
-        kh = kh * cos[:lk] + rotate_half(kh) * sin[:lk]
-    if kv != heads:  # each k/v head serves heads // kv query heads
-        kh = kh.repeat_interleave(heads // kv, dim=1)
-        vh = vh.repeat_interleave(heads // kv, dim=1)
-    mask = None
-    causal = False
-    if get("causal", False):
-        if q_start == 0 and lq == lk:
-            causal = True
-        else:
-            rows = torch.arange(q_start, q_start + lq, device=q.device).unsqueeze(1)
-            mask = rows >= torch.arange(lk, device=q.device).unsqueeze(0)
+        qh = _rotate(qh, cos[q_rows], sin[q_rows], rope_dim)
+        kh = _rotate(kh, cos[k_rows], sin[k_rows], rope_dim)
+    kv_heads = kh.shape[1]
+    if kv_heads != heads:  # each k/v head serves heads // kv_heads query heads
+        kh = kh.repeat_interleave(heads // kv_heads, dim=1)
+        vh = vh.repeat_interleave(heads // kv_heads, dim=1)
+    scale = get("scale")
     s = None if scale is None else float(scale)
     if get("softmax") == "float32":  # as the model: scores in its dtype, softmax in float32
         scores = (qh @ kh.transpose(-2, -1)) * (s if s is not None else 1 / math.sqrt(d))
@@ -526,56 +715,36 @@ def attention_math(
         y = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ vh
     else:
         y = F.scaled_dot_product_attention(qh, kh, vh, mask, is_causal=causal, scale=s)
-    return y.transpose(1, 2).reshape(n, lq, c)
+    return y.transpose(1, 2).reshape(n, lq, heads * dv)
 
 
-def _permuted_attention(
-    qh: torch.Tensor,
-    kh: torch.Tensor,
-    vh: torch.Tensor,
-    attrs: dict[str, Any] | Any,
-    q_start: int,
-    heads: int,
-    tables: tuple[torch.Tensor, torch.Tensor] | None,
-    positions: torch.Tensor,
-) -> torch.Tensor:
-    """`attention_math` on (sample, heads, places, head size) q, k, v whose places hold the
-    tokens at `positions` (k and v the whole sequence, q from place q_start)."""
-    get = attrs.get if isinstance(attrs, dict) else attrs.attr
-    n, _, lq, d = qh.shape
-    pos = positions.to(qh.device)
-    pq, pk = pos[q_start : q_start + lq], pos[: kh.shape[2]]
-    if get("rope"):
-        if tables is None:
-            tables = (
-                torch.ones(len(pos), d, dtype=qh.dtype),
-                torch.zeros(len(pos), d, dtype=qh.dtype),
-            )
-        cos, sin = (t.to(qh.device, qh.dtype) for t in tables)
-        qh = qh * cos[pq] + rotate_half(qh) * sin[pq]
-        kh = kh * cos[pk] + rotate_half(kh) * sin[pk]
-    kv = kh.shape[1]
-    if kv != heads:
-        kh = kh.repeat_interleave(heads // kv, dim=1)
-        vh = vh.repeat_interleave(heads // kv, dim=1)
-    mask = pq.unsqueeze(1) >= pk.unsqueeze(0) if get("causal", False) else None
-    scale = get("scale")
-    s = float(scale) if scale is not None else 1 / math.sqrt(d)
-    if get("softmax") == "float32":
-        scores = (qh @ kh.transpose(-2, -1)) * s
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        y = torch.softmax(scores.float(), dim=-1).to(qh.dtype) @ vh
-    else:
-        y = F.scaled_dot_product_attention(qh, kh, vh, mask, scale=s)
-    return y.transpose(1, 2).reshape(n, lq, heads * d)
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dim: int) -> torch.Tensor:
+    """x (..., rows, head) with its last `dim` channels rotated by the rows' cos and sin
+    (rows x dim, the rotate-half form)."""
+    if dim == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    keep, turn = x[..., : x.shape[-1] - dim], x[..., x.shape[-1] - dim :]
+    return torch.cat([keep, turn * cos + rotate_half(turn) * sin], dim=-1)
 
 
-def _check_allowed(gm: fx.GraphModule, n: fx.Node) -> None:
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float, float32: bool) -> torch.Tensor:
+    """RMS norm of (batch, heads, rows, head) x over each head (in float32 when the model
+    computes it so), times weight; computed on the (batch, rows, heads, head) layout the
+    model normalises, contiguous, so that float32 sums add in the model's order whatever
+    part of the rows a task holds."""
+    x = x.transpose(1, 2).contiguous()
+    xc = x.float() if float32 else x
+    y = (xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    return y.transpose(1, 2)
+
+
+def _check_allowed(gm: fx.GraphModule, n: fx.Node, norm_of: NormOf | None = None) -> None:
     if n.op == "call_module":
         m = gm.get_submodule(str(n.target))
         if isinstance(m, nn.Dropout | nn.Identity | nn.Softmax):
             return
+        if norm_of is not None and norm_of(m) is not None:
+            return  # a norm of q's or k's heads (QK-norm: `_qk_norms`)
     elif (
         n.op == "call_method"
         and n.target
@@ -678,15 +847,10 @@ def _read_manual(
     return a, b, pb, scale, causal
 
 
-def _entry(
-    x: fx.Node,
-    group: set[fx.Node],
-    values: dict[fx.Node, Any],
-    constant: set[fx.Node],
-    where: str,
-    role: str,
-) -> fx.Node:
-    """The one (sample, length, channel) tensor that `x` (inside the region) comes from."""
+def _entries(
+    x: fx.Node, group: set[fx.Node], values: dict[fx.Node, Any], constant: set[fx.Node]
+) -> set[fx.Node]:
+    """The (sample, length, channel) tensors that `x` (inside the region) comes from."""
     found: set[fx.Node] = set()
     stack, seen = [x], set()
     while stack:
@@ -698,20 +862,81 @@ def _entry(
             found.add(n)
             continue
         stack.extend(a for a in _args(n) if _is_tensor(values.get(a)))  # (also unbind's)
-    found = {
+    return {
         n
         for n in found
         if n.op != "get_attr"
         and isinstance(values[n], torch.Tensor)
         and values[n].is_floating_point()
     }
-    if len(found) != 1:
-        names = ", ".join(sorted(n.name for n in found)) or "none"
+
+
+def _ancestors(x: fx.Node, group: set[fx.Node]) -> set[fx.Node]:
+    """The region's nodes that `x` is computed from, `x` included."""
+    out: set[fx.Node] = set()
+    stack = [x]
+    while stack:
+        n = stack.pop()
+        if n in out or n not in group:
+            continue
+        out.add(n)
+        stack.extend(_args(n))
+    return out
+
+
+def _qk_norms(
+    gm: fx.GraphModule,
+    group: set[fx.Node],
+    q_op: fx.Node,
+    k_op: fx.Node,
+    head: int,
+    norm_of: NormOf | None,
+    tables: tuple[fx.Node, ...],
+    where: str,
+) -> tuple[fx.Node, ...]:
+    """QK-norm (Qwen3): the norm modules of the region, one on q's way and one on k's, each
+    over a head's channels and before the rotary embedding; () when it has none."""
+    found = [n for n in group if n.op == "call_module"]
+    found = [n for n in found if norm_of is not None and norm_of(_module_of(gm, n)) is not None]
+    if not found:
+        return ()
+    q_side, k_side = _ancestors(q_op, group), _ancestors(k_op, group)
+    on_q = [n for n in found if n in q_side and n not in k_side]
+    on_k = [n for n in found if n in k_side and n not in q_side]
+    widths = {int(p.shape[0]) for n in found for p in _module_of(gm, n).parameters()}
+    if len(on_q) != 1 or len(on_k) != 1 or len(found) != 2 or widths != {head}:
         raise GraphError(
-            f"the attention at {where}: its {role} comes from {len(found)} tensors ({names}); "
-            "layerwise needs q, k and v each to be one (batch, length, channel) tensor"
+            f"the attention at {where} normalises its heads with {len(found)} norm modules; "
+            f"layerwise reads QK-norm: one RMS norm over each q head's {head} channels and "
+            "one over each k head's (Qwen3)"
         )
-    return found.pop()
+    turned = {n for n in group if any(t in _args(n) for t in tables)}
+    if any(turned & _ancestors(n, group) for n in found):
+        raise GraphError(
+            f"the attention at {where} normalises q or k heads after their rotary embedding; "
+            "layerwise reads QK-norm before it (Qwen3)"
+        )
+    return on_q[0], on_k[0]
+
+
+def _qk_norm_attrs(
+    gm: fx.GraphModule, norms: tuple[fx.Node, ...], norm_of: NormOf | None, where: str
+) -> dict[str, Any]:
+    assert norm_of is not None
+    found = [norm_of(_module_of(gm, n)) or {} for n in norms]
+    if any(f.get("norm") != "rms" for f in found) or found[0] != found[1]:
+        raise GraphError(
+            f"the attention at {where} normalises q and k heads with {found}; layerwise reads "
+            "QK-norm as two RMS norms of one epsilon (Qwen3)"
+        )
+    attrs: dict[str, Any] = {"qk_norm": "rms", "qk_norm_eps": found[0]["eps"]}
+    if found[0].get("compute") == "float32":
+        attrs["qk_norm_compute"] = "float32"
+    return attrs
+
+
+def _module_of(gm: fx.GraphModule, n: fx.Node) -> nn.Module:
+    return gm.get_submodule(str(n.target))
 
 
 def _factors(x: fx.Node, entry: fx.Node, group: set[fx.Node], values: dict[fx.Node, Any]) -> float:
@@ -1142,7 +1367,9 @@ def _region_key(
             target: Hashable = n.target
             if n.op == "call_module":  # run with its own weights here: keyed without them
                 mod = gm.get_submodule(str(n.target))
-                target = None if any(True for _ in mod.parameters()) else module_key(mod)
+                random = n in region.norms  # a QK-norm runs with random weights
+                owned = any(True for _ in mod.parameters()) and not random
+                target = None if owned else module_key(mod)
                 if target is None:
                     return None
             args = fx.node.map_arg((n.args, n.kwargs), ref)

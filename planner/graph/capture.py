@@ -643,7 +643,9 @@ class _Builder:
     def build(self) -> tuple[Op, ...]:
         self._refuse_loss()
         self.constant = _constants(self.gm, self.values)
-        regions = find_regions(self.gm, self.values, self.flops, self.constant, self._sequence)
+        regions = find_regions(
+            self.gm, self.values, self.flops, self.constant, self._sequence, norm_of
+        )
         self.exit_of = {r.exit: r for r in regions}
         self.in_region = {n for r in regions for n in r.nodes}
         self.split_source: dict[fx.Node, fx.Node] = {}
@@ -671,9 +673,10 @@ class _Builder:
                 node,
                 "attention",
                 dict(region.attrs),
-                args=[region.q, region.k, region.v],
+                args=list(region.inputs),
                 flops=region.flops,
                 name=self._region_name(node),
+                params=region.params(self.gm),
             )
             if region.packed:
                 self._unpack(ref.op)
@@ -1086,14 +1089,17 @@ class _Builder:
         name: str | None = None,
         args: list[fx.Node] | None = None,
         flops: int | None = None,
+        params: list[tuple[str, torch.Tensor]] | None = None,
     ) -> _Ref:
         """Node as an op of `kind`; `args` replaces the fx nodes it reads (an attention
-        region's q, k, v; a slice's source), `flops` its counted FLOPs."""
+        region's q, k, v; a slice's source), `flops` its counted FLOPs, `params` are
+        parameters of its own besides its module's (an attention region's QK-norm)."""
         value = self.values[node]
         tuple_out = kind in ("lstm", "moe") and isinstance(value, tuple | list)
         out_value = value[0] if tuple_out else value  # (h, c); (out, router logits)
         output = self._tensor(node, out_value)
         reads = _node_args(node) if args is None else args
+        own = params
         inputs, params = self._inputs(node, kind, attrs, reads)
         if kind != "input" and not inputs:
             raise GraphError(
@@ -1101,6 +1107,7 @@ class _Builder:
                 "(only parameters or constants); fold it into the module that uses it"
             )
         owner, module_params = self._module_params(node)
+        module_params += own or []
         params = [(self.canonical.get(id(p), n), p) for n, p in module_params + params]
         op_name = name or self._op_name(node)
         self.node_op[node] = op_name

@@ -9,7 +9,9 @@
   hidden-size rule, grouped-query attention, no biases) with the rotary embedding in Hugging
   Face's real-valued form (modeling_llama.py: `rotate_half`, cached cos/sin tables).
 - `MoETransformer` is that Llama with mixture-of-experts feed-forwards written as Mixtral's,
-  DeepSeek-V3's and Qwen1.5-MoE's reference code writes them (`MoEConfig`).
+  DeepSeek-V3's, Qwen1.5-MoE's and Qwen3-MoE's reference code writes them (`MoEConfig`), and
+  the attention of today's MoE models: heads sized apart from the width and QK-norm
+  (Qwen3, `head_dim`, `qk_norm`), DeepSeek-V3's multi-head latent attention (`MLA`).
 
 Plain PyTorch: nothing here is written for the planner (no leaf modules, no op kinds), and the
 models are not in `zoo.MODELS`. `LLM_SIZES` holds the published sizes; `build_llm` builds one
@@ -36,6 +38,7 @@ __all__ = [
     "GPT2Model",
     "Llama",
     "LlamaConfig",
+    "MLA",
     "MoEConfig",
     "MoETransformer",
     "RMSNorm",
@@ -254,7 +257,10 @@ class LlamaConfig:
     ffn_dim_multiplier)`. `attention`: "sdpa" or "ones" (explicit softmax with a mask built in
     forward). `torch_rmsnorm`: `nn.RMSNorm` instead of the hand-written `RMSNorm`. `mlp`:
     "swiglu" (Llama's gated SiLU, three linears) or "relu2" (squared ReLU, not gated, two
-    linears: Nemotron-4's)."""
+    linears: Nemotron-4's). `head_dim`: channels per q, k and v head (None: dim // n_heads;
+    Qwen3 has heads x head_dim != dim, and the output projection maps heads x head_dim back
+    to dim). `qk_norm`: each q and k head RMS-normed over its head_dim channels (one weight
+    per projection, shared by the heads) before the rotary embedding, as Qwen3 does."""
 
     vocab_size: int = 32000
     dim: int = 4096
@@ -271,15 +277,23 @@ class LlamaConfig:
     attention: str = "sdpa"
     torch_rmsnorm: bool = False
     mlp: str = "swiglu"
+    head_dim: int | None = None
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         sizes = ("vocab_size", "dim", "n_layers", "n_heads", "multiple_of", "max_seq_len")
         _check_sizes(self, sizes + ("n_kv_heads",) * (self.n_kv_heads is not None))
         _check_sizes(self, ("hidden_dim",) * (self.hidden_dim is not None))
-        if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
+        _check_sizes(self, ("head_dim",) * (self.head_dim is not None))
+        if self.head_dim is not None and self.head_dim % 2:
+            raise LayerwiseError(
+                f"head_dim must be even (rotary embeddings rotate pairs of channels), got "
+                f"{self.head_dim}"
+            )
+        if self.head_dim is None and (self.dim % self.n_heads or (self.dim // self.n_heads) % 2):
             raise LayerwiseError(
                 f"dim {self.dim} must be n_heads {self.n_heads} times an even head size "
-                "(rotary embeddings rotate pairs of channels)"
+                "(rotary embeddings rotate pairs of channels), or give head_dim"
             )
         if self.n_heads % self.kv_heads:
             raise LayerwiseError(
@@ -293,6 +307,16 @@ class LlamaConfig:
     def kv_heads(self) -> int:
         """The number of key/value heads."""
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def head_size(self) -> int:
+        """Channels per q, k and v head."""
+        return self.dim // self.n_heads if self.head_dim is None else self.head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        """Channels per head the rotary embedding turns."""
+        return self.head_size
 
     @property
     def ffn_hidden(self) -> int:
@@ -371,23 +395,35 @@ def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 
 class LlamaAttention(nn.Module):
+    """Grouped-query attention (Meta's reference), with Qwen's q/k/v biases (`qkv_bias`) and
+    Qwen3's head size and QK-norm as Hugging Face's modeling_qwen3.py writes them: heads of
+    `head_dim` (heads x head_dim may differ from dim), q and k RMS-normed per head on their
+    (batch, length, heads, head_dim) view, before the transpose and the rotary embedding."""
+
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.n_heads = config.n_heads
         self.n_kv_heads = config.kv_heads
         self.n_rep = self.n_heads // self.n_kv_heads
-        self.head_dim = config.dim // config.n_heads
+        self.head_dim = config.head_size
         self.attention = config.attention
         bias = bool(getattr(config, "qkv_bias", False))  # Qwen's q, k, v have biases
         self.wq = nn.Linear(config.dim, self.n_heads * self.head_dim, bias=bias)
         self.wk = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=bias)
         self.wv = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=bias)
         self.wo = nn.Linear(self.n_heads * self.head_dim, config.dim, bias=False)
+        self.qk_norm = config.qk_norm
+        if self.qk_norm:
+            self.q_norm = _norm(config, self.head_dim)
+            self.k_norm = _norm(config, self.head_dim)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
-        xq = self.wq(x).view(bsz, seqlen, self.n_heads, self.head_dim).transpose(1, 2)
-        xk = self.wk(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        xq = self.wq(x).view(bsz, seqlen, self.n_heads, self.head_dim)
+        xk = self.wk(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
+        if self.qk_norm:
+            xq, xk = self.q_norm(xq), self.k_norm(xk)
+        xq, xk = xq.transpose(1, 2), xk.transpose(1, 2)
         xv = self.wv(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim).transpose(1, 2)
         xq, xk = apply_rotary_pos_emb(xq, xk, cos, sin)
         keys = repeat_kv(xk, self.n_rep)  # (bs, n_heads, seqlen, head_dim)
@@ -420,23 +456,97 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
-def _norm(config: LlamaConfig) -> nn.Module:
+class MLA(nn.Module):
+    """Multi-head latent attention as DeepSeek-V3's reference writes it (inference/model.py
+    `MLA` with attn_impl "naive": keys and values up-projected per head, no weight
+    absorption), its tensors laid out (batch, heads, length, head) and its rotary embedding
+    in the rotate-half form, as Hugging Face's modeling_deepseek_v3.py writes them (the
+    reference's interleaved complex rotation is the same up to a fixed order of the rotary
+    channels, that is of wq_b's and wkv_a's rows).
+
+    q = wq_b(q_norm(wq_a(x))) per head (nope | rope); wkv_a(x) = (latent | k_pe), k_pe one
+    rotary key shared by the heads; wkv_b(kv_norm(latent)) per head (k_nope | v); scores over
+    the q/k heads of qk_nope_head_dim + qk_rope_head_dim, values of v_head_dim, scaled by
+    1/sqrt(q/k head) (the reference's YaRN factor applies only beyond the pre-training
+    context, max_seq_len > 4096); wo maps heads x v_head_dim back to dim."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        assert isinstance(config, MoEConfig)
+        self.dim = config.dim
+        self.n_heads = config.n_heads
+        self.q_lora_rank = config.q_lora_rank
+        self.kv_lora_rank = config.kv_lora_rank
+        self.qk_nope_head_dim = config.qk_nope_head_dim
+        self.qk_rope_head_dim = config.qk_rope_head_dim
+        self.qk_head_dim = config.qk_nope_head_dim + config.qk_rope_head_dim
+        self.v_head_dim = config.v_head_dim
+        self.attention = config.attention
+        if self.q_lora_rank == 0:
+            self.wq = nn.Linear(self.dim, self.n_heads * self.qk_head_dim, bias=False)
+        else:
+            self.wq_a = nn.Linear(self.dim, self.q_lora_rank, bias=False)
+            self.q_norm = _norm(config, self.q_lora_rank)
+            self.wq_b = nn.Linear(self.q_lora_rank, self.n_heads * self.qk_head_dim, bias=False)
+        self.wkv_a = nn.Linear(self.dim, self.kv_lora_rank + self.qk_rope_head_dim, bias=False)
+        self.kv_norm = _norm(config, self.kv_lora_rank)
+        self.wkv_b = nn.Linear(
+            self.kv_lora_rank, self.n_heads * (self.qk_nope_head_dim + self.v_head_dim), bias=False
+        )
+        self.wo = nn.Linear(self.n_heads * self.v_head_dim, self.dim, bias=False)
+        self.softmax_scale = self.qk_head_dim**-0.5
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        bsz, seqlen, _ = x.size()
+        q = self.wq(x) if self.q_lora_rank == 0 else self.wq_b(self.q_norm(self.wq_a(x)))
+        q = q.view(bsz, seqlen, self.n_heads, self.qk_head_dim).transpose(1, 2)
+        q_nope, q_pe = torch.split(q, [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        kv = self.wkv_a(x)
+        kv, k_pe = torch.split(kv, [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        k_pe = k_pe.view(bsz, 1, seqlen, self.qk_rope_head_dim)  # one rotary key for all heads
+        q_pe, k_pe = apply_rotary_pos_emb(q_pe, k_pe, cos, sin)
+        q = torch.cat([q_nope, q_pe], dim=-1)
+        kv = self.wkv_b(self.kv_norm(kv))
+        kv = kv.view(bsz, seqlen, self.n_heads, self.qk_nope_head_dim + self.v_head_dim)
+        k_nope, v = torch.split(
+            kv.transpose(1, 2), [self.qk_nope_head_dim, self.v_head_dim], dim=-1
+        )
+        k = torch.cat([k_nope, k_pe.expand(-1, self.n_heads, -1, -1)], dim=-1)
+        if self.attention == "sdpa":  # q, k of qk_head_dim; v of v_head_dim
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+        else:
+            scores = torch.matmul(q, k.transpose(2, 3)) * self.softmax_scale
+            mask = torch.ones(seqlen, seqlen, dtype=torch.bool, device=x.device).tril()
+            scores = scores.masked_fill(~mask, float("-inf"))
+            scores = F.softmax(scores.float(), dim=-1).type_as(q)
+            out = torch.matmul(scores, v)  # (bsz, n_heads, seqlen, v_head_dim)
+        out = out.transpose(1, 2).contiguous().view(bsz, seqlen, -1)  # the reference: flatten(2)
+        return self.wo(out)
+
+
+def _norm(config: LlamaConfig, width: int | None = None) -> nn.Module:
+    """An RMS norm over `width` channels (default: the model's width)."""
+    width = config.dim if width is None else width
     if config.torch_rmsnorm:
-        return nn.RMSNorm(config.dim, eps=config.norm_eps)
-    return RMSNorm(config.dim, eps=config.norm_eps)
+        return nn.RMSNorm(width, eps=config.norm_eps)
+    return RMSNorm(width, eps=config.norm_eps)
 
 
 class TransformerBlock(nn.Module):
     def __init__(self, config: LlamaConfig, feed_forward: nn.Module | None = None) -> None:
         super().__init__()
-        self.attention = LlamaAttention(config)
+        self.attention: nn.Module = (
+            MLA(config) if getattr(config, "mla", False) else LlamaAttention(config)
+        )
         if feed_forward is None:
             feed_forward = FeedForward(config.dim, config.ffn_hidden, config.mlp)
         self.feed_forward = feed_forward
         self.attention_norm = _norm(config)
         self.ffn_norm = _norm(config)
         # Hugging Face's sparse MoE blocks return (hidden states, router logits)
-        self.router_logits = isinstance(feed_forward, Qwen2MoeSparseMoeBlock)
+        self.router_logits = isinstance(
+            feed_forward, Qwen2MoeSparseMoeBlock | Qwen3MoeSparseMoeBlock
+        )
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)
@@ -455,9 +565,7 @@ class Llama(nn.Module):
         super().__init__()
         self.config = config
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
-        self.rotary_emb = RotaryEmbedding(
-            config.dim // config.n_heads, config.max_seq_len, config.rope_theta
-        )
+        self.rotary_emb = RotaryEmbedding(config.rope_dim, config.max_seq_len, config.rope_theta)
         self.layers = nn.ModuleList(self.block(config, i) for i in range(config.n_layers))
         self.norm = _norm(config)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
@@ -487,7 +595,7 @@ class Llama(nn.Module):
 
 # -- mixtures of experts (Mixtral, DeepSeek-V3, Qwen-MoE) ---------------------------------------
 
-MOE_STYLES = ("mixtral", "deepseek", "qwen")
+MOE_STYLES = ("mixtral", "deepseek", "qwen", "qwen3")
 SCORE_FUNCS = ("softmax", "sigmoid")
 
 
@@ -506,11 +614,18 @@ class MoEConfig(LlamaConfig):
     - "qwen": Hugging Face's Qwen2MoeSparseMoeBlock (Qwen1.5-MoE): softmax over E, top-k,
       normalised when `norm_topk`, a shared expert of width `shared_hidden` with a sigmoid gate
       (h -> 1); it returns (hidden states, router logits).
+    - "qwen3": Hugging Face's Qwen3MoeSparseMoeBlock (Qwen3-MoE): the same without the shared
+      expert.
 
     Layers below `first_dense` keep a dense feed-forward of width `ffn_hidden` (DeepSeek-V3's
     first 3 layers). `qkv_bias`: biases on q, k and v (Qwen). The gate weights are computed in
     the input's dtype (the references take the softmax in float32), so that a float64 model
-    computes exactly what the `moe` op's kernel does."""
+    computes exactly what the `moe` op's kernel does.
+
+    `mla`: multi-head latent attention (`MLA`, DeepSeek-V2/V3) instead of grouped-query
+    attention, of sizes `q_lora_rank` (0: q projected from the input by one linear),
+    `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim` (the rotary part of each q and k
+    head) and `v_head_dim` (defaults: DeepSeek-V3's)."""
 
     moe: str = "mixtral"
     n_experts: int = 8
@@ -525,10 +640,18 @@ class MoEConfig(LlamaConfig):
     topk_groups: int = 1
     first_dense: int = 0
     qkv_bias: bool = False
+    mla: bool = False
+    q_lora_rank: int = 1536
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_sizes(self, ("n_experts", "top_k", "moe_hidden", "n_groups", "topk_groups"))
+        if self.mla:
+            self._check_mla()
         _check_choice("moe", self.moe, MOE_STYLES)
         _check_choice("score_func", self.score_func, SCORE_FUNCS)
         if self.top_k > self.n_experts:
@@ -546,6 +669,39 @@ class MoEConfig(LlamaConfig):
                 f"first_dense must be between 0 and n_layers {self.n_layers}, got "
                 f"{given(self.first_dense)}"
             )
+
+    def _check_mla(self) -> None:
+        mla = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        _check_sizes(self, mla)
+        q_rank = self.q_lora_rank
+        if isinstance(q_rank, bool) or not isinstance(q_rank, int) or q_rank < 0:
+            raise LayerwiseError(
+                f"q_lora_rank must be a non-negative integer (0: no query compression), got "
+                f"{given(q_rank)}"
+            )
+        if self.qk_rope_head_dim % 2:
+            raise LayerwiseError(
+                f"qk_rope_head_dim must be even (rotary embeddings rotate pairs of channels), "
+                f"got {self.qk_rope_head_dim}"
+            )
+        others = {
+            "n_kv_heads": self.n_kv_heads is not None and self.n_kv_heads != self.n_heads,
+            "head_dim": self.head_dim is not None,
+            "qk_norm": self.qk_norm,
+            "qkv_bias": self.qkv_bias,
+        }
+        if any(others.values()):
+            names = ", ".join(k for k, v in others.items() if v)
+            raise LayerwiseError(
+                f"multi-head latent attention (mla) has no {names}: its heads are sized by "
+                "qk_nope_head_dim, qk_rope_head_dim and v_head_dim, one key/value head per "
+                "query head"
+            )
+
+    @property
+    def rope_dim(self) -> int:
+        """Channels per head the rotary embedding turns (MLA: qk_rope_head_dim)."""
+        return self.qk_rope_head_dim if self.mla else self.head_size
 
 
 @dataclass(frozen=True)
@@ -707,12 +863,53 @@ class Qwen2MoeSparseMoeBlock(nn.Module):
         return final_hidden_states, router_logits
 
 
+class Qwen3MoeSparseMoeBlock(nn.Module):
+    """Qwen3-MoE's sparse block as Hugging Face writes it (modeling_qwen3_moe.py): Qwen1.5-MoE's
+    routing (softmax over E, top-k, normalised when `norm_topk`) without a shared expert. (The
+    reference loops over the experts some token chose, `expert_hitted`; this loops over all,
+    as its Qwen2-MoE does: an expert no token chose adds nothing.)"""
+
+    def __init__(self, config: MoEConfig) -> None:
+        super().__init__()
+        self.num_experts = config.n_experts
+        self.top_k = config.top_k
+        self.norm_topk_prob = config.norm_topk
+        self.gate = nn.Linear(config.dim, config.n_experts, bias=False)
+        self.experts = nn.ModuleList(
+            Qwen2MoeMLP(config.dim, config.moe_hidden) for _ in range(config.n_experts)
+        )
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch_size, sequence_length, hidden_dim = hidden_states.shape
+        hidden_states = hidden_states.view(-1, hidden_dim)
+        router_logits = self.gate(hidden_states)  # (batch * sequence_length, n_experts)
+        routing_weights = F.softmax(router_logits, dim=1)  # reference: dtype=torch.float
+        routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            routing_weights = routing_weights / routing_weights.sum(dim=-1, keepdim=True)
+        routing_weights = routing_weights.to(hidden_states.dtype)
+        final_hidden_states = torch.zeros_like(hidden_states)
+        expert_mask = F.one_hot(selected_experts, num_classes=self.num_experts).permute(2, 1, 0)
+        for expert_idx in range(self.num_experts):
+            expert_layer = self.experts[expert_idx]
+            idx, top_x = torch.where(expert_mask[expert_idx])
+            current_state = hidden_states[None, top_x].reshape(-1, hidden_dim)
+            current_hidden_states = expert_layer(current_state) * routing_weights[top_x, idx, None]
+            final_hidden_states = final_hidden_states.index_add(
+                0, top_x, current_hidden_states.to(hidden_states.dtype)
+            )  # the reference adds in place (index_add_)
+        final_hidden_states = final_hidden_states.reshape(batch_size, sequence_length, hidden_dim)
+        return final_hidden_states, router_logits
+
+
 def moe_block(config: MoEConfig) -> nn.Module:
     """The sparse feed-forward of `config.moe`'s reference code."""
     if config.moe == "deepseek":
         return MoE(config)
     if config.moe == "qwen":
         return Qwen2MoeSparseMoeBlock(config)
+    if config.moe == "qwen3":
+        return Qwen3MoeSparseMoeBlock(config)
     experts = [FeedForward(config.dim, config.moe_hidden) for _ in range(config.n_experts)]
     gate = nn.Linear(config.dim, config.n_experts, bias=False)
     return MoeLayer(experts, gate, MoeArgs(config.n_experts, config.top_k))
@@ -768,12 +965,16 @@ LLM_SIZES: dict[str, LlmConfig] = {
     ),
     # DeepSeek-V3's sizes (arXiv 2412.19437 Sec. 4.2; HF deepseek-ai/DeepSeek-V3 config.json:
     # 61 layers, the first 3 dense of 18432, then 1 shared + 256 routed experts of 2048, top 8
-    # in 4 of 8 groups, sigmoid scores, route scale 2.5, vocabulary 129280) with standard
-    # multi-head attention (128 heads of 7168 / 128 = 56) instead of MLA, and no MTP module.
+    # in 4 of 8 groups, sigmoid scores, route scale 2.5, vocabulary 129280; MLA of 128 heads,
+    # q_lora_rank 1536, kv_lora_rank 512, q/k heads of 128 + 64 rotary, v heads of 128) at
+    # its pre-training context (4096), without its multi-token-prediction module:
+    # 671,026,419,200 parameters, the report's 671B.
     "deepseek-v3-like": MoEConfig(
         vocab_size=129280, dim=7168, n_layers=61, n_heads=128, hidden_dim=18432, norm_eps=1e-6,
         max_seq_len=4096, moe="deepseek", n_experts=256, top_k=8, moe_hidden=2048, n_shared=1,
         score_func="sigmoid", route_scale=2.5, n_groups=8, topk_groups=4, first_dense=3,
+        mla=True, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128,
     ),
     # Qwen1.5-MoE-A2.7B: HF Qwen/Qwen1.5-MoE-A2.7B config.json (60 experts of 1408, top 4 not
     # renormalised, a gated shared expert of 5632, q/k/v biases; 14.3B parameters).
@@ -781,6 +982,20 @@ LLM_SIZES: dict[str, LlmConfig] = {
         vocab_size=151936, dim=2048, n_layers=24, n_heads=16, hidden_dim=5632, norm_eps=1e-6,
         rope_theta=1e6, max_seq_len=8192, moe="qwen", n_experts=60, top_k=4, moe_hidden=1408,
         shared_hidden=5632, norm_topk=False, qkv_bias=True,
+    ),
+    # Qwen3-30B-A3B and Qwen3-235B-A22B: HF Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B
+    # config.json (q/k/v heads of 128 with QK-norm, 4 k/v heads, every layer sparse: 128
+    # experts, top 8 renormalised, no shared expert; untied; 30,532,122,624 and
+    # 235,093,634,560 parameters). hidden_dim is their unused dense intermediate_size.
+    "qwen3-30b-a3b": MoEConfig(
+        vocab_size=151936, dim=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128,
+        qk_norm=True, hidden_dim=6144, norm_eps=1e-6, rope_theta=1e6, max_seq_len=40960,
+        moe="qwen3", n_experts=128, top_k=8, moe_hidden=768, norm_topk=True,
+    ),
+    "qwen3-235b-a22b": MoEConfig(
+        vocab_size=151936, dim=4096, n_layers=94, n_heads=64, n_kv_heads=4, head_dim=128,
+        qk_norm=True, hidden_dim=12288, norm_eps=1e-6, rope_theta=1e6, max_seq_len=40960,
+        moe="qwen3", n_experts=128, top_k=8, moe_hidden=1536, norm_topk=True,
     ),
 }  # fmt: skip
 

@@ -27,6 +27,7 @@ from planner.graph.opkinds import (
     SAMPLE,
     Contraction,
     DimMap,
+    attention_dims,
     contraction,
     input_dim_map,
     kind_spec,
@@ -331,6 +332,8 @@ def _check_op(op: Op, inputs: Sequence[Tensor]) -> None:
     _check_kind_dims(op, inputs)
     if op.kind in ("conv2d", "pool2d"):
         _check_window(op)
+    if op.kind == "attention":
+        _check_attention(op, inputs)
     for pos, tensor in enumerate(inputs):
         for dim, size, m in zip(tensor.dims, tensor.sizes, _maps(op, pos, tensor), strict=True):
             _check_dim(op, pos, dim, size, m)
@@ -507,6 +510,34 @@ def _check_concat(op: Op, inputs: Sequence[Tensor]) -> None:
         )
 
 
+def _check_attention(op: Op, inputs: Sequence[Tensor]) -> None:
+    """Whole heads: heads divide the output channels, kv_heads the heads, the rotary part
+    fits in a head; MLA (attr mla) reads one key/value head per query head and a shared
+    rotary key of rope_dim channels as its third input."""
+    _check_split_units(op)
+    a = attention_dims(op)
+    sizes = {"kv_heads": a.kv_heads, "head_dim": a.head_dim, "rope_dim": a.rope_dim}
+    bad = [k for k, v in sizes.items() if v < 1]
+    if bad or a.heads % a.kv_heads or a.rope_dim > a.head_dim:
+        raise GraphError(
+            f"op {op.name!r}: attention attrs {sizes} must be positive, kv_heads must divide "
+            f"heads {a.heads} and rope_dim be at most head_dim"
+        )
+    if op.attr("v_head_dim") is not None and op.attr("v_head_dim") != a.v_head_dim:
+        raise GraphError(
+            f"op {op.name!r}: v_head_dim {op.attr('v_head_dim')!r} is not the output's "
+            f"{a.v_head_dim} channels per head"
+        )
+    if a.mla:
+        rope = inputs[2].size(CHANNEL) if len(inputs) == 3 and CHANNEL in inputs[2].dims else 0
+        if a.kv_heads != a.heads or a.rope_dim >= a.head_dim or rope != a.rope_dim:
+            raise GraphError(
+                f"op {op.name!r}: multi-head latent attention reads (q, kv, rotary key) with "
+                f"one key/value head per query head and a rotary key of rope_dim "
+                f"{a.rope_dim} < head_dim {a.head_dim} channels (got {rope})"
+            )
+
+
 def _check_split_units(op: Op) -> None:
     """Attention heads and conv groups must divide the channels they split."""
     for key, kind in (("heads", "attention"), ("groups", "conv2d")):
@@ -539,7 +570,7 @@ def _check_dim(op: Op, pos: int, dim: str, size: int, m: DimMap) -> None:
     expected = {
         "same": size,
         "window": _window_out(size, m),
-        "group": size * m.stride,
+        "group": size // m.kernel * m.per_input_head,
     }.get(m.kind)
     if m.kind == "offset" and op.kind == "slice":  # [-offset, -offset + out) of the input
         ok = -m.offset + out_size <= size

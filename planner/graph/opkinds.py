@@ -61,9 +61,11 @@ class DimMap:
     "offset": input range = output range of `out_dim` shifted by -offset, clipped to the input
     (the input occupies [offset, offset + size) of the output, as in concat; a negative offset
     reads a slice of the input);
-    "group": grouped-query attention's k and v: output channels [a, b) are query heads
-    [a / kernel, b / kernel) of `kernel` channels, and query head h reads key head h // stride,
-    so the input range is key heads [a // kernel // stride, ceil(b / kernel / stride)).
+    "group": attention's inputs read by head: output channels [a, b) are query heads
+    [a / out_head, b / out_head) of `out_head` channels (0: `kernel`), and query head h reads
+    input head h // stride of `kernel` channels (grouped-query attention's k and v: stride
+    query heads share one; a q or k head wider than the output's v head), so the input range
+    is input heads [a // (out_head stride), ceil(b / (out_head stride))).
     """
 
     kind: Literal["same", "full", "window", "offset", "group"]
@@ -73,6 +75,12 @@ class DimMap:
     pad: int = 0
     dilation: int = 1
     offset: int = 0
+    out_head: int = 0
+
+    @property
+    def per_input_head(self) -> int:
+        """ "group": the output channels whose query heads read one input head."""
+        return (self.out_head or self.kernel) * self.stride
 
 
 @dataclass(frozen=True)
@@ -267,6 +275,57 @@ def parameter_dims(op: Op) -> tuple[str, ...]:
     return tuple(d for d in parallel_dims(op) if soap[d] == "P")
 
 
+@dataclass(frozen=True)
+class AttentionDims:
+    """The head geometry of an attention op (attrs heads, kv_heads, head_dim, rope_dim, mla,
+    qk_norm; the output holds heads x v_head_dim channels).
+
+    Standard attention reads q (heads x head_dim), k (kv_heads x head_dim) and v (kv_heads x
+    v_head_dim); multi-head latent attention (`mla`, DeepSeek-V2/V3 without weight
+    absorption) reads q (heads x head_dim), kv (per head, head_dim - rope_dim key channels
+    then v_head_dim value channels: the key/value up-projection's output) and a rotary key
+    of rope_dim channels that every head shares. Rotary embeddings turn the last `rope_dim`
+    channels of each q and k head."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int  # q and k channels per head
+    v_head_dim: int  # v and output channels per head
+    rope_dim: int
+    mla: bool
+    qk_norm: bool = False  # q and k heads RMS-normed (Qwen3), two weights of head_dim
+
+    @property
+    def group(self) -> int:
+        """Query heads per key/value head."""
+        return self.heads // self.kv_heads
+
+    def input_head(self, index: int) -> int:
+        """Channels per head of input `index` (0 for MLA's shared rotary key)."""
+        if index == 0:
+            return self.head_dim
+        if self.mla:
+            return self.head_dim - self.rope_dim + self.v_head_dim if index == 1 else 0
+        return self.head_dim if index == 1 else self.v_head_dim
+
+
+def attention_dims(op: Op) -> AttentionDims:
+    """`op`'s head geometry (`AttentionDims`): head_dim and v_head_dim default to the
+    output's channels per head, kv_heads to heads, rope_dim to head_dim."""
+    heads = int(op.attr("heads", 1))
+    v = op.output.size(CHANNEL) // heads if CHANNEL in op.output.dims else 1
+    d = int(op.attr("head_dim", v))
+    return AttentionDims(
+        heads=heads,
+        kv_heads=int(op.attr("kv_heads", heads)),
+        head_dim=d,
+        v_head_dim=v,
+        rope_dim=int(op.attr("rope_dim", d)),
+        mla=bool(op.attr("mla", False)),
+        qk_norm=bool(op.attr("qk_norm", False)),
+    )
+
+
 def split_unit(op: Op, dim: str) -> int:
     """The granularity of a split along `dim` (attention splits channel by whole heads)."""
     if op.kind == "attention" and dim == CHANNEL:  # whole heads; with fewer k/v heads, whole
@@ -404,10 +463,8 @@ def _dim_map(op: Op, index: int, dim: str, out: tuple[str, ...]) -> DimMap:
         # q rows follow the output rows; k and v are read whole along length.
         if dim == LENGTH and index > 0:
             return DimMap("full")
-        group = int(op.attr("heads", 1)) // int(op.attr("kv_heads", op.attr("heads", 1)))
-        if dim == CHANNEL and index > 0 and group > 1:
-            head = op.output.size(CHANNEL) // int(op.attr("heads", 1))
-            return DimMap("group", CHANNEL, kernel=head, stride=group)
+        if dim == CHANNEL and CHANNEL in out:
+            return _attention_channels(op, index)
         return DimMap("same", dim) if dim in out else DimMap("full")
     if kind in ("linear", "lstm", "rnn_attention", "flatten", "softmax", "moe") and dim == CHANNEL:
         return DimMap("full")
@@ -418,6 +475,21 @@ def _dim_map(op: Op, index: int, dim: str, out: tuple[str, ...]) -> DimMap:
     if dim in out:
         return DimMap("same", dim)
     return DimMap("full")
+
+
+def _attention_channels(op: Op, index: int) -> DimMap:
+    """The channels of attention input `index` that a task of whole query heads reads: the
+    same heads of q, the key/value heads its query heads share (`AttentionDims`), all of
+    MLA's shared rotary key."""
+    a = attention_dims(op)
+    kernel = a.input_head(index)
+    if kernel == 0:
+        return DimMap("full")
+    stride = 1 if index == 0 or a.mla else a.group
+    if kernel == a.v_head_dim and stride == 1:
+        return DimMap("same", CHANNEL)
+    out_head = 0 if kernel == a.v_head_dim else a.v_head_dim
+    return DimMap("group", CHANNEL, kernel=kernel, stride=stride, out_head=out_head)
 
 
 # -- folded ops ------------------------------------------------------------------------------

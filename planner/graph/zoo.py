@@ -769,7 +769,7 @@ def _llm(
 
 
 def _llm_entries() -> list[ModelInfo]:
-    """GPT-2, Llama and mixtures of experts (Mixtral, DeepSeek-V3-like, Qwen-MoE-like) as
+    """GPT-2, Llama and mixtures of experts (Mixtral, DeepSeek-V3-like, Qwen-MoE-like, Qwen3) as
     their authors write them (`planner.graph.llm`), at published sizes: batch 8, sequence 1024
     (GPT-2) or 2048 (the others); dropout 0 as nanoGPT pretrains."""
     import dataclasses
@@ -787,10 +787,17 @@ def _llm_entries() -> list[ModelInfo]:
             fields["dropout"] = 0.0
             what = f"GPT-2 ({config.n_layer} layers, width {config.n_embd}), nanoGPT's code"
         elif isinstance(config, MoEConfig):
+            attention = (
+                ", multi-head latent attention"
+                if config.mla
+                else ", QK-norm"
+                if config.qk_norm
+                else ""
+            )
             what = (
                 f"mixture of experts ({config.n_layers} layers, width {config.dim}, top "
-                f"{config.top_k} of {config.n_experts} experts), {config.moe}'s reference code "
-                "in a Llama decoder"
+                f"{config.top_k} of {config.n_experts} experts{attention}), {config.moe}'s "
+                "reference code in a Llama decoder"
             )
         else:
             what = f"Llama ({config.n_layers} layers, width {config.dim}), Meta's reference code"

@@ -6,8 +6,10 @@ The script lays out the plan's uniform degrees on a (data, tensor) `DeviceMesh` 
 Megatron-LM's rank order (tensor innermost): each linear or embedding the rule
 (`planner.problems.baselines.megatron`) splits by output channels is `ColwiseParallel`, each
 whose sum it splits `RowwiseParallel`; module outputs stay DTensors (`use_local_output=
-False`) and the ops without parameters run in the layouts DTensor propagates; the other
-modules with parameters are replicated over the tensor group (`distribute_module`).
+False`) and the ops without parameters run in the layouts DTensor propagates (on CPUs,
+where DTensor has no rule for the attention kernel, attention runs every head on every rank
+of the group: `CpuAttention`); the other modules with parameters are replicated over the
+tensor group (`distribute_module`).
 Modules that share a weight (a tied embedding and head) stay replicated. Then the blocks
 that recompute are wrapped in `checkpoint_wrapper` (full recomputation: "full", or the first
 k blocks), and data parallelism is FSDP2 over the data dim: `fully_shard` per block and on the
@@ -72,7 +74,8 @@ def fsdp_changes(lp: LaunchPlan) -> tuple[Uniform, list[Change]]:
         changes.append(
             Change(
                 "ops without parameters (attention, norms' statistics, residuals): the script "
-                "runs them in the layouts DTensor propagates"
+                "runs them in the layouts DTensor propagates (on CPUs attention runs every head "
+                "on every rank of the tensor group)"
                 + (
                     f"; modules sharing a weight ({', '.join(tied[:2])}) replicated" if tied else ""
                 ),
@@ -139,6 +142,7 @@ def render(
         "CHECKPOINT": checkpointed,
         "BLOCKS": blocks,
         "OPTIMIZER": optimizer if optimizer in ("sgd", "adam") else "sgd",
+        "LOSS": _loss_kind(lp),
         "MODEL": _model_code(lp.model.spec),
     }
     text = SCRIPT
@@ -146,6 +150,15 @@ def render(
         code = value if isinstance(value, str) and key in ("HEADER", "MODEL") else repr(value)
         text = text.replace(f"@{key}@", code)
     return text, []
+
+
+def _loss_kind(lp: LaunchPlan) -> str:
+    """What the model outputs: "logits" (the graph's loss head is implicit), else the
+    probabilities or log-probabilities of its last softmax."""
+    last = lp.strategy.graph.ops[-1]
+    if last.kind != "softmax" or last.attr("implicit", False):
+        return "logits"
+    return "log-probabilities" if "log" in str(last.attr("op", "")) else "probabilities"
 
 
 def _model_code(spec: Any) -> str:
@@ -179,6 +192,7 @@ SCRIPT = '''"""@HEADER@
 """
 
 import argparse
+import contextlib
 import os
 
 import torch
@@ -187,8 +201,9 @@ import torch.nn.functional as F
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, distribute_module
+from torch.distributed.tensor import DTensor, Replicate, distribute_module
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.overrides import TorchFunctionMode
 
 WORLD = @WORLD@
 DATA = @DATA@  # data-parallel degree (FSDP2 or DDP over the mesh's "dp" dim)
@@ -200,6 +215,7 @@ TENSOR_PLAN = @TENSOR_PLAN@
 CHECKPOINT = @CHECKPOINT@  # blocks whose forward runs again in the backward
 BLOCKS = @BLOCKS@  # the FSDP2 units, then the root
 OPTIMIZER = @OPTIMIZER@
+LOSS = @LOSS@  # what the model outputs: logits, probabilities or log-probabilities
 STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16, "64-true": torch.float64}
@@ -224,6 +240,53 @@ def batch(step, inputs, out_shape):
     return xs, torch.randint(0, classes, out_shape[:-1], generator=g)
 
 
+def loss_of(out, target):
+    """The mean loss of the model's output: its logits (cross-entropy), probabilities or
+    log-probabilities (negative log-likelihood) over the last dimension."""
+    out, target = out.float().flatten(0, -2), target.flatten()
+    if LOSS == "logits":
+        return F.cross_entropy(out, target)
+    return F.nll_loss(torch.log(out) if LOSS == "probabilities" else out, target)
+
+
+class Dense(torch.autograd.Function):
+    """The identity into contiguous memory, with a contiguous gradient (the CPU attention
+    kernel's backward views its output's gradient as contiguous)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone(memory_format=torch.contiguous_format)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
+class CpuAttention(TorchFunctionMode):
+    """scaled_dot_product_attention of DTensors on the CPU, where DTensor has no rule for
+    the kernel: every head on every rank of the tensor group (on GPUs DTensor splits the
+    heads itself)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention and isinstance(args[0], DTensor):
+            mesh = args[0].device_mesh
+            q, k, v = (Dense.apply(x.full_tensor()) for x in args[:3])
+            out = Dense.apply(func(q, k, v, *args[3:], **kwargs))
+            return DTensor.from_local(out, mesh, [Replicate()])
+        return func(*args, **kwargs)
+
+
+def _replicated(module, inputs, mesh):
+    """A module's tensor inputs as DTensors replicated over the tensor group."""
+    return tuple(
+        DTensor.from_local(x, mesh, [Replicate()])
+        if isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
+        else x
+        for x in inputs
+    )
+
+
 def parallelize(model, mesh):
     """Tensor parallelism inside each "tp" group, recomputation, then data parallelism."""
     if TENSOR > 1:
@@ -231,9 +294,9 @@ def parallelize(model, mesh):
         plan = {name: STYLES[style](use_local_output=False) for name, style in TENSOR_PLAN.items()}
         parallelize_module(model, tp, plan)
         for name, module in model.named_modules():
-            own = list(module.parameters(recurse=False))
+            own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
             if name not in TENSOR_PLAN and own and not isinstance(own[0], DTensor):
-                distribute_module(module, tp)  # its weights replicated in the group
+                distribute_module(module, tp, input_fn=_replicated)  # weights replicated
     for name in CHECKPOINT:
         parent, _, child = name.rpartition(".")
         holder = model.get_submodule(parent) if parent else model
@@ -288,10 +351,10 @@ def main():
         autocast = PRECISION in AUTOCAST
         with torch.autocast(
             "cuda" if cuda else "cpu", AUTOCAST.get(PRECISION, torch.bfloat16), enabled=autocast
-        ):
+        ), CpuAttention() if TENSOR > 1 and not cuda else contextlib.nullcontext():
             out = model(*xs)
-        out = out.full_tensor() if isinstance(out, DTensor) else out
-        loss = F.nll_loss(out.float().flatten(0, -2), target.flatten())
+        out = out.contiguous().full_tensor() if isinstance(out, DTensor) else out
+        loss = loss_of(out, target)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

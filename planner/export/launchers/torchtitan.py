@@ -10,7 +10,7 @@ and `[parallelism]` field names are the same in both.
 
 | plan | torchtitan |
 | --- | --- |
-| data d, ZeRO 0 | `data_parallel_replicate_degree = d` (DDP) |
+| data d, ZeRO 0 | `data_parallel_replicate_degree = d` (DDP, which torchtitan runs alone: beside other parallelism nearest ZeRO 2) |
 | ZeRO 2 / 3 | `data_parallel_shard_degree = d` (FSDP2) with `fsdp_reshard_after_forward` "never" / "always"; ZeRO 1: none (nearest 2) |
 | tensor t, context c, expert e, stages p | `tensor_parallel_degree` (with sequence parallelism, torchtitan's default), `context_parallel_degree`, `expert_parallel_degree`, `pipeline_parallel_degree` |
 | schedule, micro-batches of b per replica | `pipeline_parallel_schedule` ("GPipe", "1F1B", "Interleaved1F1B"), `pipeline_parallel_microbatch_size = b` |
@@ -107,14 +107,16 @@ FP8 = ("transformer-engine", "transformer-engine-cs")
 def torchtitan_changes(lp: LaunchPlan) -> tuple[Uniform, list[Change]]:
     """The layout torchtitan runs of the plan's nearest uniform layout, and what it changes."""
     u, changes = lp.uniform, []
-    if u.zero == 1 and u.data > 1:
+    alone = u.world == u.data  # torchtitan's DDP runs with no other parallelism
+    if u.data > 1 and (u.zero == 1 or (u.zero == 0 and not alone)):
+        why = (
+            "torchtitan shards data parallelism with FSDP2 only"
+            if u.zero == 1
+            else "torchtitan's DDP runs with no other parallelism"
+        )
         u = changed(u, zero=2)
         changes.append(
-            Change(
-                "ZeRO 1: torchtitan shards data parallelism with FSDP2 only",
-                "ZeRO 2 (fsdp_reshard_after_forward never)",
-                u,
-            )
+            Change(f"ZeRO {lp.uniform.zero}: {why}", "ZeRO 2 (fsdp_reshard_after_forward never)", u)
         )
     if u.context > 1 and u.zero < 3:
         u = changed(u, zero=3)
@@ -230,10 +232,14 @@ def _checkpointing(recompute: str | int, layers: int) -> dict[str, Any]:
     return {"mode": "selective", "selective_ac_option": str(every)}
 
 
-def overrides_03(sections: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def overrides_03(sections: Mapping[str, Mapping[str, Any]], u: Uniform) -> list[str]:
     """torchtitan 0.3's command-line overrides of the same fields (its `[training]` and
-    `[parallelism]`; the activation checkpointing policy last)."""
+    `[parallelism]`; the activation checkpointing policy last). 0.3 captures CUDA graphs by
+    default and refuses them with pipelines and with expert parallelism's dispatchers:
+    `--training.disable_cuda_graphs` there."""
     out = []
+    if u.stages > 1 or u.expert > 1:
+        out.append("--training.disable_cuda_graphs")
     for section in ("training", "parallelism"):
         for key, value in sections[section].items():
             if key not in TORCHTITAN_03_FIELDS[section]:
@@ -254,7 +260,7 @@ def render(
     """The TOML file (header: the plan, torchtitan 0.3's overrides, what is not expressed)
     and the 0.3 overrides as a list."""
     sections = torchtitan_sections(lp, u)
-    args = overrides_03(sections)
+    args = overrides_03(sections, u)
     ac = sections["activation_checkpoint"]
     lines = [
         f"# torchtitan job config for {lp.model.name} on {u.world} GPUs: {u.describe()}",

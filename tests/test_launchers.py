@@ -588,3 +588,16 @@ def test_the_api_takes_a_plan_its_file_or_its_json(tmp_path: Path) -> None:
         planner.export_launcher(path, to="slurm")
     with pytest.raises(LayerwiseError, match="expected a plan file"):
         planner.export_launcher(3, to="megatron")
+
+
+def test_a_model_without_numbered_layers_goes_to_the_script_only() -> None:
+    plan = megatron(model_graph("lenet5"), get_preset("p100-1x2"), 1).to_json(
+        model={"name": "lenet5", "batch": None, "kwargs": {}, "coarsen": True},
+        extra={"cost": {}},
+    )
+    for to, name in (("megatron", "Megatron-LM"), ("torchtitan", "torchtitan")):
+        with pytest.raises(ExportError, match=f"{name} trains transformers of numbered layers"):
+            export_launcher(plan, to)
+    script = export_launcher(plan, "fsdp")
+    compile(script.text, "lenet.py", "exec")
+    assert "LOSS = 'probabilities'" in script.text and "BLOCKS = []" in script.text

@@ -22,6 +22,7 @@ Every name is checked against `MEGATRON_ARGUMENTS`, taken from Megatron-LM's
 
 from __future__ import annotations
 
+from planner.errors import ExportError
 from planner.export.launchers.common import Change, changed
 from planner.export.launchers.layout import LaunchPlan, Uniform
 
@@ -77,6 +78,11 @@ _FP8_RECIPE = {"transformer-engine": "delayed", "transformer-engine-cs": "tensor
 def megatron_changes(lp: LaunchPlan) -> tuple[Uniform, list[Change]]:
     """The layout Megatron-LM runs of the plan's nearest uniform layout, and what it
     changes."""
+    if lp.model.layers == 0:
+        raise ExportError(
+            f"Megatron-LM trains transformers of numbered layers ('layers.3'): {lp.model.name!r} "
+            "has none (`--to fsdp` writes a script for any model)"
+        )
     u, changes = lp.uniform, []
     if u.stages > 1 and u.schedule == "gpipe":
         u = changed(u, schedule="1f1b")

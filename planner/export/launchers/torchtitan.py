@@ -30,6 +30,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from planner.errors import ExportError
 from planner.export.launchers.common import Change, changed
 from planner.export.launchers.layout import LaunchPlan, Uniform
 
@@ -106,6 +107,11 @@ FP8 = ("transformer-engine", "transformer-engine-cs")
 
 def torchtitan_changes(lp: LaunchPlan) -> tuple[Uniform, list[Change]]:
     """The layout torchtitan runs of the plan's nearest uniform layout, and what it changes."""
+    if lp.model.layers == 0:
+        raise ExportError(
+            f"torchtitan trains transformers of numbered layers ('layers.3'): {lp.model.name!r} "
+            "has none (`--to fsdp` writes a script for any model)"
+        )
     u, changes = lp.uniform, []
     alone = u.world == u.data  # torchtitan's DDP runs with no other parallelism
     if u.data > 1 and (u.zero == 1 or (u.zero == 0 and not alone)):
@@ -137,7 +143,7 @@ def torchtitan_changes(lp: LaunchPlan) -> tuple[Uniform, list[Change]]:
                 'mode "selective", selective_ac_option "op"',
             )
         )
-    elif isinstance(u.recompute, int) and 0 < u.recompute < layers:
+    elif isinstance(u.recompute, int) and 0 < u.recompute < layers:  # k >= L: "full"
         every = max(1, round(layers / u.recompute))
         u = changed(u, recompute=layers // every)
         changes.append(
@@ -224,7 +230,7 @@ def module_fqns(blocks: tuple[int, ...]) -> list[list[str]]:
 def _checkpointing(recompute: str | int, layers: int) -> dict[str, Any]:
     if recompute in ("none", 0):
         return {"mode": "none"}
-    if recompute == "full" or recompute == layers:
+    if recompute == "full" or (isinstance(recompute, int) and recompute >= layers):
         return {"mode": "full"}
     if recompute == "selective":
         return {"mode": "selective", "selective_ac_option": "op"}

@@ -601,3 +601,13 @@ def test_a_model_without_numbered_layers_goes_to_the_script_only() -> None:
     script = export_launcher(plan, "fsdp")
     compile(script.text, "lenet.py", "exec")
     assert "LOSS = 'probabilities'" in script.text and "BLOCKS = []" in script.text
+
+
+def test_megatron_keeps_16_bit_weights_with_fp32_main_copies() -> None:
+    launch = export_launcher(per_op(tensor=2, precision="bf16-mixed"), "megatron")
+    (line,) = launch.notes
+    assert line.startswith("precision bf16-mixed (fp32 weights, 16-bit matrix products)")
+    assert "nearest bf16-true with master weights (simulated" in line
+    assert launch.uniform.precision == "bf16-true" and launch.uniform.master_weights
+    assert "--bf16" in launch.args
+    assert launch.exported_seconds != launch.planned_seconds

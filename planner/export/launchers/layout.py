@@ -48,7 +48,8 @@ MAX_TIES = 8  # uniform layouts simulated to break a tie
 class Uniform:
     """A layout a launcher takes: degrees, micro-batches, schedule, recomputation ("none",
     "selective", "full" or the first k blocks), ZeRO stage, precision (Lightning's names,
-    None: the model's dtypes) and the numbered blocks of each chunk (chunk order)."""
+    None: the model's dtypes), the numbered blocks of each chunk (chunk order) and whether
+    16-bit weights keep an fp32 master copy (None: as the plan's cost options say)."""
 
     stages: int = 1
     tensor: int = 1
@@ -62,6 +63,7 @@ class Uniform:
     zero: int = 0
     precision: str | None = None
     blocks: tuple[int, ...] = ()
+    master_weights: bool | None = None  # an fp32 copy of 16-bit weights (None: the plan's)
 
     @property
     def world(self) -> int:
@@ -154,6 +156,8 @@ class LaunchPlan:
         options = {k: v for k, v in self.cost.items() if k != "source"}
         if uniform is not None:
             options.update(zero=uniform.zero, recompute=uniform.recompute)
+            if uniform.master_weights is not None:
+                options["master_weights"] = uniform.master_weights
         return options
 
     def simulate(self, uniform: Uniform) -> float:

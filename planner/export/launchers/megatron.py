@@ -13,7 +13,7 @@ The layout (`planner.export.launchers.layout.Uniform`) maps onto Megatron-LM's o
 | micro-batches m of b samples per replica, global batch B | `--micro-batch-size b --global-batch-size B` (Megatron-LM runs B / (b d) = m) |
 | recompute selective / full / the first k blocks | `--recompute-granularity selective` (core attention) / `full --recompute-method uniform --recompute-num-layers 1` / `full --recompute-method block --recompute-num-layers k` (k per stage in Megatron-LM: one stage only) |
 | ZeRO 1 / 2 / 3 | `--use-distributed-optimizer` / `--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads` / `... optim_grads_params` (with `--ckpt-format fsdp_dtensor`, which Megatron-FSDP requires) |
-| precision bf16-mixed, bf16-true / 16-mixed, 16-true / transformer-engine(-cs) | `--bf16` / `--fp16` / `--bf16 --fp8-format hybrid --fp8-recipe delayed` (`tensorwise` for current scaling) |
+| precision bf16-true / 16-true / transformer-engine(-cs) | `--bf16` / `--fp16` / `--bf16 --fp8-format hybrid --fp8-recipe delayed` (`tensorwise` for current scaling); the "mixed" precisions (fp32 weights under autocast): nearest the "true" ones with fp32 master weights, Megatron-LM's |
 | the model | `--num-layers --hidden-size --num-attention-heads` (`--group-query-attention --num-query-groups`), `--seq-length --max-position-embeddings`, `--num-experts --moe-router-topk`: check them against your model; tokenizer, data and optimizer are yours |
 
 Every name is checked against `MEGATRON_ARGUMENTS`, taken from Megatron-LM's
@@ -94,6 +94,18 @@ def megatron_changes(lp: LaunchPlan) -> tuple[Uniform, list[Change]]:
                 f"recompute the first {u.recompute} blocks: Megatron-LM's --recompute-method "
                 f"block recomputes as many layers on every stage",
                 f"{per} per stage ({per * u.stages} blocks)",
+            )
+        )
+    if u.precision in ("bf16-mixed", "16-mixed"):
+        near = "bf16-true" if u.precision == "bf16-mixed" else "16-true"
+        u = changed(u, precision=near, master_weights=True)
+        changes.append(
+            Change(
+                f"precision {lp.uniform.precision} (fp32 weights, 16-bit matrix products): "
+                f"Megatron-LM's {'--bf16' if near == 'bf16-true' else '--fp16'} keeps 16-bit "
+                "weights with fp32 main copies in its optimizer",
+                f"{near} with master weights",
+                u,
             )
         )
     if u.precision == "64-true":

@@ -40,7 +40,6 @@ from planner.problems.strategy import Strategy, strategy_from_json
 
 __all__ = ["LaunchPlan", "ModelFacts", "Uniform", "read_plan"]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
 MAX_TIES = 8  # uniform layouts simulated to break a tie
 
 

@@ -42,6 +42,8 @@ _EXPORTS: dict[str, str] = {
     "pipeline_plan": "planner.export",
     "PipelineExportPlan": "planner.export",
     "PipelineExported": "planner.export",
+    "export_launcher": "planner.export",
+    "Launch": "planner.export",
     "ModelSpec": "planner.graph.models",
     "InputSpec": "planner.graph.models",
     "LayerwiseError": "planner.errors",

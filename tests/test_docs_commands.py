@@ -64,6 +64,11 @@ LLAMA_70B = (
     "--set dtype=bfloat16 --optimizer adam --master-weights --time-limit 600 -o plan.json"
 )
 VGG16_JSON = "python -m planner graph vgg16 --batch 32 --json vgg16.json"
+PP_PLAN = (
+    "python -m planner plan gpt2 --batch 8 --set n_layer=4 --set n_embd=64 --set n_head=4 "
+    "--set seq=64 --set block_size=64 --set vocab_size=512 --devices p100-2x2 --pipeline on "
+    "-o pp.json"
+)
 RUNTIME_PLAN = (
     "python -m planner plan alexnet --batch 8 --set num_classes=100 --devices cpu-local-2 "
     "--backend elimination -o plan.json"
@@ -118,6 +123,12 @@ TABLE: dict[tuple[str, str], Run] = {
     ("docs/calibration.md", "python -m experiments.calibration --rows mine.csv"): skip(PLACEHOLDER),  # noqa: E501
     ("docs/calibration.md", "python -m experiments.calibration --lines 171 203"): slow(),
     ("docs/calibration.md", "python -m experiments.calibration --fit"): skip("about 12 minutes"),  # noqa: E501
+    ("docs/launchers.md", "python -m planner plan gpt2 --set n_layer=2 --batch 8 --devices p100-1x4 -o plan.json"): fast(),  # noqa: E501
+    ("docs/launchers.md", "python -m planner export --to megatron plan.json -o megatron.args"): fast("TP 1 x DP 4"),  # noqa: E501
+    ("docs/launchers.md", "python -m planner export --to torchtitan plan.json -o job.toml"): fast(),  # noqa: E501
+    ("docs/launchers.md", "python -m planner export --to fsdp plan.json -o train.py"): fast(),
+    ("docs/launchers.md", PP_PLAN): slow(),
+    ("docs/launchers.md", "python -m planner export --to torchtitan pp.json"): slow("PP 2", after=(PP_PLAN,)),  # noqa: E501
     ("docs/megatron.md", "python -m experiments.megatron"): skip("about 14 minutes"),
     ("docs/megatron.md", "python -m experiments.megatron --rows 1 2 3 4"): slow(),
     ("docs/megatron.md", "python -m experiments.megatron --rows 5 6 7 8 9 10 --time-limit 150"): slow(),  # noqa: E501

@@ -1,4 +1,5 @@
-"""`python -m planner` (or `layerwise`): models, graph, devices, plan, evaluate, profile.
+"""`python -m planner` (or `layerwise`): models, graph, devices, plan, evaluate, export,
+profile.
 
 Every command ends bad input with a one-line `error: ...` on stderr and exit status 2 (usage
 errors included: no argparse usage block); output paths are checked before any work. A plan
@@ -13,7 +14,7 @@ a search stops it and the best answer so far is printed and written (limit INTER
 Modules: `args` (what every command line of the project shares: the one-line parser, argument
 types, logging options, error reporting; runtime.run and the experiments use it), `parser`
 (`build_parser`: one function per command), `commands` (`main` and the small commands),
-`plan` and `evaluate` (those two commands), `inputs` (reading the user's model and files),
+`plan` and `evaluate` (those two commands; `export` is in `commands`), `inputs` (reading the user's model and files),
 `output` (what the commands print).
 """
 

@@ -68,6 +68,41 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write a plan as a launcher's configuration; what it cannot express on stderr."""
+    import sys
+
+    from planner.export.launchers import export_launcher
+    from planner.files import strict_json
+
+    check_outputs((args.output, f"{args.to} configuration"))
+    launch = export_launcher(args.plan, args.to, simulate=not args.no_simulate)
+    if args.output is not None:
+        launch.save(args.output)
+    for note in launch.notes:
+        print(f"cannot express: {note}", file=sys.stderr)
+    if args.json:
+        print(
+            strict_json(
+                {
+                    "to": launch.to,
+                    "layout": launch.uniform.describe(),
+                    "world": launch.uniform.world,
+                    "notes": list(launch.notes),
+                    "planned_seconds": launch.planned_seconds,
+                    "exported_seconds": launch.exported_seconds,
+                    "args": list(launch.args),
+                    "output": str(args.output) if args.output is not None else None,
+                }
+            )
+        )
+    elif args.output is None:
+        sys.stdout.write(launch.text)
+    if args.output is not None:
+        print(f"{args.to}: {launch.uniform.describe()}, written to {args.output}", file=sys.stderr)
+    return 0
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     """Measure a model's task shapes on this machine into the cost cache."""
     from planner.costs.profile import profile_graph
@@ -107,6 +142,7 @@ COMMANDS = {
     "devices": cmd_devices,
     "plan": cmd_plan,
     "evaluate": cmd_evaluate,
+    "export": cmd_export,
     "profile": cmd_profile,
 }
 

@@ -29,7 +29,7 @@ MODEL_HELP = "zoo model name, or a user model factory 'package.module:callable' 
 
 def build_parser(prog: str = "python -m planner") -> argparse.ArgumentParser:
     """The parser of every command (`models`, `graph`, `devices`, `plan`, `evaluate`,
-    `profile`); a usage error is one UsageError line."""
+    `export`, `profile`); a usage error is one UsageError line."""
     parser = OneLineArgumentParser(
         prog=prog,
         description="Layer-wise parallelization planning: graphs, devices, plans, evaluation. "
@@ -42,6 +42,7 @@ def build_parser(prog: str = "python -m planner") -> argparse.ArgumentParser:
         _devices_parser,
         _plan_parser,
         _evaluate_parser,
+        _export_parser,
         _profile_parser,
     ):
         add_command(sub)
@@ -222,6 +223,38 @@ def _evaluate_parser(sub: Subparsers) -> None:
     p.add_argument("--trace", type=Path, help="write the simulated timeline as a Chrome trace")
     p.add_argument(
         "--plot", type=plot_path, help="write a Gantt chart of the timeline (e.g. T.png, T.svg)"
+    )
+    _logging_args(p)
+
+
+def _export_parser(sub: Subparsers) -> None:
+    """`export`: a plan as a launcher's configuration."""
+    from planner.export.launchers import LAUNCHERS
+
+    p = sub.add_parser(
+        "export",
+        help="write a plan as torchtitan's, Megatron-LM's or an FSDP2 script's configuration",
+        description="Write a plan file (`plan -o`) as what a launcher takes: torchtitan's TOML "
+        "job config (torchtitan 0.3's overrides in its header), Megatron-LM's arguments, or a "
+        "Python script with FSDP2 and DTensor tensor parallelism (docs/launchers.md). What the "
+        "launcher cannot express of the plan is one line each on stderr, with the nearest "
+        "layout it can and that layout's simulated step beside the plan's.",
+    )
+    p.add_argument("plan", type=Path, help="a plan file (`planner plan ... -o PLAN`)")
+    p.add_argument("--to", required=True, choices=LAUNCHERS, help="the launcher")
+    p.add_argument(
+        "-o", "--output", type=Path, help="write the configuration here (default: stdout)"
+    )
+    p.add_argument(
+        "--no-simulate",
+        action="store_true",
+        help="do not simulate the plan and the nearest layouts (quicker for a large plan)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (launcher, layout, notes, simulated seconds, arguments, "
+        "output) on stdout instead of the configuration (with -o, the file is written too)",
     )
     _logging_args(p)
 

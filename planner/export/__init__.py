@@ -7,7 +7,10 @@
   `ZeroOneOptimizer` for stage 1);
 - `planner.export.pipelining`: a pipelined strategy as torch's pipelining (`pipeline_plan`,
   `parallelize_pipeline`);
-- `planner.export.common`: what they share (`check_params`).
+- `planner.export.common`: what they share (`check_params`);
+- `planner.export.launchers`: a plan as what launchers take (`export_launcher`: torchtitan's
+  job config, Megatron-LM's arguments, an FSDP2 + tensor-parallel script), what they cannot
+  express said in one line each (docs/launchers.md).
 
 Nothing here imports torch until a function runs; what cannot be expressed is one
 `ExportError`. See docs/runtime.md.
@@ -22,6 +25,7 @@ from planner.export.dtensor import (
     parallelize,
     process_group,
 )
+from planner.export.launchers import Launch, export_launcher
 from planner.export.pipelining import (
     PipelineExported,
     PipelineExportPlan,
@@ -35,11 +39,13 @@ __all__ = [
     "ExportError",
     "ExportPlan",
     "Exported",
+    "Launch",
     "OpPlacement",
     "PipelineExportPlan",
     "PipelineExported",
     "StagePlan",
     "ZeroOneOptimizer",
+    "export_launcher",
     "export_plan",
     "fully_shard_plan",
     "parallelize",

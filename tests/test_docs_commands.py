@@ -119,6 +119,7 @@ TABLE: dict[tuple[str, str], Run] = {
     ("docs/cost_model.md", "python -m experiments.gemm_fit --fp8"): fast("(median |error| 2.3%)"),
     ("docs/cost_model.md", "python -m experiments.expert_tensor"): fast("sample=32,reduce=2,expert=4"),  # noqa: E501
     ("docs/moe.md", "python -m experiments.moe"): slow("TP1 PP4 VP8 EP8 DP16 MBS1 GBS256"),
+    ("docs/moe.md", "python -m experiments.moe --rows"): slow("Qwen3-235B-A22B (MB 25.11"),
     ("docs/calibration.md", "python -m experiments.calibration"): slow("held-out bf16: 20 rows, median |error| 6.8%, max 10.2%"),
     ("docs/calibration.md", "python -m experiments.calibration --rows mine.csv"): skip(PLACEHOLDER),  # noqa: E501
     ("docs/calibration.md", "python -m experiments.calibration --lines 171 203"): slow(),

@@ -323,7 +323,12 @@ def moe_tiny(name: str, **overrides: Any) -> tuple[nn.Module, torch.Tensor]:
     return model.double(), tokens
 
 
-@pytest.mark.parametrize("name", MOE_PUBLISHED)
+BIG = ("qwen3-235b-a22b",)  # ~5 s to build on meta: in the slow run
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in BIG else n for n in MOE_PUBLISHED]
+)
 def test_the_moe_parameter_counts(name: str) -> None:
     model, _ = build_llm(name)
     assert next(model.parameters()).device.type == "meta"
@@ -358,6 +363,7 @@ def test_mixtral_activates_12_9b_parameters_per_token() -> None:
     assert n_params(model) - idle == 12_879_925_248  # mistral.ai: 12.9B active
 
 
+@pytest.mark.slow  # builds the 671B model again (~5 s); its total is checked by default
 def test_deepseek_v3_likes_moe_part_is_the_published_architectures() -> None:
     """58 MoE layers of 256 routed + 1 shared expert (3 x 7168 x 2048 each), the router
     (256 x 7168) and its selection bias (256, a parameter as in DeepSeek's code); the rest:

@@ -873,7 +873,8 @@ class _Selection(BestFirst):
 
     def run(self) -> Tally:
         if self.baseline is not None and not self.cost(self.baseline):
-            self.tally.stopped = True
+            self.tally.stopped = True  # the grace ended it: no answer in time
+            return self.tally
         return super().run()
 
     def rank(self, batch: list[StageLayout], needed: bool) -> list[StageLayout]:

@@ -230,7 +230,11 @@ class BestFirst(ABC):
             self.tally.stopped = True
             return False
         batch, self.pending = self.pending[: self.batch], self.pending[self.batch :]
-        self.pending = self.rank(batch, needed=not (self.measured or self._untried)) + self.pending
+        unreached = self.rank(batch, needed=not (self.measured or self._untried))
+        self.pending = unreached + self.pending
+        if len(unreached) == len(batch):  # no time left to estimate one, even for an answer
+            self.tally.stopped = True
+            return False
         return True
 
     batch = 64  # stage layouts estimated at a time once the first ranking's share is spent

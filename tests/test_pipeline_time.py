@@ -163,6 +163,30 @@ def test_a_candidate_simulated_and_unfit_is_no_answer_by_estimate() -> None:
     assert tally.answer == _Measure(1.5, ESTIMATE, "A")
 
 
+def test_late_in_the_time_the_best_costed_is_simulated_before_more_costing() -> None:
+    """Past `due` with nothing simulated, the best candidate costed is simulated before the
+    next stage layout is costed, though that one's closed form is lower: the answer at the
+    limit is then a simulated one (here the time ends after that simulation)."""
+
+    class Due(_Costed):
+        def __init__(self) -> None:
+            super().__init__({"A": 1.0, "B": 1.1}, {"A": 1.5, "B": 1.2}, expected=0.001)
+            self.due = Deadline(time.perf_counter() - 1.0)  # passed
+            self.costed_keys: list[str] = []
+
+        def cost(self, key: str) -> bool:
+            self.costed_keys.append(key)
+            return super().cost(key)
+
+        def late(self) -> bool:
+            return bool(self.simulated)
+
+    fake = Due()
+    tally = fake.run()
+    assert fake.costed_keys == ["A"] and fake.simulated == ["A"]
+    assert tally.answer == _Measure(1.5, TWO_REPLICAS, "A") and tally.stopped
+
+
 def test_with_time_to_simulate_the_answer_is_simulated() -> None:
     fake = _Costed({"A": 1.0, "B": 2.0}, {"A": 1.5, "B": 1.2}, expected=0.001)
     tally = fake.run()

@@ -104,6 +104,9 @@ FULL_SIMULATION_TASKS = 200_000  # the answer is simulated on every device up to
 INNER_SHARE = 0.1  # of the time, at most, for the per-op searches of the stages' layouts
 RANKING_SHARE = 0.3  # of the time left, at most, for every stage layout's closed-form estimate
 BASELINE_SHARE = 0.1  # of the time left, at most, to find the stage layout costed first
+# of the time left after the first ranking, the last share in which, with nothing simulated
+# yet, the best candidate costed is simulated before any more costing (if expected to fit)
+SIMULATION_RESERVE = 0.25
 # seconds of a full simulation per second of two replicas', per replica pair (measured 0.18-0.38)
 FULL_SIMULATION_COST = 0.4
 MAX_MICRO_BATCH = 16  # samples per replica per micro-batch: more only adds to the bubble
@@ -861,7 +864,10 @@ class _Selection(BestFirst):
         baseline: StageLayout | None = None,
     ) -> None:
         settings = space.settings
-        super().__init__(deadline, list(ranked.unreached), settings.exact, space.tolerance, first)
+        due = deadline.share(1.0 - SIMULATION_RESERVE)
+        super().__init__(
+            deadline, list(ranked.unreached), settings.exact, space.tolerance, first, due
+        )
         self.space = space
         self.tally.least = ranked.least
         self.units: dict[StageLayout, Units] = {}  # of each stage layout costed

@@ -38,9 +38,11 @@ before an answer is taken, as time allows.
 Anytime: what no answer exists without (estimating stage layouts until one fits, costing
 one) runs until `first`, the deadline plus a grace (the search's); a candidate is simulated
 while no layout is only when its expected seconds (`expected`) fit in the time left (of the
-grace, once late); and when the time runs out, or a Ctrl-C comes, before any layout is
-simulated, the answer is the best candidate costed, its step from its estimate's units
-(`unsimulated`; ESTIMATE its level), not a simulation.
+grace, once late); once `due` has passed with nothing simulated, the best candidate costed
+is simulated before any more stage layouts are costed, if it is expected to end in time; and
+when the time runs out, or a Ctrl-C comes, before any layout is simulated, the answer is the
+best candidate costed, its step from its estimate's units (`unsimulated`; ESTIMATE its
+level), not a simulation.
 """
 
 from __future__ import annotations
@@ -101,9 +103,11 @@ class BestFirst(ABC):
         cap: int | None,
         tolerance: float = 0.0,
         first: Deadline | None = None,
+        due: Deadline | None = None,
     ) -> None:
         self.deadline = deadline
         self.first = first or deadline  # what no answer exists without runs until then
+        self.due = due  # past it with nothing simulated, the best costed is simulated first
         self.shrink = 1.0 / (1.0 + tolerance)  # a final within the gap tolerance is taken
         self.pending = pending  # stage layouts not estimated yet
         self.cap = cap
@@ -147,8 +151,19 @@ class BestFirst(ABC):
             near = self._within_tolerance()
             if near is not None:
                 return self._answer(near)
-            _, _, _, final, level, item = heapq.heappop(self._queue)
+            value, _, _, final, level, item = heapq.heappop(self._queue)
             self._candidates -= int(level == ESTIMATE)
+            if level == ESTIMATE and item in self.tried:  # simulated out of turn (`_due`)
+                continue
+            due = self._due() if level == STAGE else None
+            if due is not None:  # its simulation before more costings: it is time
+                self.push(value, level, item)
+                if not steps[ESTIMATE](due):
+                    tally.stopped = True
+                    break
+                self.tried.add(due)
+                self._untried -= 1
+                continue
             if level == STAGE and self._untried and not self.measured and self.late():
                 tally.stopped = True  # no answer yet, and late: the shortest way to one
                 continue
@@ -195,6 +210,18 @@ class BestFirst(ABC):
         if best is None or best.step * self.shrink > self._queue[0][0]:
             return None
         return best
+
+    def _due(self) -> Any:
+        """The best costed candidate, when nothing is simulated yet, `due` has passed and its
+        simulation is expected to end in the time left (None otherwise): simulated before
+        any more stage layouts are costed, so that the answer at the limit is a simulated
+        one where one fits in the time."""
+        if self.measured or not self._untried or self.due is None or not self.due.expired():
+            return None
+        best = min((c for c in self.costed if c[2] not in self.tried), default=None)
+        if best is None or self.late() or not self._in_time(best[2]):
+            return None
+        return best[2]
 
     def _in_time(self, candidate: Any) -> bool:
         """Whether `candidate`'s simulation, the first, is expected to end in the time left:

@@ -33,6 +33,15 @@ be: the answer. No layout estimated below the answer's step is left unmeasured
 (docs/pipeline.md, "What is simulated and returned"). `bound` is `units.compute_bound`: no
 layout of any kind steps faster.
 
+Under a time limit (docs/pipeline.md, "Time limit"): the cheapest stage layout to cost is
+costed first (`_baseline`), for an answer early; what no answer exists without runs until
+the limit plus a grace (`FIRST_ANSWER_SHARE`: `Deadline.extended`), shielded from a first
+Ctrl-C; every costing and simulation looks at its clock; a first simulation runs only when
+its expected seconds fit (`_Selection.expected`), and in the last `SIMULATION_RESERVE` of the
+time the best costed candidate is simulated before more costing; cut short with nothing
+simulated, the answer is the best costed candidate at its estimate (`_by_estimate`); with
+nothing costed, NO_SOLUTION, limit TIME, and a line that says to raise the limit.
+
 `PipelineSearch` is the search under the result contract (`planner.result.PipelineResult`,
 reached through `planner.registry.get_pipeline_solver`): a `PipelineProblem`, its settings
 in `SolveOptions.extra` (`PipelineSettings`), its time from `options.clock()`.

@@ -105,7 +105,11 @@ class _Costed(BestFirst):
     seconds and finds the candidates in `unfit` do not fit."""
 
     def __init__(
-        self, quick: dict[str, float], estimates: dict[str, float], expected: float, unfit=()
+        self,
+        quick: dict[str, float],
+        estimates: dict[str, float],
+        expected: float,
+        unfit: tuple[str, ...] = (),
     ) -> None:
         super().__init__(Deadline.after(60), [], None)
         self.estimates, self._expected, self.unfit = estimates, expected, set(unfit)

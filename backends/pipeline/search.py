@@ -349,12 +349,14 @@ def _search(
     ranked = _rank(space, [k for k in fitting if k != baseline], deadline.share(RANKING_SHARE))
     if baseline is not None:
         ranked.estimated += 1
-    chosen = _Selection(space, deadline, ranked, first, baseline).run()
+    selection = _Selection(space, deadline, ranked, first, baseline)
+    chosen = selection.run()
     within = len(ranked.estimates) + chosen.within + int(baseline is not None)
     stats: dict[str, Any] = {
         "stage_layouts": len(fitting),
         "stage_layouts_estimated": ranked.estimated + chosen.estimated,
         "stage_layouts_within_memory": within,
+        "stage_layouts_dominated": selection.dominated,
         "stage_layouts_costed": chosen.costed,
         "layouts_fit": chosen.fit,
         "simulated_exactly": chosen.simulated,
@@ -366,10 +368,12 @@ def _search(
     best = chosen.answer
     if best is None:
         return _without_answer(space, keys, fitting, ranked, chosen, bound, stats, t0, first)
+    skipped = selection.dominated
+    dominated = f" ({skipped} skipped, dominated at their mixture of experts)" if skipped else ""
     say(
         f"pipeline search: {stats['stage_layouts_estimated']} of {len(fitting)} stage layouts "
-        f"estimated, {stats['stage_layouts_within_memory']} within memory, {chosen.costed} "
-        f"costed; {chosen.simulated} layouts "
+        f"estimated{dominated}, {stats['stage_layouts_within_memory']} within memory, "
+        f"{chosen.costed} costed; {chosen.simulated} layouts "
         f"simulated{', stopped by the time limit' if stopped else ''}; answer "
         f"{best.step:.3f} s on {ON[best.level]} ({best.candidate.layout.describe()})"
     )
@@ -791,6 +795,7 @@ class _Ranked:
     unreached: list[StageLayout]
     least: float
     estimated: int = 0  # stage layouts estimated, within memory or not
+    dominated: int = 0  # skipped: another expert degree is no slower and no heavier
 
 
 def _rank(
@@ -821,7 +826,10 @@ def _rank(
         if stop:
             out.unreached = fitting[i:]
             break
-        if prune and (_dominated(space, fitting[i]) or space.needless(fitting[i])):
+        if prune and _dominated(space, fitting[i]):
+            out.dominated += 1
+            continue
+        if prune and space.needless(fitting[i]):
             continue
         g = n // p
         w = t * c  # a replica's devices
@@ -883,6 +891,7 @@ class _Selection(BestFirst):
         self.seconds: dict[StageLayout, float] = {}  # its costing's
         self.ranges = len(unit_ranges(space.problem.graph))  # op ranges a costing simulates
         self.baseline = baseline  # costed before the queue is looked at (`_baseline`)
+        self.dominated = ranked.dominated  # stage layouts skipped at their moe op
         for estimate, key in ranked.estimates:
             self.push(estimate, STAGE, key)
 
@@ -898,6 +907,7 @@ class _Selection(BestFirst):
         else:
             more = _rank(self.space, batch, self.deadline)
         self.tally.estimated += more.estimated
+        self.dominated += more.dominated
         self.tally.within += len(more.estimates)
         self.tally.least = min(self.tally.least, more.least)
         for estimate, key in more.estimates:

@@ -230,6 +230,7 @@ def plan_request(request: PlanRequest) -> PlanResult | PipelinePlan:
 def _choose_search(request: PlanRequest) -> PlanResult | PipelinePlan:
     """`plan`'s choice between the per-op search and the pipeline search (see `plan`'s
     docstring, `pipeline`)."""
+    from planner.pipeline.spec import PipelineOutOfTime
     from planner.pipelined import PER_OP, auto_search, check_choices, plan_pipeline_request
     from planner.problems.problem import Problem
     from planner.problems.sizes import MemoryRefusal
@@ -266,8 +267,8 @@ def _choose_search(request: PlanRequest) -> PlanResult | PipelinePlan:
         try:
             return plan_pipeline_request(request)
         except LayerwiseError as exc:
-            if stop_requested():
-                raise
+            if stop_requested() or isinstance(exc, PipelineOutOfTime):
+                raise  # out of time is no refusal: the per-op search would have less
             log.warning("the pipeline search gave no plan (%s): planning per op instead", exc)
             return _per_op_after_refusal(request, str(exc))
 
@@ -295,6 +296,7 @@ def _pipeline_after_refusal(request: PlanRequest, refusal: MemoryRefusal) -> Pip
     """The per-op plan of the captured model was refused for memory: a pipelined one
     instead, for a stack of repeated blocks, in the time left; else the refusal, with why
     pipelines did not help (at once when it is `final`: nothing can fit)."""
+    from planner.pipeline.spec import PipelineOutOfTime
     from planner.pipelined import has_blocks, plan_pipeline_request
     from planner.problems.sizes import MemoryRefusal
 
@@ -303,6 +305,8 @@ def _pipeline_after_refusal(request: PlanRequest, refusal: MemoryRefusal) -> Pip
     log.info("%s: searching pipelines instead", refusal)
     try:
         out = plan_pipeline_request(request)
+    except PipelineOutOfTime as exc:
+        raise PipelineOutOfTime(f"{refusal}; planning pipelines instead: {exc}") from None
     except LayerwiseError as exc:
         raise MemoryRefusal(
             f"{refusal}; no pipeline layout fits either ({exc})", refusal.fact

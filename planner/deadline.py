@@ -36,6 +36,7 @@ __all__ = [
     "past",
     "request_stop",
     "run_within",
+    "shielded",
     "stop_requested",
     "stopped",
 ]
@@ -47,6 +48,7 @@ _STOP = threading.Event()
 # stop request that abandoned them ends with its call, and they would run on to their own).
 _ABANDONED: set[int] = set()
 _ABANDONED_LOCK = threading.Lock()
+_SHIELDED = threading.local()  # `depth`: the `shielded` steps this thread is in
 
 
 def request_stop() -> None:
@@ -55,9 +57,12 @@ def request_stop() -> None:
 
 
 def stop_requested() -> bool:
-    """Whether a stop was asked (Ctrl-C, or `request_stop`) since the call began, or this
-    thread's step was abandoned (`run_within`)."""
-    return _STOP.is_set() or (bool(_ABANDONED) and threading.get_ident() in _ABANDONED)
+    """Whether a stop was asked (Ctrl-C, or `request_stop`) since the call began, unless this
+    thread runs a step `shielded` from it, or this thread's step was abandoned
+    (`run_within`)."""
+    if _ABANDONED and threading.get_ident() in _ABANDONED:
+        return True
+    return _STOP.is_set() and not getattr(_SHIELDED, "depth", 0)
 
 
 def clear_stop() -> None:
@@ -137,6 +142,17 @@ class Deadline:
             max(self.at, time.perf_counter() + max(0.0, seconds)), self.limit, self.began
         )
 
+    def extended(self, fraction: float, least: float, most: float) -> Deadline:
+        """This deadline moved `fraction` of its limit later (at least `least`, at most `most`
+        seconds; `least` for a deadline without a limit), counted from now when it has
+        passed already: the overrun a phase may take past the limit for an answer it has
+        none without (the pipeline search's first costing)."""
+        if not math.isfinite(self.at):
+            return self
+        span = fraction * self.limit if math.isfinite(self.limit) else least
+        extra = min(max(span, least), most)
+        return Deadline(max(self.at, time.perf_counter()) + extra, self.limit, self.began)
+
     def reserve(self, seconds: float) -> Deadline:
         """This deadline moved `seconds` earlier (time kept for a later phase)."""
         return Deadline(self.at - max(0.0, seconds), self.limit, self.began)
@@ -200,6 +216,24 @@ def run_within(fn: Callable[[], T], deadline: Deadline, poll: float = 0.05) -> T
     if failed:
         raise failed[0]
     return done[0]
+
+
+class shielded:  # noqa: N801 - used as `with shielded():`
+    """While a step runs in this thread: a stop request (a first Ctrl-C, `request_stop`) is
+    not seen (`stop_requested` is false, `past(at)` only looks at the time), so the step
+    ends at its own deadline only. For a step its caller has no answer without, when it
+    answers after a stop (the pipeline search's first costing: the first Ctrl-C asks for
+    the best answer so far, and a first answer takes that step); a second Ctrl-C still
+    raises KeyboardInterrupt, and an abandoned thread (`run_within`) still stops."""
+
+    def __enter__(self) -> shielded:
+        _SHIELDED.depth = getattr(_SHIELDED, "depth", 0) + 1
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        _SHIELDED.depth -= 1
 
 
 class catch_interrupt:  # noqa: N801 - used as `with catch_interrupt():`

@@ -25,12 +25,12 @@ from planner.errors import LayerwiseError
 from planner.graph.opgraph import OpGraph
 from planner.hardware.devices import DeviceGraph
 from planner.pipeline.problem import PipelineProblem
-from planner.pipeline.spec import PipelineError
+from planner.pipeline.spec import PipelineError, PipelineOutOfTime
 from planner.plans import PipelinePlan
 from planner.problems.sizes import pipeline_peak_parts
 from planner.registry import get_pipeline_solver
 from planner.request import DEFAULT_TIME_LIMIT, PlanRequest, overrun_words
-from planner.result import SolveOptions
+from planner.result import Limit, SolveOptions
 
 __all__ = [
     "PER_OP",
@@ -133,14 +133,21 @@ def plan_pipeline_request(
             request.capture_seconds,
             device_graph.name,
         )
-        overrun = _overrun(request)
+        late = request.call.expired() and not stop_requested()  # capture used the limit up
         t0 = time.perf_counter()
         problem = PipelineProblem(graph, device_graph, options)
         solve = SolveOptions(
             extra=settings, deadline=request.deadline, gap_tolerance=request.gap_tolerance
         )
         result = solver.solve(problem, solve)
+    overrun = _overrun(request, result.stats.get("first_answer_grace_seconds")) if late else None
     if not result.has_solution:
+        if result.stats.get("no_answer_in_time"):
+            if result.limit is Limit.INTERRUPTED:
+                raise KeyboardInterrupt("interrupted while searching pipelines, none costed yet")
+            raise PipelineOutOfTime(
+                f"{overrun}; {result.message}" if overrun else (result.message or "")
+            )
         raise PipelineError(result.message or _no_layout(result))
     phases = {
         **{k: v for k, v in result.stats.items() if k != "seconds"},
@@ -167,15 +174,16 @@ def plan_pipeline_request(
     return out
 
 
-def _overrun(request: PlanRequest) -> str | None:
-    """The line that says capture used the call's time limit up (None when it did not): the
-    search then runs only what gives a first answer."""
-    if not request.call.expired() or stop_requested():
-        return None
+def _overrun(request: PlanRequest, grace: float | None) -> str:
+    """The line that says capture used the call's time limit up: the search then ran only
+    what gives a first answer, for at most `grace` seconds (the search's
+    `first_answer_grace_seconds`)."""
     head, advice = overrun_words(request.call, request.capture_seconds, "capturing the model")
+    within = f" within {grace:.3g} s" if grace else ""
     message = (
-        f"{head}: the pipeline search ran only what gives a first answer (one costing and "
-        f"one exact simulation); {advice}"
+        f"{head}: the pipeline search ran only what gives a first answer{within} (estimates "
+        f"until a layout fits, its costing, and its simulation if expected to end by then); "
+        f"{advice}"
     )
     log.info("%s", message)
     return message

@@ -287,6 +287,7 @@ class PipelinePlan(Plan):
                 "inner": lay.inner,
                 "layouts_fit": s.get("layouts_fit"),
                 "simulated": s.get("simulated_exactly"),
+                "simulated_on": s.get("answer_simulated_on"),
             }
         }
 

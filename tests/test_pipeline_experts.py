@@ -223,7 +223,7 @@ def test_a_degree_no_faster_and_no_lighter_is_not_searched() -> None:
     problem = PipelineProblem(graph, devices, OPTIONS)
     space = search._Space(problem, search.PipelineSettings(), 7e10, 0.0)
     assert search._expert_front(space, 8, 8, 1, 1, 0, [1, 2, 4, 8]) == [8]
-    keys = search._stage_layouts(space)
+    keys = [k for k in search._stage_layouts(space) if not search._dominated(space, k)]
     assert {k[7] for k in keys if k[0] == 2 and k[1] == 8} == {8}
 
 

@@ -329,7 +329,8 @@ def test_a_layout_too_large_for_every_device_is_compared_at_its_own_measure(
         return 0 if lay == asked[0] else search.FULL_SIMULATION_TASKS + 1
 
     monkeypatch.setattr(search, "_tasks", tasks)
-    monkeypatch.setattr(search, "simulate_pipelined", lambda cm, ps: _slowed(real(cm, ps), 30.0))
+    slowed = lambda cm, ps, *clock: _slowed(real(cm, ps, *clock), 30.0)  # noqa: E731
+    monkeypatch.setattr(search, "simulate_pipelined", slowed)
     # one stage of 32 GPUs, tensor degree at most 8: 4 to 32 replicas, two of them simulated
     devices = get_preset("dgx-a100-80g-4")
     answer = search_pipeline(graph, devices, OPTIONS, stages=(1,), inner="rule", recompute="none")

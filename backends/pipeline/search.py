@@ -33,6 +33,15 @@ be: the answer. No layout estimated below the answer's step is left unmeasured
 (docs/pipeline.md, "What is simulated and returned"). `bound` is `units.compute_bound`: no
 layout of any kind steps faster.
 
+Under a time limit (docs/pipeline.md, "Time limit"): the cheapest stage layout to cost is
+costed first (`_baseline`), for an answer early; what no answer exists without runs until
+the limit plus a grace (`FIRST_ANSWER_SHARE`: `Deadline.extended`), shielded from a first
+Ctrl-C; every costing and simulation looks at its clock; a first simulation runs only when
+its expected seconds fit (`_Selection.expected`), and in the last `SIMULATION_RESERVE` of the
+time the best costed candidate is simulated before more costing; cut short with nothing
+simulated, the answer is the best costed candidate at its estimate (`_by_estimate`); with
+nothing costed, NO_SOLUTION, limit TIME, and a line that says to raise the limit.
+
 `PipelineSearch` is the search under the result contract (`planner.result.PipelineResult`,
 reached through `planner.registry.get_pipeline_solver`): a `PipelineProblem`, its settings
 in `SolveOptions.extra` (`PipelineSettings`), its time from `options.clock()`.
@@ -43,6 +52,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,16 +67,25 @@ from backends.pipeline.inner import SearchedLayout, searched_layout
 from backends.pipeline.select import ESTIMATE, EVERY_DEVICE, STAGE, TWO_REPLICAS, BestFirst, Tally
 from backends.pipeline.settings import PipelineSettings
 from backends.pipeline.units import (
+    Units,
     compute_bound,
     parameter_state,
     routed_state,
     scale_factors,
     unit_costs,
+    unit_ranges,
 )
 from planner.costs.config import divisors
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.costs.memory import usable_memory
-from planner.deadline import Deadline, OutOfTime, catch_interrupt, run_within, stop_requested
+from planner.deadline import (
+    Deadline,
+    OutOfTime,
+    catch_interrupt,
+    run_within,
+    shielded,
+    stop_requested,
+)
 from planner.errors import BackendError, LayerwiseError, given
 from planner.graph.opgraph import Op, OpGraph
 from planner.graph.opkinds import LENGTH
@@ -79,7 +98,7 @@ from planner.pipeline.spec import (
     batch_graph,
     micro_batch_graph,
 )
-from planner.pipeline.stages import ChunkCache, chunk_times, simulate_pipelined
+from planner.pipeline.stages import ChunkCache, chunk_times, simulate_chunk, simulate_pipelined
 from planner.pipeline.timeline import PipelineTimeline, simulate_pipeline
 from planner.problems.baselines import megatron
 from planner.problems.strategy import Strategy
@@ -93,13 +112,28 @@ T = TypeVar("T")
 FULL_SIMULATION_TASKS = 200_000  # the answer is simulated on every device up to this
 INNER_SHARE = 0.1  # of the time, at most, for the per-op searches of the stages' layouts
 RANKING_SHARE = 0.3  # of the time left, at most, for every stage layout's closed-form estimate
+BASELINE_SHARE = 0.1  # of the time left, at most, to find the stage layout costed first
+# of the time left after the first ranking, the last share in which, with nothing simulated
+# yet, the best candidate costed is simulated before any more costing (if expected to fit)
+SIMULATION_RESERVE = 0.25
 # seconds of a full simulation per second of two replicas', per replica pair (measured 0.18-0.38)
 FULL_SIMULATION_COST = 0.4
 MAX_MICRO_BATCH = 16  # samples per replica per micro-batch: more only adds to the bubble
+# What no answer exists without (stage layouts estimated until one fits, one costed) may run
+# this share of the time limit past it, at least FIRST_ANSWER_LEAST and at most
+# FIRST_ANSWER_MOST seconds (counted from the search's start when capture used the limit up);
+# with nothing costed by then, the search has no answer (docs/pipeline.md, "Time limit").
+FIRST_ANSWER_SHARE = 0.1
+FIRST_ANSWER_LEAST = 2.0
+FIRST_ANSWER_MOST = 30.0
 # The chunks the exact simulations of two replicas per stage (`_simulate`) simulated lately:
 # layouts simulated one after another share most of them (planner.pipeline.stages).
 _CHUNKS = ChunkCache()
-ON = {TWO_REPLICAS: "two replicas per stage", EVERY_DEVICE: "every device"}
+ON = {
+    ESTIMATE: "no device (estimated from its stage layout's costed units: not simulated in time)",
+    TWO_REPLICAS: "two replicas per stage",
+    EVERY_DEVICE: "every device",
+}
 
 # (p, t, b, recompute, ZeRO, inner rule, c, e): c the context-parallel degree, e the expert's
 StageLayout = tuple[int, int, int, str, int, str, int, int]
@@ -152,9 +186,12 @@ class _Simulated:
     timeline: PipelineTimeline
     options: CostOptions
     on_every_device: bool
+    estimated: bool = False  # not simulated: its chunks from its stage layout's costed units
 
     @property
     def level(self) -> int:
+        if self.estimated:
+            return ESTIMATE
         return EVERY_DEVICE if self.on_every_device else TWO_REPLICAS
 
     @property
@@ -186,6 +223,14 @@ class _Space:
     # candidates fit (`_rank`: a slower degree cannot do better there)
     moe_seconds: dict[tuple[int, ...], float] = field(default_factory=dict)
     settled: dict[tuple[Any, ...], float] = field(default_factory=dict)
+    experts: dict[int, list[int]] = field(default_factory=dict)  # `expert_degrees`'
+
+    def expert_degrees(self, p: int) -> list[int]:
+        """The expert degrees of a stage of p stages' devices (`_expert_degrees`)."""
+        if p not in self.experts:
+            g = self.problem.devices.num_devices // p
+            self.experts[p] = _expert_degrees(self.problem.graph, g, self.settings.expert)
+        return self.experts[p]
 
     def needless(self, key: StageLayout) -> bool:
         """Whether the stage layout `key` is slower at its mixture of experts than another
@@ -265,6 +310,8 @@ class _Costed:
     costed: int  # stage layouts whose units were simulated
     least: float  # the least memory per device seen
     stopped: bool
+    units: dict[StageLayout, Units] = field(default_factory=dict)  # of each layout costed
+    seconds: dict[StageLayout, float] = field(default_factory=dict)  # its costing's
 
 
 def _search(
@@ -280,6 +327,7 @@ def _search(
     device, until the best measured on every device is within the relative gap `tolerance`
     of every value still queued."""
     t0 = time.perf_counter()
+    first = deadline.extended(FIRST_ANSWER_SHARE, FIRST_ANSWER_LEAST, FIRST_ANSWER_MOST)
     graph, devices, options = problem.graph, problem.devices, problem.options
     usable = float(usable_memory(devices, options.headroom, options.reserve).min())
     space = _Space(problem, settings, usable, parameter_state(graph, options), tolerance)
@@ -290,29 +338,53 @@ def _search(
         space.searched = _searched_layouts(problem, looking, settings.table_budget)
     keys = _stage_layouts(space)
     fitting = _holding(space, keys)
-    ranked = _rank(space, fitting, deadline.share(RANKING_SHARE))
-    chosen = _Selection(space, deadline, ranked).run()
+    baseline = None
+    if math.isfinite(deadline.at):  # a first answer early: the cheapest to cost, costed first
+        baseline = _baseline(space, fitting, deadline.share(BASELINE_SHARE), first)
+        log.info(
+            "pipeline search: %s costed first (the cheapest to cost within memory), %.3g s in",
+            _describe(space, baseline) if baseline else "no stage layout",
+            time.perf_counter() - t0,
+        )
+    ranked = _rank(space, [k for k in fitting if k != baseline], deadline.share(RANKING_SHARE))
+    if baseline is not None:
+        ranked.estimated += 1
+    selection = _Selection(space, deadline, ranked, first, baseline)
+    chosen = selection.run()
+    within = len(ranked.estimates) + chosen.within + int(baseline is not None)
     stats: dict[str, Any] = {
         "stage_layouts": len(fitting),
         "stage_layouts_estimated": ranked.estimated + chosen.estimated,
-        "stage_layouts_within_memory": len(ranked.estimates) + chosen.within,
+        "stage_layouts_within_memory": within,
+        "stage_layouts_dominated": selection.dominated,
         "stage_layouts_costed": chosen.costed,
         "layouts_fit": chosen.fit,
         "simulated_exactly": chosen.simulated,
         "simulated_on_every_device": chosen.everywhere,
+        "set_aside_for_time": chosen.set_aside,
+        "first_answer_grace_seconds": _grace(first, deadline, t0),
     }
     stopped = chosen.stopped
     best = chosen.answer
     if best is None:
-        return _without_answer(space, keys, fitting, ranked, chosen, bound, stats, t0)
+        return _without_answer(space, keys, fitting, ranked, chosen, bound, stats, t0, first)
+    skipped = selection.dominated
+    dominated = f" ({skipped} skipped, dominated at their mixture of experts)" if skipped else ""
     say(
         f"pipeline search: {stats['stage_layouts_estimated']} of {len(fitting)} stage layouts "
-        f"estimated, {stats['stage_layouts_within_memory']} within memory, {chosen.costed} "
-        f"costed; {chosen.simulated} layouts "
+        f"estimated{dominated}, {stats['stage_layouts_within_memory']} within memory, "
+        f"{chosen.costed} costed; {chosen.simulated} layouts "
         f"simulated{', stopped by the time limit' if stopped else ''}; answer "
         f"{best.step:.3f} s on {ON[best.level]} ({best.candidate.layout.describe()})"
     )
+    if best.estimated:
+        log.warning(
+            "the time limit came before any pipeline layout was simulated: the answer's step "
+            "is estimated from its stage layout's costed units (raise the time limit to "
+            "simulate it)"
+        )
     stats["answer_simulated_on"] = ON[best.level]
+    stats["answer_simulated"] = not best.estimated
     stats["stopped_by_time_limit"] = stopped
     stats["seconds"] = time.perf_counter() - t0
     limit = Limit.TIME if stopped else Limit.ITERATIONS if chosen.capped else None
@@ -332,6 +404,12 @@ def _search(
     )
 
 
+def _grace(first: Deadline, deadline: Deadline, t0: float) -> float:
+    """Seconds past the deadline (or the search's start `t0`, when that was later) that
+    `first` gives a first answer."""
+    return first.at - max(deadline.at, t0) if math.isfinite(first.at) else 0.0
+
+
 def _without_answer(
     space: _Space,
     keys: list[StageLayout],
@@ -341,11 +419,18 @@ def _without_answer(
     bound: float,
     stats: dict[str, Any],
     t0: float,
+    first: Deadline | None = None,
 ) -> PipelineResult:
     """INFEASIBLE when nothing estimated fits, or every layout simulated did not; else
-    NO_SOLUTION (the `exact` cap, the time limit or a Ctrl-C came first)."""
+    NO_SOLUTION (the `exact` cap, the time limit or a Ctrl-C came first: with nothing
+    costed by the end of the grace for a first answer, `first`, limit TIME, the message
+    says to raise the limit)."""
     problem, usable = space.problem, space.usable
-    stopped = chosen.stopped  # before an answer, only the `exact` cap cuts the queue short
+    stopped = chosen.stopped  # before an answer, the `exact` cap or the grace's end
+    if stopped and not chosen.capped and first is not None and first.expired():
+        message = _out_of_time(space, chosen, stats, first)
+        stats["no_answer_in_time"] = True
+        return _no_answer(Status.NO_SOLUTION, Limit.TIME, message, bound, stats, stopped, t0)
     if not chosen.simulated:
         least = min(_held(space, k) for k in keys) if keys and not fitting else ranked.least
         message = _nothing_fits(problem, min(least, chosen.least), usable)
@@ -360,6 +445,23 @@ def _without_answer(
         return _no_answer(Status.NO_SOLUTION, Limit.ITERATIONS, message, bound, stats, stopped, t0)
     status, limit = (Status.NO_SOLUTION, Limit.TIME) if stopped else (Status.INFEASIBLE, None)
     return _no_answer(status, limit, message, bound, stats, stopped, t0)
+
+
+def _out_of_time(space: _Space, chosen: Tally, stats: dict[str, Any], first: Deadline) -> str:
+    """The line for a search the time limit (and its grace) ended before any layout that
+    fits was costed."""
+    graph, devices = space.problem.graph, space.problem.devices
+    limit = f" of {first.limit:g} s" if math.isfinite(first.limit) else ""
+    grace = stats.get("first_answer_grace_seconds", 0.0)
+    done = (
+        f"{stats['stage_layouts_estimated']} of {stats['stage_layouts']} stage layouts "
+        f"estimated, {chosen.costed} costed, {chosen.fit} candidates within memory"
+    )
+    return (
+        f"the pipeline search of {graph.name!r} on {devices.name} found no layout within the "
+        f"time limit{limit} and {grace:.3g} s more for a first answer ({done}): raise the "
+        f"time limit"
+    )
 
 
 def _nothing_fits(problem: PipelineProblem, least: float, usable: float) -> str:
@@ -420,7 +522,9 @@ def _stage_layouts(space: _Space) -> list[StageLayout]:
     devices, c a context-parallel degree (`_context_degrees`) with t x c dividing them, e an
     expert-parallel degree (`_expert_degrees`: 1 without mixtures of experts), b samples per
     replica per micro-batch whose micro-batches divide the batch. Only Megatron-LM's rule
-    lays out c > 1 or e > 1."""
+    lays out c > 1 or e > 1. The expert degrees dominated at the moe op (`_dominated`) are
+    here too: `_rank` skips them, each stage layout's front found when it is reached (at
+    2,048 GPUs all the fronts take 25 s, more than a time limit leaves the search)."""
     settings, problem = space.settings, space.problem
     n = problem.devices.num_devices
     node = _host_size(problem.devices)
@@ -428,7 +532,6 @@ def _stage_layouts(space: _Space) -> list[StageLayout]:
     choices = [p for p in (settings.stages or divisors(n)) if n % p == 0 and p <= problem.blocks]
     rules = [r for r in ("rule", "search") if r in settings.inner]
     contexts = settings.context or _context_degrees(problem.graph, n)
-    experts = {p: _expert_degrees(problem.graph, n // p, settings.expert) for p in choices}
     return [
         (p, t, b, rc, z, rule, c, e)
         for p in choices
@@ -439,12 +542,24 @@ def _stage_layouts(space: _Space) -> list[StageLayout]:
         if batch % ((n // p // (t * c)) * b) == 0
         for z in settings.zero
         if not (z and n // p // (t * c) == 1)  # ZeRO shards over replicas: none to shard over
-        for front in [_expert_front(space, n // p, t, c, b, z, experts[p])]
         for rc in settings.recompute
         for rule in rules
-        for e in (front if rule == "rule" else _searched_expert(space, t))
+        for e in (space.expert_degrees(p) if rule == "rule" else _searched_expert(space, t))
         if rule == "rule" or c == 1
     ]
+
+
+def _dominated(space: _Space, key: StageLayout) -> bool:
+    """Whether the stage layout `key` (Megatron-LM's rule) has an expert degree outside its
+    front (`_expert_front`, found once per stage size, t, c, b and ZeRO): another degree is
+    no slower at the moe op and no heavier, so it never gives a faster layout nor one that
+    fits where the other does not."""
+    p, t, b, _, z, rule, c, e = key
+    degrees = space.expert_degrees(p)
+    if rule != "rule" or len(degrees) < 2:
+        return False
+    g = space.problem.devices.num_devices // p
+    return e not in _expert_front(space, g, t, c, b, z, degrees)
 
 
 def _expert_front(
@@ -542,6 +657,43 @@ def _context_degrees(graph: OpGraph, n: int) -> list[int]:
     return [c for c in _powers(n) if all(seq % c == 0 for seq in seqs)]
 
 
+def _baseline(
+    space: _Space, fitting: list[StageLayout], looking: Deadline, first: Deadline
+) -> StageLayout | None:
+    """The stage layout a search with a time limit costs first, for an answer early: of the
+    stage layouts that hold the parameters, the cheapest to cost (the fewest devices its
+    units are simulated on, `_costing_devices`; then in `_holding`'s order) whose
+    closed-form estimate has a candidate within memory (`_rank`; one another layout
+    dominates is as good a first answer), looked for until `looking` passes once one was
+    tried (until `first` for the first). None when none is found in that time."""
+    cheapest = sorted(fitting, key=partial(_costing_devices, space))  # stable: `_holding`'s
+    for i, key in enumerate(cheapest):
+        if i and (looking.expired() or time.perf_counter() > first.at):
+            return None
+        if _rank(space, [key], None, prune=False).estimates:
+            return key
+    return None
+
+
+def _describe(space: _Space, key: StageLayout) -> str:
+    """A stage layout in words."""
+    p, t, b, rc, z, rule, c, e = key
+    d = space.problem.devices.num_devices // (p * t * c)
+    return (
+        f"PP {p} x TP {t} x CP {c} x DP {d}, EP {e}, {b} per replica per micro-batch, "
+        f"recompute {rc}, ZeRO {z}{', per-op search' if rule == 'search' else ''}"
+    )
+
+
+def _costing_devices(space: _Space, key: StageLayout) -> int:
+    """The devices a stage layout's units are simulated on (`unit_costs`: `here` replicas of
+    t x c, whole expert-parallel groups; the costing's time grows with them)."""
+    p, t, _, _, z, _, c, e = key
+    g = space.problem.devices.num_devices // p
+    here, _ = _replicas_simulated(g // (t * c), t * c, e, z)
+    return t * c * here
+
+
 def _holding(space: _Space, keys: list[StageLayout]) -> list[StageLayout]:
     """The stage layouts whose devices can hold their share of the parameter state (p x t
     ways, x d with ZeRO), in the order they are estimated in closed form (what a short time
@@ -566,18 +718,26 @@ def _holding(space: _Space, keys: list[StageLayout]) -> list[StageLayout]:
 
 
 def _cost(
-    space: _Space, fitting: list[StageLayout], costing: Deadline, answered: bool = False
+    space: _Space,
+    fitting: list[StageLayout],
+    costing: Deadline,
+    answered: bool = False,
+    first: Deadline | None = None,
 ) -> _Costed:
     """Each stage layout's units (`units.unit_costs`) and the candidates they give (every
     schedule, interleaving and blocks per stage), those within memory kept; until `costing`
-    passes or a Ctrl-C once some fit or the search has an answer (`answered`; a needed
-    costing finishes, one that is not is abandoned)."""
+    passes or a Ctrl-C once some fit or the search has an answer (`answered`: a costing that
+    is not needed is abandoned then). A needed costing runs until `first` (None: to its end)
+    by the time only (`shielded`: a first Ctrl-C does not end the way to a first answer)."""
     problem = space.problem
     devices = problem.devices
     n, batch = devices.num_devices, problem.samples
     out = _Costed([], 0, math.inf, False)
-    for p, t, b, rc, z, rule, c, e in fitting:
-        if (costing.expired() or stop_requested()) and (out.found or answered):
+    for key in fitting:
+        p, t, b, rc, z, rule, c, e = key
+        needed = not (out.found or answered)
+        until = (first or Deadline.never()) if needed else costing
+        if (not needed and costing.expired()) or (needed and time.perf_counter() > until.at):
             out.stopped = True
             break
         g = n // p
@@ -586,6 +746,7 @@ def _cost(
         m = batch // (d * b)
         opts = space.cost_options(rc, z)
         here, span = _replicas_simulated(d, w, e, z)  # replicas simulated (`unit_costs`)
+        t1 = time.perf_counter()
         try:
             lay_out = space.stage_rule(rule, t, c, e)
             u = _interruptible(
@@ -599,17 +760,20 @@ def _cost(
                     g if p > 1 else 0,
                     d,
                     lay_out,
+                    partial(simulate_chunk, deadline=_clock(until, needed)),
                 ),
-                needed=not (out.found or answered),
-                deadline=costing,
+                needed=needed,
+                deadline=until,
             )
-        except OutOfTime:  # a Ctrl-C: what is costed so far is ranked
+        except OutOfTime:  # the time or a Ctrl-C: what is costed so far is ranked
             out.stopped = True
             break
         except Exception as exc:  # noqa: BLE001 - a layout the rule cannot express: skip it
             log.debug("skipped PP %d TP %d CP %d EP %d b %d: %s", p, t, c, e, b, exc)
             continue
         out.costed += 1
+        out.units[key] = u
+        out.seconds[key] = time.perf_counter() - t1
         found = candidates(
             u, (p, t, d, b, m, rc, z, rule), problem.blocks, space.settings.schedules,
             space.flights, c, e,
@@ -631,23 +795,41 @@ class _Ranked:
     unreached: list[StageLayout]
     least: float
     estimated: int = 0  # stage layouts estimated, within memory or not
+    dominated: int = 0  # skipped: another expert degree is no slower and no heavier
 
 
-def _rank(space: _Space, fitting: list[StageLayout], ranking: Deadline | None) -> _Ranked:
+def _rank(
+    space: _Space,
+    fitting: list[StageLayout],
+    ranking: Deadline | None,
+    enough: Deadline | None = None,
+    prune: bool = True,
+) -> _Ranked:
     """Each stage layout estimated without a simulation: its units in closed form
     (`estimate.QuickUnits`: the cost model's per-op times summed per op range), its
     candidates scored as the costing scores them; its estimate the best of those within
     memory (the memory is the costing's own, so a layout none of whose candidates fits is
     dropped: its costing would find none). Until `ranking` passes or a Ctrl-C (None: all of
-    them, the search has no answer without them)."""
+    them). With `enough` (a search with no answer yet): until `ranking` passes by the time
+    only, and once `enough` has passed or a Ctrl-C, until one layout is within memory (the
+    shortest way to a first answer). `prune`: skip the layouts that cannot do better than
+    another (`_dominated`, `_Space.needless`)."""
     problem = space.problem
     devices, n, batch = problem.devices, problem.devices.num_devices, problem.samples
     out = _Ranked([], [], math.inf)
     for i, (p, t, b, rc, z, rule, c, e) in enumerate(fitting):
-        if ranking is not None and (ranking.expired() or stop_requested()):
+        if enough is None:
+            stop = ranking is not None and ranking.expired()
+        else:
+            late = ranking is not None and time.perf_counter() > ranking.at
+            stop = late or (bool(out.estimates) and enough.expired())
+        if stop:
             out.unreached = fitting[i:]
             break
-        if space.needless(fitting[i]):
+        if prune and _dominated(space, fitting[i]):
+            out.dominated += 1
+            continue
+        if prune and space.needless(fitting[i]):
             continue
         g = n // p
         w = t * c  # a replica's devices
@@ -690,16 +872,42 @@ class _Selection(BestFirst):
     """The rule of `backends.pipeline.select` on this search's steps: `_rank`, `_cost`,
     `_simulate_one` and `_on_every_device`."""
 
-    def __init__(self, space: _Space, deadline: Deadline, ranked: _Ranked) -> None:
-        super().__init__(deadline, list(ranked.unreached), space.settings.exact, space.tolerance)
+    def __init__(
+        self,
+        space: _Space,
+        deadline: Deadline,
+        ranked: _Ranked,
+        first: Deadline | None = None,
+        baseline: StageLayout | None = None,
+    ) -> None:
+        settings = space.settings
+        due = deadline.share(1.0 - SIMULATION_RESERVE)
+        super().__init__(
+            deadline, list(ranked.unreached), settings.exact, space.tolerance, first, due
+        )
         self.space = space
         self.tally.least = ranked.least
+        self.units: dict[StageLayout, Units] = {}  # of each stage layout costed
+        self.seconds: dict[StageLayout, float] = {}  # its costing's
+        self.ranges = len(unit_ranges(space.problem.graph))  # op ranges a costing simulates
+        self.baseline = baseline  # costed before the queue is looked at (`_baseline`)
+        self.dominated = ranked.dominated  # stage layouts skipped at their moe op
         for estimate, key in ranked.estimates:
             self.push(estimate, STAGE, key)
 
+    def run(self) -> Tally:
+        if self.baseline is not None and not self.cost(self.baseline):
+            self.tally.stopped = True  # the grace ended it: no answer in time
+            return self.tally
+        return super().run()
+
     def rank(self, batch: list[StageLayout], needed: bool) -> list[StageLayout]:
-        more = _rank(self.space, batch, None if needed else self.deadline)
+        if needed:  # no answer without: until the grace's end, or one fits once late
+            more = _rank(self.space, batch, self.first, enough=self.deadline)
+        else:
+            more = _rank(self.space, batch, self.deadline)
         self.tally.estimated += more.estimated
+        self.dominated += more.dominated
         self.tally.within += len(more.estimates)
         self.tally.least = min(self.tally.least, more.least)
         for estimate, key in more.estimates:
@@ -707,7 +915,10 @@ class _Selection(BestFirst):
         return more.unreached
 
     def cost(self, key: StageLayout) -> bool:
-        costed = _cost(self.space, [key], self.deadline, answered=bool(self.measured))
+        answered = bool(self.measured or self._untried)
+        costed = _cost(self.space, [key], self.deadline, answered, self.first)
+        self.units.update(costed.units)
+        self.seconds.update(costed.seconds)
         self.tally.costed += costed.costed
         self.tally.fit += len(costed.found)
         self.tally.least = min(self.tally.least, costed.least)
@@ -716,13 +927,30 @@ class _Selection(BestFirst):
         return not costed.stopped
 
     def simulate(self, candidate: Candidate) -> bool:
+        until = self.deadline if self.measured else self.first  # the first: the grace too
         try:
-            sim = _simulate_one(self.space, candidate, self.deadline, needed=not self.measured)
+            sim = _simulate_one(self.space, candidate, until, needed=False)
         except OutOfTime:
             return False
         self.tally.simulated += 1
         self.keep(sim)
         return True
+
+    def expected(self, candidate: Candidate) -> float:
+        """Seconds its exact simulation is expected to take: its stage layout's costing's
+        per op range costed, times the blocks of its distinct chunks (the first, the last
+        and each other size: `chunk_times` simulates each once), on as many replicas."""
+        lay = candidate.layout
+        seconds = self.seconds.get(_stage_key(lay))
+        if seconds is None:
+            return 0.0
+        count = len(lay.blocks)
+        distinct = {(min(k, 1) if k < count - 1 else 2, b) for k, b in enumerate(lay.blocks)}
+        return seconds / self.ranges * sum(b for _, b in distinct)
+
+    def unsimulated(self, candidate: Candidate) -> _Simulated | None:
+        u = self.units.get(_stage_key(candidate.layout))
+        return None if u is None else _by_estimate(self.space, candidate, u)
 
     def everywhere(self, measure: _Simulated) -> bool:
         again, why = _on_every_device(self.space, measure, self.deadline)
@@ -756,6 +984,7 @@ def _simulate_one(
             space.micro,
             space.groups,
             space.searched,
+            deadline=_clock(deadline, needed),
         ),
         needed=needed,
         deadline=deadline,
@@ -785,7 +1014,9 @@ def _on_every_device(
     cm = CostModel(best.planned.strategy.graph, problem.devices, best.options)
     try:
         again = _interruptible(
-            partial(simulate_pipelined, cm, best.planned), needed=False, deadline=deadline
+            partial(simulate_pipelined, cm, best.planned, _clock(deadline, False)),
+            needed=False,
+            deadline=deadline,
         )
     except OutOfTime:
         return None, "time"
@@ -795,16 +1026,58 @@ def _on_every_device(
 
 
 def _interruptible(step: Callable[[], T], needed: bool, deadline: Deadline | None = None) -> T:
-    """`step()`, abandoned at a Ctrl-C or past `deadline` (OutOfTime at once; the step ends
-    in the background) unless it is `needed` (the search has no answer without it: it
-    finishes, as at the time limit). One costing or simulation of a 1,024-device layout
-    takes seconds, and a stop request or the time limit should end the search within a
-    fraction of one."""
+    """`step()`, abandoned at a Ctrl-C or past `deadline` (OutOfTime at once; the step, in
+    a thread, stops at its next look at its clock, `_clock`) unless it is `needed` (the
+    search has no answer without it): then it runs here, `shielded` from a first Ctrl-C,
+    and ends at its own looks at its clock (OutOfTime). One costing or simulation of a
+    1,024-device layout takes seconds, and a stop request or the time limit should end the
+    search within a fraction of one."""
     if needed:
-        return step()
+        with shielded():
+            return step()
     if stop_requested():
         raise OutOfTime
     return run_within(step, deadline or Deadline.never())
+
+
+def _clock(deadline: Deadline, needed: bool) -> float:
+    """The perf_counter value a step's simulations look at (`Simulator`'s deadline): the
+    deadline's; for a step that is not `needed`, finite even without one, so that the step,
+    abandoned in its thread (`run_within`: every deadline has passed there), stops."""
+    if needed or math.isfinite(deadline.at):
+        return deadline.at
+    return sys.float_info.max
+
+
+def _stage_key(lay: Layout) -> StageLayout:
+    """The stage layout a layout is a candidate of."""
+    return (lay.stages, lay.tensor, lay.micro_batch, lay.recompute, lay.zero, lay.inner,
+            lay.context, lay.expert)  # fmt: skip
+
+
+def _by_estimate(space: _Space, cand: Candidate, u: Units) -> _Simulated | None:
+    """`cand` measured without a simulation: its chunks composed from its stage layout's
+    costed units `u` (as its estimate is), the schedule's timeline of them
+    (`simulate_pipeline`); None when that timeline's peak does not fit."""
+    lay = cand.layout
+    p, count = lay.stages, len(lay.blocks)
+    chunks, start = [], 0
+    for c, k in enumerate(lay.blocks):
+        chunks.append(u.chunk(c, count, k, start))
+        start += k
+    opts = space.cost_options(lay.recompute, lay.zero)
+    timeline = simulate_pipeline(
+        chunks, lay.schedule, p, lay.micro_batches, opts.pp_overlap, opts.chunk_sync_share
+    )
+    if max(timeline.peak_bytes) > space.usable:
+        return None
+    problem = space.problem
+    n = problem.devices.num_devices
+    planned = _strategy(
+        problem.graph, problem.devices, lay, space.micro, space.groups, space.searched,
+        lay.micro_batches, problem.devices, n // p, lay.data,
+    )  # fmt: skip
+    return _Simulated(timeline.makespan, 0.0, cand, planned, timeline, opts, False, True)
 
 
 def _simulate(
@@ -815,6 +1088,7 @@ def _simulate(
     micro: dict[int, OpGraph],
     groups: dict[Any, DeviceGraph],
     searched: dict[int, SearchedLayout] | None = None,
+    deadline: float = math.inf,
 ) -> tuple[PipelinedStrategy, PipelineTimeline]:
     """The layout's pipelined strategy, and its step: every distinct chunk simulated with
     FlexFlow's simulator on two of its stage's data-parallel replicas (all compute and
@@ -822,31 +1096,20 @@ def _simulate(
     replicas that hold whole expert-parallel groups: `_replicas_simulated`), their gradient
     sync and ZeRO's parameter bytes scaled to the stage's replicas per parameter class
     (`units.scale_factors`); with one or two replicas (sets), or ZeRO 3, every device
-    simulated."""
-    n, p, t, d = devices.num_devices, lay.stages, lay.tensor, lay.data
+    simulated. OutOfTime past a finite `deadline` (a perf_counter value) or at a stop
+    request, from the simulator's looks at the clock."""
+    n, p, d = devices.num_devices, lay.stages, lay.data
     g = n // p
-    w = t * lay.context  # a replica's devices: tensor innermost, then context
+    w = lay.tensor * lay.context  # a replica's devices: tensor innermost, then context
 
     def strategy(m: int, devs: DeviceGraph, size: int, data: int) -> PipelinedStrategy:
-        if m not in micro:
-            micro[m] = micro_batch_graph(graph, m)
-        if size not in groups:  # all of them: the devices themselves (no routes to derive)
-            whole = size == devices.num_devices
-            groups[size] = (
-                devices if whole else devices.subset(range(size), f"{devices.name}[{size}]")
-            )
-        if lay.inner == "search" and searched and t in searched and lay.context == 1:
-            inner = searched[t].strategy(micro[m], groups[size], t)
-        else:
-            inner = megatron(micro[m], groups[size], t, lay.context, lay.expert)
-        return _pipelined(micro[m], devs, inner, dataclasses.replace(lay, data=data))
+        return _strategy(graph, devices, lay, micro, groups, searched, m, devs, size, data)
 
     planned = strategy(lay.micro_batches, devices, g, d)
     here, span = _replicas_of(lay)
     if here == d:
-        return planned, simulate_pipelined(
-            CostModel(planned.strategy.graph, devices, options), planned
-        )
+        cm = CostModel(planned.strategy.graph, devices, options)
+        return planned, simulate_pipelined(cm, planned, deadline)
     # the first and the last replicas: across the same links as the stage's sync crosses
     keep = [s * g + k for s in range(p) for k in _unit_ends(g, w, here, span)]
     reduced = devices.subset(keep, f"{devices.name}[{p} x {w * here}]")
@@ -854,7 +1117,8 @@ def _simulate(
     if -small_samples not in micro:
         micro[-small_samples] = batch_graph(graph, small_samples)
     small = strategy(-small_samples, reduced, w * here, here)
-    chunks = chunk_times(CostModel(small.strategy.graph, reduced, options), small, _CHUNKS)
+    cm = CostModel(small.strategy.graph, reduced, options)
+    chunks = chunk_times(cm, small, _CHUNKS, deadline)
     scaled = []
     factors: dict[tuple[int, int], tuple[float, float]] = {}
     for k, c in enumerate(chunks):  # ZeRO shards the parameters' state, not the working set
@@ -869,6 +1133,34 @@ def _simulate(
     return planned, simulate_pipeline(
         scaled, lay.schedule, p, lay.micro_batches, options.pp_overlap, options.chunk_sync_share
     )
+
+
+def _strategy(
+    graph: OpGraph,
+    devices: DeviceGraph,
+    lay: Layout,
+    micro: dict[int, OpGraph],
+    groups: dict[Any, DeviceGraph],
+    searched: dict[int, SearchedLayout] | None,
+    m: int,
+    devs: DeviceGraph,
+    size: int,
+    data: int,
+) -> PipelinedStrategy:
+    """The layout's pipelined strategy of graph `micro[m]` (m micro-batches of the batch, or
+    minus m samples: made when missing) on `devs`, its stage rule laid out on the first
+    `size` of `devices` (`groups` keeps them) with `data` replicas per stage."""
+    t = lay.tensor
+    if m not in micro:
+        micro[m] = micro_batch_graph(graph, m)
+    if size not in groups:  # all of them: the devices themselves (no routes to derive)
+        whole = size == devices.num_devices
+        groups[size] = devices if whole else devices.subset(range(size), f"{devices.name}[{size}]")
+    if lay.inner == "search" and searched and t in searched and lay.context == 1:
+        inner = searched[t].strategy(micro[m], groups[size], t)
+    else:
+        inner = megatron(micro[m], groups[size], t, lay.context, lay.expert)
+    return _pipelined(micro[m], devs, inner, dataclasses.replace(lay, data=data))
 
 
 def _pipelined(

@@ -34,6 +34,15 @@ Late with no answer yet (a limit spent before the search began), it takes the sh
 one: no stage layout is costed while a costed candidate waits to be simulated.
 Stage layouts the first ranking did not reach (its share of the time ran out) are estimated
 before an answer is taken, as time allows.
+
+Anytime: what no answer exists without (estimating stage layouts until one fits, costing
+one) runs until `first`, the deadline plus a grace (the search's); a candidate is simulated
+while no layout is only when its expected seconds (`expected`) fit in the time left (of the
+grace, once late); once `due` has passed with nothing simulated, the best candidate costed
+is simulated before any more stage layouts are costed, if it is expected to end in time; and
+when the time runs out, or a Ctrl-C comes, before any layout is simulated, the answer is the
+best candidate costed, its step from its estimate's units (`unsimulated`; ESTIMATE its
+level), not a simulation.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ from planner.deadline import Deadline, stop_requested
 __all__ = ["ESTIMATE", "EVERY_DEVICE", "STAGE", "TWO_REPLICAS", "BestFirst", "Measure", "Tally"]
 
 STAGE, ESTIMATE, TWO_REPLICAS, EVERY_DEVICE = range(4)
+UNSIMULATED_TRIES = 8  # costed candidates looked at for an answer when none was simulated
 
 
 class Measure(Protocol):
@@ -79,6 +89,7 @@ class Tally:
     least: float = float("inf")  # the least memory per device seen
     stopped: bool = False  # the time limit or a Ctrl-C ended it
     capped: bool = False  # the `exact` cap ended new simulations
+    set_aside: int = 0  # candidates not simulated: expected to take longer than the time left
 
 
 class BestFirst(ABC):
@@ -86,9 +97,17 @@ class BestFirst(ABC):
     level further are the subclass's."""
 
     def __init__(
-        self, deadline: Deadline, pending: list[Any], cap: int | None, tolerance: float = 0.0
+        self,
+        deadline: Deadline,
+        pending: list[Any],
+        cap: int | None,
+        tolerance: float = 0.0,
+        first: Deadline | None = None,
+        due: Deadline | None = None,
     ) -> None:
         self.deadline = deadline
+        self.first = first or deadline  # what no answer exists without runs until then
+        self.due = due  # past it with nothing simulated, the best costed is simulated first
         self.shrink = 1.0 / (1.0 + tolerance)  # a final within the gap tolerance is taken
         self.pending = pending  # stage layouts not estimated yet
         self.cap = cap
@@ -99,11 +118,18 @@ class BestFirst(ABC):
         self._queue: list[tuple[float, int, int, bool, int, Any]] = []
         self._order = itertools.count()
         self._candidates = 0  # ESTIMATE values in the queue
+        self.costed: list[tuple[float, int, Any]] = []  # every candidate queued, by value
+        self.tried: set[Any] = set()  # candidates simulated (fitting or not)
+        self._untried = 0  # costed candidates not simulated: an answer by estimate, if need be
 
     def push(self, value: float, level: int, item: Any, final: bool = False) -> None:
         """`item` at `level` with `value`: more exact first among equal values, then first come."""
-        heapq.heappush(self._queue, (value, -level, next(self._order), final, level, item))
+        order = next(self._order)
+        heapq.heappush(self._queue, (value, -level, order, final, level, item))
         self._candidates += int(level == ESTIMATE)
+        if level == ESTIMATE:
+            self.costed.append((value, order, item))
+            self._untried += 1
 
     def late(self) -> bool:
         return self.deadline.expired() or stop_requested()
@@ -125,9 +151,20 @@ class BestFirst(ABC):
             near = self._within_tolerance()
             if near is not None:
                 return self._answer(near)
-            _, _, _, final, level, item = heapq.heappop(self._queue)
+            value, _, _, final, level, item = heapq.heappop(self._queue)
             self._candidates -= int(level == ESTIMATE)
-            if level == STAGE and self._candidates and not self.measured and self.late():
+            if level == ESTIMATE and item in self.tried:  # simulated out of turn (`_due`)
+                continue
+            due = self._due() if level == STAGE else None
+            if due is not None:  # its simulation before more costings: it is time
+                self.push(value, level, item)
+                if not steps[ESTIMATE](due):
+                    tally.stopped = True
+                    break
+                self.tried.add(due)
+                self._untried -= 1
+                continue
+            if level == STAGE and self._untried and not self.measured and self.late():
                 tally.stopped = True  # no answer yet, and late: the shortest way to one
                 continue
             if final and item.layout in self.cut:  # optimistic, and no time to know better
@@ -141,11 +178,18 @@ class BestFirst(ABC):
             if level in (STAGE, ESTIMATE) and self.cap is not None and tally.simulated >= self.cap:
                 tally.capped = True  # the measured ones are still measured further
                 continue
+            if level == ESTIMATE and not self.measured and not self._in_time(item):
+                tally.stopped = True  # its estimate stands for it if nothing is simulated
+                tally.set_aside += 1
+                continue
             if not steps[level](item):
                 tally.stopped = True
                 break
+            if level == ESTIMATE and item not in self.tried:
+                self.tried.add(item)
+                self._untried -= 1
         if not self.measured:
-            return tally
+            return self._unsimulated() if tally.stopped else tally
         # cut short: like with like, the best of those measured as far as they can be (a
         # two-replica step that has not been simulated on every device yet is optimistic)
         settled = [m for key, m in self.measured.items() if key in self.settled]
@@ -167,6 +211,39 @@ class BestFirst(ABC):
             return None
         return best
 
+    def _due(self) -> Any:
+        """The best costed candidate, when nothing is simulated yet, `due` has passed and its
+        simulation is expected to end in the time left (None otherwise): simulated before
+        any more stage layouts are costed, so that the answer at the limit is a simulated
+        one where one fits in the time."""
+        if self.measured or not self._untried or self.due is None or not self.due.expired():
+            return None
+        best = min((c for c in self.costed if c[2] not in self.tried), default=None)
+        if best is None or self.late() or not self._in_time(best[2]):
+            return None
+        return best[2]
+
+    def _in_time(self, candidate: Any) -> bool:
+        """Whether `candidate`'s simulation, the first, is expected to end in the time left:
+        of the deadline, or once it has passed, of the grace for a first answer."""
+        left = (self.first if self.late() else self.deadline).left()
+        return self.expected(candidate) <= left
+
+    def _unsimulated(self) -> Tally:
+        """Cut short before any layout was simulated: the best candidate costed and not
+        found unfit by a simulation, at its estimate (`unsimulated`), if one fits."""
+        tried = 0
+        for _, _, item in sorted(self.costed, key=lambda c: c[:2]):
+            if item in self.tried:
+                continue
+            found = self.unsimulated(item)
+            if found is not None:
+                return self._answer(found)
+            tried += 1
+            if tried >= UNSIMULATED_TRIES:
+                break
+        return self.tally
+
     def _answer(self, best: Measure) -> Tally:
         self.tally.answer = best
         self.tally.stopped |= best.layout in self.cut  # with more time: on every device
@@ -174,12 +251,17 @@ class BestFirst(ABC):
 
     def _rank_more(self) -> bool:
         """The next stage layouts not estimated yet, estimated and queued (True), unless the
-        time is up and there is an answer (False: it is taken without them)."""
-        if self.measured and self.late():
+        time is up and there is an answer, or a costed candidate (False: it is taken without
+        them)."""
+        if (self.measured or self._untried) and self.late():
             self.tally.stopped = True
             return False
         batch, self.pending = self.pending[: self.batch], self.pending[self.batch :]
-        self.pending = self.rank(batch, needed=not self.measured) + self.pending
+        unreached = self.rank(batch, needed=not (self.measured or self._untried))
+        self.pending = unreached + self.pending
+        if len(unreached) == len(batch):  # no time left to estimate one, even for an answer
+            self.tally.stopped = True
+            return False
         return True
 
     batch = 64  # stage layouts estimated at a time once the first ranking's share is spent
@@ -213,6 +295,15 @@ class BestFirst(ABC):
     @abstractmethod
     def simulate(self, candidate: Any) -> bool:
         """Simulate a candidate exactly and `keep` it (False: stopped)."""
+
+    def expected(self, candidate: Any) -> float:
+        """Seconds `candidate`'s simulation is expected to take (0: unknown)."""
+        return 0.0
+
+    def unsimulated(self, candidate: Any) -> Measure | None:
+        """`candidate` measured by its estimate only (None: no such measure, or it does not
+        fit)."""
+        return None
 
     @abstractmethod
     def everywhere(self, measure: Any) -> bool:

@@ -102,9 +102,11 @@ def _print_plan(result: Any, summary: dict[str, Any], args: argparse.Namespace) 
     elif isinstance(result, PipelinePlan):
         print_ops(result.describe(), args.verbose > 0)
         pipe = summary["layout"]
+        estimated = not result.stats.get("answer_simulated", True)
         print(
             f"pipeline: {pipe['layout']}; bubble {pipe['bubble']:.1%}, peak "
             f"{summary['memory_peak_bytes'] / 2**30:.1f} GiB per device"
+            + ("; step estimated, not simulated (the time limit came first)" if estimated else "")
         )
         print_summary(summary, seconds=True)
     elif result.has_solution:

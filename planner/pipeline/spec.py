@@ -44,6 +44,11 @@ class PipelineError(LayerwiseError):
     into micro-batches."""
 
 
+class PipelineOutOfTime(PipelineError):
+    """The pipeline search found no layout within its time limit and the grace for a first
+    answer: not a refusal (no other search is tried instead), raise the time limit."""
+
+
 @dataclass(frozen=True)
 class Pipeline:
     bounds: tuple[int, ...]

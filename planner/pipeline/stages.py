@@ -39,6 +39,7 @@ embedding tied across the first and last stage (Megatron-LM's) is left out.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import threading
 from collections import OrderedDict
@@ -178,12 +179,16 @@ def message_seconds(cost_model: CostModel, ps: PipelinedStrategy) -> list[float]
 
 
 def chunk_times(
-    cost_model: CostModel, ps: PipelinedStrategy, cache: ChunkCache | None = None
+    cost_model: CostModel,
+    ps: PipelinedStrategy,
+    cache: ChunkCache | None = None,
+    deadline: float = math.inf,
 ) -> list[ChunkTimes]:
     """Every chunk's `ChunkTimes` (see the module's docstring). Chunks alike (the same ops
     but for their block numbers, the same configs, groups of the same devices and links) are
     simulated once: the middle stages of a transformer's pipeline are; with a `cache`, once
-    across calls too."""
+    across calls too. OutOfTime past `deadline` (a perf_counter value) or at a stop request,
+    when it is finite (`simulate_chunk`)."""
     pipe = ps.pipeline
     sends = message_seconds(cost_model, ps)
     seen: dict[tuple[str, ...], tuple[float, ...]] = {}
@@ -194,9 +199,9 @@ def chunk_times(
         key = chunk_key(ch)
         if key not in seen:
             seen[key] = (
-                cache.simulated(cost_model, ch, key)
+                cache.simulated(cost_model, ch, key, deadline)
                 if cache is not None
-                else simulate_chunk(cost_model.options, cost_model.measured, ch)
+                else simulate_chunk(cost_model.options, cost_model.measured, ch, deadline)
             )
         forward, backward, sync, kept, fixed, working = seen[key]
         out.append(
@@ -246,18 +251,19 @@ class ChunkCache:
         self._lock = threading.Lock()
 
     def simulated(
-        self, cost_model: CostModel, ch: Chunk, key: tuple[str, ...]
+        self, cost_model: CostModel, ch: Chunk, key: tuple[str, ...], deadline: float = math.inf
     ) -> tuple[float, ...]:
-        """`simulate_chunk`'s numbers for `ch`, whose `chunk_key` is `key`."""
+        """`simulate_chunk`'s numbers for `ch`, whose `chunk_key` is `key` (OutOfTime past a
+        finite `deadline`: nothing kept)."""
         if cost_model.measured is not None:
-            return simulate_chunk(cost_model.options, cost_model.measured, ch)
+            return simulate_chunk(cost_model.options, cost_model.measured, ch, deadline)
         full = (key, cost_model.options)
         with self._lock:
             found = self._kept.get(full)
             if found is not None:
                 self._kept.move_to_end(full)
                 return found
-        found = simulate_chunk(cost_model.options, None, ch)
+        found = simulate_chunk(cost_model.options, None, ch, deadline)
         with self._lock:
             self._kept[full] = found
             while len(self._kept) > self.size:
@@ -266,12 +272,14 @@ class ChunkCache:
 
 
 def simulate_chunk(
-    options: CostOptions, measured: Any, ch: Chunk
+    options: CostOptions, measured: Any, ch: Chunk, deadline: float = math.inf
 ) -> tuple[float, float, float, float, float, float]:
     """(forward, backward, sync seconds; kept, fixed and working bytes: the largest on a
-    device of its group) of one micro-batch on a chunk; fixed holds the working set too."""
+    device of its group) of one micro-batch on a chunk; fixed holds the working set too.
+    With a finite `deadline` (a perf_counter value), OutOfTime past it or at a stop request
+    (`Simulator`'s looks at the clock: between ops and edges, and while timing)."""
     cm = CostModel(ch.graph, ch.devices, options, measured=measured)
-    sim = Simulator(cm, ch.configs)
+    sim = Simulator(cm, ch.configs, deadline)
     forward, backward = sim.phase_ends()
     params, kept, working = cm.memory_parts(ch.configs)
     return (
@@ -336,11 +344,14 @@ def group_key(devices: DeviceGraph) -> str:
     return "|".join(parts)
 
 
-def simulate_pipelined(cost_model: CostModel, ps: PipelinedStrategy) -> PipelineTimeline:
+def simulate_pipelined(
+    cost_model: CostModel, ps: PipelinedStrategy, deadline: float = math.inf
+) -> PipelineTimeline:
     """The step of a pipelined strategy: the schedule's timeline of its chunks' micro-batch
     costs. `cost_model` is the micro-batch graph's on every device (the strategy's own).
     With "dualpipe" the copy of chunk c on group p - 1 - c and its messages are timed as
-    chunk c's on group c: the two groups must be alike (`group_key`)."""
+    chunk c's on group c: the two groups must be alike (`group_key`). OutOfTime past a
+    finite `deadline` (a perf_counter value) or at a stop request."""
     pipe = ps.pipeline
     if pipe.schedule == DUALPIPE:
         devices = cost_model.devices
@@ -354,7 +365,7 @@ def simulate_pipelined(cost_model: CostModel, ps: PipelinedStrategy) -> Pipeline
                     f"alike groups (the same devices and links) or another schedule"
                 )
     return simulate_pipeline(
-        chunk_times(cost_model, ps),
+        chunk_times(cost_model, ps, deadline=deadline),
         pipe.schedule,
         pipe.stages,
         pipe.micro_batches,

@@ -819,8 +819,11 @@ class Qwen2MoeMLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
-class Qwen2MoeSparseMoeBlock(nn.Module):
-    """Qwen1.5-MoE's sparse block as Hugging Face writes it (modeling_qwen2_moe.py)."""
+class Qwen3MoeSparseMoeBlock(nn.Module):
+    """Qwen3-MoE's sparse block as Hugging Face writes it (modeling_qwen3_moe.py): softmax over
+    E, top-k, normalised when `norm_topk`, no shared expert. (The reference loops over the
+    experts some token chose, `expert_hitted`; this loops over all, as its Qwen2-MoE does: an
+    expert no token chose adds nothing.)"""
 
     def __init__(self, config: MoEConfig) -> None:
         super().__init__()
@@ -831,12 +834,10 @@ class Qwen2MoeSparseMoeBlock(nn.Module):
         self.experts = nn.ModuleList(
             Qwen2MoeMLP(config.dim, config.moe_hidden) for _ in range(config.n_experts)
         )
-        self.shared_expert = Qwen2MoeMLP(config.dim, config.shared_hidden)
-        self.shared_expert_gate = nn.Linear(config.dim, 1, bias=False)
 
-    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        batch_size, sequence_length, hidden_dim = hidden_states.shape
-        hidden_states = hidden_states.view(-1, hidden_dim)
+    def routed(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The routed experts' sum over (tokens, hidden) and the router's logits."""
+        hidden_dim = hidden_states.shape[-1]
         router_logits = self.gate(hidden_states)  # (batch * sequence_length, n_experts)
         routing_weights = F.softmax(router_logits, dim=1)  # reference: dtype=torch.float
         routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)
@@ -854,50 +855,34 @@ class Qwen2MoeSparseMoeBlock(nn.Module):
             final_hidden_states = final_hidden_states.index_add(
                 0, top_x, current_hidden_states.to(hidden_states.dtype)
             )  # the reference adds in place (index_add_)
+        return final_hidden_states, router_logits
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch_size, sequence_length, hidden_dim = hidden_states.shape
+        final_hidden_states, router_logits = self.routed(hidden_states.view(-1, hidden_dim))
+        final_hidden_states = final_hidden_states.reshape(batch_size, sequence_length, hidden_dim)
+        return final_hidden_states, router_logits
+
+
+class Qwen2MoeSparseMoeBlock(Qwen3MoeSparseMoeBlock):
+    """Qwen1.5-MoE's sparse block as Hugging Face writes it (modeling_qwen2_moe.py): Qwen3's
+    routing (softmax over E, top-k, normalised when `norm_topk`) plus a shared expert with a
+    sigmoid gate."""
+
+    def __init__(self, config: MoEConfig) -> None:
+        super().__init__(config)
+        self.shared_expert = Qwen2MoeMLP(config.dim, config.shared_hidden)
+        self.shared_expert_gate = nn.Linear(config.dim, 1, bias=False)
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch_size, sequence_length, hidden_dim = hidden_states.shape
+        hidden_states = hidden_states.view(-1, hidden_dim)
+        final_hidden_states, router_logits = self.routed(hidden_states)
         shared_expert_output = self.shared_expert(hidden_states)
         shared_expert_output = (
             F.sigmoid(self.shared_expert_gate(hidden_states)) * shared_expert_output
         )
         final_hidden_states = final_hidden_states + shared_expert_output
-        final_hidden_states = final_hidden_states.reshape(batch_size, sequence_length, hidden_dim)
-        return final_hidden_states, router_logits
-
-
-class Qwen3MoeSparseMoeBlock(nn.Module):
-    """Qwen3-MoE's sparse block as Hugging Face writes it (modeling_qwen3_moe.py): Qwen1.5-MoE's
-    routing (softmax over E, top-k, normalised when `norm_topk`) without a shared expert. (The
-    reference loops over the experts some token chose, `expert_hitted`; this loops over all,
-    as its Qwen2-MoE does: an expert no token chose adds nothing.)"""
-
-    def __init__(self, config: MoEConfig) -> None:
-        super().__init__()
-        self.num_experts = config.n_experts
-        self.top_k = config.top_k
-        self.norm_topk_prob = config.norm_topk
-        self.gate = nn.Linear(config.dim, config.n_experts, bias=False)
-        self.experts = nn.ModuleList(
-            Qwen2MoeMLP(config.dim, config.moe_hidden) for _ in range(config.n_experts)
-        )
-
-    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        batch_size, sequence_length, hidden_dim = hidden_states.shape
-        hidden_states = hidden_states.view(-1, hidden_dim)
-        router_logits = self.gate(hidden_states)  # (batch * sequence_length, n_experts)
-        routing_weights = F.softmax(router_logits, dim=1)  # reference: dtype=torch.float
-        routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            routing_weights = routing_weights / routing_weights.sum(dim=-1, keepdim=True)
-        routing_weights = routing_weights.to(hidden_states.dtype)
-        final_hidden_states = torch.zeros_like(hidden_states)
-        expert_mask = F.one_hot(selected_experts, num_classes=self.num_experts).permute(2, 1, 0)
-        for expert_idx in range(self.num_experts):
-            expert_layer = self.experts[expert_idx]
-            idx, top_x = torch.where(expert_mask[expert_idx])
-            current_state = hidden_states[None, top_x].reshape(-1, hidden_dim)
-            current_hidden_states = expert_layer(current_state) * routing_weights[top_x, idx, None]
-            final_hidden_states = final_hidden_states.index_add(
-                0, top_x, current_hidden_states.to(hidden_states.dtype)
-            )  # the reference adds in place (index_add_)
         final_hidden_states = final_hidden_states.reshape(batch_size, sequence_length, hidden_dim)
         return final_hidden_states, router_logits
 

@@ -363,6 +363,16 @@ def test_placement_models_agree_when_every_task_takes_no_time() -> None:
         _placement_agree(pp, order)
 
 
+def test_a_warm_start_a_rounding_shorter_than_the_proven_optimum_is_optimal() -> None:
+    """CBC proved its placement optimal, the heuristic start re-timed 2e-18 s shorter and
+    replaced it as FEASIBLE (hypothesis found it in CI): it is the optimum too."""
+    pp = random_placement_problem(
+        4, get_preset("p100-1x3"), seed=1292, training=False, heterogeneous=False,
+        memory=True, routing="fixed",
+    )  # fmt: skip
+    _placement_agree(pp, "free")
+
+
 def _placement_agree(pp: PlacementProblem, order: str) -> None:
     reference = brute_force_makespan(pp, order)
     opts = SolveOptions(

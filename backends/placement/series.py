@@ -540,7 +540,10 @@ def solve_placement_problem(
     stats.update(start_seconds=start_seconds, model_seconds=time.perf_counter() - t2)
     schedule, status = out.schedule, out.status
     if warm is not None and (schedule is None or warm[0].makespan < schedule.makespan):
-        schedule, status = warm[0], "FEASIBLE"  # the solver found nothing better in time
+        # the solver found nothing better: in time (FEASIBLE), or it proved its own answer
+        # optimal and the start re-times a hair shorter (its time grid): optimal too
+        hair = schedule is not None and warm[0].makespan >= schedule.makespan * (1 - 1e-6)
+        schedule, status = warm[0], "OPTIMAL" if out.status == "OPTIMAL" and hair else "FEASIBLE"
     bound = max((b for b in (out.bound, series) if b is not None), default=None)
     if schedule is not None and bound is not None:
         bound = min(bound, schedule.makespan)

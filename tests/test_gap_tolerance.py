@@ -84,7 +84,7 @@ def _known(bound: float) -> Channel:
     ("name", "extra"),
     [
         ("local", {"patience": 0}),  # to the time limit, but for the bound
-        ("mcmc", {}),
+        pytest.param("mcmc", {}, marks=pytest.mark.slow),  # ~20 s to reach the bound
         ("portfolio", {"members": ["local"], "local": {"patience": 0}}),
     ],
 )

@@ -387,7 +387,8 @@ def _latent(
     v_head: int,
     rope: int,
 ) -> tuple[fx.Node, fx.Node, fx.Node] | None:
-    """Multi-head latent attention's inputs (q, kv, rotary key), or None: k read from two
+    """Multi-head latent attention's inputs (q, kv, rotary key; DeepSeek-V3, arXiv 2412.19437,
+    Sec. 2.1.1, Eqs. 1-11), or None: k read from two
     tensors, the one v is read from (per head, head - rope key channels then the value's)
     and a rotary key of `rope` < head channels that every head appends to its key (checked
     by running the region, `_verify`)."""

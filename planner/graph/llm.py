@@ -457,7 +457,8 @@ class FeedForward(nn.Module):
 
 
 class MLA(nn.Module):
-    """Multi-head latent attention as DeepSeek-V3's reference writes it (inference/model.py
+    """Multi-head latent attention (DeepSeek-V3 technical report, arXiv 2412.19437, Sec. 2.1.1,
+    Eqs. 1-11) as DeepSeek-V3's reference writes it (inference/model.py
     `MLA` with attn_impl "naive": keys and values up-projected per head, no weight
     absorption), its tensors laid out (batch, heads, length, head) and its rotary embedding
     in the rotate-half form, as Hugging Face's modeling_deepseek_v3.py writes them (the

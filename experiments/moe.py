@@ -78,7 +78,6 @@ class Anchor:
     notes: str
     routing: str = "learned"  # "learned" (the router's own choices) or "balanced" (forced)
     capacity_factor: float | None = None  # token dropping at this factor; None: dropless
-    zero: int = 1
     recompute: str = "none"
     options: dict[str, Any] = field(default_factory=dict)
     sizes: dict[str, Any] = field(default_factory=dict)  # the zoo entry's sizes overridden
@@ -112,6 +111,11 @@ class Anchor:
         return self.schedule or ("interleaved" if self.vp > 1 else "1f1b")
 
     @property
+    def routing_label(self) -> str:
+        """ "balanced", "learned" or "token drop" (a learned router capped by its factor)."""
+        return "token drop" if self.capacity_factor is not None else self.routing
+
+    @property
     def micro_batches(self) -> int:
         return self.gbs // (self.mbs * self.data)
 
@@ -137,6 +141,12 @@ DEEPSEEK_REPORT = (
     "H800 GPU-hours per trillion tokens), Sec. 3.1-3.3 (2,048 H800, PP16, EP64 over 8 nodes, "
     "ZeRO-1 DP, DualPipe, FP8), Sec. 4.2 (sequence 4K, batch 15,360)"
 )
+
+# DeepEP as Megatron-Core runs it (`--moe-token-dispatcher-type flex --moe-enable-deepep`):
+# a token once to each node it uses, then over NVLink, its kernels holding 20 SMs
+# (`--moe-deepep-num-sms`' default) of an H100's 132 beside the computation
+DEEPEP: dict[str, Any] = {"ep_dispatch": "node", "comm_sm_share": 20 / 132}
+
 
 ANCHORS: tuple[Anchor, ...] = (
     Anchor(
@@ -191,12 +201,11 @@ ANCHORS: tuple[Anchor, ...] = (
             "scaling; the zoo's model has DeepSeek-V3's MLA (naive form: per-head keys and "
             "values) and no MTP module; micro-batch size not published (1 assumed)"
         ),
-        options={
+        options={  # DeepEP's node dispatch and SMs (Sec. 3.2.2), in FP8 (Sec. 3.3.4)
+            **DEEPEP,
+            "ep_dispatch_bytes": 1,
             "ep_overlap": 1.0,
             "pp_overlap": 1.0,  # Sec. 3.2.1: DualPipe hides "both all-to-all and PP communication"
-            "ep_dispatch": "node",
-            "ep_dispatch_bytes": 1,
-            "comm_sm_share": 20 / 132,
         },
         schedule="dualpipe",
     ),  # fmt: skip
@@ -210,12 +219,6 @@ ROW_MODELS: dict[str, tuple[str, MoEShape]] = {
     "Qwen3-30B-A3B": ("qwen3-30b-a3b", QWEN3_30B_A3B),
     "Qwen3-235B-A22B": ("qwen3-235b-a22b", QWEN3_235B_A22B),
 }
-
-
-# DeepEP as Megatron-Core runs it (`--moe-token-dispatcher-type flex --moe-enable-deepep`):
-# a token once to each node it uses, then over NVLink, its kernels holding 20 SMs
-# (`--moe-deepep-num-sms`' default) of an H100's 132 beside the computation
-DEEPEP: dict[str, Any] = {"ep_dispatch": "node", "comm_sm_share": 20 / 132}
 
 
 def row_anchors(rows: Sequence[Any] | None = None) -> tuple[list[Anchor], list[tuple[Any, str]]]:
@@ -277,7 +280,7 @@ def row_anchors(rows: Sequence[Any] | None = None) -> tuple[list[Anchor], list[t
                 notes=row.notes,
                 routing="balanced" if balanced else "learned",
                 capacity_factor=1.0 if "tokendrop" in notes else None,
-                options=dict(DEEPEP) if row.gpus // GPUS_PER_NODE > 1 else {},
+                options=dict(DEEPEP) if row.ep > GPUS_PER_NODE else {},  # EP across nodes
             )
         )
     return anchors, skipped
@@ -384,8 +387,8 @@ def predict(anchor: Anchor) -> dict[str, Any]:
         "error": predicted / anchor.published - 1,
         "tokens_per_gpu": tokens,
         "flops_per_token": per_token,
-        "routing": anchor.routing,
-        "expert_capacity": options_of(anchor).expert_capacity,
+        "routing": anchor.routing_label,
+        "expert_capacity": anchor.options.get("expert_capacity", anchor.expert_capacity),
         "flop_convention": "Megatron-LM, causal attention "
         + ("halved" if anchor.causal else "not halved"),
         "seconds": time.perf_counter() - start,

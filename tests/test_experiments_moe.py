@@ -91,7 +91,19 @@ def test_published_moe_rows_become_anchors_or_say_why_not() -> None:
         assert a.routing == ("balanced" if balanced else "learned")
         dropping = "tokendrop" in row.notes
         assert a.expert_capacity == (1.0 if balanced or dropping else LEARNED_IMBALANCE)
-        assert (a.options == DEEPEP) == (a.gpus > 8)
+        assert (a.options == DEEPEP) == (a.ep > 8)
+    pinned = {  # CSV line: (routing, busiest / mean, DeepEP), from the rows' own notes
+        263: ("learned", LEARNED_IMBALANCE, True),  # DeepSeekV3, dropless, EP64
+        264: ("token drop", 1.0, False),  # Qwen3-30B-A3B, tokendrop, EP8 in a node
+        268: ("balanced", 1.0, True),  # Qwen3-235B-A22B, force-balanced, EP32
+    }
+    by_line = {int(a.name.rsplit("line ", 1)[1].rstrip(")")): a for a in anchors}
+    got = {
+        line: (a.routing_label, a.expert_capacity, a.options == DEEPEP)
+        for line, a in by_line.items()
+        if line in pinned
+    }
+    assert got == pinned
 
 
 def test_a_row_anchor_is_predicted_in_tokens_per_gpu() -> None:

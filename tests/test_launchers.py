@@ -611,3 +611,17 @@ def test_megatron_keeps_16_bit_weights_with_fp32_main_copies() -> None:
     assert launch.uniform.precision == "bf16-true" and launch.uniform.master_weights
     assert "--bf16" in launch.args
     assert launch.exported_seconds != launch.planned_seconds
+
+
+def test_the_hidden_size_is_the_models_width_not_heads_times_head_dim() -> None:
+    """Qwen3's heads x head_dim (4 x 32) is twice its width (64): --hidden-size is 64."""
+    from planner.export.launchers.layout import model_facts
+    from planner.graph.capture import capture
+    from planner.graph.llm import build_llm
+
+    module, inputs = build_llm(
+        "qwen3-30b-a3b", batch=2, seq=16, n_layers=2, dim=64, n_heads=4, n_kv_heads=2,
+        head_dim=32, hidden_dim=128, moe_hidden=32, n_experts=4, top_k=2, vocab_size=128,
+    )  # fmt: skip
+    facts = model_facts(capture(module, inputs, "tiny-qwen3"), None)
+    assert (facts.hidden, facts.heads) == (64, 4)

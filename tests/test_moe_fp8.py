@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from graphs import moe_op
 
+from planner.costs.activations import moe_dispatched_bytes
 from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.costs.experts import (
     a2a_bytes,
-    dispatched_share,
     expert_gemm_seconds,
     token_pass_bytes,
 )
@@ -217,5 +217,7 @@ def test_an_fp8_moe_keeps_fp8_copies_of_its_gemm_inputs() -> None:
     saved = (k * (h + f) + fs - h) / (2 * h)
     assert kept16[1] - kept8[1] == pytest.approx(saved)
     op8, op16 = g8.op("layers.0.moe"), g16.op("layers.0.moe")
-    assert dispatched_share(op16) - dispatched_share(op8) == pytest.approx(k * (h + f) / (2 * h))
-    assert np.isclose(dispatched_share(op16), k * (2 * h + 3 * f) / h)
+    assert (moe_dispatched_bytes(op16) - moe_dispatched_bytes(op8)) / h == pytest.approx(
+        k * (h + f) / (2 * h)
+    )
+    assert np.isclose(moe_dispatched_bytes(op16) / h, k * (2 * h + 3 * f) / h)

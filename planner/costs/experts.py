@@ -34,7 +34,7 @@ them (Megatron-Core's alltoall token dispatcher; Lepikhin et al. 2021, GShard, S
 - **Activations.** What a mixture of experts keeps for the backward
   (`planner.costs.activations`): the dispatched part (the k copies of each token, the experts'
   outputs and hidden activations) lives on the expert's rank: the busiest keeps `capacity`
-  times the mean (`dispatched_share`).
+  times the mean (`planner.costs.activations.moe_dispatched_bytes` per token).
 
 **Expert tensor parallelism** (a config's `reduce` t > 1, Megatron-Core's
 `--expert-tensor-parallel-size`): each token box is computed by t tasks that read the same
@@ -83,7 +83,6 @@ __all__ = [
     "a2a_seconds",
     "cuts_experts",
     "kept_by_task",
-    "dispatched_share",
     "expert_gemm_seconds",
     "expert_replicas",
     "moe_task_flops",
@@ -321,14 +320,6 @@ def kept_by_task(op: Op, cfg: ParallelConfig, capacity: float) -> float:
     if spreads_experts(op, cfg):
         per_token += (capacity - 1.0) * moe_dispatched_bytes(op, t) * op.output.dtype_bytes
     return box_tokens(op, cfg) * per_token
-
-
-def dispatched_share(op: Op) -> float:
-    """Of what a moe op keeps for its backward per byte of its output, the part that lives
-    where the tokens are dispatched: each token's k copies (h each), the experts' outputs
-    (h) and their hidden activations (3 f gated, 2 f otherwise; an FP8 moe's GEMM inputs
-    at 1 byte per element), as `planner.costs.activations` counts them."""
-    return moe_dispatched_bytes(op) / op.output.size(CHANNEL)
 
 
 def expert_gemm_seconds(

@@ -281,7 +281,7 @@ class AttentionDims:
     qk_norm; the output holds heads x v_head_dim channels).
 
     Standard attention reads q (heads x head_dim), k (kv_heads x head_dim) and v (kv_heads x
-    v_head_dim); multi-head latent attention (`mla`, DeepSeek-V2/V3 without weight
+    v_head_dim); multi-head latent attention (`mla`, DeepSeek-V3, arXiv 2412.19437, Sec. 2.1.1, Eqs. 1-11, without weight
     absorption) reads q (heads x head_dim), kv (per head, head_dim - rope_dim key channels
     then v_head_dim value channels: the key/value up-projection's output) and a rotary key
     of rope_dim channels that every head shares. Rotary embeddings turn the last `rope_dim`

@@ -360,8 +360,13 @@ def model_facts(
     attention = next((op for op in inside if op.kind == "attention"), None)
     moe = next((op for op in graph.ops if op.kind == "moe"), None)
     hidden = heads = kv = experts = top_k = None
+    # the model's width: a block's norm's (attention's output is heads x head dim, which
+    # MLA and Qwen3 make other than the width)
+    hidden = next(
+        (o.output.size(CHANNEL) for o in inside if o.kind == "norm" and CHANNEL in o.output.dims),
+        None,
+    )
     if attention is not None:
-        hidden = attention.output.size(CHANNEL) if CHANNEL in attention.output.dims else None
         heads = int(attention.attr("heads", 0)) or None
         kv = int(attention.attr("kv_heads", 0)) or heads
     if moe is not None:

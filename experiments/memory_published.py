@@ -22,7 +22,7 @@ a plan keeps free by default (`planner.costs.memory.DEFAULT_HEADROOM` and `DEFAU
 
 Approximations, each said in the table's notes: one data-parallel replica is simulated (the
 others hold the same activations; the optimizer state is scaled to the run's replicas:
-`units.zero_factor`); context parallelism of c splits each sequence c ways (each GPU keeps
+`units.scale_factors`, per parameter class); context parallelism of c splits each sequence c ways (each GPU keeps
 the activations of s / c tokens, ring attention's received keys and values are transient)
 and its ranks share the optimizer state as data-parallel ones do; FP8 runs are counted with
 bf16 activations (FP8 keeps less: an upper bound).

@@ -387,3 +387,10 @@ def test_the_pipeline_search_does_not_choose_dualpipe() -> None:
     assert "dualpipe" not in PipelineSettings().schedules
     with pytest.raises(BackendError, match="'schedules' must be some of gpipe, 1f1b, inter"):
         PipelineSettings.of({"schedules": "dualpipe"})
+
+
+@pytest.mark.parametrize("bad", [{"weight_share": 1.5}, {"weight_share": -0.1}, {"backward": -1.0}])
+def test_chunk_costs_out_of_range_are_one_line(bad: dict) -> None:
+    chunks = [ChunkTimes(1.0, 2.0), ChunkTimes(**({"forward": 1.0, "backward": 2.0} | bad))]
+    with pytest.raises(ScheduleError, match="pipeline chunk 1"):
+        simulate_pipeline(chunks, "dualpipe", 2, 4)

@@ -6,6 +6,7 @@ expert degree where they are rebuilt."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from backends.pipeline.units import Unit, Units, scale_factors, unit_ranges
 from planner.costs.config import ParallelConfig
 from planner.costs.costmodel import CostModel, CostOptions
 from planner.deadline import Deadline
+from planner.errors import BackendError
 from planner.graph.capture import capture
 from planner.graph.coarsen import coarsen
 from planner.graph.llm import build_llm
@@ -88,6 +90,20 @@ def test_the_search_lays_stages_out_with_experts_spread(moe: OpGraph) -> None:
     configs = planned.strategy.configs
     assert {configs[i].expert for i in moe_ops(planned.strategy.graph)} == {4}
     assert max(timeline.peak_bytes) <= float(devices.devices[0].memory)
+
+
+@pytest.mark.parametrize(
+    ("model", "expert", "says"),
+    [("moe", (3,), "divide the experts (8)"), ("dense", (4,), "no mixture-of-experts op")],
+)
+def test_expert_degrees_that_cannot_apply_are_one_line(
+    moe: OpGraph, model: str, expert: tuple[int, ...], says: str
+) -> None:
+    graph = moe if model == "moe" else model_graph("gpt2", batch=4, seq=16)
+    problem = PipelineProblem(graph, get_preset("dgx-h100-2"), OPTIONS)
+    extra = {"expert": expert, "stages": (2,), "zero": (1,), "recompute": ("none",)}
+    with pytest.raises(BackendError, match=re.escape(says)):
+        PipelineSearch().solve(problem, SolveOptions(extra=extra, deadline=Deadline.never()))
 
 
 @pytest.mark.parametrize("zero", [0, 1])

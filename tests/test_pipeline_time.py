@@ -362,3 +362,34 @@ def test_deepseek_v3_like_on_2048_h800s_answers_within_its_limit() -> None:
     assert isinstance(out, planner.PipelinePlan) and out.limit is Limit.TIME
     _valid(out, 2048)
     assert seconds < 1.5 * 60
+
+
+def test_a_simulation_out_of_turn_counts_against_the_exact_cap() -> None:
+    """`_due` simulates the best costed candidate first when it is time; with `exact`
+    simulations already run (the cap), it does not: the cap bounds every simulation."""
+    from backends.pipeline.select import ESTIMATE, BestFirst
+
+    class Fake(BestFirst):
+        def rank(self, batch, needed):  # type: ignore[no-untyped-def]
+            return batch
+
+        def cost(self, key):  # type: ignore[no-untyped-def]
+            return True
+
+        def simulate(self, candidate):  # type: ignore[no-untyped-def]
+            return True
+
+        def everywhere(self, measure):  # type: ignore[no-untyped-def]
+            return True
+
+        def expected(self, candidate):  # type: ignore[no-untyped-def]
+            return 0.0
+
+    def due_with(cap: int | None, simulated: int) -> object:
+        fake = Fake(Deadline.after(60.0), [], cap, due=Deadline.after(0.0))
+        fake.push(1.0, ESTIMATE, "layout")
+        fake.tally.simulated = simulated
+        return fake._due()
+
+    assert due_with(None, 1) == "layout" and due_with(2, 1) == "layout"
+    assert due_with(1, 1) is None

@@ -337,6 +337,7 @@ def _search(
         looking = deadline.share(INNER_SHARE)
         space.searched = _searched_layouts(problem, looking, settings.table_budget)
     keys = _stage_layouts(space)
+    _check_expert_setting(graph, devices, settings.expert, bool(keys))
     fitting = _holding(space, keys)
     baseline = None
     if math.isfinite(deadline.at):  # a first answer early: the cheapest to cost, costed first
@@ -633,6 +634,27 @@ def _expert_degrees(graph: OpGraph, g: int, chosen: tuple[int, ...] | None) -> l
         return [1]
     common = math.gcd(g, *counts)
     return [e for e in (chosen or divisors(common)) if common % e == 0]
+
+
+def _check_expert_setting(
+    graph: OpGraph, devices: DeviceGraph, chosen: tuple[int, ...] | None, laid_out: bool
+) -> None:
+    """One BackendError line for expert-parallel degrees given where they cannot apply: a
+    graph without mixtures of experts, or degrees no stage layout takes."""
+    if chosen in (None, (1,)):
+        return
+    counts = sorted({int(op.attr("experts", 0)) for op in graph.ops if op.kind == "moe"})
+    if not counts:
+        raise BackendError(
+            f"expert-parallel degrees {chosen} given, but {graph.name!r} has no mixture-of-"
+            f"experts op: leave `expert` out"
+        )
+    if not laid_out:
+        raise BackendError(
+            f"no stage layout of {devices.num_devices} devices takes expert-parallel degrees "
+            f"{chosen}: give degrees that divide the experts ({', '.join(map(str, counts))}) "
+            f"and a stage's devices"
+        )
 
 
 def _replicas_simulated(d: int, w: int, e: int, zero: int) -> tuple[int, int]:

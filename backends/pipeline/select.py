@@ -117,7 +117,6 @@ class BestFirst(ABC):
         self.cut: set[Hashable] = set()  # measured on two replicas only for want of time
         self._queue: list[tuple[float, int, int, bool, int, Any]] = []
         self._order = itertools.count()
-        self._candidates = 0  # ESTIMATE values in the queue
         self.costed: list[tuple[float, int, Any]] = []  # every candidate queued, by value
         self.tried: set[Any] = set()  # candidates simulated (fitting or not)
         self._untried = 0  # costed candidates not simulated: an answer by estimate, if need be
@@ -126,7 +125,6 @@ class BestFirst(ABC):
         """`item` at `level` with `value`: more exact first among equal values, then first come."""
         order = next(self._order)
         heapq.heappush(self._queue, (value, -level, order, final, level, item))
-        self._candidates += int(level == ESTIMATE)
         if level == ESTIMATE:
             self.costed.append((value, order, item))
             self._untried += 1
@@ -152,7 +150,6 @@ class BestFirst(ABC):
             if near is not None:
                 return self._answer(near)
             value, _, _, final, level, item = heapq.heappop(self._queue)
-            self._candidates -= int(level == ESTIMATE)
             if level == ESTIMATE and item in self.tried:  # simulated out of turn (`_due`)
                 continue
             due = self._due() if level == STAGE else None
@@ -217,6 +214,8 @@ class BestFirst(ABC):
         any more stage layouts are costed, so that the answer at the limit is a simulated
         one where one fits in the time."""
         if self.measured or not self._untried or self.due is None or not self.due.expired():
+            return None
+        if self.cap is not None and self.tally.simulated >= self.cap:  # `exact` counts it too
             return None
         best = min((c for c in self.costed if c[2] not in self.tried), default=None)
         if best is None or self.late() or not self._in_time(best[2]):

@@ -309,32 +309,6 @@ def ring_factor(replicas: int) -> float:
     return 2 * (replicas - 1) / replicas
 
 
-def zero_factor(graph: OpGraph, options: CostOptions, replicas: int) -> float:
-    """A device's parameter bytes at `options.zero` over `replicas` data-parallel copies, per
-    byte unsharded, every parameter alike (`scale_factors` counts each class's replicas) (1.0 at ZeRO 0; with Adam, master weights and ZeRO 1 over r: (4 + 12 / r)
-    / 16)."""
-    if not options.zero:
-        return 1.0
-    key = (id(graph), repr(options), replicas)
-    found = _FACTORS.get(key)
-    if found is not None and found[0] is graph:
-        return found[1]
-    total = [param_bytes(op.params, options.optimizer, options.master_weights) for op in graph.ops]
-    whole = sum(b.total for b in total)
-    held = sum(b.held(replicas, options.zero) for b in total)
-    factor = held / whole if whole else 1.0
-    if len(_FACTORS) >= _FACTORS_KEPT:
-        _FACTORS.clear()
-    _FACTORS[key] = (graph, factor)
-    return factor
-
-
-# The factors computed last, by graph (checked by identity: an id may be reused): the
-# pipeline search asks for each of its stage layouts, and a 1,000-op graph takes milliseconds.
-_FACTORS: dict[tuple[int, str, int], tuple[OpGraph, float]] = {}
-_FACTORS_KEPT = 256
-
-
 def parameter_state(graph: OpGraph, options: CostOptions) -> float:
     """Bytes of every parameter's training state (weights, gradients, optimizer state and
     master copies), unsharded."""

@@ -193,6 +193,12 @@ def chunk_times(
     sends = message_seconds(cost_model, ps)
     seen: dict[tuple[str, ...], tuple[float, ...]] = {}
     groups: dict[Any, DeviceGraph] = {}
+
+    def share(graph: OpGraph) -> float:  # only DualPipe splits the backward (ChunkTimes)
+        if pipe.schedule != DUALPIPE:
+            return ChunkTimes.weight_share
+        return weight_share(graph, cost_model.options.backward_factor)
+
     out = []
     for c in range(pipe.chunks):
         ch = chunk_problem(cost_model, ps, c, groups)
@@ -214,14 +220,15 @@ def chunk_times(
                 activation_bytes=kept,
                 fixed_bytes=fixed,
                 working_bytes=working,
-                weight_share=weight_share(ch.graph, cost_model.options.backward_factor),
+                weight_share=share(ch.graph),
             )
         )
     return out
 
 
 def weight_share(graph: OpGraph, backward_factor: float) -> float:
-    """The weight gradients' share of `graph`'s backward FLOPs (backward_factor x its
+    """The weight gradients' share of `graph`'s backward FLOPs (the split of Qi et al., Zero
+    Bubble Pipeline Parallelism, arXiv 2401.10241) (backward_factor x its
     forward's): an op with weights whose cost is FLOPs (a linear, convolution, LSTM cell,
     mixture of experts' router and experts) computes its weight gradient as one GEMM of its
     forward's size (dW = X^T dY beside dX = dY W^T: half a linear's backward); attention's

@@ -30,7 +30,8 @@ order keeps at once and its largest working set (`stage_peak`):
   (`grad_overlap` below 1: Megatron-LM's default) that share of every sync waits for the
   group's last backward.
 
-With "dualpipe" the chunks are its p stages, each on two groups (`schedule.group_of`:
+With "dualpipe" (DeepSeek-V3, arXiv 2412.19437, Sec. 3.2.1; `planner.pipeline.schedule`)
+the chunks are its p stages, each on two groups (`schedule.group_of`:
 micro-batches fed from either end), messages go both ways between neighbours, a group
 keeps both its stages' parameters (`schedule.held`), and each copy syncs its own
 gradients (`_syncs`). A micro-batch's activations are kept until its weight gradient.
@@ -146,6 +147,13 @@ def simulate_pipeline(
             f"{counted(len(chunks), 'pipeline chunk')} do not spread evenly over "
             f"{counted(p, 'stage')}: give a multiple of {p}"
         )
+    for c, ch in enumerate(chunks):
+        if min(ch.forward, ch.backward) < 0 or not 0 <= ch.weight_share <= 1:
+            raise ScheduleError(
+                f"pipeline chunk {c}: seconds must be >= 0 and its backward's weight-gradient "
+                f"share in [0, 1], got forward {ch.forward}, backward {ch.backward}, share "
+                f"{ch.weight_share}"
+            )
     v = len(chunks) // p
     orders = schedule(name, p, m, v)
     n = len(chunks)

@@ -1123,15 +1123,25 @@ def _evaluate(node: fx.Node, memo: dict[fx.Node, Any], values: dict[fx.Node, Any
     out: Any = None
     known = values.get(node)
     try:
-        if known is not None and not _is_tensor(known):
+        if isinstance(known, torch.device):
+            out = torch.device("cpu")  # a tensor's .device: computed here on the CPU
+        elif known is not None and not _is_tensor(known):
             out = known  # a size, a dim: as the meta run found it
         elif node.op == "get_attr" and owner is not None:
             out = owner.get_buffer(str(node.target))
             out = None if out.is_meta else out
         elif node.op in ("call_function", "call_method"):
-            args = fx.node.map_arg(node.args, lambda a: _evaluate(a, memo, values))
-            kwargs = fx.node.map_arg(node.kwargs, lambda a: _evaluate(a, memo, values))
-            if any(a is None for a in _flat(args) + _flat(kwargs)):
+            unknown: list[fx.Node] = []  # arguments not computable here (a literal None is)
+
+            def value(a: fx.Node) -> Any:
+                v = _evaluate(a, memo, values)
+                if v is None:
+                    unknown.append(a)
+                return v
+
+            args = fx.node.map_arg(node.args, value)
+            kwargs = fx.node.map_arg(node.kwargs, value)
+            if unknown:
                 return None
             kwargs = {k: (torch.device("cpu") if k == "device" else v) for k, v in kwargs.items()}
             if node.op == "call_function":

@@ -35,11 +35,14 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
+import linecache
 import operator
+import traceback
 import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -53,6 +56,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from planner.deadline import Deadline, OutOfTime
 from planner.errors import GraphError
 from planner.graph.attention import evaluate_constant, find_regions, module_key
+from planner.graph.hf import traceable
 from planner.graph.moe_capture import MoEFound, declared_moe, moe_found, moe_of, refusal, unread_moe
 from planner.graph.opgraph import Op, OpGraph, Param, Tensor
 from planner.graph.opkinds import CHANNEL, HEIGHT, LENGTH, SAMPLE, WIDTH
@@ -151,6 +155,7 @@ def capture(
     if given, is called with the graph, the ops whose kind a module declares (`Declared`:
     op name, module, fx node) and the nodes' meta values, to compare them with their kernels
     (`planner.costs.declared.check_declared`, a layer above this one)."""
+    module = traceable(module)  # a Hugging Face model: forward(input_ids) -> logits
     gm = _trace(module, tuple(leaf_modules), name, example_inputs)
     inputs = tuple(_to_meta(x) for x in example_inputs)
     values, flops = _run_on_meta(gm, inputs, name, deadline)
@@ -170,7 +175,7 @@ def constant_values(
     """The values of the fx nodes `names` (constants: computed from shapes and the module's
     buffers, such as rotary tables) in `module`'s traced graph, computed on the CPU from its
     real buffers. Capture names nodes deterministically, so an op's attrs can name them."""
-    gm = _trace(module, DEFAULT_LEAF_MODULES, "model", example_inputs)
+    gm = _trace(traceable(module), DEFAULT_LEAF_MODULES, "model", example_inputs)
     values, _ = _run_on_meta(gm, tuple(_to_meta(x) for x in example_inputs), "model")
     nodes = {n.name: n for n in gm.graph.nodes}
     out = {}
@@ -442,7 +447,9 @@ def _trace(
                 f"torch.fx could not trace {name!r} ({type(exc).__name__}); "
                 + refusal(f"module {unread!r}")
             ) from exc
-        raise GraphError(f"torch.fx could not trace {name!r}: {type(exc).__name__}: {exc}") from exc
+        raise GraphError(
+            f"torch.fx could not trace {name!r}{_origin(exc)}: {type(exc).__name__}: {exc}"
+        ) from exc
     gm = fx.GraphModule(module, graph)
     gm.meta["moe"] = {
         str(n.target): moes[id(gm.get_submodule(str(n.target)))]
@@ -450,6 +457,33 @@ def _trace(
         if n.op == "call_module" and id(gm.get_submodule(str(n.target))) in moes
     }
     return gm
+
+
+_LIBRARY_DIRS = tuple(
+    str(Path(m.__file__).resolve().parent) for m in (torch, fx) if m.__file__ is not None
+) + (str(Path(__file__).resolve().parents[1]),)
+
+
+def _origin(exc: BaseException) -> str:
+    """' in Class.method (file:line: `code`)': the model's own line that tracing stopped at
+    (the innermost frame outside torch and layerwise), or '' when there is none."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    tb, found = exc.__traceback__, None
+    while tb is not None:  # frame objects, to name the class whose method it is
+        path = str(Path(tb.tb_frame.f_code.co_filename).resolve())
+        if not path.startswith(_LIBRARY_DIRS) and "/torch/" not in path:
+            found = tb
+        tb = tb.tb_next
+    if found is None or not frames:
+        return ""
+    frame = found.tb_frame
+    owner = frame.f_locals.get("self")
+    where = frame.f_code.co_name
+    if isinstance(owner, nn.Module):
+        where = f"{type(owner).__name__}.{where}"
+    line = linecache.getline(frame.f_code.co_filename, found.tb_lineno).strip()
+    file = Path(frame.f_code.co_filename).name
+    return f" in {where} ({file}:{found.tb_lineno}: `{line}`)"
 
 
 def _traced_modules(module: nn.Module, moes: dict[int, MoEFound]) -> Iterator[nn.Module]:

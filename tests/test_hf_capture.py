@@ -233,3 +233,67 @@ def test_the_runtime_keeps_number_operands() -> None:
 @pytest.mark.parametrize("world", [2, 4])
 def test_the_runtime_trains_each_family_under_random_plans(family: str, world: int) -> None:
     assert max(_deviations(hf(family), world, 2)) <= 1e-9
+
+
+WINDOWED: dict[str, Callable[[], object]] = {
+    "mistral": lambda: T.MistralConfig(**SMALL, sliding_window=6),
+    "gemma2": lambda: T.Gemma2Config(**SMALL, head_dim=16, sliding_window=6),  # local, global
+    "phi3": lambda: T.Phi3Config(**SMALL, pad_token_id=0, sliding_window=6),
+    "qwen2": lambda: T.Qwen2Config(  # the layers from max_window_layers on
+        **SMALL, use_sliding_window=True, sliding_window=6, max_window_layers=1
+    ),
+}
+WINDOWS = {"mistral": [6, 6], "gemma2": [6, None], "phi3": [6, 6], "qwen2": [None, 6]}
+
+
+def windowed(family: str) -> nn.Module:
+    torch.manual_seed(0)
+    return T.AutoModelForCausalLM.from_config(WINDOWED[family]())
+
+
+@pytest.mark.parametrize("family", sorted(WINDOWED))
+def test_sliding_windows_are_read_from_the_mask(family: str) -> None:
+    graph = capture(windowed(family), TOKENS, family)
+    got = [op.attr("window") for op in graph.ops if op.kind == "attention"]
+    assert got == WINDOWS[family]
+
+
+def test_a_sliding_window_costs_its_share_of_the_product() -> None:
+    from planner.costs.rates import attended_share
+
+    assert attended_share(16, False) == 1.0 and attended_share(16, True) == 0.5
+    assert attended_share(16, True, 16) == 0.5
+    kept = torch.ones(16, 16).tril().triu(-5).sum().item()  # 6 keys per query at most
+    assert attended_share(16, True, 6) == kept / 256
+
+
+def test_the_runtime_trains_a_sliding_window_as_single_process_training() -> None:
+    assert max(_deviations(windowed("mistral"), 2, 1)) <= 1e-9
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["gemma2", "phi3", "qwen2"])
+def test_the_runtime_trains_each_windowed_family(family: str) -> None:
+    assert max(_deviations(windowed(family), 2, 2)) <= 1e-9
+
+
+class _OddMask(nn.Module):
+    """Attention with a constant mask that hides each query's own position."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.qkv = nn.Embedding(64, 16), nn.Linear(16, 48)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x)
+        q, k, v = (t.view(2, 16, 4, 4).transpose(1, 2) for t in self.qkv(h).split(16, -1))
+        keep = torch.ones(16, 16, dtype=torch.bool).tril(-1)
+        keep[0, 0] = True  # a row may not be empty
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        return out.transpose(1, 2).reshape(2, 16, 16)
+
+
+def test_a_mask_neither_causal_nor_a_window_is_refused_in_one_line() -> None:
+    with pytest.raises(GraphError, match="hides other positions than those after each") as err:
+        capture(_OddMask(), TOKENS, "odd")
+    assert "\n" not in str(err.value)

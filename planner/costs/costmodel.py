@@ -657,7 +657,8 @@ class CostModel:
             kernel = chip.attention[self.options.attention_kernel]
             flops = op.flops / cfg.num_tasks
             causal = bool(op.attr("causal", False))
-            return attention_seconds(kernel, flops, seq, causal, chunks)
+            window = op.attr("window", None)
+            return attention_seconds(kernel, flops, seq, causal, chunks, window)
         if op.kind == "moe":  # router, shared expert, grouped expert GEMMs
             capacity = self.options.expert_capacity
             return expert_gemm_seconds(op, cfg, gemm, peak, capacity, experts)

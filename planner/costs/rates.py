@@ -222,8 +222,24 @@ def linear_gemms(op: Op, cfg: ParallelConfig) -> tuple[tuple[int, int, int], ...
     return ((rows, n, k),)
 
 
+def attended_share(seq: int, causal: bool, window: int | None = None) -> float:
+    """The share of the full q x k product a masked kernel computes: 1 unmasked, 1/2 causal,
+    and with a sliding window of w keys per query (w(w+1)/2 + (seq - w) w) / seq^2 (a
+    kernel with a window skips the blocks beyond it, as FlashAttention's does)."""
+    if not causal:
+        return 1.0
+    if not window or window >= seq:
+        return 0.5
+    return (window * (window + 1) / 2 + (seq - window) * window) / (seq * seq)
+
+
 def attention_seconds(
-    kernel: AttentionKernel, flops: float, seq: int, causal: bool, chunks: int = 1
+    kernel: AttentionKernel,
+    flops: float,
+    seq: int,
+    causal: bool,
+    chunks: int = 1,
+    window: int | None = None,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of a task's attention whose graph records `flops` (4 s^2 h
     per sample: the full, unmasked product) at sequence length `seq`: a causal kernel does
@@ -238,9 +254,13 @@ def attention_seconds(
     work of a task: the load-balanced order (each rank holds chunks i and 2 c - 1 - i of 2 c,
     as Megatron-LM and the Llama 3 paper order them, and as the runtime runs
     `CostOptions.cp_order` "balanced") gives every rank that share of the causal product;
-    contiguous chunks scale it by their own share (`planner.costs.context.task_work`)."""
-    work = flops * (0.5 if causal else 1.0)
-    if chunks <= 1 or not causal:
+    contiguous chunks scale it by their own share (`planner.costs.context.task_work`).
+
+    A sliding window (`window` keys per query, Mistral's and Gemma's local layers) does its
+    `attended_share` of the product at the causal rate, whole or split in chunks (its blocks
+    beyond the window are skipped, not run full)."""
+    work = flops * attended_share(seq, causal, window)
+    if chunks <= 1 or not causal or (window and window < seq):
         forward, backward = kernel.rates(max(1, seq // max(1, chunks)), causal)
         return work / forward, ATTENTION_BACKWARD_WORK * work / backward
     local = max(1, seq // chunks)

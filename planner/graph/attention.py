@@ -309,6 +309,9 @@ def _region(
         attrs["mla"] = True
     if softcap is not None:
         attrs["softcap"] = softcap
+    windows = {n.meta["layerwise_window"] for n in group if "layerwise_window" in n.meta}
+    if windows:
+        attrs["window"] = windows.pop()
     if any(_mentions(c, _TRIANGLES) for c in consts) and not causal:
         raise GraphError(
             f"the attention at {where} builds a triangular mask that is not read as causal; "
@@ -506,13 +509,13 @@ def _verify(
         for n in order
         if n.op == "get_attr" or not any(a in region.nodes or a in entries for a in _args(n))
     ]
+    q, k = values[region.q], values[region.k]
+    if q.numel() * k.shape[1] > VERIFY_SIZE:
+        return  # too big to compute here: the runtime's --check compares the model
     for n in constants:  # first: on the meta device there is nothing to compare
         value = _evaluate(n, memo, values)
         if value is None and isinstance(values.get(n), torch.Tensor):
             return  # a constant not computable here (a meta buffer)
-    q, k = values[region.q], values[region.k]
-    if q.numel() * k.shape[1] > VERIFY_SIZE:
-        return  # too big to compute here: the runtime's --check compares the model
     # a transformer's layers repeat one region: it is compared once per distinct key
     key = _region_key(gm, region, order, constants, memo, values)
     if key is not None and key in _VERIFIED:
@@ -614,6 +617,8 @@ def _summary(attrs: dict[str, Any]) -> str:
         parts.append("multi-head latent attention")
     if attrs.get("softcap"):
         parts.append(f"scores soft-capped at {attrs['softcap']:g}")
+    if attrs.get("window"):
+        parts.append(f"a sliding window of {attrs['window']}")
     return "attention (" + ", ".join(parts) + ")"
 
 
@@ -646,7 +651,9 @@ def attention_math(
 ) -> torch.Tensor:
     """The attention op on (sample, length, channel) q, k, v: `heads` heads in q (default:
     the op's; a task holds fewer), k and v with the heads their channels hold (each shared by
-    a group of q's), the causal mask at q's positions [q_start, q_start + length), the scale,
+    a group of q's), the causal mask at q's positions [q_start, q_start + length) (with attr
+    window, only the window keys up to each query's own: a sliding window), the scale, the
+    soft cap of the scores (attr softcap: cap * tanh(scores / cap)),
     the rotary tables (positions x rope_dim) and a float32 softmax as attrs say.
 
     Heads (`planner.graph.opkinds.AttentionDims`): q and k heads of head_dim channels (q's
@@ -698,6 +705,11 @@ def attention_math(
         if get("causal", False) and not causal:
             mask = q_rows.unsqueeze(1) >= k_rows.unsqueeze(0)
         count = q_start + lq + lk
+    window = get("window", None)
+    if window and get("causal", False):  # keys in (query - window, query]
+        near = q_rows.unsqueeze(1) - k_rows.unsqueeze(0) < int(window)
+        mask = near & (q_rows.unsqueeze(1) >= k_rows.unsqueeze(0))
+        causal = False
     if get("rope"):
         if tables is None:  # no values (cost measurements): the same work, identity rotation
             tables = (
@@ -1138,10 +1150,11 @@ def _causal_mask(
     mask: Any, constant: set[fx.Node], at: fx.Node, values: dict[fx.Node, Any]
 ) -> bool:
     """Whether `mask` (computed without the inputs) hides exactly the positions after each
-    query's own: read from its values when they can be computed here (shapes, real buffers,
-    constants fx baked in); else from its code (a tril or triu, or a registered triangular
-    buffer), and then confirmed by the runtime, which has the values. A mask computed from
-    the inputs, or one that hides other positions, raises GraphError."""
+    query's own, or those and the ones beyond a sliding window (its size then in
+    `at.meta["layerwise_window"]`): read from its values when they can be computed here
+    (shapes, real buffers, constants fx baked in); else from its code (a tril or triu, or a
+    registered triangular buffer), and then confirmed by the runtime, which has the values.
+    A mask computed from the inputs, or one that hides other positions, raises GraphError."""
     if not isinstance(mask, fx.Node):
         return False
     if mask not in constant:
@@ -1149,10 +1162,23 @@ def _causal_mask(
             f"{_where({at})}: the attention mask is computed from the inputs (a padding "
             "mask?); layerwise's attention op has only the causal mask"
         )
+    # one mask serves every layer: read once per kind of consumer
+    kind = (at.target is torch.where, at.target is F.scaled_dot_product_attention)
+    read = mask.meta.setdefault("layerwise_mask", {})
+    if kind not in read:
+        read[kind] = _read_mask(mask, at, values)
+    causal, window = read[kind]
+    if window is not None:
+        at.meta["layerwise_window"] = window
+    return causal
+
+
+def _read_mask(mask: fx.Node, at: fx.Node, values: dict[fx.Node, Any]) -> tuple[bool, int | None]:
+    """(causal, sliding window) of the mask's values (`_causal_mask`)."""
     value = _evaluate(mask, {}, values)
     if not isinstance(value, torch.Tensor):
         if _mentions(mask, _TRIANGLES):
-            return True
+            return True, None
         raise GraphError(
             f"{_where({at})}: layerwise cannot tell what the attention mask hides (its values "
             "cannot be computed here and its code has no tril or triu)"
@@ -1173,12 +1199,18 @@ def _causal_mask(
                 "negative number (a bias?); layerwise's attention op has only the causal mask"
             )
     if torch.equal(hidden, upper):
-        return True
+        return True, None
     if not hidden.any():
-        return False
+        return False, None
+    # a sliding window (Mistral, Gemma's local layers, Phi-3): each query sees its own
+    # position and the window - 1 before it
+    window = int(square.shape[-1] - hidden[-1].sum())
+    if 0 < window < square.shape[-1] and torch.equal(hidden, upper | upper.T.tril(-window)):
+        return True, window
     raise GraphError(
-        f"{_where({at})}: the attention mask does not hide exactly the positions after each "
-        "query's own; layerwise's attention op has only the causal mask"
+        f"{_where({at})}: the attention mask hides other positions than those after each "
+        "query's own (causal) or beyond a sliding window; layerwise's attention op has only "
+        "those masks"
     )
 
 

@@ -297,3 +297,11 @@ def test_a_mask_neither_causal_nor_a_window_is_refused_in_one_line() -> None:
     with pytest.raises(GraphError, match="hides other positions than those after each") as err:
         capture(_OddMask(), TOKENS, "odd")
     assert "\n" not in str(err.value)
+
+
+def test_a_mask_too_big_to_compute_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import planner.graph.attention as attention
+
+    monkeypatch.setattr(attention, "MASK_ELEMENTS", 2 * 16 * 16 - 1)
+    with pytest.raises(GraphError, match=r"the attention mask, \(2, 1, 16, 16\), is too big"):
+        capture(hf("llama", "meta"), TOKENS, "llama")

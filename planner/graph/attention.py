@@ -97,6 +97,10 @@ _SCALE_METHODS = {"mul", "div", "__mul__", "__truediv__", "mul_", "div_"}
 _DROPOUT_FUNCTIONS: set[Any] = {F.dropout}
 _TANH_FUNCTIONS: set[Any] = {torch.tanh, F.tanh}
 _TRIANGLES = {"tril", "triu"}
+# mask elements (batch x length^2) up to which a mask's values are computed to read it:
+# Hugging Face builds a (batch, 1, length, length) mask by indexing, about 5 bytes per element
+# at its peak (batch 8 x 8,192 tokens: 2.5 GB, 10 s)
+MASK_ELEMENTS = 2**29
 VERIFY_SIZE = 2**27  # score elements (q elements x key length) up to which a region is checked
 _VERIFIED: set[Hashable] = set()  # `_region_key`s of the regions that `_verify` compared
 # rotary position embeddings: q * cos + rotate_half(q) * sin, rotate_half(x) = cat(-x2, x1)
@@ -1175,6 +1179,17 @@ def _causal_mask(
 
 def _read_mask(mask: fx.Node, at: fx.Node, values: dict[fx.Node, Any]) -> tuple[bool, int | None]:
     """(causal, sliding window) of the mask's values (`_causal_mask`)."""
+    meta = values.get(mask)
+    if (
+        isinstance(meta, torch.Tensor)
+        and meta.numel() > MASK_ELEMENTS
+        and not _mentions(mask, _TRIANGLES)
+    ):
+        raise GraphError(
+            f"{_where({at})}: the attention mask, {tuple(meta.shape)}, is too big to compute "
+            f"here (over {MASK_ELEMENTS:,} elements, several GiB while it is built); capture "
+            "with a smaller batch or a shorter sequence"
+        )
     value = _evaluate(mask, {}, values)
     if not isinstance(value, torch.Tensor):
         if _mentions(mask, _TRIANGLES):

@@ -359,3 +359,17 @@ def test_partial_sums_of_a_float32_router_sum_their_gate_gradients_in_a_group() 
     torch.manual_seed(0)
     dense = capture(MoELM(), (torch.randint(0, 32, (4, 8)),), "m")
     assert build_plan(_strategy(dense, 4, {"sample": 2, "reduce": 2})).groups["partial"] == ()
+
+
+@pytest.mark.slow
+def test_interleaved_experts_train_cut_along_their_width_and_spread() -> None:
+    from test_runtime_moe import F64, _check_run, _strategy
+
+    model = hf_model("mixtral")
+    for layer in model.model.layers:  # type: ignore[union-attr]
+        layer.mlp = InterleavedBlock(layer.mlp)
+    graph = capture(model, tokens(4), "interleaved")
+    assert {dict(op.attrs)["roles"][1] for op in graph.ops if op.kind == "moe"} == {"w13i"}
+    strategy = _strategy(graph, 4, {"sample": 2, "reduce": 2, "expert": 2})
+    run = runtime.run_strategy(strategy, model, F64)
+    _check_run(run, graph, strategy, tokens=4 * SEQ)

@@ -19,6 +19,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,11 +28,11 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from planner.costs.kernels import BN_EPS
 from planner.errors import LayerwiseError
 from planner.graph.attention import rope_table
-from planner.graph.hf import traceable
 from planner.graph.models import ModelSpec
 from planner.graph.opgraph import Op, OpGraph
 from planner.graph.opkinds import CHANNEL
@@ -40,7 +42,9 @@ __all__ = [
     "ModelSpec",
     "NonFiniteError",
     "ReferenceResult",
+    "constant_scalars",
     "deviation",
+    "float64_islands",
     "init_params",
     "log_head",
     "make_inputs",
@@ -114,6 +118,69 @@ def rope_tables(
     names = sorted({n for pair in wanted.values() for n in pair})
     values = constant_values(module, tuple(inputs), names)
     return {i: (rope_table(values[c]), rope_table(values[s])) for i, (c, s) in wanted.items()}
+
+
+class Float64Islands(TorchFunctionMode):
+    """In a float64 run, what a model computes in float32 whatever its input's dtype (norms and
+    softmaxes in float32: Meta's and Hugging Face's code; a weight applied in float32: Gemma's
+    norms) computed in float64 instead: casts of float64 tensors to float32 keep float64, and
+    a float32 `dtype=` of an op on a float64 tensor becomes float64. Both sides of a float64 `--check` run under it (the
+    single-process reference and every rank), so the check compares the parallel
+    decomposition in float64 throughout: with the islands kept, a weight gradient that the
+    model sums in float32 over all rows (Gemma's 1 + weight) cannot equal the sum of its
+    ranks' float32 partial sums, and data parallelism alone deviates by ~1e-8. float32 runs
+    keep the islands as the model has them."""
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = dict(kwargs or {})
+        wide = torch.float64
+        x = args[0] if args else None
+        # (meta tensors are capture's: it traces in float64 and must see the model's casts)
+        if isinstance(x, torch.Tensor) and x.dtype == wide and not x.is_meta:
+            if kwargs.get("dtype") is torch.float32:  # softmax(x, dtype=torch.float32)
+                kwargs["dtype"] = wide
+            if func is torch.Tensor.float:
+                return args[0]
+            if func in (torch.Tensor.to, torch.Tensor.type):
+                args = tuple(wide if a is torch.float32 else a for a in args)
+            elif func is torch.Tensor.type_as and args[1].dtype == torch.float32:
+                return args[0]
+        return func(*args, **kwargs)
+
+
+def float64_islands(dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:
+    """`Float64Islands` for a float64 run, nothing for another dtype."""
+    return Float64Islands() if dtype == torch.float64 else contextlib.nullcontext()
+
+
+def constant_scalars(graph: OpGraph, spec: Model | None, seed: int, dtype: torch.dtype) -> OpGraph:
+    """`graph` with the value of every elementwise op's constant factor that capture could not
+    compute (attr scalar_node: a 0-d tensor the model computes from its buffers, as Gemma's
+    embedding scale on a meta model) filled in as attr scalar, computed by the model on the
+    CPU (traced again: the attr names its fx node). Unchanged when there is none."""
+    wanted = {i: op.attr("scalar_node") for i, op in enumerate(graph.ops)}
+    wanted = {i: n for i, n in wanted.items() if n is not None and op_scalar(graph.ops[i]) is None}
+    if not wanted:
+        return graph
+    if spec is None:
+        raise LayerwiseError("a graph with a model's constant factors needs its model to run")
+    from planner.graph.capture import constant_values
+
+    module = spec.build(seed, dtype)
+    inputs = make_inputs(graph, 0, seed, dtype)
+    values = constant_values(module, tuple(inputs), sorted(set(wanted.values())))
+    ops = list(graph.ops)
+    for i, name in wanted.items():
+        attrs = dict(ops[i].attrs) | {"scalar": float(values[name])}
+        ops[i] = dataclasses.replace(ops[i], attrs=Op.make_attrs(attrs))
+    return OpGraph(graph.name, tuple(ops))
+
+
+def op_scalar(op: Op) -> float | None:
+    value = op.attr("scalar", None)
+    return None if value is None else float(value)
 
 
 def _norm_eps(graph: OpGraph, module: nn.Module) -> dict[int, float]:
@@ -225,44 +292,48 @@ def reference_train(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        # a Hugging Face model is called as capture traced it: forward(input_ids) -> logits
-        module = traceable(spec.build(seed, dtype))
-        named = dict(module.named_parameters())
-        initial = {n: p.detach().clone() for n, p in named.items()}
-        sinks = loss_sinks(graph)
-        losses = []
-        for s in range(steps):
-            inputs = make_inputs(graph, s, seed, dtype)
-            targets = make_targets(graph, sinks, s, seed)
-            outs = module(*inputs)
-            outs = tuple(outs) if isinstance(outs, tuple | list) else (outs,)
-            if len(outs) != len(sinks):
-                raise LayerwiseError(
-                    f"{spec.describe()} returns {len(outs)} outputs but its graph has "
-                    f"{len(sinks)} softmax outputs"
-                )
-            loss = sum(
-                (
-                    nll_part(
-                        _head(o, graph.ops[i], axis), t, axis, t.numel(), log_head(graph.ops[i])
-                    )
-                    for o, t, i in zip(outs, targets, sinks, strict=True)
-                    for axis in [graph.ops[i].output.dims.index(CHANNEL)]
-                ),
-                torch.zeros((), dtype=dtype),
-            )
-            check_finite(float(loss.detach()), s, "in single-process training (the reference)")
-            module.zero_grad(set_to_none=True)
-            loss.backward()
-            with torch.no_grad():
-                for p in module.parameters():
-                    if p.grad is not None:
-                        p.add_(p.grad, alpha=-lr)
-            losses.append(float(loss.detach()))
-        params = {n: p.detach().clone() for n, p in named.items()}
-        return ReferenceResult(losses, params, initial)
+        with float64_islands(dtype):
+            return _reference_train(spec, graph, steps, lr, seed, dtype)
     finally:
         torch.set_num_threads(threads)
+
+
+def _reference_train(
+    spec: Model, graph: OpGraph, steps: int, lr: float, seed: int, dtype: torch.dtype
+) -> ReferenceResult:
+    module = spec.build(seed, dtype)
+    named = dict(module.named_parameters())
+    initial = {n: p.detach().clone() for n, p in named.items()}
+    sinks = loss_sinks(graph)
+    losses = []
+    for s in range(steps):
+        inputs = make_inputs(graph, s, seed, dtype)
+        targets = make_targets(graph, sinks, s, seed)
+        outs = module(*inputs)
+        outs = tuple(outs) if isinstance(outs, tuple | list) else (outs,)
+        if len(outs) != len(sinks):
+            raise LayerwiseError(
+                f"{spec.describe()} returns {len(outs)} outputs but its graph has "
+                f"{len(sinks)} softmax outputs"
+            )
+        loss = sum(
+            (
+                nll_part(_head(o, graph.ops[i], axis), t, axis, t.numel(), log_head(graph.ops[i]))
+                for o, t, i in zip(outs, targets, sinks, strict=True)
+                for axis in [graph.ops[i].output.dims.index(CHANNEL)]
+            ),
+            torch.zeros((), dtype=dtype),
+        )
+        check_finite(float(loss.detach()), s, "in single-process training (the reference)")
+        module.zero_grad(set_to_none=True)
+        loss.backward()
+        with torch.no_grad():
+            for p in module.parameters():
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-lr)
+        losses.append(float(loss.detach()))
+    params = {n: p.detach().clone() for n, p in named.items()}
+    return ReferenceResult(losses, params, initial)
 
 
 def deviation(

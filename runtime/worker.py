@@ -9,6 +9,7 @@ build the execution plan, the model's parameters and the process groups, then tr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -36,6 +37,8 @@ from runtime.reference import (
     DTYPES,
     NonFiniteError,
     check_finite,
+    constant_scalars,
+    float64_islands,
     init_params,
     make_inputs,
     make_targets,
@@ -167,18 +170,28 @@ def _exit_with(launcher: int) -> None:
 
 
 def session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
-    """What every rank runs between rendezvous and results."""
+    """What every rank runs between rendezvous and results (a float64 run with the model's
+    float32 islands in float64, as its reference: `runtime.reference.Float64Islands`)."""
+    with float64_islands(DTYPES[job.options.dtype]):
+        return _session(job, rank, world, status)
+
+
+def _session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
     opts = job.options
     status.set(0, INIT)
     strategy = strategy_from_json(job.strategy)
+    model = model_from_job(job.model)
+    dtype = DTYPES[opts.dtype]
+    # the model's constant factors capture could not compute on meta (Gemma's embedding scale)
+    strategy = dataclasses.replace(
+        strategy, graph=constant_scalars(strategy.graph, model, opts.seed, dtype)
+    )
     plan = build_plan(strategy)
     pipeline = Pipeline.from_json(job.pipeline) if job.pipeline is not None else None
     # the graph of the whole batch, whose inputs and targets a step draws
     data_graph = (
         plan.graph if pipeline is None else full_batch_graph(plan.graph, pipeline.micro_batches)
     )
-    model = model_from_job(job.model)
-    dtype = DTYPES[opts.dtype]
     device = _device(opts.backend)
     groups = _groups(plan, world)
     params, eps = init_params(plan.graph, model, opts.seed, dtype)

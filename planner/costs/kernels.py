@@ -46,7 +46,9 @@ Conventions of the op kinds (see `planner.graph.capture`):
 - norm: "batch" (batch statistics of the task's box), "layer" (over channel) or "rms" (root
   mean square over channel, weight only); attrs eps, and compute "float32" when the model
   computes the norm in float32 whatever its dtype.
-- elementwise: attr "op" (or "fn"): add/sub/mul/div over its inputs, or a unary function.
+- elementwise: attr "op" (or "fn"): add/sub/mul/div over its inputs (and attr scalar, a
+  number operand: first with scalar_first; scalar_node names the model's 0-d constant
+  whose value the runtime fills in as scalar), or a unary function.
 - slice: attrs dim, start, size: its input box is the output's, shifted by start.
 - concat: attrs dim, offsets. flatten: reshape to (sample, features). softmax: over channel
   (attr op softmax / log_softmax / cross_entropy: the log-softmax part of the loss).
@@ -75,7 +77,7 @@ import torch.nn.functional as F
 from planner.costs.config import ParallelConfig, check_config
 from planner.costs.regions import needed_boxes, task_boxes
 from planner.errors import GraphError
-from planner.graph.attention import attention_math
+from planner.graph.attention import RMS_ATTRS, attention_math, rms_norm
 from planner.graph.moe import (
     ROUTER_DTYPES,
     MoESpec,
@@ -802,12 +804,9 @@ def _normalize(
 ) -> torch.Tensor:
     w, b = (wb[0], wb[1]) if len(wb) == 2 else (None, None)
     axis = plan.op.output.dims.index(CHANNEL)
-    if fn == "rms_norm":  # as the model computes it: in float32 when it says so
-        x = x.movedim(axis, -1)
-        xc = x.float() if plan.op.attr("compute") == "float32" else x
-        eps = float(plan.op.attr("eps", 1e-6))
-        y = (xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-        return (y * wb[0] if wb else y).movedim(-1, axis)
+    if fn == "rms_norm":  # as the model computes it (float32, Gemma's 1 + weight, ...)
+        attrs = {k: plan.op.attr(k, None) for k in RMS_ATTRS}
+        return rms_norm(x.movedim(axis, -1), wb[0] if wb else None, attrs).movedim(-1, axis)
     if fn == "layer_norm":
         x = x.movedim(axis, -1)
         y = F.layer_norm(x, (x.shape[-1],), w, b, float(plan.op.attr("eps", 1e-5)))
@@ -1122,8 +1121,19 @@ def _elementwise(
     fn = str(op.attr("op", op.attr("fn", "relu"))).strip("_")
     xs = [_align(plan, pos, x) for pos, x in enumerate(xs)]
     if fn in _BINARY:
-        y = xs[0]
-        others: list[Any] = xs[1:] or [extras.pop(0) if extras else 1.0]
+        y, scalar = xs[0], op.attr("scalar", None)
+        if scalar is None and op.attr("scalar_node", None) is not None:
+            raise GraphError(
+                f"op {op.name!r} multiplies by a constant of the model ({op.attr('scalar_node')}) "
+                "whose value is not known: run it with its model (runtime.reference."
+                "constant_scalars)"
+            )
+        if scalar is not None:  # x * 0.5, or 1.0 - x with scalar_first
+            first = bool(op.attr("scalar_first", False))
+            y = _BINARY[fn](torch.full_like(y, scalar), y) if first else _BINARY[fn](y, scalar)
+        others: list[Any] = xs[1:] or (
+            [] if scalar is not None else [extras.pop(0) if extras else 1.0]
+        )
         for other in others:
             y = _BINARY[fn](y, other)
         return y

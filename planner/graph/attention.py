@@ -36,7 +36,7 @@ import dataclasses
 import hashlib
 import math
 import operator
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +95,7 @@ _MASK_METHODS = {"masked_fill", "masked_fill_"}
 _SCALE_FUNCTIONS: set[Any] = {operator.mul, operator.truediv, torch.mul, torch.div}
 _SCALE_METHODS = {"mul", "div", "__mul__", "__truediv__", "mul_", "div_"}
 _DROPOUT_FUNCTIONS: set[Any] = {F.dropout}
+_TANH_FUNCTIONS: set[Any] = {torch.tanh, F.tanh}
 _TRIANGLES = {"tril", "triu"}
 VERIFY_SIZE = 2**27  # score elements (q elements x key length) up to which a region is checked
 _VERIFIED: set[Hashable] = set()  # `_region_key`s of the regions that `_verify` compared
@@ -265,8 +266,9 @@ def _region(
     consts = {a for n in group for a in _args(n) if a in constant}
     if sdpa:
         q_op, k_op, v_op, scale, causal = _read_sdpa(sdpa[0], values, constant)
+        softcap = None
     else:
-        q_op, k_op, v_op, scale, causal = _read_manual(softmax[0], values, constant, group)
+        q_op, k_op, v_op, scale, causal, softcap = _read_manual(softmax[0], values, constant, group)
     q4 = values[q_op]
     if q4.dim() != 4:
         raise GraphError(
@@ -305,6 +307,8 @@ def _region(
         attrs |= {"head_dim": head, "v_head_dim": v_head}
     if mla is not None:
         attrs["mla"] = True
+    if softcap is not None:
+        attrs["softcap"] = softcap
     if any(_mentions(c, _TRIANGLES) for c in consts) and not causal:
         raise GraphError(
             f"the attention at {where} builds a triangular mask that is not read as causal; "
@@ -608,6 +612,8 @@ def _summary(attrs: dict[str, Any]) -> str:
         parts.append("QK-norm")
     if attrs.get("mla"):
         parts.append("multi-head latent attention")
+    if attrs.get("softcap"):
+        parts.append(f"scores soft-capped at {attrs['softcap']:g}")
     return "attention (" + ", ".join(parts) + ")"
 
 
@@ -676,8 +682,8 @@ def attention_math(
     else:
         kh, vh = split(k, d), split(v, dv)
     if get("qk_norm"):
-        eps, float32 = float(get("qk_norm_eps", 1e-6)), get("qk_norm_compute") == "float32"
-        qh, kh = (_rms(x, w, eps, float32) for x, w in ((qh, norms[0]), (kh, norms[1])))
+        norm = {k: get(f"qk_norm_{k}", None) for k in RMS_ATTRS}
+        qh, kh = (_rms(x, w, norm) for x, w in ((qh, norms[0]), (kh, norms[1])))
     if positions is not None:
         pos = positions.to(q.device)
         q_rows, k_rows = pos[q_start : q_start + lq], pos[:lk]
@@ -707,13 +713,19 @@ def attention_math(
         vh = vh.repeat_interleave(heads // kv_heads, dim=1)
     scale = get("scale")
     s = None if scale is None else float(scale)
-    if get("softmax") == "float32":  # as the model: scores in its dtype, softmax in float32
+    softcap = get("softcap", None)
+    if get("softmax") == "float32" or softcap:  # scores in the model's dtype, as it computes
         scores = (qh @ kh.transpose(-2, -1)) * (s if s is not None else 1 / math.sqrt(d))
+        if softcap:  # Gemma 2: cap * tanh(scores / cap)
+            scores = torch.tanh(scores / float(softcap)) * float(softcap)
         if causal:
             mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril()
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        y = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ vh
+        if get("softmax") == "float32":
+            y = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ vh
+        else:
+            y = torch.softmax(scores, dim=-1) @ vh
     else:
         y = F.scaled_dot_product_attention(qh, kh, vh, mask, is_causal=causal, scale=s)
     return y.transpose(1, 2).reshape(n, lq, heads * dv)
@@ -728,15 +740,33 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dim: int) -> 
     return torch.cat([keep, turn * cos + rotate_half(turn) * sin], dim=-1)
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float, float32: bool) -> torch.Tensor:
-    """RMS norm of (batch, heads, rows, head) x over each head (in float32 when the model
-    computes it so), times weight; computed on the (batch, rows, heads, head) layout the
-    model normalises, contiguous, so that float32 sums add in the model's order whatever
-    part of the rows a task holds."""
-    x = x.transpose(1, 2).contiguous()
-    xc = x.float() if float32 else x
-    y = (xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
-    return y.transpose(1, 2)
+def _rms(x: torch.Tensor, weight: torch.Tensor, attrs: Mapping[str, Any]) -> torch.Tensor:
+    """RMS norm of (batch, heads, rows, head) x over each head (`rms_norm` with the norm's
+    attrs); computed on the (batch, rows, heads, head) layout the model normalises,
+    contiguous, so that float32 sums add in the model's order whatever part of the rows a
+    task holds."""
+    return rms_norm(x.transpose(1, 2).contiguous(), weight, attrs).transpose(1, 2)
+
+
+RMS_ATTRS = ("eps", "compute", "offset", "weight")  # what `rms_norm` reads of a norm's attrs
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor | None, attrs: Mapping[str, Any]
+) -> torch.Tensor:
+    """RMS norm of x over its last dim as the model computes it, by the norm op's attrs: eps;
+    compute "float32" (normalised in float32 whatever x's dtype, as Meta's and Hugging Face's
+    code do); offset (the scale is offset + weight: Gemma's (1 + weight)); weight "inside"
+    (the scale applied before the cast back to x's dtype, as Gemma does) or after it (Llama)."""
+    xc = x.float() if attrs.get("compute") == "float32" else x
+    y = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + float(attrs.get("eps") or 1e-6))
+    if weight is None:
+        return y.to(x.dtype)
+    offset = float(attrs.get("offset") or 0.0)
+    if attrs.get("weight") == "inside":
+        scale = weight.to(xc.dtype)
+        return (y * (scale + offset if offset else scale)).to(x.dtype)
+    return y.to(x.dtype) * (weight + offset if offset else weight)
 
 
 def _check_allowed(gm: fx.GraphModule, n: fx.Node, norm_of: NormOf | None = None) -> None:
@@ -755,7 +785,7 @@ def _check_allowed(gm: fx.GraphModule, n: fx.Node, norm_of: NormOf | None = None
             | _MASK_METHODS
             | _SCALE_METHODS
             | _ROPE_METHODS
-            | {"softmax"}
+            | {"softmax", "tanh"}
         )
         or n.op == "call_function"
         and (
@@ -767,7 +797,8 @@ def _check_allowed(gm: fx.GraphModule, n: fx.Node, norm_of: NormOf | None = None
             | _SCALE_FUNCTIONS
             | _DROPOUT_FUNCTIONS
             | _ROPE_FUNCTIONS
-            | {F.scaled_dot_product_attention, operator.getitem}
+            | _TANH_FUNCTIONS
+            | {F.scaled_dot_product_attention, operator.getitem, operator.add, torch.add}
         )
     ):
         return
@@ -803,14 +834,29 @@ def _read_sdpa(
 
 def _read_manual(
     soft: fx.Node, values: dict[fx.Node, Any], constant: set[fx.Node], group: set[fx.Node]
-) -> tuple[fx.Node, fx.Node, fx.Node, float, bool]:
+) -> tuple[fx.Node, fx.Node, fx.Node, float, bool, float | None]:
     dim = _argument(soft, 1, "dim")
     if dim is not None and int(dim) % values[soft].dim() != values[soft].dim() - 1:
         raise GraphError(f"{_where({soft})}: attention's softmax must run over the last dim")
-    # back from the softmax to the product q @ k^T, through masks and constant factors
-    scale, causal, node = 1.0, False, _tensor_arg(soft, constant)
+    # back from the softmax to the product q @ k^T, through masks, constant factors and a
+    # soft cap (cap * tanh(scores / cap): Gemma 2's attn_logit_softcapping)
+    scale, causal, node, softcap = 1.0, False, _tensor_arg(soft, constant), None
     while not _is_product(node):
-        if _is_mask(node):
+        if _is_tanh(node):
+            if softcap is not None or scale <= 0:
+                raise GraphError(
+                    f"{_where({node})}: attention's scores pass a tanh; layerwise reads it as "
+                    "a soft cap, cap * tanh(scores / cap), once"
+                )
+            softcap, scale = scale, 1.0
+        elif _additive_mask(node, constant) is not None:
+            mask = _additive_mask(node, constant)
+            if not _causal_mask(mask, constant, node, values):
+                raise GraphError(
+                    f"{_where({node})}: the attention mask added to the scores hides nothing"
+                )
+            causal = True
+        elif _is_mask(node):
             fill = _argument(node, 2, "value") if node.target != torch.where else node.args[2]
             fill = _number(fill, values)  # -inf, or torch.finfo(dtype).min as a 0-d tensor
             if fill is None or fill > -1e4:
@@ -845,7 +891,25 @@ def _read_manual(
     pa, pb = _product_args(users[0])
     if pa is not probs:
         raise GraphError(f"{_where({soft})}: attention must multiply softmax(...) @ v")
-    return a, b, pb, scale, causal
+    if softcap is not None:  # the factors inside the tanh are scale / cap
+        scale *= softcap
+    return a, b, pb, scale, causal, softcap
+
+
+def _is_tanh(node: fx.Node) -> bool:
+    return (node.op == "call_function" and node.target in _TANH_FUNCTIONS) or (
+        node.op == "call_method" and node.target == "tanh"
+    )
+
+
+def _additive_mask(node: fx.Node, constant: set[fx.Node]) -> fx.Node | None:
+    """The mask of `scores + mask` (a float mask computed without the inputs, 0 where
+    attention looks and a large negative number where it does not: Hugging Face's eager
+    attention), or None."""
+    if not (node.op == "call_function" and node.target in (operator.add, torch.add)):
+        return None
+    masks = [a for a in node.args[:2] if isinstance(a, fx.Node) and a in constant]
+    return masks[0] if len(masks) == 1 else None
 
 
 def _entries(
@@ -930,9 +994,8 @@ def _qk_norm_attrs(
             f"the attention at {where} normalises q and k heads with {found}; layerwise reads "
             "QK-norm as two RMS norms of one epsilon (Qwen3)"
         )
-    attrs: dict[str, Any] = {"qk_norm": "rms", "qk_norm_eps": found[0]["eps"]}
-    if found[0].get("compute") == "float32":
-        attrs["qk_norm_compute"] = "float32"
+    attrs: dict[str, Any] = {"qk_norm": "rms"}
+    attrs.update({f"qk_norm_{k}": v for k, v in found[0].items() if k != "norm"})
     return attrs
 
 
@@ -1102,8 +1165,13 @@ def _causal_mask(
         hidden = ~square.bool()
     elif square.dtype == torch.bool:  # masked_fill: True hides; SDPA's attn_mask: True keeps
         hidden = ~square if at.target is F.scaled_dot_product_attention else square
-    else:  # an additive float mask: -inf hides
-        hidden = torch.isinf(square) & (square < 0)
+    else:  # an additive float mask: -inf (or the dtype's lowest: Hugging Face) hides
+        hidden = square <= -1e30
+        if bool((square[~hidden] != 0).any()):
+            raise GraphError(
+                f"{_where({at})}: the attention mask adds values other than 0 and a large "
+                "negative number (a bias?); layerwise's attention op has only the causal mask"
+            )
     if torch.equal(hidden, upper):
         return True
     if not hidden.any():

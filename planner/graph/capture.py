@@ -32,6 +32,7 @@ FLOPs are `planner.graph.moe.moe_flops` (the k active experts), not FlopCounterM
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import itertools
@@ -55,7 +56,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from planner.deadline import Deadline, OutOfTime
 from planner.errors import GraphError
-from planner.graph.attention import evaluate_constant, find_regions, module_key
+from planner.graph.attention import evaluate_constant, find_regions, module_key, rms_norm
 from planner.graph.hf import traceable
 from planner.graph.moe_capture import MoEFound, declared_moe, moe_found, moe_of, refusal, unread_moe
 from planner.graph.opgraph import Op, OpGraph, Param, Tensor
@@ -246,16 +247,28 @@ class _Tracer(MetaTracer):
         self.norms = norms or {}  # id(module) -> norm attrs (found before tracing: `norm_of`)
         self.moes = moes or {}  # id(module) -> a mixture of experts (`_moe_leaves`)
         self.proxy_buffer_attributes = True  # buffers (masks, rotary tables) as get_attr
+        self.inserted: list[str] = []  # submodules this tracer added to the root
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if isinstance(m, self.leaf_modules) or hasattr(type(m), "layerwise_kind"):
+        if hasattr(type(m), "layerwise_kind"):
             return True
+        if isinstance(m, self.leaf_modules):
+            # a subclass that computes more in its own forward (Gemma's embedding times
+            # sqrt(width)) is traced: its kind would drop what it adds
+            return not _overrides_forward(m)
         if self.norms.get(id(m)) is not None:  # an RMSNorm or LayerNorm written by hand
             return True
         return super().is_leaf_module(m, module_qualified_name)
 
     def proxy(self, node: fx.Node) -> _Proxy:
         return _Proxy(node, self)
+
+    def _insert_module_as_submodule(self, mod: nn.Module) -> str:
+        # MetaTracer adds a stateless module that is no attribute (Hugging Face wraps its
+        # rotary function as one) to the root; `_trace` takes it out again
+        path = super()._insert_module_as_submodule(mod)
+        self.inserted.append(path)
+        return path
 
     def create_proxy(
         self, kind: str, target: Any, args: Any, kwargs: Any, *rest: Any, **kw: Any
@@ -267,6 +280,14 @@ class _Tracer(MetaTracer):
                 meta = getattr(proxy, "_tensor_meta", None)
                 if kind == "get_attr" and isinstance(meta, torch.Tensor):
                     proxy.install_tensor_meta(_to_meta(meta))  # a parameter read directly
+                if kind == "call_function" and target is torch.where and meta is None:
+                    # MetaTracer's own torch.where stand-in fails on a number operand
+                    # (Hugging Face's where(mask, 0, dtype.min)): torch's meta kernel does not
+                    metas = fx.node.map_aggregate(
+                        (args, kwargs), lambda a: getattr(a, "_tensor_meta", a)
+                    )
+                    with contextlib.suppress(Exception):
+                        proxy.install_tensor_meta(torch.where(*metas[0], **metas[1]))
                 return proxy
             mod = self.root.get_submodule(target)
             found = self.moes.get(id(mod))
@@ -285,6 +306,14 @@ class _Tracer(MetaTracer):
             }
             with _reparametrize_module(mod, state):
                 return super().create_proxy(kind, target, args, kwargs, *rest, **kw)
+
+
+def _overrides_forward(m: nn.Module) -> bool:
+    """Whether `m`'s class, derived from one of torch.nn's, defines its own forward."""
+    for cls in type(m).__mro__:
+        if "forward" in cls.__dict__:
+            return not cls.__module__.startswith("torch.nn.")
+    return False
 
 
 _NORMS_SEEN: dict[int, tuple[nn.Module, dict[str, Any] | None]] = {}
@@ -313,10 +342,50 @@ def linear_of(m: nn.Module) -> dict[str, Any] | None:
 _LINEARS_SEEN: dict[int, tuple[nn.Module, dict[str, Any] | None]] = {}
 
 
+def activation_of(m: nn.Module) -> dict[str, Any] | None:
+    """{"op": name} when module `m`, holding no parameters, buffers or submodules and not one
+    of torch's own, computes one of the activations the elementwise op runs (`ACTIVATIONS`)
+    whatever its code (Hugging Face's NewGELUActivation writes the tanh GELU as
+    `0.5 * x * (1 + tanh(...pow(x, 3)))`), found by running it on a small random input."""
+    return _seen(_ACTIVATIONS_SEEN, _ACTIVATIONS_BY_KEY, m, _recognise_activation)
+
+
+_ACTIVATIONS_SEEN: dict[int, tuple[nn.Module, dict[str, Any] | None]] = {}
+# the elementwise op's unary functions (planner.costs.kernels runs them by these names)
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+    "relu": F.relu,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+}
+
+
+def _recognise_activation(m: nn.Module) -> dict[str, Any] | None:
+    if _torch_own(m) or any(True for _ in itertools.chain(m.parameters(), m.buffers())):
+        return None
+    if any(True for _ in m.children()):
+        return None
+    x = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 3
+    try:
+        with torch.no_grad():
+            y = m(x)
+    except Exception:  # noqa: BLE001 - not a module of one tensor in, one out
+        return None
+    if not isinstance(y, torch.Tensor) or y.shape != x.shape or y.dtype != x.dtype:
+        return None
+    for name, fn in ACTIVATIONS.items():
+        if torch.allclose(y, fn(x), rtol=1e-12, atol=1e-12):
+            return {"op": name}
+    return None
+
+
 # what recognising a module found, by `module_key`: a model's 80 layers' norms are one
 # class with one width and eps, recognised once (each run took 0.1-0.2 s on a busy machine)
 _NORMS_BY_KEY: dict[Hashable, dict[str, Any] | None] = {}
 _LINEARS_BY_KEY: dict[Hashable, dict[str, Any] | None] = {}
+_ACTIVATIONS_BY_KEY: dict[Hashable, dict[str, Any] | None] = {}
 
 
 def _seen(
@@ -399,18 +468,27 @@ def _recognise_norm(m: nn.Module) -> dict[str, Any] | None:
         own.append(float(torch.finfo(torch.float64).eps))
     for eps in (*own, *_EPS_GUESSES):
         for compute in (torch.float64, torch.float32):
-            xc = x.to(compute)
-            if b is None:
-                r = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
-                ref, name = r.to(x.dtype) * w, "rms"
-            else:
-                ref, name = F.layer_norm(xc, (width,), None, None, eps).to(x.dtype) * w + b, "layer"
-            if torch.allclose(y, ref, rtol=1e-12, atol=0.0):
-                attrs: dict[str, Any] = {"norm": name, "eps": eps}
-                if compute == torch.float32:
-                    attrs["compute"] = "float32"
-                return attrs
+            if b is not None:
+                xc = x.to(compute)
+                ref = F.layer_norm(xc, (width,), None, None, eps).to(x.dtype) * w + b
+                if torch.allclose(y, ref, rtol=1e-12, atol=0.0):
+                    return {"norm": "layer", "eps": eps} | _compute(compute)
+                continue
+            # RMS norms: the scale weight or 1 + weight (Gemma), after the cast back to the
+            # input's dtype (Llama) or before it (Gemma)
+            for offset, inside in itertools.product((0.0, 1.0), (False, True)):
+                if inside and compute == torch.float64:
+                    continue  # the same as after
+                attrs: dict[str, Any] = {"norm": "rms", "eps": eps} | _compute(compute)
+                attrs |= {"offset": offset} if offset else {}
+                attrs |= {"weight": "inside"} if inside else {}
+                if torch.allclose(y, rms_norm(x, w, attrs), rtol=1e-12, atol=0.0):
+                    return attrs
     return None
+
+
+def _compute(dtype: torch.dtype) -> dict[str, Any]:
+    return {"compute": "float32"} if dtype == torch.float32 else {}
 
 
 def _trace(
@@ -434,12 +512,25 @@ def _trace(
         # norms are recognised by running them, which cannot happen while fx traces
         moes = _moe_leaves(module, leaf_modules)
         norms = {
-            id(m): norm_of(m) or linear_of(m) or moe_of(m)
+            id(m): norm_of(m) or linear_of(m) or moe_of(m) or activation_of(m)
             for m in _traced_modules(module, moes)
             if not isinstance(m, leaf_modules)
         }
         tracer = _Tracer(leaf_modules, norms, moes)
-        graph = tracer.trace(module, meta, concrete_args=concrete or None)
+        # the model's own tensors as meta ones in TRACE_DTYPE while it traces, as its leaves
+        # run: code that reads a parameter's dtype (Hugging Face's `self.dtype` for a mask's
+        # fill value) agrees with the traced activations'
+        # (parameters stay Parameters: fx names one read directly, as F.embedding(x, w))
+        state = {
+            k: nn.Parameter(_to_meta(v), v.requires_grad)
+            for k, v in module.named_parameters(remove_duplicate=False)
+        } | {k: _to_meta(v) for k, v in module.named_buffers(remove_duplicate=False)}
+        try:
+            with _reparametrize_module(module, state):
+                graph = tracer.trace(module, meta, concrete_args=concrete or None)
+        except Exception:
+            _remove(module, tracer.inserted)
+            raise
     except Exception as exc:  # fx raises many kinds: TraceError, TypeError, NotImplementedError
         unread = unread_moe(module)
         if unread is not None:
@@ -451,6 +542,7 @@ def _trace(
             f"torch.fx could not trace {name!r}{_origin(exc)}: {type(exc).__name__}: {exc}"
         ) from exc
     gm = fx.GraphModule(module, graph)
+    _remove(module, tracer.inserted)  # the caller's model as it was (gm keeps its own refs)
     gm.meta["moe"] = {
         str(n.target): moes[id(gm.get_submodule(str(n.target)))]
         for n in graph.nodes
@@ -462,6 +554,11 @@ def _trace(
 _LIBRARY_DIRS = tuple(
     str(Path(m.__file__).resolve().parent) for m in (torch, fx) if m.__file__ is not None
 ) + (str(Path(__file__).resolve().parents[1]),)
+
+
+def _remove(module: nn.Module, names: list[str]) -> None:
+    for name in names:
+        module._modules.pop(name, None)
 
 
 def _origin(exc: BaseException) -> str:
@@ -739,6 +836,11 @@ class _Builder:
                 )
             return folded
         kind, attrs = self._classify(node)
+        operand = attrs.pop("_operand", None)  # a constant factor, not an input or parameter
+        if operand is not None:
+            return self._add(
+                node, kind, attrs, args=[a for a in _node_args(node) if a is not operand]
+            )
         return self._add(node, kind, attrs)
 
     # nodes computed without the inputs, regions, loss heads ----------------------------------
@@ -748,6 +850,8 @@ class _Builder:
         positions 0..T-1, added to the tokens' embedding) is its weight, read by the op that
         adds it (which uses the rows of its length range); anything else is a constant that
         only attention may read (a mask, a size)."""
+        if _is_no_op(node, self.values):  # pos_emb.to(x.device) as Hugging Face's GPT-2 writes
+            return self._same_as_input(node)
         if node.op == "call_module" and isinstance(self._module(node), nn.Embedding):
             index = evaluate_constant(self._tensor_args(node)[0], self.values)
             if isinstance(index, torch.Tensor):  # (T,) or shaped to broadcast, as (1, T)
@@ -874,7 +978,7 @@ class _Builder:
             return self._split(node, value)
         if node.op == "call_module" and isinstance(self._module(node), nn.Identity):
             return self._same_as_input(node)
-        if node.op == "call_method" and node.target in _NO_OP_METHODS:
+        if _is_no_op(node, self.values):
             return self._same_as_input(node)
         if node.op == "call_function" and node.target in _NO_OP_FUNCTIONS:
             return self._same_as_input(node)
@@ -987,6 +1091,9 @@ class _Builder:
             return "norm", dict(found)
         if not isinstance(m, nn.Linear) and linear_of(m) is not None:
             return "linear", {"transposed": True}
+        activation = activation_of(m)
+        if activation is not None:
+            return "elementwise", dict(activation)
         if isinstance(m, nn.Conv2d):
             return "conv2d", _conv_attrs(node, m)
         if isinstance(m, nn.MaxPool2d | nn.AvgPool2d):
@@ -1024,12 +1131,14 @@ class _Builder:
         if t is F.gelu and _arg(node, 1, "approximate", "none") == "tanh":
             return "elementwise", {"op": "gelu_tanh"}
         if t in _POINTWISE_FUNCTIONS:
-            return "elementwise", {"op": _fn_name(t)}
+            return "elementwise", {"op": _fn_name(t)} | self._scalar(node)
         if t in _SOFTMAX_FUNCTIONS:
             self._check_softmax_dim(node, _arg(node, 1, "dim", None))
             return "softmax", {"op": _fn_name(t)}
         if t is F.linear:  # a weight read by F.linear (a head tied to the embedding)
             return "linear", {}
+        if t is F.embedding:  # nn.Embedding.forward called by a subclass's own forward
+            return "embedding", {}
         if t is torch.cat:
             return "concat", self._concat_attrs(node)
         if t is torch.flatten:
@@ -1049,13 +1158,43 @@ class _Builder:
     def _classify_method(self, node: fx.Node) -> tuple[str, dict[str, Any]]:
         t = str(node.target)
         if t in _POINTWISE_METHODS:
-            return "elementwise", {"op": t.strip("_")}
+            return "elementwise", {"op": t.strip("_")} | self._scalar(node)
         if t in ("softmax", "log_softmax"):
             self._check_softmax_dim(node, _arg(node, 1, "dim", None))
             return "softmax", {"op": t}
         if t in _RESHAPE_METHODS:
             return self._flatten(node)
         raise self._unmappable(node)
+
+    def _scalar(self, node: fx.Node) -> dict[str, Any]:
+        """A binary pointwise op's number operand (`x * 0.5`, `1.0 - x`, `x / cap`) as attrs
+        scalar (and scalar_first when it comes first), which the elementwise kernel applies.
+        A 0-d tensor computed without the inputs (Gemma's embedding scale, a buffer) is its
+        value when it can be computed here, else attr scalar_node names its fx node, whose
+        value the runtime computes from the model (`constant_values`); "_operand" tells
+        `_visit` not to read it as a parameter."""
+        found: list[tuple[int, dict[str, Any]]] = []
+        for pos, a in enumerate(node.args[:2]):
+            v: Any = self.values.get(a) if isinstance(a, fx.Node) else a
+            if _is_number(v):
+                found.append((pos, {"scalar": float(v)}))
+            elif (
+                isinstance(a, fx.Node)
+                and a in self.constant
+                and isinstance(v, torch.Tensor)
+                and v.dim() == 0
+                and v.is_floating_point()
+            ):
+                real = evaluate_constant(a, self.values)
+                known = isinstance(real, torch.Tensor) and not real.is_meta
+                attrs: dict[str, Any] = (
+                    {"scalar": float(real)} if known else {"scalar_node": a.name}
+                )
+                found.append((pos, attrs | {"_operand": a}))
+        if len(node.args) < 2 or len(found) != 1:
+            return {}
+        pos, attrs = found[0]
+        return attrs | ({"scalar_first": True} if pos == 0 else {})
 
     def _is_reshape(self, node: fx.Node) -> bool:
         if node.op == "call_method":
@@ -1369,6 +1508,21 @@ def _constants(gm: fx.GraphModule, values: dict[fx.Node, Any]) -> set[fx.Node]:
     return out
 
 
+def _is_no_op(node: fx.Node, values: dict[fx.Node, Any]) -> bool:
+    """A method that returns its tensor as it is: contiguous, clone, ..., or `.to(device)` /
+    `.to(dtype)` where the dtype does not change (devices do not exist in the graph)."""
+    if node.op != "call_method":
+        return False
+    if node.target in _NO_OP_METHODS:
+        return True
+    if node.target != "to" or not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    out, src = values.get(node), values.get(node.args[0])
+    return (
+        isinstance(out, torch.Tensor) and isinstance(src, torch.Tensor) and out.dtype == src.dtype
+    )
+
+
 def _is_split(node: fx.Node) -> bool:
     if node.op == "call_method":
         return node.target in ("split", "chunk", "unbind", "tensor_split")
@@ -1428,6 +1582,10 @@ def _is_tensor_like(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return True
     return isinstance(value, tuple | list) and any(isinstance(v, torch.Tensor) for v in value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _is_scalar(value: Any) -> bool:

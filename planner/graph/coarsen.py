@@ -65,6 +65,9 @@ def _can_fold(op: Op, producer: Op, kinds: frozenset[str], n_consumers: Counter[
         return False
     if op.params and (op.param_group is not None or producer.param_group is not None):
         return False
+    if op.attr("scalar") is not None or op.attr("scalar_node") is not None:
+        # a fused op is a function's name: x * 0.5 stays an op
+        return False
     if op.kind == "norm":
         norm = op.attr("norm")
         if producer.attr("norm") is not None:

@@ -54,6 +54,8 @@ class HFRoot(nn.Module):
         if config is not None and getattr(config, "use_cache", False):
             config.use_cache = False  # no key/value cache while training
 
+    hf_model: nn.Module
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         model = self.hf_model
         # the model's own forward, called as a method: its submodules are this module's

@@ -26,7 +26,7 @@ A pipeline (`runtime.pipeline.PipelineExecutor`) runs the same per-op steps (`_f
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Container, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -245,14 +245,10 @@ class Executor:
                 return tuple(lstm_step(plan, ins, ps))
             if o.batch_norm:
                 return (self._batch_norm_task(o, t, ins, ps),)
-            partials = self._partials(o, t)
             if plan.experts is not None:
-                exchange = self._expert_exchange(o, t)
-                return (run_task(plan, ins, ps, exchange=exchange, partials=partials),)
+                return (run_task(plan, ins, ps, exchange=self._expert_exchange(o, t)),)
             tables = self.tables.get(o.index)
-            return (
-                run_task(plan, ins, ps, tables=tables, positions=self.positions, partials=partials),
-            )
+            return (run_task(plan, ins, ps, tables=tables, positions=self.positions),)
 
         outs: tuple[torch.Tensor, ...]
         with torch.enable_grad():
@@ -326,22 +322,6 @@ class Executor:
             return y
 
         return run_task(plan, xs, params, reduce, eps)
-
-    def _partials(self, o: OpExec, t: int) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """The sum over the tasks computing partial sums of task t's tokens (a moe op under
-        expert tensor parallelism, `OpExec.partial_groups`); None for a task alone."""
-        ranks = o.partial_groups[t] if o.partial_groups else ()
-        if len(ranks) < 2:
-            return None
-        group = self.groups[("partial", ranks)]
-
-        def reduce(x: torch.Tensor) -> torch.Tensor:
-            self.status.waiting(True)
-            y = group_sum(x, ranks, group, self.rank)
-            self.status.waiting(False)
-            return y
-
-        return reduce
 
     def _expert_exchange(self, o: OpExec, t: int) -> GroupExchange:
         """The all-to-all of a moe task with its expert-parallel group (`runtime.experts`);

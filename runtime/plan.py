@@ -136,10 +136,6 @@ class OpExec:
     # per task: the ranks of its expert-parallel group in member order (a moe op under
     # `ParallelConfig.expert` e > 1; else the task's rank alone)
     expert_groups: tuple[tuple[int, ...], ...] = ()
-    # per task: the ranks of the tasks computing partial sums of its tokens (a moe op under
-    # expert tensor parallelism whose router runs in its own dtype: they sum the gates'
-    # gradient, `planner.costs.kernels._GateGradients`); else the task's rank alone
-    partial_groups: tuple[tuple[int, ...], ...] = ()
 
     @property
     def batch_norm(self) -> bool:
@@ -197,7 +193,6 @@ def build_plan(strategy: Strategy) -> ExecPlan:
     sync_groups = sorted({it.ranks for it in sync if len(it.ranks) > 1})
     norm_groups = sorted({g for o in ops for g in o.norm_groups if len(g) > 1})
     expert_groups = sorted({tuple(sorted(g)) for o in ops for g in o.expert_groups if len(g) > 1})
-    partial_groups = sorted({g for o in ops for g in o.partial_groups if len(g) > 1})
     into: dict[tuple[int, int], list[Transfer]] = {}
     out_of: dict[tuple[int, int], list[Transfer]] = {}
     for t in transfers:
@@ -216,7 +211,6 @@ def build_plan(strategy: Strategy) -> ExecPlan:
             "sync": tuple(sync_groups),
             "norm": tuple(norm_groups),
             "expert": tuple(expert_groups),
-            "partial": tuple(partial_groups),
         },
         into={k: tuple(v) for k, v in into.items()},
         out_of={k: tuple(v) for k, v in out_of.items()},
@@ -269,16 +263,7 @@ def _op_exec(graph: OpGraph, i: int, cfg: ParallelConfig) -> OpExec:
     else:
         plans = tuple(_deterministic(plan_task(graph, i, cfg, t)) for t in range(cfg.num_tasks))
     shards = tuple(_shard_keys(p) for p in plans)
-    return OpExec(
-        i,
-        op,
-        cfg,
-        plans,
-        shards,
-        _norm_groups(op, cfg),
-        _expert_groups(cfg),
-        _partial_groups(op, cfg, plans),
-    )
+    return OpExec(i, op, cfg, plans, shards, _norm_groups(op, cfg), _expert_groups(cfg))
 
 
 def _input_plan(graph: OpGraph, i: int, cfg: ParallelConfig, t: int) -> TaskPlan:
@@ -347,19 +332,6 @@ def _expert_groups(cfg: ParallelConfig) -> tuple[tuple[int, ...], ...]:
         for t in group:
             out[t] = tuple(cfg.devices[m] for m in group)
     return tuple(out)
-
-
-def _partial_groups(
-    op: Op, cfg: ParallelConfig, plans: Sequence[TaskPlan]
-) -> tuple[tuple[int, ...], ...]:
-    """Per task, the ranks (sorted) of the tasks with its output box: a moe op's partial sums
-    under `reduce` > 1 when its router runs in a dtype of its own (`router_dtype`)."""
-    if op.kind != "moe" or cfg.reduce == 1 or not moe_spec(op).router_dtype:
-        return tuple((d,) for d in cfg.devices)
-    boxes: dict[Box, list[int]] = {}
-    for t, plan in enumerate(plans):
-        boxes.setdefault(plan.out_box, []).append(cfg.devices[t])
-    return tuple(tuple(sorted(boxes[plan.out_box])) for plan in plans)
 
 
 def _norm_groups(op: Op, cfg: ParallelConfig) -> tuple[tuple[int, ...], ...]:

@@ -281,7 +281,7 @@ def _groups(plan: ExecPlan, world: int) -> dict[tuple[str, tuple[int, ...]], Any
     """A process group per (use, rank set) of the plan, created in the same order on every
     rank; point-to-point transfers use the default group."""
     groups: dict[tuple[str, tuple[int, ...]], Any] = {}
-    for use in ("sync", "norm", "expert", "partial"):
+    for use in ("sync", "norm", "expert"):
         for ranks in plan.groups[use]:
             groups[(use, ranks)] = dist.new_group(list(ranks))
     return groups

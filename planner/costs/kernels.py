@@ -79,7 +79,6 @@ from planner.costs.regions import needed_boxes, task_boxes
 from planner.errors import GraphError
 from planner.graph.attention import RMS_ATTRS, attention_math, rms_norm
 from planner.graph.moe import (
-    ROUTER_DTYPES,
     MoESpec,
     Weights,
     expert_of,
@@ -685,7 +684,6 @@ def run_task(
     tables: Sequence[torch.Tensor] | None = None,
     exchange: ExpertExchange | None = None,
     positions: torch.Tensor | None = None,
-    partials: Reduce | None = None,
 ) -> torch.Tensor:
     """The task's output box from its input boxes (`plan.in_boxes`, plus c_prev for an LSTM
     step) and its parameter shards (`plan.param_shapes`).
@@ -694,8 +692,6 @@ def run_task(
     `exchange` (`expert_parallel_moe`); without one, given the op's whole parameters, it
     computes its tokens with every expert itself (`moe_math`), and given its shards, it
     runs its experts on its own token copies (`_Loopback`: the work, not the result).
-    Under expert tensor parallelism, `partials` sums a tensor over the tasks that compute
-    partial sums of the task's tokens (`_GateGradients`; None: the task alone).
 
     Batch norm uses epsilon `eps`; when the plan's statistics are shared (`stats_count`),
     `reduce` sums a tensor over the task's group (the runtime's exchange; None: this task
@@ -727,9 +723,8 @@ def run_task(
         return _normalize(plan, xs[0], _norm_fn(plan.op), own, norm_args)
     if op.kind == "attention" and tables:  # the model's rotary tables (cos, sin)
         return _attention(plan, xs, own, list(tables), positions)
-    if op.kind == "moe":
-        y = _moe(plan, xs, own, extras, exchange, partials)
-        return _epilogue(plan, y, norm, extras, norm_args)
+    if op.kind == "moe" and plan.experts is not None:
+        return _epilogue(plan, _moe(plan, xs, own, extras, exchange), norm, extras, norm_args)
     if op.kind == "attention":
         y = _attention(plan, xs, own, extras, positions)
     else:
@@ -1173,15 +1168,12 @@ def _moe(
     own: list[torch.Tensor],
     extras: Any,
     exchange: ExpertExchange | None = None,
-    partials: Reduce | None = None,
 ) -> Any:
     """A mixture-of-experts block on the task's tokens (`planner.graph.moe.moe_math`): tokens
     are independent, so a box of them computes alone; the channel is read whole. Under
     expert parallelism the task runs its experts on its group's tokens (`run_task`); under
     expert tensor parallelism (`plan.summed`) its slice of the experts' hidden width, a
-    partial sum of the output (given the op's whole parameters, it cuts its slices), the
-    gates' gradient summed over the partials by `partials` where the router runs in another
-    dtype (`_GateGradients`)."""
+    partial sum of the output (given the op's whole parameters, it cuts its slices)."""
     x = xs[0]
     axis = plan.in_shapes[0].dims.index(CHANNEL)
     last = x.movedim(axis, -1)
@@ -1189,53 +1181,14 @@ def _moe(
     whole = all(tuple(p.shape) == q.shape for p, q in zip(own, plan.op.params, strict=True))
     if whole and plan.summed is not None:  # expert tensor parallelism: the task's ffn slices
         own = _moe_shards(replace(plan, experts=None), own)
-    gates = _gate_gradients(plan, spec, last.dtype, partials)
     if plan.experts is None or (exchange is None and whole):
-        y = moe_math(last, own, spec, gates)
+        y = moe_math(last, own, spec)
     else:
         tokens = last.reshape(-1, last.shape[-1])
         y = expert_parallel_moe(
-            tokens, own, spec, plan.experts, plan.expert_degree, exchange or _Loopback(), gates
+            tokens, own, spec, plan.experts, plan.expert_degree, exchange or _Loopback()
         ).reshape(last.shape)
     return y.movedim(-1, plan.op.output.dims.index(CHANNEL))
-
-
-class _GateGradients(torch.autograd.Function):
-    """The identity on a task's gate weights (T, k) whose backward sums their gradient over
-    the tasks computing partial sums of the same tokens (expert tensor parallelism) and
-    passes the sum on from the first of them, zeros from the others: the router's backward
-    then meets the whole gradient once, as in the model. It matters where the router runs
-    in another dtype than the run (`router_dtype` float32 in a float64 run): each partial
-    gradient rounded to float32 on its own task is not the whole one rounded once (3e-7
-    apart on Qwen2-MoE). A (T, k) sum per moe op's backward, beside its all-to-alls."""
-
-    @staticmethod
-    def forward(ctx: Any, gate: torch.Tensor, partials: Reduce, first: bool) -> torch.Tensor:
-        ctx.partials, ctx.first = partials, first
-        return gate.view_as(gate)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        total = ctx.partials(grad.contiguous())
-        return (total if ctx.first else torch.zeros_like(total)), None, None
-
-
-def _gate_gradients(
-    plan: TaskPlan, spec: MoESpec, dtype: torch.dtype, partials: Reduce | None
-) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """`_GateGradients` for a partial-sum task whose router runs in a dtype other than
-    `dtype`; None where the partial gradients add up exactly (or there are none)."""
-    if partials is None or plan.summed is None or not spec.router_dtype:
-        return None
-    if ROUTER_DTYPES[spec.router_dtype] == dtype:
-        return None
-    first = plan.adds_bias
-
-    def gates(gate: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = _GateGradients.apply(gate, partials, first)
-        return out
-
-    return gates
 
 
 def expert_parallel_moe(
@@ -1245,7 +1198,6 @@ def expert_parallel_moe(
     experts: tuple[int, int],
     degree: int,
     exchange: ExpertExchange,
-    gates: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The moe block on tokens x (T, h) of one member of an expert-parallel group of
     `degree` members that holds routed experts [lo, hi) (`params`: its shards), dropless:
@@ -1257,12 +1209,10 @@ def expert_parallel_moe(
     with the gates and add them up per token in ascending expert order, as
     `planner.graph.moe.experts_forward` does; add the shared expert, computed locally.
     Megatron-Core's all-to-all token dispatcher (Lepikhin et al. 2021, GShard, Sec. 2.2)
-    without a capacity: every copy is computed. `gates` as in `moe_math`."""
+    without a capacity: every copy is computed."""
     lo, hi = experts
     weights = Weights(spec, params)
     gate, index = route(x, spec, weights)
-    if gates is not None:
-        gate = gates(gate)
     flat = index.reshape(-1)  # copy c is token c // k's choice c % k
     order = torch.argsort(flat, stable=True)
     token = order // spec.top_k

@@ -445,22 +445,13 @@ def shared_forward(x: torch.Tensor, spec: MoESpec, weights: Weights) -> torch.Te
     return y
 
 
-def moe_math(
-    x: torch.Tensor,
-    params: Sequence[torch.Tensor],
-    spec: MoESpec,
-    gates: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> torch.Tensor:
+def moe_math(x: torch.Tensor, params: Sequence[torch.Tensor], spec: MoESpec) -> torch.Tensor:
     """The moe block on x (..., h): the one definition the kernel, the recogniser and the
-    runtime compute (module docstring). `gates`, when given, is applied to the gate weights
-    (T, k) after routing (the runtime's: an identity whose backward sums their gradient
-    over expert tensor parallelism's partial sums, `planner.costs.kernels`)."""
+    runtime compute (module docstring)."""
     shape = x.shape
     tokens = x.reshape(-1, shape[-1])
     weights = Weights(spec, params)
     gate, index = route(tokens, spec, weights)
-    if gates is not None:
-        gate = gates(gate)
     out = experts_forward(tokens, gate, index, spec, weights)
     shared = shared_forward(tokens, spec, weights)
     if shared is not None:

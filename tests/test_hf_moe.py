@@ -18,6 +18,7 @@ from torch import nn
 import runtime
 from planner.errors import GraphError
 from planner.graph.capture import capture
+from planner.graph.hf import traceable
 from planner.graph.moe import ffn_shard, moe_flops, moe_math, spec_of
 from planner.graph.moe_capture import moe_found
 
@@ -297,7 +298,7 @@ def _run(family: str, world: int, moe: dict[str, int] | int) -> tuple[Any, Any, 
         strategy = random_strategy(graph, get_preset(f"cpu-local-{world}"), moe)
     else:
         strategy = _strategy(graph, world, moe)
-    return runtime.run_strategy(strategy, model, F64), graph, strategy
+    return runtime.run_strategy(strategy, traceable(model), F64), graph, strategy
 
 
 def test_mixtral_trains_at_world_2_with_its_experts_spread_like_one_process() -> None:
@@ -326,8 +327,9 @@ def test_each_family_trains_like_one_process_at_world_2_and_4(
     family: str, world: int, moe: dict[str, int]
 ) -> None:
     """With the experts spread (expert degree 2 or 4) or cut along their width (expert
-    tensor parallelism: the float32 router's gate gradient summed over the partial sums
-    before its backward, as the model computes it whole)."""
+    tensor parallelism: in float64 the float32 router runs in float64 on every rank and in
+    the reference, `runtime.reference.Float64Islands`, so the partial sums of its gradient
+    add up as the whole)."""
     from test_runtime_moe import _check_run
 
     run, graph, strategy = _run(family, world, moe)
@@ -342,25 +344,6 @@ def test_random_strategies_train_like_one_process(family: str, world: int, seed:
     assert run.deviation is not None and run.deviation["max_deviation"] <= 1e-9, run.deviation
 
 
-def test_partial_sums_of_a_float32_router_sum_their_gate_gradients_in_a_group() -> None:
-    from test_runtime_moe import _strategy
-
-    from runtime.plan import build_plan
-
-    graph = capture(hf_model("qwen2-moe"), tokens(4), "q")
-    plan = build_plan(_strategy(graph, 4, {"sample": 2, "reduce": 2, "expert": 2}))
-    assert plan.groups["partial"] == ((0, 1), (2, 3))  # the two slices of each token box
-    assert plan.groups["expert"] == ((0, 2), (1, 3))  # one group per partial index
-    moe = next(o for o in plan.ops if o.op.kind == "moe")
-    assert [p.adds_bias for p in moe.plans] == [True, False, True, False]
-    # a router in the run's dtype needs no sum: its partial gradients add up exactly
-    from moe_models import MoELM
-
-    torch.manual_seed(0)
-    dense = capture(MoELM(), (torch.randint(0, 32, (4, 8)),), "m")
-    assert build_plan(_strategy(dense, 4, {"sample": 2, "reduce": 2})).groups["partial"] == ()
-
-
 @pytest.mark.slow
 def test_interleaved_experts_train_cut_along_their_width_and_spread() -> None:
     from test_runtime_moe import F64, _check_run, _strategy
@@ -371,5 +354,5 @@ def test_interleaved_experts_train_cut_along_their_width_and_spread() -> None:
     graph = capture(model, tokens(4), "interleaved")
     assert {dict(op.attrs)["roles"][1] for op in graph.ops if op.kind == "moe"} == {"w13i"}
     strategy = _strategy(graph, 4, {"sample": 2, "reduce": 2, "expert": 2})
-    run = runtime.run_strategy(strategy, model, F64)
+    run = runtime.run_strategy(strategy, traceable(model), F64)
     _check_run(run, graph, strategy, tokens=4 * SEQ)

@@ -250,9 +250,10 @@ def prepare_for_training(module: nn.Module, dtype: torch.dtype) -> nn.Module:
             value = m.__dict__.get(name)
             if isinstance(value, float) and 0.0 < value < 1.0:
                 setattr(m, name, 0.0)
-    experts = getattr(module, "get_experts_implementation", None)
-    if dtype == torch.float64 and callable(experts) and set(experts().values()) - {"eager", None}:
-        getattr(module, "set_experts_implementation")("eager")  # noqa: B009 - typed: a Module
+    for m in module.modules() if dtype == torch.float64 else ():  # the model, or behind HFRoot
+        experts = getattr(m, "get_experts_implementation", None)
+        if callable(experts) and set(experts().values()) - {"eager", None}:
+            getattr(m, "set_experts_implementation")("eager")  # noqa: B009 - typed: a Module
     return module.to(dtype)
 
 

@@ -221,15 +221,26 @@ class ModelSpec:
         return prepare_for_training(self.module("cpu"), dtype)
 
 
-DROPOUT_ATTRIBUTES = ("dropout", "attn_dropout", "attention_dropout", "dropout_p", "attn_pdrop")
+DROPOUT_ATTRIBUTES = (
+    "dropout",
+    "attn_dropout",
+    "attention_dropout",
+    "dropout_p",
+    "attn_pdrop",
+    "jitter_noise",
+)
 """Float attributes that modules pass as `F.scaled_dot_product_attention`'s dropout_p, as
-nanoGPT (`self.dropout`) and Hugging Face (`attention_dropout`) write it."""
+nanoGPT (`self.dropout`) and Hugging Face (`attention_dropout`) write it, and Mixtral's router
+jitter (`jitter_noise`: a random factor on the block's input while training)."""
 
 
 def prepare_for_training(module: nn.Module, dtype: torch.dtype) -> nn.Module:
     """`module` in `dtype` with every `nn.Dropout` at p = 0, and every float attribute of
     DROPOUT_ATTRIBUTES at 0 (runs are deterministic). A dropout held elsewhere stays on, and
-    `--check` then reports the deviation (exit status 3)."""
+    `--check` then reports the deviation (exit status 3). In float64, a Hugging Face model's
+    experts run transformers' eager loop (`set_experts_implementation("eager")`): its default
+    `grouped_mm` has no float64 kernel on the CPU."""
+    import torch
     from torch import nn
 
     for m in module.modules():
@@ -239,6 +250,10 @@ def prepare_for_training(module: nn.Module, dtype: torch.dtype) -> nn.Module:
             value = m.__dict__.get(name)
             if isinstance(value, float) and 0.0 < value < 1.0:
                 setattr(m, name, 0.0)
+    for m in module.modules() if dtype == torch.float64 else ():  # the model, or behind HFRoot
+        experts = getattr(m, "get_experts_implementation", None)
+        if callable(experts) and set(experts().values()) - {"eager", None}:
+            getattr(m, "set_experts_implementation")("eager")  # noqa: B009 - typed: a Module
     return module.to(dtype)
 
 

@@ -23,6 +23,7 @@ Attributes of the op (`Op.attr`):
 | ffn | f, each routed expert's hidden width |
 | router | "softmax" (Mixtral, Qwen: softmax over E, then top-k) or "sigmoid" (DeepSeek-V3) |
 | norm_topk | whether the k gate weights are divided by their sum (Mixtral, DeepSeek-V3: yes) |
+| router_dtype | "float32": the scores, the selection and the gate weights computed in float32 whatever the input's dtype, the gates then cast to it (Hugging Face's routers: `softmax(logits, dtype=torch.float)`); absent: in the input's dtype |
 | route_scale | a factor on the gate weights (DeepSeek-V3: 2.5; default 1) |
 | groups, topk_groups | group-limited routing: experts in `groups` groups, a token's k chosen in its best `topk_groups` groups (DeepSeek-V3: 8 and 4; default 1 and 1: no limit) |
 | group_score | how a group is ranked: "top2" (the sum of its two best scores, DeepSeek-V3) or "max" |
@@ -34,7 +35,8 @@ Parameter roles (weights as `nn.Linear` stores them, (out, in), unless the role 
 "router" (E, h); "router_bias" (E,), added to the scores for the selection only (DeepSeek-V3's
 `e_score_correction_bias`); per expert i "w1.i" (f, h), "w3.i" (f, h), "w2.i" (h, f); or, for
 all experts in one tensor, "w1" (E, f, h), "w3" (E, f, h), "w13" (E, 2f, h: the gate rows
-first, then the up rows, as Hugging Face's `gate_up_proj`), "w2" (E, h, f); the shared expert
+first, then the up rows, as Hugging Face's `gate_up_proj`), "w13i" (E, 2f, h: the gate and up
+rows interleaved, gate row j at 2j and up row j at 2j + 1), "w2" (E, h, f); the shared expert
 "sw1" (fs, h), "sw3" (fs, h), "sw2" (h, fs) and "sgate" (1, h), a sigmoid gate on the shared
 expert's output (Qwen-MoE). Kernels, memory and the runtime read roles, never names.
 
@@ -80,9 +82,10 @@ ROUTERS = ("softmax", "sigmoid")
 ACTIVATIONS = ("swiglu", "gelu", "relu", "silu")
 GROUP_SCORES = ("top2", "max")
 # roles of a routed expert's weights, per expert ("w1.3") or stacked over experts ("w1")
-EXPERT_ROLES = ("w1", "w3", "w13", "w2")
+EXPERT_ROLES = ("w1", "w3", "w13", "w13i", "w2")
 SHARED_ROLES = ("sw1", "sw3", "sw2", "sgate")
 ROUTER_ROLES = ("router", "router_bias")
+ROUTER_DTYPES = {"float32": torch.float32}
 T = "^T"  # suffix of a role whose weight is stored (in, out)
 
 
@@ -102,6 +105,7 @@ class MoESpec:
     expert_act: str = "swiglu"
     shared_ffn: int = 0
     roles: tuple[str, ...] = ()
+    router_dtype: str = ""
 
     @property
     def gated(self) -> bool:
@@ -142,6 +146,7 @@ def spec_of(attrs: Mapping[str, Any], name: str = "moe") -> MoESpec:
         expert_act=str(attrs.get("expert_act", "swiglu")),
         shared_ffn=int(attrs.get("shared_ffn", 0)),
         roles=tuple(str(r) for r in attrs.get("roles", ())),
+        router_dtype=str(attrs.get("router_dtype") or ""),
     )
     if spec.experts < 1 or spec.ffn < 1 or not 1 <= spec.top_k <= spec.experts:
         raise refuse(
@@ -152,6 +157,10 @@ def spec_of(attrs: Mapping[str, Any], name: str = "moe") -> MoESpec:
         raise refuse(f"router {spec.router!r} is not one of {', '.join(ROUTERS)}")
     if spec.expert_act not in ACTIVATIONS:
         raise refuse(f"expert_act {spec.expert_act!r} is not one of {', '.join(ACTIVATIONS)}")
+    if spec.router_dtype and spec.router_dtype not in ROUTER_DTYPES:
+        raise refuse(
+            f"router_dtype {spec.router_dtype!r} is not one of {', '.join(ROUTER_DTYPES)} (or absent)"
+        )
     if spec.group_score not in GROUP_SCORES:
         raise refuse(f"group_score {spec.group_score!r} is not one of {', '.join(GROUP_SCORES)}")
     if spec.groups < 1 or spec.experts % spec.groups or not 1 <= spec.topk_groups <= spec.groups:
@@ -200,6 +209,7 @@ def expected_shape(spec: MoESpec, role: str, hidden: int) -> tuple[int, ...]:
         "w1": (f, hidden),
         "w3": (f, hidden),
         "w13": (2 * f, hidden),
+        "w13i": (2 * f, hidden),
         "w2": (hidden, f),
         "sw1": (fs, hidden),
         "sw3": (fs, hidden),
@@ -217,15 +227,17 @@ def expected_shape(spec: MoESpec, role: str, hidden: int) -> tuple[int, ...]:
     return shape
 
 
-# where each role holds the experts' hidden width, as stored: (axis, blocks of it on the axis)
-_FFN_AXES = {"w1": (0, 1), "w3": (0, 1), "w13": (0, 2), "w2": (1, 1)}
-_FFN_AXES |= {"s" + base: axes for base, axes in _FFN_AXES.items() if base != "w13"}
+# where each role holds the experts' hidden width, as stored: (axis, blocks of it on the axis);
+# an interleaved w13i is one block of 2f rows whose contiguous slices keep their gate/up pairs
+_FFN_AXES = {"w1": (0, 1), "w3": (0, 1), "w13": (0, 2), "w13i": (0, 1), "w2": (1, 1)}
+_FFN_AXES |= {"s" + base: axes for base, axes in _FFN_AXES.items() if not base.startswith("w13")}
 
 
 def ffn_axis(role: str) -> tuple[int, int] | None:
     """(axis, blocks) of the hidden width f (a shared expert's: fs) in a parameter of `role`
     as stored (`expected_shape`): w1 and w3 rows, w2 columns, one block each, w13 two (the
-    gate rows, then the up rows); None for the router, its bias and the shared gate."""
+    gate rows, then the up rows), w13i one (2f interleaved rows: a slice of an even number of
+    them holds whole gate/up pairs); None for the router, its bias and the shared gate."""
     base, index, transposed = split_role(role)
     if base not in _FFN_AXES:
         return None
@@ -246,7 +258,7 @@ def ffn_shard(p: torch.Tensor, role: str, part: int, parts: int) -> torch.Tensor
         return p
     axis, blocks = found
     width = p.shape[axis] // blocks
-    step = width // parts
+    step = width // parts  # w13i: 2f / parts rows, whole pairs as parts divides f
     pieces = [p.narrow(axis, b * width + part * step, step) for b in range(blocks)]
     return pieces[0] if blocks == 1 else torch.cat(pieces, dim=axis)
 
@@ -280,7 +292,8 @@ def check_params(op: Op, hidden: int, output_channels: int) -> None:
     bases = [split_role(r)[0] for r in spec.roles]
     if bases.count("router") != 1:
         raise refuse("it needs exactly one 'router' parameter")
-    gate_up = ("w13",) if "w13" in bases else ("w1", "w3") if spec.gated else ("w1",)
+    fused = [b for b in ("w13", "w13i") if b in bases]
+    gate_up = tuple(fused[:1]) if fused else ("w1", "w3") if spec.gated else ("w1",)
     for base in (*gate_up, "w2"):
         indices = [split_role(r)[1] for r in spec.roles if split_role(r)[0] == base]
         if indices != [None] and sorted(i for i in indices if i is not None) != list(
@@ -331,12 +344,14 @@ class Weights:
         return stacked[index]
 
     def expert(self, i: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        w13 = self.get("w13", i)
+        w13, w13i = self.get("w13", i), self.get("w13i", i)
         w1: torch.Tensor | None
         w3: torch.Tensor | None
         if w13 is not None:
             f = w13.shape[0] // 2
             w1, w3 = w13[:f], w13[f:]
+        elif w13i is not None:
+            w1, w3 = w13i[0::2], w13i[1::2]
         else:
             w1, w3 = self.get("w1", i), self.get("w3", i)
         w2 = self.get("w2", i)
@@ -356,15 +371,20 @@ def mlp(
 
 
 def route(x: torch.Tensor, spec: MoESpec, weights: Weights) -> tuple[torch.Tensor, torch.Tensor]:
-    """(gate weights (T, k), expert indices (T, k)) of tokens x (T, h) (module docstring)."""
+    """(gate weights (T, k), expert indices (T, k)) of tokens x (T, h) (module docstring).
+    With `router_dtype` the logits are cast to it, and the scores, the selection and the gate
+    weights computed in it, the gates cast back to x's dtype (autograd casts their gradient
+    alike), as Hugging Face's routers do."""
     router = weights.get("router")
     assert router is not None
     logits = x @ router.T
+    if spec.router_dtype:
+        logits = logits.to(ROUTER_DTYPES[spec.router_dtype])
     scores = torch.softmax(logits, dim=-1) if spec.router == "softmax" else torch.sigmoid(logits)
     chosen = scores
     bias = weights.get("router_bias")
     if bias is not None:
-        chosen = chosen + bias
+        chosen = chosen + bias.to(chosen.dtype)
     if spec.groups > 1:
         chosen = _limit_groups(chosen, spec)
     index = torch.topk(chosen, spec.top_k, dim=-1).indices
@@ -373,7 +393,7 @@ def route(x: torch.Tensor, spec: MoESpec, weights: Weights) -> tuple[torch.Tenso
         gate = gate / gate.sum(dim=-1, keepdim=True)
     if spec.route_scale != 1.0:
         gate = gate * spec.route_scale
-    return gate, index
+    return gate.to(x.dtype), index
 
 
 def _limit_groups(scores: torch.Tensor, spec: MoESpec) -> torch.Tensor:

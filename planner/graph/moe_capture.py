@@ -14,13 +14,18 @@ Recognition reads the module's structure, then checks it by running:
   h -> f -> h: w1/w2/w3, gate_proj/up_proj/down_proj or any names), or 3-D parameters with a
   leading E (Hugging Face transformers 5's `gate_up_proj` (E, 2f, h) and `down_proj`,
   torchtitan's GroupedExperts w1/w2/w3 in either layout; an (in, out) layout gets the "^T"
-  role suffix);
+  role suffix); a fused gate/up matrix holds the gate rows then the up rows ("w13") or the
+  two interleaved ("w13i"), whichever the run agrees with;
 - optionally a shared expert (2 or 3 more matrices h -> fs -> h) and its sigmoid gate (1, h);
 - k from an int attribute (`top_k`, `num_experts_per_tok`, `topk`, `n_activated_experts`) of
   the module, a child, or one level into a config/args object; groups and route scale alike.
 Each reading of the structure (which matrix is which, softmax or sigmoid scores, normalised
-or not, group ranking, activation) is then tried on random float64 tokens with random
-weights against `planner.graph.moe.moe_math` until one agrees to 1e-12. When the float64
+or not, group ranking, activation, the router computed in the input's dtype or in float32 as
+Hugging Face's routers do: attr `router_dtype`) is then tried on random float64 tokens with
+random weights against `planner.graph.moe.moe_math` until one agrees to 1e-12. The block
+runs in eval mode (training-time noise is not the op's), and when it fails in float64 with
+transformers' experts under a grouped kernel (`grouped_mm` has no float64 CPU kernel), it
+runs again with transformers' eager expert loop (`eager_experts`). When the float64
 stand-in is large (more than MOE_VERIFY_NUMEL parameters) it is run with the experts' hidden
 widths cut to a few channels (the code reads them from the weights); when even that is too
 large, or that run fails, the structure read alone is used with a warning
@@ -31,6 +36,7 @@ with `layerwise_attrs()` instead: `planner.costs.declared.check_declared` checks
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import warnings
@@ -49,6 +55,7 @@ __all__ = [
     "READS",
     "MoEFound",
     "declared_moe",
+    "eager_experts",
     "moe_found",
     "moe_of",
     "refusal",
@@ -59,6 +66,7 @@ MOE_VERIFY_NUMEL = 2**24  # float64 stand-in parameters run to check a reading (
 REDUCED_FFN = 2  # the experts' hidden width of a large module's stand-in
 TOKENS = (2, 8)  # the random tokens a reading is checked on
 TOLERANCE = 1e-12
+ROUTER_DTYPES = ("", "float32")  # the input's dtype, or float32 (Hugging Face's routers)
 
 TOP_K_NAMES = ("top_k", "num_experts_per_tok", "topk", "n_activated_experts", "moe_top_k")
 GROUP_NAMES = ("n_groups", "n_group", "n_expert_groups", "num_expert_group")
@@ -69,7 +77,8 @@ NORM_NAMES = ("norm_topk_prob", "norm_topk")
 
 READS = (
     "a router weight (E, h) (a child nn.Linear or a 2-D parameter, optionally a selection "
-    "bias (E,)), E experts as an nn.ModuleList of alike MLPs or 3-D (E, ...) parameters, an "
+    "bias (E,)), E experts as an nn.ModuleList of alike MLPs or 3-D (E, ...) parameters (a "
+    "fused gate/up (E, 2f, h) concatenated or interleaved), an "
     "optional shared expert and its gate, and k from an attribute top_k, "
     "num_experts_per_tok, topk or n_activated_experts"
 )
@@ -152,15 +161,18 @@ def declared_moe(m: nn.Module) -> MoEFound | None:
 
 def unread_moe(module: nn.Module) -> str | None:
     """The qualified name of the first submodule of `module` that looks like a mixture of
-    experts (an int top-k attribute, E experts in a ModuleList or 3-D parameters) but is
-    neither recognised nor declared; None when there is none."""
+    experts (an int top-k attribute, and E alike expert MLPs in a child ModuleList or 3-D
+    parameters on it or a child: `_may_be_moe`) but is neither recognised nor declared; None
+    when there is none. The outermost such module is named (the block, not its experts),
+    and nothing inside a recognised one."""
+    inside = None
     for name, m in module.named_modules():
-        if moe_found(m) is not None or declared_moe(m) is not None:
+        if inside is not None and name.startswith(inside):
             continue
-        experts = any(isinstance(c, nn.ModuleList) for c in m.children()) or any(
-            p.dim() == 3 for p in m.parameters(recurse=False)
-        )
-        if experts and _attribute(m, TOP_K_NAMES, int) is not None:
+        if moe_found(m) is not None or declared_moe(m) is not None:
+            inside = f"{name}." if name else ""
+            continue
+        if _may_be_moe(m) and _attribute(m, TOP_K_NAMES, int) is not None:
             return name or type(m).__name__
     return None
 
@@ -341,6 +353,7 @@ _NAME_HINTS = {
     "w3": ("w3", "up_proj", "up", "wi_1"),
     "w2": ("w2", "down_proj", "down", "fc2", "wo"),
     "w13": ("gate_up", "w13", "w1_3"),
+    "w13i": ("gate_up", "w13", "w1_3"),
 }
 
 
@@ -354,9 +367,10 @@ def _mlp_roles(
     names: Sequence[str], mats: Sequence[torch.Tensor], hidden: int, stacked: bool
 ) -> Iterator[tuple[tuple[str, ...], int, bool]]:
     """(roles, f, gated) for matrices `mats` (an expert's, or a stacked tensor's first
-    slice) of an MLP h -> f -> h: w1 (w3) (f, h) in, w2 (h, f) out, or a fused w13 (2f, h);
-    an (in, out) layout is role + "^T" (for stacked tensors only: listed experts are
-    nn.Linears). Likeliest by names first."""
+    slice) of an MLP h -> f -> h: w1 (w3) (f, h) in, w2 (h, f) out, or a fused (2f, h): w13
+    (the gate rows, then the up rows) or w13i (interleaved), the run telling them apart; an
+    (in, out) layout is role + "^T" (for stacked tensors only: listed experts are
+    nn.Linears). Likeliest by names first, the interleaved and transposed readings last."""
     options = []
     for mat in mats:
         if mat.dim() != 2:
@@ -364,11 +378,12 @@ def _mlp_roles(
         a, b = (int(s) for s in mat.shape)
         opts: list[tuple[str, int]] = []
         if b == hidden:
-            opts += [("w1", a), ("w3", a), ("w13", a // 2)] + ([("w2^T", a)] if stacked else [])
+            opts += [("w1", a), ("w3", a), ("w13", a // 2), ("w13i", a // 2)]
+            opts += [("w2^T", a)] if stacked else []
         if a == hidden:
             opts += [("w2", b)]
             if stacked:
-                opts += [("w1^T", b), ("w3^T", b), ("w13^T", b // 2)]
+                opts += [("w1^T", b), ("w3^T", b), ("w13^T", b // 2), ("w13i^T", b // 2)]
         options.append(opts)
     found = []
     for combo in itertools.product(*options):
@@ -377,9 +392,9 @@ def _mlp_roles(
         bases = sorted(r.removesuffix("^T") for r in roles)
         if len(widths) != 1 or min(widths) < 1:
             continue
-        if bases not in (["w1", "w2", "w3"], ["w13", "w2"], ["w1", "w2"]):
+        if bases not in (["w1", "w2", "w3"], ["w13", "w2"], ["w13i", "w2"], ["w1", "w2"]):
             continue
-        if "w13" in bases and any(
+        if any(
             int(m.shape[0 if not r.endswith("^T") else 1]) % 2
             for m, r in zip(mats, roles, strict=True)
             if r.startswith("w13")
@@ -388,8 +403,8 @@ def _mlp_roles(
         score = sum(
             _score(n, _NAME_HINTS[r.removesuffix("^T")]) for n, r in zip(names, roles, strict=True)
         )
-        transposed = sum(r.endswith("^T") for r in roles)
-        found.append((-score, transposed, roles, widths.pop(), bases != ["w1", "w2"]))
+        odd = sum(r.endswith("^T") for r in roles) + 2 * ("w13i" in bases)
+        found.append((-score, odd, roles, widths.pop(), bases != ["w1", "w2"]))
     for _, _, roles, f, gated in sorted(found, key=lambda x: (x[0], x[1])):
         yield roles, f, gated
 
@@ -409,8 +424,8 @@ def _shared_roles(
             continue
         names = [n for n, _ in mats]
         for roles, fs, shared_gated in _mlp_roles(names, [p for _, p in mats], hidden, False):
-            if shared_gated != gated:
-                continue
+            if shared_gated != gated or any(r.startswith("w13") for r in roles):
+                continue  # a shared expert has no fused role
             out = {n: "s" + r for n, r in zip(names, roles, strict=True)}
             if gate is not None:
                 out[gate] = "sgate"
@@ -456,8 +471,8 @@ def _variants(m: nn.Module, reading: _Reading, top_k: int | None) -> Iterator[di
     group_scores = ["top2", "max"] if biased else ["max", "top2"]
     acts = ["swiglu"] if reading.gated else ["silu", "gelu", "relu"]
     ks = [top_k] if top_k is not None else list(range(1, min(reading.experts, 8) + 1))
-    for k, router, norm_topk, group_score, act in itertools.product(
-        ks, routers, norms, group_scores if groups > 1 else ["top2"], acts
+    for k, router, norm_topk, group_score, act, router_dtype in itertools.product(
+        ks, routers, norms, group_scores if groups > 1 else ["top2"], acts, ROUTER_DTYPES
     ):
         attrs: dict[str, Any] = {
             "experts": reading.experts,
@@ -468,6 +483,8 @@ def _variants(m: nn.Module, reading: _Reading, top_k: int | None) -> Iterator[di
             "expert_act": act,
             "roles": list(reading.roles),
         }
+        if router_dtype:
+            attrs["router_dtype"] = router_dtype
         if scale != 1.0:
             attrs["route_scale"] = scale
         if groups > 1:
@@ -495,10 +512,16 @@ def _verify(
     shrink = full > MOE_VERIFY_NUMEL
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny ops: on a busy 2-core machine 2 threads took 1000x longer
+    # in eval mode: training-time noise (dropout, Mixtral's router jitter) is not the op's,
+    # as the runtime trains with it off (`planner.graph.models.prepare_for_training`)
+    training = {sub: sub.training for sub in m.modules()}
+    m.eval()
     try:
         return _run_readings(m, params, readings, top_k, shrink)
     finally:
         torch.set_num_threads(threads)
+        for sub, flag in training.items():
+            sub.training = flag
 
 
 def _run_readings(
@@ -519,8 +542,7 @@ def _run_readings(
             for (n, p), role in zip(params, r.roles, strict=True)
         }
         try:
-            with torch.no_grad():
-                out = torch.func.functional_call(m, state, (x,))
+            out = _call(m, state, x)
         except Exception:  # noqa: BLE001 - not a module of one tensor in, (tensor, ...) out
             if shrink:
                 return _unchecked(m, reading, top_k, "its stand-in with narrow experts failed")
@@ -535,6 +557,40 @@ def _run_readings(
             if _close(y, want):
                 return MoEFound(attrs, r.hidden, logits)
     return None
+
+
+def _call(m: nn.Module, state: dict[str, torch.Tensor], x: torch.Tensor) -> Any:
+    """m's output on x with parameters `state` (float64); when that fails and m holds
+    transformers' experts under a grouped kernel (`config._experts_implementation`:
+    "grouped_mm" has no float64 kernel on the CPU), again with transformers' own eager loop."""
+    with torch.no_grad():
+        try:
+            return torch.func.functional_call(m, state, (x,))
+        except Exception:
+            with eager_experts(m) as switched:
+                if not switched:
+                    raise
+                return torch.func.functional_call(m, state, (x,))
+
+
+@contextlib.contextmanager
+def eager_experts(m: nn.Module) -> Iterator[bool]:
+    """Within the block, every transformers config of m's submodules (a `config` attribute
+    with a string `_experts_implementation`) set to "eager", the experts' reference loop
+    (`transformers.integrations.moe.use_experts_implementation`), and restored after; yields
+    whether any was switched."""
+    changed: list[tuple[Any, str]] = []
+    for sub in m.modules():
+        config: Any = vars(sub).get("config")
+        impl = getattr(config, "_experts_implementation", None)
+        if isinstance(impl, str) and impl != "eager":
+            changed.append((config, impl))
+            config._experts_implementation = "eager"
+    try:
+        yield bool(changed)
+    finally:
+        for config, impl in reversed(changed):
+            config._experts_implementation = impl
 
 
 def _split_output(out: Any, x: torch.Tensor, experts: int) -> tuple[torch.Tensor | None, Any]:

@@ -165,7 +165,8 @@ def _fields(config_cls: Any, data: Mapping[str, Any]) -> set[str]:
     names |= set(getattr(config_cls, "attribute_map", {})) | set(data)
     if "rope_parameters" in names:  # the names config.json files use for them
         names |= {"rope_theta", "rope_scaling"}
-    return {n for n in names if not n.startswith("_")} - set(_METADATA) - set(_DECIDED)
+    fixed = {*_METADATA, *_DECIDED, "model_type"}  # the family is the config's
+    return {n for n in names if not n.startswith("_")} - fixed
 
 
 def _check_overrides(
@@ -183,10 +184,11 @@ def _check_overrides(
         if key not in valid:
             near = difflib.get_close_matches(key, sorted(valid), n=4, cutoff=0.6)
             hint = f"did you mean {', '.join(near)}? " if near else ""
+            # the published fields first: those are the ones that shape the model
+            listed = sorted(k for k in data if k in valid) + sorted(valid - set(data))
             raise LayerwiseError(
                 f"{label} has no config field {key!r} ({config_cls.__name__}); {hint}fields "
-                f"include {', '.join(sorted(valid)[:12])}, ...; besides them: "
-                f"{', '.join(OPTIONS)}"
+                f"include {', '.join(listed[:12])}, ...; besides them: {', '.join(OPTIONS)}"
             )
         name = aliases.get(key, key)
         is_int = isinstance(value, int) and not isinstance(value, bool)
@@ -194,6 +196,26 @@ def _check_overrides(
             raise LayerwiseError(f"{label}: {key} must be at least 1, got {value}")
         out[name] = value
     return out
+
+
+_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def _drop_token_ids_beyond(fields: dict[str, Any], vocab: Any, applied: Mapping[str, Any]) -> None:
+    """A special token id of the published config beyond a vocabulary made smaller names no
+    token: it is dropped (None), so that a tiny vocabulary builds (Phi-3's padding id 32000
+    would otherwise be an embedding row past the table)."""
+    if not isinstance(vocab, int):
+        return
+    for key in _TOKEN_IDS:
+        value = fields.get(key)
+        if key in applied or value is None:
+            continue
+        if isinstance(value, list):
+            kept = [v for v in value if isinstance(v, int) and v < vocab]
+            fields[key] = kept or None
+        elif isinstance(value, int) and value >= vocab:
+            fields[key] = None
 
 
 def _last_line(exc: BaseException) -> str:
@@ -216,8 +238,11 @@ def _build_config(name: str, overrides: Mapping[str, Any]) -> tuple[str, Any, di
     model_type = fields.pop("model_type")
     config_cls = _config_class(transformers, label, model_type)
     applied = _check_overrides(label, config_cls, data, overrides)
+    fields.update(applied)
+    if "vocab_size" in applied:
+        _drop_token_ids_beyond(fields, applied["vocab_size"], applied)
     try:
-        config = transformers.AutoConfig.for_model(model_type, **{**fields, **applied})
+        config = transformers.AutoConfig.for_model(model_type, **fields)
     except Exception as exc:  # transformers' validation: one line of its message
         given = ", ".join(f"{k}={v!r}" for k, v in overrides.items()) or "its published fields"
         raise LayerwiseError(f"{label} with {given}: {_last_line(exc)}") from None

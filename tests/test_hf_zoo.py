@@ -21,6 +21,7 @@ import torch  # noqa: E402
 from planner.cli import main  # noqa: E402
 from planner.errors import LayerwiseError  # noqa: E402
 from planner.graph.capture import capture  # noqa: E402
+from planner.graph.hf import HFRoot  # noqa: E402
 from planner.graph.hf_zoo import (  # noqa: E402
     CONFIG_DIR,
     build_hf,
@@ -210,6 +211,15 @@ def test_a_smaller_vocabulary_drops_token_ids_beyond_it() -> None:
     assert kept.pad_token_id == 3
 
 
+def test_the_zoos_module_is_the_model_seen_as_input_ids_to_logits() -> None:
+    module, (tokens,) = build_hf("hf:mistral-7b-v0.1", device="cpu", batch=2, seq=8, **TINY)
+    assert isinstance(module, HFRoot) and type(module.hf_model).__name__ == "MistralForCausalLM"
+    assert dict(module.named_parameters()).keys() == dict(module.hf_model.named_parameters()).keys()
+    logits = module(tokens)
+    assert logits.shape == (2, 8, 512)
+    assert torch.equal(logits, module.hf_model(input_ids=tokens).logits)
+
+
 def test_batch_seq_and_dtype_shape_the_example_and_the_weights() -> None:
     model, (tokens,) = build_hf("hf:qwen3-8b", batch=2, seq=16, dtype="bfloat16", **TINY)
     assert tokens.shape == (2, 16) and tokens.dtype == torch.long
@@ -310,7 +320,7 @@ def test_a_7_to_8b_config_captures_full_size_on_meta(hub_id: str, seq: int) -> N
     counted = {p.name: math.prod(p.shape) for op in graph.ops for p in op.params}
     assert sum(counted.values()) == PUBLISHED[hub_id]
     attention = [op for op in graph.ops if op.kind == "attention"]
-    assert len(attention) == model.config.num_hidden_layers
+    assert len(attention) == model.hf_model.config.num_hidden_layers
 
 
 @pytest.mark.benchmark
@@ -414,3 +424,20 @@ def test_another_process_rebuilds_the_same_module_and_graph(tmp_path: Path) -> N
     ours = spec.build(0, torch.float64).state_dict()
     assert list(theirs) == list(ours)
     assert all(torch.equal(theirs[k], ours[k]) for k in ours)
+
+
+@pytest.mark.slow
+def test_the_runtime_trains_the_recorded_model_at_world_2_as_one_process(tmp_path: Path) -> None:
+    import runtime
+    from planner.problems.strategy import load_strategy
+
+    out = tmp_path / "plan.json"
+    argv = ["plan", "hf:llama-3.1-8b", *TINY_SETS, "--set", "seq=16", "--batch", "4"]
+    assert (
+        main([*argv, "--devices", "cpu-local-2", "--backend", "elimination", "-o", str(out)]) == 0
+    )
+    strategy, data = load_strategy(out)
+    spec = ModelSpec.from_json(data["graph"]["model"])
+    options = runtime.RunOptions(steps=2, dtype="float64", lr=0.1, check=True, timeout=120)
+    run = runtime.run_strategy(strategy, spec, options)
+    assert run.deviation is not None and run.deviation["max_deviation"] <= 1e-9, run.deviation

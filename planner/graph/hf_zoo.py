@@ -17,7 +17,8 @@ the values and its message becomes one error line. Beside the config fields a mo
 weights ("float32", the default, "bfloat16" or "float16"). The key/value cache is off
 (training), and the attention implementation is the one transformers picks for the family.
 
-The zoo (`planner.graph.zoo.build_model`) hands every `hf:` name here, so a plan file records
+The zoo (`planner.graph.zoo.build_model`) hands every `hf:` name here (its module is the
+model behind `planner.graph.hf.HFRoot`, `forward(input_ids) -> logits`), so a plan file records
 `{"name": "hf:meta-llama/Llama-3.1-8B", "batch": 8, "kwargs": {...}}` and another process
 (the runtime's workers) rebuilds the same module from it (`ModelSpec`). `transformers` is an
 optional dependency (`pip install 'layerwise[hf]'`); nothing here imports it before a model
@@ -284,9 +285,13 @@ def build_hf(
     dtype: str = "float32",
     **overrides: Any,
 ) -> tuple[nn.Module, tuple[torch.Tensor]]:
-    """The zoo's builder of an `hf:` model: the module and its example `input_ids` of shape
-    (batch, seq), random token ids below the vocabulary size (uninitialized on meta)."""
+    """The zoo's builder of an `hf:` model: the model as capture and the runtime call it,
+    `forward(input_ids) -> logits` (`HFRoot`: the transformers model's own parameters under
+    its own names; `.hf_model` is the model), and its example `input_ids` of shape (batch,
+    seq), random token ids below the vocabulary size (uninitialized on meta)."""
     import torch
+
+    from planner.graph.hf import HFRoot
 
     for key, value in (("batch", batch), ("seq", seq)):
         if value is not None and (
@@ -308,4 +313,4 @@ def build_hf(
         tokens = torch.empty(batch, seq, dtype=torch.long, device=dev)
     else:
         tokens = torch.randint(0, config.vocab_size, (batch, seq), device=dev)
-    return model, (tokens,)
+    return HFRoot(model), (tokens,)

@@ -51,6 +51,7 @@ _EXPORTS: dict[str, str] = {
     "capture": "planner.graph.capture",
     "coarsen": "planner.graph.coarsen",
     "model_graph": "planner.graph.zoo",
+    "hf_model": "planner.graph.hf_zoo",
     "MODELS": "planner.graph.zoo",
     "Device": "planner.hardware.devices",
     "DeviceGraph": "planner.hardware.devices",

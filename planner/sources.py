@@ -203,6 +203,8 @@ _OPGRAPH_FORMAT = re.compile(rb'"format"\s*:\s*"layerwise\.opgraph"')
 
 
 def _looks_like_path(model: str | Path) -> bool:
+    if isinstance(model, str) and model.startswith("hf:"):
+        return False  # a Hugging Face model, its config file's path after the prefix
     if isinstance(model, Path) or model.endswith((".json", ".json.gz")):
         return True  # no zoo name ends so: decided without importing the zoo (and torch)
     from planner.graph.zoo import MODELS
@@ -338,8 +340,12 @@ def _spec_of_name(
     name: str | None,
     coarsen: bool,
 ) -> ModelSpec:
+    from planner.graph.hf_zoo import canonical_name, is_hf_name
+
     kwargs = dict(model_kwargs or {})
-    if ":" in model:
+    if is_hf_name(model):
+        model = canonical_name(model)
+    elif ":" in model:
         inputs = _example_inputs(example_inputs, model)
         default = model.rpartition(":")[2].rpartition(".")[2].lower()
         return ModelSpec(name or default, None, kwargs, coarsen, model, inputs)
@@ -351,7 +357,7 @@ def _spec_of_name(
         raise LayerwiseError("name does not apply to a zoo model (its graph has the zoo name)")
     from planner.graph.zoo import MODELS
 
-    if model not in MODELS:
+    if model not in MODELS and not is_hf_name(model):
         raise LayerwiseError(
             f"unknown model {model!r}: not a zoo model ({', '.join(MODELS)}), not a "
             "'module:factory' path and not an existing file"

@@ -74,6 +74,15 @@ RUNTIME_PLAN = (
     "--backend elimination -o plan.json"
 )
 
+HF_TINY = (
+    "--set num_hidden_layers=2 --set hidden_size=64 --set intermediate_size=128 "
+    "--set num_attention_heads=4 --set num_key_value_heads=2 --set vocab_size=512 --set seq=16"
+)
+HF_GRAPH = f"python -m planner graph hf:meta-llama/Llama-3.1-8B {HF_TINY}"
+HF_PLAN = (
+    f"python -m planner plan hf:llama-3.1-8b {HF_TINY} --batch 4 --devices cpu-local-2 -o hf.json"
+)
+
 # (doc, command as extracted: continuation lines joined, comment removed) -> how to treat it
 TABLE: dict[tuple[str, str], Run] = {
     ("README.md", "python -m planner models"): fast(),
@@ -124,6 +133,9 @@ TABLE: dict[tuple[str, str], Run] = {
     ("docs/calibration.md", "python -m experiments.calibration --rows mine.csv"): skip(PLACEHOLDER),  # noqa: E501
     ("docs/calibration.md", "python -m experiments.calibration --lines 171 203"): slow(),
     ("docs/calibration.md", "python -m experiments.calibration --fit"): skip("about 12 minutes"),  # noqa: E501
+    ("docs/graphs.md", HF_GRAPH): fast("attention=2"),
+    ("docs/graphs.md", HF_PLAN): slow(),
+    ("docs/graphs.md", "python -m planner graph hf:Qwen/Qwen3-8B --batch 1 --set seq=4096 --summary"): slow(),  # noqa: E501
     ("docs/launchers.md", "python -m planner plan gpt2 --set n_layer=2 --batch 8 --devices p100-1x4 -o plan.json"): fast(),  # noqa: E501
     ("docs/launchers.md", "python -m planner export --to megatron plan.json -o megatron.args"): fast("TP 1 x DP 4"),  # noqa: E501
     ("docs/launchers.md", "python -m planner export --to torchtitan plan.json -o job.toml"): fast(),  # noqa: E501

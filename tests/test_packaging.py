@@ -1,5 +1,6 @@
-"""The wheel ships what users need: the type marker, the experiments' data, the license, the
-`layerwise` console script (built from a copy of the repository in a temporary folder)."""
+"""The wheel ships what users need: the type marker, the experiments' data, the Hugging Face
+configs, the license, the `layerwise` console script, the `hf` extra (built from a copy of the
+repository in a temporary folder)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,12 @@ def test_the_wheel_ships_data_types_license_and_the_console_script(tmp_path: Pat
     assert "experiments/data/epochs_vs_batch.csv" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "License-Expression: MIT" in metadata
+    assert "Provides-Extra: hf" in metadata
     assert "layerwise = planner.__main__:console_main" in entry_points
     assert "planner/api.py" in names and "planner/export/dtensor.py" in names
     assert "planner/cli/args.py" in names
+    shipped = {
+        f"planner/graph/hf_configs/{p.name}"
+        for p in (ROOT / "planner/graph/hf_configs").glob("*.json")
+    }
+    assert shipped and shipped <= names  # the Hugging Face configs `hf:NAME` builds

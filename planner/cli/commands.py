@@ -21,11 +21,19 @@ __all__ = ["COMMANDS", "main"]
 
 def cmd_models(args: argparse.Namespace) -> int:
     """List the zoo models with their default arguments."""
+    from planner.graph.hf_zoo import DEFAULT_BATCH, MAX_DEFAULT_SEQ, shipped_names
     from planner.graph.zoo import MODELS
 
     for name, info in MODELS.items():
         defaults = ", ".join(f"{k}={v}" for k, v in info.defaults.items())
         print(f"{name:12s} {info.description}\n{'':12s} ({defaults})")
+    print(
+        f"{'hf:NAME':12s} a Hugging Face transformers causal LM built from its config "
+        "(pip install 'layerwise[hf]'): NAME is a shipped config or a config.json path\n"
+        f"{'':12s} (batch={DEFAULT_BATCH}, seq=min({MAX_DEFAULT_SEQ}, max_position_embeddings), "
+        "dtype=float32, and any config field, e.g. --set num_hidden_layers=2)\n"
+        f"{'':12s} shipped: {', '.join(shipped_names())}"
+    )
     return 0
 
 

@@ -17,13 +17,16 @@ __all__ = ["check_cost_section", "check_outputs", "malformed", "model_spec"]
 
 
 def model_spec(args: argparse.Namespace) -> Any:
-    """The ModelSpec of the command line's model: a zoo name or a factory with --input."""
+    """The ModelSpec of the command line's model: a zoo name (an `hf:` one included) or a
+    factory with --input."""
+    from planner.graph.hf_zoo import canonical_name, is_hf_name
     from planner.graph.models import ModelSpec
 
     kwargs = dict(args.model_kwargs)
     coarsen = not args.no_coarsen
     precision = getattr(args, "precision", None)
-    if ":" in args.model:
+    model = canonical_name(args.model) if is_hf_name(args.model) else args.model
+    if ":" in model and not is_hf_name(model):
         if args.batch is not None:
             raise UsageError("--batch applies to a zoo model; a factory's batch is --input's")
         if not args.inputs:
@@ -41,8 +44,8 @@ def model_spec(args: argparse.Namespace) -> Any:
         batch = kwargs.pop("batch")
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise UsageError(f"--set batch must be a positive integer, got {batch!r}")
-    _check_model_kwargs(args.model, kwargs)
-    return ModelSpec(args.model, batch, kwargs, coarsen, precision=precision)
+    _check_model_kwargs(model, kwargs)
+    return ModelSpec(model, batch, kwargs, coarsen, precision=precision)
 
 
 def _check_model_kwargs(name: str, kwargs: dict[str, Any]) -> None:

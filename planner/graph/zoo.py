@@ -35,6 +35,7 @@ from torch import nn
 
 from planner.deadline import Deadline
 from planner.errors import LayerwiseError
+from planner.graph.hf_zoo import build_hf, is_hf_name
 from planner.graph.opgraph import OpGraph
 
 __all__ = [
@@ -835,7 +836,10 @@ def build_model(
     """Build zoo model `name` (in train mode) on `device` with its example inputs.
 
     Keyword arguments override the sizes in `MODELS[name].defaults`; an unknown model or
-    keyword raises LayerwiseError listing the valid ones."""
+    keyword raises LayerwiseError listing the valid ones. An `hf:` name is a Hugging Face
+    model built from its config (`planner.graph.hf_zoo`), its keywords config fields."""
+    if is_hf_name(name):
+        return build_hf(name, device=device, **kwargs)
     info = _info(name)
     unknown = sorted(set(kwargs) - set(info.defaults))
     if unknown:

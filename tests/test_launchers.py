@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -242,16 +245,40 @@ def all_megatron_exports() -> list[tuple[str, ...]]:
 
 
 def test_every_megatron_argument_is_megatron_lms_with_a_value_it_takes() -> None:
-    for args in all_megatron_exports():
+    for args in [*all_megatron_exports(), *model_exports().values()]:
         for flag, value in pairs(args).items():
             assert flag in MEGATRON_ARGUMENTS, flag
             _, kind = MEGATRON_ARGUMENTS[flag]
-            if kind == "flag":
+            if kind in ("flag", "off"):
                 assert value is None, (flag, value)
             elif kind is int:
                 assert value is not None and int(value) >= 1, (flag, value)
+            elif kind is float:
+                assert value is not None and float(value) >= 0, (flag, value)
             elif isinstance(kind, tuple):
                 assert value in kind, (flag, value)
+            elif kind is str:
+                assert value, (flag, value)
+            else:
+                assert value is not None and MEGATRON_TYPES[str(kind)](value), (flag, value)
+
+
+def tuple_type(x: str) -> tuple[int, ...]:
+    """Megatron-LM's `tuple_type` (arguments.py): "4095,0" -> (4095, 0)."""
+    return tuple(int(i) for i in x.strip("()").split(","))
+
+
+def moe_freq_type(x: str) -> int | list[int]:
+    """Megatron-LM's `moe_freq_type` (arguments.py): an integer, or a list expression of
+    digits, commas, brackets, parentheses, + and * only (`_eval_pattern`)."""
+    if "[" not in x:
+        return int(x)
+    if re.search(r"[^,\d\[\]\(\)\+\*]", x):
+        raise ValueError(f"Invalid pattern: {x}")
+    return list(eval(x))  # noqa: S307 - Megatron-LM's own parsing of the checked expression
+
+
+MEGATRON_TYPES: dict[str, Any] = {"int,int": tuple_type, "pattern": moe_freq_type}
 
 
 def megatron_namespace(args: tuple[str, ...]) -> argparse.Namespace:
@@ -259,11 +286,13 @@ def megatron_namespace(args: tuple[str, ...]) -> argparse.Namespace:
     taken from megatron/training/arguments.py), only the arguments given."""
     parser = argparse.ArgumentParser(allow_abbrev=False, argument_default=argparse.SUPPRESS)
     for flag, (dest, kind) in MEGATRON_ARGUMENTS.items():
-        if kind == "flag":
-            parser.add_argument(flag, dest=dest, action="store_true")
+        if kind in ("flag", "off"):
+            action = "store_true" if kind == "flag" else "store_false"
+            parser.add_argument(flag, dest=dest, action=action)
         elif isinstance(kind, tuple):
             parser.add_argument(flag, dest=dest, choices=kind)
         else:
+            kind = MEGATRON_TYPES.get(str(kind), kind)
             parser.add_argument(flag, dest=dest, type=kind)  # type: ignore[arg-type]
     return parser.parse_args(list(args))
 
@@ -289,6 +318,22 @@ def megatron_core_config(args: tuple[str, ...]) -> Any:
         kw["num_moe_experts"] = ns.num_experts
     if not getattr(ns, "group_query_attention", False):
         kw.pop("num_query_groups", None)
+    # core_transformer_config_from_args: the names that differ, and --swiglu's two fields
+    kw["layernorm_zero_centered_gamma"] = getattr(ns, "apply_layernorm_1p", False)
+    if hasattr(ns, "norm_epsilon"):
+        kw["layernorm_epsilon"] = ns.norm_epsilon
+    if getattr(ns, "swiglu", False):
+        kw |= {"activation_func": torch.nn.functional.silu, "gated_linear_unit": True}
+    if not getattr(ns, "add_bias_linear", True):
+        kw["add_bias_linear"] = False
+    else:
+        kw.pop("add_qkv_bias", None)  # validate_args: biases everywhere include q, k, v's
+    if getattr(ns, "multi_latent_attention", False):
+        from megatron.core.transformer import MLATransformerConfig
+
+        names = {f.name for f in dataclasses.fields(MLATransformerConfig)}
+        kw |= {k: getattr(ns, k) for k in names if hasattr(ns, k) and k not in kw}
+        return MLATransformerConfig(**kw)
     return TransformerConfig(**kw)
 
 
@@ -308,6 +353,210 @@ def test_megatron_core_builds_its_configs_from_the_arguments() -> None:
     assert [(c.fp8, c.fp8_recipe) for c in fp8] == [("hybrid", "delayed"), ("hybrid", "tensorwise")]
     recompute = [(c.recompute_granularity, c.recompute_method) for c in configs[3:6]]
     assert recompute == [("selective", None), ("full", "uniform"), ("full", "block")]
+
+
+# -- Megatron-LM's model arguments, read from the graph ---------------------------------------
+
+LLAMA: dict[str, Any] = dict(seq=16, n_layers=2, dim=64, n_heads=4, n_kv_heads=2, vocab_size=128,
+                             multiple_of=16)  # fmt: skip
+DEEPSEEK: dict[str, Any] = dict(
+    seq=16, vocab_size=128, dim=64, n_layers=3, n_heads=4, hidden_dim=128, n_experts=4, top_k=2,
+    moe_hidden=32, n_groups=2, topk_groups=1, first_dense=1, q_lora_rank=32, kv_lora_rank=16,
+    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+)  # fmt: skip
+QWEN_MOE: dict[str, Any] = dict(seq=16, n_layers=2, dim=64, n_heads=4, vocab_size=128,
+                                n_experts=4, top_k=2, moe_hidden=32, shared_hidden=64,
+                                hidden_dim=128)  # fmt: skip
+HF_SMALL: dict[str, Any] = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                seq=16)  # fmt: skip
+
+
+def plan_of(graph: Any, tensor: int = 2, cost: dict[str, Any] | None = None,
+            kwargs: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Megatron-LM's rule at `tensor` on p100-1x4 as a plan of `graph` (batch 4)."""
+    spec = {"name": graph.name, "batch": 4, "kwargs": kwargs or {}, "coarsen": True}
+    strategy = megatron(graph, get_preset("p100-1x4"), tensor)
+    return strategy.to_json(model=spec, extra={"cost": cost or {}})
+
+
+@functools.cache
+def model_exports() -> dict[str, tuple[str, ...]]:
+    """Megatron-LM's arguments of zoo models of four designs (2-3 layers, width 32-64)."""
+    sizes = {"llama3-8b": LLAMA, "deepseek-v3-like": DEEPSEEK, "qwen-moe-like": QWEN_MOE,
+             "gpt2": {**GPT, "n_layer": 2}}  # fmt: skip
+    return {
+        name: export_launcher(
+            plan_of(model_graph(name, batch=4, **kw), 2 if name != "gpt2" else 1),
+            "megatron",
+            simulate=False,
+        ).args  # fmt: skip
+        for name, kw in sizes.items()
+    }
+
+
+def windowed(args: dict[str, str | None], layers: int) -> list[bool]:
+    """Megatron-Core's `is_layer_window_attention` over layers 1..L: no --window-size, none;
+    else all but every n-th (an integer), or the pattern's 1s."""
+    if "--window-size" not in args:
+        return [False] * layers
+    freq = args.get("--window-attn-skip-freq")
+    skip = moe_freq_type(freq) if freq else None
+    if isinstance(skip, list):
+        return [bool(f) for f in skip]
+    return [skip is None or (i + 1) % skip != 0 for i in range(layers)]
+
+
+def test_megatron_builds_a_llama_as_its_graph_says() -> None:
+    graph = model_graph("llama3-8b", batch=4, **LLAMA)
+    w1, norm = graph.op("layers.0.feed_forward.w1"), graph.op("layers.0.attention_norm")
+    launch = export_launcher(plan_of(graph), "megatron", simulate=False)
+    args = pairs(launch.args)
+    assert args["--ffn-hidden-size"] == str(w1.output.size("channel"))
+    assert "--swiglu" in args and args["--normalization"] == "RMSNorm"
+    assert float(str(args["--norm-epsilon"])) == norm.attr("eps")
+    assert args["--position-embedding-type"] == "rope" and "--rotary-percent" not in args
+    assert "--untie-embeddings-and-output-weights" in args and "--disable-bias-linear" in args
+    assert "--add-qkv-bias" not in args and "--kv-channels" not in args
+    assert args["--padded-vocab-size"] == str(graph.op("tok_embeddings").params[0].shape[0])
+    assert args["--hidden-dropout"] == "0"  # no dropout op: Megatron-LM's default is 0.1
+    assert launch.notes == ()  # the rule's own layout, a model Megatron-LM's GPT builds
+    assert "# not in the plan's graph: the rotary base and scaling" in launch.text
+
+
+def test_megatron_builds_gpt2_with_learned_positions_tied_weights_and_biases() -> None:
+    graph = model_graph("gpt2", batch=4, **{**GPT, "n_layer": 2, "block_size": 32})
+    args = pairs(export_launcher(plan_of(graph, tensor=1), "megatron", simulate=False).args)
+    table = next(p for op in graph.ops for p in op.params if p.name == "transformer.wpe.weight")
+    assert args["--position-embedding-type"] == "learned_absolute"
+    assert args["--max-position-embeddings"] == str(table.shape[0]) != args["--seq-length"]
+    fc = graph.op("transformer.h.0.mlp.c_fc")
+    assert args["--ffn-hidden-size"] == str(fc.output.size("channel"))
+    for absent in ("--swiglu", "--normalization", "--untie-embeddings-and-output-weights",
+                   "--disable-bias-linear", "--hidden-dropout", "--kv-channels"):  # fmt: skip
+        assert absent not in args, absent
+
+
+def test_megatron_builds_mla_and_experts_as_the_graph_says() -> None:
+    graph = model_graph("deepseek-v3-like", batch=4, **DEEPSEEK)
+    attention = graph.op("layers.0.attention.attention")
+    moe = next(op for op in graph.ops if op.kind == "moe")
+    args = pairs(model_exports()["deepseek-v3-like"])
+    assert "--multi-latent-attention" in args and "--kv-channels" not in args
+    width = {n: str(graph.op(f"layers.0.attention.{n}").output.size("channel"))
+             for n in ("q_norm", "kv_norm")}  # fmt: skip
+    assert (args["--q-lora-rank"], args["--kv-lora-rank"]) == (width["q_norm"], width["kv_norm"])
+    rope = attention.attr("rope_dim")
+    assert args["--qk-pos-emb-head-dim"] == str(rope)
+    assert args["--qk-head-dim"] == str(attention.attr("head_dim") - rope)
+    assert args["--v-head-dim"] == str(attention.attr("v_head_dim"))
+    assert args["--moe-ffn-hidden-size"] == str(moe.attr("ffn"))
+    assert args["--moe-shared-expert-intermediate-size"] == str(moe.attr("shared_ffn"))
+    sparse = [any(op.kind == "moe" for op in graph.ops if op.name.startswith(f"layers.{i}."))
+              for i in range(DEEPSEEK["n_layers"])]  # fmt: skip
+    assert moe_freq_type(str(args["--moe-layer-freq"])) == [int(x) for x in sparse]
+    assert args["--moe-router-score-function"] == "sigmoid"
+    assert args["--moe-router-num-groups"] == str(moe.attr("groups"))
+    assert args["--moe-router-group-topk"] == str(moe.attr("topk_groups"))
+    assert float(str(args["--moe-router-topk-scaling-factor"])) == moe.attr("route_scale")
+    assert "--moe-router-enable-expert-bias" in args  # its router_bias role
+
+
+def test_megatron_names_the_parts_its_gpt_cannot_build_in_one_line() -> None:
+    """Qwen-MoE's sigmoid gate on its shared expert; q, k, v biases and a softmax over all
+    experts it can."""
+    args = pairs(model_exports()["qwen-moe-like"])
+    assert "--disable-bias-linear" in args and "--add-qkv-bias" in args
+    assert "--moe-router-pre-softmax" in args  # top-k gates not renormalised
+    graph = model_graph("qwen-moe-like", batch=4, **QWEN_MOE)
+    notes = export_launcher(plan_of(graph), "megatron").notes
+    (line,) = [n for n in notes if n.startswith("model parts")]
+    assert "a sigmoid gate on the shared expert" in line and "(not simulated" in line
+
+
+@pytest.mark.parametrize(
+    "windows", [(4, 4), (4, None), (4, 4, 4, 4, 4, None), (None, None, 4, 4), (None, 4, 4, 4)]
+)
+def test_megatron_windows_are_megatron_cores_per_layer(windows: tuple[int | None, ...]) -> None:
+    from planner.export.launchers.architecture import Architecture
+    from planner.export.launchers.megatron_model import model_args, model_differences
+
+    arch = Architecture(layers=len(windows), windows=windows)
+    facts = read_plan(per_op(tensor=1)).model
+    args = pairs(model_args(facts, arch, 1))
+    assert windowed(args, len(windows)) == [w is not None for w in windows]
+    assert tuple_type(str(args["--window-size"])) == (4 - 1, 0)  # TE's inclusive (left, right)
+    assert model_differences(arch, 1) == []
+    two = Architecture(layers=2, windows=(4, 8))
+    assert "--window-size" not in model_args(facts, two, 1)
+    assert model_differences(two, 1) == ["sliding windows of 4 and 8 keys"]
+
+
+def test_megatron_pads_a_vocabulary_the_tensor_degree_does_not_divide() -> None:
+    from planner.export.launchers.architecture import Architecture
+    from planner.export.launchers.megatron_model import model_args, model_differences
+
+    facts = read_plan(per_op(tensor=1)).model
+    odd = Architecture(layers=2, vocab=127, tied=True)
+    assert pairs(model_args(facts, odd, 2))["--padded-vocab-size"] == "128"
+    assert pairs(model_args(facts, odd, 1))["--padded-vocab-size"] == "127"
+    assert model_differences(odd, 2) == ["a vocabulary of 127 that TP 2 does not divide (padded)"]
+    assert model_differences(odd, 1) == []
+
+
+@pytest.mark.parametrize(
+    "name,overrides,present,cannot",
+    [
+        ("hf:Qwen/Qwen2-7B", {}, ["--disable-bias-linear", "--add-qkv-bias"], []),
+        ("hf:Qwen/Qwen3-8B", {"head_dim": 32}, ["--kv-channels", "--qk-layernorm"], []),
+        ("hf:mistralai/Mistral-7B-v0.1", {"sliding_window": 4}, ["--window-size"], []),
+        ("hf:google/gemma-2-9b", {"head_dim": 16, "sliding_window": 4},
+         ["--apply-layernorm-1p", "--window-attn-skip-freq"],
+         ["a gated MLP of gelu_tanh", "norms on the attention's and the MLP's outputs too",
+          "attention scores soft-capped at", "scaled embeddings", "(a soft cap)"]),
+    ],
+)  # fmt: skip
+def test_megatron_arguments_of_hugging_face_models(
+    name: str, overrides: dict[str, Any], present: list[str], cannot: list[str]
+) -> None:
+    pytest.importorskip("transformers")
+    graph = model_graph(name, batch=4, **{**HF_SMALL, **overrides})
+    attention = [op for op in graph.ops if op.kind == "attention"]
+    head = attention[0].attr("head_dim") or attention[0].output.size("channel") // 4
+    launch = export_launcher(plan_of(graph), "megatron", simulate=False)
+    args = pairs(launch.args)
+    for flag in present:
+        assert flag in args, flag
+    if "--kv-channels" in args:
+        assert args["--kv-channels"] == str(head) and 4 * head != HF_SMALL["hidden_size"]
+    assert windowed(args, len(attention)) == [bool(op.attr("window")) for op in attention]
+    if "--window-size" in args:
+        size = next(op.attr("window") for op in attention if op.attr("window"))
+        assert tuple_type(str(args["--window-size"])) == (size - 1, 0)
+    line = [n for n in launch.notes if n.startswith("model parts")]
+    assert all(any(c in n for n in line) for c in cannot), line
+    assert bool(line) == bool(cannot)
+    if importlib.util.find_spec("megatron") is not None:  # megatron-core takes them
+        config = megatron_core_config(launch.args)
+        assert config.qk_layernorm == ("--qk-layernorm" in args)
+        assert config.layernorm_zero_centered_gamma == ("--apply-layernorm-1p" in args)
+
+
+def test_megatron_core_builds_the_models_the_arguments_describe() -> None:
+    pytest.importorskip("megatron.core")
+    configs = {name: megatron_core_config(args) for name, args in model_exports().items()}
+    llama, mla, qwen, gpt = (configs[n] for n in ("llama3-8b", "deepseek-v3-like",
+                                                  "qwen-moe-like", "gpt2"))  # fmt: skip
+    assert llama.gated_linear_unit and llama.normalization == "RMSNorm"
+    assert not llama.add_bias_linear and llama.hidden_dropout == 0
+    assert type(mla).__name__ == "MLATransformerConfig"
+    args = pairs(model_exports()["deepseek-v3-like"])
+    assert (mla.q_lora_rank, mla.kv_lora_rank) == (int(str(args["--q-lora-rank"])),
+                                                  int(str(args["--kv-lora-rank"])))  # fmt: skip
+    assert mla.moe_layer_freq == moe_freq_type(str(args["--moe-layer-freq"]))
+    assert mla.moe_router_score_function == "sigmoid" and mla.moe_router_enable_expert_bias
+    assert qwen.add_qkv_bias and not qwen.add_bias_linear and qwen.moe_router_pre_softmax
+    assert gpt.add_bias_linear and not gpt.gated_linear_unit and gpt.normalization == "LayerNorm"
 
 
 # -- torchtitan -------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from typing import Any
 from planner.costs.config import ParallelConfig
 from planner.costs.recompute import block_of
 from planner.errors import ExportError, LayerwiseError
+from planner.export.launchers.architecture import Architecture, read_architecture
 from planner.graph.opgraph import OpGraph
 from planner.graph.opkinds import CHANNEL, LENGTH, SAMPLE
 from planner.hardware.devices import DeviceGraph
@@ -143,6 +144,11 @@ class LaunchPlan:
         if self.pipeline is None or self.pipeline.micro_batches == 1:
             return graph
         return batch_graph(graph, self.model.global_batch)
+
+    @cached_property
+    def architecture(self) -> Architecture:
+        """The model's design as its graph says it (`read_architecture`)."""
+        return read_architecture(self.strategy.graph)
 
     @cached_property
     def planned_seconds(self) -> float:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from planner.errors import ExportError
 from planner.export.launchers.common import Change, changed
 from planner.export.launchers.layout import LaunchPlan, Uniform
+from planner.export.launchers.megatron_model import model_args, model_differences, not_in_graph
 
 __all__ = ["MEGATRON_ARGUMENTS", "megatron_args", "megatron_changes"]
 
@@ -33,7 +34,10 @@ __all__ = ["MEGATRON_ARGUMENTS", "megatron_args", "megatron_changes"]
 # 000c4ac24f61159c138b0975def722c65245983c, the megatron-core 0.14-0.16 era: the
 # `_add_distributed_args`, `_add_training_args`, `_add_mixed_precision_args`,
 # `_add_transformer_engine_args`, `_add_moe_args`, `_add_network_size_args`,
-# `_add_data_args` and `_add_checkpointing_args` groups). "flag": store_true.
+# `_add_data_args`, `_add_checkpointing_args`, `_add_regularization_args`,
+# `_add_tokenizer_args`, `_add_mla_args` and, for --qk-layernorm, `_add_vision_args` groups).
+# "flag": store_true; "off": store_false; "int,int": its `tuple_type` ("4095,0"); "pattern":
+# its `moe_freq_type` (an integer, or a list expression such as "([0]*3+[1]*58)").
 MEGATRON_ARGUMENTS: dict[str, tuple[str, object]] = {
     "--tensor-model-parallel-size": ("tensor_model_parallel_size", int),
     "--pipeline-model-parallel-size": ("pipeline_model_parallel_size", int),
@@ -69,6 +73,42 @@ MEGATRON_ARGUMENTS: dict[str, tuple[str, object]] = {
     "--fp16": ("fp16", "flag"),
     "--fp8-format": ("fp8", ("e4m3", "hybrid")),
     "--fp8-recipe": ("fp8_recipe", ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")),
+    "--ffn-hidden-size": ("ffn_hidden_size", int),
+    "--kv-channels": ("kv_channels", int),
+    "--swiglu": ("swiglu", "flag"),
+    "--normalization": ("normalization", ("LayerNorm", "RMSNorm")),
+    "--norm-epsilon": ("norm_epsilon", float),
+    "--apply-layernorm-1p": ("apply_layernorm_1p", "flag"),
+    "--position-embedding-type": (
+        "position_embedding_type",
+        ("learned_absolute", "rope", "mrope", "relative", "none"),
+    ),
+    "--rotary-percent": ("rotary_percent", float),
+    "--rotary-interleaved": ("rotary_interleaved", "flag"),
+    "--untie-embeddings-and-output-weights": ("untie_embeddings_and_output_weights", "flag"),
+    "--padded-vocab-size": ("padded_vocab_size", int),
+    "--disable-bias-linear": ("add_bias_linear", "off"),
+    "--add-qkv-bias": ("add_qkv_bias", "flag"),
+    "--qk-layernorm": ("qk_layernorm", "flag"),
+    "--window-size": ("window_size", "int,int"),
+    "--window-attn-skip-freq": ("window_attn_skip_freq", "pattern"),
+    "--hidden-dropout": ("hidden_dropout", float),
+    "--multi-latent-attention": ("multi_latent_attention", "flag"),
+    "--q-lora-rank": ("q_lora_rank", int),
+    "--kv-lora-rank": ("kv_lora_rank", int),
+    "--qk-head-dim": ("qk_head_dim", int),
+    "--qk-pos-emb-head-dim": ("qk_pos_emb_head_dim", int),
+    "--v-head-dim": ("v_head_dim", int),
+    "--moe-ffn-hidden-size": ("moe_ffn_hidden_size", int),
+    "--moe-shared-expert-intermediate-size": ("moe_shared_expert_intermediate_size", int),
+    "--moe-layer-freq": ("moe_layer_freq", "pattern"),
+    "--moe-router-score-function": ("moe_router_score_function", ("softmax", "sigmoid")),
+    "--moe-router-pre-softmax": ("moe_router_pre_softmax", "flag"),
+    "--moe-router-num-groups": ("moe_router_num_groups", int),
+    "--moe-router-group-topk": ("moe_router_group_topk", int),
+    "--moe-router-topk-scaling-factor": ("moe_router_topk_scaling_factor", float),
+    "--moe-router-enable-expert-bias": ("moe_router_enable_expert_bias", "flag"),
+    "--moe-router-dtype": ("moe_router_dtype", ("fp32", "fp64")),
 }
 
 _SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
@@ -112,6 +152,14 @@ def megatron_changes(lp: LaunchPlan) -> tuple[Uniform, list[Change]]:
         u = changed(u, precision="32-true")
         changes.append(Change("precision 64-true: Megatron-LM trains in fp32, bf16 or fp16",
                               "32-true", u))  # fmt: skip
+    differ = model_differences(lp.architecture, u.tensor)
+    if differ:
+        changes.append(
+            Change(
+                "model parts Megatron-LM's GPT has no arguments for: " + "; ".join(differ),
+                "the model its arguments build",
+            )
+        )
     return u, changes
 
 
@@ -138,20 +186,7 @@ def megatron_args(lp: LaunchPlan, u: Uniform) -> list[str]:
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", _SHARDING[u.zero]]
         args += ["--ckpt-format", "fsdp_dtensor"]
     args += _precision_args(u.precision)
-    args += ["--num-layers", str(m.layers)]
-    if m.hidden:
-        args += ["--hidden-size", str(m.hidden)]
-    if m.heads:
-        args += ["--num-attention-heads", str(m.heads)]
-    if m.heads and m.kv_heads and m.kv_heads < m.heads:
-        args += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
-    if m.seq:
-        args += ["--seq-length", str(m.seq), "--max-position-embeddings", str(m.seq)]
-    if m.experts:
-        args += ["--num-experts", str(m.experts)]
-        if m.top_k:
-            args += ["--moe-router-topk", str(m.top_k)]
-    return args
+    return args + model_args(m, lp.architecture, u.tensor)
 
 
 def _pipeline_args(u: Uniform) -> list[str]:
@@ -201,8 +236,11 @@ def render(
         "# (planned by layerwise from " + lp.name + "; pass with $(grep -v '^#' THIS_FILE),",
         "#  with your tokenizer, data and optimizer arguments)",
         f"# {simulated}",
-        *(f"# cannot express: {note}" for note in notes),
     ]
+    unknown = not_in_graph(lp.architecture)
+    if unknown:
+        lines.append(f"# not in the plan's graph: {' and '.join(unknown)} (add your model's)")
+    lines += [f"# cannot express: {note}" for note in notes]
     i = 0
     while i < len(args):
         if i + 1 < len(args) and not args[i + 1].startswith("--"):

@@ -862,6 +862,49 @@ def test_megatron_keeps_16_bit_weights_with_fp32_main_copies() -> None:
     assert launch.exported_seconds != launch.planned_seconds
 
 
+@pytest.mark.parametrize("dtype,precision", [("bfloat16", "bf16-true"), ("float16", "16-true")])
+def test_a_plan_of_a_16_bit_model_that_names_no_precision_trains_in_16_bits(
+    dtype: str, precision: str
+) -> None:
+    """`--set dtype=bfloat16` without --precision: the graph's 2-byte floats are the
+    precision (the spec's dtype tells float16 apart); Megatron-LM's --bf16 / --fp16 and
+    torchtitan's bfloat16, not float32."""
+    sizes = {**GPT, "n_layer": 2}
+    graph = model_graph("gpt2", batch=4, dtype=dtype, **sizes)
+    assert {p.dtype_bytes for op in graph.ops for p in op.params} == {2}
+    plan = plan_of(graph, tensor=1, kwargs={**sizes, "dtype": dtype})
+    assert read_plan(plan).uniform.precision == precision
+    assert read_plan(per_op(tensor=1)).uniform.precision is None  # float32: the model's own
+    megatron_launch = export_launcher(plan, "megatron")
+    assert megatron_launch.notes == ()
+    assert ("--bf16" if dtype == "bfloat16" else "--fp16") in megatron_launch.args
+    training = tomllib.loads(export_launcher(plan, "torchtitan", simulate=False).text)["training"]
+    assert training["mixed_precision_param"] == training["dtype"] == "bfloat16"
+
+
+def test_fp32_master_copies_of_bf16_weights_are_megatrons_and_torchtitans_mixed_precision() -> None:
+    """A bf16 graph planned with master weights: Megatron-LM's --bf16 is exactly that (no
+    note); torchtitan and the FSDP2 script keep fp32 weights under bf16 compute instead, one
+    simulated line each."""
+    sizes = {**GPT, "n_layer": 2}
+    graph = model_graph("gpt2", batch=4, dtype="bfloat16", **sizes)
+    plan = plan_of(graph, tensor=1, kwargs={**sizes, "dtype": "bfloat16"},
+                   cost={"master_weights": True})  # fmt: skip
+    exact = export_launcher(plan, "megatron")
+    assert exact.notes == () and "--bf16" in exact.args
+    assert exact.exported_seconds == pytest.approx(exact.planned_seconds, rel=1e-12)
+    for to, start in (("torchtitan", "bf16 weights with fp32 master copies: torchtitan"),
+                      ("fsdp", "16-bit weights with fp32 master copies: the script")):  # fmt: skip
+        launch = export_launcher(plan, to)
+        (line,) = launch.notes
+        assert line.startswith(start) and "nearest bf16-mixed" in line and "simulated" in line
+        assert launch.uniform.precision == "bf16-mixed"
+        assert launch.exported_seconds != launch.planned_seconds
+    training = tomllib.loads(export_launcher(plan, "torchtitan").text)["training"]
+    assert training["mixed_precision_param"] == "bfloat16" and "dtype" not in training
+    assert "PRECISION = 'bf16-mixed'" in export_launcher(plan, "fsdp").text
+
+
 def test_the_hidden_size_is_the_models_width_not_heads_times_head_dim() -> None:
     """Qwen3's heads x head_dim (4 x 32) is twice its width (64): --hidden-size is 64."""
     from planner.export.launchers.layout import model_facts

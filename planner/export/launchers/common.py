@@ -124,6 +124,14 @@ def _ms(seconds: float | None) -> str:
     return "?" if seconds is None else f"{seconds * 1e3:.4g} ms"
 
 
+def keeps_master_weights(lp: LaunchPlan, layout: Uniform) -> bool:
+    """Whether `layout`'s 16-bit weights keep fp32 master copies (its own setting, else the
+    plan's cost option `master_weights`)."""
+    if layout.master_weights is not None:
+        return layout.master_weights
+    return bool(lp.cost.get("master_weights"))
+
+
 def changed(layout: Uniform, **kwargs: object) -> Uniform:
     """`layout` with some fields changed."""
     return dataclasses.replace(layout, **kwargs)  # type: ignore[arg-type]

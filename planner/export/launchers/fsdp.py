@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.export.launchers.common import Change, changed
+from planner.export.launchers.common import Change, changed, keeps_master_weights
 from planner.export.launchers.layout import LaunchPlan, Uniform
 from planner.graph.opkinds import CHANNEL
 
@@ -69,6 +69,12 @@ def fsdp_changes(lp: LaunchPlan) -> tuple[Uniform, list[Change]]:
         u = changed(u, precision="bf16-true")
         changes.append(Change("FP8 linears: the script has none (torchao's float8 converts "
                               "them)", "bf16-true", u))  # fmt: skip
+    if u.precision in ("bf16-true", "16-true") and keeps_master_weights(lp, u):
+        near = "bf16-mixed" if u.precision == "bf16-true" else "16-mixed"
+        u = changed(u, precision=near, master_weights=False)
+        changes.append(Change("16-bit weights with fp32 master copies: the script's optimizer "
+                              "steps the weights it converts", f"{near} (autocast over fp32 "
+                              "weights)", u))  # fmt: skip
     plan, tied = tensor_plan(lp, u)
     if u.tensor > 1:
         changes.append(
@@ -218,7 +224,8 @@ OPTIMIZER = @OPTIMIZER@
 LOSS = @LOSS@  # what the model outputs: logits, probabilities or log-probabilities
 STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
-DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16, "64-true": torch.float64}
+DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16, "64-true": torch.float64,
+          "32-true": torch.float32, "bf16-mixed": torch.float32, "16-mixed": torch.float32}
 
 
 def build_model(device="cpu"):

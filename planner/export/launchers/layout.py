@@ -39,7 +39,7 @@ from planner.hardware.devices import DeviceGraph
 from planner.pipeline.spec import Pipeline, PipelinedStrategy, batch_graph, micro_batch_graph
 from planner.problems.strategy import Strategy, strategy_from_json
 
-__all__ = ["LaunchPlan", "ModelFacts", "Uniform", "read_plan"]
+__all__ = ["LaunchPlan", "ModelFacts", "Uniform", "graph_precision", "read_plan"]
 
 MAX_TIES = 8  # uniform layouts simulated to break a tie
 
@@ -244,7 +244,7 @@ def read_plan(plan: Any, simulate: bool = True) -> LaunchPlan:
     spec = (data.get("graph") or {}).get("model")
     spec = spec if isinstance(spec, Mapping) else None
     model = model_facts(strategy.graph, pipe, spec)
-    precision = spec.get("precision") if spec else None
+    precision = (spec.get("precision") if spec else None) or graph_precision(strategy.graph, spec)
     layout = data.get("layout")
     layout = layout if isinstance(layout, Mapping) else {}
     ties, alike, differ, even = nearest_uniform(strategy, pipe, cost, precision, model, layout)
@@ -254,6 +254,21 @@ def read_plan(plan: Any, simulate: bool = True) -> LaunchPlan:
         if times:
             lp = dataclasses.replace(lp, uniform=min(times, key=times.__getitem__), ties=len(ties))
     return lp
+
+
+def graph_precision(graph: OpGraph, spec: Mapping[str, Any] | None = None) -> str | None:
+    """The precision of a plan that names none (its model built in another dtype: `--set
+    dtype=bfloat16`), read from its graph's parameters: 2-byte floats are "bf16-true"
+    ("16-true" when the model spec's dtype is float16: the bytes cannot tell the two apart),
+    8-byte ones "64-true"; None for float32 (the model's dtypes). Whether 16-bit weights keep
+    fp32 master copies is the plan's cost option `master_weights`, which the launchers read
+    beside it."""
+    sizes = {p.dtype_bytes for op in graph.ops for p in op.params}
+    if sizes == {2}:
+        kwargs = (spec or {}).get("kwargs")
+        dtype = str(kwargs.get("dtype", "")) if isinstance(kwargs, Mapping) else ""
+        return "16-true" if dtype in ("float16", "half") else "bf16-true"
+    return "64-true" if sizes == {8} else None
 
 
 def _simulates(lp: LaunchPlan, uniform: Uniform) -> bool:

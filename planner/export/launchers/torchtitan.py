@@ -19,6 +19,7 @@ and `[parallelism]` field names are the same in both.
 | recompute none / full / selective / the first k blocks | `mode` "none" / "full" / "selective" with `selective_ac_option = "op"` (a policy of its own: not modelled) / `"n"`, every n-th layer (nearest) |
 | precision bf16-mixed, 32-true, bf16-true | `mixed_precision_param` "bfloat16", "float32"; `dtype = "bfloat16"`; 16-bit float: none (nearest bf16) |
 | transformer-engine(-cs) (FP8) | `converters = ["quantize.linear.float8"]` with `recipe_name = "tensorwise"` (current scaling; delayed: none), the output layer left out |
+| 16-bit weights with fp32 master copies (a bf16 graph, cost option master_weights) | none: FSDP2's fp32 weights computing in bf16 (`mixed_precision_param`, nearest bf16-mixed) |
 
 Field names are checked against the lists below, taken from torchtitan's source
 (tests/test_launchers.py; and against torchtitan itself where it is installed).
@@ -31,7 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from planner.errors import ExportError
-from planner.export.launchers.common import Change, changed
+from planner.export.launchers.common import Change, changed, keeps_master_weights
 from planner.export.launchers.layout import LaunchPlan, Uniform
 
 __all__ = [
@@ -162,6 +163,16 @@ def torchtitan_changes(lp: LaunchPlan) -> tuple[Uniform, list[Change]]:
             Change(
                 f"precision {lp.uniform.precision}: torchtitan trains in bfloat16 or float32",
                 near,
+                u,
+            )
+        )
+    if u.precision == "bf16-true" and keeps_master_weights(lp, u):
+        u = changed(u, precision="bf16-mixed", master_weights=False)
+        changes.append(
+            Change(
+                "bf16 weights with fp32 master copies: torchtitan keeps FSDP2's weights in "
+                "fp32 and computes in bfloat16 (mixed_precision_param)",
+                "bf16-mixed",
                 u,
             )
         )

@@ -25,12 +25,15 @@ import planner
 from planner.cli import main
 from planner.errors import ExportError, LayerwiseError
 from planner.export.launchers import export_launcher, read_plan
+from planner.export.launchers.architecture import read_architecture
 from planner.export.launchers.common import changed
 from planner.export.launchers.megatron import MEGATRON_ARGUMENTS, megatron_args
 from planner.export.launchers.torchtitan import (
+    LLAMA3_FLAVORS,
     TORCHTITAN_02_FIELDS,
     TORCHTITAN_03_CHECKPOINTING,
     TORCHTITAN_03_FIELDS,
+    llama3_fit,
     torchtitan_sections,
 )
 from planner.graph.precision import with_precision
@@ -643,6 +646,44 @@ def test_torchtitan_notes_what_it_lacks() -> None:
     assert toml["model"]["converters"] == ["quantize.linear.float8"]
     assert toml["quantize"]["linear"]["float8"]["recipe_name"] == "tensorwise"
     assert toml["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+
+
+def test_torchtitan_names_its_llama3_flavor_when_the_graph_is_one() -> None:
+    """The [model] line from the graph: torchtitan's llama3 flavor at its sizes, else whose
+    design it is (a Llama at other sizes) or what is not Llama 3 (GPT-2)."""
+    graph = model_graph("llama3-8b", batch=4, **LLAMA)
+    tiny = read_architecture(graph)
+    flavor, line = llama3_fit(tiny)
+    assert flavor is None and "has this design but no flavor of these sizes" in line
+    for name, (layers, dim, heads, kv, ffn) in LLAMA3_FLAVORS.items():
+        big = dataclasses.replace(tiny, layers=layers, hidden=dim, heads=heads, kv_heads=kv,
+                                  head_dim=dim // heads, ffn=ffn, vocab=128256)  # fmt: skip
+        assert llama3_fit(big)[0] == name
+        assert llama3_fit(dataclasses.replace(big, tied=True))[0] is None
+        assert llama3_fit(dataclasses.replace(big, vocab=32000))[0] is None
+    launch = export_launcher(plan_of(graph), "torchtitan", simulate=False)
+    assert f"# {line}\n" in launch.text and "model" not in tomllib.loads(launch.text)
+    assert "--module MODEL --config CONFIG" in launch.text
+    gpt = export_launcher(per_op(tensor=1), "torchtitan", simulate=False).text
+    assert "# [model] is yours: torchtitan's llama3 is not this model (layer norms" in gpt
+    assert "tied embeddings" in gpt and "learned positions" in gpt
+
+
+@pytest.mark.slow
+def test_llama_3_1_8b_exports_as_torchtitans_8b_and_megatrons_arguments() -> None:
+    """Hugging Face's Llama-3.1-8B captured on meta (about 4 s): torchtitan's llama3 8B, and
+    Megatron-LM's arguments of its sizes and design with nothing it cannot build."""
+    pytest.importorskip("transformers")
+    graph = model_graph("hf:meta-llama/Llama-3.1-8B", batch=4, seq=16)
+    plan = plan_of(graph)
+    titan = export_launcher(plan, "torchtitan", simulate=False)
+    assert tomllib.loads(titan.text)["model"] == {"name": "llama3", "flavor": "8B"}
+    assert "--module llama3 --config llama3_8b " in titan.text
+    args = pairs(export_launcher(plan, "megatron", simulate=False).args)
+    mlp = graph.op("model.layers.0.mlp.gate_proj").output.size("channel")
+    assert args["--ffn-hidden-size"] == str(mlp) and args["--num-query-groups"] == "8"
+    assert args["--padded-vocab-size"] == str(graph.op("model.embed_tokens").params[0].shape[0])
+    assert "--swiglu" in args and "--untie-embeddings-and-output-weights" in args
 
 
 def _torchtitan_version() -> str:

@@ -20,6 +20,7 @@ and `[parallelism]` field names are the same in both.
 | precision bf16-mixed, 32-true, bf16-true | `mixed_precision_param` "bfloat16", "float32"; `dtype = "bfloat16"`; 16-bit float: none (nearest bf16) |
 | transformer-engine(-cs) (FP8) | `converters = ["quantize.linear.float8"]` with `recipe_name = "tensorwise"` (current scaling; delayed: none), the output layer left out |
 | 16-bit weights with fp32 master copies (a bf16 graph, cost option master_weights) | none: FSDP2's fp32 weights computing in bf16 (`mixed_precision_param`, nearest bf16-mixed) |
+| the model | `[model] name = "llama3"`, `flavor` when the graph is torchtitan's Llama 3 of one of its flavors' sizes (`llama3_fit`), else one header line: the [model] section is yours |
 
 Field names are checked against the lists below, taken from torchtitan's source
 (tests/test_launchers.py; and against torchtitan itself where it is installed).
@@ -28,10 +29,12 @@ Field names are checked against the lists below, taken from torchtitan's source
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from planner.errors import ExportError
+from planner.export.launchers.architecture import Architecture
 from planner.export.launchers.common import Change, changed, keeps_master_weights
 from planner.export.launchers.layout import LaunchPlan, Uniform
 
@@ -39,6 +42,7 @@ __all__ = [
     "TORCHTITAN_02_FIELDS",
     "TORCHTITAN_03_CHECKPOINTING",
     "TORCHTITAN_03_FIELDS",
+    "llama3_fit",
     "torchtitan_changes",
     "torchtitan_sections",
 ]
@@ -101,6 +105,20 @@ TORCHTITAN_03_FIELDS: dict[str, tuple[str, ...]] = {
 # torchtitan 0.3.0, torchtitan/distributed/activation_checkpoint.py: the subcommands of
 # ActivationCheckpointingConfig (Trainer.Config.activation_checkpoint).
 TORCHTITAN_03_CHECKPOINTING = ("selective", "full", "memory-budget", "none")
+
+# torchtitan's Llama 3 flavors (torchtitan/models/llama3/__init__.py, `llama3_configs`; a TOML
+# names one `[model] name = "llama3"`, `flavor = "8B"` as train_configs/llama3_8b.toml does;
+# 0.3's config functions are llama3_8b, llama3_70b, llama3_405b): layers, width,
+# heads, key-value heads and the MLP's width compute_ffn_hidden_dim(dim, multiple_of,
+# ffn_dim_multiplier) = (4096, 1024, 1.3) -> 14336, (8192, 4096, 1.3) -> 28672, (16384, 4096,
+# 1.2) -> 53248; every flavor RMSNorm (eps 1e-5), SwiGLU, rotary embeddings of base 500000
+# with Llama 3.1's scaling, untied, no biases, Llama 3's vocabulary of 128256.
+LLAMA3_FLAVORS = {
+    "8B": (32, 4096, 32, 8, 14336),
+    "70B": (80, 8192, 64, 8, 28672),
+    "405B": (126, 16384, 128, 8, 53248),
+}
+LLAMA3_VOCAB = 128256
 
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
 FP8 = ("transformer-engine", "transformer-engine-cs")
@@ -217,11 +235,66 @@ def torchtitan_sections(lp: LaunchPlan, u: Uniform) -> dict[str, dict[str, Any]]
         par["module_fqns_per_model_part"] = module_fqns(u.blocks)
     sections: dict[str, dict[str, Any]] = {"training": training, "parallelism": par}
     sections["activation_checkpoint"] = _checkpointing(u.recompute, lp.model.layers)
+    flavor = llama3_fit(lp.architecture)[0]
+    if flavor:
+        sections["model"] = {"name": "llama3", "flavor": flavor}
     if u.precision in FP8:
-        sections["model"] = {"converters": ["quantize.linear.float8"]}
+        sections.setdefault("model", {})["converters"] = ["quantize.linear.float8"]
         sections["quantize.linear.float8"] = {"recipe_name": "tensorwise",
                                               "filter_fqns": ["output"]}  # fmt: skip
     return sections
+
+
+def llama3_fit(a: Architecture) -> tuple[str | None, str]:
+    """(torchtitan's Llama 3 flavor of architecture `a` or None, one line on its [model]):
+    a flavor when the graph is Llama 3's design (RMSNorm, SwiGLU, rotary embeddings, untied,
+    no biases; `LLAMA3_FLAVORS`) at one flavor's sizes and vocabulary."""
+    unlike = _unlike_llama3(a)
+    if unlike:
+        return None, f"[model] is yours: torchtitan's llama3 is not this model ({unlike})"
+    sizes = (a.layers, a.hidden, a.heads, a.kv_heads, a.ffn)
+    flavor = next((f for f, s in LLAMA3_FLAVORS.items() if s == sizes), None)
+    if flavor is None or a.vocab != LLAMA3_VOCAB:
+        return None, (
+            "[model] is yours: torchtitan's llama3 has this design but no flavor of these "
+            f"sizes ({a.layers} layers of {a.hidden}, {a.heads} heads, {a.kv_heads} key-value "
+            f"heads, MLP {a.ffn}, vocabulary {a.vocab})"
+        )
+    return flavor, (
+        f'[model] name "llama3", flavor "{flavor}" (0.3: --module llama3 --config '
+        f"llama3_{flavor.lower()}) has this model's design and sizes; its rotary base and "
+        'scaling are Llama 3.1\'s (500000, "llama")'
+    )
+
+
+def _unlike_llama3(a: Architecture) -> str:
+    """What of `a` is not torchtitan's Llama 3 ("" when nothing is)."""
+    out = [] if a.norm == "rms" else [f"{a.norm} norms"]
+    if a.norm_eps is not None and not math.isclose(a.norm_eps, 1e-5):
+        out.append(f"norm epsilon {a.norm_eps:g}")
+    checks = (
+        ("norms of offset + weight", bool(a.norm_offset)),
+        ("norms after attention and MLP", a.post_norms),
+        ("no final norm", not a.final_norm),
+        ("experts", a.moe is not None),
+        (f"{'a gated' if a.gated else 'an'} MLP of {a.activation}",
+         a.moe is None and not (a.gated and a.activation == "silu")),
+        (f"{a.position} positions", a.position != "rope"),
+        ("partial rotary embeddings", a.rope_dim is not None and not a.mla),
+        ("MLA", a.mla),
+        ("biases", a.bias != "none" or a.head_bias),
+        ("tied embeddings", a.tied),
+        ("QK-norm", a.qk_norm is not None),
+        ("sliding windows", any(a.windows)),
+        ("soft caps", bool(a.softcap) or "tanh" in a.logit_ops),
+        ("another attention scale", a.scale is not None),
+        ("heads not of the width", not a.mla and (a.heads is None or a.head_dim is None
+         or a.head_dim * a.heads != a.hidden)),
+        ("scaled embeddings", bool(a.embedding_ops)),
+        ("layers unlike each other", bool(a.mixed)),
+        ("dropout", a.dropout),
+    )  # fmt: skip
+    return ", ".join(out + [name for name, differs in checks if differs])
 
 
 def module_fqns(blocks: tuple[int, ...]) -> list[list[str]]:
@@ -279,13 +352,16 @@ def render(
     sections = torchtitan_sections(lp, u)
     args = overrides_03(sections, u)
     ac = sections["activation_checkpoint"]
+    flavor, model_line = llama3_fit(lp.architecture)
+    module = f"llama3 --config llama3_{flavor.lower()}" if flavor else "MODEL --config CONFIG"
     lines = [
         f"# torchtitan job config for {lp.model.name} on {u.world} GPUs: {u.describe()}",
         f"# (planned by layerwise from {lp.name}). torchtitan 0.2 reads this file",
-        "# (--job.config_file); add your [model] name and flavor, data and optimizer.",
+        "# (--job.config_file); add your data and optimizer.",
+        f"# {model_line}",
         f"# {simulated}",
         "# torchtitan 0.3 reads no TOML: run its config function with these overrides",
-        f"#   --module MODEL --config CONFIG {' '.join(args)}",
+        f"#   --module {module} {' '.join(args)}",
     ]
     if ac.get("selective_ac_option", "op") != "op":
         lines.append("#   (0.3 has no layer-frequency checkpointing: selective there is per op)")

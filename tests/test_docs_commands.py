@@ -69,6 +69,12 @@ PP_PLAN = (
     "--set seq=64 --set block_size=64 --set vocab_size=512 --devices p100-2x2 --pipeline on "
     "-o pp.json"
 )
+GEMMA_PLAN = (
+    "python -m planner plan hf:google/gemma-2-9b --set num_hidden_layers=2 --set hidden_size=256 "
+    "--set intermediate_size=512 --set num_attention_heads=4 --set num_key_value_heads=2 "
+    "--set head_dim=64 --set query_pre_attn_scalar=64 --set vocab_size=1024 "
+    "--set sliding_window=64 --set seq=128 --batch 64 --devices p100-1x4 -o gemma.json"
+)
 RUNTIME_PLAN = (
     "python -m planner plan alexnet --batch 8 --set num_classes=100 --devices cpu-local-2 "
     "--backend elimination -o plan.json"
@@ -140,6 +146,8 @@ TABLE: dict[tuple[str, str], Run] = {
     ("docs/launchers.md", "python -m planner export --to megatron plan.json -o megatron.args"): fast("TP 1 x DP 4"),  # noqa: E501
     ("docs/launchers.md", "python -m planner export --to torchtitan plan.json -o job.toml"): fast(),  # noqa: E501
     ("docs/launchers.md", "python -m planner export --to fsdp plan.json -o train.py"): fast(),
+    ("docs/launchers.md", GEMMA_PLAN): slow(),
+    ("docs/launchers.md", "python -m planner export --to megatron gemma.json -o gemma.args"): slow("TP 1 x DP 4", after=(GEMMA_PLAN,)),  # noqa: E501
     ("docs/launchers.md", PP_PLAN): slow(),
     ("docs/launchers.md", "python -m planner export --to torchtitan pp.json"): slow("PP 2", after=(PP_PLAN,)),  # noqa: E501
     ("docs/megatron.md", "python -m experiments.megatron"): skip("about 14 minutes"),

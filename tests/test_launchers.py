@@ -398,6 +398,12 @@ def model_exports() -> dict[str, tuple[str, ...]]:
     }
 
 
+@functools.cache
+def llama_architecture() -> Any:
+    """The architecture of a 2-layer Llama 3 of width 64 (a design Megatron-LM builds)."""
+    return read_architecture(model_graph("llama3-8b", batch=4, **LLAMA))
+
+
 def windowed(args: dict[str, str | None], layers: int) -> list[bool]:
     """Megatron-Core's `is_layer_window_attention` over layers 1..L: no --window-size, none;
     else all but every n-th (an integer), or the pattern's 1s."""
@@ -481,30 +487,41 @@ def test_megatron_names_the_parts_its_gpt_cannot_build_in_one_line() -> None:
     "windows", [(4, 4), (4, None), (4, 4, 4, 4, 4, None), (None, None, 4, 4), (None, 4, 4, 4)]
 )
 def test_megatron_windows_are_megatron_cores_per_layer(windows: tuple[int | None, ...]) -> None:
-    from planner.export.launchers.architecture import Architecture
     from planner.export.launchers.megatron_model import model_args, model_differences
 
-    arch = Architecture(layers=len(windows), windows=windows)
+    arch = dataclasses.replace(llama_architecture(), layers=len(windows), windows=windows)
     facts = read_plan(per_op(tensor=1)).model
     args = pairs(model_args(facts, arch, 1))
     assert windowed(args, len(windows)) == [w is not None for w in windows]
     assert tuple_type(str(args["--window-size"])) == (4 - 1, 0)  # TE's inclusive (left, right)
     assert model_differences(arch, 1) == []
-    two = Architecture(layers=2, windows=(4, 8))
+    two = dataclasses.replace(arch, layers=2, windows=(4, 8))
     assert "--window-size" not in model_args(facts, two, 1)
     assert model_differences(two, 1) == ["sliding windows of 4 and 8 keys"]
 
 
 def test_megatron_pads_a_vocabulary_the_tensor_degree_does_not_divide() -> None:
-    from planner.export.launchers.architecture import Architecture
     from planner.export.launchers.megatron_model import model_args, model_differences
 
     facts = read_plan(per_op(tensor=1)).model
-    odd = Architecture(layers=2, vocab=127, tied=True)
+    odd = dataclasses.replace(llama_architecture(), vocab=127)
     assert pairs(model_args(facts, odd, 2))["--padded-vocab-size"] == "128"
     assert pairs(model_args(facts, odd, 1))["--padded-vocab-size"] == "127"
     assert model_differences(odd, 2) == ["a vocabulary of 127 that TP 2 does not divide (padded)"]
     assert model_differences(odd, 1) == []
+
+
+def test_layers_unlike_each_other_or_without_parts_are_said() -> None:
+    """A ResNet's numbered blocks have no attention and no MLP: said, not built as a GPT."""
+    from planner.export.launchers.megatron_model import model_differences
+
+    differ = model_differences(read_architecture(model_graph("resnet101")), 1)
+    assert "layers without attention (its GPT is a transformer)" in differ
+    assert "layers without an MLP" in differ
+    tiny = llama_architecture()
+    mixed = dataclasses.replace(tiny, mixed=("attention", "norms"))
+    assert model_differences(mixed, 1) == ["attention, norms unlike between layers"]
+    assert model_differences(tiny, 1) == []
 
 
 @pytest.mark.parametrize(

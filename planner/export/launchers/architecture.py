@@ -354,6 +354,8 @@ def _mlp(facts: Sequence[_Block], mixed: list[str]) -> dict[str, object]:
         out |= {"ffn": d.ffn, "gated": d.gated, "activation": d.activation}
         if any((f.ffn, f.gated, f.activation) != (d.ffn, d.gated, d.activation) for f in dense):
             mixed.append("MLP")
+    if any(f.moe is None and not f.ffn for f in facts):
+        mixed.append("layers without an MLP")
     if moes:
         out["moe"] = spec = moe_spec(moes[0])
         if any(moe_spec(m) != spec for m in moes):

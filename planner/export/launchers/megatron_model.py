@@ -170,7 +170,11 @@ def _moe_args(a: Architecture) -> list[str]:
 def model_differences(a: Architecture, tensor: int) -> list[str]:
     """What Megatron-LM's GPT model (its arguments) cannot build of architecture `a`, one
     phrase each."""
-    out = [f"{', '.join(a.mixed)} unlike between layers"] if a.mixed else []
+    unlike = [m for m in a.mixed if not m.startswith("layers ")]
+    out = [f"{', '.join(unlike)} unlike between layers"] if unlike else []
+    out += [m for m in a.mixed if m.startswith("layers ")]
+    if a.heads is None:
+        out.append("layers without attention (its GPT is a transformer)")
     if a.ffn and a.gated and a.activation != "silu":
         out.append(f"a gated MLP of {a.activation} (--swiglu gates with silu)")
     elif a.ffn and not a.gated and a.activation not in ("gelu", "gelu_tanh", None):

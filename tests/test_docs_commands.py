@@ -82,6 +82,11 @@ HF_GRAPH = f"python -m planner graph hf:meta-llama/Llama-3.1-8B {HF_TINY}"
 HF_PLAN = (
     f"python -m planner plan hf:llama-3.1-8b {HF_TINY} --batch 4 --devices cpu-local-2 -o hf.json"
 )
+GUIDE_HF_TINY = f"python -m planner plan hf:meta-llama/Llama-3.1-8B {HF_TINY} --batch 4 --devices cpu-local-2 -o tiny.json"  # noqa: E501
+GUIDE_HF_8B = (
+    "python -m planner plan hf:meta-llama/Llama-3.1-8B --devices dgx-h100-1 --batch 32 "
+    "--set seq=4096 --precision bf16-mixed --optimizer adam --time-limit 60 -o llama8b.json"
+)
 
 # (doc, command as extracted: continuation lines joined, comment removed) -> how to treat it
 TABLE: dict[tuple[str, str], Run] = {
@@ -124,6 +129,12 @@ TABLE: dict[tuple[str, str], Run] = {
     ("docs/guide.md", "layerwise evaluate plan.json"): skip(GUIDE),
     ("docs/guide.md", "python -m planner plan mygpt:GPT --input 8x32:int64 --devices cpu-local-2 -o gpt.json"): skip(GUIDE),  # noqa: E501
     ("docs/guide.md", "python -m runtime.run gpt.json --steps 3 --dtype float64 --check"): skip(GUIDE),  # noqa: E501
+    ("docs/guide.md", GUIDE_HF_TINY): fast(),
+    ("docs/guide.md", "python -m runtime.run tiny.json --steps 3 --dtype float64 --check"): fast(),  # noqa: E501
+    ("docs/guide.md", GUIDE_HF_8B): slow(),
+    ("docs/guide.md", "python -m planner export --to torchtitan llama8b.json -o llama8b.toml"): slow(after=(GUIDE_HF_8B,)),  # noqa: E501
+    ("docs/guide.md", "python -m planner export --to megatron llama8b.json -o llama8b.args"): slow(after=(GUIDE_HF_8B,)),  # noqa: E501
+    ("docs/guide.md", "python -m planner export --to fsdp llama8b.json -o train_llama8b.py"): slow(after=(GUIDE_HF_8B,)),  # noqa: E501
     ("docs/cost_model.md", "python -m experiments.gemm_fit"): fast("median 3.3%, max 38.1%"),
     ("docs/cost_model.md", "python -m experiments.gemm_fit --fp8"): fast("(median |error| 2.3%)"),
     ("docs/cost_model.md", "python -m experiments.expert_tensor"): fast("sample=32,reduce=2,expert=4"),  # noqa: E501

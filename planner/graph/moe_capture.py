@@ -185,7 +185,7 @@ def unread_reason(module: nn.Module, name: str) -> str:
         m = module.get_submodule(name)
     except AttributeError:
         return ""
-    params = list(m.named_parameters())
+    params: list[tuple[str, torch.Tensor]] = list(m.named_parameters())
     readings = list(_readings(m, params)) if len(params) >= 3 else []
     top_k = _attribute(m, TOP_K_NAMES, int)
     if readings and top_k is not None and not 1 <= top_k <= readings[0].experts:

@@ -1,15 +1,18 @@
 """`python -m experiments.iopddl DIR_OR_FILES`: backends on IOPDDL contest instances, scored
 as the contest scored them.
 
-    python -m experiments.iopddl path/to/iopddl --backends portfolio   # the contest's instances
+    python -m experiments.iopddl DIR --backends portfolio   # DIR: the contest's instances
     python -m experiments.iopddl A.json.gz G.json.gz --backends portfolio cpsat --time-limit 30
+
+(the contest's instances: https://github.com/google/iopddl/tree/main/benchmarks)
 
 Every (instance, backend, seed) runs in a fresh process (`--case`) with a hard timeout, so a
 hang or a crash is a row, not the end of the experiment; its peak RSS is measured (the
 largest process, from wait4, and the process group's sum, sampled). Each instance gets its
-contest time limit (`TIME_LIMITS`: A/G/M/S 60/120/180/240 s, `DEFAULT_TIME_LIMIT` for other
-names; `--time-limit` overrides), counted from the process's start, loading included. Every
-answer is re-checked here, from the file, by planner's evaluators
+contest time limit (experiments/data/iopddl_limits.csv, the contest's rules: 60-300 s, the
+instance matched by its contest name, `asplos-2025-iopddl-A` or `A`; `DEFAULT_TIME_LIMIT`
+with a one-line note for other names; `--time-limit` overrides), counted from the process's
+start, loading included. Every answer is re-checked here, from the file, by planner's evaluators
 (`planner.problems.evaluate`: the backends' searches do not use them): forbidden choices
 and pairs, the memory profile against the limit, the cost re-scored. The contest score of
 a row is best / cost (0 without a valid answer), with the best-known costs of
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import functools
 import io
 import json
 import math
@@ -54,9 +58,11 @@ from planner.result import format_cost
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
-TIME_LIMITS = {"A": 60.0, "G": 120.0, "M": 180.0, "S": 240.0}  # the contest's, per instance
-DEFAULT_TIME_LIMIT = 60.0
-BEST_FILE = Path(__file__).resolve().parent / "data" / "iopddl_best.csv"
+DEFAULT_TIME_LIMIT = 60.0  # seconds, for an instance the contest did not name
+DATA = Path(__file__).resolve().parent / "data"
+LIMITS_FILE = DATA / "iopddl_limits.csv"  # the contest's time limit of each of its instances
+BEST_FILE = DATA / "iopddl_best.csv"
+CONTEST_NAME = re.compile(r"(?:asplos-2025-iopddl-)?([A-Z])")  # "asplos-2025-iopddl-A" or "A"
 GRACE = 60.0  # seconds past the time limit before a case is killed (then 15 more after SIGINT)
 EXIT_SECONDS = 0.3  # of a case's time limit, kept for writing the answer and exiting
 
@@ -97,8 +103,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--time-limit",
         type=positive_seconds,
-        help="seconds per case for every instance (default: the contest's: A/G/M/S "
-        f"60/120/180/240, {DEFAULT_TIME_LIMIT:g} for other names)",
+        help="seconds per case for every instance (default: the contest's limit of each of its "
+        f"instances, 60-300; {DEFAULT_TIME_LIMIT:g} for other names)",
     )
     p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0])
     p.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1)
@@ -120,16 +126,36 @@ def instance_name(path: Path) -> str:
     return re.sub(r"\.json(\.gz)?$", "", path.name)
 
 
-def contest_key(name: str) -> str:
-    """ "asplos-2025-iopddl-A" and "A" -> "A"; other names unchanged."""
-    m = re.search(r"(?:^|[-_])([A-Z])$", name)
-    return m.group(1) if m else name
+def contest_key(name: str) -> str | None:
+    """The contest's letter of an instance named as the contest names it
+    ("asplos-2025-iopddl-A", or "A" as its results do), else None."""
+    m = CONTEST_NAME.fullmatch(name)
+    return m.group(1) if m else None
+
+
+@functools.cache
+def contest_limits(path: Path = LIMITS_FILE) -> dict[str, float]:
+    """The contest's time limit of each of its instances, by letter, in seconds."""
+    rows = csv.DictReader(line for line in io.StringIO(path.read_text()) if line[:1] != "#")
+    return {row["instance"]: float(row["time_limit_s"]) for row in rows}
 
 
 def time_limit_of(name: str, override: float | None) -> float:
+    """`override`, else the contest's limit of the instance `name`, else the default."""
     if override is not None:
         return override
-    return TIME_LIMITS.get(contest_key(name), DEFAULT_TIME_LIMIT)
+    return contest_limits().get(contest_key(name) or "", DEFAULT_TIME_LIMIT)
+
+
+def limit_note(name: str, override: float | None) -> str | None:
+    """One line for an instance that gets the default limit because the contest has no such
+    name; None for the others."""
+    if override is not None or (contest_key(name) or "") in contest_limits():
+        return None
+    return (
+        f"note: {name} is not a contest instance name (asplos-2025-iopddl-A ... -Y, or A ... "
+        f"Y): {DEFAULT_TIME_LIMIT:g} s per case (--time-limit sets another)"
+    )
 
 
 def instances(paths: Sequence[Path]) -> list[Path]:
@@ -318,6 +344,10 @@ def run(args: argparse.Namespace, console: Console, folder: Path) -> tuple[list[
 
     files = instances(args.paths)
     best = read_best(args.best)
+    for name in dict.fromkeys(instance_name(f) for f in files):
+        note = limit_note(name, args.time_limit)
+        if note:
+            console.print(note, highlight=False)
     rows: list[Row] = []
     todo = [(f, b, s) for f in files for b in args.backends for s in args.seeds]
     with catch_interrupt():
@@ -347,7 +377,7 @@ def run(args: argparse.Namespace, console: Console, folder: Path) -> tuple[list[
 def _row(name: str, backend: str, seed: int, limit: float, answer: dict | None,
          measured: dict, verdict: str, cost: float | None, best: dict[str, float],
          start: float) -> Row:  # fmt: skip
-    known = best.get(name, best.get(contest_key(name)))
+    known = best.get(name, best.get(contest_key(name) or ""))
     ok = verdict == "yes" and cost is not None
     bound = answer.get("bound") if answer else None
     gap = cost / bound - 1 if ok and bound and cost is not None else None

@@ -17,14 +17,16 @@ import pytest
 from experiments import iopddl
 from planner.problems.costtable import contest_problem, load_problem, save_problem
 
+G = "asplos-2025-iopddl-G"  # named as the contest names its instance G
+
 
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
-    """Two small contest-like instances: "x-G" (G's best-known cost applies) and a gzipped
-    one with a name no best-known cost has."""
+    """Two small contest-like instances: one named as the contest's G (G's best-known cost
+    applies) and a gzipped one with a name no best-known cost has."""
     d = tmp_path / "instances"
     d.mkdir()
-    save_problem(contest_problem(60, seed=1, name="x-G"), d / "x-G.json")
+    save_problem(contest_problem(60, seed=1, name=G), d / f"{G}.json")
     save_problem(contest_problem(50, seed=2), tmp_path / "other.json")
     (d / "other.json.gz").write_bytes(gzip.compress((tmp_path / "other.json").read_bytes()))
     return d
@@ -36,11 +38,11 @@ def test_rows_scores_and_provenance(folder: Path, tmp_path: Path) -> None:
     assert iopddl.main(argv) == 0
     (run,) = out.glob("iopddl-*")
     rows = list(csv.DictReader((run / "rows.csv").open()))
-    assert [r["instance"] for r in rows] == ["other", "x-G"]
+    assert [r["instance"] for r in rows] == [G, "other"]
     for r in rows:
         assert r["valid"] == "yes" and r["backend"] == "baselines" and r["seed"] == "0"
         assert float(r["wall"]) > 0 and float(r["rss_mib"]) > 0 and float(r["time_limit"]) == 5
-    other, g = rows
+    g, other = rows
     assert other["best"] == "" and other["score"] == ""  # no best-known cost: no score
     assert math.isclose(float(g["score"]), 217039 / float(g["cost"]))
     assert math.isclose(float(g["ratio"]), float(g["cost"]) / 217039)
@@ -51,7 +53,7 @@ def test_rows_scores_and_provenance(folder: Path, tmp_path: Path) -> None:
 
 
 def test_the_recheck_catches_a_tampered_answer(folder: Path) -> None:
-    path = folder / "x-G.json"
+    path = folder / f"{G}.json"
     answer = iopddl.run_case(path, "baselines", 5.0, 0, 1)
     problem = load_problem(path)
     verdict, cost = iopddl.recheck(problem, answer)
@@ -88,25 +90,73 @@ def test_a_crash_and_a_hang_are_rows(
         (run,) = out.glob("iopddl-*")
         return list(csv.DictReader((run / "rows.csv").open()))
 
-    broken, fine = rows("broken.json", "x-G.json")
+    broken, fine = rows("broken.json", f"{G}.json")
     assert broken["status"] == "ERROR" and 'has no "edges"' in broken["error"]
     assert broken["valid"] == "-" and broken["score"] == "" and broken["cost"] == ""
     assert fine["valid"] == "yes"  # the run went on after the crash
     monkeypatch.setattr(iopddl, "GRACE", -4.95)  # killed at the first look after 0.05 s
-    (hung,) = rows("x-G.json")
+    (hung,) = rows(f"{G}.json")
     assert hung["status"] == "TIMEOUT" and "killed after" in hung["error"]
     assert hung["score"] == "0.0"  # a best-known cost but no valid answer
 
 
-def test_time_limits_and_names() -> None:
+def test_names() -> None:
     assert iopddl.instance_name(Path("d/asplos-2025-iopddl-A.json.gz")) == "asplos-2025-iopddl-A"
     assert iopddl.contest_key("asplos-2025-iopddl-A") == "A" and iopddl.contest_key("S") == "S"
-    assert iopddl.time_limit_of("asplos-2025-iopddl-M", None) == 180
-    assert iopddl.time_limit_of("G", None) == 120
-    assert iopddl.time_limit_of("mine", None) == iopddl.DEFAULT_TIME_LIMIT
-    assert iopddl.time_limit_of("A", 7.0) == 7.0
+    for other in ("mine", "x-G", "asplos-2025-iopddl-AB", "a", "asplos-2024-iopddl-A"):
+        assert iopddl.contest_key(other) is None
+
+
+def limits_table() -> list[dict[str, str]]:
+    text = iopddl.LIMITS_FILE.read_text()
+    return list(csv.DictReader(x for x in text.splitlines() if not x.startswith("#")))
+
+
+def test_every_contest_instance_gets_its_published_limit() -> None:
+    """The contest's rules: A-E 1 minute, F-J 2, K-O 3, P-T 4, U-Y 5; matched by the file's
+    name as the contest names it, or by the letter alone."""
+    rows = limits_table()
+    assert [r["instance"] for r in rows] == [chr(c) for c in range(ord("A"), ord("Y") + 1)]
+    for k, row in enumerate(rows):
+        published = 60.0 * (1 + k // 5)
+        assert float(row["time_limit_s"]) == published and row["source"].startswith("https://")
+        name = iopddl.instance_name(Path("d") / row["file"])
+        assert name == f"asplos-2025-iopddl-{row['instance']}"
+        assert iopddl.time_limit_of(name, None) == published
+        assert iopddl.time_limit_of(row["instance"], None) == published
+        assert iopddl.limit_note(name, None) is None
+        assert iopddl.time_limit_of(name, 7.0) == 7.0
+
+
+def test_an_unknown_name_gets_the_default_limit_with_a_note() -> None:
+    assert iopddl.DEFAULT_TIME_LIMIT == 60.0  # the documented default
+    for name in ("mine", "x-G", "asplos-2025-iopddl-Z"):
+        assert iopddl.time_limit_of(name, None) == iopddl.DEFAULT_TIME_LIMIT
+        note = iopddl.limit_note(name, None)
+        assert note is not None and "\n" not in note
+        assert note.startswith(f"note: {name} is not a contest instance name") and "60 s" in note
+        assert iopddl.limit_note(name, 30.0) is None  # --time-limit given: nothing to note
+
+
+def test_best_costs_and_bounds_have_sources() -> None:
+    """Every instance has the contest best; every number has a source; a bound is never
+    above the best-known cost, nor that above the contest best."""
     best = iopddl.read_best(iopddl.BEST_FILE)
-    assert best == {"A": 6548641531, "G": 217039, "M": 49928460991, "S": 1534613444}
+    assert sorted(best) == [chr(c) for c in range(ord("A"), ord("Y") + 1)]
+    assert {k: best[k] for k in "AGMS"} == {
+        "A": 6548641531, "G": 217039, "M": 49928460991, "S": 1534613444
+    }  # fmt: skip
+    text = iopddl.BEST_FILE.read_text()
+    for row in csv.DictReader(x for x in text.splitlines() if not x.startswith("#")):
+        for number in ("best_cost", "best_known", "lower_bound"):
+            source = row[f"{number}_source"]
+            assert source, (row["instance"], number)
+            if row[number]:
+                assert source.startswith(("https://", "the contest best")), source
+            else:
+                assert number == "lower_bound" and source == "none found published"
+        bound = float(row["lower_bound"] or 0)
+        assert bound <= float(row["best_known"]) <= float(row["best_cost"]), row["instance"]
 
 
 @pytest.mark.parametrize(

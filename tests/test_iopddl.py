@@ -3,18 +3,23 @@ every answer re-checked from the file, contest scores against the best-known cos
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import json
 import math
+import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from experiments import iopddl
+from experiments.background import background_load
 from planner.problems.costtable import contest_problem, load_problem, save_problem
 
 G = "asplos-2025-iopddl-G"  # named as the contest names its instance G
@@ -42,6 +47,7 @@ def test_rows_scores_and_provenance(folder: Path, tmp_path: Path) -> None:
     for r in rows:
         assert r["valid"] == "yes" and r["backend"] == "baselines" and r["seed"] == "0"
         assert float(r["wall"]) > 0 and float(r["rss_mib"]) > 0 and float(r["time_limit"]) == 5
+        assert r["background"] == "0"
     g, other = rows
     assert other["best"] == "" and other["score"] == ""  # no best-known cost: no score
     assert math.isclose(float(g["score"]), 217039 / float(g["cost"]))
@@ -196,3 +202,84 @@ def test_a_case_process_knows_its_age() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert 0.3 <= float(out.stdout) < 10.0
+
+
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of a process, in clock ticks (Linux /proc)."""
+    fields_ = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields_[11]) + int(fields_[12])  # fields 14 and 15 of stat
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    """Whether process `pid` has exited (or is a zombie) within `within` seconds."""
+    end = time.monotonic() + within
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_background_burners_burn_and_stop() -> None:
+    """`background_load(n)`: n processes using CPU while the block runs, none after it, also
+    when the block raises; n = 0 starts none."""
+    with background_load(0) as none:
+        assert none == []
+    with pytest.raises(RuntimeError), background_load(2) as procs:
+        assert len(procs) == 2 and all(p.poll() is None for p in procs)
+        end = time.monotonic() + 10.0
+        while time.monotonic() < end and not all(_cpu_ticks(p.pid) > 0 for p in procs):
+            time.sleep(0.05)
+        assert all(_cpu_ticks(p.pid) > 0 for p in procs)  # burning, not sleeping
+        raise RuntimeError("the case crashed")
+    assert all(p.returncode is not None for p in procs)  # killed and reaped
+    assert all(not Path(f"/proc/{p.pid}").exists() for p in procs)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_background_burners_outlive_no_killed_parent() -> None:
+    """A burner whose parent dies without cleaning up (SIGKILL, a crash) stops by itself."""
+    code = (
+        "import os, sys\n"
+        "from experiments.background import background_load\n"
+        "with background_load(1) as procs:\n"
+        "    print(procs[0].pid, flush=True)\n"
+        "    os._exit(0)  # no cleanup, as after a SIGKILL\n"
+    )
+    root = str(Path(iopddl.__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True, env={**os.environ, "PYTHONPATH": root})  # fmt: skip
+    assert _gone(int(out.stdout))
+
+
+def test_rows_carry_the_background_and_no_burner_is_left(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[subprocess.Popen] = []
+
+    @contextlib.contextmanager
+    def recorded(n: int) -> Iterator[list[subprocess.Popen]]:
+        with background_load(n) as procs:
+            assert all(p.poll() is None for p in procs)  # running when the case starts
+            started.extend(procs)
+            yield procs
+
+    monkeypatch.setattr(iopddl, "background_load", recorded)
+    out = tmp_path / "results"
+    argv = [str(folder / f"{G}.json"), "--backends", "baselines", "--time-limit", "2",
+            "--background", "1", "--out", str(out)]  # fmt: skip
+    assert iopddl.main(argv) == 0
+    (run,) = out.glob("iopddl-*")
+    rows = list(csv.DictReader((run / "rows.csv").open()))
+    # under load the 2 s may pass before an answer: a row all the same
+    assert [r["background"] for r in rows] == ["1"] and rows[0]["status"] != "ERROR"
+    doc = json.loads((run / "rows.json").read_text())
+    assert [r["background"] for r in doc["rows"]] == [1]
+    assert len(started) == 1 and all(p.returncode is not None for p in started)  # stopped
+    assert all(_gone(p.pid, within=0) for p in started)

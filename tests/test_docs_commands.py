@@ -117,7 +117,8 @@ TABLE: dict[tuple[str, str], Run] = {
     ("docs/costtable.md", "python -m experiments.costtables --generate DIR --sizes 800,35000 --count 3 [--seed 0]"): skip(PLACEHOLDER),  # noqa: E501
     ("docs/costtable.md", "python -m experiments.costtables DIR --backends baselines ilp cpsat portfolio --time-limit 60"): skip(PLACEHOLDER),  # noqa: E501
     ("docs/costtable.md", "python -m experiments.iopddl DIR_OR_FILES... [--backends portfolio ...] [--time-limit S]"): skip("a synopsis, not a command"),  # noqa: E501
-    ("docs/costtable.md", "python -m experiments.iopddl /tmp/iop --backends portfolio"): skip("needs the contest's instances (downloaded by hand); about 11 minutes"),  # noqa: E501
+    ("docs/costtable.md", "python -m experiments.iopddl DIR --backends portfolio toulbar2 --seeds 0 1 2 --background 2"): skip("needs the contest's instances (downloaded by hand); about an hour"),  # noqa: E501
+    ("docs/costtable.md", "python -m experiments.iopddl DIR --backends portfolio"): skip("needs the contest's instances (downloaded by hand); about 11 minutes"),  # noqa: E501
     ("docs/costtable.md", "python -m planner plan --problem P.json --backend NAME"): skip(PLACEHOLDER),  # noqa: E501
     ("docs/devices.md", "python -m planner devices p100-2x2 --json my_cluster.json"): fast(),  # noqa: E501
     ("docs/devices.md", "python -m planner devices my_cluster.json"): fast(),

@@ -73,6 +73,7 @@ from planner.costs.recompute import recompute_error, recomputed_ops
 from planner.errors import ExportError
 from planner.export.common import check_params
 from planner.export.zero import ZeroOneOptimizer, fully_shard_plan
+from planner.graph.hf import is_hf_model
 from planner.graph.opkinds import CHANNEL, LENGTH, SAMPLE
 
 if TYPE_CHECKING:
@@ -525,6 +526,7 @@ def parallelize(
         for path, style in plan.modules
         if path and style not in ("heads", "propagate")
     }
+    _no_cache(module)
     holders = _holders(module)
     parallelize_module(module, mesh, styles)
     _replicate_the_rest(module, mesh)
@@ -541,6 +543,15 @@ def parallelize(
     if plan.zero == 1 and plan.sharded:
         module.register_forward_pre_hook(_needs_zero_optimizer(exported.zero_optimizers))
     return exported
+
+
+def _no_cache(module: Any) -> None:
+    """A Hugging Face model trains without its key/value cache (`config.use_cache` off, as
+    capture traces it: `planner.graph.hf`): the cache's empty plain tensors would meet the
+    layers' DTensors in `torch.cat`."""
+    config = getattr(module, "config", None)
+    if config is not None and is_hf_model(module) and getattr(config, "use_cache", False):
+        config.use_cache = False
 
 
 def _needs_zero_optimizer(made: list[Any]) -> Any:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.errors import ExportError
 from planner.export.common import check_params
+from planner.graph.hf import traceable
 from planner.graph.opkinds import SAMPLE, is_batch_norm
 from planner.pipeline.timeline import counted
 
@@ -323,6 +324,9 @@ def parallelize_pipeline(
         )
     micro = tuple(x.narrow(0, 0, x.shape[0] // m) for x in example_inputs)
     split = {path: pp.SplitPoint.BEGINNING for path in plan.split_spec}
+    # a Hugging Face model is traced as capture traced it: forward(input_ids) -> logits, no
+    # key/value cache, its own module and parameter names (planner.graph.hf)
+    module = traceable(module)
     pipe = pp.pipeline(module, micro, split_spec=split)
     if pipe.num_stages != len(plan.stages):
         raise ExportError(

@@ -335,6 +335,7 @@ def parallelize_pipeline(
             f"({', '.join(plan.split_spec)}) is not "
             "called where the graph says"
         )
+    _refuse_skips(pipe, plan)
     rank = dist.get_rank()
     info, dev = pipe.info(), torch.device(device)
     mine = {s.index: pipe.get_stage_module(s.index) for s in plan.stages_of(rank)}
@@ -349,6 +350,34 @@ def parallelize_pipeline(
         cls = getattr(pp, plan.schedule)
         schedule = cls(stages[0], m, loss_fn=loss, scale_grads=False)
     return PipelineExported(plan, rank, mine, schedule, _tied(module, pipe, len(plan.stages)))
+
+
+def _refuse_skips(pipe: Any, plan: PipelineExportPlan) -> None:
+    """One ExportError if the traced stages pass a value past a stage, which torch's
+    pipelining cannot run (its stages send to the next one only; a floating value read by two
+    later stages fails at the first step with "Backward of skip connections not supported
+    yet"). The op graph can be free of such edges where the traced module is not: a Hugging
+    Face decoder computes its rotary tables (cos, sin) once, before its first block, and hands
+    them to every block, where capture folds them into each attention op as constants."""
+    stage_of: dict[Any, int] = {}  # traced node -> the stage that computes it
+    stages = 0
+    for node in pipe.split_gm.graph.nodes:
+        if node.op == "call_function" and node.args and node.args[0] in stage_of:
+            stage_of[node] = stage_of[node.args[0]]  # a getitem of a stage's outputs
+        elif node.op == "call_module":
+            skipped = [
+                stage_of[a] for a in node.all_input_nodes if stage_of.get(a, stages) < stages - 1
+            ]
+            if skipped:
+                raise ExportError(
+                    f"torch's pipelining would pass a value from stage {min(skipped)} to stage "
+                    f"{stages} (from {plan.stages[stages].split_at!r}) past the stages between, "
+                    "and its stages send only to the next one (a Hugging Face decoder hands the "
+                    "rotary tables it computes before its first block to every block): export "
+                    "at most 2 stages, or run the plan with runtime.run_strategy"
+                )
+            stage_of[node] = stages
+            stages += 1
 
 
 def _tied(module: nn.Module, pipe: Any, n: int) -> tuple[_Tied, ...]:

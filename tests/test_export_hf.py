@@ -87,6 +87,15 @@ def test_megatron_layout_lands_on_the_named_linears() -> None:
     assert modules["model.embed_tokens"] == modules["lm_head"] == "data" and not plan.fell_back
 
 
+def test_fused_projections_attend_by_heads() -> None:
+    """Phi-3's qkv_proj cut by columns holds q on rank 0, k and v on rank 1: the slices that
+    take them apart gather them (DTensor), and each rank's attention takes its own heads."""
+    strategy, _ = layouts("phi3")["heads"]
+    plan = export_plan(strategy, hf("phi3"))
+    assert dict(plan.modules)["model.layers.0.self_attn.qkv_proj"] == "colwise"
+    assert plan.by_heads == ("model.layers.0.self_attn", "model.layers.1.self_attn")
+
+
 def test_a_tied_head_takes_its_embeddings_style() -> None:
     module = hf("llama", tied=True)
     strategy, _ = layouts("llama", tied=True)["megatron"]
@@ -140,6 +149,11 @@ def _worker(rank: int, world: int, tmp: str, cases: dict[str, Any]) -> None:
             exported = planner.parallelize(strategy_from_json(data), net, mesh_shape=mesh_shape,
                                            zero=zero)  # fmt: skip
             (inputs,) = exported.distribute_inputs(TOKENS)
+            seen: list[str] = []  # the layout of block 0's attention output
+            o_proj = net.get_submodule("model.layers.0.self_attn.o_proj")
+            o_proj.register_forward_pre_hook(
+                lambda m, a, seen=seen: seen.append(str(a[0].placements)), prepend=True
+            )
             losses = _train(net, inputs, exported.optimizer(torch.optim.SGD, lr=LR))
             head = getattr(net, "lm_head", None)
             report[case] = {
@@ -147,6 +161,7 @@ def _worker(rank: int, world: int, tmp: str, cases: dict[str, Any]) -> None:
                 "tied": not tied or head.weight is net.model.embed_tokens.weight,
                 "fell back": [o.op for o in exported.fell_back],
                 "sharded": len(exported.plan.sharded),
+                "attention output": seen[0],
             }
     if rank == 0:
         Path(tmp, "report.json").write_text(json.dumps(report))
@@ -173,6 +188,9 @@ def _launch(cases: dict[str, Any], world: int, tmp_path: Path) -> dict[str, Any]
         tolerance = STRICT if "norms64" in case else AS_IS
         assert r["deviation"] <= tolerance and r["tied"] and not r["fell back"], (case, r)
         assert (r["sharded"] > 0) == ("zero" in case), (case, r)  # FSDP2's units
+        # by heads, each rank computes its own (Phi-3's too, whose q, k, v arrive whole)
+        by_heads = "heads" in case or "megatron" in case or "2x2" in case
+        assert ("Shard(dim=2)" in r["attention output"]) == by_heads, (case, r)
     return report
 
 

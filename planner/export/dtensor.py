@@ -129,6 +129,8 @@ class ExportPlan:
     zero: int = 0  # the ZeRO stage
     # (module path, mesh dims its parameters are sharded over) of the modules ZeRO shards
     sharded: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # modules whose attention ops split by heads ("heads"): each rank computes its own heads
+    by_heads: tuple[str, ...] = ()
 
     @property
     def fell_back(self) -> tuple[OpPlacement, ...]:
@@ -219,9 +221,13 @@ def export_plan(
     blocks = () if recompute == "selective" else _blocks(graph, types, recompute)
     attention = _attention_modules(graph, types) if recompute == "selective" else ()
     inputs_style = "shard" if shard else "replicate"
-    return ExportPlan(
-        world, tuple(ops), placed, inputs_style, shape, blocks, attention, zero, sharded
+    by_heads = tuple(
+        dict.fromkeys(_enclosing(o.op, types) for o in ops if o.style == "heads" and o.op)
     )
+    return ExportPlan(
+        world, tuple(ops), placed, inputs_style, shape, blocks, attention, zero, sharded,
+        tuple(p for p in by_heads if p),
+    )  # fmt: skip
 
 
 def _sharded(
@@ -254,6 +260,14 @@ def _blocks(graph: Any, types: dict[str, Any], recompute: str | int) -> tuple[st
             f"no submodule {missing[0]!r}: the graph's op names are not this module's paths"
         )
     return blocks
+
+
+def _enclosing(name: str, types: dict[str, Any]) -> str:
+    """The longest module path op `name` starts with ("" if none): the module that computes
+    it (`model.layers.0.self_attn` for `model.layers.0.self_attn.attention`)."""
+    parts = name.split(".")
+    paths = (".".join(parts[:k]) for k in range(len(parts) - 1, 0, -1))
+    return next((p for p in paths if p in types), "")
 
 
 def _attention_modules(graph: Any, types: dict[str, Any]) -> tuple[str, ...]:
@@ -536,6 +550,8 @@ def parallelize(
         _checkpoint(module.get_submodule(path))
     for path in plan.checkpointed_attention:
         _checkpoint_attention(module.get_submodule(path), path)
+    for path in plan.by_heads:
+        _attend_by_heads(module.get_submodule(path))
     if plan.zero >= 2 and plan.sharded:
         tied = _tied_modules(module)
         fully_shard_plan(module, mesh, plan.sharded, tied, reshard_after_forward=plan.zero == 3)
@@ -636,6 +652,29 @@ _SELECTIVE: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
 )
 
 
+# True while a module whose attention op the plan splits by heads runs its forward
+_BY_HEADS: contextvars.ContextVar[bool] = contextvars.ContextVar("layerwise_heads", default=False)
+
+
+def _attend_by_heads(attn: Any) -> None:
+    """`attn`'s F.scaled_dot_product_attention calls compute each rank's heads, even where q, k
+    and v arrive whole (`_DTensorMode._layout`). The forward is replaced on the instance.
+    Idempotent."""
+    forward = attn.forward
+    if getattr(forward, "_layerwise_heads", False):
+        return
+
+    def by_heads(*args: Any, **kwargs: Any) -> Any:
+        token = _BY_HEADS.set(True)
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            _BY_HEADS.reset(token)
+
+    by_heads._layerwise_heads = True  # type: ignore[attr-defined]
+    attn.forward = by_heads
+
+
 def _checkpoint_attention(attn: Any, path: str) -> None:
     """Megatron-LM's selective recomputation in the export: every
     `F.scaled_dot_product_attention` call of `attn`'s forward runs under non-reentrant
@@ -668,7 +707,7 @@ def _checkpoint_attention(attn: Any, path: str) -> None:
 def _dtensor_mode_class() -> Any:
     import torch
     import torch.nn.functional as F
-    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
     from torch.distributed.tensor.experimental import local_map
     from torch.overrides import TorchFunctionMode
     from torch.utils.checkpoint import checkpoint
@@ -728,14 +767,34 @@ def _dtensor_mode_class() -> Any:
         def _attend(q: Any, rest: Any, extra: dict[str, Any]) -> Any:
             """sdpa of (q, k, v) with `rest` and `extra` as its other arguments: on each
             rank's local tensors in q's layout when q is a DTensor (k and v redistributed to
-            it first)."""
+            it first). In a module whose attention the plan splits by heads (`_BY_HEADS`)
+            where q arrives whole on the last (tensor) mesh dim, as slices of a fused
+            projection's column-parallel output do (DTensor gathers a slice that crosses
+            shards), each rank computes its own heads of the whole q, k and v; its output is
+            sharded by heads, and its gradients of q, k and v, nonzero on its heads only,
+            partial sums."""
             if not isinstance(q, DTensor):
                 return lambda a, b, c: sdpa(a, b, c, *rest, **extra)
             layout = list(q.placements)
+            if not (_BY_HEADS.get() and isinstance(layout[-1], Replicate)):
+                return local_map(
+                    lambda a, b, c: sdpa(a, b, c, *rest, **extra),
+                    out_placements=layout,
+                    in_placements=(layout, layout, layout),
+                )
+            mesh = q.device_mesh
+            ways, mine = mesh.size(mesh.ndim - 1), mesh.get_local_rank(mesh.ndim - 1)
+
+            def own_heads(a: Any, b: Any, c: Any) -> Any:  # (batch, heads, rows, head_dim)
+                a, b, c = (x.chunk(ways, dim=1)[mine] for x in (a, b, c))
+                return sdpa(a, b, c, *rest, **extra)
+
+            grads = [*layout[:-1], Partial()]
             return local_map(
-                lambda a, b, c: sdpa(a, b, c, *rest, **extra),
-                out_placements=layout,
+                own_heads,
+                out_placements=[*layout[:-1], Shard(1)],
                 in_placements=(layout, layout, layout),
+                in_grad_placements=(grads, grads, grads),
             )
 
     return Mode

@@ -81,6 +81,7 @@ def _deviation(strategy: Strategy, family: str, tied: bool = False) -> float:
     return float(run.deviation["max_deviation"])
 
 
+@pytest.mark.slow  # 14 s at load 2 (6 s of it the workers, which import transformers)
 def test_megatron_plan_of_llama_trains_like_single_process_at_world_2() -> None:
     """The module itself (not a wrapper) goes to the workers; its forward takes keyword
     arguments and returns a ModelOutput, and the reference calls it as capture traced it."""

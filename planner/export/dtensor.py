@@ -9,8 +9,10 @@ D devices (mesh rank k = device k) and says how its module runs:
 - "colwise": a linear or embedding splits its output channels D ways over devices 0..D-1
   (the Parameter dim): `ColwiseParallel` (weight rows sharded, output `Shard(-1)`);
 - "heads": an attention op splits its heads D ways: not placed (its q, k, v arrive sharded
-  by channels and it computes each rank's heads, see `_DTensorMode`); "propagate": a slice
-  (a piece of a fused QKV projection) takes its input's layout;
+  by channels, or whole where they are slices of a fused projection's column-parallel
+  output, and it computes each rank's heads, see `_DTensorMode`; `ExportPlan.by_heads`
+  names its module); "propagate": a slice (a piece of a fused QKV projection) takes its
+  input's layout;
 - on a 2-D mesh (`mesh_shape=(data, tensor)`, rank s * tensor + c): "data" as above over
   the whole mesh (`[Shard(0), Shard(0)]`), and an op split samples x channels data x tensor
   ways is "colwise" over the second mesh dim with its samples sharded over the first;
@@ -221,13 +223,11 @@ def export_plan(
     blocks = () if recompute == "selective" else _blocks(graph, types, recompute)
     attention = _attention_modules(graph, types) if recompute == "selective" else ()
     inputs_style = "shard" if shard else "replicate"
-    by_heads = tuple(
-        dict.fromkeys(_enclosing(o.op, types) for o in ops if o.style == "heads" and o.op)
-    )
+    heads = (_enclosing(o.op, types) for o in ops if o.style == "heads")
+    by_heads = tuple(dict.fromkeys(p for p in heads if p))
     return ExportPlan(
-        world, tuple(ops), placed, inputs_style, shape, blocks, attention, zero, sharded,
-        tuple(p for p in by_heads if p),
-    )  # fmt: skip
+        world, tuple(ops), placed, inputs_style, shape, blocks, attention, zero, sharded, by_heads
+    )
 
 
 def _sharded(
@@ -658,8 +658,7 @@ _BY_HEADS: contextvars.ContextVar[bool] = contextvars.ContextVar("layerwise_head
 
 def _attend_by_heads(attn: Any) -> None:
     """`attn`'s F.scaled_dot_product_attention calls compute each rank's heads, even where q, k
-    and v arrive whole (`_DTensorMode._layout`). The forward is replaced on the instance.
-    Idempotent."""
+    and v arrive whole (`_DTensorMode`). The forward is replaced on the instance. Idempotent."""
     forward = attn.forward
     if getattr(forward, "_layerwise_heads", False):
         return

@@ -8,7 +8,9 @@ loop order, the project's group c % p); the schedule is `ScheduleGPipe`, `Schedu
 `ScheduleInterleaved1F1B` (v chunks per rank) over m micro-batches. What it cannot express is
 one `ExportError` line (see `_refusals`): a tensor that skips a stage, a stage on several
 devices (data or tensor parallelism inside a stage), stages not on ranks 0..p-1 in order,
-batch norm with m > 1, a chunk that does not start at a module's call, 1F1B with m < p.
+batch norm with m > 1, a chunk that does not start at a module's call, 1F1B with m < p; and,
+once traced (`parallelize_pipeline`), a traced value that skips a stage (`_refuse_skips`). A
+Hugging Face model is traced as capture traces it (`planner.graph.hf.traceable`).
 
 `parallelize_pipeline(planned, module, example_inputs, loss_fn)` builds this rank's stages
 and schedule in every rank of an initialized process group of p ranks; its

@@ -69,6 +69,9 @@ PP_PLAN = (
     "--set seq=64 --set block_size=64 --set vocab_size=512 --devices p100-2x2 --pipeline on "
     "-o pp.json"
 )
+HF_PLAN = (
+    "python -m planner plan hfmodels:llama --input 4x16:int64 --devices cpu-local-2 -o hf.json"
+)
 RUNTIME_PLAN = (
     "python -m planner plan alexnet --batch 8 --set num_classes=100 --devices cpu-local-2 "
     "--backend elimination -o plan.json"
@@ -168,6 +171,8 @@ TABLE: dict[tuple[str, str], Run] = {
     ("docs/runtime.md", "python -m runtime.run plan.json --steps 10"): slow(after=(RUNTIME_PLAN,)),
     ("docs/runtime.md", "python -m runtime.run plan.json --steps 3 --check"): slow(after=(RUNTIME_PLAN,)),  # noqa: E501
     ("docs/runtime.md", "python -m runtime.run plan.json --steps 10 --json"): slow(after=(RUNTIME_PLAN,)),  # noqa: E501
+    ("docs/runtime.md", HF_PLAN): slow(),  # 10 s: transformers' import, the capture
+    ("docs/runtime.md", "python -m runtime.run hf.json --steps 2 --dtype float64 --check"): slow(after=(HF_PLAN,)),  # noqa: E501
     ("docs/runtime.md", "python -m experiments.accuracy"): skip("about 17 minutes"),
     ("docs/runtime.md", "python -m experiments.accuracy --quick"): slow(),
     ("docs/runtime.md", "python -m experiments.accuracy --prediction additive"): skip("about 17 minutes"),  # noqa: E501
@@ -187,8 +192,16 @@ def costtable_example(doc: str = "docs/costtable.md") -> str:
     return next(b for _, _, b in blocks(doc) if b.startswith('{"problem"'))
 
 
+def hf_factory_example(doc: str = "docs/runtime.md") -> str:
+    """The model factory file of docs/runtime.md, "Hugging Face models"."""
+    return next(b for _, _, b in blocks(doc) if b.startswith("# hfmodels.py"))
+
+
 # Files a doc's commands read that no command of it writes (the doc says where they come from)
-SETUP = {"README.md": {"problem.json": costtable_example}}
+SETUP = {
+    "README.md": {"problem.json": costtable_example},
+    "docs/runtime.md": {"hfmodels.py": hf_factory_example},
+}
 
 DOCUMENTED = commands()
 

@@ -69,7 +69,7 @@ PP_PLAN = (
     "--set seq=64 --set block_size=64 --set vocab_size=512 --devices p100-2x2 --pipeline on "
     "-o pp.json"
 )
-HF_PLAN = (
+HF_FACTORY_PLAN = (
     "python -m planner plan hfmodels:llama --input 4x16:int64 --devices cpu-local-2 -o hf.json"
 )
 RUNTIME_PLAN = (
@@ -171,8 +171,8 @@ TABLE: dict[tuple[str, str], Run] = {
     ("docs/runtime.md", "python -m runtime.run plan.json --steps 10"): slow(after=(RUNTIME_PLAN,)),
     ("docs/runtime.md", "python -m runtime.run plan.json --steps 3 --check"): slow(after=(RUNTIME_PLAN,)),  # noqa: E501
     ("docs/runtime.md", "python -m runtime.run plan.json --steps 10 --json"): slow(after=(RUNTIME_PLAN,)),  # noqa: E501
-    ("docs/runtime.md", HF_PLAN): slow(),  # 10 s: transformers' import, the capture
-    ("docs/runtime.md", "python -m runtime.run hf.json --steps 2 --dtype float64 --check"): slow(after=(HF_PLAN,)),  # noqa: E501
+    ("docs/runtime.md", HF_FACTORY_PLAN): slow(),  # 10 s: transformers' import, the capture
+    ("docs/runtime.md", "python -m runtime.run hf.json --steps 2 --dtype float64 --check"): slow(after=(HF_FACTORY_PLAN,)),  # noqa: E501
     ("docs/runtime.md", "python -m experiments.accuracy"): skip("about 17 minutes"),
     ("docs/runtime.md", "python -m experiments.accuracy --quick"): slow(),
     ("docs/runtime.md", "python -m experiments.accuracy --prediction additive"): skip("about 17 minutes"),  # noqa: E501

@@ -1,14 +1,19 @@
 """`python -m experiments.iopddl DIR_OR_FILES`: backends on IOPDDL contest instances, scored
 as the contest scored them.
 
-    python -m experiments.iopddl path/to/iopddl --backends portfolio   # the contest's instances
+    python -m experiments.iopddl DIR --backends portfolio   # DIR: the contest's instances
     python -m experiments.iopddl A.json.gz G.json.gz --backends portfolio cpsat --time-limit 30
+
+(the contest's instances: https://github.com/google/iopddl/tree/main/benchmarks)
 
 Every (instance, backend, seed) runs in a fresh process (`--case`) with a hard timeout, so a
 hang or a crash is a row, not the end of the experiment; its peak RSS is measured (the
 largest process, from wait4, and the process group's sum, sampled). Each instance gets its
-contest time limit (`TIME_LIMITS`: A/G/M/S 60/120/180/240 s, `DEFAULT_TIME_LIMIT` for other
-names; `--time-limit` overrides), counted from the process's start, loading included. Every
+contest time limit (experiments/data/iopddl_limits.csv, the contest's rules: 60-300 s, the
+instance matched by its contest name, `asplos-2025-iopddl-A` or `A`; `DEFAULT_TIME_LIMIT`
+with a one-line note for other names; `--time-limit` overrides), counted from the process's
+start, loading included. `--background N` runs N CPU-burning processes beside each case
+(`experiments.background`: other jobs on a shared machine), recorded in each row. Every
 answer is re-checked here, from the file, by planner's evaluators
 (`planner.problems.evaluate`: the backends' searches do not use them): forbidden choices
 and pairs, the memory profile against the limit, the cost re-scored. The contest score of
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import functools
 import io
 import json
 import math
@@ -41,6 +47,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from experiments.background import background_load
 from experiments.runinfo import finish, load, new_results_folder, run_info
 from planner.cli.args import (
     OneLineArgumentParser,
@@ -54,9 +61,11 @@ from planner.result import format_cost
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
-TIME_LIMITS = {"A": 60.0, "G": 120.0, "M": 180.0, "S": 240.0}  # the contest's, per instance
-DEFAULT_TIME_LIMIT = 60.0
-BEST_FILE = Path(__file__).resolve().parent / "data" / "iopddl_best.csv"
+DEFAULT_TIME_LIMIT = 60.0  # seconds, for an instance the contest did not name
+DATA = Path(__file__).resolve().parent / "data"
+LIMITS_FILE = DATA / "iopddl_limits.csv"  # the contest's time limit of each of its instances
+BEST_FILE = DATA / "iopddl_best.csv"
+CONTEST_NAME = re.compile(r"(?:asplos-2025-iopddl-)?([A-Z])")  # "asplos-2025-iopddl-A" or "A"
 GRACE = 60.0  # seconds past the time limit before a case is killed (then 15 more after SIGINT)
 EXIT_SECONDS = 0.3  # of a case's time limit, kept for writing the answer and exiting
 
@@ -71,6 +80,7 @@ class Row:
     bound: float | None
     gap: float | None  # cost / bound - 1
     time_limit: float
+    background: int  # CPU-burning processes running beside the case (`--background`)
     wall: float  # the case's process, from start to exit
     load_seconds: float  # reading the file in the case's process
     rss_mib: float  # the largest process (wait4)
@@ -97,8 +107,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--time-limit",
         type=positive_seconds,
-        help="seconds per case for every instance (default: the contest's: A/G/M/S "
-        f"60/120/180/240, {DEFAULT_TIME_LIMIT:g} for other names)",
+        help="seconds per case for every instance (default: the contest's limit of each of its "
+        f"instances, 60-300; {DEFAULT_TIME_LIMIT:g} for other names)",
+    )
+    p.add_argument(
+        "--background",
+        type=nonnegative_int,
+        default=0,
+        metavar="N",
+        help="run N CPU-burning processes beside each case, as other jobs on a shared machine "
+        "would (default 0)",
     )
     p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0])
     p.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1)
@@ -120,16 +138,36 @@ def instance_name(path: Path) -> str:
     return re.sub(r"\.json(\.gz)?$", "", path.name)
 
 
-def contest_key(name: str) -> str:
-    """ "asplos-2025-iopddl-A" and "A" -> "A"; other names unchanged."""
-    m = re.search(r"(?:^|[-_])([A-Z])$", name)
-    return m.group(1) if m else name
+def contest_key(name: str) -> str | None:
+    """The contest's letter of an instance named as the contest names it
+    ("asplos-2025-iopddl-A", or "A" as its results do), else None."""
+    m = CONTEST_NAME.fullmatch(name)
+    return m.group(1) if m else None
+
+
+@functools.cache
+def contest_limits(path: Path = LIMITS_FILE) -> dict[str, float]:
+    """The contest's time limit of each of its instances, by letter, in seconds."""
+    rows = csv.DictReader(line for line in io.StringIO(path.read_text()) if line[:1] != "#")
+    return {row["instance"]: float(row["time_limit_s"]) for row in rows}
 
 
 def time_limit_of(name: str, override: float | None) -> float:
+    """`override`, else the contest's limit of the instance `name`, else the default."""
     if override is not None:
         return override
-    return TIME_LIMITS.get(contest_key(name), DEFAULT_TIME_LIMIT)
+    return contest_limits().get(contest_key(name) or "", DEFAULT_TIME_LIMIT)
+
+
+def limit_note(name: str, override: float | None) -> str | None:
+    """One line for an instance that gets the default limit because the contest has no such
+    name; None for the others."""
+    if override is not None or (contest_key(name) or "") in contest_limits():
+        return None
+    return (
+        f"note: {name} is not a contest instance name (asplos-2025-iopddl-A ... -Y, or A ... "
+        f"Y): {DEFAULT_TIME_LIMIT:g} s per case (--time-limit sets another)"
+    )
 
 
 def instances(paths: Sequence[Path]) -> list[Path]:
@@ -318,8 +356,13 @@ def run(args: argparse.Namespace, console: Console, folder: Path) -> tuple[list[
 
     files = instances(args.paths)
     best = read_best(args.best)
+    for name in dict.fromkeys(instance_name(f) for f in files):
+        note = limit_note(name, args.time_limit)
+        if note:
+            console.print(note, highlight=False)
     rows: list[Row] = []
     todo = [(f, b, s) for f in files for b in args.backends for s in args.seeds]
+    beside = f", background {args.background}" if args.background else ""
     with catch_interrupt():
         problems: dict[Path, Any] = {}
         for k, (path, backend, seed) in enumerate(todo):
@@ -328,16 +371,17 @@ def run(args: argparse.Namespace, console: Console, folder: Path) -> tuple[list[
             start = load()[0] if load() else math.nan
             console.print(
                 f"[{k + 1}/{len(todo)}] {name} {backend} seed {seed}: {limit:g} s "
-                f"(load {start:.2f}) ..."
+                f"(load {start:.2f}{beside}) ..."
             )
-            answer, measured = run_child(path, backend, seed, limit, args.threads, folder)
+            with background_load(args.background):  # started before the case, stopped after
+                answer, measured = run_child(path, backend, seed, limit, args.threads, folder)
             verdict, cost = "-", None
             if answer is not None and answer.get("choices") is not None:
                 if path not in problems:
                     problems = {path: load_problem(path)}  # one instance in memory at a time
                 verdict, cost = recheck(problems[path], answer)
             rows.append(_row(name, backend, seed, limit, answer, measured, verdict, cost,
-                             best, start))  # fmt: skip
+                             best, start, args.background))  # fmt: skip
             console.print("    " + _line(rows[-1]))
             if stop_requested():
                 return rows, len(rows) < len(todo)
@@ -346,8 +390,8 @@ def run(args: argparse.Namespace, console: Console, folder: Path) -> tuple[list[
 
 def _row(name: str, backend: str, seed: int, limit: float, answer: dict | None,
          measured: dict, verdict: str, cost: float | None, best: dict[str, float],
-         start: float) -> Row:  # fmt: skip
-    known = best.get(name, best.get(contest_key(name)))
+         start: float, background: int = 0) -> Row:  # fmt: skip
+    known = best.get(name, best.get(contest_key(name) or ""))
     ok = verdict == "yes" and cost is not None
     bound = answer.get("bound") if answer else None
     gap = cost / bound - 1 if ok and bound and cost is not None else None
@@ -355,7 +399,8 @@ def _row(name: str, backend: str, seed: int, limit: float, answer: dict | None,
                                               else "ERROR")  # fmt: skip
     return Row(
         instance=name, backend=backend, seed=seed, status=status, cost=cost, bound=bound,
-        gap=gap, time_limit=limit, wall=measured["wall"],
+        gap=gap, time_limit=limit, background=background,
+        wall=measured["wall"],
         load_seconds=answer["load_seconds"] if answer else 0.0,
         rss_mib=measured["rss_mib"], tree_rss_mib=measured["tree_rss_mib"], valid=verdict,
         best=known, ratio=cost / known if ok and known and cost is not None else None,
@@ -388,8 +433,8 @@ def _line(r: Row) -> str:
 
 def table(rows: list[Row], title: str) -> Table:
     t = Table(title=title)
-    cols = ("instance", "backend", "seed", "status", "cost", "bound", "gap", "limit s", "wall s",
-            "RSS MiB", "valid", "contest best", "ratio", "score", "load")  # fmt: skip
+    cols = ("instance", "backend", "seed", "status", "cost", "bound", "gap", "limit s", "bg",
+            "wall s", "RSS MiB", "valid", "contest best", "ratio", "score", "load")  # fmt: skip
     for c in cols:
         t.add_column(
             c, justify="left" if c in ("instance", "backend", "status", "valid") else "right"
@@ -398,7 +443,8 @@ def table(rows: list[Row], title: str) -> Table:
         t.add_row(
             r.instance, r.backend, str(r.seed), r.status if not r.error else f"{r.status}: {r.error}",
             _number(r.cost), _number(r.bound), _gap(r.gap),
-            f"{r.time_limit:g}", f"{r.wall:.1f}", f"{r.rss_mib:.0f} ({r.tree_rss_mib:.0f})",
+            f"{r.time_limit:g}", str(r.background), f"{r.wall:.1f}",
+            f"{r.rss_mib:.0f} ({r.tree_rss_mib:.0f})",
             r.valid, _number(r.best), _number(r.ratio, ".4f"), _number(r.score, ".4f"),
             f"{r.load_start:.2f}->{r.load_end:.2f}",
         )  # fmt: skip
@@ -454,7 +500,8 @@ def _main(argv: Sequence[str] | None) -> int:
     folder = new_results_folder(args.out, "iopddl")
     rows, interrupted = run(args, console, folder)
     limits = "contest limits" if args.time_limit is None else f"{args.time_limit:g} s"
-    console.print(table(rows, f"IOPDDL instances, {limits}, {args.threads} thread(s)"))
+    beside = f", {args.background} background burner(s)" if args.background else ""
+    console.print(table(rows, f"IOPDDL instances, {limits}, {args.threads} thread(s){beside}"))
     info = finish(info)
     save(rows, info, folder)
     m = info["machine"]

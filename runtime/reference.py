@@ -33,6 +33,7 @@ from torch.overrides import TorchFunctionMode
 from planner.costs.kernels import BN_EPS
 from planner.errors import LayerwiseError
 from planner.graph.attention import rope_table
+from planner.graph.hf import traceable
 from planner.graph.models import ModelSpec
 from planner.graph.opgraph import Op, OpGraph
 from planner.graph.opkinds import CHANNEL
@@ -301,7 +302,8 @@ def reference_train(
 def _reference_train(
     spec: Model, graph: OpGraph, steps: int, lr: float, seed: int, dtype: torch.dtype
 ) -> ReferenceResult:
-    module = spec.build(seed, dtype)
+    # a Hugging Face model is called as capture traced it: forward(input_ids) -> logits
+    module = traceable(spec.build(seed, dtype))
     named = dict(module.named_parameters())
     initial = {n: p.detach().clone() for n, p in named.items()}
     sinks = loss_sinks(graph)

@@ -75,6 +75,9 @@ GEMMA_PLAN = (
     "--set head_dim=64 --set query_pre_attn_scalar=64 --set vocab_size=1024 "
     "--set sliding_window=64 --set seq=128 --batch 64 --devices p100-1x4 -o gemma.json"
 )
+HF_FACTORY_PLAN = (
+    "python -m planner plan hfmodels:llama --input 4x16:int64 --devices cpu-local-2 -o hf.json"
+)
 RUNTIME_PLAN = (
     "python -m planner plan alexnet --batch 8 --set num_classes=100 --devices cpu-local-2 "
     "--backend elimination -o plan.json"
@@ -87,6 +90,11 @@ HF_TINY = (
 HF_GRAPH = f"python -m planner graph hf:meta-llama/Llama-3.1-8B {HF_TINY}"
 HF_PLAN = (
     f"python -m planner plan hf:llama-3.1-8b {HF_TINY} --batch 4 --devices cpu-local-2 -o hf.json"
+)
+GUIDE_HF_TINY = f"python -m planner plan hf:meta-llama/Llama-3.1-8B {HF_TINY} --batch 4 --devices cpu-local-2 -o tiny.json"  # noqa: E501
+GUIDE_HF_8B = (
+    "python -m planner plan hf:meta-llama/Llama-3.1-8B --devices dgx-h100-1 --batch 32 "
+    "--set seq=4096 --precision bf16-mixed --optimizer adam --time-limit 60 -o llama8b.json"
 )
 
 # (doc, command as extracted: continuation lines joined, comment removed) -> how to treat it
@@ -118,7 +126,8 @@ TABLE: dict[tuple[str, str], Run] = {
     ("docs/costtable.md", "python -m experiments.costtables --generate DIR --sizes 800,35000 --count 3 [--seed 0]"): skip(PLACEHOLDER),  # noqa: E501
     ("docs/costtable.md", "python -m experiments.costtables DIR --backends baselines ilp cpsat portfolio --time-limit 60"): skip(PLACEHOLDER),  # noqa: E501
     ("docs/costtable.md", "python -m experiments.iopddl DIR_OR_FILES... [--backends portfolio ...] [--time-limit S]"): skip("a synopsis, not a command"),  # noqa: E501
-    ("docs/costtable.md", "python -m experiments.iopddl /tmp/iop --backends portfolio"): skip("needs the contest's instances (downloaded by hand); about 11 minutes"),  # noqa: E501
+    ("docs/costtable.md", "python -m experiments.iopddl DIR --backends portfolio toulbar2 --seeds 0 1 2 --background 2"): skip("needs the contest's instances (downloaded by hand); about an hour"),  # noqa: E501
+    ("docs/costtable.md", "python -m experiments.iopddl DIR --backends portfolio"): skip("needs the contest's instances (downloaded by hand); about 11 minutes"),  # noqa: E501
     ("docs/costtable.md", "python -m planner plan --problem P.json --backend NAME"): skip(PLACEHOLDER),  # noqa: E501
     ("docs/devices.md", "python -m planner devices p100-2x2 --json my_cluster.json"): fast(),  # noqa: E501
     ("docs/devices.md", "python -m planner devices my_cluster.json"): fast(),
@@ -130,6 +139,12 @@ TABLE: dict[tuple[str, str], Run] = {
     ("docs/guide.md", "layerwise evaluate plan.json"): skip(GUIDE),
     ("docs/guide.md", "python -m planner plan mygpt:GPT --input 8x32:int64 --devices cpu-local-2 -o gpt.json"): skip(GUIDE),  # noqa: E501
     ("docs/guide.md", "python -m runtime.run gpt.json --steps 3 --dtype float64 --check"): skip(GUIDE),  # noqa: E501
+    ("docs/guide.md", GUIDE_HF_TINY): fast(),
+    ("docs/guide.md", "python -m runtime.run tiny.json --steps 3 --dtype float64 --check"): fast(),  # noqa: E501
+    ("docs/guide.md", GUIDE_HF_8B): slow(),
+    ("docs/guide.md", "python -m planner export --to torchtitan llama8b.json -o llama8b.toml"): slow(after=(GUIDE_HF_8B,)),  # noqa: E501
+    ("docs/guide.md", "python -m planner export --to megatron llama8b.json -o llama8b.args"): slow(after=(GUIDE_HF_8B,)),  # noqa: E501
+    ("docs/guide.md", "python -m planner export --to fsdp llama8b.json -o train_llama8b.py"): slow(after=(GUIDE_HF_8B,)),  # noqa: E501
     ("docs/cost_model.md", "python -m experiments.gemm_fit"): fast("median 3.3%, max 38.1%"),
     ("docs/cost_model.md", "python -m experiments.gemm_fit --fp8"): fast("(median |error| 2.3%)"),
     ("docs/cost_model.md", "python -m experiments.expert_tensor"): fast("sample=32,reduce=2,expert=4"),  # noqa: E501
@@ -164,6 +179,8 @@ TABLE: dict[tuple[str, str], Run] = {
     ("docs/runtime.md", "python -m runtime.run plan.json --steps 10"): slow(after=(RUNTIME_PLAN,)),
     ("docs/runtime.md", "python -m runtime.run plan.json --steps 3 --check"): slow(after=(RUNTIME_PLAN,)),  # noqa: E501
     ("docs/runtime.md", "python -m runtime.run plan.json --steps 10 --json"): slow(after=(RUNTIME_PLAN,)),  # noqa: E501
+    ("docs/runtime.md", HF_FACTORY_PLAN): slow(),  # 10 s: transformers' import, the capture
+    ("docs/runtime.md", "python -m runtime.run hf.json --steps 2 --dtype float64 --check"): slow(after=(HF_FACTORY_PLAN,)),  # noqa: E501
     ("docs/runtime.md", "python -m experiments.accuracy"): skip("about 17 minutes"),
     ("docs/runtime.md", "python -m experiments.accuracy --quick"): slow(),
     ("docs/runtime.md", "python -m experiments.accuracy --prediction additive"): skip("about 17 minutes"),  # noqa: E501
@@ -183,8 +200,16 @@ def costtable_example(doc: str = "docs/costtable.md") -> str:
     return next(b for _, _, b in blocks(doc) if b.startswith('{"problem"'))
 
 
+def hf_factory_example(doc: str = "docs/runtime.md") -> str:
+    """The model factory file of docs/runtime.md, "Hugging Face models"."""
+    return next(b for _, _, b in blocks(doc) if b.startswith("# hfmodels.py"))
+
+
 # Files a doc's commands read that no command of it writes (the doc says where they come from)
-SETUP = {"README.md": {"problem.json": costtable_example}}
+SETUP = {
+    "README.md": {"problem.json": costtable_example},
+    "docs/runtime.md": {"hfmodels.py": hf_factory_example},
+}
 
 DOCUMENTED = commands()
 

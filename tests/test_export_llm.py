@@ -78,12 +78,14 @@ def two_by_two(strategy: Strategy) -> Strategy:
 ROW_PARALLEL = ("c_proj", "wo", "w2")  # GPT-2's and Llama's output projections
 
 
-def megatron(strategy: Strategy, data: int = 1) -> Strategy:
+def megatron(
+    strategy: Strategy, data: int = 1, row_parallel: tuple[str, ...] = ROW_PARALLEL
+) -> Strategy:
     """Megatron-LM's tensor parallelism on top of `strategy`: the attention and its fused
     q/k/v projection and the MLP's first linear split by channels (column-parallel), the
-    attention's and the MLP's output projections by their sums (row-parallel), over the
-    tensor ranks; with `data` > 1 the samples split `data` ways besides (task (s, c) on
-    device s * tensor + c)."""
+    attention's and the MLP's output projections (named `row_parallel`) by their sums
+    (row-parallel), over the tensor ranks; with `data` > 1 the samples split `data` ways
+    besides (task (s, c) on device s * tensor + c)."""
     configs = list(strategy.configs)
     world = strategy.devices.num_devices
     tensor = world // data
@@ -91,7 +93,7 @@ def megatron(strategy: Strategy, data: int = 1) -> Strategy:
     for i, op in enumerate(graph.ops):
         if op.kind not in ("attention", "linear") or "lm_head" in op.name:
             continue
-        summed = op.name.rsplit(".", 1)[-1] in ROW_PARALLEL
+        summed = op.name.rsplit(".", 1)[-1] in row_parallel
         assert not summed or contraction(op) is not None
         split = {SAMPLE: data} if summed else {SAMPLE: data, CHANNEL: tensor}
         degrees = tuple(split.get(d, 1) for d in op.output.dims)

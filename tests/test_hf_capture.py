@@ -216,6 +216,7 @@ def _deviations(module: nn.Module, world: int, draws: int) -> list[float]:
     return out
 
 
+@pytest.mark.slow
 def test_the_runtime_trains_gemma3_as_single_process_training() -> None:
     assert max(_deviations(hf("gemma3"), 2, 1)) <= 1e-9
 
@@ -267,6 +268,7 @@ def test_a_sliding_window_costs_its_share_of_the_product() -> None:
     assert attended_share(16, True, 6) == kept / 256
 
 
+@pytest.mark.slow
 def test_the_runtime_trains_a_sliding_window_as_single_process_training() -> None:
     assert max(_deviations(windowed("mistral"), 2, 1)) <= 1e-9
 

@@ -95,30 +95,15 @@ TINY_OF = {
 }
 # Families whose capture others are fixing (issue 40): their tiny capture is expected to fail
 # until then; flip by removing the entry.
-CAPTURE_PENDING = {
-    "openai-community/gpt2": "GPT-2's Conv1D and learned positions: capture being fixed",
-    "google/gemma-2-9b": "Gemma 2's eager attention with soft-capping: capture being fixed",
-    "google/gemma-3-1b-pt": "Gemma 3's QK-norm and sliding layers: capture being fixed",
-    "mistralai/Mixtral-8x7B-v0.1": "transformers' grouped expert forward: MoE capture pending",
-    "Qwen/Qwen1.5-MoE-A2.7B": "transformers' grouped expert forward: MoE capture pending",
-    "Qwen/Qwen3-30B-A3B": "transformers' grouped expert forward: MoE capture pending",
-}
 # The 7-8B configs (and Phi-3-mini, 3.8B), captured full size on meta at batch 1 x seq 4096
-# (slow); Phi-3 at its sliding window's 2047 too: beyond it its mask hides more than the
-# causal mask, which capture's attention op does not take yet.
-PHI3_WINDOW = "Phi-3's sliding window of 2047 < seq 4096: capture's attention is causal only"
+# (slow); Phi-3's sliding window of 2047 then hides more than the causal mask (attr window).
 FULL_SIZE = [
     ("meta-llama/Llama-2-7b-hf", 4096),
     ("meta-llama/Llama-3.1-8B", 4096),
     ("mistralai/Mistral-7B-v0.1", 4096),
     ("Qwen/Qwen2-7B", 4096),
     ("Qwen/Qwen3-8B", 4096),
-    ("microsoft/Phi-3-mini-4k-instruct", 2047),
-    pytest.param(
-        "microsoft/Phi-3-mini-4k-instruct",
-        4096,
-        marks=pytest.mark.xfail(strict=False, reason=PHI3_WINDOW),
-    ),
+    ("microsoft/Phi-3-mini-4k-instruct", 4096),
 ]
 
 
@@ -292,18 +277,7 @@ def _tiny(hub_id: str) -> dict[str, Any]:
     return TINY_OF.get(hub_id, TINY)
 
 
-@pytest.mark.parametrize(
-    "hub_id",
-    [
-        pytest.param(
-            h,
-            marks=[pytest.mark.xfail(strict=False, reason=CAPTURE_PENDING[h])]
-            if h in CAPTURE_PENDING
-            else [],
-        )
-        for h in PUBLISHED
-    ],
-)
+@pytest.mark.parametrize("hub_id", PUBLISHED)
 def test_a_tiny_model_of_each_family_captures_with_its_parameters(hub_id: str) -> None:
     model, tokens = build_hf("hf:" + hub_id, batch=2, seq=16, **_tiny(hub_id))
     graph = capture(model, tokens, "hf:" + hub_id)

@@ -3,28 +3,35 @@ every answer re-checked from the file, contest scores against the best-known cos
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import json
 import math
+import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from experiments import iopddl
+from experiments.background import background_load
 from planner.problems.costtable import contest_problem, load_problem, save_problem
+
+G = "asplos-2025-iopddl-G"  # named as the contest names its instance G
 
 
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
-    """Two small contest-like instances: "x-G" (G's best-known cost applies) and a gzipped
-    one with a name no best-known cost has."""
+    """Two small contest-like instances: one named as the contest's G (G's best-known cost
+    applies) and a gzipped one with a name no best-known cost has."""
     d = tmp_path / "instances"
     d.mkdir()
-    save_problem(contest_problem(60, seed=1, name="x-G"), d / "x-G.json")
+    save_problem(contest_problem(60, seed=1, name=G), d / f"{G}.json")
     save_problem(contest_problem(50, seed=2), tmp_path / "other.json")
     (d / "other.json.gz").write_bytes(gzip.compress((tmp_path / "other.json").read_bytes()))
     return d
@@ -36,11 +43,12 @@ def test_rows_scores_and_provenance(folder: Path, tmp_path: Path) -> None:
     assert iopddl.main(argv) == 0
     (run,) = out.glob("iopddl-*")
     rows = list(csv.DictReader((run / "rows.csv").open()))
-    assert [r["instance"] for r in rows] == ["other", "x-G"]
+    assert [r["instance"] for r in rows] == [G, "other"]
     for r in rows:
         assert r["valid"] == "yes" and r["backend"] == "baselines" and r["seed"] == "0"
         assert float(r["wall"]) > 0 and float(r["rss_mib"]) > 0 and float(r["time_limit"]) == 5
-    other, g = rows
+        assert r["background"] == "0"
+    g, other = rows
     assert other["best"] == "" and other["score"] == ""  # no best-known cost: no score
     assert math.isclose(float(g["score"]), 217039 / float(g["cost"]))
     assert math.isclose(float(g["ratio"]), float(g["cost"]) / 217039)
@@ -51,7 +59,7 @@ def test_rows_scores_and_provenance(folder: Path, tmp_path: Path) -> None:
 
 
 def test_the_recheck_catches_a_tampered_answer(folder: Path) -> None:
-    path = folder / "x-G.json"
+    path = folder / f"{G}.json"
     answer = iopddl.run_case(path, "baselines", 5.0, 0, 1)
     problem = load_problem(path)
     verdict, cost = iopddl.recheck(problem, answer)
@@ -88,25 +96,73 @@ def test_a_crash_and_a_hang_are_rows(
         (run,) = out.glob("iopddl-*")
         return list(csv.DictReader((run / "rows.csv").open()))
 
-    broken, fine = rows("broken.json", "x-G.json")
+    broken, fine = rows("broken.json", f"{G}.json")
     assert broken["status"] == "ERROR" and 'has no "edges"' in broken["error"]
     assert broken["valid"] == "-" and broken["score"] == "" and broken["cost"] == ""
     assert fine["valid"] == "yes"  # the run went on after the crash
     monkeypatch.setattr(iopddl, "GRACE", -4.95)  # killed at the first look after 0.05 s
-    (hung,) = rows("x-G.json")
+    (hung,) = rows(f"{G}.json")
     assert hung["status"] == "TIMEOUT" and "killed after" in hung["error"]
     assert hung["score"] == "0.0"  # a best-known cost but no valid answer
 
 
-def test_time_limits_and_names() -> None:
+def test_names() -> None:
     assert iopddl.instance_name(Path("d/asplos-2025-iopddl-A.json.gz")) == "asplos-2025-iopddl-A"
     assert iopddl.contest_key("asplos-2025-iopddl-A") == "A" and iopddl.contest_key("S") == "S"
-    assert iopddl.time_limit_of("asplos-2025-iopddl-M", None) == 180
-    assert iopddl.time_limit_of("G", None) == 120
-    assert iopddl.time_limit_of("mine", None) == iopddl.DEFAULT_TIME_LIMIT
-    assert iopddl.time_limit_of("A", 7.0) == 7.0
+    for other in ("mine", "x-G", "asplos-2025-iopddl-AB", "a", "asplos-2024-iopddl-A"):
+        assert iopddl.contest_key(other) is None
+
+
+def limits_table() -> list[dict[str, str]]:
+    text = iopddl.LIMITS_FILE.read_text()
+    return list(csv.DictReader(x for x in text.splitlines() if not x.startswith("#")))
+
+
+def test_every_contest_instance_gets_its_published_limit() -> None:
+    """The contest's rules: A-E 1 minute, F-J 2, K-O 3, P-T 4, U-Y 5; matched by the file's
+    name as the contest names it, or by the letter alone."""
+    rows = limits_table()
+    assert [r["instance"] for r in rows] == [chr(c) for c in range(ord("A"), ord("Y") + 1)]
+    for k, row in enumerate(rows):
+        published = 60.0 * (1 + k // 5)
+        assert float(row["time_limit_s"]) == published and row["source"].startswith("https://")
+        name = iopddl.instance_name(Path("d") / row["file"])
+        assert name == f"asplos-2025-iopddl-{row['instance']}"
+        assert iopddl.time_limit_of(name, None) == published
+        assert iopddl.time_limit_of(row["instance"], None) == published
+        assert iopddl.limit_note(name, None) is None
+        assert iopddl.time_limit_of(name, 7.0) == 7.0
+
+
+def test_an_unknown_name_gets_the_default_limit_with_a_note() -> None:
+    assert iopddl.DEFAULT_TIME_LIMIT == 60.0  # the documented default
+    for name in ("mine", "x-G", "asplos-2025-iopddl-Z"):
+        assert iopddl.time_limit_of(name, None) == iopddl.DEFAULT_TIME_LIMIT
+        note = iopddl.limit_note(name, None)
+        assert note is not None and "\n" not in note
+        assert note.startswith(f"note: {name} is not a contest instance name") and "60 s" in note
+        assert iopddl.limit_note(name, 30.0) is None  # --time-limit given: nothing to note
+
+
+def test_best_costs_and_bounds_have_sources() -> None:
+    """Every instance has the contest best; every number has a source; a bound is never
+    above the best-known cost, nor that above the contest best."""
     best = iopddl.read_best(iopddl.BEST_FILE)
-    assert best == {"A": 6548641531, "G": 217039, "M": 49928460991, "S": 1534613444}
+    assert sorted(best) == [chr(c) for c in range(ord("A"), ord("Y") + 1)]
+    assert {k: best[k] for k in "AGMS"} == {
+        "A": 6548641531, "G": 217039, "M": 49928460991, "S": 1534613444
+    }  # fmt: skip
+    text = iopddl.BEST_FILE.read_text()
+    for row in csv.DictReader(x for x in text.splitlines() if not x.startswith("#")):
+        for number in ("best_cost", "best_known", "lower_bound"):
+            source = row[f"{number}_source"]
+            assert source, (row["instance"], number)
+            if row[number]:
+                assert source.startswith(("https://", "the contest best")), source
+            else:
+                assert number == "lower_bound" and source == "none found published"
+        bound = float(row["lower_bound"] or 0)
+        assert bound <= float(row["best_known"]) <= float(row["best_cost"]), row["instance"]
 
 
 @pytest.mark.parametrize(
@@ -146,3 +202,84 @@ def test_a_case_process_knows_its_age() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert 0.3 <= float(out.stdout) < 10.0
+
+
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of a process, in clock ticks (Linux /proc)."""
+    fields_ = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields_[11]) + int(fields_[12])  # fields 14 and 15 of stat
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    """Whether process `pid` has exited (or is a zombie) within `within` seconds."""
+    end = time.monotonic() + within
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_background_burners_burn_and_stop() -> None:
+    """`background_load(n)`: n processes using CPU while the block runs, none after it, also
+    when the block raises; n = 0 starts none."""
+    with background_load(0) as none:
+        assert none == []
+    with pytest.raises(RuntimeError), background_load(2) as procs:
+        assert len(procs) == 2 and all(p.poll() is None for p in procs)
+        end = time.monotonic() + 10.0
+        while time.monotonic() < end and not all(_cpu_ticks(p.pid) > 0 for p in procs):
+            time.sleep(0.05)
+        assert all(_cpu_ticks(p.pid) > 0 for p in procs)  # burning, not sleeping
+        raise RuntimeError("the case crashed")
+    assert all(p.returncode is not None for p in procs)  # killed and reaped
+    assert all(not Path(f"/proc/{p.pid}").exists() for p in procs)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_background_burners_outlive_no_killed_parent() -> None:
+    """A burner whose parent dies without cleaning up (SIGKILL, a crash) stops by itself."""
+    code = (
+        "import os, sys\n"
+        "from experiments.background import background_load\n"
+        "with background_load(1) as procs:\n"
+        "    print(procs[0].pid, flush=True)\n"
+        "    os._exit(0)  # no cleanup, as after a SIGKILL\n"
+    )
+    root = str(Path(iopddl.__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True, env={**os.environ, "PYTHONPATH": root})  # fmt: skip
+    assert _gone(int(out.stdout))
+
+
+def test_rows_carry_the_background_and_no_burner_is_left(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[subprocess.Popen] = []
+
+    @contextlib.contextmanager
+    def recorded(n: int) -> Iterator[list[subprocess.Popen]]:
+        with background_load(n) as procs:
+            assert all(p.poll() is None for p in procs)  # running when the case starts
+            started.extend(procs)
+            yield procs
+
+    monkeypatch.setattr(iopddl, "background_load", recorded)
+    out = tmp_path / "results"
+    argv = [str(folder / f"{G}.json"), "--backends", "baselines", "--time-limit", "2",
+            "--background", "1", "--out", str(out)]  # fmt: skip
+    assert iopddl.main(argv) == 0
+    (run,) = out.glob("iopddl-*")
+    rows = list(csv.DictReader((run / "rows.csv").open()))
+    # under load the 2 s may pass before an answer: a row all the same
+    assert [r["background"] for r in rows] == ["1"] and rows[0]["status"] != "ERROR"
+    doc = json.loads((run / "rows.json").read_text())
+    assert [r["background"] for r in doc["rows"]] == [1]
+    assert len(started) == 1 and all(p.returncode is not None for p in started)  # stopped
+    assert all(_gone(p.pid, within=0) for p in started)

@@ -9,8 +9,10 @@ D devices (mesh rank k = device k) and says how its module runs:
 - "colwise": a linear or embedding splits its output channels D ways over devices 0..D-1
   (the Parameter dim): `ColwiseParallel` (weight rows sharded, output `Shard(-1)`);
 - "heads": an attention op splits its heads D ways: not placed (its q, k, v arrive sharded
-  by channels and it computes each rank's heads, see `_DTensorMode`); "propagate": a slice
-  (a piece of a fused QKV projection) takes its input's layout;
+  by channels, or whole where they are slices of a fused projection's column-parallel
+  output, and it computes each rank's heads, see `_DTensorMode`; `ExportPlan.by_heads`
+  names its module); "propagate": a slice (a piece of a fused QKV projection) takes its
+  input's layout;
 - on a 2-D mesh (`mesh_shape=(data, tensor)`, rank s * tensor + c): "data" as above over
   the whole mesh (`[Shard(0), Shard(0)]`), and an op split samples x channels data x tensor
   ways is "colwise" over the second mesh dim with its samples sharded over the first;
@@ -73,6 +75,7 @@ from planner.costs.recompute import recompute_error, recomputed_ops
 from planner.errors import ExportError
 from planner.export.common import check_params
 from planner.export.zero import ZeroOneOptimizer, fully_shard_plan
+from planner.graph.hf import is_hf_model
 from planner.graph.opkinds import CHANNEL, LENGTH, SAMPLE
 
 if TYPE_CHECKING:
@@ -128,6 +131,8 @@ class ExportPlan:
     zero: int = 0  # the ZeRO stage
     # (module path, mesh dims its parameters are sharded over) of the modules ZeRO shards
     sharded: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # modules whose attention ops split by heads ("heads"): each rank computes its own heads
+    by_heads: tuple[str, ...] = ()
 
     @property
     def fell_back(self) -> tuple[OpPlacement, ...]:
@@ -218,8 +223,10 @@ def export_plan(
     blocks = () if recompute == "selective" else _blocks(graph, types, recompute)
     attention = _attention_modules(graph, types) if recompute == "selective" else ()
     inputs_style = "shard" if shard else "replicate"
+    heads = (_enclosing(o.op, types) for o in ops if o.style == "heads")
+    by_heads = tuple(dict.fromkeys(p for p in heads if p))
     return ExportPlan(
-        world, tuple(ops), placed, inputs_style, shape, blocks, attention, zero, sharded
+        world, tuple(ops), placed, inputs_style, shape, blocks, attention, zero, sharded, by_heads
     )
 
 
@@ -253,6 +260,14 @@ def _blocks(graph: Any, types: dict[str, Any], recompute: str | int) -> tuple[st
             f"no submodule {missing[0]!r}: the graph's op names are not this module's paths"
         )
     return blocks
+
+
+def _enclosing(name: str, types: dict[str, Any]) -> str:
+    """The longest module path op `name` starts with ("" if none): the module that computes
+    it (`model.layers.0.self_attn` for `model.layers.0.self_attn.attention`)."""
+    parts = name.split(".")
+    paths = (".".join(parts[:k]) for k in range(len(parts) - 1, 0, -1))
+    return next((p for p in paths if p in types), "")
 
 
 def _attention_modules(graph: Any, types: dict[str, Any]) -> tuple[str, ...]:
@@ -525,6 +540,7 @@ def parallelize(
         for path, style in plan.modules
         if path and style not in ("heads", "propagate")
     }
+    _no_cache(module)
     holders = _holders(module)
     parallelize_module(module, mesh, styles)
     _replicate_the_rest(module, mesh)
@@ -534,6 +550,8 @@ def parallelize(
         _checkpoint(module.get_submodule(path))
     for path in plan.checkpointed_attention:
         _checkpoint_attention(module.get_submodule(path), path)
+    for path in plan.by_heads:
+        _attend_by_heads(module.get_submodule(path))
     if plan.zero >= 2 and plan.sharded:
         tied = _tied_modules(module)
         fully_shard_plan(module, mesh, plan.sharded, tied, reshard_after_forward=plan.zero == 3)
@@ -541,6 +559,15 @@ def parallelize(
     if plan.zero == 1 and plan.sharded:
         module.register_forward_pre_hook(_needs_zero_optimizer(exported.zero_optimizers))
     return exported
+
+
+def _no_cache(module: Any) -> None:
+    """A Hugging Face model trains without its key/value cache (`config.use_cache` off, as
+    capture traces it: `planner.graph.hf`): the cache's empty plain tensors would meet the
+    layers' DTensors in `torch.cat`."""
+    config = getattr(module, "config", None)
+    if config is not None and is_hf_model(module) and getattr(config, "use_cache", False):
+        config.use_cache = False
 
 
 def _needs_zero_optimizer(made: list[Any]) -> Any:
@@ -625,6 +652,28 @@ _SELECTIVE: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
 )
 
 
+# True while a module whose attention op the plan splits by heads runs its forward
+_BY_HEADS: contextvars.ContextVar[bool] = contextvars.ContextVar("layerwise_heads", default=False)
+
+
+def _attend_by_heads(attn: Any) -> None:
+    """`attn`'s F.scaled_dot_product_attention calls compute each rank's heads, even where q, k
+    and v arrive whole (`_DTensorMode`). The forward is replaced on the instance. Idempotent."""
+    forward = attn.forward
+    if getattr(forward, "_layerwise_heads", False):
+        return
+
+    def by_heads(*args: Any, **kwargs: Any) -> Any:
+        token = _BY_HEADS.set(True)
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            _BY_HEADS.reset(token)
+
+    by_heads._layerwise_heads = True  # type: ignore[attr-defined]
+    attn.forward = by_heads
+
+
 def _checkpoint_attention(attn: Any, path: str) -> None:
     """Megatron-LM's selective recomputation in the export: every
     `F.scaled_dot_product_attention` call of `attn`'s forward runs under non-reentrant
@@ -657,7 +706,7 @@ def _checkpoint_attention(attn: Any, path: str) -> None:
 def _dtensor_mode_class() -> Any:
     import torch
     import torch.nn.functional as F
-    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
     from torch.distributed.tensor.experimental import local_map
     from torch.overrides import TorchFunctionMode
     from torch.utils.checkpoint import checkpoint
@@ -717,14 +766,34 @@ def _dtensor_mode_class() -> Any:
         def _attend(q: Any, rest: Any, extra: dict[str, Any]) -> Any:
             """sdpa of (q, k, v) with `rest` and `extra` as its other arguments: on each
             rank's local tensors in q's layout when q is a DTensor (k and v redistributed to
-            it first)."""
+            it first). In a module whose attention the plan splits by heads (`_BY_HEADS`)
+            where q arrives whole on the last (tensor) mesh dim, as slices of a fused
+            projection's column-parallel output do (DTensor gathers a slice that crosses
+            shards), each rank computes its own heads of the whole q, k and v; its output is
+            sharded by heads, and its gradients of q, k and v, nonzero on its heads only,
+            partial sums."""
             if not isinstance(q, DTensor):
                 return lambda a, b, c: sdpa(a, b, c, *rest, **extra)
             layout = list(q.placements)
+            if not (_BY_HEADS.get() and isinstance(layout[-1], Replicate)):
+                return local_map(
+                    lambda a, b, c: sdpa(a, b, c, *rest, **extra),
+                    out_placements=layout,
+                    in_placements=(layout, layout, layout),
+                )
+            mesh = q.device_mesh
+            ways, mine = mesh.size(mesh.ndim - 1), mesh.get_local_rank(mesh.ndim - 1)
+
+            def own_heads(a: Any, b: Any, c: Any) -> Any:  # (batch, heads, rows, head_dim)
+                a, b, c = (x.chunk(ways, dim=1)[mine] for x in (a, b, c))
+                return sdpa(a, b, c, *rest, **extra)
+
+            grads = [*layout[:-1], Partial()]
             return local_map(
-                lambda a, b, c: sdpa(a, b, c, *rest, **extra),
-                out_placements=layout,
+                own_heads,
+                out_placements=[*layout[:-1], Shard(1)],
                 in_placements=(layout, layout, layout),
+                in_grad_placements=(grads, grads, grads),
             )
 
     return Mode

@@ -8,7 +8,9 @@ loop order, the project's group c % p); the schedule is `ScheduleGPipe`, `Schedu
 `ScheduleInterleaved1F1B` (v chunks per rank) over m micro-batches. What it cannot express is
 one `ExportError` line (see `_refusals`): a tensor that skips a stage, a stage on several
 devices (data or tensor parallelism inside a stage), stages not on ranks 0..p-1 in order,
-batch norm with m > 1, a chunk that does not start at a module's call, 1F1B with m < p.
+batch norm with m > 1, a chunk that does not start at a module's call, 1F1B with m < p; and,
+once traced (`parallelize_pipeline`), a traced value that skips a stage (`_refuse_skips`). A
+Hugging Face model is traced as capture traces it (`planner.graph.hf.traceable`).
 
 `parallelize_pipeline(planned, module, example_inputs, loss_fn)` builds this rank's stages
 and schedule in every rank of an initialized process group of p ranks; its
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.errors import ExportError
 from planner.export.common import check_params
+from planner.graph.hf import traceable
 from planner.graph.opkinds import SAMPLE, is_batch_norm
 from planner.pipeline.timeline import counted
 
@@ -323,6 +326,9 @@ def parallelize_pipeline(
         )
     micro = tuple(x.narrow(0, 0, x.shape[0] // m) for x in example_inputs)
     split = {path: pp.SplitPoint.BEGINNING for path in plan.split_spec}
+    # a Hugging Face model is traced as capture traced it: forward(input_ids) -> logits, no
+    # key/value cache, its own module and parameter names (planner.graph.hf)
+    module = traceable(module)
     pipe = pp.pipeline(module, micro, split_spec=split)
     if pipe.num_stages != len(plan.stages):
         raise ExportError(
@@ -331,6 +337,7 @@ def parallelize_pipeline(
             f"({', '.join(plan.split_spec)}) is not "
             "called where the graph says"
         )
+    _refuse_skips(pipe, plan)
     rank = dist.get_rank()
     info, dev = pipe.info(), torch.device(device)
     mine = {s.index: pipe.get_stage_module(s.index) for s in plan.stages_of(rank)}
@@ -345,6 +352,34 @@ def parallelize_pipeline(
         cls = getattr(pp, plan.schedule)
         schedule = cls(stages[0], m, loss_fn=loss, scale_grads=False)
     return PipelineExported(plan, rank, mine, schedule, _tied(module, pipe, len(plan.stages)))
+
+
+def _refuse_skips(pipe: Any, plan: PipelineExportPlan) -> None:
+    """One ExportError if the traced stages pass a value past a stage, which torch's
+    pipelining cannot run (its stages send to the next one only; a floating value read by two
+    later stages fails at the first step with "Backward of skip connections not supported
+    yet"). The op graph can be free of such edges where the traced module is not: a Hugging
+    Face decoder computes its rotary tables (cos, sin) once, before its first block, and hands
+    them to every block, where capture folds them into each attention op as constants."""
+    stage_of: dict[Any, int] = {}  # traced node -> the stage that computes it
+    stages = 0
+    for node in pipe.split_gm.graph.nodes:
+        if node.op == "call_function" and node.args and node.args[0] in stage_of:
+            stage_of[node] = stage_of[node.args[0]]  # a getitem of a stage's outputs
+        elif node.op == "call_module":
+            skipped = [
+                stage_of[a] for a in node.all_input_nodes if stage_of.get(a, stages) < stages - 1
+            ]
+            if skipped:
+                raise ExportError(
+                    f"torch's pipelining would pass a value from stage {min(skipped)} to stage "
+                    f"{stages} (from {plan.stages[stages].split_at!r}) past the stages between, "
+                    "and its stages send only to the next one (a Hugging Face decoder hands the "
+                    "rotary tables it computes before its first block to every block): export "
+                    "at most 2 stages, or run the plan with runtime.run_strategy"
+                )
+            stage_of[node] = stages
+            stages += 1
 
 
 def _tied(module: nn.Module, pipe: Any, n: int) -> tuple[_Tied, ...]:

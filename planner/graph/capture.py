@@ -58,7 +58,15 @@ from planner.deadline import Deadline, OutOfTime
 from planner.errors import GraphError
 from planner.graph.attention import evaluate_constant, find_regions, module_key, rms_norm
 from planner.graph.hf import traceable
-from planner.graph.moe_capture import MoEFound, declared_moe, moe_found, moe_of, refusal, unread_moe
+from planner.graph.moe_capture import (
+    MoEFound,
+    declared_moe,
+    moe_found,
+    moe_of,
+    refusal,
+    unread_moe,
+    unread_reason,
+)
 from planner.graph.opgraph import Op, OpGraph, Param, Tensor
 from planner.graph.opkinds import CHANNEL, HEIGHT, LENGTH, SAMPLE, WIDTH
 
@@ -536,7 +544,7 @@ def _trace(
         if unread is not None:
             raise GraphError(
                 f"torch.fx could not trace {name!r} ({type(exc).__name__}); "
-                + refusal(f"module {unread!r}")
+                + refusal(f"module {unread!r}{unread_reason(module, unread)}")
             ) from exc
         raise GraphError(
             f"torch.fx could not trace {name!r}{_origin(exc)}: {type(exc).__name__}: {exc}"

@@ -60,6 +60,7 @@ __all__ = [
     "moe_of",
     "refusal",
     "unread_moe",
+    "unread_reason",
 ]
 
 MOE_VERIFY_NUMEL = 2**24  # float64 stand-in parameters run to check a reading (128 MiB)
@@ -175,6 +176,21 @@ def unread_moe(module: nn.Module) -> str | None:
         if _may_be_moe(m) and _attribute(m, TOP_K_NAMES, int) is not None:
             return name or type(m).__name__
     return None
+
+
+def unread_reason(module: nn.Module, name: str) -> str:
+    """What is wrong with the unread mixture of experts `name` in `module` when it is plain
+    (', its top_k 8 is more than its 4 experts'), else ''."""
+    try:
+        m = module.get_submodule(name)
+    except AttributeError:
+        return ""
+    params: list[tuple[str, torch.Tensor]] = list(m.named_parameters())
+    readings = list(_readings(m, params)) if len(params) >= 3 else []
+    top_k = _attribute(m, TOP_K_NAMES, int)
+    if readings and top_k is not None and not 1 <= top_k <= readings[0].experts:
+        return f" (its top_k {top_k} is not between 1 and its {readings[0].experts} experts)"
+    return ""
 
 
 def refusal(where: str) -> str:

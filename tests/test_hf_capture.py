@@ -27,15 +27,9 @@ from runtime.strategies import random_strategy
 
 T = pytest.importorskip("transformers")
 
+from hf_models import SMALL  # noqa: E402 - after the skip: it builds transformers' models
+
 TOKENS = (torch.zeros(2, 16, dtype=torch.int64),)
-SMALL = dict(
-    num_hidden_layers=2,
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=256,
-)
 FAMILIES: dict[str, Callable[[], object]] = {
     "gpt2": lambda: T.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=64),
     "llama": lambda: T.LlamaConfig(**SMALL),

@@ -32,6 +32,7 @@ from workers import run_workers
 
 import planner
 from planner.export import export_plan, pipeline_plan
+from planner.export.pipelining import _refuse_skips, _traced_stages
 from planner.graph.hf import traceable
 from planner.hardware.presets import get_preset
 from planner.pipeline.spec import PipelinedStrategy
@@ -311,21 +312,50 @@ def test_pipelines_of_each_family(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # 4-10 s: torch.export traces the model
-def test_more_stages_than_two_are_refused_in_one_line() -> None:
-    """The decoder computes its rotary tables before block 0 and hands them to every block:
-    traced, stage 0 sends them to stages 1 and 2, which torch's pipelining cannot run (its
-    first step failed with "Backward of skip connections not supported yet")."""
-    from torch.distributed import pipelining as pp
+def test_each_stage_computes_the_rotary_tables_and_the_mask_itself() -> None:
+    """The decoder computes its rotary tables (from `rotary_emb.inv_freq`), causal mask and
+    position ids once, before block 0, and hands them to every block. Sent from stage 0 they
+    would pass stage 1 on their way to stage 2, which torch's pipelining cannot run (its first
+    step failed with "Backward of skip connections not supported yet"); traced, each stage
+    computes them itself from the buffer it holds, and passes the next the hidden state alone."""
+    module = traceable(hf("llama", layers=3).double())
+    paths = ("model.layers.1", "model.layers.2")
+    pipe, origins = _traced_stages(module, (TOKENS,), paths)
+    for k in range(3):
+        stage = pipe.get_stage_module(k)
+        assert [name for name, _ in stage.named_buffers()] == ["model.rotary_emb.inv_freq"]
+        inputs = [n for n in stage.graph.nodes if n.op == "placeholder"]
+        assert len(inputs) == 1, (k, inputs)  # the tokens, then the previous stage's output
+    _refuse_skips(pipe, (None, *paths), origins)  # nothing passes a stage
+    assert torch.equal(pipe(TOKENS)[0], module(TOKENS))
+    assert "forward" not in module.get_submodule("model.layers.1").__dict__  # its own again
 
+
+class PaddedLlama(torch.nn.Module):
+    """A Llama called with a padding mask computed from the token ids (0 pads): the mask its
+    blocks read depends on the inputs' values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm = hf("llama", layers=3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = (ids != 0).long()
+        out: torch.Tensor = self.lm(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        return out
+
+
+@pytest.mark.slow  # 4-10 s: torch.export traces the model
+def test_a_value_computed_from_the_inputs_that_skips_a_stage_is_refused_in_one_line() -> None:
+    """The rotary tables are computed again in each stage; the padding mask, computed from the
+    tokens, would still go from stage 0 to stage 2."""
     from planner.errors import ExportError
-    from planner.export.pipelining import _refuse_skips
 
-    module = hf("llama", layers=3)
-    plan = pipeline_plan(pipeline_case("llama", 3, 1, "gpipe", layers=3), module)
-    split = {path: pp.SplitPoint.BEGINNING for path in plan.split_spec}
-    pipe = pp.pipeline(traceable(module), (TOKENS,), split_spec=split)
+    paths = ("lm.model.layers.1", "lm.model.layers.2")
+    pipe, origins = _traced_stages(PaddedLlama(), (TOKENS,), paths)
     with pytest.raises(ExportError) as info:
-        _refuse_skips(pipe, plan)
-    assert str(info.value).startswith(
-        "torch's pipelining would pass a value from stage 0 to stage 2 (from 'model.layers.2')"
-    )
+        _refuse_skips(pipe, (None, *paths), origins)
+    message = str(info.value)
+    assert message.startswith("torch's pipelining would pass a value computed from the inputs (")
+    assert "in lm.model) from stage 0 to stage 2 (from 'lm.model.layers.2')" in message
+    assert "\n" not in message

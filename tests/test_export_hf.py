@@ -332,7 +332,7 @@ def test_three_stages_of_each_family_at_world_3(tmp_path: Path) -> None:
     } | {
         f"{family} 3 stages gpipe m2": (family, False, 3, pipeline_case(family, 3, 2, "gpipe",
                                                                          layers=3))
-        for family in ("qwen3", "phi3")
+        for family in ("mistral", "qwen2", "qwen3", "phi3")
     }  # fmt: skip
     _run_pipelines(cases, 3, tmp_path)
 
@@ -405,6 +405,6 @@ def test_a_value_computed_from_the_inputs_that_skips_a_stage_is_refused_in_one_l
     with pytest.raises(ExportError) as info:
         _refuse_skips(pipe, (None, *paths), origins)
     message = str(info.value)
-    assert message.startswith("torch's pipelining would pass a value computed from the inputs (")
+    assert message.startswith("torch's pipelining would pass a value computed from the inputs or ")
     assert "in lm.model) from stage 0 to stage 2 (from 'lm.model.layers.2')" in message
     assert "\n" not in message

@@ -223,8 +223,8 @@ def test_a_traced_value_from_the_inputs_that_skips_a_stage_is_refused() -> None:
     with pytest.raises(ExportError) as info:
         _refuse_skips(pipe, (None, *BLOCKS), origins)
     assert str(info.value).startswith(
-        "torch's pipelining would pass a value computed from the inputs ('embedding', in "
-        "embed) from stage 0 to stage 2 (from 'blocks.2') past the stages between"
+        "torch's pipelining would pass a value computed from the inputs or parameters "
+        "('embedding', in embed) from stage 0 to stage 2 (from 'blocks.2') past the stages between"
     )
     assert "\n" not in str(info.value)
 

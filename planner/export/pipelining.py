@@ -501,7 +501,7 @@ def _refuse_skips(pipe: Any, split_at: Sequence[str | None], origins: dict[str, 
                     name = str(placeholder.target)
                     where = origins.get(name) or "the traced module"
                     raise ExportError(
-                        f"torch's pipelining would pass a value computed from the inputs "
+                        f"torch's pipelining would pass a value computed from the inputs or parameters "
                         f"({name!r}, in {where}) from stage {source} to stage {stages} (from "
                         f"{split_at[stages]!r}) past the stages between, and its stages send "
                         "only to the next one: move the bounds or use fewer stages so each "

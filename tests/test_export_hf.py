@@ -406,5 +406,5 @@ def test_a_value_computed_from_the_inputs_that_skips_a_stage_is_refused_in_one_l
         _refuse_skips(pipe, (None, *paths), origins)
     message = str(info.value)
     assert message.startswith("torch's pipelining would pass a value computed from the inputs or ")
-    assert "in lm.model) from stage 0 to stage 2 (from 'lm.model.layers.2')" in message
+    assert "in lm.model), from stage 0 to stage 2 (from 'lm.model.layers.2')" in message
     assert "\n" not in message

@@ -183,21 +183,23 @@ def test_schedules_and_layouts_torch_cannot_run_are_refused() -> None:
 
 class Blocks(torch.nn.Module):
     """Three linear blocks that each scale by a table computed from a buffer before the first
-    (as a decoder's rotary tables) and, with `skip`, add the embedding (a residual from the
-    inputs)."""
+    (as a decoder's rotary tables); with "skip" they also add the embedding (a residual from
+    the inputs), with "written" the table's first row is written in place from the inputs."""
 
-    def __init__(self, skip: bool = False) -> None:
+    def __init__(self, variant: str = "") -> None:
         super().__init__()
         self.embed = torch.nn.Embedding(16, 8)
         self.register_buffer("freq", torch.arange(8.0) / 8)
         self.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
-        self.skip = skip
+        self.variant = variant
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         h = first = self.embed(ids)
         table = torch.cos(torch.arange(ids.shape[1])[:, None] * self.freq)  # (length, 8)
+        if self.variant == "written":
+            table[0] = first[0, 0].detach()
         for block in self.blocks:
-            h = block(h) * table + (first if self.skip else 0)
+            h = block(h) * table + (first if self.variant == "skip" else 0)
         return h
 
 
@@ -218,13 +220,22 @@ def test_values_computed_without_the_inputs_are_computed_again_in_each_stage() -
     assert "forward" not in net.blocks[1].__dict__  # the module's own forward again
 
 
-def test_a_traced_value_from_the_inputs_that_skips_a_stage_is_refused() -> None:
-    pipe, origins = _traced_stages(Blocks(skip=True), (IDS,), BLOCKS)
+@pytest.mark.parametrize(
+    "variant, value", [("skip", "'embedding', in embed"), ("written", "'cos', in the root module")]
+)
+def test_a_traced_value_from_the_inputs_that_skips_a_stage_is_refused(
+    variant: str, value: str
+) -> None:
+    """The embedding read by every block; the table written in place from the inputs (a copy
+    of the ops that compute it would miss the write): sent, so they would skip stage 1."""
+    net = Blocks(variant)
+    pipe, origins = _traced_stages(net, (IDS,), BLOCKS)
+    assert torch.equal(pipe(IDS)[0], net(IDS))  # in one process, where values can skip
     with pytest.raises(ExportError) as info:
         _refuse_skips(pipe, (None, *BLOCKS), origins)
     assert str(info.value).startswith(
-        "torch's pipelining would pass a value computed from the inputs or parameters "
-        "('embedding', in embed) from stage 0 to stage 2 (from 'blocks.2') past the stages between"
+        "torch's pipelining would pass a value computed from the inputs or parameters, or "
+        f"written in place ({value}), from stage 0 to stage 2 (from 'blocks.2') past the stages"
     )
     assert "\n" not in str(info.value)
 

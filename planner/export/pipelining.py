@@ -449,13 +449,17 @@ def _input_free(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
     """The traced nodes whose values do not depend on the inputs' values (nor on the
     parameters): buffers and constants (`get_attr` of a tensor that is not a parameter), and
     ops whose tensor arguments are all such nodes (arange, a rotary table, a causal mask),
-    except random ones. capture's `_constants` (planner/graph/capture.py) decides it the same
-    way, with parameters counted in."""
+    except random ones, and except tensors some op writes in place (`_written`: a copy of the
+    nodes that compute a value would miss a write made elsewhere). capture's `_constants`
+    (planner/graph/capture.py) decides it the same way, with parameters counted in."""
     import torch
     from torch import nn
 
+    written = _written(gm)
     free: set[torch.fx.Node] = set()
     for node in gm.graph.nodes:
+        if node in written:
+            continue
         if node.op == "get_attr":
             if not isinstance(_attribute(gm, str(node.target)), nn.Parameter):
                 free.add(node)
@@ -466,6 +470,47 @@ def _input_free(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
             ):
                 free.add(node)
     return free
+
+
+def _written(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """The traced nodes whose tensors an op writes in place, through any view of them (torch's
+    traced graphs keep in-place ops: `add_`, `fill_` of a `select`, a buffer's running
+    statistics): the nodes are grouped by the tensors they share (an argument the op's schema
+    aliases, a getitem of an op's outputs), and a group one of whose tensors is written is
+    written."""
+    import operator
+
+    import torch
+
+    parent: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def root(n: torch.fx.Node) -> torch.fx.Node:
+        while parent.get(n, n) is not n:
+            n = parent[n]
+        return n
+
+    written: list[torch.fx.Node] = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        shared: list[tuple[Any, bool]] = []  # (argument, written) of the arguments node aliases
+        if node.target is operator.getitem:
+            shared = [(node.args[0], False)]
+        elif (schema := getattr(node.target, "_schema", None)) is not None:
+            for i, arg in enumerate(schema.arguments):
+                if arg.alias_info is not None:
+                    value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+                    shared.append((value, arg.alias_info.is_write))
+        for value, write in shared:
+            nodes: list[torch.fx.Node] = []
+            torch.fx.node.map_arg(value, nodes.append)
+            for a in nodes:
+                if root(a) is not root(node):
+                    parent[root(a)] = root(node)
+                if write:
+                    written.append(a)
+    roots = {root(n) for n in written}
+    return {n for n in gm.graph.nodes if root(n) in roots}
 
 
 def _attribute(gm: nn.Module, target: str) -> Any:
@@ -499,10 +544,11 @@ def _refuse_skips(pipe: Any, split_at: Sequence[str | None], origins: dict[str, 
                 source = stage_of.get(arg, stages)
                 if source < stages - 1:
                     name = str(placeholder.target)
-                    where = origins.get(name) or "the traced module"
+                    where = origins.get(name) or "the root module"
                     raise ExportError(
-                        f"torch's pipelining would pass a value computed from the inputs or parameters "
-                        f"({name!r}, in {where}) from stage {source} to stage {stages} (from "
+                        "torch's pipelining would pass a value computed from the inputs or "
+                        f"parameters, or written in place ({name!r}, in {where}), from stage "
+                        f"{source} to stage {stages} (from "
                         f"{split_at[stages]!r}) past the stages between, and its stages send "
                         "only to the next one: move the bounds or use fewer stages so each "
                         "stage reads only what the stage before it computes, or run the plan "

@@ -24,6 +24,7 @@ import planner
 from planner.costs.config import ParallelConfig
 from planner.errors import ExportError
 from planner.export import export_plan, pipeline_plan
+from planner.export.pipelining import _refuse_skips, _traced_stages
 from planner.graph.capture import capture
 from planner.graph.coarsen import coarsen
 from planner.graph.opgraph import OpGraph
@@ -178,6 +179,65 @@ def test_schedules_and_layouts_torch_cannot_run_are_refused() -> None:
     graph = coarsen(capture(net, (torch.randn(8, 3, 16, 16),), "cnn"))
     cnn = pipelined(graph, (0, 2, len(graph.ops)), TWO, 2, "gpipe")
     assert "normalizes with batch statistics" in refusal(cnn, net)
+
+
+class Blocks(torch.nn.Module):
+    """Three linear blocks that each scale by a table computed from a buffer before the first
+    (as a decoder's rotary tables); with "skip" they also add the embedding (a residual from
+    the inputs), with "written" the table's first row is written in place from the inputs."""
+
+    def __init__(self, variant: str = "") -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 8)
+        self.register_buffer("freq", torch.arange(8.0) / 8)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+        self.variant = variant
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = first = self.embed(ids)
+        table = torch.cos(torch.arange(ids.shape[1])[:, None] * self.freq)  # (length, 8)
+        if self.variant == "written":
+            table[0] = first[0, 0].detach()
+        for block in self.blocks:
+            h = block(h) * table + (first if self.variant == "skip" else 0)
+        return h
+
+
+IDS = torch.arange(8).reshape(2, 4)
+BLOCKS = ("blocks.1", "blocks.2")
+
+
+def test_values_computed_without_the_inputs_are_computed_again_in_each_stage() -> None:
+    net = Blocks()
+    pipe, origins = _traced_stages(net, (IDS,), BLOCKS)
+    for k in range(3):
+        stage = pipe.get_stage_module(k)
+        assert [name for name, _ in stage.named_buffers()] == ["freq"]
+        inputs = [n for n in stage.graph.nodes if n.op == "placeholder"]
+        assert len(inputs) == 1, (k, inputs)  # the ids, then the hidden state alone
+    _refuse_skips(pipe, (None, *BLOCKS), origins)
+    assert torch.equal(pipe(IDS)[0], net(IDS))
+    assert "forward" not in net.blocks[1].__dict__  # the module's own forward again
+
+
+@pytest.mark.parametrize(
+    "variant, value", [("skip", "'embedding', in embed"), ("written", "'cos', in the root module")]
+)
+def test_a_traced_value_from_the_inputs_that_skips_a_stage_is_refused(
+    variant: str, value: str
+) -> None:
+    """The embedding read by every block; the table written in place from the inputs (a copy
+    of the ops that compute it would miss the write): sent, so they would skip stage 1."""
+    net = Blocks(variant)
+    pipe, origins = _traced_stages(net, (IDS,), BLOCKS)
+    assert torch.equal(pipe(IDS)[0], net(IDS))  # in one process, where values can skip
+    with pytest.raises(ExportError) as info:
+        _refuse_skips(pipe, (None, *BLOCKS), origins)
+    assert str(info.value).startswith(
+        "torch's pipelining would pass a value computed from the inputs or parameters, or "
+        f"written in place ({value}), from stage 0 to stage 2 (from 'blocks.2') past the stages"
+    )
+    assert "\n" not in str(info.value)
 
 
 def test_the_dtensor_export_points_a_pipelined_strategy_here() -> None:

@@ -9,8 +9,16 @@ loop order, the project's group c % p); the schedule is `ScheduleGPipe`, `Schedu
 one `ExportError` line (see `_refusals`): a tensor that skips a stage, a stage on several
 devices (data or tensor parallelism inside a stage), stages not on ranks 0..p-1 in order,
 batch norm with m > 1, a chunk that does not start at a module's call, 1F1B with m < p; and,
-once traced (`parallelize_pipeline`), a traced value that skips a stage (`_refuse_skips`). A
-Hugging Face model is traced as capture traces it (`planner.graph.hf.traceable`).
+once traced (`parallelize_pipeline`), a traced value computed from the inputs that skips a
+stage (`_refuse_skips`). A Hugging Face model is traced as capture traces it
+(`planner.graph.hf.traceable`).
+
+Values computed without the inputs' values (from shapes, constants and buffers alone: a Hugging
+Face decoder's rotary tables, from its `rotary_emb.inv_freq` buffer, its causal mask and
+position ids, all computed once before block 0 and handed to every block) are not sent from
+the stage that computes them: each stage that reads one computes it again (`_recompute`),
+from the buffers it then holds too. So a decoder pipelines with any number of stages, where
+sending them would pass them past a stage, which torch's pipelining cannot run.
 
 `parallelize_pipeline(planned, module, example_inputs, loss_fn)` builds this rank's stages
 and schedule in every rank of an initialized process group of p ranks; its
@@ -325,11 +333,10 @@ def parallelize_pipeline(
             f"{counted(batch, 'sample')}"
         )
     micro = tuple(x.narrow(0, 0, x.shape[0] // m) for x in example_inputs)
-    split = {path: pp.SplitPoint.BEGINNING for path in plan.split_spec}
     # a Hugging Face model is traced as capture traced it: forward(input_ids) -> logits, no
     # key/value cache, its own module and parameter names (planner.graph.hf)
     module = traceable(module)
-    pipe = pp.pipeline(module, micro, split_spec=split)
+    pipe, origins = _traced_stages(module, micro, tuple(plan.split_spec))
     if pipe.num_stages != len(plan.stages):
         raise ExportError(
             f"tracing cut the module into {counted(pipe.num_stages, 'stage')} where the "
@@ -337,7 +344,7 @@ def parallelize_pipeline(
             f"({', '.join(plan.split_spec)}) is not "
             "called where the graph says"
         )
-    _refuse_skips(pipe, plan)
+    _refuse_skips(pipe, [s.split_at for s in plan.stages], origins)
     rank = dist.get_rank()
     info, dev = pipe.info(), torch.device(device)
     mine = {s.index: pipe.get_stage_module(s.index) for s in plan.stages_of(rank)}
@@ -354,30 +361,199 @@ def parallelize_pipeline(
     return PipelineExported(plan, rank, mine, schedule, _tied(module, pipe, len(plan.stages)))
 
 
-def _refuse_skips(pipe: Any, plan: PipelineExportPlan) -> None:
+def _traced_stages(
+    module: nn.Module, micro: Sequence[torch.Tensor], split_at: Sequence[str]
+) -> tuple[Any, dict[str, str]]:
+    """torch's `Pipe` of `module` traced on the micro-batch inputs `micro` and cut before the
+    call of each module in `split_at` (as `pipeline(module, micro, split_spec={path:
+    SplitPoint.BEGINNING})` cuts it), each stage computing again the values it reads that are
+    computed without the inputs (`_recompute`); and, for the values a stage reads from another
+    (by their traced names), the module that computes each. The modules' forwards are theirs
+    again when it returns."""
+    from torch.distributed import pipelining as pp
+
+    origins: dict[str, str] = {}
+
+    def policy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        _recompute(gm)
+        for node in gm.graph.nodes:
+            stack = list((node.meta.get("nn_module_stack") or {}).values())
+            origins[node.name] = stack[-1][0] if stack else ""
+        return gm
+
+    split = [module.get_submodule(path) for path in split_at]
+    own = [sub.__dict__.get("forward") for sub in split]  # a forward set on the instance
+    try:
+        for sub in split:
+            sub.forward = _split_before(sub.forward)
+        pipe = pp.Pipe.from_tracing(module, tuple(micro), split_policy=policy)
+    finally:
+        for sub, forward in zip(split, own, strict=True):
+            if forward is None:
+                del sub.forward
+            else:
+                sub.forward = forward
+    return pipe, origins
+
+
+def _split_before(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """`forward` with a split point before it (torch's `SplitPoint.BEGINNING`)."""
+    from torch.distributed import pipelining as pp
+
+    def split_then_forward(*args: Any, **kwargs: Any) -> Any:
+        pp.pipe_split()
+        return forward(*args, **kwargs)
+
+    return split_then_forward
+
+
+def _recompute(gm: torch.fx.GraphModule) -> None:
+    """Where a stage reads a value an earlier stage computes without the inputs' values
+    (`_input_free`), it computes the value itself: the nodes that compute it are copied into
+    the stage, after its split point, and read there; the buffers they read become the
+    stage's too (torch's pipelining gives each stage the attributes its nodes read). The
+    values are the same (deterministic ops on the same buffers); nothing is sent for them."""
+    free = _input_free(gm)
+    stage_of: dict[torch.fx.Node, int] = {}
+    anchor: dict[int, torch.fx.Node] = {}  # stage -> its last node so far among the copies
+    stage = 0
+    for node in gm.graph.nodes:
+        if _is_split_point(node):
+            stage += 1
+            anchor[stage] = node
+        stage_of[node] = stage
+    copies: dict[tuple[int, torch.fx.Node], torch.fx.Node] = {}
+
+    def local(node: torch.fx.Node, k: int) -> torch.fx.Node:
+        """`node`'s value in stage k: itself, or its copy there."""
+        if node.op == "get_attr" or stage_of[node] == k:
+            return node
+        if (k, node) not in copies:
+            for a in node.all_input_nodes:  # its inputs' copies first, in order
+                local(a, k)
+            with gm.graph.inserting_after(anchor[k]):
+                copy = gm.graph.node_copy(node, lambda a: local(a, k))
+            copies[k, node] = anchor[k] = copy
+            stage_of[copy] = k
+        return copies[k, node]
+
+    for node in list(gm.graph.nodes):
+        k = stage_of[node]
+        for a in node.all_input_nodes:
+            if a in free and a.op != "get_attr" and stage_of[a] < k:
+                node.replace_input_with(a, local(a, k))
+    gm.recompile()
+
+
+def _input_free(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """The traced nodes whose values do not depend on the inputs' values (nor on the
+    parameters): buffers and constants (`get_attr` of a tensor that is not a parameter), and
+    ops whose tensor arguments are all such nodes (arange, a rotary table, a causal mask),
+    except random ones, and except tensors some op writes in place (`_written`: a copy of the
+    nodes that compute a value would miss a write made elsewhere). capture's `_constants`
+    (planner/graph/capture.py) decides it the same way, with parameters counted in."""
+    import torch
+    from torch import nn
+
+    written = _written(gm)
+    free: set[torch.fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node in written:
+            continue
+        if node.op == "get_attr":
+            if not isinstance(_attribute(gm, str(node.target)), nn.Parameter):
+                free.add(node)
+        elif node.op == "call_function" and not _is_split_point(node):
+            tags = getattr(node.target, "tags", ())
+            if torch.Tag.nondeterministic_seeded not in tags and all(
+                a in free for a in node.all_input_nodes
+            ):
+                free.add(node)
+    return free
+
+
+def _written(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """The traced nodes whose tensors an op writes in place, through any view of them (torch's
+    traced graphs keep in-place ops: `add_`, `fill_` of a `select`, a buffer's running
+    statistics): the nodes are grouped by the tensors they share (an argument the op's schema
+    aliases, a getitem of an op's outputs), and a group one of whose tensors is written is
+    written."""
+    import operator
+
+    import torch
+
+    parent: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def root(n: torch.fx.Node) -> torch.fx.Node:
+        while parent.get(n, n) is not n:
+            n = parent[n]
+        return n
+
+    written: list[torch.fx.Node] = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        shared: list[tuple[Any, bool]] = []  # (argument, written) of the arguments node aliases
+        if node.target is operator.getitem:
+            shared = [(node.args[0], False)]
+        elif (schema := getattr(node.target, "_schema", None)) is not None:
+            for i, arg in enumerate(schema.arguments):
+                if arg.alias_info is not None:
+                    value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+                    shared.append((value, arg.alias_info.is_write))
+        for value, write in shared:
+            nodes: list[torch.fx.Node] = []
+            torch.fx.node.map_arg(value, nodes.append)
+            for a in nodes:
+                if root(a) is not root(node):
+                    parent[root(a)] = root(node)
+                if write:
+                    written.append(a)
+    roots = {root(n) for n in written}
+    return {n for n in gm.graph.nodes if root(n) in roots}
+
+
+def _attribute(gm: nn.Module, target: str) -> Any:
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _is_split_point(node: torch.fx.Node) -> bool:
+    import torch
+
+    return node.op == "call_function" and node.target is torch.ops.pippy._pipe_split.default
+
+
+def _refuse_skips(pipe: Any, split_at: Sequence[str | None], origins: dict[str, str]) -> None:
     """One ExportError if the traced stages pass a value past a stage, which torch's
     pipelining cannot run (its stages send to the next one only; a floating value read by two
     later stages fails at the first step with "Backward of skip connections not supported
-    yet"). The op graph can be free of such edges where the traced module is not: a Hugging
-    Face decoder computes its rotary tables (cos, sin) once, before its first block, and hands
-    them to every block, where capture folds them into each attention op as constants."""
+    yet"). Values computed without the inputs are computed again where they are read
+    (`_recompute`); what is left is computed from the inputs (or the parameters), and the op
+    graph can be free of such an edge where the traced module is not."""
     stage_of: dict[Any, int] = {}  # traced node -> the stage that computes it
     stages = 0
     for node in pipe.split_gm.graph.nodes:
         if node.op == "call_function" and node.args and node.args[0] in stage_of:
             stage_of[node] = stage_of[node.args[0]]  # a getitem of a stage's outputs
         elif node.op == "call_module":
-            skipped = [
-                stage_of[a] for a in node.all_input_nodes if stage_of.get(a, stages) < stages - 1
-            ]
-            if skipped:
-                raise ExportError(
-                    f"torch's pipelining would pass a value from stage {min(skipped)} to stage "
-                    f"{stages} (from {plan.stages[stages].split_at!r}) past the stages between, "
-                    "and its stages send only to the next one (a Hugging Face decoder hands the "
-                    "rotary tables it computes before its first block to every block): export "
-                    "at most 2 stages, or run the plan with runtime.run_strategy"
-                )
+            inputs = [p for p in pipe.get_stage_module(stages).graph.nodes if p.op == "placeholder"]
+            for arg, placeholder in zip(node.args, inputs, strict=False):
+                source = stage_of.get(arg, stages)
+                if source < stages - 1:
+                    name = str(placeholder.target)
+                    where = origins.get(name) or "the root module"
+                    raise ExportError(
+                        "torch's pipelining would pass a value computed from the inputs or "
+                        f"parameters, or written in place ({name!r}, in {where}), from stage "
+                        f"{source} to stage {stages} (from "
+                        f"{split_at[stages]!r}) past the stages between, and its stages send "
+                        "only to the next one: move the bounds or use fewer stages so each "
+                        "stage reads only what the stage before it computes, or run the plan "
+                        "with runtime.run_strategy"
+                    )
             stage_of[node] = stages
             stages += 1
 

@@ -124,24 +124,26 @@ def rope_tables(
 class Float64Islands(TorchFunctionMode):
     """In a float64 run, what a model computes in float32 whatever its input's dtype (norms and
     softmaxes in float32: Meta's and Hugging Face's code; a weight applied in float32: Gemma's
-    norms) computed in float64 instead: casts of float64 tensors to float32 keep float64, and
-    a float32 `dtype=` of an op on a float64 tensor becomes float64. Both sides of a float64 `--check` run under it (the
-    single-process reference and every rank), so the check compares the parallel
-    decomposition in float64 throughout: with the islands kept, a weight gradient that the
-    model sums in float32 over all rows (Gemma's 1 + weight) cannot equal the sum of its
-    ranks' float32 partial sums, and data parallelism alone deviates by ~1e-8. float32 runs
-    keep the islands as the model has them."""
+    norms; a router in float32) computed in float64 instead: casts of float64 tensors to
+    float32 keep float64, and a float32 `dtype=` of an op on a float64 tensor becomes float64.
+    Both sides of a float64 `--check` run under it (the single-process reference and every
+    rank), so the check compares the parallel decomposition in float64 throughout: with the
+    islands kept, a weight gradient that the model sums in float32 over all rows (Gemma's
+    1 + weight) cannot equal the sum of its ranks' float32 partial sums, and data parallelism
+    alone deviates by ~1e-8. float32 runs keep the islands as the model has them."""
 
     def __torch_function__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
     ) -> Any:
-        kwargs = dict(kwargs or {})
+        kwargs = kwargs or {}
+        if func not in _CASTS and kwargs.get("dtype") is not torch.float32:
+            return func(*args, **kwargs)  # every other call: as it is, at once
         wide = torch.float64
         x = args[0] if args else None
         # (meta tensors are capture's: it traces in float64 and must see the model's casts)
         if isinstance(x, torch.Tensor) and x.dtype == wide and not x.is_meta:
             if kwargs.get("dtype") is torch.float32:  # softmax(x, dtype=torch.float32)
-                kwargs["dtype"] = wide
+                kwargs = {**kwargs, "dtype": wide}
             if func is torch.Tensor.float:
                 return args[0]
             if func in (torch.Tensor.to, torch.Tensor.type):
@@ -151,9 +153,24 @@ class Float64Islands(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def float64_islands(dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:
-    """`Float64Islands` for a float64 run, nothing for another dtype."""
-    return Float64Islands() if dtype == torch.float64 else contextlib.nullcontext()
+_CASTS = frozenset({torch.Tensor.float, torch.Tensor.to, torch.Tensor.type, torch.Tensor.type_as})
+
+
+def float64_islands(
+    dtype: torch.dtype, graph: OpGraph | None = None
+) -> contextlib.AbstractContextManager[Any]:
+    """`Float64Islands` for a float64 run (of a graph whose ops say they compute something in
+    float32, when `graph` is given: a mode costs every torch call a Python step), nothing
+    otherwise."""
+    if dtype != torch.float64 or (graph is not None and not has_islands(graph)):
+        return contextlib.nullcontext()
+    return Float64Islands()
+
+
+def has_islands(graph: OpGraph) -> bool:
+    """Whether an op of `graph` computes something in float32 whatever the run's dtype (an
+    attr "float32": a norm's compute, a softmax, a QK-norm, a router)."""
+    return any(v == "float32" for op in graph.ops for _, v in op.attrs)
 
 
 def constant_scalars(graph: OpGraph, spec: Model | None, seed: int, dtype: torch.dtype) -> OpGraph:
@@ -293,7 +310,7 @@ def reference_train(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with float64_islands(dtype):
+        with float64_islands(dtype, graph):
             return _reference_train(spec, graph, steps, lr, seed, dtype)
     finally:
         torch.set_num_threads(threads)

@@ -172,7 +172,8 @@ def _exit_with(launcher: int) -> None:
 def session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
     """What every rank runs between rendezvous and results (a float64 run with the model's
     float32 islands in float64, as its reference: `runtime.reference.Float64Islands`)."""
-    with float64_islands(DTYPES[job.options.dtype]):
+    graph = strategy_from_json(job.strategy).graph
+    with float64_islands(DTYPES[job.options.dtype], graph):
         return _session(job, rank, world, status)
 
 

@@ -304,6 +304,7 @@ def _run(family: str, world: int, moe: dict[str, int] | int) -> tuple[Any, Any, 
     return runtime.run_strategy(strategy, traceable(model), F64), graph, strategy
 
 
+@pytest.mark.slow
 def test_mixtral_trains_at_world_2_with_its_experts_spread_like_one_process() -> None:
     from test_runtime_moe import _check_run
 

@@ -148,8 +148,7 @@ def contest_key(name: str) -> str | None:
 @functools.cache
 def contest_limits(path: Path = LIMITS_FILE) -> dict[str, float]:
     """The contest's time limit of each of its instances, by letter, in seconds."""
-    rows = csv.DictReader(line for line in io.StringIO(path.read_text()) if line[:1] != "#")
-    return {row["instance"]: float(row["time_limit_s"]) for row in rows}
+    return _numbers(path, "time_limit_s", "the contest's time limits")
 
 
 def time_limit_of(name: str, override: float | None) -> float:
@@ -188,22 +187,27 @@ def instances(paths: Sequence[Path]) -> list[Path]:
 
 def read_best(path: Path) -> dict[str, float]:
     """instance -> best-known cost, from a CSV with columns instance and best_cost."""
+    return _numbers(path, "best_cost", "the best-known costs")
+
+
+def _numbers(path: Path, column: str, what: str) -> dict[str, float]:
+    """instance -> the number in `column`, from a CSV whose `#` lines are comments; one
+    LayerwiseError line for a file that cannot be read, lacks the columns or holds another
+    value."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise LayerwiseError(f"cannot read the best-known costs {path}: {exc.strerror}") from None
+        raise LayerwiseError(f"cannot read {what} {path}: {exc.strerror}") from None
     rows = list(csv.DictReader(line for line in io.StringIO(text) if not line.startswith("#")))
-    if rows and not {"instance", "best_cost"} <= set(rows[0]):
-        raise LayerwiseError(f"{path} needs the columns instance and best_cost")
-    best = {}
+    if rows and not {"instance", column} <= set(rows[0]):
+        raise LayerwiseError(f"{path} needs the columns instance and {column}")
+    out = {}
     for row in rows:
         try:
-            best[row["instance"]] = float(row["best_cost"])
+            out[row["instance"]] = float(row[column])
         except (TypeError, ValueError):
-            raise LayerwiseError(
-                f"{path}: best_cost {row['best_cost']!r} is not a number"
-            ) from None
-    return best
+            raise LayerwiseError(f"{path}: {column} {row[column]!r} is not a number") from None
+    return out
 
 
 # ----------------------------------------------------------------------------- one case

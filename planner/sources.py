@@ -203,7 +203,9 @@ _OPGRAPH_FORMAT = re.compile(rb'"format"\s*:\s*"layerwise\.opgraph"')
 
 
 def _looks_like_path(model: str | Path) -> bool:
-    if isinstance(model, str) and model.startswith("hf:"):
+    from planner.graph.hf_zoo import is_hf_name  # no torch: decided before the zoo loads
+
+    if is_hf_name(model):
         return False  # a Hugging Face model, its config file's path after the prefix
     if isinstance(model, Path) or model.endswith((".json", ".json.gz")):
         return True  # no zoo name ends so: decided without importing the zoo (and torch)

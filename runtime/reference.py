@@ -47,6 +47,7 @@ __all__ = [
     "deviation",
     "float64_islands",
     "init_params",
+    "model_constants",
     "log_head",
     "make_inputs",
     "make_targets",
@@ -76,13 +77,18 @@ class Model(Protocol):
 
 
 def init_params(
-    graph: OpGraph, spec: Model | None, seed: int, dtype: torch.dtype
+    graph: OpGraph,
+    spec: Model | None,
+    seed: int,
+    dtype: torch.dtype,
+    module: nn.Module | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[int, float]]:
     """Full initial parameters by graph parameter name, and the epsilon of every batch norm
     op (by op index) that differs from the kernels' default 1e-5.
 
     The graph does not record a norm's epsilon (Inception-v3 uses 1e-3): it is read from the
-    model's BatchNorm2d modules, found by the names of the norm's parameters."""
+    model's BatchNorm2d modules, found by the names of the norm's parameters. `module`: the
+    model already built from `spec` (else built here)."""
     names = {p.name: p.shape for op in graph.ops for p in op.params}
     if spec is None:
         out = {}
@@ -90,7 +96,7 @@ def init_params(
             g = torch.Generator().manual_seed(_mix(seed, 0, k))
             out[name] = (torch.randn(shape, generator=g, dtype=torch.float64) * 0.1).to(dtype)
         return out, {}
-    module = spec.build(seed, dtype)
+    module = spec.build(seed, dtype) if module is None else module
     have = dict(module.named_parameters())
     missing = sorted(set(names) - set(have))
     if missing:
@@ -99,26 +105,6 @@ def init_params(
             "come from this model"
         )
     return {n: have[n].detach() for n in names}, _norm_eps(graph, module)
-
-
-def rope_tables(
-    graph: OpGraph, spec: Model | None, seed: int, dtype: torch.dtype
-) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """The rotary tables (cos, sin) of every attention op that has them, by op index, as the
-    model computes them (traced again on the CPU: attr rope_tables names their fx nodes).
-    Without a model: random tables (a graph alone carries no values)."""
-    wanted = {i: op.attr("rope_tables") for i, op in enumerate(graph.ops) if op.attr("rope")}
-    if not wanted:
-        return {}
-    if spec is None:
-        raise LayerwiseError("a graph with rotary attention needs its model to run")
-    from planner.graph.capture import constant_values
-
-    module = spec.build(seed, dtype)
-    inputs = make_inputs(graph, 0, seed, dtype)
-    names = sorted({n for pair in wanted.values() for n in pair})
-    values = constant_values(module, tuple(inputs), names)
-    return {i: (rope_table(values[c]), rope_table(values[s])) for i, (c, s) in wanted.items()}
 
 
 class Float64Islands(TorchFunctionMode):
@@ -173,32 +159,56 @@ def has_islands(graph: OpGraph) -> bool:
     return any(v == "float32" for op in graph.ops for _, v in op.attrs)
 
 
-def constant_scalars(graph: OpGraph, spec: Model | None, seed: int, dtype: torch.dtype) -> OpGraph:
-    """`graph` with the value of every elementwise op's constant factor that capture could not
-    compute (attr scalar_node: a 0-d tensor the model computes from its buffers, as Gemma's
-    embedding scale on a meta model) filled in as attr scalar, computed by the model on the
-    CPU (traced again: the attr names its fx node). Unchanged when there is none."""
-    wanted = {i: op.attr("scalar_node") for i, op in enumerate(graph.ops)}
-    wanted = {i: n for i, n in wanted.items() if n is not None and op_scalar(graph.ops[i]) is None}
-    if not wanted:
-        return graph
+Tables = dict[int, tuple[torch.Tensor, torch.Tensor]]  # (cos, sin) by attention op index
+
+
+def model_constants(
+    graph: OpGraph,
+    spec: Model | None,
+    seed: int,
+    dtype: torch.dtype,
+    module: nn.Module | None = None,
+) -> tuple[dict[int, float], Tables]:
+    """What the graph's ops name of the model's constants, computed by the model on the CPU
+    in one trace (capture names fx nodes deterministically, so attrs can name them): the
+    value of every elementwise op's constant factor that capture could not compute (attr
+    scalar_node: a 0-d tensor computed from buffers, as Gemma's embedding scale on a meta
+    model), by op index, and every rotary attention op's (cos, sin) tables (attr
+    rope_tables). `module`: the model already built (else built here when needed)."""
+    scalars = {i: n for i, op in enumerate(graph.ops) if (n := op.attr("scalar_node")) is not None}
+    scalars = {i: n for i, n in scalars.items() if graph.ops[i].attr("scalar") is None}
+    ropes = {i: op.attr("rope_tables") for i, op in enumerate(graph.ops) if op.attr("rope")}
+    if not scalars and not ropes:
+        return {}, {}
     if spec is None:
-        raise LayerwiseError("a graph with a model's constant factors needs its model to run")
+        raise LayerwiseError(
+            "a graph with rotary attention or a model's constant factors needs its model to run"
+        )
     from planner.graph.capture import constant_values
 
-    module = spec.build(seed, dtype)
+    module = spec.build(seed, dtype) if module is None else module
     inputs = make_inputs(graph, 0, seed, dtype)
-    values = constant_values(module, tuple(inputs), sorted(set(wanted.values())))
+    names = sorted({*scalars.values(), *(n for pair in ropes.values() for n in pair)})
+    values = constant_values(module, tuple(inputs), names)
+    tables = {i: (rope_table(values[c]), rope_table(values[s])) for i, (c, s) in ropes.items()}
+    return {i: float(values[n]) for i, n in scalars.items()}, tables
+
+
+def with_scalars(graph: OpGraph, scalars: Mapping[int, float]) -> OpGraph:
+    """`graph` with attr scalar set on the ops `scalars` gives values for (by op index)."""
+    if not scalars:
+        return graph
     ops = list(graph.ops)
-    for i, name in wanted.items():
-        attrs = dict(ops[i].attrs) | {"scalar": float(values[name])}
-        ops[i] = dataclasses.replace(ops[i], attrs=Op.make_attrs(attrs))
+    for i, value in scalars.items():
+        ops[i] = dataclasses.replace(
+            ops[i], attrs=Op.make_attrs(dict(ops[i].attrs) | {"scalar": value})
+        )
     return OpGraph(graph.name, tuple(ops))
 
 
-def op_scalar(op: Op) -> float | None:
-    value = op.attr("scalar", None)
-    return None if value is None else float(value)
+def constant_scalars(graph: OpGraph, spec: Model | None, seed: int, dtype: torch.dtype) -> OpGraph:
+    """`graph` with its constant factors filled in from the model (`model_constants`)."""
+    return with_scalars(graph, model_constants(graph, spec, seed, dtype)[0])
 
 
 def _norm_eps(graph: OpGraph, module: nn.Module) -> dict[int, float]:

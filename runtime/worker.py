@@ -28,7 +28,7 @@ from planner.costs.recompute import recompute_error
 from planner.graph.opgraph import OpGraph
 from planner.graph.opkinds import CHANNEL, LENGTH
 from planner.pipeline.spec import Pipeline
-from planner.problems.strategy import strategy_from_json
+from planner.problems.strategy import Strategy, strategy_from_json
 from runtime.executor import DONE, INIT, Executor, Status
 from runtime.models import model_from_job
 from runtime.pipeline import PipelineExecutor, full_batch_graph
@@ -37,12 +37,12 @@ from runtime.reference import (
     DTYPES,
     NonFiniteError,
     check_finite,
-    constant_scalars,
     float64_islands,
     init_params,
     make_inputs,
     make_targets,
-    rope_tables,
+    model_constants,
+    with_scalars,
 )
 
 __all__ = ["Job", "RunOptions", "session", "worker_entry"]
@@ -172,31 +172,33 @@ def _exit_with(launcher: int) -> None:
 def session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
     """What every rank runs between rendezvous and results (a float64 run with the model's
     float32 islands in float64, as its reference: `runtime.reference.Float64Islands`)."""
-    graph = strategy_from_json(job.strategy).graph
-    with float64_islands(DTYPES[job.options.dtype], graph):
-        return _session(job, rank, world, status)
+    strategy = strategy_from_json(job.strategy)
+    with float64_islands(DTYPES[job.options.dtype], strategy.graph):
+        return _session(job, strategy, rank, world, status)
 
 
-def _session(job: Job, rank: int, world: int, status: Status) -> dict[str, Any]:
+def _session(job: Job, strategy: Strategy, rank: int, world: int, status: Status) -> dict[str, Any]:
     opts = job.options
     status.set(0, INIT)
-    strategy = strategy_from_json(job.strategy)
     model = model_from_job(job.model)
     dtype = DTYPES[opts.dtype]
-    # the model's constant factors capture could not compute on meta (Gemma's embedding scale)
-    strategy = dataclasses.replace(
-        strategy, graph=constant_scalars(strategy.graph, model, opts.seed, dtype)
-    )
-    plan = build_plan(strategy)
     pipeline = Pipeline.from_json(job.pipeline) if job.pipeline is not None else None
     # the graph of the whole batch, whose inputs and targets a step draws
     data_graph = (
-        plan.graph if pipeline is None else full_batch_graph(plan.graph, pipeline.micro_batches)
+        strategy.graph
+        if pipeline is None
+        else full_batch_graph(strategy.graph, pipeline.micro_batches)
     )
+    module = model.build(opts.seed, dtype) if model is not None else None  # built once
+    # the model's constants: the factors capture could not compute on meta (Gemma's
+    # embedding scale) and the rotary tables, from one trace
+    scalars, tables = model_constants(data_graph, model, opts.seed, dtype, module)
+    strategy = dataclasses.replace(strategy, graph=with_scalars(strategy.graph, scalars))
+    plan = build_plan(strategy)
     device = _device(opts.backend)
     groups = _groups(plan, world)
-    params, eps = init_params(plan.graph, model, opts.seed, dtype)
-    tables = rope_tables(data_graph, model, opts.seed, dtype)
+    params, eps = init_params(plan.graph, model, opts.seed, dtype, module)
+    del module
     args = (plan, rank, params, opts.lr, dtype, device, groups, opts.timeout * 2, status, eps)
     more = (opts.ordered, tables, opts.zero, opts.recompute)
     ex = Executor(*args, *more) if pipeline is None else PipelineExecutor(pipeline, *args, *more)

@@ -33,7 +33,14 @@ SLOW_CASES = frozenset(
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark SLOW_CASES slow before `-m` selects (tryfirst: ahead of the mark plugin)."""
+    """Mark SLOW_CASES slow before `-m` selects (tryfirst: ahead of the mark plugin); a case
+    of a collected file that names no test (renamed?) stops the run, rather than running in
+    the default set unnoticed."""
+    ids = {item.nodeid for item in items}
+    files = {nodeid.split("::")[0] for nodeid in ids}
+    stale = sorted(c for c in SLOW_CASES if c.split("::")[0] in files and c not in ids)
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py SLOW_CASES names no test: {stale}")
     for item in items:
         if item.nodeid in SLOW_CASES:
             item.add_marker(pytest.mark.slow)

@@ -24,6 +24,7 @@ from planner.graph.capture import capture  # noqa: E402
 from planner.graph.hf import HFRoot  # noqa: E402
 from planner.graph.hf_zoo import (  # noqa: E402
     CONFIG_DIR,
+    _shipped,
     build_hf,
     canonical_name,
     hf_config,
@@ -93,8 +94,6 @@ TINY_OF = {
         "moe_intermediate_size": 32,
     },
 }
-# Families whose capture others are fixing (issue 40): their tiny capture is expected to fail
-# until then; flip by removing the entry.
 # The 7-8B configs (and Phi-3-mini, 3.8B), captured full size on meta at batch 1 x seq 4096
 # (slow); Phi-3's sliding window of 2047 then hides more than the causal mask (attr window).
 FULL_SIZE = [
@@ -137,15 +136,8 @@ def test_a_shipped_config_builds_the_published_model_on_meta(hub_id: str) -> Non
     assert parameters(model) == PUBLISHED[hub_id]
     assert all(p.device.type == "meta" for p in model.parameters())
     assert model.config.use_cache is False and model.training
-    architecture = json.loads((CONFIG_DIR / _file_of(hub_id)).read_text())["architectures"][0]
+    architecture = _shipped()[hub_id]["architectures"][0]
     assert type(model).__name__ == architecture
-
-
-def _file_of(hub_id: str) -> str:
-    for path in CONFIG_DIR.glob("*.json"):
-        if json.loads(path.read_text())["_name_or_path"] == hub_id:
-            return path.name
-    raise AssertionError(hub_id)
 
 
 def test_names_take_any_case_with_or_without_the_org() -> None:
@@ -298,17 +290,19 @@ def test_a_7_to_8b_config_captures_full_size_on_meta(hub_id: str, seq: int) -> N
 
 
 @pytest.mark.benchmark
-@pytest.mark.parametrize(("hub_id", "seq"), FULL_SIZE[:-1])
+@pytest.mark.parametrize(("hub_id", "seq"), FULL_SIZE)
 def test_capture_speed_of_the_7_to_8b_configs(benchmark, hub_id: str, seq: int) -> None:  # type: ignore[no-untyped-def]
-    """Issue 40's target: each captures on meta in <= 15 s (batch 1, sequence 4096, Phi-3's
-    2047; the build on meta included)."""
+    """Measures issue 40's target, a capture on meta in 15 s or less (batch 1, sequence
+    4,096, the build on meta included): seconds are read off the benchmark's table, never
+    asserted."""
 
     def build_and_capture() -> Any:
         model, tokens = build_hf("hf:" + hub_id, batch=1, seq=seq)
         return capture(model, tokens, "hf:" + hub_id)
 
     graph = benchmark.pedantic(build_and_capture, rounds=1, iterations=1)
-    assert len([op for op in graph.ops if op.kind == "attention"]) > 0
+    attention = [op for op in graph.ops if op.kind == "attention"]
+    assert len(attention) > 0
 
 
 # -- the command line and the plan file ---------------------------------------------------

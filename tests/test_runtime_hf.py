@@ -14,9 +14,9 @@ from budget import time_budget
 
 import planner
 import runtime
-from planner.graph.opkinds import CHANNEL, LENGTH, SAMPLE
+from planner.graph.opkinds import CHANNEL
 from planner.hardware.presets import get_preset
-from planner.problems.baselines import data_parallel, megatron, split_along
+from planner.problems.baselines import data_parallel, megatron
 from planner.problems.strategy import Strategy
 from runtime.strategies import random_strategy
 
@@ -51,33 +51,17 @@ def strategies(family: str, world: int, tied: bool = False) -> dict[str, Strateg
     out = {
         "data": data_parallel(graph, devices),
         "megatron": megatron(graph, devices, tensor=2),
-        "random": _rows_whole(random_strategy(graph, devices, 1)),
+        "random": random_strategy(graph, devices, 1),
     }
     if world == 2:
         out["planned"] = plan
     return out
 
 
-def _rows_whole(strategy: Strategy) -> Strategy:
-    """`strategy` with each attention op that normalises q and k in float32 (Qwen3's QK-norm)
-    and is cut by query rows split by samples over the same devices instead: cut by rows,
-    each task runs that norm's float32 backward on its part of k's gradient, which one process
-    runs once on the sum (float32 rounding: 1.7e-8 apart after 2 steps, this draw at
-    world 2 with its layer-1 attention cut by rows)."""
-    configs = list(strategy.configs)
-    graph = strategy.graph
-    for i, (op, cfg) in enumerate(zip(graph.ops, configs, strict=True)):
-        cut = dict(zip(op.output.dims, cfg.degrees, strict=True)).get(LENGTH, 1)
-        if op.kind == "attention" and op.attr("qk_norm_compute") == "float32" and cut > 1:
-            configs[i] = split_along(op, SAMPLE, list(cfg.devices))
-    return Strategy(graph, strategy.devices, tuple(configs))
-
-
 def _deviation(strategy: Strategy, family: str, tied: bool = False) -> float:
     run = runtime.run_strategy(strategy, hf(family, tied), F64)
     assert all(math.isfinite(x) for x in run.losses)
     assert run.deviation is not None
-    print(f"{family}{' tied' if tied else ''}: {run.deviation['max_deviation']:.2e}")
     return float(run.deviation["max_deviation"])
 
 

@@ -78,6 +78,7 @@ from planner.costs.config import ParallelConfig, check_config
 from planner.costs.regions import needed_boxes, task_boxes
 from planner.errors import GraphError
 from planner.graph.attention import RMS_ATTRS, attention_math, rms_norm
+from planner.graph.capture import ACTIVATIONS
 from planner.graph.moe import (
     MoESpec,
     Weights,
@@ -130,13 +131,8 @@ Pads = tuple[int, int, int, int]  # (left, right, top, bottom), the order of F.p
 
 # Pointwise functions by name (elementwise "op" attrs, fused-op names).
 _UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "relu": F.relu,
+    **ACTIVATIONS,  # what capture recognises a module by (`activation_of`)
     "relu6": F.relu6,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "silu": F.silu,
-    "tanh": torch.tanh,
-    "sigmoid": torch.sigmoid,
     "exp": torch.exp,
     "neg": torch.neg,
     "leaky_relu": F.leaky_relu,
@@ -1119,13 +1115,13 @@ def _elementwise(
         y, scalar = xs[0], op.attr("scalar", None)
         if scalar is None and op.attr("scalar_node", None) is not None:
             raise GraphError(
-                f"op {op.name!r} multiplies by a constant of the model ({op.attr('scalar_node')}) "
+                f"op {op.name!r} reads a constant of the model ({op.attr('scalar_node')}) "
                 "whose value is not known: run it with its model (runtime.reference."
-                "constant_scalars)"
+                "model_constants)"
             )
         if scalar is not None:  # x * 0.5, or 1.0 - x with scalar_first
             first = bool(op.attr("scalar_first", False))
-            y = _BINARY[fn](torch.full_like(y, scalar), y) if first else _BINARY[fn](y, scalar)
+            y = _BINARY[fn](y.new_tensor(scalar), y) if first else _BINARY[fn](y, scalar)
         others: list[Any] = xs[1:] or (
             [] if scalar is not None else [extras.pop(0) if extras else 1.0]
         )

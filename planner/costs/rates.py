@@ -224,8 +224,9 @@ def linear_gemms(op: Op, cfg: ParallelConfig) -> tuple[tuple[int, int, int], ...
 
 def attended_share(seq: int, causal: bool, window: int | None = None) -> float:
     """The share of the full q x k product a masked kernel computes: 1 unmasked, 1/2 causal,
-    and with a sliding window of w keys per query (w(w+1)/2 + (seq - w) w) / seq^2 (a
-    kernel with a window skips the blocks beyond it, as FlashAttention's does)."""
+    and with a sliding window of w keys per query (Mistral 7B, arXiv 2310.06825 Sec. 2)
+    (w(w+1)/2 + (seq - w) w) / seq^2 (a kernel with a window skips the blocks beyond it, as
+    FlashAttention-2's does, arXiv 2307.08691)."""
     if not causal:
         return 1.0
     if not window or window >= seq:

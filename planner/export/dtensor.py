@@ -276,10 +276,8 @@ def _attention_modules(graph: Any, types: dict[str, Any]) -> tuple[str, ...]:
     `transformer.h.0.attn.attention`)."""
     out = []
     for i in recomputed_ops(graph, "selective").block:
-        parts = graph.ops[i].name.split(".")
-        paths = [".".join(parts[:k]) for k in range(len(parts) - 1, 0, -1)]
-        found = next((p for p in paths if p in types), None)
-        if found is None:
+        found = _enclosing(graph.ops[i].name, types)
+        if not found:
             raise ExportError(
                 f"recompute='selective' checkpoints the attention of {graph.ops[i].name!r}, "
                 "but the module has no submodule of that path: the graph's op names are not "

@@ -101,6 +101,8 @@ _TRIANGLES = {"tril", "triu"}
 # Hugging Face builds a (batch, 1, length, length) mask by indexing, about 5 bytes per element
 # at its peak (batch 8 x 8,192 tokens: 2.5 GB, 10 s)
 MASK_ELEMENTS = 2**29
+# a score at or below this hides its key: -inf, or a dtype's lowest (float16's -65,504)
+HIDDEN = -1e4
 VERIFY_SIZE = 2**27  # score elements (q elements x key length) up to which a region is checked
 _VERIFIED: set[Hashable] = set()  # `_region_key`s of the regions that `_verify` compared
 # rotary position embeddings: q * cos + rotate_half(q) * sin, rotate_half(x) = cat(-x2, x1)
@@ -657,7 +659,9 @@ def attention_math(
     the op's; a task holds fewer), k and v with the heads their channels hold (each shared by
     a group of q's), the causal mask at q's positions [q_start, q_start + length) (with attr
     window, only the window keys up to each query's own: a sliding window), the scale, the
-    soft cap of the scores (attr softcap: cap * tanh(scores / cap)),
+    soft cap of the scores (attr softcap: cap * tanh(scores / cap), Gemma 2's logit
+    soft-capping, arXiv 2408.00118 Sec. 2; the window: Mistral 7B's sliding window attention,
+    arXiv 2310.06825 Sec. 2, Longformer's, arXiv 2004.05150),
     the rotary tables (positions x rope_dim) and a float32 softmax as attrs say.
 
     Heads (`planner.graph.opkinds.AttentionDims`): q and k heads of head_dim channels (q's
@@ -711,8 +715,8 @@ def attention_math(
         count = q_start + lq + lk
     window = get("window", None)
     if window and get("causal", False):  # keys in (query - window, query]
-        near = q_rows.unsqueeze(1) - k_rows.unsqueeze(0) < int(window)
-        mask = near & (q_rows.unsqueeze(1) >= k_rows.unsqueeze(0))
+        behind = q_rows.unsqueeze(1) - k_rows.unsqueeze(0)
+        mask = (behind >= 0) & (behind < int(window))
         causal = False
     if get("rope"):
         if tables is None:  # no values (cost measurements): the same work, identity rotation
@@ -732,7 +736,7 @@ def attention_math(
     softcap = get("softcap", None)
     if get("softmax") == "float32" or softcap:  # scores in the model's dtype, as it computes
         scores = (qh @ kh.transpose(-2, -1)) * (s if s is not None else 1 / math.sqrt(d))
-        if softcap:  # Gemma 2: cap * tanh(scores / cap)
+        if softcap:  # Gemma 2's logit soft-capping (arXiv 2408.00118, Sec. 2)
             scores = torch.tanh(scores / float(softcap)) * float(softcap)
         if causal:
             mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril()
@@ -770,12 +774,14 @@ RMS_ATTRS = ("eps", "compute", "offset", "weight")  # what `rms_norm` reads of a
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor | None, attrs: Mapping[str, Any]
 ) -> torch.Tensor:
-    """RMS norm of x over its last dim as the model computes it, by the norm op's attrs: eps;
+    """RMS norm of x over its last dim (Zhang and Sennrich, arXiv 1910.07467, Eq. 4) as the
+    model computes it, by the norm op's attrs: eps;
     compute "float32" (normalised in float32 whatever x's dtype, as Meta's and Hugging Face's
     code do); offset (the scale is offset + weight: Gemma's (1 + weight)); weight "inside"
     (the scale applied before the cast back to x's dtype, as Gemma does) or after it (Llama)."""
     xc = x.float() if attrs.get("compute") == "float32" else x
-    y = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + float(attrs.get("eps") or 1e-6))
+    eps = attrs.get("eps")
+    y = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + (1e-6 if eps is None else float(eps)))
     if weight is None:
         return y.to(x.dtype)
     offset = float(attrs.get("offset") or 0.0)
@@ -865,8 +871,7 @@ def _read_manual(
                     "a soft cap, cap * tanh(scores / cap), once"
                 )
             softcap, scale = scale, 1.0
-        elif _additive_mask(node, constant) is not None:
-            mask = _additive_mask(node, constant)
+        elif (mask := _additive_mask(node, constant)) is not None:
             if not _causal_mask(mask, constant, node, values):
                 raise GraphError(
                     f"{_where({node})}: the attention mask added to the scores hides nothing"
@@ -875,7 +880,7 @@ def _read_manual(
         elif _is_mask(node):
             fill = _argument(node, 2, "value") if node.target != torch.where else node.args[2]
             fill = _number(fill, values)  # -inf, or torch.finfo(dtype).min as a 0-d tensor
-            if fill is None or fill > -1e4:
+            if fill is None or fill > HIDDEN:
                 raise GraphError(
                     f"{_where({node})}: attention's mask fills {fill!r}; layerwise reads a "
                     "mask that hides positions with -inf (or a large negative number)"
@@ -1207,7 +1212,7 @@ def _read_mask(mask: fx.Node, at: fx.Node, values: dict[fx.Node, Any]) -> tuple[
     elif square.dtype == torch.bool:  # masked_fill: True hides; SDPA's attn_mask: True keeps
         hidden = ~square if at.target is F.scaled_dot_product_attention else square
     else:  # an additive float mask: -inf (or the dtype's lowest: Hugging Face) hides
-        hidden = square <= -1e30
+        hidden = square <= HIDDEN
         if bool((square[~hidden] != 0).any()):
             raise GraphError(
                 f"{_where({at})}: the attention mask adds values other than 0 and a large "

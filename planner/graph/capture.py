@@ -38,7 +38,6 @@ import inspect
 import itertools
 import linecache
 import operator
-import traceback
 import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -536,9 +535,9 @@ def _trace(
         try:
             with _reparametrize_module(module, state):
                 graph = tracer.trace(module, meta, concrete_args=concrete or None)
-        except Exception:
-            _remove(module, tracer.inserted)
-            raise
+            gm = fx.GraphModule(module, graph)  # with the modules the tracer added, then
+        finally:
+            _remove(module, tracer.inserted)  # the caller's model as it was (gm keeps refs)
     except Exception as exc:  # fx raises many kinds: TraceError, TypeError, NotImplementedError
         unread = unread_moe(module)
         if unread is not None:
@@ -549,8 +548,6 @@ def _trace(
         raise GraphError(
             f"torch.fx could not trace {name!r}{_origin(exc)}: {type(exc).__name__}: {exc}"
         ) from exc
-    gm = fx.GraphModule(module, graph)
-    _remove(module, tracer.inserted)  # the caller's model as it was (gm keeps its own refs)
     gm.meta["moe"] = {
         str(n.target): moes[id(gm.get_submodule(str(n.target)))]
         for n in graph.nodes
@@ -572,14 +569,13 @@ def _remove(module: nn.Module, names: list[str]) -> None:
 def _origin(exc: BaseException) -> str:
     """' in Class.method (file:line: `code`)': the model's own line that tracing stopped at
     (the innermost frame outside torch and layerwise), or '' when there is none."""
-    frames = traceback.extract_tb(exc.__traceback__)
     tb, found = exc.__traceback__, None
     while tb is not None:  # frame objects, to name the class whose method it is
         path = str(Path(tb.tb_frame.f_code.co_filename).resolve())
         if not path.startswith(_LIBRARY_DIRS) and "/torch/" not in path:
             found = tb
         tb = tb.tb_next
-    if found is None or not frames:
+    if found is None:
         return ""
     frame = found.tb_frame
     owner = frame.f_locals.get("self")

@@ -50,9 +50,6 @@ class HFRoot(nn.Module):
         self._parameters = model._parameters
         self._buffers = model._buffers
         object.__setattr__(self, "hf_model", model)  # not a submodule: no "hf_model." prefix
-        config = getattr(model, "config", None)
-        if config is not None and getattr(config, "use_cache", False):
-            config.use_cache = False  # no key/value cache while training
 
     hf_model: nn.Module
 
@@ -72,7 +69,7 @@ class HFRoot(nn.Module):
         )
 
     def train(self, mode: bool = True) -> HFRoot:
-        self.hf_model.train(mode)
+        self.hf_model.training = mode  # its children are this module's: set once, below
         return super().train(mode)
 
 

@@ -27,6 +27,7 @@ is built.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import re
@@ -71,11 +72,13 @@ def is_hf_name(name: object) -> bool:
 
 
 @cache
-def _shipped() -> dict[str, Path]:
-    """Hub id -> shipped config file, in the files' order."""
+def _shipped() -> dict[str, dict[str, Any]]:
+    """Hub id -> the shipped config's fields, in the files' order (read once: package data).
+    Callers copy what they change."""
     out = {}
     for path in sorted(CONFIG_DIR.glob("*.json")):
-        out[json.loads(path.read_text())["_name_or_path"]] = path
+        data = json.loads(path.read_text())
+        out[data["_name_or_path"]] = data
     return out
 
 
@@ -104,7 +107,7 @@ def _resolve(name: str) -> tuple[str, dict[str, Any]]:
     text = name.removeprefix(HF_PREFIX)
     hub_id = _find_shipped(text)
     if hub_id is not None:
-        return HF_PREFIX + hub_id, json.loads(_shipped()[hub_id].read_text())
+        return HF_PREFIX + hub_id, copy.deepcopy(_shipped()[hub_id])
     path = _config_path(text)
     if path is None:
         raise LayerwiseError(

@@ -23,9 +23,8 @@ Each reading of the structure (which matrix is which, softmax or sigmoid scores,
 or not, group ranking, activation, the router computed in the input's dtype or in float32 as
 Hugging Face's routers do: attr `router_dtype`) is then tried on random float64 tokens with
 random weights against `planner.graph.moe.moe_math` until one agrees to 1e-12. The block
-runs in eval mode (training-time noise is not the op's), and when it fails in float64 with
-transformers' experts under a grouped kernel (`grouped_mm` has no float64 CPU kernel), it
-runs again with transformers' eager expert loop (`eager_experts`). When the float64
+runs in eval mode (training-time noise is not the op's), and transformers' experts in their
+eager loop (`eager_experts`: `grouped_mm` has no float64 CPU kernel). When the float64
 stand-in is large (more than MOE_VERIFY_NUMEL parameters) it is run with the experts' hidden
 widths cut to a few channels (the code reads them from the weights); when even that is too
 large, or that run fails, the structure read alone is used with a warning
@@ -48,6 +47,7 @@ import torch
 from torch import nn
 
 from planner.graph.attention import NoKey, class_key, plain_key, tensor_shape
+from planner.graph.moe import ROUTER_DTYPES as OP_ROUTER_DTYPES
 from planner.graph.moe import MoESpec, moe_flops, moe_math, spec_of, tokens_of
 
 __all__ = [
@@ -67,7 +67,8 @@ MOE_VERIFY_NUMEL = 2**24  # float64 stand-in parameters run to check a reading (
 REDUCED_FFN = 2  # the experts' hidden width of a large module's stand-in
 TOKENS = (2, 8)  # the random tokens a reading is checked on
 TOLERANCE = 1e-12
-ROUTER_DTYPES = ("", "float32")  # the input's dtype, or float32 (Hugging Face's routers)
+# the input's dtype, or one of the moe op's (float32: Hugging Face's routers)
+ROUTER_DTYPES = ("", *OP_ROUTER_DTYPES)
 
 TOP_K_NAMES = ("top_k", "num_experts_per_tok", "topk", "n_activated_experts", "moe_top_k")
 GROUP_NAMES = ("n_groups", "n_group", "n_expert_groups", "num_expert_group")
@@ -364,12 +365,13 @@ def _is_linear_bias(m: nn.Module, router: str, bias: str) -> bool:
     return bias == f"{owner}.bias" and isinstance(m.get_submodule(owner), nn.Linear)
 
 
+_W13_NAMES = ("gate_up", "w13", "w1_3")  # a fused gate and up matrix
 _NAME_HINTS = {
     "w1": ("w1", "gate_proj", "gate", "fc1", "wi_0"),
     "w3": ("w3", "up_proj", "up", "wi_1"),
     "w2": ("w2", "down_proj", "down", "fc2", "wo"),
-    "w13": ("gate_up", "w13", "w1_3"),
-    "w13i": ("gate_up", "w13", "w1_3"),
+    "w13": _W13_NAMES,
+    "w13i": _W13_NAMES,
 }
 
 
@@ -533,7 +535,9 @@ def _verify(
     training = {sub: sub.training for sub in m.modules()}
     m.eval()
     try:
-        return _run_readings(m, params, readings, top_k, shrink)
+        # transformers' experts in their eager loop: the grouped kernels have no float64 one
+        with eager_experts(m):
+            return _run_readings(m, params, readings, top_k, shrink)
     finally:
         torch.set_num_threads(threads)
         for sub, flag in training.items():
@@ -576,17 +580,9 @@ def _run_readings(
 
 
 def _call(m: nn.Module, state: dict[str, torch.Tensor], x: torch.Tensor) -> Any:
-    """m's output on x with parameters `state` (float64); when that fails and m holds
-    transformers' experts under a grouped kernel (`config._experts_implementation`:
-    "grouped_mm" has no float64 kernel on the CPU), again with transformers' own eager loop."""
+    """m's output on x with parameters `state` (float64)."""
     with torch.no_grad():
-        try:
-            return torch.func.functional_call(m, state, (x,))
-        except Exception:
-            with eager_experts(m) as switched:
-                if not switched:
-                    raise
-                return torch.func.functional_call(m, state, (x,))
+        return torch.func.functional_call(m, state, (x,))
 
 
 @contextlib.contextmanager

@@ -151,8 +151,8 @@ def _token_embedding(graph: OpGraph) -> Op | None:
     return None
 
 
-def _producer(graph: OpGraph, op: Op, position: int = 0) -> Op:
-    return graph.op(op.inputs[position])
+def _producer(graph: OpGraph, op: Op) -> Op:
+    return graph.op(op.inputs[0])
 
 
 def _acts(op: Op) -> list[str]:
@@ -334,14 +334,15 @@ def _mla_ranks(block: _Block) -> dict[str, object]:
     """MLA's ranks: the widths its q and kv up-projections read (a latent of q only when
     the q projection reads one of the block's internal norms)."""
     out: dict[str, object] = {}
+    if block.attention is None:
+        return out
     inner = {op.name: op for op in block.internal}
-    for op in block.qkv:
-        if op.name == (block.attention.inputs[0] if block.attention else None):
+    qkv = {op.name: op for op in block.qkv}
+    for key, position in (("q_lora_rank", 0), ("kv_lora_rank", 1)):
+        op = qkv.get(block.attention.inputs[position])
+        if op is not None:
             src = op.inputs[0] if op.inputs else None
-            out["q_lora_rank"] = inner[src].output.size(CHANNEL) if src in inner else None
-        elif op.name == (block.attention.inputs[1] if block.attention else None):
-            src = op.inputs[0] if op.inputs else None
-            out["kv_lora_rank"] = inner[src].output.size(CHANNEL) if src in inner else None
+            out[key] = inner[src].output.size(CHANNEL) if src in inner else None
     return out
 
 

@@ -104,7 +104,6 @@ class ModelFacts:
     heads: int | None = None
     kv_heads: int | None = None
     experts: int | None = None
-    top_k: int | None = None
     spec: Mapping[str, Any] | None = None  # the plan file's graph.model: how to rebuild it
 
     @property
@@ -380,7 +379,7 @@ def model_facts(
     inside = [op for op in graph.ops if first and (b := block_of(op.name)) and b[0] == first]
     attention = next((op for op in inside if op.kind == "attention"), None)
     moe = next((op for op in graph.ops if op.kind == "moe"), None)
-    hidden = heads = kv = experts = top_k = None
+    heads = kv = experts = None
     # the model's width: a block's norm's (attention's output is heads x head dim, which
     # MLA and Qwen3 make other than the width)
     hidden = next(
@@ -391,10 +390,9 @@ def model_facts(
         heads = int(attention.attr("heads", 0)) or None
         kv = int(attention.attr("kv_heads", 0)) or heads
     if moe is not None:
-        experts, top_k = int(moe.attr("experts", 0)) or None, int(moe.attr("top_k", 0)) or None
+        experts = int(moe.attr("experts", 0)) or None
     return ModelFacts(
-        graph.name, batch, max(seqs, default=0) or None, blocks, hidden, heads, kv, experts,
-        top_k, spec,
+        graph.name, batch, max(seqs, default=0) or None, blocks, hidden, heads, kv, experts, spec,
     )  # fmt: skip
 
 

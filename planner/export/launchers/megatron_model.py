@@ -28,6 +28,8 @@ is one "cannot express" line (`model_differences`).
 
 from __future__ import annotations
 
+import itertools
+
 from planner.export.launchers.architecture import Architecture
 from planner.export.launchers.layout import ModelFacts
 
@@ -132,12 +134,7 @@ def _window_args(windows: tuple[int | None, ...]) -> tuple[list[str], str | None
 def _pattern(flags: list[int]) -> str:
     """Megatron-LM's list expression of per-layer flags, by runs: "([0]*3+[1]*58)" (no
     spaces: one word of the argument file)."""
-    runs: list[list[int]] = []
-    for f in flags:
-        if runs and runs[-1][0] == f:
-            runs[-1][1] += 1
-        else:
-            runs.append([f, 1])
+    runs = ((f, len(list(same))) for f, same in itertools.groupby(flags))
     return "(" + "+".join(f"[{f}]*{n}" for f, n in runs) + ")"
 
 

@@ -301,3 +301,9 @@ def test_a_mask_too_big_to_compute_is_refused_in_one_line(monkeypatch: pytest.Mo
     monkeypatch.setattr(attention, "MASK_ELEMENTS", 2 * 16 * 16 - 1)
     with pytest.raises(GraphError, match=r"the attention mask, \(2, 1, 16, 16\), is too big"):
         capture(hf("llama", "meta"), TOKENS, "llama")
+
+
+def test_an_rms_norm_of_eps_0_keeps_it() -> None:
+    x, w = torch.randn(3, 8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)) * w
+    assert torch.equal(rms_norm(x, w, {"eps": 0.0}), want)

@@ -37,6 +37,14 @@ answer its bound proves within the tolerance is OPTIMAL (limit None, unless the 
 interrupted the search), and an OPTIMAL one its bound does not prove is FEASIBLE, with a
 warning. Tolerance 0: exact proofs only (to float rounding, `PROOF_RTOL`).
 
+The anytime trace. `solve` returns, in `stats["trace"]`, when each better answer and each
+better lower bound came: {"incumbent": [[t, value], ...], "bound": [[t, value], ...]}, t in
+seconds since `solve` started, values in the objective's units, the incumbents strictly
+decreasing to the re-scored objective, the bounds strictly increasing to the result's bound,
+at most `backends.trace.TRACE_POINTS` points each (`backends.trace` says how: it listens to
+the search's `channel.on_incumbent` and `on_bound`, or takes the search's own trace when the
+backend sets `own_trace`).
+
 Progress. Long searches report best-so-far lines through the standard `logging` module
 (`logging.getLogger("backends.<name>")`), at most one every `PROGRESS_SECONDS`
 (`ProgressLog`); the command lines show them on stderr.
@@ -65,6 +73,7 @@ from backends.settings import (
     at_least,
     between,
 )
+from backends.trace import TraceRecorder
 from planner.deadline import (
     Deadline,
     catch_interrupt,
@@ -194,6 +203,9 @@ class Backend(ABC, Generic[SettingsT]):
     needs_dnn_for: ClassVar[tuple[str, ...]] = ("makespan",)
     exact: ClassVar[bool] = False
     REQUIRED_MODULES: ClassVar[tuple[str, ...]] = ()
+    # True: `_solve` returns its own anytime trace in stats["trace"] (`backends.trace`), and
+    # the answers it sends to `channel.on_incumbent` are not evaluated again for it
+    own_trace: ClassVar[bool] = False
 
     @classmethod
     def is_installed(cls) -> bool:
@@ -227,11 +239,13 @@ class Backend(ABC, Generic[SettingsT]):
             raise BackendError(reason)
         start = time.perf_counter()
         clock = options.clock()  # the one deadline of this solve
+        trace = TraceRecorder(problem, options.objective, not self.own_trace, start)
         with catch_interrupt():
             search = clock
             if options.objective == "makespan" and math.isfinite(clock.at):
                 search = clock.reserve(RESCORE_SHARE * clock.left())
             inner = options.with_deadline(search.from_now())
+            inner = dataclasses.replace(inner, channel=trace.channel(inner.channel))
             raw = self._solve(problem, inner, settings)
             interrupted = stop_requested()
             elapsed = time.perf_counter() - start
@@ -239,7 +253,7 @@ class Backend(ABC, Generic[SettingsT]):
             if interrupted and not proven:
                 status = Status.FEASIBLE if raw.choices is not None else Status.NO_SOLUTION
                 raw = dataclasses.replace(raw, status=status, limit=Limit.INTERRUPTED)
-            return self._finish(problem, options, raw, elapsed, clock)
+            return trace.finish(self._finish(problem, options, raw, elapsed, clock))
 
     @abstractmethod
     def _solve(self, problem: Problem, options: SolveOptions, settings: SettingsT) -> SolveResult:

@@ -31,8 +31,9 @@ the best answer is within the gap tolerance of the best bound (`SolveOptions.gap
 `proven_within`), or a member proves its answer optimal within it, every member is stopped
 and the answer is OPTIMAL. The answer is the best valid answer any member found (ties: the
 first member in MEMBERS order), the bound the best proven one; `stats["events"]` lists who
-found what and when, `stats["bounds"]` who proved which bound when, `stats["members"]`
-each member's result. With a patience (settings "patience", seconds, and "patience_share",
+found what and when, `stats["bounds"]` who proved which bound when (their merged history is
+the anytime trace, `stats["trace"]`, `backends.trace`), `stats["members"]` each member's
+result. With a patience (settings "patience", seconds, and "patience_share",
 of the time to the last gain; `auto` sets them for a DNN's search under the memory limit)
 the members are also stopped once no answer has been better by "patience_gain" (default:
 the gap tolerance) for that long: FEASIBLE, limit None, `stats["stalled"]` (seconds without
@@ -209,6 +210,7 @@ class PortfolioBackend(Backend[PortfolioSettings]):
     objectives = ("additive", "makespan")
     exact = True  # when a member proves the optimum
     settings_type = PortfolioSettings
+    own_trace = True  # the board's events and bounds (`_Run.result`)
 
     def _solve(
         self, problem: Problem, options: SolveOptions, settings: PortfolioSettings
@@ -501,6 +503,12 @@ class _Run:
             "members": {m: [dict(r.stats) for r in rs] for m, rs in self.results.items()},
             "portfolio_seconds": elapsed,
             "bounds": list(self.board.bounds),
+            # the anytime trace (backends.trace): the best answer and the best bound over
+            # every member, as the board saw them
+            "trace": {
+                "incumbent": [[t, v] for t, _, v in self.board.events],
+                "bound": [[t, b] for t, _, b in self.board.bounds],
+            },
         }
         if self.board.best is None:
             if self._infeasible():

@@ -234,7 +234,7 @@ def exact(args: argparse.Namespace, say: Callable[[str], None]) -> list[dict[str
         e = get_backend("search").solve(problem, opts)
         say(f"{model}: mcmc")
         m = _mcmc(problem, args.budget, args.seed)
-        reach = next((s for s, v in m.stats["trace"] if v <= m.objective), None)
+        reach = next((s for s, v in m.stats["trace"]["incumbent"] if v <= m.objective), None)
         rows.append(
             {
                 "model": f"{model} {kwargs or ''}".strip(),

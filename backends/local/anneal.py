@@ -27,6 +27,7 @@ With a caller's `SolveOptions.channel` (the portfolio): each better answer goes 
 `on_incumbent` at the end of a round and at most every SEND_SECONDS within one; between two
 chunks a better answer from `incoming()` is adopted and a new round starts from it
 (`stats["adopted"]` counts them); `stop` ends the search as the deadline does.
+`stats["trace"]`: the best after every chunk of moves (`backends.trace`).
 
 The answer is FEASIBLE (never OPTIMAL: nothing is proven), with no bound.
 """
@@ -59,6 +60,7 @@ from backends.base import (
 )
 from backends.local import kernels
 from backends.local.flat import FlatProblem, flatten
+from backends.trace import Improvements, own_trace
 from planner.deadline import OutOfTime, run_within
 from planner.problems.problem import Problem
 
@@ -158,9 +160,14 @@ class _Link:
     the caller's stop flag."""
 
     def __init__(
-        self, channel: Channel, arrays: tuple[np.ndarray, ...], state: tuple[np.ndarray, ...]
+        self,
+        channel: Channel,
+        arrays: tuple[np.ndarray, ...],
+        state: tuple[np.ndarray, ...],
+        improvements: Improvements,
     ):
         self.channel, self.arrays, self.state = channel, arrays, state
+        self.improvements = improvements  # the anytime trace: the best after every chunk
         self.sent = math.inf
         self.when = -math.inf
         self.kept: tuple[float, np.ndarray] | None = None  # the best before a candidate
@@ -169,6 +176,7 @@ class _Link:
     def send(self, force: bool = False) -> None:
         best = float(self.state[6][kernels.F_BEST])
         now = time.perf_counter()
+        self.improvements.add(min(best, self.kept[0]) if self.kept else best, now)
         if self.channel.on_incumbent is None or not best < self.sent:
             return
         if force or now - self.when >= SEND_SECONDS:
@@ -241,6 +249,7 @@ class LocalBackend(Backend[LocalSettings]):
     exact = False
     REQUIRED_MODULES = ("numba",)
     settings_type = LocalSettings
+    own_trace = True  # the best after every chunk of moves (stats["trace"])
 
     def _solve(
         self, problem: Problem, options: SolveOptions, settings: LocalSettings
@@ -273,10 +282,11 @@ class LocalBackend(Backend[LocalSettings]):
             stats["first_feasible_seconds"] = time.perf_counter() - t0
             if found is not None:
                 return found
-        link = _Link(options.channel, arrays, state)
+        link = _Link(options.channel, arrays, state, Improvements(t0))
         link.send(force=True)
         limit = self._anneal(flat, arrays, state, settings, clock.at, stats, link, options)
         value, choices = link.best()
+        stats["trace"] = own_trace(link.improvements)
         bound = options.channel.known_bound()  # proven elsewhere: OPTIMAL when within it
         return SolveResult(
             self.name, Status.FEASIBLE, choices, objective=value, bound=bound, limit=limit,

@@ -37,8 +37,10 @@ exceeds this share of the current makespan; 0 disables), "penalty", "repair", "s
 ("delta" or "full"), "polish" (after an iteration-capped chain, a first-improvement local
 search over single-node changes).
 
-Deterministic for a seed under an iteration cap. `stats["trace"]` holds (seconds, best) at
-every new best.
+Deterministic for a seed under an iteration cap. `stats["trace"]` (`backends.trace`) holds
+(seconds, best) at every new best, in the objective's units (the makespan: the chain's
+simulated seconds). With a caller's `SolveOptions.channel` (the portfolio) a new best goes
+to `on_incumbent` at most every SEND_SECONDS (the last one with the result).
 """
 
 from __future__ import annotations
@@ -69,11 +71,13 @@ from backends.base import (
 from backends.mcmc.proposals import DNN_MIX, KINDS, TABLE_MIX, Proposer
 from backends.mcmc.starts import INITS, start_choices
 from backends.mcmc.state import ChainState
+from backends.trace import Improvements, own_trace
 from planner.problems.evaluate import additive_cost
 from planner.problems.problem import Problem
 
 START_SHARE = 0.3  # of the time limit, at most, for simulating the starts (one at least)
 SKIP_FACTOR = 4.0  # starts whose Eq. 1 cost is over this times the best start's: not simulated
+SEND_SECONDS = 1.0  # a new best goes to the caller's channel at most this often
 RESYNC = 1000  # accepted moves between exact recomputations of the memory sweep
 OVER_CHARGE = 1e-3  # the violation charged for being over the limit at all (see Memory above)
 
@@ -176,6 +180,7 @@ class McmcBackend(Backend[McmcSettings]):
     objectives = ("makespan", "additive")
     exact = False
     settings_type = McmcSettings
+    own_trace = True  # every new best, valued by the chain (stats["trace"])
 
     def _solve(
         self, problem: Problem, options: SolveOptions, settings: McmcSettings
@@ -196,7 +201,8 @@ class _Search:
         self.deadline = self.clock.at
         self.starts_until = self.clock.part(START_SHARE).at  # START_SHARE of the time limit
         self.best: tuple[float, tuple[int, ...]] | None = None
-        self.trace: list[tuple[float, float]] = []
+        self.trace = Improvements(self.t0)  # every new best (stats["trace"])
+        self.sent = -math.inf  # when the last new best went to the channel's on_incumbent
         self.log = ProgressLog("mcmc")
         self.counts = {k: [0, 0, 0] for k in KINDS}  # proposed, accepted, new best
         self.stats: dict[str, Any] = {}
@@ -222,7 +228,7 @@ class _Search:
         limit = Limit.TIME if state is None else self._chain(state)
         if self.s.polish and self.best is not None and limit is Limit.ITERATIONS:
             limit = self._polish()
-        self.stats["trace"] = self.trace
+        self.stats["trace"] = own_trace(self.trace)
         self.stats["proposal_kinds"] = {k: v for k, v in self.counts.items() if v[0]}
         if self.best is None:
             return SolveResult("mcmc", Status.NO_SOLUTION, limit=limit, stats=self.stats)
@@ -237,7 +243,12 @@ class _Search:
         if not state.valid or (self.best is not None and state.cost >= self.best[0]):
             return False
         self.best = (state.cost, tuple(state.choices))
-        self.trace.append((time.perf_counter() - self.t0, state.cost))
+        now = time.perf_counter()
+        self.trace.add(state.cost, now)
+        send = self.opts.channel.on_incumbent
+        if send is not None and now - self.sent >= SEND_SECONDS:
+            send(self.best[1], "mcmc")
+            self.sent = now
         return True
 
     # -- starts ----------------------------------------------------------------------------

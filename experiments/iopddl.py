@@ -21,7 +21,14 @@ a row is best / cost (0 without a valid answer), with the best-known costs of
 experiments/data/iopddl_best.csv (`--best FILE` for others). The table is printed and
 written, with the run's provenance, to results/iopddl-<time>/ as rows.csv and rows.json.
 Ctrl-C stops the running case (it returns its best answer so far) and the run after it; the
-rows done are kept (exit 130). Bad arguments are one `error: ...` line and exit status 2.
+rows done are kept (exit 130).
+
+Anytime quality: each case's backend returns its anytime trace (`backends.trace`: when each
+better answer and bound came), stored as traces/<case>.json; each row has the time to within
+1% and 0.1% of the best known, the primal integral (Berthold 2013) and the primal-dual
+integral (`experiments.anytime`, on the case's clock, loading included), and the run ends
+with `experiments.anytime`'s report in the results folder: performance profiles,
+cost-over-time curves per instance (PNG) and anytime.md / anytime.csv. Bad arguments are one `error: ...` line and exit status 2.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +100,19 @@ class Row:
     load_end: float
     reported: float | None = None  # the backend's own cost
     error: str = ""
+    # anytime quality (experiments.anytime), on the case's clock, against the best known (or
+    # the case's own answer, if better): the first time within 1% / 0.1% (None: never), the
+    # primal integral (Berthold 2013) and the primal-dual integral in seconds and divided by
+    # the time limit
+    time_to_1pct: float | None = None
+    time_to_0_1pct: float | None = None
+    primal_integral: float | None = None
+    primal_integral_norm: float | None = None
+    primal_dual_integral: float | None = None
+    primal_dual_integral_norm: float | None = None
+    # the backend's anytime trace (backends.trace) and its offset on the case's clock: stored
+    # in traces/ by `save`, not in rows.csv / rows.json
+    trace: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -239,16 +259,20 @@ def run_case(
     with catch_interrupt():  # SIGINT from the parent: the best answer so far
         problem = load_problem(path)
         loaded = time.perf_counter() - t0
-        result = get_backend(backend).solve(
-            problem,
-            SolveOptions(seed=seed, threads=threads, deadline=deadline),
-        )
+        solver = get_backend(backend)
+        began = time.perf_counter()
+        result = solver.solve(problem, SolveOptions(seed=seed, threads=threads, deadline=deadline))
+    trace = result.stats.get("trace") or {"incumbent": [], "bound": []}
     return {
         "status": result.status.value + (f" ({result.limit.value})" if result.limit else ""),
         "choices": list(result.choices) if result.choices is not None else None,
         "objective": result.objective,
         "bound": result.bound,
         "load_seconds": loaded,
+        # the anytime trace, its times from the solve's start; `offset`: the case's clock
+        # (the one its deadline counts: `spent` before this call, then imports and loading)
+        # at that start
+        "trace": {**trace, "offset": round(spent + began - entered, 4)},
     }
 
 
@@ -401,6 +425,8 @@ def _row(name: str, backend: str, seed: int, limit: float, answer: dict | None,
     gap = cost / bound - 1 if ok and bound and cost is not None else None
     status = answer["status"] if answer else ("TIMEOUT" if "killed" in measured.get("error", "")
                                               else "ERROR")  # fmt: skip
+    trace = answer.get("trace") if answer else None
+    anytime = _anytime(trace, known, cost if ok else None, limit)
     return Row(
         instance=name, backend=backend, seed=seed, status=status, cost=cost, bound=bound,
         gap=gap, time_limit=limit, background=background,
@@ -411,8 +437,23 @@ def _row(name: str, backend: str, seed: int, limit: float, answer: dict | None,
         score=None if known is None else (known / cost if ok and cost else 0.0),
         load_start=start, load_end=(load() or [math.nan])[0],
         reported=answer.get("objective") if answer else None,
-        error=measured.get("error", ""),
+        error=measured.get("error", ""), trace=trace, **anytime,
     )  # fmt: skip
+
+
+def _anytime(
+    trace: dict[str, Any] | None, known: float | None, cost: float | None, limit: float
+) -> dict[str, float | None]:
+    """A case's anytime metrics (`experiments.anytime.case_metrics`) from its trace, against
+    the best known or the case's own valid answer if that is better; {} without a trace."""
+    from experiments.anytime import case_metrics, shifted
+
+    if trace is None:
+        return {}
+    offset = float(trace.get("offset", 0.0))
+    best = min((v for v in (known, cost) if v is not None), default=None)
+    incumbent = shifted(trace.get("incumbent", []), offset)
+    return case_metrics(incumbent, shifted(trace.get("bound", []), offset), best, limit)
 
 
 def _number(x: float | None, spec: str | None = None) -> str:
@@ -438,7 +479,8 @@ def _line(r: Row) -> str:
 def table(rows: list[Row], title: str) -> Table:
     t = Table(title=title)
     cols = ("instance", "backend", "seed", "status", "cost", "bound", "gap", "limit s", "bg",
-            "wall s", "RSS MiB", "valid", "contest best", "ratio", "score", "load")  # fmt: skip
+            "wall s", "RSS MiB", "valid", "contest best", "ratio", "score", "t 1% s", "PI / T",
+            "load")  # fmt: skip
     for c in cols:
         t.add_column(
             c, justify="left" if c in ("instance", "backend", "status", "valid") else "right"
@@ -450,23 +492,46 @@ def table(rows: list[Row], title: str) -> Table:
             f"{r.time_limit:g}", str(r.background), f"{r.wall:.1f}",
             f"{r.rss_mib:.0f} ({r.tree_rss_mib:.0f})",
             r.valid, _number(r.best), _number(r.ratio, ".4f"), _number(r.score, ".4f"),
-            f"{r.load_start:.2f}->{r.load_end:.2f}",
+            _number(r.time_to_1pct, ".1f") if r.best is not None and r.time_to_1pct is not None
+            else ("-" if r.best is None or r.trace is None else "never"),
+            _number(r.primal_integral_norm, ".4f"), f"{r.load_start:.2f}->{r.load_end:.2f}",
         )  # fmt: skip
     return t
 
 
-def save(rows: list[Row], info: dict[str, Any], folder: Path) -> None:
+def row_fields(row: Row) -> dict[str, Any]:
+    """A row as rows.csv and rows.json hold it (its trace goes to traces/)."""
+    out = asdict(row)
+    del out["trace"]
+    return out
+
+
+def save(rows: list[Row], info: dict[str, Any], folder: Path, plots: bool = True) -> None:
+    """rows.csv and rows.json; each row's anytime trace as traces/<case>.json (with the case:
+    instance, backend, seed, time limit, background); then, with `plots`, the anytime
+    report beside them (`experiments.anytime.report`: profiles, curves, anytime.md)."""
+    from experiments.anytime import TRACES, report, trace_name
     from planner.files import strict_json, write_text_atomic
 
-    names = [f.name for f in fields(Row)]
+    names = [f.name for f in fields(Row) if f.name != "trace"]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=names)
     writer.writeheader()
-    writer.writerows(asdict(r) for r in rows)
+    writer.writerows(row_fields(r) for r in rows)
     write_text_atomic(folder / "rows.csv", buf.getvalue())
     write_text_atomic(
-        folder / "rows.json", strict_json({"run": info, "rows": [asdict(r) for r in rows]}, 1)
+        folder / "rows.json", strict_json({"run": info, "rows": [row_fields(r) for r in rows]}, 1)
     )
+    for r in rows:
+        if r.trace is None:
+            continue
+        case = (r.instance, r.backend, r.seed, r.time_limit, r.background)
+        (folder / TRACES).mkdir(exist_ok=True)
+        keys = ("instance", "backend", "seed", "time_limit", "background")
+        text = strict_json({**dict(zip(keys, case, strict=True)), **r.trace})
+        write_text_atomic(folder / TRACES / trace_name(*case), text)
+    if plots and rows:
+        report([folder])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

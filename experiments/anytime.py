@@ -1,0 +1,541 @@
+"""Anytime quality of the bench's cases: metrics on traces, and the report that plots them.
+
+    python -m experiments.anytime RESULTS_FOLDER [MORE_FOLDERS] [--out FOLDER]
+
+A case's trace is its backend's `stats["trace"]` (`backends.trace`: the incumbent and the
+lower bound as step functions, (t, value) at each improvement) stored by `experiments.iopddl`
+in the results folder as traces/<case>.json, with `offset`: the seconds of the case's clock
+used before the solve started (the process's start, the imports, loading the instance), so
+a point's time on the case's clock is offset + t, and the clock's horizon T is the case's
+time limit. The metrics (pure functions of the points, on the case's clock):
+
+- time to target: the first time the incumbent is within 1% (0.1%) of the best known,
+  value <= best + 0.01 |best|; None when never within the horizon;
+- primal integral (Berthold 2013, "Measuring the impact of primal heuristics", Oper. Res.
+  Lett. 41(6), 611-614, Def. 1-3): P(T) = integral over [0, T] of the primal gap
+  p(t) = |best - inc(t)| / max(|best|, |inc(t)|) (0 when both are 0; 1 when their signs
+  differ, and 1 before the first incumbent), in seconds; also divided by T (0: the best
+  from the start, 1: nothing all along);
+- primal-dual integral: the same integral of (inc(t) - bound(t)) / max(|inc(t)|, |bound(t)|)
+  clipped to [0, 1] (1 while either is missing).
+
+"best" is the best-known cost; a case that found better uses its own answer instead (per
+case, in rows.csv), and the report uses the best of the best-known and every case's answer
+on the instance, so all backends are measured against one value.
+
+The report reads rows.json (or rows.csv) and traces/ from each folder given and writes, in
+the first (or `--out`):
+- profile-cost.png and profile-time-1pct.png: performance profiles (Dolan and More 2002,
+  "Benchmarking optimization software with performance profiles", Math. Program. 91(2),
+  201-213): for each solver s, rho_s(tau) = share of instances on which the performance
+  ratio r = m_s / min over solvers of m is <= tau, where m is the median over the seeds of
+  the final cost (no valid answer: infinite) or of the time to 1% (never: infinite).
+  Per instance with the seeds' median, not per (instance, seed): seeds are not paired
+  across solvers. A "solver" is a backend, with its time limit and background load when the
+  folders hold several;
+- curve-<instance>.png: incumbent (solid) and bound (dashed) over time per backend and seed,
+  log time, the best known as a black line; above the whole range on a log scale, below a
+  zoom to within 5% of the best;
+- anytime.csv and anytime.md: per (instance, solver) the seeds' median, min and max of the
+  final cost / best, the gap, the times to 1% and 0.1%, and the primal and primal-dual
+  integrals divided by T.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.cli.args import OneLineArgumentParser
+from planner.errors import LayerwiseError
+
+__all__ = [
+    "Case",
+    "case_metrics",
+    "gap_integral",
+    "performance_profile",
+    "primal_dual_gap",
+    "primal_gap",
+    "primal_integral",
+    "primal_dual_integral",
+    "read_cases",
+    "report",
+    "time_to_target",
+]
+
+TARGETS = (0.01, 0.001)  # within 1% and 0.1% of the best known
+TIME_FLOOR = 1e-3  # seconds: a time to target below it counts as it in a ratio
+ZOOM = 0.05  # the lower panel of a curve: within 5% of the best
+TRACES = "traces"
+
+Points = Sequence[Sequence[float]]
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def shifted(points: Points, offset: float) -> list[tuple[float, float]]:
+    """(offset + t, value) of each point: the backend's clock onto the case's."""
+    return [(offset + float(t), float(v)) for t, v in points]
+
+
+def time_to_target(incumbent: Points, best: float, within: float, horizon: float) -> float | None:
+    """The first time the incumbent is within `within` (a fraction) of `best`, at most
+    `horizon`; None when never."""
+    target = best + within * abs(best)
+    for t, v in incumbent:
+        if t > horizon:
+            return None
+        if v <= target * (1 + 1e-12):
+            return float(t)
+    return None
+
+
+def primal_gap(value: float | None, best: float) -> float:
+    """Berthold's primal gap of an incumbent `value` against `best` (Def. 1): 1 without an
+    incumbent or when the signs differ, 0 when both are 0, else |best - value| / max(|best|,
+    |value|)."""
+    if value is None or not math.isfinite(value):
+        return 1.0
+    if value == 0 and best == 0:
+        return 0.0
+    if value * best < 0:
+        return 1.0
+    return abs(best - value) / max(abs(best), abs(value))
+
+
+def primal_dual_gap(value: float | None, bound: float | None) -> float:
+    """The gap between an incumbent and a lower bound, as the primal gap: 1 when either is
+    missing or their signs differ, 0 when both are 0, else (value - bound) / max(|value|,
+    |bound|) clipped to [0, 1]."""
+    if value is None or bound is None or not (math.isfinite(value) and math.isfinite(bound)):
+        return 1.0
+    if value == 0 and bound == 0:
+        return 0.0
+    if value * bound < 0:
+        return 1.0
+    return min(1.0, max(0.0, (value - bound) / max(abs(value), abs(bound))))
+
+
+def _value_at(points: Points, t: float) -> float | None:
+    """The step function's value at t: the last point at or before t (None before the
+    first)."""
+    out = None
+    for s, v in points:
+        if s > t:
+            break
+        out = float(v)
+    return out
+
+
+def gap_integral(
+    incumbent: Points, bound: Points | None, horizon: float, gap: Any, best: float | None = None
+) -> float:
+    """The integral over [0, horizon] of gap(inc(t), best) (`bound` None) or of gap(inc(t),
+    bound(t)): a sum over the pieces between the step functions' change points."""
+    times = sorted(
+        {0.0, horizon}
+        | {float(t) for t, _ in incumbent if 0 < t < horizon}
+        | {float(t) for t, _ in bound or () if 0 < t < horizon}
+    )
+    total = 0.0
+    for a, b in zip(times, times[1:], strict=False):
+        inc = _value_at(incumbent, a)
+        g = gap(inc, best) if bound is None else gap(inc, _value_at(bound, a))
+        total += g * (b - a)
+    return total
+
+
+def primal_integral(incumbent: Points, best: float, horizon: float) -> float:
+    """Berthold's primal integral P(T) (Def. 3), in seconds."""
+    return gap_integral(incumbent, None, horizon, primal_gap, best)
+
+
+def primal_dual_integral(incumbent: Points, bound: Points, horizon: float) -> float:
+    """The integral over [0, T] of `primal_dual_gap` of the incumbent and the bound."""
+    return gap_integral(incumbent, bound, horizon, primal_dual_gap)
+
+
+def case_metrics(
+    incumbent: Points, bound: Points, best: float | None, horizon: float
+) -> dict[str, float | None]:
+    """A case's metrics (module docstring), its points on the case's clock; `best`: the
+    reference cost (None: only the primal-dual integral)."""
+    out: dict[str, float | None] = dict.fromkeys(
+        ("time_to_1pct", "time_to_0_1pct", "primal_integral", "primal_integral_norm"), None
+    )
+    if best is not None and math.isfinite(best):
+        out["time_to_1pct"] = time_to_target(incumbent, best, TARGETS[0], horizon)
+        out["time_to_0_1pct"] = time_to_target(incumbent, best, TARGETS[1], horizon)
+        pi = primal_integral(incumbent, best, horizon)
+        out["primal_integral"], out["primal_integral_norm"] = pi, pi / horizon
+    pdi = primal_dual_integral(incumbent, bound, horizon)
+    out["primal_dual_integral"], out["primal_dual_integral_norm"] = pdi, pdi / horizon
+    return out
+
+
+def performance_profile(
+    metric: dict[str, dict[str, float]],
+) -> tuple[list[str], dict[str, list[float]]]:
+    """Dolan and More's performance ratios: `metric[instance][solver]` (inf: failed; a
+    solver missing on an instance: failed) -> (the instances, each solver's ratios, one per
+    instance, sorted). rho_s(tau) is the share of a solver's ratios <= tau. An instance no
+    solver solved gives every solver an infinite ratio."""
+    instances = sorted(metric)
+    solvers = sorted({s for row in metric.values() for s in row})
+    ratios: dict[str, list[float]] = {s: [] for s in solvers}
+    for inst in instances:
+        row = metric[inst]
+        finite = [max(v, TIME_FLOOR) for v in row.values() if math.isfinite(v)]
+        low = min(finite) if finite else math.inf
+        for s in solvers:
+            v = row.get(s, math.inf)
+            ok = math.isfinite(v) and math.isfinite(low)
+            ratios[s].append(max(v, TIME_FLOOR) / low if ok else math.inf)
+    return instances, {s: sorted(r) for s, r in ratios.items()}
+
+
+def rho(ratios: Sequence[float], tau: float) -> float:
+    """The share of `ratios` <= tau."""
+    return sum(r <= tau for r in ratios) / len(ratios) if ratios else 0.0
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+@dataclass
+class Case:
+    """One row of a results folder, with its trace on the case's clock (empty lists when
+    the folder has none)."""
+
+    instance: str
+    backend: str
+    seed: int
+    time_limit: float
+    background: int
+    cost: float | None
+    bound: float | None
+    best: float | None
+    incumbent: list[tuple[float, float]] = field(default_factory=list)
+    bounds: list[tuple[float, float]] = field(default_factory=list)
+    label: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, int, float, int]:
+        return (self.instance, self.backend, self.seed, self.time_limit, self.background)
+
+
+def trace_name(instance: str, backend: str, seed: int, limit: float, background: int) -> str:
+    """The file name of a case's trace under traces/."""
+    return f"{instance}-{backend}-seed{seed}-{limit:g}s-bg{background}.json"
+
+
+def _rows(folder: Path) -> list[dict[str, Any]]:
+    if (folder / "rows.json").exists():
+        return list(json.loads((folder / "rows.json").read_text())["rows"])
+    if (folder / "rows.csv").exists():
+        with open(folder / "rows.csv", newline="") as f:
+            return list(csv.DictReader(f))
+    raise LayerwiseError(f"{folder} holds no rows.json or rows.csv: give a results folder")
+
+
+def _number(x: Any) -> float | None:
+    if x is None or x == "":
+        return None
+    return float(x)
+
+
+def read_cases(folders: Sequence[Path]) -> list[Case]:
+    """Every row of the folders (a case given twice: the later one) with its trace."""
+    cases: dict[tuple[str, str, int, float, int], Case] = {}
+    for folder in folders:
+        for row in _rows(folder):
+            valid = str(row.get("valid", "yes")) == "yes"
+            case = Case(
+                instance=str(row["instance"]),
+                backend=str(row["backend"]),
+                seed=int(row["seed"]),
+                time_limit=float(row["time_limit"]),
+                background=int(row.get("background") or 0),
+                cost=_number(row.get("cost")) if valid else None,
+                bound=_number(row.get("bound")),
+                best=_number(row.get("best")),
+            )
+            path = folder / TRACES / trace_name(*case.key)
+            if path.exists():
+                trace = json.loads(path.read_text())
+                offset = float(trace.get("offset", 0.0))
+                case.incumbent = shifted(trace.get("incumbent", []), offset)
+                case.bounds = shifted(trace.get("bound", []), offset)
+            cases[case.key] = case
+    out = list(cases.values())
+    limits = {c.time_limit for c in out}
+    loads = {c.background for c in out}
+    for c in out:
+        c.label = c.backend + (f" {c.time_limit:g}s" if len(limits) > 1 else "")
+        c.label += f" bg{c.background}" if len(loads) > 1 else ""
+    return out
+
+
+def references(cases: Iterable[Case]) -> dict[str, float]:
+    """Per instance: the best of the best-known cost and every case's answer."""
+    out: dict[str, float] = {}
+    for c in cases:
+        for v in (c.best, c.cost):
+            if v is not None and math.isfinite(v):
+                out[c.instance] = min(out.get(c.instance, math.inf), v)
+    return out
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else math.nan
+
+
+def summary(cases: Sequence[Case]) -> list[dict[str, Any]]:
+    """Per (instance, solver): the seeds' median, min and max of each metric (module
+    docstring; a time never reached and a missing answer count as infinite)."""
+    ref = references(cases)
+    groups: dict[tuple[str, str], list[Case]] = defaultdict(list)
+    for c in cases:
+        groups[(c.instance, c.label)].append(c)
+    out = []
+    for (inst, label), group in sorted(groups.items()):
+        best = ref.get(inst)
+        per: dict[str, list[float]] = defaultdict(list)
+        for c in group:
+            m = case_metrics(c.incumbent, c.bounds, best, c.time_limit)
+            ok = c.cost is not None and best is not None
+            per["ratio"].append(c.cost / best if ok and best else math.inf)  # type: ignore[operator]
+            gap = c.cost / c.bound - 1 if c.cost is not None and c.bound else math.inf
+            per["gap"].append(gap)
+            for k in ("time_to_1pct", "time_to_0_1pct"):
+                per[k].append(math.inf if m[k] is None else float(m[k]))  # type: ignore[arg-type]
+            for k in ("primal_integral_norm", "primal_dual_integral_norm"):
+                per[k].append(math.nan if m[k] is None else float(m[k]))  # type: ignore[arg-type]
+        row: dict[str, Any] = {"instance": inst, "solver": label, "seeds": len(group)}
+        for k, vs in per.items():
+            row[f"{k}_median"] = _median(vs)
+            row[f"{k}_min"] = min(vs)
+            row[f"{k}_max"] = max(vs)
+        out.append(row)
+    return out
+
+
+METRICS = (  # key, column title, format, what an infinite value means
+    ("ratio", "cost / best", "{:.4f}", "no answer"),
+    ("gap", "gap", "{:.2%}", "-"),
+    ("time_to_1pct", "t 1% s", "{:.1f}", "never"),
+    ("time_to_0_1pct", "t 0.1% s", "{:.1f}", "never"),
+    ("primal_integral_norm", "primal int. / T", "{:.4f}", "-"),
+    ("primal_dual_integral_norm", "primal-dual int. / T", "{:.4f}", "-"),
+)
+
+
+def _cell(x: float, spec: str, infinite: str) -> str:
+    if math.isnan(x):
+        return "-"
+    return infinite if math.isinf(x) else spec.format(x)
+
+
+def markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """The summary as a Markdown table: median [min, max] over the seeds."""
+    head = ["instance", "solver", "seeds", *(title for _, title, _, _ in METRICS)]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        cells = [r["instance"], r["solver"], str(r["seeds"])]
+        for key, _, spec, infinite in METRICS:
+            med, lo, hi = (_cell(r[f"{key}_{s}"], spec, infinite) for s in ("median", "min", "max"))
+            cells.append(med if r["seeds"] == 1 else f"{med} [{lo}, {hi}]")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summary_csv(rows: Sequence[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return buf.getvalue()
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_profile(ratios: dict[str, list[float]], title: str, path: Path) -> None:
+    """rho_s(tau) for every solver, a step function of tau on a log2 axis."""
+    plt = _pyplot()
+    finite = [r for rs in ratios.values() for r in rs if math.isfinite(r)]
+    top = max(2.0, max(finite, default=1.0) * 1.5)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for s, rs in sorted(ratios.items()):
+        taus = [1.0, *sorted(r for r in rs if math.isfinite(r)), top]
+        ax.step(taus, [rho(rs, t) for t in taus], where="post", label=s)
+    ax.set_xscale("log", base=2)
+    ax.set_xlim(1.0, top)
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("tau (ratio to the best solver on the instance)")
+    ax.set_ylabel("share of instances with ratio <= tau")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _steps(points: Sequence[tuple[float, float]], end: float) -> tuple[list[float], list[float]]:
+    """A step function's points extended to `end` (for `step(where="post")`)."""
+    xs = [max(t, TIME_FLOOR) for t, _ in points]
+    ys = [v for _, v in points]
+    if points and end > xs[-1]:
+        xs.append(end)
+        ys.append(ys[-1])
+    return xs, ys
+
+
+def plot_curves(instance: str, cases: Sequence[Case], best: float | None, path: Path) -> None:
+    """Incumbent and bound over time of every case of one instance (module docstring)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 1, figsize=(7.2, 6.4), sharex=True)
+    labels = sorted({c.label for c in cases})
+    colors = {s: plt.get_cmap("tab10")(k % 10) for k, s in enumerate(labels)}
+    end = max([c.time_limit for c in cases], default=1.0)
+    for ax in axes:
+        for c in sorted(cases, key=lambda c: (c.label, c.seed)):
+            first = c.seed == min(d.seed for d in cases if d.label == c.label)
+            for points, style, what in ((c.incumbent, "-", ""), (c.bounds, "--", " bound")):
+                positive = [(t, v) for t, v in points if v > 0] if ax is axes[0] else points
+                if not positive:
+                    continue
+                xs, ys = _steps(positive, c.time_limit)
+                ax.step(xs, ys, where="post", ls=style, color=colors[c.label], lw=1.0,
+                        alpha=0.8, label=f"{c.label}{what}" if first else None)  # fmt: skip
+        if best is not None:
+            ax.axhline(
+                best, color="black", lw=0.8, ls=":", label="best known" if ax is axes[0] else None
+            )
+        ax.set_xscale("log")
+        ax.set_xlim(TIME_FLOOR * 10 if end > 1 else TIME_FLOOR, end)
+        ax.grid(alpha=0.3)
+    values = [v for c in cases for _, v in (*c.incumbent, *c.bounds) if v > 0]
+    if values and max(values) / min(values) > 10:
+        axes[0].set_yscale("log")
+    if best is not None and best > 0:
+        axes[1].set_ylim(best * (1 - ZOOM / 2), best * (1 + ZOOM))
+        axes[1].set_title(f"within {ZOOM:.0%} of the best known", fontsize=9)
+    axes[0].set_title(
+        f"{instance}: incumbent (solid) and bound (dashed) per backend and seed", fontsize=10
+    )
+    axes[0].set_ylabel("cost")
+    axes[1].set_ylabel("cost")
+    axes[1].set_xlabel("seconds on the case's clock (loading included)")
+    axes[0].legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def report(folders: Sequence[Path], out: Path | None = None) -> list[Path]:
+    """Read the folders' rows and traces; write the profiles, the curves and the summary
+    (module docstring) to `out` (default: the first folder). Returns the files written."""
+    from planner.files import write_text_atomic
+
+    out = out or folders[0]
+    out.mkdir(parents=True, exist_ok=True)
+    cases = read_cases(folders)
+    ref = references(cases)
+    written: list[Path] = []
+    rows = summary(cases)
+    for name, text in (("anytime.csv", summary_csv(rows)), ("anytime.md", markdown(rows))):
+        write_text_atomic(out / name, text)
+        written.append(out / name)
+    if not cases:
+        return written
+    cost: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    reach: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for c in cases:
+        best = ref.get(c.instance)
+        cost[c.instance][c.label].append(c.cost if c.cost is not None else math.inf)
+        t = None if best is None else time_to_target(c.incumbent, best, TARGETS[0], c.time_limit)
+        reach[c.instance][c.label].append(math.inf if t is None else t)
+    for metric, name, title in (
+        (cost, "profile-cost.png", "final cost"),
+        (reach, "profile-time-1pct.png", "time to within 1% of the best known"),
+    ):
+        medians = {i: {s: _median(v) for s, v in row.items()} for i, row in metric.items()}
+        instances, ratios = performance_profile(medians)
+        plot_profile(
+            ratios,
+            f"Performance profile (Dolan and More 2002): {title}\n"
+            f"seeds' median per instance, {len(instances)} instances",
+            out / name,
+        )
+        written.append(out / name)
+    by_instance: dict[str, list[Case]] = defaultdict(list)
+    for c in cases:
+        by_instance[c.instance].append(c)
+    for inst, group in sorted(by_instance.items()):
+        path = out / f"curve-{inst}.png"
+        plot_curves(inst, group, ref.get(inst), path)
+        written.append(path)
+    return written
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = OneLineArgumentParser(
+        prog="python -m experiments.anytime",
+        description="Anytime report of experiments.iopddl results folders: performance "
+        "profiles, cost-over-time curves and a per-(instance, backend) summary over seeds.",
+    )
+    p.add_argument("folders", type=Path, nargs="+", help="results folders (rows.json, traces/)")
+    p.add_argument("--out", type=Path, help="folder for the report (default: the first folder)")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from planner.cli.args import report_errors
+
+    return report_errors(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = parse_args(argv)
+    for folder in args.folders:
+        if not folder.is_dir():
+            raise LayerwiseError(
+                f"{folder} is not a folder: give results folders of experiments.iopddl"
+            )
+    for path in report(args.folders, args.out):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

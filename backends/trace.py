@@ -22,7 +22,7 @@ Where the points come from (`TraceRecorder`, which `Backend.solve` puts in the s
   window of (time it took) / EVALUATION_SHARE (one second there; microseconds on small
   problems): an answer that arrives within the window waits, and a better one arriving
   before the window ends replaces it (its value is lost, its successor is recorded at the
-  successor's time). Under the makespan objective (a full simulation per value) answers
+  successor's time; `stats["trace_seconds"]` is the time spent so). Under the makespan objective (a full simulation per value) answers
   sent so are not recorded: only the search's own trace and the final answer are;
 - the search's own trace: a backend with `own_trace` (`local`, `mcmc`, the `portfolio`)
   knows the value of each better answer and returns the same format in `stats["trace"]`
@@ -135,6 +135,7 @@ class TraceRecorder:
         self.pending: tuple[float, tuple[int, ...]] | None = None  # waiting for its window
         self.next_value = -math.inf  # perf_counter time from which a value may be computed
         self.lock = threading.Lock()  # CP-SAT's and CBC's callbacks come from their threads
+        self.seconds = 0.0  # spent computing answers' values (stats["trace_seconds"])
 
     def channel(self, channel: Channel) -> Channel:
         """`channel` with this recorder listening to `on_bound` and, when it computes
@@ -183,6 +184,7 @@ class TraceRecorder:
                 self._record(*waiting)
             self._record(now, choices)
             took = time.perf_counter() - t0
+            self.seconds += took
             self.next_value = time.perf_counter() + took / EVALUATION_SHARE
 
     def _record(self, at: float, choices: tuple[int, ...], value: float | None = None) -> None:
@@ -199,7 +201,9 @@ class TraceRecorder:
             if self.pending is not None:
                 at, choices = self.pending
                 known = result.objective if choices == result.choices else None
+                t0 = time.perf_counter()
                 self._record(at, choices, known)
+                self.seconds += time.perf_counter() - t0
                 self.pending = None
             incumbents, bounds = list(self.incumbents), list(self.bounds)
         own = result.stats.get("trace")
@@ -227,7 +231,10 @@ class TraceRecorder:
             "incumbent": _lists(thin(merge_points(incumbents))),
             "bound": _lists(thin(merge_points(bounds, lower=False))),
         }
-        return replace(result, stats={**result.stats, "trace": trace})
+        stats = {**result.stats, "trace": trace}
+        if self.evaluate:
+            stats["trace_seconds"] = round(self.seconds, 6)
+        return replace(result, stats=stats)
 
 
 def _lists(points: Sequence[Point]) -> list[list[float]]:

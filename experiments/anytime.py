@@ -439,14 +439,20 @@ def plot_curves(instance: str, cases: Sequence[Case], best: float | None, path: 
                 best, color="black", lw=0.8, ls=":", label="best known" if ax is axes[0] else None
             )
         ax.set_xscale("log")
-        ax.set_xlim(TIME_FLOOR * 10 if end > 1 else TIME_FLOOR, end)
         ax.grid(alpha=0.3)
     values = [v for c in cases for _, v in (*c.incumbent, *c.bounds) if v > 0]
     if values and max(values) / min(values) > 10:
         axes[0].set_yscale("log")
+    first = [c.incumbent[0][0] for c in cases if c.incumbent]
+    axes[0].set_xlim(max(TIME_FLOOR, 0.8 * min(first, default=TIME_FLOOR)), end)
     if best is not None and best > 0:
-        axes[1].set_ylim(best * (1 - ZOOM / 2), best * (1 + ZOOM))
-        axes[1].set_title(f"within {ZOOM:.0%} of the best known", fontsize=9)
+        # the end game: from below the best known to the final answers (at least ZOOM above)
+        finals = [c.incumbent[-1][1] for c in cases if c.incumbent]
+        top = max(best * (1 + ZOOM), max(finals, default=best) * (1 + ZOOM / 5))
+        axes[1].set_ylim(best * (1 - ZOOM / 2), top)
+        axes[1].set_title(
+            f"the end: {top / best - 1:.1%} above the best known to below it", fontsize=9
+        )
     axes[0].set_title(
         f"{instance}: incumbent (solid) and bound (dashed) per backend and seed", fontsize=10
     )
@@ -532,6 +538,7 @@ def _main(argv: Sequence[str] | None) -> int:
             raise LayerwiseError(
                 f"{folder} is not a folder: give results folders of experiments.iopddl"
             )
+        _rows(folder)  # one that holds no rows: one error line before any work
     for path in report(args.folders, args.out):
         print(path)
     return 0

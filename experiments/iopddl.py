@@ -445,13 +445,14 @@ def _anytime(
     trace: dict[str, Any] | None, known: float | None, cost: float | None, limit: float
 ) -> dict[str, float | None]:
     """A case's anytime metrics (`experiments.anytime.case_metrics`) from its trace, against
-    the best known or the case's own valid answer if that is better; {} without a trace."""
+    the best known or the case's own valid answer if that is better (no best known: only
+    the primal-dual integral); {} without a trace."""
     from experiments.anytime import case_metrics, shifted
 
     if trace is None:
         return {}
     offset = float(trace.get("offset", 0.0))
-    best = min((v for v in (known, cost) if v is not None), default=None)
+    best = None if known is None else min(known, cost if cost is not None else math.inf)
     incumbent = shifted(trace.get("incumbent", []), offset)
     return case_metrics(incumbent, shifted(trace.get("bound", []), offset), best, limit)
 

@@ -55,6 +55,8 @@ CASES: dict[str, tuple[str, list[str], str]] = {
         ["--schedule", "interleaved", "--chunks", "2", "--micro-batches", "6"],
         "not a multiple of 4",
     ),
+    "anytime: no such folder": ("anytime", ["{tmp}/missing"], "is not a folder"),
+    "anytime: a folder without rows": ("anytime", ["{tmp}"], "no rows.json or rows.csv"),
 }
 
 

@@ -56,6 +56,15 @@ def test_rows_scores_and_provenance(folder: Path, tmp_path: Path) -> None:
     assert doc["run"]["command"].startswith("python -m experiments.iopddl")
     assert "load_start" in doc["run"]["machine"] and "load_end" in doc["run"]["machine"]
     assert len(doc["rows"]) == 2 and (run / "logs").is_dir()
+    # the anytime traces, their metrics and the report (experiments.anytime)
+    trace = json.loads((run / "traces" / f"{G}-baselines-seed0-5s-bg0.json").read_text())
+    assert trace["incumbent"][-1][1] == float(g["cost"]) and 0 < trace["offset"] < 5
+    assert 0 < trace["offset"] + trace["incumbent"][-1][0] < 5
+    assert float(g["primal_integral_norm"]) == pytest.approx(float(g["primal_integral"]) / 5)
+    assert other["primal_integral"] == "" and float(other["primal_dual_integral_norm"]) == 1.0
+    assert "trace" not in doc["rows"][0]
+    for name in ("anytime.md", "profile-cost.png", f"curve-{G}.png", "curve-other.png"):
+        assert (run / name).stat().st_size > 0
 
 
 def test_the_recheck_catches_a_tampered_answer(folder: Path) -> None:

@@ -300,6 +300,10 @@ def references(cases: Iterable[Case]) -> dict[str, float]:
 # ----------------------------------------------------------------------------- summary
 
 
+def _or(x: float | None, default: float) -> float:
+    return default if x is None else float(x)
+
+
 def _median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else math.nan
 
@@ -317,14 +321,13 @@ def summary(cases: Sequence[Case]) -> list[dict[str, Any]]:
         per: dict[str, list[float]] = defaultdict(list)
         for c in group:
             m = case_metrics(c.incumbent, c.bounds, best, c.time_limit)
-            ok = c.cost is not None and best is not None
-            per["ratio"].append(c.cost / best if ok and best else math.inf)  # type: ignore[operator]
-            gap = c.cost / c.bound - 1 if c.cost is not None and c.bound else math.inf
-            per["gap"].append(gap)
-            for k in ("time_to_1pct", "time_to_0_1pct"):
-                per[k].append(math.inf if m[k] is None else float(m[k]))  # type: ignore[arg-type]
-            for k in ("primal_integral_norm", "primal_dual_integral_norm"):
-                per[k].append(math.nan if m[k] is None else float(m[k]))  # type: ignore[arg-type]
+            cost = math.inf if c.cost is None else c.cost
+            per["ratio"].append(cost / best if best else math.nan)
+            per["gap"].append(cost / c.bound - 1 if c.bound and c.bound > 0 else math.inf)
+            for k in ("time_to_1pct", "time_to_0_1pct"):  # never: infinite
+                per[k].append(_or(m[k], math.inf))
+            for k in ("primal_integral_norm", "primal_dual_integral_norm"):  # no best: NaN
+                per[k].append(_or(m[k], math.nan))
         row: dict[str, Any] = {"instance": inst, "solver": label, "seeds": len(group)}
         for k, vs in per.items():
             row[f"{k}_median"] = _median(vs)

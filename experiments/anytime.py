@@ -462,7 +462,10 @@ def plot_curves(instance: str, cases: Sequence[Case], best: float | None, path: 
     axes[0].set_ylabel("cost")
     axes[1].set_ylabel("cost")
     axes[1].set_xlabel("seconds on the case's clock (loading included)")
-    axes[0].legend(fontsize=7, loc="upper right")
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7, loc="upper right")
+    if not any(c.incumbent or c.bounds for c in cases):
+        axes[0].text(0.5, 0.5, "no trace", transform=axes[0].transAxes, ha="center")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

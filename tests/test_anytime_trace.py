@@ -72,6 +72,7 @@ def test_recorder_values_answers_forwards_calls_and_ends_at_the_answer() -> None
     channel.on_bound(1.0, "test")
     channel.on_bound(0.5, "test")  # not better: not recorded, still forwarded
     assert [k for k, _ in seen] == ["answer"] * 4 + ["bound"] * 2
+    time.sleep(0.001)  # the final bound a time step (0.1 ms) after the one heard
     out = rec.finish(_result(p, answers[-1], bound=2.0)).stats["trace"]
     values = [v for _, v in out["incumbent"]]
     assert values[-1] == additive_cost(p, answers[-1])

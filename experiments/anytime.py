@@ -36,7 +36,8 @@ the first (or `--out`):
 - curve-<instance>.png: incumbent (solid) and bound (dashed) over time per backend and seed,
   log time, the best known as a black line; above the whole range on a log scale, below a
   zoom to within 5% of the best;
-- anytime.csv and anytime.md: per (instance, solver) the seeds' median, min and max of the
+- anytime.csv and anytime.md: per (instance, solver) the seeds' median (of an even count:
+  the mean of the middle two), min and max of the
   final cost / best, the gap, the times to 1% and 0.1%, and the primal and primal-dual
   integrals divided by T.
 """
@@ -339,7 +340,7 @@ def summary(cases: Sequence[Case]) -> list[dict[str, Any]]:
 
 METRICS = (  # key, column title, format, what an infinite value means
     ("ratio", "cost / best", "{:.4f}", "no answer"),
-    ("gap", "gap", "{:.2%}", "-"),
+    ("gap", "gap", "gap", "-"),
     ("time_to_1pct", "t 1% s", "{:.1f}", "never"),
     ("time_to_0_1pct", "t 0.1% s", "{:.1f}", "never"),
     ("primal_integral_norm", "primal int. / T", "{:.4f}", "-"),
@@ -350,7 +351,11 @@ METRICS = (  # key, column title, format, what an infinite value means
 def _cell(x: float, spec: str, infinite: str) -> str:
     if math.isnan(x):
         return "-"
-    return infinite if math.isinf(x) else spec.format(x)
+    if math.isinf(x):
+        return infinite
+    if spec == "gap":  # a percentage, or past 1000% the ratio cost / bound
+        return f"{x:.2%}" if x < 10 else f"{x + 1:.3g}x"
+    return spec.format(x)
 
 
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
@@ -449,9 +454,10 @@ def plot_curves(instance: str, cases: Sequence[Case], best: float | None, path: 
     first = [c.incumbent[0][0] for c in cases if c.incumbent]
     axes[0].set_xlim(max(TIME_FLOOR, 0.8 * min(first, default=TIME_FLOOR)), end)
     if best is not None and best > 0:
-        # the end game: from below the best known to the final answers (at least ZOOM above)
-        finals = [c.incumbent[-1][1] for c in cases if c.incumbent]
-        top = max(best * (1 + ZOOM), max(finals, default=best) * (1 + ZOOM / 5))
+        # the end game: from below the best known to ZOOM above it, or to the best final
+        # answer when none ends within ZOOM (the others are in the upper panel)
+        lowest = min((c.incumbent[-1][1] for c in cases if c.incumbent), default=best)
+        top = max(best * (1 + ZOOM), lowest * (1 + ZOOM / 5))
         axes[1].set_ylim(best * (1 - ZOOM / 2), top)
         axes[1].set_title(
             f"the end: {top / best - 1:.1%} above the best known to below it", fontsize=9

@@ -484,7 +484,9 @@ def table(rows: list[Row], title: str) -> Table:
             "load")  # fmt: skip
     for c in cols:
         t.add_column(
-            c, justify="left" if c in ("instance", "backend", "status", "valid") else "right"
+            c,
+            justify="left" if c in ("instance", "backend", "status", "valid") else "right",
+            no_wrap=c == "status",  # a log's table keeps one line per row
         )
     for r in rows:
         t.add_row(

@@ -13,6 +13,7 @@ line that lists the valid names, and `given_settings` (default: `extra`) round-t
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import subprocess
@@ -313,6 +314,25 @@ class BackendConformance:
             assert math.isclose(result.objective, value, rel_tol=RTOL)
             assert memory_feasible(problem, result.choices)
             assert result.status in (Status.OPTIMAL, Status.FEASIBLE)
+
+    def test_the_anytime_trace_ends_at_the_answer(self, solved: list) -> None:
+        """`stats["trace"]` (`backends.trace`): better answers falling and better bounds
+        rising over non-decreasing times, the last answer the re-scored objective, the last
+        bound the result's, no bound above the answer."""
+        for problem, result in solved:
+            trace = result.stats["trace"]
+            for points, sign in ((trace["incumbent"], 1.0), (trace["bound"], -1.0)):
+                times = [t for t, _ in points]
+                assert times == sorted(times) and all(t >= 0 for t in times), problem.name
+                values = [sign * v for _, v in points]
+                assert all(a > b for a, b in itertools.pairwise(values)), problem.name
+            if result.objective is not None:
+                assert trace["incumbent"][-1][1] == result.objective, problem.name
+                assert all(v <= result.objective * (1 + RTOL) for _, v in trace["bound"])
+            else:
+                assert trace["incumbent"] == [], problem.name
+            if result.bound is not None and math.isfinite(result.bound):
+                assert trace["bound"][-1][1] == result.bound, problem.name
 
     def test_never_below_the_optimum(self, solved: list) -> None:
         exact = get_backend(self.backend_name).exact

@@ -105,7 +105,8 @@ class Channel:
     `bound()` returns the best lower bound proven elsewhere, or None (the portfolio's shared
     bound, `auto`'s unconstrained optimum): `local` and `mcmc`, which prove none, stop when
     their answer is within the tolerance of it. Backends that do not take part ignore the
-    channel."""
+    channel. `Backend.solve` listens to `on_incumbent` and `on_bound` itself (the anytime
+    trace, `stats["trace"]`: `backends.trace`) and passes every call on to the caller's."""
 
     on_incumbent: Callable[[tuple[int, ...], str], None] | None = None
     stop: StopFlag | None = None

@@ -480,13 +480,10 @@ def _line(r: Row) -> str:
 def table(rows: list[Row], title: str) -> Table:
     t = Table(title=title)
     cols = ("instance", "backend", "seed", "status", "cost", "bound", "gap", "limit s", "bg",
-            "wall s", "RSS MiB", "valid", "contest best", "ratio", "score", "t 1% s", "PI / T",
-            "load")  # fmt: skip
+            "wall s", "RSS MiB", "valid", "contest best", "ratio", "score", "load")  # fmt: skip
     for c in cols:
         t.add_column(
-            c,
-            justify="left" if c in ("instance", "backend", "status", "valid") else "right",
-            no_wrap=c == "status",  # a log's table keeps one line per row
+            c, justify="left" if c in ("instance", "backend", "status", "valid") else "right"
         )
     for r in rows:
         t.add_row(
@@ -495,9 +492,7 @@ def table(rows: list[Row], title: str) -> Table:
             f"{r.time_limit:g}", str(r.background), f"{r.wall:.1f}",
             f"{r.rss_mib:.0f} ({r.tree_rss_mib:.0f})",
             r.valid, _number(r.best), _number(r.ratio, ".4f"), _number(r.score, ".4f"),
-            _number(r.time_to_1pct, ".1f") if r.best is not None and r.time_to_1pct is not None
-            else ("-" if r.best is None or r.trace is None else "never"),
-            _number(r.primal_integral_norm, ".4f"), f"{r.load_start:.2f}->{r.load_end:.2f}",
+            f"{r.load_start:.2f}->{r.load_end:.2f}",
         )  # fmt: skip
     return t
 

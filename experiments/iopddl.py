@@ -57,6 +57,7 @@ from experiments.dispatch import (
     RayDispatch,
     fire,
     ray_installed,
+    reachable,
 )
 from experiments.runinfo import finish, load, new_results_folder, run_info
 from planner.cli.args import (
@@ -103,17 +104,16 @@ class Row:
     load_end: float
     reported: float | None = None  # the backend's own cost
     error: str = ""
-    attempt: int = 1  # 2: the case's first attempt crashed (its row replaced by this one)
+    attempt: int = 1  # 2: the first crashed (its row moved to rows.json's run.retried)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = _parser().parse_args(argv)
     if args.case is None and not args.paths and args.resume is None:
         raise LayerwiseError("give instance files or folders of them (*.json, *.json.gz)")
-    if args.ray is not None:
-        if args.dispatch == "local":
-            raise LayerwiseError("--ray ADDRESS dispatches through Ray: drop --dispatch local")
-        args.dispatch = "ray"
+    if args.ray is not None and args.dispatch == "local":
+        raise LayerwiseError("--ray ADDRESS dispatches through Ray: drop --dispatch local")
+    args.dispatch = args.dispatch or ("local" if args.ray is None else "ray")
     if args.dispatch == "ray" and not ray_installed():
         raise LayerwiseError(f"--dispatch ray and --ray need ray: {INSTALL}")
     return args
@@ -156,7 +156,6 @@ def _parser(defaults: bool = True) -> OneLineArgumentParser:
     p.add_argument(
         "--dispatch",
         choices=("local", "ray"),
-        default=d("local"),
         help="local (default): cases one after another here; ray: as Ray tasks on a Ray "
         "instance started for the run, each reserving the cores it uses (--threads), as many "
         f"at once as the cores allow ({INSTALL})",
@@ -432,7 +431,7 @@ def run_child(
     else:
         lines = [x for x in log_path.read_text().splitlines() if x.strip()]
         code = os.waitstatus_to_exitcode(status)
-        died = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        died = f"died of {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
         # a one-line error of bad input (exit status 2) would be the same again: no retry
         measured["crashed"] = code != EXIT_BAD_INPUT
         last = lines[-1].removeprefix("error: ") if lines else ""
@@ -501,8 +500,10 @@ def run(
     cases = [Case(f, b, s, time_limit_of(instance_name(f), args.time_limit), args.background,
                   args.threads) for f in files for b in args.backends for s in args.seeds]  # fmt: skip
     order = {c.key: k for k, c in enumerate(cases)}
-    rows = {key: r for r in previous_rows(folder) if (key := row_key(r)) in order}
-    todo = [c if c.key not in rows else replace(c, attempt=rows[c.key].attempt + 1)
+    earlier, retried = previous_rows(folder)
+    rows = {key: r for r in earlier if (key := row_key(r)) in order}
+    info["retried"] = [asdict(r) for r in retried]  # crashed attempts, replaced by their retry
+    todo = [c if c.key not in rows else replace(c, attempt=_next_attempt(rows[c.key]))
             for c in cases if c.key not in rows or not finished(rows[c.key])]  # fmt: skip
     if len(todo) < len(cases):
         console.print(
@@ -526,6 +527,9 @@ def run(
                 dispatch.submit(case)
             while (out := dispatch.next()) is not None:
                 row = _outcome_row(out, best)
+                replaced = rows.get(out.case.key)
+                if replaced is not None and replaced.status == "ERROR":
+                    info["retried"].append(asdict(replaced))
                 rows[out.case.key] = row
                 _save_log(out, folder)
                 head = "" if args.dispatch == "local" else (
@@ -554,15 +558,25 @@ def finished(r: Row) -> bool:
     return not interrupted and not (r.status == "ERROR" and r.attempt < ATTEMPTS)
 
 
-def previous_rows(folder: Path) -> list[Row]:
-    """The rows an earlier run wrote to `folder` (none in a new folder)."""
+def _next_attempt(r: Row) -> int:
+    """The attempt that follows row `r` of its case: a crash counts, a Ctrl-C does not."""
+    return r.attempt + 1 if r.status == "ERROR" else r.attempt
+
+
+def previous_rows(folder: Path) -> tuple[list[Row], list[Row]]:
+    """The rows an earlier run wrote to `folder`, and the crashed attempts it retried (none
+    in a new folder)."""
     path = folder / "rows.json"
     if not path.exists():
-        return []
+        return [], []
     names = {f.name for f in fields(Row)}
+
+    def rows(dicts: list[dict]) -> list[Row]:
+        return [Row(**{k: v for k, v in d.items() if k in names}) for d in dicts]
+
     try:
-        rows = json.loads(path.read_text())["rows"]
-        return [Row(**{k: v for k, v in r.items() if k in names}) for r in rows]
+        doc = json.loads(path.read_text())
+        return rows(doc["rows"]), rows(doc["run"].get("retried", []))
     except (ValueError, KeyError, TypeError) as exc:
         raise LayerwiseError(
             f"{path} cannot be read back ({one_line(exc)}): start a new run"
@@ -696,6 +710,8 @@ def _main(argv: Sequence[str] | None) -> int:
         )
     instances(args.paths)  # fail fast on a missing path or an empty folder
     read_best(args.best)
+    if args.ray not in (None, "auto"):
+        reachable(args.ray)  # fail fast too: ray.init would wait minutes
     console = Console()
     if not console.is_terminal:
         console.width = max(console.width, 200)  # a log file gets the whole table

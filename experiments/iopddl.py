@@ -399,6 +399,8 @@ def run_child(
     """One case in a fresh process (its own session, killed as a group past the timeout or
     when this process dies): (the answer or None, measurements and the error line; `crashed`
     when it died by a signal or exited unexpectedly)."""
+    from planner.deadline import stop_requested
+
     answer_path = workdir / f".answer-{os.getpid()}.json"
     cmd = [sys.executable, "-m", "experiments.iopddl", "--case", str(path), "--answer",
            str(answer_path), "--backends", backend, "--time-limit", str(limit), "--seeds",
@@ -436,6 +438,9 @@ def run_child(
         measured["crashed"] = code != EXIT_BAD_INPUT
         last = lines[-1].removeprefix("error: ") if lines else ""
         measured["error"] = died if code < 0 or not last else last
+        if stop_requested():  # stopped while it started, before it could answer: no crash
+            measured["crashed"] = False
+            measured["error"] = "interrupted: " + measured["error"]
     answer_path.unlink(missing_ok=True)
     return answer, measured
 
@@ -505,7 +510,7 @@ def run(
     info["retried"] = [asdict(r) for r in retried]  # crashed attempts, replaced by their retry
     todo = [c if c.key not in rows else replace(c, attempt=_next_attempt(rows[c.key]))
             for c in cases if c.key not in rows or not finished(rows[c.key])]  # fmt: skip
-    if len(todo) < len(cases):
+    if rows:
         console.print(
             f"resuming {folder}: {len(cases) - len(todo)} case(s) done, {len(todo)} to run"
         )
@@ -528,7 +533,7 @@ def run(
             while (out := dispatch.next()) is not None:
                 row = _outcome_row(out, best)
                 replaced = rows.get(out.case.key)
-                if replaced is not None and replaced.status == "ERROR":
+                if replaced is not None and _crashed(replaced):
                     info["retried"].append(asdict(replaced))
                 rows[out.case.key] = row
                 _save_log(out, folder)
@@ -558,9 +563,13 @@ def finished(r: Row) -> bool:
     return not interrupted and not (r.status == "ERROR" and r.attempt < ATTEMPTS)
 
 
+def _crashed(r: Row) -> bool:
+    return r.status == "ERROR" and not r.error.startswith("interrupted")
+
+
 def _next_attempt(r: Row) -> int:
     """The attempt that follows row `r` of its case: a crash counts, a Ctrl-C does not."""
-    return r.attempt + 1 if r.status == "ERROR" else r.attempt
+    return r.attempt + 1 if _crashed(r) else r.attempt
 
 
 def previous_rows(folder: Path) -> tuple[list[Row], list[Row]]:
@@ -685,6 +694,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
     if args.case is not None:  # a child: one case, its answer as JSON
+        # a Ray worker runs its task with SIGINT blocked, and a child inherits the mask: the
+        # stop request `_wait` passes on would wait, unseen, for the kill
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
         if args.parent:
             _die_with_parent(args.parent)
         hook = os.environ.get(CRASH_ENV, "")

@@ -3,6 +3,8 @@ as the contest scored them.
 
     python -m experiments.iopddl DIR --backends portfolio   # DIR: the contest's instances
     python -m experiments.iopddl A.json.gz G.json.gz --backends portfolio cpsat --time-limit 30
+    python -m experiments.iopddl DIR --backends portfolio toulbar2 --seeds 0 1 2 --dispatch ray
+    python -m experiments.iopddl --resume results/iopddl-20261207-224826
 
 (the contest's instances: https://github.com/google/iopddl/tree/main/benchmarks)
 
@@ -14,14 +16,33 @@ instance matched by its contest name, `asplos-2025-iopddl-A` or `A`; `DEFAULT_TI
 with a one-line note for other names; `--time-limit` overrides), counted from the process's
 start, loading included. `--background N` runs N CPU-burning processes beside each case
 (`experiments.background`: other jobs on a shared machine), recorded in each row. Every
-answer is re-checked here, from the file, by planner's evaluators
+answer is re-checked, from the file, by planner's evaluators
 (`planner.problems.evaluate`: the backends' searches do not use them): forbidden choices
 and pairs, the memory profile against the limit, the cost re-scored. The contest score of
 a row is best / cost (0 without a valid answer), with the best-known costs of
-experiments/data/iopddl_best.csv (`--best FILE` for others). The table is printed and
-written, with the run's provenance, to results/iopddl-<time>/ as rows.csv and rows.json.
-Ctrl-C stops the running case (it returns its best answer so far) and the run after it; the
-rows done are kept (exit 130). Bad arguments are one `error: ...` line and exit status 2.
+experiments/data/iopddl_best.csv (`--best FILE` for others).
+
+Where the cases run (experiments/dispatch.py): one after another here (`--dispatch local`,
+the default: nothing but the case and its burners on the machine, as the timings assume),
+or as Ray tasks (`--dispatch ray`, `pip install 'layerwise[bench]'`) on a Ray instance the
+run starts on this machine, each reserving the cores it uses (`--threads`; with
+`--background`, a whole node, so a case and its burners are alone there), as many at once
+as the cores allow; `--ray ADDRESS` runs them on a Ray cluster, whose nodes need layerwise
+installed and the instance files at the same paths (a shared filesystem). Each case still
+runs in its own process inside its task, with the same timeout and measurements.
+
+The results folder, results/iopddl-<time>/, holds run.json (the arguments that define the
+cases), rows.csv and rows.json (with the run's provenance), rewritten as each case ends, and
+one log per case in logs/. `--resume FOLDER` continues a stopped run there with its recorded
+arguments (arguments given beside it must be the same, except --dispatch and --ray): it runs
+the cases without a finished row (none, cut short by Ctrl-C, or a crash not yet retried).
+A case that crashes (killed by a signal, an unexpected exit, its Ray worker or node lost)
+is an ERROR row and is run once more; the retry's row (attempt 2) takes its place and the
+crashed row moves to rows.json's run.retried. A case killed at its timeout is a TIMEOUT row
+and is not retried, nor is a one-line error of bad input (exit status 2).
+Ctrl-C stops the running cases (each returns its best answer so far) and starts no more;
+the rows done are kept (exit 130) and `--resume` continues. Bad arguments are one
+`error: ...` line and exit status 2.
 """
 
 from __future__ import annotations

@@ -208,7 +208,8 @@ class RayDispatch:
                 else:  # the workers import experiments from this checkout, as this process does
                     path = os.environ.get("PYTHONPATH")
                     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), path]))
-                    ray.init(num_cpus=os.cpu_count() or 1, **quiet)
+                    # "local": a new instance, never a cluster `ray start` left running here
+                    ray.init(address="local", num_cpus=os.cpu_count() or 1, **quiet)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = self.address or "a local instance"
                 raise LayerwiseError(f"cannot start Ray on {where}: {one_line(exc)}") from None

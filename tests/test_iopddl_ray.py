@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,11 @@ def test_ray_missing_or_unreachable_is_one_error_line(
     for given in (["--ray", "auto"], ["--dispatch", "ray"]):
         assert "pip install 'layerwise[bench]'" in error(*given)
     assert not list(tmp_path.glob("iopddl-*"))
+
+
+def test_a_case_reserves_its_threads_and_with_burners_a_whole_node(local_ray: None) -> None:
+    on = dispatch.RayDispatch()  # the module's instance: 2 cores
+    case = dispatch.Case(Path("p0.json"), "baselines", 0, 2.0, background=0, threads=1)
+    assert on.cpus(case) == 1
+    assert on.cpus(replace(case, threads=8)) == 2  # at most a node's
+    assert on.cpus(replace(case, background=1)) == 2  # alone with its burners

@@ -20,7 +20,6 @@ import os
 import signal
 import socket
 import tempfile
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -138,11 +137,12 @@ def _problem(path: Path) -> Any:
     return _PROBLEM[key]
 
 
-def lost(case: Case, exc: BaseException, waited: float) -> Outcome:
-    """The outcome of a case whose Ray task failed (its worker died, its node was lost)."""
+def lost(case: Case, exc: BaseException) -> Outcome:
+    """The outcome of a case whose Ray task failed (its worker died, its node was lost):
+    nothing measured."""
     nan = math.nan
     error = f"Ray task failed: {type(exc).__name__}: {one_line(exc)}"[:500]
-    measured = {"wall": waited, "rss_mib": nan, "tree_rss_mib": nan, "error": error,
+    measured = {"wall": nan, "rss_mib": nan, "tree_rss_mib": nan, "error": error,
                 "crashed": True, "load_start": nan, "load_end": nan}  # fmt: skip
     return Outcome(case, None, measured)
 
@@ -187,7 +187,7 @@ class RayDispatch:
     running here). Cases run as cores free up; outcomes come in the order they end."""
 
     address: str | None = None
-    pending: dict[Any, tuple[Case, float]] = field(default_factory=dict)
+    pending: dict[Any, Case] = field(default_factory=dict)
     stopping: bool = False
 
     def __post_init__(self) -> None:
@@ -223,7 +223,7 @@ class RayDispatch:
 
     def submit(self, case: Case) -> None:
         ref = self.task.options(num_cpus=self.cpus(case)).remote(case, os.environ.get(CRASH_ENV))
-        self.pending[ref] = (case, time.perf_counter())
+        self.pending[ref] = case
 
     def next(self) -> Outcome | None:
         """The outcome of the next case to end; None once none is left. After a stop request
@@ -242,13 +242,13 @@ class RayDispatch:
             done, _ = ray.wait(list(self.pending), num_returns=1, timeout=0.2)
             if not done:
                 continue
-            case, sent = self.pending.pop(done[0])
+            case = self.pending.pop(done[0])
             try:
                 return ray.get(done[0])
             except TaskCancelledError:
                 continue  # it never started
             except RayError as exc:
-                return lost(case, exc, time.perf_counter() - sent)
+                return lost(case, exc)
         return None
 
     def close(self) -> None:

@@ -601,8 +601,14 @@ def previous_rows(folder: Path) -> tuple[list[Row], list[Row]]:
         return [], []
     names = {f.name for f in fields(Row)}
 
+    floats = {f.name for f in fields(Row) if f.type == "float"}  # NaN was written as null
+
     def rows(dicts: list[dict]) -> list[Row]:
-        return [Row(**{k: v for k, v in d.items() if k in names}) for d in dicts]
+        return [
+            Row(**{k: math.nan if v is None and k in floats else v
+                   for k, v in d.items() if k in names})
+            for d in dicts
+        ]  # fmt: skip
 
     try:
         doc = json.loads(path.read_text())

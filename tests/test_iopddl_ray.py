@@ -82,6 +82,7 @@ def test_rows_for_every_case_and_a_resume_runs_only_the_missing(
     shutil.copytree(whole, cut)
     doc = json.loads((cut / "rows.json").read_text())
     doc["rows"] = doc["rows"][1:]
+    doc["rows"][0]["rss_mib"] = None  # as NaN is written (a lost worker's row)
     (cut / "rows.json").write_text(json.dumps(doc))
     for log in (cut / "logs").iterdir():
         log.unlink()

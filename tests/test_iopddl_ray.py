@@ -9,6 +9,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -200,3 +202,29 @@ def test_a_case_reserves_its_threads_and_with_burners_a_whole_node(local_ray: No
     assert on.cpus(case) == 1
     assert on.cpus(replace(case, threads=8)) == 2  # at most a node's
     assert on.cpus(replace(case, background=1)) == 2  # alone with its burners
+
+
+@pytest.mark.slow
+def test_cases_on_a_cluster_of_two_nodes(instances: Path, tmp_path: Path) -> None:
+    """`--ray ADDRESS`: a Ray cluster of two 1-core nodes (ray.cluster_utils), the run in
+    its own process (this one may hold the module's Ray instance)."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+    )
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        root = str(Path(iopddl.__file__).resolve().parent.parent)
+        out = tmp_path / "out"
+        code = "import sys; from experiments.iopddl import main; sys.exit(main(sys.argv[1:]))"
+        given = argv(instances, out, "--ray", cluster.address)  # --dispatch ray too: fine
+        done = subprocess.run([sys.executable, "-c", code, *given], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "PYTHONPATH": root})  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    finally:
+        cluster.shutdown()
+    (folder,) = out.glob("iopddl-*")
+    got = rows(folder)
+    assert len(got) == 4 and all(r["valid"] == "yes" for r in got)

@@ -245,9 +245,8 @@ def resumed(args: argparse.Namespace, argv: Sequence[str] | None) -> argparse.Na
                 )
     out = argparse.Namespace(**vars(args))
     for name in CASE_ARGS:
-        value = recorded[name]
-        setattr(out, name, [Path(p) for p in value] if name == "paths" else value)
-    out.best = Path(recorded["best"])
+        setattr(out, name, recorded[name])
+    out.paths, out.best = [Path(p) for p in recorded["paths"]], Path(recorded["best"])
     return out
 
 
@@ -479,10 +478,10 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _wait(proc: subprocess.Popen, timeout: float, t0: float) -> tuple[int, Any, int]:
-    """Wait for the case's process: (wait status, or -1 when killed past `timeout`, -2 past
-    the 15 s a stop request gives; its
-    rusage; the largest summed RSS of its process group seen). A stop request (Ctrl-C)
-    passes SIGINT on to the group and gives it 15 s to answer."""
+    """Wait for the case's process: (its wait status, or -1 when killed past `timeout`, -2
+    when killed 15 s after a stop request; its rusage; the largest summed RSS of its process
+    group seen). A stop request (Ctrl-C) passes SIGINT on to the group and gives it 15 s to
+    answer."""
     from planner.deadline import stop_requested
 
     interrupted, tree = False, 0

@@ -110,7 +110,9 @@ def execute(case: Case, hook: str | None = None) -> Outcome:
                 hook if hook and hook.startswith("case:") else None,
             )  # fmt: skip
         text = log.read_bytes()[-LOG_TAIL:].decode("utf-8", "replace") if log.exists() else ""
-    out = Outcome(case, answer, {**measured, "load_start": start}, log=text)
+    c, host = case, socket.gethostname()  # which node, on a cluster
+    head = f"# {c.name} {c.backend} seed {c.seed} attempt {c.attempt} on {host}\n"
+    out = Outcome(case, answer, {**measured, "load_start": start}, log=head + text)
     if answer is not None and answer.get("choices") is not None:
         out.verdict, out.cost = iopddl.recheck(_problem(case.path), answer)
     out.measured["load_end"] = (load() or [math.nan])[0]

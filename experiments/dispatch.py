@@ -91,8 +91,10 @@ class Outcome:
 _PROBLEM: dict[tuple[str, float], Any] = {}  # the last instance re-checked, in this process
 
 
-def execute(case: Case, hook: str | None = None) -> Outcome:
-    """Run `case` here: burners, the case's process, the re-check (see the module doc)."""
+def execute(case: Case, hook: str | None = None, keep: bool = False) -> Outcome:
+    """Run `case` here: burners, the case's process, the re-check (see the module doc);
+    `keep` the instance loaded for the next case's re-check (the driver; not an idle Ray
+    worker, beside the cases other workers run)."""
     from experiments import iopddl
     from experiments.runinfo import load
     from planner.deadline import catch_interrupt
@@ -114,7 +116,7 @@ def execute(case: Case, hook: str | None = None) -> Outcome:
     head = f"# {c.name} {c.backend} seed {c.seed} attempt {c.attempt} on {host}\n"
     out = Outcome(case, answer, {**measured, "load_start": start}, log=head + text)
     if answer is not None and answer.get("choices") is not None:
-        out.verdict, out.cost = iopddl.recheck(_problem(case.path), answer)
+        out.verdict, out.cost = iopddl.recheck(_problem(case.path, keep), answer)
     out.measured["load_end"] = (load() or [math.nan])[0]
     return out
 
@@ -128,14 +130,18 @@ def fire(hook: str) -> bool:
     return True
 
 
-def _problem(path: Path) -> Any:
-    """The instance at `path`, loaded once for the cases of it this process re-checks in a row."""
+def _problem(path: Path, keep: bool) -> Any:
+    """The instance at `path`, loaded once for the cases of it this process re-checks in a
+    row when `keep`."""
     from planner.problems.costtable import load_problem
 
     key = (str(path), path.stat().st_mtime)
     if key not in _PROBLEM:
         _PROBLEM.clear()  # one instance in memory at a time
-        _PROBLEM[key] = load_problem(path)
+        problem = load_problem(path)
+        if not keep:
+            return problem
+        _PROBLEM[key] = problem
     return _PROBLEM[key]
 
 
@@ -171,8 +177,8 @@ class Local:
         case = self.queue.popleft()
         if self.announce:
             self.announce(case)
-        hook = os.environ.get(CRASH_ENV, "")
-        return execute(case, hook if hook.startswith("case:") else None)  # no worker to kill
+        hook = os.environ.get(CRASH_ENV, "")  # "task:" would kill this process: Ray's only
+        return execute(case, hook if hook.startswith("case:") else None, keep=True)
 
     def close(self) -> None:
         self.queue.clear()

@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev,hf]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,hf,bench]'
 	$(BIN)/python -m backends.warm
 	touch $@
 

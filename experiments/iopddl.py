@@ -3,6 +3,8 @@ as the contest scored them.
 
     python -m experiments.iopddl DIR --backends portfolio   # DIR: the contest's instances
     python -m experiments.iopddl A.json.gz G.json.gz --backends portfolio cpsat --time-limit 30
+    python -m experiments.iopddl DIR --backends portfolio toulbar2 --seeds 0 1 2 --dispatch ray
+    python -m experiments.iopddl --resume results/iopddl-20261207-224826
 
 (the contest's instances: https://github.com/google/iopddl/tree/main/benchmarks)
 
@@ -14,21 +16,40 @@ instance matched by its contest name, `asplos-2025-iopddl-A` or `A`; `DEFAULT_TI
 with a one-line note for other names; `--time-limit` overrides), counted from the process's
 start, loading included. `--background N` runs N CPU-burning processes beside each case
 (`experiments.background`: other jobs on a shared machine), recorded in each row. Every
-answer is re-checked here, from the file, by planner's evaluators
+answer is re-checked, from the file, by planner's evaluators
 (`planner.problems.evaluate`: the backends' searches do not use them): forbidden choices
 and pairs, the memory profile against the limit, the cost re-scored. The contest score of
 a row is best / cost (0 without a valid answer), with the best-known costs of
-experiments/data/iopddl_best.csv (`--best FILE` for others). The table is printed and
-written, with the run's provenance, to results/iopddl-<time>/ as rows.csv and rows.json.
-Ctrl-C stops the running case (it returns its best answer so far) and the run after it; the
-rows done are kept (exit 130).
+experiments/data/iopddl_best.csv (`--best FILE` for others).
+
+Where the cases run (experiments/dispatch.py): one after another here (`--dispatch local`,
+the default: nothing but the case and its burners on the machine, as the timings assume),
+or as Ray tasks (`--dispatch ray`, `pip install 'layerwise[bench]'`) on a Ray instance the
+run starts on this machine, each reserving the cores it uses (`--threads`; with
+`--background`, a whole node, so a case and its burners are alone there), as many at once
+as the cores allow; `--ray ADDRESS` runs them on a Ray cluster, whose nodes need layerwise
+installed and the instance files at the same paths (a shared filesystem). Each case still
+runs in its own process inside its task, with the same timeout and measurements.
+
+The results folder, results/iopddl-<time>/, holds run.json (the arguments that define the
+cases), rows.csv and rows.json (with the run's provenance), rewritten as each case ends, and
+one log per case in logs/. `--resume FOLDER` continues a stopped run there with its recorded
+arguments (arguments given beside it must be the same, except --dispatch and --ray): it runs
+the cases without a finished row (none, cut short by Ctrl-C, or a crash not yet retried).
+A case that crashes (killed by a signal, an unexpected exit, its Ray worker or node lost)
+is an ERROR row and is run once more; the retry's row (attempt 2) takes its place and the
+crashed row moves to rows.json's run.retried. A case killed at its timeout is a TIMEOUT row
+and is not retried, nor is a one-line error of bad input (exit status 2).
+Ctrl-C stops the running cases (each returns its best answer so far) and starts no more;
+the rows done are kept (exit 130) and `--resume` continues. Bad arguments are one
+`error: ...` line and exit status 2.
 
 Anytime quality: each case's backend returns its anytime trace (`backends.trace`: when each
 better answer and bound came), stored as traces/<case>.json; each row has the time to within
 1% and 0.1% of the best known, the primal integral (Berthold 2013) and the primal-dual
 integral (`experiments.anytime`, on the case's clock, loading included), and the run ends
 with `experiments.anytime`'s report in the results folder: performance profiles,
-cost-over-time curves per instance (PNG) and anytime.md / anytime.csv. Bad arguments are one `error: ...` line and exit status 2.
+cost-over-time curves per instance (PNG) and anytime.md / anytime.csv.
 """
 
 from __future__ import annotations
@@ -47,14 +68,25 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from experiments.background import background_load
+from experiments.background import background_load  # noqa: F401 - dispatch runs it (a test replaces it)
+from experiments.dispatch import (
+    CRASH_ENV,
+    INSTALL,
+    Case,
+    Local,
+    Outcome,
+    RayDispatch,
+    fire,
+    ray_installed,
+    reachable,
+)
 from experiments.runinfo import finish, load, new_results_folder, run_info
 from planner.cli.args import (
     OneLineArgumentParser,
@@ -100,6 +132,7 @@ class Row:
     load_end: float
     reported: float | None = None  # the backend's own cost
     error: str = ""
+    attempt: int = 1  # 2: the first crashed (its row moved to rows.json's run.retried)
     # anytime quality (experiments.anytime), on the case's clock, against the best known (or
     # the case's own answer, if better): the first time within 1% / 0.1% (None: never), the
     # primal integral (Berthold 2013) and the primal-dual integral in seconds and divided by
@@ -116,14 +149,33 @@ class Row:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    args = _parser().parse_args(argv)
+    if args.case is None and not args.paths and args.resume is None:
+        raise LayerwiseError("give instance files or folders of them (*.json, *.json.gz)")
+    if args.ray is not None and args.dispatch == "local":
+        raise LayerwiseError("--ray ADDRESS dispatches through Ray: drop --dispatch local")
+    args.dispatch = args.dispatch or ("local" if args.ray is None else "ray")
+    if args.dispatch == "ray" and not ray_installed():
+        raise LayerwiseError(f"--dispatch ray and --ray need ray: {INSTALL}")
+    return args
+
+
+def _parser(defaults: bool = True) -> OneLineArgumentParser:
+    """The command line; without `defaults`, an option not given is absent from the result
+    (what `--resume` compares with the run it continues)."""
+
+    def d(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
     p = OneLineArgumentParser(
         prog="python -m experiments.iopddl",
         description="Run backends on IOPDDL contest instances (*.json, *.json.gz) at their "
         "contest time limits, each in its own process; re-check every answer; print a table "
-        "with contest scores and write CSV and JSON to results/.",
+        "with contest scores and write CSV and JSON to results/ as cases end.",
+        argument_default=d(None),
     )
     p.add_argument("paths", type=Path, nargs="*", help="instance files or folders of them")
-    p.add_argument("--backends", nargs="+", default=["portfolio"], help="registered names")
+    p.add_argument("--backends", nargs="+", default=d(["portfolio"]), help="registered names")
     p.add_argument(
         "--time-limit",
         type=positive_seconds,
@@ -133,21 +185,89 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--background",
         type=nonnegative_int,
-        default=0,
+        default=d(0),
         metavar="N",
         help="run N CPU-burning processes beside each case, as other jobs on a shared machine "
-        "would (default 0)",
+        "would (default 0); with Ray a case with burners reserves a whole node",
     )
-    p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0])
-    p.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1)
-    p.add_argument("--best", type=Path, default=BEST_FILE, help="CSV: instance,best_cost,...")
-    p.add_argument("--out", type=Path, default=Path("results"), help="folder for the results")
+    p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=d([0]))
+    p.add_argument("--threads", type=positive_int, default=d(os.cpu_count() or 1))
+    p.add_argument("--best", type=Path, default=d(BEST_FILE), help="CSV: instance,best_cost,...")
+    p.add_argument("--out", type=Path, default=d(Path("results")), help="folder for the results")
+    p.add_argument(
+        "--dispatch",
+        choices=("local", "ray"),
+        help="local (default): cases one after another here; ray: as Ray tasks on a Ray "
+        "instance started for the run, each reserving the cores it uses (--threads), as many "
+        f"at once as the cores allow ({INSTALL})",
+    )
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run the cases on the Ray cluster at ADDRESS (HOST:PORT, as `ray start --head` "
+        "prints; `auto`: the one running here); its nodes need layerwise installed and the "
+        "instance files at the same paths (a shared filesystem)",
+    )
+    p.add_argument(
+        "--resume",
+        type=Path,
+        metavar="FOLDER",
+        help="continue the interrupted run whose results are in FOLDER with its arguments "
+        "(recorded in FOLDER/run.json): run the cases it has no rows of; other arguments may "
+        "only repeat its own, or change --dispatch and --ray",
+    )
     p.add_argument("--case", type=Path, help=argparse.SUPPRESS)  # one case, in a child
     p.add_argument("--answer", type=Path, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.case is None and not args.paths:
-        raise LayerwiseError("give instance files or folders of them (*.json, *.json.gz)")
-    return args
+    p.add_argument("--parent", type=int, help=argparse.SUPPRESS)
+    return p
+
+
+CASE_ARGS = ("paths", "backends", "seeds", "time_limit", "background", "threads", "best")
+RUN_FILE = "run.json"  # in a results folder: the arguments that define its cases
+
+
+def _recordable(name: str, value: Any) -> Any:
+    """An argument as run.json holds it (paths absolute: a resume may start elsewhere)."""
+    if name == "paths":
+        return [str(p.resolve()) for p in value]
+    if name == "best":
+        return str(Path(value).resolve())
+    return value
+
+
+def record_run(args: argparse.Namespace, folder: Path) -> None:
+    from planner.files import strict_json, write_text_atomic
+
+    recorded = {k: _recordable(k, getattr(args, k)) for k in CASE_ARGS}
+    write_text_atomic(folder / RUN_FILE, strict_json({"args": recorded}, 1))
+
+
+def resumed(args: argparse.Namespace, argv: Sequence[str] | None) -> argparse.Namespace:
+    """`args` with the case arguments of the run in `args.resume`; one LayerwiseError line
+    when the arguments given describe other cases."""
+    folder = args.resume
+    try:
+        recorded = json.loads((folder / RUN_FILE).read_text())["args"]
+    except (OSError, ValueError, KeyError):
+        raise LayerwiseError(
+            f"--resume {folder}: no readable {RUN_FILE} there; give a results folder of "
+            "python -m experiments.iopddl"
+        ) from None
+    given = vars(_parser(defaults=False).parse_args(argv))
+    for name in CASE_ARGS:
+        if name in given and (name != "paths" or given[name]):
+            mine = _recordable(name, given[name])
+            if mine != recorded[name]:
+                flag = "instances" if name == "paths" else "--" + name.replace("_", "-")
+                raise LayerwiseError(
+                    f"--resume {folder}: that run has other cases ({flag} {recorded[name]} "
+                    f"there, {mine} here); give --resume {folder} alone to continue it"
+                )
+    out = argparse.Namespace(**vars(args))
+    for name in CASE_ARGS:
+        setattr(out, name, recorded[name])
+    out.paths, out.best = [Path(p) for p in recorded["paths"]], Path(recorded["best"])
+    return out
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -311,19 +431,29 @@ def _tree_rss(pgid: int) -> int:
 
 
 def run_child(
-    path: Path, backend: str, seed: int, limit: float, threads: int, folder: Path
+    path: Path,
+    backend: str,
+    seed: int,
+    limit: float,
+    threads: int,
+    workdir: Path,
+    log_path: Path,
+    hook: str | None = None,
 ) -> tuple[dict | None, dict[str, Any]]:
-    """One case in a fresh process (its own session, killed as a group past the timeout):
-    (the answer or None, measurements and the error line)."""
-    answer_path = folder / f".answer-{os.getpid()}.json"
-    log_path = folder / "logs" / f"{instance_name(path)}-{backend}-seed{seed}.log"
-    log_path.parent.mkdir(exist_ok=True)
+    """One case in a fresh process (its own session, killed as a group past the timeout or
+    when this process dies): (the answer or None, measurements and the error line; `crashed`
+    when it died by a signal or exited unexpectedly)."""
+    from planner.deadline import stop_requested
+
+    answer_path = workdir / f".answer-{os.getpid()}.json"
     cmd = [sys.executable, "-m", "experiments.iopddl", "--case", str(path), "--answer",
            str(answer_path), "--backends", backend, "--time-limit", str(limit), "--seeds",
-           str(seed), "--threads", str(threads)]  # fmt: skip
+           str(seed), "--threads", str(threads), "--parent", str(os.getpid())]  # fmt: skip
+    env = {**os.environ, CRASH_ENV: hook} if hook else None
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # fmt: skip
         try:
             status, usage, tree = _wait(proc, limit + GRACE, t0)
         except BaseException:  # a second Ctrl-C: the case's processes go with this one
@@ -332,27 +462,50 @@ def run_child(
             raise
     proc.returncode = 0  # reaped by wait4
     wall = time.perf_counter() - t0
-    measured = {"wall": wall, "rss_mib": usage.ru_maxrss / 1024, "tree_rss_mib": tree / 2**20}
+    measured: dict[str, Any] = {
+        "wall": wall, "rss_mib": usage.ru_maxrss / 1024, "tree_rss_mib": tree / 2**20
+    }  # fmt: skip
     answer = None
-    if status == -1:
-        measured["error"] = f"killed after {wall:.0f} s (time limit {limit:g} s)"
+    if status < 0:
+        measured["error"] = (
+            f"killed after {wall:.0f} s (time limit {limit:g} s)"
+            if status == -1
+            else f"interrupted, then killed after {wall:.0f} s (time limit {limit:g} s)"
+        )
     elif status == 0 and answer_path.exists():
         answer = json.loads(answer_path.read_text())
     else:
         lines = [x for x in log_path.read_text().splitlines() if x.strip()]
-        measured["error"] = (
-            lines[-1].removeprefix("error: ")
-            if lines
-            else f"exit status {os.waitstatus_to_exitcode(status)}"
-        )
+        code = os.waitstatus_to_exitcode(status)
+        died = f"died of {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        # a one-line error of bad input (exit status 2) would be the same again: no retry
+        measured["crashed"] = code != EXIT_BAD_INPUT
+        last = lines[-1].removeprefix("error: ") if lines else ""
+        measured["error"] = died if code < 0 or not last else last
+        if stop_requested():  # stopped while it started, before it could answer: no crash
+            measured["crashed"] = False
+            measured["error"] = "interrupted: " + measured["error"]
     answer_path.unlink(missing_ok=True)
     return answer, measured
 
 
+def _die_with_parent(parent: int) -> None:
+    """In the case's process: when the process that started it (`parent`) dies (a Ray worker
+    killed), SIGTERM, which ends its whole process group (the portfolio's members too)."""
+    import ctypes
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: os.killpg(0, signal.SIGKILL))
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the call
+        os.killpg(0, signal.SIGKILL)
+
+
 def _wait(proc: subprocess.Popen, timeout: float, t0: float) -> tuple[int, Any, int]:
-    """Wait for the case's process: (wait status, or -1 when killed past `timeout`; its
-    rusage; the largest summed RSS of its process group seen). A stop request (Ctrl-C)
-    passes SIGINT on to the group and gives it 15 s to answer."""
+    """Wait for the case's process: (its wait status, or -1 when killed past `timeout`, -2
+    when killed 15 s after a stop request; its rusage; the largest summed RSS of its process
+    group seen). A stop request (Ctrl-C) passes SIGINT on to the group and gives it 15 s to
+    answer."""
     from planner.deadline import stop_requested
 
     interrupted, tree = False, 0
@@ -370,17 +523,22 @@ def _wait(proc: subprocess.Popen, timeout: float, t0: float) -> tuple[int, Any, 
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             _, _, usage = os.wait4(proc.pid, 0)
-            return -1, usage, tree
+            return -2 if interrupted else -1, usage, tree
         time.sleep(0.2)
 
 
 # ----------------------------------------------------------------------------- the run
 
 
-def run(args: argparse.Namespace, console: Console, folder: Path) -> tuple[list[Row], bool]:
-    """Every case; (rows, whether Ctrl-C stopped the run early)."""
+ATTEMPTS = 2  # a crashed case is retried once
+
+
+def run(
+    args: argparse.Namespace, console: Console, folder: Path, info: dict[str, Any]
+) -> tuple[list[Row], bool]:
+    """Every case `folder` has no finished row of, rows written there as each ends; (every
+    row, whether Ctrl-C stopped the run before all were done)."""
     from planner.deadline import catch_interrupt, stop_requested
-    from planner.problems.costtable import load_problem
 
     files = instances(args.paths)
     best = read_best(args.best)
@@ -388,32 +546,116 @@ def run(args: argparse.Namespace, console: Console, folder: Path) -> tuple[list[
         note = limit_note(name, args.time_limit)
         if note:
             console.print(note, highlight=False)
-    rows: list[Row] = []
-    todo = [(f, b, s) for f in files for b in args.backends for s in args.seeds]
+    cases = [Case(f, b, s, time_limit_of(instance_name(f), args.time_limit), args.background,
+                  args.threads) for f in files for b in args.backends for s in args.seeds]  # fmt: skip
+    order = {c.key: k for k, c in enumerate(cases)}
+    earlier, retried = previous_rows(folder)
+    rows = {key: r for r in earlier if (key := row_key(r)) in order}
+    info["retried"] = [asdict(r) for r in retried]  # crashed attempts, replaced by their retry
+    todo = [c if c.key not in rows else replace(c, attempt=_next_attempt(rows[c.key]))
+            for c in cases if c.key not in rows or not finished(rows[c.key])]  # fmt: skip
+    if rows:
+        console.print(
+            f"resuming {folder}: {len(cases) - len(todo)} case(s) done, {len(todo)} to run"
+        )
     beside = f", background {args.background}" if args.background else ""
-    with catch_interrupt():
-        problems: dict[Path, Any] = {}
-        for k, (path, backend, seed) in enumerate(todo):
-            name = instance_name(path)
-            limit = time_limit_of(name, args.time_limit)
-            start = load()[0] if load() else math.nan
-            console.print(
-                f"[{k + 1}/{len(todo)}] {name} {backend} seed {seed}: {limit:g} s "
-                f"(load {start:.2f}{beside}) ..."
-            )
-            with background_load(args.background):  # started before the case, stopped after
-                answer, measured = run_child(path, backend, seed, limit, args.threads, folder)
-            verdict, cost = "-", None
-            if answer is not None and answer.get("choices") is not None:
-                if path not in problems:
-                    problems = {path: load_problem(path)}  # one instance in memory at a time
-                verdict, cost = recheck(problems[path], answer)
-            rows.append(_row(name, backend, seed, limit, answer, measured, verdict, cost,
-                             best, start, args.background))  # fmt: skip
-            console.print("    " + _line(rows[-1]))
-            if stop_requested():
-                return rows, len(rows) < len(todo)
-    return rows, False
+
+    def announce(case: Case) -> None:
+        start = load()[0] if load() else math.nan
+        again = f" (attempt {case.attempt})" if case.attempt > 1 else ""
+        console.print(
+            f"[{order[case.key] + 1}/{len(cases)}] {case.name} {case.backend} seed {case.seed}"
+            f"{again}: {case.limit:g} s (load {start:.2f}{beside}) ..."
+        )
+
+    # Ray first: catch_interrupt's SIGINT handler is then the one in place
+    dispatch = Local(announce) if args.dispatch == "local" else RayDispatch(args.ray)
+    try:
+        with catch_interrupt():
+            for case in todo:
+                dispatch.submit(case)
+            while (out := dispatch.next()) is not None:
+                row = _outcome_row(out, best)
+                replaced = rows.get(out.case.key)
+                if replaced is not None and _crashed(replaced):
+                    info["retried"].append(asdict(replaced))
+                rows[out.case.key] = row
+                _save_log(out, folder)
+                head = "" if args.dispatch == "local" else (
+                    f"[{order[out.case.key] + 1}/{len(cases)}] {out.case.name} "
+                    f"{out.case.backend} seed {out.case.seed} attempt {out.case.attempt}: "
+                )  # fmt: skip
+                console.print("    " + head + _line(row))
+                save(sorted(rows.values(), key=lambda r: order[row_key(r)]), finish(info), folder)
+                if out.needs_retry and out.case.attempt < ATTEMPTS and not stop_requested():
+                    dispatch.submit(replace(out.case, attempt=out.case.attempt + 1))
+            done = sorted(rows.values(), key=lambda r: order[row_key(r)])
+            complete = len(done) == len(cases) and all(finished(r) for r in done)
+            return done, stop_requested() and not complete
+    finally:
+        dispatch.close()
+
+
+def row_key(r: Row) -> tuple[str, str, int, float, int]:
+    """The case a row is of (`Case.key`)."""
+    return (r.instance, r.backend, int(r.seed), float(r.time_limit), int(r.background))
+
+
+def finished(r: Row) -> bool:
+    """Whether a row ends its case: not one cut short by Ctrl-C, nor a crash still to retry."""
+    interrupted = "(INTERRUPTED)" in r.status or r.error.startswith("interrupted")
+    return not interrupted and not (r.status == "ERROR" and r.attempt < ATTEMPTS)
+
+
+def _crashed(r: Row) -> bool:
+    return r.status == "ERROR" and not r.error.startswith("interrupted")
+
+
+def _next_attempt(r: Row) -> int:
+    """The attempt that follows row `r` of its case: a crash counts, a Ctrl-C does not."""
+    return r.attempt + 1 if _crashed(r) else r.attempt
+
+
+def previous_rows(folder: Path) -> tuple[list[Row], list[Row]]:
+    """The rows an earlier run wrote to `folder`, and the crashed attempts it retried (none
+    in a new folder)."""
+    path = folder / "rows.json"
+    if not path.exists():
+        return [], []
+    names = {f.name for f in fields(Row)}
+
+    floats = {f.name for f in fields(Row) if f.type == "float"}  # NaN was written as null
+
+    def rows(dicts: list[dict]) -> list[Row]:
+        return [
+            Row(**{k: math.nan if v is None and k in floats else v
+                   for k, v in d.items() if k in names})
+            for d in dicts
+        ]  # fmt: skip
+
+    try:
+        doc = json.loads(path.read_text())
+        return rows(doc["rows"]), rows(doc["run"].get("retried", []))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LayerwiseError(
+            f"{path} cannot be read back ({one_line(exc)}): start a new run"
+        ) from None
+
+
+def _outcome_row(out: Outcome, best: dict[str, float]) -> Row:
+    c = out.case
+    row = _row(c.name, c.backend, c.seed, c.limit, out.answer, out.measured, out.verdict,
+               out.cost, best, out.measured["load_start"], c.background)  # fmt: skip
+    row.attempt = c.attempt
+    return row
+
+
+def _save_log(out: Outcome, folder: Path) -> None:
+    c = out.case
+    again = f"-attempt{c.attempt}" if c.attempt > 1 else ""
+    log = folder / "logs" / f"{c.name}-{c.backend}-seed{c.seed}{again}.log"
+    log.parent.mkdir(exist_ok=True)
+    log.write_text(out.log)
 
 
 def _row(name: str, backend: str, seed: int, limit: float, answer: dict | None,
@@ -435,7 +677,7 @@ def _row(name: str, backend: str, seed: int, limit: float, answer: dict | None,
         rss_mib=measured["rss_mib"], tree_rss_mib=measured["tree_rss_mib"], valid=verdict,
         best=known, ratio=cost / known if ok and known and cost is not None else None,
         score=None if known is None else (known / cost if ok and cost else 0.0),
-        load_start=start, load_end=(load() or [math.nan])[0],
+        load_start=start, load_end=measured.get("load_end", (load() or [math.nan])[0]),
         reported=answer.get("objective") if answer else None,
         error=measured.get("error", ""), trace=trace, **anytime,
     )  # fmt: skip
@@ -504,9 +746,10 @@ def row_fields(row: Row) -> dict[str, Any]:
     return out
 
 
-def save(rows: list[Row], info: dict[str, Any], folder: Path, plots: bool = True) -> None:
+def save(rows: list[Row], info: dict[str, Any], folder: Path, plots: bool = False) -> None:
     """rows.csv and rows.json; each row's anytime trace as traces/<case>.json (with the case:
-    instance, backend, seed, time limit, background); then, with `plots`, the anytime
+    instance, backend, seed, time limit, background; a row read back by `--resume` has none:
+    its file is there already); then, with `plots` (the run's last save), the anytime
     report beside them (`experiments.anytime.report`: profiles, curves, anytime.md)."""
     from experiments.anytime import TRACES, report, trace_name
     from planner.files import strict_json, write_text_atomic
@@ -541,6 +784,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
     if args.case is not None:  # a child: one case, its answer as JSON
+        # a Ray worker runs its task with SIGINT blocked, and a child inherits the mask: the
+        # stop request `_wait` passes on would wait, unseen, for the kill
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+        if args.parent:
+            _die_with_parent(args.parent)
+        hook = os.environ.get(CRASH_ENV, "")
+        if hook.startswith("case:") and fire(hook):
+            os.kill(os.getpid(), signal.SIGKILL)  # the test hook: a crash
         # the limit counts from the case process's start: the interpreter's start and the
         # imports are in the wall time measured (1-2 s of it on IOPDDL S, which then ended
         # 1.1-1.8 s over), and the answer is still to be written
@@ -552,6 +803,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return 0
     from backends import backend_names
 
+    if args.resume is not None:
+        args = resumed(args, argv)
     unknown = [b for b in args.backends if b not in backend_names()]
     if unknown:
         raise LayerwiseError(
@@ -559,22 +812,33 @@ def _main(argv: Sequence[str] | None) -> int:
         )
     instances(args.paths)  # fail fast on a missing path or an empty folder
     read_best(args.best)
+    if args.ray not in (None, "auto"):
+        reachable(args.ray)  # fail fast too: ray.init would wait minutes
     console = Console()
     if not console.is_terminal:
         console.width = max(console.width, 200)  # a log file gets the whole table
     info = run_info("experiments.iopddl", argv, args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    folder = new_results_folder(args.out, "iopddl")
-    rows, interrupted = run(args, console, folder)
+    if args.resume is not None:
+        folder = args.resume
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            info["resumed"] = json.loads((folder / "rows.json").read_text())["run"]
+    else:
+        args.out.mkdir(parents=True, exist_ok=True)
+        folder = new_results_folder(args.out, "iopddl")
+        record_run(args, folder)
+    rows, interrupted = run(args, console, folder, info)
     limits = "contest limits" if args.time_limit is None else f"{args.time_limit:g} s"
     beside = f", {args.background} background burner(s)" if args.background else ""
     console.print(table(rows, f"IOPDDL instances, {limits}, {args.threads} thread(s){beside}"))
     info = finish(info)
-    save(rows, info, folder)
+    save(rows, info, folder, plots=True)
     m = info["machine"]
     console.print(f"load {m['load_start']} -> {m['load_end']}; results written to {folder}")
     if interrupted:
-        print(f"error: interrupted after {len(rows)} case(s)", file=sys.stderr)
+        print(
+            f"error: interrupted after {len(rows)} case(s); continue with --resume {folder}",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED
     return 0
 

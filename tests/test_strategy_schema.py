@@ -53,7 +53,7 @@ def plan_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, 
                                         vocab_size=128), 2)  # fmt: skip
     pipelined(gpt, get_preset("p100-1x2"), 2, 2, owt).save(d / "pipelined.json")
     assert main(["plan", "gpt2", "--set", "batch=8", "--set", "n_layer=2", "--set", "n_embd=64",
-                 "--set", "n_head=2", "--set", "seq=32", "--devices", "p100-2x4", "--pipeline",
+                 "--set", "n_head=2", "--set", "seq=32", "--devices", "p100-1x2", "--pipeline",
                  "on", "-o", str(d / "planned.json")]) == 0  # fmt: skip
     return {p.stem: json.loads(p.read_text()) for p in d.glob("*.json")}
 

@@ -77,6 +77,7 @@ __all__ = [
 TARGETS = (0.01, 0.001)  # within 1% and 0.1% of the best known
 TIME_FLOOR = 1e-3  # seconds: a time to target below it counts as it in a ratio
 ZOOM = 0.05  # the lower panel of a curve: within 5% of the best
+DPI = 100
 TRACES = "traces"
 
 Points = Sequence[Sequence[float]]
@@ -398,9 +399,12 @@ def plot_profile(ratios: dict[str, list[float]], title: str, path: Path) -> None
     finite = [r for rs in ratios.values() for r in rs if math.isfinite(r)]
     top = max(2.0, max(finite, default=1.0) * 1.5)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for s, rs in sorted(ratios.items()):
+    styles = ("-", "--", ":", "-.")
+    for k, (s, rs) in enumerate(sorted(ratios.items())):
         taus = [1.0, *sorted(r for r in rs if math.isfinite(r)), top]
-        ax.step(taus, [rho(rs, t) for t in taus], where="post", label=s)
+        # solvers on the same steps stay visible: each thinner, in its own line style
+        ax.step(taus, [rho(rs, t) for t in taus], where="post", label=s,
+                ls=styles[k % len(styles)], lw=max(3.0 - 0.5 * k, 1.0))  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_xlim(1.0, top)
     ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x:g}"))
@@ -410,8 +414,8 @@ def plot_profile(ratios: dict[str, list[float]], title: str, path: Path) -> None
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.subplots_adjust(left=0.11, right=0.97, bottom=0.12, top=0.87)  # tight_layout: 2x slower
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
 
 
@@ -472,8 +476,8 @@ def plot_curves(instance: str, cases: Sequence[Case], best: float | None, path: 
         axes[0].legend(fontsize=7, loc="upper right")
     if not any(c.incumbent or c.bounds for c in cases):
         axes[0].text(0.5, 0.5, "no trace", transform=axes[0].transAxes, ha="center")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.subplots_adjust(left=0.13, right=0.95, bottom=0.08, top=0.95, hspace=0.18)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
 
 

@@ -128,6 +128,14 @@ TABLE: dict[tuple[str, str], Run] = {
     ("docs/costtable.md", "python -m experiments.iopddl DIR_OR_FILES... [--backends portfolio ...] [--time-limit S]"): skip("a synopsis, not a command"),  # noqa: E501
     ("docs/costtable.md", "python -m experiments.iopddl DIR --backends portfolio toulbar2 --seeds 0 1 2 --background 2"): skip("needs the contest's instances (downloaded by hand); about an hour"),  # noqa: E501
     ("docs/costtable.md", "python -m experiments.iopddl DIR --backends portfolio"): skip("needs the contest's instances (downloaded by hand); about 11 minutes"),  # noqa: E501
+    ("docs/bench.md", "python -m experiments.iopddl DIR --backends portfolio toulbar2 --seeds 0 1 2 3 4"): skip("needs the contest's instances (downloaded by hand); hours"),  # noqa: E501
+    ("docs/bench.md", "python -m experiments.iopddl DIR --backends portfolio toulbar2 --seeds 0 1 2 3 4 --dispatch ray"): skip("needs the contest's instances (downloaded by hand); hours"),  # noqa: E501
+    ("docs/bench.md", "python -m experiments.iopddl DIR --backends local --seeds 0 1 2 3 4 --threads 1 --dispatch ray"): skip("needs the contest's instances (downloaded by hand); hours"),  # noqa: E501
+    ("docs/bench.md", "python -m experiments.iopddl /shared/iopddl --backends portfolio cpsat --seeds 0 1 2 3 4 --threads 8 --ray ADDRESS"): skip("needs a Ray cluster of several machines"),  # noqa: E501
+    ("docs/bench.md", "python -m experiments.iopddl --resume RESULTS_FOLDER"): skip(PLACEHOLDER),  # noqa: E501
+    ("docs/bench.md", "python -m experiments.iopddl --resume RESULTS_FOLDER --ray ADDRESS"): skip("needs a Ray cluster of several machines"),  # noqa: E501
+    ("docs/bench.md", "python -m experiments.iopddl DIR --backends portfolio --seeds 0 1 2 3 4 --background 2"): skip("needs the contest's instances (downloaded by hand); hours"),  # noqa: E501
+    ("docs/bench.md", "python -m experiments.anytime RESULTS_FOLDER [MORE_FOLDERS] [--out FOLDER]"): skip("a synopsis, not a command"),  # noqa: E501
     ("docs/costtable.md", "python -m planner plan --problem P.json --backend NAME"): skip(PLACEHOLDER),  # noqa: E501
     ("docs/devices.md", "python -m planner devices p100-2x2 --json my_cluster.json"): fast(),  # noqa: E501
     ("docs/devices.md", "python -m planner devices my_cluster.json"): fast(),

@@ -282,7 +282,15 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         clock: Deadline,
     ) -> SolveResult:
         """The memory rule priced (module docstring): the bound's share, the rounds, the rest
-        of the time to the bound; its answer, bound and limit."""
+        of the time to the bound; its answer, bound and limit. Before anything else, the
+        least-cost bound (each node's and each edge's cheapest, memory ignored) is sent: the
+        caller has a bound however slow the network's contraction, the Lagrangian steps and
+        the rounds are on a large problem."""
+        least = _least_cost(net)
+        least -= MARGIN * abs(least)
+        stats["least_cost_bound"] = least
+        if math.isfinite(least) and options.channel.on_bound is not None:
+            options.channel.on_bound(least, "toulbar2")
         search = _PricedSearch(
             self.name, problem, options, settings, net, st, scale, best, stats, clock
         )
@@ -290,7 +298,7 @@ class Toulbar2Backend(Backend[Toulbar2Settings]):
         timed_out = search.rounds()
         search.last_bound()
         lagrange = search.lagrange
-        best_bound = max(lagrange.best, stats.get("round_bound", -math.inf))
+        best_bound = max(lagrange.best, stats.get("round_bound", -math.inf), least)
         bound = best_bound if math.isfinite(best_bound) else None
         if lagrange.best == math.inf:
             return SolveResult(self.name, Status.INFEASIBLE, bound=math.inf, stats=stats)

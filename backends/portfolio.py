@@ -22,7 +22,9 @@ here, not by node count) the members are instead `toulbar2` and `local`, one cor
 (local finds a valid answer in about a second): every better
 answer either finds goes to the other (`channel.incoming`; SHARED), so local's annealing
 continues from toulbar2's repaired rounds and toulbar2's bound uses local's answers as its
-upper value. The bound is toulbar2's Lagrangian bound.
+upper value. The bound is toulbar2's Lagrangian bound. `stats["choice"]` holds what decided
+the members: the problem's features (`backends.model.hardness`), the model's columns, the
+predicted seconds and the measured CPU share where they were needed.
 
 Members share answers and bounds: each sends every better answer and every better lower
 bound it proves while it runs (`Channel.on_bound`: CBC's, CP-SAT's, toulbar2's Lagrangian

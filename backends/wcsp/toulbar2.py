@@ -129,6 +129,9 @@ CROSS_REPAIR_SHARE = 0.4
 TRIES = 3  # ... of at most this many components per labelling
 CANDIDATE_RANGE = 0.06  # a valid answer this far above the best goes to `on_candidate`
 # (IOPDDL S: a repaired round 3% above the best, annealed by `local`, can end below it)
+IDLE_BOUND_SHARE = 0.2  # without `overlap`, until a round has ended (and given its bound),
+# the bound's steps take this share of the time a round runs: on a large problem whose rounds
+# do not end in the time the bound would otherwise be its first share's alone
 _SOLUTION_LINE = re.compile(r"^New solution: .*?([0-9.]+) seconds\)", re.MULTILINE)
 
 
@@ -366,6 +369,7 @@ class _PricedSearch:
         self.idle_budget = 0.0  # seconds for crossovers with repair while the round runs
         self.seen = 0  # the bound's labellings
         self.cpu = _CpuShare()  # the share of a core the rounds get, measured from here
+        self.next_step = 0.0  # when `idle` may take its next step of the bound
         self.pre: _Prebuilt | None = None  # the rounds' network, built once (`_prebuilt`)
         self.pre_failed = False
 
@@ -426,6 +430,11 @@ class _PricedSearch:
         proven within the gap tolerance (the round is stopped)."""
         if self.settings.overlap:
             self.step()
+        elif "round_bound" not in self.stats and time.perf_counter() >= self.next_step:
+            t0 = time.perf_counter()  # no round has ended yet: the bound goes on, a share of
+            self.step()  # a core (the other member has the other core)
+            spent = time.perf_counter() - t0
+            self.next_step = t0 + spent / IDLE_BOUND_SHARE
         else:
             time.sleep(POLL_SECONDS)
         if self.options.channel.incoming is None or not self.pool:

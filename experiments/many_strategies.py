@@ -43,8 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--mean", type=float, default=29.0, help="strategies per node (default 29)")
     p.add_argument("--most", type=positive_int, default=178, help="at most (default 178)")
     p.add_argument("--forbidden", type=float, default=0.10, help="share (default 0.10)")
-    args = p.parse_args(argv)
     try:
+        args = p.parse_args(argv)
         source = load_problem(args.source)
         name = args.out.name.removesuffix(".gz").removesuffix(".json")
         problem = many_strategies(

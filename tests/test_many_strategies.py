@@ -113,3 +113,15 @@ def test_exact_fits_weighs_the_predicted_time_against_the_limit_and_the_cpu_shar
     assert fits and rule["predicted_seconds"] == round(g_columns * EXACT_SECONDS_PER_COLUMN, 2)
     monkeypatch.setattr("backends.portfolio.cpu_share", lambda: 0.1)  # a loaded machine
     assert not exact_fits(g_columns, 120.0)[0]
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [(["a", "b", "--seed", "-1"], "--seed"), (["{tmp}/none.json", "b"], "does not exist")],
+)
+def test_the_command_line_refuses_bad_arguments_in_one_line(
+    argv: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert many_main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and says in err

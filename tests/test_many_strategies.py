@@ -125,3 +125,22 @@ def test_the_command_line_refuses_bad_arguments_in_one_line(
     assert many_main([a.format(tmp=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and says in err
+
+
+@pytest.mark.slow
+def test_the_portfolio_on_a_g_like_problem_runs_toulbar2_and_local_and_answers() -> None:
+    """At 5 s the default members of the small G-like problem are toulbar2 and local, and
+    the answer is valid, no worse than the source's least-memory answer mapped, with a bound."""
+    from backends import SolveOptions, get_backend
+
+    p = g_like()
+    r = get_backend("portfolio").solve(p, SolveOptions(time_limit=5.0))
+    assert r.stats["choice"]["members"] == ["toulbar2", "local"]
+    assert r.has_solution and memory_feasible(p, r.choices)
+    src = g_ish()
+    assert src.usage is not None
+    allowed = [np.flatnonzero(np.isfinite(c)) for c in src.node_cost]
+    use = [np.asarray(u).reshape(-1) for u in src.usage]
+    mapped = [int(np.argmin(u[a])) for a, u in zip(allowed, use, strict=True)]
+    assert r.objective <= additive_cost(p, mapped)
+    assert r.bound is not None and 0 < r.bound <= r.objective

@@ -15,13 +15,16 @@
 3. `mcmc` (through `get_backend`) joins when there is a third core, or runs alone when
    neither solver is installed.
 
-On a large problem (LARGE_NODES nodes or more: real auto-sharding cost tables, where `ilp`
-and `cpsat` find no answer or a poor one in the time) the members are instead `toulbar2`
-and `local`, one core each (toulbar2's rounds run in a child process while its own waits),
-with no heuristic start (local finds a valid answer in about a second): every better
+On a larger model (`_members`, `exact_fits`: by the columns the exact members' models would
+have, their predicted solve time against the time limit and the share of a core measured
+here, not by node count) the members are instead `toulbar2` and `local`, one core each
+(toulbar2's rounds run in a child process while its own waits), with no heuristic start
+(local finds a valid answer in about a second): every better
 answer either finds goes to the other (`channel.incoming`; SHARED), so local's annealing
 continues from toulbar2's repaired rounds and toulbar2's bound uses local's answers as its
-upper value. The bound is toulbar2's Lagrangian bound.
+upper value. The bound is toulbar2's Lagrangian bound. `stats["choice"]` holds what decided
+the members: the problem's features (`backends.model.hardness`), the model's columns, the
+predicted seconds and the measured CPU share where they were needed.
 
 Members share answers and bounds: each sends every better answer and every better lower
 bound it proves while it runs (`Channel.on_bound`: CBC's, CP-SAT's, toulbar2's Lagrangian
@@ -88,7 +91,8 @@ from backends.heuristics.feasible import feasible_positions
 from backends.local.anneal import LocalSettings
 from backends.mathprog.common import CpsatSettings, IlpSettings
 from backends.mcmc.chain import McmcSettings
-from backends.model.selection import selection
+from backends.model.hardness import hardness, model_size
+from backends.model.selection import Selection, selection
 from backends.wcsp.toulbar2 import Toulbar2Settings
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
@@ -96,11 +100,25 @@ from planner.problems.problem import Problem
 __all__ = ["PortfolioBackend", "PortfolioSettings"]
 
 MEMBERS = ("ilp", "cpsat", "toulbar2", "local", "mcmc")  # in tie-breaking order
-SOLVERS = {"ilp": "pulp", "cpsat": "ortools"}  # members that need a package (small problems)
-LARGE_SOLVERS = {"toulbar2": "pytoulbar2", "local": "numba"}  # ... on large problems
-LARGE_NODES = 2_000  # from this many nodes, toulbar2 and local instead of ilp and cpsat (on
-# the contest's instances of 28,000-35,000 nodes ilp and cpsat found no answer or 3-137x
-# the best known; toulbar2 and local are within 0.4-6% and find a first answer in seconds)
+SOLVERS = {"ilp": "pulp", "cpsat": "ortools"}  # the exact members (models of a fitting size)
+LARGE_SOLVERS = {"toulbar2": "pytoulbar2", "local": "numba"}  # ... for larger models
+# The exact members run when their model (`backends.model.hardness.model_size`: columns of
+# the LP, a strategy or a grouped pair each) is small, or when its predicted solve time fits
+# in EXACT_SHARE of the time limit at the share of a core this process gets (measured:
+# `cpu_share`) and the model is below EXACT_MOST; else toulbar2 and local. Node count does
+# not decide: IOPDDL G (816 nodes, 66,620 columns) is proven by ilp and cpsat in 7-15 s of a
+# 120 s limit, but with --time-limit 10 at load 3.5 they answered 384x the optimum where
+# toulbar2 found it; a problem with G's graph and 29 strategies per node (430,000-450,000
+# columns) is 378x the best after 20 s and 39.5x after 300 s with them, 1.00x with toulbar2
+# and local (docs/solvers.md, "What decides the members")
+EXACT_ALWAYS = 20_000  # columns: the exact members whatever the limit (contest_problem(120):
+# 8,000, proven in 2 s)
+EXACT_MOST = 200_000  # columns: never the exact members above (G-like: 430,000+)
+EXACT_SECONDS_PER_COLUMN = 1.5e-4  # G: 66,620 columns proven in 7-15 s (load 1-2)
+EXACT_SHARE = 0.5  # of the time limit the exact members' predicted solve time may take
+EXACT_SCAN_ENTRIES = 2_000_000  # table entries from which the model is not sized (grouping
+# shrinks real tables 3-4x: IOPDDL S 5.1 M entries to 1.7 M columns; sizing S takes 1.7 s)
+PROBE_SECONDS = 0.05  # the CPU-share probe (only when the share decides)
 SHARED = ("local", "toulbar2")  # members that take every better answer found elsewhere
 CANDIDATES = ("toulbar2", "local")  # the first sends candidates (`Channel.on_candidate`:
 # valid answers a little above its best), the second anneals from them when it has stalled
@@ -225,10 +243,10 @@ class PortfolioBackend(Backend[PortfolioSettings]):
         deadline = options.clock().at
         first = options.clock().part(START_FRACTION).at  # the heuristic's cap, from t0
         board = _Board(problem, t0, gain=settings.patience_gain or options.gap_tolerance)
-        members = self._members(settings, problem)
+        members, why, sel = self._members(settings, problem, deadline - t0)
         trivial = -math.inf  # no bound of our own unless the heuristic's tables give one
         if "local" not in members:  # local finds a first answer sooner than the heuristic
-            sel = selection(problem)
+            sel = sel if sel is not None else selection(problem)
             if sel.infeasible:
                 stats = {"reason": sel.infeasible}
                 return SolveResult(self.name, Status.INFEASIBLE, bound=math.inf, stats=stats)
@@ -243,20 +261,62 @@ class PortfolioBackend(Backend[PortfolioSettings]):
             board.offer_bound(given, "given")
         run = _Run(board, options, settings, deadline, members)
         run.go()
-        return run.result(self.name, trivial, time.perf_counter() - t0)
+        result = run.result(self.name, trivial, time.perf_counter() - t0)
+        return replace(result, stats={**result.stats, "choice": {**why, "members": members}})
 
-    def _members(self, settings: PortfolioSettings, problem: Problem) -> list[str]:
+    def _members(
+        self, settings: PortfolioSettings, problem: Problem, seconds: float
+    ) -> tuple[list[str], dict[str, Any], Selection | None]:
+        """The members, why (features and the rule's numbers, `stats["choice"]`), and the
+        selection made for the features (None if none was needed)."""
         if settings.members is not None:
-            return list(settings.members)
+            return list(settings.members), {"by": "members"}, None
         workers = settings.workers if settings.workers is not None else os.cpu_count() or 1
-        if problem.num_nodes >= LARGE_NODES:
-            large = [m for m, module in LARGE_SOLVERS.items() if importlib.util.find_spec(module)]
-            if large:
-                return large
         names = [m for m, module in SOLVERS.items() if importlib.util.find_spec(module)]
+        large = [m for m, module in LARGE_SOLVERS.items() if importlib.util.find_spec(module)]
+        features = hardness(problem)
+        why: dict[str, Any] = features.row()
+        sel = None
+        exact = True
+        if names and large and features.entries >= EXACT_SCAN_ENTRIES:
+            exact = False  # too large to be worth the selection's seconds
+        elif names and large:
+            sel = selection(problem)
+            if not sel.infeasible:  # (else the exact members' path says so)
+                exact, rule = exact_fits(model_size(sel), seconds)
+                why.update(rule)
+        if large and not exact:
+            return large, why, sel
         if workers > len(names) or not names:
             names.append("mcmc")
-        return names
+        return names, why, sel
+
+
+def exact_fits(columns: int, seconds: float) -> tuple[bool, dict[str, Any]]:
+    """Whether the exact members (ilp and cpsat) fit a model of `columns` columns in
+    `seconds`, and the rule's numbers: always up to EXACT_ALWAYS columns, never from
+    EXACT_MOST; between, when the predicted solve time, at the share of a core this process
+    gets (probed only when it decides), is within EXACT_SHARE of the time."""
+    predicted = columns * EXACT_SECONDS_PER_COLUMN
+    rule: dict[str, Any] = {"columns": columns, "predicted_seconds": round(predicted, 2)}
+    if columns <= EXACT_ALWAYS or columns >= EXACT_MOST:
+        return columns <= EXACT_ALWAYS, rule
+    budget = EXACT_SHARE * seconds
+    if predicted > budget:
+        return False, rule
+    share = cpu_share()
+    rule["cpu_share"] = round(share, 2)
+    return predicted / share <= budget, rule
+
+
+def cpu_share(seconds: float = PROBE_SECONDS) -> float:
+    """The share of a core this process gets now (CPU time over wall time of a busy loop):
+    about 1 on a quiet machine, 2 / (runnable processes) on a busy 2-core one."""
+    x = np.arange(1024.0)
+    w0, c0 = time.perf_counter(), time.process_time()
+    while time.perf_counter() - w0 < seconds:
+        x = np.sqrt(x * x + 1.0)
+    return min(1.0, max(0.05, (time.process_time() - c0) / (time.perf_counter() - w0)))
 
 
 class _Run:

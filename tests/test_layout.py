@@ -76,7 +76,7 @@ BACKEND_ROWS: tuple[dict[str, tuple[str, ...]], ...] = (
     {t: ("base", "model", "exact", "heuristics", "placement", "local", "wcsp", "pipeline",
          "mathprog", "mcmc") for t in ("portfolio", "warm")},
 )  # fmt: skip
-BACKEND_BASE = {"base", "settings", "lazy", "testing"}  # backends' own top-level modules
+BACKEND_BASE = {"base", "settings", "lazy", "testing", "trace"}  # backends' own top-level modules
 # what backends may see of planner: up to the contract, never the policy, entry, cli, export
 BACKENDS_SEE = {f"planner.{n}" for n in ("foundation", "graph", "hardware", "costs", "problems",
                                           "sim", "pipeline", "contract")}  # fmt: skip

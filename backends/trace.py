@@ -22,8 +22,13 @@ Where the points come from (`TraceRecorder`, which `Backend.solve` puts in the s
   window of (time it took) / EVALUATION_SHARE (one second there; microseconds on small
   problems): an answer that arrives within the window waits, and a better one arriving
   before the window ends replaces it (its value is lost, its successor is recorded at the
-  successor's time; `stats["trace_seconds"]` is the time spent so). Under the makespan objective (a full simulation per value) answers
-  sent so are not recorded: only the search's own trace and the final answer are;
+  successor's time; `stats["trace_seconds"]` is the time spent so). Under the makespan
+  objective (a full simulation per value) answers sent so are not recorded: only the
+  search's own trace and the final answer are;
+- `offer_answer(on_incumbent, value, who, choices)`: a better answer whose value the search
+  already has (`cpsat`'s solutions, its neighbourhood search's moves): recorded at once,
+  without valuing it, and its choices extracted (`choices()`) only when the caller listens
+  too; so a standalone solve does no more work per answer than without the trace;
 - the search's own trace: a backend with `own_trace` (`local`, `mcmc`, the `portfolio`)
   knows the value of each better answer and returns the same format in `stats["trace"]`
   itself (times since its `_solve` began, within a millisecond of `solve`'s start); the
@@ -53,9 +58,11 @@ if TYPE_CHECKING:
 __all__ = [
     "EVALUATION_SHARE",
     "TRACE_POINTS",
+    "AnswerListener",
     "Improvements",
     "TraceRecorder",
     "merge_points",
+    "offer_answer",
     "own_trace",
     "thin",
 ]
@@ -69,6 +76,7 @@ CLIP_RTOL = 1e-6  # a search's own value this far below the re-scored one is its
 log = logging.getLogger(__name__)
 
 Point = tuple[float, float]
+Answers = Callable[[tuple[int, ...], str], None]
 
 
 def merge_points(points: Iterable[Sequence[float]], lower: bool = True) -> list[Point]:
@@ -139,22 +147,12 @@ class TraceRecorder:
 
     def channel(self, channel: Channel) -> Channel:
         """`channel` with this recorder listening to `on_bound` and, when it computes
-        values, `on_incumbent` (each call forwarded to the caller's own)."""
+        values, `on_incumbent` (an `AnswerListener`; each call forwarded to the caller's
+        own)."""
         out = replace(channel, on_bound=self._forward_bound(channel.on_bound))
         if self.evaluate:
-            out = replace(out, on_incumbent=self._forward_answer(channel.on_incumbent))
+            out = replace(out, on_incumbent=AnswerListener(self, channel.on_incumbent))
         return out
-
-    def _forward_answer(
-        self, given: Callable[[tuple[int, ...], str], None] | None
-    ) -> Callable[[tuple[int, ...], str], None]:
-        def on_incumbent(choices: tuple[int, ...], who: str) -> None:
-            now = time.perf_counter()
-            if given is not None:
-                given(choices, who)
-            self._answer(now, tuple(choices))
-
-        return on_incumbent
 
     def _forward_bound(
         self, given: Callable[[float, str], None] | None
@@ -192,6 +190,11 @@ class TraceRecorder:
             value = additive_cost(self.problem, choices)
         if math.isfinite(value) and (not self.incumbents or value < self.incumbents[-1][1]):
             self.incumbents.append((self._t(at), value))
+
+    def _valued(self, now: float, value: float) -> None:
+        with self.lock:
+            if math.isfinite(value) and (not self.incumbents or value < self.incumbents[-1][1]):
+                self.incumbents.append((self._t(now), float(value)))
 
     def finish(self, result: SolveResult) -> SolveResult:
         """`result` with `stats["trace"]`: what was recorded, the search's own trace (its
@@ -235,6 +238,49 @@ class TraceRecorder:
         if self.evaluate:
             stats["trace_seconds"] = round(self.seconds, 6)
         return replace(result, stats=stats)
+
+
+class AnswerListener:
+    """The recorder's `on_incumbent`: called as any, `(choices, who)`, it values the answer
+    within the recorder's rate window; a search that knows the value calls `offer` instead
+    (`offer_answer`), and the choices are only extracted when the caller listens too."""
+
+    def __init__(self, recorder: TraceRecorder, given: Answers | None):
+        self.recorder, self.given = recorder, given
+
+    @property
+    def forwards(self) -> bool:
+        """Whether the caller listens too (then every answer's choices are wanted)."""
+        return self.given is not None
+
+    def __call__(self, choices: tuple[int, ...], who: str) -> None:
+        now = time.perf_counter()
+        if self.given is not None:
+            self.given(choices, who)
+        self.recorder._answer(now, tuple(choices))
+
+    def offer(self, value: float, who: str, choices: Callable[[], tuple[int, ...]]) -> None:
+        """A better answer of known `value` (the objective's units); `choices()` is called
+        only when the caller listens."""
+        now = time.perf_counter()
+        if self.given is not None:
+            self.given(choices(), who)
+        self.recorder._valued(now, value)
+
+
+def offer_answer(
+    send: Answers | None, value: float, who: str, choices: Callable[[], tuple[int, ...]]
+) -> None:
+    """Send a better answer of known `value` to `send` (a channel's `on_incumbent`): to an
+    `AnswerListener` (or any object with `offer`) with its value, extracting the choices only
+    when someone needs them; to a plain callback as `send(choices(), who)`."""
+    if send is None:
+        return
+    offer = getattr(send, "offer", None)
+    if offer is not None:
+        offer(value, who, choices)
+    else:
+        send(choices(), who)
 
 
 def _lists(points: Sequence[Point]) -> list[list[float]]:

@@ -108,15 +108,27 @@ def test_recorder_values_at_most_a_share_of_the_time(monkeypatch: pytest.MonkeyP
     assert rec.incumbents == [(0.0, 9.0), (2.0, 7.0), (round(0.1 + window + 1, 4), 6.0)]
 
 
-def test_a_search_value_below_the_answer_is_raised_to_it() -> None:
+def test_a_search_value_below_the_answer_is_raised_or_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # within rounding: raised to the answer's value; further below (a search's own measure,
+    # mcmc's simulated makespan): dropped, so the points above it keep their shape
     p = random_problem(6, 3, seed=2, memory=False, forbid_prob=0.0)
     ch = (0,) * p.num_nodes
     value = additive_cost(p, ch)
     rec = TraceRecorder(p, "additive", False, time.perf_counter() - 1.0)  # ends at 1 s
+    own = {
+        "incumbent": [[0.1, value * 2], [0.2, value * 1.5], [0.3, value * 0.5]],
+        "bound": [],
+    }
+    res = SolveResult("x", Status.FEASIBLE, ch, value, None, stats={"trace": own})
+    out = rec.finish(res).stats["trace"]["incumbent"]
+    assert out[:2] == [[0.1, value * 2], [0.2, value * 1.5]] and out[-1][1] == value
+    assert "left out" in caplog.text
     own = {"incumbent": [[0.1, value * 2], [0.2, value - 1e-9]], "bound": []}
     res = SolveResult("x", Status.FEASIBLE, ch, value, None, stats={"trace": own})
-    out = rec.finish(res).stats["trace"]
-    assert out["incumbent"] == [[0.1, value * 2], [0.2, value]]
+    out = rec.finish(res).stats["trace"]["incumbent"]
+    assert out == [[0.1, value * 2], [0.2, value]]
 
 
 def test_a_known_value_is_recorded_without_extracting_or_valuing(

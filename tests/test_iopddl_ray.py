@@ -116,7 +116,7 @@ def test_a_crashed_case_and_a_lost_worker_are_error_rows_retried_once(
 def test_a_timeout_is_not_retried(
     instances: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(iopddl, "GRACE", -19.95)  # killed at the first look after 0.05 s
+    monkeypatch.setattr(dispatch, "GRACE", -19.95)  # killed at the first look after 0.05 s
     given = argv(instances / "p0.json", tmp_path / "r", "--seeds", "0", "--dispatch", "local")
     folder = run(given)  # here, where GRACE is the one set
     (row,) = rows(folder)

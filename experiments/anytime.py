@@ -3,11 +3,12 @@
     python -m experiments.anytime RESULTS_FOLDER [MORE_FOLDERS] [--out FOLDER]
 
 A case's trace is its backend's `stats["trace"]` (`backends.trace`: the incumbent and the
-lower bound as step functions, (t, value) at each improvement) stored by `experiments.iopddl`
-in the results folder as traces/<case>.json, with `offset`: the seconds of the case's clock
-used before the solve started (the process's start, the imports, loading the instance), so
-a point's time on the case's clock is offset + t (at most T: an answer written just past it
-counts as at it), and the clock's horizon T is the case's time limit. The metrics (pure functions of the points, on the case's clock):
+lower bound as step functions, (t, value) at each improvement) stored by
+`experiments.iopddl` in the results folder as traces/<case>.json, with `offset`: the seconds
+of the case's clock used before the solve started (the process's start, the imports, loading
+the instance), so a point's time on the case's clock is offset + t (at most T: an answer
+written just past it counts as at it), and the clock's horizon T is the case's time limit.
+The metrics (pure functions of the points, on the case's clock):
 
 - time to target: the first time the incumbent is within 1% (0.1%) of the best known,
   value <= best + 0.01 |best|; None when never within the horizon;

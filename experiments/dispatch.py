@@ -1,13 +1,16 @@
 """Where the cases of `experiments.iopddl` run: one after another in this process (`Local`,
 the default), or as Ray tasks on a local Ray instance or a cluster (`RayDispatch`).
 
-Either way a case is `execute(case)`: the case's own process (`run_child`: hard
-timeout, peak RSS, killed as a group) with `--background` burners around it, then the answer
-re-checked from the file, the machine's load before and after. A Ray task reserves the cores
-the case uses (`num_cpus`: its threads; with burners a whole node, so that the case and its
-burners are alone there, as `--background` simulates), so two 2-core cases never share 2
-cores. Ray's own retries are off: a task whose worker dies (killed, node lost) comes back
-as an ERROR outcome, and the caller decides whether to retry it (`needs_retry`).
+Either way a case is `execute(case)`: the case's own process (`run_child`: hard timeout,
+peak RSS, killed as a group) with `--background` burners around it, then the answer
+re-checked from the file (`recheck`), the machine's load before and after. A case is known
+by `case_key` (instance, backend, seed, limit, background), its trace file by `trace_name`.
+A Ray task reserves the cores the case uses (`num_cpus`: its threads; with burners a whole
+node, so that the case and its burners are alone there, as `--background` simulates), so two
+2-core cases never share 2 cores. Ray's own retries are off: a task whose worker dies
+(killed, node lost) comes back as an ERROR outcome, and the caller decides whether to retry
+it (`needs_retry`); a task that waits for more cores than any live node has (its node lost)
+becomes one within a minute.
 """
 
 from __future__ import annotations

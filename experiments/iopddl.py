@@ -32,24 +32,27 @@ installed and the instance files at the same paths (a shared filesystem). Each c
 runs in its own process inside its task, with the same timeout and measurements.
 
 The results folder, results/iopddl-<time>/, holds run.json (the arguments that define the
-cases), rows.csv and rows.json (with the run's provenance), rewritten as each case ends, and
-one log per case in logs/. `--resume FOLDER` continues a stopped run there with its recorded
-arguments (arguments given beside it must be the same, except --dispatch and --ray): it runs
-the cases without a finished row (none, cut short by Ctrl-C, or a crash not yet retried).
+cases, and the instance files with their limits), rows.csv and rows.json (with the run's
+provenance), rewritten as each case ends, and one log per case in logs/. `--resume FOLDER`
+continues a stopped run there with its recorded arguments (arguments given beside it must
+be the same, except --dispatch and --ray; the instance files too): it runs the cases
+without a finished row (none, cut short by Ctrl-C, or a crash not yet retried).
 A case that crashes (killed by a signal, an unexpected exit, its Ray worker or node lost)
 is an ERROR row and is run once more; the retry's row (attempt 2) takes its place and the
 crashed row moves to rows.json's run.retried. A case killed at its timeout is a TIMEOUT row
-and is not retried, nor is a one-line error of bad input (exit status 2).
+and is not retried, nor is a one-line error of bad input (exit status 2); column `crashed`
+says which ERROR rows were crashes, and `--resume` retries those alone.
 Ctrl-C stops the running cases (each returns its best answer so far) and starts no more;
 the rows done are kept (exit 130) and `--resume` continues. Bad arguments are one
 `error: ...` line and exit status 2.
 
 Anytime quality: each case's backend returns its anytime trace (`backends.trace`: when each
-better answer and bound came), stored as traces/<case>.json; each row has the time to within
-1% and 0.1% of the best known, the primal integral (Berthold 2013) and the primal-dual
-integral (`experiments.anytime`, on the case's clock, loading included), and the run ends
-with `experiments.anytime`'s report in the results folder: performance profiles,
-cost-over-time curves per instance (PNG) and anytime.md / anytime.csv.
+better answer and bound came), stored once as traces/<case>.json when the case ends; each
+row has the time to within 1% and 0.1% of the best known, the primal integral (Berthold
+2013) and the primal-dual integral (`experiments.anytime`, on the case's clock, loading
+included; empty for an answer the re-check refused), and the run ends with
+`experiments.anytime`'s report in the results folder: performance profiles, cost-over-time
+curves per instance (PNG) and anytime.md / anytime.csv.
 """
 
 from __future__ import annotations

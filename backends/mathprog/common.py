@@ -312,10 +312,10 @@ class _Reported:
     def __call__(self, choices: Sequence[int], who: str) -> None:
         if self.send is None:
             return
-        answer = tuple(int(c) for c in choices)
         if not getattr(self.send, "forwards", True):
-            self.send(answer, who)
+            self.send(tuple(choices), who)  # O(1) for a tuple: no per-answer copy
             return
+        answer = tuple(int(c) for c in choices)
         self.offer(additive_cost(self.problem, answer), who, lambda: answer)
 
     def offer(self, value: float, who: str, choices: Callable[[], tuple[int, ...]]) -> None:

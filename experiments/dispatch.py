@@ -392,7 +392,8 @@ class RayDispatch:
                 raise LayerwiseError(f"cannot start Ray on {where}: {one_line(exc)}") from None
         self.node_cpus = max(_alive_cpus())
         self.task = ray.remote(max_retries=0)(execute)
-        self.needs: dict[Any, int] = {}
+        self.needs: dict[Any, int] = {}  # the cores each pending task reserves
+        self.unrunnable: deque[Outcome] = deque()  # found by `_unrunnable`, not yet returned
 
     def cpus(self, case: Case) -> int:
         """Cores the case reserves: its threads (at most a node's), with burners a whole node."""
@@ -412,7 +413,9 @@ class RayDispatch:
 
         from planner.deadline import stop_requested
 
-        while self.pending:
+        while self.pending or self.unrunnable:
+            if self.unrunnable:
+                return self.unrunnable.popleft()
             if stop_requested() and not self.stopping:
                 self.stopping = True
                 for ref in self.pending:
@@ -433,21 +436,22 @@ class RayDispatch:
         return None
 
     def _unrunnable(self) -> Outcome | None:
-        """About once a minute (NODES_SECONDS): a case waiting for more cores than any live
-        node has (its node lost) as a `lost` outcome, its task cancelled; else None."""
+        """About once a minute (NODES_SECONDS): the cases waiting for more cores than any
+        live node has (their node lost) as `lost` outcomes, their tasks cancelled; the
+        first of them (the others on the next calls), else None."""
         import ray
 
-        if time.monotonic() - self.checked < NODES_SECONDS:
-            return None
-        self.checked = time.monotonic()
-        cpus = _alive_cpus()
-        for ref in impossible(self.needs, cpus):
-            with contextlib.suppress(Exception):
-                ray.cancel(ref, force=True)
-            case, need = self.pending.pop(ref), self.needs.pop(ref)
+        if not self.unrunnable and time.monotonic() - self.checked >= NODES_SECONDS:
+            self.checked = time.monotonic()
+            cpus = _alive_cpus()
             most = max(cpus, default=0)
-            return lost(case, f"it needs {need} cores and the largest live node has {most}")
-        return None
+            for ref in impossible(self.needs, cpus):
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref, force=True)
+                case, need = self.pending.pop(ref), self.needs.pop(ref)
+                why = f"it needs {need} cores and the largest live node has {most}"
+                self.unrunnable.append(lost(case, why))
+        return self.unrunnable.popleft() if self.unrunnable else None
 
     def close(self) -> None:
         """Cancel what is left (a second Ctrl-C: force) and stop the Ray instance started."""

@@ -8,9 +8,10 @@ Every `Backend.solve` returns one in `stats["trace"]`:
 objective's units (the additive objective: OptCNN's Eq. 1 cost); incumbents strictly
 decreasing, bounds strictly increasing, only finite values. The last incumbent is the
 answer's re-scored objective and the last bound the result's bound (added at the time
-`solve` returned when the search had not reported them sooner); an incumbent value the
-search's own arithmetic put below the re-scored objective is raised to it. Each list keeps
-at most `TRACE_POINTS` points (`thin`: the first, the last, and log-spaced in time).
+`solve` returned when the search had not reported them sooner); an incumbent value within
+rounding (CLIP_RTOL) below the re-scored objective is raised to it, and one further below
+(a search's own measure, as mcmc's simulated makespan) left out, with one warning. Each
+list keeps at most `TRACE_POINTS` points (`thin`: the first, the last, and log-spaced in time).
 
 Where the points come from (`TraceRecorder`, which `Backend.solve` puts in the search's
 `SolveOptions.channel`):
@@ -22,8 +23,13 @@ Where the points come from (`TraceRecorder`, which `Backend.solve` puts in the s
   window of (time it took) / EVALUATION_SHARE (one second there; microseconds on small
   problems): an answer that arrives within the window waits, and a better one arriving
   before the window ends replaces it (its value is lost, its successor is recorded at the
-  successor's time; `stats["trace_seconds"]` is the time spent so). Under the makespan objective (a full simulation per value) answers
-  sent so are not recorded: only the search's own trace and the final answer are;
+  successor's time; `stats["trace_seconds"]` is the time spent so). Under the makespan
+  objective (a full simulation per value) answers sent so are not recorded: only the
+  search's own trace and the final answer are;
+- `offer_answer(on_incumbent, value, who, choices)`: a better answer whose value the search
+  already has (`cpsat`'s solutions, its neighbourhood search's moves): recorded at once,
+  without valuing it, and its choices extracted (`choices()`) only when the caller listens
+  too; so a standalone solve does no more work per answer than without the trace;
 - the search's own trace: a backend with `own_trace` (`local`, `mcmc`, the `portfolio`)
   knows the value of each better answer and returns the same format in `stats["trace"]`
   itself (times since its `_solve` began, within a millisecond of `solve`'s start); the
@@ -53,9 +59,11 @@ if TYPE_CHECKING:
 __all__ = [
     "EVALUATION_SHARE",
     "TRACE_POINTS",
+    "AnswerListener",
     "Improvements",
     "TraceRecorder",
     "merge_points",
+    "offer_answer",
     "own_trace",
     "thin",
 ]
@@ -69,6 +77,7 @@ CLIP_RTOL = 1e-6  # a search's own value this far below the re-scored one is its
 log = logging.getLogger(__name__)
 
 Point = tuple[float, float]
+Answers = Callable[[tuple[int, ...], str], None]
 
 
 def merge_points(points: Iterable[Sequence[float]], lower: bool = True) -> list[Point]:
@@ -104,20 +113,15 @@ def thin(points: Sequence[Point], cap: int = TRACE_POINTS) -> list[Point]:
 
 class Improvements:
     """A search's own trace as it goes: `add(value)` records (seconds since `start`, value)
-    when the value is better (lower, or higher with `lower=False`) than the last."""
+    when the value is lower than the last."""
 
-    def __init__(self, start: float | None = None, lower: bool = True):
+    def __init__(self, start: float | None = None):
         self.start = time.perf_counter() if start is None else start
-        self.lower = lower
         self.points: list[Point] = []
 
     def add(self, value: float, at: float | None = None) -> None:
-        if not math.isfinite(value):
+        if not math.isfinite(value) or (self.points and not value < self.points[-1][1]):
             return
-        if self.points:
-            last = self.points[-1][1]
-            if not (value < last if self.lower else value > last):
-                return
         now = time.perf_counter() if at is None else at
         self.points.append((round(now - self.start, TIME_DIGITS), float(value)))
 
@@ -139,22 +143,12 @@ class TraceRecorder:
 
     def channel(self, channel: Channel) -> Channel:
         """`channel` with this recorder listening to `on_bound` and, when it computes
-        values, `on_incumbent` (each call forwarded to the caller's own)."""
+        values, `on_incumbent` (an `AnswerListener`; each call forwarded to the caller's
+        own)."""
         out = replace(channel, on_bound=self._forward_bound(channel.on_bound))
         if self.evaluate:
-            out = replace(out, on_incumbent=self._forward_answer(channel.on_incumbent))
+            out = replace(out, on_incumbent=AnswerListener(self, channel.on_incumbent))
         return out
-
-    def _forward_answer(
-        self, given: Callable[[tuple[int, ...], str], None] | None
-    ) -> Callable[[tuple[int, ...], str], None]:
-        def on_incumbent(choices: tuple[int, ...], who: str) -> None:
-            now = time.perf_counter()
-            if given is not None:
-                given(choices, who)
-            self._answer(now, tuple(choices))
-
-        return on_incumbent
 
     def _forward_bound(
         self, given: Callable[[float, str], None] | None
@@ -193,6 +187,11 @@ class TraceRecorder:
         if math.isfinite(value) and (not self.incumbents or value < self.incumbents[-1][1]):
             self.incumbents.append((self._t(at), value))
 
+    def _valued(self, now: float, value: float) -> None:
+        with self.lock:
+            if math.isfinite(value) and (not self.incumbents or value < self.incumbents[-1][1]):
+                self.incumbents.append((self._t(now), float(value)))
+
     def finish(self, result: SolveResult) -> SolveResult:
         """`result` with `stats["trace"]`: what was recorded, the search's own trace (its
         `stats["trace"]`, if any) and the final answer and bound, merged and thinned."""
@@ -213,17 +212,22 @@ class TraceRecorder:
         end = self._t(now)
         objective = result.objective
         if objective is not None and math.isfinite(objective):
-            # the answer's re-scored value: a search's own arithmetic never beats it
-            low = min((v for _, v in incumbents), default=math.inf)
-            if low < objective * (1 - CLIP_RTOL) - CLIP_RTOL:
+            # the answer's re-scored value: a search's own arithmetic never beats it. Within
+            # rounding (CLIP_RTOL) a value is the answer's; further below, the search's own
+            # values measure something else (mcmc's simulated makespan under the full
+            # re-score): those points are dropped, not raised, which would flatten the trace
+            floor = objective * (1 - CLIP_RTOL) - CLIP_RTOL
+            below = [v for _, v in incumbents if v < floor]
+            if below:
                 log.warning(
-                    "%s: its trace reached %.9g, below its answer's re-scored %.9g: raised "
-                    "to it (a search that did not return its best answer?)",
+                    "%s: its trace reached %.9g, below its answer's re-scored %.9g: the %d "
+                    "point(s) below it are left out",
                     result.backend,
-                    low,
+                    min(below),
                     objective,
+                    len(below),
                 )
-            incumbents = [(t, max(v, objective)) for t, v in incumbents]
+            incumbents = [(t, max(v, objective)) for t, v in incumbents if v >= floor]
             incumbents.append((end, objective))
         if result.bound is not None and math.isfinite(result.bound):
             bounds.append((end, float(result.bound)))
@@ -237,13 +241,54 @@ class TraceRecorder:
         return replace(result, stats=stats)
 
 
+class AnswerListener:
+    """The recorder's `on_incumbent`: called as any, `(choices, who)`, it values the answer
+    within the recorder's rate window; a search that knows the value calls `offer` instead
+    (`offer_answer`), and the choices are only extracted when the caller listens too."""
+
+    def __init__(self, recorder: TraceRecorder, given: Answers | None):
+        self.recorder, self.given = recorder, given
+
+    @property
+    def forwards(self) -> bool:
+        """Whether the caller listens too (then every answer's choices are wanted)."""
+        return self.given is not None
+
+    def __call__(self, choices: tuple[int, ...], who: str) -> None:
+        now = time.perf_counter()
+        if self.given is not None:
+            self.given(choices, who)
+        self.recorder._answer(now, tuple(choices))
+
+    def offer(self, value: float, who: str, choices: Callable[[], tuple[int, ...]]) -> None:
+        """A better answer of known `value` (the objective's units); `choices()` is called
+        only when the caller listens."""
+        now = time.perf_counter()
+        if self.given is not None:
+            self.given(choices(), who)
+        self.recorder._valued(now, value)
+
+
+def offer_answer(
+    send: Answers | None, value: float, who: str, choices: Callable[[], tuple[int, ...]]
+) -> None:
+    """Send a better answer of known `value` to `send` (a channel's `on_incumbent`): to an
+    `AnswerListener` (or any object with `offer`) with its value, extracting the choices only
+    when someone needs them; to a plain callback as `send(choices(), who)`."""
+    if send is None:
+        return
+    offer = getattr(send, "offer", None)
+    if offer is not None:
+        offer(value, who, choices)
+    else:
+        send(choices(), who)
+
+
 def _lists(points: Sequence[Point]) -> list[list[float]]:
     return [[t, v] for t, v in points]
 
 
-def own_trace(improvements: Improvements, bounds: Improvements | None = None) -> dict[str, Any]:
-    """A search's own `stats["trace"]` from its improvements (module docstring)."""
-    return {
-        "incumbent": _lists(improvements.points),
-        "bound": _lists(bounds.points) if bounds is not None else [],
-    }
+def own_trace(improvements: Improvements) -> dict[str, Any]:
+    """A search's own `stats["trace"]` from its improvements (module docstring): searches
+    with their own trace prove no bound."""
+    return {"incumbent": _lists(improvements.points), "bound": []}

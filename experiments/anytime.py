@@ -3,11 +3,12 @@
     python -m experiments.anytime RESULTS_FOLDER [MORE_FOLDERS] [--out FOLDER]
 
 A case's trace is its backend's `stats["trace"]` (`backends.trace`: the incumbent and the
-lower bound as step functions, (t, value) at each improvement) stored by `experiments.iopddl`
-in the results folder as traces/<case>.json, with `offset`: the seconds of the case's clock
-used before the solve started (the process's start, the imports, loading the instance), so
-a point's time on the case's clock is offset + t, and the clock's horizon T is the case's
-time limit. The metrics (pure functions of the points, on the case's clock):
+lower bound as step functions, (t, value) at each improvement) stored by
+`experiments.iopddl` in the results folder as traces/<case>.json, with `offset`: the seconds
+of the case's clock used before the solve started (the process's start, the imports, loading
+the instance), so a point's time on the case's clock is offset + t (at most T: an answer
+written just past it counts as at it), and the clock's horizon T is the case's time limit.
+The metrics (pure functions of the points, on the case's clock):
 
 - time to target: the first time the incumbent is within 1% (0.1%) of the best known,
   value <= best + 0.01 |best|; None when never within the horizon;
@@ -57,12 +58,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from experiments.dispatch import CaseKey, case_key, trace_name
 from planner.cli.args import OneLineArgumentParser
 from planner.errors import LayerwiseError
 
 __all__ = [
     "Case",
     "case_metrics",
+    "format_gap",
     "gap_integral",
     "performance_profile",
     "primal_dual_gap",
@@ -71,6 +74,7 @@ __all__ = [
     "primal_dual_integral",
     "read_cases",
     "report",
+    "shifted",
     "time_to_target",
 ]
 
@@ -86,19 +90,21 @@ Points = Sequence[Sequence[float]]
 # ----------------------------------------------------------------------------- metrics
 
 
-def shifted(points: Points, offset: float) -> list[tuple[float, float]]:
-    """(offset + t, value) of each point: the backend's clock onto the case's."""
-    return [(offset + float(t), float(v)) for t, v in points]
+def shifted(points: Points, offset: float, horizon: float = math.inf) -> list[tuple[float, float]]:
+    """(offset + t, value) of each point: the backend's clock onto the case's; a time past
+    `horizon` (the answer written just after the limit) counts as at it."""
+    return [(min(offset + float(t), horizon), float(v)) for t, v in points]
 
 
 def time_to_target(incumbent: Points, best: float, within: float, horizon: float) -> float | None:
     """The first time the incumbent is within `within` (a fraction) of `best`, at most
     `horizon`; None when never."""
     target = best + within * abs(best)
+    slack = 1e-12 * abs(target)  # rounding, whatever the sign of the target
     for t, v in incumbent:
         if t > horizon:
             return None
-        if v <= target * (1 + 1e-12):
+        if v <= target + slack:
             return float(t)
     return None
 
@@ -129,32 +135,26 @@ def primal_dual_gap(value: float | None, bound: float | None) -> float:
     return min(1.0, max(0.0, (value - bound) / max(abs(value), abs(bound))))
 
 
-def _value_at(points: Points, t: float) -> float | None:
-    """The step function's value at t: the last point at or before t (None before the
-    first)."""
-    out = None
-    for s, v in points:
-        if s > t:
-            break
-        out = float(v)
-    return out
-
-
 def gap_integral(
     incumbent: Points, bound: Points | None, horizon: float, gap: Any, best: float | None = None
 ) -> float:
     """The integral over [0, horizon] of gap(inc(t), best) (`bound` None) or of gap(inc(t),
-    bound(t)): a sum over the pieces between the step functions' change points."""
-    times = sorted(
-        {0.0, horizon}
-        | {float(t) for t, _ in incumbent if 0 < t < horizon}
-        | {float(t) for t, _ in bound or () if 0 < t < horizon}
+    bound(t)): one sweep over the step functions' change points (each sorted by time)."""
+    events = sorted(
+        [(float(t), 0, float(v)) for t, v in incumbent]
+        + [(float(t), 1, float(v)) for t, v in bound or ()],
+        key=lambda e: e[:2],  # stable: of two points at one time, the later in its list
     )
-    total = 0.0
-    for a, b in zip(times, times[1:], strict=False):
-        inc = _value_at(incumbent, a)
-        g = gap(inc, best) if bound is None else gap(inc, _value_at(bound, a))
-        total += g * (b - a)
+    current: list[float | None] = [None, None]  # the incumbent's and the bound's values
+    total, at, k = 0.0, 0.0, 0
+    while at < horizon:
+        while k < len(events) and events[k][0] <= at:
+            current[events[k][1]] = events[k][2]
+            k += 1
+        end = min(events[k][0], horizon) if k < len(events) else horizon
+        g = gap(current[0], best) if bound is None else gap(current[0], current[1])
+        total += g * (end - at)
+        at = end
     return total
 
 
@@ -233,13 +233,8 @@ class Case:
     label: str = ""
 
     @property
-    def key(self) -> tuple[str, str, int, float, int]:
-        return (self.instance, self.backend, self.seed, self.time_limit, self.background)
-
-
-def trace_name(instance: str, backend: str, seed: int, limit: float, background: int) -> str:
-    """The file name of a case's trace under traces/."""
-    return f"{instance}-{backend}-seed{seed}-{limit:g}s-bg{background}.json"
+    def key(self) -> CaseKey:
+        return case_key(self.instance, self.backend, self.seed, self.time_limit, self.background)
 
 
 def _rows(folder: Path) -> list[dict[str, Any]]:
@@ -259,7 +254,7 @@ def _number(x: Any) -> float | None:
 
 def read_cases(folders: Sequence[Path]) -> list[Case]:
     """Every row of the folders (a case given twice: the later one) with its trace."""
-    cases: dict[tuple[str, str, int, float, int], Case] = {}
+    cases: dict[CaseKey, Case] = {}
     for folder in folders:
         for row in _rows(folder):
             valid = str(row.get("valid", "yes")) == "yes"
@@ -273,12 +268,12 @@ def read_cases(folders: Sequence[Path]) -> list[Case]:
                 bound=_number(row.get("bound")),
                 best=_number(row.get("best")),
             )
-            path = folder / TRACES / trace_name(*case.key)
-            if path.exists():
+            path = folder / TRACES / trace_name(case.key)
+            if valid and path.exists():  # an answer the re-check refused: nor its trace
                 trace = json.loads(path.read_text())
                 offset = float(trace.get("offset", 0.0))
-                case.incumbent = shifted(trace.get("incumbent", []), offset)
-                case.bounds = shifted(trace.get("bound", []), offset)
+                case.incumbent = shifted(trace.get("incumbent", []), offset, case.time_limit)
+                case.bounds = shifted(trace.get("bound", []), offset, case.time_limit)
             cases[case.key] = case
     out = list(cases.values())
     limits = {c.time_limit for c in out}
@@ -349,14 +344,20 @@ METRICS = (  # key, column title, format, what an infinite value means
 )
 
 
+def format_gap(gap: float | None) -> str:
+    """A gap cost / bound - 1 as a percentage, or past 1000% the ratio cost / bound (a
+    trivial bound); "-" for none."""
+    if gap is None:
+        return "-"
+    return f"{gap:.2%}" if gap < 10 else f"{gap + 1:.3g}x"
+
+
 def _cell(x: float, spec: str, infinite: str) -> str:
     if math.isnan(x):
         return "-"
     if math.isinf(x):
         return infinite
-    if spec == "gap":  # a percentage, or past 1000% the ratio cost / bound
-        return f"{x:.2%}" if x < 10 else f"{x + 1:.3g}x"
-    return spec.format(x)
+    return format_gap(x) if spec == "gap" else spec.format(x)
 
 
 def markdown(rows: Sequence[dict[str, Any]]) -> str:

@@ -143,7 +143,7 @@ def generate(folder: Path, sizes: str, count: int, seed: int, console: Console) 
 def run_case(path: Path, backend: str, time_limit: float, seed: int, threads: int) -> dict:
     """Load, solve and check one case in this process; the row as a dict."""
     from backends import SolveOptions, get_backend
-    from experiments.iopddl import recheck
+    from experiments.dispatch import recheck
     from planner.problems.costtable import load_problem
 
     name, extra, threads = VARIANTS.get(backend, (backend, {}, threads))

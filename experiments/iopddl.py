@@ -32,24 +32,27 @@ installed and the instance files at the same paths (a shared filesystem). Each c
 runs in its own process inside its task, with the same timeout and measurements.
 
 The results folder, results/iopddl-<time>/, holds run.json (the arguments that define the
-cases), rows.csv and rows.json (with the run's provenance), rewritten as each case ends, and
-one log per case in logs/. `--resume FOLDER` continues a stopped run there with its recorded
-arguments (arguments given beside it must be the same, except --dispatch and --ray): it runs
-the cases without a finished row (none, cut short by Ctrl-C, or a crash not yet retried).
+cases, and the instance files with their limits), rows.csv and rows.json (with the run's
+provenance), rewritten as each case ends, and one log per case in logs/. `--resume FOLDER`
+continues a stopped run there with its recorded arguments (arguments given beside it must
+be the same, except --dispatch and --ray; the instance files too): it runs the cases
+without a finished row (none, cut short by Ctrl-C, or a crash not yet retried).
 A case that crashes (killed by a signal, an unexpected exit, its Ray worker or node lost)
 is an ERROR row and is run once more; the retry's row (attempt 2) takes its place and the
 crashed row moves to rows.json's run.retried. A case killed at its timeout is a TIMEOUT row
-and is not retried, nor is a one-line error of bad input (exit status 2).
+and is not retried, nor is a one-line error of bad input (exit status 2); column `crashed`
+says which ERROR rows were crashes, and `--resume` retries those alone.
 Ctrl-C stops the running cases (each returns its best answer so far) and starts no more;
 the rows done are kept (exit 130) and `--resume` continues. Bad arguments are one
 `error: ...` line and exit status 2.
 
 Anytime quality: each case's backend returns its anytime trace (`backends.trace`: when each
-better answer and bound came), stored as traces/<case>.json; each row has the time to within
-1% and 0.1% of the best known, the primal integral (Berthold 2013) and the primal-dual
-integral (`experiments.anytime`, on the case's clock, loading included), and the run ends
-with `experiments.anytime`'s report in the results folder: performance profiles,
-cost-over-time curves per instance (PNG) and anytime.md / anytime.csv.
+better answer and bound came), stored once as traces/<case>.json when the case ends; each
+row has the time to within 1% and 0.1% of the best known, the primal integral (Berthold
+2013) and the primal-dual integral (`experiments.anytime`, on the case's clock, loading
+included; empty for an answer the re-check refused), and the run ends with
+`experiments.anytime`'s report in the results folder: performance profiles, cost-over-time
+curves per instance (PNG) and anytime.md / anytime.csv.
 """
 
 from __future__ import annotations
@@ -64,7 +67,6 @@ import math
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -75,17 +77,21 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from experiments.background import background_load  # noqa: F401 - dispatch runs it (a test replaces it)
+from experiments.anytime import TRACES, format_gap, shifted
 from experiments.dispatch import (
     CRASH_ENV,
     INSTALL,
     Case,
+    CaseKey,
     Local,
     Outcome,
     RayDispatch,
+    case_key,
     fire,
+    instance_name,
     ray_installed,
     reachable,
+    trace_name,
 )
 from experiments.runinfo import finish, load, new_results_folder, run_info
 from planner.cli.args import (
@@ -105,8 +111,7 @@ DATA = Path(__file__).resolve().parent / "data"
 LIMITS_FILE = DATA / "iopddl_limits.csv"  # the contest's time limit of each of its instances
 BEST_FILE = DATA / "iopddl_best.csv"
 CONTEST_NAME = re.compile(r"(?:asplos-2025-iopddl-)?([A-Z])")  # "asplos-2025-iopddl-A" or "A"
-GRACE = 60.0  # seconds past the time limit before a case is killed (then 15 more after SIGINT)
-EXIT_SECONDS = 0.3  # of a case's time limit, kept for writing the answer and exiting
+EXIT_SECONDS = 0.3  # seconds of a case's time limit kept for writing the answer and exiting
 
 
 @dataclass
@@ -133,6 +138,7 @@ class Row:
     reported: float | None = None  # the backend's own cost
     error: str = ""
     attempt: int = 1  # 2: the first crashed (its row moved to rows.json's run.retried)
+    crashed: bool = False  # killed by a signal, an unexpected exit, its Ray worker lost
     # anytime quality (experiments.anytime), on the case's clock, against the best known (or
     # the case's own answer, if better): the first time within 1% / 0.1% (None: never), the
     # primal integral (Berthold 2013) and the primal-dual integral in seconds and divided by
@@ -235,11 +241,37 @@ def _recordable(name: str, value: Any) -> Any:
     return value
 
 
+def resolved_cases(args: argparse.Namespace) -> list[list[Any]]:
+    """The instance files the arguments name, as run.json records them: [absolute path, time
+    limit] each (the folders' contents and iopddl_limits.csv may change before a resume)."""
+    return [[str(f.resolve()), time_limit_of(instance_name(f), args.time_limit)]
+            for f in instances(args.paths)]  # fmt: skip
+
+
 def record_run(args: argparse.Namespace, folder: Path) -> None:
     from planner.files import strict_json, write_text_atomic
 
     recorded = {k: _recordable(k, getattr(args, k)) for k in CASE_ARGS}
-    write_text_atomic(folder / RUN_FILE, strict_json({"args": recorded}, 1))
+    doc = {"args": recorded, "cases": resolved_cases(args)}
+    write_text_atomic(folder / RUN_FILE, strict_json(doc, 1))
+
+
+def check_cases(args: argparse.Namespace, folder: Path) -> None:
+    """One LayerwiseError line when the instance files or their time limits are not those
+    the run in `folder` recorded (a file added, removed or renamed in a folder it named, or
+    another limit in iopddl_limits.csv): its rows would no longer match its cases."""
+    recorded = json.loads((folder / RUN_FILE).read_text()).get("cases")
+    if recorded is None:  # a run recorded before run.json held its cases
+        return
+    now = resolved_cases(args)
+    if now != recorded:
+        gone = [c[0] for c in recorded if c not in now]
+        new = [c[0] for c in now if c not in recorded]
+        what = f"gone or changed: {gone[:3]}" if gone else f"new or changed: {new[:3]}"
+        raise LayerwiseError(
+            f"--resume {folder}: its instances are not those it began with ({what}); restore "
+            "them, or start a new run"
+        )
 
 
 def resumed(args: argparse.Namespace, argv: Sequence[str] | None) -> argparse.Namespace:
@@ -271,11 +303,6 @@ def resumed(args: argparse.Namespace, argv: Sequence[str] | None) -> argparse.Na
 
 
 # ----------------------------------------------------------------------------- inputs
-
-
-def instance_name(path: Path) -> str:
-    """The file's name without .json / .json.gz."""
-    return re.sub(r"\.json(\.gz)?$", "", path.name)
 
 
 def contest_key(name: str) -> str | None:
@@ -322,6 +349,14 @@ def instances(paths: Sequence[Path]) -> list[Path]:
             found.append(path)
         else:
             raise LayerwiseError(f"{path} does not exist")
+    seen: dict[str, Path] = {}
+    for f in found:  # rows, logs and traces are named by the instance's name
+        other = seen.setdefault(instance_name(f), f)
+        if other != f:
+            raise LayerwiseError(
+                f"{other} and {f} are both instance {instance_name(f)!r}: give one of them "
+                "(rows, logs and traces are named by the instance)"
+            )
     return found
 
 
@@ -365,16 +400,23 @@ def _process_age() -> float:
 
 
 def run_case(
-    path: Path, backend: str, time_limit: float, seed: int, threads: int, spent: float = 0.0
+    path: Path,
+    backend: str,
+    time_limit: float,
+    seed: int,
+    threads: int,
+    age: float = 0.0,
+    reserve: float = 0.0,
 ) -> dict:
-    """In the child: load, solve within `time_limit` from now less `spent` (loading
-    included), and the answer with what the backend said about it."""
+    """In the child: load, solve within `time_limit` less the seconds the process has
+    already lived (`age`) and those kept for writing the answer (`reserve`), loading
+    included; the answer with what the backend said about it."""
     entered = time.perf_counter()  # the imports below count too
     from backends import SolveOptions, get_backend
     from planner.deadline import Deadline, catch_interrupt
     from planner.problems.costtable import load_problem
 
-    deadline = Deadline.after(time_limit - spent - (time.perf_counter() - entered))
+    deadline = Deadline.after(time_limit - age - reserve - (time.perf_counter() - entered))
     t0 = time.perf_counter()
     with catch_interrupt():  # SIGINT from the parent: the best answer so far
         problem = load_problem(path)
@@ -390,103 +432,10 @@ def run_case(
         "bound": result.bound,
         "load_seconds": loaded,
         # the anytime trace, its times from the solve's start; `offset`: the case's clock
-        # (the one its deadline counts: `spent` before this call, then imports and loading)
-        # at that start
-        "trace": {**trace, "offset": round(spent + began - entered, 4)},
+        # (the one its deadline counts: the process's age at this call, then imports and
+        # loading; not the reserve, which is not yet spent) at that start
+        "trace": {**trace, "offset": round(age + began - entered, 4)},
     }
-
-
-def recheck(problem: Any, answer: dict) -> tuple[str, float | None]:
-    """(verdict, re-scored cost) of an answer, by planner's evaluators on the file's tables."""
-    from planner.problems.evaluate import additive_cost, memory_peak
-
-    choices = answer.get("choices")
-    if choices is None:
-        return "-", None
-    try:
-        cost = additive_cost(problem, choices)
-        peak = memory_peak(problem, choices)
-    except LayerwiseError as exc:
-        return f"no: {one_line(exc)}", None
-    limit = problem.usage_limit
-    if not math.isfinite(cost):
-        return "no: a forbidden choice or pair", None
-    if limit is not None and bool((peak > limit * (1 + 1e-9)).any()):
-        return f"no: memory peak {peak.max():.6g} over the limit {limit.max():.6g}", cost
-    reported = answer.get("objective")
-    if reported is not None and not math.isclose(cost, reported, rel_tol=1e-9):
-        return f"no: reported {reported:.10g} but re-scored {cost:.10g}", cost
-    return "yes", cost
-
-
-def _tree_rss(pgid: int) -> int:
-    """Summed RSS (bytes) of the processes in group `pgid`, from /proc."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields_ = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields_[2]) == pgid:  # field 5 of stat: the process group
-                total += int(fields_[21]) * os.sysconf("SC_PAGE_SIZE")  # field 24: rss pages
-    return total
-
-
-def run_child(
-    path: Path,
-    backend: str,
-    seed: int,
-    limit: float,
-    threads: int,
-    workdir: Path,
-    log_path: Path,
-    hook: str | None = None,
-) -> tuple[dict | None, dict[str, Any]]:
-    """One case in a fresh process (its own session, killed as a group past the timeout or
-    when this process dies): (the answer or None, measurements and the error line; `crashed`
-    when it died by a signal or exited unexpectedly)."""
-    from planner.deadline import stop_requested
-
-    answer_path = workdir / f".answer-{os.getpid()}.json"
-    cmd = [sys.executable, "-m", "experiments.iopddl", "--case", str(path), "--answer",
-           str(answer_path), "--backends", backend, "--time-limit", str(limit), "--seeds",
-           str(seed), "--threads", str(threads), "--parent", str(os.getpid())]  # fmt: skip
-    env = {**os.environ, CRASH_ENV: hook} if hook else None
-    t0 = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
-        try:
-            status, usage, tree = _wait(proc, limit + GRACE, t0)
-        except BaseException:  # a second Ctrl-C: the case's processes go with this one
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            raise
-    proc.returncode = 0  # reaped by wait4
-    wall = time.perf_counter() - t0
-    measured: dict[str, Any] = {
-        "wall": wall, "rss_mib": usage.ru_maxrss / 1024, "tree_rss_mib": tree / 2**20
-    }  # fmt: skip
-    answer = None
-    if status < 0:
-        measured["error"] = (
-            f"killed after {wall:.0f} s (time limit {limit:g} s)"
-            if status == -1
-            else f"interrupted, then killed after {wall:.0f} s (time limit {limit:g} s)"
-        )
-    elif status == 0 and answer_path.exists():
-        answer = json.loads(answer_path.read_text())
-    else:
-        lines = [x for x in log_path.read_text().splitlines() if x.strip()]
-        code = os.waitstatus_to_exitcode(status)
-        died = f"died of {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-        # a one-line error of bad input (exit status 2) would be the same again: no retry
-        measured["crashed"] = code != EXIT_BAD_INPUT
-        last = lines[-1].removeprefix("error: ") if lines else ""
-        measured["error"] = died if code < 0 or not last else last
-        if stop_requested():  # stopped while it started, before it could answer: no crash
-            measured["crashed"] = False
-            measured["error"] = "interrupted: " + measured["error"]
-    answer_path.unlink(missing_ok=True)
-    return answer, measured
 
 
 def _die_with_parent(parent: int) -> None:
@@ -499,32 +448,6 @@ def _die_with_parent(parent: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # it died before the call
         os.killpg(0, signal.SIGKILL)
-
-
-def _wait(proc: subprocess.Popen, timeout: float, t0: float) -> tuple[int, Any, int]:
-    """Wait for the case's process: (its wait status, or -1 when killed past `timeout`, -2
-    when killed 15 s after a stop request; its rusage; the largest summed RSS of its process
-    group seen). A stop request (Ctrl-C) passes SIGINT on to the group and gives it 15 s to
-    answer."""
-    from planner.deadline import stop_requested
-
-    interrupted, tree = False, 0
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            return status, usage, tree
-        tree = max(tree, _tree_rss(proc.pid))
-        elapsed = time.perf_counter() - t0
-        if stop_requested() and not interrupted:  # the case stops with its best answer
-            interrupted, timeout = True, elapsed + 15.0
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGINT)
-        if elapsed > timeout:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            _, _, usage = os.wait4(proc.pid, 0)
-            return -2 if interrupted else -1, usage, tree
-        time.sleep(0.2)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -551,7 +474,7 @@ def run(
     order = {c.key: k for k, c in enumerate(cases)}
     earlier, retried = previous_rows(folder)
     rows = {key: r for r in earlier if (key := row_key(r)) in order}
-    info["retried"] = [asdict(r) for r in retried]  # crashed attempts, replaced by their retry
+    info["retried"] = [row_fields(r) for r in retried]  # crashed attempts, replaced by their retry
     todo = [c if c.key not in rows else replace(c, attempt=_next_attempt(rows[c.key]))
             for c in cases if c.key not in rows or not finished(rows[c.key])]  # fmt: skip
     if rows:
@@ -577,9 +500,10 @@ def run(
             while (out := dispatch.next()) is not None:
                 row = _outcome_row(out, best)
                 replaced = rows.get(out.case.key)
-                if replaced is not None and _crashed(replaced):
-                    info["retried"].append(asdict(replaced))
+                if replaced is not None and replaced.crashed:
+                    info["retried"].append(row_fields(replaced))
                 rows[out.case.key] = row
+                save_trace(row, folder)
                 _save_log(out, folder)
                 head = "" if args.dispatch == "local" else (
                     f"[{order[out.case.key] + 1}/{len(cases)}] {out.case.name} "
@@ -596,24 +520,21 @@ def run(
         dispatch.close()
 
 
-def row_key(r: Row) -> tuple[str, str, int, float, int]:
+def row_key(r: Row) -> CaseKey:
     """The case a row is of (`Case.key`)."""
-    return (r.instance, r.backend, int(r.seed), float(r.time_limit), int(r.background))
+    return case_key(r.instance, r.backend, r.seed, r.time_limit, r.background)
 
 
 def finished(r: Row) -> bool:
-    """Whether a row ends its case: not one cut short by Ctrl-C, nor a crash still to retry."""
+    """Whether a row ends its case: not one cut short by Ctrl-C, nor a crash still to retry
+    (a timeout and a one-line error of bad input are no crash: they would happen again)."""
     interrupted = "(INTERRUPTED)" in r.status or r.error.startswith("interrupted")
-    return not interrupted and not (r.status == "ERROR" and r.attempt < ATTEMPTS)
-
-
-def _crashed(r: Row) -> bool:
-    return r.status == "ERROR" and not r.error.startswith("interrupted")
+    return not interrupted and not (r.crashed and r.attempt < ATTEMPTS)
 
 
 def _next_attempt(r: Row) -> int:
     """The attempt that follows row `r` of its case: a crash counts, a Ctrl-C does not."""
-    return r.attempt + 1 if _crashed(r) else r.attempt
+    return r.attempt + 1 if r.crashed else r.attempt
 
 
 def previous_rows(folder: Path) -> tuple[list[Row], list[Row]]:
@@ -629,7 +550,7 @@ def previous_rows(folder: Path) -> tuple[list[Row], list[Row]]:
     def rows(dicts: list[dict]) -> list[Row]:
         return [
             Row(**{k: math.nan if v is None and k in floats else v
-                   for k, v in d.items() if k in names})
+                   for k, v in _with_crashed(d).items() if k in names})
             for d in dicts
         ]  # fmt: skip
 
@@ -642,11 +563,21 @@ def previous_rows(folder: Path) -> tuple[list[Row], list[Row]]:
         ) from None
 
 
+def _with_crashed(d: dict[str, Any]) -> dict[str, Any]:
+    """A row read back from a run written before rows had the `crashed` column: an ERROR
+    not cut short by Ctrl-C was taken for a crash then."""
+    if "crashed" in d:
+        return d
+    error = str(d.get("error") or "")
+    return {**d, "crashed": d.get("status") == "ERROR" and not error.startswith("interrupted")}
+
+
 def _outcome_row(out: Outcome, best: dict[str, float]) -> Row:
     c = out.case
     row = _row(c.name, c.backend, c.seed, c.limit, out.answer, out.measured, out.verdict,
                out.cost, best, out.measured["load_start"], c.background)  # fmt: skip
     row.attempt = c.attempt
+    row.crashed = bool(out.measured.get("crashed"))
     return row
 
 
@@ -668,7 +599,8 @@ def _row(name: str, backend: str, seed: int, limit: float, answer: dict | None,
     status = answer["status"] if answer else ("TIMEOUT" if "killed" in measured.get("error", "")
                                               else "ERROR")  # fmt: skip
     trace = answer.get("trace") if answer else None
-    anytime = _anytime(trace, known, cost if ok else None, limit)
+    # an answer the re-check refused: its trace's values are not to be trusted either
+    anytime = _anytime(trace, known, cost, limit) if ok else {}
     return Row(
         instance=name, backend=backend, seed=seed, status=status, cost=cost, bound=bound,
         gap=gap, time_limit=limit, background=background,
@@ -689,26 +621,19 @@ def _anytime(
     """A case's anytime metrics (`experiments.anytime.case_metrics`) from its trace, against
     the best known or the case's own valid answer if that is better (no best known: only
     the primal-dual integral); {} without a trace."""
-    from experiments.anytime import case_metrics, shifted
+    from experiments.anytime import case_metrics
 
     if trace is None:
         return {}
     offset = float(trace.get("offset", 0.0))
     best = None if known is None else min(known, cost if cost is not None else math.inf)
-    incumbent = shifted(trace.get("incumbent", []), offset)
-    return case_metrics(incumbent, shifted(trace.get("bound", []), offset), best, limit)
+    incumbent = shifted(trace.get("incumbent", []), offset, limit)
+    return case_metrics(incumbent, shifted(trace.get("bound", []), offset, limit), best, limit)
 
 
 def _number(x: float | None, spec: str | None = None) -> str:
     """A cost as the plain number it is (`format_cost`), or `x` in `spec`."""
     return format_cost(x) if spec is None or x is None else format(x, spec)
-
-
-def _gap(gap: float | None) -> str:
-    """A percentage, or past 1000% the ratio cost / bound (a trivial bound)."""
-    if gap is None:
-        return "-"
-    return f"{100 * gap:.2f}%" if gap < 10 else f"{gap + 1:.3g}x"
 
 
 def _line(r: Row) -> str:
@@ -730,7 +655,7 @@ def table(rows: list[Row], title: str) -> Table:
     for r in rows:
         t.add_row(
             r.instance, r.backend, str(r.seed), r.status if not r.error else f"{r.status}: {r.error}",
-            _number(r.cost), _number(r.bound), _gap(r.gap),
+            _number(r.cost), _number(r.bound), format_gap(r.gap),
             f"{r.time_limit:g}", str(r.background), f"{r.wall:.1f}",
             f"{r.rss_mib:.0f} ({r.tree_rss_mib:.0f})",
             r.valid, _number(r.best), _number(r.ratio, ".4f"), _number(r.score, ".4f"),
@@ -746,12 +671,30 @@ def row_fields(row: Row) -> dict[str, Any]:
     return out
 
 
+KEY_FIELDS = ("instance", "backend", "seed", "time_limit", "background")  # `row_key`'s
+
+
+def save_trace(r: Row, folder: Path) -> None:
+    """The row's anytime trace as traces/<case>.json (`trace_name`, with the case's key),
+    written once as its outcome arrives and then dropped from the row; an outcome without
+    one (no answer, a crash) removes the file an earlier attempt of the case left."""
+    from planner.files import strict_json, write_text_atomic
+
+    path = folder / TRACES / trace_name(row_key(r))
+    if r.trace is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(exist_ok=True)
+    text = strict_json({**dict(zip(KEY_FIELDS, row_key(r), strict=True)), **r.trace})
+    write_text_atomic(path, text)
+    r.trace = None
+
+
 def save(rows: list[Row], info: dict[str, Any], folder: Path, plots: bool = False) -> None:
-    """rows.csv and rows.json; each row's anytime trace as traces/<case>.json (with the case:
-    instance, backend, seed, time limit, background; a row read back by `--resume` has none:
-    its file is there already); then, with `plots` (the run's last save), the anytime
-    report beside them (`experiments.anytime.report`: profiles, curves, anytime.md)."""
-    from experiments.anytime import TRACES, report, trace_name
+    """rows.csv and rows.json (the traces are written by `save_trace`); with `plots` (the
+    run's last save), the anytime report beside them (`experiments.anytime.report`:
+    profiles, curves, anytime.md)."""
+    from experiments.anytime import report
     from planner.files import strict_json, write_text_atomic
 
     names = [f.name for f in fields(Row) if f.name != "trace"]
@@ -763,14 +706,6 @@ def save(rows: list[Row], info: dict[str, Any], folder: Path, plots: bool = Fals
     write_text_atomic(
         folder / "rows.json", strict_json({"run": info, "rows": [row_fields(r) for r in rows]}, 1)
     )
-    for r in rows:
-        if r.trace is None:
-            continue
-        case = (r.instance, r.backend, r.seed, r.time_limit, r.background)
-        (folder / TRACES).mkdir(exist_ok=True)
-        keys = ("instance", "backend", "seed", "time_limit", "background")
-        text = strict_json({**dict(zip(keys, case, strict=True)), **r.trace})
-        write_text_atomic(folder / TRACES / trace_name(*case), text)
     if plots and rows:
         report([folder])
 
@@ -797,7 +732,7 @@ def _main(argv: Sequence[str] | None) -> int:
         # 1.1-1.8 s over), and the answer is still to be written
         answer = run_case(
             args.case, args.backends[0], args.time_limit or DEFAULT_TIME_LIMIT, args.seeds[0],
-            args.threads, _process_age() + EXIT_SECONDS,
+            args.threads, _process_age(), EXIT_SECONDS,
         )  # fmt: skip
         args.answer.write_text(json.dumps(answer))
         return 0
@@ -805,6 +740,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
     if args.resume is not None:
         args = resumed(args, argv)
+        check_cases(args, args.resume)
     unknown = [b for b in args.backends if b not in backend_names()]
     if unknown:
         raise LayerwiseError(

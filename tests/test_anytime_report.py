@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from experiments import anytime
@@ -19,6 +20,7 @@ from experiments.anytime import (
     rho,
     time_to_target,
 )
+from experiments.dispatch import trace_name
 
 # best 100, horizon 10: no answer until 2, then 200, 110 from 4, 100.5 from 8
 INCUMBENT = [(2.0, 200.0), (4.0, 110.0), (8.0, 100.5)]
@@ -55,6 +57,38 @@ def test_primal_and_primal_dual_integrals_by_hand() -> None:
     assert primal_integral(INCUMBENT, 100.0, 3.0) == pytest.approx(2 + 0.5)
     assert primal_integral([(0.0, 100.0)], 100.0, 5.0) == 0.0
     assert case_metrics([], [], None, 5.0)["primal_dual_integral_norm"] == 1.0
+
+
+def test_a_negative_target_gets_the_same_rounding_slack() -> None:
+    # -100 within 0% is -100: a value a rounding above it (-99.99999999999999) still counts
+    assert time_to_target([(1.0, -100.0 + 1e-14)], -100.0, 0.0, 10.0) == 1.0
+    assert time_to_target([(1.0, 100.0 + 1e-14)], 100.0, 0.0, 10.0) == 1.0
+
+
+def test_an_answer_just_past_the_limit_counts_at_it() -> None:
+    # the answer written just after T (loading, exit): at T, not never
+    points = anytime.shifted([(0.5, 300.0), (9.75, 100.0)], 0.3, 10.0)
+    assert points == [(0.8, 300.0), (10.0, 100.0)]
+    assert case_metrics(points, [], 100.0, 10.0)["time_to_1pct"] == 10.0
+
+
+def test_the_integral_sweep_matches_a_scan_at_every_change_point() -> None:
+    rng = np.random.default_rng(0)
+    inc = sorted(zip(rng.uniform(0, 12, 300), rng.uniform(100, 400, 300), strict=True))
+    inc = [(t, v) for k, (t, v) in enumerate(inc) if v < min([w for _, w in inc[:k]] + [1e9])]
+    bnd = sorted(zip(rng.uniform(0, 12, 200), rng.uniform(0, 100, 200), strict=True))
+    bnd = [(t, v) for k, (t, v) in enumerate(bnd) if v > max([w for _, w in bnd[:k]] + [-1.0])]
+
+    def at(points: list[tuple[float, float]], t: float) -> float | None:
+        before = [v for s, v in points if s <= t]
+        return before[-1] if before else None
+
+    times = sorted({0.0, 10.0} | {t for t, _ in inc + bnd if t < 10})
+    want = sum(
+        anytime.primal_dual_gap(at(inc, a), at(bnd, a)) * (b - a)
+        for a, b in zip(times, times[1:], strict=False)
+    )
+    assert primal_dual_integral(inc, bnd, 10.0) == pytest.approx(want, rel=1e-12)
 
 
 def test_performance_profile_by_hand() -> None:
@@ -94,7 +128,7 @@ def _folder(tmp_path: Path) -> Path:
                     "incumbent": [[0.1 * slow, best * 3], [slow * (1 + seed), final]],
                     "bound": [[1.0, best * 0.5], [2.0 * slow, best * 0.9]],
                 }
-                name = anytime.trace_name(inst, backend, seed, 20.0, 0)
+                name = trace_name((inst, backend, seed, 20.0, 0))
                 (folder / anytime.TRACES / name).write_text(json.dumps(trace))
     (folder / "rows.json").write_text(json.dumps({"run": {}, "rows": rows}))
     return folder

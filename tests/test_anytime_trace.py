@@ -14,6 +14,7 @@ from backends.trace import (
     Improvements,
     TraceRecorder,
     merge_points,
+    offer_answer,
     thin,
 )
 from planner.problems.costtable import random_problem
@@ -107,15 +108,64 @@ def test_recorder_values_at_most_a_share_of_the_time(monkeypatch: pytest.MonkeyP
     assert rec.incumbents == [(0.0, 9.0), (2.0, 7.0), (round(0.1 + window + 1, 4), 6.0)]
 
 
-def test_a_search_value_below_the_answer_is_raised_to_it() -> None:
+def test_a_search_value_below_the_answer_is_raised_or_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # within rounding: raised to the answer's value; further below (a search's own measure,
+    # mcmc's simulated makespan): dropped, so the points above it keep their shape
     p = random_problem(6, 3, seed=2, memory=False, forbid_prob=0.0)
     ch = (0,) * p.num_nodes
     value = additive_cost(p, ch)
     rec = TraceRecorder(p, "additive", False, time.perf_counter() - 1.0)  # ends at 1 s
+    own = {
+        "incumbent": [[0.1, value * 2], [0.2, value * 1.5], [0.3, value * 0.5]],
+        "bound": [],
+    }
+    res = SolveResult("x", Status.FEASIBLE, ch, value, None, stats={"trace": own})
+    out = rec.finish(res).stats["trace"]["incumbent"]
+    assert out[:2] == [[0.1, value * 2], [0.2, value * 1.5]] and out[-1][1] == value
+    assert "left out" in caplog.text
     own = {"incumbent": [[0.1, value * 2], [0.2, value - 1e-9]], "bound": []}
     res = SolveResult("x", Status.FEASIBLE, ch, value, None, stats={"trace": own})
-    out = rec.finish(res).stats["trace"]
-    assert out["incumbent"] == [[0.1, value * 2], [0.2, value]]
+    out = rec.finish(res).stats["trace"]["incumbent"]
+    assert out == [[0.1, value * 2], [0.2, value]]
+
+
+def test_a_known_value_is_recorded_without_extracting_or_valuing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p = random_problem(6, 3, seed=2, memory=False, forbid_prob=0.0)
+    monkeypatch.setattr("backends.trace.additive_cost", lambda *a: pytest.fail("valued"))
+    rec = TraceRecorder(p, "additive", True, time.perf_counter())
+    alone = rec.channel(Channel()).on_incumbent
+    offer_answer(alone, 5.0, "t", lambda: pytest.fail("extracted"))
+    seen: list[tuple[int, ...]] = []
+    forwards = rec.channel(Channel(on_incumbent=lambda ch, who: seen.append(ch))).on_incumbent
+    offer_answer(forwards, 4.0, "t", lambda: (1,) * p.num_nodes)
+    offer_answer(lambda ch, who: seen.append(ch), 3.0, "t", lambda: (2,))  # a plain callback
+    assert [v for _, v in rec.incumbents] == [5.0, 4.0] and seen == [(1,) * p.num_nodes, (2,)]
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("ortools"), reason="ortools is not installed")
+def test_a_standalone_cpsat_values_no_answer_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the trace alone listens: no cost computed per answer (the solver's value is offered);
+    # with the caller listening too, the trace's values are its answers' costs
+    import backends.mathprog.common as common
+
+    calls = [0]
+
+    def counted(problem, choices):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        return additive_cost(problem, choices)
+
+    monkeypatch.setattr(common, "additive_cost", counted)
+    p = random_problem(40, 4, seed=3)
+    r = get_backend("cpsat").solve(p, SolveOptions(time_limit=2.0, seed=0, threads=1))
+    assert calls[0] == 0 and r.stats["trace"]["incumbent"][-1][1] == r.objective
+    got: list[float] = []
+    channel = Channel(on_incumbent=lambda ch, who: got.append(additive_cost(p, ch)))
+    r = get_backend("cpsat").solve(p, SolveOptions(time_limit=2.0, seed=0, channel=channel))
+    assert {v for _, v in r.stats["trace"]["incumbent"]} <= set(got)
 
 
 BACKENDS = [

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import gzip
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import iopddl
+from experiments import dispatch, iopddl
 from experiments.background import background_load
+from planner.errors import LayerwiseError
 from planner.problems.costtable import contest_problem, load_problem, save_problem
 
 G = "asplos-2025-iopddl-G"  # named as the contest names its instance G
@@ -71,25 +74,25 @@ def test_the_recheck_catches_a_tampered_answer(folder: Path) -> None:
     path = folder / f"{G}.json"
     answer = iopddl.run_case(path, "baselines", 5.0, 0, 1)
     problem = load_problem(path)
-    verdict, cost = iopddl.recheck(problem, answer)
+    verdict, cost = dispatch.recheck(problem, answer)
     assert verdict == "yes" and math.isclose(cost or 0, answer["objective"])
     lied = {**answer, "objective": answer["objective"] - 1}
-    assert iopddl.recheck(problem, lied)[0].startswith("no: reported")
+    assert dispatch.recheck(problem, lied)[0].startswith("no: reported")
     # every node at its largest usage: over the memory limit
     most = [int(np.argmax(u[:, 0] + np.where(np.isfinite(c), 0, -1e30)))
             for u, c in zip(problem.usage or (), problem.node_cost, strict=True)]  # fmt: skip
-    verdict, _ = iopddl.recheck(problem, {**answer, "choices": most, "objective": None})
+    verdict, _ = dispatch.recheck(problem, {**answer, "choices": most, "objective": None})
     assert verdict.startswith("no: memory peak") or verdict.startswith("no: a forbidden")
     # a forbidden strategy
     i = next(i for i, c in enumerate(problem.node_cost) if not np.isfinite(c).all())
     bad = list(answer["choices"])
     bad[i] = int(np.flatnonzero(~np.isfinite(problem.node_cost[i]))[0])
-    assert iopddl.recheck(problem, {**answer, "choices": bad}) == (
+    assert dispatch.recheck(problem, {**answer, "choices": bad}) == (
         "no: a forbidden choice or pair",
         None,
     )
-    assert iopddl.recheck(problem, {**answer, "choices": [0]})[0].startswith("no: ")
-    assert iopddl.recheck(problem, {"choices": None}) == ("-", None)
+    assert dispatch.recheck(problem, {**answer, "choices": [0]})[0].startswith("no: ")
+    assert dispatch.recheck(problem, {"choices": None}) == ("-", None)
 
 
 def test_a_crash_and_a_hang_are_rows(
@@ -109,14 +112,14 @@ def test_a_crash_and_a_hang_are_rows(
     assert broken["status"] == "ERROR" and 'has no "edges"' in broken["error"]
     assert broken["valid"] == "-" and broken["score"] == "" and broken["cost"] == ""
     assert fine["valid"] == "yes"  # the run went on after the crash
-    monkeypatch.setattr(iopddl, "GRACE", -4.95)  # killed at the first look after 0.05 s
+    monkeypatch.setattr(dispatch, "GRACE", -4.95)  # killed at the first look after 0.05 s
     (hung,) = rows(f"{G}.json")
     assert hung["status"] == "TIMEOUT" and "killed after" in hung["error"]
     assert hung["score"] == "0.0"  # a best-known cost but no valid answer
 
 
 def test_names() -> None:
-    assert iopddl.instance_name(Path("d/asplos-2025-iopddl-A.json.gz")) == "asplos-2025-iopddl-A"
+    assert dispatch.instance_name(Path("d/asplos-2025-iopddl-A.json.gz")) == "asplos-2025-iopddl-A"
     assert iopddl.contest_key("asplos-2025-iopddl-A") == "A" and iopddl.contest_key("S") == "S"
     for other in ("mine", "x-G", "asplos-2025-iopddl-AB", "a", "asplos-2024-iopddl-A"):
         assert iopddl.contest_key(other) is None
@@ -135,7 +138,7 @@ def test_every_contest_instance_gets_its_published_limit() -> None:
     for k, row in enumerate(rows):
         published = 60.0 * (1 + k // 5)
         assert float(row["time_limit_s"]) == published and row["source"].startswith("https://")
-        name = iopddl.instance_name(Path("d") / row["file"])
+        name = dispatch.instance_name(Path("d") / row["file"])
         assert name == f"asplos-2025-iopddl-{row['instance']}"
         assert iopddl.time_limit_of(name, None) == published
         assert iopddl.time_limit_of(row["instance"], None) == published
@@ -279,7 +282,7 @@ def test_rows_carry_the_background_and_no_burner_is_left(
             started.extend(procs)
             yield procs
 
-    monkeypatch.setattr(iopddl, "background_load", recorded)
+    monkeypatch.setattr(dispatch, "background_load", recorded)
     out = tmp_path / "results"
     argv = [str(folder / f"{G}.json"), "--backends", "baselines", "--time-limit", "2",
             "--background", "1", "--out", str(out)]  # fmt: skip
@@ -292,3 +295,94 @@ def test_rows_carry_the_background_and_no_burner_is_left(
     assert [r["background"] for r in doc["rows"]] == [1]
     assert len(started) == 1 and all(p.returncode is not None for p in started)  # stopped
     assert all(_gone(p.pid, within=0) for p in started)
+
+
+# ----------------------------------------------------------------------------- rows, traces
+
+ANSWER = {
+    "status": "FEASIBLE", "choices": [0], "objective": 100.0, "bound": 50.0,
+    "load_seconds": 0.1,
+    # the last answer written 0.05 s past the 10 s limit (offset 0.3 s of process start)
+    "trace": {"incumbent": [[0.5, 300.0], [9.75, 100.0]], "bound": [], "offset": 0.3},
+}  # fmt: skip
+
+
+def _outcome(answer: dict | None, measured: dict | None = None, verdict: str = "yes",
+             cost: float | None = 100.0, attempt: int = 1) -> dispatch.Outcome:  # fmt: skip
+    case = dispatch.Case(Path("d/p.json"), "b", 0, 10.0, 0, 1, attempt)
+    m = {"wall": 1.0, "rss_mib": 1.0, "tree_rss_mib": 1.0, "load_start": 0.0,
+         "load_end": 0.0, **(measured or {})}  # fmt: skip
+    return dispatch.Outcome(case, answer, m, verdict, cost)
+
+
+CRASH = {"error": "died of SIGKILL", "crashed": True}
+
+
+def test_metrics_count_an_answer_past_the_limit_at_it_and_only_valid_answers() -> None:
+    row = iopddl._outcome_row(_outcome(ANSWER), {"p": 100.0})
+    assert row.time_to_1pct == 10.0 and row.primal_integral is not None
+    refused = iopddl._outcome_row(_outcome(ANSWER, verdict="no: x", cost=None), {"p": 100.0})
+    assert refused.time_to_1pct is None and refused.primal_dual_integral is None
+
+
+def test_a_trace_is_written_once_and_an_attempt_without_one_removes_it(tmp_path: Path) -> None:
+    row = iopddl._outcome_row(_outcome(ANSWER), {})
+    iopddl.save_trace(row, tmp_path)
+    (path,) = (tmp_path / "traces").iterdir()
+    assert json.loads(path.read_text())["offset"] == 0.3 and row.trace is None  # dropped
+    crashed = iopddl._outcome_row(_outcome(None, CRASH, "-", None, attempt=2), {})
+    iopddl.save_trace(crashed, tmp_path)
+    assert not path.exists()
+
+
+def test_bad_input_is_finished_and_a_crash_is_retried_once(tmp_path: Path) -> None:
+    bad = iopddl._outcome_row(_outcome(None, {"error": "bad", "crashed": False}, "-", None), {})
+    crash = iopddl._outcome_row(_outcome(None, CRASH, "-", None), {})
+    assert bad.status == crash.status == "ERROR"
+    assert iopddl.finished(bad) and not iopddl.finished(crash)
+    assert iopddl.finished(dataclasses.replace(crash, attempt=2))
+    assert iopddl._next_attempt(bad) == 1 and iopddl._next_attempt(crash) == 2
+    iopddl.save([bad, crash], {}, tmp_path)
+    back, _ = iopddl.previous_rows(tmp_path)
+    assert [r.crashed for r in back] == [False, True]
+
+
+def test_one_instance_name_twice_is_refused(folder: Path, tmp_path: Path) -> None:
+    with pytest.raises(LayerwiseError, match="both instance 'other'"):
+        iopddl.instances([folder, tmp_path / "other.json"])
+
+
+def test_a_resume_refuses_instances_that_changed(folder: Path, tmp_path: Path) -> None:
+    args = iopddl.parse_args([str(folder), "--time-limit", "5"])
+    iopddl.record_run(args, tmp_path)
+    iopddl.check_cases(args, tmp_path)  # the same: continues
+    save_problem(contest_problem(20, seed=3), folder / "new.json")
+    with pytest.raises(LayerwiseError, match="new or changed.*new.json"):
+        iopddl.check_cases(args, tmp_path)
+
+
+def test_a_late_ctrl_c_keeps_the_finished_answer(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Ray's cancel (SIGINT) arriving while the answer is re-checked only asks to stop
+    answer = {"choices": [0], "status": "FEASIBLE"}
+    monkeypatch.setattr(dispatch, "run_child", lambda *a: (answer, {"wall": 1.0}))
+    monkeypatch.setattr(dispatch, "_problem", lambda path, keep: None)
+
+    def recheck(problem: object, given: dict) -> tuple[str, float]:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        return "yes", 1.0
+
+    monkeypatch.setattr(dispatch, "recheck", recheck)
+    try:
+        out = dispatch.execute(dispatch.Case(tmp_path / "p.json", "b", 0, 1.0, 0, 1))
+    except KeyboardInterrupt:
+        pytest.fail("the finished answer was lost to the Ctrl-C")
+    assert (out.verdict, out.cost) == ("yes", 1.0)
+
+
+def test_cases_no_live_node_can_run_are_found() -> None:
+    assert dispatch.impossible({"a": 2, "b": 4, "c": 1}, [2, 2]) == ["b"]
+    assert dispatch.impossible({"a": 1}, []) == ["a"]  # every node gone
+    assert dispatch.impossible({"a": 8}, [8, 2]) == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import shutil
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -116,7 +118,7 @@ def test_a_crashed_case_and_a_lost_worker_are_error_rows_retried_once(
 def test_a_timeout_is_not_retried(
     instances: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(iopddl, "GRACE", -19.95)  # killed at the first look after 0.05 s
+    monkeypatch.setattr(dispatch, "GRACE", -19.95)  # killed at the first look after 0.05 s
     given = argv(instances / "p0.json", tmp_path / "r", "--seeds", "0", "--dispatch", "local")
     folder = run(given)  # here, where GRACE is the one set
     (row,) = rows(folder)
@@ -228,3 +230,16 @@ def test_cases_on_a_cluster_of_two_nodes(instances: Path, tmp_path: Path) -> Non
     (folder,) = out.glob("iopddl-*")
     got = rows(folder)
     assert len(got) == 4 and all(r["valid"] == "yes" for r in got)
+
+
+def test_a_case_no_live_node_can_run_becomes_a_lost_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    # its node gone, a 4-core case would wait forever on 2-core nodes: an ERROR row instead
+    rd = object.__new__(dispatch.RayDispatch)  # no Ray instance: the check alone
+    case = dispatch.Case(Path("p.json"), "b", 0, 1.0, 0, 4)
+    rd.pending, rd.needs = {"gone": case, "fits": case}, {"gone": 4, "fits": 2}
+    rd.unrunnable, rd.checked = deque(), -math.inf
+    monkeypatch.setattr(dispatch, "_alive_cpus", lambda: [2, 2])
+    out = rd._unrunnable()
+    assert out is not None and out.case == case and out.needs_retry
+    assert "needs 4 cores and the largest live node has 2" in out.measured["error"]
+    assert list(rd.pending) == ["fits"] and rd._unrunnable() is None  # next look: in a minute

@@ -68,6 +68,7 @@ from backends.placement.problem import (
     placement_problem,
 )
 from backends.placement.series import PlacementSettings, solve_placement_problem, warm_schedule
+from backends.trace import offer_answer
 from planner.deadline import OutOfTime
 from planner.problems.evaluate import additive_cost, memory_feasible
 from planner.problems.problem import Problem
@@ -300,7 +301,10 @@ class SolverSteps(Generic[SettingsT, ModelT, RunT]):
 
 
 class _Reported:
-    """The caller's `on_incumbent`, given only answers better than the last it was given."""
+    """The caller's `on_incumbent`, given only answers better than the last it was given.
+    When only the anytime trace listens (`backends.trace.AnswerListener` without a caller's
+    callback), answers pass unvalued: the trace values them within its rate window, so a
+    standalone solve computes no cost per answer."""
 
     def __init__(self, problem: Problem, send: Callable[[tuple[int, ...], str], None] | None):
         self.problem, self.send, self.value = problem, send, math.inf
@@ -308,10 +312,17 @@ class _Reported:
     def __call__(self, choices: Sequence[int], who: str) -> None:
         if self.send is None:
             return
-        value = additive_cost(self.problem, choices)
+        if not getattr(self.send, "forwards", True):
+            self.send(tuple(choices), who)  # O(1) for a tuple: no per-answer copy
+            return
+        answer = tuple(int(c) for c in choices)
+        self.offer(additive_cost(self.problem, answer), who, lambda: answer)
+
+    def offer(self, value: float, who: str, choices: Callable[[], tuple[int, ...]]) -> None:
+        """A better answer whose `value` the search knows (`backends.trace.offer_answer`)."""
         if value < self.value:
             self.value = value
-            self.send(tuple(int(c) for c in choices), who)
+            offer_answer(self.send, value, who, choices)
 
 
 class SolverBackend(Backend[SettingsT], Generic[SettingsT, ModelT, RunT]):

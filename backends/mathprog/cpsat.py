@@ -78,6 +78,7 @@ from backends.placement.problem import (
     placement_lower_bound,
     retime,
 )
+from backends.trace import offer_answer
 from planner.deadline import Clock, OutOfTime
 from planner.problems.problem import Problem
 
@@ -549,11 +550,15 @@ class _Report(cp_model.CpSolverSolutionCallback):
         sel = self.model.sel
         if self.on_incumbent is None or sel is None:
             return
-        pos = [
+        # the value is known: the choices are read (O(variables)) only when someone needs
+        # them, not for the anytime trace alone (`backends.trace.offer_answer`)
+        offer_answer(self.on_incumbent, value, "cpsat", lambda: sel.choices(self._positions()))
+
+    def _positions(self) -> list[int]:
+        return [
             0 if len(xs) == 1 else next(j for j, lit in enumerate(xs) if self.boolean_value(lit))
             for xs in self.model.x
         ]
-        self.on_incumbent(sel.choices(pos), "cpsat")
 
 
 def solve_encoded(

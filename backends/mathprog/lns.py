@@ -51,6 +51,7 @@ from backends.base import (
     proven_within,
 )
 from backends.model.selection import Memory, Selection, edge_sizes, range_sum
+from backends.trace import offer_answer
 from planner.deadline import OutOfTime
 
 if TYPE_CHECKING:
@@ -361,8 +362,8 @@ def neighbourhood_search(
                 pos[free] = [kp[k] for kp, k in zip(keep, moved, strict=True)]
                 value += delta
                 stats["improved"] += 1
-                if on_incumbent is not None:
-                    on_incumbent(sel.choices(pos.tolist()), "lns")
+                # its value is known: the anytime trace need not compute it again
+                offer_answer(on_incumbent, value, "lns", partial(sel.choices, pos.tolist()))
                 progress(partial(_line, value, stats["rounds"], size))
         if proven:
             break

@@ -858,22 +858,13 @@ def _run(
 
     cfn = pytoulbar2.CFN(ubinit=top, seed=max(seed, 0) % (2**31 - 1) + 1, verbose=0)
     wcsp = cfn.CFN.wcsp
-    for i in range(net.num_nodes):
-        wcsp.makeEnumeratedVariable(f"x{i}", 0, int(net.dom[i]) - 1)
+    _post_network(wcsp, net, binary)
     for i in range(net.num_nodes):
         costs = unary[net.noff[i] : net.noff[i + 1]]
         if len(costs) > 1 and costs.max() > costs.min():
             wcsp.postUnaryConstraint(i, costs.astype(np.int64).tolist(), False)
         elif costs[0] > 0:
             wcsp.postNullaryConstraint(int(costs.min()))
-    for e in range(len(net.eu)):
-        table = binary[net.eoff[e] : net.eoff[e + 1]]
-        if table.max() > table.min():
-            wcsp.postBinaryConstraint(
-                int(net.eu[e]), int(net.ev[e]), table.astype(np.int64).tolist(), False
-            )
-        elif table[0] > 0:
-            wcsp.postNullaryConstraint(int(table[0]))
     if st is not None:
         try:
             _knapsacks(cfn, net, st, problem)
@@ -904,6 +895,21 @@ class _Prebuilt:
         return (most + self.binary_most * len(net.eu)) * self.scale <= TOTAL
 
 
+def _post_network(wcsp: Any, net: Network, binary: np.ndarray) -> None:
+    """Post the network's variables and its binary tables (`binary`: scaled, integral) to a
+    toulbar2 WCSP; a table of one value is a nullary cost."""
+    for i in range(net.num_nodes):
+        wcsp.makeEnumeratedVariable(f"x{i}", 0, int(net.dom[i]) - 1)
+    for e in range(len(net.eu)):
+        table = binary[net.eoff[e] : net.eoff[e + 1]]
+        if table.max() > table.min():
+            wcsp.postBinaryConstraint(
+                int(net.eu[e]), int(net.ev[e]), table.astype(np.int64).tolist(), False
+            )
+        elif table[0] > 0:
+            wcsp.postNullaryConstraint(int(table[0]))
+
+
 HARD = 10**15  # a forbidden pair's cost in a prebuilt network (> TOTAL + the pairs' + 1)
 
 
@@ -919,17 +925,7 @@ def _prebuild(net: Network, scale: float) -> _Prebuilt | None:
     binary = np.where(np.isfinite(net.binary), np.floor(net.binary * scale), float(HARD))
     try:
         cfn = pytoulbar2.CFN(ubinit=None, verbose=0)
-        wcsp = cfn.CFN.wcsp
-        for i in range(net.num_nodes):
-            wcsp.makeEnumeratedVariable(f"x{i}", 0, int(net.dom[i]) - 1)
-        for e in range(len(net.eu)):
-            table = binary[net.eoff[e] : net.eoff[e + 1]]
-            if table.max() > table.min():
-                wcsp.postBinaryConstraint(
-                    int(net.eu[e]), int(net.ev[e]), table.astype(np.int64).tolist(), False
-                )
-            elif table[0] > 0:
-                wcsp.postNullaryConstraint(int(table[0]))
+        _post_network(cfn.CFN.wcsp, net, binary)
     except Exception:  # pytoulbar2's own errors (a contradiction, a cost it cannot take)
         return None
     return _Prebuilt(cfn, scale, most)

@@ -32,8 +32,8 @@ the first (or `--out`):
   ratio r = m_s / min over solvers of m is <= tau, where m is the median over the seeds of
   the final cost (no valid answer: infinite) or of the time to 1% (never: infinite).
   Per instance with the seeds' median, not per (instance, seed): seeds are not paired
-  across solvers. A "solver" is a backend, with its time limit and background load when the
-  folders hold several;
+  across solvers. A "solver" is a backend, with its time limit when an instance ran at
+  several and its background load when the folders hold several;
 - curve-<instance>.png: incumbent (solid) and bound (dashed) over time per backend and seed,
   log time, the best known as a black line; above the whole range on a log scale, below a
   zoom to within 5% of the best;
@@ -276,10 +276,15 @@ def read_cases(folders: Sequence[Path]) -> list[Case]:
                 case.bounds = shifted(trace.get("bound", []), offset, case.time_limit)
             cases[case.key] = case
     out = list(cases.values())
-    limits = {c.time_limit for c in out}
+    # the limit names a solver only when an instance ran at several (the contest's limits
+    # differ by instance: at each one's own limit, a backend is one solver)
+    limits: dict[str, set[float]] = {}
+    for c in out:
+        limits.setdefault(c.instance, set()).add(c.time_limit)
+    several = any(len(v) > 1 for v in limits.values())
     loads = {c.background for c in out}
     for c in out:
-        c.label = c.backend + (f" {c.time_limit:g}s" if len(limits) > 1 else "")
+        c.label = c.backend + (f" {c.time_limit:g}s" if several else "")
         c.label += f" bg{c.background}" if len(loads) > 1 else ""
     return out
 

@@ -163,3 +163,28 @@ def test_the_report_refuses_a_folder_without_rows(
     assert anytime.main([str(tmp_path)]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "rows.json" in err[0]
+
+
+def _rows_at(tmp_path: Path, limits: dict[str, list[float]]) -> Path:
+    """A folder of rows (no traces) of backend "b" on each instance at each of its limits."""
+    folder = tmp_path / "limits"
+    folder.mkdir()
+    rows = [
+        {"instance": inst, "backend": "b", "seed": 0, "time_limit": limit, "background": 0,
+         "cost": 10.0, "bound": 9.0, "best": 10.0, "valid": "yes"}
+        for inst, its in limits.items() for limit in its
+    ]  # fmt: skip
+    (folder / "rows.json").write_text(json.dumps({"run": {}, "rows": rows}))
+    return folder
+
+
+def test_each_instance_at_its_own_limit_is_one_solver(tmp_path: Path) -> None:
+    # the contest's limits differ by instance (60 s for A, 120 s for G): one solver, not one
+    # per limit (each of which would have been the only solver on its one instance)
+    cases = anytime.read_cases([_rows_at(tmp_path, {"A": [60.0], "G": [120.0]})])
+    assert {c.label for c in cases} == {"b"}
+
+
+def test_an_instance_at_two_limits_names_the_limit(tmp_path: Path) -> None:
+    cases = anytime.read_cases([_rows_at(tmp_path, {"A": [10.0, 60.0], "G": [120.0]})])
+    assert {c.label for c in cases} == {"b 10s", "b 60s", "b 120s"}

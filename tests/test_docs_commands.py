@@ -131,6 +131,7 @@ TABLE: dict[tuple[str, str], Run] = {
     ("docs/bench.md", "python -m experiments.costtables --generate gen --sizes 300 --count 1"): slow(),
     ("docs/bench.md", "python -m experiments.many_strategies gen/contest-n300-seed0.json many.json --seed 0"): slow(after=("python -m experiments.costtables --generate gen --sizes 300 --count 1",)),  # noqa: E501
     ("docs/bench.md", "python -m experiments.iopddl gen/contest-n300-seed0.json many.json --backends portfolio toulbar2 --time-limit 5 --out res"): slow(after=("python -m experiments.costtables --generate gen --sizes 300 --count 1", "python -m experiments.many_strategies gen/contest-n300-seed0.json many.json --seed 0")),  # noqa: E501
+    ("docs/bench.md", "python -m experiments.iopddl DIR --backends portfolio toulbar2 --seeds 0 --dispatch ray"): skip("needs the contest's instances (downloaded by hand); about 21 minutes"),  # noqa: E501
     ("docs/bench.md", "python -m experiments.iopddl DIR --backends portfolio toulbar2 --seeds 0 1 2 3 4"): skip("needs the contest's instances (downloaded by hand); hours"),  # noqa: E501
     ("docs/bench.md", "python -m experiments.iopddl DIR --backends portfolio toulbar2 --seeds 0 1 2 3 4 --dispatch ray"): skip("needs the contest's instances (downloaded by hand); hours"),  # noqa: E501
     ("docs/bench.md", "python -m experiments.iopddl DIR --backends local --seeds 0 1 2 3 4 --threads 1 --dispatch ray"): skip("needs the contest's instances (downloaded by hand); hours"),  # noqa: E501

@@ -847,24 +847,15 @@ def _run(
     unary = np.floor(priced * scale)
     finite = net.binary[np.isfinite(net.binary)]
     binary = np.where(np.isfinite(net.binary), np.floor(net.binary * scale), 0.0)
-    top = float(
-        sum(unary[a:b].max() for a, b in zip(net.noff[:-1], net.noff[1:], strict=True))
-        + (finite.max(initial=0.0) * scale + 1) * len(net.eu)
-        + 1
-    )
+    top = _top(net, unary, float(finite.max(initial=0.0)), scale)
     binary[~np.isfinite(net.binary)] = top
     t0 = time.perf_counter()
     import pytoulbar2  # here: the settings import without it (the portfolio's)
 
-    cfn = pytoulbar2.CFN(ubinit=top, seed=max(seed, 0) % (2**31 - 1) + 1, verbose=0)
+    cfn = pytoulbar2.CFN(ubinit=top, seed=_toulbar2_seed(seed), verbose=0)
     wcsp = cfn.CFN.wcsp
     _post_network(wcsp, net, binary)
-    for i in range(net.num_nodes):
-        costs = unary[net.noff[i] : net.noff[i + 1]]
-        if len(costs) > 1 and costs.max() > costs.min():
-            wcsp.postUnaryConstraint(i, costs.astype(np.int64).tolist(), False)
-        elif costs[0] > 0:
-            wcsp.postNullaryConstraint(int(costs.min()))
+    _post_unary(wcsp, net, unary)
     if st is not None:
         try:
             _knapsacks(cfn, net, st, problem)
@@ -893,6 +884,29 @@ class _Prebuilt:
         priced = net.unary + penalty
         most = float(np.maximum.reduceat(priced, net.noff[:-1]).sum())
         return (most + self.binary_most * len(net.eu)) * self.scale <= TOTAL
+
+
+def _top(net: Network, unary: np.ndarray, binary_most: float, scale: float) -> float:
+    """Above any labelling's cost on the scaled network (each node's dearest priced value,
+    each pair's dearest finite cost, one more each): toulbar2's upper bound, and the cost of
+    a forbidden pair in a whole round's network."""
+    dearest = float(np.maximum.reduceat(unary, net.noff[:-1]).sum())
+    return dearest + (binary_most * scale + 1) * len(net.eu) + 1
+
+
+def _toulbar2_seed(seed: int) -> int:
+    """toulbar2's seed for ours (it takes 1 .. 2^31 - 1)."""
+    return max(seed, 0) % (2**31 - 1) + 1
+
+
+def _post_unary(wcsp: Any, net: Network, unary: np.ndarray) -> None:
+    """Post the (scaled, integral) unary costs; a node of one cost is a nullary cost."""
+    for i in range(net.num_nodes):
+        costs = unary[net.noff[i] : net.noff[i + 1]]
+        if len(costs) > 1 and costs.max() > costs.min():
+            wcsp.postUnaryConstraint(i, costs.astype(np.int64).tolist(), False)
+        elif costs[0] > 0:
+            wcsp.postNullaryConstraint(int(costs.min()))
 
 
 def _post_network(wcsp: Any, net: Network, binary: np.ndarray) -> None:
@@ -941,24 +955,15 @@ def _run_prebuilt(
 
     t0 = time.perf_counter()
     unary = np.floor((net.unary + penalty) * scale)
-    top = float(
-        sum(unary[a:b].max() for a, b in zip(net.noff[:-1], net.noff[1:], strict=True))
-        + (pre.binary_most * scale + 1) * len(net.eu)
-        + 1
-    )
+    top = _top(net, unary, pre.binary_most, scale)
     cfn = pre.cfn
     wcsp = cfn.CFN.wcsp
     option = pytoulbar2.pytb2.option
-    option.seed = max(seed, 0) % (2**31 - 1) + 1
+    option.seed = _toulbar2_seed(seed)
     # toulbar2's clock started when the parent built the network: its log's times (the
     # first labelling's, FIRST_FACTOR) count from this round's start instead
     option.startCpuTime, option.startRealTime = time.process_time(), time.time()
-    for i in range(net.num_nodes):
-        costs = unary[net.noff[i] : net.noff[i + 1]]
-        if len(costs) > 1 and costs.max() > costs.min():
-            wcsp.postUnaryConstraint(i, costs.astype(np.int64).tolist(), False)
-        elif costs[0] > 0:
-            wcsp.postNullaryConstraint(int(costs.min()))
+    _post_unary(wcsp, net, unary)
     cfn.UbInit = top
     return _solved(cfn, top, scale, seconds, 0.0, t0, log)
 

@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import math
 import statistics
 import sys
@@ -61,6 +60,7 @@ from typing import Any
 from experiments.dispatch import CaseKey, case_key, trace_name
 from planner.cli.args import OneLineArgumentParser
 from planner.errors import LayerwiseError
+from planner.files import read_json_checked, read_text_checked
 
 __all__ = [
     "Case",
@@ -237,13 +237,28 @@ class Case:
         return case_key(self.instance, self.backend, self.seed, self.time_limit, self.background)
 
 
+ROW_KEYS = ("instance", "backend", "seed", "time_limit")  # what a row must name
+
+
 def _rows(folder: Path) -> list[dict[str, Any]]:
+    """The rows of a results folder (rows.json, else rows.csv); one LayerwiseError line for
+    a file that cannot be read or lacks what a row must name."""
     if (folder / "rows.json").exists():
-        return list(json.loads((folder / "rows.json").read_text())["rows"])
-    if (folder / "rows.csv").exists():
-        with open(folder / "rows.csv", newline="") as f:
-            return list(csv.DictReader(f))
-    raise LayerwiseError(f"{folder} holds no rows.json or rows.csv: give a results folder")
+        path = folder / "rows.json"
+        data = read_json_checked(path, "rows")
+        rows = data.get("rows") if isinstance(data, dict) else None
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise LayerwiseError(f"{path} holds no list of rows: give a results folder")
+    elif (folder / "rows.csv").exists():
+        path = folder / "rows.csv"
+        rows = list(csv.DictReader(io.StringIO(read_text_checked(path, "rows"))))
+    else:
+        raise LayerwiseError(f"{folder} holds no rows.json or rows.csv: give a results folder")
+    for k, row in enumerate(rows):
+        missing = [c for c in ROW_KEYS if row.get(c) in (None, "")]
+        if missing:
+            raise LayerwiseError(f"{path}: row {k + 1} has no {', '.join(missing)}")
+    return rows
 
 
 def _number(x: Any) -> float | None:
@@ -252,25 +267,37 @@ def _number(x: Any) -> float | None:
     return float(x)
 
 
+def _case(row: dict[str, Any]) -> Case:
+    """A row as a Case (no trace yet); ValueError for a number that is not one."""
+    valid = str(row.get("valid", "yes")) == "yes"
+    return Case(
+        instance=str(row["instance"]),
+        backend=str(row["backend"]),
+        seed=int(row["seed"]),
+        time_limit=float(row["time_limit"]),
+        background=int(row.get("background") or 0),
+        cost=_number(row.get("cost")) if valid else None,
+        bound=_number(row.get("bound")),
+        best=_number(row.get("best")),
+    )
+
+
 def read_cases(folders: Sequence[Path]) -> list[Case]:
     """Every row of the folders (a case given twice: the later one) with its trace."""
     cases: dict[CaseKey, Case] = {}
     for folder in folders:
-        for row in _rows(folder):
+        for k, row in enumerate(_rows(folder)):
+            try:
+                case = _case(row)
+            except ValueError:
+                raise LayerwiseError(
+                    f"{folder}: row {k + 1} has a seed, time limit, background, cost, bound "
+                    "or best that is not a number"
+                ) from None
             valid = str(row.get("valid", "yes")) == "yes"
-            case = Case(
-                instance=str(row["instance"]),
-                backend=str(row["backend"]),
-                seed=int(row["seed"]),
-                time_limit=float(row["time_limit"]),
-                background=int(row.get("background") or 0),
-                cost=_number(row.get("cost")) if valid else None,
-                bound=_number(row.get("bound")),
-                best=_number(row.get("best")),
-            )
             path = folder / TRACES / trace_name(case.key)
             if valid and path.exists():  # an answer the re-check refused: nor its trace
-                trace = json.loads(path.read_text())
+                trace = read_json_checked(path, "trace")
                 offset = float(trace.get("offset", 0.0))
                 case.incumbent = shifted(trace.get("incumbent", []), offset, case.time_limit)
                 case.bounds = shifted(trace.get("bound", []), offset, case.time_limit)

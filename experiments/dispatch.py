@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.background import background_load
-from planner.cli.args import one_line
+from planner.cli.args import EXIT_BAD_INPUT, one_line  # a case's bad input: not a crash
 from planner.errors import LayerwiseError
 
 __all__ = [
@@ -66,7 +66,6 @@ CaseKey = tuple[str, str, int, float, int]  # instance, backend, seed, time limi
 # Test hook: "case:FILE" or "task:FILE". While FILE exists, the next case to start removes it
 # and dies by SIGKILL: its own process ("case") or the Ray worker that runs it ("task").
 CRASH_ENV = "LAYERWISE_IOPDDL_CRASH"
-EXIT_BAD_INPUT = 2  # a case's one-line error of bad input (`report_errors`): not a crash
 GRACE = 60.0  # seconds past the time limit before a case is killed (then 15 more after SIGINT)
 NODES_SECONDS = 60.0  # how often a Ray run looks for cases no live node can run
 LOG_TAIL = 1 << 20  # bytes of a case's log brought back to the results folder

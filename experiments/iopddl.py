@@ -77,7 +77,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from experiments.anytime import TRACES, format_gap, shifted
+from experiments.anytime import TRACES, case_metrics, format_gap, report, shifted
 from experiments.dispatch import (
     CRASH_ENV,
     INSTALL,
@@ -104,7 +104,6 @@ from planner.cli.args import (
 from planner.errors import LayerwiseError
 from planner.result import format_cost
 
-EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 DEFAULT_TIME_LIMIT = 60.0  # seconds, for an instance the contest did not name
 DATA = Path(__file__).resolve().parent / "data"
@@ -598,9 +597,10 @@ def _row(name: str, backend: str, seed: int, limit: float, answer: dict | None,
     gap = cost / bound - 1 if ok and bound and cost is not None else None
     status = answer["status"] if answer else ("TIMEOUT" if "killed" in measured.get("error", "")
                                               else "ERROR")  # fmt: skip
-    trace = answer.get("trace") if answer else None
-    # an answer the re-check refused: its trace's values are not to be trusted either
-    anytime = _anytime(trace, known, cost, limit) if ok else {}
+    # an answer the re-check refused: its trace's values are not to be trusted either (no
+    # metrics, no trace file)
+    trace = answer.get("trace") if answer and ok else None
+    anytime = _anytime(trace, known, cost, limit)
     return Row(
         instance=name, backend=backend, seed=seed, status=status, cost=cost, bound=bound,
         gap=gap, time_limit=limit, background=background,
@@ -609,7 +609,7 @@ def _row(name: str, backend: str, seed: int, limit: float, answer: dict | None,
         rss_mib=measured["rss_mib"], tree_rss_mib=measured["tree_rss_mib"], valid=verdict,
         best=known, ratio=cost / known if ok and known and cost is not None else None,
         score=None if known is None else (known / cost if ok and cost else 0.0),
-        load_start=start, load_end=measured.get("load_end", (load() or [math.nan])[0]),
+        load_start=start, load_end=measured["load_end"],
         reported=answer.get("objective") if answer else None,
         error=measured.get("error", ""), trace=trace, **anytime,
     )  # fmt: skip
@@ -621,8 +621,6 @@ def _anytime(
     """A case's anytime metrics (`experiments.anytime.case_metrics`) from its trace, against
     the best known or the case's own valid answer if that is better (no best known: only
     the primal-dual integral); {} without a trace."""
-    from experiments.anytime import case_metrics
-
     if trace is None:
         return {}
     offset = float(trace.get("offset", 0.0))
@@ -694,7 +692,6 @@ def save(rows: list[Row], info: dict[str, Any], folder: Path, plots: bool = Fals
     """rows.csv and rows.json (the traces are written by `save_trace`); with `plots` (the
     run's last save), the anytime report beside them (`experiments.anytime.report`:
     profiles, curves, anytime.md)."""
-    from experiments.anytime import report
     from planner.files import strict_json, write_text_atomic
 
     names = [f.name for f in fields(Row) if f.name != "trace"]

@@ -188,3 +188,22 @@ def test_each_instance_at_its_own_limit_is_one_solver(tmp_path: Path) -> None:
 def test_an_instance_at_two_limits_names_the_limit(tmp_path: Path) -> None:
     cases = anytime.read_cases([_rows_at(tmp_path, {"A": [10.0, 60.0], "G": [120.0]})])
     assert {c.label for c in cases} == {"b 10s", "b 60s", "b 120s"}
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "says"),
+    [
+        ("rows.csv", "instance,backend\nA,b\n", "row 1 has no seed, time_limit"),
+        ("rows.csv", "instance,backend,seed,time_limit\nA,b,x,5\n", "is not a number"),
+        ("rows.json", '{"rows": [', "is not valid JSON"),
+        ("rows.json", '{"rows": 3}', "holds no list of rows"),
+    ],
+)
+def test_a_bad_rows_file_is_one_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, text: str, says: str
+) -> None:
+    (tmp_path / name).write_text(text)
+    assert anytime.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and says in err, err
+    assert str(tmp_path) in err

@@ -325,6 +325,12 @@ def test_metrics_count_an_answer_past_the_limit_at_it_and_only_valid_answers() -
     assert refused.time_to_1pct is None and refused.primal_dual_integral is None
 
 
+def test_a_refused_answer_leaves_no_trace_file(tmp_path: Path) -> None:
+    refused = iopddl._outcome_row(_outcome(ANSWER, verdict="no: x", cost=None), {"p": 100.0})
+    iopddl.save_trace(refused, tmp_path)
+    assert not (tmp_path / "traces").exists() or not any((tmp_path / "traces").iterdir())
+
+
 def test_a_trace_is_written_once_and_an_attempt_without_one_removes_it(tmp_path: Path) -> None:
     row = iopddl._outcome_row(_outcome(ANSWER), {})
     iopddl.save_trace(row, tmp_path)

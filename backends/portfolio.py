@@ -13,7 +13,7 @@
    (`channel.stop`) and restarted from it instead (CBC cannot take an answer once it runs,
    CP-SAT's whole model only at its start), and its LP start is left to `ilp`;
 3. `mcmc` (through `get_backend`) joins when there is a third core, or runs alone when
-   neither solver is installed.
+   no solver (ilp, cpsat, toulbar2, local) is installed.
 
 On a larger model (`_members`, `exact_fits`: by the columns the exact members' models would
 have, their predicted solve time against the time limit and the share of a core measured
@@ -277,7 +277,7 @@ class PortfolioBackend(Backend[PortfolioSettings]):
         features = hardness(problem)
         why: dict[str, Any] = features.row()
         sel = None
-        exact = True
+        exact = bool(names)  # (no exact solver installed: the large members, or mcmc)
         if names and large and features.entries >= EXACT_SCAN_ENTRIES:
             exact = False  # too large to be worth the selection's seconds
         elif names and large:
@@ -302,8 +302,8 @@ def exact_fits(columns: int, seconds: float) -> tuple[bool, dict[str, Any]]:
     if columns <= EXACT_ALWAYS or columns >= EXACT_MOST:
         return columns <= EXACT_ALWAYS, rule
     budget = EXACT_SHARE * seconds
-    if predicted > budget:
-        return False, rule
+    if predicted > budget or not math.isfinite(budget):  # (no limit: no probe)
+        return predicted <= budget, rule
     share = cpu_share()
     rule["cpu_share"] = round(share, 2)
     return predicted / share <= budget, rule

@@ -5,11 +5,13 @@ of members by what makes a problem hard (`backends.model.hardness`, `backends.po
 from __future__ import annotations
 
 import functools
+import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from backends import portfolio
 from backends.model.hardness import hardness, model_size
 from backends.model.selection import selection
 from backends.portfolio import (
@@ -86,6 +88,13 @@ def test_the_generator_refuses_what_it_cannot_make() -> None:
         many_strategies(g_ish(), 0, mean=10, most=8)
 
 
+LARGE_INSTALLED = all(importlib.util.find_spec(m) for m in ("pytoulbar2", "numba"))
+EXACT_INSTALLED = all(importlib.util.find_spec(m) for m in ("pulp", "ortools"))
+
+
+@pytest.mark.skipif(
+    not (LARGE_INSTALLED and EXACT_INSTALLED), reason="needs pytoulbar2, numba, pulp, ortools"
+)
 def test_a_g_like_problem_gets_toulbar2_and_local_and_a_tiny_one_the_exact_members() -> None:
     """By model columns against the time, not by node count: 200 nodes of G-like tables
     (30,000 columns, 4.5 s predicted) do not fit 5 s; 30 random nodes always do."""
@@ -99,6 +108,21 @@ def test_a_g_like_problem_gets_toulbar2_and_local_and_a_tiny_one_the_exact_membe
     assert members[:2] == ["ilp", "cpsat"] and why["columns"] <= EXACT_ALWAYS
     forced = PortfolioSettings(members=("toulbar2",))
     assert backend._members(forced, tiny, 1.0)[0] == ["toulbar2"]
+
+
+@pytest.mark.skipif(not LARGE_INSTALLED, reason="needs pytoulbar2 and numba")
+def test_without_the_exact_solvers_a_g_like_problem_still_gets_toulbar2_and_local(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (the member choice fell through to mcmc alone when pulp and ortools were missing)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        portfolio.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("pulp", "ortools") else real(name, *a),
+    )
+    members, _, _ = PortfolioBackend()._members(PortfolioSettings(), g_like(), 5.0)
+    assert members == ["toulbar2", "local"]
 
 
 def test_exact_fits_weighs_the_predicted_time_against_the_limit_and_the_cpu_share(

@@ -362,8 +362,9 @@ def neighbourhood_search(
                 pos[free] = [kp[k] for kp, k in zip(keep, moved, strict=True)]
                 value += delta
                 stats["improved"] += 1
-                # its value is known: the anytime trace need not compute it again
-                offer_answer(on_incumbent, value, "lns", partial(sel.choices, pos.tolist()))
+                # its value is known: the anytime trace need not compute it again, and the
+                # choices are read (at once, from `pos` as it is now) only for a listener
+                offer_answer(on_incumbent, value, "lns", partial(_choices_of, sel, pos))
                 progress(partial(_line, value, stats["rounds"], size))
         if proven:
             break
@@ -392,3 +393,8 @@ def lns_enabled(setting: bool | str, threads: int) -> bool:
     if isinstance(setting, bool):
         return setting
     raise BackendError(f"setting 'lns' must be True, False or 'auto', got {setting!r}")
+
+
+def _choices_of(sel: Selection, pos: np.ndarray) -> tuple[int, ...]:
+    """The problem's choices of the positions `pos` as they are when called."""
+    return sel.choices(pos.tolist())

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.model.selection import Selection
+from backends.model.selection import Selection, edge_sizes
 from planner.problems.evaluate import memory_peak
 from planner.problems.problem import Problem
 
@@ -88,5 +88,4 @@ def model_size(sel: Selection) -> int:
     equal rows and columns (`Selection.groups`: tables of layouts shrink a lot, IOPDDL G's
     212,622 entries to 59,025 pairs)."""
     strategies = sum(len(a) for a in sel.allowed if len(a) > 1)
-    pairs = sum(int(np.isfinite(sel.groups(e)[2]).sum()) for e in range(len(sel.edges)))
-    return strategies + pairs
+    return strategies + int(edge_sizes(sel)[:, 2].sum())

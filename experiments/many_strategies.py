@@ -14,6 +14,7 @@ arguments end in one `error: ...` line and exit status 2.
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 import sys
 import tempfile
@@ -22,16 +23,17 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.cli.args import OneLineArgumentParser, nonnegative_int, one_line, positive_int
-from planner.errors import LayerwiseError
+from planner.cli.args import OneLineArgumentParser, nonnegative_int, positive_int, report_errors
 from planner.problems.costtable import load_problem, save_problem
 from planner.problems.many_strategies import many_strategies
 from planner.problems.problem import Problem
 
-EXIT_BAD_INPUT = 2
-
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return report_errors(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     p = OneLineArgumentParser(
         prog="python -m experiments.many_strategies",
         description="Write a problem with SOURCE's graph, intervals and memory limit but many "
@@ -43,17 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--mean", type=float, default=29.0, help="strategies per node (default 29)")
     p.add_argument("--most", type=positive_int, default=178, help="at most (default 178)")
     p.add_argument("--forbidden", type=float, default=0.10, help="share (default 0.10)")
-    try:
-        args = p.parse_args(argv)
-        source = load_problem(args.source)
-        name = args.out.name.removesuffix(".gz").removesuffix(".json")
-        problem = many_strategies(
-            source, args.seed, args.mean, args.most, args.forbidden, name=name
-        )
-        write(problem, args.out)
-    except (LayerwiseError, OSError) as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    args = p.parse_args(argv)
+    source = load_problem(args.source)
+    name = args.out.name.removesuffix(".gz").removesuffix(".json")
+    problem = many_strategies(source, args.seed, args.mean, args.most, args.forbidden, name=name)
+    write(problem, args.out)
     sizes = np.array(problem.sizes)
     banned = sum(int((~np.isfinite(c)).sum()) for c in problem.node_cost) / sizes.sum()
     entries = sum(t.size for t in problem.edge_cost)
@@ -66,15 +62,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def write(problem: Problem, out: Path) -> None:
-    """`save_problem`, gzipped when `out` ends in .gz."""
+    """`save_problem` (atomic), gzipped when `out` ends in .gz (atomic too)."""
     if out.suffix != ".gz":
         save_problem(problem, out)
         return
     with tempfile.TemporaryDirectory() as tmp:
         plain = Path(tmp) / "problem.json"
         save_problem(problem, plain)
-        with open(plain, "rb") as f, gzip.open(out, "wb") as g:
-            shutil.copyfileobj(f, g)
+        # gzipped beside `out`, then renamed over it: never half a file
+        fd, packed = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent or ".")
+        try:
+            with open(plain, "rb") as f, os.fdopen(fd, "wb") as raw, gzip.open(raw, "wb") as g:
+                shutil.copyfileobj(f, g)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(packed, 0o666 & ~umask)  # a new file's mode, not mkstemp's 0600
+            os.replace(packed, out)
+        finally:
+            Path(packed).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ of members by what makes a problem hard (`backends.model.hardness`, `backends.po
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 from pathlib import Path
@@ -66,6 +67,18 @@ def test_the_generator_keeps_the_source_strategies_so_its_answers_stay_valid() -
     mapped = [int(np.searchsorted(a, c)) for a, c in zip(allowed, least, strict=True)]
     assert memory_feasible(src, least) and memory_feasible(p, mapped)
     assert additive_cost(p, mapped) == additive_cost(src, least)
+    # costs and usages that are not integers stay the source's too (band 0 was floored)
+    frac = dataclasses.replace(
+        src,
+        node_cost=tuple(c * 1.5 + 0.25 for c in src.node_cost),
+        usage=tuple(np.asarray(u) + 0.5 for u in src.usage),
+    )
+    q = many_strategies(frac, 0, mean=29, most=120)
+    assert q.usage is not None and frac.usage is not None
+    for i, a in enumerate(allowed):  # band 0: the first len(a) strategies of each node
+        assert np.array_equal(q.node_cost[i][: len(a)], frac.node_cost[i][a])
+        u = np.asarray(frac.usage[i]).reshape(len(frac.node_cost[i]), -1)[a]
+        assert np.array_equal(np.asarray(q.usage[i]).reshape(len(q.node_cost[i]), -1)[: len(a)], u)
 
 
 def test_the_generator_is_deterministic_by_seed_and_its_file_reads_back(tmp_path: Path) -> None:
@@ -86,6 +99,12 @@ def test_the_generator_is_deterministic_by_seed_and_its_file_reads_back(tmp_path
 def test_the_generator_refuses_what_it_cannot_make() -> None:
     with pytest.raises(ProblemError, match="most >= the source's allowed strategies"):
         many_strategies(g_ish(), 0, mean=10, most=8)
+    with pytest.raises(ProblemError, match="seed >= 0"):
+        many_strategies(g_ish(), -1)
+    with pytest.raises(ProblemError, match="a mean of at least the source's"):
+        many_strategies(g_ish(), 0, mean=2, most=120)  # (it gave the source's mean, 9.9)
+    with pytest.raises(ProblemError, match="forbids only new strategies"):
+        many_strategies(g_ish(), 0, mean=12, most=120, forbidden=0.5)  # (it gave less)
 
 
 LARGE_INSTALLED = all(importlib.util.find_spec(m) for m in ("pytoulbar2", "numba"))

@@ -41,6 +41,9 @@ __all__ = ["many_strategies"]
 SPREAD = 1.0  # sigma of the log-normal that draws the strategies per node (heavy tail)
 
 
+MOST_FORBIDDEN = 0.9  # of the new strategies at most (each node keeps a choice)
+
+
 def many_strategies(
     source: Problem,
     seed: int,
@@ -66,6 +69,11 @@ def many_strategies(
             f"per node ({kept.max()}) and 0 <= forbidden < 1; got mean {mean}, most {most}, "
             f"forbidden {forbidden}"
         )
+    if seed < 0 or mean < kept.mean():
+        raise ProblemError(
+            f"many_strategies needs a seed >= 0 and a mean of at least the source's "
+            f"{kept.mean():.3g} strategies per node (they are kept); got seed {seed}, mean {mean}"
+        )
     rng = np.random.default_rng(seed)
     sizes = _sizes(rng, source, kept, mean, most)
     # band j >= 1: the j-th variant of every kept strategy, in the kept ones' order
@@ -83,17 +91,25 @@ def many_strategies(
         parent.append(allowed[i][s % kept[i]])
         band.append(s // kept[i])
     extras = int((sizes - kept).sum())
-    rate = min(forbidden * sizes.sum() / extras, 0.9) if extras else 0.0
+    if forbidden * sizes.sum() > MOST_FORBIDDEN * extras:
+        raise ProblemError(
+            f"many_strategies forbids only new strategies, at most {MOST_FORBIDDEN:.0%} of "
+            f"them: {forbidden:g} of {int(sizes.sum())} strategies is more; give a smaller "
+            "forbidden share or a larger mean"
+        )
+    rate = forbidden * sizes.sum() / extras if extras else 0.0
     node_cost, usage = [], []
     for i in range(n):
         p, b = parent[i], band[i]
         noise = np.where(b > 0, rng.lognormal(0.0, 0.1, len(p)), 1.0)
-        cost = np.floor(source.node_cost[i][p] * compute[b] * noise)
+        own = source.node_cost[i][p]  # band 0: the source's strategies, exactly as they are
+        cost = np.where(b > 0, np.floor(own * compute[b] * noise), own)
         cost[(b > 0) & (rng.random(len(p)) < rate)] = np.inf
         node_cost.append(cost)
         if source.usage is not None:
             u = np.asarray(source.usage[i], dtype=np.float64).reshape(len(source.node_cost[i]), -1)
-            usage.append(np.maximum(np.floor(u[p] * memory[b][:, None]), 1.0))
+            variant = np.maximum(np.floor(u[p] * memory[b][:, None]), 1.0)
+            usage.append(np.where(b[:, None] > 0, variant, u[p]))
     edge_cost = []
     for (a, c), table in zip(source.edges, source.edge_cost, strict=True):
         base = table[np.ix_(parent[a], parent[c])]
